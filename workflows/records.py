@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,13 @@ __all__ = [
     "AllocateRequest",
     "FenceSnapshot",
     "session_task_queue",
+    "EnsureRequest",
+    "KeyRequest",
+    "SessionQuery",
+    "BeginSubscriptionRequest",
+    "MarkActiveRequest",
+    "FinishUnsubscribeRequest",
+    "AuditRequest",
 ]
 
 DEFAULT_TASK_QUEUE = "mcpsync"
@@ -104,11 +111,10 @@ class SubscriptionKey(_Frozen):
 
 
 class SubscriptionStart(_Frozen):
-    """Workflow input. ``carried`` is set only by continue-as-new."""
+    """Workflow input. ``carried_state`` (a dumped ``FenceState``) is set only by continue-as-new."""
 
     key: SubscriptionKey
-    carried: ResourceSubscriptionV1 | None = None
-    pending_updates: int = 0
+    carried_state: dict[str, Any] | None = None
     seen_signal_ids: list[str] = Field(default_factory=list)
 
 
@@ -282,6 +288,48 @@ class FenceSnapshot(_Frozen):
     last_receipt_id: int | None = None
 
 
+class EnsureRequest(_Frozen):
+    """Create the fence row; ``incarnation`` is the workflow chain's first run id.
+
+    A CLOSED row is reopened (as a new incarnation, ordinals kept) only by a chain
+    that did not close it: a reset of the closing chain never reopens it."""
+
+    key: SubscriptionKey
+    incarnation: str
+
+
+class KeyRequest(_Frozen):
+    key: SubscriptionKey
+
+
+class SessionQuery(_Frozen):
+    subject: str
+    server: str
+
+
+class BeginSubscriptionRequest(_Frozen):
+    key: SubscriptionKey
+    session_generation: int
+
+
+class MarkActiveRequest(_Frozen):
+    key: SubscriptionKey
+    session_generation: int
+    subscription_generation: int
+
+
+class FinishUnsubscribeRequest(_Frozen):
+    key: SubscriptionKey
+    acked: bool
+
+
+class AuditRequest(_Frozen):
+    kind: str
+    key: SubscriptionKey
+    session_generation: int | None = None
+    detail: dict[str, str | int | None] = Field(default_factory=dict)
+
+
 # --- records ----------------------------------------------------------------------
 
 
@@ -333,5 +381,3 @@ class ResourceSubscriptionV1(_Frozen):
     staleness_bound_seconds: float | None = None  # published when polling (no subscribe)
     detail: str = ""
 
-
-SubscriptionStart.model_rebuild()

@@ -1,0 +1,83 @@
+"""PostgreSQL connection and schema migrations.
+
+Contract: ``open_pool(url)`` returns an open psycopg 3 async pool or raises
+``DatabaseUnavailable`` with a message an operator can act on (never the
+password). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet
+recorded in ``schema_migrations``, each in its own transaction, under an
+advisory lock so concurrent processes do not race.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["DatabaseUnavailable", "migrate", "open_pool", "redact_url"]
+
+_MIGRATION_LOCK = 0x6D637073  # "mcps"
+
+
+class DatabaseUnavailable(RuntimeError):
+    """PostgreSQL could not be reached or refused the connection."""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> AsyncConnectionPool:
+    pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True})
+    try:
+        await pool.open(wait=True, timeout=timeout)
+    except Exception as exc:  # psycopg_pool.PoolTimeout, OperationalError, bad URL
+        await pool.close()
+        raise DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {exc}") from None
+    return pool
+
+
+def _migration_files() -> list[tuple[int, str, str]]:
+    found = []
+    for entry in resources.files("activities.migrations").iterdir():
+        m = re.fullmatch(r"(\d+)_.*\.sql", entry.name)
+        if m:
+            found.append((int(m.group(1)), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(pool: AsyncConnectionPool) -> list[str]:
+    """Apply pending migrations; returns the names applied by this call."""
+    applied: list[str] = []
+    async with pool.connection() as conn:
+        await conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            cur = await conn.execute("SELECT version FROM schema_migrations")
+            done = {row[0] for row in await cur.fetchall()}
+            for version, name, sql in _migration_files():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql.encode())
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
+                    )
+                applied.append(name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+    return applied
+
+
+# psycopg is re-exported for callers that catch its errors without importing it.
+Error = psycopg.Error

@@ -1,0 +1,567 @@
+"""The PostgreSQL ledger: durable fences, version receipts, outbox, audit, content store.
+
+Contract:
+- The fence row in ``subscriptions`` is the durable copy of each workflow's
+  ordinals, generations and close epoch. Every allocation and every acceptance
+  is a compare-and-set against it, so a workflow whose history was reset or
+  rolled back can ask, but never move the fence backwards.
+- ``accept`` is the only code that makes a version current. In one transaction it
+  locks the fence row, re-checks state, generations, the issued request and
+  ``readOrdinal > lastAcceptedOrdinal``, writes the ``resourceVersion.v1``
+  receipt, advances the watermark and (when the digest changed) the outbox row.
+- Generations and ordinals only grow: the ledger answers ``GREATEST(ledger+1, asked)``.
+- Bodies are stored only in ``content_store`` keyed by (subject, digest); nothing
+  here logs or returns them except ``get_content``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from workflows.records import (
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    AllocateRequest,
+    CloseReceipt,
+    FenceSnapshot,
+    ReadOutcomeKind,
+    ReadTicket,
+    ResourceVersionV1,
+    SessionInfo,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+__all__ = ["Ledger", "OutboxRow", "AuditRow"]
+
+ACTIVE = SubscriptionState.ACTIVE.value
+CLOSING_STATES = (
+    SubscriptionState.UNSUBSCRIBING.value,
+    SubscriptionState.CLOSED.value,
+    SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
+)
+# States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
+SUBSCRIBABLE_STATES = (
+    SubscriptionState.DISCOVERED.value,
+    SubscriptionState.SUBSCRIBING.value,
+    SubscriptionState.ACTIVE.value,
+    SubscriptionState.TOMBSTONE_PENDING.value,
+    SubscriptionState.RECONCILIATION_REQUIRED.value,
+)
+
+
+def _snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
+    if row is None:
+        return FenceSnapshot(exists=False)
+    return FenceSnapshot(
+        exists=True,
+        state=SubscriptionState(row["state"]),
+        session_generation=row["session_generation"],
+        subscription_generation=row["subscription_generation"],
+        last_issued_ordinal=row["last_issued_ordinal"],
+        last_accepted_ordinal=row["last_accepted_ordinal"],
+        watermark=row["watermark"],
+        close_epoch=row["close_epoch"],
+        close_ordinal=row["close_ordinal"],
+        last_accepted_digest=row["last_accepted_digest"],
+        last_receipt_id=row["last_receipt_id"],
+    )
+
+
+class OutboxRow(dict[str, Any]):
+    """One invalidation outbox row (plain dict for JSON output)."""
+
+
+class AuditRow(dict[str, Any]):
+    """One audit row (plain dict for JSON output)."""
+
+
+class Ledger:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    # --- sessions ---------------------------------------------------------------
+
+    async def open_session(
+        self,
+        *,
+        subject: str,
+        server: str,
+        edition: str,
+        capabilities: dict[str, bool],
+        server_name: str,
+        server_version: str,
+        task_queue: str,
+        host_id: str,
+    ) -> SessionInfo:
+        """Record a newly initialized session; its generation is one above any before it."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                INSERT INTO mcp_sessions AS s (subject, server, generation, edition, subscribe, list_changed,
+                    server_name, server_version, task_queue, host_id)
+                VALUES (%(subject)s, %(server)s, 1, %(edition)s, %(subscribe)s, %(list_changed)s,
+                    %(server_name)s, %(server_version)s, %(task_queue)s, %(host_id)s)
+                ON CONFLICT (subject, server) DO UPDATE SET
+                    generation = s.generation + 1, edition = EXCLUDED.edition,
+                    subscribe = EXCLUDED.subscribe, list_changed = EXCLUDED.list_changed,
+                    server_name = EXCLUDED.server_name, server_version = EXCLUDED.server_version,
+                    task_queue = EXCLUDED.task_queue, host_id = EXCLUDED.host_id,
+                    opened_at = now(), closed_at = NULL
+                RETURNING *
+                """,
+                {
+                    "subject": subject,
+                    "server": server,
+                    "edition": edition,
+                    "subscribe": bool(capabilities.get("subscribe")),
+                    "list_changed": bool(capabilities.get("listChanged")),
+                    "server_name": server_name,
+                    "server_version": server_version,
+                    "task_queue": task_queue,
+                    "host_id": host_id,
+                },
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            await cur.execute(
+                """
+                INSERT INTO mcp_session_history (subject, server, generation, edition, capabilities,
+                    server_name, server_version, host_id)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                """,
+                (subject, server, row["generation"], edition, json.dumps(capabilities), server_name,
+                 server_version, host_id),
+            )
+        return self._session(row)
+
+    async def close_session(self, subject: str, server: str, generation: int) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE mcp_sessions SET closed_at = now() WHERE subject=%s AND server=%s AND generation=%s",
+                (subject, server, generation),
+            )
+
+    async def current_session(self, subject: str, server: str) -> SessionInfo | None:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM mcp_sessions WHERE subject=%s AND server=%s AND closed_at IS NULL",
+                (subject, server),
+            )
+            row = await cur.fetchone()
+        return None if row is None else self._session(row)
+
+    @staticmethod
+    def _session(row: dict[str, Any]) -> SessionInfo:
+        return SessionInfo(
+            subject=row["subject"],
+            server=row["server"],
+            generation=row["generation"],
+            edition=row["edition"],
+            subscribe=row["subscribe"],
+            list_changed=row["list_changed"],
+            server_name=row["server_name"],
+            server_version=row["server_version"],
+            task_queue=row["task_queue"],
+            opened_at=row["opened_at"],
+        )
+
+    # --- fence ------------------------------------------------------------------
+
+    async def ensure_subscription(self, key: SubscriptionKey, incarnation: str) -> FenceSnapshot:
+        """Create the fence row in DISCOVERED if absent; return it as stored.
+
+        A closed row is reopened to DISCOVERED (ordinals and epochs kept) only for a new
+        incarnation: the chain that closed it, reset or not, finds it closed.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                INSERT INTO subscriptions (workflow_id, subject, server, uri, state, incarnation)
+                VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (workflow_id) DO NOTHING
+                """,
+                (key.workflow_id, key.subject, key.server, key.uri, SubscriptionState.DISCOVERED.value,
+                 incarnation),
+            )
+            await cur.execute(
+                """
+                UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
+                WHERE workflow_id=%s AND incarnation <> %s AND state = ANY(%s)
+                """,
+                (SubscriptionState.DISCOVERED.value, incarnation, key.workflow_id, incarnation,
+                 [SubscriptionState.CLOSED.value, SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
+                  SubscriptionState.TOMBSTONED.value]),
+            )
+            await cur.execute(
+                "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
+                (incarnation, key.workflow_id, list(CLOSING_STATES)),
+            )
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            return _snapshot(await cur.fetchone())
+
+    async def load_fence(self, key: SubscriptionKey) -> FenceSnapshot:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            return _snapshot(await cur.fetchone())
+
+    async def find_subscription(self, subject: str, server: str, uri: str) -> FenceSnapshot | None:
+        """The fence row for the exact (subject, server, uri), or None."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND uri=%s", (subject, server, uri)
+            )
+            row = await cur.fetchone()
+        return None if row is None else _snapshot(row)
+
+    async def subscriptions_for(self, subject: str, server: str) -> list[tuple[str, str, str]]:
+        """(workflow_id, uri, state) of every subscription of one (subject, server)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT workflow_id, uri, state FROM subscriptions WHERE subject=%s AND server=%s",
+                (subject, server),
+            )
+            return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+    async def begin_subscription(self, key: SubscriptionKey, session_generation: int) -> FenceSnapshot:
+        """SUBSCRIBING with subscription generation + 1 bound to ``session_generation``.
+
+        Refused (the stored snapshot is returned unchanged) when the row is closing or closed,
+        or when the session generation would go backwards.
+        """
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                UPDATE subscriptions SET state=%s, subscription_generation = subscription_generation + 1,
+                    session_generation=%s, updated_at=now()
+                WHERE workflow_id=%s AND state = ANY(%s) AND session_generation <= %s
+                RETURNING *
+                """,
+                (SubscriptionState.SUBSCRIBING.value, session_generation, key.workflow_id,
+                 list(SUBSCRIBABLE_STATES), session_generation),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+                row = await cur.fetchone()
+        return _snapshot(row)
+
+    async def mark_active(self, key: SubscriptionKey, session_generation: int, subscription_generation: int) -> FenceSnapshot:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                UPDATE subscriptions SET state=%s, updated_at=now()
+                WHERE workflow_id=%s AND state=%s AND session_generation=%s AND subscription_generation=%s
+                RETURNING *
+                """,
+                (ACTIVE, key.workflow_id, SubscriptionState.SUBSCRIBING.value, session_generation,
+                 subscription_generation),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+                row = await cur.fetchone()
+        return _snapshot(row)
+
+    async def set_state(self, key: SubscriptionKey, state: SubscriptionState, *, allowed_from: Sequence[str]) -> FenceSnapshot:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s AND state = ANY(%s)",
+                (state.value, key.workflow_id, list(allowed_from)),
+            )
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            return _snapshot(await cur.fetchone())
+
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """CAS the next ordinal for an ACTIVE subscription of the caller's generations."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                """
+                UPDATE subscriptions
+                SET last_issued_ordinal = GREATEST(last_issued_ordinal + 1, %(min)s), updated_at = now()
+                WHERE workflow_id=%(wf)s AND state=%(active)s
+                  AND session_generation=%(sg)s AND subscription_generation=%(subg)s
+                RETURNING last_issued_ordinal
+                """,
+                {"min": req.min_ordinal, "wf": req.key.workflow_id, "active": ACTIVE,
+                 "sg": req.session_generation, "subg": req.subscription_generation},
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+            ordinal = int(row[0])
+            await conn.execute(
+                """
+                INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
+                    subscription_generation, trigger_reason)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                """,
+                (req.key.workflow_id, ordinal, req.request_id, req.session_generation,
+                 req.subscription_generation, req.trigger.value),
+            )
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=req.request_id)
+
+    async def accept(self, req: AcceptRequest) -> AcceptResult:
+        """The sole acceptance point. See the module contract."""
+        o = req.outcome
+        wf = o.key.workflow_id
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
+            fence = await cur.fetchone()
+            await cur.execute(
+                "SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s AND request_id=%s",
+                (wf, o.ordinal, o.request_id),
+            )
+            issued = await cur.fetchone()
+
+            async def audit(kind: str, reason: str) -> None:
+                await cur.execute(
+                    "INSERT INTO audit (kind, subject, server, uri, workflow_id, session_generation, detail)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (kind, o.key.subject, o.key.server, o.key.uri, wf, o.session_generation,
+                     json.dumps({"reason": reason, "ordinal": o.ordinal, "request_id": o.request_id,
+                                 "outcome": o.kind.value, "digest": o.content_digest})),
+                )
+
+            async def complete(outcome: str) -> None:
+                await cur.execute(
+                    "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
+                    (outcome, wf, o.ordinal),
+                )
+
+            if fence is None or issued is None or fence["uri"] != o.key.uri:
+                reason = "no fence row" if fence is None else "read was never issued"
+                await audit("UNKNOWN_IDENTITY", reason)
+                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=reason)
+            base = {"watermark": fence["watermark"], "last_accepted_ordinal": fence["last_accepted_ordinal"]}
+            if issued["completed_at"] is not None and issued["outcome"] is not None:
+                # Activity retry after a committed accept: answer the same verdict, write nothing.
+                await cur.execute(
+                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s",
+                    (wf, o.ordinal),
+                )
+                prior = await cur.fetchone()
+                return AcceptResult(verdict=AcceptVerdict(issued["outcome"]),
+                                    receipt_id=prior["receipt_id"] if prior else None, reason="replayed", **base)
+            if fence["state"] in CLOSING_STATES:
+                await audit("STALE_AFTER_CLOSE", f"subscription is {fence['state']}")
+                await complete(AcceptVerdict.STALE_AFTER_CLOSE.value)
+                return AcceptResult(verdict=AcceptVerdict.STALE_AFTER_CLOSE, reason=fence["state"], **base)
+            if fence["state"] != ACTIVE:
+                await audit("NOT_ACTIVE", f"subscription is {fence['state']}")
+                await complete(AcceptVerdict.REJECTED.value)
+                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=f"state {fence['state']}", **base)
+            if (o.session_generation != fence["session_generation"]
+                    or o.subscription_generation != fence["subscription_generation"]
+                    or issued["session_generation"] != o.session_generation
+                    or issued["subscription_generation"] != o.subscription_generation):
+                verdict = AcceptVerdict.STALE
+                reason = "generation superseded"
+            elif o.ordinal <= fence["last_accepted_ordinal"]:
+                verdict = AcceptVerdict.STALE
+                reason = f"ordinal {o.ordinal} <= lastAccepted {fence['last_accepted_ordinal']}"
+            elif o.kind == ReadOutcomeKind.NOT_FOUND:
+                verdict = AcceptVerdict.TOMBSTONE_PENDING
+                reason = "not found while ACTIVE"
+            elif o.kind != ReadOutcomeKind.CONTENT:
+                await audit("READ_FAILED", f"{o.kind.value}: {o.error or ''}"[:500])
+                await complete(o.kind.value)
+                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=o.kind.value, **base)
+            elif o.content_digest == fence["last_accepted_digest"]:
+                verdict, reason = AcceptVerdict.UNCHANGED, "digest unchanged"
+            else:
+                verdict, reason = AcceptVerdict.ACCEPTED, "new digest"
+
+            await cur.execute(
+                """
+                INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
+                    read_ordinal, server_name, server_version, edition, session_generation,
+                    subscription_generation, request_id, trigger_reason, status)
+                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id
+                """,
+                (wf, o.key.subject, o.key.server, o.key.uri, o.mime_type, o.content_digest, o.size, o.ordinal,
+                 o.server_name, o.server_version, o.edition, o.session_generation, o.subscription_generation,
+                 o.request_id, o.trigger.value, verdict.value),
+            )
+            receipt_row = await cur.fetchone()
+            assert receipt_row is not None
+            receipt_id = int(receipt_row["receipt_id"])
+            await complete(verdict.value)
+            if verdict == AcceptVerdict.STALE:
+                return AcceptResult(verdict=verdict, receipt_id=receipt_id, reason=reason, **base)
+
+            outbox_id = None
+            if verdict == AcceptVerdict.ACCEPTED:
+                await cur.execute(
+                    """
+                    INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, content_digest,
+                        read_ordinal)
+                    VALUES ('version_accepted', %s, %s, %s, %s, %s, %s, %s) RETURNING outbox_id
+                    """,
+                    (wf, o.key.subject, o.key.server, o.key.uri, receipt_id, o.content_digest, o.ordinal),
+                )
+                ob = await cur.fetchone()
+                outbox_id = int(ob["outbox_id"]) if ob else None
+            new_state = (SubscriptionState.TOMBSTONE_PENDING.value
+                         if verdict == AcceptVerdict.TOMBSTONE_PENDING else ACTIVE)
+            await cur.execute(
+                """
+                UPDATE subscriptions SET last_accepted_ordinal=%s, watermark=%s, state=%s,
+                    last_accepted_digest = CASE WHEN %s THEN %s ELSE last_accepted_digest END,
+                    last_receipt_id=%s, updated_at=now()
+                WHERE workflow_id=%s
+                """,
+                (o.ordinal, o.ordinal, new_state, o.kind == ReadOutcomeKind.CONTENT, o.content_digest,
+                 receipt_id, wf),
+            )
+            return AcceptResult(verdict=verdict, receipt_id=receipt_id, outbox_id=outbox_id,
+                                watermark=o.ordinal, last_accepted_ordinal=o.ordinal, reason=reason)
+
+    async def begin_unsubscribe(self, key: SubscriptionKey) -> CloseReceipt:
+        """ACTIVE-like → UNSUBSCRIBING, freezing closeOrdinal = lastIssuedOrdinal and a new close epoch.
+
+        Idempotent: a row already closing answers its frozen receipt.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (key.workflow_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise LookupError(f"no subscription {key.workflow_id}")
+            if row["state"] not in CLOSING_STATES and row["state"] != SubscriptionState.TOMBSTONED.value:
+                await cur.execute(
+                    """
+                    UPDATE subscriptions SET state=%s, close_epoch = close_epoch + 1,
+                        close_ordinal = last_issued_ordinal, updated_at=now()
+                    WHERE workflow_id=%s RETURNING *
+                    """,
+                    (SubscriptionState.UNSUBSCRIBING.value, key.workflow_id),
+                )
+                row = await cur.fetchone()
+                assert row is not None
+        return CloseReceipt(
+            state=SubscriptionState(row["state"]),
+            close_epoch=row["close_epoch"],
+            close_ordinal=row["close_ordinal"] if row["close_ordinal"] is not None else row["last_issued_ordinal"],
+            last_accepted_ordinal=row["last_accepted_ordinal"],
+        )
+
+    async def finish_unsubscribe(self, key: SubscriptionKey, acked: bool) -> FenceSnapshot:
+        """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""
+        target = SubscriptionState.CLOSED if acked else SubscriptionState.UNSUBSCRIBE_UNKNOWN
+        return await self.set_state(key, target, allowed_from=[SubscriptionState.UNSUBSCRIBING.value])
+
+    # --- content store, audit, outbox ----------------------------------------------
+
+    async def put_content(self, subject: str, digest: str, mime_type: str | None, body: bytes) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                """
+                INSERT INTO content_store (subject, content_digest, mime_type, size, body)
+                VALUES (%s, %s, %s, %s, %s) ON CONFLICT (subject, content_digest) DO NOTHING
+                """,
+                (subject, digest, mime_type, len(body), body),
+            )
+
+    async def get_content(self, subject: str, digest: str) -> bytes | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT body FROM content_store WHERE subject=%s AND content_digest=%s", (subject, digest)
+            )
+            row = await cur.fetchone()
+        return None if row is None else bytes(row[0])
+
+    async def audit(
+        self,
+        kind: str,
+        *,
+        subject: str | None = None,
+        server: str | None = None,
+        uri: str | None = None,
+        workflow_id: str | None = None,
+        session_generation: int | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO audit (kind, subject, server, uri, workflow_id, session_generation, detail)
+                VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING audit_id
+                """,
+                (kind, subject, server, uri, workflow_id, session_generation, json.dumps(detail or {})),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def outbox_after(self, after_id: int = 0, limit: int = 100) -> list[OutboxRow]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM outbox WHERE outbox_id > %s ORDER BY outbox_id LIMIT %s", (after_id, limit)
+            )
+            return [OutboxRow(_jsonable(r)) for r in await cur.fetchall()]
+
+    async def outbox_last(self, limit: int = 20) -> list[OutboxRow]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM outbox ORDER BY outbox_id DESC LIMIT %s", (limit,))
+            rows = await cur.fetchall()
+        return [OutboxRow(_jsonable(r)) for r in reversed(rows)]
+
+    async def audit_rows(self, kind: str | None = None, limit: int = 100) -> list[AuditRow]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            if kind is None:
+                await cur.execute("SELECT * FROM audit ORDER BY audit_id DESC LIMIT %s", (limit,))
+            else:
+                await cur.execute(
+                    "SELECT * FROM audit WHERE kind=%s ORDER BY audit_id DESC LIMIT %s", (kind, limit)
+                )
+            return [AuditRow(_jsonable(r)) for r in await cur.fetchall()]
+
+    async def receipts(self, key: SubscriptionKey) -> list[ResourceVersionV1]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", (key.workflow_id,)
+            )
+            rows = await cur.fetchall()
+        return [
+            ResourceVersionV1(
+                receipt_id=r["receipt_id"], uri=r["uri"], mime_type=r["mime_type"],
+                content_digest=r["content_digest"], read_ordinal=r["read_ordinal"], subject=r["subject"],
+                server=r["server"], server_name=r["server_name"], server_version=r["server_version"],
+                edition=r["edition"], session_generation=r["session_generation"],
+                subscription_generation=r["subscription_generation"], request_id=r["request_id"],
+                trigger=TriggerReason(r["trigger_reason"]), status=AcceptVerdict(r["status"]),
+                accepted_at=r["accepted_at"],
+            )
+            for r in rows
+        ]
+
+    async def read_count(self, key: SubscriptionKey) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id=%s", (key.workflow_id,))
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}

@@ -1,0 +1,254 @@
+"""MCP activities that run over one live session (the session host's task queue).
+
+Contract:
+- ``mcp_read`` calls ``resources/read`` on the *current* session and only if its
+  generation is the one the workflow allocated the read for; otherwise it answers
+  SESSION_LOST and reads nothing. The body goes to the content store keyed by
+  (subject, digest); the activity returns digest and metadata only.
+- Errors are classified, never guessed: not found (-32002, or -32602 naming the
+  URI / saying "not found"), denied (auth-like codes), malformed content (bad
+  base64, wrong types, over the size limit), session lost (connection closed).
+  A read timeout is raised so Temporal retries it.
+- ``mcp_subscribe`` / ``mcp_unsubscribe`` use ``resources/subscribe`` on
+  2025-11-25 and one ``subscriptions/listen`` stream per URI on 2026-07-28.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import mcp_types as types
+from mcp import Client
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.ledger import Ledger
+from workflows.digest import ContentPart, content_digest
+from workflows.names import Act
+from workflows.records import (
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadRequest,
+    SubscribeOutcome,
+    SubscribeRequest,
+    UnsubscribeOutcome,
+    UnsubscribeRequest,
+)
+
+__all__ = ["LiveSession", "McpSessionActivities", "classify_error", "MULTIPART_MIME"]
+
+log = logging.getLogger("mcpsync.session")
+warnings.simplefilter("ignore", MCPDeprecationWarning)  # subscribe_resource is the 2025-11-25 API we need
+
+MULTIPART_MIME = "application/vnd.mcpsync.contents+json"
+NOT_FOUND_CODES = {-32002}
+CONNECTION_CLOSED = -32000
+REQUEST_TIMEOUT = -32001
+DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
+
+UriHandler = Callable[[str, int], Awaitable[None]]
+
+
+def classify_error(err: MCPError) -> ReadOutcomeKind | None:
+    """Outcome kind for an MCP error; None means transient (retry)."""
+    msg = (err.message or "").lower()
+    data = err.data if isinstance(err.data, dict) else {}
+    if err.code in NOT_FOUND_CODES or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
+        return ReadOutcomeKind.NOT_FOUND
+    if err.code == CONNECTION_CLOSED:
+        return ReadOutcomeKind.SESSION_LOST
+    if err.code == REQUEST_TIMEOUT:
+        return None
+    if any(h in msg for h in DENIED_HINTS):
+        return ReadOutcomeKind.DENIED
+    return ReadOutcomeKind.MALFORMED
+
+
+@dataclass
+class LiveSession:
+    """One initialized MCP session of (subject, server) at one generation."""
+
+    subject: str
+    server: str
+    generation: int
+    client: Client
+    edition: str
+    server_name: str
+    server_version: str
+    max_content_bytes: int
+    on_uri_updated: UriHandler
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    listens: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    @property
+    def modern(self) -> bool:
+        return self.edition == "2026-07-28"
+
+    async def listen(self, uri: str) -> None:
+        """Open (once) a listen stream for ``uri``; returns after the server acknowledged it."""
+        task = self.listens.get(uri)
+        if task is not None and not task.done():
+            return
+        acked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def stream() -> None:
+            try:
+                async with self.client.listen(resource_subscriptions=[uri]) as sub:
+                    acked.set_result(None)
+                    async for event in sub:
+                        event_uri = getattr(event, "uri", None)
+                        if isinstance(event_uri, str):
+                            await self.on_uri_updated(event_uri, self.generation)
+            except SubscriptionLost:
+                # No replay on 2026-07-28: a dropped stream is a lost session for this URI.
+                log.warning("listen stream lost (server=%s generation=%s)", self.server, self.generation)
+                self.lost.set()
+            except Exception as exc:
+                if not acked.done():
+                    acked.set_exception(exc)
+                else:
+                    self.lost.set()
+            finally:
+                if not acked.done():
+                    acked.set_exception(RuntimeError("listen stream ended before acknowledgment"))
+
+        self.listens[uri] = asyncio.create_task(stream(), name=f"listen:{self.server}")
+        await acked
+
+    async def unlisten(self, uri: str) -> None:
+        task = self.listens.pop(uri, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close_listens(self) -> None:
+        for uri in list(self.listens):
+            await self.unlisten(uri)
+
+
+class McpSessionActivities:
+    """Activities bound to a session host; ``current`` returns the live session or None."""
+
+    def __init__(self, current: Callable[[], LiveSession | None], ledger: Ledger) -> None:
+        self.current = current
+        self.ledger = ledger
+
+    def all(self) -> list[object]:
+        return [self.subscribe, self.unsubscribe, self.read]
+
+    def _session(self, generation: int) -> LiveSession | None:
+        live = self.current()
+        if live is None or live.generation != generation or live.lost.is_set():
+            return None
+        return live
+
+    @activity.defn(name=Act.MCP_SUBSCRIBE)
+    async def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
+        live = self._session(req.session_generation)
+        if live is None:
+            current = self.current()
+            return SubscribeOutcome(ok=False, session_generation=current.generation if current else 0,
+                                    error="session generation is gone")
+        try:
+            if live.modern:
+                await live.listen(req.key.uri)
+            else:
+                await live.client.session.subscribe_resource(req.key.uri)
+        except MCPError as err:
+            if err.code == CONNECTION_CLOSED:
+                live.lost.set()
+                return SubscribeOutcome(ok=False, session_generation=0, error_code=err.code, error="connection closed")
+            return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=err.code,
+                                    error=err.message[:300])
+        return SubscribeOutcome(ok=True, session_generation=live.generation)
+
+    @activity.defn(name=Act.MCP_UNSUBSCRIBE)
+    async def unsubscribe(self, req: UnsubscribeRequest) -> UnsubscribeOutcome:
+        live = self._session(req.session_generation)
+        if live is None:
+            # The session that held the subscription is gone, and with it the subscription;
+            # but no ACK was received, so the fence records UNSUBSCRIBE_UNKNOWN.
+            return UnsubscribeOutcome(acked=False, error="session generation is gone")
+        try:
+            if live.modern:
+                await live.unlisten(req.key.uri)
+            else:
+                await live.client.session.unsubscribe_resource(req.key.uri)
+        except MCPError as err:
+            return UnsubscribeOutcome(acked=False, error=f"{err.code}: {err.message[:200]}")
+        return UnsubscribeOutcome(acked=True)
+
+    @activity.defn(name=Act.MCP_READ)
+    async def read(self, req: ReadRequest) -> ReadOutcome:
+        base: dict[str, Any] = {
+            "key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
+            "session_generation": req.session_generation, "subscription_generation": req.subscription_generation,
+            "trigger": req.trigger,
+        }
+        live = self._session(req.session_generation)
+        if live is None:
+            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+        base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
+        try:
+            result = await live.client.read_resource(req.key.uri)
+        except MCPError as err:
+            kind = classify_error(err)
+            if kind is None:
+                raise ApplicationError(f"read timed out: {err.message[:200]}", type="ReadTimeout") from None
+            if kind == ReadOutcomeKind.SESSION_LOST:
+                live.lost.set()
+            return ReadOutcome(kind=kind, error_code=err.code, error=err.message[:300], **base,
+                               completed_at=datetime.now(UTC))
+        except ValidationError as err:
+            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=f"invalid result: {err.error_count()} errors",
+                               **base, completed_at=datetime.now(UTC))
+        try:
+            parts, body, mime = self._parts(result, live.max_content_bytes)
+        except ValueError as err:
+            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=str(err)[:300], **base,
+                               completed_at=datetime.now(UTC))
+        digest = content_digest(parts)
+        await self.ledger.put_content(req.key.subject, digest, mime, body)
+        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
+                           content_count=len(parts), completed_at=datetime.now(UTC), **base)
+
+    @staticmethod
+    def _parts(result: types.ReadResourceResult, limit: int) -> tuple[list[ContentPart], bytes, str | None]:
+        parts: list[ContentPart] = []
+        total = 0
+        for c in result.contents:
+            if isinstance(c, types.TextResourceContents):
+                data = c.text.encode("utf-8")
+                parts.append(ContentPart("text", c.mime_type, data))
+            elif isinstance(c, types.BlobResourceContents):
+                try:
+                    data = base64.b64decode(c.blob, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ValueError("blob content is not valid base64") from None
+                parts.append(ContentPart("blob", c.mime_type, data))
+            else:
+                raise ValueError(f"unsupported content type {type(c).__name__}")
+            total += len(data)
+            if total > limit:
+                raise ValueError(f"content larger than the {limit}-byte limit")
+        if not parts:
+            raise ValueError("read returned no contents")
+        if len(parts) == 1:
+            return parts, parts[0].data, parts[0].mime_type
+        import json
+
+        envelope = json.dumps([
+            {"kind": p.kind, "mime_type": p.mime_type, "data_b64": base64.b64encode(p.data).decode()} for p in parts
+        ]).encode()
+        return parts, envelope, MULTIPART_MIME

@@ -1,0 +1,154 @@
+"""The ledger's fences against real PostgreSQL: CAS allocation, the sole acceptance point, close."""
+
+from __future__ import annotations
+
+import uuid
+
+from activities.ledger import Ledger
+from tests.conftest import unique
+from workflows.records import (
+    AcceptRequest,
+    AcceptVerdict,
+    AllocateRequest,
+    ReadOutcome,
+    ReadOutcomeKind,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+
+async def _active(ledger: Ledger, uri: str = "demo://a") -> SubscriptionKey:
+    key = SubscriptionKey(subject=unique("s"), server="srv", uri=uri)
+    await ledger.ensure_subscription(key, "inc-1")
+    snap = await ledger.begin_subscription(key, 1)
+    assert snap.state == SubscriptionState.SUBSCRIBING
+    snap = await ledger.mark_active(key, 1, snap.subscription_generation)
+    assert snap.state == SubscriptionState.ACTIVE
+    return key
+
+
+async def _issue(ledger: Ledger, key: SubscriptionKey, min_ordinal: int = 1) -> int:
+    ticket = await ledger.allocate_read(AllocateRequest(
+        key=key, session_generation=1, subscription_generation=1, min_ordinal=min_ordinal,
+        request_id=str(uuid.uuid4()), trigger=TriggerReason.UPDATED))
+    assert ticket.granted
+    return ticket.ordinal
+
+
+def _outcome(key: SubscriptionKey, ordinal: int, request_id: str, digest: str | None,
+             kind: ReadOutcomeKind = ReadOutcomeKind.CONTENT) -> ReadOutcome:
+    return ReadOutcome(kind=kind, key=key, ordinal=ordinal, request_id=request_id, session_generation=1,
+                       subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest,
+                       mime_type="text/plain")
+
+
+async def _rid(ledger: Ledger, key: SubscriptionKey, ordinal: int) -> str:
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute("SELECT request_id FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
+                                 (key.workflow_id, ordinal))
+        row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _accept(ledger: Ledger, key: SubscriptionKey, ordinal: int, digest: str | None,
+                  kind: ReadOutcomeKind = ReadOutcomeKind.CONTENT) -> AcceptVerdict:
+    rid = await _rid(ledger, key, ordinal)
+    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, rid, digest, kind),
+                                               expected_state=SubscriptionState.ACTIVE, close_epoch=0))
+    return result.verdict
+
+
+async def _count(ledger: Ledger, table: str, key: SubscriptionKey) -> int:
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute(f"SELECT count(*) FROM {table} WHERE workflow_id=%s", (key.workflow_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_ordinals_are_cas_allocated_and_never_reused(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    assert await _issue(ledger, key) == 1
+    assert await _issue(ledger, key) == 2
+    # A rewound workflow asks for 1 again: the durable fence answers 3.
+    assert await _issue(ledger, key, min_ordinal=1) == 3
+    assert await _issue(ledger, key, min_ordinal=10) == 10
+
+
+async def test_late_read_leaves_only_a_stale_receipt(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    a, b = await _issue(ledger, key), await _issue(ledger, key)
+    assert await _accept(ledger, key, b, "sha256:b") == AcceptVerdict.ACCEPTED
+    assert await _accept(ledger, key, a, "sha256:a") == AcceptVerdict.STALE
+    fence = await ledger.load_fence(key)
+    assert fence.last_accepted_ordinal == b and fence.last_accepted_digest == "sha256:b"
+    assert await _count(ledger, "outbox", key) == 1
+
+
+async def test_in_order_reads_are_both_accepted_and_unchanged_digest_has_no_outbox(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    a, b, c = await _issue(ledger, key), await _issue(ledger, key), await _issue(ledger, key)
+    assert await _accept(ledger, key, a, "sha256:a") == AcceptVerdict.ACCEPTED
+    assert await _accept(ledger, key, b, "sha256:b") == AcceptVerdict.ACCEPTED
+    assert await _accept(ledger, key, c, "sha256:b") == AcceptVerdict.UNCHANGED
+    assert await _count(ledger, "outbox", key) == 2
+    assert (await ledger.load_fence(key)).watermark == c
+
+
+async def test_retried_accept_writes_nothing_twice(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    a = await _issue(ledger, key)
+    assert await _accept(ledger, key, a, "sha256:a") == AcceptVerdict.ACCEPTED
+    assert await _accept(ledger, key, a, "sha256:a") == AcceptVerdict.ACCEPTED
+    assert await _count(ledger, "resource_versions", key) == 1
+    assert await _count(ledger, "outbox", key) == 1
+
+
+async def test_read_never_issued_is_rejected_and_audited(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, 7, "forged", "sha256:x"),
+                                               expected_state=SubscriptionState.ACTIVE, close_epoch=0))
+    assert result.verdict == AcceptVerdict.REJECTED
+    assert await _count(ledger, "resource_versions", key) == 0
+    assert any(r["workflow_id"] == key.workflow_id for r in await ledger.audit_rows("UNKNOWN_IDENTITY"))
+
+
+async def test_close_freezes_ordinal_and_late_content_or_404_only_audits(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    a, b = await _issue(ledger, key), await _issue(ledger, key)
+    receipt = await ledger.begin_unsubscribe(key)
+    assert receipt.state == SubscriptionState.UNSUBSCRIBING and receipt.close_ordinal == b
+    denied = await ledger.allocate_read(AllocateRequest(
+        key=key, session_generation=1, subscription_generation=1, min_ordinal=b + 1,
+        request_id=str(uuid.uuid4()), trigger=TriggerReason.UPDATED))
+    assert not denied.granted
+    assert await _accept(ledger, key, a, "sha256:late") == AcceptVerdict.STALE_AFTER_CLOSE
+    assert await _accept(ledger, key, b, None, ReadOutcomeKind.NOT_FOUND) == AcceptVerdict.STALE_AFTER_CLOSE
+    assert await _count(ledger, "resource_versions", key) == 0
+    assert await _count(ledger, "outbox", key) == 0
+    snap = await ledger.finish_unsubscribe(key, acked=False)
+    assert snap.state == SubscriptionState.UNSUBSCRIBE_UNKNOWN
+    # Never reopens for the same incarnation, even if asked to subscribe again.
+    assert (await ledger.begin_subscription(key, 2)).state == SubscriptionState.UNSUBSCRIBE_UNKNOWN
+    assert (await ledger.ensure_subscription(key, "inc-1")).state == SubscriptionState.UNSUBSCRIBE_UNKNOWN
+
+
+async def test_not_found_while_active_is_tombstone_pending_without_outbox(ledger: Ledger) -> None:
+    key = await _active(ledger)
+    a = await _issue(ledger, key)
+    assert await _accept(ledger, key, a, None, ReadOutcomeKind.NOT_FOUND) == AcceptVerdict.TOMBSTONE_PENDING
+    assert (await ledger.load_fence(key)).state == SubscriptionState.TOMBSTONE_PENDING
+    assert await _count(ledger, "outbox", key) == 0
+
+
+async def test_session_generations_only_grow(ledger: Ledger) -> None:
+    subject = unique("s")
+    gens = [
+        (await ledger.open_session(subject=subject, server="srv", edition="2025-11-25",
+                                   capabilities={"subscribe": True}, server_name="x", server_version="1",
+                                   task_queue="q", host_id="h")).generation
+        for _ in range(3)
+    ]
+    assert gens == [1, 2, 3]

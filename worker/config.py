@@ -1,0 +1,131 @@
+"""mcpsync configuration: one TOML file, environment overrides, validated by pydantic.
+
+Contract:
+- ``load_config(path)`` returns a ``Config`` or raises ``ConfigError`` whose
+  message names the file and the offending field (no traceback for the user).
+- Environment overrides: ``MCPSYNC_DATABASE_URL``, ``MCPSYNC_TEMPORAL_ADDRESS``,
+  ``MCPSYNC_TEMPORAL_NAMESPACE``, ``MCPSYNC_TEMPORAL_API_KEY``,
+  ``MCPSYNC_TEMPORAL_TLS_CERT``/``_KEY``. Credentials are read, never printed:
+  ``Config.redacted()`` is what may be shown.
+- Each server is opened once per listed subject; a subject's credentials come from
+  the environment variable its ``token_env`` names (bearer token for HTTP; for
+  stdio the variable is passed to the child).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["Config", "ConfigError", "DatabaseConfig", "ServerConfig", "TemporalConfig", "load_config"]
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TemporalConfig(_Model):
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "mcpsync"
+    tls_cert: str | None = None  # path
+    tls_key: str | None = None  # path
+    api_key_env: str | None = None  # name of the env var holding a Temporal Cloud API key
+    ui_url: str | None = None
+
+
+class DatabaseConfig(_Model):
+    url: str | None = None  # None: embedded PostgreSQL under the state dir
+
+
+class ServerConfig(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    transport: Literal["stdio", "http"]
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    edition: Literal["2025-11-25", "2026-07-28", "auto"] = "2025-11-25"
+    subjects: list[str] = Field(default_factory=lambda: ["anonymous"], min_length=1)
+    token_env: dict[str, str] = Field(default_factory=dict)  # subject -> env var with its credential
+    ping_interval_seconds: float = Field(default=5.0, gt=0)
+    ping_timeout_seconds: float = Field(default=5.0, gt=0)
+    read_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_content_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> ServerConfig:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError(f"server {self.name!r}: transport 'stdio' needs 'command'")
+        if self.transport == "http" and not self.url:
+            raise ValueError(f"server {self.name!r}: transport 'http' needs 'url'")
+        return self
+
+
+class Config(_Model):
+    temporal: TemporalConfig = TemporalConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    servers: list[ServerConfig] = Field(default_factory=list)
+    state_dir: str | None = None
+
+    def server(self, name: str) -> ServerConfig:
+        for s in self.servers:
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in self.servers) or "none configured"
+        raise ConfigError(f"unknown server {name!r} (known: {known})")
+
+    def redacted(self) -> dict[str, Any]:
+        data = self.model_dump()
+        if data["database"]["url"]:
+            from activities.db import redact_url
+
+            data["database"]["url"] = redact_url(data["database"]["url"])
+        return data
+
+
+def _env_overrides(raw: dict[str, Any]) -> dict[str, Any]:
+    temporal = dict(raw.get("temporal", {}))
+    database = dict(raw.get("database", {}))
+    if v := os.environ.get("MCPSYNC_TEMPORAL_ADDRESS"):
+        temporal["address"] = v
+    if v := os.environ.get("MCPSYNC_TEMPORAL_NAMESPACE"):
+        temporal["namespace"] = v
+    if v := os.environ.get("MCPSYNC_TEMPORAL_TLS_CERT"):
+        temporal["tls_cert"] = v
+    if v := os.environ.get("MCPSYNC_TEMPORAL_TLS_KEY"):
+        temporal["tls_key"] = v
+    if os.environ.get("MCPSYNC_TEMPORAL_API_KEY"):
+        temporal["api_key_env"] = "MCPSYNC_TEMPORAL_API_KEY"
+    if v := os.environ.get("MCPSYNC_DATABASE_URL"):
+        database["url"] = v
+    return {**raw, "temporal": temporal, "database": database}
+
+
+def load_config(path: str | Path | None) -> Config:
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
+    try:
+        return Config.model_validate(_env_overrides(raw))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {problems}") from None

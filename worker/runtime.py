@@ -1,0 +1,173 @@
+"""Process plumbing shared by the CLI, the worker entrypoint and the tests.
+
+Contract:
+- ``connect_temporal`` returns a client using the pydantic data converter, or
+  raises ``TemporalUnavailable`` with the address in the message.
+- ``open_ledger`` opens PostgreSQL (configured URL, else the embedded server
+  under the state dir), applies migrations and returns a ``Ledger``.
+- ``main_worker`` is the worker for workflows and ledger activities;
+  ``run_services`` runs it beside one ``SessionHost`` per (server, subject).
+- ``start_subscription`` is the idempotent way to start a subscription: the same
+  key never yields a second running workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client, TLSConfig, WorkflowHandle
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.db import migrate, open_pool
+from activities.ledger import Ledger
+from activities.ledger_activities import LedgerActivities
+from worker.config import Config, TemporalConfig
+from worker.session_host import SessionHost
+from workflows.names import SA_SERVER, SA_STATE, SA_SUBJECT, SA_URI, WORKFLOW_TYPE
+from workflows.records import SubscriptionKey, SubscriptionStart
+from workflows.subscription import ResourceSubscriptionWorkflow
+
+__all__ = [
+    "RuntimeInfo",
+    "TemporalUnavailable",
+    "connect_temporal",
+    "main_worker",
+    "open_ledger",
+    "run_services",
+    "start_subscription",
+    "subscription_handle",
+]
+
+
+class TemporalUnavailable(RuntimeError):
+    """The Temporal frontend could not be reached."""
+
+
+@dataclass
+class RuntimeInfo:
+    """What ``mcpsync up`` started, written to ``<state>/runtime.json`` for the other commands."""
+
+    temporal_address: str
+    namespace: str
+    database_url: str
+    ui_url: str
+    config_path: str
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__, indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> RuntimeInfo | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+async def connect_temporal(cfg: TemporalConfig, *, timeout: float = 10.0) -> Client:
+    tls: TLSConfig | bool = False
+    if cfg.tls_cert and cfg.tls_key:
+        tls = TLSConfig(client_cert=Path(cfg.tls_cert).read_bytes(), client_private_key=Path(cfg.tls_key).read_bytes())
+    api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if api_key and tls is False:
+        tls = True
+    try:
+        return await asyncio.wait_for(
+            Client.connect(cfg.address, namespace=cfg.namespace, tls=tls, api_key=api_key,
+                           data_converter=pydantic_data_converter),
+            timeout,
+        )
+    except Exception as exc:
+        raise TemporalUnavailable(
+            f"Temporal unreachable at {cfg.address} (namespace {cfg.namespace}): {type(exc).__name__}: "
+            f"{str(exc)[:200]}"
+        ) from None
+
+
+async def open_ledger(url: str, *, max_size: int = 16) -> Ledger:
+    pool = await open_pool(url, max_size=max_size)
+    await migrate(pool)
+    return Ledger(pool)
+
+
+def main_worker(client: Client, ledger: Ledger, task_queue: str) -> Worker:
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[ResourceSubscriptionWorkflow],
+        activities=LedgerActivities(ledger).all(),
+        max_concurrent_activities=64,
+    )
+
+
+async def run_services(config: Config, client: Client, ledger: Ledger, *,
+                       servers: Sequence[str] | None = None, with_main_worker: bool = True,
+                       ready: asyncio.Event | None = None) -> None:
+    """Run the main worker and the session hosts until cancelled."""
+    hosts = [
+        SessionHost(server, subject, ledger, client)
+        for server in config.servers
+        if servers is None or server.name in servers
+        for subject in server.subjects
+    ]
+    tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
+    worker = main_worker(client, ledger, config.temporal.task_queue) if with_main_worker else None
+    try:
+        if worker is not None:
+            tasks.append(asyncio.create_task(worker.run(), name="main-worker"))
+        if ready is not None:
+            ready.set()
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            t.result()
+    finally:
+        for h in hosts:
+            h.stop()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+def _sa_uri(uri: str) -> str:
+    # Keyword values are VARCHAR(255) in SQL visibility; the exact URI is in the memo.
+    return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
+
+
+async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str) -> WorkflowHandle:
+    """Start (or join) the subscription workflow of ``key``; idempotent."""
+    return await client.start_workflow(
+        WORKFLOW_TYPE,
+        SubscriptionStart(key=key),
+        id=key.workflow_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+        search_attributes=TypedSearchAttributes([
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_URI), _sa_uri(key.uri)),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "DISCOVERED"),
+        ]),
+        static_summary=f"{key.server} {key.subject} {_sa_uri(key.uri)}",
+    )
+
+
+def subscription_handle(client: Client, key: SubscriptionKey) -> WorkflowHandle:
+    return client.get_workflow_handle(key.workflow_id)

@@ -1,0 +1,261 @@
+"""Session host and notification ingress for one (subject, server).
+
+Contract:
+- Holds at most one live MCP session per (subject, server). Each successful
+  initialize is recorded in the ledger and gets a session generation one above
+  any before it; the negotiated edition and capabilities go with it.
+- Runs a Temporal worker on ``session_task_queue(subject, server)`` for the
+  subscribe/unsubscribe/read activities, so they always run over the live session.
+- Notifications only become ``resource_updated`` signals, stamped with the
+  generation of the session that received them, to the workflow of the exact
+  (subject, server, URI). A URI with no subscription gets an audit row; a
+  subscription with no running workflow gets an audit row; nothing is guessed and
+  no workflow is ever started from here.
+- A lost session (transport closed, ping timeout, dropped listen stream) is
+  reopened with exponential backoff; every non-terminal subscription is then
+  signalled ``session_changed`` so it resubscribes and re-reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from contextlib import suppress
+from datetime import UTC, datetime
+
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from temporalio.client import Client as TemporalClient
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+
+from activities.db import redact_url
+from activities.ledger import Ledger
+from activities.mcp_session import LiveSession, McpSessionActivities
+from worker.config import ServerConfig
+from workflows.names import SIGNAL_RESOURCE_UPDATED, SIGNAL_SESSION_CHANGED
+from workflows.records import ResourceUpdated, SessionChanged, SubscriptionKey, session_task_queue
+
+__all__ = ["SessionHost", "SessionOpenError"]
+
+log = logging.getLogger("mcpsync.ingress")
+
+TERMINAL_STATES = {"CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED"}
+
+
+class SessionOpenError(RuntimeError):
+    """The MCP server could not be started, reached or initialized."""
+
+
+class SessionHost:
+    def __init__(self, server: ServerConfig, subject: str, ledger: Ledger, temporal: TemporalClient,
+                 *, host_id: str | None = None) -> None:
+        self.server = server
+        self.subject = subject
+        self.ledger = ledger
+        self.temporal = temporal
+        self.host_id = host_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.task_queue = session_task_queue(subject, server.name)
+        self.live: LiveSession | None = None
+        self.generation_opened = asyncio.Event()
+        self.sessions_opened = 0
+        self.notifications_routed = 0
+        self.last_error: str | None = None
+        self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+        self._stopping = asyncio.Event()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until ``stop()``: the worker, the router and the reconnect loop."""
+        activities = McpSessionActivities(lambda: self.live, self.ledger)
+        worker = Worker(self.temporal, task_queue=self.task_queue, activities=activities.all(),
+                        max_concurrent_activities=64)
+        async with worker:
+            router = asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}")
+            try:
+                await self._session_loop()
+            finally:
+                router.cancel()
+                with suppress(asyncio.CancelledError):
+                    await router
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.live is not None:
+            self.live.lost.set()
+
+    async def open_once(self) -> None:
+        """Open and immediately close one session: raises SessionOpenError with a clear reason."""
+        async with self._client() as client:
+            _ = client.server_capabilities
+
+    async def _session_loop(self) -> None:
+        backoff = 0.25
+        while not self._stopping.is_set():
+            try:
+                await self._one_session()
+                backoff = 0.25
+            except SessionOpenError as exc:
+                self.last_error = str(exc)
+                log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc, backoff)
+            if self._stopping.is_set():
+                break
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+            backoff = min(backoff * 2, 15.0)
+
+    def _client(self) -> Client:
+        cfg = self.server
+        token_var = cfg.token_env.get(self.subject)
+        token = os.environ.get(token_var) if token_var else None
+        server: object
+        if cfg.transport == "stdio":
+            env = dict(cfg.env)
+            env.setdefault("MCPSYNC_SUBJECT", self.subject)
+            if token_var and token is not None:
+                env[token_var] = token
+            server = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
+        else:
+            assert cfg.url is not None
+            headers = {"Authorization": f"Bearer {token}"} if token else None
+            server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers))
+        mode = "legacy" if cfg.edition == "2025-11-25" else ("auto" if cfg.edition == "auto" else cfg.edition)
+        return Client(server, mode=mode, cache=None, message_handler=self._on_message,  # type: ignore[arg-type]
+                      read_timeout_seconds=cfg.read_timeout_seconds,
+                      client_info=types.Implementation(name="mcpsync", version="0.1.0"))
+
+    async def _one_session(self) -> None:
+        client = self._client()
+        try:
+            await asyncio.wait_for(client.__aenter__(), timeout=30)
+        except Exception as exc:
+            with suppress(Exception):
+                await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+            raise SessionOpenError(_describe_open_failure(self.server, exc)) from None
+        live: LiveSession | None = None
+        try:
+            caps = client.server_capabilities
+            res = caps.resources
+            capabilities = {
+                "resources": res is not None,
+                "subscribe": bool(res and res.subscribe),
+                "listChanged": bool(res and res.list_changed),
+            }
+            impl = client.server_info
+            info = await self.ledger.open_session(
+                subject=self.subject, server=self.server.name, edition=client.protocol_version,
+                capabilities=capabilities, server_name=impl.name if impl else "",
+                server_version=impl.version if impl else "", task_queue=self.task_queue, host_id=self.host_id,
+            )
+            live = LiveSession(
+                subject=self.subject, server=self.server.name, generation=info.generation, client=client,
+                edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
+                max_content_bytes=self.server.max_content_bytes, on_uri_updated=self._enqueue,
+            )
+            self.live = live
+            self.sessions_opened += 1
+            log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
+                     self.server.name, self.subject, info.generation, live.edition,
+                     capabilities["subscribe"], capabilities["listChanged"])
+            self.generation_opened.set()
+            await self._announce(info.generation)
+            await self._watch(live)
+        finally:
+            self.live = None
+            if live is not None:
+                await live.close_listens()
+                with suppress(Exception):
+                    await self.ledger.close_session(self.subject, self.server.name, live.generation)
+            with suppress(Exception):
+                await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+
+    async def _watch(self, live: LiveSession) -> None:
+        """Return when the session is lost: a ping that fails or times out, or a lost stream."""
+        while not live.lost.is_set():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(live.lost.wait(), self.server.ping_interval_seconds)
+            if live.lost.is_set():
+                break
+            try:
+                await asyncio.wait_for(live.client.send_ping(), self.server.ping_timeout_seconds)
+            except Exception as exc:
+                log.warning("session %s/%s generation %d lost: %s", self.server.name, self.subject,
+                            live.generation, type(exc).__name__)
+                live.lost.set()
+
+    async def _announce(self, generation: int) -> None:
+        for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
+            if state in TERMINAL_STATES:
+                continue
+            try:
+                await self.temporal.get_workflow_handle(workflow_id).signal(
+                    SIGNAL_SESSION_CHANGED, SessionChanged(session_generation=generation)
+                )
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                await self.ledger.audit("SESSION_CHANGE_NO_WORKFLOW", subject=self.subject,
+                                        server=self.server.name, workflow_id=workflow_id,
+                                        session_generation=generation)
+
+    # --- notifications -------------------------------------------------------------------
+
+    async def _on_message(self, message: object) -> None:
+        live = self.live
+        generation = live.generation if live is not None else 0
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await self._enqueue(str(message.params.uri), generation)
+        elif isinstance(message, types.ResourceListChangedNotification):
+            await self.ledger.audit("LIST_CHANGED", subject=self.subject, server=self.server.name,
+                                    session_generation=generation)
+        elif isinstance(message, Exception):
+            log.warning("session %s/%s transport error: %s", self.server.name, self.subject, type(message).__name__)
+
+    async def _enqueue(self, uri: str, generation: int) -> None:
+        # The receive loop must never wait on PostgreSQL or Temporal: route from a queue.
+        self._queue.put_nowait((uri, generation))
+
+    async def _route_loop(self) -> None:
+        while True:
+            uri, generation = await self._queue.get()
+            try:
+                await self._route(uri, generation)
+            except Exception:
+                log.exception("routing a notification failed (server=%s)", self.server.name)
+
+    async def _route(self, uri: str, generation: int) -> None:
+        fence = await self.ledger.find_subscription(self.subject, self.server.name, uri)
+        if fence is None:
+            await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
+                                    session_generation=generation)
+            return
+        workflow_id = SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri).workflow_id
+        sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
+                              notification_id=uuid.uuid4().hex)
+        try:
+            await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_RESOURCE_UPDATED, sig)
+            self.notifications_routed += 1
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            await self.ledger.audit("NOTIFICATION_NO_WORKFLOW", subject=self.subject, server=self.server.name,
+                                    uri=uri, workflow_id=workflow_id, session_generation=generation)
+
+
+def _describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
+    where = " ".join(cfg.command) if cfg.transport == "stdio" else redact_url(cfg.url or "")
+    inner = exc
+    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[0]
+    if isinstance(inner, TimeoutError):
+        what = "no initialize response within 30 s"
+    elif isinstance(inner, FileNotFoundError):
+        what = f"command not found: {cfg.command[0] if cfg.command else ''}"
+    else:
+        what = f"{type(inner).__name__}: {str(inner)[:200]}"
+    return f"cannot open MCP server {cfg.name!r} ({cfg.transport} {where}): {what}"

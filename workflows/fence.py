@@ -1,0 +1,287 @@
+"""The subscription state machine and its fences, as plain deterministic Python.
+
+Contract:
+- ``SubscriptionFence`` holds all state of one subscription in one serializable
+  model (``FenceState``) and changes it only through the methods below. No I/O,
+  no clock, no randomness: the workflow passes times in, a simulator can drive it
+  without Temporal.
+- The durable fence in PostgreSQL is authoritative. Every method that follows a
+  ledger answer (``adopt``, ``issued``, ``applied``, ``closing``) takes the larger
+  of its own and the ledger's ordinals/generations, so state that was rewound by a
+  workflow reset catches up instead of reusing an ordinal.
+- Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED |
+  UNSUBSCRIBE_UNKNOWN; ACTIVE → TOMBSTONE_PENDING; anything with an unknown
+  identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
+  cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight),
+  VERSION_ACCEPTED (the last read made a version current).
+- Coalescing: at most one read in flight; every update that arrives meanwhile
+  collapses into one follow-up read.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from workflows.records import (
+    AcceptResult,
+    AcceptVerdict,
+    CloseReceipt,
+    FenceSnapshot,
+    ReadTicket,
+    ResourceSubscriptionV1,
+    ResourceUpdated,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+__all__ = ["FenceState", "SubscriptionFence", "UpdateDisposition", "READABLE", "TERMINAL"]
+
+S = SubscriptionState
+
+READABLE = frozenset({S.ACTIVE})
+"""Main states in which a read may be allocated."""
+
+TERMINAL = frozenset({S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED})
+"""Main states that never reopen."""
+
+CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
+
+
+class UpdateDisposition(StrEnum):
+    READ_REQUESTED = "read_requested"  # no read pending: one will be allocated
+    COALESCED = "coalesced"  # folded into a read already requested or in flight
+    OLD_SESSION = "old_session"  # from a session generation before ours: audit, ignore
+    FUTURE_SESSION = "future_session"  # from a generation we have not adopted yet: resubscribe first
+    NOT_ACTIVE = "not_active"  # closing, closed, tombstoned: audit, ignore
+    WRONG_URI = "wrong_uri"  # identity mismatch: audit, RECONCILIATION_REQUIRED
+
+
+class FenceState(BaseModel):
+    """Everything the workflow knows; carried whole through continue-as-new."""
+
+    key: SubscriptionKey
+    state: SubscriptionState = S.DISCOVERED
+    session_generation: int = 0
+    edition: str = ""
+    capabilities: dict[str, bool] = Field(default_factory=dict)
+    subscription_generation: int = 0
+    last_issued_ordinal: int = 0
+    last_accepted_ordinal: int = 0
+    watermark: int = 0
+    last_accepted_digest: str | None = None
+    last_receipt_id: int | None = None
+    close_epoch: int = 0
+    close_ordinal: int | None = None
+    in_flight: list[int] = Field(default_factory=list)
+    pending_trigger: TriggerReason | None = None
+    last_verdict: AcceptVerdict | None = None
+    updates_seen: int = 0
+    updates_coalesced: int = 0
+    reads_issued: int = 0
+    stale_receipts: int = 0
+    stale_after_close: int = 0
+    close_requested: bool = False
+    close_reason: str = ""
+    staleness_bound_seconds: float | None = None
+    detail: str = ""
+
+
+class SubscriptionFence:
+    def __init__(self, state: FenceState) -> None:
+        self.s = state
+
+    # --- durable fence ----------------------------------------------------------------
+
+    def adopt(self, snap: FenceSnapshot) -> None:
+        """Take the ledger's row: ordinals and generations never go backwards here."""
+        if not snap.exists:
+            return
+        s = self.s
+        s.last_issued_ordinal = max(s.last_issued_ordinal, snap.last_issued_ordinal)
+        if snap.last_accepted_ordinal >= s.last_accepted_ordinal:
+            s.last_accepted_ordinal = snap.last_accepted_ordinal
+            s.last_accepted_digest = snap.last_accepted_digest
+            s.last_receipt_id = snap.last_receipt_id
+        s.watermark = max(s.watermark, snap.watermark)
+        s.subscription_generation = max(s.subscription_generation, snap.subscription_generation)
+        s.session_generation = max(s.session_generation, snap.session_generation)
+        s.close_epoch = max(s.close_epoch, snap.close_epoch)
+        if snap.close_ordinal is not None:
+            s.close_ordinal = snap.close_ordinal
+        if snap.state is not None and (snap.state in CLOSING or snap.state in TERMINAL or s.state not in CLOSING):
+            # The ledger wins, except that a workflow already closing never reopens because
+            # the ledger lagged behind it.
+            s.state = snap.state
+
+    # --- subscribe ------------------------------------------------------------------
+
+    def wants_subscribe(self, live_generation: int) -> bool:
+        s = self.s
+        if s.close_requested or s.state in CLOSING or s.state in TERMINAL:
+            return False
+        return s.state in (S.DISCOVERED, S.SUBSCRIBING) or live_generation > s.session_generation
+
+    def subscribing(self, snap: FenceSnapshot, edition: str, capabilities: dict[str, bool]) -> bool:
+        """The ledger answered begin_subscription; True if we may go on subscribing."""
+        self.adopt(snap)
+        self.s.edition = edition
+        self.s.capabilities = dict(capabilities)
+        # A session change invalidates whatever was in flight: those reads can only be stale now.
+        self.s.in_flight.clear()
+        return snap.state == S.SUBSCRIBING
+
+    def subscribed(self, snap: FenceSnapshot, *, poll_interval_seconds: float | None) -> None:
+        """Subscribed (or polling): ACTIVE, and an initial read so a change before subscribe is seen."""
+        self.adopt(snap)
+        if self.s.state == S.ACTIVE:
+            self.s.pending_trigger = TriggerReason.INITIAL
+            self.s.staleness_bound_seconds = poll_interval_seconds
+
+    # --- updates and reads ------------------------------------------------------------
+
+    def note_update(self, sig: ResourceUpdated) -> UpdateDisposition:
+        s = self.s
+        if sig.uri != s.key.uri:
+            return UpdateDisposition.WRONG_URI
+        if sig.session_generation < s.session_generation:
+            return UpdateDisposition.OLD_SESSION
+        if s.state not in READABLE and s.state not in (S.DISCOVERED, S.SUBSCRIBING):
+            return UpdateDisposition.NOT_ACTIVE
+        if sig.session_generation > s.session_generation:
+            return UpdateDisposition.FUTURE_SESSION
+        s.updates_seen += 1
+        if s.pending_trigger is not None or s.in_flight or s.state != S.ACTIVE:
+            if s.pending_trigger is None:
+                s.pending_trigger = TriggerReason.FOLLOW_UP
+            s.updates_coalesced += 1
+            return UpdateDisposition.COALESCED
+        s.pending_trigger = TriggerReason.UPDATED
+        return UpdateDisposition.READ_REQUESTED
+
+    def poll_due(self) -> None:
+        """No subscribe capability: the poll timer fired."""
+        if self.s.state == S.ACTIVE and self.s.pending_trigger is None:
+            self.s.pending_trigger = TriggerReason.POLL
+
+    def read_wanted(self) -> TriggerReason | None:
+        s = self.s
+        if s.state in READABLE and not s.close_requested and s.pending_trigger is not None and not s.in_flight:
+            return s.pending_trigger
+        return None
+
+    def next_ordinal_floor(self) -> int:
+        return self.s.last_issued_ordinal + 1
+
+    def issued(self, ticket: ReadTicket) -> bool:
+        """The ledger allocated (or refused) an ordinal for the pending trigger."""
+        s = self.s
+        if not ticket.granted:
+            return False
+        s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
+        s.in_flight.append(ticket.ordinal)
+        s.pending_trigger = None
+        s.reads_issued += 1
+        return True
+
+    def applied(self, ordinal: int, result: AcceptResult) -> None:
+        """The ledger judged a completed read."""
+        s = self.s
+        if ordinal in s.in_flight:
+            s.in_flight.remove(ordinal)
+        s.last_verdict = result.verdict
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
+            s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
+            s.watermark = max(s.watermark, result.watermark)
+            s.last_receipt_id = result.receipt_id
+        if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
+            s.state = S.TOMBSTONE_PENDING
+        elif result.verdict == AcceptVerdict.STALE:
+            s.stale_receipts += 1
+        elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
+            s.stale_after_close += 1
+
+    def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
+            self.s.last_accepted_digest = digest
+
+    def read_abandoned(self, ordinal: int) -> None:
+        """A read never reached the ledger (session gone); its ordinal stays burned."""
+        if ordinal in self.s.in_flight:
+            self.s.in_flight.remove(ordinal)
+
+    # --- close --------------------------------------------------------------------------
+
+    def request_close(self, reason: str) -> CloseReceipt:
+        """Freeze intent now (the validator's answer); the ledger freezes the ordinal."""
+        s = self.s
+        if not s.close_requested and s.state not in CLOSING and s.state not in TERMINAL:
+            s.close_requested = True
+            s.close_reason = reason
+        return self.close_receipt()
+
+    def closing(self, receipt: CloseReceipt) -> None:
+        s = self.s
+        s.state = receipt.state
+        s.close_epoch = max(s.close_epoch, receipt.close_epoch)
+        s.close_ordinal = receipt.close_ordinal
+        s.last_issued_ordinal = max(s.last_issued_ordinal, receipt.close_ordinal)
+        s.pending_trigger = None
+
+    def unsubscribed(self, snap: FenceSnapshot) -> None:
+        self.adopt(snap)
+        self.s.in_flight.clear()
+
+    def close_receipt(self) -> CloseReceipt:
+        s = self.s
+        return CloseReceipt(
+            state=s.state if s.state in CLOSING else S.UNSUBSCRIBING,
+            close_epoch=s.close_epoch,
+            close_ordinal=s.close_ordinal if s.close_ordinal is not None else s.last_issued_ordinal,
+            last_accepted_ordinal=s.last_accepted_ordinal,
+        )
+
+    # --- views ----------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> SubscriptionState:
+        s = self.s
+        if s.state != S.ACTIVE:
+            return s.state
+        if s.in_flight:
+            return S.READ_PENDING
+        if s.pending_trigger is not None:
+            return S.UPDATE_SEEN
+        return S.ACTIVE
+
+    @property
+    def finished(self) -> bool:
+        return self.s.state in TERMINAL
+
+    def record(self, *, started_at=None, ended_at=None) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
+        s = self.s
+        return ResourceSubscriptionV1(
+            subject=s.key.subject,
+            server=s.key.server,
+            uri=s.key.uri,
+            state=self.phase,
+            session_generation=s.session_generation,
+            edition=s.edition,
+            capabilities=s.capabilities,
+            subscription_generation=s.subscription_generation,
+            started_at=started_at,
+            ended_at=ended_at,
+            last_notification_seq=s.updates_seen,
+            last_issued_ordinal=s.last_issued_ordinal,
+            last_accepted_ordinal=s.last_accepted_ordinal,
+            last_accepted_digest=s.last_accepted_digest,
+            last_receipt_id=s.last_receipt_id,
+            watermark=s.watermark,
+            close_epoch=s.close_epoch,
+            close_ordinal=s.close_ordinal,
+            reads_issued=s.reads_issued,
+            staleness_bound_seconds=s.staleness_bound_seconds,
+            detail=s.detail,
+        )

@@ -1,0 +1,440 @@
+"""ResourceSubscriptionWorkflow: one long-lived workflow per (subject, server, URI).
+
+Contract:
+- A thin driver of ``workflows.fence.SubscriptionFence``: every decision is made
+  there; this module only turns decisions into activities, timers and handlers.
+- Before allocating or accepting anything a run reloads the durable fence from
+  PostgreSQL (``ledger_load_fence``); every allocation and acceptance is a CAS in
+  the ledger, so a reset or rolled-back run can never reuse an ordinal.
+- Notifications arrive as the ``resource_updated`` signal and only invalidate:
+  every read goes through ``resources/read`` on the live session (the session
+  host's task queue). No resource body ever enters this workflow's history.
+- Reads run as tasks beside the main loop so a close request is fenced at once;
+  at most one read is in flight and updates meanwhile coalesce into one follow-up.
+- Long life: continue-as-new when suggested, after in-flight reads and handlers
+  drain, carrying the whole ``FenceState`` and the signal dedupe ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition
+    from workflows.names import (
+        QUERY_SUBSCRIPTION,
+        SA_SESSION_GENERATION,
+        SA_STATE,
+        SA_SUBSCRIPTION_GENERATION,
+        SA_WATERMARK,
+        SIGNAL_CLOSE,
+        SIGNAL_RESOURCE_UPDATED,
+        SIGNAL_SESSION_CHANGED,
+        UPDATE_CLOSE,
+        WORKFLOW_TYPE,
+        Act,
+    )
+    from workflows.records import (
+        AcceptRequest,
+        AcceptResult,
+        AllocateRequest,
+        AuditRequest,
+        BeginSubscriptionRequest,
+        CloseReceipt,
+        CloseRequest,
+        EnsureRequest,
+        FenceSnapshot,
+        FinishUnsubscribeRequest,
+        KeyRequest,
+        MarkActiveRequest,
+        ReadOutcome,
+        ReadOutcomeKind,
+        ReadRequest,
+        ReadTicket,
+        ResourceSubscriptionV1,
+        ResourceUpdated,
+        SessionChanged,
+        SessionInfo,
+        SessionQuery,
+        SubscribeOutcome,
+        SubscribeRequest,
+        SubscriptionStart,
+        SubscriptionState,
+        TriggerReason,
+        UnsubscribeOutcome,
+        UnsubscribeRequest,
+    )
+
+__all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK"]
+
+POLL_INTERVAL = timedelta(seconds=30)
+"""Read period when the server cannot (or will not) subscribe; jittered ±20%."""
+
+SESSION_RECHECK = timedelta(seconds=15)
+"""How often a workflow without a live session asks the ledger again (besides the signal)."""
+
+MAX_DEDUPE_IDS = 256
+
+_LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+_LEDGER_TIMEOUT = timedelta(seconds=30)
+_MCP_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+    non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"],
+)
+_MCP_TIMEOUT = timedelta(seconds=60)
+
+KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
+KEY_SESSION_GEN = SearchAttributeKey.for_int(SA_SESSION_GENERATION)
+KEY_SUB_GEN = SearchAttributeKey.for_int(SA_SUBSCRIPTION_GENERATION)
+KEY_WATERMARK = SearchAttributeKey.for_int(SA_WATERMARK)
+
+
+def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
+                           handlers_finished: bool, max_history: int = 20_000) -> bool:
+    """Continue-as-new once Temporal suggests it (or history is long), never mid-read."""
+    if reads_in_flight or not handlers_finished:
+        return False
+    return suggested or history_length >= max_history
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class ResourceSubscriptionWorkflow:
+    @workflow.init
+    def __init__(self, start: SubscriptionStart) -> None:
+        state = FenceState(key=start.key)
+        if start.carried_state is not None:
+            state = FenceState.model_validate(start.carried_state)
+        self.fence = SubscriptionFence(state)
+        self.key = start.key
+        self.session: SessionInfo | None = None
+        self.live_generation = 0  # highest session generation announced by signal
+        self.seen_ids: list[str] = list(start.seen_signal_ids)
+        self.read_tasks: set[asyncio.Task[None]] = set()
+        self.reloaded = False
+        self.last_published: tuple[object, ...] = ()
+
+    # --- handlers -------------------------------------------------------------------
+
+    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED)
+    async def resource_updated(self, sig: ResourceUpdated) -> None:
+        if sig.notification_id is not None:
+            if sig.notification_id in self.seen_ids:
+                return
+            self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
+        if not self.reloaded:
+            # Signals can be delivered before run() reloaded the fence; let it finish first.
+            await workflow.wait_condition(lambda: self.reloaded)
+        disposition = self.fence.note_update(sig)
+        if disposition == UpdateDisposition.FUTURE_SESSION:
+            self.live_generation = max(self.live_generation, sig.session_generation)
+            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
+        elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
+                             UpdateDisposition.WRONG_URI):
+            await self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
+                              {"uri_matches": int(sig.uri == self.key.uri)})
+            if disposition == UpdateDisposition.WRONG_URI:
+                self.fence.s.detail = "notification for a different URI reached this subscription"
+        self._publish()
+
+    @workflow.signal(name=SIGNAL_SESSION_CHANGED)
+    def session_changed(self, sig: SessionChanged) -> None:
+        self.live_generation = max(self.live_generation, sig.session_generation)
+
+    @workflow.signal(name=SIGNAL_CLOSE)
+    def close_signal(self, req: CloseRequest) -> None:
+        self.fence.request_close(req.reason)
+
+    @workflow.update(name=UPDATE_CLOSE)
+    async def close(self, req: CloseRequest) -> CloseReceipt:
+        self.fence.request_close(req.reason)
+        await workflow.wait_condition(lambda: self.fence.finished)
+        return self.fence.close_receipt()
+
+    @close.validator
+    def _validate_close(self, req: CloseRequest) -> None:
+        if len(req.reason) > 500:
+            raise ValueError("close reason longer than 500 characters")
+
+    @workflow.query(name=QUERY_SUBSCRIPTION)
+    def subscription(self) -> ResourceSubscriptionV1:
+        return self._record()
+
+    # --- main loop ---------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:
+        incarnation = workflow.info().first_execution_run_id
+        if start.carried_state is None:
+            snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
+                                      FenceSnapshot)
+        else:
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+        self.fence.adopt(snap)
+        self.live_generation = max(self.live_generation, self.fence.s.session_generation)
+        self.reloaded = True
+        self._publish()
+
+        while not self.fence.finished:
+            s = self.fence.s
+            if s.close_requested or s.state == SubscriptionState.UNSUBSCRIBING:
+                await self._close()
+                continue
+            if s.state in (SubscriptionState.TOMBSTONE_PENDING, SubscriptionState.RECONCILIATION_REQUIRED):
+                # Only a catalog reconciliation (or a close) moves these on.
+                await workflow.wait_condition(lambda: self.fence.s.close_requested)
+                continue
+            if self.session is None or self.fence.wants_subscribe(self.live_generation) \
+                    or s.pending_trigger == TriggerReason.RESUBSCRIBE:
+                if not await self._ensure_subscribed():
+                    await self._wait_for_session()
+                continue
+            if self.fence.read_wanted() is not None:
+                self._start_read()
+                continue
+            if should_continue_as_new(
+                suggested=workflow.info().is_continue_as_new_suggested(),
+                history_length=workflow.info().get_current_history_length(),
+                reads_in_flight=len(s.in_flight),
+                handlers_finished=workflow.all_handlers_finished(),
+            ):
+                await self._continue_as_new(start)
+            polling = s.staleness_bound_seconds is not None
+            timeout = self._poll_delay() if polling else None
+            try:
+                await workflow.wait_condition(self._has_work, timeout=timeout)
+            except TimeoutError:
+                self.fence.poll_due()
+
+        await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
+        self._publish()
+        return self._record()
+
+    def _has_work(self) -> bool:
+        s = self.fence.s
+        return bool(
+            s.close_requested
+            or self.fence.read_wanted() is not None
+            or self.live_generation > s.session_generation
+            or s.pending_trigger == TriggerReason.RESUBSCRIBE
+            or self.fence.finished
+            or s.state != SubscriptionState.ACTIVE
+            or (workflow.info().is_continue_as_new_suggested() and not s.in_flight)
+        )
+
+    def _poll_delay(self) -> timedelta:
+        base = self.fence.s.staleness_bound_seconds or POLL_INTERVAL.total_seconds()
+        # Deterministic jitter in [0.8, 1.0] of the published bound: never later than promised.
+        return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
+
+    async def _wait_for_session(self) -> None:
+        have = self.fence.s.session_generation
+        try:
+            await workflow.wait_condition(
+                lambda: self.live_generation > have or self.fence.s.close_requested, timeout=SESSION_RECHECK
+            )
+        except TimeoutError:
+            pass
+
+    # --- subscribe -------------------------------------------------------------------
+
+    async def _ensure_subscribed(self) -> bool:
+        """Bind to the live session and (re)subscribe. False when there is no usable session."""
+        session = await self._ledger(Act.CURRENT_SESSION,
+                                     SessionQuery(subject=self.key.subject, server=self.key.server),
+                                     SessionInfo, allow_none=True)
+        if session is None:
+            self.fence.s.detail = "no live MCP session for this subject and server"
+            self._publish()
+            return False
+        self.live_generation = max(self.live_generation, session.generation)
+        if (self.session is not None and session.generation == self.fence.s.session_generation
+                and self.fence.s.state == SubscriptionState.ACTIVE
+                and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
+            self.session = session
+            return True
+        self.session = session
+        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
+                                  BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
+                                  FenceSnapshot)
+        caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
+        if not self.fence.subscribing(snap, session.edition, caps):
+            self._publish()
+            return False
+        self._publish()
+        poll: float | None = None
+        if session.subscribe:
+            out = await self._mcp(session, Act.MCP_SUBSCRIBE,
+                                  SubscribeRequest(key=self.key, session_generation=session.generation),
+                                  SubscribeOutcome)
+            if out is None or (not out.ok and out.session_generation != session.generation):
+                self.session = None
+                return False
+            if not out.ok:
+                # Advertised but rejected: poll instead, publish the bound, never claim real time.
+                poll = POLL_INTERVAL.total_seconds()
+                await self._audit("SUBSCRIBE_REJECTED", session.generation,
+                                  {"code": out.error_code, "error": (out.error or "")[:200]})
+        else:
+            poll = POLL_INTERVAL.total_seconds()
+        snap = await self._ledger(Act.MARK_ACTIVE,
+                                  MarkActiveRequest(key=self.key, session_generation=session.generation,
+                                                    subscription_generation=snap.subscription_generation),
+                                  FenceSnapshot)
+        self.fence.subscribed(snap, poll_interval_seconds=poll)
+        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
+        self._publish()
+        return True
+
+    # --- reads -------------------------------------------------------------------------
+
+    def _start_read(self) -> None:
+        trigger = self.fence.read_wanted()
+        assert trigger is not None
+        # Mark the trigger as taken before the task runs so the loop does not start two.
+        self.fence.s.pending_trigger = None
+        self.fence.s.in_flight.append(0)  # placeholder until the ledger grants an ordinal
+        task = asyncio.create_task(self._read(trigger))
+        self.read_tasks.add(task)
+        task.add_done_callback(self.read_tasks.discard)
+
+    async def _read(self, trigger: TriggerReason) -> None:
+        s = self.fence.s
+        session = self.session
+        try:
+            assert session is not None
+            request_id = str(workflow.uuid4())
+            ticket = await self._ledger(
+                Act.ALLOCATE_READ,
+                AllocateRequest(key=self.key, session_generation=s.session_generation,
+                                subscription_generation=s.subscription_generation,
+                                min_ordinal=self.fence.next_ordinal_floor(), request_id=request_id, trigger=trigger),
+                ReadTicket,
+            )
+        finally:
+            s.in_flight.remove(0)
+        if not self.fence.issued(ticket):
+            # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+            self.fence.adopt(snap)
+            if snap.state == SubscriptionState.ACTIVE and snap.session_generation == s.session_generation:
+                s.pending_trigger = s.pending_trigger or trigger
+            self._publish()
+            return
+        self._publish()
+        req = ReadRequest(key=self.key, session_generation=s.session_generation,
+                          subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
+                          request_id=ticket.request_id, trigger=trigger)
+        outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
+        if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
+            self.fence.read_abandoned(ticket.ordinal)
+            self.session = None  # re-bind: the session host has (or will have) a new generation
+            s.pending_trigger = s.pending_trigger or TriggerReason.RESUBSCRIBE
+            self._publish()
+            return
+        result = await self._ledger(
+            Act.ACCEPT, AcceptRequest(outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch),
+            AcceptResult,
+        )
+        self.fence.applied(ticket.ordinal, result)
+        self.fence.accepted_digest(outcome.content_digest, result)
+        self._publish()
+
+    # --- close ---------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        receipt = await self._ledger(Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key), CloseReceipt)
+        self.fence.closing(receipt)
+        self._publish()
+        acked = True
+        session = self.session
+        if receipt.state == SubscriptionState.UNSUBSCRIBING and session is not None and session.subscribe \
+                and not self.fence.s.staleness_bound_seconds:
+            out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                                  UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                                  UnsubscribeOutcome)
+            acked = out is not None and out.acked
+        if receipt.state == SubscriptionState.UNSUBSCRIBING:
+            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked),
+                                      FenceSnapshot)
+        else:
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+        self.fence.unsubscribed(snap)
+        self._publish()
+
+    # --- continue-as-new -------------------------------------------------------------------
+
+    async def _continue_as_new(self, start: SubscriptionStart) -> None:
+        await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
+        workflow.continue_as_new(
+            SubscriptionStart(key=self.key, carried_state=self.fence.s.model_dump(mode="json"),
+                              seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:])
+        )
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
+        result = await workflow.execute_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY
+        )
+        if result is None and not allow_none:
+            raise RuntimeError(f"{name} returned nothing")
+        return result
+
+    async def _mcp(self, session: SessionInfo, name: str, arg: object, result_type: type):  # type: ignore[no-untyped-def]
+        """An activity on the session host's queue; None when the session is unreachable."""
+        try:
+            return await workflow.execute_activity(
+                name, arg, result_type=result_type, task_queue=session.task_queue,
+                schedule_to_close_timeout=_MCP_TIMEOUT, retry_policy=_MCP_RETRY,
+            )
+        except ActivityError as err:
+            self.fence.s.detail = f"{name} failed: {type(err.cause).__name__}"
+            return None
+
+    async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
+        await self._ledger(Act.AUDIT, AuditRequest(kind=kind, key=self.key, session_generation=session_generation,
+                                                   detail=detail), int)
+
+    def _record(self) -> ResourceSubscriptionV1:
+        return self.fence.record(started_at=workflow.info().start_time)
+
+    def _publish(self) -> None:
+        """Search attributes and the Web UI's current-details panel, only when they change."""
+        s = self.fence.s
+        phase = self.fence.phase
+        snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
+                    s.detail, s.last_issued_ordinal)
+        if snapshot == self.last_published:
+            return
+        self.last_published = snapshot
+        workflow.upsert_search_attributes([
+            SearchAttributePair(KEY_STATE, phase.value),
+            SearchAttributePair(KEY_SESSION_GEN, s.session_generation),
+            SearchAttributePair(KEY_SUB_GEN, s.subscription_generation),
+            SearchAttributePair(KEY_WATERMARK, s.watermark),
+        ])
+        digest = s.last_accepted_digest or "-"
+        workflow.set_current_details(
+            f"**{phase.value}** `{self.key.uri}`\n\n"
+            f"| ledger | value |\n|---|---|\n"
+            f"| subject / server | {self.key.subject} / {self.key.server} |\n"
+            f"| session gen / subscription gen | {s.session_generation} / {s.subscription_generation} |\n"
+            f"| edition | {s.edition or '-'} |\n"
+            f"| last issued / accepted ordinal | {s.last_issued_ordinal} / {s.last_accepted_ordinal} |\n"
+            f"| watermark | {s.watermark} |\n"
+            f"| last receipt | {s.last_receipt_id or '-'} |\n"
+            f"| last digest | `{digest[:23]}` |\n"
+            f"| close epoch / ordinal | {s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'} |\n"
+            f"| updates seen / coalesced / reads | {s.updates_seen} / {s.updates_coalesced} / {s.reads_issued} |\n"
+            f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
+            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling) |\n"
+               if s.staleness_bound_seconds else "")
+            + (f"\n{s.detail}\n" if s.detail else "")
+        )
