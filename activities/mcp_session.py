@@ -49,7 +49,6 @@ from workflows.records import (
 __all__ = ["LiveSession", "McpSessionActivities", "classify_error", "MULTIPART_MIME"]
 
 log = logging.getLogger("mcpsync.session")
-warnings.simplefilter("ignore", MCPDeprecationWarning)  # subscribe_resource is the 2025-11-25 API we need
 
 MULTIPART_MIME = "application/vnd.mcpsync.contents+json"
 NOT_FOUND_CODES = {-32002}
@@ -164,7 +163,9 @@ class McpSessionActivities:
             if live.modern:
                 await live.listen(req.key.uri)
             else:
-                await live.client.session.subscribe_resource(req.key.uri)
+                with warnings.catch_warnings():  # the 2025-11-25 API is exactly what this edition needs
+                    warnings.simplefilter("ignore", MCPDeprecationWarning)
+                    await live.client.session.subscribe_resource(req.key.uri)
         except MCPError as err:
             if err.code == CONNECTION_CLOSED:
                 live.lost.set()
@@ -184,7 +185,9 @@ class McpSessionActivities:
             if live.modern:
                 await live.unlisten(req.key.uri)
             else:
-                await live.client.session.unsubscribe_resource(req.key.uri)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", MCPDeprecationWarning)
+                    await live.client.session.unsubscribe_resource(req.key.uri)
         except MCPError as err:
             return UnsubscribeOutcome(acked=False, error=f"{err.code}: {err.message[:200]}")
         return UnsubscribeOutcome(acked=True)

@@ -182,11 +182,19 @@ class SessionHost:
             if live.lost.is_set():
                 break
             try:
-                await asyncio.wait_for(live.client.send_ping(), self.server.ping_timeout_seconds)
+                await asyncio.wait_for(self._probe(live), self.server.ping_timeout_seconds)
             except Exception as exc:
                 log.warning("session %s/%s generation %d lost: %s", self.server.name, self.subject,
                             live.generation, type(exc).__name__)
                 live.lost.set()
+
+    @staticmethod
+    async def _probe(live: LiveSession) -> None:
+        # ping is gone on 2026-07-28; server/discover is its cheapest round trip there.
+        if live.modern:
+            await live.client.session.send_discover(live.edition)
+        else:
+            await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):

@@ -1,0 +1,131 @@
+"""End to end on real components: Temporal dev server, PostgreSQL, the fixture MCP server.
+
+Subscribe → mutate through the control plane → the workflow accepts a version
+whose digest equals the committed one → one outbox row per change; close → CLOSED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from activities.ledger import Ledger
+from tests.conftest import eventually, running_services, unique
+from worker.config import ServerConfig
+from worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from worker.runtime import start_subscription
+from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
+from workflows.records import (
+    CloseReceipt,
+    CloseRequest,
+    ResourceSubscriptionV1,
+    SubscriptionKey,
+    SubscriptionState,
+)
+
+
+@dataclass
+class Served:
+    server: ServerConfig
+    control: FixtureControl
+
+
+@pytest.fixture
+async def http_fixture(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
+    fx = await FixtureProcess.start_http(tmp_path, seed="none")
+    try:
+        yield fx
+    finally:
+        await fx.stop()
+
+
+async def _outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, object]]:
+    return [r for r in await ledger.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
+
+
+async def _wait_record(handle, pred, what: str, timeout: float = 30.0) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
+    async def check() -> ResourceSubscriptionV1 | None:
+        rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+        return rec if pred(rec) else None
+
+    return await eventually(check, timeout=timeout, interval=0.2, what=what)
+
+
+async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConfig, control: FixtureControl,
+                              uri: str, subject: str, expect_edition: str) -> None:
+    key = SubscriptionKey(subject=subject, server=server.name, uri=uri)
+    first = await control.create(uri, text="version one", mime_type="text/plain")
+    async with running_services(client, ledger, [server]) as cfg:
+        handle = await start_subscription(client, key, task_queue=cfg.temporal.task_queue)
+        # Starting twice is idempotent: same workflow, same run.
+        again = await start_subscription(client, key, task_queue=cfg.temporal.task_queue)
+        assert again.result_run_id == handle.result_run_id
+        rec = await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                                 "initial read accepted")
+        assert rec.edition == expect_edition
+        assert rec.state == SubscriptionState.ACTIVE
+
+        mutation = await control.edit(uri, text="version two")
+        rec = await _wait_record(handle, lambda r: r.last_accepted_digest == mutation["committed"]["digest"],
+                                 "updated version accepted")
+        rows = await _outbox_for(ledger, key)
+        assert [r["content_digest"] for r in rows] == [first["committed"]["digest"],
+                                                       mutation["committed"]["digest"]]
+        fence = await ledger.load_fence(key)
+        assert fence.last_accepted_digest == mutation["committed"]["digest"]
+        assert fence.watermark == rec.watermark and rec.watermark >= 2
+
+        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="test"), result_type=CloseReceipt)
+        assert receipt.state == SubscriptionState.CLOSED
+        assert receipt.close_ordinal == fence.last_issued_ordinal
+        final = await client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
+        assert final.state == SubscriptionState.CLOSED
+        reads_before = await ledger.read_count(key)
+        await control.edit(uri, text="version three after close")
+        await asyncio.sleep(1.0)
+        assert await ledger.read_count(key) == reads_before, "no read after CLOSED"
+        assert len(await _outbox_for(ledger, key)) == 2
+        stats = await control.stats()
+        assert json.dumps(stats)  # the oracle answered
+
+
+@pytest.mark.parametrize("edition", ["2025-11-25", "2026-07-28"])
+async def test_http_subscription_converges_and_closes(temporal_client: Client, ledger: Ledger,
+                                                      http_fixture: FixtureProcess, edition: str) -> None:
+    server = ServerConfig(name=unique("fx"), transport="http", url=http_fixture.mcp_url, edition=edition,
+                          subjects=["alice"])
+    await _converge_and_close(temporal_client, ledger, server, http_fixture, f"demo://doc/{uuid.uuid4().hex}",
+                              "alice", edition)
+
+
+@pytest.mark.parametrize("edition", ["2025-11-25", "2026-07-28"])
+async def test_stdio_subscription_converges_and_closes(temporal_client: Client, ledger: Ledger, tmp_path: Path,
+                                                       edition: str) -> None:
+    ready = tmp_path / "ready.json"
+    command, env = stdio_command(ready_file=ready, seed="none")
+    server = ServerConfig(name=unique("fx"), transport="stdio", command=command, env=env, edition=edition,
+                          subjects=["bob"])
+    # The session host spawns the server; its control plane announces itself in the ready file.
+    uri = f"file:///srv/{uuid.uuid4().hex}.txt"
+    key = SubscriptionKey(subject="bob", server=server.name, uri=uri)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        info = await wait_ready_file(ready, timeout=20)
+        async with FixtureControl(info["control_url"]) as control:
+            first = await control.create(uri, text="one", mime_type="text/plain")
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                               "initial read over stdio")
+            m = await control.edit(uri, text="two")
+            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == m["committed"]["digest"],
+                                     "update over stdio")
+            assert rec.edition == edition
+            receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
+            assert receipt.state == SubscriptionState.CLOSED
+    assert len(await _outbox_for(ledger, key)) == 2
