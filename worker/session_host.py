@@ -124,7 +124,8 @@ class SessionHost:
             assert cfg.url is not None
             headers = {"Authorization": f"Bearer {token}"} if token else None
             server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers))
-        mode = "legacy" if cfg.edition == "2025-11-25" else ("auto" if cfg.edition == "auto" else cfg.edition)
+        # A version pin would skip server/discover and synthesize empty capabilities: probe instead.
+        mode = "legacy" if cfg.edition == "2025-11-25" else "auto"
         return Client(server, mode=mode, cache=None, message_handler=self._on_message,  # type: ignore[arg-type]
                       read_timeout_seconds=cfg.read_timeout_seconds,
                       client_info=types.Implementation(name="mcpsync", version="0.1.0"))
@@ -139,6 +140,9 @@ class SessionHost:
             raise SessionOpenError(_describe_open_failure(self.server, exc)) from None
         live: LiveSession | None = None
         try:
+            if self.server.edition == "2026-07-28" and client.protocol_version != "2026-07-28":
+                raise SessionOpenError(f"server {self.server.name!r} negotiated {client.protocol_version}, "
+                                       "but the config requires edition 2026-07-28")
             caps = client.server_capabilities
             res = caps.resources
             capabilities = {
