@@ -8,6 +8,9 @@ verdict already committed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from temporalio import activity
 
 from activities.ledger import Ledger
@@ -36,7 +39,7 @@ class LedgerActivities:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [
             self.ensure_subscription,
             self.load_fence,

@@ -143,7 +143,7 @@ class McpSessionActivities:
         self.current = current
         self.ledger = ledger
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [self.subscribe, self.unsubscribe, self.read]
 
     def _session(self, generation: int) -> LiveSession | None:

@@ -81,7 +81,9 @@ class RuntimeInfo:
 async def connect_temporal(cfg: TemporalConfig, *, timeout: float = 10.0) -> Client:
     tls: TLSConfig | bool = False
     if cfg.tls_cert and cfg.tls_key:
-        tls = TLSConfig(client_cert=Path(cfg.tls_cert).read_bytes(), client_private_key=Path(cfg.tls_key).read_bytes())
+        cert, key = await asyncio.to_thread(lambda: (Path(cfg.tls_cert or "").read_bytes(),
+                                                     Path(cfg.tls_key or "").read_bytes()))
+        tls = TLSConfig(client_cert=cert, client_private_key=key)
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     if api_key and tls is False:
         tls = True

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import uuid
+import warnings
 from contextlib import suppress
 from datetime import UTC, datetime
 
@@ -29,6 +30,7 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
 from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -198,7 +200,9 @@ class SessionHost:
         if live.modern:
             await live.client.session.send_discover(live.edition)
         else:
-            await live.client.send_ping()
+            with warnings.catch_warnings():  # deprecated only for 2026-07-28, which this branch is not
+                warnings.simplefilter("ignore", MCPDeprecationWarning)
+                await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):

@@ -21,7 +21,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -415,10 +415,10 @@ class ResourceSubscriptionWorkflow:
             return
         self.last_published = snapshot
         workflow.upsert_search_attributes([
-            SearchAttributePair(KEY_STATE, phase.value),
-            SearchAttributePair(KEY_SESSION_GEN, s.session_generation),
-            SearchAttributePair(KEY_SUB_GEN, s.subscription_generation),
-            SearchAttributePair(KEY_WATERMARK, s.watermark),
+            KEY_STATE.value_set(phase.value),
+            KEY_SESSION_GEN.value_set(s.session_generation),
+            KEY_SUB_GEN.value_set(s.subscription_generation),
+            KEY_WATERMARK.value_set(s.watermark),
         ])
         digest = s.last_accepted_digest or "-"
         workflow.set_current_details(

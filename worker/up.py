@@ -1,0 +1,121 @@
+"""``mcpsync up``: the whole embedded stack in one process tree.
+
+Starts (under the state dir) the Temporal dev server with the search attributes
+registered, PostgreSQL (the configured URL, else the embedded server), applies
+the migrations, starts the demo MCP server (fixture, streamable HTTP, a demo
+resource edited every ``--churn`` seconds), runs the worker and the session host,
+subscribes the demo URI and prints the Web UI URL. Ctrl-C stops everything.
+The addresses are written to ``<state>/runtime.json`` so ``mcpsync status``,
+``close``, ``outbox tail`` ... find this stack without a config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from contextlib import AsyncExitStack, suppress
+from urllib.parse import quote
+
+from worker.config import Config, DatabaseConfig, ServerConfig, TemporalConfig
+from worker.runtime import RuntimeInfo, connect_temporal, open_ledger, run_services, start_subscription
+from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
+from workflows.names import QUERY_SUBSCRIPTION
+from workflows.records import ResourceSubscriptionV1, SubscriptionKey
+
+__all__ = ["run_up", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
+
+DEMO_SERVER = "demo"
+DEMO_URI = "demo://policy/escalation"
+DEMO_SUBJECT = "anonymous"
+
+
+def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> str:
+    return (
+        "# Written by 'mcpsync up'. Copy it and edit for your own servers.\n"
+        "[temporal]\n"
+        f'address = "{temporal.address}"\nnamespace = "{temporal.namespace}"\n'
+        f'task_queue = "{temporal.task_queue}"\nui_url = "{temporal.ui_url}"\n\n'
+        "[database]\n"
+        f'url = "{database_url}"\n\n'
+        "[[servers]]\n"
+        f'name = "{DEMO_SERVER}"\ntransport = "http"\nurl = "{mcp_url}"\nedition = "2025-11-25"\n'
+        f'subjects = ["{DEMO_SUBJECT}"]\n'
+    )
+
+
+async def run_up(args: argparse.Namespace) -> None:
+    from worker.fixture import FixtureProcess
+
+    t0 = time.monotonic()
+    root = state_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    async with AsyncExitStack() as stack:
+        print(f"mcpsync up: state dir {root}", flush=True)
+        temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port, ui_port=args.ui_port)
+        stack.push_async_callback(temporal_server.stop)
+        print(f"  temporal dev server  {temporal_server.address} ({temporal_server.startup_seconds:.1f}s)", flush=True)
+
+        db_url = os.environ.get("MCPSYNC_DATABASE_URL")
+        if not db_url:
+            pg = await EmbeddedPostgres.start(root)
+            stack.push_async_callback(pg.stop)
+            db_url = pg.url
+            print(f"  postgresql (embedded) {pg.pgdata} ({pg.startup_seconds:.1f}s)", flush=True)
+        else:
+            from activities.db import redact_url
+
+            print(f"  postgresql           {redact_url(db_url)}", flush=True)
+        ledger = await open_ledger(db_url)
+        stack.push_async_callback(ledger.pool.close)
+
+        fixture = await FixtureProcess.start_http(root / "demo-server", seed="demo", demo_churn=args.churn)
+        stack.push_async_callback(fixture.stop)
+        print(f"  demo MCP server      {fixture.mcp_url} (control plane {fixture.control_url})", flush=True)
+
+        temporal_cfg = TemporalConfig(address=temporal_server.address, ui_url=temporal_server.ui_url)
+        config_path = root / "mcpsync.toml"
+        config_path.write_text(_config_toml(temporal_cfg, db_url, fixture.mcp_url))
+        RuntimeInfo(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
+                    database_url=db_url, ui_url=temporal_server.ui_url,
+                    config_path=str(config_path)).save(root / "runtime.json")
+        config = Config(
+            temporal=temporal_cfg,
+            database=DatabaseConfig(url=db_url),
+            servers=[ServerConfig(name=DEMO_SERVER, transport="http", url=fixture.mcp_url, edition="2025-11-25",
+                                  subjects=[DEMO_SUBJECT])],
+        )
+        client = await connect_temporal(temporal_cfg)
+        services = asyncio.create_task(run_services(config, client, ledger))
+        stack.push_async_callback(_cancel, services)
+
+        key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
+        handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
+        link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
+        print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)
+        print(f"  demo subscription: {link}", flush=True)
+        print(f"  ready in {time.monotonic() - t0:.1f}s; the demo resource changes every {args.churn:g}s. "
+              "Try: .venv/bin/mcpsync status --server demo --uri demo://policy/escalation", flush=True)
+        print("  Ctrl-C stops the stack.\n", flush=True)
+
+        deadline = None if args.exit_after is None else time.monotonic() + args.exit_after
+        last = None
+        while deadline is None or time.monotonic() < deadline:
+            if services.done():
+                services.result()
+            with suppress(Exception):
+                rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+                line = (rec.state.value, rec.watermark, rec.last_accepted_digest)
+                if line != last:
+                    last = line
+                    print(f"  [{time.strftime('%H:%M:%S')}] {rec.state.value:<17} watermark={rec.watermark} "
+                          f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
+                          flush=True)
+            await asyncio.sleep(1.0)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with suppress(asyncio.CancelledError, Exception):
+        await task
