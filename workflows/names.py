@@ -15,6 +15,7 @@ __all__ = [
     "SIGNAL_RESOURCE_UPDATED",
     "SIGNAL_SESSION_CHANGED",
     "SIGNAL_CLOSE",
+    "SIGNAL_CATALOG_RECONCILED",
     "UPDATE_CLOSE",
     "QUERY_SUBSCRIPTION",
     "SA_SERVER",
@@ -32,6 +33,7 @@ WORKFLOW_TYPE = "ResourceSubscriptionWorkflow"
 SIGNAL_RESOURCE_UPDATED = "resource_updated"  # payload: ResourceUpdated
 SIGNAL_SESSION_CHANGED = "session_changed"  # payload: SessionChanged
 SIGNAL_CLOSE = "close"  # payload: CloseRequest (fire-and-forget form of the update)
+SIGNAL_CATALOG_RECONCILED = "catalog_reconciled"  # payload: CatalogObservation (from CatalogWorkflow)
 UPDATE_CLOSE = "close"  # payload: CloseRequest -> CloseReceipt
 QUERY_SUBSCRIPTION = "subscription"  # -> ResourceSubscriptionV1
 

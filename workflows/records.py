@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "CatalogObservation",
     "CloseReceipt",
     "CloseRequest",
     "Edition",
@@ -155,6 +156,20 @@ class CloseRequest(_Frozen):
     """Update/signal ``close``."""
 
     reason: str = "requested"
+
+
+class CatalogObservation(_Frozen):
+    """Signal ``catalog_reconciled``: what a reconciled catalog says about one subscribed URI.
+
+    Sent by CatalogWorkflow after an A/B reconciliation. ``listed`` False confirms a
+    TOMBSTONE_PENDING subscription's deletion; True returns it to ACTIVE (recreated)."""
+
+    uri: str
+    listed: bool
+    scan_id: str
+    snapshot_status: str  # SNAPSHOT_UNPROVEN | SNAPSHOT_PROVEN
+    session_generation: int
+    measured_at: datetime | None = None
 
 
 class CloseReceipt(_Frozen):
