@@ -24,6 +24,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read
 from workflows.records import (
     AcceptRequest,
     AcceptResult,
@@ -49,6 +50,7 @@ CLOSING_STATES = (
     SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
 )
 # States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
+_VERDICTS = {v.value for v in AcceptVerdict}
 SUBSCRIBABLE_STATES = (
     SubscriptionState.DISCOVERED.value,
     SubscriptionState.SUBSCRIBING.value,
@@ -288,106 +290,76 @@ class Ledger:
             return _snapshot(await cur.fetchone())
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """CAS the next ordinal for an ACTIVE subscription of the caller's generations."""
+        """CAS the next ordinal (``workflows.fence.allocate_ordinal`` on the locked row)."""
+        wf = req.key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                """
-                UPDATE subscriptions
-                SET last_issued_ordinal = GREATEST(last_issued_ordinal + 1, %(min)s), updated_at = now()
-                WHERE workflow_id=%(wf)s AND state=%(active)s
-                  AND session_generation=%(sg)s AND subscription_generation=%(subg)s
-                RETURNING last_issued_ordinal
-                """,
-                {"min": req.min_ordinal, "wf": req.key.workflow_id, "active": ACTIVE,
-                 "sg": req.session_generation, "subg": req.subscription_generation},
-            )
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
             row = await cur.fetchone()
-            if row is None:
+            ordinal = allocate_ordinal(_snapshot(row), session_generation=req.session_generation,
+                                       subscription_generation=req.subscription_generation,
+                                       min_ordinal=req.min_ordinal)
+            if ordinal is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
-            ordinal = int(row[0])
-            await conn.execute(
+            await cur.execute(
+                "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
+                (ordinal, wf),
+            )
+            await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
                     subscription_generation, trigger_reason)
                 VALUES (%s, %s, %s, %s, %s, %s)
                 """,
-                (req.key.workflow_id, ordinal, req.request_id, req.session_generation,
-                 req.subscription_generation, req.trigger.value),
+                (wf, ordinal, req.request_id, req.session_generation, req.subscription_generation,
+                 req.trigger.value),
             )
         return ReadTicket(granted=True, ordinal=ordinal, request_id=req.request_id)
 
     async def accept(self, req: AcceptRequest) -> AcceptResult:
-        """The sole acceptance point. See the module contract."""
+        """The sole acceptance point: ``workflows.fence.judge_read`` on the locked row, then its writes."""
         o = req.outcome
         wf = o.key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
-            fence = await cur.fetchone()
-            await cur.execute(
-                "SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s AND request_id=%s",
-                (wf, o.ordinal, o.request_id),
+            row = await cur.fetchone()
+            fence = _snapshot(row)
+            await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
+            issued_row = await cur.fetchone()
+            issued = None if issued_row is None else IssuedRead(
+                ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
+                session_generation=issued_row["session_generation"],
+                subscription_generation=issued_row["subscription_generation"],
+                completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
             )
-            issued = await cur.fetchone()
-
-            async def audit(kind: str, reason: str) -> None:
+            j = judge_read(fence, issued, o, row_uri=row["uri"] if row else None)
+            base = {"watermark": fence.watermark, "last_accepted_ordinal": fence.last_accepted_ordinal}
+            if j.reason == "replayed":
+                # An activity retry after a committed accept: the same verdict, nothing written twice.
+                await cur.execute(
+                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal)
+                )
+                prior = await cur.fetchone()
+                return AcceptResult(verdict=j.verdict, receipt_id=prior["receipt_id"] if prior else None,
+                                    reason=j.reason, **base)
+            if j.audit_kind is not None:
                 await cur.execute(
                     "INSERT INTO audit (kind, subject, server, uri, workflow_id, session_generation, detail)"
                     " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    (kind, o.key.subject, o.key.server, o.key.uri, wf, o.session_generation,
-                     json.dumps({"reason": reason, "ordinal": o.ordinal, "request_id": o.request_id,
-                                 "outcome": o.kind.value, "digest": o.content_digest})),
+                    (j.audit_kind, o.key.subject, o.key.server, o.key.uri, wf, o.session_generation,
+                     json.dumps({"reason": j.reason, "ordinal": o.ordinal, "request_id": o.request_id,
+                                 "outcome": o.kind.value, "digest": o.content_digest,
+                                 "error_code": o.error_code})),
                 )
-
-            async def complete(outcome: str) -> None:
+            if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
                 await cur.execute(
                     "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
-                    (outcome, wf, o.ordinal),
+                    (j.verdict.value if j.write_receipt or j.verdict == AcceptVerdict.STALE_AFTER_CLOSE
+                     else o.kind.value, wf, o.ordinal),
                 )
-
-            if fence is None or issued is None or fence["uri"] != o.key.uri:
-                reason = "no fence row" if fence is None else "read was never issued"
-                await audit("UNKNOWN_IDENTITY", reason)
-                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=reason)
-            base = {"watermark": fence["watermark"], "last_accepted_ordinal": fence["last_accepted_ordinal"]}
-            if issued["completed_at"] is not None and issued["outcome"] is not None:
-                # Activity retry after a committed accept: answer the same verdict, write nothing.
-                await cur.execute(
-                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s",
-                    (wf, o.ordinal),
-                )
-                prior = await cur.fetchone()
-                return AcceptResult(verdict=AcceptVerdict(issued["outcome"]),
-                                    receipt_id=prior["receipt_id"] if prior else None, reason="replayed", **base)
-            if fence["state"] in CLOSING_STATES:
-                await audit("STALE_AFTER_CLOSE", f"subscription is {fence['state']}")
-                await complete(AcceptVerdict.STALE_AFTER_CLOSE.value)
-                return AcceptResult(verdict=AcceptVerdict.STALE_AFTER_CLOSE, reason=fence["state"], **base)
-            if fence["state"] != ACTIVE:
-                await audit("NOT_ACTIVE", f"subscription is {fence['state']}")
-                await complete(AcceptVerdict.REJECTED.value)
-                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=f"state {fence['state']}", **base)
-            if (o.session_generation != fence["session_generation"]
-                    or o.subscription_generation != fence["subscription_generation"]
-                    or issued["session_generation"] != o.session_generation
-                    or issued["subscription_generation"] != o.subscription_generation):
-                verdict = AcceptVerdict.STALE
-                reason = "generation superseded"
-            elif o.ordinal <= fence["last_accepted_ordinal"]:
-                verdict = AcceptVerdict.STALE
-                reason = f"ordinal {o.ordinal} <= lastAccepted {fence['last_accepted_ordinal']}"
-            elif o.kind == ReadOutcomeKind.NOT_FOUND:
-                verdict = AcceptVerdict.TOMBSTONE_PENDING
-                reason = "not found while ACTIVE"
-            elif o.kind != ReadOutcomeKind.CONTENT:
-                await audit("READ_FAILED", f"{o.kind.value}: {o.error or ''}"[:500])
-                await complete(o.kind.value)
-                return AcceptResult(verdict=AcceptVerdict.REJECTED, reason=o.kind.value, **base)
-            elif o.content_digest == fence["last_accepted_digest"]:
-                verdict, reason = AcceptVerdict.UNCHANGED, "digest unchanged"
-            else:
-                verdict, reason = AcceptVerdict.ACCEPTED, "new digest"
-
+            if not j.write_receipt:
+                return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
             await cur.execute(
                 """
                 INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
@@ -397,17 +369,15 @@ class Ledger:
                 """,
                 (wf, o.key.subject, o.key.server, o.key.uri, o.mime_type, o.content_digest, o.size, o.ordinal,
                  o.server_name, o.server_version, o.edition, o.session_generation, o.subscription_generation,
-                 o.request_id, o.trigger.value, verdict.value),
+                 o.request_id, o.trigger.value, j.verdict.value),
             )
-            receipt_row = await cur.fetchone()
-            assert receipt_row is not None
-            receipt_id = int(receipt_row["receipt_id"])
-            await complete(verdict.value)
-            if verdict == AcceptVerdict.STALE:
-                return AcceptResult(verdict=verdict, receipt_id=receipt_id, reason=reason, **base)
-
+            receipt = await cur.fetchone()
+            assert receipt is not None
+            receipt_id = int(receipt["receipt_id"])
+            if not j.advance:
+                return AcceptResult(verdict=j.verdict, receipt_id=receipt_id, reason=j.reason, **base)
             outbox_id = None
-            if verdict == AcceptVerdict.ACCEPTED:
+            if j.outbox:
                 await cur.execute(
                     """
                     INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, content_digest,
@@ -418,8 +388,7 @@ class Ledger:
                 )
                 ob = await cur.fetchone()
                 outbox_id = int(ob["outbox_id"]) if ob else None
-            new_state = (SubscriptionState.TOMBSTONE_PENDING.value
-                         if verdict == AcceptVerdict.TOMBSTONE_PENDING else ACTIVE)
+            is_content = o.kind == ReadOutcomeKind.CONTENT
             await cur.execute(
                 """
                 UPDATE subscriptions SET last_accepted_ordinal=%s, watermark=%s, state=%s,
@@ -427,14 +396,14 @@ class Ledger:
                     last_receipt_id=%s, updated_at=now()
                 WHERE workflow_id=%s
                 """,
-                (o.ordinal, o.ordinal, new_state, o.kind == ReadOutcomeKind.CONTENT, o.content_digest,
-                 receipt_id, wf),
+                (o.ordinal, o.ordinal, (j.new_state or SubscriptionState.ACTIVE).value, is_content,
+                 o.content_digest, receipt_id, wf),
             )
-            return AcceptResult(verdict=verdict, receipt_id=receipt_id, outbox_id=outbox_id,
-                                watermark=o.ordinal, last_accepted_ordinal=o.ordinal, reason=reason)
+            return AcceptResult(verdict=j.verdict, receipt_id=receipt_id, outbox_id=outbox_id,
+                                watermark=o.ordinal, last_accepted_ordinal=o.ordinal, reason=j.reason)
 
     async def begin_unsubscribe(self, key: SubscriptionKey) -> CloseReceipt:
-        """ACTIVE-like → UNSUBSCRIBING, freezing closeOrdinal = lastIssuedOrdinal and a new close epoch.
+        """beginUnsubscribe (``workflows.fence.close_rule``): freezes closeOrdinal and a new close epoch.
 
         Idempotent: a row already closing answers its frozen receipt.
         """
@@ -444,14 +413,13 @@ class Ledger:
             row = await cur.fetchone()
             if row is None:
                 raise LookupError(f"no subscription {key.workflow_id}")
-            if row["state"] not in CLOSING_STATES and row["state"] != SubscriptionState.TOMBSTONED.value:
+            rule = close_rule(_snapshot(row))
+            if rule is not None:
+                state, epoch, ordinal = rule
                 await cur.execute(
-                    """
-                    UPDATE subscriptions SET state=%s, close_epoch = close_epoch + 1,
-                        close_ordinal = last_issued_ordinal, updated_at=now()
-                    WHERE workflow_id=%s RETURNING *
-                    """,
-                    (SubscriptionState.UNSUBSCRIBING.value, key.workflow_id),
+                    "UPDATE subscriptions SET state=%s, close_epoch=%s, close_ordinal=%s, updated_at=now()"
+                    " WHERE workflow_id=%s RETURNING *",
+                    (state.value, epoch, ordinal, key.workflow_id),
                 )
                 row = await cur.fetchone()
                 assert row is not None

@@ -29,6 +29,8 @@ from workflows.records import (
     AcceptVerdict,
     CloseReceipt,
     FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
     ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
@@ -37,7 +39,18 @@ from workflows.records import (
     TriggerReason,
 )
 
-__all__ = ["FenceState", "SubscriptionFence", "UpdateDisposition", "READABLE", "TERMINAL"]
+__all__ = [
+    "FenceState",
+    "SubscriptionFence",
+    "UpdateDisposition",
+    "READABLE",
+    "TERMINAL",
+    "IssuedRead",
+    "Judgement",
+    "allocate_ordinal",
+    "judge_read",
+    "close_rule",
+]
 
 S = SubscriptionState
 
@@ -285,3 +298,86 @@ class SubscriptionFence:
             staleness_bound_seconds=s.staleness_bound_seconds,
             detail=s.detail,
         )
+
+
+# --- the durable fence rules -------------------------------------------------------------
+#
+# Pure functions over the durable row (``FenceSnapshot``). The ledger applies them to the
+# PostgreSQL row it holds locked (``SELECT ... FOR UPDATE``); the simulator applies them to
+# an in-memory row. One rule, two stores: the simulator cannot drift from production.
+
+CLOSING_OR_TERMINAL = CLOSING | TERMINAL
+
+
+class IssuedRead(BaseModel):
+    """A ``read_requests`` row: a read the fence issued before it was dispatched."""
+
+    model_config = {"frozen": True}
+
+    ordinal: int
+    request_id: str
+    session_generation: int
+    subscription_generation: int
+    completed_verdict: AcceptVerdict | None = None
+
+
+class Judgement(BaseModel):
+    """What the sole acceptance point decided, and what it must write."""
+
+    model_config = {"frozen": True}
+
+    verdict: AcceptVerdict
+    reason: str
+    write_receipt: bool = False  # a resourceVersion.v1 row
+    advance: bool = False  # lastAcceptedOrdinal/watermark := ordinal
+    outbox: bool = False  # an invalidation outbox row
+    new_state: SubscriptionState | None = None
+    audit_kind: str | None = None
+
+
+def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
+                     min_ordinal: int) -> int | None:
+    """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
+    if not row.exists or row.state != S.ACTIVE:
+        return None
+    if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
+        return None
+    return max(row.last_issued_ordinal + 1, min_ordinal)
+
+
+def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *, row_uri: str | None) -> Judgement:
+    """acceptResourceVersion: the only rule that makes a version current."""
+    V = AcceptVerdict
+    if not row.exists or issued is None or row_uri != outcome.key.uri or issued.request_id != outcome.request_id:
+        reason = "no fence row" if not row.exists else "read was never issued" if issued is None else "identity mismatch"
+        return Judgement(verdict=V.REJECTED, reason=reason, audit_kind="UNKNOWN_IDENTITY")
+    if issued.completed_verdict is not None:
+        return Judgement(verdict=issued.completed_verdict, reason="replayed")
+    if row.state in CLOSING:
+        return Judgement(verdict=V.STALE_AFTER_CLOSE, reason=f"subscription is {row.state}",
+                         audit_kind="STALE_AFTER_CLOSE")
+    if row.state != S.ACTIVE:
+        return Judgement(verdict=V.REJECTED, reason=f"subscription is {row.state}", audit_kind="NOT_ACTIVE")
+    if (outcome.session_generation != row.session_generation
+            or outcome.subscription_generation != row.subscription_generation
+            or issued.session_generation != outcome.session_generation
+            or issued.subscription_generation != outcome.subscription_generation):
+        return Judgement(verdict=V.STALE, reason="generation superseded", write_receipt=True)
+    if outcome.ordinal <= row.last_accepted_ordinal:
+        return Judgement(verdict=V.STALE, reason=f"ordinal {outcome.ordinal} <= lastAccepted "
+                                                 f"{row.last_accepted_ordinal}", write_receipt=True)
+    if outcome.kind == ReadOutcomeKind.NOT_FOUND:
+        return Judgement(verdict=V.TOMBSTONE_PENDING, reason="not found while ACTIVE", write_receipt=True,
+                         advance=True, new_state=S.TOMBSTONE_PENDING)
+    if outcome.kind != ReadOutcomeKind.CONTENT:
+        return Judgement(verdict=V.REJECTED, reason=outcome.kind.value, audit_kind="READ_FAILED")
+    if outcome.content_digest == row.last_accepted_digest:
+        return Judgement(verdict=V.UNCHANGED, reason="digest unchanged", write_receipt=True, advance=True)
+    return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
+
+
+def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:
+    """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already closing."""
+    if not row.exists or row.state in CLOSING_OR_TERMINAL:
+        return None
+    return S.UNSUBSCRIBING, row.close_epoch + 1, row.last_issued_ordinal
