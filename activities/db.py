@@ -35,6 +35,12 @@ def redact_url(url: str) -> str:
 
 
 async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> AsyncConnectionPool:
+    try:
+        # One direct attempt first: a refused or misaddressed server fails now, not after the pool's timeout.
+        probe = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
+        await probe.close()
+    except Exception as exc:
+        raise DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {str(exc).strip()[:300]}") from None
     pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True})
     try:
         await pool.open(wait=True, timeout=timeout)

@@ -40,6 +40,7 @@ class TemporalConfig(_Model):
     tls_key: str | None = None  # path
     api_key_env: str | None = None  # name of the env var holding a Temporal Cloud API key
     ui_url: str | None = None
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
 
 
 class DatabaseConfig(_Model):

@@ -78,7 +78,7 @@ class RuntimeInfo:
             return None
 
 
-async def connect_temporal(cfg: TemporalConfig, *, timeout: float = 10.0) -> Client:
+async def connect_temporal(cfg: TemporalConfig) -> Client:
     tls: TLSConfig | bool = False
     if cfg.tls_cert and cfg.tls_key:
         cert, key = await asyncio.to_thread(lambda: (Path(cfg.tls_cert or "").read_bytes(),
@@ -91,7 +91,7 @@ async def connect_temporal(cfg: TemporalConfig, *, timeout: float = 10.0) -> Cli
         return await asyncio.wait_for(
             Client.connect(cfg.address, namespace=cfg.namespace, tls=tls, api_key=api_key,
                            data_converter=pydantic_data_converter),
-            timeout,
+            cfg.connect_timeout_seconds,
         )
     except Exception as exc:
         raise TemporalUnavailable(

@@ -67,7 +67,10 @@ class SessionHost:
         self.sessions_opened = 0
         self.notifications_routed = 0
         self.last_error: str | None = None
+        self.notifications_received = 0
+        self.notifications_coalesced = 0
         self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+        self._queued: set[tuple[str, int]] = set()
         self._stopping = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -91,10 +94,23 @@ class SessionHost:
         if self.live is not None:
             self.live.lost.set()
 
-    async def open_once(self) -> None:
-        """Open and immediately close one session: raises SessionOpenError with a clear reason."""
-        async with self._client() as client:
-            _ = client.server_capabilities
+    async def check(self) -> str:
+        """Open and close one session; returns the negotiated edition or raises SessionOpenError."""
+        client = await self._enter(self._client())
+        try:
+            return client.protocol_version
+        finally:
+            with suppress(Exception):
+                await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+
+    async def _enter(self, client: Client) -> Client:
+        try:
+            await asyncio.wait_for(client.__aenter__(), timeout=30)
+        except Exception as exc:
+            with suppress(Exception):
+                await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+            raise SessionOpenError(_describe_open_failure(self.server, exc)) from None
+        return client
 
     async def _session_loop(self) -> None:
         backoff = 0.25
@@ -133,13 +149,7 @@ class SessionHost:
                       client_info=types.Implementation(name="mcpsync", version="0.1.0"))
 
     async def _one_session(self) -> None:
-        client = self._client()
-        try:
-            await asyncio.wait_for(client.__aenter__(), timeout=30)
-        except Exception as exc:
-            with suppress(Exception):
-                await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
-            raise SessionOpenError(_describe_open_failure(self.server, exc)) from None
+        client = await self._enter(self._client())
         live: LiveSession | None = None
         try:
             if self.server.edition == "2026-07-28" and client.protocol_version != "2026-07-28":
@@ -234,11 +244,21 @@ class SessionHost:
 
     async def _enqueue(self, uri: str, generation: int) -> None:
         # The receive loop must never wait on PostgreSQL or Temporal: route from a queue.
-        self._queue.put_nowait((uri, generation))
+        # Pulses for a URI already waiting in the queue coalesce into that one signal: it is
+        # sent after every one of them arrived, so it invalidates no less than they would.
+        item = (uri, generation)
+        self.notifications_received += 1
+        if item in self._queued:
+            self.notifications_coalesced += 1
+            return
+        self._queued.add(item)
+        self._queue.put_nowait(item)
 
     async def _route_loop(self) -> None:
         while True:
             uri, generation = await self._queue.get()
+            # Leave the queued set before signalling: a pulse arriving meanwhile queues anew.
+            self._queued.discard((uri, generation))
             try:
                 await self._route(uri, generation)
             except Exception:

@@ -1,0 +1,129 @@
+"""The pure state machine and fence rules, driven without Temporal or PostgreSQL."""
+
+from __future__ import annotations
+
+from workflows.fence import (
+    FenceState,
+    IssuedRead,
+    SubscriptionFence,
+    UpdateDisposition,
+    allocate_ordinal,
+    close_rule,
+    judge_read,
+)
+from workflows.records import (
+    AcceptResult,
+    AcceptVerdict,
+    FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadTicket,
+    ResourceUpdated,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+KEY = SubscriptionKey(subject="s", server="srv", uri="demo://x")
+S = SubscriptionState
+
+
+def row(**kw: object) -> FenceSnapshot:
+    base: dict[str, object] = dict(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
+    base.update(kw)
+    return FenceSnapshot.model_validate(base)
+
+
+def outcome(ordinal: int, digest: str | None = "sha256:a", kind: ReadOutcomeKind = ReadOutcomeKind.CONTENT,
+            sg: int = 1) -> ReadOutcome:
+    return ReadOutcome(kind=kind, key=KEY, ordinal=ordinal, request_id=f"r{ordinal}", session_generation=sg,
+                       subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest)
+
+
+def issued(ordinal: int, sg: int = 1) -> IssuedRead:
+    return IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=sg, subscription_generation=1)
+
+
+def active_fence() -> SubscriptionFence:
+    f = SubscriptionFence(FenceState(key=KEY))
+    f.adopt(row())
+    return f
+
+
+def test_allocation_requires_active_and_matching_generations() -> None:
+    assert allocate_ordinal(row(last_issued_ordinal=4), session_generation=1, subscription_generation=1,
+                            min_ordinal=2) == 5
+    assert allocate_ordinal(row(last_issued_ordinal=4), session_generation=1, subscription_generation=1,
+                            min_ordinal=9) == 9
+    assert allocate_ordinal(row(state=S.UNSUBSCRIBING), session_generation=1, subscription_generation=1,
+                            min_ordinal=1) is None
+    assert allocate_ordinal(row(session_generation=2), session_generation=1, subscription_generation=1,
+                            min_ordinal=1) is None
+
+
+def test_judge_orders_reads_by_ordinal() -> None:
+    r = row(last_issued_ordinal=6, last_accepted_ordinal=6, last_accepted_digest="sha256:b")
+    assert judge_read(r, issued(5), outcome(5), row_uri=KEY.uri).verdict == AcceptVerdict.STALE
+    r = row(last_issued_ordinal=6, last_accepted_ordinal=4, last_accepted_digest="sha256:a")
+    j = judge_read(r, issued(5), outcome(5, "sha256:b"), row_uri=KEY.uri)
+    assert j.verdict == AcceptVerdict.ACCEPTED and j.outbox and j.advance
+    j = judge_read(r, issued(5), outcome(5, "sha256:a"), row_uri=KEY.uri)
+    assert j.verdict == AcceptVerdict.UNCHANGED and not j.outbox and j.advance
+
+
+def test_judge_fences_closed_unknown_and_old_generation() -> None:
+    closed = row(state=S.UNSUBSCRIBING, close_ordinal=3)
+    for kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND):
+        j = judge_read(closed, issued(3), outcome(3, kind=kind), row_uri=KEY.uri)
+        assert j.verdict == AcceptVerdict.STALE_AFTER_CLOSE and not j.write_receipt and not j.outbox
+    assert judge_read(row(), None, outcome(1), row_uri=KEY.uri).verdict == AcceptVerdict.REJECTED
+    assert judge_read(row(), issued(1), outcome(1), row_uri="demo://X").verdict == AcceptVerdict.REJECTED
+    j = judge_read(row(session_generation=2), issued(1), outcome(1), row_uri=KEY.uri)
+    assert j.verdict == AcceptVerdict.STALE and not j.advance
+
+
+def test_not_found_while_active_is_tombstone_pending() -> None:
+    j = judge_read(row(), issued(1), outcome(1, None, ReadOutcomeKind.NOT_FOUND), row_uri=KEY.uri)
+    assert j.verdict == AcceptVerdict.TOMBSTONE_PENDING and j.new_state == S.TOMBSTONE_PENDING and not j.outbox
+
+
+def test_close_rule_freezes_last_issued_and_is_idempotent() -> None:
+    assert close_rule(row(last_issued_ordinal=7, close_epoch=2)) == (S.UNSUBSCRIBING, 3, 7)
+    assert close_rule(row(state=S.UNSUBSCRIBING)) is None
+    assert close_rule(row(state=S.CLOSED)) is None
+
+
+def test_duplicates_coalesce_into_one_follow_up_read() -> None:
+    f = active_fence()
+    sig = ResourceUpdated(uri=KEY.uri, session_generation=1)
+    assert f.note_update(sig) == UpdateDisposition.READ_REQUESTED
+    assert f.read_wanted() == TriggerReason.UPDATED
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
+    for _ in range(20):
+        assert f.note_update(sig) == UpdateDisposition.COALESCED
+    assert f.read_wanted() is None  # one in flight
+    f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
+    assert f.read_wanted() == TriggerReason.FOLLOW_UP
+    assert f.issued(ReadTicket(granted=True, ordinal=2, request_id="r2"))
+    f.applied(2, AcceptResult(verdict=AcceptVerdict.UNCHANGED, watermark=2, last_accepted_ordinal=2))
+    assert f.read_wanted() is None and f.s.reads_issued == 2
+
+
+def test_old_session_notifications_are_ignored_and_future_ones_flagged() -> None:
+    f = active_fence()
+    f.adopt(row(session_generation=3))
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=2)) == UpdateDisposition.OLD_SESSION
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=4)) == UpdateDisposition.FUTURE_SESSION
+    assert f.note_update(ResourceUpdated(uri="demo://y", session_generation=3)) == UpdateDisposition.WRONG_URI
+    assert f.read_wanted() is None
+
+
+def test_adopt_never_moves_ordinals_back_and_closed_never_reopens() -> None:
+    f = active_fence()
+    f.adopt(row(last_issued_ordinal=9, last_accepted_ordinal=8, watermark=8))
+    f.adopt(row(last_issued_ordinal=2, last_accepted_ordinal=1, watermark=1))  # a rewound view
+    assert (f.s.last_issued_ordinal, f.s.last_accepted_ordinal, f.s.watermark) == (9, 8, 8)
+    f.adopt(row(state=S.CLOSED))
+    f.adopt(row(state=S.ACTIVE))
+    assert f.s.state == S.CLOSED and f.finished
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1)) == UpdateDisposition.NOT_ACTIVE
