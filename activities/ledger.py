@@ -24,7 +24,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read
+from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, tombstone_rule
 from workflows.records import (
     AcceptRequest,
     AcceptResult,
@@ -429,6 +429,61 @@ class Ledger:
             close_ordinal=row["close_ordinal"] if row["close_ordinal"] is not None else row["last_issued_ordinal"],
             last_accepted_ordinal=row["last_accepted_ordinal"],
         )
+
+    async def confirm_tombstone(self, key: SubscriptionKey, *, listed: bool, scan_id: str) -> FenceSnapshot:
+        """``workflows.fence.tombstone_rule`` on the locked row; TOMBSTONED writes receipt + outbox row."""
+        wf = key.workflow_id
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
+            row = await cur.fetchone()
+            fence = _snapshot(row)
+            target = tombstone_rule(fence, listed=listed)
+            if target is None or row is None:
+                return fence
+            if target == SubscriptionState.TOMBSTONED:
+                await cur.execute(
+                    """
+                    INSERT INTO resource_versions (workflow_id, subject, server, uri, read_ordinal, session_generation,
+                        subscription_generation, request_id, trigger_reason, status)
+                    VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id
+                    """,
+                    (wf, key.subject, key.server, key.uri, fence.last_accepted_ordinal, fence.session_generation,
+                     fence.subscription_generation, f"catalog:{scan_id}", "catalog", AcceptVerdict.TOMBSTONED.value),
+                )
+                receipt = await cur.fetchone()
+                assert receipt is not None
+                await cur.execute(
+                    """
+                    INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal)
+                    VALUES ('tombstoned', %s, %s, %s, %s, %s, %s)
+                    """,
+                    (wf, key.subject, key.server, key.uri, receipt["receipt_id"], fence.last_accepted_ordinal),
+                )
+                await cur.execute(
+                    "UPDATE subscriptions SET state=%s, last_receipt_id=%s, updated_at=now() WHERE workflow_id=%s",
+                    (target.value, receipt["receipt_id"], wf),
+                )
+            else:
+                await cur.execute("UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s",
+                                  (target.value, wf))
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (wf,))
+            return _snapshot(await cur.fetchone())
+
+    async def note_notification(self, subject: str, server: str, uri: str, generation: int) -> FenceSnapshot | None:
+        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                UPDATE subscriptions SET notifications_seen = notifications_seen + 1, last_notification_at = now(),
+                    last_notification_generation = %s
+                WHERE subject=%s AND server=%s AND uri=%s RETURNING *
+                """,
+                (generation, subject, server, uri),
+            )
+            row = await cur.fetchone()
+        return None if row is None else _snapshot(row)
 
     async def finish_unsubscribe(self, key: SubscriptionKey, acked: bool) -> FenceSnapshot:
         """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""

@@ -30,6 +30,8 @@ from workflows.records import (
     ReadTicket,
     SessionInfo,
     SessionQuery,
+    SetStateRequest,
+    TombstoneRequest,
 )
 
 __all__ = ["LedgerActivities"]
@@ -51,6 +53,8 @@ class LedgerActivities:
             self.begin_unsubscribe,
             self.finish_unsubscribe,
             self.audit,
+            self.set_state,
+            self.confirm_tombstone,
         ]
 
     @activity.defn(name=Act.ENSURE)
@@ -100,3 +104,11 @@ class LedgerActivities:
             session_generation=req.session_generation,
             detail=dict(req.detail),
         )
+
+    @activity.defn(name=Act.SET_STATE)
+    async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
+        return await self.ledger.set_state(req.key, req.state, allowed_from=[s.value for s in req.allowed_from])
+
+    @activity.defn(name=Act.CONFIRM_TOMBSTONE)
+    async def confirm_tombstone(self, req: TombstoneRequest) -> FenceSnapshot:
+        return await self.ledger.confirm_tombstone(req.key, listed=req.listed, scan_id=req.scan_id)

@@ -39,8 +39,15 @@ from activities.db import redact_url
 from activities.ledger import Ledger
 from activities.mcp_session import LiveSession, McpSessionActivities
 from worker.config import ServerConfig
-from workflows.names import SIGNAL_RESOURCE_UPDATED, SIGNAL_SESSION_CHANGED
-from workflows.records import ResourceUpdated, SessionChanged, SubscriptionKey, session_task_queue
+from workflows.names import SIGNAL_IDENTITY_CONFLICT, SIGNAL_RESOURCE_UPDATED, SIGNAL_SESSION_CHANGED
+from workflows.records import (
+    IdentityConflict,
+    ResourceUpdated,
+    SessionChanged,
+    SubscriptionKey,
+    session_task_queue,
+)
+from workflows.uris import normalize_uri
 
 __all__ = ["SessionHost", "SessionOpenError"]
 
@@ -264,11 +271,29 @@ class SessionHost:
             except Exception:
                 log.exception("routing a notification failed (server=%s)", self.server.name)
 
+    async def _unknown_uri(self, uri: str, generation: int) -> None:
+        """No exact match. A match after RFC 3986 normalization is an identity conflict for that
+        subscription (it stops accepting until resumed); it is never routed as if it were it."""
+        await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
+                                session_generation=generation)
+        wanted = normalize_uri(uri)
+        for workflow_id, subscribed, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
+            if state in TERMINAL_STATES or subscribed == uri or normalize_uri(subscribed) != wanted:
+                continue
+            await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name, uri=uri,
+                                    workflow_id=workflow_id, session_generation=generation,
+                                    detail={"subscribed_uri": subscribed})
+            with suppress(RPCError):
+                await self.temporal.get_workflow_handle(workflow_id).signal(
+                    SIGNAL_IDENTITY_CONFLICT,
+                    IdentityConflict(observed_uri=uri, reason="notification URI matches only after normalization",
+                                     session_generation=generation),
+                )
+
     async def _route(self, uri: str, generation: int) -> None:
-        fence = await self.ledger.find_subscription(self.subject, self.server.name, uri)
+        fence = await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
         if fence is None:
-            await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
-                                    session_generation=generation)
+            await self._unknown_uri(uri, generation)
             return
         workflow_id = SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri).workflow_id
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),

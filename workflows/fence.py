@@ -50,6 +50,7 @@ __all__ = [
     "allocate_ordinal",
     "judge_read",
     "close_rule",
+    "tombstone_rule",
 ]
 
 S = SubscriptionState
@@ -179,9 +180,10 @@ class SubscriptionFence:
         if self.s.state == S.ACTIVE and self.s.pending_trigger is None:
             self.s.pending_trigger = TriggerReason.POLL
 
-    def read_wanted(self) -> TriggerReason | None:
+    def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
-        if s.state in READABLE and not s.close_requested and s.pending_trigger is not None and not s.in_flight:
+        if (s.state in READABLE and not s.close_requested and s.pending_trigger is not None
+                and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
 
@@ -224,6 +226,25 @@ class SubscriptionFence:
         """A read never reached the ledger (session gone); its ordinal stays burned."""
         if ordinal in self.s.in_flight:
             self.s.in_flight.remove(ordinal)
+
+    # --- identity and catalog ------------------------------------------------------------
+
+    def identity_conflict(self, detail: str) -> bool:
+        """RECONCILIATION_REQUIRED: stop accepting until resumed. False if closing/terminal."""
+        s = self.s
+        if s.state in CLOSING or s.state in TERMINAL:
+            return False
+        s.state = S.RECONCILIATION_REQUIRED
+        s.pending_trigger = None
+        s.detail = detail
+        return True
+
+    def resumed(self, snap: FenceSnapshot) -> None:
+        """Back to ACTIVE from RECONCILIATION_REQUIRED or a recreated tombstone: re-read first."""
+        self.adopt(snap)
+        if self.s.state == S.ACTIVE:
+            self.s.pending_trigger = TriggerReason.INITIAL
+            self.s.detail = ""
 
     # --- close --------------------------------------------------------------------------
 
@@ -374,6 +395,14 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
     if outcome.content_digest == row.last_accepted_digest:
         return Judgement(verdict=V.UNCHANGED, reason="digest unchanged", write_receipt=True, advance=True)
     return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
+
+
+def tombstone_rule(row: FenceSnapshot, *, listed: bool) -> SubscriptionState | None:
+    """A reconciled catalog's word on a TOMBSTONE_PENDING row: TOMBSTONED (not listed: receipt +
+    outbox row), ACTIVE (listed again: deleted and recreated), or None (nothing pending)."""
+    if not row.exists or row.state != S.TOMBSTONE_PENDING:
+        return None
+    return S.ACTIVE if listed else S.TOMBSTONED
 
 
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:

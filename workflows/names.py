@@ -17,6 +17,8 @@ __all__ = [
     "SIGNAL_CLOSE",
     "SIGNAL_CATALOG_RECONCILED",
     "UPDATE_CLOSE",
+    "UPDATE_RESUME",
+    "SIGNAL_IDENTITY_CONFLICT",
     "QUERY_SUBSCRIPTION",
     "SA_SERVER",
     "SA_URI",
@@ -34,7 +36,9 @@ SIGNAL_RESOURCE_UPDATED = "resource_updated"  # payload: ResourceUpdated
 SIGNAL_SESSION_CHANGED = "session_changed"  # payload: SessionChanged
 SIGNAL_CLOSE = "close"  # payload: CloseRequest (fire-and-forget form of the update)
 SIGNAL_CATALOG_RECONCILED = "catalog_reconciled"  # payload: CatalogObservation (from CatalogWorkflow)
+SIGNAL_IDENTITY_CONFLICT = "identity_conflict"  # payload: IdentityConflict
 UPDATE_CLOSE = "close"  # payload: CloseRequest -> CloseReceipt
+UPDATE_RESUME = "resume"  # payload: ResumeRequest -> ResourceSubscriptionV1
 QUERY_SUBSCRIPTION = "subscription"  # -> ResourceSubscriptionV1
 
 # Search attributes registered by setup (temporal/search_attributes.toml).
@@ -60,6 +64,38 @@ class Act:
     BEGIN_UNSUBSCRIBE = "ledger_begin_unsubscribe"
     FINISH_UNSUBSCRIBE = "ledger_finish_unsubscribe"
     AUDIT = "ledger_audit"
+    SET_STATE = "ledger_set_state"
+    CONFIRM_TOMBSTONE = "ledger_confirm_tombstone"
     MCP_SUBSCRIBE = "mcp_subscribe"
     MCP_UNSUBSCRIBE = "mcp_unsubscribe"
     MCP_READ = "mcp_read"
+
+
+# --- CatalogWorkflow (one per subject+server) ------------------------------------------
+
+__all__ += [
+    "CATALOG_WORKFLOW_TYPE",
+    "SIGNAL_LIST_CHANGED",
+    "SIGNAL_RECONCILE",
+    "UPDATE_RECONCILE",
+    "QUERY_CATALOG",
+    "QUERY_SCANS",
+    "CatalogAct",
+]
+
+CATALOG_WORKFLOW_TYPE = "CatalogWorkflow"
+SIGNAL_LIST_CHANGED = "list_changed"  # payload: ListChanged (from the session host; never starts it)
+SIGNAL_RECONCILE = "reconcile"  # payload: str reason; a new A/B reconciliation (coalesced)
+UPDATE_RECONCILE = "reconcile"  # payload: str reason -> CatalogSnapshot | None (the next published one)
+QUERY_CATALOG = "catalog"  # -> workflows.catalog.CatalogView
+QUERY_SCANS = "scans"  # -> list[ResourceDiscoveryScanV1], newest last
+
+
+class CatalogAct:
+    """Catalog activity names. SCAN runs on the session host's queue, the rest on the main queue."""
+
+    SCAN = "catalog_scan"
+    ROLLOUT = "catalog_rollout"
+    PUBLISH = "catalog_publish"
+    NOTIFY = "catalog_notify_subscriptions"
+    AUTO_SUBSCRIBE = "catalog_auto_subscribe"

@@ -32,10 +32,13 @@ with workflow.unsafe.imports_passed_through():
         SA_STATE,
         SA_SUBSCRIPTION_GENERATION,
         SA_WATERMARK,
+        SIGNAL_CATALOG_RECONCILED,
         SIGNAL_CLOSE,
+        SIGNAL_IDENTITY_CONFLICT,
         SIGNAL_RESOURCE_UPDATED,
         SIGNAL_SESSION_CHANGED,
         UPDATE_CLOSE,
+        UPDATE_RESUME,
         WORKFLOW_TYPE,
         Act,
     )
@@ -45,11 +48,13 @@ with workflow.unsafe.imports_passed_through():
         AllocateRequest,
         AuditRequest,
         BeginSubscriptionRequest,
+        CatalogObservation,
         CloseReceipt,
         CloseRequest,
         EnsureRequest,
         FenceSnapshot,
         FinishUnsubscribeRequest,
+        IdentityConflict,
         KeyRequest,
         MarkActiveRequest,
         ReadOutcome,
@@ -58,13 +63,16 @@ with workflow.unsafe.imports_passed_through():
         ReadTicket,
         ResourceSubscriptionV1,
         ResourceUpdated,
+        ResumeRequest,
         SessionChanged,
         SessionInfo,
         SessionQuery,
+        SetStateRequest,
         SubscribeOutcome,
         SubscribeRequest,
         SubscriptionStart,
         SubscriptionState,
+        TombstoneRequest,
         TriggerReason,
         UnsubscribeOutcome,
         UnsubscribeRequest,
@@ -113,7 +121,12 @@ class ResourceSubscriptionWorkflow:
             state = FenceState.model_validate(start.carried_state)
         self.fence = SubscriptionFence(state)
         self.key = start.key
+        self.options = start.options
         self.session: SessionInfo | None = None
+        self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
+        self.conflict: IdentityConflict | None = None
+        self.resume_requested: ResumeRequest | None = None
+        self.placeholders = 0
         self.live_generation = 0  # highest session generation announced by signal
         self.seen_ids: list[str] = list(start.seen_signal_ids)
         self.read_tasks: set[asyncio.Task[None]] = set()
@@ -146,6 +159,26 @@ class ResourceSubscriptionWorkflow:
     @workflow.signal(name=SIGNAL_SESSION_CHANGED)
     def session_changed(self, sig: SessionChanged) -> None:
         self.live_generation = max(self.live_generation, sig.session_generation)
+
+    @workflow.signal(name=SIGNAL_CATALOG_RECONCILED)
+    def catalog_reconciled(self, obs: CatalogObservation) -> None:
+        if obs.uri == self.key.uri:
+            self.catalog = obs
+
+    @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT)
+    def identity_conflict(self, conflict: IdentityConflict) -> None:
+        self.conflict = conflict
+
+    @workflow.update(name=UPDATE_RESUME)
+    async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
+        self.resume_requested = req
+        await workflow.wait_condition(lambda: self.resume_requested is None)
+        return self._record()
+
+    @resume.validator
+    def _validate_resume(self, req: ResumeRequest) -> None:
+        if self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED:
+            raise ValueError(f"nothing to resume: subscription is {self.fence.s.state.value}")
 
     @workflow.signal(name=SIGNAL_CLOSE)
     def close_signal(self, req: CloseRequest) -> None:
@@ -186,16 +219,27 @@ class ResourceSubscriptionWorkflow:
             if s.close_requested or s.state == SubscriptionState.UNSUBSCRIBING:
                 await self._close()
                 continue
-            if s.state in (SubscriptionState.TOMBSTONE_PENDING, SubscriptionState.RECONCILIATION_REQUIRED):
-                # Only a catalog reconciliation (or a close) moves these on.
-                await workflow.wait_condition(lambda: self.fence.s.close_requested)
+            if self.conflict is not None:
+                await self._enter_reconciliation()
+                continue
+            if s.state == SubscriptionState.TOMBSTONE_PENDING:
+                # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
+                await workflow.wait_condition(lambda: self.catalog is not None or self.fence.s.close_requested)
+                if self.catalog is not None:
+                    await self._apply_catalog()
+                continue
+            if s.state == SubscriptionState.RECONCILIATION_REQUIRED:
+                await workflow.wait_condition(
+                    lambda: self.resume_requested is not None or self.fence.s.close_requested)
+                if self.resume_requested is not None:
+                    await self._resume()
                 continue
             if self.session is None or self.fence.wants_subscribe(self.live_generation) \
                     or s.pending_trigger == TriggerReason.RESUBSCRIBE:
                 if not await self._ensure_subscribed():
                     await self._wait_for_session()
                 continue
-            if self.fence.read_wanted() is not None:
+            if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
                 self._start_read()
                 continue
             if should_continue_as_new(
@@ -203,6 +247,7 @@ class ResourceSubscriptionWorkflow:
                 history_length=workflow.info().get_current_history_length(),
                 reads_in_flight=len(s.in_flight),
                 handlers_finished=workflow.all_handlers_finished(),
+                max_history=self.options.max_history_events,
             ):
                 await self._continue_as_new(start)
             polling = s.staleness_bound_seconds is not None
@@ -220,7 +265,9 @@ class ResourceSubscriptionWorkflow:
         s = self.fence.s
         return bool(
             s.close_requested
-            or self.fence.read_wanted() is not None
+            or self.fence.read_wanted(self.options.max_concurrent_reads) is not None
+            or self.conflict is not None
+            or self.catalog is not None
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
             or self.fence.finished
@@ -229,7 +276,7 @@ class ResourceSubscriptionWorkflow:
         )
 
     def _poll_delay(self) -> timedelta:
-        base = self.fence.s.staleness_bound_seconds or POLL_INTERVAL.total_seconds()
+        base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
         # Deterministic jitter in [0.8, 1.0] of the published bound: never later than promised.
         return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
 
@@ -278,11 +325,11 @@ class ResourceSubscriptionWorkflow:
                 return False
             if not out.ok:
                 # Advertised but rejected: poll instead, publish the bound, never claim real time.
-                poll = POLL_INTERVAL.total_seconds()
+                poll = self.options.poll_interval_seconds
                 await self._audit("SUBSCRIBE_REJECTED", session.generation,
                                   {"code": out.error_code, "error": (out.error or "")[:200]})
         else:
-            poll = POLL_INTERVAL.total_seconds()
+            poll = self.options.poll_interval_seconds
         snap = await self._ledger(Act.MARK_ACTIVE,
                                   MarkActiveRequest(key=self.key, session_generation=session.generation,
                                                     subscription_generation=snap.subscription_generation),
@@ -295,16 +342,19 @@ class ResourceSubscriptionWorkflow:
     # --- reads -------------------------------------------------------------------------
 
     def _start_read(self) -> None:
-        trigger = self.fence.read_wanted()
+        trigger = self.fence.read_wanted(self.options.max_concurrent_reads)
         assert trigger is not None
-        # Mark the trigger as taken before the task runs so the loop does not start two.
+        # Take the trigger before the task runs so the loop does not start it twice; a negative
+        # placeholder holds the in-flight slot until the ledger grants an ordinal.
         self.fence.s.pending_trigger = None
-        self.fence.s.in_flight.append(0)  # placeholder until the ledger grants an ordinal
-        task = asyncio.create_task(self._read(trigger))
+        self.placeholders += 1
+        placeholder = -self.placeholders
+        self.fence.s.in_flight.append(placeholder)
+        task = asyncio.create_task(self._read(trigger, placeholder))
         self.read_tasks.add(task)
         task.add_done_callback(self.read_tasks.discard)
 
-    async def _read(self, trigger: TriggerReason) -> None:
+    async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
         s = self.fence.s
         session = self.session
         try:
@@ -318,7 +368,7 @@ class ResourceSubscriptionWorkflow:
                 ReadTicket,
             )
         finally:
-            s.in_flight.remove(0)
+            s.in_flight.remove(placeholder)
         if not self.fence.issued(ticket):
             # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
@@ -344,6 +394,44 @@ class ResourceSubscriptionWorkflow:
         )
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
+        self._publish()
+
+    # --- tombstones and identity ------------------------------------------------------------
+
+    async def _apply_catalog(self) -> None:
+        obs, self.catalog = self.catalog, None
+        assert obs is not None
+        snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
+                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id),
+                                  FenceSnapshot)
+        if snap.state == SubscriptionState.ACTIVE:
+            self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
+        else:
+            self.fence.adopt(snap)
+        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
+        self._publish()
+
+    async def _enter_reconciliation(self) -> None:
+        conflict, self.conflict = self.conflict, None
+        assert conflict is not None
+        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}"):
+            return
+        allowed = [SubscriptionState.ACTIVE, SubscriptionState.SUBSCRIBING, SubscriptionState.DISCOVERED,
+                   SubscriptionState.TOMBSTONE_PENDING]
+        snap = await self._ledger(Act.SET_STATE, SetStateRequest(key=self.key,
+                                                                 state=SubscriptionState.RECONCILIATION_REQUIRED,
+                                                                 allowed_from=allowed), FenceSnapshot)
+        self.fence.adopt(snap)
+        await self._audit("RECONCILIATION_REQUIRED", conflict.session_generation,
+                          {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
+        self._publish()
+
+    async def _resume(self) -> None:
+        snap = await self._ledger(Act.SET_STATE, SetStateRequest(
+            key=self.key, state=SubscriptionState.ACTIVE,
+            allowed_from=[SubscriptionState.RECONCILIATION_REQUIRED]), FenceSnapshot)
+        self.fence.resumed(snap)
+        self.resume_requested = None
         self._publish()
 
     # --- close ---------------------------------------------------------------------------

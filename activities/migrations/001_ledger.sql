@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     close_ordinal           bigint,
     last_accepted_digest    text,
     last_receipt_id         bigint,
+    notifications_seen      bigint      NOT NULL DEFAULT 0,
+    last_notification_at    timestamptz,
+    last_notification_generation bigint,
     created_at              timestamptz NOT NULL DEFAULT now(),
     updated_at              timestamptz NOT NULL DEFAULT now(),
     UNIQUE (subject, server, uri),
@@ -88,8 +91,10 @@ CREATE TABLE IF NOT EXISTS resource_versions (
     accepted_at             timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS resource_versions_wf ON resource_versions (workflow_id, receipt_id);
--- One current-making receipt per ordinal: a retried accept cannot write twice.
-CREATE UNIQUE INDEX IF NOT EXISTS resource_versions_once ON resource_versions (workflow_id, read_ordinal);
+-- One read receipt per ordinal: a retried accept cannot write twice. (A tombstone confirmation
+-- is a receipt of its own, bound to the ordinal of the read that saw not-found.)
+CREATE UNIQUE INDEX IF NOT EXISTS resource_versions_once ON resource_versions (workflow_id, read_ordinal)
+    WHERE status <> 'TOMBSTONED';
 
 CREATE TABLE IF NOT EXISTS outbox (
     outbox_id      bigserial   PRIMARY KEY,
