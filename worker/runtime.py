@@ -38,7 +38,7 @@ from activities.ledger_activities import LedgerActivities
 from worker.config import Config, TemporalConfig
 from worker.session_host import SessionHost
 from workflows.names import SA_SERVER, SA_STATE, SA_SUBJECT, SA_URI, WORKFLOW_TYPE
-from workflows.records import SubscriptionKey, SubscriptionStart
+from workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionStart
 from workflows.subscription import ResourceSubscriptionWorkflow
 
 __all__ = [
@@ -151,11 +151,12 @@ def _sa_uri(uri: str) -> str:
     return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
 
 
-async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str) -> WorkflowHandle:
+async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
+                             options: SubscriptionOptions | None = None) -> WorkflowHandle:
     """Start (or join) the subscription workflow of ``key``; idempotent."""
     return await client.start_workflow(
         WORKFLOW_TYPE,
-        SubscriptionStart(key=key),
+        SubscriptionStart(key=key, options=options or SubscriptionOptions()),
         id=key.workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

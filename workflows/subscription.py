@@ -242,13 +242,7 @@ class ResourceSubscriptionWorkflow:
             if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
                 self._start_read()
                 continue
-            if should_continue_as_new(
-                suggested=workflow.info().is_continue_as_new_suggested(),
-                history_length=workflow.info().get_current_history_length(),
-                reads_in_flight=len(s.in_flight),
-                handlers_finished=workflow.all_handlers_finished(),
-                max_history=self.options.max_history_events,
-            ):
+            if self._continue_as_new_due():
                 await self._continue_as_new(start)
             polling = s.staleness_bound_seconds is not None
             timeout = self._poll_delay() if polling else None
@@ -272,7 +266,16 @@ class ResourceSubscriptionWorkflow:
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
             or self.fence.finished
             or s.state != SubscriptionState.ACTIVE
-            or (workflow.info().is_continue_as_new_suggested() and not s.in_flight)
+            or self._continue_as_new_due()
+        )
+
+    def _continue_as_new_due(self) -> bool:
+        return should_continue_as_new(
+            suggested=workflow.info().is_continue_as_new_suggested(),
+            history_length=workflow.info().get_current_history_length(),
+            reads_in_flight=len(self.fence.s.in_flight),
+            handlers_finished=workflow.all_handlers_finished(),
+            max_history=self.options.max_history_events,
         )
 
     def _poll_delay(self) -> timedelta:
@@ -461,7 +464,7 @@ class ResourceSubscriptionWorkflow:
     async def _continue_as_new(self, start: SubscriptionStart) -> None:
         await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
         workflow.continue_as_new(
-            SubscriptionStart(key=self.key, carried_state=self.fence.s.model_dump(mode="json"),
+            SubscriptionStart(key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
                               seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:])
         )
 
