@@ -212,8 +212,9 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         assert await _audit_for(ledger, "NORMALIZED_URI_MATCH", key)
         assert (await ledger.load_fence(key)).state == S.RECONCILIATION_REQUIRED
         change = await fx.edit(exact, text="exact v2")
-        rec = await handle.execute_update(UPDATE_RESUME, ResumeRequest(reason="operator checked"),
-                                          result_type=ResourceSubscriptionV1)
+        resumed = await handle.execute_update(UPDATE_RESUME, ResumeRequest(reason="operator checked"),
+                                              result_type=ResourceSubscriptionV1)
+        assert resumed.state in (S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING)
         await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "resumed")
     variant_digest = (await fx.resource(variant))["digest"]
     assert variant_digest not in [d for _, d in await _outbox(ledger, key)]
