@@ -207,7 +207,7 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
         reads = await ledger.read_count(key)
         await fx.notify(variant, unsolicited=True)
-        rec = await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
+        await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
         assert await ledger.read_count(key) == reads, "the variant URI must not cause a read"
         assert await _audit_for(ledger, "NORMALIZED_URI_MATCH", key)
         assert (await ledger.load_fence(key)).state == S.RECONCILIATION_REQUIRED
