@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, tombstone_rule
+from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, revoke_rule, tombstone_rule
 from workflows.records import (
     AcceptRequest,
     AcceptResult,
@@ -203,7 +203,7 @@ class Ledger:
                 """,
                 (SubscriptionState.DISCOVERED.value, incarnation, key.workflow_id, incarnation,
                  [SubscriptionState.CLOSED.value, SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
-                  SubscriptionState.TOMBSTONED.value]),
+                  SubscriptionState.TOMBSTONED.value, SubscriptionState.REVOKED.value]),
             )
             await cur.execute(
                 "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
@@ -358,6 +358,11 @@ class Ledger:
                     (j.verdict.value if j.write_receipt or j.verdict == AcceptVerdict.STALE_AFTER_CLOSE
                      else o.kind.value, wf, o.ordinal),
                 )
+            if j.verdict == AcceptVerdict.REVOKED:
+                assert row is not None
+                await self._revoke_locked(cur, row, reason=j.reason, source="read_denied",
+                                          effective_at=o.completed_at or datetime.now(UTC))
+                return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
             if not j.write_receipt:
                 return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
             await cur.execute(
@@ -374,6 +379,13 @@ class Ledger:
             receipt = await cur.fetchone()
             assert receipt is not None
             receipt_id = int(receipt["receipt_id"])
+            if j.advance_ordinal_only:
+                await cur.execute(
+                    "UPDATE subscriptions SET last_accepted_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
+                    (o.ordinal, wf),
+                )
+                return AcceptResult(verdict=j.verdict, receipt_id=receipt_id, reason=j.reason,
+                                    watermark=fence.watermark, last_accepted_ordinal=o.ordinal)
             if not j.advance:
                 return AcceptResult(verdict=j.verdict, receipt_id=receipt_id, reason=j.reason, **base)
             outbox_id = None
@@ -441,7 +453,10 @@ class Ledger:
             target = tombstone_rule(fence, listed=listed)
             if target is None or row is None:
                 return fence
-            if target == SubscriptionState.TOMBSTONED:
+            if target == SubscriptionState.REVOKED:
+                await self._revoke_locked(cur, row, reason=f"not listed for this subject in catalog {scan_id}",
+                                          source="catalog", effective_at=datetime.now(UTC))
+            elif target == SubscriptionState.TOMBSTONED:
                 await cur.execute(
                     """
                     INSERT INTO resource_versions (workflow_id, subject, server, uri, read_ordinal, session_generation,
@@ -469,6 +484,77 @@ class Ledger:
                                   (target.value, wf))
             await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (wf,))
             return _snapshot(await cur.fetchone())
+
+    async def revoke(self, key: SubscriptionKey, *, reason: str, source: str, effective_at: datetime) -> FenceSnapshot:
+        """Revoke one subscription (idempotent): state REVOKED, the subject's cached bodies purged,
+        one outbox ``revoked`` row naming every receipt derived from it, latency recorded."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (key.workflow_id,))
+            row = await cur.fetchone()
+            if row is not None and revoke_rule(_snapshot(row)):
+                await self._revoke_locked(cur, row, reason=reason, source=source, effective_at=effective_at)
+            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            return _snapshot(await cur.fetchone())
+
+    @staticmethod
+    async def _revoke_locked(cur: Any, row: dict[str, Any], *, reason: str, source: str,
+                             effective_at: datetime) -> None:
+        wf, subject = row["workflow_id"], row["subject"]
+        await cur.execute("UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s",
+                          (SubscriptionState.REVOKED.value, wf))
+        await cur.execute(
+            "SELECT receipt_id, content_digest FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", (wf,)
+        )
+        receipts = await cur.fetchall()
+        digests = sorted({r["content_digest"] for r in receipts if r["content_digest"]})
+        # Purge the subject's bodies, except those another live subscription of the subject still uses.
+        await cur.execute(
+            """
+            DELETE FROM content_store c WHERE c.subject=%s AND c.content_digest = ANY(%s)
+              AND NOT EXISTS (
+                SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
+                WHERE rv.content_digest = c.content_digest AND s.subject = c.subject
+                  AND s.workflow_id <> %s AND s.state <> %s)
+            """,
+            (subject, digests, wf, SubscriptionState.REVOKED.value),
+        )
+        purged = cur.rowcount
+        await cur.execute(
+            """
+            INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal, detail,
+                created_at)
+            VALUES ('revoked', %s, %s, %s, %s, %s, %s, %s, clock_timestamp()) RETURNING outbox_id
+            """,
+            (wf, subject, row["server"], row["uri"], row["last_receipt_id"], row["last_accepted_ordinal"],
+             json.dumps({"receipt_ids": [r["receipt_id"] for r in receipts], "digests": digests,
+                         "source": source, "reason": reason[:300]})),
+        )
+        outbox = await cur.fetchone()
+        await cur.execute(
+            """
+            INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at, outbox_id,
+                purged_bodies)
+            VALUES (%s, %s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s)
+            """,
+            (wf, subject, row["server"], row["uri"], source, reason[:300], effective_at, outbox["outbox_id"], purged),
+        )
+
+    async def current_content(self, key: SubscriptionKey) -> tuple[int, str, str | None, bytes] | None:
+        """(receipt id, digest, MIME type, body) of the current version, only while it may be served:
+        the subscription ACTIVE and the body still in the subject's store. Never after revocation."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT s.last_receipt_id, s.last_accepted_digest, c.mime_type, c.body
+                FROM subscriptions s JOIN content_store c
+                  ON c.subject = s.subject AND c.content_digest = s.last_accepted_digest
+                WHERE s.workflow_id=%s AND s.state=%s
+                """,
+                (key.workflow_id, SubscriptionState.ACTIVE.value),
+            )
+            row = await cur.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]), row[2], bytes(row[3]))
 
     async def note_notification(self, subject: str, server: str, uri: str, generation: int) -> FenceSnapshot | None:
         """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it."""

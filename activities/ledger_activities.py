@@ -28,6 +28,7 @@ from workflows.records import (
     KeyRequest,
     MarkActiveRequest,
     ReadTicket,
+    RevokeLedgerRequest,
     SessionInfo,
     SessionQuery,
     SetStateRequest,
@@ -55,6 +56,7 @@ class LedgerActivities:
             self.audit,
             self.set_state,
             self.confirm_tombstone,
+            self.revoke,
         ]
 
     @activity.defn(name=Act.ENSURE)
@@ -112,3 +114,7 @@ class LedgerActivities:
     @activity.defn(name=Act.CONFIRM_TOMBSTONE)
     async def confirm_tombstone(self, req: TombstoneRequest) -> FenceSnapshot:
         return await self.ledger.confirm_tombstone(req.key, listed=req.listed, scan_id=req.scan_id)
+
+    @activity.defn(name=Act.REVOKE)
+    async def revoke(self, req: RevokeLedgerRequest) -> FenceSnapshot:
+        return await self.ledger.revoke(req.key, reason=req.reason, source=req.source, effective_at=req.effective_at)

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.guardrails import GuardrailChain, default_chain
 from activities.ledger import Ledger
 from workflows.digest import ContentPart, content_digest
 from workflows.names import Act
@@ -57,6 +58,7 @@ REQUEST_TIMEOUT = -32001
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
 UriHandler = Callable[[str, int], Awaitable[None]]
+LIST_CHANGED_STREAM = "\x00list_changed"  # key of the list_changed stream in LiveSession.listens
 
 
 def classify_error(err: MCPError) -> ReadOutcomeKind | None:
@@ -135,13 +137,48 @@ class LiveSession:
         for uri in list(self.listens):
             await self.unlisten(uri)
 
+    async def listen_list_changed(self, on_list_changed: Callable[[], None]) -> bool:
+        """2026-07-28: open (once) a listen stream for resources list_changed only.
+
+        Returns False when the server does not honour ``resourcesListChanged``. A dropped
+        stream may have swallowed a notification, so it counts as one and loses the session.
+        The stream lives in ``listens`` under a key no URI can have, so ``close_listens``
+        closes it with the rest."""
+        task = self.listens.get(LIST_CHANGED_STREAM)
+        if task is not None and not task.done():
+            return True
+        acked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        async def stream() -> None:
+            try:
+                async with self.client.listen(resources_list_changed=True) as sub:
+                    honoured = bool(sub.honored.resources_list_changed)
+                    acked.set_result(honoured)
+                    if not honoured:
+                        return
+                    async for _event in sub:
+                        on_list_changed()
+                raise SubscriptionLost("the server ended the list_changed stream")
+            except Exception as exc:  # SubscriptionLost included: no replay on 2026-07-28
+                if not acked.done():
+                    acked.set_exception(exc)
+                    return
+                log.warning("list_changed stream lost (server=%s generation=%s)", self.server, self.generation)
+                on_list_changed()
+                self.lost.set()
+
+        self.listens[LIST_CHANGED_STREAM] = asyncio.create_task(stream(), name=f"listen-list:{self.server}")
+        return await acked
+
 
 class McpSessionActivities:
     """Activities bound to a session host; ``current`` returns the live session or None."""
 
-    def __init__(self, current: Callable[[], LiveSession | None], ledger: Ledger) -> None:
+    def __init__(self, current: Callable[[], LiveSession | None], ledger: Ledger,
+                 guardrails: GuardrailChain | None = None) -> None:
         self.current = current
         self.ledger = ledger
+        self.guardrails = guardrails if guardrails is not None else default_chain()
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.subscribe, self.unsubscribe, self.read]
@@ -222,9 +259,13 @@ class McpSessionActivities:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=str(err)[:300], **base,
                                completed_at=datetime.now(UTC))
         digest = content_digest(parts)
-        await self.ledger.put_content(req.key.subject, digest, mime, body)
+        rejection = self.guardrails.check(parts)
+        if rejection is None:
+            # Only releasable content is kept: a rejected body never reaches the store.
+            await self.ledger.put_content(req.key.subject, digest, mime, body)
         return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
-                           content_count=len(parts), completed_at=datetime.now(UTC), **base)
+                           content_count=len(parts), guardrail_rejection=rejection,
+                           completed_at=datetime.now(UTC), **base)
 
     @staticmethod
     def _parts(result: types.ReadResourceResult, limit: int) -> tuple[list[ContentPart], bytes, str | None]:

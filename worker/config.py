@@ -60,7 +60,9 @@ class ServerConfig(_Model):
     ping_interval_seconds: float = Field(default=5.0, gt=0)
     ping_timeout_seconds: float = Field(default=5.0, gt=0)
     read_timeout_seconds: float = Field(default=30.0, gt=0)
-    max_content_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    max_content_bytes: int = Field(default=32 * 1024 * 1024, gt=0)  # larger reads are malformed input
+    release_max_bytes: int = Field(default=1024 * 1024, gt=0)  # guardrail: largest body released to a model
+    mime_allow: list[str] | None = None  # guardrail: MIME patterns released to a model (None: defaults)
 
     @model_validator(mode="after")
     def _transport_fields(self) -> ServerConfig:

@@ -51,6 +51,7 @@ __all__ = [
     "judge_read",
     "close_rule",
     "tombstone_rule",
+    "revoke_rule",
 ]
 
 S = SubscriptionState
@@ -58,7 +59,7 @@ S = SubscriptionState
 READABLE = frozenset({S.ACTIVE})
 """Main states in which a read may be allocated."""
 
-TERMINAL = frozenset({S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED})
+TERMINAL = frozenset({S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED})
 """Main states that never reopen."""
 
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
@@ -97,6 +98,7 @@ class FenceState(BaseModel):
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
+    guardrail_rejections: int = 0
     close_requested: bool = False
     close_reason: str = ""
     staleness_bound_seconds: float | None = None
@@ -213,6 +215,12 @@ class SubscriptionFence:
             s.last_receipt_id = result.receipt_id
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             s.state = S.TOMBSTONE_PENDING
+        elif result.verdict == AcceptVerdict.REVOKED:
+            s.state = S.REVOKED
+        elif result.verdict == AcceptVerdict.GUARDRAIL_REJECTED:
+            s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
+            s.guardrail_rejections += 1
+            s.detail = f"guardrail rejected read {ordinal}: {result.reason}; previous version stays current"
         elif result.verdict == AcceptVerdict.STALE:
             s.stale_receipts += 1
         elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
@@ -351,6 +359,7 @@ class Judgement(BaseModel):
     reason: str
     write_receipt: bool = False  # a resourceVersion.v1 row
     advance: bool = False  # lastAcceptedOrdinal/watermark := ordinal
+    advance_ordinal_only: bool = False  # lastAcceptedOrdinal := ordinal; digest and watermark stay
     outbox: bool = False  # an invalidation outbox row
     new_state: SubscriptionState | None = None
     audit_kind: str | None = None
@@ -390,19 +399,38 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
     if outcome.kind == ReadOutcomeKind.NOT_FOUND:
         return Judgement(verdict=V.TOMBSTONE_PENDING, reason="not found while ACTIVE", write_receipt=True,
                          advance=True, new_state=S.TOMBSTONE_PENDING)
+    if outcome.kind == ReadOutcomeKind.DENIED:
+        # The server says this subject may no longer read it: revocation, not an empty resource.
+        return Judgement(verdict=V.REVOKED, reason="read denied", audit_kind="READ_DENIED", new_state=S.REVOKED)
     if outcome.kind != ReadOutcomeKind.CONTENT:
         return Judgement(verdict=V.REJECTED, reason=outcome.kind.value, audit_kind="READ_FAILED")
+    if outcome.guardrail_rejection is not None:
+        # The fence position moves (an older read must not land after it); the current version stays.
+        return Judgement(verdict=V.GUARDRAIL_REJECTED, reason=outcome.guardrail_rejection, write_receipt=True,
+                         advance_ordinal_only=True, audit_kind="GUARDRAIL_REJECTED")
     if outcome.content_digest == row.last_accepted_digest:
         return Judgement(verdict=V.UNCHANGED, reason="digest unchanged", write_receipt=True, advance=True)
     return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
 
 
 def tombstone_rule(row: FenceSnapshot, *, listed: bool) -> SubscriptionState | None:
-    """A reconciled catalog's word on a TOMBSTONE_PENDING row: TOMBSTONED (not listed: receipt +
-    outbox row), ACTIVE (listed again: deleted and recreated), or None (nothing pending)."""
-    if not row.exists or row.state != S.TOMBSTONE_PENDING:
+    """A reconciled catalog's word on one subscribed URI.
+
+    TOMBSTONE_PENDING: not listed → TOMBSTONED (receipt + outbox row); listed → ACTIVE (deleted
+    and recreated). ACTIVE and not listed for this subject → REVOKED (it vanished from the
+    subject's view). Anything else: None, nothing to do."""
+    if not row.exists:
         return None
-    return S.ACTIVE if listed else S.TOMBSTONED
+    if row.state == S.TOMBSTONE_PENDING:
+        return S.ACTIVE if listed else S.TOMBSTONED
+    if row.state == S.ACTIVE and not listed:
+        return S.REVOKED
+    return None
+
+
+def revoke_rule(row: FenceSnapshot) -> bool:
+    """Revocation applies to any subscription not already finished; it is idempotent."""
+    return row.exists and row.state not in (S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED)
 
 
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:

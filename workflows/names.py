@@ -19,6 +19,7 @@ __all__ = [
     "UPDATE_CLOSE",
     "UPDATE_RESUME",
     "SIGNAL_IDENTITY_CONFLICT",
+    "SIGNAL_REVOKE",
     "QUERY_SUBSCRIPTION",
     "SA_SERVER",
     "SA_URI",
@@ -37,6 +38,7 @@ SIGNAL_SESSION_CHANGED = "session_changed"  # payload: SessionChanged
 SIGNAL_CLOSE = "close"  # payload: CloseRequest (fire-and-forget form of the update)
 SIGNAL_CATALOG_RECONCILED = "catalog_reconciled"  # payload: CatalogObservation (from CatalogWorkflow)
 SIGNAL_IDENTITY_CONFLICT = "identity_conflict"  # payload: IdentityConflict
+SIGNAL_REVOKE = "revoke"  # payload: RevokeRequest
 UPDATE_CLOSE = "close"  # payload: CloseRequest -> CloseReceipt
 UPDATE_RESUME = "resume"  # payload: ResumeRequest -> ResourceSubscriptionV1
 QUERY_SUBSCRIPTION = "subscription"  # -> ResourceSubscriptionV1
@@ -66,6 +68,7 @@ class Act:
     AUDIT = "ledger_audit"
     SET_STATE = "ledger_set_state"
     CONFIRM_TOMBSTONE = "ledger_confirm_tombstone"
+    REVOKE = "ledger_revoke"
     MCP_SUBSCRIBE = "mcp_subscribe"
     MCP_UNSUBSCRIBE = "mcp_unsubscribe"
     MCP_READ = "mcp_read"

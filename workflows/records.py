@@ -26,6 +26,8 @@ __all__ = [
     "CloseRequest",
     "IdentityConflict",
     "ResumeRequest",
+    "RevokeRequest",
+    "RevokeLedgerRequest",
     "SubscriptionOptions",
     "TombstoneRequest",
     "Edition",
@@ -86,6 +88,7 @@ class SubscriptionState(StrEnum):
     TOMBSTONE_PENDING = "TOMBSTONE_PENDING"
     TOMBSTONED = "TOMBSTONED"
     RECONCILIATION_REQUIRED = "RECONCILIATION_REQUIRED"
+    REVOKED = "REVOKED"  # the subject lost access: content purged, never served again from cache
 
 
 class TriggerReason(StrEnum):
@@ -186,6 +189,20 @@ class TombstoneRequest(_Frozen):
     key: SubscriptionKey
     listed: bool
     scan_id: str
+
+
+class RevokeRequest(_Frozen):
+    """Signal ``revoke``: the platform withdrew the subject's access to this URI (or to all)."""
+
+    reason: str = "revoked by platform"
+    effective_at: datetime | None = None  # when access ended; revocation latency counts from here
+
+
+class RevokeLedgerRequest(_Frozen):
+    key: SubscriptionKey
+    reason: str
+    source: str  # platform | read_denied | catalog
+    effective_at: datetime
 
 
 class CloseRequest(_Frozen):
@@ -296,6 +313,7 @@ class ReadOutcome(_Frozen):
     edition: str = ""
     error_code: int | None = None
     error: str | None = None
+    guardrail_rejection: str | None = None  # why the content may not be released for model input
     completed_at: datetime | None = None
 
 
@@ -307,6 +325,8 @@ class AcceptVerdict(StrEnum):
     TOMBSTONE_PENDING = "TOMBSTONE_PENDING"  # not found while ACTIVE
     REJECTED = "REJECTED"  # unknown identity / generation mismatch: audit + reconciliation
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog: receipt + outbox row
+    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # read fine, not releasable to a model: receipt, no outbox
+    REVOKED = "REVOKED"  # the read was denied: the subscription is revoked
 
 
 class AcceptRequest(_Frozen):

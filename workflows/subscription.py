@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_CLOSE,
         SIGNAL_IDENTITY_CONFLICT,
         SIGNAL_RESOURCE_UPDATED,
+        SIGNAL_REVOKE,
         SIGNAL_SESSION_CHANGED,
         UPDATE_CLOSE,
         UPDATE_RESUME,
@@ -64,6 +65,8 @@ with workflow.unsafe.imports_passed_through():
         ResourceSubscriptionV1,
         ResourceUpdated,
         ResumeRequest,
+        RevokeLedgerRequest,
+        RevokeRequest,
         SessionChanged,
         SessionInfo,
         SessionQuery,
@@ -126,7 +129,9 @@ class ResourceSubscriptionWorkflow:
         self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
         self.conflict: IdentityConflict | None = None
         self.resume_requested: ResumeRequest | None = None
+        self.revocation: RevokeRequest | None = None
         self.placeholders = 0
+        self.session_failures = 0
         self.live_generation = 0  # highest session generation announced by signal
         self.seen_ids: list[str] = list(start.seen_signal_ids)
         self.read_tasks: set[asyncio.Task[None]] = set()
@@ -164,6 +169,11 @@ class ResourceSubscriptionWorkflow:
     def catalog_reconciled(self, obs: CatalogObservation) -> None:
         if obs.uri == self.key.uri:
             self.catalog = obs
+
+    @workflow.signal(name=SIGNAL_REVOKE)
+    def revoke(self, req: RevokeRequest) -> None:
+        if self.revocation is None:
+            self.revocation = req
 
     @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT)
     def identity_conflict(self, conflict: IdentityConflict) -> None:
@@ -216,21 +226,27 @@ class ResourceSubscriptionWorkflow:
 
         while not self.fence.finished:
             s = self.fence.s
+            if self.revocation is not None:
+                await self._revoke()
+                continue
             if s.close_requested or s.state == SubscriptionState.UNSUBSCRIBING:
                 await self._close()
                 continue
             if self.conflict is not None:
                 await self._enter_reconciliation()
                 continue
+            if self.catalog is not None:
+                await self._apply_catalog()
+                continue
             if s.state == SubscriptionState.TOMBSTONE_PENDING:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
-                await workflow.wait_condition(lambda: self.catalog is not None or self.fence.s.close_requested)
-                if self.catalog is not None:
-                    await self._apply_catalog()
+                await workflow.wait_condition(lambda: self.catalog is not None or self.fence.s.close_requested
+                                              or self.revocation is not None)
                 continue
             if s.state == SubscriptionState.RECONCILIATION_REQUIRED:
                 await workflow.wait_condition(
-                    lambda: self.resume_requested is not None or self.fence.s.close_requested)
+                    lambda: self.resume_requested is not None or self.fence.s.close_requested
+                    or self.revocation is not None)
                 if self.resume_requested is not None:
                     await self._resume()
                 continue
@@ -252,6 +268,8 @@ class ResourceSubscriptionWorkflow:
                 self.fence.poll_due()
 
         await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
+        if self.fence.s.state == SubscriptionState.REVOKED:
+            await self._stop_notifications()
         self._publish()
         return self._record()
 
@@ -262,6 +280,7 @@ class ResourceSubscriptionWorkflow:
             or self.fence.read_wanted(self.options.max_concurrent_reads) is not None
             or self.conflict is not None
             or self.catalog is not None
+            or self.revocation is not None
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
             or self.fence.finished
@@ -284,10 +303,14 @@ class ResourceSubscriptionWorkflow:
         return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
 
     async def _wait_for_session(self) -> None:
-        have = self.fence.s.session_generation
+        """Back off before asking again: a newer generation announced, a close, or the timer."""
+        have = max(self.live_generation, self.fence.s.session_generation)
+        self.session_failures += 1
+        delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
         try:
             await workflow.wait_condition(
-                lambda: self.live_generation > have or self.fence.s.close_requested, timeout=SESSION_RECHECK
+                lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
+                timeout=timedelta(seconds=delay),
             )
         except TimeoutError:
             pass
@@ -310,6 +333,7 @@ class ResourceSubscriptionWorkflow:
             self.session = session
             return True
         self.session = session
+        self.session_failures = 0
         snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
                                   BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
                                   FenceSnapshot)
@@ -399,15 +423,40 @@ class ResourceSubscriptionWorkflow:
         self.fence.accepted_digest(outcome.content_digest, result)
         self._publish()
 
+    # --- revocation --------------------------------------------------------------------------
+
+    async def _revoke(self) -> None:
+        req, self.revocation = self.revocation, None
+        assert req is not None
+        effective = req.effective_at or workflow.now()
+        snap = await self._ledger(Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
+                                                                  effective_at=effective), FenceSnapshot)
+        self.fence.adopt(snap)
+        if snap.state == SubscriptionState.REVOKED:
+            self.fence.s.detail = f"revoked: {req.reason}"
+        self._publish()
+
+    async def _stop_notifications(self) -> None:
+        """Best effort: a revoked subscription should stop producing notifications."""
+        session = self.session
+        if session is not None and session.subscribe and not self.fence.s.staleness_bound_seconds:
+            await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                            UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                            UnsubscribeOutcome)
+
     # --- tombstones and identity ------------------------------------------------------------
 
     async def _apply_catalog(self) -> None:
         obs, self.catalog = self.catalog, None
         assert obs is not None
+        before = self.fence.s.state
+        if not (before == SubscriptionState.TOMBSTONE_PENDING or (before == SubscriptionState.ACTIVE
+                                                                  and not obs.listed)):
+            return  # the catalog agrees with us: nothing to confirm, no read to spend
         snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
                                   TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id),
                                   FenceSnapshot)
-        if snap.state == SubscriptionState.ACTIVE:
+        if before == SubscriptionState.TOMBSTONE_PENDING and snap.state == SubscriptionState.ACTIVE:
             self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
         else:
             self.fence.adopt(snap)

@@ -106,6 +106,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     receipt_id     bigint      REFERENCES resource_versions (receipt_id),
     content_digest text,
     read_ordinal   bigint,
+    detail         jsonb       NOT NULL DEFAULT '{}'::jsonb,
     created_at     timestamptz NOT NULL DEFAULT now()
 );
 
@@ -130,4 +131,19 @@ CREATE TABLE IF NOT EXISTS content_store (
     body           bytea       NOT NULL,
     stored_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (subject, content_digest)
+);
+
+-- Every revocation: where it came from, when access ended, and when the outbox said so.
+CREATE TABLE IF NOT EXISTS revocations (
+    revocation_id  bigserial   PRIMARY KEY,
+    workflow_id    text        NOT NULL,
+    subject        text        NOT NULL,
+    server         text        NOT NULL,
+    uri            text        NOT NULL,
+    source         text        NOT NULL,
+    reason         text        NOT NULL,
+    effective_at   timestamptz NOT NULL,
+    outbox_id      bigint      REFERENCES outbox (outbox_id),
+    purged_bodies  int         NOT NULL DEFAULT 0,
+    recorded_at    timestamptz NOT NULL DEFAULT clock_timestamp()
 );
