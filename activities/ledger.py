@@ -153,6 +153,38 @@ class Ledger:
                 (subject, server, generation),
             )
 
+    async def acquire_lease(self, subject: str, server: str, holder: str, ttl_seconds: float) -> bool:
+        """Take or renew the (subject, server) session lease; True while ``holder`` owns it."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                INSERT INTO session_leases AS l (subject, server, holder, lease_until)
+                VALUES (%(subject)s, %(server)s, %(holder)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+                ON CONFLICT (subject, server) DO UPDATE SET
+                    holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until,
+                    epoch = l.epoch + CASE WHEN l.holder = EXCLUDED.holder THEN 0 ELSE 1 END
+                WHERE l.holder = EXCLUDED.holder OR l.lease_until < clock_timestamp()
+                RETURNING holder
+                """,
+                {"subject": subject, "server": server, "holder": holder, "ttl": ttl_seconds},
+            )
+            row = await cur.fetchone()
+        return row is not None
+
+    async def release_lease(self, subject: str, server: str, holder: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "DELETE FROM session_leases WHERE subject=%s AND server=%s AND holder=%s", (subject, server, holder)
+            )
+
+    async def lease_holder(self, subject: str, server: str) -> tuple[str, int] | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT holder, epoch FROM session_leases WHERE subject=%s AND server=%s"
+                " AND lease_until >= clock_timestamp()", (subject, server))
+            row = await cur.fetchone()
+        return None if row is None else (str(row[0]), int(row[1]))
+
     async def current_session(self, subject: str, server: str) -> SessionInfo | None:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)

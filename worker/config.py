@@ -57,6 +57,7 @@ class ServerConfig(_Model):
     edition: Literal["2025-11-25", "2026-07-28", "auto"] = "2025-11-25"
     subjects: list[str] = Field(default_factory=lambda: ["anonymous"], min_length=1)
     token_env: dict[str, str] = Field(default_factory=dict)  # subject -> env var with its credential
+    lease_seconds: float = Field(default=15.0, gt=0)  # ingress ownership of (subject, server); handoff bound
     ping_interval_seconds: float = Field(default=5.0, gt=0)
     ping_timeout_seconds: float = Field(default=5.0, gt=0)
     read_timeout_seconds: float = Field(default=30.0, gt=0)

@@ -147,3 +147,13 @@ CREATE TABLE IF NOT EXISTS revocations (
     purged_bodies  int         NOT NULL DEFAULT 0,
     recorded_at    timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+
+-- Exactly one ingress owns the MCP session of a (subject, server) at a time.
+CREATE TABLE IF NOT EXISTS session_leases (
+    subject      text        NOT NULL,
+    server       text        NOT NULL,
+    holder       text        NOT NULL,
+    lease_until  timestamptz NOT NULL,
+    epoch        bigint      NOT NULL DEFAULT 1,
+    PRIMARY KEY (subject, server)
+);
