@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["normalize_uri", "ambiguous_pairs", "uri_problem"]
+__all__ = ["MAX_URI_LENGTH", "normalize_uri", "ambiguous_pairs", "uri_problem"]
 
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 _UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
