@@ -35,6 +35,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.guardrails import GuardrailChain, default_chain
 from activities.ledger import Ledger
+from worker import metrics
 from workflows.digest import ContentPart, content_digest
 from workflows.names import Act
 from workflows.records import (
@@ -55,6 +56,7 @@ MULTIPART_MIME = "application/vnd.mcpsync.contents+json"
 NOT_FOUND_CODES = {-32002}
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
+PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
 UriHandler = Callable[[str, int], Awaitable[None]]
@@ -73,6 +75,10 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
         return None
     if any(h in msg for h in DENIED_HINTS):
         return ReadOutcomeKind.DENIED
+    if err.code in PROTOCOL_CODES:
+        return ReadOutcomeKind.PROTOCOL
+    if err.code == types.INTERNAL_ERROR:
+        return ReadOutcomeKind.TRANSIENT
     return ReadOutcomeKind.MALFORMED
 
 
@@ -241,7 +247,8 @@ class McpSessionActivities:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
         try:
-            result = await live.client.read_resource(req.key.uri)
+            with metrics.read_timer(req.key.server, req.request_id):
+                result = await live.client.read_resource(req.key.uri)
         except MCPError as err:
             kind = classify_error(err)
             if kind is None:

@@ -17,7 +17,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from workflows.uris import MAX_URI_LENGTH, uri_problem
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
@@ -109,7 +111,15 @@ class SubscriptionKey(_Frozen):
 
     subject: str = Field(min_length=1, max_length=200)
     server: str = Field(min_length=1, max_length=200)
-    uri: str = Field(min_length=1, max_length=16384)
+    uri: str = Field(min_length=1, max_length=MAX_URI_LENGTH)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_is_usable(cls, uri: str) -> str:
+        problem = uri_problem(uri)
+        if problem is not None:
+            raise ValueError(problem)
+        return uri
 
     @property
     def workflow_id(self) -> str:
@@ -290,7 +300,9 @@ class ReadOutcomeKind(StrEnum):
     CONTENT = "content"
     NOT_FOUND = "not_found"
     DENIED = "denied"
-    MALFORMED = "malformed"
+    MALFORMED = "malformed"  # the result does not parse as declared (types, base64, size)
+    PROTOCOL = "protocol"  # the server broke the protocol (method not found, invalid request)
+    TRANSIENT = "transient"  # timeouts and dependency errors that outlived their retries
     SESSION_LOST = "session_lost"  # the session generation is gone: nothing was read
 
 
@@ -524,6 +536,7 @@ class CatalogPolicy(_Frozen):
     restart_backoff_seconds: float = Field(default=1.0, gt=0)
     restart_backoff_max_seconds: float = Field(default=60.0, gt=0)
     session_recheck_seconds: float = Field(default=15.0, gt=0)
+    reconcile_allowance_seconds: float = Field(default=5.0, ge=0)  # a reconciliation's own time, in the bound
     signal_subscriptions: bool = True  # send catalog_reconciled to this view's subscriptions
     auto_subscribe_prefixes: tuple[str, ...] = ()  # new URIs starting with one of these get subscribed
 

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.records import (
         AcceptRequest,
         AcceptResult,
+        AcceptVerdict,
         AllocateRequest,
         AuditRequest,
         BeginSubscriptionRequest,
@@ -421,6 +422,13 @@ class ResourceSubscriptionWorkflow:
         )
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
+        if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
+            # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
+            self.fence.s.detail = (f"read {ticket.ordinal} failed: {outcome.kind.value}"
+                                   f"{f' (code {outcome.error_code})' if outcome.error_code is not None else ''}")
+        elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
+                self.fence.s.detail.startswith("read "):
+            self.fence.s.detail = ""
         self._publish()
 
     # --- revocation --------------------------------------------------------------------------
