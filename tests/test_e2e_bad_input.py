@@ -50,6 +50,9 @@ async def test_lying_server_malformed_frames_and_wrong_types(temporal_client: Cl
                            "update after garbage frames")
         session = await ledger.current_session("anonymous", server.name)
         assert session is not None and session.generation == 1, "no reconnect storm from bad frames"
+        misuse = [r for r in await ledger.audit_rows("NOTIFICATION_OUTSIDE_SESSION", limit=500)
+                  if r["server"] == server.name]
+        assert misuse, "a notification before initialization is audited as lifecycle misuse, never routed"
     assert await ledger.outbox_after(0, 10_000) is not None
 
 

@@ -44,6 +44,8 @@ for line in sys.stdin:
     if rid is None:
         continue
     if method == "initialize":
+        # Lifecycle misuse: a notification before the handshake has even been answered.
+        send({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "liar://ok"}})
         send({"jsonrpc": "2.0", "id": rid, "result": {
             "protocolVersion": "2025-11-25", "serverInfo": {"name": "liar", "version": "1"},
             "capabilities": {"resources": {"subscribe": True, "listChanged": False}}}})
