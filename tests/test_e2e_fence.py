@@ -358,3 +358,20 @@ async def test_continue_as_new_keeps_state(temporal_client: Client, ledger: Ledg
         start = (await temporal_client.get_workflow_handle(key.workflow_id).fetch_history()).events[0]
         assert start.workflow_execution_started_event_attributes.continued_execution_run_id
         assert "max_history_events" in str(start)  # options travel with the state
+
+
+async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client: Client, ledger: Ledger,
+                                                                fx: FixtureProcess) -> None:
+    server = _server(fx.mcp_url)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        key, handle, _ = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue,
+                                        safety_read_seconds=1.5)
+        await fx.wait_subscribed(key.uri)
+        rec = await _record(handle)
+        assert rec.safety_read_seconds == 1.5 and rec.staleness_bound_seconds is None
+        await fx.faults(drop_notifications=1)
+        change = await fx.edit(key.uri, text="its notification is lost")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                           "repaired by the safety read", timeout=10)
+        stats = await fx.stats()
+        assert int(stats.get("notifications_dropped", {}).get(key.uri, 0)) == 1

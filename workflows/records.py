@@ -135,6 +135,9 @@ class SubscriptionOptions(_Frozen):
     poll_interval_seconds: float = Field(default=30.0, gt=0)  # read period without usable subscribe
     max_concurrent_reads: int = Field(default=1, ge=1, le=8)  # >1: a newer read may overtake an older one
     max_history_events: int = Field(default=20_000, ge=100)  # continue-as-new even if not suggested
+    # Notifications are only SHOULD and can be lost: even with subscribe, re-read this often so a
+    # lost notification costs at most this much staleness (0 disables; silence then proves nothing).
+    safety_read_seconds: float = Field(default=300.0, ge=0)
 
 
 class SubscriptionStart(_Frozen):
@@ -469,6 +472,7 @@ class ResourceSubscriptionV1(_Frozen):
     close_ordinal: int | None = None
     reads_issued: int = 0
     staleness_bound_seconds: float | None = None  # published when polling (no subscribe)
+    safety_read_seconds: float | None = None  # with subscribe: the re-read period bounding lost notifications
     detail: str = ""
 
 

@@ -262,7 +262,7 @@ class ResourceSubscriptionWorkflow:
             if self._continue_as_new_due():
                 await self._continue_as_new(start)
             polling = s.staleness_bound_seconds is not None
-            timeout = self._poll_delay() if polling else None
+            timeout = self._poll_delay() if polling else self._safety_delay()
             try:
                 await workflow.wait_condition(self._has_work, timeout=timeout)
             except TimeoutError:
@@ -302,6 +302,12 @@ class ResourceSubscriptionWorkflow:
         base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
         # Deterministic jitter in [0.8, 1.0] of the published bound: never later than promised.
         return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
+
+    def _safety_delay(self) -> timedelta | None:
+        period = self.options.safety_read_seconds
+        if not period:
+            return None
+        return timedelta(seconds=period * (0.8 + 0.2 * workflow.random().random()))
 
     async def _wait_for_session(self) -> None:
         """Back off before asking again: a newer generation announced, a close, or the timer."""
@@ -551,7 +557,10 @@ class ResourceSubscriptionWorkflow:
                                                    detail=detail), int)
 
     def _record(self) -> ResourceSubscriptionV1:
-        return self.fence.record(started_at=workflow.info().start_time)
+        rec = self.fence.record(started_at=workflow.info().start_time)
+        if rec.staleness_bound_seconds is None and self.options.safety_read_seconds:
+            rec = rec.model_copy(update={"safety_read_seconds": self.options.safety_read_seconds})
+        return rec
 
     def _publish(self) -> None:
         """Search attributes and the Web UI's current-details panel, only when they change."""
