@@ -75,6 +75,7 @@ def _snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
         close_ordinal=row["close_ordinal"],
         last_accepted_digest=row["last_accepted_digest"],
         last_receipt_id=row["last_receipt_id"],
+        notifications_seen=row["notifications_seen"],
     )
 
 
@@ -328,6 +329,17 @@ class Ledger:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
             row = await cur.fetchone()
+            request_id = req.request_id
+            await cur.execute("SELECT ordinal, completed_at FROM read_requests WHERE request_id=%s", (request_id,))
+            prior = await cur.fetchone()
+            if prior is not None and prior["completed_at"] is None:
+                # The same allocation asked again (a retry after a lost response): same ticket.
+                return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
+                                  notifications_seen=row["notifications_seen"] if row else 0)
+            if prior is not None:
+                # A reset run re-derived a request id that was already used and finished:
+                # this is a new read, so it gets a new ordinal and a request id of its own.
+                request_id = f"{request_id}/{prior['ordinal']}"
             ordinal = allocate_ordinal(_snapshot(row), session_generation=req.session_generation,
                                        subscription_generation=req.subscription_generation,
                                        min_ordinal=req.min_ordinal)
@@ -343,10 +355,12 @@ class Ledger:
                     subscription_generation, trigger_reason)
                 VALUES (%s, %s, %s, %s, %s, %s)
                 """,
-                (wf, ordinal, req.request_id, req.session_generation, req.subscription_generation,
+                (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
                  req.trigger.value),
             )
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=req.request_id)
+        assert row is not None
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
+                          notifications_seen=row["notifications_seen"])
 
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``workflows.fence.judge_read`` on the locked row, then its writes."""
@@ -387,8 +401,9 @@ class Ledger:
             if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
                 await cur.execute(
                     "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
-                    (j.verdict.value if j.write_receipt or j.verdict == AcceptVerdict.STALE_AFTER_CLOSE
-                     else o.kind.value, wf, o.ordinal),
+                    # Every final verdict is stored so a retried accept replays it; a failed read keeps
+                    # its outcome kind (denied, malformed, ...) for the answer gate and the audit.
+                    (o.kind.value if j.verdict == AcceptVerdict.REJECTED else j.verdict.value, wf, o.ordinal),
                 )
             if j.verdict == AcceptVerdict.REVOKED:
                 assert row is not None

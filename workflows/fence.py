@@ -68,6 +68,7 @@ CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 class UpdateDisposition(StrEnum):
     READ_REQUESTED = "read_requested"  # no read pending: one will be allocated
     COALESCED = "coalesced"  # folded into a read already requested or in flight
+    COVERED = "covered"  # a read allocated after this update was recorded already covers it
     OLD_SESSION = "old_session"  # from a session generation before ours: audit, ignore
     FUTURE_SESSION = "future_session"  # from a generation we have not adopted yet: resubscribe first
     NOT_ACTIVE = "not_active"  # closing, closed, tombstoned: audit, ignore
@@ -95,6 +96,8 @@ class FenceState(BaseModel):
     last_verdict: AcceptVerdict | None = None
     updates_seen: int = 0
     updates_coalesced: int = 0
+    updates_covered: int = 0
+    covered_sequence: int = 0  # ledger update counter seen when the newest read was allocated
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
@@ -169,6 +172,11 @@ class SubscriptionFence:
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
         s.updates_seen += 1
+        if sig.sequence is not None and sig.sequence <= s.covered_sequence and s.state == S.ACTIVE:
+            # The ledger recorded this update before a read was allocated: that read (issued after
+            # the server sent it, so after the change) already observes the change. No clocks involved.
+            s.updates_covered += 1
+            return UpdateDisposition.COVERED
         if s.pending_trigger is not None or s.in_flight or s.state != S.ACTIVE:
             if s.pending_trigger is None:
                 s.pending_trigger = TriggerReason.FOLLOW_UP
@@ -198,6 +206,7 @@ class SubscriptionFence:
         if not ticket.granted:
             return False
         s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
+        s.covered_sequence = max(s.covered_sequence, ticket.notifications_seen)
         s.in_flight.append(ticket.ordinal)
         s.pending_trigger = None
         s.reads_issued += 1

@@ -174,6 +174,7 @@ class ResourceUpdated(_Frozen):
     session_generation: int
     received_at: datetime | None = None
     notification_id: str | None = None  # ingress-assigned id, for dedupe and audit
+    sequence: int | None = None  # the ledger's update counter for this URI once this one was recorded
 
 
 class SessionChanged(_Frozen):
@@ -288,6 +289,7 @@ class ReadTicket(_Frozen):
     ordinal: int = 0
     request_id: str = ""
     reason: str = ""
+    notifications_seen: int = 0  # the ledger's update counter when the read was allocated
 
 
 class ReadRequest(_Frozen):
@@ -373,6 +375,7 @@ class FenceSnapshot(_Frozen):
     close_ordinal: int | None = None
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
+    notifications_seen: int = 0
 
 
 class EnsureRequest(_Frozen):

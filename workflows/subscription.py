@@ -183,7 +183,8 @@ class ResourceSubscriptionWorkflow:
     @workflow.update(name=UPDATE_RESUME)
     async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
         self.resume_requested = req
-        await workflow.wait_condition(lambda: self.resume_requested is None)
+        # A close or revocation handled first finishes the workflow: the resume is then moot.
+        await workflow.wait_condition(lambda: self.resume_requested is None or self.fence.finished)
         return self._record()
 
     @resume.validator
@@ -402,7 +403,9 @@ class ResourceSubscriptionWorkflow:
                 ReadTicket,
             )
         finally:
-            s.in_flight.remove(placeholder)
+            # A session change may already have cleared the in-flight list.
+            if placeholder in s.in_flight:
+                s.in_flight.remove(placeholder)
         if not self.fence.issued(ticket):
             # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
@@ -589,7 +592,8 @@ class ResourceSubscriptionWorkflow:
             f"| last receipt | {s.last_receipt_id or '-'} |\n"
             f"| last digest | `{digest[:23]}` |\n"
             f"| close epoch / ordinal | {s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'} |\n"
-            f"| updates seen / coalesced / reads | {s.updates_seen} / {s.updates_coalesced} / {s.reads_issued} |\n"
+            f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
+            f"{s.updates_covered} / {s.reads_issued} |\n"
             f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
             + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling) |\n"
                if s.staleness_bound_seconds else "")

@@ -1,0 +1,355 @@
+"""The simulator as a release gate, and proof that its checker catches broken fences.
+
+- A bounded run (5,000 seeded schedules, every fault class except the opt-in concurrent
+  reads) must keep the seed's safety invariants at zero (``SAFETY_INVARIANTS``).
+- The full gate (every invariant, liveness included) is ``xfail(strict=True)`` until the
+  findings below are fixed in fence.py / ledger.py / subscription.py; each finding is a
+  minimal trace whose replay must come out clean once it is fixed (strict xfail until then).
+- Deliberately broken judge functions, injected through ``SimConfig.judge``, are caught
+  and shrunk to short replayable traces; the same seed gives the same JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from workflows.fence import IssuedRead, Judgement, judge_read
+from workflows.records import (
+    AcceptVerdict,
+    FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
+    SubscriptionState,
+    TriggerReason,
+)
+from workflows.simulation import (
+    ALL_FAULTS,
+    KEY,
+    SAFETY_INVARIANTS,
+    Event,
+    Fault,
+    Invariant,
+    Op,
+    Profile,
+    SimConfig,
+    Summary,
+    Trace,
+    accept_writes,
+    replay,
+    run_schedule,
+    run_schedules,
+    schedule_seed,
+    shrink,
+    summary_json,
+)
+
+S = SubscriptionState
+GATE_SCHEDULES = 5000
+GATE_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS})
+# Faults whose current behaviour is a known finding (F1-F3 below) left out, for tests that need a
+# clean baseline to see an injected bug.
+CLEAN_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS, Fault.RETRY, Fault.RESET, Fault.CONFLICT,
+                                              Fault.SESSION_LOSS, Fault.CLOSE, Fault.POLLING})
+
+
+@pytest.fixture(scope="module")
+def gate() -> Summary:
+    return run_schedules("ci-gate", 0, GATE_SCHEDULES, GATE_CONFIG, keep_failures=1)
+
+
+def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
+    report = summary_json(gate, GATE_CONFIG)
+    assert report["schedules"] == GATE_SCHEDULES
+    assert {i.value: report["violations"][i.value] for i in SAFETY_INVARIANTS} == \
+        {i.value: 0 for i in SAFETY_INVARIANTS}, report["violations"]
+    # The gate must actually exercise what it claims to.
+    cov = report["coverage"]
+    for name in ("continue_as_new", "reset", "reset_reapply", "orphan_landed", "unsubscribe_ack_lost",
+                 "close_fenced", "verdict.ACCEPTED", "verdict.UNCHANGED", "verdict.STALE",
+                 "verdict.STALE_AFTER_CLOSE", "verdict.TOMBSTONE_PENDING", "verdict.GUARDRAIL_REJECTED",
+                 "verdict.REVOKED", "update.old_session", "update.coalesced", "update.future_session",
+                 "op.recreate", "op.restart", "op.catalog", "op.resume", "lost_response.ledger_accept"):
+        assert cov.get(name, 0) > 0, name
+    assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="findings F1 (allocate_read not idempotent), F2 (resume update never returns after "
+                          "close/revoke), F3 (in_flight.clear() drops read placeholders)")
+def test_bounded_gate_keeps_every_invariant_at_zero(gate: Summary) -> None:
+    report = summary_json(gate, GATE_CONFIG)
+    assert report["violations_total"] == 0, (report["violations"], gate.failing_indices)
+
+
+# --- findings: minimal traces (replay must be clean once fixed) -----------------------------------
+
+FINDINGS: dict[str, dict[str, Any]] = {
+    # F1: ledger_allocate_read's response is lost after commit; Temporal retries it with the same
+    # request_id and read_requests.request_id UNIQUE rejects it forever. The read task never
+    # returns, its placeholder holds the only in-flight slot: no read ever again.
+    "F1_retried_allocate": {
+        "seed": "f:9",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+            {"op": "exec", "act": "mcp_subscribe"},
+            {"op": "complete", "act": "mcp_subscribe"},
+            {"op": "exec", "act": "ledger_mark_active"},
+            {"op": "complete", "act": "ledger_mark_active"},
+            {"op": "exec", "act": "ledger_allocate_read", "fault": "lost"},
+        ],
+    },
+    # F1 again through a workflow reset: the reset run re-dispatches the allocation pending at the
+    # reset point with the same request_id.
+    "F1_reset_redispatch": {
+        "seed": "f:4",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+            {"op": "exec", "act": "mcp_subscribe"},
+            {"op": "complete", "act": "mcp_subscribe"},
+            {"op": "exec", "act": "ledger_mark_active"},
+            {"op": "complete", "act": "ledger_mark_active"},
+            {"op": "checkpoint"},
+            {"op": "reset", "fault": "reapply"},
+        ],
+    },
+    # F2: a resume update accepted in RECONCILIATION_REQUIRED, then a close wins the loop: the update
+    # waits for resume_requested None forever, all_handlers_finished() never holds, run() never returns.
+    "F2_resume_then_close": {
+        "seed": "f:1023",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+            {"op": "exec", "act": "mcp_subscribe"},
+            {"op": "complete", "act": "mcp_subscribe"},
+            {"op": "exec", "act": "ledger_mark_active"},
+            {"op": "complete", "act": "ledger_mark_active"},
+            {"op": "conflict"},
+            {"op": "resume"},
+            {"op": "close"},
+        ],
+    },
+    "F2_resume_then_revoke": {
+        "seed": "f:1709",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": False},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "session_open"},
+            {"op": "conflict"},
+            {"op": "deliver"},
+            {"op": "revoke"},
+            {"op": "resume"},
+        ],
+    },
+    # F3: a session change while the read's allocation is outstanding: subscribing() clears in_flight,
+    # the read task's ``finally: in_flight.remove(placeholder)`` raises ValueError; trigger lost.
+    "F3_placeholder_cleared": {
+        "seed": "f:76",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+            {"op": "exec", "act": "mcp_subscribe"},
+            {"op": "complete", "act": "mcp_subscribe"},
+            {"op": "exec", "act": "ledger_mark_active"},
+            {"op": "complete", "act": "ledger_mark_active"},
+            {"op": "reconnect"},
+            {"op": "deliver", "n": 1},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+        ],
+    },
+}
+
+# F4 (SubscriptionOptions.max_concurrent_reads > 1): ordinal order is not serve order. Read 3 was
+# allocated after read 2 but served before the next mutation, so accepting 2 then 3 regresses.
+F4_CONCURRENT_READS = {
+    "seed": "f:6718",
+    "profile": {"capability": "subscribe", "max_concurrent_reads": 3, "session_at_start": True},
+    "events": [
+        {"op": "exec", "act": "ledger_ensure_subscription"},
+        {"op": "complete", "act": "ledger_ensure_subscription"},
+        {"op": "exec", "act": "ledger_current_session"},
+        {"op": "complete", "act": "ledger_current_session"},
+        {"op": "exec", "act": "ledger_begin_subscription"},
+        {"op": "complete", "act": "ledger_begin_subscription"},
+        {"op": "exec", "act": "mcp_subscribe"},
+        {"op": "complete", "act": "mcp_subscribe"},
+        {"op": "mutate", "n": 1},
+        {"op": "exec", "act": "ledger_mark_active"},
+        {"op": "complete", "act": "ledger_mark_active"},
+        {"op": "exec", "act": "ledger_allocate_read"},
+        {"op": "deliver", "n": 1},
+        {"op": "mutate", "n": 1},
+        {"op": "deliver"},
+        {"op": "exec", "act": "ledger_allocate_read"},
+        {"op": "exec", "act": "ledger_allocate_read"},
+        {"op": "complete", "n": 2, "act": "ledger_allocate_read"},
+        {"op": "complete", "act": "ledger_allocate_read"},
+        {"op": "exec", "n": 1, "act": "mcp_read"},
+        {"op": "exec", "act": "mcp_read"},
+        {"op": "complete", "n": 1, "act": "mcp_read"},
+        {"op": "complete", "act": "ledger_allocate_read"},
+        {"op": "exec", "act": "ledger_accept"},
+        {"op": "mutate", "n": 1},
+        {"op": "exec", "act": "mcp_read"},
+        {"op": "complete", "act": "mcp_read"},
+        {"op": "complete", "act": "mcp_read"},
+        {"op": "exec", "n": 1, "act": "ledger_accept"},
+    ],
+}
+
+
+def _trace(doc: dict[str, Any]) -> Trace:
+    return Trace.from_json(json.loads(json.dumps(doc)))  # through JSON, as a user would replay it
+
+
+@pytest.mark.parametrize("name", sorted(FINDINGS))
+def test_finding_trace_reproduces(name: str) -> None:
+    result = replay(_trace(FINDINGS[name]))
+    assert result.violations, f"{name} no longer reproduces: if it was fixed, drop its xfail below"
+
+
+@pytest.mark.parametrize("name", sorted(FINDINGS))
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open finding, see FINDINGS")
+def test_finding_is_fixed(name: str) -> None:
+    assert not replay(_trace(FINDINGS[name])).violations
+
+
+def test_concurrent_reads_regress_versions() -> None:
+    result = replay(_trace(F4_CONCURRENT_READS))
+    assert [v.invariant for v in result.violations][:1] == [Invariant.VERSION_REGRESSION]
+
+
+def test_catalog_word_for_an_active_listed_subscription_does_not_spin() -> None:
+    # Found at c81d8bf: a catalog_reconciled signal to an ACTIVE subscription made _has_work() true
+    # forever (livelock). Fixed since; keep it fixed.
+    result = replay(Trace("regression:catalog", Profile(), (Event(Op.CATALOG),)))
+    assert not result.violations
+
+
+# --- the checker catches broken fences -----------------------------------------------------------
+
+
+def judge_ignoring_close(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
+                         row_uri: str | None) -> Judgement:
+    """A broken acceptance point that forgot the close fence."""
+    if row.state in (S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN):
+        row = row.model_copy(update={"state": S.ACTIVE})
+    return judge_read(row, issued, outcome, row_uri=row_uri)
+
+
+def judge_without_ordinal_fence(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
+                                row_uri: str | None) -> Judgement:
+    """A broken acceptance point that forgot readOrdinal > lastAcceptedOrdinal."""
+    return judge_read(row.model_copy(update={"last_accepted_ordinal": 0}), issued, outcome, row_uri=row_uri)
+
+
+@pytest.mark.parametrize(("judge", "faults", "caught"), [
+    (judge_ignoring_close, CLEAN_CONFIG.faults | {Fault.CLOSE},
+     {Invariant.OUTBOX_AFTER_CLOSE, Invariant.NOT_ACTIVE_WRITE, Invariant.LATE_TOMBSTONE}),
+    (judge_without_ordinal_fence, CLEAN_CONFIG.faults | {Fault.RESET},
+     {Invariant.VERSION_REGRESSION}),
+])
+def test_broken_judge_is_caught_and_shrunk(judge: Any, faults: frozenset[Fault], caught: set[Invariant]) -> None:
+    config = SimConfig(faults=faults, judge=judge)
+    for index in range(3000):
+        result = run_schedule(schedule_seed("broken", index), config)
+        hit = [v.invariant for v in result.violations if v.invariant in caught]
+        if hit:
+            break
+    else:
+        pytest.fail("the checker never noticed the broken judge")
+    small = shrink(result, config, target=hit[0])
+    assert len(small.events) <= 25 and len(small.events) < len(result.events), len(small.events)
+    again = replay(_trace(small.trace().to_json()), config)
+    assert hit[0] in {v.invariant for v in again.violations}
+    healthy = replay(_trace(small.trace().to_json()), SimConfig(faults=faults))
+    assert not [v for v in healthy.violations if v.invariant in caught]
+
+
+# --- determinism and the drain ----------------------------------------------------------------------
+
+
+def test_same_seed_same_json() -> None:
+    first = json.dumps(summary_json(run_schedules("det", 0, 300)), sort_keys=True)
+    second = json.dumps(summary_json(run_schedules("det", 0, 300)), sort_keys=True)
+    assert first == second
+    assert json.dumps(summary_json(run_schedules("det2", 0, 300)), sort_keys=True) != first
+
+
+def test_replay_reproduces_the_online_run() -> None:
+    for index in range(60):
+        online = run_schedule(schedule_seed("replay", index))
+        again = replay(_trace(online.trace().to_json()))
+        assert (again.violations, again.steps, again.converged_after, again.coverage) == \
+            (online.violations, online.steps, online.converged_after, online.coverage)
+
+
+def test_lost_notification_converges_through_the_drain() -> None:
+    # The only change loses its notification; the quiet end's final invalidation still converges.
+    trace = Trace("quiet", Profile(), (Event(Op.MUTATE, n=0),))
+    result = replay(trace)
+    assert not result.violations and result.converged_after is not None
+
+
+def test_continue_as_new_and_reset_keep_the_fence() -> None:
+    events = (Event(Op.MUTATE, n=1), Event(Op.CHECKPOINT), Event(Op.CAN), Event(Op.MUTATE, n=2, fault="same_id"),
+              Event(Op.RESET, fault="reapply"), Event(Op.MUTATE, n=1))
+    result = replay(Trace("lifecycle", Profile(), events), GATE_CONFIG)
+    assert not result.violations, result.violations
+    assert result.coverage.get("reset") == 1 and result.converged_after is not None
+
+
+def test_accept_writes_mirror_the_ledger() -> None:
+    row = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1,
+                        last_issued_ordinal=3, last_accepted_ordinal=1, last_accepted_digest="sha256:a")
+    issued = IssuedRead(ordinal=2, request_id="r2", session_generation=1, subscription_generation=1)
+
+    def outcome(kind: ReadOutcomeKind, digest: str | None = None) -> ReadOutcome:
+        return ReadOutcome(kind=kind, key=KEY, ordinal=2, request_id="r2", session_generation=1,
+                           subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest)
+
+    new = outcome(ReadOutcomeKind.CONTENT, "sha256:b")
+    w = accept_writes(judge_read(row, issued, new, row_uri=KEY.uri), issued, new)
+    assert (w.receipt, w.advance, w.outbox, w.read_request_outcome) == (True, True, True, "ACCEPTED")
+    gone = outcome(ReadOutcomeKind.NOT_FOUND)
+    w = accept_writes(judge_read(row, issued, gone, row_uri=KEY.uri), issued, gone)
+    assert (w.receipt, w.advance, w.outbox) == (True, True, False)
+    closing = row.model_copy(update={"state": S.UNSUBSCRIBING})
+    w = accept_writes(judge_read(closing, issued, new, row_uri=KEY.uri), issued, new)
+    assert (w.receipt, w.outbox, w.audit_kind, w.read_request_outcome) == \
+        (False, False, "STALE_AFTER_CLOSE", "STALE_AFTER_CLOSE")
+    denied = outcome(ReadOutcomeKind.DENIED)
+    w = accept_writes(judge_read(row, issued, denied, row_uri=KEY.uri), issued, denied)
+    assert w.revoke and not w.receipt and w.read_request_outcome == "denied"  # see docs: replay gap
+    done = issued.model_copy(update={"completed_verdict": AcceptVerdict.ACCEPTED})
+    assert accept_writes(judge_read(row, done, new, row_uri=KEY.uri), done, new).replay

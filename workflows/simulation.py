@@ -1,0 +1,2211 @@
+"""Deterministic simulator: the fence's own pure code under seeded adversarial schedules.
+
+Contract:
+- Pure and deterministic: no I/O, no wall clock, no threads, no hashing of ``id()``s;
+  randomness only from ``random.Random`` seeded per schedule (``schedule_seed``). The same
+  seed, config and code give the same events and the same result, byte for byte.
+- Drives the SAME code production runs, not a re-implementation: the workflow side is
+  ``SubscriptionFence`` (every decision), the durable side is ``allocate_ordinal`` /
+  ``judge_read`` / ``close_rule`` / ``tombstone_rule`` applied by ``MemoryLedger``, an
+  in-memory model of the PostgreSQL tables (``subscriptions``, ``read_requests``,
+  ``resource_versions``, ``outbox``, ``audit``, ``mcp_sessions``) that mirrors
+  ``activities/ledger.py`` statement by statement, including the UNIQUE/CHECK constraints
+  of ``001_ledger.sql`` (a write SQL would reject is reported, never silently applied).
+- ``SimulatedWorkflow`` replicates the sequencing of ``workflows/subscription.py`` (which
+  imports temporalio and cannot run here): the same loop order, handlers, wait conditions
+  and activity calls, as explicit resumable stages so a run can be snapshotted and reset.
+  Every replicated spot is tagged ``MIRROR(subscription.py: ...)``; docs/simulation.md
+  lists them. Logic found there belongs in fence.py eventually.
+- The environment is adversarial and seeded: an oracle server (committed content
+  versions, mutations, deletes, recreates; a read is answered with the content current
+  when it is *served*), notifications (dropped, duplicated, delayed, reordered, from old
+  session generations, for a different URI), activities executed and completed in any
+  order and at least once (a lost response re-executes), lost unsubscribe ACKs, session
+  loss and reconnect, continue-as-new (``FenceState`` JSON round trip), workflow reset to
+  an earlier snapshot (with or without signal reapply; the durable row persists and the
+  old run's started activities still land), catalog reconciliations, identity conflicts
+  and resume, close, and restart of a closed key as a new incarnation.
+- Invariants (``Invariant``) are checked after EVERY step against the oracle; at the end
+  the schedule drains (remaining events, then one final invalidation, to quiescence)
+  and must have converged. A failing schedule shrinks (ddmin) to a short ``Trace``
+  (seed + profile + events) that ``replay`` reproduces from JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from workflows.digest import ContentPart, content_digest
+from workflows.fence import (
+    TERMINAL,
+    FenceState,
+    IssuedRead,
+    Judgement,
+    SubscriptionFence,
+    UpdateDisposition,
+    allocate_ordinal,
+    close_rule,
+    judge_read,
+    revoke_rule,
+    tombstone_rule,
+)
+from workflows.names import Act
+from workflows.records import (
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    AllocateRequest,
+    AuditRequest,
+    BeginSubscriptionRequest,
+    CatalogObservation,
+    CloseReceipt,
+    EnsureRequest,
+    FenceSnapshot,
+    FinishUnsubscribeRequest,
+    IdentityConflict,
+    KeyRequest,
+    MarkActiveRequest,
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadRequest,
+    ReadTicket,
+    ResourceUpdated,
+    RevokeLedgerRequest,
+    RevokeRequest,
+    SessionInfo,
+    SessionQuery,
+    SetStateRequest,
+    SubscribeOutcome,
+    SubscribeRequest,
+    SubscriptionKey,
+    SubscriptionState,
+    TombstoneRequest,
+    TriggerReason,
+    UnsubscribeOutcome,
+    UnsubscribeRequest,
+)
+
+__all__ = [
+    "Invariant",
+    "SAFETY_INVARIANTS",
+    "Violation",
+    "Fault",
+    "ALL_FAULTS",
+    "Op",
+    "Event",
+    "Profile",
+    "Trace",
+    "SimConfig",
+    "JudgeFn",
+    "AcceptWrites",
+    "accept_writes",
+    "advanced_row",
+    "LedgerIntegrityError",
+    "MemoryLedger",
+    "Oracle",
+    "SessionHost",
+    "SimulatedWorkflow",
+    "Simulation",
+    "ScheduleResult",
+    "Summary",
+    "schedule_seed",
+    "run_schedule",
+    "replay",
+    "shrink",
+    "run_schedules",
+    "merge_summaries",
+    "shrink_failures",
+    "summary_json",
+]
+
+S = SubscriptionState
+V = AcceptVerdict
+KEY = SubscriptionKey(subject="sim", server="oracle", uri="oracle://doc/a")
+WRONG_URI = "oracle://doc/%61"  # the same resource only after percent-decoding: never routed
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
+CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
+ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
+INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
+MAX_DEDUPE_IDS = 256  # MIRROR(subscription.py: MAX_DEDUPE_IDS)
+LOOP_BUDGET = 200  # loop iterations in one activation before we call it a livelock
+FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
+
+
+# --- invariants and violations ---------------------------------------------------------------
+
+
+class Invariant(StrEnum):
+    VERSION_REGRESSION = "version_regression"  # durable ordinals/watermark or accepted oracle version went back
+    NOT_ACTIVE_WRITE = "not_active_write"  # version/tombstone/outbox row while the row was not ACTIVE (or other gen)
+    LATE_TOMBSTONE = "late_tombstone"  # TOMBSTONE_PENDING from a read issued before a close
+    OUTBOX_AFTER_CLOSE = "outbox_after_close"  # outbox row after the close fence froze
+    UNCOMMITTED_DIGEST = "uncommitted_digest"  # an accepted digest the oracle never committed
+    ORDINAL_ORDER = "ordinal_order"  # ordinals not unique and monotonic
+    LEDGER_INTEGRITY = "ledger_integrity"  # a write PostgreSQL would reject (UNIQUE/CHECK): the activity never succeeds
+    WORKFLOW_ERROR = "workflow_error"  # an exception in workflow code
+    LIVELOCK = "livelock"  # the main loop spins without blocking (Temporal: deadlocked workflow task)
+    NO_CONVERGENCE = "no_convergence"  # quiet end, drained, final invalidation: not the oracle's last state
+
+
+SAFETY_INVARIANTS = frozenset({
+    Invariant.VERSION_REGRESSION, Invariant.NOT_ACTIVE_WRITE, Invariant.LATE_TOMBSTONE,
+    Invariant.OUTBOX_AFTER_CLOSE, Invariant.UNCOMMITTED_DIGEST, Invariant.ORDINAL_ORDER,
+})
+"""The seed's release gates: what the fences promise whatever the schedule (the rest is liveness)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: Invariant
+    step: int
+    detail: str
+
+
+# --- faults, events, profiles, traces ------------------------------------------------------
+
+
+class Fault(StrEnum):
+    """Fault classes the generator may use (all by default); each can be switched off."""
+
+    DROP = "drop"  # a change emits no notification
+    DUPLICATE = "duplicate"  # a change emits 2-3 notifications (same or distinct ingress ids)
+    REORDER = "reorder"  # queued messages delivered out of order
+    OLD_SESSION = "old_session"  # notifications stamped with an older session generation
+    WRONG_URI = "wrong_uri"  # a notification naming a URI variant
+    DELETE = "delete"  # oracle deletes / recreates
+    CLOSE = "close"  # close requests (update and signal)
+    LOST_ACK = "lost_ack"  # unsubscribe ACK lost
+    SESSION_LOSS = "session_loss"  # session dropped; reconnect as a new generation (maybe after a gap)
+    READ_FAILURE = "read_failure"  # a read's activity fails or its result is malformed
+    REVOKE = "revoke"  # a read is denied (the judge revokes) or the platform revokes
+    GUARDRAIL = "guardrail"  # some content versions are not releasable to a model
+    RETRY = "retry"  # an activity's response is lost after it took effect: it runs again
+    CONTINUE_AS_NEW = "continue_as_new"
+    RESET = "reset"  # workflow reset to an earlier snapshot
+    CATALOG = "catalog"  # catalog_reconciled observations
+    CONFLICT = "conflict"  # identity_conflict signals and resume updates
+    RESTART = "restart"  # a closed key started again (new incarnation)
+    CONCURRENT_READS = "concurrent_reads"  # profiles with SubscriptionOptions.max_concurrent_reads > 1
+    POLLING = "polling"  # servers without subscribe, or that reject it
+
+
+ALL_FAULTS = frozenset(Fault)
+
+
+class Op(StrEnum):
+    MUTATE = "mutate"  # oracle commits new content; n = notification copies (0: dropped);
+    # fault tokens joined by "+": "same_id" (duplicates share the ingress id), "unsafe" (guardrail rejects it)
+    DELETE = "delete"  # oracle deletes the resource; n = notification copies
+    RECREATE = "recreate"  # oracle recreates it with new content; n = notification copies
+    DELIVER = "deliver"  # network delivers the n-th queued message (n > 0: reordered)
+    OLD_NOTE = "old_note"  # a notification from session generation (live - 1 - n)
+    WRONG_URI = "wrong_uri"  # a notification for a URI variant
+    CLOSE = "close"  # close update (fault "signal": the fire-and-forget signal)
+    EXEC = "exec"  # the n-th scheduled activity named ``act`` runs
+    # (fault: lost | ack_lost | denied | error | malformed)
+    COMPLETE = "complete"  # the n-th executed activity named ``act`` returns to the workflow
+    TIMER = "timer"  # the main loop's timer fires (poll or session recheck)
+    RECONNECT = "reconnect"  # the session is lost; a new generation opens (n = 1: after a gap)
+    SESSION_OPEN = "session_open"  # the session host opens a new generation after a gap
+    CAN = "can"  # Temporal suggests continue-as-new
+    CHECKPOINT = "checkpoint"  # remember the workflow as it is now (a reset point)
+    RESET = "reset"  # reset to the n-th newest checkpoint (fault "reapply": later signals reapplied)
+    CATALOG = "catalog"  # a reconciled catalog says whether the URI is listed (now)
+    CONFLICT = "conflict"  # identity_conflict signal
+    RESUME = "resume"  # resume update
+    RESTART = "restart"  # start the key again after its chain finished
+    REVOKE = "revoke"  # the platform's revoke signal
+    FINAL_NOTE = "final_note"  # drain: one final invalidation from the live session
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    op: Op
+    n: int = 0
+    act: str = ""
+    fault: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op.value}
+        if self.n:
+            out["n"] = self.n
+        if self.act:
+            out["act"] = self.act
+        if self.fault:
+            out["fault"] = self.fault
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Event:
+        return cls(op=Op(obj["op"]), n=int(obj.get("n", 0)), act=str(obj.get("act", "")),
+                   fault=str(obj.get("fault", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Per-schedule environment: what the server does and how the workflow is configured."""
+
+    capability: str = "subscribe"  # "subscribe" | "none" (polls) | "rejects" (advertised, refused: polls)
+    max_concurrent_reads: int = 1  # SubscriptionOptions.max_concurrent_reads
+    session_at_start: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capability": self.capability, "max_concurrent_reads": self.max_concurrent_reads,
+                "session_at_start": self.session_at_start}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Profile:
+        return cls(capability=str(obj["capability"]), max_concurrent_reads=int(obj["max_concurrent_reads"]),
+                   session_at_start=bool(obj.get("session_at_start", True)))
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A replayable schedule: ``replay(Trace.from_json(json.loads(text)))`` reproduces it."""
+
+    seed: str
+    profile: Profile
+    events: tuple[Event, ...]
+    violations: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "profile": self.profile.to_json(),
+                "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Trace:
+        return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
+                   events=tuple(Event.from_json(e) for e in obj["events"]),
+                   violations=tuple(obj.get("violations", ())))
+
+
+JudgeFn = Callable[..., Judgement]
+"""``judge_read``'s signature: ``(row, issued, outcome, *, row_uri) -> Judgement`` (a seam for tests)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    mean_events: int = 50  # events per schedule before the drain (uniform in [10, 2*mean-10])
+    faults: frozenset[Fault] = ALL_FAULTS
+    judge: JudgeFn = judge_read
+    shrink_budget: int = 3000  # replays the shrinker may spend on one failing schedule
+
+
+def schedule_seed(seed: int | str, index: int) -> str:
+    return f"{seed}:{index}"
+
+
+# --- the ledger's write logic, as a pure helper ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptWrites:
+    """The rows ``Ledger.accept`` writes for one Judgement (MIRROR(ledger.py: Ledger.accept)).
+
+    Not all of it is in ``Judgement``: replay is detected by the reason string, the
+    ``read_requests.outcome`` value (which decides whether a retry is replayed or judged
+    again) and the digest update depend on the outcome. See docs/simulation.md."""
+
+    replay: bool = False  # an accept retried after commit: answer the stored verdict, write nothing
+    audit_kind: str | None = None
+    read_request_outcome: str | None = None  # new read_requests.outcome; None: row untouched
+    revoke: bool = False  # verdict REVOKED: the row is revoked (state, purge, ``revoked`` outbox row)
+    receipt: bool = False
+    advance_ordinal_only: bool = False  # guardrail: last_accepted_ordinal moves, digest/watermark stay
+    advance: bool = False  # last_accepted_ordinal = watermark = ordinal; state; digest; receipt id
+    outbox: bool = False
+
+
+def accept_writes(j: Judgement, issued: IssuedRead | None, outcome: ReadOutcome) -> AcceptWrites:
+    if j.reason == "replayed":
+        return AcceptWrites(replay=True)
+    rr_outcome = None
+    if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
+        rr_outcome = (j.verdict.value if j.write_receipt or j.verdict == V.STALE_AFTER_CLOSE
+                      else outcome.kind.value)
+    if j.verdict == V.REVOKED:
+        return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, revoke=True)
+    if j.write_receipt and j.advance_ordinal_only:
+        return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, receipt=True,
+                            advance_ordinal_only=True)
+    advance = j.write_receipt and j.advance
+    return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, receipt=j.write_receipt,
+                        advance=advance, outbox=advance and j.outbox)
+
+
+def advanced_row(row: FenceSnapshot, outcome: ReadOutcome, j: Judgement, receipt_id: int) -> FenceSnapshot:
+    """The fence row after an advancing judgement (the ``UPDATE subscriptions`` of ``accept``)."""
+    is_content = outcome.kind == ReadOutcomeKind.CONTENT
+    return row.model_copy(update={
+        "last_accepted_ordinal": outcome.ordinal,
+        "watermark": outcome.ordinal,
+        "state": j.new_state or S.ACTIVE,
+        "last_accepted_digest": outcome.content_digest if is_content else row.last_accepted_digest,
+        "last_receipt_id": receipt_id,
+    })
+
+
+# --- the in-memory ledger ----------------------------------------------------------------------
+
+
+class LedgerIntegrityError(Exception):
+    """PostgreSQL would reject this transaction (UNIQUE or CHECK); nothing was written."""
+
+
+@dataclass(slots=True)
+class ReadRequestRow:
+    ordinal: int
+    request_id: str
+    session_generation: int
+    subscription_generation: int
+    trigger: TriggerReason
+    outcome: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    receipt_id: int
+    ordinal: int
+    digest: str | None
+    status: AcceptVerdict
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    outbox_id: int
+    event_type: str
+    receipt_id: int
+    digest: str | None
+    ordinal: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerWrite:
+    """One committed ledger transaction, as the invariant checker sees it."""
+
+    kind: str  # allocate | accept | close | tombstone | state
+    before: FenceSnapshot
+    after: FenceSnapshot
+    outcome: ReadOutcome | None = None
+    issued: IssuedRead | None = None
+    judgement: Judgement | None = None
+    receipt: Receipt | None = None
+    outbox: OutboxEntry | None = None
+    ordinal: int = 0
+
+
+_VERDICT_VALUES = {v.value for v in AcceptVerdict}
+SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED})
+
+
+class MemoryLedger:
+    """MIRROR(activities/ledger.py: Ledger) for one subscription row, in memory.
+
+    Each method is one transaction: it either raises ``LedgerIntegrityError`` having
+    written nothing, or commits and appends a ``LedgerWrite`` to ``log``."""
+
+    def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
+        self.key = key
+        self.judge = judge
+        self.row = FenceSnapshot(exists=False)
+        self.incarnation = ""
+        self.read_requests: dict[int, ReadRequestRow] = {}
+        self.request_ids: set[str] = set()
+        self.receipts: list[Receipt] = []
+        self.receipt_ordinals: set[int] = set()
+        self.outbox: list[OutboxEntry] = []
+        self.audit: list[tuple[str, str]] = []
+        self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
+        self.log: list[LedgerWrite] = []
+        self._ids = 0
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def _set(self, kind: str, after: FenceSnapshot) -> FenceSnapshot:
+        before, self.row = self.row, after
+        if after != before:
+            self.log.append(LedgerWrite(kind=kind, before=before, after=after))
+        return after
+
+    # --- fence -------------------------------------------------------------------------------
+
+    def ensure_subscription(self, incarnation: str) -> FenceSnapshot:
+        row = self.row
+        if not row.exists:
+            row = FenceSnapshot(exists=True, state=S.DISCOVERED)
+            self.incarnation = incarnation
+        if self.incarnation != incarnation and row.state in ENDED:
+            row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None})
+            self.incarnation = incarnation
+        if row.state not in CLOSING:
+            self.incarnation = incarnation
+        return self._set("state", row)
+
+    def load_fence(self) -> FenceSnapshot:
+        return self.row
+
+    def current_session(self) -> SessionInfo | None:
+        return self.session
+
+    def begin_subscription(self, session_generation: int) -> FenceSnapshot:
+        row = self.row
+        if row.state in SUBSCRIBABLE and row.session_generation <= session_generation:
+            row = row.model_copy(update={"state": S.SUBSCRIBING, "session_generation": session_generation,
+                                         "subscription_generation": row.subscription_generation + 1})
+        return self._set("state", row)
+
+    def mark_active(self, session_generation: int, subscription_generation: int) -> FenceSnapshot:
+        row = self.row
+        if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
+                and row.subscription_generation == subscription_generation):
+            row = row.model_copy(update={"state": S.ACTIVE})
+        return self._set("state", row)
+
+    def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
+        row = self.row
+        if row.state in set(allowed_from):
+            row = row.model_copy(update={"state": state})
+        return self._set("state", row)
+
+    def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        ordinal = allocate_ordinal(self.row, session_generation=req.session_generation,
+                                   subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+        if ordinal is None:
+            return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+        if req.request_id in self.request_ids:
+            raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {req.request_id} already holds an ordinal")
+        if ordinal in self.read_requests:
+            raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
+        before = self.row
+        self.row = before.model_copy(update={"last_issued_ordinal": ordinal})
+        self.read_requests[ordinal] = ReadRequestRow(ordinal, req.request_id, req.session_generation,
+                                                     req.subscription_generation, req.trigger)
+        self.request_ids.add(req.request_id)
+        self.log.append(LedgerWrite(kind="allocate", before=before, after=self.row, ordinal=ordinal))
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=req.request_id)
+
+    def accept(self, req: AcceptRequest) -> AcceptResult:
+        o = req.outcome
+        fence = self.row
+        rr = self.read_requests.get(o.ordinal)
+        issued = None if rr is None else IssuedRead(
+            ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
+            subscription_generation=rr.subscription_generation,
+            completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
+        )
+        j = self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None)
+        base = {"watermark": fence.watermark, "last_accepted_ordinal": fence.last_accepted_ordinal}
+        w = accept_writes(j, issued, o)
+        if w.replay:
+            prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
+            return AcceptResult(verdict=j.verdict, receipt_id=prior, reason=j.reason, **base)
+        if w.receipt and o.ordinal in self.receipt_ordinals:
+            raise LedgerIntegrityError(f"resource_versions_once: a receipt for ordinal {o.ordinal} exists")
+        if w.audit_kind is not None:
+            self.audit.append((w.audit_kind, j.reason))
+        if w.read_request_outcome is not None and rr is not None:
+            rr.outcome = w.read_request_outcome
+        receipt = entry = None
+        after = fence
+        if w.revoke:
+            self._revoke_locked("read_denied")
+            self.log.append(LedgerWrite(kind="accept", before=fence, after=self.row, outcome=o, issued=issued,
+                                        judgement=j, outbox=self.outbox[-1], ordinal=o.ordinal))
+            return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
+        if w.receipt:
+            receipt = Receipt(self._next_id(), o.ordinal, o.content_digest, j.verdict, o.request_id)
+            self.receipts.append(receipt)
+            self.receipt_ordinals.add(o.ordinal)
+        if w.advance_ordinal_only and receipt is not None:
+            after = fence.model_copy(update={"last_accepted_ordinal": o.ordinal})
+            self.row = after
+            self.log.append(LedgerWrite(kind="accept", before=fence, after=after, outcome=o, issued=issued,
+                                        judgement=j, receipt=receipt, ordinal=o.ordinal))
+            return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id, reason=j.reason,
+                                watermark=fence.watermark, last_accepted_ordinal=o.ordinal)
+        if w.outbox and receipt is not None:
+            entry = OutboxEntry(self._next_id(), "version_accepted", receipt.receipt_id, o.content_digest, o.ordinal)
+            self.outbox.append(entry)
+        if w.advance and receipt is not None:
+            after = advanced_row(fence, o, j, receipt.receipt_id)
+            self.row = after
+        self.log.append(LedgerWrite(kind="accept", before=fence, after=after, outcome=o, issued=issued, judgement=j,
+                                    receipt=receipt, outbox=entry, ordinal=o.ordinal))
+        if receipt is None:
+            return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
+        if not w.advance:
+            return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id, reason=j.reason, **base)
+        return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id,
+                            outbox_id=entry.outbox_id if entry else None, watermark=o.ordinal,
+                            last_accepted_ordinal=o.ordinal, reason=j.reason)
+
+    def begin_unsubscribe(self) -> CloseReceipt:
+        row = self.row
+        if not row.exists:
+            raise LookupError("no subscription")
+        rule = close_rule(row)
+        if rule is not None:
+            state, epoch, ordinal = rule
+            after = row.model_copy(update={"state": state, "close_epoch": epoch, "close_ordinal": ordinal})
+            self.row = after
+            self.log.append(LedgerWrite(kind="close", before=row, after=after, ordinal=ordinal))
+            row = after
+        return CloseReceipt(state=row.state or S.UNSUBSCRIBING, close_epoch=row.close_epoch,
+                            close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
+                            last_accepted_ordinal=row.last_accepted_ordinal)
+
+    def finish_unsubscribe(self, acked: bool) -> FenceSnapshot:
+        return self.set_state(S.CLOSED if acked else S.UNSUBSCRIBE_UNKNOWN, [S.UNSUBSCRIBING])
+
+    def _revoke_locked(self, source: str) -> None:
+        """MIRROR(ledger.py: Ledger._revoke_locked): REVOKED + one ``revoked`` outbox row (the purge
+        of content_store and the revocations row are not modelled)."""
+        row = self.row
+        self.row = row.model_copy(update={"state": S.REVOKED})
+        self.outbox.append(OutboxEntry(self._next_id(), "revoked", row.last_receipt_id or 0, None,
+                                       row.last_accepted_ordinal))
+        self.audit.append(("REVOKED", source))
+
+    def revoke(self) -> FenceSnapshot:
+        row = self.row
+        if revoke_rule(row):
+            self._revoke_locked("platform")
+            self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
+        return self.row
+
+    def confirm_tombstone(self, listed: bool, scan_id: str) -> FenceSnapshot:
+        row = self.row
+        target = tombstone_rule(row, listed=listed)
+        if target is None:
+            return row
+        if target == S.REVOKED:
+            self._revoke_locked("catalog")
+            self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
+            return self.row
+        if target == S.TOMBSTONED:
+            receipt = Receipt(self._next_id(), row.last_accepted_ordinal, None, V.TOMBSTONED, f"catalog:{scan_id}")
+            self.receipts.append(receipt)
+            entry = OutboxEntry(self._next_id(), "tombstoned", receipt.receipt_id, None, row.last_accepted_ordinal)
+            self.outbox.append(entry)
+            after = row.model_copy(update={"state": target, "last_receipt_id": receipt.receipt_id})
+            self.row = after
+            self.log.append(LedgerWrite(kind="tombstone", before=row, after=after, receipt=receipt, outbox=entry))
+            return after
+        return self._set("state", row.model_copy(update={"state": target}))
+
+    def write_audit(self, kind: str) -> int:
+        self.audit.append((kind, ""))
+        return len(self.audit)
+
+
+# --- the oracle server and the session host -----------------------------------------------------
+
+
+class Oracle:
+    """The resource as the server holds it: every committed state has a version number and a
+    unique digest (``None`` while deleted)."""
+
+    def __init__(self) -> None:
+        self.version = 1
+        self.digest: str | None = self._content(1)
+        self.committed: dict[str, int] = {self.digest: 1}
+        self.unsafe: set[int] = set()  # versions the guardrail chain refuses to release
+
+    @staticmethod
+    def _content(version: int) -> str:
+        return content_digest([ContentPart("text", "text/plain", f"oracle content v{version}".encode())])
+
+    @property
+    def exists(self) -> bool:
+        return self.digest is not None
+
+    def mutate(self, *, unsafe: bool = False) -> None:
+        self.version += 1
+        self.digest = self._content(self.version)
+        self.committed[self.digest] = self.version
+        if unsafe:
+            self.unsafe.add(self.version)
+
+    def delete(self) -> None:
+        self.version += 1
+        self.digest = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A signal on its way to the workflow (the network + ingress + Temporal frontend)."""
+
+    kind: str  # updated | session_changed
+    generation: int
+    notification_id: str | None = None
+    uri: str = KEY.uri
+    change: int = 0  # the oracle version that emitted it (0: not a change notification)
+
+
+class SessionHost:
+    """The MCP server's sessions plus our session host: MIRROR(activities/mcp_session.py)."""
+
+    def __init__(self, capability: str, ledger: MemoryLedger) -> None:
+        self.capability = capability
+        self.ledger = ledger
+        self.live: SessionInfo | None = None
+        self.generation = 0
+        self.subscribed: set[int] = set()  # session generations holding a server-side subscription
+
+    def open(self) -> int:
+        self.generation += 1
+        self.live = SessionInfo(subject=KEY.subject, server=KEY.server, generation=self.generation,
+                                edition="2025-11-25", subscribe=self.capability != "none", list_changed=False,
+                                server_name="oracle", server_version="1", task_queue="mcpsync-session/oracle/sim",
+                                opened_at=EPOCH)
+        self.ledger.session = self.live
+        return self.generation
+
+    def drop(self) -> None:
+        if self.live is not None:
+            self.subscribed.discard(self.live.generation)
+        self.live = None
+        self.ledger.session = None
+
+    def _live(self, generation: int) -> SessionInfo | None:
+        return self.live if self.live is not None and self.live.generation == generation else None
+
+    def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
+        live = self._live(req.session_generation)
+        if live is None:
+            return SubscribeOutcome(ok=False, session_generation=self.live.generation if self.live else 0,
+                                    error="session generation is gone")
+        if self.capability == "rejects":
+            return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=-32601,
+                                    error="Method not found")
+        self.subscribed.add(live.generation)
+        return SubscribeOutcome(ok=True, session_generation=live.generation)
+
+    def unsubscribe(self, req: UnsubscribeRequest, *, ack_lost: bool) -> UnsubscribeOutcome | None:
+        live = self._live(req.session_generation)
+        if live is None:
+            return UnsubscribeOutcome(acked=False, error="session generation is gone")
+        self.subscribed.discard(live.generation)
+        return None if ack_lost else UnsubscribeOutcome(acked=True)
+
+    def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
+        base: dict[str, Any] = {"key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
+                                "session_generation": req.session_generation,
+                                "subscription_generation": req.subscription_generation, "trigger": req.trigger}
+        if self._live(req.session_generation) is None:
+            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+        if fault == "error":
+            return None  # retries exhausted: ActivityError, the workflow's _mcp answers None
+        # The oracle stamps the version it served into server_version (metadata only) so the
+        # checker can tell which committed state a receipt came from.
+        base["server_version"] = f"v{oracle.version}"
+        if fault == "denied":
+            return ReadOutcome(kind=ReadOutcomeKind.DENIED, error_code=-32001, error="denied", **base)
+        if fault == "malformed":
+            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error="invalid result", **base)
+        if oracle.digest is None:
+            return ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32002, error="not found", **base)
+        rejection = "simulated guardrail" if oracle.version in oracle.unsafe else None
+        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
+                           size=20, content_count=1, guardrail_rejection=rejection, **base)
+
+
+# --- the workflow, replicated ---------------------------------------------------------------------
+
+
+class Stage(StrEnum):
+    START = "start"  # awaiting ENSURE / LOAD_FENCE (run preamble)
+    LOOP = "loop"  # runnable: evaluate the while body
+    AWAIT = "await"  # awaiting a main-loop activity; ``cont`` names the continuation
+    WAIT_WORK = "wait_work"  # wait_condition(_has_work, timeout=poll delay when polling)
+    WAIT_SESSION = "wait_session"  # _wait_for_session (timeout SESSION_RECHECK)
+    WAIT_CATALOG = "wait_catalog"  # TOMBSTONE_PENDING: catalog or close
+    WAIT_RESUME = "wait_resume"  # RECONCILIATION_REQUIRED: resume or close
+    CAN_WAIT = "can_wait"  # _continue_as_new: read tasks and handlers drain
+    FINAL = "final"  # after the loop: read tasks and handlers drain
+    STOPPING = "stopping"  # after the loop, REVOKED: awaiting the best-effort unsubscribe
+    DONE = "done"
+    CONTINUED = "continued"
+    WEDGED = "wedged"  # livelocked: Temporal would fail every workflow task
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleActivity:
+    owner: tuple[str, int]  # ("main", 0) | ("read", task id) | ("handler", handler id)
+    name: str
+    arg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueAsNew:
+    carried_state: dict[str, Any]
+    seen_ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class ReadTask:
+    tid: int
+    trigger: TriggerReason
+    placeholder: int
+    session: SessionInfo | None
+    stage: str = "allocate"  # allocate | reload | mcp | accept
+    ticket: ReadTicket | None = None
+    outcome: ReadOutcome | None = None
+
+
+def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
+                           handlers_finished: bool, max_history: int = 20_000) -> bool:
+    """MIRROR(subscription.py: should_continue_as_new)."""
+    if reads_in_flight or not handlers_finished:
+        return False
+    return suggested or history_length >= max_history
+
+
+class SimulatedWorkflow:
+    """MIRROR(subscription.py: ResourceSubscriptionWorkflow), one run, as resumable stages.
+
+    The workflow emits commands (``ScheduleActivity``, ``ContinueAsNew``) into ``commands``
+    like a Temporal activation; ``Simulation`` executes them. ``run_until_blocked`` runs the
+    main loop and the wait conditions until every coroutine waits on something external."""
+
+    def __init__(self, key: SubscriptionKey, *, max_concurrent_reads: int, poll_interval_seconds: float,
+                 incarnation: str, id_prefix: str, carried_state: dict[str, Any] | None = None,
+                 seen_ids: Sequence[str] = ()) -> None:
+        state = FenceState(key=key)
+        if carried_state is not None:
+            state = FenceState.model_validate(carried_state)
+        self.fence = SubscriptionFence(state)
+        self.key = key
+        self.max_reads = max_concurrent_reads
+        self.poll_interval = poll_interval_seconds
+        self.incarnation = incarnation
+        self.id_prefix = id_prefix
+        self.carried = carried_state is not None
+        self.session: SessionInfo | None = None
+        self.catalog: CatalogObservation | None = None
+        self.conflict: IdentityConflict | None = None
+        self.resume_requested = False
+        self.revocation: RevokeRequest | None = None
+        self.placeholders = 0
+        self.session_failures = 0
+        self.live_generation = 0
+        self.seen_ids: list[str] = list(seen_ids)
+        self.read_tasks: dict[int, ReadTask] = {}
+        self.reloaded = False
+        self.stage = Stage.START
+        self.cont = ""
+        self.locals: dict[str, Any] = {}
+        self.timer_armed = False
+        self.waiting_updates: list[ResourceUpdated] = []  # resource_updated handlers waiting for reload
+        self.handler_calls: dict[int, str] = {}  # handler id -> pending audit (for WRONG_URI detail)
+        self.close_updates = 0  # close updates in progress (they wait for ``finished``)
+        self.resume_updates = 0
+        self.can_suggested = False
+        self.commands: list[ScheduleActivity | ContinueAsNew] = []
+        self.errors: list[str] = []
+        self.notes: list[tuple[str | None, UpdateDisposition]] = []  # (notification id, disposition)
+        self._ids = 0
+
+    def _next(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def _uuid(self) -> str:  # MIRROR(workflow.uuid4): deterministic per run, fresh after a reset
+        return f"{self.id_prefix}-r{self._next()}"
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def _call_main(self, cont: str, name: str, arg: Any) -> None:
+        self.stage, self.cont = Stage.AWAIT, cont
+        self.commands.append(ScheduleActivity(("main", 0), name, arg))
+
+    def _audit(self, kind: str, session_generation: int | None, detail: str = "") -> None:
+        hid = self._next()
+        self.handler_calls[hid] = detail
+        self.commands.append(ScheduleActivity(("handler", hid), Act.AUDIT, AuditRequest(
+            kind=kind, key=self.key, session_generation=session_generation)))
+
+    # --- entry points the simulation calls ------------------------------------------------------
+
+    def start(self) -> None:
+        """MIRROR(subscription.py: run, preamble)."""
+        if not self.carried:
+            self._call_main("start", Act.ENSURE, EnsureRequest(key=self.key, incarnation=self.incarnation))
+        else:
+            self._call_main("start", Act.LOAD_FENCE, KeyRequest(key=self.key))
+
+    def signal_resource_updated(self, sig: ResourceUpdated) -> None:
+        """MIRROR(subscription.py: resource_updated)."""
+        if sig.notification_id is not None:
+            if sig.notification_id in self.seen_ids:
+                return
+            self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
+        if not self.reloaded:
+            self.waiting_updates.append(sig)
+            return
+        self._note_update(sig)
+
+    def _note_update(self, sig: ResourceUpdated) -> None:
+        disposition = self.fence.note_update(sig)
+        self.notes.append((sig.notification_id, disposition))
+        if disposition == UpdateDisposition.FUTURE_SESSION:
+            self.live_generation = max(self.live_generation, sig.session_generation)
+            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
+        elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
+                             UpdateDisposition.WRONG_URI):
+            self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
+                        "wrong_uri" if disposition == UpdateDisposition.WRONG_URI else "")
+
+    def signal_session_changed(self, generation: int) -> None:
+        """MIRROR(subscription.py: session_changed)."""
+        self.live_generation = max(self.live_generation, generation)
+
+    def signal_catalog_reconciled(self, obs: CatalogObservation) -> None:
+        """MIRROR(subscription.py: catalog_reconciled)."""
+        if obs.uri == self.key.uri:
+            self.catalog = obs
+
+    def signal_revoke(self, req: RevokeRequest) -> None:
+        """MIRROR(subscription.py: revoke)."""
+        if self.revocation is None:
+            self.revocation = req
+
+    def signal_identity_conflict(self, conflict: IdentityConflict) -> None:
+        """MIRROR(subscription.py: identity_conflict)."""
+        self.conflict = conflict
+
+    def update_resume(self) -> bool:
+        """MIRROR(subscription.py: resume + its validator). False: rejected by the validator."""
+        if self.fence.s.state != S.RECONCILIATION_REQUIRED:
+            return False
+        self.resume_requested = True
+        self.resume_updates += 1
+        return True
+
+    def signal_close(self) -> None:
+        """MIRROR(subscription.py: close_signal)."""
+        self.fence.request_close("simulated close signal")
+
+    def update_close(self) -> None:
+        """MIRROR(subscription.py: close): fences now, completes when ``finished``."""
+        self.fence.request_close("simulated close")
+        self.close_updates += 1
+
+    def timer_fired(self) -> bool:
+        if self.stage == Stage.WAIT_WORK and self.timer_armed:
+            self.timer_armed = False
+            self.fence.poll_due()  # MIRROR(subscription.py: run, except TimeoutError)
+            self.stage = Stage.LOOP
+            return True
+        if self.stage == Stage.WAIT_SESSION:
+            self.stage = Stage.LOOP  # SESSION_RECHECK elapsed
+            return True
+        return False
+
+    @property
+    def has_timer(self) -> bool:
+        return (self.stage == Stage.WAIT_WORK and self.timer_armed) or self.stage == Stage.WAIT_SESSION
+
+    def activity_done(self, owner: tuple[str, int], result: Any) -> None:
+        kind, ident = owner
+        if kind == "main":
+            cont, self.cont = self.cont, ""
+            getattr(self, f"_main_{cont}")(result)
+        elif kind == "read":
+            task = self.read_tasks.get(ident)
+            if task is not None:
+                self._read_resume(task, result)
+        else:
+            detail = self.handler_calls.pop(ident, "")
+            if detail == "wrong_uri":
+                self.fence.s.detail = "notification for a different URI reached this subscription"
+
+    # --- conditions ----------------------------------------------------------------------------
+
+    def _handlers_finished(self) -> bool:
+        """MIRROR(workflow.all_handlers_finished): signal handlers awaiting something, and updates
+        that have not returned (close waits for ``finished``, resume for the main loop)."""
+        return (not self.handler_calls and not self.waiting_updates and self.close_updates == 0
+                and self.resume_updates == 0)
+
+    def _settle_updates(self) -> bool:
+        progressed = False
+        if self.close_updates and self.fence.finished:
+            self.close_updates = 0
+            progressed = True
+        if self.resume_updates and not self.resume_requested:
+            self.resume_updates = 0
+            progressed = True
+        return progressed
+
+    def _continue_as_new_due(self) -> bool:
+        """MIRROR(subscription.py: _continue_as_new_due); history length is not modelled."""
+        return should_continue_as_new(suggested=self.can_suggested, history_length=0,
+                                      reads_in_flight=len(self.fence.s.in_flight),
+                                      handlers_finished=self._handlers_finished())
+
+    def _has_work(self) -> bool:
+        """MIRROR(subscription.py: _has_work)."""
+        s = self.fence.s
+        return bool(
+            s.close_requested
+            or self.fence.read_wanted(self.max_reads) is not None
+            or self.conflict is not None
+            or self.catalog is not None
+            or self.revocation is not None
+            or self.live_generation > s.session_generation
+            or s.pending_trigger == TriggerReason.RESUBSCRIBE
+            or self.fence.finished
+            or s.state != S.ACTIVE
+            or self._continue_as_new_due()
+        )
+
+    def run_until_blocked(self) -> None:
+        """One activation: run every coroutine until all of them wait on something external."""
+        iterations = 0
+        while True:
+            progressed = self._settle_updates()
+            if self.reloaded and self.waiting_updates:
+                waiting, self.waiting_updates = self.waiting_updates, []
+                for sig in waiting:
+                    self._note_update(sig)
+                progressed = True
+            st = self.stage
+            if st == Stage.LOOP:
+                iterations += 1
+                if iterations > LOOP_BUDGET:
+                    self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
+                                       f"(state={self.fence.s.state.value}, catalog={self.catalog is not None})")
+                    self.stage = Stage.WEDGED
+                    return
+                self._loop()
+                continue
+            if st == Stage.WAIT_WORK and self._has_work():
+                self.stage, self.timer_armed = Stage.LOOP, False
+                continue
+            revoking = self.revocation is not None
+            if st == Stage.WAIT_SESSION and (self.live_generation > self.locals["have"]
+                                             or self.fence.s.close_requested or revoking):
+                self.stage = Stage.LOOP
+                continue
+            if st == Stage.WAIT_CATALOG and (self.catalog is not None or self.fence.s.close_requested or revoking):
+                self.stage = Stage.LOOP
+                continue
+            if st == Stage.WAIT_RESUME and (self.resume_requested or self.fence.s.close_requested or revoking):
+                if self.resume_requested:
+                    self._resume()
+                else:
+                    self.stage = Stage.LOOP
+                continue
+            if st in (Stage.CAN_WAIT, Stage.FINAL) and not self.read_tasks and self._handlers_finished():
+                if st == Stage.CAN_WAIT:
+                    self.commands.append(ContinueAsNew(self.fence.s.model_dump(mode="json"),
+                                                       tuple(self.seen_ids[-MAX_DEDUPE_IDS:])))
+                    self.stage = Stage.CONTINUED
+                else:
+                    self._stop_notifications()
+                continue
+            if not progressed:
+                return
+
+    # --- main loop ---------------------------------------------------------------------------------
+
+    def _main_start(self, snap: FenceSnapshot) -> None:
+        self.fence.adopt(snap)
+        self.live_generation = max(self.live_generation, self.fence.s.session_generation)
+        self.reloaded = True
+        self.stage = Stage.LOOP
+
+    def _loop(self) -> None:
+        """MIRROR(subscription.py: run, the while body), one iteration up to its first await."""
+        f = self.fence
+        s = f.s
+        if f.finished:
+            self.stage = Stage.FINAL
+            return
+        if self.revocation is not None:
+            self._revoke()
+            return
+        if s.close_requested or s.state == S.UNSUBSCRIBING:
+            self._call_main("close_begin", Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key))
+            return
+        if self.conflict is not None:
+            self._enter_reconciliation()
+            return
+        if self.catalog is not None:
+            self._apply_catalog()
+            return
+        if s.state == S.TOMBSTONE_PENDING:
+            self.stage = Stage.WAIT_CATALOG
+            return
+        if s.state == S.RECONCILIATION_REQUIRED:
+            self.stage = Stage.WAIT_RESUME
+            return
+        if self.session is None or f.wants_subscribe(self.live_generation) \
+                or s.pending_trigger == TriggerReason.RESUBSCRIBE:
+            self._call_main("ensure_session", Act.CURRENT_SESSION,
+                            SessionQuery(subject=self.key.subject, server=self.key.server))
+            return
+        if f.read_wanted(self.max_reads) is not None:
+            self._start_read()
+            return
+        if self._continue_as_new_due():
+            self.stage = Stage.CAN_WAIT
+            return
+        self.stage = Stage.WAIT_WORK
+        self.timer_armed = s.staleness_bound_seconds is not None
+
+    # _ensure_subscribed ------------------------------------------------------------------------
+
+    def _ensure_done(self, ok: bool) -> None:
+        if ok:
+            self.stage = Stage.LOOP
+        else:  # MIRROR(subscription.py: _wait_for_session); the backoff delay is a timer here
+            self.locals["have"] = max(self.live_generation, self.fence.s.session_generation)
+            self.session_failures += 1
+            self.stage = Stage.WAIT_SESSION
+
+    def _main_ensure_session(self, session: SessionInfo | None) -> None:
+        """MIRROR(subscription.py: _ensure_subscribed)."""
+        s = self.fence.s
+        if session is None:
+            s.detail = "no live MCP session for this subject and server"
+            self._ensure_done(False)
+            return
+        self.live_generation = max(self.live_generation, session.generation)
+        if (self.session is not None and session.generation == s.session_generation
+                and s.state == S.ACTIVE and s.pending_trigger != TriggerReason.RESUBSCRIBE):
+            self.session = session
+            self._ensure_done(True)
+            return
+        self.session = session
+        self.session_failures = 0
+        self.locals["session"] = session
+        self._call_main("ensure_begin", Act.BEGIN_SUBSCRIPTION,
+                        BeginSubscriptionRequest(key=self.key, session_generation=session.generation))
+
+    def _main_ensure_begin(self, snap: FenceSnapshot) -> None:
+        session: SessionInfo = self.locals["session"]
+        caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
+        if not self.fence.subscribing(snap, session.edition, caps):
+            self._ensure_done(False)
+            return
+        self.locals["snap"] = snap
+        self.locals["poll"] = None
+        if session.subscribe:
+            self._call_main("ensure_mcp", Act.MCP_SUBSCRIBE,
+                            SubscribeRequest(key=self.key, session_generation=session.generation))
+            return
+        self.locals["poll"] = self.poll_interval
+        self._mark_active()
+
+    def _main_ensure_mcp(self, out: SubscribeOutcome | None) -> None:
+        session: SessionInfo = self.locals["session"]
+        if out is None or (not out.ok and out.session_generation != session.generation):
+            self.session = None
+            self._ensure_done(False)
+            return
+        if not out.ok:
+            self.locals["poll"] = self.poll_interval
+            self._call_main("ensure_audit", Act.AUDIT, AuditRequest(kind="SUBSCRIBE_REJECTED", key=self.key,
+                                                                    session_generation=session.generation))
+            return
+        self._mark_active()
+
+    def _main_ensure_audit(self, _: object) -> None:
+        self._mark_active()
+
+    def _mark_active(self) -> None:
+        session: SessionInfo = self.locals["session"]
+        snap: FenceSnapshot = self.locals["snap"]
+        self._call_main("ensure_mark", Act.MARK_ACTIVE, MarkActiveRequest(
+            key=self.key, session_generation=session.generation,
+            subscription_generation=snap.subscription_generation))
+
+    def _main_ensure_mark(self, snap: FenceSnapshot) -> None:
+        poll = self.locals["poll"]
+        self.fence.subscribed(snap, poll_interval_seconds=poll)
+        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
+        self._ensure_done(True)
+
+    # reads --------------------------------------------------------------------------------------
+
+    def _start_read(self) -> None:
+        """MIRROR(subscription.py: _start_read). The task's body up to its first await runs here:
+        between create_task and the main loop's next await nothing changes the fields it reads."""
+        s = self.fence.s
+        trigger = self.fence.read_wanted(self.max_reads)
+        assert trigger is not None
+        s.pending_trigger = None
+        self.placeholders += 1
+        placeholder = -self.placeholders
+        s.in_flight.append(placeholder)
+        task = ReadTask(self._next(), trigger, placeholder, self.session)
+        self.read_tasks[task.tid] = task
+        if task.session is None:
+            s.in_flight.remove(placeholder)  # the finally clause, then the AssertionError ends the task
+            self.errors.append("AssertionError: _read started without a session")
+            del self.read_tasks[task.tid]
+            return
+        self.commands.append(ScheduleActivity(("read", task.tid), Act.ALLOCATE_READ, AllocateRequest(
+            key=self.key, session_generation=s.session_generation, subscription_generation=s.subscription_generation,
+            min_ordinal=self.fence.next_ordinal_floor(), request_id=self._uuid(), trigger=trigger)))
+
+    def _read_resume(self, task: ReadTask, result: Any) -> None:
+        """MIRROR(subscription.py: _read), from each await to the next."""
+        s = self.fence.s
+        if task.stage == "allocate":
+            ticket: ReadTicket = result
+            if task.placeholder not in s.in_flight:  # finally: s.in_flight.remove(placeholder)
+                self.errors.append(f"ValueError: list.remove(x): placeholder {task.placeholder} is gone from "
+                                   f"in_flight (subscribing()/unsubscribed() cleared it); the trigger is lost"
+                                   + (f" and ordinal {ticket.ordinal} is burned" if ticket.granted else ""))
+                del self.read_tasks[task.tid]
+                return
+            s.in_flight.remove(task.placeholder)
+            task.ticket = ticket
+            if not self.fence.issued(ticket):
+                task.stage = "reload"
+                self.commands.append(ScheduleActivity(("read", task.tid), Act.LOAD_FENCE, KeyRequest(key=self.key)))
+                return
+            assert task.session is not None
+            req = ReadRequest(key=self.key, session_generation=s.session_generation,
+                              subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
+                              request_id=ticket.request_id, trigger=task.trigger)
+            task.stage = "mcp"
+            self.commands.append(ScheduleActivity(("read", task.tid), Act.MCP_READ, req))
+            return
+        if task.stage == "reload":
+            snap: FenceSnapshot = result
+            self.fence.adopt(snap)
+            if snap.state == S.ACTIVE and snap.session_generation == s.session_generation:
+                s.pending_trigger = s.pending_trigger or task.trigger
+            del self.read_tasks[task.tid]
+            return
+        assert task.ticket is not None
+        if task.stage == "mcp":
+            outcome: ReadOutcome | None = result
+            if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
+                self.fence.read_abandoned(task.ticket.ordinal)
+                self.session = None
+                s.pending_trigger = s.pending_trigger or TriggerReason.RESUBSCRIBE
+                del self.read_tasks[task.tid]
+                return
+            task.outcome = outcome
+            task.stage = "accept"
+            self.commands.append(ScheduleActivity(("read", task.tid), Act.ACCEPT, AcceptRequest(
+                outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch)))
+            return
+        accepted: AcceptResult = result
+        assert task.outcome is not None
+        self.fence.applied(task.ticket.ordinal, accepted)
+        self.fence.accepted_digest(task.outcome.content_digest, accepted)
+        del self.read_tasks[task.tid]
+
+    # tombstones, identity, resume -------------------------------------------------------------------
+
+    def _revoke(self) -> None:
+        """MIRROR(subscription.py: _revoke)."""
+        req, self.revocation = self.revocation, None
+        assert req is not None
+        self.locals["revocation"] = req
+        self._call_main("revoke_done", Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason,
+                                                                       source="platform", effective_at=EPOCH))
+
+    def _main_revoke_done(self, snap: FenceSnapshot) -> None:
+        self.fence.adopt(snap)
+        if snap.state == S.REVOKED:
+            self.fence.s.detail = f"revoked: {self.locals['revocation'].reason}"
+        self.stage = Stage.LOOP
+
+    def _stop_notifications(self) -> None:
+        """MIRROR(subscription.py: run's epilogue and _stop_notifications)."""
+        session = self.session
+        if self.fence.s.state == S.REVOKED and session is not None and session.subscribe \
+                and not self.fence.s.staleness_bound_seconds:
+            self.stage, self.cont = Stage.STOPPING, "stopped"
+            self.commands.append(ScheduleActivity(("main", 0), Act.MCP_UNSUBSCRIBE, UnsubscribeRequest(
+                key=self.key, session_generation=session.generation)))
+            return
+        self.stage = Stage.DONE
+
+    def _main_stopped(self, _: object) -> None:
+        self.stage = Stage.DONE
+
+    def _apply_catalog(self) -> None:
+        """MIRROR(subscription.py: _apply_catalog)."""
+        obs, self.catalog = self.catalog, None
+        assert obs is not None
+        before = self.fence.s.state
+        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
+            self.stage = Stage.LOOP
+            return
+        self.locals["obs"] = obs
+        self.locals["before"] = before
+        self._call_main("catalog_done", Act.CONFIRM_TOMBSTONE,
+                        TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id))
+
+    def _main_catalog_done(self, snap: FenceSnapshot) -> None:
+        obs: CatalogObservation = self.locals["obs"]
+        if self.locals["before"] == S.TOMBSTONE_PENDING and snap.state == S.ACTIVE:
+            self.fence.resumed(snap)
+        else:
+            self.fence.adopt(snap)
+        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
+        self.stage = Stage.LOOP
+
+    def _enter_reconciliation(self) -> None:
+        """MIRROR(subscription.py: _enter_reconciliation)."""
+        conflict, self.conflict = self.conflict, None
+        assert conflict is not None
+        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}"):
+            self.stage = Stage.LOOP
+            return
+        self.locals["conflict"] = conflict
+        allowed = [S.ACTIVE, S.SUBSCRIBING, S.DISCOVERED, S.TOMBSTONE_PENDING]
+        self._call_main("recon_set", Act.SET_STATE, SetStateRequest(
+            key=self.key, state=S.RECONCILIATION_REQUIRED, allowed_from=allowed))
+
+    def _main_recon_set(self, snap: FenceSnapshot) -> None:
+        self.fence.adopt(snap)
+        conflict: IdentityConflict = self.locals["conflict"]
+        self._call_main("recon_audit", Act.AUDIT, AuditRequest(kind="RECONCILIATION_REQUIRED", key=self.key,
+                                                               session_generation=conflict.session_generation))
+
+    def _main_recon_audit(self, _: object) -> None:
+        self.stage = Stage.LOOP
+
+    def _resume(self) -> None:
+        """MIRROR(subscription.py: _resume)."""
+        self._call_main("resume_set", Act.SET_STATE, SetStateRequest(
+            key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]))
+
+    def _main_resume_set(self, snap: FenceSnapshot) -> None:
+        self.fence.resumed(snap)
+        self.resume_requested = False
+        self.stage = Stage.LOOP
+
+    # close ------------------------------------------------------------------------------------------
+
+    def _main_close_begin(self, receipt: CloseReceipt) -> None:
+        """MIRROR(subscription.py: _close)."""
+        self.fence.closing(receipt)
+        self.locals["receipt"] = receipt
+        session = self.session
+        if receipt.state == S.UNSUBSCRIBING and session is not None and session.subscribe \
+                and not self.fence.s.staleness_bound_seconds:
+            self._call_main("close_mcp", Act.MCP_UNSUBSCRIBE,
+                            UnsubscribeRequest(key=self.key, session_generation=session.generation))
+            return
+        self._close_finish(True)
+
+    def _main_close_mcp(self, out: UnsubscribeOutcome | None) -> None:
+        self._close_finish(out is not None and out.acked)
+
+    def _close_finish(self, acked: bool) -> None:
+        receipt: CloseReceipt = self.locals["receipt"]
+        if receipt.state == S.UNSUBSCRIBING:
+            self._call_main("close_done", Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked))
+        else:
+            self._call_main("close_done", Act.LOAD_FENCE, KeyRequest(key=self.key))
+
+    def _main_close_done(self, snap: FenceSnapshot) -> None:
+        self.fence.unsubscribed(snap)
+        self.stage = Stage.LOOP
+
+
+# --- the simulation: environment, scheduler, checker ----------------------------------------------
+
+@dataclass(slots=True)
+class Activity:
+    aid: int
+    run: int
+    owner: tuple[str, int]
+    name: str
+    arg: Any
+    executed: bool = False
+    result: Any = None
+    poisoned: bool = False  # PostgreSQL rejects it every time: it never completes
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    workflow: SimulatedWorkflow
+    activities: list[tuple[tuple[str, int], str, Any]]
+    signal_index: int
+
+
+@dataclass(slots=True)
+class ScheduleResult:
+    seed: str
+    profile: Profile
+    events: list[Event]
+    violations: list[Violation]
+    steps: int = 0
+    converged_after: int | None = None  # steps from the oracle's last change to convergence
+    notification_reads: int = 0  # judged reads triggered by updated / follow_up
+    fresh_reads: int = 0  # ... that served an oracle version no earlier read had served
+    duplicate_deliveries: int = 0
+    coverage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+    def trace(self) -> Trace:
+        return Trace(seed=self.seed, profile=self.profile, events=tuple(self.events),
+                     violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations))
+
+
+class Simulation:
+    """One schedule: environment + workflow chain + ledger + checker. ``apply`` one event at a
+    time (inapplicable events are no-ops, which keeps shrunk traces replayable)."""
+
+    def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
+        self.seed = seed
+        self.profile = profile
+        self.config = config
+        self.oracle = Oracle()
+        self.ledger = MemoryLedger(KEY, judge=config.judge)
+        self.host = SessionHost(profile.capability, self.ledger)
+        self.queue: list[Message] = []
+        self.activities: list[Activity] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.signal_log: list[tuple[str, Any]] = []
+        self.violations: list[Violation] = []
+        self.events: list[Event] = []
+        self.step = 0
+        self.chain = 0
+        self.run = 0
+        self._aid = 0
+        self._note_id = 0
+        self._scan = 0
+        self.coverage: dict[str, int] = {}
+        # checker state
+        self._log_seen = 0
+        self._prev = FenceSnapshot(exists=False)
+        self._accepted_version = 0
+        self._max_allocated = 0
+        self._max_outbox_ordinal = 0
+        self._close_fences: list[int] = []
+        self._flagged: set[Invariant] = set()
+        # metrics
+        self.last_change_step = 0
+        self.converged_since: int | None = 0
+        self.count_reads = True
+        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
+        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
+        self.observed: set[int] = set()
+        self.duplicate_deliveries = 0
+        if profile.session_at_start:
+            self.host.open()
+        self.wf = self._new_chain()
+        self._activate()
+        self._check()
+
+    # --- plumbing ----------------------------------------------------------------------------------
+
+    def _cover(self, name: str) -> None:
+        self.coverage[name] = self.coverage.get(name, 0) + 1
+
+    def _new_chain(self) -> SimulatedWorkflow:
+        self.chain += 1
+        self.run += 1
+        self.checkpoints.clear()
+        self.signal_log.clear()
+        wf = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
+                               poll_interval_seconds=30.0, incarnation=f"chain{self.chain}",
+                               id_prefix=f"c{self.chain}r{self.run}")
+        wf.start()
+        return wf
+
+    @property
+    def chain_running(self) -> bool:
+        return self.wf.stage not in (Stage.DONE, Stage.WEDGED)
+
+    def _activate(self) -> None:
+        """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
+        while True:
+            wf = self.wf
+            if wf.stage != Stage.WEDGED:
+                wf.run_until_blocked()
+            for err in wf.errors:
+                invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
+                self._violate(invariant, err)
+            wf.errors.clear()
+            for _, disposition in wf.notes:
+                self._cover(f"update.{disposition.value}")
+            wf.notes.clear()
+            commands, wf.commands = wf.commands, []
+            can: ContinueAsNew | None = None
+            for cmd in commands:
+                if isinstance(cmd, ScheduleActivity):
+                    self._aid += 1
+                    self.activities.append(Activity(self._aid, self.run, cmd.owner, cmd.name, cmd.arg))
+                else:
+                    can = cmd
+            if can is None:
+                return
+            self._cover("continue_as_new")
+            self.run += 1
+            new = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
+                                    poll_interval_seconds=30.0, incarnation=wf.incarnation,
+                                    id_prefix=f"c{self.chain}r{self.run}", carried_state=can.carried_state,
+                                    seen_ids=can.seen_ids)
+            new.start()
+            self.wf = new
+
+    def _violate(self, invariant: Invariant, detail: str) -> None:
+        self.violations.append(Violation(invariant, self.step, detail))
+
+    def _signal(self, kind: str, payload: Any, *, log: bool = True) -> None:
+        """Deliver a signal or update to the running chain (dropped when it has completed)."""
+        if not self.chain_running:
+            return
+        if log:
+            self.signal_log.append((kind, payload))
+        wf = self.wf
+        if kind == "updated":
+            wf.signal_resource_updated(payload)
+        elif kind == "session_changed":
+            wf.signal_session_changed(payload)
+        elif kind == "catalog":
+            wf.signal_catalog_reconciled(payload)
+        elif kind == "conflict":
+            wf.signal_identity_conflict(payload)
+        elif kind == "revoke":
+            wf.signal_revoke(payload)
+        elif kind == "resume":
+            wf.update_resume()
+        elif kind == "close_signal":
+            wf.signal_close()
+        elif kind == "close":
+            wf.update_close()
+
+    def _notify(self, copies: int, same_id: bool) -> None:
+        live = self.host.live
+        if live is None or live.generation not in self.host.subscribed:
+            return  # nobody subscribed on the live session: the server sends nothing
+        self._note_id += 1
+        for i in range(copies):
+            nid = f"n{self._note_id}" if same_id or i == 0 else f"n{self._note_id}.{i}"
+            self.queue.append(Message("updated", live.generation, nid, KEY.uri, self.oracle.version))
+
+    def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
+        matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
+                   and (not executed or a.run == self.run)]
+        return matches[n % len(matches)] if matches else None
+
+    # --- events ------------------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Apply one event, run the workflow to quiescence, check every invariant."""
+        applied = self._apply(event)
+        if applied:
+            self.step += 1
+            self.events.append(event)
+            self._cover(f"op.{event.op.value}")
+            self._activate()
+            self._check()
+        return applied
+
+    def _apply(self, e: Event) -> bool:
+        op = e.op
+        if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
+            if (op == Op.MUTATE and not self.oracle.exists) or (op == Op.DELETE and not self.oracle.exists) \
+                    or (op == Op.RECREATE and self.oracle.exists):
+                return False
+            tokens = e.fault.split("+")
+            if op == Op.DELETE:
+                self.oracle.delete()
+            else:
+                self.oracle.mutate(unsafe="unsafe" in tokens)
+            self.last_change_step = self.step + 1
+            self._notify(e.n, "same_id" in tokens)
+            return True
+        if op == Op.DELIVER:
+            if not self.queue:
+                return False
+            msg = self.queue.pop(e.n % len(self.queue))
+            if msg.kind == "session_changed":
+                self._signal("session_changed", msg.generation)
+            else:
+                if msg.notification_id is not None and msg.notification_id in self.wf.seen_ids:
+                    self.duplicate_deliveries += 1
+                self._signal("updated", ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
+                                                        notification_id=msg.notification_id))
+            return True
+        if op == Op.OLD_NOTE:
+            live = self.host.generation
+            if live < 2:
+                return False
+            self._note_id += 1
+            gen = max(1, live - 1 - e.n)
+            self.queue.append(Message("updated", gen, f"old{self._note_id}", KEY.uri))
+            return True
+        if op == Op.WRONG_URI:
+            gen = self.host.live.generation if self.host.live else self.host.generation
+            self._note_id += 1
+            self.queue.append(Message("updated", gen, f"w{self._note_id}", WRONG_URI))
+            return True
+        if op == Op.FINAL_NOTE:
+            gen = self.host.live.generation if self.host.live else self.host.generation
+            self._signal("updated", ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+            return True
+        if op == Op.CLOSE:
+            if not self.chain_running:
+                return False
+            self._signal("close_signal" if e.fault == "signal" else "close", None)
+            return True
+        if op == Op.EXEC:
+            act = self._find(e.act, e.n, executed=False)
+            if act is None:
+                return False
+            self._execute(act, e.fault)
+            return True
+        if op == Op.COMPLETE:
+            act = self._find(e.act, e.n, executed=True)
+            if act is None:
+                return False
+            self.activities.remove(act)
+            self.wf.activity_done(act.owner, act.result)
+            return True
+        if op == Op.TIMER:
+            return self.chain_running and self.wf.timer_fired()
+        if op == Op.RECONNECT:
+            if self.host.live is None:
+                return False
+            self.host.drop()
+            if e.n == 0:
+                self.queue.append(Message("session_changed", self.host.open()))
+            return True
+        if op == Op.SESSION_OPEN:
+            if self.host.live is not None:
+                return False
+            self.queue.append(Message("session_changed", self.host.open()))
+            return True
+        if op == Op.CAN:
+            if not self.chain_running or self.wf.can_suggested:
+                return False
+            self.wf.can_suggested = True
+            return True
+        if op == Op.CHECKPOINT:
+            if not self.chain_running:
+                return False
+            self._checkpoint()
+            return True
+        if op == Op.RESET:
+            if not self.checkpoints:
+                return False
+            self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
+            return True
+        if op == Op.CATALOG:
+            if not self.chain_running:
+                return False
+            self._scan += 1
+            self._signal("catalog", CatalogObservation(
+                uri=KEY.uri, listed=self.oracle.exists, scan_id=f"scan{self._scan}",
+                snapshot_status="SNAPSHOT_UNPROVEN", session_generation=self.host.generation))
+            return True
+        if op == Op.CONFLICT:
+            if not self.chain_running:
+                return False
+            self._signal("conflict", IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
+                                                      session_generation=self.host.generation))
+            return True
+        if op == Op.RESUME:
+            if not self.chain_running or self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+                return False
+            self._signal("resume", None)
+            return True
+        if op == Op.REVOKE:
+            if not self.chain_running:
+                return False
+            self._signal("revoke", RevokeRequest(reason="simulated platform revocation"))
+            return True
+        if op == Op.RESTART:
+            if self.chain_running:
+                return False
+            self.wf = self._new_chain()
+            return True
+        raise ValueError(f"unknown op {op}")
+
+    def _execute(self, act: Activity, fault: str) -> None:
+        """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
+        Temporal runs it again later (at-least-once)."""
+        name, arg, led = act.name, act.arg, self.ledger
+        result: Any
+        try:
+            if name == Act.ENSURE:
+                result = led.ensure_subscription(arg.incarnation)
+            elif name == Act.LOAD_FENCE:
+                result = led.load_fence()
+            elif name == Act.CURRENT_SESSION:
+                result = led.current_session()
+            elif name == Act.BEGIN_SUBSCRIPTION:
+                result = led.begin_subscription(arg.session_generation)
+            elif name == Act.MARK_ACTIVE:
+                result = led.mark_active(arg.session_generation, arg.subscription_generation)
+            elif name == Act.ALLOCATE_READ:
+                result = led.allocate_read(arg)
+            elif name == Act.ACCEPT:
+                result = led.accept(arg)
+                self._cover(f"verdict.{result.verdict.value}")
+            elif name == Act.BEGIN_UNSUBSCRIBE:
+                result = led.begin_unsubscribe()
+            elif name == Act.FINISH_UNSUBSCRIBE:
+                result = led.finish_unsubscribe(arg.acked)
+            elif name == Act.AUDIT:
+                result = led.write_audit(arg.kind)
+            elif name == Act.SET_STATE:
+                result = led.set_state(arg.state, arg.allowed_from)
+            elif name == Act.CONFIRM_TOMBSTONE:
+                result = led.confirm_tombstone(arg.listed, arg.scan_id)
+            elif name == Act.REVOKE:
+                result = led.revoke()
+            elif name == Act.MCP_SUBSCRIBE:
+                result = self.host.subscribe(arg)
+            elif name == Act.MCP_UNSUBSCRIBE:
+                result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
+                if fault == "ack_lost":
+                    self._cover("unsubscribe_ack_lost")
+            elif name == Act.MCP_READ:
+                result = self.host.read(arg, self.oracle, fault=fault)
+            else:
+                raise ValueError(f"unknown activity {name}")
+        except LedgerIntegrityError as err:
+            act.poisoned = True
+            self._violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
+            return
+        if fault == "lost":
+            self._cover(f"lost_response.{name}")
+            return  # the activity stays scheduled: its retry runs the side effect again
+        if act.run != self.run:
+            self.activities.remove(act)  # an orphan of a reset run: it landed, nobody listens
+            self._cover("orphan_landed")
+            return
+        act.executed, act.result = True, result
+
+    def _checkpoint(self) -> None:
+        wf = self.wf
+        saved = copy.deepcopy(wf)
+        pending = [(a.owner, a.name, a.arg) for a in self.activities if a.run == self.run]
+        self.checkpoints.append(Checkpoint(saved, pending, len(self.signal_log)))
+        if len(self.checkpoints) > 8:
+            self.checkpoints.pop(0)
+
+    def _reset(self, cp: Checkpoint, *, reapply: bool) -> None:
+        """Temporal reset: the current run ends (its started activities may still land), a new run
+        replays to the checkpoint, then reschedules the activities pending there."""
+        self._cover("reset")
+        self.run += 1
+        wf = copy.deepcopy(cp.workflow)
+        wf.id_prefix = f"c{self.chain}r{self.run}"  # a reset run gets a new random seed
+        wf.commands = [ScheduleActivity(owner, name, arg) for owner, name, arg in cp.activities]
+        later = self.signal_log[cp.signal_index:]
+        del self.signal_log[cp.signal_index:]
+        self.wf = wf
+        # Activities of older runs not yet started are dropped by the matching service.
+        self.activities = [a for a in self.activities if a.run == self.run - 1 and not a.executed]
+        if reapply:
+            self._cover("reset_reapply")
+            for kind, payload in later:
+                self._signal(kind, payload)
+
+    # --- invariants -----------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        row = self.ledger.row
+        prev = self._prev
+        committed = self.oracle.committed
+        if prev.exists:
+            if row.last_accepted_ordinal < prev.last_accepted_ordinal or row.watermark < prev.watermark:
+                self._violate(Invariant.VERSION_REGRESSION,
+                              f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/{prev.watermark} -> "
+                              f"{row.last_accepted_ordinal}/{row.watermark}")
+            if row.last_issued_ordinal < prev.last_issued_ordinal:
+                self._violate(Invariant.ORDINAL_ORDER, f"lastIssued {prev.last_issued_ordinal} -> "
+                                                       f"{row.last_issued_ordinal}")
+        if row.exists and (row.last_accepted_ordinal > row.last_issued_ordinal
+                           or row.watermark > row.last_issued_ordinal):
+            self._violate(Invariant.LEDGER_INTEGRITY, "CHECK lastAccepted/watermark <= lastIssued")
+        if row.last_accepted_digest is not None and row.last_accepted_digest not in committed:
+            self._violate(Invariant.UNCOMMITTED_DIGEST, f"row digest {row.last_accepted_digest[:20]}")
+        self._prev = row
+        log = self.ledger.log
+        for w in log[self._log_seen:]:
+            self._check_write(w)
+        self._log_seen = len(log)
+        if self._converged():
+            if self.converged_since is None:
+                self.converged_since = self.step
+        else:
+            self.converged_since = None
+
+    def _check_write(self, w: LedgerWrite) -> None:
+        if w.kind == "allocate":
+            if w.ordinal <= self._max_allocated:
+                self._violate(Invariant.ORDINAL_ORDER, f"allocated {w.ordinal} after {self._max_allocated}")
+            self._max_allocated = max(self._max_allocated, w.ordinal)
+            return
+        if w.kind == "close":
+            self._close_fences.append(w.ordinal)
+            self._cover("close_fenced")
+            return
+        if w.kind == "tombstone":
+            if w.before.state != S.TOMBSTONE_PENDING:
+                self._violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
+            return
+        if w.kind == "revoke":
+            self._cover(f"revoked_from.{w.before.state}")
+            if w.before.state in ENDED:
+                self._violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
+            return
+        if w.kind != "accept":
+            return
+        o, j, before = w.outcome, w.judgement, w.before
+        assert o is not None and j is not None
+        if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) and o.server_version.startswith("v"):
+            served_version = int(o.server_version[1:])
+            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP):
+                self.notification_reads += 1
+                self.fresh_reads += served_version not in self.observed
+            self.observed.add(served_version)
+        status = w.receipt.status if w.receipt else None
+        invalidation = w.outbox if w.outbox is not None and w.outbox.event_type in INVALIDATIONS else None
+        version_write = (status in (V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED)
+                         or w.outbox is not None)
+        fence = max(self._close_fences, default=0)
+        fenced = bool(self._close_fences) and o.ordinal <= fence
+        if version_write:
+            issued = w.issued
+            if (before.state != S.ACTIVE or o.session_generation != before.session_generation
+                    or o.subscription_generation != before.subscription_generation or issued is None
+                    or issued.session_generation != o.session_generation
+                    or issued.subscription_generation != o.subscription_generation):
+                self._violate(Invariant.NOT_ACTIVE_WRITE,
+                              f"{status} ordinal {o.ordinal} while row {before.state} gen "
+                              f"{before.session_generation}/{before.subscription_generation}, read gen "
+                              f"{o.session_generation}/{o.subscription_generation}")
+        if status == V.TOMBSTONE_PENDING and fenced:
+            self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
+        if invalidation is not None:
+            if before.state in CLOSING or before.state in ENDED or fenced:
+                self._violate(Invariant.OUTBOX_AFTER_CLOSE, f"outbox ordinal {o.ordinal} (row {before.state}, "
+                                                            f"close ordinal {fence})")
+            if invalidation.ordinal <= self._max_outbox_ordinal:
+                self._violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
+                                                       f"{self._max_outbox_ordinal}")
+            self._max_outbox_ordinal = max(self._max_outbox_ordinal, invalidation.ordinal)
+        if status in (V.ACCEPTED, V.UNCHANGED) and (o.content_digest is None
+                                                    or o.content_digest not in self.oracle.committed):
+            self._violate(Invariant.UNCOMMITTED_DIGEST, f"{status} digest {o.content_digest} never committed")
+        if w.after.last_accepted_ordinal != before.last_accepted_ordinal or status in (V.ACCEPTED, V.UNCHANGED):
+            served = int(o.server_version[1:]) if o.server_version.startswith("v") else 0
+            if served < self._accepted_version:
+                self._violate(Invariant.VERSION_REGRESSION,
+                              f"{status} ordinal {o.ordinal} serves oracle v{served} over accepted "
+                              f"v{self._accepted_version}")
+            self._accepted_version = max(self._accepted_version, served)
+
+    def _converged(self) -> bool:
+        row = self.ledger.row
+        if not row.exists:
+            return False
+        if self.oracle.exists:
+            if row.state != S.ACTIVE:
+                return False
+            if self.oracle.version in self.oracle.unsafe:  # not releasable: the fence must have read it
+                return self._accepted_version == self.oracle.version
+            return row.last_accepted_digest == self.oracle.digest
+        return row.state in (S.TOMBSTONE_PENDING, S.TOMBSTONED)
+
+    # --- drain and verdict -------------------------------------------------------------------------------
+
+    def _flush(self) -> bool:
+        """Deliver everything pending in FIFO order, no faults. False if it would not quiesce."""
+        for _ in range(FLUSH_BUDGET):
+            if self.queue:
+                self.apply(Event(Op.DELIVER))
+                continue
+            # The current run first; activities of a reset run land last, as a slow old worker would.
+            runnable = [a for a in self.activities if not a.executed and not a.poisoned]
+            current = [a for a in runnable if a.run == self.run]
+            if current:
+                self.apply(Event(Op.EXEC, act=current[0].name, n=self._index_of(current[0], executed=False)))
+                continue
+            done = [a for a in self.activities if a.executed and a.run == self.run]
+            if done:
+                self.apply(Event(Op.COMPLETE, act=done[0].name, n=self._index_of(done[0], executed=True)))
+                continue
+            if runnable:
+                self.apply(Event(Op.EXEC, act=runnable[0].name, n=self._index_of(runnable[0], executed=False)))
+                continue
+            return True
+        return False
+
+    def _index_of(self, act: Activity, *, executed: bool) -> int:
+        same = [a for a in self.activities if a.name == act.name and a.executed == executed and not a.poisoned
+                and (not executed or a.run == self.run)]
+        return same.index(act)
+
+    def drain(self) -> None:
+        """Quiet end: the session host is up, every message and activity completes, timers fire,
+        pending catalog/resume words arrive, then one final invalidation; to quiescence."""
+        if self.host.live is None:
+            self.apply(Event(Op.SESSION_OPEN))
+        final_sent = False
+        for _ in range(8):
+            if not self._flush():
+                self._violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
+                return
+            wf = self.wf
+            if not self.chain_running:
+                break
+            state = wf.fence.s.state
+            if wf.has_timer and (wf.stage == Stage.WAIT_SESSION or not final_sent):
+                self.apply(Event(Op.TIMER))
+                continue
+            if state == S.TOMBSTONE_PENDING and wf.catalog is None:
+                self.apply(Event(Op.CATALOG))
+                continue
+            if state == S.RECONCILIATION_REQUIRED and not wf.resume_requested:
+                self.apply(Event(Op.RESUME))
+                continue
+            if not final_sent:
+                final_sent = True
+                self.count_reads = False
+                self.apply(Event(Op.FINAL_NOTE))
+                continue
+            break
+        self._verdict()
+
+    def _verdict(self) -> None:
+        wf, row = self.wf, self.ledger.row
+        if wf.stage == Stage.WEDGED:
+            return  # already reported as a livelock
+        if row.state in ENDED or wf.fence.finished:
+            if wf.stage != Stage.DONE:
+                self._violate(Invariant.NO_CONVERGENCE, f"row {row.state}, workflow stuck in {wf.stage.value} "
+                                                        f"(read tasks {len(wf.read_tasks)}, close updates "
+                                                        f"{wf.close_updates}, resume updates {wf.resume_updates})")
+            return
+        if not self._converged():
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
+                          f"v{self.oracle.version} {str(self.oracle.digest)[:16]}; workflow {wf.stage.value} "
+                          f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
+            return
+        if wf.fence.s.state != row.state:
+            self._violate(Invariant.NO_CONVERGENCE, f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
+
+    def result(self) -> ScheduleResult:
+        converged_after = None
+        row = self.ledger.row
+        if not self.violations and row.state not in ENDED and self.converged_since is not None:
+            converged_after = max(0, self.converged_since - self.last_change_step)
+        return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
+                              violations=list(self.violations), steps=self.step, converged_after=converged_after,
+                              notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
+                              duplicate_deliveries=self.duplicate_deliveries, coverage=dict(self.coverage))
+
+
+# --- schedule generation ----------------------------------------------------------------------------------
+
+
+def _profile(rng: random.Random, faults: frozenset[Fault]) -> Profile:
+    capability = "subscribe"
+    if Fault.POLLING in faults:
+        capability = rng.choices(["subscribe", "none", "rejects"], [75, 15, 10])[0]
+    reads = 1
+    if Fault.CONCURRENT_READS in faults and rng.random() < 0.2:
+        reads = rng.choice([2, 3])
+    return Profile(capability=capability, max_concurrent_reads=reads, session_at_start=rng.random() < 0.9)
+
+
+def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -> Event:
+    """Pick one enabled event, weighted; every random choice is recorded in the Event."""
+    F = faults
+    wf = sim.wf
+    options: list[tuple[float, Callable[[], Event]]] = []
+
+    def add(weight: float, make: Callable[[], Event]) -> None:
+        options.append((weight, make))
+
+    def copies() -> int:
+        if Fault.DROP in F and rng.random() < 0.15:
+            return 0
+        if Fault.DUPLICATE in F and rng.random() < 0.2:
+            return rng.choice([2, 3])
+        return 1
+
+    def change(op: Op) -> Event:
+        n = copies()
+        tokens = []
+        if n > 1 and rng.random() < 0.5:
+            tokens.append("same_id")
+        if op != Op.DELETE and Fault.GUARDRAIL in F and rng.random() < 0.08:
+            tokens.append("unsafe")
+        return Event(op, n=n, fault="+".join(tokens))
+
+    scheduled = [a for a in sim.activities if not a.executed and not a.poisoned]
+    executed = [a for a in sim.activities if a.executed and a.run == sim.run]
+
+    def exec_event() -> Event:
+        a = rng.choice(scheduled)
+        fault = ""
+        if a.name == Act.MCP_UNSUBSCRIBE and Fault.LOST_ACK in F and rng.random() < 0.3:
+            fault = "ack_lost"
+        elif a.name == Act.MCP_READ and Fault.READ_FAILURE in F and rng.random() < 0.05:
+            fault = rng.choice(["error", "malformed"])
+        elif a.name == Act.MCP_READ and Fault.REVOKE in F and rng.random() < 0.01:
+            fault = "denied"
+        elif Fault.RETRY in F and rng.random() < 0.05:
+            fault = "lost"
+        return Event(Op.EXEC, n=sim._index_of(a, executed=False), act=a.name, fault=fault)
+
+    def complete_event() -> Event:
+        a = rng.choice(executed)
+        return Event(Op.COMPLETE, n=sim._index_of(a, executed=True), act=a.name)
+
+    def deliver_event() -> Event:
+        n = 0
+        if Fault.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
+            n = rng.randrange(1, len(sim.queue))
+        return Event(Op.DELIVER, n=n)
+
+    if scheduled:
+        add(30, exec_event)
+    if executed:
+        add(30, complete_event)
+    if sim.queue:
+        add(18, deliver_event)
+    if sim.oracle.exists:
+        add(9, lambda: change(Op.MUTATE))
+        if Fault.DELETE in F:
+            add(1.2, lambda: change(Op.DELETE))
+    elif Fault.DELETE in F:
+        add(3, lambda: change(Op.RECREATE))
+    running = sim.chain_running
+    if running and wf.has_timer:
+        add(4, lambda: Event(Op.TIMER))
+    if Fault.OLD_SESSION in F and sim.host.generation >= 2:
+        add(0.6, lambda: Event(Op.OLD_NOTE, n=rng.randrange(2)))
+    if Fault.WRONG_URI in F:
+        add(0.3, lambda: Event(Op.WRONG_URI))
+    if Fault.CLOSE in F and running and not wf.fence.s.close_requested:
+        add(0.7, lambda: Event(Op.CLOSE, fault="signal" if rng.random() < 0.3 else ""))
+    if Fault.SESSION_LOSS in F:
+        if sim.host.live is not None:
+            add(1, lambda: Event(Op.RECONNECT, n=int(rng.random() < 0.3)))
+        else:
+            add(6, lambda: Event(Op.SESSION_OPEN))
+    elif sim.host.live is None:
+        add(6, lambda: Event(Op.SESSION_OPEN))
+    if Fault.CONTINUE_AS_NEW in F and running and not wf.can_suggested:
+        add(1, lambda: Event(Op.CAN))
+    if Fault.RESET in F:
+        if running:
+            add(1.5, lambda: Event(Op.CHECKPOINT))
+        if sim.checkpoints:
+            add(1.5, lambda: Event(Op.RESET, n=rng.randrange(len(sim.checkpoints)),
+                                 fault="reapply" if rng.random() < 0.5 else ""))
+    if Fault.CATALOG in F and running:
+        add(3 if wf.fence.s.state == S.TOMBSTONE_PENDING else 0.3, lambda: Event(Op.CATALOG))
+    if Fault.CONFLICT in F and running:
+        add(0.2, lambda: Event(Op.CONFLICT))
+        if wf.fence.s.state == S.RECONCILIATION_REQUIRED:
+            add(3, lambda: Event(Op.RESUME))
+    if Fault.REVOKE in F and running:
+        add(0.2, lambda: Event(Op.REVOKE))
+    if Fault.RESTART in F and not running:
+        add(2, lambda: Event(Op.RESTART))
+    total = sum(w for w, _ in options)
+    pick = rng.random() * total
+    for weight, make in options:
+        pick -= weight
+        if pick <= 0:
+            return make()
+    return options[-1][1]()
+
+
+def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
+    """Generate one schedule from ``seed`` online (each event chosen from what is enabled now),
+    run it, drain it, judge it."""
+    rng = random.Random(seed)
+    profile = _profile(rng, config.faults)
+    sim = Simulation(seed, profile, config)
+    low = 10
+    length = rng.randint(low, max(low, 2 * config.mean_events - low))
+    for _ in range(length):
+        sim.apply(_next_event(rng, sim, config.faults))
+    generated = list(sim.events)
+    sim.drain()
+    result = sim.result()
+    result.events = generated  # the drain is re-derived on replay
+    return result
+
+
+def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
+    """Re-run a trace's events (inapplicable ones are skipped), then the same drain."""
+    sim = Simulation(trace.seed, trace.profile, config)
+    for event in trace.events:
+        sim.apply(event)
+    generated = list(sim.events)
+    sim.drain()
+    result = sim.result()
+    result.events = generated
+    return result
+
+
+def shrink(result: ScheduleResult, config: SimConfig = SimConfig(), *,
+           target: Invariant | None = None) -> ScheduleResult:
+    """Delta-debugging: the shortest event list (1-minimal within the budget) that still
+    violates ``target`` (default: the first violated invariant)."""
+    target = target or result.violations[0].invariant
+    budget = [config.shrink_budget]
+
+    def fails(events: Sequence[Event]) -> ScheduleResult | None:
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        r = replay(Trace(result.seed, result.profile, tuple(events)), config)
+        return r if any(v.invariant == target for v in r.violations) else None
+
+    best = result
+    events = list(result.events)
+    chunks = 2
+    while len(events) >= 2 and budget[0] > 0:
+        size = max(1, len(events) // chunks)
+        reduced = False
+        for start in range(0, len(events), size):
+            candidate = events[:start] + events[start + size:]
+            r = fails(candidate)
+            if r is not None:
+                events, best, reduced = r.events, r, True
+                chunks = max(chunks - 1, 2)
+                break
+        if not reduced:
+            if size == 1:
+                break
+            chunks = min(len(events), chunks * 2)
+    return best
+
+
+# --- many schedules --------------------------------------------------------------------------------------
+
+
+def _percentile(sorted_values: Sequence[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    idx = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[idx]
+
+
+@dataclass(slots=True)
+class Summary:
+    """Aggregate of a run of schedules; ``merge_summaries`` combines disjoint index ranges."""
+
+    seed: str
+    schedules: int = 0
+    events: int = 0
+    steps: int = 0
+    violations: dict[str, int] = field(default_factory=lambda: {i.value: 0 for i in Invariant})
+    failing_schedules: int = 0
+    failing_indices: list[int] = field(default_factory=list)  # the first few, in index order
+    failures: list[dict[str, Any]] = field(default_factory=list)  # shrunk traces (``shrink_failures``)
+    notification_reads: int = 0
+    fresh_reads: int = 0
+    duplicate_deliveries: int = 0
+    convergence: list[int] = field(default_factory=list)
+    coverage: dict[str, int] = field(default_factory=dict)
+
+
+def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = SimConfig(), *,
+                  keep_failures: int = 3) -> Summary:
+    """Schedules ``start``..``stop-1`` of ``seed``; failures are recorded by index (``shrink_failures``
+    turns the first few into minimal traces once, after merging)."""
+    summary = Summary(seed=str(seed))
+    for index in range(start, stop):
+        r = run_schedule(schedule_seed(seed, index), config)
+        summary.schedules += 1
+        summary.events += len(r.events)
+        summary.steps += r.steps
+        summary.notification_reads += r.notification_reads
+        summary.fresh_reads += r.fresh_reads
+        summary.duplicate_deliveries += r.duplicate_deliveries
+        for name, count in r.coverage.items():
+            summary.coverage[name] = summary.coverage.get(name, 0) + count
+        if r.converged_after is not None:
+            summary.convergence.append(r.converged_after)
+        if r.failed:
+            summary.failing_schedules += 1
+            for inv in {v.invariant for v in r.violations}:
+                summary.violations[inv.value] += 1
+            if len(summary.failing_indices) < keep_failures:
+                summary.failing_indices.append(index)
+    return summary
+
+
+def shrink_failures(summary: Summary, config: SimConfig = SimConfig(), *, limit: int = 3) -> Summary:
+    """Replay and shrink the first ``limit`` failing schedules into ``summary.failures``."""
+    summary.failures = []
+    for index in summary.failing_indices[:limit]:
+        r = run_schedule(schedule_seed(summary.seed, index), config)
+        shrunk = shrink(r, config)
+        summary.failures.append({"index": index, "original_events": len(r.events),
+                                 "trace": shrunk.trace().to_json()})
+    return summary
+
+
+def merge_summaries(parts: Sequence[Summary], *, keep_failures: int = 3) -> Summary:
+    out = Summary(seed=parts[0].seed if parts else "")
+    for p in parts:
+        out.schedules += p.schedules
+        out.events += p.events
+        out.steps += p.steps
+        out.failing_schedules += p.failing_schedules
+        out.notification_reads += p.notification_reads
+        out.fresh_reads += p.fresh_reads
+        out.duplicate_deliveries += p.duplicate_deliveries
+        out.convergence.extend(p.convergence)
+        for k, v in p.violations.items():
+            out.violations[k] = out.violations.get(k, 0) + v
+        for k, v in p.coverage.items():
+            out.coverage[k] = out.coverage.get(k, 0) + v
+        out.failing_indices.extend(p.failing_indices)
+    out.failing_indices = sorted(out.failing_indices)[:keep_failures]
+    return out
+
+
+def summary_json(s: Summary, config: SimConfig = SimConfig()) -> dict[str, Any]:
+    conv = sorted(s.convergence)
+    return {
+        "seed": s.seed,
+        "schedules": s.schedules,
+        "events": s.events,
+        "steps": s.steps,
+        "faults": sorted(f.value for f in config.faults),
+        "violations": dict(sorted(s.violations.items())),
+        "violations_total": sum(s.violations.values()),
+        "failing_schedules": s.failing_schedules,
+        "read_amplification": {
+            "reads_per_distinct_change": round(s.notification_reads / s.fresh_reads, 4) if s.fresh_reads else 0.0,
+            "notification_reads": s.notification_reads,
+            "reads_that_saw_a_new_version": s.fresh_reads,
+            "duplicate_deliveries_deduped": s.duplicate_deliveries,
+        },
+        "convergence_steps": {"schedules": len(conv), "p50": _percentile(conv, 0.5), "p99": _percentile(conv, 0.99),
+                              "p999": _percentile(conv, 0.999), "max": conv[-1] if conv else 0},
+        "coverage": dict(sorted(s.coverage.items())),
+        "failures": s.failures,
+    }
