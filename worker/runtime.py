@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from temporalio.client import Client, TLSConfig, WorkflowHandle
@@ -30,15 +31,36 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
+from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from worker.config import Config, TemporalConfig
 from worker.session_host import SessionHost
-from workflows.names import SA_SERVER, SA_STATE, SA_SUBJECT, SA_URI, WORKFLOW_TYPE
-from workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionStart
+from workflows.answer import AnswerWorkflow
+from workflows.catalog import CatalogWorkflow
+from workflows.names import (
+    CATALOG_WORKFLOW_TYPE,
+    SA_SERVER,
+    SA_STATE,
+    SA_SUBJECT,
+    SA_URI,
+    SIGNAL_REVOKE,
+    WORKFLOW_TYPE,
+)
+from workflows.records import (
+    CatalogKey,
+    CatalogPolicy,
+    CatalogStart,
+    RevokeRequest,
+    SubscriptionKey,
+    SubscriptionOptions,
+    SubscriptionStart,
+)
 from workflows.subscription import ResourceSubscriptionWorkflow
 
 __all__ = [
@@ -47,9 +69,11 @@ __all__ = [
     "connect_temporal",
     "main_worker",
     "open_ledger",
+    "revoke",
     "run_services",
     "start_subscription",
     "subscription_handle",
+    "start_catalog",
 ]
 
 
@@ -110,8 +134,10 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ResourceSubscriptionWorkflow],
-        activities=LedgerActivities(ledger).all(),
+        workflows=[ResourceSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow],
+        activities=LedgerActivities(ledger).all()
+        + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
+        + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
     )
 
@@ -172,5 +198,48 @@ async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue
     )
 
 
+async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
+                 reason: str = "revoked by platform", effective_at: datetime | None = None) -> list[str]:
+    """revoke(subject, server, uri|*): signal every matching live subscription; returns workflow ids.
+
+    A subscription whose workflow is gone is revoked in the ledger directly, so no body of it
+    stays servable."""
+    effective = effective_at or datetime.now(UTC)
+    done: list[str] = []
+    for workflow_id, sub_uri, state in await ledger.subscriptions_for(subject, server):
+        if (uri is not None and sub_uri != uri) or state in ("CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED", "REVOKED"):
+            continue
+        try:
+            await client.get_workflow_handle(workflow_id).signal(
+                SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            key = SubscriptionKey(subject=subject, server=server, uri=sub_uri)
+            await ledger.revoke(key, reason=reason, source="platform", effective_at=effective)
+        done.append(workflow_id)
+    return done
+
+
 def subscription_handle(client: Client, key: SubscriptionKey) -> WorkflowHandle:
     return client.get_workflow_handle(key.workflow_id)
+
+
+async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
+                        policy: CatalogPolicy | None = None) -> WorkflowHandle:
+    """Start (or join) the CatalogWorkflow of (subject, server); idempotent. Nothing else starts it."""
+    return await client.start_workflow(
+        CATALOG_WORKFLOW_TYPE,
+        CatalogStart(key=key, policy=policy or CatalogPolicy()),
+        id=key.workflow_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={"subject": key.subject, "server": key.server},
+        search_attributes=TypedSearchAttributes([
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "STARTING"),
+        ]),
+        static_summary=f"catalog {key.server} {key.subject}",
+    )

@@ -11,6 +11,11 @@ Contract:
   (subject, server, URI). A URI with no subscription gets an audit row; a
   subscription with no running workflow gets an audit row; nothing is guessed and
   no workflow is ever started from here.
+- resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only
+  listen stream per session, opened before the session is published) is counted per
+  session generation (``list_changed_count``, read by the catalog scan activities) and
+  becomes a coalesced ``list_changed`` signal to the CatalogWorkflow of (subject, server),
+  which is never started from here.
 - A lost session (transport closed, ping timeout, dropped listen stream) is
   reopened with exponential backoff; every non-terminal subscription is then
   signalled ``session_changed`` so it resubscribes and re-reads.
@@ -35,13 +40,24 @@ from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from activities.catalog_ledger import CatalogLedger
+from activities.catalog_scan import CatalogScanActivities
 from activities.db import redact_url
+from activities.guardrails import default_chain
 from activities.ledger import Ledger
 from activities.mcp_session import LiveSession, McpSessionActivities
+from worker import metrics
 from worker.config import ServerConfig
-from workflows.names import SIGNAL_IDENTITY_CONFLICT, SIGNAL_RESOURCE_UPDATED, SIGNAL_SESSION_CHANGED
+from workflows.names import (
+    SIGNAL_IDENTITY_CONFLICT,
+    SIGNAL_LIST_CHANGED,
+    SIGNAL_RESOURCE_UPDATED,
+    SIGNAL_SESSION_CHANGED,
+)
 from workflows.records import (
+    CatalogKey,
     IdentityConflict,
+    ListChanged,
     ResourceUpdated,
     SessionChanged,
     SubscriptionKey,
@@ -53,6 +69,7 @@ __all__ = ["SessionHost", "SessionOpenError"]
 
 log = logging.getLogger("mcpsync.ingress")
 
+ROUTE_RETRY_SECONDS = 120.0
 TERMINAL_STATES = {"CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED"}
 
 
@@ -76,25 +93,80 @@ class SessionHost:
         self.last_error: str | None = None
         self.notifications_received = 0
         self.notifications_coalesced = 0
+        self.notifications_lost = 0
         self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
         self._queued: set[tuple[str, int]] = set()
         self._stopping = asyncio.Event()
+        self._lease_lost = asyncio.Event()
+        self.leases_acquired = 0
+        # list_changed notifications received per session generation (monotonic): the scan
+        # activities read it around each scan, the CatalogWorkflow gets it by signal.
+        self._list_changed: dict[int, int] = {}
+        self._list_changed_pending = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until ``stop()``: the worker, the router and the reconnect loop."""
-        activities = McpSessionActivities(lambda: self.live, self.ledger)
-        worker = Worker(self.temporal, task_queue=self.task_queue, activities=activities.all(),
-                        max_concurrent_activities=64)
-        async with worker:
-            router = asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}")
+        """Serve until ``stop()``: the router, and while this host holds the (subject, server)
+        lease, the session worker and the reconnect loop. Several hosts may run for one
+        (subject, server); exactly one owns the session at a time."""
+        guardrails = default_chain(max_bytes=self.server.release_max_bytes, mime_allow=self.server.mime_allow)
+        activities = McpSessionActivities(lambda: self.live, self.ledger, guardrails)
+        scans = CatalogScanActivities(lambda: self.live, self.list_changed_count, CatalogLedger(self.ledger.pool))
+        router = asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}")
+        catalog = asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")
+        try:
+            while not self._stopping.is_set():
+                if not await self._acquire_lease():
+                    continue
+                # Only the lease holder polls the session task queue: activities always find the live session.
+                worker = Worker(self.temporal, task_queue=self.task_queue, activities=activities.all() + scans.all(),
+                                max_concurrent_activities=64)
+                async with worker:
+                    renew = asyncio.create_task(self._renew_lease(), name=f"lease:{self.server.name}")
+                    try:
+                        await self._session_loop()
+                    finally:
+                        renew.cancel()
+                        with suppress(asyncio.CancelledError):
+                            await renew
+                if self._stopping.is_set():
+                    with suppress(Exception):
+                        await self.ledger.release_lease(self.subject, self.server.name, self.host_id)
+        finally:
+            router.cancel()
+            catalog.cancel()
+            with suppress(asyncio.CancelledError):
+                await router
+            with suppress(asyncio.CancelledError):
+                await catalog
+
+    async def _acquire_lease(self) -> bool:
+        ttl = self.server.lease_seconds
+        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl):
+            self._lease_lost.clear()
+            self.leases_acquired += 1
+            log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
+            return True
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), ttl / 3)
+        return False
+
+    async def _renew_lease(self) -> None:
+        ttl = self.server.lease_seconds
+        while True:
+            await asyncio.sleep(ttl / 3)
             try:
-                await self._session_loop()
-            finally:
-                router.cancel()
-                with suppress(asyncio.CancelledError):
-                    await router
+                held = await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl)
+            except Exception:  # PostgreSQL away: keep serving until the lease would have run out
+                log.warning("lease %s/%s: renewal failed", self.server.name, self.subject)
+                continue
+            if not held:
+                log.warning("lease %s/%s lost by %s", self.server.name, self.subject, self.host_id)
+                self._lease_lost.set()
+                if self.live is not None:
+                    self.live.lost.set()
+                return
 
     def stop(self) -> None:
         self._stopping.set()
@@ -121,14 +193,14 @@ class SessionHost:
 
     async def _session_loop(self) -> None:
         backoff = 0.25
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not self._lease_lost.is_set():
             try:
                 await self._one_session()
                 backoff = 0.25
             except SessionOpenError as exc:
                 self.last_error = str(exc)
                 log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc, backoff)
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._lease_lost.is_set():
                 break
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), backoff)
@@ -148,7 +220,10 @@ class SessionHost:
         else:
             assert cfg.url is not None
             headers = {"Authorization": f"Bearer {token}"} if token else None
-            server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers))
+            # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
+            # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves.
+            server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers),
+                                            max_sse_event_size=2 * cfg.max_content_bytes + 65536)
         # A version pin would skip server/discover and synthesize empty capabilities: probe instead.
         mode = "legacy" if cfg.edition == "2025-11-25" else "auto"
         return Client(server, mode=mode, cache=None, message_handler=self._on_message,  # type: ignore[arg-type]
@@ -180,6 +255,13 @@ class SessionHost:
                 edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
                 max_content_bytes=self.server.max_content_bytes, on_uri_updated=self._enqueue,
             )
+            if live.modern and capabilities["listChanged"]:
+                # Before the session is published to activities: no scan may start uncounted.
+                try:
+                    await live.listen_list_changed(lambda: self._note_list_changed(live.generation))
+                except Exception as exc:
+                    log.warning("session %s/%s: list_changed stream refused (%s); catalogs rely on rescans",
+                                self.server.name, self.subject, type(exc).__name__)
             self.live = live
             self.sessions_opened += 1
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
@@ -240,20 +322,60 @@ class SessionHost:
 
     async def _on_message(self, message: object) -> None:
         live = self.live
+        if live is None and isinstance(message, types.ResourceUpdatedNotification | types.ResourceListChangedNotification):
+            # Before initialization finished (or after the session was dropped): lifecycle misuse.
+            with suppress(Exception):
+                await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject, server=self.server.name,
+                                        uri=str(getattr(message.params, "uri", ""))[:2048] or None,
+                                        detail={"method": message.method})
+            return
         generation = live.generation if live is not None else 0
         if isinstance(message, types.ResourceUpdatedNotification):
             await self._enqueue(str(message.params.uri), generation)
         elif isinstance(message, types.ResourceListChangedNotification):
-            await self.ledger.audit("LIST_CHANGED", subject=self.subject, server=self.server.name,
-                                    session_generation=generation)
+            self._note_list_changed(generation)
         elif isinstance(message, Exception):
             log.warning("session %s/%s transport error: %s", self.server.name, self.subject, type(message).__name__)
+
+    def list_changed_count(self, generation: int) -> int:
+        return self._list_changed.get(generation, 0)
+
+    def _note_list_changed(self, generation: int) -> None:
+        # Count now (scans compare counts); signal from a task (never block the receive loop).
+        self._list_changed[generation] = self._list_changed.get(generation, 0) + 1
+        self._list_changed_pending.set()
+
+    async def _list_changed_loop(self) -> None:
+        """Signal the CatalogWorkflow of (subject, server) with the latest count; never start it.
+
+        Bursts coalesce into one signal carrying the newest count; each becomes one audit row."""
+        key = CatalogKey(subject=self.subject, server=self.server.name)
+        while True:
+            await self._list_changed_pending.wait()
+            self._list_changed_pending.clear()
+            generation = max(self._list_changed, default=0)
+            sig = ListChanged(session_generation=generation, count=self.list_changed_count(generation),
+                              received_at=datetime.now(UTC))
+            try:
+                await self.ledger.audit("LIST_CHANGED", subject=self.subject, server=self.server.name,
+                                        session_generation=generation, detail={"count": sig.count})
+                await self.temporal.get_workflow_handle(key.workflow_id).signal(SIGNAL_LIST_CHANGED, sig)
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    await self.ledger.audit("LIST_CHANGED_NO_CATALOG", subject=self.subject,
+                                            server=self.server.name, workflow_id=key.workflow_id,
+                                            session_generation=generation)
+                else:
+                    log.warning("list_changed signal failed (server=%s): %s", self.server.name, err)
+            except Exception:
+                log.exception("list_changed routing failed (server=%s)", self.server.name)
 
     async def _enqueue(self, uri: str, generation: int) -> None:
         # The receive loop must never wait on PostgreSQL or Temporal: route from a queue.
         # Pulses for a URI already waiting in the queue coalesce into that one signal: it is
         # sent after every one of them arrived, so it invalidates no less than they would.
         item = (uri, generation)
+        metrics.note_notification(self, uri)
         self.notifications_received += 1
         if item in self._queued:
             self.notifications_coalesced += 1
@@ -266,10 +388,30 @@ class SessionHost:
             uri, generation = await self._queue.get()
             # Leave the queued set before signalling: a pulse arriving meanwhile queues anew.
             self._queued.discard((uri, generation))
+            await self._route_with_retry(uri, generation)
+
+    async def _route_with_retry(self, uri: str, generation: int) -> None:
+        """PostgreSQL or Temporal briefly away must not lose an invalidation: retry with backoff,
+        then record the loss (the next notification or a poll repairs it)."""
+        delay, deadline = 0.2, asyncio.get_running_loop().time() + ROUTE_RETRY_SECONDS
+        while True:
             try:
                 await self._route(uri, generation)
-            except Exception:
-                log.exception("routing a notification failed (server=%s)", self.server.name)
+                return
+            except Exception as exc:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    self.notifications_lost += 1
+                    log.error("routing a notification failed for %.0fs, giving up (server=%s): %s",
+                              ROUTE_RETRY_SECONDS, self.server.name, type(exc).__name__)
+                    with suppress(Exception):
+                        await self.ledger.audit("NOTIFICATION_NOT_ROUTED", subject=self.subject,
+                                                server=self.server.name, uri=uri[:2048], session_generation=generation,
+                                                detail={"error": type(exc).__name__})
+                    return
+                log.warning("routing a notification failed (server=%s): %s; retrying in %.1fs",
+                            self.server.name, type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _unknown_uri(self, uri: str, generation: int) -> None:
         """No exact match. A match after RFC 3986 normalization is an identity conflict for that
@@ -297,7 +439,7 @@ class SessionHost:
             return
         workflow_id = SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri).workflow_id
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
-                              notification_id=uuid.uuid4().hex)
+                              notification_id=uuid.uuid4().hex, sequence=fence.notifications_seen)
         try:
             await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_RESOURCE_UPDATED, sig)
             self.notifications_routed += 1
