@@ -24,6 +24,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from workflows.catalog import RolloutMode, RolloutPolicy, refresh_enabled
 from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, revoke_rule, tombstone_rule
 from workflows.records import (
     AcceptRequest,
@@ -436,7 +437,15 @@ class Ledger:
             if not j.advance:
                 return AcceptResult(verdict=j.verdict, receipt_id=receipt_id, reason=j.reason, **base)
             outbox_id = None
-            if j.outbox:
+            if j.outbox and not await self._rollout_allows(cur, o.key):
+                # Shadow / not yet in the rollout percentage: fences and receipts as usual, nothing published.
+                await cur.execute(
+                    "INSERT INTO audit (kind, subject, server, uri, workflow_id, session_generation, detail)"
+                    " VALUES ('OUTBOX_HELD_BY_ROLLOUT', %s, %s, %s, %s, %s, %s)",
+                    (o.key.subject, o.key.server, o.key.uri, wf, o.session_generation,
+                     json.dumps({"receipt_id": receipt_id, "digest": o.content_digest})),
+                )
+            elif j.outbox:
                 await cur.execute(
                     """
                     INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, content_digest,
@@ -489,7 +498,18 @@ class Ledger:
             last_accepted_ordinal=row["last_accepted_ordinal"],
         )
 
-    async def confirm_tombstone(self, key: SubscriptionKey, *, listed: bool, scan_id: str) -> FenceSnapshot:
+    @staticmethod
+    async def _rollout_allows(cur: Any, key: SubscriptionKey) -> bool:
+        """The staged rollout (``workflows.catalog.refresh_enabled``); no policy row means ALL."""
+        await cur.execute("SELECT mode, percent FROM rollout_policies WHERE server=%s", (key.server,))
+        row = await cur.fetchone()
+        if row is None:
+            return True
+        policy = RolloutPolicy(server=key.server, mode=RolloutMode(row["mode"]), percent=row["percent"])
+        return refresh_enabled(policy, key.subject, key.server, key.uri)
+
+    async def confirm_tombstone(self, key: SubscriptionKey, *, listed: bool, scan_id: str,
+                                proven: bool = False) -> FenceSnapshot:
         """``workflows.fence.tombstone_rule`` on the locked row; TOMBSTONED writes receipt + outbox row."""
         wf = key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
@@ -497,7 +517,7 @@ class Ledger:
             await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
             row = await cur.fetchone()
             fence = _snapshot(row)
-            target = tombstone_rule(fence, listed=listed)
+            target = tombstone_rule(fence, listed=listed, proven=proven)
             if target is None or row is None:
                 return fence
             if target == SubscriptionState.REVOKED:
@@ -515,13 +535,14 @@ class Ledger:
                 )
                 receipt = await cur.fetchone()
                 assert receipt is not None
-                await cur.execute(
-                    """
-                    INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal)
-                    VALUES ('tombstoned', %s, %s, %s, %s, %s, %s)
-                    """,
-                    (wf, key.subject, key.server, key.uri, receipt["receipt_id"], fence.last_accepted_ordinal),
-                )
+                if await self._rollout_allows(cur, key):
+                    await cur.execute(
+                        """
+                        INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal)
+                        VALUES ('tombstoned', %s, %s, %s, %s, %s, %s)
+                        """,
+                        (wf, key.subject, key.server, key.uri, receipt["receipt_id"], fence.last_accepted_ordinal),
+                    )
                 await cur.execute(
                     "UPDATE subscriptions SET state=%s, last_receipt_id=%s, updated_at=now() WHERE workflow_id=%s",
                     (target.value, receipt["receipt_id"], wf),

@@ -14,6 +14,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.ledger import Ledger
+from worker import metrics
 from workflows.names import Act
 from workflows.records import (
     AcceptRequest,
@@ -85,7 +86,9 @@ class LedgerActivities:
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
-        return await self.ledger.accept(req)
+        result = await self.ledger.accept(req)
+        metrics.receipt_judged(req, result)
+        return result
 
     @activity.defn(name=Act.BEGIN_UNSUBSCRIBE)
     async def begin_unsubscribe(self, req: KeyRequest) -> CloseReceipt:
@@ -113,7 +116,8 @@ class LedgerActivities:
 
     @activity.defn(name=Act.CONFIRM_TOMBSTONE)
     async def confirm_tombstone(self, req: TombstoneRequest) -> FenceSnapshot:
-        return await self.ledger.confirm_tombstone(req.key, listed=req.listed, scan_id=req.scan_id)
+        return await self.ledger.confirm_tombstone(req.key, listed=req.listed, scan_id=req.scan_id,
+                                                   proven=req.proven)
 
     @activity.defn(name=Act.REVOKE)
     async def revoke(self, req: RevokeLedgerRequest) -> FenceSnapshot:

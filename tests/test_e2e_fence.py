@@ -375,3 +375,27 @@ async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client:
                            "repaired by the safety read", timeout=10)
         stats = await fx.stats()
         assert int(stats.get("notifications_dropped", {}).get(key.uri, 0)) == 1
+
+
+async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client, ledger: Ledger,
+                                                                       fx: FixtureProcess) -> None:
+    from activities.catalog_ledger import CatalogLedger
+    from workflows.records import RolloutMode, RolloutPolicy
+
+    server = _server(fx.mcp_url)
+    rollout = CatalogLedger(ledger.pool)
+    await rollout.set_rollout(RolloutPolicy(server=server.name, mode=RolloutMode.SHADOW))
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        key, handle, first = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue)
+        await fx.wait_subscribed(key.uri)
+        shadowed = await fx.edit(key.uri, text="computed in shadow")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == shadowed["committed"]["digest"], "shadow")
+        assert await _outbox(ledger, key) == [], "shadow mode publishes nothing"
+        assert len(await _audit_for(ledger, "OUTBOX_HELD_BY_ROLLOUT", key)) == 2
+        watermark = (await ledger.load_fence(key)).watermark
+        await rollout.set_rollout(RolloutPolicy(server=server.name, mode=RolloutMode.ALL))
+        live = await fx.edit(key.uri, text="published")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == live["committed"]["digest"], "live")
+        assert await _outbox(ledger, key) == [("version_accepted", live["committed"]["digest"])]
+        assert (await ledger.load_fence(key)).watermark > watermark, "switching modes keeps the fence"
+    assert first["committed"]["digest"] != live["committed"]["digest"]

@@ -97,6 +97,10 @@ async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, 
         assert token not in history, "credentials never enter Temporal history"
 
 
+async def _more_reads(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
+    return await ledger.read_count(key) > before
+
+
 async def _revoked(ledger: Ledger, key: SubscriptionKey) -> dict[str, Any] | None:
     rows = [r for r in await _outbox(ledger, key) if r["event_type"] == "revoked"]
     return rows[-1] if rows else None
@@ -137,8 +141,16 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         await fx.notify(uris["denied"])
         # 2. a reconciled catalog no longer lists it for alice
         rec = await subs["catalog"][1].query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+        # An unproven catalog cannot revoke: it only earns a verification read (the URI is still readable).
+        reads = await ledger.read_count(subs["catalog"][0])
         await subs["catalog"][1].signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
-            uri=uris["catalog"], listed=False, scan_id="scan-x", snapshot_status="SNAPSHOT_UNPROVEN",
+            uri=uris["catalog"], listed=False, scan_id="scan-u", snapshot_status="SNAPSHOT_UNPROVEN",
+            session_generation=rec.session_generation))
+        await eventually(lambda: _more_reads(ledger, subs["catalog"][0], reads), what="verification read")
+        assert (await subs["catalog"][1].query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)).state \
+            in (S.ACTIVE, S.READ_PENDING, S.UPDATE_SEEN)
+        await subs["catalog"][1].signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
+            uri=uris["catalog"], listed=False, scan_id="scan-p", snapshot_status="SNAPSHOT_PROVEN",
             session_generation=rec.session_generation))
         # 3. the platform says so
         ids = await revoke(temporal_client, ledger, subject="alice", server=server.name, uri=uris["platform"],

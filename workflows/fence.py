@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -105,6 +106,7 @@ class FenceState(BaseModel):
     close_requested: bool = False
     close_reason: str = ""
     staleness_bound_seconds: float | None = None
+    tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     detail: str = ""
 
 
@@ -422,17 +424,18 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
     return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
 
 
-def tombstone_rule(row: FenceSnapshot, *, listed: bool) -> SubscriptionState | None:
+def tombstone_rule(row: FenceSnapshot, *, listed: bool, proven: bool = False) -> SubscriptionState | None:
     """A reconciled catalog's word on one subscribed URI.
 
     TOMBSTONE_PENDING: not listed → TOMBSTONED (receipt + outbox row); listed → ACTIVE (deleted
-    and recreated). ACTIVE and not listed for this subject → REVOKED (it vanished from the
-    subject's view). Anything else: None, nothing to do."""
+    and recreated). ACTIVE and not listed for this subject → REVOKED, but only on a
+    SNAPSHOT_PROVEN catalog: revocation is a completeness decision, and an unproven catalog
+    only earns a verification read. Anything else: None, nothing to do."""
     if not row.exists:
         return None
     if row.state == S.TOMBSTONE_PENDING:
         return S.ACTIVE if listed else S.TOMBSTONED
-    if row.state == S.ACTIVE and not listed:
+    if row.state == S.ACTIVE and not listed and proven:
         return S.REVOKED
     return None
 

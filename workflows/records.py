@@ -203,6 +203,7 @@ class TombstoneRequest(_Frozen):
     key: SubscriptionKey
     listed: bool
     scan_id: str
+    proven: bool = False
 
 
 class RevokeRequest(_Frozen):

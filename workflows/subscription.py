@@ -431,6 +431,8 @@ class ResourceSubscriptionWorkflow:
         )
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
+        if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
+            self.fence.s.tombstone_pending_at = workflow.now()
         if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
             # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
             self.fence.s.detail = (f"read {ticket.ordinal} failed: {outcome.kind.value}"
@@ -467,11 +469,23 @@ class ResourceSubscriptionWorkflow:
         obs, self.catalog = self.catalog, None
         assert obs is not None
         before = self.fence.s.state
+        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
+        if before == SubscriptionState.ACTIVE and not obs.listed and not proven:
+            # An unproven catalog cannot revoke; it earns a read of the exact URI, which will tell.
+            self.fence.poll_due()
+            self.fence.s.detail = f"not listed in unproven catalog {obs.scan_id}: verifying by read"
+            self._publish()
+            return
         if not (before == SubscriptionState.TOMBSTONE_PENDING or (before == SubscriptionState.ACTIVE
                                                                   and not obs.listed)):
             return  # the catalog agrees with us: nothing to confirm, no read to spend
+        pending_at = self.fence.s.tombstone_pending_at
+        if (before == SubscriptionState.TOMBSTONE_PENDING and obs.listed and obs.measured_at is not None
+                and pending_at is not None and obs.measured_at < pending_at):
+            return  # measured before our read saw not-found: it cannot say the URI came back
         snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
-                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id),
+                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id,
+                                                   proven=proven),
                                   FenceSnapshot)
         if before == SubscriptionState.TOMBSTONE_PENDING and snap.state == SubscriptionState.ACTIVE:
             self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
