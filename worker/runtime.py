@@ -70,6 +70,7 @@ __all__ = [
     "main_worker",
     "open_ledger",
     "revoke",
+    "start_catalogs",
     "run_services",
     "start_subscription",
     "subscription_handle",
@@ -219,6 +220,19 @@ async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, u
             await ledger.revoke(key, reason=reason, source="platform", effective_at=effective)
         done.append(workflow_id)
     return done
+
+
+async def start_catalogs(client: Client, config: Config) -> list[str]:
+    """Start (or join) the CatalogWorkflow of every (server, subject) whose server has ``catalog = true``."""
+    started = []
+    for server in config.servers:
+        if not server.catalog:
+            continue
+        for subject in server.subjects:
+            handle = await start_catalog(client, CatalogKey(subject=subject, server=server.name),
+                                         task_queue=config.temporal.task_queue)
+            started.append(handle.id)
+    return started
 
 
 def subscription_handle(client: Client, key: SubscriptionKey) -> WorkflowHandle:
