@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
 from worker.config import Config, ServerConfig, TemporalConfig
+from worker.fixture import FixtureProcess
 from worker.runtime import open_ledger, run_services
 from worker.stack import EmbeddedPostgres, TemporalDevServer
 
@@ -81,6 +82,16 @@ async def temporal_server(tmp_state: Path) -> AsyncIterator[TemporalDevServer]:
 @pytest.fixture(scope="session")
 async def temporal_client(temporal_server: TemporalDevServer) -> Client:
     return await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
+
+
+@pytest.fixture
+async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
+    """A fresh fixture MCP server over streamable HTTP (both editions), empty store."""
+    proc = await FixtureProcess.start_http(tmp_path, seed="none")
+    try:
+        yield proc
+    finally:
+        await proc.stop()
 
 
 def unique(prefix: str) -> str:

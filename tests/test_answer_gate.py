@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -308,14 +307,6 @@ def test_bind_request_and_tracker() -> None:
 
 # --- the real stack ------------------------------------------------------------------------------
 
-
-@pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
-    proc = await FixtureProcess.start_http(tmp_path, seed="none")
-    try:
-        yield proc
-    finally:
-        await proc.stop()
 
 
 def _server(url: str) -> ServerConfig:

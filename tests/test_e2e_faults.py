@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import suppress
 from pathlib import Path
 
@@ -31,14 +30,6 @@ from workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
 MCPSYNC = [sys.executable, "-m", "worker.cli"]
 
-
-@pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
-    proc = await FixtureProcess.start_http(tmp_path, seed="none")
-    try:
-        yield proc
-    finally:
-        await proc.stop()
 
 
 def _server(fx: FixtureProcess, subject: str = "alice") -> ServerConfig:

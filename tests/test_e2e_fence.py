@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from activities.ledger import Ledger
@@ -44,14 +42,6 @@ from workflows.records import (
 
 S = SubscriptionState
 
-
-@pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
-    proc = await FixtureProcess.start_http(tmp_path, seed="none")
-    try:
-        yield proc
-    finally:
-        await proc.stop()
 
 
 def _server(url: str, subject: str = "alice") -> ServerConfig:

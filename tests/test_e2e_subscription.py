@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,15 +34,6 @@ from workflows.records import (
 class Served:
     server: ServerConfig
     control: FixtureControl
-
-
-@pytest.fixture
-async def http_fixture(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
-    fx = await FixtureProcess.start_http(tmp_path, seed="none")
-    try:
-        yield fx
-    finally:
-        await fx.stop()
 
 
 async def _outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, object]]:
@@ -98,10 +88,10 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
 
 @pytest.mark.parametrize("edition", ["2025-11-25", "2026-07-28"])
 async def test_http_subscription_converges_and_closes(temporal_client: Client, ledger: Ledger,
-                                                      http_fixture: FixtureProcess, edition: str) -> None:
-    server = ServerConfig(name=unique("fx"), transport="http", url=http_fixture.mcp_url, edition=edition,
+                                                      fx: FixtureProcess, edition: str) -> None:
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition=edition,
                           subjects=["alice"])
-    await _converge_and_close(temporal_client, ledger, server, http_fixture, f"demo://doc/{uuid.uuid4().hex}",
+    await _converge_and_close(temporal_client, ledger, server, fx, f"demo://doc/{uuid.uuid4().hex}",
                               "alice", edition)
 
 

@@ -26,7 +26,6 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import os
 import time
 import uuid
 import warnings
@@ -38,15 +37,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 import mcp_types as types
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.db import redact_url
 from activities.mcp_session import classify_error
 from worker.config import ServerConfig
+from worker.session_host import server_transport
 from workflows.digest import ContentPart, content_digest
 
 __all__ = [
@@ -302,19 +300,7 @@ def _target(cfg: ServerConfig) -> str:
 def _client(cfg: ServerConfig, subject: str, mode: Literal["legacy", "auto"], recorder: _Recorder,
             timeout: float) -> Client:
     """A client exactly as the session host builds one (transport, credentials), no response cache."""
-    token_var = cfg.token_env.get(subject)
-    token = os.environ.get(token_var) if token_var else None
-    server: object
-    if cfg.transport == "stdio":
-        env = dict(cfg.env)
-        env.setdefault("MCPSYNC_SUBJECT", subject)
-        if token_var and token is not None:
-            env[token_var] = token
-        server = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
-    else:
-        assert cfg.url is not None
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers))
+    server = server_transport(cfg, subject)
     return Client(server, mode=mode, cache=None, message_handler=recorder.on_message,  # type: ignore[arg-type]
                   read_timeout_seconds=timeout,
                   client_info=types.Implementation(name="mcpsync-probe", version="0.1.0"))

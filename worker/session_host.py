@@ -65,7 +65,7 @@ from workflows.records import (
 )
 from workflows.uris import normalize_uri
 
-__all__ = ["SessionHost", "SessionOpenError"]
+__all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
 log = logging.getLogger("mcpsync.ingress")
 
@@ -208,22 +208,7 @@ class SessionHost:
 
     def _client(self) -> Client:
         cfg = self.server
-        token_var = cfg.token_env.get(self.subject)
-        token = os.environ.get(token_var) if token_var else None
-        server: object
-        if cfg.transport == "stdio":
-            env = dict(cfg.env)
-            env.setdefault("MCPSYNC_SUBJECT", self.subject)
-            if token_var and token is not None:
-                env[token_var] = token
-            server = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
-        else:
-            assert cfg.url is not None
-            headers = {"Authorization": f"Bearer {token}"} if token else None
-            # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
-            # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves.
-            server = streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers),
-                                            max_sse_event_size=2 * cfg.max_content_bytes + 65536)
+        server = server_transport(cfg, self.subject)
         # A version pin would skip server/discover and synthesize empty capabilities: probe instead.
         mode = "legacy" if cfg.edition == "2025-11-25" else "auto"
         return Client(server, mode=mode, cache=None, message_handler=self._on_message,  # type: ignore[arg-type]
@@ -448,6 +433,26 @@ class SessionHost:
                 raise
             await self.ledger.audit("NOTIFICATION_NO_WORKFLOW", subject=self.subject, server=self.server.name,
                                     uri=uri, workflow_id=workflow_id, session_generation=generation)
+
+
+def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
+    """The MCP transport for ``subject``'s session with ``cfg``: stdio parameters (the subject's
+    credential in the child's environment) or streamable HTTP (a bearer header). Credentials
+    come from the environment variable the config names and go nowhere else."""
+    token_var = cfg.token_env.get(subject)
+    token = os.environ.get(token_var) if token_var else None
+    if cfg.transport == "stdio":
+        env = dict(cfg.env)
+        env.setdefault("MCPSYNC_SUBJECT", subject)
+        if token_var and token is not None:
+            env[token_var] = token
+        return StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
+    assert cfg.url is not None
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
+    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves.
+    return streamable_http_client(cfg.url, http_client=create_mcp_http_client(headers=headers),
+                                  max_sse_event_size=2 * cfg.max_content_bytes + 65536)
 
 
 def _describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
