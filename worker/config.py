@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["Config", "ConfigError", "DatabaseConfig", "ServerConfig", "TemporalConfig", "load_config"]
+__all__ = ["Config", "ConfigError", "DatabaseConfig", "MetricsConfig", "ServerConfig", "TemporalConfig", "load_config"]
 
 
 class ConfigError(ValueError):
@@ -57,6 +57,7 @@ class ServerConfig(_Model):
     edition: Literal["2025-11-25", "2026-07-28", "auto"] = "2025-11-25"
     subjects: list[str] = Field(default_factory=lambda: ["anonymous"], min_length=1)
     token_env: dict[str, str] = Field(default_factory=dict)  # subject -> env var with its credential
+    catalog: bool = True  # run a CatalogWorkflow (A/B reconciliation) per subject of this server
     lease_seconds: float = Field(default=15.0, gt=0)  # ingress ownership of (subject, server); handoff bound
     ping_interval_seconds: float = Field(default=5.0, gt=0)
     ping_timeout_seconds: float = Field(default=5.0, gt=0)
@@ -74,10 +75,19 @@ class ServerConfig(_Model):
         return self
 
 
+class MetricsConfig(_Model):
+    """``[metrics]``: Prometheus endpoint (``worker.metrics``); absent = no endpoint."""
+
+    port: int = Field(default=9464, ge=0, le=65535)  # 0: any free port
+    host: str = "127.0.0.1"  # "0.0.0.0" to let a remote Prometheus scrape
+    refresh_seconds: float = Field(default=15.0, gt=0)  # ledger-derived gauges
+
+
 class Config(_Model):
     temporal: TemporalConfig = TemporalConfig()
     database: DatabaseConfig = DatabaseConfig()
     servers: list[ServerConfig] = Field(default_factory=list)
+    metrics: MetricsConfig | None = None
     state_dir: str | None = None
 
     def server(self, name: str) -> ServerConfig:

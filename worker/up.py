@@ -18,8 +18,16 @@ import time
 from contextlib import AsyncExitStack, suppress
 from urllib.parse import quote
 
-from worker.config import Config, DatabaseConfig, ServerConfig, TemporalConfig
-from worker.runtime import RuntimeInfo, connect_temporal, open_ledger, run_services, start_subscription
+from worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
+from worker.metrics import serve_metrics
+from worker.runtime import (
+    RuntimeInfo,
+    connect_temporal,
+    open_ledger,
+    run_services,
+    start_catalogs,
+    start_subscription,
+)
 from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
 from workflows.names import QUERY_SUBSCRIPTION
 from workflows.records import ResourceSubscriptionV1, SubscriptionKey
@@ -53,6 +61,8 @@ async def run_up(args: argparse.Namespace) -> None:
     root.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
+        metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
+        stack.push_async_callback(metrics.aclose)
         temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port, ui_port=args.ui_port)
         stack.push_async_callback(temporal_server.stop)
         print(f"  temporal dev server  {temporal_server.address} ({temporal_server.startup_seconds:.1f}s)", flush=True)
@@ -69,6 +79,9 @@ async def run_up(args: argparse.Namespace) -> None:
             print(f"  postgresql           {redact_url(db_url)}", flush=True)
         ledger = await open_ledger(db_url)
         stack.push_async_callback(ledger.pool.close)
+        metrics.watch_ledger(ledger)
+        if metrics.url:
+            print(f"  metrics (Prometheus) {metrics.url}", flush=True)
 
         fixture = await FixtureProcess.start_http(root / "demo-server", seed="demo", demo_churn=args.churn)
         stack.push_async_callback(fixture.stop)
@@ -92,6 +105,7 @@ async def run_up(args: argparse.Namespace) -> None:
 
         key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
         handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
+        await start_catalogs(client, config)
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
         print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)
         print(f"  demo subscription: {link}", flush=True)

@@ -1,0 +1,1151 @@
+"""mcpsync benchmark: one command, JSON + a PNG plot.
+
+    .venv/bin/python -m benchmarks.run [--subscriptions 200] [--series 100,1000]
+                                       [--transport http|stdio|both] [--out benchmarks/out] [--quick]
+
+Per (transport, N): a fresh Temporal dev server (free ports) and a fresh PostgreSQL database
+(``MCPSYNC_DATABASE_URL``'s server, else an embedded one under the state dir); N subscriptions
+on one in-process worker (``worker.runtime.run_services``) against the fixture MCP server over
+streamable HTTP or stdio. Side by side in the same run:
+
+- the **system** (mcpsync),
+- a **naive baseline** (``benchmarks.naive.NaiveClient``: mcp SDK client, ``cache=None``, reads on
+  every notification, keeps the last content read), subscribed to the same URIs (over HTTP the
+  same server process; over stdio a twin fixture process that receives the same edits),
+- the **floor**: one mutation → one notification → one read RTT, sequentially, measured first.
+
+Phases: initial convergence (memory per subscription is measured here) → floor → churn (``rate``
+changes/s for ``duration`` s; each change is one edit plus ``k-1`` duplicate notifications, k
+uniform in 1..5; one notification in every 100 is dropped through the fixture's
+``drop_notifications`` fault) → drain (until everything converged, ``--drain-timeout`` after the
+last change, or only changes that lost notifications remain) → repair (one more edit on URIs left
+behind by a dropped notification) → burst (notifications without changes, as fast as the fixture
+sends them: sustained ingest rate) → revocation (``worker.runtime.revoke`` on a sample).
+
+Convergence of a change = oracle mutation committed (fixture clock) → first receipt accepted
+(PostgreSQL clock, same host) whose digest is this change's or a later change's of that URI;
+for the baseline, the first completed read with such a digest. Targets are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from mcp import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from prometheus_client.parser import text_string_to_metric_families
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from activities.ledger import Ledger
+from benchmarks.naive import NaiveClient, measure_floor, text_digest
+from benchmarks.png import COLORS, Canvas, Panel, Series
+from worker import metrics
+from worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
+from worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from worker.metrics import serve_metrics
+from worker.runtime import open_ledger, revoke, run_services, start_subscription
+from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
+from workflows.names import Act
+from workflows.records import SubscriptionKey, session_task_queue
+
+__all__ = ["main", "run", "Options", "TARGETS"]
+
+log = logging.getLogger("mcpsync.bench")
+
+TARGETS = {"amplification_max": 1.05, "convergence_p999_max_seconds": 1.0, "revocation_p99_max_seconds": 2.0}
+SUBJECT = "bench"
+REPO = Path(__file__).resolve().parents[1]
+TASK_QUEUE = "mcpsync-bench"
+
+
+@dataclass
+class Options:
+    subscriptions: list[int]
+    transports: list[str]
+    out: Path
+    duration: float = 30.0
+    rate: float = 5.0
+    max_notify: int = 5
+    drop_every: int = 100
+    floor_samples: int = 100
+    burst_per_subscription: int = 5
+    burst_cap: int = 2000
+    revocations: int = 20
+    drain_timeout: float = 60.0
+    seed: int = 7
+    quick: bool = False
+    temporal_store: str = "tmpfs"
+    single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
+    result: Path | None = None
+
+
+# --- small helpers ----------------------------------------------------------------------
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of ``pid`` (default: this process) from /proc, in bytes; 0 if unknown."""
+    try:
+        for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def cpu_snapshot() -> dict[str, float]:
+    """CPU seconds used so far by this process tree, PostgreSQL backends and everything else, plus
+    the machine's busy and total CPU seconds (from /proc; empty where /proc is missing)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, str, float]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            data = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        close = data.rfind(")")
+        fields = data[close + 2:].split()
+        procs[int(name)] = (int(fields[1]), data[data.find("(") + 1:close], (int(fields[11]) + int(fields[12])) / tick)
+    ours = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _, _) in procs.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    out = {"benchmark_tree": 0.0, "postgres": 0.0, "other_processes": 0.0}
+    for pid, (_, comm, cpu) in procs.items():
+        key = "benchmark_tree" if pid in ours else "postgres" if comm.startswith("postgres") else "other_processes"
+        out[key] += cpu
+    with suppress(OSError, ValueError):
+        jiffies = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        out["machine_total"] = sum(jiffies[:8]) / tick
+        out["machine_busy"] = (sum(jiffies[:8]) - jiffies[3] - jiffies[4]) / tick
+    return out
+
+
+def cpu_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    d = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 1) for k in after if k != "other_processes"}
+    # Processes that exited meanwhile take their CPU time with them: derive "other" from the machine total.
+    d["other_processes"] = round(max(0.0, d.get("machine_busy", 0.0) - d["benchmark_tree"] - d["postgres"]), 1)
+    total = d.get("machine_total") or 0.0
+    return {
+        "cpu_seconds": d,
+        "machine_busy_pct": round(100 * d.get("machine_busy", 0.0) / total, 1) if total else None,
+        "other_processes_pct_of_machine": round(100 * d["other_processes"] / total, 1) if total else None,
+        "note": "benchmark_tree = this process (worker, driver, baseline) + dev server + fixtures; other_processes "
+                "= anything else on the machine during the phase (it competes for the same cores)",
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(s)))
+    return s[min(rank, len(s)) - 1]
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 2)
+
+    return {
+        "samples": len(values),
+        "p50_ms": ms(percentile(values, 50)),
+        "p90_ms": ms(percentile(values, 90)),
+        "p99_ms": ms(percentile(values, 99)),
+        "p999_ms": ms(percentile(values, 99.9)),
+        "max_ms": ms(max(values) if values else None),
+        "mean_ms": ms(sum(values) / len(values) if values else None),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else round(a / b, 3)
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(interval)
+    return await predicate()
+
+
+async def gather_limited(coros: Sequence[Awaitable[Any]], limit: int) -> list[Any]:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(c: Awaitable[Any]) -> Any:
+        async with gate:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+def ts(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+class Postgres:
+    """A fresh database per run on ``MCPSYNC_DATABASE_URL``'s server, else on an embedded server."""
+
+    def __init__(self) -> None:
+        self.admin_url = ""
+        self.embedded: EmbeddedPostgres | None = None
+
+    async def start(self) -> str:
+        base = os.environ.get("MCPSYNC_DATABASE_URL")
+        if base:
+            self.admin_url = base
+            return "MCPSYNC_DATABASE_URL"
+        self.embedded = await EmbeddedPostgres.start(state_dir() / "bench")
+        self.admin_url = self.embedded.admin_url
+        return "embedded"
+
+    def _url(self, name: str) -> str:
+        prefix, sep, query = self.admin_url.partition("?")
+        return f"{prefix.rsplit('/', 1)[0]}/{name}{sep}{query}"
+
+    async def create(self, name: str) -> str:
+        def work() -> None:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+
+        await asyncio.to_thread(work)
+        return self._url(name)
+
+    async def drop(self, name: str) -> None:
+        def work() -> None:
+            with suppress(Exception), psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+        await asyncio.to_thread(work)
+
+    async def stop(self) -> None:
+        if self.embedded is not None:
+            await self.embedded.stop()
+
+
+Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class Probe:
+    """The benchmark's own ``worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per phase."""
+
+    def __init__(self) -> None:
+        self.server = serve_metrics(MetricsConfig(port=0), set_default_runtime=False)
+        self.runtime = self.server.runtime
+
+    async def scrape(self) -> Scrape:
+        url = self.server.url or ""
+
+        def get() -> str:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return str(resp.read().decode())
+
+        out: Scrape = {}
+        for family in text_string_to_metric_families(await asyncio.to_thread(get)):
+            for sample in family.samples:
+                out[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
+        return out
+
+    @staticmethod
+    def diff(after: Scrape, before: Scrape) -> Scrape:
+        return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+    @staticmethod
+    def mean_ms(d: Scrape, name: str, **labels: str) -> float | None:
+        want = set(labels.items())
+        total = sum(v for (n, lab), v in d.items() if n == f"{name}_sum" and want <= lab)
+        count = sum(v for (n, lab), v in d.items() if n == f"{name}_count" and want <= lab)
+        return round(1000 * total / count, 2) if count > 0 else None
+
+    def breakdown(self, d: Scrape, server: str) -> dict[str, Any]:
+        """Mean latencies during the churn phase, from the SDK runtime's and mcpsync's histograms."""
+        m = self.mean_ms
+        session_queue = session_task_queue(SUBJECT, server)
+        return {
+            "signal_workflow_execution": m(d, "temporal_request_latency", operation="SignalWorkflowExecution"),
+            "workflow_task_schedule_to_start": m(d, "temporal_workflow_task_schedule_to_start_latency",
+                                                 task_queue=TASK_QUEUE),
+            "workflow_task_execution": m(d, "temporal_workflow_task_execution_latency", task_queue=TASK_QUEUE),
+            "respond_workflow_task_completed": m(d, "temporal_request_latency",
+                                                 operation="RespondWorkflowTaskCompleted"),
+            "activity_schedule_to_start_main_queue": m(d, "temporal_activity_schedule_to_start_latency",
+                                                       task_queue=TASK_QUEUE),
+            "activity_schedule_to_start_session_queue": m(d, "temporal_activity_schedule_to_start_latency",
+                                                          task_queue=session_queue),
+            "activity_end_to_end": {
+                a: m(d, "temporal_activity_succeed_endtoend_latency", activity_type=a)
+                for a in (Act.ALLOCATE_READ, Act.MCP_READ, Act.ACCEPT)},
+            "mcp_read_round_trip": m(d, "mcpsync_read_latency_seconds", server=server),
+            "ingress_notification_to_receipt": m(d, "mcpsync_convergence_seconds", server=server),
+            "note": "means over the churn phase (histogram sum/count), Temporal SDK runtime + mcpsync meters",
+        }
+
+    async def aclose(self) -> None:
+        await self.server.aclose()
+
+
+# --- one run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    seq: int
+    uri: str
+    digest: str
+    k: int  # notifications for this change (1 from the edit + k-1 duplicates)
+    committed: float  # system fixture's commit time
+    committed_baseline: float  # baseline fixture's (same process over HTTP)
+    dropped: list[int] = field(default_factory=lambda: [0])  # notifications of it dropped, per fixture
+
+    def lost(self, fixture: int) -> bool:
+        """Every notification of this change was dropped on that fixture's side."""
+        return self.dropped[min(fixture, len(self.dropped) - 1)] >= self.k
+
+
+@dataclass
+class Run:
+    transport: str
+    n: int
+    opts: Options
+    result: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[float]] = field(default_factory=dict)  # latencies for the plot
+
+
+async def _scalar(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> Any:
+    async with ledger.pool.connection() as conn:
+        row = await (await conn.execute(sql, args)).fetchone()
+    return None if row is None else row[0]
+
+
+async def _rows(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    async with ledger.pool.connection() as conn:
+        return list(await (await conn.execute(sql, args)).fetchall())
+
+
+async def _sys_reads(ledger: Ledger, server: str) -> int:
+    return int(await _scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
+                                     " WHERE s.server=%s", (server,)) or 0)
+
+
+async def _verdicts(ledger: Ledger, server: str) -> dict[str, int]:
+    rows = await _rows(ledger, "SELECT status, count(*) FROM resource_versions WHERE server=%s GROUP BY status",
+                       (server,))
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def _first_seen(pairs: Sequence[tuple[str, str, float]]) -> dict[tuple[str, str], float]:
+    first: dict[tuple[str, str], float] = {}
+    for uri, digest, t in pairs:
+        if (uri, digest) not in first or t < first[(uri, digest)]:
+            first[(uri, digest)] = t
+    return first
+
+
+def convergence(changes: Sequence[Change], first: dict[tuple[str, str], float], *, baseline: bool) -> list[
+        float | None]:
+    """Per change: seconds until this change's or a later change's content of its URI was held."""
+    by_uri: dict[str, list[Change]] = defaultdict(list)
+    for ch in changes:
+        by_uri[ch.uri].append(ch)
+    out: dict[int, float | None] = {}
+    for uri, chs in by_uri.items():
+        best = math.inf
+        for ch in reversed(chs):
+            best = min(best, first.get((uri, ch.digest), math.inf))
+            start = ch.committed_baseline if baseline else ch.committed
+            out[ch.seq] = None if best == math.inf else max(0.0, best - start)
+    return [out[ch.seq] for ch in changes]
+
+
+def regressions(changes: Sequence[Change], held_sequence: Sequence[tuple[str, str]]) -> int:
+    """How often the held content of a URI went back to an older version."""
+    index = {(ch.uri, ch.digest): ch.seq for ch in changes}
+    held: dict[str, int] = {}
+    count = 0
+    for uri, digest in held_sequence:
+        i = index.get((uri, digest), -1)
+        if i < held.get(uri, -1):
+            count += 1
+        held[uri] = i
+    return count
+
+
+def convergence_report(lat: Sequence[float | None], lost: Sequence[bool], window: float = 60.0) -> dict[str, Any]:
+    """Percentiles over converged changes, plus the same over changes that kept at least one notification."""
+    done = [x for x in lat if x is not None]
+    out = summarize(done)
+    out["changes"] = len(lat)
+    out["unconverged"] = len(lat) - len(done)
+    out["converged_within_60s_pct"] = round(100 * sum(1 for x in done if x <= window) / len(lat), 3) if lat else None
+    delivered = [x for x, gone in zip(lat, lost, strict=True) if not gone]
+    gone = [x for x, g in zip(lat, lost, strict=True) if g]
+    out["with_a_delivered_notification"] = {
+        **summarize([x for x in delivered if x is not None]),
+        "changes": len(delivered),
+        "unconverged": sum(1 for x in delivered if x is None),
+    }
+    out["all_notifications_dropped"] = {
+        "changes": len(gone),
+        "converged_later": sum(1 for x in gone if x is not None),
+        "latencies_ms": [None if x is None else round(x * 1000, 1) for x in gone],
+        "note": "converged only through a later change of the same URI (or never)",
+    }
+    return out
+
+
+async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Path, probe: Probe) -> Run:
+    run = Run(transport, n, opts)
+    r = run.result
+    r.update(transport=transport, subscriptions=n)
+    rng = random.Random(f"{opts.seed}/{transport}/{n}")
+    server = f"bench-{transport}-{n}"  # unique per run: host counters are looked up by server name
+    db_name = f"mcpsync_bench_{os.getpid()}_{transport}_{n}_{uuid.uuid4().hex[:6]}"
+    uris = [f"bench://doc/{i:05d}" for i in range(n)]
+    floor_uri = "bench://floor"
+    initial = {u: f"{u} initial" for u in uris}
+    work = work / f"{transport}-{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    t_run = time.monotonic()
+    say = _say(transport, n)
+
+    async with AsyncExitStack() as stack:
+        db_url = await pg.create(db_name)
+        stack.push_async_callback(pg.drop, db_name)
+        tdir = (Path("/dev/shm") / f"mcpsync-bench-{os.getpid()}-{transport}-{n}" if opts.temporal_store == "tmpfs"
+                else work / "temporal")
+        temporal = await TemporalDevServer.start(tdir, port=0, ui_port=0)
+        stack.push_async_callback(temporal.stop)
+        stack.callback(shutil.rmtree, tdir, True)
+        client = await Client.connect(temporal.address, data_converter=pydantic_data_converter, runtime=probe.runtime)
+        ledger = await open_ledger(db_url, max_size=16)
+        stack.push_async_callback(ledger.pool.close)
+
+        fixture: FixtureProcess | None = None
+        base_target: Any
+        if transport == "http":
+            fixture = await FixtureProcess.start_http(work, seed="none", log_level="WARNING")
+            stack.push_async_callback(fixture.stop)
+            server_cfg = ServerConfig(name=server, transport="http", url=fixture.mcp_url, subjects=[SUBJECT])
+            base_target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
+        else:
+            command, env = stdio_command(ready_file=work / "ready-system.json", seed="none", log_level="WARNING")
+            server_cfg = ServerConfig(name=server, transport="stdio", command=command, env=env, subjects=[SUBJECT])
+            bcommand, benv = stdio_command(ready_file=work / "ready-baseline.json", seed="none", log_level="WARNING")
+            base_target = StdioServerParameters(command=bcommand[0], args=bcommand[1:], env=benv)
+        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE), servers=[server_cfg])
+        services = asyncio.create_task(run_services(config, client, ledger), name="bench-services")
+
+        async def stop_services() -> None:
+            services.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await services
+
+        stack.push_async_callback(stop_services)
+
+        if fixture is not None:
+            sys_ctl: FixtureControl = fixture
+        else:
+            info = await wait_ready_file(work / "ready-system.json", timeout=30)
+            sys_ctl = FixtureControl(info["control_url"])
+            stack.push_async_callback(sys_ctl.aclose)
+        await gather_limited([sys_ctl.create(u, text=initial[u], mime_type="text/plain") for u in uris], 16)
+
+        async def session_open() -> bool:
+            if services.done():
+                services.result()
+            return await ledger.current_session(SUBJECT, server) is not None
+
+        if not await until(session_open, 60):
+            raise RuntimeError(f"{transport}: no MCP session within 60 s")
+
+        # --- initial convergence and memory per live subscription -------------------------------------
+        async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
+            """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
+            t0 = time.monotonic()
+            await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server, uri=u),
+                                                     task_queue=TASK_QUEUE) for u in batch], 32)
+            started = time.monotonic() - t0
+            want = len(batch) + int(await _scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
+                                                          " state='ACTIVE' AND last_accepted_digest IS NOT NULL"
+                                                          " AND NOT (uri = ANY(%s))", (server, list(batch))) or 0)
+
+            async def all_initial() -> bool:
+                done = await _scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND state='ACTIVE'"
+                                             " AND last_accepted_digest IS NOT NULL", (server,))
+                return int(done or 0) >= want
+
+            if not await until(all_initial, 120 + len(batch) * 0.5, 0.25):
+                raise RuntimeError(f"{transport}: initial reads did not converge")
+            return started, time.monotonic() - t0
+
+        # A warm-up tenth first: one-time costs (imports into the workflow sandbox, pools, caches) are not
+        # per subscription. Memory per subscription is the RSS growth over the other nine tenths.
+        warm = max(1, n // 10)
+        say(f"starting {n} subscriptions ({warm} warm-up first)")
+        await subscribe(uris[:warm])
+        await asyncio.sleep(1.0)
+        gc.collect()
+        rss0, trss0 = rss_bytes(), rss_bytes(temporal.pid)
+        started, converged = await subscribe(uris[warm:]) if n > warm else (0.0, 1e-9)
+        await asyncio.sleep(1.0)  # let the last workflow tasks finish before measuring memory
+        gc.collect()
+        rss1, trss1 = rss_bytes(), rss_bytes(temporal.pid)
+        measured = max(1, n - warm)
+        r["startup"] = {
+            "subscriptions_measured": n - warm,
+            "start_seconds": round(started, 2),
+            "initial_convergence_seconds": round(converged, 2),
+            "subscriptions_per_second": round((n - warm) / converged, 1),
+        }
+        r["memory"] = {
+            "worker_rss_before_bytes": rss0,
+            "worker_rss_after_bytes": rss1,
+            "worker_bytes_per_subscription": round((rss1 - rss0) / measured),
+            "temporal_server_rss_before_bytes": trss0,
+            "temporal_server_rss_after_bytes": trss1,
+            "temporal_server_bytes_per_subscription": round((trss1 - trss0) / measured),
+            "note": "RSS growth while the last N - N/10 subscriptions started and accepted their initial read, "
+                    "divided by their number; the worker runs in this process (the baseline client is not started "
+                    "yet)",
+        }
+        say(f"initial convergence of {n - warm}: {converged:.1f}s, worker "
+            f"{(rss1 - rss0) / measured / 1024:.1f} KiB/subscription")
+
+        # --- baseline client and the floor --------------------------------------------------------
+        base = NaiveClient(base_target)
+        await base.start()
+        stack.push_async_callback(base.aclose)
+        if fixture is not None:
+            base_ctl: FixtureControl = fixture
+            await base_ctl.create(floor_uri, text="floor", mime_type="text/plain")
+        else:
+            info = await wait_ready_file(work / "ready-baseline.json", timeout=30)
+            base_ctl = FixtureControl(info["control_url"])
+            stack.push_async_callback(base_ctl.aclose)
+            await gather_limited([base_ctl.create(u, text=initial.get(u, "floor"), mime_type="text/plain")
+                                  for u in [*uris, floor_uri]], 16)
+        await base.subscribe([*uris, floor_uri])
+        await base.read_all(uris)
+        per_uri = 2 if fixture is not None else 1
+
+        def subscribed(count: int) -> Callable[[dict[str, Any]], bool]:
+            def check(stats: dict[str, Any]) -> bool:
+                subs = stats["subscriptions"]
+                return (all(subs.get(u, 0) >= count for u in uris)
+                        and all(s["standalone_stream"] is not False for s in stats["sessions"]))
+            return check
+
+        await sys_ctl.wait_stats(subscribed(per_uri), timeout=60, interval=0.2)
+        if base_ctl is not sys_ctl:
+            await base_ctl.wait_stats(subscribed(1), timeout=60, interval=0.2)
+        say("measuring the floor")
+        floor = await measure_floor(base, base_ctl, floor_uri, opts.floor_samples)
+        r["floor"] = {**summarize([f.total for f in floor]),
+                      "notify_p50_ms": summarize([f.notify for f in floor])["p50_ms"],
+                      "read_p50_ms": summarize([f.read for f in floor])["p50_ms"],
+                      "what": "mutation committed -> notification -> one read completed, sequential, idle"}
+        run.curves["floor"] = [f.total for f in floor]
+        await base.idle()
+
+        # --- churn ---------------------------------------------------------------------------------
+        controls = [sys_ctl] if base_ctl is sys_ctl else [sys_ctl, base_ctl]
+        reads0, base_reads0, base_notes0 = await _sys_reads(ledger, server), base.reads, base.notifications
+        verdicts0 = await _verdicts(ledger, server)
+        host0 = metrics.host_totals().get(server, (0, 0))
+        completions0 = len(base.completions)
+        scrape0 = await probe.scrape()
+        cpu0 = cpu_snapshot()
+        say(f"churn: {opts.rate:g} changes/s for {opts.duration:g}s")
+        t_churn0 = time.time()
+        changes, lag = await drive_churn(controls, uris, opts, rng)
+        t_churn1 = time.time()
+        cpu_churn = cpu_report(cpu0, cpu_snapshot())
+        final = {ch.uri: ch.digest for ch in changes}
+
+        # --- drain ---------------------------------------------------------------------------------
+        async def unconverged() -> tuple[set[str], set[str]]:
+            held = dict(await _rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions WHERE server=%s",
+                                    (server,)))
+            return ({u for u, d in final.items() if held.get(u) != d},
+                    {u for u, d in final.items() if base.held.get(u) != d})
+
+        t_drain0 = time.monotonic()
+        last_progress, last_state = time.monotonic(), (-1, -1)
+        stuck_reason = "converged"
+        while True:
+            sys_left, base_left = await unconverged()
+            if not sys_left and not base_left:
+                break
+            state = (len(sys_left), len(base_left))
+            if state != last_state:
+                last_state, last_progress = state, time.monotonic()
+            if time.time() - t_churn1 > opts.drain_timeout:
+                stuck_reason = f"drain timeout ({opts.drain_timeout:g}s after the last change)"
+                break
+            if time.monotonic() - last_progress > 10:
+                dropped = await _dropped_uris(controls)
+                if (sys_left | base_left) <= dropped:
+                    stuck_reason = "only URIs whose notifications were dropped are behind"
+                    break
+            await asyncio.sleep(0.25)
+        drain_seconds = time.monotonic() - t_drain0
+        sys_left, base_left = await unconverged()
+        await base.idle()
+        during = Probe.diff(await probe.scrape(), scrape0)
+
+        # --- what happened -------------------------------------------------------------------------
+        receipts = await _rows(ledger, "SELECT uri, content_digest, extract(epoch FROM accepted_at)::float8"
+                                       " FROM resource_versions WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED')"
+                                       " ORDER BY receipt_id", (server,))
+        accepted_seq = await _rows(ledger, "SELECT uri, content_digest FROM resource_versions WHERE server=%s AND"
+                                           " status='ACCEPTED' ORDER BY receipt_id", (server,))
+        sys_lat = convergence(changes, _first_seen([(u, d, t) for u, d, t in receipts]), baseline=False)
+        base_completions = base.completions[completions0:]
+        base_lat = convergence(changes, _first_seen(base_completions), baseline=True)
+        sys_reads = await _sys_reads(ledger, server) - reads0
+        by_trigger = dict(await _rows(
+            ledger, "SELECT r.trigger_reason, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
+                    " WHERE s.server=%s AND r.issued_at >= to_timestamp(%s) GROUP BY 1", (server, t_churn0)))
+        read_cycle = [float(x[0]) for x in await _rows(
+            ledger, "SELECT extract(epoch FROM r.completed_at - r.issued_at)::float8 FROM read_requests r JOIN"
+                    " subscriptions s USING (workflow_id) WHERE s.server=%s AND r.completed_at IS NOT NULL"
+                    " AND r.issued_at >= to_timestamp(%s)", (server, t_churn0))]
+        base_reads = base.reads - base_reads0
+        verdicts1 = await _verdicts(ledger, server)
+        verdicts = {k: v - verdicts0.get(k, 0) for k, v in verdicts1.items() if v - verdicts0.get(k, 0)}
+        host1 = metrics.host_totals().get(server, (0, 0))
+        stats = await sys_ctl.stats()
+        dropped_total = sum(stats["notifications_dropped"].values())
+        churn_seconds = t_churn1 - t_churn0
+        offered = sum(ch.k for ch in changes)
+        received = host1[0] - host0[0]
+        sys_conv = convergence_report(sys_lat, [ch.lost(0) for ch in changes])
+        base_conv = convergence_report(base_lat, [ch.lost(1) for ch in changes])
+        run.curves["system"] = [x for x in sys_lat if x is not None]
+        run.curves["baseline"] = [x for x in base_lat if x is not None]
+        accepted_new = verdicts.get("ACCEPTED", 0)
+        r["churn"] = {
+            "duration_seconds": round(churn_seconds, 2),
+            "changes": len(changes),
+            "changes_per_second": round(len(changes) / churn_seconds, 2),
+            "driver_max_lag_ms": round(lag * 1000, 1),
+            "uris_changed": len(final),
+            "notifications_per_change_mean": round(offered / len(changes), 3) if changes else None,
+            "notifications_offered": offered,
+            "notifications_dropped": dropped_total,
+            "notifications_dropped_pct": round(100 * dropped_total / offered, 3) if offered else None,
+            "drain_seconds": round(drain_seconds, 2),
+            "drain_ended": stuck_reason,
+            "cpu": cpu_churn,
+        }
+        r["system"] = {
+            "reads": sys_reads,
+            "reads_per_change": round(sys_reads / len(changes), 3) if changes else None,
+            "reads_by_trigger": by_trigger,
+            "accepted_new_digest_receipts": accepted_new,
+            "reads_per_accepted_receipt": round(sys_reads / accepted_new, 3) if accepted_new else None,
+            "verdicts": verdicts,
+            "notifications_received": received,
+            "notifications_coalesced_at_ingress": host1[1] - host0[1],
+            "notifications_per_second": round(received / churn_seconds, 1),
+            "convergence": sys_conv,
+            "uris_behind_at_end": len(sys_left),
+            "regressions": regressions(changes, accepted_seq),
+            "read_cycle": summarize(read_cycle),
+            "where_time_goes_ms": probe.breakdown(during, server),
+        }
+        r["baseline"] = {
+            "reads": base_reads,
+            "reads_per_change": round(base_reads / len(changes), 3) if changes else None,
+            "read_errors": base.read_errors,
+            "notifications_received": base.notifications - base_notes0,
+            "convergence": base_conv,
+            "uris_behind_at_end": len(base_left),
+            "regressions": regressions(changes, [(u, d) for u, d, _ in base_completions]),
+        }
+        fl = r["floor"]
+        r["comparison"] = {
+            "amplification_vs_baseline": ratio(r["system"]["reads_per_change"], r["baseline"]["reads_per_change"]),
+            "convergence_p50_vs_baseline": ratio(sys_conv["p50_ms"], base_conv["p50_ms"]),
+            "convergence_p99_vs_baseline": ratio(sys_conv["p99_ms"], base_conv["p99_ms"]),
+            "convergence_p999_vs_baseline": ratio(sys_conv["p999_ms"], base_conv["p999_ms"]),
+            "convergence_p50_vs_floor": ratio(sys_conv["p50_ms"], fl["p50_ms"]),
+            "convergence_p99_vs_floor": ratio(sys_conv["p99_ms"], fl["p99_ms"]),
+            "convergence_p999_vs_floor": ratio(sys_conv["p999_ms"], fl["p999_ms"]),
+            "delivered_p999_vs_floor": ratio(sys_conv["with_a_delivered_notification"]["p999_ms"], fl["p999_ms"]),
+            "baseline_p50_vs_floor": ratio(base_conv["p50_ms"], fl["p50_ms"]),
+        }
+        say(f"system p50/p99/p99.9 {sys_conv['p50_ms']}/{sys_conv['p99_ms']}/{sys_conv['p999_ms']} ms, "
+            f"{r['system']['reads_per_change']} reads/change (baseline {r['baseline']['reads_per_change']})")
+
+        # --- repair: URIs left behind by dropped notifications converge only with a later change ----------
+        behind = sorted(sys_left)
+        repaired = 0
+        t_rep = time.monotonic()
+        if behind:
+            for u in behind:
+                text = f"{u} repair {rng.getrandbits(48):x}"
+                for c in controls:
+                    await c.edit(u, text=text)
+                final[u] = text_digest(text)
+
+            async def repaired_all() -> bool:
+                s_left, _ = await unconverged()
+                return not (s_left & set(behind))
+
+            await until(repaired_all, 30, 0.25)
+            s_left, _ = await unconverged()
+            repaired = len(set(behind) - s_left)
+        r["repair"] = {"uris_behind": len(behind), "repaired_by_one_more_change": repaired,
+                       "seconds": round(time.monotonic() - t_rep, 2),
+                       "note": "a change whose every notification was lost stays behind until the URI's next change, a "
+                               "session change or the safety re-read (SubscriptionOptions.safety_read_seconds, default "
+                               "300 s jittered down to 240 s: longer than the drain waits)"}
+
+        # --- burst: notifications without changes, as fast as the fixture delivers them -------------------
+        await base.aclose()  # the baseline stops competing for the fixture and the CPU
+        await sys_ctl.faults(reset=True)  # nothing dropped from here on
+        await asyncio.sleep(0.5)
+        per = max(1, min(opts.burst_per_subscription, opts.burst_cap // n))
+        targets = uris[: max(1, min(n, opts.burst_cap // per))]  # above the cap: a subset of the URIs
+        burst_total = per * len(targets)
+        reads_b0, host_b0 = await _sys_reads(ledger, server), metrics.host_totals().get(server, (0, 0))[0]
+        t_b0 = time.time()
+        await gather_limited([sys_ctl.notify(u, times=per) for u in targets], 8)
+        t_sent = time.time()
+        got_all_at: float | None = None
+
+        async def settled() -> bool:
+            nonlocal got_all_at
+            got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
+            if got >= burst_total and got_all_at is None:
+                got_all_at = time.time()
+            pending = await _scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
+                                            " (workflow_id) WHERE s.server=%s AND r.completed_at IS NULL", (server,))
+            return got_all_at is not None and int(pending or 0) == 0
+
+        await until(settled, 120, 0.05)
+        await asyncio.sleep(1.0)
+        last_read = await _scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
+                                          " JOIN subscriptions s USING (workflow_id) WHERE s.server=%s", (server,))
+        burst_reads = await _sys_reads(ledger, server) - reads_b0
+        got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
+        settle = max((last_read or t_b0) - t_b0, (got_all_at or t_b0) - t_b0, 1e-6)
+        r["burst"] = {
+            "notifications": burst_total,
+            "received": got,
+            "send_seconds": round(t_sent - t_b0, 3),
+            "ingress_seconds": round((got_all_at or time.time()) - t_b0, 3),
+            "settle_seconds": round(settle, 3),
+            "reads": burst_reads,
+            "notifications_per_second": round(got / settle, 1),
+            "reads_per_second": round(burst_reads / settle, 1),
+            "uris": len(targets),
+            "what": f"{per} notifications per URI without content change; settle = last read completed",
+        }
+        say(f"burst: {got} notifications settled in {settle:.2f}s ({got / settle:.0f}/s), {burst_reads} reads")
+
+        # --- revocation ----------------------------------------------------------------------------
+        sample = uris[: min(opts.revocations, n)]
+        effective = datetime.now(UTC)
+        await asyncio.gather(*(revoke(client, ledger, subject=SUBJECT, server=server, uri=u, reason="benchmark",
+                                      effective_at=effective) for u in sample))
+
+        async def revoked() -> bool:
+            c = await _scalar(ledger, "SELECT count(*) FROM revocations WHERE server=%s", (server,))
+            return int(c or 0) >= len(sample)
+
+        await until(revoked, 60, 0.1)
+        lat = [float(x[0]) for x in await _rows(
+            ledger, "SELECT extract(epoch FROM o.created_at - r.effective_at)::float8 FROM revocations r"
+                    " JOIN outbox o ON o.outbox_id = r.outbox_id WHERE r.server=%s", (server,))]
+        r["revocation"] = {**summarize(lat), "sample": len(sample),
+                           "what": "revoke() of the sample at once: effective_at -> outbox 'revoked' row"}
+        run.curves["revocation"] = lat
+
+        p999_all = percentile([math.inf if x is None else x for x in sys_lat], 99.9)
+        bound = TARGETS["convergence_p999_max_seconds"]
+        r["targets_met"] = {
+            "amplification": (r["system"]["reads_per_change"] or 99) <= TARGETS["amplification_max"],
+            "convergence_p999_over_all_changes": p999_all is not None and p999_all <= bound,
+            "convergence_p999_with_a_delivered_notification":
+                sys_conv["with_a_delivered_notification"]["unconverged"] == 0
+                and (sys_conv["with_a_delivered_notification"]["p999_ms"] or 1e12) <= bound * 1000,
+            "revocation_p99": (r["revocation"]["p99_ms"] or 1e12) <= TARGETS["revocation_p99_max_seconds"] * 1000,
+        }
+        r["run_seconds"] = round(time.monotonic() - t_run, 1)
+    shutil.rmtree(work, ignore_errors=True)
+    return run
+
+
+async def _dropped_uris(controls: Sequence[FixtureControl]) -> set[str]:
+    out: set[str] = set()
+    for c in controls:
+        out |= set((await c.stats())["notifications_dropped"])
+    return out
+
+
+async def drive_churn(controls: Sequence[FixtureControl], uris: Sequence[str], opts: Options,
+                      rng: random.Random) -> tuple[list[Change], float]:
+    """Edit at ``opts.rate``/s; each edit notifies once, ``k-1`` duplicates follow; 1/``drop_every`` dropped.
+
+    A drop is armed through the fixture's ``drop_notifications`` fault (the next notification it
+    sends is lost); once consumed, ``/stats`` names the URI and the drop is charged to the latest
+    change of that URI (``Change.dropped``: per fixture, system first)."""
+    loop = asyncio.get_running_loop()
+    changes: list[Change] = []
+    latest: dict[str, Change] = {}
+    start = loop.time()
+    total = int(opts.rate * opts.duration)
+    notified, next_drop, lag = 0, opts.drop_every, 0.0
+    armed: list[dict[str, int] | None] = [None] * len(controls)  # dropped-per-URI before arming
+
+    async def settle_drops(final: bool = False) -> None:
+        for j, c in enumerate(controls):
+            before = armed[j]
+            if before is None:
+                continue
+            if not final and (await c.faults())["drop_notifications"] > 0:
+                continue  # not consumed yet
+            after: dict[str, int] = (await c.stats())["notifications_dropped"]
+            if final:
+                await c.faults(drop_notifications=0)  # an unconsumed drop must not hit the later phases
+            for uri, count in after.items():
+                if count > before.get(uri, 0) and uri in latest:
+                    latest[uri].dropped[j] += count - before.get(uri, 0)
+            armed[j] = None
+
+    for i in range(total):
+        due = start + i / opts.rate
+        now = loop.time()
+        if due > now:
+            await asyncio.sleep(due - now)
+        lag = max(lag, loop.time() - due)
+        await settle_drops()
+        uri = rng.choice(uris)
+        k = rng.randint(1, opts.max_notify)
+        text = f"{uri} change {i} {rng.getrandbits(48):x}"
+        committed: list[float] = []
+        for c in controls:
+            m = await c.edit(uri, text=text)
+            committed.append(ts(m["committed_at"]))
+            if k > 1:
+                await c.notify(uri, times=k - 1)
+        ch = Change(i, uri, text_digest(text), k, committed[0], committed[-1], [0] * len(controls))
+        changes.append(ch)
+        latest[uri] = ch
+        notified += k
+        if notified >= next_drop:
+            next_drop += opts.drop_every
+            for j, c in enumerate(controls):
+                if armed[j] is None:
+                    armed[j] = dict((await c.stats())["notifications_dropped"])
+                    await c.faults(drop_notifications=1)  # the next notification this fixture sends is lost
+    await asyncio.sleep(0.5)
+    await settle_drops(final=True)
+    return changes, lag
+
+
+def _say(transport: str, n: int) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {transport} N={n}: {msg}", flush=True)
+
+    return say
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def growth(runs: Sequence[Run]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for transport in sorted({x.transport for x in runs}):
+        rs = sorted((x for x in runs if x.transport == transport), key=lambda x: x.n)
+        if len(rs) < 2:
+            continue
+        table = [{
+            "subscriptions": x.n,
+            "convergence_p50_ms": x.result["system"]["convergence"]["p50_ms"],
+            "convergence_p99_ms": x.result["system"]["convergence"]["p99_ms"],
+            "convergence_p999_ms": x.result["system"]["convergence"]["p999_ms"],
+            "worker_bytes_per_subscription": x.result["memory"]["worker_bytes_per_subscription"],
+            "temporal_server_bytes_per_subscription": x.result["memory"]["temporal_server_bytes_per_subscription"],
+            "initial_convergence_seconds": x.result["startup"]["initial_convergence_seconds"],
+            "burst_reads_per_second": x.result["burst"]["reads_per_second"],
+        } for x in rs]
+        lo, hi = table[0], table[-1]
+        out[transport] = {
+            "series": table,
+            f"ratio_{hi['subscriptions']}_vs_{lo['subscriptions']}": {
+                k: ratio(hi[k], lo[k]) for k in lo if k != "subscriptions"},
+        }
+    return out
+
+
+def plot(runs: Sequence[Run], path: Path, grown: dict[str, Any]) -> None:
+    panels: list[Panel] = []
+    decades = [(1e-3, "1MS"), (1e-2, "10MS"), (0.1, "100MS"), (1.0, "1S"), (10.0, "10S"), (100.0, "100S")]
+    for x in runs:
+        series = []
+        for name, color in (("floor", COLORS["gray"]), ("baseline", COLORS["orange"]), ("system", COLORS["blue"])):
+            lat = sorted(max(v, 1e-3) for v in x.curves.get(name, []))
+            total = len(lat) + (x.result[name]["convergence"]["unconverged"] if name != "floor" else 0)
+            if not lat:
+                continue
+            pts = [(lat[0], 1.0)] + [(v, max(1e-3, (total - i - 1) / total)) for i, v in enumerate(lat)]
+            label = {"system": "MCPSYNC", "baseline": "NAIVE SDK CLIENT", "floor": "FLOOR (1 NOTIFY + 1 READ)"}[name]
+            series.append(Series(label, pts, color, step=True))
+        panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged", "time since the change committed",
+                            "fraction", (1e-3, 100.0), (1e-3, 1.0), x_log=True, y_log=True, x_ticks=decades,
+                            y_ticks=[(1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (0.001, "0.001")], series=series,
+                            markers=[(1.0, "TARGET P99.9", COLORS["red"])]))
+    for transport, g in grown.items():
+        ns = [row["subscriptions"] for row in g["series"]]
+        lo, hi = min(ns) / 1.5, max(ns) * 1.5
+        lines = []
+        for key, color in (("convergence_p50_ms", COLORS["blue"]), ("convergence_p99_ms", COLORS["purple"]),
+                           ("convergence_p999_ms", COLORS["red"])):
+            pts = [(row["subscriptions"], max(row[key] or 1, 1) / 1000) for row in g["series"]]
+            lines.append(Series(key.split("_")[1].upper(), pts, color))
+        panels.append(Panel(f"{transport}: convergence vs subscriptions", "subscriptions", "seconds", (lo, hi),
+                            (1e-3, 100.0), x_log=True, y_log=True, x_ticks=[(v, str(v)) for v in ns],
+                            y_ticks=decades, series=lines))
+        mem = [(row["subscriptions"], max(row["worker_bytes_per_subscription"], 1) / 1024) for row in g["series"]]
+        tmem = [(row["subscriptions"], max(row["temporal_server_bytes_per_subscription"], 1) / 1024)
+                for row in g["series"]]
+        panels.append(Panel(f"{transport}: memory per subscription", "subscriptions", "KIB", (lo, hi), (1.0, 10000.0),
+                            x_log=True, y_log=True, x_ticks=[(v, str(v)) for v in ns],
+                            y_ticks=[(1, "1"), (10, "10"), (100, "100"), (1000, "1000"), (10000, "10000")],
+                            series=[Series("WORKER RSS", mem, COLORS["blue"]),
+                                    Series("TEMPORAL DEV SERVER RSS", tmem, COLORS["green"])]))
+    cols = 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    pw, ph = 640, 380
+    canvas = Canvas(pw * cols, ph * rows)
+    for i, p in enumerate(panels):
+        p.draw(canvas, (i % cols) * pw, (i // cols) * ph, pw, ph)
+    path.write_bytes(canvas.png())
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    def f(v: Any, unit: str = "") -> str:
+        return "-" if v is None else f"{v}{unit}"
+
+    print("\n== mcpsync benchmark ==")
+    for r in report["runs"]:
+        s, b, c, fl = r["system"], r["baseline"], r["comparison"], r["floor"]
+        sc = s["convergence"]
+        print(f"\n{r['transport']} N={r['subscriptions']}: {r['churn']['changes']} changes in "
+              f"{r['churn']['duration_seconds']}s, {r['churn']['notifications_offered']} notifications "
+              f"({r['churn']['notifications_dropped']} dropped)")
+        print(f"  reads/change        mcpsync {f(s['reads_per_change'])}   naive {f(b['reads_per_change'])}   "
+              f"ratio {f(c['amplification_vs_baseline'])}   (target <= {TARGETS['amplification_max']})")
+        print(f"  convergence ms      p50 {f(sc['p50_ms'])}  p99 {f(sc['p99_ms'])}  p99.9 {f(sc['p999_ms'])}  "
+              f"max {f(sc['max_ms'])}   within 60s {f(sc['converged_within_60s_pct'], '%')}  "
+              f"unconverged {sc['unconverged']}")
+        sd, lost = sc["with_a_delivered_notification"], sc["all_notifications_dropped"]
+        print(f"   delivered only     p50 {f(sd['p50_ms'])}  p99 {f(sd['p99_ms'])}  p99.9 {f(sd['p999_ms'])}  "
+              f"max {f(sd['max_ms'])}   ({lost['changes']} changes lost every notification: {lost['latencies_ms']})")
+        bc = b["convergence"]
+        print(f"  naive ms            p50 {f(bc['p50_ms'])}  p99 {f(bc['p99_ms'])}  p99.9 {f(bc['p999_ms'])}   "
+              f"regressions {b['regressions']} (mcpsync {s['regressions']})")
+        print(f"  floor ms            p50 {f(fl['p50_ms'])}  p99 {f(fl['p99_ms'])}   ratio p50 "
+              f"{f(c['convergence_p50_vs_floor'])}  p99 {f(c['convergence_p99_vs_floor'])}  "
+              f"p99.9 {f(c['convergence_p999_vs_floor'])}")
+        print(f"  revocation ms       p50 {f(r['revocation']['p50_ms'])}  p99 {f(r['revocation']['p99_ms'])}  "
+              f"(n={r['revocation']['samples']})")
+        print(f"  notifications/s     churn {s['notifications_per_second']}   burst "
+              f"{r['burst']['notifications_per_second']} ({r['burst']['reads_per_second']} reads/s)")
+        print(f"  memory/subscription worker {r['memory']['worker_bytes_per_subscription'] / 1024:.1f} KiB   "
+              f"temporal dev server {r['memory']['temporal_server_bytes_per_subscription'] / 1024:.1f} KiB")
+        cpu = r["churn"]["cpu"]
+        print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
+              f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")
+        print(f"  targets met         {r['targets_met']}")
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+async def run_isolated(opts: Options, argv: Sequence[str]) -> list[Run]:
+    """Each (transport, N) in a fresh child process: RSS deltas and warm caches do not leak between runs."""
+    runs: list[Run] = []
+    for transport in opts.transports:
+        for n in opts.subscriptions:
+            result = (opts.out / f".run-{transport}-{n}.json").resolve()
+            result.unlink(missing_ok=True)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks.run", *argv, "--single", f"{transport}:{n}", "--result", str(result),
+                cwd=str(REPO))
+            code = await proc.wait()
+            text = await asyncio.to_thread(_read_or_empty, result)
+            if code != 0 or not text:
+                raise RuntimeError(f"the {transport} N={n} run failed (exit code {code}); see its output above")
+            data = json.loads(text)
+            result.unlink()
+            runs.append(Run(transport, n, opts, result=data["result"], curves=data["curves"]))
+    return runs
+
+
+async def run_single(opts: Options, transport: str, n: int, result: Path) -> None:
+    pg = Postgres()
+    await pg.start()
+    probe = Probe()
+    work = state_dir() / "bench" / f"run-{os.getpid()}"
+    try:
+        one = await run_one(transport, n, opts, pg, work, probe)
+    finally:
+        await probe.aclose()
+        await pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    one.result["postgresql"] = "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded"
+    payload = json.dumps({"result": one.result, "curves": one.curves})
+    await asyncio.to_thread(result.write_text, payload)
+
+
+async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(UTC)
+    runs = await run_isolated(opts, argv)
+    grown = growth(runs)
+    report = {
+        "benchmark": "mcpsync",
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
+        "postgresql": "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded",
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()
+                    if k not in ("single", "result")},
+        "targets": TARGETS,
+        "runs": [x.result for x in runs],
+        "growth": grown,
+        "notes": [
+            "Targets are reported, never asserted.",
+            "Convergence: oracle commit -> first receipt with that or a later version (system) / first read "
+            "completion with it (baseline). p99.9 over fewer than 1000 changes is the maximum.",
+            "A change whose every notification was dropped cannot converge by notification: see 'repair'.",
+            "The baseline keeps the last read to complete; 'regressions' counts how often it went back to an "
+            "older version (mcpsync's fence forbids it).",
+        ],
+    }
+    await asyncio.to_thread((opts.out / "results.json").write_text, json.dumps(report, indent=2))
+    await asyncio.to_thread(plot, runs, opts.out / "results.png", grown)
+    return report
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--subscriptions", type=int, default=None, help="N for a single run (default 200; --quick 50)")
+    p.add_argument("--series", type=_ints, default=None,
+                   help="comma-separated Ns (e.g. 100,1000): one run per N and transport, plus a growth report")
+    p.add_argument("--transport", choices=["http", "stdio", "both"], default="both")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    p.add_argument("--quick", action="store_true", help="small and short: N=50, 10 s churn, fewer samples")
+    p.add_argument("--duration", type=float, default=None, help="churn seconds (default 30; --quick 10)")
+    p.add_argument("--rate", type=float, default=None, help="changes per second (default 5)")
+    p.add_argument("--floor-samples", type=int, default=None, help="default 100; --quick 20")
+    p.add_argument("--revocations", type=int, default=None, help="revocation sample size (default 20; --quick 5)")
+    p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
+                   help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a real "
+                        "cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
+    p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
+    p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    quick = a.quick
+    ns = a.series or [a.subscriptions or (50 if quick else 200)]
+    if a.series and a.subscriptions:
+        p.error("--subscriptions and --series are exclusive")
+    return Options(
+        subscriptions=ns,
+        transports=["http", "stdio"] if a.transport == "both" else [a.transport],
+        out=a.out,
+        duration=a.duration if a.duration is not None else (10.0 if quick else 30.0),
+        rate=a.rate if a.rate is not None else 5.0,
+        floor_samples=a.floor_samples if a.floor_samples is not None else (20 if quick else 100),
+        revocations=a.revocations if a.revocations is not None else (5 if quick else 20),
+        drain_timeout=a.drain_timeout,
+        seed=a.seed,
+        quick=quick,
+        temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
+        single=a.single,
+        result=a.result,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    opts = parse_args(args)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        if opts.single is not None:
+            transport, _, n = opts.single.partition(":")
+            assert opts.result is not None, "--single needs --result"
+            asyncio.run(run_single(opts, transport, int(n), opts.result))
+        else:
+            report = asyncio.run(run(opts, args))
+            print_summary(report)
+            print(f"\nwrote {opts.out / 'results.json'} and {opts.out / 'results.png'}")
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:
+        logging.getLogger("mcpsync.bench").exception("benchmark failed: %s", exc)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a process that ran a Temporal worker can abort at interpreter exit (sdk-python#300)
+
+
+if __name__ == "__main__":
+    main()

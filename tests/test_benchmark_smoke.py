@@ -1,0 +1,97 @@
+"""Smoke test of the benchmark command: a tiny ``--quick`` run over both transports.
+
+Checks the shape and sanity of the JSON and that a real PNG was written; no timing
+thresholds (the targets are reported by the benchmark, never asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.png import Canvas, encode_png
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_png_writer_round_trips() -> None:
+    c = Canvas(7, 3)
+    c.set(1, 1, (255, 0, 0))
+    data = c.png()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (7, 3)
+    idat_len = struct.unpack(">I", data[33:37])[0]
+    raw = zlib.decompress(data[41:41 + idat_len])
+    assert len(raw) == 3 * (1 + 7 * 3) and raw[1 + 21 + 1 + 3:1 + 21 + 1 + 6] == b"\xff\x00\x00"
+    with pytest.raises(ValueError):
+        encode_png(2, 2, b"\x00")
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: str) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
+         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "== mcpsync benchmark ==" in proc.stdout
+
+    report = json.loads((out / "results.json").read_text())
+    assert report["targets"] == {"amplification_max": 1.05, "convergence_p999_max_seconds": 1.0,
+                                 "revocation_p99_max_seconds": 2.0}
+    assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [("http", 6), ("stdio", 6)]
+    for r in report["runs"]:
+        for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair", "burst",
+                        "revocation", "targets_met"):
+            assert section in r, f"{r['transport']}: no {section}"
+        churn, system, baseline = r["churn"], r["system"], r["baseline"]
+        assert churn["changes"] > 0 and churn["notifications_offered"] >= churn["changes"]
+        assert 1 <= churn["notifications_per_change_mean"] <= 5
+        assert 0 <= churn["notifications_dropped"] <= churn["notifications_offered"]
+        assert _num(churn["cpu"]["machine_busy_pct"])
+        for side in (system, baseline):
+            conv = side["convergence"]
+            assert conv["changes"] == churn["changes"]
+            assert 0 <= conv["unconverged"] <= conv["changes"]
+            assert 0 <= conv["converged_within_60s_pct"] <= 100
+            if conv["samples"]:
+                assert 0 <= conv["p50_ms"] <= conv["p99_ms"] <= conv["p999_ms"] <= conv["max_ms"]
+            delivered, lost = conv["with_a_delivered_notification"], conv["all_notifications_dropped"]
+            assert delivered["changes"] + lost["changes"] == conv["changes"]
+            assert len(lost["latencies_ms"]) == lost["changes"] >= lost["converged_later"]
+            assert side["reads"] > 0 and side["reads_per_change"] > 0
+        assert system["regressions"] == 0, "the fence let an older version replace a newer one"
+        assert system["notifications_received"] > 0
+        assert _num(system["read_cycle"]["p50_ms"])
+        assert "workflow_task_schedule_to_start" in system["where_time_goes_ms"]
+        assert r["floor"]["samples"] > 0 and r["floor"]["p50_ms"] > 0
+        assert _num(r["comparison"]["amplification_vs_baseline"])
+        assert _num(r["comparison"]["convergence_p50_vs_floor"])
+        assert r["memory"]["worker_rss_after_bytes"] > 0 and _num(r["memory"]["worker_bytes_per_subscription"])
+        assert r["startup"]["subscriptions_per_second"] > 0
+        assert r["burst"]["received"] == r["burst"]["notifications"] > 0
+        assert r["burst"]["notifications_per_second"] > 0
+        assert r["revocation"]["samples"] == r["revocation"]["sample"] == 2
+        assert 0 <= r["revocation"]["p50_ms"] <= r["revocation"]["p99_ms"]
+        assert r["repair"]["repaired_by_one_more_change"] <= r["repair"]["uris_behind"]
+        assert all(isinstance(v, bool) for v in r["targets_met"].values())
+
+    png = (out / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 640 and height >= 380

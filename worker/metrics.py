@@ -1,0 +1,465 @@
+"""Prometheus metrics: the Temporal SDK runtime's meters plus mcpsync's own, on one endpoint.
+
+Contract:
+- ``serve_metrics(cfg)`` (``[metrics]`` in the config; ``None`` = off, every method a no-op)
+  creates a ``temporalio.runtime.Runtime`` whose Prometheus exporter listens on a private
+  loopback port and (by default) installs it as the default runtime, so it must run before
+  the process creates its first Temporal client. It then serves ``GET /metrics`` on
+  ``cfg.host:cfg.port``: mcpsync's meters followed by the SDK's (``temporal_*``), one scrape.
+- In-process meters, fed by one-line hooks (no I/O, never blocking the caller):
+  ``note_notification`` (session host ingress: also registers the host, whose
+  ``notifications_received`` / ``notifications_coalesced`` counters a collector exports),
+  ``read_timer`` (the ``resources/read`` activity: reads issued, read latency) and
+  ``receipt_judged`` (the accept activity: receipts by verdict, convergence latency).
+- Convergence latency = a notification received by this process's ingress → the first
+  receipt (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING) of a read that started after it, one
+  observation per receipt (its oldest satisfied notification). It needs ingress and the
+  accept activity in one process (``mcpsync worker --role all``, ``mcpsync up``); split
+  roles export no convergence samples.
+- Ledger-derived meters (amplification, unresolved states, stale receipts,
+  STALE_AFTER_CLOSE, revocation latency) are refreshed from PostgreSQL every
+  ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``); a scrape
+  only renders the last snapshot and never touches the database. They describe the whole
+  ledger: with several processes serving metrics, aggregate them with ``max``, not ``sum``.
+- Labels are bounded: ``server`` (configured servers), ``verdict``, ``state``, ``outcome``.
+  No URI, subject or content ever becomes a label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import socket
+import threading
+import time
+import urllib.request
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from worker.config import ConfigError, MetricsConfig
+from workflows.records import AcceptRequest, AcceptResult, AcceptVerdict, SubscriptionState
+
+if TYPE_CHECKING:
+    from activities.ledger import Ledger
+
+__all__ = [
+    "REGISTRY",
+    "LedgerSnapshot",
+    "MetricsServer",
+    "MetricsUnavailable",
+    "host_totals",
+    "note_notification",
+    "read_timer",
+    "receipt_judged",
+    "serve_metrics",
+]
+
+log = logging.getLogger("mcpsync.metrics")
+
+disable_created_metrics()  # no *_created series: Prometheus does not need them
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""mcpsync's own registry (not prometheus_client's global one)."""
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+_REVOCATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+READS_ISSUED = Counter("mcpsync_reads_issued", "resources/read calls sent to MCP servers", ["server"],
+                       registry=REGISTRY)
+READ_LATENCY = Histogram("mcpsync_read_latency_seconds", "resources/read round trip (outcome ok|error)",
+                         ["server", "outcome"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+RECEIPTS = Counter("mcpsync_receipts", "Reads judged by the ledger's accept, by verdict", ["server", "verdict"],
+                   registry=REGISTRY)
+CONVERGENCE = Histogram("mcpsync_convergence_seconds",
+                        "Notification received by ingress -> receipt accepted for a read started after it",
+                        ["server"], buckets=_CONVERGENCE_BUCKETS, registry=REGISTRY)
+REVOCATION = Histogram("mcpsync_revocation_latency_seconds",
+                       "Revocation effective_at -> its outbox row (ledger revocations recorded since start)",
+                       buckets=_REVOCATION_BUCKETS, registry=REGISTRY)
+
+# Verdicts whose receipt says the subscription now knows the server's state after the read.
+_CURRENT = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING})
+_MAX_PENDING_KEYS = 100_000
+_MAX_PENDING_PER_KEY = 64
+_MAX_READ_STARTS = 50_000
+
+
+class MetricsUnavailable(ConfigError):
+    """The metrics endpoint could not be started (port in use, bad address)."""
+
+
+# --- in-process hooks -------------------------------------------------------------------
+
+
+class _Host(Protocol):
+    """What the collector reads from a session host (``worker.session_host.SessionHost``)."""
+
+    subject: str
+    notifications_received: int
+    notifications_coalesced: int
+
+    @property
+    def server(self) -> Any: ...
+
+
+_lock = threading.Lock()
+_hosts: weakref.WeakSet[Any] = weakref.WeakSet()
+_pending: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()  # receive times per subscription
+_read_starts: OrderedDict[str, float] = OrderedDict()  # request id -> wall time the read was sent
+
+
+def note_notification(host: _Host, uri: str) -> None:
+    """Ingress received ``notifications/resources/updated`` for ``uri`` (before coalescing)."""
+    now = time.time()
+    with _lock:
+        _hosts.add(host)
+    key = (host.subject, str(host.server.name), uri)
+    times = _pending.get(key)
+    if times is None:
+        if len(_pending) >= _MAX_PENDING_KEYS:
+            _pending.popitem(last=False)
+        _pending[key] = [now]
+    elif len(times) < _MAX_PENDING_PER_KEY:
+        times.append(now)  # full: the oldest ones are what convergence measures
+
+
+@contextmanager
+def read_timer(server: str, request_id: str) -> Iterator[None]:
+    """Around one ``resources/read``: counts it, times it, remembers when it was sent."""
+    READS_ISSUED.labels(server).inc()
+    _read_starts[request_id] = time.time()
+    if len(_read_starts) > _MAX_READ_STARTS:
+        _read_starts.popitem(last=False)
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        yield
+        outcome = "ok"
+    finally:
+        READ_LATENCY.labels(server, outcome).observe(time.perf_counter() - started)
+
+
+def receipt_judged(req: AcceptRequest, result: AcceptResult) -> None:
+    """The ledger judged a read: count the verdict; a current receipt settles older notifications."""
+    key = req.outcome.key
+    RECEIPTS.labels(key.server, result.verdict.value).inc()
+    sent = _read_starts.pop(req.outcome.request_id, None)
+    if sent is None or result.verdict not in _CURRENT:
+        return
+    pkey = (key.subject, key.server, key.uri)
+    times = _pending.get(pkey)
+    if not times:
+        return
+    settled = bisect.bisect_right(times, sent)
+    if settled:
+        CONVERGENCE.labels(key.server).observe(max(0.0, time.time() - times[0]))
+        del times[:settled]
+        if not times:
+            _pending.pop(pkey, None)
+
+
+def host_totals() -> dict[str, tuple[int, int]]:
+    """``{server: (notifications received, coalesced)}`` over the session hosts seen in this process."""
+    with _lock:
+        hosts = list(_hosts)
+    out: dict[str, tuple[int, int]] = {}
+    for h in hosts:
+        received, coalesced = out.get(h.server.name, (0, 0))
+        out[h.server.name] = (received + h.notifications_received, coalesced + h.notifications_coalesced)
+    return out
+
+
+class _HostCollector(Collector):
+    def collect(self) -> Iterable[Any]:
+        received = CounterMetricFamily("mcpsync_notifications_received",
+                                       "resources/updated notifications received by ingress", labels=["server"])
+        coalesced = CounterMetricFamily("mcpsync_notifications_coalesced",
+                                        "Notifications folded into one already queued at ingress",
+                                        labels=["server"])
+        for server, (r, c) in sorted(host_totals().items()):
+            received.add_metric([server], r)
+            coalesced.add_metric([server], c)
+        yield received
+        yield coalesced
+
+
+REGISTRY.register(_HostCollector())
+
+
+# --- ledger-derived gauges ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """What one refresh read from PostgreSQL."""
+
+    taken_at: float = 0.0
+    reads: dict[str, int] = field(default_factory=dict)  # server -> read_requests rows
+    receipts: dict[tuple[str, str], int] = field(default_factory=dict)  # (server, status) -> receipts
+    states: dict[str, int] = field(default_factory=dict)  # subscription state -> count
+    stale_after_close: dict[str, int] = field(default_factory=dict)  # server -> audit rows
+    revocations: int = 0
+    revocation_recent: dict[str, float] = field(default_factory=dict)  # quantile -> seconds (last 1000)
+
+    def amplification(self, server: str) -> float | None:
+        changes = self.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0)
+        return self.reads.get(server, 0) / changes if changes else None
+
+
+_SNAPSHOT_QUERIES = {
+    "reads": "SELECT s.server, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
+             " GROUP BY s.server",
+    "receipts": "SELECT server, status, count(*) FROM resource_versions GROUP BY server, status",
+    "states": "SELECT state, count(*) FROM subscriptions GROUP BY state",
+    "stale_after_close": "SELECT server, count(*) FROM audit WHERE kind = 'STALE_AFTER_CLOSE' GROUP BY server",
+    "revocations": "SELECT count(*) FROM revocations",
+    "recent": """
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x), percentile_cont(0.99) WITHIN GROUP (ORDER BY x),
+               max(x)
+        FROM (SELECT extract(epoch FROM o.created_at - r.effective_at)::float8 AS x
+              FROM revocations r JOIN outbox o ON o.outbox_id = r.outbox_id
+              ORDER BY r.revocation_id DESC LIMIT 1000) t""",
+    "new_revocations": """
+        SELECT r.revocation_id, extract(epoch FROM o.created_at - r.effective_at)::float8
+        FROM revocations r JOIN outbox o ON o.outbox_id = r.outbox_id
+        WHERE r.revocation_id > %s ORDER BY r.revocation_id LIMIT 10000""",
+}
+
+
+class _LedgerCollector(Collector):
+    def __init__(self) -> None:
+        self.snapshot: LedgerSnapshot | None = None  # swapped whole by the refresher
+
+    def collect(self) -> Iterable[Any]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        g = GaugeMetricFamily
+        amp = g("mcpsync_read_amplification", "Reads per distinct change: read_requests / ACCEPTED receipts "
+                "(ledger, all time)", labels=["server"])
+        reads = g("mcpsync_ledger_reads", "read_requests rows (ledger)", labels=["server"])
+        changes = g("mcpsync_ledger_distinct_changes", "ACCEPTED (new digest) receipts (ledger)", labels=["server"])
+        stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
+        sac = g("mcpsync_stale_after_close", "STALE_AFTER_CLOSE audit rows (ledger)", labels=["server"])
+        servers = sorted(set(snap.reads) | {s for s, _ in snap.receipts} | set(snap.stale_after_close))
+        for server in servers:
+            a = snap.amplification(server)
+            if a is not None:
+                amp.add_metric([server], a)
+            reads.add_metric([server], snap.reads.get(server, 0))
+            changes.add_metric([server], snap.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0))
+            stale.add_metric([server], snap.receipts.get((server, AcceptVerdict.STALE.value), 0))
+            sac.add_metric([server], snap.stale_after_close.get(server, 0))
+        unresolved = g("mcpsync_unresolved_subscriptions", "Subscriptions per non-ACTIVE state (ledger)",
+                       labels=["state"])
+        for state in SubscriptionState:
+            if state != SubscriptionState.ACTIVE:
+                unresolved.add_metric([state.value], snap.states.get(state.value, 0))
+        active = g("mcpsync_active_subscriptions", "Subscriptions in state ACTIVE (ledger)",
+                   value=snap.states.get(SubscriptionState.ACTIVE.value, 0))
+        revs = g("mcpsync_revocations", "Revocations recorded (ledger)", value=snap.revocations)
+        recent = g("mcpsync_revocation_latency_recent_seconds",
+                   "Revocation latency over the last 1000 revocations (ledger)", labels=["quantile"])
+        for q, v in snap.revocation_recent.items():
+            recent.add_metric([q], v)
+        age = g("mcpsync_ledger_snapshot_age_seconds", "Seconds since the ledger gauges were refreshed",
+                value=max(0.0, time.time() - snap.taken_at))
+        yield from (amp, reads, changes, stale, sac, unresolved, active, revs, recent, age)
+
+
+_LEDGER = _LedgerCollector()
+REGISTRY.register(_LEDGER)
+REFRESH_ERRORS = Counter("mcpsync_ledger_refresh_errors", "Failed refreshes of the ledger gauges",
+                         registry=REGISTRY)
+
+
+async def read_snapshot(ledger: Ledger, after_revocation: int) -> tuple[LedgerSnapshot, list[tuple[int, float]]]:
+    """One consistent-enough read of the ledger (a few aggregate queries, one connection)."""
+    q = _SNAPSHOT_QUERIES
+    async with ledger.pool.connection() as conn:
+
+        async def rows(name: str, *args: object) -> list[Any]:
+            # Autocommit: one failing query (an older schema) costs only its own gauges.
+            try:
+                return list(await (await conn.execute(q[name], args or None)).fetchall())
+            except psycopg.Error as exc:
+                failures.append(f"{name}: {str(exc).splitlines()[0][:120]}")
+                return []
+
+        failures: list[str] = []
+        reads = {r[0]: int(r[1]) for r in await rows("reads")}
+        receipts = {(r[0], r[1]): int(r[2]) for r in await rows("receipts")}
+        states = {r[0]: int(r[1]) for r in await rows("states")}
+        sac = {r[0]: int(r[1]) for r in await rows("stale_after_close")}
+        total = await rows("revocations")
+        recent_rows = await rows("recent")
+        new = [(int(r[0]), float(r[1])) for r in await rows("new_revocations", after_revocation)]
+    if failures:
+        REFRESH_ERRORS.inc()
+        log.warning("metrics: ledger gauges partly unavailable: %s", "; ".join(failures))
+    recent: dict[str, float] = {}
+    if recent_rows and recent_rows[0][2] is not None:
+        row = recent_rows[0]
+        recent = {"0.5": float(row[0]), "0.99": float(row[1]), "1": float(row[2])}
+    snap = LedgerSnapshot(taken_at=time.time(), reads=reads, receipts=receipts, states=states,
+                          stale_after_close=sac, revocations=int(total[0][0]) if total else 0,
+                          revocation_recent=recent)
+    return snap, new
+
+
+async def _last_revocation_id(ledger: Ledger) -> int:
+    try:
+        async with ledger.pool.connection() as conn:
+            row = await (await conn.execute("SELECT coalesce(max(revocation_id), 0) FROM revocations")).fetchone()
+    except psycopg.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
+# --- the endpoint --------------------------------------------------------------------------
+
+
+class MetricsServer:
+    """The ``/metrics`` endpoint, the Temporal runtime behind it and the ledger refresher."""
+
+    def __init__(self, cfg: MetricsConfig | None, *, set_default_runtime: bool = True) -> None:
+        self.cfg = cfg
+        self.runtime: Runtime | None = None
+        self.temporal_url: str | None = None
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._revocation_cursor: int | None = None
+        if cfg is None:
+            return
+        temporal_port = _free_loopback_port()
+        self.temporal_url = f"http://127.0.0.1:{temporal_port}/metrics"
+        self.runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
+            bind_address=f"127.0.0.1:{temporal_port}", durations_as_seconds=True)))
+        if set_default_runtime:
+            # Every Temporal client created from now on (and its workers) reports to this runtime.
+            Runtime.set_default(self.runtime, error_if_already_set=False)
+        try:
+            self._httpd = ThreadingHTTPServer((cfg.host, cfg.port), _handler(self))
+        except OSError as exc:
+            raise MetricsUnavailable(f"cannot serve metrics on {cfg.host}:{cfg.port}: {exc.strerror or exc} "
+                                     "(change [metrics] port)") from None
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="mcpsync-metrics", daemon=True)
+        self._thread.start()
+        log.info("metrics on %s", self.url)
+
+    @property
+    def enabled(self) -> bool:
+        return self._httpd is not None
+
+    @property
+    def port(self) -> int | None:
+        return None if self._httpd is None else int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str | None:
+        if self._httpd is None or self.cfg is None:
+            return None
+        host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "") else self.cfg.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def render(self) -> bytes:
+        """The scrape body: mcpsync's registry, then the SDK runtime's exposition."""
+        body = generate_latest(REGISTRY)
+        if self.temporal_url is not None:
+            try:
+                with urllib.request.urlopen(self.temporal_url, timeout=2) as resp:  # loopback, ours
+                    body += resp.read()
+            except OSError as exc:
+                body += f"# temporal runtime metrics unavailable: {type(exc).__name__}\n".encode()
+        return body
+
+    def watch_ledger(self, ledger: Ledger) -> None:
+        """Refresh the ledger-derived gauges every ``refresh_seconds`` (call from the event loop)."""
+        if self.cfg is None or self._refresher is not None:
+            return
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(ledger),
+                                                                 name="metrics-ledger")
+
+    async def refresh(self, ledger: Ledger) -> LedgerSnapshot:
+        """Refresh once now (the loop calls this; tests may too)."""
+        first = self._revocation_cursor is None
+        snap, new = await read_snapshot(ledger, self._revocation_cursor or 0)
+        if first:
+            # The histogram counts revocations recorded while this process runs (counter semantics);
+            # the whole history is in mcpsync_revocation_latency_recent_seconds.
+            self._revocation_cursor = await _last_revocation_id(ledger)
+            new = [(i, x) for i, x in new if i > self._revocation_cursor]
+        for rid, seconds in new:
+            REVOCATION.observe(max(0.0, seconds))
+            self._revocation_cursor = max(self._revocation_cursor or 0, rid)
+        _LEDGER.snapshot = snap
+        return snap
+
+    async def _refresh_loop(self, ledger: Ledger) -> None:
+        assert self.cfg is not None
+        while True:
+            try:
+                await self.refresh(ledger)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # PostgreSQL away: keep the last snapshot, try again
+                REFRESH_ERRORS.inc()
+                log.warning("metrics: ledger refresh failed: %s", str(exc)[:200])
+            await asyncio.sleep(self.cfg.refresh_seconds)
+
+    async def aclose(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
+        if self._httpd is not None:
+            httpd, self._httpd = self._httpd, None
+            await asyncio.to_thread(httpd.shutdown)
+            httpd.server_close()
+
+
+def serve_metrics(cfg: MetricsConfig | None, *, set_default_runtime: bool = True) -> MetricsServer:
+    """Start the endpoint for ``cfg`` (``None``: a disabled server whose methods do nothing).
+
+    Call before creating any Temporal client. Raises :class:`MetricsUnavailable`."""
+    return MetricsServer(cfg, set_default_runtime=set_default_runtime)
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = server.render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+            return
+
+    return Handler
