@@ -331,15 +331,18 @@ class Ledger:
             await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
             row = await cur.fetchone()
             request_id = req.request_id
-            await cur.execute("SELECT ordinal, completed_at FROM read_requests WHERE request_id=%s", (request_id,))
-            prior = await cur.fetchone()
-            if prior is not None and prior["completed_at"] is None:
-                # The same allocation asked again (a retry after a lost response): same ticket.
-                return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
-                                  notifications_seen=row["notifications_seen"] if row else 0)
-            if prior is not None:
-                # A reset run re-derived a request id that was already used and finished:
-                # this is a new read, so it gets a new ordinal and a request id of its own.
+            while True:
+                await cur.execute("SELECT ordinal, completed_at FROM read_requests WHERE request_id=%s",
+                                  (request_id,))
+                prior = await cur.fetchone()
+                if prior is None:
+                    break
+                if prior["completed_at"] is None:
+                    # The same allocation asked again (a retry after a lost response): same ticket.
+                    return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
+                                      notifications_seen=row["notifications_seen"] if row else 0)
+                # A reset run re-derived a request id that was already used and finished: this is
+                # a new read, with a request id of its own (derived again after a second reset).
                 request_id = f"{request_id}/{prior['ordinal']}"
             ordinal = allocate_ordinal(_snapshot(row), session_generation=req.session_generation,
                                        subscription_generation=req.subscription_generation,

@@ -127,3 +127,62 @@ def test_adopt_never_moves_ordinals_back_and_closed_never_reopens() -> None:
     f.adopt(row(state=S.ACTIVE))
     assert f.s.state == S.CLOSED and f.finished
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1)) == UpdateDisposition.NOT_ACTIVE
+
+
+def test_update_covered_by_a_read_allocated_after_it_needs_no_read_of_its_own() -> None:
+    f = active_fence()
+    f.s.pending_trigger = TriggerReason.INITIAL
+    # The ingress recorded updates 1 and 2 before this read was allocated: the read observes them.
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=2))
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=2)) == UpdateDisposition.COVERED
+    f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
+    assert f.read_wanted() is None
+    # Update 3 was recorded after the allocation: it needs its own read.
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=3)) == \
+        UpdateDisposition.READ_REQUESTED
+
+
+def test_covered_updates_get_a_read_when_the_covering_read_fails() -> None:
+    # Simulator finding F7: the covering read came back malformed; the change went unread.
+    f = active_fence()
+    f.s.pending_trigger = TriggerReason.INITIAL
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=1))
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=1)) == UpdateDisposition.COVERED
+    f.applied(1, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed"))
+    assert f.read_wanted() == TriggerReason.FOLLOW_UP
+    # ... and coverage falls back: a late duplicate of update 1 is not covered by the failed read.
+    assert f.s.covered_sequence == 0
+
+
+def test_covered_updates_get_a_read_when_the_covering_read_is_abandoned() -> None:
+    f = active_fence()
+    f.s.pending_trigger = TriggerReason.INITIAL
+    assert f.issued(ReadTicket(granted=True, ordinal=4, request_id="r4", notifications_seen=7))
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=6)) == UpdateDisposition.COVERED
+    f.read_abandoned(4)
+    assert f.read_wanted() == TriggerReason.FOLLOW_UP
+
+
+def test_a_finished_fence_never_leaves_its_terminal_state() -> None:
+    # Simulator finding F10: a verdict judged before the revocation lands after it.
+    f = active_fence()
+    f.s.pending_trigger = TriggerReason.UPDATED
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
+    f.adopt(row(state=S.REVOKED))
+    f.applied(1, AcceptResult(verdict=AcceptVerdict.TOMBSTONE_PENDING, watermark=1, last_accepted_ordinal=1))
+    assert f.s.state == S.REVOKED and f.finished
+    f.adopt(row(state=S.ACTIVE))  # a snapshot read before the revocation committed
+    assert f.s.state == S.REVOKED
+    f.adopt(row(state=S.CLOSED))  # the ledger may still name another terminal state
+    assert f.s.state == S.CLOSED
+
+
+def test_an_unlisted_catalog_measured_before_our_read_saw_content_is_stale() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    f = active_fence()
+    f.saw_content(AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1), t0)
+    assert f.catalog_word_is_stale(listed=False, measured_at=t0 - timedelta(seconds=1))
+    assert not f.catalog_word_is_stale(listed=False, measured_at=t0 + timedelta(seconds=1))
+    assert not f.catalog_word_is_stale(listed=True, measured_at=t0 - timedelta(seconds=1))  # agrees with us

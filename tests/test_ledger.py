@@ -77,6 +77,27 @@ async def test_ordinals_are_cas_allocated_and_never_reused(ledger: Ledger) -> No
     assert await _issue(ledger, key, min_ordinal=10) == 10
 
 
+async def test_allocation_is_idempotent_per_request_id_and_resets_derive_new_ids(ledger: Ledger) -> None:
+    key = await _active(ledger)
+
+    async def allocate(request_id: str) -> tuple[int, str]:
+        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1, subscription_generation=1,
+                                                       min_ordinal=1, request_id=request_id,
+                                                       trigger=TriggerReason.UPDATED))
+        assert t.granted
+        return t.ordinal, t.request_id
+
+    # A retry after a lost response (not yet judged): the same ticket (simulator finding F1).
+    assert await allocate("run1-r1") == (1, "run1-r1")
+    assert await allocate("run1-r1") == (1, "run1-r1")
+    assert await _accept(ledger, key, 1, "sha256:a") == AcceptVerdict.ACCEPTED
+    # A reset run re-dispatches the finished allocation: a new read with an id of its own...
+    assert await allocate("run1-r1") == (2, "run1-r1/1")
+    assert await _accept(ledger, key, 2, "sha256:a") == AcceptVerdict.UNCHANGED
+    # ... and a second reset to the same point derives again instead of hitting UNIQUE (F6).
+    assert await allocate("run1-r1") == (3, "run1-r1/1/2")
+
+
 async def test_late_read_leaves_only_a_stale_receipt(ledger: Ledger) -> None:
     key = await _active(ledger)
     a, b = await _issue(ledger, key), await _issue(ledger, key)

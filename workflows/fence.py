@@ -99,6 +99,9 @@ class FenceState(BaseModel):
     updates_coalesced: int = 0
     updates_covered: int = 0
     covered_sequence: int = 0  # ledger update counter seen when the newest read was allocated
+    covering_ordinal: int = 0  # that read: updates up to covered_sequence ride on it
+    confirmed_sequence: int = 0  # covered_sequence of the newest covering read that observed content
+    covered_unconfirmed: bool = False  # an update was covered by a read still in flight
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
@@ -107,6 +110,7 @@ class FenceState(BaseModel):
     close_reason: str = ""
     staleness_bound_seconds: float | None = None
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
+    content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     detail: str = ""
 
 
@@ -132,9 +136,10 @@ class SubscriptionFence:
         s.close_epoch = max(s.close_epoch, snap.close_epoch)
         if snap.close_ordinal is not None:
             s.close_ordinal = snap.close_ordinal
-        if snap.state is not None and (snap.state in CLOSING or snap.state in TERMINAL or s.state not in CLOSING):
-            # The ledger wins, except that a workflow already closing never reopens because
-            # the ledger lagged behind it.
+        if snap.state is not None and not (s.state in TERMINAL and snap.state not in TERMINAL) and (
+                snap.state in CLOSING or snap.state in TERMINAL or s.state not in CLOSING):
+            # The ledger wins, except that a workflow already closing never reopens and a
+            # finished one never restarts because a snapshot lagged behind it.
             s.state = snap.state
 
     # --- subscribe ------------------------------------------------------------------
@@ -151,6 +156,8 @@ class SubscriptionFence:
         self.s.edition = edition
         self.s.capabilities = dict(capabilities)
         # A session change invalidates whatever was in flight: those reads can only be stale now.
+        if self.s.covering_ordinal in self.s.in_flight:
+            self._covering_read_lost()
         self.s.in_flight.clear()
         return snap.state == S.SUBSCRIBING
 
@@ -178,6 +185,8 @@ class SubscriptionFence:
             # The ledger recorded this update before a read was allocated: that read (issued after
             # the server sent it, so after the change) already observes the change. No clocks involved.
             s.updates_covered += 1
+            if s.covering_ordinal in s.in_flight:
+                s.covered_unconfirmed = True  # if that read fails, the update earns its own read
             return UpdateDisposition.COVERED
         if s.pending_trigger is not None or s.in_flight or s.state != S.ACTIVE:
             if s.pending_trigger is None:
@@ -208,7 +217,9 @@ class SubscriptionFence:
         if not ticket.granted:
             return False
         s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
-        s.covered_sequence = max(s.covered_sequence, ticket.notifications_seen)
+        if ticket.notifications_seen >= s.covered_sequence:
+            s.covered_sequence = ticket.notifications_seen
+            s.covering_ordinal = ticket.ordinal
         s.in_flight.append(ticket.ordinal)
         s.pending_trigger = None
         s.reads_issued += 1
@@ -220,14 +231,23 @@ class SubscriptionFence:
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
         s.last_verdict = result.verdict
+        if ordinal == s.covering_ordinal:
+            if result.verdict in (AcceptVerdict.REJECTED, AcceptVerdict.STALE, AcceptVerdict.STALE_AFTER_CLOSE):
+                self._covering_read_lost()
+            else:
+                s.confirmed_sequence = s.covered_sequence
+                s.covered_unconfirmed = False
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
             s.last_receipt_id = result.receipt_id
+        # A verdict judged before a close or revocation can land after it: never leave those (F10).
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
-            s.state = S.TOMBSTONE_PENDING
+            if s.state == S.ACTIVE:
+                s.state = S.TOMBSTONE_PENDING
         elif result.verdict == AcceptVerdict.REVOKED:
-            s.state = S.REVOKED
+            if s.state not in TERMINAL:
+                s.state = S.REVOKED
         elif result.verdict == AcceptVerdict.GUARDRAIL_REJECTED:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.guardrail_rejections += 1
@@ -241,10 +261,39 @@ class SubscriptionFence:
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
             self.s.last_accepted_digest = digest
 
+    def saw_content(self, result: AcceptResult, allocated_at: datetime) -> None:
+        """A read allocated at ``allocated_at`` was judged: did it observe content?"""
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.GUARDRAIL_REJECTED):
+            seen = self.s.content_seen_at
+            self.s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
+
+    def catalog_word_is_stale(self, *, listed: bool, measured_at: datetime | None) -> bool:
+        """A catalog measured before our own read saw the opposite cannot overrule that read:
+        listed, measured before a read saw not-found; or unlisted, measured before a read
+        (allocated after the measurement) saw content."""
+        s = self.s
+        if measured_at is None:
+            return False
+        if listed:
+            return s.state == S.TOMBSTONE_PENDING and s.tombstone_pending_at is not None \
+                and measured_at < s.tombstone_pending_at
+        return s.state == S.ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
+
     def read_abandoned(self, ordinal: int) -> None:
         """A read never reached the ledger (session gone); its ordinal stays burned."""
         if ordinal in self.s.in_flight:
             self.s.in_flight.remove(ordinal)
+        if ordinal == self.s.covering_ordinal:
+            self._covering_read_lost()
+
+    def _covering_read_lost(self) -> None:
+        """The read that covered updates observed nothing (failed, refused, abandoned): coverage
+        falls back to the last read that did, and updates it had covered get a read of their own."""
+        s = self.s
+        s.covered_sequence = s.confirmed_sequence
+        if s.covered_unconfirmed and s.state == S.ACTIVE and s.pending_trigger is None:
+            s.pending_trigger = TriggerReason.FOLLOW_UP
+        s.covered_unconfirmed = False
 
     # --- identity and catalog ------------------------------------------------------------
 

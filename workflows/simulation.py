@@ -15,16 +15,21 @@ Contract:
   imports temporalio and cannot run here): the same loop order, handlers, wait conditions
   and activity calls, as explicit resumable stages so a run can be snapshotted and reset.
   Every replicated spot is tagged ``MIRROR(subscription.py: ...)``; docs/simulation.md
-  lists them. Logic found there belongs in fence.py eventually.
+  lists them. Logic found there belongs in fence.py eventually. The session host's ingress
+  (``worker/session_host.py: _route``: ``Ledger.note_notification`` bumps the row's update
+  counter, then the signal carries it as ``ResourceUpdated.sequence``) is mirrored by
+  ``Simulation._route``.
 - The environment is adversarial and seeded: an oracle server (committed content
   versions, mutations, deletes, recreates; a read is answered with the content current
   when it is *served*), notifications (dropped, duplicated, delayed, reordered, from old
   session generations, for a different URI), activities executed and completed in any
-  order and at least once (a lost response re-executes), lost unsubscribe ACKs, session
-  loss and reconnect, continue-as-new (``FenceState`` JSON round trip), workflow reset to
-  an earlier snapshot (with or without signal reapply; the durable row persists and the
-  old run's started activities still land), catalog reconciliations, identity conflicts
-  and resume, close, and restart of a closed key as a new incarnation.
+  order and at least once (a lost response re-executes), lost unsubscribe ACKs, poll and
+  safety-read timers, session loss and reconnect, continue-as-new (``FenceState`` JSON
+  round trip), workflow reset to an earlier snapshot (with or without signal reapply; the
+  durable row persists and the old run's started activities still land), catalog
+  reconciliations (proven or not, measured late), identity conflicts and resume, close,
+  and restart of a closed key as a new incarnation. Time is the step count (one second
+  per step) and only feeds ``workflow.now()`` and catalog ``measured_at``.
 - Invariants (``Invariant``) are checked after EVERY step against the oracle; at the end
   the schedule drains (remaining events, then one final invalidation, to quiescence)
   and must have converged. A failing schedule shrinks (ddmin) to a short ``Trace``
@@ -37,7 +42,7 @@ import copy
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -151,6 +156,7 @@ class Invariant(StrEnum):
     WORKFLOW_ERROR = "workflow_error"  # an exception in workflow code
     LIVELOCK = "livelock"  # the main loop spins without blocking (Temporal: deadlocked workflow task)
     NO_CONVERGENCE = "no_convergence"  # quiet end, drained, final invalidation: not the oracle's last state
+    COVERED_UNREAD = "covered_unread"  # quiet end, before any timer: an update skipped as COVERED, change unread
 
 
 SAFETY_INVARIANTS = frozenset({
@@ -210,13 +216,14 @@ class Op(StrEnum):
     EXEC = "exec"  # the n-th scheduled activity named ``act`` runs
     # (fault: lost | ack_lost | denied | error | malformed)
     COMPLETE = "complete"  # the n-th executed activity named ``act`` returns to the workflow
-    TIMER = "timer"  # the main loop's timer fires (poll or session recheck)
+    TIMER = "timer"  # the main loop's timer fires (poll, safety re-read or session recheck)
     RECONNECT = "reconnect"  # the session is lost; a new generation opens (n = 1: after a gap)
     SESSION_OPEN = "session_open"  # the session host opens a new generation after a gap
     CAN = "can"  # Temporal suggests continue-as-new
     CHECKPOINT = "checkpoint"  # remember the workflow as it is now (a reset point)
     RESET = "reset"  # reset to the n-th newest checkpoint (fault "reapply": later signals reapplied)
-    CATALOG = "catalog"  # a reconciled catalog says whether the URI is listed (now)
+    CATALOG = "catalog"  # a reconciled catalog says whether the URI is listed, as measured n steps ago
+    # (fault "proven": SNAPSHOT_PROVEN, which may revoke; otherwise SNAPSHOT_UNPROVEN)
     CONFLICT = "conflict"  # identity_conflict signal
     RESUME = "resume"  # resume update
     RESTART = "restart"  # start the key again after its chain finished
@@ -254,15 +261,17 @@ class Profile:
     capability: str = "subscribe"  # "subscribe" | "none" (polls) | "rejects" (advertised, refused: polls)
     max_concurrent_reads: int = 1  # SubscriptionOptions.max_concurrent_reads
     session_at_start: bool = True
+    safety_read_seconds: float = 300.0  # SubscriptionOptions.safety_read_seconds (0: no safety re-read)
 
     def to_json(self) -> dict[str, Any]:
         return {"capability": self.capability, "max_concurrent_reads": self.max_concurrent_reads,
-                "session_at_start": self.session_at_start}
+                "session_at_start": self.session_at_start, "safety_read_seconds": self.safety_read_seconds}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Profile:
         return cls(capability=str(obj["capability"]), max_concurrent_reads=int(obj["max_concurrent_reads"]),
-                   session_at_start=bool(obj.get("session_at_start", True)))
+                   session_at_start=bool(obj.get("session_at_start", True)),
+                   safety_read_seconds=float(obj.get("safety_read_seconds", 300.0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +304,9 @@ class SimConfig:
     faults: frozenset[Fault] = ALL_FAULTS
     judge: JudgeFn = judge_read
     shrink_budget: int = 3000  # replays the shrinker may spend on one failing schedule
+    # The ingress stamps ResourceUpdated.sequence (covered updates skip their read). False: it
+    # stamps nothing, as before sequence coverage existed (to measure what coverage saves).
+    sequence_coverage: bool = True
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -309,12 +321,13 @@ class AcceptWrites:
     """The rows ``Ledger.accept`` writes for one Judgement (MIRROR(ledger.py: Ledger.accept)).
 
     Not all of it is in ``Judgement``: replay is detected by the reason string, the
-    ``read_requests.outcome`` value (which decides whether a retry is replayed or judged
-    again) and the digest update depend on the outcome. See docs/simulation.md."""
+    ``read_requests.outcome`` value (the verdict, except REJECTED which keeps the outcome
+    kind: it decides whether a retry is replayed or judged again) and the digest update
+    depend on the outcome. See docs/simulation.md."""
 
     replay: bool = False  # an accept retried after commit: answer the stored verdict, write nothing
     audit_kind: str | None = None
-    read_request_outcome: str | None = None  # new read_requests.outcome; None: row untouched
+    read_request_outcome: str | None = None  # new read_requests.outcome (and completed_at); None: untouched
     revoke: bool = False  # verdict REVOKED: the row is revoked (state, purge, ``revoked`` outbox row)
     receipt: bool = False
     advance_ordinal_only: bool = False  # guardrail: last_accepted_ordinal moves, digest/watermark stay
@@ -327,8 +340,8 @@ def accept_writes(j: Judgement, issued: IssuedRead | None, outcome: ReadOutcome)
         return AcceptWrites(replay=True)
     rr_outcome = None
     if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
-        rr_outcome = (j.verdict.value if j.write_receipt or j.verdict == V.STALE_AFTER_CLOSE
-                      else outcome.kind.value)
+        # Every final verdict is stored so a retried accept replays it (F5); a failed read keeps its kind.
+        rr_outcome = outcome.kind.value if j.verdict == V.REJECTED else j.verdict.value
     if j.verdict == V.REVOKED:
         return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, revoke=True)
     if j.write_receipt and j.advance_ordinal_only:
@@ -366,6 +379,7 @@ class ReadRequestRow:
     subscription_generation: int
     trigger: TriggerReason
     outcome: str | None = None
+    completed: bool = False  # completed_at IS NOT NULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,7 +431,7 @@ class MemoryLedger:
         self.row = FenceSnapshot(exists=False)
         self.incarnation = ""
         self.read_requests: dict[int, ReadRequestRow] = {}
-        self.request_ids: set[str] = set()
+        self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
         self.outbox: list[OutboxEntry] = []
@@ -477,21 +491,37 @@ class MemoryLedger:
         return self._set("state", row)
 
     def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        ordinal = allocate_ordinal(self.row, session_generation=req.session_generation,
+        row = self.row
+        request_id = req.request_id
+        while (prior := self.request_ids.get(request_id)) is not None:
+            if not self.read_requests[prior].completed:
+                # The same allocation asked again (a retry after a lost response): same ticket (F1).
+                return ReadTicket(granted=True, ordinal=prior, request_id=request_id,
+                                  notifications_seen=row.notifications_seen if row.exists else 0)
+            # A reset run re-derived a request id already used and finished: a new read, own id (F6).
+            request_id = f"{request_id}/{prior}"
+        ordinal = allocate_ordinal(row, session_generation=req.session_generation,
                                    subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
         if ordinal is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
-        if req.request_id in self.request_ids:
-            raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {req.request_id} already holds an ordinal")
+        if request_id in self.request_ids:
+            raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
-        before = self.row
-        self.row = before.model_copy(update={"last_issued_ordinal": ordinal})
-        self.read_requests[ordinal] = ReadRequestRow(ordinal, req.request_id, req.session_generation,
+        self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
+        self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger)
-        self.request_ids.add(req.request_id)
-        self.log.append(LedgerWrite(kind="allocate", before=before, after=self.row, ordinal=ordinal))
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=req.request_id)
+        self.request_ids[request_id] = ordinal
+        self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
+                          notifications_seen=row.notifications_seen)
+
+    def note_notification(self) -> FenceSnapshot | None:
+        """MIRROR(ledger.py: Ledger.note_notification): the row's update counter + 1; None without a row."""
+        if not self.row.exists:
+            return None
+        self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
+        return self.row
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
         o = req.outcome
@@ -513,7 +543,7 @@ class MemoryLedger:
         if w.audit_kind is not None:
             self.audit.append((w.audit_kind, j.reason))
         if w.read_request_outcome is not None and rr is not None:
-            rr.outcome = w.read_request_outcome
+            rr.outcome, rr.completed = w.read_request_outcome, True
         receipt = entry = None
         after = fence
         if w.revoke:
@@ -582,16 +612,16 @@ class MemoryLedger:
             self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
         return self.row
 
-    def confirm_tombstone(self, listed: bool, scan_id: str) -> FenceSnapshot:
+    def confirm_tombstone(self, listed: bool, scan_id: str, proven: bool) -> FenceSnapshot:
         row = self.row
-        target = tombstone_rule(row, listed=listed)
+        target = tombstone_rule(row, listed=listed, proven=proven)
         if target is None:
             return row
         if target == S.REVOKED:
             self._revoke_locked("catalog")
             self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
             return self.row
-        if target == S.TOMBSTONED:
+        if target == S.TOMBSTONED:  # no rollout_policies row: the outbox row is written (ALL)
             receipt = Receipt(self._next_id(), row.last_accepted_ordinal, None, V.TOMBSTONED, f"catalog:{scan_id}")
             self.receipts.append(receipt)
             entry = OutboxEntry(self._next_id(), "tombstoned", receipt.receipt_id, None, row.last_accepted_ordinal)
@@ -649,6 +679,7 @@ class Message:
     notification_id: str | None = None
     uri: str = KEY.uri
     change: int = 0  # the oracle version that emitted it (0: not a change notification)
+    sequence: int | None = None  # ResourceUpdated.sequence the ingress stamped (None: no fence row)
 
 
 class SessionHost:
@@ -760,6 +791,7 @@ class ReadTask:
     stage: str = "allocate"  # allocate | reload | mcp | accept
     ticket: ReadTicket | None = None
     outcome: ReadOutcome | None = None
+    allocated_at: datetime = EPOCH
 
 
 def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
@@ -779,7 +811,7 @@ class SimulatedWorkflow:
 
     def __init__(self, key: SubscriptionKey, *, max_concurrent_reads: int, poll_interval_seconds: float,
                  incarnation: str, id_prefix: str, carried_state: dict[str, Any] | None = None,
-                 seen_ids: Sequence[str] = ()) -> None:
+                 seen_ids: Sequence[str] = (), safety_read_seconds: float = 300.0) -> None:
         state = FenceState(key=key)
         if carried_state is not None:
             state = FenceState.model_validate(carried_state)
@@ -787,6 +819,8 @@ class SimulatedWorkflow:
         self.key = key
         self.max_reads = max_concurrent_reads
         self.poll_interval = poll_interval_seconds
+        self.safety_read = safety_read_seconds
+        self.now = EPOCH  # workflow.now(): set by the simulation before each activation
         self.incarnation = incarnation
         self.id_prefix = id_prefix
         self.carried = carried_state is not None
@@ -805,6 +839,7 @@ class SimulatedWorkflow:
         self.cont = ""
         self.locals: dict[str, Any] = {}
         self.timer_armed = False
+        self.timer_kind = ""  # the armed WAIT_WORK timeout: "poll" | "safety"
         self.waiting_updates: list[ResourceUpdated] = []  # resource_updated handlers waiting for reload
         self.handler_calls: dict[int, str] = {}  # handler id -> pending audit (for WRONG_URI detail)
         self.close_updates = 0  # close updates in progress (they wait for ``finished``)
@@ -903,7 +938,7 @@ class SimulatedWorkflow:
     def timer_fired(self) -> bool:
         if self.stage == Stage.WAIT_WORK and self.timer_armed:
             self.timer_armed = False
-            self.fence.poll_due()  # MIRROR(subscription.py: run, except TimeoutError)
+            self.fence.poll_due()  # MIRROR(subscription.py: run, except TimeoutError): poll or safety re-read
             self.stage = Stage.LOOP
             return True
         if self.stage == Stage.WAIT_SESSION:
@@ -914,6 +949,13 @@ class SimulatedWorkflow:
     @property
     def has_timer(self) -> bool:
         return (self.stage == Stage.WAIT_WORK and self.timer_armed) or self.stage == Stage.WAIT_SESSION
+
+    @property
+    def pending_timer(self) -> str:
+        """Which timer would fire: "session" (SESSION_RECHECK), "poll", "safety", or ""."""
+        if self.stage == Stage.WAIT_SESSION:
+            return "session"
+        return self.timer_kind if self.stage == Stage.WAIT_WORK and self.timer_armed else ""
 
     def activity_done(self, owner: tuple[str, int], result: Any) -> None:
         kind, ident = owner
@@ -942,7 +984,8 @@ class SimulatedWorkflow:
         if self.close_updates and self.fence.finished:
             self.close_updates = 0
             progressed = True
-        if self.resume_updates and not self.resume_requested:
+        if self.resume_updates and (not self.resume_requested or self.fence.finished):
+            # MIRROR(subscription.py: resume): returns once resumed, or when close/revocation finished it (F2)
             self.resume_updates = 0
             progressed = True
         return progressed
@@ -997,14 +1040,21 @@ class SimulatedWorkflow:
                                              or self.fence.s.close_requested or revoking):
                 self.stage = Stage.LOOP
                 continue
-            if st == Stage.WAIT_CATALOG and (self.catalog is not None or self.fence.s.close_requested or revoking):
+            if st == Stage.WAIT_CATALOG and (self.catalog is not None or self.fence.s.close_requested or revoking
+                                             or self.fence.s.state != S.TOMBSTONE_PENDING):
                 self.stage = Stage.LOOP
                 continue
-            if st == Stage.WAIT_RESUME and (self.resume_requested or self.fence.s.close_requested or revoking):
+            if st == Stage.WAIT_RESUME and (self.resume_requested or self.fence.s.close_requested or revoking
+                                            or self.fence.s.state != S.RECONCILIATION_REQUIRED):
                 if self.resume_requested:
                     self._resume()
                 else:
                     self.stage = Stage.LOOP
+                continue
+            if st == Stage.CAN_WAIT and not (not self.read_tasks and self._handlers_finished()) \
+                    and (self.fence.s.close_requested or revoking or self.conflict is not None):
+                # MIRROR(subscription.py: _continue_as_new): a close update waits for the end; serve it first.
+                self.stage = Stage.LOOP
                 continue
             if st in (Stage.CAN_WAIT, Stage.FINAL) and not self.read_tasks and self._handlers_finished():
                 if st == Stage.CAN_WAIT:
@@ -1061,8 +1111,11 @@ class SimulatedWorkflow:
         if self._continue_as_new_due():
             self.stage = Stage.CAN_WAIT
             return
+        # MIRROR(subscription.py: run, the wait): timeout = _poll_delay() if polling else _safety_delay()
         self.stage = Stage.WAIT_WORK
-        self.timer_armed = s.staleness_bound_seconds is not None
+        polling = s.staleness_bound_seconds is not None
+        self.timer_kind = "poll" if polling else "safety" if self.safety_read else ""
+        self.timer_armed = bool(self.timer_kind)
 
     # _ensure_subscribed ------------------------------------------------------------------------
 
@@ -1082,7 +1135,7 @@ class SimulatedWorkflow:
             self._ensure_done(False)
             return
         self.live_generation = max(self.live_generation, session.generation)
-        if (self.session is not None and session.generation == s.session_generation
+        if ((self.session is not None or self.carried) and session.generation == s.session_generation
                 and s.state == S.ACTIVE and s.pending_trigger != TriggerReason.RESUBSCRIBE):
             self.session = session
             self._ensure_done(True)
@@ -1165,14 +1218,10 @@ class SimulatedWorkflow:
         s = self.fence.s
         if task.stage == "allocate":
             ticket: ReadTicket = result
-            if task.placeholder not in s.in_flight:  # finally: s.in_flight.remove(placeholder)
-                self.errors.append(f"ValueError: list.remove(x): placeholder {task.placeholder} is gone from "
-                                   f"in_flight (subscribing()/unsubscribed() cleared it); the trigger is lost"
-                                   + (f" and ordinal {ticket.ordinal} is burned" if ticket.granted else ""))
-                del self.read_tasks[task.tid]
-                return
-            s.in_flight.remove(task.placeholder)
+            if task.placeholder in s.in_flight:  # finally: a session change may already have cleared it (F3)
+                s.in_flight.remove(task.placeholder)
             task.ticket = ticket
+            task.allocated_at = self.now
             if not self.fence.issued(ticket):
                 task.stage = "reload"
                 self.commands.append(ScheduleActivity(("read", task.tid), Act.LOAD_FENCE, KeyRequest(key=self.key)))
@@ -1197,7 +1246,7 @@ class SimulatedWorkflow:
             if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
                 self.fence.read_abandoned(task.ticket.ordinal)
                 self.session = None
-                s.pending_trigger = s.pending_trigger or TriggerReason.RESUBSCRIBE
+                s.pending_trigger = TriggerReason.RESUBSCRIBE
                 del self.read_tasks[task.tid]
                 return
             task.outcome = outcome
@@ -1206,9 +1255,17 @@ class SimulatedWorkflow:
                 outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch)))
             return
         accepted: AcceptResult = result
-        assert task.outcome is not None
+        outcome = task.outcome
+        assert outcome is not None
         self.fence.applied(task.ticket.ordinal, accepted)
-        self.fence.accepted_digest(task.outcome.content_digest, accepted)
+        self.fence.accepted_digest(outcome.content_digest, accepted)
+        self.fence.saw_content(accepted, task.allocated_at)
+        if accepted.verdict == V.TOMBSTONE_PENDING:
+            s.tombstone_pending_at = self.now
+        if accepted.verdict == V.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
+            s.detail = f"read {task.ticket.ordinal} failed: {outcome.kind.value}"
+        elif accepted.verdict in (V.ACCEPTED, V.UNCHANGED) and s.detail.startswith("read "):
+            s.detail = ""
         del self.read_tasks[task.tid]
 
     # tombstones, identity, resume -------------------------------------------------------------------
@@ -1245,14 +1302,24 @@ class SimulatedWorkflow:
         """MIRROR(subscription.py: _apply_catalog)."""
         obs, self.catalog = self.catalog, None
         assert obs is not None
-        before = self.fence.s.state
-        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
-            self.stage = Stage.LOOP
+        s = self.fence.s
+        before = s.state
+        self.stage = Stage.LOOP
+        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
+        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
+        if before == S.ACTIVE and not obs.listed and (not proven or stale):
+            # Unproven, or measured before a read of ours saw content: earns a read of the exact URI.
+            self.fence.poll_due()
+            s.detail = f"not listed in catalog {obs.scan_id}: verifying by read"
             return
+        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
+            return
+        if stale:
+            return  # measured before our read saw not-found: it cannot say the URI came back
         self.locals["obs"] = obs
         self.locals["before"] = before
         self._call_main("catalog_done", Act.CONFIRM_TOMBSTONE,
-                        TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id))
+                        TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id, proven=proven))
 
     def _main_catalog_done(self, snap: FenceSnapshot) -> None:
         obs: CatalogObservation = self.locals["obs"]
@@ -1355,6 +1422,7 @@ class ScheduleResult:
     notification_reads: int = 0  # judged reads triggered by updated / follow_up
     fresh_reads: int = 0  # ... that served an oracle version no earlier read had served
     duplicate_deliveries: int = 0
+    covered_updates: int = 0  # updates that skipped their read as COVERED
     coverage: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -1398,6 +1466,10 @@ class Simulation:
         self._max_outbox_ordinal = 0
         self._close_fences: list[int] = []
         self._flagged: set[Invariant] = set()
+        self._note_change: dict[str, int] = {}  # notification id -> the oracle version that emitted it
+        self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
+        self._covered_by = 0  # the read that covered it (covering_ordinal then)
+        self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
         # metrics
         self.last_change_step = 0
         self.converged_since: int | None = 0
@@ -1406,6 +1478,7 @@ class Simulation:
         self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
         self.observed: set[int] = set()
         self.duplicate_deliveries = 0
+        self.covered_reads_saved = 0  # updates that skipped their read as COVERED
         if profile.session_at_start:
             self.host.open()
         self.wf = self._new_chain()
@@ -1424,7 +1497,8 @@ class Simulation:
         self.signal_log.clear()
         wf = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
                                poll_interval_seconds=30.0, incarnation=f"chain{self.chain}",
-                               id_prefix=f"c{self.chain}r{self.run}")
+                               id_prefix=f"c{self.chain}r{self.run}",
+                               safety_read_seconds=self.profile.safety_read_seconds)
         wf.start()
         return wf
 
@@ -1436,14 +1510,20 @@ class Simulation:
         """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
         while True:
             wf = self.wf
+            wf.now = self._time(self.step)
             if wf.stage != Stage.WEDGED:
                 wf.run_until_blocked()
             for err in wf.errors:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
                 self._violate(invariant, err)
             wf.errors.clear()
-            for _, disposition in wf.notes:
+            for nid, disposition in wf.notes:
                 self._cover(f"update.{disposition.value}")
+                if disposition == UpdateDisposition.COVERED:
+                    self.covered_reads_saved += 1
+                    change = self._note_change.get(nid or "", 0)
+                    if change >= self._covered_change:
+                        self._covered_change, self._covered_by = change, wf.fence.s.covering_ordinal
             wf.notes.clear()
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
@@ -1460,7 +1540,7 @@ class Simulation:
             new = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
                                     poll_interval_seconds=30.0, incarnation=wf.incarnation,
                                     id_prefix=f"c{self.chain}r{self.run}", carried_state=can.carried_state,
-                                    seen_ids=can.seen_ids)
+                                    seen_ids=can.seen_ids, safety_read_seconds=self.profile.safety_read_seconds)
             new.start()
             self.wf = new
 
@@ -1491,14 +1571,36 @@ class Simulation:
         elif kind == "close":
             wf.update_close()
 
+    @staticmethod
+    def _time(step: int) -> datetime:
+        return EPOCH + timedelta(seconds=step)
+
+    def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message:
+        """MIRROR(worker/session_host.py: _route): ``note_notification`` bumps the row's update counter
+        (the URI has a fence row), then the signal carries the counter as ``sequence``. Stamped when
+        the notification reaches the ingress; the queue models Temporal's delivery after that."""
+        sequence = None
+        if uri == KEY.uri:
+            snap = self.ledger.note_notification()
+            if snap is not None and self.config.sequence_coverage:
+                sequence = snap.notifications_seen
+        if change:
+            self._note_change[nid] = change
+        return Message("updated", generation, nid, uri, change, sequence)
+
     def _notify(self, copies: int, same_id: bool) -> None:
         live = self.host.live
         if live is None or live.generation not in self.host.subscribed:
             return  # nobody subscribed on the live session: the server sends nothing
         self._note_id += 1
+        first: Message | None = None
         for i in range(copies):
-            nid = f"n{self._note_id}" if same_id or i == 0 else f"n{self._note_id}.{i}"
-            self.queue.append(Message("updated", live.generation, nid, KEY.uri, self.oracle.version))
+            if same_id and first is not None:
+                self.queue.append(first)  # the same routed signal delivered again (one ingress id)
+                continue
+            nid = f"n{self._note_id}" if i == 0 else f"n{self._note_id}.{i}"
+            first = self._route(live.generation, nid, change=self.oracle.version)
+            self.queue.append(first)
 
     def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
         matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
@@ -1509,9 +1611,11 @@ class Simulation:
 
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
+        self.wf.now = self._time(self.step + 1)
         applied = self._apply(event)
         if applied:
             self.step += 1
+            self.exists_history.append(self.oracle.exists)
             self.events.append(event)
             self._cover(f"op.{event.op.value}")
             self._activate()
@@ -1542,7 +1646,8 @@ class Simulation:
                 if msg.notification_id is not None and msg.notification_id in self.wf.seen_ids:
                     self.duplicate_deliveries += 1
                 self._signal("updated", ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
-                                                        notification_id=msg.notification_id))
+                                                        notification_id=msg.notification_id,
+                                                        sequence=msg.sequence))
             return True
         if op == Op.OLD_NOTE:
             live = self.host.generation
@@ -1550,16 +1655,20 @@ class Simulation:
                 return False
             self._note_id += 1
             gen = max(1, live - 1 - e.n)
-            self.queue.append(Message("updated", gen, f"old{self._note_id}", KEY.uri))
+            self.queue.append(self._route(gen, f"old{self._note_id}"))
             return True
         if op == Op.WRONG_URI:
             gen = self.host.live.generation if self.host.live else self.host.generation
             self._note_id += 1
-            self.queue.append(Message("updated", gen, f"w{self._note_id}", WRONG_URI))
+            # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
+            # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
+            self.queue.append(self._route(gen, f"w{self._note_id}", WRONG_URI))
             return True
         if op == Op.FINAL_NOTE:
             gen = self.host.live.generation if self.host.live else self.host.generation
-            self._signal("updated", ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+            msg = self._route(gen, "final")
+            self._signal("updated", ResourceUpdated(uri=KEY.uri, session_generation=gen, sequence=msg.sequence),
+                         log=False)
             return True
         if op == Op.CLOSE:
             if not self.chain_running:
@@ -1580,7 +1689,11 @@ class Simulation:
             self.wf.activity_done(act.owner, act.result)
             return True
         if op == Op.TIMER:
-            return self.chain_running and self.wf.timer_fired()
+            kind = self.wf.pending_timer if self.chain_running else ""
+            if kind and self.wf.timer_fired():
+                self._cover(f"timer.{kind}")
+                return True
+            return False
         if op == Op.RECONNECT:
             if self.host.live is None:
                 return False
@@ -1612,9 +1725,13 @@ class Simulation:
             if not self.chain_running:
                 return False
             self._scan += 1
+            measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
+            proven = e.fault == "proven"
+            self._cover("catalog.proven" if proven else "catalog.unproven")
             self._signal("catalog", CatalogObservation(
-                uri=KEY.uri, listed=self.oracle.exists, scan_id=f"scan{self._scan}",
-                snapshot_status="SNAPSHOT_UNPROVEN", session_generation=self.host.generation))
+                uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
+                snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
+                session_generation=self.host.generation, measured_at=self._time(measured)))
             return True
         if op == Op.CONFLICT:
             if not self.chain_running:
@@ -1669,7 +1786,10 @@ class Simulation:
             elif name == Act.SET_STATE:
                 result = led.set_state(arg.state, arg.allowed_from)
             elif name == Act.CONFIRM_TOMBSTONE:
-                result = led.confirm_tombstone(arg.listed, arg.scan_id)
+                before = led.row.state
+                result = led.confirm_tombstone(arg.listed, arg.scan_id, arg.proven)
+                if result.state == S.REVOKED and before != S.REVOKED and self.oracle.exists:
+                    self._cover("catalog_revoked_existing")  # a late proven word revoked a resource that exists
             elif name == Act.REVOKE:
                 result = led.revoke()
             elif name == Act.MCP_SUBSCRIBE:
@@ -1864,15 +1984,17 @@ class Simulation:
         if self.host.live is None:
             self.apply(Event(Op.SESSION_OPEN))
         final_sent = False
-        for _ in range(8):
+        for attempt in range(8):
             if not self._flush():
                 self._violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
                 return
+            if attempt == 0:
+                self._check_covered()
             wf = self.wf
             if not self.chain_running:
                 break
             state = wf.fence.s.state
-            if wf.has_timer and (wf.stage == Stage.WAIT_SESSION or not final_sent):
+            if wf.has_timer and (wf.stage == Stage.WAIT_SESSION or not final_sent):  # poll / safety / recheck
                 self.apply(Event(Op.TIMER))
                 continue
             if state == S.TOMBSTONE_PENDING and wf.catalog is None:
@@ -1888,6 +2010,23 @@ class Simulation:
                 continue
             break
         self._verdict()
+
+    def _check_covered(self) -> None:
+        """Everything delivered and completed, no timer fired yet: an update skipped as COVERED
+        promised that a read allocated after the ingress recorded it observes its change. If the
+        subscription sits ACTIVE and idle, some accepted read must have served that version."""
+        wf, row = self.wf, self.ledger.row
+        s = wf.fence.s
+        if (not self.chain_running or wf.stage != Stage.WAIT_WORK or row.state != S.ACTIVE or s.state != S.ACTIVE
+                or s.pending_trigger is not None or s.in_flight):
+            return
+        # A read allocated after the covering one took the update over; if that read failed, the
+        # failed-read contract applies (no automatic retry; next notification, poll or safety read).
+        if self._covered_change > self._accepted_version and row.last_issued_ordinal <= self._covered_by:
+            self._violate(Invariant.COVERED_UNREAD,
+                          f"an update for oracle v{self._covered_change} was skipped as COVERED (covered sequence "
+                          f"{s.covered_sequence}), but the newest read accepted served v{self._accepted_version}; "
+                          f"last verdict {s.last_verdict}")
 
     def _verdict(self) -> None:
         wf, row = self.wf, self.ledger.row
@@ -1916,7 +2055,8 @@ class Simulation:
         return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
                               violations=list(self.violations), steps=self.step, converged_after=converged_after,
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
-                              duplicate_deliveries=self.duplicate_deliveries, coverage=dict(self.coverage))
+                              duplicate_deliveries=self.duplicate_deliveries,
+                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage))
 
 
 # --- schedule generation ----------------------------------------------------------------------------------
@@ -1929,7 +2069,10 @@ def _profile(rng: random.Random, faults: frozenset[Fault]) -> Profile:
     reads = 1
     if Fault.CONCURRENT_READS in faults and rng.random() < 0.2:
         reads = rng.choice([2, 3])
-    return Profile(capability=capability, max_concurrent_reads=reads, session_at_start=rng.random() < 0.9)
+    session_at_start = rng.random() < 0.9
+    safety = 0.0 if rng.random() < 0.25 else 300.0  # some servers run with the safety re-read disabled
+    return Profile(capability=capability, max_concurrent_reads=reads, session_at_start=session_at_start,
+                   safety_read_seconds=safety)
 
 
 def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -> Event:
@@ -1996,8 +2139,10 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     elif Fault.DELETE in F:
         add(3, lambda: change(Op.RECREATE))
     running = sim.chain_running
-    if running and wf.has_timer:
-        add(4, lambda: Event(Op.TIMER))
+    timer = wf.pending_timer if running else ""
+    if timer:
+        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
+        add(0.4 if timer == "safety" else 4, lambda: Event(Op.TIMER))
     if Fault.OLD_SESSION in F and sim.host.generation >= 2:
         add(0.6, lambda: Event(Op.OLD_NOTE, n=rng.randrange(2)))
     if Fault.WRONG_URI in F:
@@ -2019,8 +2164,12 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
         if sim.checkpoints:
             add(1.5, lambda: Event(Op.RESET, n=rng.randrange(len(sim.checkpoints)),
                                  fault="reapply" if rng.random() < 0.5 else ""))
+    def catalog_event() -> Event:
+        lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
+        return Event(Op.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
+
     if Fault.CATALOG in F and running:
-        add(3 if wf.fence.s.state == S.TOMBSTONE_PENDING else 0.3, lambda: Event(Op.CATALOG))
+        add(3 if wf.fence.s.state == S.TOMBSTONE_PENDING else 0.3, catalog_event)
     if Fault.CONFLICT in F and running:
         add(0.2, lambda: Event(Op.CONFLICT))
         if wf.fence.s.state == S.RECONCILIATION_REQUIRED:
@@ -2126,6 +2275,7 @@ class Summary:
     notification_reads: int = 0
     fresh_reads: int = 0
     duplicate_deliveries: int = 0
+    covered_updates: int = 0
     convergence: list[int] = field(default_factory=list)
     coverage: dict[str, int] = field(default_factory=dict)
 
@@ -2143,6 +2293,7 @@ def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = Si
         summary.notification_reads += r.notification_reads
         summary.fresh_reads += r.fresh_reads
         summary.duplicate_deliveries += r.duplicate_deliveries
+        summary.covered_updates += r.covered_updates
         for name, count in r.coverage.items():
             summary.coverage[name] = summary.coverage.get(name, 0) + count
         if r.converged_after is not None:
@@ -2177,6 +2328,7 @@ def merge_summaries(parts: Sequence[Summary], *, keep_failures: int = 3) -> Summ
         out.notification_reads += p.notification_reads
         out.fresh_reads += p.fresh_reads
         out.duplicate_deliveries += p.duplicate_deliveries
+        out.covered_updates += p.covered_updates
         out.convergence.extend(p.convergence)
         for k, v in p.violations.items():
             out.violations[k] = out.violations.get(k, 0) + v
@@ -2203,6 +2355,8 @@ def summary_json(s: Summary, config: SimConfig = SimConfig()) -> dict[str, Any]:
             "notification_reads": s.notification_reads,
             "reads_that_saw_a_new_version": s.fresh_reads,
             "duplicate_deliveries_deduped": s.duplicate_deliveries,
+            "updates_covered_without_a_read": s.covered_updates,
+            "sequence_coverage": config.sequence_coverage,
         },
         "convergence_steps": {"schedules": len(conv), "p50": _percentile(conv, 0.5), "p99": _percentile(conv, 0.99),
                               "p999": _percentile(conv, 0.999), "max": conv[-1] if conv else 0},

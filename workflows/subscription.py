@@ -130,6 +130,7 @@ class ResourceSubscriptionWorkflow:
         self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
         self.conflict: IdentityConflict | None = None
         self.resume_requested: ResumeRequest | None = None
+        self.carried_binding = False  # this run continues a chain that was subscribed (continue-as-new)
         self.revocation: RevokeRequest | None = None
         self.placeholders = 0
         self.session_failures = 0
@@ -141,7 +142,8 @@ class ResourceSubscriptionWorkflow:
 
     # --- handlers -------------------------------------------------------------------
 
-    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED)
+    # A notification that arrives as the run ends only has an audit row left to write: abandon it.
+    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
     async def resource_updated(self, sig: ResourceUpdated) -> None:
         if sig.notification_id is not None:
             if sig.notification_id in self.seen_ids:
@@ -221,6 +223,7 @@ class ResourceSubscriptionWorkflow:
                                       FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+            self.carried_binding = True
         self.fence.adopt(snap)
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
@@ -242,13 +245,17 @@ class ResourceSubscriptionWorkflow:
                 continue
             if s.state == SubscriptionState.TOMBSTONE_PENDING:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
+                # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
+                # closed by a run this one was reset past): wake for that too.
                 await workflow.wait_condition(lambda: self.catalog is not None or self.fence.s.close_requested
-                                              or self.revocation is not None)
+                                              or self.revocation is not None
+                                              or self.fence.s.state != SubscriptionState.TOMBSTONE_PENDING)
                 continue
             if s.state == SubscriptionState.RECONCILIATION_REQUIRED:
                 await workflow.wait_condition(
                     lambda: self.resume_requested is not None or self.fence.s.close_requested
-                    or self.revocation is not None)
+                    or self.revocation is not None
+                    or self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED)
                 if self.resume_requested is not None:
                     await self._resume()
                 continue
@@ -335,9 +342,13 @@ class ResourceSubscriptionWorkflow:
             self._publish()
             return False
         self.live_generation = max(self.live_generation, session.generation)
-        if (self.session is not None and session.generation == self.fence.s.session_generation
+        if ((self.session is not None or self.carried_binding)
+                and session.generation == self.fence.s.session_generation
                 and self.fence.s.state == SubscriptionState.ACTIVE
                 and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
+            # Already subscribed on this very session (this run, or the run before a continue-as-new,
+            # which hands over its state without a gap): rebind without resubscribing. A reset run
+            # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
             self.session = session
             return True
         self.session = session
@@ -406,6 +417,7 @@ class ResourceSubscriptionWorkflow:
             # A session change may already have cleared the in-flight list.
             if placeholder in s.in_flight:
                 s.in_flight.remove(placeholder)
+        allocated_at = workflow.now()
         if not self.fence.issued(ticket):
             # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
@@ -422,7 +434,7 @@ class ResourceSubscriptionWorkflow:
         if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
             self.fence.read_abandoned(ticket.ordinal)
             self.session = None  # re-bind: the session host has (or will have) a new generation
-            s.pending_trigger = s.pending_trigger or TriggerReason.RESUBSCRIBE
+            s.pending_trigger = TriggerReason.RESUBSCRIBE  # its initial read covers any other trigger
             self._publish()
             return
         result = await self._ledger(
@@ -431,6 +443,7 @@ class ResourceSubscriptionWorkflow:
         )
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
+        self.fence.saw_content(result, allocated_at)
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             self.fence.s.tombstone_pending_at = workflow.now()
         if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
@@ -470,18 +483,19 @@ class ResourceSubscriptionWorkflow:
         assert obs is not None
         before = self.fence.s.state
         proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
-        if before == SubscriptionState.ACTIVE and not obs.listed and not proven:
-            # An unproven catalog cannot revoke; it earns a read of the exact URI, which will tell.
+        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
+        if before == SubscriptionState.ACTIVE and not obs.listed and (not proven or stale):
+            # An unproven catalog cannot revoke, nor can one measured before a read of ours saw
+            # content: either earns a read of the exact URI, which will tell.
             self.fence.poll_due()
-            self.fence.s.detail = f"not listed in unproven catalog {obs.scan_id}: verifying by read"
+            why = "measured before our last read saw content" if stale else "unproven"
+            self.fence.s.detail = f"not listed in catalog {obs.scan_id} ({why}): verifying by read"
             self._publish()
             return
         if not (before == SubscriptionState.TOMBSTONE_PENDING or (before == SubscriptionState.ACTIVE
                                                                   and not obs.listed)):
             return  # the catalog agrees with us: nothing to confirm, no read to spend
-        pending_at = self.fence.s.tombstone_pending_at
-        if (before == SubscriptionState.TOMBSTONE_PENDING and obs.listed and obs.measured_at is not None
-                and pending_at is not None and obs.measured_at < pending_at):
+        if stale:
             return  # measured before our read saw not-found: it cannot say the URI came back
         snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
                                   TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id,
@@ -542,7 +556,15 @@ class ResourceSubscriptionWorkflow:
     # --- continue-as-new -------------------------------------------------------------------
 
     async def _continue_as_new(self, start: SubscriptionStart) -> None:
-        await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
+        def drained() -> bool:
+            return not self.read_tasks and workflow.all_handlers_finished()
+
+        # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
+        # revocation or conflict first and try again later (simulator finding F9).
+        await workflow.wait_condition(lambda: drained() or self.fence.s.close_requested
+                                      or self.revocation is not None or self.conflict is not None)
+        if not drained():
+            return
         workflow.continue_as_new(
             SubscriptionStart(key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
                               seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:])
