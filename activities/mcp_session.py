@@ -48,7 +48,7 @@ from workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["LiveSession", "McpSessionActivities", "classify_error", "MULTIPART_MIME"]
+__all__ = ["LiveSession", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -69,6 +69,10 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
     data = err.data if isinstance(err.data, dict) else {}
     if err.code in NOT_FOUND_CODES or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
         return ReadOutcomeKind.NOT_FOUND
+    if err.code == CONNECTION_CLOSED and "byte limit" in msg:
+        # Streamable HTTP: one response larger than the SSE event cap. That request failed, the
+        # session did not; counting it as lost would reconnect and re-read it forever.
+        return ReadOutcomeKind.MALFORMED
     if err.code == CONNECTION_CLOSED:
         return ReadOutcomeKind.SESSION_LOST
     if err.code == REQUEST_TIMEOUT:
@@ -177,6 +181,35 @@ class LiveSession:
         return await acked
 
 
+def content_parts(result: types.ReadResourceResult, limit: int | None = None) -> list[ContentPart]:
+    """The parts of a read as mcpsync digests them (text as UTF-8, blobs base64-decoded).
+
+    Raises ValueError for invalid base64, an unknown content type, or more than ``limit`` bytes."""
+    parts: list[ContentPart] = []
+    total = 0
+    for c in result.contents:
+        if isinstance(c, types.TextResourceContents):
+            data = c.text.encode("utf-8")
+            parts.append(ContentPart("text", c.mime_type, data))
+        elif isinstance(c, types.BlobResourceContents):
+            try:
+                data = base64.b64decode(c.blob, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("blob content is not valid base64") from None
+            parts.append(ContentPart("blob", c.mime_type, data))
+        else:
+            raise ValueError(f"unsupported content type {type(c).__name__}")
+        total += len(data)
+        if limit is not None and total > limit:
+            raise ValueError(f"content larger than the {limit}-byte limit")
+    return parts
+
+
+def read_digest(result: types.ReadResourceResult) -> str:
+    """The content digest mcpsync records for this read (what receipts and the fixture name)."""
+    return content_digest(content_parts(result))
+
+
 class McpSessionActivities:
     """Activities bound to a session host; ``current`` returns the live session or None."""
 
@@ -276,23 +309,7 @@ class McpSessionActivities:
 
     @staticmethod
     def _parts(result: types.ReadResourceResult, limit: int) -> tuple[list[ContentPart], bytes, str | None]:
-        parts: list[ContentPart] = []
-        total = 0
-        for c in result.contents:
-            if isinstance(c, types.TextResourceContents):
-                data = c.text.encode("utf-8")
-                parts.append(ContentPart("text", c.mime_type, data))
-            elif isinstance(c, types.BlobResourceContents):
-                try:
-                    data = base64.b64decode(c.blob, validate=True)
-                except (binascii.Error, ValueError):
-                    raise ValueError("blob content is not valid base64") from None
-                parts.append(ContentPart("blob", c.mime_type, data))
-            else:
-                raise ValueError(f"unsupported content type {type(c).__name__}")
-            total += len(data)
-            if total > limit:
-                raise ValueError(f"content larger than the {limit}-byte limit")
+        parts = content_parts(result, limit)
         if not parts:
             raise ValueError("read returned no contents")
         if len(parts) == 1:

@@ -21,6 +21,7 @@ import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
+from activities.mcp_session import read_digest
 from workflows.digest import ContentPart, content_digest
 
 __all__ = ["NaiveClient", "FloorSample", "measure_floor", "text_digest"]
@@ -32,16 +33,7 @@ def text_digest(text: str, mime_type: str = "text/plain") -> str:
 
 
 def _digest(result: types.ReadResourceResult) -> str:
-    parts = []
-    for c in result.contents:
-        if isinstance(c, types.TextResourceContents):
-            parts.append(ContentPart("text", c.mime_type, c.text.encode("utf-8")))
-        else:
-            import base64
-
-            assert isinstance(c, types.BlobResourceContents)
-            parts.append(ContentPart("blob", c.mime_type, base64.b64decode(c.blob)))
-    return content_digest(parts)
+    return read_digest(result)
 
 
 @dataclass

@@ -442,13 +442,13 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
                         f'[[servers]]\nname = "{server.name}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
                         f'subjects = ["alice"]\n')
 
-        async def cli(*args: str) -> dict[str, Any]:
+        async def cli(*args: str, rc: int = 0) -> dict[str, Any]:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "worker.cli", "--config", str(conf), "answer", *args, "--json",
                 cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"})
             out, err = await proc.communicate()
-            assert proc.returncode == 0, err.decode()
+            assert proc.returncode == rc, err.decode()
             doc: dict[str, Any] = json.loads(out)
             return doc
 
@@ -496,6 +496,12 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
         assert ended["record"] == "answerBinding.v1" and ended["checks"] == 1
         reloaded = await gate.check(idle_id)
         assert reloaded.verdict == Verdict.ACCEPT and reloaded.sequence == 2 and reloaded.revision == 1
+        # The dependency itself changes: a new receipt exists, the old one is still selected. HOLD,
+        # and the CLI says so in its exit code (3) too.
+        changed = await fx.edit(key.uri, text="Severity-2: incident commander.")
+        await _wait_latest(ledger, key, lambda r: r.content_digest == changed["committed"]["digest"], "new policy")
+        held = await cli("check", "--answer-id", answer_id, rc=3)
+        assert held["verdict"] == "HOLD" and held["reopened"]
 
 
 async def test_failed_read_holds_naming_the_unresolved_condition(temporal_client: Client, ledger: Ledger,

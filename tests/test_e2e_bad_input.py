@@ -80,6 +80,29 @@ async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_cl
             assert len(history) < 1_000_000, "the body never entered history"
 
 
+async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(temporal_client: Client, ledger: Ledger,
+                                                                             tmp_path: Path) -> None:
+    # The session host caps one SSE event at 2 x max_content_bytes + 64 KiB: a larger read result
+    # fails that request only. It must be classified, and the session must not reconnect over it.
+    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
+        server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, max_content_bytes=64 * 1024)
+        uri = f"demo://huge/{uuid.uuid4().hex}"
+        first = await fx.create(uri, text="small")
+        key = SubscriptionKey(subject="anonymous", server=server.name, uri=uri)
+        async with running_services(temporal_client, ledger, [server]) as cfg:
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "small")
+            await fx.wait_subscribed(uri)
+            await fx.edit(uri, text="z" * (400 * 1024))
+            rec = await _wait_record(handle, lambda r: "malformed" in r.detail, "oversize classified", timeout=30)
+            assert rec.last_accepted_digest == first["committed"]["digest"] and rec.session_generation == 1
+            # Nothing lost: the next change of a sane size converges on the same session.
+            fine = await fx.edit(uri, text="small again")
+            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == fine["committed"]["digest"], "fine")
+            session = await ledger.current_session("anonymous", server.name)
+            assert session is not None and session.generation == 1, "no reconnect over one oversize response"
+
+
 @pytest.mark.parametrize("uri,problem", [
     ("demo://ctl/\x01evil", "control characters"),
     ("demo://ctl/line\nbreak", "control characters"),

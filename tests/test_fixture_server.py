@@ -24,8 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from activities.mcp_session import read_digest
 from worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from workflows.digest import ContentPart, content_digest
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -66,13 +66,7 @@ class Inbox:
 
 
 def digest_of(result: types.ReadResourceResult) -> str:
-    parts = []
-    for c in result.contents:
-        if isinstance(c, types.TextResourceContents):
-            parts.append(ContentPart("text", c.mime_type, c.text.encode("utf-8")))
-        else:
-            parts.append(ContentPart("blob", c.mime_type, base64.b64decode(c.blob)))
-    return content_digest(parts)
+    return read_digest(result)
 
 
 @asynccontextmanager

@@ -39,12 +39,11 @@ from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowHandle
 
 from activities.ledger import Ledger
-from activities.mcp_session import classify_error
+from activities.mcp_session import classify_error, read_digest
 from tests.conftest import eventually, running_services, unique
 from worker.config import ServerConfig
 from worker.runtime import start_subscription
 from worker.session_host import SessionHost
-from workflows.digest import ContentPart, content_digest
 from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from workflows.records import (
     AcceptVerdict,
@@ -72,15 +71,8 @@ def everything_entry() -> Path:
 
 
 def digest_of(result: types.ReadResourceResult) -> str:
-    """The digest mcpsync records for a read: same parts, same framing as activities/mcp_session.py."""
-    parts = []
-    for c in result.contents:
-        if isinstance(c, types.TextResourceContents):
-            parts.append(ContentPart("text", c.mime_type, c.text.encode("utf-8")))
-        else:
-            assert isinstance(c, types.BlobResourceContents)
-            parts.append(ContentPart("blob", c.mime_type, base64.b64decode(c.blob, validate=True)))
-    return content_digest(parts)
+    """The digest mcpsync records for a read (activities/mcp_session.py)."""
+    return read_digest(result)
 
 
 def free_port() -> int:

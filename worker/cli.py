@@ -55,6 +55,17 @@ class CliError(Exception):
     """An expected failure: printed as one line, exit code 2."""
 
 
+class ExitStatus(Exception):  # noqa: N818 - not an error: the command's verdict as an exit code
+    """The command printed its result; exit with ``code`` (``answer check``: 3 on HOLD)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+EXIT_HOLD = 3
+
+
 def _state_dir() -> Path:
     from worker.stack import state_dir
 
@@ -481,6 +492,8 @@ async def cmd_answer(args: argparse.Namespace) -> None:
     finally:
         await ledger.pool.close()
     _print(result.model_dump(mode="json"), args.json, _answer_text(result))
+    if args.answer_command == "check" and result.verdict.value == "HOLD":
+        raise ExitStatus(EXIT_HOLD)  # so a shell can gate on it: `mcpsync answer check ... && publish`
 
 
 def _answer_parser(sub: Any) -> None:
@@ -502,7 +515,7 @@ def _answer_parser(sub: Any) -> None:
     s = cmd("select", "record the receipt the next answering step uses for one dependency")
     s.add_argument("--uri", required=True)
     s.add_argument("--receipt", required=True, help="receipt id, or 'latest'")
-    c = cmd("check", "HOLD or ACCEPT, with the reason (persisted)")
+    c = cmd("check", "HOLD or ACCEPT, with the reason (persisted); exit 0 on ACCEPT, 3 on HOLD")
     c.add_argument("--max-unwatched-age", type=float, default=None, metavar="SECONDS",
                    help="accept dependencies without per-URI updates if read at most this long ago")
     sh = cmd("show", "print the answerBinding.v1 record from the ledger")
@@ -636,6 +649,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CliError, ConfigError, TemporalUnavailable, DatabaseUnavailable) as exc:
         print(f"mcpsync: error: {exc}", file=sys.stderr)
         code = 2
+    except ExitStatus as status:
+        code = status.code
     except KeyboardInterrupt:
         code = 130
     sys.stdout.flush()

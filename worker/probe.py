@@ -23,8 +23,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import time
 import uuid
@@ -42,10 +40,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.db import redact_url
-from activities.mcp_session import classify_error
+from activities.mcp_session import classify_error, content_parts
 from worker.config import ServerConfig
 from worker.session_host import server_transport
-from workflows.digest import ContentPart, content_digest
+from workflows.digest import content_digest
 
 __all__ = [
     "KNOWN_NUDGES",
@@ -408,15 +406,7 @@ async def _scan(client: Client, modern: bool, rec: _Recorder, timeout: float
 
 def _digest_read(result: types.ReadResourceResult) -> tuple[str, str | None, int, int]:
     """(digest, mime type, parts, size) exactly as activities.mcp_session digests a read."""
-    parts: list[ContentPart] = []
-    for c in result.contents:
-        if isinstance(c, types.TextResourceContents):
-            parts.append(ContentPart("text", c.mime_type, c.text.encode("utf-8")))
-        elif isinstance(c, types.BlobResourceContents):
-            try:
-                parts.append(ContentPart("blob", c.mime_type, base64.b64decode(c.blob, validate=True)))
-            except (binascii.Error, ValueError):
-                raise ValueError("blob content is not valid base64") from None
+    parts = content_parts(result)
     if not parts:
         raise ValueError("read returned no contents")
     return content_digest(parts), parts[0].mime_type, len(parts), sum(len(p.data) for p in parts)

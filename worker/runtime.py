@@ -131,7 +131,7 @@ async def open_ledger(url: str, *, max_size: int = 16) -> Ledger:
     return Ledger(pool)
 
 
-def main_worker(client: Client, ledger: Ledger, task_queue: str) -> Worker:
+def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int = 5000) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
@@ -140,6 +140,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str) -> Worker:
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
+        max_cached_workflows=max_cached_workflows,
     )
 
 
@@ -154,7 +155,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         for subject in server.subjects
     ]
     tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
-    worker = main_worker(client, ledger, config.temporal.task_queue) if with_main_worker else None
+    worker = main_worker(client, ledger, config.temporal.task_queue,
+                         max_cached_workflows=config.temporal.max_cached_workflows) if with_main_worker else None
     try:
         if worker is not None:
             tasks.append(asyncio.create_task(worker.run(), name="main-worker"))
