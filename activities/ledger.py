@@ -332,15 +332,16 @@ class Ledger:
             row = await cur.fetchone()
             request_id = req.request_id
             while True:
-                await cur.execute("SELECT ordinal, completed_at FROM read_requests WHERE request_id=%s",
-                                  (request_id,))
+                await cur.execute("SELECT ordinal, completed_at, notifications_seen FROM read_requests"
+                                  " WHERE request_id=%s", (request_id,))
                 prior = await cur.fetchone()
                 if prior is None:
                     break
                 if prior["completed_at"] is None:
-                    # The same allocation asked again (a retry after a lost response): same ticket.
+                    # The same allocation asked again (a retry after a lost response): the same ticket,
+                    # with the update counter that allocation saw (not today's: F11).
                     return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
-                                      notifications_seen=row["notifications_seen"] if row else 0)
+                                      notifications_seen=prior["notifications_seen"])
                 # A reset run re-derived a request id that was already used and finished: this is
                 # a new read, with a request id of its own (derived again after a second reset).
                 request_id = f"{request_id}/{prior['ordinal']}"
@@ -349,6 +350,7 @@ class Ledger:
                                        min_ordinal=req.min_ordinal)
             if ordinal is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+            assert row is not None  # allocate_ordinal grants nothing without a row
             await cur.execute(
                 "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
                 (ordinal, wf),
@@ -356,13 +358,12 @@ class Ledger:
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
-                    subscription_generation, trigger_reason)
-                VALUES (%s, %s, %s, %s, %s, %s)
+                    subscription_generation, trigger_reason, notifications_seen)
+                VALUES (%s, %s, %s, %s, %s, %s, %s)
                 """,
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
-                 req.trigger.value),
+                 req.trigger.value, row["notifications_seen"]),
             )
-        assert row is not None
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=row["notifications_seen"])
 

@@ -98,6 +98,23 @@ async def test_allocation_is_idempotent_per_request_id_and_resets_derive_new_ids
     assert await allocate("run1-r1") == (3, "run1-r1/1/2")
 
 
+
+async def test_retried_allocation_answers_the_update_counter_it_saw(ledger: Ledger) -> None:
+    key = await _active(ledger)
+
+    async def seen(request_id: str) -> int:
+        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1, subscription_generation=1,
+                                                       min_ordinal=1, request_id=request_id,
+                                                       trigger=TriggerReason.UPDATED))
+        return t.notifications_seen
+
+    await ledger.note_notification(key.subject, key.server, key.uri, 1)
+    assert await seen("r-a") == 1
+    await ledger.note_notification(key.subject, key.server, key.uri, 1)  # after the allocation
+    # The retry is the same read: it saw 1 update, not 2 (simulator finding F11).
+    assert await seen("r-a") == 1
+
+
 async def test_late_read_leaves_only_a_stale_receipt(ledger: Ledger) -> None:
     key = await _active(ledger)
     a, b = await _issue(ledger, key), await _issue(ledger, key)

@@ -3,7 +3,7 @@
 - A bounded run (5,000 seeded schedules, every fault class except the opt-in concurrent
   reads) must keep the seed's safety invariants at zero (``SAFETY_INVARIANTS``).
 - The full gate (every invariant, liveness included) must be clean too. Every finding the
-  simulator made (F1-F3, F5-F10) was fixed in fence.py / ledger.py / subscription.py; its
+  simulator made (F1-F3, F5-F11) was fixed in fence.py / ledger.py / subscription.py; its
   minimal trace stays here as a regression test whose replay must come out clean.
   F4 (max_concurrent_reads > 1) is a documented limit, kept out of the gate.
 - Deliberately broken judge functions, injected through ``SimConfig.judge``, are caught
@@ -365,6 +365,35 @@ FIXED_FINDINGS: dict[str, dict[str, Any]] = {
             {"op": "complete", "act": "ledger_revoke"},
             {"op": "complete", "act": "ledger_accept"},
             {"op": "close"},
+        ],
+    },
+    # F11: a reset run re-asked an allocation still pending: the idempotent ticket carried today's update
+    # counter, so a notification recorded after the original allocation counted as covered by a read
+    # served before the change. Fixed: read_requests keeps the counter its allocation saw.
+    "F11_retried_allocation_keeps_its_counter": {
+        "seed": "release-100k:64250",
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True},
+        "events": [
+            {"op": "exec", "act": "ledger_ensure_subscription"},
+            {"op": "complete", "act": "ledger_ensure_subscription"},
+            {"op": "exec", "act": "ledger_current_session"},
+            {"op": "complete", "act": "ledger_current_session"},
+            {"op": "exec", "act": "ledger_begin_subscription"},
+            {"op": "complete", "act": "ledger_begin_subscription"},
+            {"op": "exec", "act": "mcp_subscribe"},
+            {"op": "complete", "act": "mcp_subscribe"},
+            {"op": "exec", "act": "ledger_mark_active"},
+            {"op": "complete", "act": "ledger_mark_active"},
+            {"op": "exec", "act": "ledger_allocate_read"},
+            {"op": "checkpoint"},
+            {"op": "complete", "act": "ledger_allocate_read"},
+            {"op": "exec", "act": "mcp_read"},
+            {"op": "complete", "act": "mcp_read"},
+            {"op": "reset", "fault": "reapply"},
+            {"op": "mutate", "n": 1},
+            {"op": "exec", "act": "ledger_allocate_read"},
+            {"op": "exec", "act": "ledger_accept"},
+            {"op": "complete", "act": "ledger_allocate_read"},
         ],
     },
 }

@@ -380,6 +380,7 @@ class ReadRequestRow:
     trigger: TriggerReason
     outcome: str | None = None
     completed: bool = False  # completed_at IS NOT NULL
+    notifications_seen: int = 0  # the row's update counter at allocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,7 +498,7 @@ class MemoryLedger:
             if not self.read_requests[prior].completed:
                 # The same allocation asked again (a retry after a lost response): same ticket (F1).
                 return ReadTicket(granted=True, ordinal=prior, request_id=request_id,
-                                  notifications_seen=row.notifications_seen if row.exists else 0)
+                                  notifications_seen=self.read_requests[prior].notifications_seen)
             # A reset run re-derived a request id already used and finished: a new read, own id (F6).
             request_id = f"{request_id}/{prior}"
         ordinal = allocate_ordinal(row, session_generation=req.session_generation,
@@ -510,7 +511,8 @@ class MemoryLedger:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
-                                                     req.subscription_generation, req.trigger)
+                                                     req.subscription_generation, req.trigger,
+                                                     notifications_seen=row.notifications_seen)
         self.request_ids[request_id] = ordinal
         self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
