@@ -13,10 +13,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from worker.stack import REPO_ROOT
 from workflows.fence import IssuedRead, Judgement, judge_read
 from workflows.records import (
     AcceptVerdict,
@@ -557,3 +561,27 @@ def test_accept_writes_mirror_the_ledger() -> None:
     assert w.revoke and not w.receipt and w.read_request_outcome == "REVOKED"
     done = issued.model_copy(update={"completed_verdict": AcceptVerdict.ACCEPTED})
     assert accept_writes(judge_read(row, done, new, row_uri=KEY.uri), done, new).replay
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "worker.cli", "simulate", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_command_gates_and_replays(tmp_path: Path) -> None:
+    run = _cli("--schedules", "200", "--seed", "cli", "--workers", "1", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["schedules"] == 200 and report["violations_total"] == 0
+    assert "concurrent_reads" not in report["faults"]  # F4 is out of the gate unless asked for
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps(FIXED_FINDINGS["F9_close_during_continue_as_new_wait"]))
+    again = _cli("--replay", str(fixed))
+    assert again.returncode == 0 and "no violation" in again.stdout
+    f4 = tmp_path / "f4.json"
+    f4.write_text(json.dumps(F4_CONCURRENT_READS))
+    broken = _cli("--replay", str(f4))
+    assert broken.returncode == 1 and "version_regression" in broken.stdout + broken.stderr

@@ -620,7 +620,9 @@ def _parser() -> argparse.ArgumentParser:
     simu.add_argument("--schedules", type=int, default=5000)
     simu.add_argument("--seed", default="0")
     simu.add_argument("--events", type=int, default=50, help="mean events per schedule before the drain")
-    simu.add_argument("--without", metavar="FAULT,...", help="fault classes to leave out (e.g. retry,reset)")
+    simu.add_argument("--without", metavar="FAULT,...", default="concurrent_reads",
+                      help="fault classes to leave out (default: concurrent_reads, the documented F4 limit of "
+                           "max_concurrent_reads > 1; --without '' includes every class)")
     simu.add_argument("--workers", type=int, default=0, help="processes (default: CPU count)")
     simu.add_argument("--replay", metavar="FILE", help="replay one trace (JSON from a failure) instead")
     simu.add_argument("--json", action="store_true")
