@@ -205,6 +205,26 @@ async def cmd_outbox(args: argparse.Namespace) -> None:
         await ledger.pool.close()
 
 
+async def cmd_prune(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    from activities.retention import prune
+
+    if args.keep_days < 0:
+        raise CliError("--keep-days must not be negative")
+    config, _ = _resolve_config(args)
+    ledger = await open_ledger(_database_url(config), max_size=2)
+    try:
+        report = await prune(ledger.pool, keep=timedelta(days=args.keep_days), dry_run=args.dry_run)
+    finally:
+        await ledger.pool.close()
+    verb = "would remove" if report.dry_run else "removed"
+    _print(report.model_dump(mode="json"), args.json,
+           f"{verb} (older than {args.keep_days:g} days): {report.content_bodies} content bodies "
+           f"({report.content_bytes} bytes), {report.audit_rows} audit rows, {report.outbox_rows} outbox rows, "
+           f"{report.read_requests} read requests, {report.discovery_scans} discovery scans")
+
+
 def _emit_outbox(rows: list[Any], as_json: bool) -> None:
     if as_json and not rows:
         return
@@ -627,6 +647,13 @@ def _parser() -> argparse.ArgumentParser:
     simu.add_argument("--replay", metavar="FILE", help="replay one trace (JSON from a failure) instead")
     simu.add_argument("--json", action="store_true")
     simu.set_defaults(func=cmd_simulate)
+
+    pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged reads "
+                                      "(receipts and fences are kept; see activities/retention.py)")
+    pr.add_argument("--keep-days", type=float, default=7.0)
+    pr.add_argument("--dry-run", action="store_true", help="count only")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_prune)
 
     ob = sub.add_parser("outbox", help="invalidation outbox")
     ob_sub = ob.add_subparsers(dest="outbox_command", required=True)
