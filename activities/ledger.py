@@ -655,8 +655,9 @@ class Ledger:
             await conn.execute(
                 """
                 INSERT INTO content_store (subject, content_digest, mime_type, size, body)
-                VALUES (%s, %s, %s, %s, %s) ON CONFLICT (subject, content_digest) DO NOTHING
-                """,
+                VALUES (%s, %s, %s, %s, %s)
+                ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
+                """,  # a body read again is young again: retention never races its acceptance
                 (subject, digest, mime_type, len(body), body),
             )
 

@@ -95,6 +95,12 @@ async def test_prune_forgets_only_what_nothing_current_needs(ledger: Ledger) -> 
     assert await _issue(ledger, key) == 4
     again = await prune(ledger.pool, keep=timedelta(days=7))
     assert (again.content_bodies, again.read_requests, again.discovery_scans) == (0, 0, 0)
+    # A body read again (the resource went back to an old version) is young again, so it cannot
+    # be pruned between its read and its acceptance.
+    await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
+    await _rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject=%s", closed.subject)
+    await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
+    assert (await prune(ledger.pool, keep=timedelta(days=7), dry_run=True)).content_bodies == 0
 
 
 async def test_prune_command(tmp_path: Path, database_url: str) -> None:
