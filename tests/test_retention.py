@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import uuid
+from contextlib import suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from activities.ledger import Ledger
 from activities.retention import prune
+from tests.conftest import eventually, unique
 from tests.test_ledger import _accept, _active, _issue
+from worker.config import Config, RetentionConfig, TemporalConfig
+from worker.runtime import run_services
 from worker.stack import REPO_ROOT
 from workflows.records import CloseReceipt, SubscriptionState
 
@@ -118,3 +123,22 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
     assert set(report) >= {"content_bodies", "audit_rows", "outbox_rows", "read_requests", "discovery_scans"}
     bad = cli("--keep-days", "-1")
     assert bad.returncode == 2 and "must not be negative" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_the_worker_prunes_on_its_retention_interval(ledger: Ledger, temporal_client: Any) -> None:
+    key = await _active(ledger, uri="demo://retention/periodic")
+    await ledger.audit("RETENTION_PERIODIC", subject=key.subject, workflow_id=key.workflow_id)
+    await _rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id=%s", key.workflow_id)
+    config = Config(temporal=TemporalConfig(task_queue=unique("retention")),
+                    retention=RetentionConfig(keep_days=7, interval_seconds=0.3))
+    task = asyncio.create_task(run_services(config, temporal_client, ledger, with_main_worker=True))
+    try:
+        await eventually(lambda: _gone(ledger, key.workflow_id), timeout=20, what="old audit row pruned")
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
+async def _gone(ledger: Ledger, workflow_id: str) -> bool:
+    return not await _rows(ledger, "SELECT 1 FROM audit WHERE workflow_id=%s", workflow_id)

@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["Config", "ConfigError", "DatabaseConfig", "MetricsConfig", "ServerConfig", "TemporalConfig", "load_config"]
+__all__ = ["Config", "ConfigError", "DatabaseConfig", "MetricsConfig", "RetentionConfig", "ServerConfig",
+           "TemporalConfig", "load_config"]
 
 
 class ConfigError(ValueError):
@@ -87,11 +88,20 @@ class MetricsConfig(_Model):
     refresh_seconds: float = Field(default=15.0, gt=0)  # ledger-derived gauges
 
 
+class RetentionConfig(_Model):
+    """``[retention]``: the main worker prunes the ledger periodically (``activities.retention``);
+    absent = never (run ``mcpsync prune`` yourself)."""
+
+    keep_days: float = Field(default=7.0, ge=0)
+    interval_seconds: float = Field(default=86400.0, gt=0)  # first run one interval after start
+
+
 class Config(_Model):
     temporal: TemporalConfig = TemporalConfig()
     database: DatabaseConfig = DatabaseConfig()
     servers: list[ServerConfig] = Field(default_factory=list)
     metrics: MetricsConfig | None = None
+    retention: RetentionConfig | None = None
     state_dir: str | None = None
 
     def server(self, name: str) -> ServerConfig:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.client import Client, TLSConfig, WorkflowHandle
@@ -39,7 +40,7 @@ from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
-from worker.config import Config, TemporalConfig
+from worker.config import Config, RetentionConfig, TemporalConfig
 from worker.session_host import SessionHost
 from workflows.answer import AnswerWorkflow
 from workflows.catalog import CatalogWorkflow
@@ -76,6 +77,8 @@ __all__ = [
     "subscription_handle",
     "start_catalog",
 ]
+
+log = logging.getLogger("mcpsync.runtime")
 
 
 class TemporalUnavailable(RuntimeError):
@@ -160,6 +163,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     try:
         if worker is not None:
             tasks.append(asyncio.create_task(worker.run(), name="main-worker"))
+            if config.retention is not None:
+                tasks.append(asyncio.create_task(_prune_periodically(ledger, config.retention), name="retention"))
         if ready is not None:
             ready.set()
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -173,6 +178,20 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         for t in tasks:
             with suppress(asyncio.CancelledError, Exception):
                 await t
+
+
+async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
+    """``[retention]``: prune every interval; a failed run is logged and retried next interval."""
+    from activities.retention import prune
+
+    while True:
+        await asyncio.sleep(cfg.interval_seconds)
+        try:
+            report = await prune(ledger.pool, keep=timedelta(days=cfg.keep_days))
+        except Exception as exc:  # a database outage must not take the worker down
+            log.warning("retention run failed: %s: %s", type(exc).__name__, str(exc)[:200])
+            continue
+        log.info("retention: %s", report.model_dump_json(exclude={"dry_run"}))
 
 
 def _sa_uri(uri: str) -> str:
