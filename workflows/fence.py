@@ -16,6 +16,12 @@ Contract:
   VERSION_ACCEPTED (the last read made a version current).
 - Coalescing: at most one read in flight; every update that arrives meanwhile
   collapses into one follow-up read.
+- Coverage: an update the ingress recorded (``ResourceUpdated.sequence``) before a read
+  was allocated (``ReadTicket.notifications_seen``) needs no read of its own. If that
+  covering read observes nothing (fails, is abandoned, judged stale), its covered
+  updates get a FOLLOW_UP read and coverage falls back to the last read that did.
+- Finished is final: a late verdict or a lagging ledger snapshot never moves a fence out
+  of a terminal state; a closing one never reopens.
 """
 
 from __future__ import annotations
