@@ -9,11 +9,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from activities.ledger import Ledger
 from tests.conftest import eventually, running_services, unique
@@ -22,7 +25,8 @@ from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
 from worker.runtime import start_subscription
 from worker.stack import REPO_ROOT
-from workflows.records import SubscriptionKey, SubscriptionState
+from workflows.names import QUERY_SUBSCRIPTION
+from workflows.records import ResourceSubscriptionV1, SubscriptionKey, SubscriptionState
 
 S = SubscriptionState
 LIAR = Path(__file__).parent / "servers" / "liar_server.py"
@@ -60,47 +64,51 @@ async def _audited(ledger: Ledger, key: SubscriptionKey, kind: str) -> bool:
     return any(r["workflow_id"] == key.workflow_id for r in await ledger.audit_rows(kind, limit=2000))
 
 
-async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_client: Client, ledger: Ledger,
-                                                                     tmp_path: Path) -> None:
+@asynccontextmanager
+async def _subscribed_small(client: Client, ledger: Ledger, tmp_path: Path,
+                            **server_options: Any) -> AsyncIterator[tuple[FixtureProcess, ServerConfig, WorkflowHandle]]:
+    """An HTTP fixture, one subscription to a small text resource, converged and subscribed."""
     async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
-        server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, read_timeout_seconds=60)
+        server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, **server_options)
         uri = f"demo://big/{uuid.uuid4().hex}"
         first = await fx.create(uri, text="small")
         key = SubscriptionKey(subject="anonymous", server=server.name, uri=uri)
-        async with running_services(temporal_client, ledger, [server]) as cfg:
-            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        async with running_services(client, ledger, [server]) as cfg:
+            handle = await start_subscription(client, key, task_queue=cfg.temporal.task_queue)
             await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "small")
             await fx.wait_subscribed(uri)
-            huge = await fx.edit(uri, text="y" * (10 * 1024 * 1024))
-            rec = await _wait_record(handle, lambda r: "guardrail" in r.detail, "10 MB classified", timeout=60)
-            assert rec.last_accepted_digest == first["committed"]["digest"]
-            statuses = {r.content_digest: r.status.value for r in await ledger.receipts(key)}
-            assert statuses[huge["committed"]["digest"]] == "GUARDRAIL_REJECTED"
-            history = (await handle.fetch_history()).to_json()
-            assert len(history) < 1_000_000, "the body never entered history"
+            yield fx, server, handle
+
+
+async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_client: Client, ledger: Ledger,
+                                                                     tmp_path: Path) -> None:
+    async with _subscribed_small(temporal_client, ledger, tmp_path, read_timeout_seconds=60) as (fx, _, handle):
+        before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+        key = SubscriptionKey(subject=before.subject, server=before.server, uri=before.uri)
+        huge = await fx.edit(key.uri, text="y" * (10 * 1024 * 1024))
+        rec = await _wait_record(handle, lambda r: "guardrail" in r.detail, "10 MB classified", timeout=60)
+        assert rec.last_accepted_digest == before.last_accepted_digest
+        statuses = {r.content_digest: r.status.value for r in await ledger.receipts(key)}
+        assert statuses[huge["committed"]["digest"]] == "GUARDRAIL_REJECTED"
+        history = (await handle.fetch_history()).to_json()
+        assert len(history) < 1_000_000, "the body never entered history"
 
 
 async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(temporal_client: Client, ledger: Ledger,
                                                                              tmp_path: Path) -> None:
     # The session host caps one SSE event at 2 x max_content_bytes + 64 KiB: a larger read result
     # fails that request only. It must be classified, and the session must not reconnect over it.
-    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
-        server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, max_content_bytes=64 * 1024)
-        uri = f"demo://huge/{uuid.uuid4().hex}"
-        first = await fx.create(uri, text="small")
-        key = SubscriptionKey(subject="anonymous", server=server.name, uri=uri)
-        async with running_services(temporal_client, ledger, [server]) as cfg:
-            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-            await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "small")
-            await fx.wait_subscribed(uri)
-            await fx.edit(uri, text="z" * (400 * 1024))
-            rec = await _wait_record(handle, lambda r: "malformed" in r.detail, "oversize classified", timeout=30)
-            assert rec.last_accepted_digest == first["committed"]["digest"] and rec.session_generation == 1
-            # Nothing lost: the next change of a sane size converges on the same session.
-            fine = await fx.edit(uri, text="small again")
-            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == fine["committed"]["digest"], "fine")
-            session = await ledger.current_session("anonymous", server.name)
-            assert session is not None and session.generation == 1, "no reconnect over one oversize response"
+    async with _subscribed_small(temporal_client, ledger, tmp_path, max_content_bytes=64 * 1024) as (fx, server,
+                                                                                                     handle):
+        before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+        await fx.edit(before.uri, text="z" * (400 * 1024))
+        rec = await _wait_record(handle, lambda r: "malformed" in r.detail, "oversize classified", timeout=30)
+        assert rec.last_accepted_digest == before.last_accepted_digest and rec.session_generation == 1
+        # Nothing lost: the next change of a sane size converges on the same session.
+        fine = await fx.edit(before.uri, text="small again")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == fine["committed"]["digest"], "fine")
+        session = await ledger.current_session("anonymous", server.name)
+        assert session is not None and session.generation == 1, "no reconnect over one oversize response"
 
 
 @pytest.mark.parametrize("uri,problem", [
