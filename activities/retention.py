@@ -66,30 +66,21 @@ RETURNING 1
 """
 
 
-class _DryRun(Exception):
-    pass
-
-
 async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = False) -> PruneReport:
     if keep < timedelta(0):
         raise ValueError("keep must not be negative")
     counts: dict[str, int] = {}
-    async with pool.connection() as conn:
-        try:
-            async with conn.transaction():
-                cur = await conn.execute("SELECT now() - %s::interval", (keep,))
-                row = await cur.fetchone()
-                assert row is not None
-                args = {"cutoff": row[0]}
-                cur = await conn.execute(_CONTENT, args)
-                sizes = [int(r[0]) for r in await cur.fetchall()]
-                counts["content_bodies"], counts["content_bytes"] = len(sizes), sum(sizes)
-                for name, sql in (("audit_rows", _AUDIT), ("outbox_rows", _OUTBOX), ("read_requests", _READS),
-                                  ("discovery_scans", _SCANS)):
-                    cur = await conn.execute(sql, args)
-                    counts[name] = len(await cur.fetchall())
-                if dry_run:
-                    raise _DryRun  # leaves the transaction: everything above rolls back
-        except _DryRun:
-            pass
+    # A dry run deletes the same rows in the same transaction, then rolls it back.
+    async with pool.connection() as conn, conn.transaction(force_rollback=dry_run):
+        cur = await conn.execute("SELECT now() - %s::interval", (keep,))
+        row = await cur.fetchone()
+        assert row is not None
+        args = {"cutoff": row[0]}
+        cur = await conn.execute(_CONTENT, args)
+        sizes = [int(r[0]) for r in await cur.fetchall()]
+        counts["content_bodies"], counts["content_bytes"] = len(sizes), sum(sizes)
+        for name, sql in (("audit_rows", _AUDIT), ("outbox_rows", _OUTBOX), ("read_requests", _READS),
+                          ("discovery_scans", _SCANS)):
+            cur = await conn.execute(sql, args)
+            counts[name] = len(await cur.fetchall())
     return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run, **counts)

@@ -32,10 +32,6 @@ def text_digest(text: str, mime_type: str = "text/plain") -> str:
     return content_digest([ContentPart("text", mime_type, text.encode("utf-8"))])
 
 
-def _digest(result: types.ReadResourceResult) -> str:
-    return read_digest(result)
-
-
 @dataclass
 class NaiveClient:
     """A legacy (2025-11-25) SDK client that reads on every notification."""
@@ -102,7 +98,7 @@ class NaiveClient:
         except Exception:
             self.read_errors += 1
             return
-        digest = _digest(result)
+        digest = read_digest(result)
         now = time.time()
         self.held[uri] = digest  # naive: the last read to complete wins, whatever its age
         self.completions.append((uri, digest, now))

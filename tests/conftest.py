@@ -94,6 +94,13 @@ async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
         await proc.stop()
 
 
+async def ledger_rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:
+    """Run one SQL statement on the ledger; its rows (none for a statement without a result)."""
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute(sql, args)
+        return list(await cur.fetchall()) if cur.description else []
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

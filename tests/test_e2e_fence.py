@@ -15,7 +15,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
+from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_subscription import _wait_record
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
@@ -49,20 +49,14 @@ def _server(url: str, subject: str = "alice") -> ServerConfig:
                         ping_interval_seconds=0.5, ping_timeout_seconds=2)
 
 
-async def _rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    async with ledger.pool.connection() as conn:
-        cur = await conn.execute(sql, args)
-        return list(await cur.fetchall())
-
-
 async def _receipts(ledger: Ledger, key: SubscriptionKey) -> list[tuple[int, str, str | None]]:
-    return [(r[0], r[1], r[2]) for r in await _rows(
+    return [(r[0], r[1], r[2]) for r in await ledger_rows(
         ledger, "SELECT read_ordinal, status, content_digest FROM resource_versions WHERE workflow_id=%s"
                 " ORDER BY receipt_id", key.workflow_id)]
 
 
 async def _outbox(ledger: Ledger, key: SubscriptionKey) -> list[tuple[str, str | None]]:
-    return [(r[0], r[1]) for r in await _rows(
+    return [(r[0], r[1]) for r in await ledger_rows(
         ledger, "SELECT event_type, content_digest FROM outbox WHERE workflow_id=%s ORDER BY outbox_id",
         key.workflow_id)]
 
@@ -319,7 +313,7 @@ async def test_reset_to_first_task_after_five_versions_never_regresses(temporal_
         assert fence_after.watermark > fence_before.watermark
         assert fence_after.last_issued_ordinal > fence_before.last_issued_ordinal
         assert rec.watermark == fence_after.watermark
-    ordinals = [r[0] for r in await _rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s"
+    ordinals = [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s"
                                                   " ORDER BY issued_at, ordinal", key.workflow_id)]
     assert ordinals == sorted(ordinals) and len(set(ordinals)) == len(ordinals), "ordinal reused after reset"
     accepted = [o for o, s, _ in await _receipts(ledger, key) if s in ("ACCEPTED", "UNCHANGED")]

@@ -182,7 +182,8 @@ def test_an_unlisted_catalog_measured_before_our_read_saw_content_is_stale() -> 
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     f = active_fence()
-    f.saw_content(AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1), t0)
+    f.observed(AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1), allocated_at=t0,
+               now=t0)
     assert f.catalog_word_is_stale(listed=False, measured_at=t0 - timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=False, measured_at=t0 + timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=True, measured_at=t0 - timedelta(seconds=1))  # agrees with us

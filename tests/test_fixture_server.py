@@ -65,10 +65,6 @@ class Inbox:
                 await self._changed.wait()
 
 
-def digest_of(result: types.ReadResourceResult) -> str:
-    return read_digest(result)
-
-
 @asynccontextmanager
 async def http_client(
     fx: FixtureProcess, mode: str, token: str | None = None, inbox: Inbox | None = None
@@ -214,7 +210,7 @@ async def test_read_digest_matches_control_plane(fx: FixtureProcess) -> None:
                 result = await client.read_resource(committed["uri"])
                 assert result.contents[0].uri == committed["uri"]
                 assert result.contents[0].mime_type == committed["mime_type"]
-                assert digest_of(result) == committed["digest"]
+                assert read_digest(result) == committed["digest"]
     assert (await fx.resource("digest://blob"))["digest"] == blob["committed"]["digest"]
 
 
@@ -242,7 +238,7 @@ async def test_not_found_and_delete_restore_both_editions(fx: FixtureProcess) ->
     restored = await fx.restore("gone://r")
     assert restored["committed"]["digest"] == created["committed"]["digest"]
     async with http_client(fx, "auto") as client:
-        assert digest_of(await client.read_resource("gone://r")) == created["committed"]["digest"]
+        assert read_digest(await client.read_resource("gone://r")) == created["committed"]["digest"]
 
 
 async def test_templates_list(fx: FixtureProcess) -> None:
@@ -263,7 +259,7 @@ async def test_legacy_subscribe_update_read_http(fx: FixtureProcess) -> None:
         assert session["edition"] == "2025-11-25" and session["subject"] == "anonymous"
         edit = await fx.edit(uri, text="v2")
         await inbox.wait(lambda: len(inbox.updated(uri)) >= 1)
-        assert digest_of(await client.read_resource(uri)) == edit["committed"]["digest"]
+        assert read_digest(await client.read_resource(uri)) == edit["committed"]["digest"]
         await client.unsubscribe_resource(uri)
         await fx.wait_stats(lambda s: uri not in s["subscriptions"])
 
@@ -278,7 +274,7 @@ async def test_listen_resource_updated_2026_http(fx: FixtureProcess) -> None:
         edit = await fx.edit(uri, text="v2")
         event = await asyncio.wait_for(sub.__anext__(), 5)
         assert event.uri == uri  # type: ignore[union-attr]
-        assert digest_of(await client.read_resource(uri)) == edit["committed"]["digest"]
+        assert read_digest(await client.read_resource(uri)) == edit["committed"]["digest"]
 
 
 async def test_list_changed_on_create_both_editions(fx: FixtureProcess) -> None:
@@ -305,7 +301,7 @@ async def test_stdio_both_editions(tmp_path: Path) -> None:
         caps = client.server_capabilities.resources
         assert caps is not None and caps.subscribe and caps.list_changed
         created = await ctl.create(uri, text="v1", visible_to=["alice"])
-        assert digest_of(await client.read_resource(uri)) == created["committed"]["digest"]
+        assert read_digest(await client.read_resource(uri)) == created["committed"]["digest"]
         with pytest.raises(MCPError) as err:
             await client.read_resource("stdio://missing")
         assert (err.value.code, err.value.data) == (-32002, {"uri": "stdio://missing"})
@@ -314,7 +310,7 @@ async def test_stdio_both_editions(tmp_path: Path) -> None:
         assert stats["sessions"][0]["subject"] == "alice" and stats["sessions"][0]["transport"] == "stdio"
         edit = await ctl.edit(uri, text="v2")
         await inbox.wait(lambda: len(inbox.updated(uri)) >= 1)
-        assert digest_of(await client.read_resource(uri)) == edit["committed"]["digest"]
+        assert read_digest(await client.read_resource(uri)) == edit["committed"]["digest"]
     async with stdio_client(tmp_path, "auto", subscribe=False) as (client, ctl):
         caps = client.server_capabilities.resources
         assert caps is not None and caps.subscribe is False and caps.list_changed is True
@@ -340,7 +336,7 @@ async def test_subject_visibility_over_http(fx: FixtureProcess) -> None:
     ):
         assert uri in {r.uri for r in (await list_all(alice))[0]}
         assert uri not in {r.uri for r in (await list_all(bob))[0]}
-        assert digest_of(await alice.read_resource(uri)) == created["committed"]["digest"]
+        assert read_digest(await alice.read_resource(uri)) == created["committed"]["digest"]
         with pytest.raises(MCPError) as err:
             await bob.read_resource(uri)
         assert err.value.code == -32002
@@ -359,7 +355,7 @@ async def test_subject_visibility_over_http(fx: FixtureProcess) -> None:
         await fx.wait_notified()
         assert alice_inbox.list_changed() == []
     async with http_client(fx, "auto", token=TOKENS["bob"]) as bob_modern:
-        assert digest_of(await bob_modern.read_resource(uri)) == (await fx.resource(uri))["digest"]
+        assert read_digest(await bob_modern.read_resource(uri)) == (await fx.resource(uri))["digest"]
 
 
 async def test_require_auth_rejects_unknown_tokens(tmp_path: Path) -> None:
@@ -412,7 +408,7 @@ async def test_read_faults(fx: FixtureProcess, clean_faults: None) -> None:
         late = asyncio.create_task(client.read_resource(uri))
         await fx.wait_stats(lambda s: s["reads"].get(uri, 0) >= 2)
         await fx.edit(uri, text="new")
-        assert digest_of(await late) == first["committed"]["digest"]  # snapshot taken before the delay
+        assert read_digest(await late) == first["committed"]["digest"]  # snapshot taken before the delay
 
 
 async def test_stats_counts(fx: FixtureProcess) -> None:

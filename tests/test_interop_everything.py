@@ -31,7 +31,6 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
@@ -68,11 +67,6 @@ def everything_entry() -> Path:
     if not EVERYTHING.is_file():
         pytest.fail(f"{EVERYTHING} is missing: run scripts/install-npm-servers (scripts/bootstrap runs it)")
     return EVERYTHING
-
-
-def digest_of(result: types.ReadResourceResult) -> str:
-    """The digest mcpsync records for a read (activities/mcp_session.py)."""
-    return read_digest(result)
 
 
 def free_port() -> int:
@@ -232,7 +226,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         listed = [r.uri for r in (await direct.list_resources()).resources]
         docs = [u for u in listed if u.startswith(DOC_PREFIX)][:2]
         assert len(docs) == 2, listed
-        expected = {u: digest_of(await direct.read_resource(u)) for u in docs}
+        expected = {u: read_digest(await direct.read_resource(u)) for u in docs}
         with pytest.raises(MCPError) as not_found:
             await direct.read_resource(missing)
     assert not_found.value.code == -32602
@@ -439,7 +433,7 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
         caps = direct.server_capabilities.resources
         # MCPServer serves subscriptions/listen, so 2026-07-28 advertises subscribe and listChanged.
         assert caps is not None and caps.subscribe and caps.list_changed
-        first = digest_of(await direct.read_resource(TINY_URI))
+        first = read_digest(await direct.read_resource(TINY_URI))
         with pytest.raises(MCPError) as not_found:
             await direct.read_resource("tiny://notes/missing")
         assert not_found.value.code == -32602 and classify_error(not_found.value) == ReadOutcomeKind.NOT_FOUND
@@ -456,7 +450,7 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             # Another client edits: the event goes through the server's bus to mcpsync's listen stream.
             edited = await direct.call_tool("edit", {"text": "revision 2"})
             assert not edited.is_error
-            second = digest_of(await direct.read_resource(TINY_URI))
+            second = read_digest(await direct.read_resource(TINY_URI))
             assert second != first
             await wait_record(handle, lambda r: r.last_accepted_digest == second, "edit converged via listen")
             assert [r["content_digest"] for r in await outbox_for(ledger, key)] == [first, second]
@@ -483,7 +477,7 @@ async def test_mcpserver_as_2025_has_no_subscribe_so_mcpsync_polls(temporal_clie
     async with Client(tiny_url, mode="legacy", cache=None) as direct:
         caps = direct.server_capabilities.resources
         assert caps is not None and not caps.subscribe and not caps.list_changed
-        expected = digest_of(await direct.read_resource(TINY_URI))
+        expected = read_digest(await direct.read_resource(TINY_URI))
     key = SubscriptionKey(subject=SUBJECT, server=server.name, uri=TINY_URI)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)

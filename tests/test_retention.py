@@ -14,7 +14,7 @@ from typing import Any
 
 from activities.ledger import Ledger
 from activities.retention import prune
-from tests.conftest import eventually, unique
+from tests.conftest import eventually, ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
 from worker.config import Config, RetentionConfig, TemporalConfig
 from worker.runtime import run_services
@@ -25,15 +25,9 @@ S = SubscriptionState
 OLD = "now() - interval '30 days'"
 
 
-async def _rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    async with ledger.pool.connection() as conn:
-        cur = await conn.execute(sql, args)
-        return list(await cur.fetchall()) if cur.description else []
-
-
 async def _scan(ledger: Ledger, subject: str, label: str = "A") -> str:
     scan_id = f"scan-{uuid.uuid4().hex[:12]}"
-    await _rows(ledger, "INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server,"
+    await ledger_rows(ledger, "INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server,"
                         " session_generation, status, recorded_at) VALUES (%s, %s, %s, %s, 'srv', 1, 'COMPLETE',"
                         f" {OLD})", scan_id, f"rec-{scan_id}", label, subject)
     return scan_id
@@ -58,7 +52,7 @@ async def test_prune_forgets_only_what_nothing_current_needs(ledger: Ledger) -> 
     await ledger.audit("RETENTION_TEST", subject=subject, workflow_id=key.workflow_id)
     # A catalog built from two scans keeps them; a scan no catalog used goes.
     a, b, lone = await _scan(ledger, subject), await _scan(ledger, subject, "B"), await _scan(ledger, subject)
-    await _rows(ledger, """
+    await ledger_rows(ledger, """
         INSERT INTO resource_catalogs (subject, server, reconciliation_id, scan_a, scan_b, status, session_generation,
             window_started_at, measured_at, staleness_bound_seconds, next_review_at, uri_set_digest,
             descriptor_set_digest, template_set_digest, resource_count, template_count)
@@ -67,33 +61,33 @@ async def test_prune_forgets_only_what_nothing_current_needs(ledger: Ledger) -> 
     # Age everything of these two subscriptions (other tests' rows stay young and untouched).
     wfs = [key.workflow_id, closed.workflow_id]
     subjects = [key.subject, closed.subject]
-    await _rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject = ANY(%s)", subjects)
-    await _rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id = ANY(%s)", wfs)
-    await _rows(ledger, f"UPDATE outbox SET created_at = {OLD} WHERE workflow_id = ANY(%s)", wfs)
-    await _rows(ledger, f"UPDATE read_requests SET completed_at = {OLD} WHERE workflow_id = ANY(%s)"
+    await ledger_rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject = ANY(%s)", subjects)
+    await ledger_rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id = ANY(%s)", wfs)
+    await ledger_rows(ledger, f"UPDATE outbox SET created_at = {OLD} WHERE workflow_id = ANY(%s)", wfs)
+    await ledger_rows(ledger, f"UPDATE read_requests SET completed_at = {OLD} WHERE workflow_id = ANY(%s)"
                         " AND completed_at IS NOT NULL", wfs)
-    outbox_before = len(await _rows(ledger, "SELECT 1 FROM outbox WHERE workflow_id = ANY(%s)", wfs))
-    audit_before = len(await _rows(ledger, "SELECT 1 FROM audit WHERE workflow_id = ANY(%s)", wfs))
+    outbox_before = len(await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE workflow_id = ANY(%s)", wfs))
+    audit_before = len(await ledger_rows(ledger, "SELECT 1 FROM audit WHERE workflow_id = ANY(%s)", wfs))
     assert outbox_before >= 3 and audit_before >= 1
 
     dry = await prune(ledger.pool, keep=timedelta(days=7), dry_run=True)
     assert (dry.content_bodies, dry.content_bytes, dry.read_requests, dry.discovery_scans) == (3, 30, 3, 1)
     assert (dry.outbox_rows, dry.audit_rows) == (outbox_before, audit_before)
-    assert len(await _rows(ledger, "SELECT 1 FROM content_store WHERE subject = ANY(%s)", subjects)) == 4
+    assert len(await ledger_rows(ledger, "SELECT 1 FROM content_store WHERE subject = ANY(%s)", subjects)) == 4
 
     done = await prune(ledger.pool, keep=timedelta(days=7))
     assert done.model_dump(exclude={"dry_run"}) == dry.model_dump(exclude={"dry_run"}) and not done.dry_run
-    bodies = {r[0] for r in await _rows(ledger, "SELECT content_digest FROM content_store WHERE subject = ANY(%s)",
+    bodies = {r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM content_store WHERE subject = ANY(%s)",
                                         subjects)}
     assert bodies == {"sha256:r2"}, "only the current version of an ACTIVE subscription is kept"
     assert (await ledger.current_content(key)) is not None
-    assert [r[0] for r in await _rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
+    assert [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
                                       key.workflow_id)] == [open_read]
-    receipts = await _rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)", wfs)
+    receipts = await ledger_rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)", wfs)
     assert receipts[0][0] == 3, "receipts are the proof: never pruned"
     fence = await ledger.load_fence(key)
     assert (fence.state, fence.last_accepted_digest, fence.last_issued_ordinal) == (S.ACTIVE, "sha256:r2", 3)
-    scans = {r[0] for r in await _rows(ledger, "SELECT scan_id FROM discovery_scans WHERE scan_id = ANY(%s)",
+    scans = {r[0] for r in await ledger_rows(ledger, "SELECT scan_id FROM discovery_scans WHERE scan_id = ANY(%s)",
                                        [a, b, lone])}
     assert scans == {a, b}
     # The fence still works after pruning: a new read is allocated past everything before.
@@ -103,7 +97,7 @@ async def test_prune_forgets_only_what_nothing_current_needs(ledger: Ledger) -> 
     # A body read again (the resource went back to an old version) is young again, so it cannot
     # be pruned between its read and its acceptance.
     await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
-    await _rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject=%s", closed.subject)
+    await ledger_rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject=%s", closed.subject)
     await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
     assert (await prune(ledger.pool, keep=timedelta(days=7), dry_run=True)).content_bodies == 0
 
@@ -128,7 +122,7 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
 async def test_the_worker_prunes_on_its_retention_interval(ledger: Ledger, temporal_client: Any) -> None:
     key = await _active(ledger, uri="demo://retention/periodic")
     await ledger.audit("RETENTION_PERIODIC", subject=key.subject, workflow_id=key.workflow_id)
-    await _rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id=%s", key.workflow_id)
+    await ledger_rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id=%s", key.workflow_id)
     config = Config(temporal=TemporalConfig(task_queue=unique("retention")),
                     retention=RetentionConfig(keep_days=7, interval_seconds=0.3))
     task = asyncio.create_task(run_services(config, temporal_client, ledger, with_main_worker=True))
@@ -141,4 +135,4 @@ async def test_the_worker_prunes_on_its_retention_interval(ledger: Ledger, tempo
 
 
 async def _gone(ledger: Ledger, workflow_id: str) -> bool:
-    return not await _rows(ledger, "SELECT 1 FROM audit WHERE workflow_id=%s", workflow_id)
+    return not await ledger_rows(ledger, "SELECT 1 FROM audit WHERE workflow_id=%s", workflow_id)

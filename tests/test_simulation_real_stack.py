@@ -41,13 +41,13 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.ledger import Ledger
-from tests.conftest import running_services, unique
+from tests.conftest import ledger_rows, running_services, unique
+from tests.test_e2e_fence import _record
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
 from worker.runtime import start_subscription
 from worker.stack import TemporalDevServer, temporal_cli_path
 from workflows.names import (
-    QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_CLOSE,
     SIGNAL_IDENTITY_CONFLICT,
@@ -183,10 +183,6 @@ class Run:
             if t <= when:
                 state = exists
         return state
-
-
-async def _record(handle: WorkflowHandle) -> ResourceSubscriptionV1:
-    return await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
 
 
 async def _until(handle: WorkflowHandle, pred: Any, timeout: float) -> ResourceSubscriptionV1 | None:
@@ -372,12 +368,6 @@ class Driver:
 # --- the invariants, from the PostgreSQL ledger ---------------------------------------------------------
 
 
-async def _rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    async with ledger.pool.connection() as conn:
-        cur = await conn.execute(sql, args)
-        return list(await cur.fetchall())
-
-
 def _non_decreasing_commit_order(digests: Sequence[str], committed: Sequence[str]) -> bool:
     """Can each accepted digest be matched to a commit no older than the previous one's?"""
     at = 0
@@ -398,10 +388,10 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
             if fence.state in TERMINAL or (fence.state == S.ACTIVE and fence.last_accepted_digest == run.committed[-1]):
                 break
             await asyncio.sleep(0.2)
-    (row,) = await _rows(ledger, "SELECT state, close_ordinal, last_accepted_digest, last_issued_ordinal"
+    (row,) = await ledger_rows(ledger, "SELECT state, close_ordinal, last_accepted_digest, last_issued_ordinal"
                                  " FROM subscriptions WHERE workflow_id=%s", wf)
     state, close_ordinal, digest, _ = S(row[0]), row[1], row[2], row[3]
-    receipts = await _rows(ledger, "SELECT receipt_id, read_ordinal, status, content_digest, accepted_at"
+    receipts = await ledger_rows(ledger, "SELECT receipt_id, read_ordinal, status, content_digest, accepted_at"
                                    " FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", wf)
     advancing = [r for r in receipts if r[2] in ADVANCING]
     ordinals = [r[1] for r in advancing]
@@ -418,12 +408,12 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
         late = [r for r in advancing if r[4] > end]
         if late:
             found.append(f"not_active_write: {[(r[1], r[2]) for r in late]} after the close/revocation returned")
-        outbox = await _rows(ledger, "SELECT event_type, read_ordinal FROM outbox WHERE workflow_id=%s"
+        outbox = await ledger_rows(ledger, "SELECT event_type, read_ordinal FROM outbox WHERE workflow_id=%s"
                                      " AND event_type <> 'revoked' AND created_at > %s", wf, end)
         if outbox:
             found.append(f"outbox_after_close: {outbox}")
     if close_ordinal is not None:
-        past = await _rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s AND ordinal > %s",
+        past = await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s AND ordinal > %s",
                            wf, close_ordinal)
         if past:
             found.append(f"ordinal past the close fence: {past}")
@@ -500,7 +490,7 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
             results = await asyncio.gather(*(one(r) for r in runs))
     finally:
         await fx.stop()
-    finals = [(await _rows(ledger, "SELECT state FROM subscriptions WHERE workflow_id=%s", r.key.workflow_id))[0][0]
+    finals = [(await ledger_rows(ledger, "SELECT state FROM subscriptions WHERE workflow_id=%s", r.key.workflow_id))[0][0]
               for r in runs]
     counts: dict[str, int] = {}
     for r in runs:

@@ -134,7 +134,7 @@ async def open_ledger(url: str, *, max_size: int = 16) -> Ledger:
     return Ledger(pool)
 
 
-def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int = 5000) -> Worker:
+def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,

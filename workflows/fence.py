@@ -267,11 +267,14 @@ class SubscriptionFence:
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
             self.s.last_accepted_digest = digest
 
-    def saw_content(self, result: AcceptResult, allocated_at: datetime) -> None:
-        """A read allocated at ``allocated_at`` was judged: did it observe content?"""
+    def observed(self, result: AcceptResult, *, allocated_at: datetime, now: datetime) -> None:
+        """When a judged read (allocated at ``allocated_at``) saw content or not-found: the times
+        ``catalog_word_is_stale`` compares catalog measurements with."""
+        s = self.s
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.GUARDRAIL_REJECTED):
-            seen = self.s.content_seen_at
-            self.s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
+            s.content_seen_at = allocated_at if s.content_seen_at is None else max(s.content_seen_at, allocated_at)
+        elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
+            s.tombstone_pending_at = now
 
     def catalog_word_is_stale(self, *, listed: bool, measured_at: datetime | None) -> bool:
         """A catalog measured before our own read saw the opposite cannot overrule that read:

@@ -1261,9 +1261,7 @@ class SimulatedWorkflow:
         assert outcome is not None
         self.fence.applied(task.ticket.ordinal, accepted)
         self.fence.accepted_digest(outcome.content_digest, accepted)
-        self.fence.saw_content(accepted, task.allocated_at)
-        if accepted.verdict == V.TOMBSTONE_PENDING:
-            s.tombstone_pending_at = self.now
+        self.fence.observed(accepted, allocated_at=task.allocated_at, now=self.now)
         if accepted.verdict == V.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
             s.detail = f"read {task.ticket.ordinal} failed: {outcome.kind.value}"
         elif accepted.verdict in (V.ACCEPTED, V.UNCHANGED) and s.detail.startswith("read "):

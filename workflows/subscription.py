@@ -443,9 +443,7 @@ class ResourceSubscriptionWorkflow:
         )
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
-        self.fence.saw_content(result, allocated_at)
-        if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
-            self.fence.s.tombstone_pending_at = workflow.now()
+        self.fence.observed(result, allocated_at=allocated_at, now=workflow.now())
         if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
             # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
             self.fence.s.detail = (f"read {ticket.ordinal} failed: {outcome.kind.value}"
