@@ -476,7 +476,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
         assert doc["release_gates"]["unreconciled_catalogs_accepted"] == 0
         code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--require-proven",
                                    "--json")
-        assert code == 2 and out == ""
+        assert code == 3 and out == ""  # ExitCode.REFUSED: the completeness gate said no
         assert err.startswith("mcpsync: error: completeness task 'cli' refused") and "SNAPSHOT_UNPROVEN" in err
         gates = await st.catalogs.release_gates()
         assert gates["completeness_consumed_unproven"] == 0 and gates["completeness_refused"] == refused + 1

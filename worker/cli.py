@@ -1,9 +1,14 @@
 """``mcpsync`` command line.
 
 Contract:
-- Expected failures (unknown server, Temporal or PostgreSQL unreachable, bad
-  config, no such subscription) print one ``mcpsync: error: ...`` line to stderr
-  and exit 2; never a traceback. ``--json`` output is one JSON document on stdout.
+- Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
+  an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
+- Exit codes (documented in the README): 0 ok; 2 usage or configuration error (bad
+  flags, bad config, unknown server or subject, unusable URI); 3 refused by a gate
+  (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt,
+  consumer); 5 access refused (content for another subject, revoked, not released by
+  the guardrail); 6 unavailable (Temporal or PostgreSQL unreachable, timed out).
+  1 is left to bugs (an unexpected exception).
 - Without ``--config`` (or ``MCPSYNC_CONFIG``) the commands talk to the stack that
   ``mcpsync up`` started, found through ``<state dir>/runtime.json``.
 """
@@ -19,6 +24,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,15 +50,30 @@ from worker.runtime import (
 from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from workflows.records import CloseReceipt, CloseRequest, ResourceSubscriptionV1, SubscriptionKey
 
-__all__ = ["main", "CliError"]
+__all__ = ["main", "CliError", "ExitCode"]
 
 log = logging.getLogger("mcpsync")
 
 DEMO_URI = "demo://policy/escalation"
 
 
+class ExitCode(IntEnum):
+    """The CLI's documented exit codes (README "Exit codes")."""
+
+    OK = 0
+    USAGE = 2  # usage or configuration error, unusable input
+    REFUSED = 3  # refused by a gate: answer HOLD, scan --require-proven
+    NOT_FOUND = 4  # no such subscription, receipt or consumer
+    ACCESS_DENIED = 5  # content refused: other subject, revoked, not released by the guardrail
+    UNAVAILABLE = 6  # Temporal or PostgreSQL unreachable, or a wait timed out
+
+
 class CliError(Exception):
-    """An expected failure: printed as one line, exit code 2."""
+    """An expected failure: printed as one line, exit ``code`` (default: usage/config error)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ExitStatus(Exception):  # noqa: N818 - not an error: the command's verdict as an exit code
@@ -63,7 +84,7 @@ class ExitStatus(Exception):  # noqa: N818 - not an error: the command's verdict
         self.code = code
 
 
-EXIT_HOLD = 3
+EXIT_HOLD = ExitCode.REFUSED
 
 
 def _state_dir() -> Path:
@@ -303,7 +324,8 @@ async def cmd_scan(args: argparse.Namespace) -> None:
                                "start it with 'mcpsync catalog start'") from None
             raise
         except TimeoutError:
-            raise CliError(f"no reconciled catalog within {args.timeout:.0f} s (see the workflow's restarts)") from None
+            raise CliError(f"no reconciled catalog within {args.timeout:.0f} s (see the workflow's restarts)",
+                           ExitCode.UNAVAILABLE) from None
     ledger = await open_ledger(_database_url(config), max_size=2)
     catalogs = CatalogLedger(ledger.pool)
     try:
@@ -312,7 +334,7 @@ async def cmd_scan(args: argparse.Namespace) -> None:
             try:
                 grant = await require_complete_catalog(catalogs, args.subject, args.server, task=args.task)
             except CompletenessRefused as exc:
-                raise CliError(str(exc)) from None
+                raise CliError(str(exc), ExitCode.REFUSED) from None
             out.update(uris=list(grant.uris), consumption_id=grant.consumption_id)
     finally:
         await ledger.pool.close()
@@ -675,9 +697,15 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         asyncio.run(_run(args))
-    except (CliError, ConfigError, TemporalUnavailable, DatabaseUnavailable) as exc:
+    except CliError as exc:
         print(f"mcpsync: error: {exc}", file=sys.stderr)
-        code = 2
+        code = exc.code
+    except ConfigError as exc:
+        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        code = ExitCode.USAGE
+    except (TemporalUnavailable, DatabaseUnavailable) as exc:
+        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
     except KeyboardInterrupt:
