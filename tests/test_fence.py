@@ -187,3 +187,48 @@ def test_an_unlisted_catalog_measured_before_our_read_saw_content_is_stale() -> 
     assert f.catalog_word_is_stale(listed=False, measured_at=t0 - timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=False, measured_at=t0 + timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=True, measured_at=t0 - timedelta(seconds=1))  # agrees with us
+
+
+# --- deadlines (issue 15) ----------------------------------------------------------------------------
+
+
+def _polling_fence(bound: float = 30.0) -> SubscriptionFence:
+    from workflows.records import FenceSnapshot
+    f = SubscriptionFence(FenceState(key=KEY))
+    f.adopt(FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1))
+    f.subscribed(FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1),
+                 poll_interval_seconds=bound)
+    return f
+
+
+def test_deadline_is_armed_by_allocation_and_no_wake_up_moves_it() -> None:
+    from datetime import UTC, datetime, timedelta
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    f = _polling_fence(30.0)
+    f.s.pending_trigger = None
+    f.arm_read_deadline(requested_at=t0, period_seconds=f.read_period(300.0), jitter=0.5)
+    due = f.s.read_due_at
+    assert due == t0 + timedelta(seconds=27)  # 0.8 + 0.2 * 0.5 of the bound: early, never late
+    for wake in range(1, 27):  # catalog words, covered notifications, rechecks: each a pass of the loop
+        now = t0 + timedelta(seconds=wake)
+        assert not f.poll_if_due(now, period_seconds=30.0)
+        assert f.until_read_due(now) == due - now and f.s.read_due_at == due
+    assert f.poll_if_due(due, period_seconds=30.0) and f.s.pending_trigger == TriggerReason.POLL
+    assert f.until_read_due(due) is None  # a read is requested: nothing left to time
+
+
+def test_deadline_waits_for_an_allocation_on_its_way_and_arms_when_missing() -> None:
+    from datetime import UTC, datetime, timedelta
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    f = _polling_fence(10.0)
+    f.s.pending_trigger = None
+    f.s.in_flight.append(-1)  # an ordinal requested, not granted: its grant re-arms the deadline
+    f.s.read_due_at = t0
+    assert not f.poll_if_due(t0 + timedelta(seconds=5), period_seconds=10.0)
+    assert f.until_read_due(t0 + timedelta(seconds=5)) is None
+    f.s.in_flight.clear()
+    f.s.read_due_at = None  # carried from a run before deadlines existed
+    assert not f.poll_if_due(t0, period_seconds=10.0) and f.s.read_due_at == t0 + timedelta(seconds=10)
+    # The safety period applies when subscribed (no published bound); none at all when disabled.
+    f.s.staleness_bound_seconds = None
+    assert f.read_period(300.0) == 300.0 and f.read_period(0.0) is None

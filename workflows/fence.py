@@ -22,11 +22,16 @@ Contract:
   updates get a FOLLOW_UP read and coverage falls back to the last read that did.
 - Finished is final: a late verdict or a lagging ledger snapshot never moves a fence out
   of a terminal state; a closing one never reopens.
+- Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
+  subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved
+  only by the next allocation. A wake-up (a catalog word, a covered notification, a session
+  recheck) never moves it later, so the published staleness bound holds under any
+  interleaving of wake-ups. The jitter only ever makes it earlier (0.8–1.0 of the period).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -117,6 +122,9 @@ class FenceState(BaseModel):
     staleness_bound_seconds: float | None = None
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
+    last_accepted_at: datetime | None = None  # when the ledger last made a new version current
+    read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
+    ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
 
 
@@ -203,9 +211,53 @@ class SubscriptionFence:
         return UpdateDisposition.READ_REQUESTED
 
     def poll_due(self) -> None:
-        """No subscribe capability: the poll timer fired."""
+        """The poll / safety-read deadline passed (or a catalog word asks for a verification read)."""
         if self.s.state == S.ACTIVE and self.s.pending_trigger is None:
             self.s.pending_trigger = TriggerReason.POLL
+
+    # --- deadlines ----------------------------------------------------------------------
+
+    def read_period(self, safety_read_seconds: float | None) -> float | None:
+        """The period the next read is promised within: the published staleness bound when
+        polling, else the safety re-read period (None: no periodic read at all)."""
+        return self.s.staleness_bound_seconds or safety_read_seconds or None
+
+    def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None, jitter: float) -> None:
+        """A read was granted; its allocation was requested at ``requested_at``. The next
+        periodic read is due one period after that, jittered early (``jitter`` in [0, 1) maps
+        to 0.8–1.0 of the period): never later than the published bound."""
+        if not period_seconds:
+            self.s.read_due_at = None
+            return
+        self.s.read_due_at = requested_at + timedelta(seconds=period_seconds * (0.8 + 0.2 * jitter))
+
+    def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
+        """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
+        a period but no deadline (state carried from a run before deadlines existed) arms one
+        from ``now``. True when a read was requested here."""
+        s = self.s
+        if s.state != S.ACTIVE or not period_seconds or self.allocating:
+            return False  # an allocation on its way re-arms the deadline when granted
+        if s.read_due_at is None:
+            s.read_due_at = now + timedelta(seconds=period_seconds)
+        if now >= s.read_due_at and s.pending_trigger is None:
+            s.pending_trigger = TriggerReason.POLL
+            return True
+        return False
+
+    def until_read_due(self, now: datetime) -> timedelta | None:
+        """How long the main loop may wait for other work before the periodic read is due; None
+        when no deadline applies (not ACTIVE, none armed, a read already requested, or an
+        allocation on its way: the loop then waits for the deadline to change instead)."""
+        s = self.s
+        if s.state != S.ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
+            return None
+        return max(timedelta(0), s.read_due_at - now)
+
+    @property
+    def allocating(self) -> bool:
+        """A read's ordinal was requested and not granted yet (a negative placeholder in flight)."""
+        return any(o < 0 for o in self.s.in_flight)
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
@@ -273,8 +325,31 @@ class SubscriptionFence:
         s = self.s
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.GUARDRAIL_REJECTED):
             s.content_seen_at = allocated_at if s.content_seen_at is None else max(s.content_seen_at, allocated_at)
+            if result.verdict == AcceptVerdict.ACCEPTED:
+                s.last_accepted_at = now
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             s.tombstone_pending_at = now
+
+    def read_judged(self, ordinal: int, outcome: ReadOutcome, result: AcceptResult) -> None:
+        """The detail line after a judged read: why it failed, or cleared once a read saw content
+        (a failure, a catalog verification or a not-found explanation is then history)."""
+        s = self.s
+        if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
+            # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
+            code = f" (code {outcome.error_code})" if outcome.error_code is not None else ""
+            s.detail = f"read {ordinal} failed: {outcome.kind.value}{code}"
+        elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING and s.state == S.TOMBSTONE_PENDING:
+            code = f" (code {outcome.error_code})" if outcome.error_code is not None else ""
+            s.detail = (f"read {ordinal}: not found{code}; waiting for a reconciled catalog to confirm the "
+                        f"deletion (or list the URI again)")
+        elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
+                s.detail.startswith(("read ", "not listed in catalog")):
+            s.detail = ""
+
+    def finish(self, now: datetime) -> None:
+        """The run loop ended in a terminal state: stamp when (kept through continue-as-new)."""
+        if self.finished and self.s.ended_at is None:
+            self.s.ended_at = now
 
     def catalog_word_is_stale(self, *, listed: bool, measured_at: datetime | None) -> bool:
         """A catalog measured before our own read saw the opposite cannot overrule that read:
@@ -371,7 +446,8 @@ class SubscriptionFence:
     def finished(self) -> bool:
         return self.s.state in TERMINAL
 
-    def record(self, *, started_at=None, ended_at=None) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
+    def record(self, *, started_at: datetime | None = None,
+               safety_read_seconds: float | None = None) -> ResourceSubscriptionV1:
         s = self.s
         return ResourceSubscriptionV1(
             subject=s.key.subject,
@@ -383,7 +459,7 @@ class SubscriptionFence:
             capabilities=s.capabilities,
             subscription_generation=s.subscription_generation,
             started_at=started_at,
-            ended_at=ended_at,
+            ended_at=s.ended_at,
             last_notification_seq=s.updates_seen,
             last_issued_ordinal=s.last_issued_ordinal,
             last_accepted_ordinal=s.last_accepted_ordinal,
@@ -394,6 +470,10 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
+            safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
+            last_accepted_at=s.last_accepted_at,
+            last_verified_at=s.content_seen_at,
+            next_read_due_at=s.read_due_at if s.state == S.ACTIVE else None,
             detail=s.detail,
         )
 

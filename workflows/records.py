@@ -477,7 +477,6 @@ class ResourceSubscriptionV1(_Frozen):
     reads_issued: int = 0
     staleness_bound_seconds: float | None = None  # published when polling (no subscribe)
     safety_read_seconds: float | None = None  # with subscribe: the re-read period bounding lost notifications
-    configured_edition: str = ""  # the edition the config asked for ("auto" or a date); ``edition`` is negotiated
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     last_verified_at: datetime | None = None  # allocation time of the newest read that saw content
     next_read_due_at: datetime | None = None  # deadline of the next poll / safety read (None: none due)

@@ -28,8 +28,10 @@ Contract:
   round trip), workflow reset to an earlier snapshot (with or without signal reapply; the
   durable row persists and the old run's started activities still land), catalog
   reconciliations (proven or not, measured late), identity conflicts and resume, close,
-  and restart of a closed key as a new incarnation. Time is the step count (one second
-  per step) and only feeds ``workflow.now()`` and catalog ``measured_at``.
+  and restart of a closed key as a new incarnation. Time advances one second per step,
+  and a TIMER event jumps it to the armed timer's fire time (a timer armed for a deadline
+  fires at that deadline, not "whenever"): it feeds ``workflow.now()``, catalog
+  ``measured_at`` and the staleness-bound check.
 - Invariants (``Invariant``) are checked after EVERY step against the oracle; at the end
   the schedule drains (remaining events, then one final invalidation, to quiescence)
   and must have converged. A failing schedule shrinks (ddmin) to a short ``Trace``
@@ -157,6 +159,9 @@ class Invariant(StrEnum):
     LIVELOCK = "livelock"  # the main loop spins without blocking (Temporal: deadlocked workflow task)
     NO_CONVERGENCE = "no_convergence"  # quiet end, drained, final invalidation: not the oracle's last state
     COVERED_UNREAD = "covered_unread"  # quiet end, before any timer: an update skipped as COVERED, change unread
+    # an idle ACTIVE subscription with a published bound (poll interval, or the safety period) armed its
+    # next wake-up later than one bound after the last read the ledger allocated (or armed none)
+    STALENESS_BOUND = "staleness_bound"
 
 
 SAFETY_INVARIANTS = frozenset({
@@ -307,6 +312,9 @@ class SimConfig:
     # The ingress stamps ResourceUpdated.sequence (covered updates skip their read). False: it
     # stamps nothing, as before sequence coverage existed (to measure what coverage saves).
     sequence_coverage: bool = True
+    # The periodic read is a deadline (PATCH_READ_DEADLINES). False: the timer restarted on every
+    # wake-up, as runs recorded before the patch still do (issue 15's finding, kept checkable).
+    read_deadlines: bool = True
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -794,6 +802,7 @@ class ReadTask:
     ticket: ReadTicket | None = None
     outcome: ReadOutcome | None = None
     allocated_at: datetime = EPOCH
+    requested_at: datetime = EPOCH  # workflow.now() when the allocation was requested (deadline base)
 
 
 def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
@@ -813,7 +822,8 @@ class SimulatedWorkflow:
 
     def __init__(self, key: SubscriptionKey, *, max_concurrent_reads: int, poll_interval_seconds: float,
                  incarnation: str, id_prefix: str, carried_state: dict[str, Any] | None = None,
-                 seen_ids: Sequence[str] = (), safety_read_seconds: float = 300.0) -> None:
+                 seen_ids: Sequence[str] = (), safety_read_seconds: float = 300.0,
+                 read_deadlines: bool = True) -> None:
         state = FenceState(key=key)
         if carried_state is not None:
             state = FenceState.model_validate(carried_state)
@@ -822,6 +832,8 @@ class SimulatedWorkflow:
         self.max_reads = max_concurrent_reads
         self.poll_interval = poll_interval_seconds
         self.safety_read = safety_read_seconds
+        self.deadlines = read_deadlines  # MIRROR(subscription.py: workflow.patched(PATCH_READ_DEADLINES))
+        self._draws = 0
         self.now = EPOCH  # workflow.now(): set by the simulation before each activation
         self.incarnation = incarnation
         self.id_prefix = id_prefix
@@ -842,6 +854,8 @@ class SimulatedWorkflow:
         self.locals: dict[str, Any] = {}
         self.timer_armed = False
         self.timer_kind = ""  # the armed WAIT_WORK timeout: "poll" | "safety"
+        self.timer_at: datetime | None = None  # when the armed WAIT_WORK timer fires
+        self.wait_due: datetime | None = None  # the deadline WAIT_WORK's timeout was computed from
         self.waiting_updates: list[ResourceUpdated] = []  # resource_updated handlers waiting for reload
         self.handler_calls: dict[int, str] = {}  # handler id -> pending audit (for WRONG_URI detail)
         self.close_updates = 0  # close updates in progress (they wait for ``finished``)
@@ -858,6 +872,13 @@ class SimulatedWorkflow:
 
     def _uuid(self) -> str:  # MIRROR(workflow.uuid4): deterministic per run, fresh after a reset
         return f"{self.id_prefix}-r{self._next()}"
+
+    def _random(self) -> float:  # MIRROR(workflow.random().random()): deterministic per run
+        self._draws += 1
+        return random.Random(f"{self.id_prefix}/{self._draws}").random()
+
+    def _read_period(self) -> float | None:  # MIRROR(subscription.py: _read_period)
+        return self.fence.read_period(self.safety_read)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -1034,7 +1055,8 @@ class SimulatedWorkflow:
                     return
                 self._loop()
                 continue
-            if st == Stage.WAIT_WORK and self._has_work():
+            if st == Stage.WAIT_WORK and (self._has_work() or (self.deadlines and self.fence.s.read_due_at != self.wait_due)):
+                # MIRROR(subscription.py: _idle_wait_over)
                 self.stage, self.timer_armed = Stage.LOOP, False
                 continue
             revoking = self.revocation is not None
@@ -1082,6 +1104,7 @@ class SimulatedWorkflow:
         f = self.fence
         s = f.s
         if f.finished:
+            f.finish(self.now)  # MIRROR(subscription.py: run, after the loop)
             self.stage = Stage.FINAL
             return
         if self.revocation is not None:
@@ -1107,17 +1130,27 @@ class SimulatedWorkflow:
             self._call_main("ensure_session", Act.CURRENT_SESSION,
                             SessionQuery(subject=self.key.subject, server=self.key.server))
             return
+        if self.deadlines:
+            f.poll_if_due(self.now, period_seconds=self._read_period())
         if f.read_wanted(self.max_reads) is not None:
             self._start_read()
             return
         if self._continue_as_new_due():
             self.stage = Stage.CAN_WAIT
             return
-        # MIRROR(subscription.py: run, the wait): timeout = _poll_delay() if polling else _safety_delay()
+        # MIRROR(subscription.py: run, the wait with _wait_timeout())
         self.stage = Stage.WAIT_WORK
         polling = s.staleness_bound_seconds is not None
-        self.timer_kind = "poll" if polling else "safety" if self.safety_read else ""
-        self.timer_armed = bool(self.timer_kind)
+        if self.deadlines:
+            timeout = f.until_read_due(self.now)
+        elif polling:
+            timeout = timedelta(seconds=(s.staleness_bound_seconds or self.poll_interval) * (0.8 + 0.2 * self._random()))
+        else:
+            timeout = timedelta(seconds=self.safety_read * (0.8 + 0.2 * self._random())) if self.safety_read else None
+        self.timer_kind = "" if timeout is None else "poll" if polling else "safety"
+        self.timer_armed = timeout is not None
+        self.timer_at = None if timeout is None else self.now + timeout
+        self.wait_due = s.read_due_at
 
     # _ensure_subscribed ------------------------------------------------------------------------
 
@@ -1204,7 +1237,7 @@ class SimulatedWorkflow:
         self.placeholders += 1
         placeholder = -self.placeholders
         s.in_flight.append(placeholder)
-        task = ReadTask(self._next(), trigger, placeholder, self.session)
+        task = ReadTask(self._next(), trigger, placeholder, self.session, requested_at=self.now)
         self.read_tasks[task.tid] = task
         if task.session is None:
             s.in_flight.remove(placeholder)  # the finally clause, then the AssertionError ends the task
@@ -1228,6 +1261,9 @@ class SimulatedWorkflow:
                 task.stage = "reload"
                 self.commands.append(ScheduleActivity(("read", task.tid), Act.LOAD_FENCE, KeyRequest(key=self.key)))
                 return
+            if self.deadlines:
+                self.fence.arm_read_deadline(requested_at=task.requested_at, period_seconds=self._read_period(),
+                                             jitter=self._random())
             assert task.session is not None
             req = ReadRequest(key=self.key, session_generation=s.session_generation,
                               subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
@@ -1262,10 +1298,7 @@ class SimulatedWorkflow:
         self.fence.applied(task.ticket.ordinal, accepted)
         self.fence.accepted_digest(outcome.content_digest, accepted)
         self.fence.observed(accepted, allocated_at=task.allocated_at, now=self.now)
-        if accepted.verdict == V.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
-            s.detail = f"read {task.ticket.ordinal} failed: {outcome.kind.value}"
-        elif accepted.verdict in (V.ACCEPTED, V.UNCHANGED) and s.detail.startswith("read "):
-            s.detail = ""
+        self.fence.read_judged(task.ticket.ordinal, outcome, accepted)
         del self.read_tasks[task.tid]
 
     # tombstones, identity, resume -------------------------------------------------------------------
@@ -1452,6 +1485,7 @@ class Simulation:
         self.violations: list[Violation] = []
         self.events: list[Event] = []
         self.step = 0
+        self.times: list[datetime] = [EPOCH]  # the clock after each step (index = step)
         self.chain = 0
         self.run = 0
         self._aid = 0
@@ -1466,6 +1500,8 @@ class Simulation:
         self._max_outbox_ordinal = 0
         self._close_fences: list[int] = []
         self._flagged: set[Invariant] = set()
+        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
+        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._note_change: dict[str, int] = {}  # notification id -> the oracle version that emitted it
         self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
         self._covered_by = 0  # the read that covered it (covering_ordinal then)
@@ -1498,7 +1534,8 @@ class Simulation:
         wf = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
                                poll_interval_seconds=30.0, incarnation=f"chain{self.chain}",
                                id_prefix=f"c{self.chain}r{self.run}",
-                               safety_read_seconds=self.profile.safety_read_seconds)
+                               safety_read_seconds=self.profile.safety_read_seconds,
+                               read_deadlines=self.config.read_deadlines)
         wf.start()
         return wf
 
@@ -1510,7 +1547,7 @@ class Simulation:
         """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
         while True:
             wf = self.wf
-            wf.now = self._time(self.step)
+            wf.now = self.times[self.step]
             if wf.stage != Stage.WEDGED:
                 wf.run_until_blocked()
             for err in wf.errors:
@@ -1540,7 +1577,8 @@ class Simulation:
             new = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
                                     poll_interval_seconds=30.0, incarnation=wf.incarnation,
                                     id_prefix=f"c{self.chain}r{self.run}", carried_state=can.carried_state,
-                                    seen_ids=can.seen_ids, safety_read_seconds=self.profile.safety_read_seconds)
+                                    seen_ids=can.seen_ids, safety_read_seconds=self.profile.safety_read_seconds,
+                                    read_deadlines=self.config.read_deadlines)
             new.start()
             self.wf = new
 
@@ -1571,9 +1609,14 @@ class Simulation:
         elif kind == "close":
             wf.update_close()
 
-    @staticmethod
-    def _time(step: int) -> datetime:
-        return EPOCH + timedelta(seconds=step)
+    def _next_time(self, event: Event) -> datetime:
+        """One second after the last step; a TIMER event fires the armed timer at its time."""
+        at = self.times[self.step] + timedelta(seconds=1)
+        wf = self.wf
+        if event.op == Op.TIMER and self.chain_running and wf.stage == Stage.WAIT_WORK and wf.timer_armed \
+                and wf.timer_at is not None and wf.timer_at > at:
+            at = wf.timer_at
+        return at
 
     def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message:
         """MIRROR(worker/session_host.py: _route): ``note_notification`` bumps the row's update counter
@@ -1611,10 +1654,12 @@ class Simulation:
 
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
-        self.wf.now = self._time(self.step + 1)
+        at = self._next_time(event)
+        self.wf.now = at
         applied = self._apply(event)
         if applied:
             self.step += 1
+            self.times.append(at)
             self.exists_history.append(self.oracle.exists)
             self.events.append(event)
             self._cover(f"op.{event.op.value}")
@@ -1731,7 +1776,7 @@ class Simulation:
             self._signal("catalog", CatalogObservation(
                 uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
                 snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
-                session_generation=self.host.generation, measured_at=self._time(measured)))
+                session_generation=self.host.generation, measured_at=self.times[measured]))
             return True
         if op == Op.CONFLICT:
             if not self.chain_running:
@@ -1865,14 +1910,40 @@ class Simulation:
         for w in log[self._log_seen:]:
             self._check_write(w)
         self._log_seen = len(log)
+        self._check_read_deadline()
         if self._converged():
             if self.converged_since is None:
                 self.converged_since = self.step
         else:
             self.converged_since = None
 
+    def _check_read_deadline(self) -> None:
+        """STALENESS_BOUND: an idle ACTIVE subscription on a live session, with a published bound
+        (the poll interval, or the safety re-read period), must have armed its next wake-up no
+        later than one bound after the last read the ledger allocated. Observed from outside:
+        the ledger's allocation time and the timer the workflow armed, not the fence's deadline."""
+        wf = self.wf
+        if not self.chain_running or wf.stage != Stage.WAIT_WORK or self._last_allocated_at is None:
+            return
+        s = wf.fence.s
+        if s.state != S.ACTIVE or wf.session is None or s.close_requested or s.pending_trigger is not None \
+                or s.in_flight or wf.read_tasks:
+            return  # a read (or resubscribe) is already on its way, or no read is possible
+        bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None else wf.safety_read
+        if not bound:
+            return
+        promised = self._last_allocated_at + timedelta(seconds=bound)
+        wake = wf.timer_at if wf.timer_armed else None
+        if (wake is None or wake > promised) and wake not in self._late_timers:
+            self._late_timers.add(wake)
+            late = "never" if wake is None else f"at +{(wake - self._last_allocated_at).total_seconds():.1f} s"
+            self._violate(Invariant.STALENESS_BOUND,
+                          f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
+                          f"next wake-up {late}")
+
     def _check_write(self, w: LedgerWrite) -> None:
         if w.kind == "allocate":
+            self._last_allocated_at = self.times[self.step]
             if w.ordinal <= self._max_allocated:
                 self._violate(Invariant.ORDINAL_ORDER, f"allocated {w.ordinal} after {self._max_allocated}")
             self._max_allocated = max(self._max_allocated, w.ordinal)

@@ -13,11 +13,16 @@ Contract:
   at most one read is in flight and updates meanwhile coalesce into one follow-up.
 - Long life: continue-as-new when suggested, after in-flight reads and handlers
   drain, carrying the whole ``FenceState`` and the signal dedupe ids.
+- Staleness promise: the next poll / safety read is a deadline in ``FenceState``
+  (``read_due_at``), armed when a read is allocated; the loop waits at most until it, so
+  no wake-up postpones it. Runs that started before this (no ``PATCH_READ_DEADLINES``
+  marker in their history) keep the old restarted timer until their next continue-as-new.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -46,7 +51,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.records import (
         AcceptRequest,
         AcceptResult,
-        AcceptVerdict,
         AllocateRequest,
         AuditRequest,
         BeginSubscriptionRequest,
@@ -82,7 +86,11 @@ with workflow.unsafe.imports_passed_through():
         UnsubscribeRequest,
     )
 
-__all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK"]
+__all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
+           "PATCH_READ_DEADLINES"]
+
+PATCH_READ_DEADLINES = "read-deadlines"
+"""workflow.patched id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
 
 POLL_INTERVAL = timedelta(seconds=30)
 """Read period when the server cannot (or will not) subscribe; jittered ±20%."""
@@ -139,6 +147,7 @@ class ResourceSubscriptionWorkflow:
         self.read_tasks: set[asyncio.Task[None]] = set()
         self.reloaded = False
         self.last_published: tuple[object, ...] = ()
+        self.deadlines = False  # set in run(): workflow.patched(PATCH_READ_DEADLINES)
 
     # --- handlers -------------------------------------------------------------------
 
@@ -217,6 +226,8 @@ class ResourceSubscriptionWorkflow:
 
     @workflow.run
     async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:
+        # Memoized for the run: histories recorded before deadlines keep their restarted timer.
+        self.deadlines = workflow.patched(PATCH_READ_DEADLINES)
         incarnation = workflow.info().first_execution_run_id
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -264,18 +275,19 @@ class ResourceSubscriptionWorkflow:
                 if not await self._ensure_subscribed():
                     await self._wait_for_session()
                 continue
+            if self.deadlines:
+                self.fence.poll_if_due(workflow.now(), period_seconds=self._read_period())
             if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
                 self._start_read()
                 continue
             if self._continue_as_new_due():
                 await self._continue_as_new(start)
-            polling = s.staleness_bound_seconds is not None
-            timeout = self._poll_delay() if polling else self._safety_delay()
             try:
-                await workflow.wait_condition(self._has_work, timeout=timeout)
+                await workflow.wait_condition(self._idle_wait_over(), timeout=self._wait_timeout())
             except TimeoutError:
                 self.fence.poll_due()
 
+        self.fence.finish(workflow.now())
         await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
         if self.fence.s.state == SubscriptionState.REVOKED:
             await self._stop_notifications()
@@ -297,6 +309,14 @@ class ResourceSubscriptionWorkflow:
             or self._continue_as_new_due()
         )
 
+    def _idle_wait_over(self) -> Callable[[], bool]:
+        """The idle wait's condition: work, or (with deadlines) a read grant re-armed the deadline
+        the wait's timeout was computed from."""
+        if not self.deadlines:
+            return self._has_work
+        due = self.fence.s.read_due_at
+        return lambda: self._has_work() or self.fence.s.read_due_at != due
+
     def _continue_as_new_due(self) -> bool:
         return should_continue_as_new(
             suggested=workflow.info().is_continue_as_new_suggested(),
@@ -306,12 +326,18 @@ class ResourceSubscriptionWorkflow:
             max_history=self.options.max_history_events,
         )
 
-    def _poll_delay(self) -> timedelta:
-        base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
-        # Deterministic jitter in [0.8, 1.0] of the published bound: never later than promised.
-        return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
+    def _read_period(self) -> float | None:
+        return self.fence.read_period(self.options.safety_read_seconds)
 
-    def _safety_delay(self) -> timedelta | None:
+    def _wait_timeout(self) -> timedelta | None:
+        """How long the idle loop waits for work: until the read deadline (never moved by a wake-up)."""
+        if self.deadlines:
+            return self.fence.until_read_due(workflow.now())
+        # Before PATCH_READ_DEADLINES: a timer restarted on every wake-up (the bug of issue 15); kept
+        # byte for byte, including its random draws, so runs recorded with it replay.
+        if self.fence.s.staleness_bound_seconds is not None:
+            base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
+            return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
         period = self.options.safety_read_seconds
         if not period:
             return None
@@ -403,6 +429,7 @@ class ResourceSubscriptionWorkflow:
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
         s = self.fence.s
         session = self.session
+        requested_at = workflow.now()
         try:
             assert session is not None
             request_id = str(workflow.uuid4())
@@ -426,6 +453,11 @@ class ResourceSubscriptionWorkflow:
                 s.pending_trigger = s.pending_trigger or trigger
             self._publish()
             return
+        if self.deadlines:
+            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
+            # never later than one period after the read the ledger records.
+            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                         jitter=workflow.random().random())
         self._publish()
         req = ReadRequest(key=self.key, session_generation=s.session_generation,
                           subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
@@ -444,13 +476,7 @@ class ResourceSubscriptionWorkflow:
         self.fence.applied(ticket.ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
         self.fence.observed(result, allocated_at=allocated_at, now=workflow.now())
-        if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
-            # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
-            self.fence.s.detail = (f"read {ticket.ordinal} failed: {outcome.kind.value}"
-                                   f"{f' (code {outcome.error_code})' if outcome.error_code is not None else ''}")
-        elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
-                self.fence.s.detail.startswith("read "):
-            self.fence.s.detail = ""
+        self.fence.read_judged(ticket.ordinal, outcome, result)
         self._publish()
 
     # --- revocation --------------------------------------------------------------------------
@@ -594,10 +620,8 @@ class ResourceSubscriptionWorkflow:
                                                    detail=detail), int)
 
     def _record(self) -> ResourceSubscriptionV1:
-        rec = self.fence.record(started_at=workflow.info().start_time)
-        if rec.staleness_bound_seconds is None and self.options.safety_read_seconds:
-            rec = rec.model_copy(update={"safety_read_seconds": self.options.safety_read_seconds})
-        return rec
+        return self.fence.record(started_at=workflow.info().start_time,
+                                 safety_read_seconds=self.options.safety_read_seconds)
 
     def _publish(self) -> None:
         """Search attributes and the Web UI's current-details panel, only when they change."""
