@@ -222,6 +222,7 @@ class SessionHost:
             if self.server.edition == "2026-07-28" and client.protocol_version != "2026-07-28":
                 raise SessionOpenError(f"server {self.server.name!r} negotiated {client.protocol_version}, "
                                        "but the config requires edition 2026-07-28")
+            await self._check_edition(client.protocol_version)
             caps = client.server_capabilities
             res = caps.resources
             capabilities = {
@@ -263,6 +264,24 @@ class SessionHost:
                     await self.ledger.close_session(self.subject, self.server.name, live.generation)
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+
+    async def _check_edition(self, negotiated: str) -> None:
+        """Say so when the server negotiated another edition than the configured one.
+
+        2025-11-25 and 2026-07-28 are supported. An older edition (e.g. 2024-11-05, which
+        server-postgres 0.6.2 answers) is served with the 2025-11-25 rules: its
+        subscribe/list/read are the same methods; only the negotiated edition (recorded in
+        every receipt and the subscription record) says which one the server actually spoke.
+        A mismatch is an ``EDITION_MISMATCH`` audit row and a warning, once per session."""
+        configured = self.server.edition
+        if configured == "auto" or negotiated == configured:
+            return
+        log.warning("session %s/%s: configured edition %s, server negotiated %s (served with the %s rules)",
+                    self.server.name, self.subject, configured, negotiated,
+                    "2026-07-28" if negotiated == "2026-07-28" else "2025-11-25")
+        with suppress(Exception):  # an audit row must not keep the session from opening
+            await self.ledger.audit("EDITION_MISMATCH", subject=self.subject, server=self.server.name,
+                                    detail={"configured": configured, "negotiated": negotiated})
 
     async def _watch(self, live: LiveSession) -> None:
         """Return when the session is lost: a ping that fails or times out, or a lost stream."""
