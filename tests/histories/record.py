@@ -44,7 +44,7 @@ from worker.answer_gate import AnswerGate, answer_workflow_id
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
 from worker.runtime import open_ledger, revoke, start_subscription
-from worker.stack import TemporalDevServer, free_port, temporal_cli_path
+from worker.stack import TemporalDevServer, free_port, state_dir, temporal_cli_path
 from workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
@@ -298,7 +298,9 @@ class Recorder:
 
 
 async def record(only: set[str] | None) -> list[Path]:
-    with tempfile.TemporaryDirectory(prefix="mcpsync-record-") as tmp:
+    # Under the project's state dir: embedded PostgreSQL opens up every parent of its data dir.
+    state_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="record-histories-", dir=state_dir()) as tmp:
         work = Path(tmp)
         temporal = await TemporalDevServer.start(work / "temporal", port=0, ui_port=0)
         try:
