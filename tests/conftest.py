@@ -41,12 +41,14 @@ def tmp_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("state")
 
 
-@pytest.fixture(scope="session")
-async def database_url(tmp_state: Path) -> AsyncIterator[str]:
+@asynccontextmanager
+async def fresh_database(state_dir: Path) -> AsyncIterator[str]:
+    """A new, empty database (dropped afterwards) on ``MCPSYNC_DATABASE_URL``, else on an embedded
+    server under ``state_dir``; yields its URL."""
     base = os.environ.get("MCPSYNC_DATABASE_URL")
     embedded = None
     if not base:
-        embedded = await EmbeddedPostgres.start(tmp_state)
+        embedded = await EmbeddedPostgres.start(state_dir)
         base = embedded.admin_url
     name = f"mcpsync_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin, url = _admin_and_db(base, name)
@@ -59,6 +61,12 @@ async def database_url(tmp_state: Path) -> AsyncIterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if embedded is not None:
             await embedded.stop()
+
+
+@pytest.fixture(scope="session")
+async def database_url(tmp_state: Path) -> AsyncIterator[str]:
+    async with fresh_database(tmp_state) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

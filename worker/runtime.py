@@ -65,6 +65,7 @@ from workflows.records import (
 from workflows.subscription import ResourceSubscriptionWorkflow
 
 __all__ = [
+    "MAIN_WORKFLOWS",
     "RuntimeInfo",
     "TemporalUnavailable",
     "connect_temporal",
@@ -79,6 +80,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("mcpsync.runtime")
+
+MAIN_WORKFLOWS = (ResourceSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow)
+"""Every workflow the main worker runs, with the SDK's default (sandboxed) runner; the replay
+test (tests/test_replay.py) replays recorded histories against exactly these."""
 
 
 class TemporalUnavailable(RuntimeError):
@@ -138,7 +143,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ResourceSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow],
+        workflows=list(MAIN_WORKFLOWS),
         activities=LedgerActivities(ledger).all()
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),

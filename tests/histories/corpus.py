@@ -1,0 +1,77 @@
+"""The replay corpus: recorded workflow histories and how to replay them offline.
+
+Contract:
+- ``HISTORY_DIR`` holds one ``<path-it-covers>.json`` per recorded run (``WorkflowHistory.to_json()``),
+  written by ``tests/histories/record.py`` (``scripts/record-histories``) and never edited by hand.
+- ``replayer()`` replays with exactly the main worker's workflows, runner and data converter
+  (``worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
+- ``traits()`` says what a history exercises (workflow type, continue-as-new, reset) so the
+  coverage test can refuse a corpus that silently lost a path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from tests.test_e2e_faults import _decoded_payloads
+from worker.runtime import MAIN_WORKFLOWS
+
+HISTORY_DIR = Path(__file__).resolve().parent
+MAX_HISTORY_BYTES = 512 * 1024  # "well under 1 MB": a bigger file means a scenario grew by accident
+
+BODY_MARKER = "REPLAY-BODY-"
+"""Every resource body the recorder creates contains this; no history may (digests only)."""
+
+SECRET_MARKER = "tok-"
+"""Prefix of every bearer token the recorder's fixtures accept; no history may contain one."""
+
+
+def history_files() -> list[Path]:
+    return sorted(HISTORY_DIR.glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    # The file holds the history only; the workflow id is just a label for replay messages.
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+def replayer() -> Replayer:
+    return Replayer(workflows=list(MAIN_WORKFLOWS), data_converter=pydantic_data_converter)
+
+
+@dataclass(frozen=True)
+class Traits:
+    workflow_type: str
+    continued_as_new: bool  # the run ended in continue-as-new
+    continued_from_run: bool  # the run was started by a continue-as-new
+    reset: bool  # the run is the product of a workflow reset
+    events: int
+
+
+def traits(history: WorkflowHistory) -> Traits:
+    events = list(history.events)
+    started = events[0].workflow_execution_started_event_attributes
+    return Traits(
+        workflow_type=started.workflow_type.name,
+        continued_as_new=any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+                             for e in events),
+        continued_from_run=bool(started.continued_execution_run_id),
+        reset=any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+                  and e.workflow_task_failed_event_attributes.cause
+                  == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW for e in events),
+        events=len(events),
+    )
+
+
+def leaks(history_json: str, needles: tuple[str, ...] = (BODY_MARKER, SECRET_MARKER)) -> list[str]:
+    """The needles found in a history JSON or in any of its base64-decoded payloads."""
+    corpus = history_json + "\n".join(_decoded_payloads(json.loads(history_json)))
+    return [n for n in needles if n in corpus]
+

@@ -1,0 +1,46 @@
+"""Replay every recorded history (tests/histories/*.json) against the current workflow code.
+
+A failure here means a workflow change is not replay-compatible: running subscriptions
+(which live for months) would fail their next workflow task after the deploy. Fix the change
+with ``workflow.patched(...)``; never regenerate the corpus to make this pass (docs/upgrades.md).
+Offline: ``Replayer`` needs no Temporal server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
+from workflows.answer import ANSWER_WORKFLOW_TYPE
+from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
+
+FILES = history_files()
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+async def test_recorded_history_replays(path: Path) -> None:
+    history = load(path)
+    result = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+    failure = result.replay_failure
+    assert failure is None, f"{path.name} no longer replays: {type(failure).__name__}: {str(failure)[:300]}"
+
+
+def test_corpus_covers_every_workflow_and_the_long_life_paths() -> None:
+    assert len(FILES) >= 12, f"the corpus shrank to {len(FILES)} files"
+    seen = {p.stem: traits(load(p)) for p in FILES}
+    types = {t.workflow_type for t in seen.values()}
+    assert {WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, ANSWER_WORKFLOW_TYPE} <= types, types
+    subscription = [t for t in seen.values() if t.workflow_type == WORKFLOW_TYPE]
+    assert any(t.continued_as_new for t in subscription), "no subscription run that ends in continue-as-new"
+    assert any(t.continued_from_run for t in subscription), "no subscription run started by continue-as-new"
+    assert any(t.reset for t in subscription), "no subscription run produced by a workflow reset"
+    assert any(t.continued_as_new for t in seen.values() if t.workflow_type == CATALOG_WORKFLOW_TYPE)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_recorded_history_is_small_and_holds_no_body_or_token(path: Path) -> None:
+    text = path.read_text()
+    assert len(text.encode()) <= MAX_HISTORY_BYTES
+    assert leaks(text) == []
