@@ -229,6 +229,11 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         expected = {u: read_digest(await direct.read_resource(u)) for u in docs}
         with pytest.raises(MCPError) as not_found:
             await direct.read_resource(missing)
+        with pytest.raises(MCPError) as internal:
+            await direct.read_resource("demo://resource/dynamic/text/not-a-number")
+    # An internal error says nothing about the resource (no deletion, no malformed body): TRANSIENT,
+    # a REJECTED read with a READ_FAILED audit; the next notification, poll or safety read tries again.
+    assert internal.value.code == -32603 and classify_error(internal.value) == ReadOutcomeKind.TRANSIENT
     assert not_found.value.code == -32602
     assert not_found.value.message.startswith("MCP error -32602: Resource ") and "not found" in not_found.value.message
     assert classify_error(not_found.value) == ReadOutcomeKind.NOT_FOUND
