@@ -447,3 +447,18 @@ async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server:
     await ledger.close_session("up", server, 1)
     _, s = await _refresh_and_scrape(metrics_server, ledger)
     assert _value(s, "mcpsync_session_up", server=server, subject="up") == 0
+
+
+async def test_docs_list_every_metric_the_endpoint_exposes(stack_scrape: StackScrape) -> None:
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`((?:mcpsync|process)_[a-z0-9_]+|python_info)`", doc))
+    ours = {f.name + ("_total" if f.type == "counter" else "") + ("_info" if f.type == "info" else "")
+            for f in text_string_to_metric_families(stack_scrape.text) if not f.name.startswith("temporal_")}
+    assert not ours - documented, f"undocumented: {sorted(ours - documented)}"
+    assert not documented - _names_in(stack_scrape.text) - NOT_YET_EXPOSED, "documented but not exposed"
+
+
+def test_install_test_tools_is_idempotent_and_quiet_when_done() -> None:
+    _promtool()  # installed by scripts/bootstrap (or skipped / failed with the reason)
+    done = subprocess.run([str(ROOT / "scripts" / "install-test-tools")], capture_output=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == b"" and done.stderr == b"", done
