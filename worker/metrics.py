@@ -5,24 +5,41 @@ Contract:
   creates a ``temporalio.runtime.Runtime`` whose Prometheus exporter listens on a private
   loopback port and (by default) installs it as the default runtime, so it must run before
   the process creates its first Temporal client. It then serves ``GET /metrics`` on
-  ``cfg.host:cfg.port``: mcpsync's meters followed by the SDK's (``temporal_*``), one scrape.
+  ``cfg.host:cfg.port``: mcpsync's registry followed by the SDK's exposition (``temporal_*``),
+  fetched from that loopback port on each scrape (scrape-and-merge: one target per process).
+  The SDK exporter uses Prometheus conventions (``_total`` counters, unit suffixes, seconds),
+  so the merged body passes ``promtool check metrics``. Every metric is listed in docs/metrics.md.
+- mcpsync's registry holds prometheus_client types only (Counter, Histogram, Info, the
+  process and platform collectors, and custom collectors): no hand-written exposition text.
 - In-process meters, fed by one-line hooks (no I/O, never blocking the caller):
   ``note_notification`` (session host ingress: also registers the host, whose
   ``notifications_received`` / ``notifications_coalesced`` counters a collector exports),
-  ``read_timer`` (the ``resources/read`` activity: reads issued, read latency) and
-  ``receipt_judged`` (the accept activity: receipts by verdict, convergence latency).
+  ``read_timer`` (the ``resources/read`` activity: ``mcpsync_reads_total``, read latency) and
+  ``receipt_judged`` (the accept activity: receipts by verdict, ``mcpsync_changes_total``,
+  convergence latency). Read amplification = ``rate(mcpsync_reads_total) /
+  rate(mcpsync_changes_total)``; with several processes, ``sum`` the counters first.
 - Convergence latency = a notification received by this process's ingress → the first
   receipt (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING) of a read that started after it, one
   observation per receipt (its oldest satisfied notification). It needs ingress and the
   accept activity in one process (``mcpsync worker --role all``, ``mcpsync up``); split
   roles export no convergence samples.
-- Ledger-derived meters (amplification, unresolved states, stale receipts,
-  STALE_AFTER_CLOSE, revocation latency) are refreshed from PostgreSQL every
-  ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``); a scrape
-  only renders the last snapshot and never touches the database. They describe the whole
-  ledger: with several processes serving metrics, aggregate them with ``max``, not ``sum``.
-- Labels are bounded: ``server`` (configured servers), ``verdict``, ``state``, ``outcome``.
-  No URI, subject or content ever becomes a label.
+- Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
+  freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, revocation
+  latency) are read from PostgreSQL every ``cfg.refresh_seconds`` by a background task on
+  the event loop (``watch_ledger``) and exported by a custom collector; a scrape only renders
+  the last snapshot and never touches the database. They describe the whole ledger: with
+  several processes serving metrics, aggregate them with ``max``, not ``sum``.
+- Freshness: a subscription's freshness age is the time since the allocation of its newest
+  read whose receipt saw content (ACCEPTED or UNCHANGED; since creation if none yet), over
+  the subscriptions that claim to watch (``WATCHING``). Its published bound is the safety
+  re-read period with a subscribing session, the poll interval without (label ``mode``), as
+  the ``SubscriptionOptions`` this process starts subscriptions with define them.
+- ``mcpsync_unresolved_subscriptions`` counts every state but ACTIVE and the finished ones
+  (CLOSED, REVOKED, TOMBSTONED: ``FINISHED``). UNSUBSCRIBE_UNKNOWN is counted: the server
+  may still send for it, an operator should see it.
+- Labels are bounded: ``server`` (configured servers), ``subject`` (configured subjects,
+  only on ``mcpsync_session_up``), ``verdict``, ``state``, ``outcome``, ``mode``. No URI or
+  content ever becomes a label.
 """
 
 from __future__ import annotations
@@ -30,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import platform
 import socket
 import threading
 import time
@@ -39,23 +57,44 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from worker.config import ConfigError, MetricsConfig
-from workflows.records import AcceptRequest, AcceptResult, AcceptVerdict, SubscriptionState
+from workflows.records import (
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    SubscriptionOptions,
+    SubscriptionState,
+)
 
 if TYPE_CHECKING:
     from activities.ledger import Ledger
 
 __all__ = [
+    "FINISHED",
     "REGISTRY",
+    "FreshnessMode",
+    "UNRESOLVED",
+    "WATCHING",
     "LedgerSnapshot",
     "MetricsServer",
     "MetricsUnavailable",
@@ -63,6 +102,7 @@ __all__ = [
     "note_notification",
     "read_timer",
     "receipt_judged",
+    "freshness_bounds",
     "serve_metrics",
 ]
 
@@ -71,17 +111,34 @@ log = logging.getLogger("mcpsync.metrics")
 disable_created_metrics()  # no *_created series: Prometheus does not need them
 REGISTRY = CollectorRegistry(auto_describe=True)
 """mcpsync's own registry (not prometheus_client's global one)."""
+# process_* (CPU, memory, fds, start time) and python_info, as prometheus_client defines them.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+BUILD_INFO = Info("mcpsync_build", "mcpsync build: its version and the versions of what it runs on",
+                  registry=REGISTRY)
+BUILD_INFO.info({"version": _version("mcpsync"), "temporalio": _version("temporalio"), "mcp": _version("mcp"),
+                 "python": platform.python_version()})
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 _REVOCATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
-READS_ISSUED = Counter("mcpsync_reads_issued", "resources/read calls sent to MCP servers", ["server"],
-                       registry=REGISTRY)
+READS = Counter("mcpsync_reads", "resources/read calls sent to MCP servers", ["server"], registry=REGISTRY)
 READ_LATENCY = Histogram("mcpsync_read_latency_seconds", "resources/read round trip (outcome ok|error)",
                          ["server", "outcome"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
 RECEIPTS = Counter("mcpsync_receipts", "Reads judged by the ledger's accept, by verdict", ["server", "verdict"],
                    registry=REGISTRY)
+CHANGES = Counter("mcpsync_changes", "Distinct changes: reads the ledger accepted as a new version (ACCEPTED)",
+                  ["server"], registry=REGISTRY)
 CONVERGENCE = Histogram("mcpsync_convergence_seconds",
                         "Notification received by ingress -> receipt accepted for a read started after it",
                         ["server"], buckets=_CONVERGENCE_BUCKETS, registry=REGISTRY)
@@ -94,6 +151,15 @@ _CURRENT = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVer
 _MAX_PENDING_KEYS = 100_000
 _MAX_PENDING_PER_KEY = 64
 _MAX_READ_STARTS = 50_000
+
+FINISHED = frozenset({SubscriptionState.CLOSED, SubscriptionState.REVOKED, SubscriptionState.TOMBSTONED})
+"""Outcomes that are final and known: not counted as unresolved."""
+UNRESOLVED = tuple(s for s in SubscriptionState if s not in FINISHED and s != SubscriptionState.ACTIVE)
+"""States ``mcpsync_unresolved_subscriptions`` counts (UNSUBSCRIBE_UNKNOWN included: an operator should see it)."""
+WATCHING = (SubscriptionState.ACTIVE, SubscriptionState.UPDATE_SEEN, SubscriptionState.READ_PENDING,
+            SubscriptionState.VERSION_ACCEPTED)
+"""States in which a subscription claims freshness: the ones its freshness age is measured over."""
+_VERIFIED = (AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value)  # receipts of reads that saw content
 
 
 class MetricsUnavailable(ConfigError):
@@ -138,7 +204,7 @@ def note_notification(host: _Host, uri: str) -> None:
 @contextmanager
 def read_timer(server: str, request_id: str) -> Iterator[None]:
     """Around one ``resources/read``: counts it, times it, remembers when it was sent."""
-    READS_ISSUED.labels(server).inc()
+    READS.labels(server).inc()
     _read_starts[request_id] = time.time()
     if len(_read_starts) > _MAX_READ_STARTS:
         _read_starts.popitem(last=False)
@@ -155,6 +221,8 @@ def receipt_judged(req: AcceptRequest, result: AcceptResult) -> None:
     """The ledger judged a read: count the verdict; a current receipt settles older notifications."""
     key = req.outcome.key
     RECEIPTS.labels(key.server, result.verdict.value).inc()
+    if result.verdict == AcceptVerdict.ACCEPTED:
+        CHANGES.labels(key.server).inc()
     sent = _read_starts.pop(req.outcome.request_id, None)
     if sent is None or result.verdict not in _CURRENT:
         return
@@ -201,6 +269,33 @@ REGISTRY.register(_HostCollector())
 # --- ledger-derived gauges ---------------------------------------------------------------
 
 
+class FreshnessMode(StrEnum):
+    """Which published bound a subscription's freshness is held to (label ``mode``)."""
+
+    SUBSCRIBE = "subscribe"  # the session subscribes: the safety re-read period bounds a lost notification
+    POLL = "poll"  # no subscribe capability: the poll interval
+
+
+def freshness_bounds(options: SubscriptionOptions | None = None) -> dict[FreshnessMode, float]:
+    """The published staleness bound per mode for subscriptions started with ``options``.
+
+    A safety period of 0 disables safety reads: subscribing subscriptions then publish no bound."""
+    o = options or SubscriptionOptions()
+    out = {FreshnessMode.POLL: o.poll_interval_seconds}
+    if o.safety_read_seconds:
+        out[FreshnessMode.SUBSCRIBE] = o.safety_read_seconds
+    return out
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Freshness of the watching subscriptions of one (server, mode)."""
+
+    subscriptions: int
+    max_age: float
+    past_bound: int
+
+
 @dataclass(frozen=True)
 class LedgerSnapshot:
     """What one refresh read from PostgreSQL."""
@@ -208,10 +303,13 @@ class LedgerSnapshot:
     taken_at: float = 0.0
     reads: dict[str, int] = field(default_factory=dict)  # server -> read_requests rows
     receipts: dict[tuple[str, str], int] = field(default_factory=dict)  # (server, status) -> receipts
-    states: dict[str, int] = field(default_factory=dict)  # subscription state -> count
+    states: dict[tuple[str, str], int] = field(default_factory=dict)  # (server, state) -> subscriptions
+    state_oldest: dict[tuple[str, str], float] = field(default_factory=dict)  # (server, state) -> seconds in it
+    freshness: dict[tuple[str, str], Freshness] = field(default_factory=dict)  # (server, mode) -> freshness
+    bounds: dict[FreshnessMode, float] = field(default_factory=dict)  # mode -> published bound (seconds)
+    sessions: dict[tuple[str, str], bool] = field(default_factory=dict)  # (server, subject) -> up
     stale_after_close: dict[str, int] = field(default_factory=dict)  # server -> audit rows
     revocations: int = 0
-    revocation_recent: dict[str, float] = field(default_factory=dict)  # quantile -> seconds (last 1000)
 
     def amplification(self, server: str) -> float | None:
         changes = self.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0)
@@ -222,23 +320,57 @@ _SNAPSHOT_QUERIES = {
     "reads": "SELECT s.server, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
              " GROUP BY s.server",
     "receipts": "SELECT server, status, count(*) FROM resource_versions GROUP BY server, status",
-    "states": "SELECT state, count(*) FROM subscriptions GROUP BY state",
+    "states": "SELECT server, state, count(*) FROM subscriptions GROUP BY server, state",
+    # state_changed_at: migration 007 (a trigger sets it whenever state changes).
+    "state_oldest": """
+        SELECT server, state, extract(epoch FROM now() - min(state_changed_at))::float8
+        FROM subscriptions WHERE state = ANY(%(unresolved)s) GROUP BY server, state""",
+    # Newest receipt that saw content per watching subscription, timed at its read's allocation
+    # (the receipt's own time once retention pruned the read_requests row).
+    "freshness": """
+        WITH w AS (
+            SELECT s.server,
+                   CASE WHEN coalesce(m.subscribe, true) THEN %(subscribe)s ELSE %(poll)s END AS mode,
+                   extract(epoch FROM now() - coalesce(v.verified_at, s.created_at))::float8 AS age
+            FROM subscriptions s
+            LEFT JOIN mcp_sessions m ON m.subject = s.subject AND m.server = s.server
+            LEFT JOIN LATERAL (
+                SELECT coalesce(r.issued_at, rv.accepted_at) AS verified_at
+                FROM resource_versions rv
+                LEFT JOIN read_requests r ON r.workflow_id = rv.workflow_id AND r.ordinal = rv.read_ordinal
+                WHERE rv.workflow_id = s.workflow_id AND rv.status = ANY(%(verified)s)
+                ORDER BY rv.receipt_id DESC LIMIT 1) v ON true
+            WHERE s.state = ANY(%(watching)s))
+        SELECT server, mode, count(*), max(age),
+               count(*) FILTER (WHERE age > CASE WHEN mode = %(poll)s THEN %(poll_bound)s::float8
+                                                  ELSE %(subscribe_bound)s::float8 END)
+        FROM w GROUP BY server, mode""",
+    # Every (server, subject) with an open session, a live lease or a subscription still in
+    # progress; up = an open session whose ingress still holds the lease.
+    "sessions": """
+        WITH pairs AS (
+            SELECT server, subject FROM mcp_sessions WHERE closed_at IS NULL
+            UNION SELECT server, subject FROM session_leases WHERE lease_until >= clock_timestamp()
+            UNION SELECT server, subject FROM subscriptions WHERE NOT (state = ANY(%(finished)s)))
+        SELECT p.server, p.subject,
+               EXISTS (SELECT 1 FROM mcp_sessions m
+                       WHERE m.server = p.server AND m.subject = p.subject AND m.closed_at IS NULL)
+               AND EXISTS (SELECT 1 FROM session_leases l
+                           WHERE l.server = p.server AND l.subject = p.subject
+                             AND l.lease_until >= clock_timestamp())
+        FROM pairs p""",
     "stale_after_close": "SELECT server, count(*) FROM audit WHERE kind = 'STALE_AFTER_CLOSE' GROUP BY server",
     "revocations": "SELECT count(*) FROM revocations",
-    "recent": """
-        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x), percentile_cont(0.99) WITHIN GROUP (ORDER BY x),
-               max(x)
-        FROM (SELECT extract(epoch FROM o.created_at - r.effective_at)::float8 AS x
-              FROM revocations r JOIN outbox o ON o.outbox_id = r.outbox_id
-              ORDER BY r.revocation_id DESC LIMIT 1000) t""",
     "new_revocations": """
         SELECT r.revocation_id, extract(epoch FROM o.created_at - r.effective_at)::float8
         FROM revocations r JOIN outbox o ON o.outbox_id = r.outbox_id
-        WHERE r.revocation_id > %s ORDER BY r.revocation_id LIMIT 10000""",
+        WHERE r.revocation_id > %(after)s ORDER BY r.revocation_id LIMIT 10000""",
 }
 
 
 class _LedgerCollector(Collector):
+    """Exports the last ``LedgerSnapshot`` (values read from the ledger, not counted in-process)."""
+
     def __init__(self) -> None:
         self.snapshot: LedgerSnapshot | None = None  # swapped whole by the refresher
 
@@ -248,7 +380,7 @@ class _LedgerCollector(Collector):
             return
         g = GaugeMetricFamily
         amp = g("mcpsync_read_amplification", "Reads per distinct change: read_requests / ACCEPTED receipts "
-                "(ledger, all time)", labels=["server"])
+                "(ledger, all time; for a rate use mcpsync_reads_total / mcpsync_changes_total)", labels=["server"])
         reads = g("mcpsync_ledger_reads", "read_requests rows (ledger)", labels=["server"])
         changes = g("mcpsync_ledger_distinct_changes", "ACCEPTED (new digest) receipts (ledger)", labels=["server"])
         stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
@@ -262,21 +394,57 @@ class _LedgerCollector(Collector):
             changes.add_metric([server], snap.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0))
             stale.add_metric([server], snap.receipts.get((server, AcceptVerdict.STALE.value), 0))
             sac.add_metric([server], snap.stale_after_close.get(server, 0))
-        unresolved = g("mcpsync_unresolved_subscriptions", "Subscriptions per non-ACTIVE state (ledger)",
-                       labels=["state"])
-        for state in SubscriptionState:
-            if state != SubscriptionState.ACTIVE:
-                unresolved.add_metric([state.value], snap.states.get(state.value, 0))
-        active = g("mcpsync_active_subscriptions", "Subscriptions in state ACTIVE (ledger)",
-                   value=snap.states.get(SubscriptionState.ACTIVE.value, 0))
-        revs = g("mcpsync_revocations", "Revocations recorded (ledger)", value=snap.revocations)
-        recent = g("mcpsync_revocation_latency_recent_seconds",
-                   "Revocation latency over the last 1000 revocations (ledger)", labels=["quantile"])
-        for q, v in snap.revocation_recent.items():
-            recent.add_metric([q], v)
-        age = g("mcpsync_ledger_snapshot_age_seconds", "Seconds since the ledger gauges were refreshed",
+        yield from (amp, reads, changes, stale, sac)
+        yield from self._subscriptions(snap)
+        yield from self._freshness(snap)
+        up = g("mcpsync_session_up", "1 if the (server, subject) has an open MCP session whose ingress holds the "
+               "lease, else 0; listed while it has a subscription in progress (ledger)", labels=["server", "subject"])
+        for (server, subject), is_up in sorted(snap.sessions.items()):
+            up.add_metric([server, subject], 1.0 if is_up else 0.0)
+        yield up
+        yield g("mcpsync_revocations", "Revocations recorded (ledger)", value=snap.revocations)
+        yield g("mcpsync_ledger_snapshot_age_seconds", "Seconds since the ledger gauges were refreshed",
                 value=max(0.0, time.time() - snap.taken_at))
-        yield from (amp, reads, changes, stale, sac, unresolved, active, revs, recent, age)
+        # Outbox consumer lag (mcpsync_outbox_consumer_lag_events{consumer},
+        # mcpsync_outbox_consumer_lag_seconds{consumer}) belongs here: read from the consumers'
+        # offsets in the same refresh, exported as two more gauges. The outbox consumer work adds them.
+
+    @staticmethod
+    def _subscriptions(snap: LedgerSnapshot) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily
+        total = g("mcpsync_subscriptions", "Subscriptions per state (ledger)", labels=["server", "state"])
+        unresolved = g("mcpsync_unresolved_subscriptions", "Subscriptions neither ACTIVE nor finished "
+                       "(CLOSED, REVOKED, TOMBSTONED) per state (ledger)", labels=["server", "state"])
+        oldest = g("mcpsync_unresolved_oldest_age_seconds", "Seconds the longest-waiting subscription has been in "
+                   "this unresolved state (ledger; absent when none is)", labels=["server", "state"])
+        for (server, state), n in sorted(snap.states.items()):
+            total.add_metric([server, state], n)
+        for server in sorted({server for server, _ in snap.states}):
+            for st in UNRESOLVED:
+                unresolved.add_metric([server, st.value], snap.states.get((server, st.value), 0))
+        for (server, state), seconds in sorted(snap.state_oldest.items()):
+            oldest.add_metric([server, state], max(0.0, seconds))
+        yield from (total, unresolved, oldest)
+
+    @staticmethod
+    def _freshness(snap: LedgerSnapshot) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily
+        watched = g("mcpsync_freshness_subscriptions", "Subscriptions in a watching state (ACTIVE and the read "
+                    "cycle) per freshness mode (ledger)", labels=["server", "mode"])
+        age = g("mcpsync_freshness_age_max_seconds", "Oldest freshness age: seconds since the newest read that saw "
+                "content (ACCEPTED or UNCHANGED receipt), over watching subscriptions (ledger)",
+                labels=["server", "mode"])
+        past = g("mcpsync_freshness_past_bound_subscriptions", "Watching subscriptions whose freshness age exceeds "
+                 "the published bound of their mode (ledger)", labels=["server", "mode"])
+        for (server, mode), f in sorted(snap.freshness.items()):
+            watched.add_metric([server, mode], f.subscriptions)
+            age.add_metric([server, mode], max(0.0, f.max_age))
+            past.add_metric([server, mode], f.past_bound)
+        bound = g("mcpsync_freshness_bound_seconds", "Published staleness bound per mode: safety re-read period "
+                  "(subscribe), poll interval (poll)", labels=["mode"])
+        for mode, seconds in sorted(snap.bounds.items()):
+            bound.add_metric([mode.value], seconds)
+        yield from (watched, age, past, bound)
 
 
 _LEDGER = _LedgerCollector()
@@ -285,37 +453,44 @@ REFRESH_ERRORS = Counter("mcpsync_ledger_refresh_errors", "Failed refreshes of t
                          registry=REGISTRY)
 
 
-async def read_snapshot(ledger: Ledger, after_revocation: int) -> tuple[LedgerSnapshot, list[tuple[int, float]]]:
+async def read_snapshot(ledger: Ledger, after_revocation: int, *, options: SubscriptionOptions | None = None,
+                        ) -> tuple[LedgerSnapshot, list[tuple[int, float]]]:
     """One consistent-enough read of the ledger (a few aggregate queries, one connection)."""
     q = _SNAPSHOT_QUERIES
+    bounds = freshness_bounds(options)
+    params: dict[str, object] = {
+        "unresolved": [s.value for s in UNRESOLVED], "finished": [s.value for s in FINISHED],
+        "watching": [s.value for s in WATCHING], "verified": list(_VERIFIED),
+        "subscribe": FreshnessMode.SUBSCRIBE.value, "poll": FreshnessMode.POLL.value,
+        "subscribe_bound": bounds.get(FreshnessMode.SUBSCRIBE), "poll_bound": bounds.get(FreshnessMode.POLL),
+        "after": after_revocation,
+    }
     async with ledger.pool.connection() as conn:
 
-        async def rows(name: str, *args: object) -> list[Any]:
+        async def rows(name: str) -> list[Any]:
             # Autocommit: one failing query (an older schema) costs only its own gauges.
             try:
-                return list(await (await conn.execute(q[name], args or None)).fetchall())
+                return list(await (await conn.execute(q[name], params if "%(" in q[name] else None)).fetchall())
             except psycopg.Error as exc:
-                failures.append(f"{name}: {str(exc).splitlines()[0][:120]}")
+                failures.append(f"{name}: {type(exc).__name__}")
                 return []
 
         failures: list[str] = []
         reads = {r[0]: int(r[1]) for r in await rows("reads")}
         receipts = {(r[0], r[1]): int(r[2]) for r in await rows("receipts")}
-        states = {r[0]: int(r[1]) for r in await rows("states")}
+        states = {(r[0], r[1]): int(r[2]) for r in await rows("states")}
+        oldest = {(r[0], r[1]): float(r[2]) for r in await rows("state_oldest")}
+        freshness = {(r[0], r[1]): Freshness(int(r[2]), float(r[3]), int(r[4])) for r in await rows("freshness")}
+        sessions = {(r[0], r[1]): bool(r[2]) for r in await rows("sessions")}
         sac = {r[0]: int(r[1]) for r in await rows("stale_after_close")}
         total = await rows("revocations")
-        recent_rows = await rows("recent")
-        new = [(int(r[0]), float(r[1])) for r in await rows("new_revocations", after_revocation)]
+        new = [(int(r[0]), float(r[1])) for r in await rows("new_revocations")]
     if failures:
         REFRESH_ERRORS.inc()
         log.warning("metrics: ledger gauges partly unavailable: %s", "; ".join(failures))
-    recent: dict[str, float] = {}
-    if recent_rows and recent_rows[0][2] is not None:
-        row = recent_rows[0]
-        recent = {"0.5": float(row[0]), "0.99": float(row[1]), "1": float(row[2])}
-    snap = LedgerSnapshot(taken_at=time.time(), reads=reads, receipts=receipts, states=states,
-                          stale_after_close=sac, revocations=int(total[0][0]) if total else 0,
-                          revocation_recent=recent)
+    snap = LedgerSnapshot(taken_at=time.time(), reads=reads, receipts=receipts, states=states, state_oldest=oldest,
+                          freshness=freshness, bounds=bounds, sessions=sessions, stale_after_close=sac,
+                          revocations=int(total[0][0]) if total else 0)
     return snap, new
 
 
@@ -347,7 +522,8 @@ class MetricsServer:
         temporal_port = _free_loopback_port()
         self.temporal_url = f"http://127.0.0.1:{temporal_port}/metrics"
         self.runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
-            bind_address=f"127.0.0.1:{temporal_port}", durations_as_seconds=True)))
+            bind_address=f"127.0.0.1:{temporal_port}", counters_total_suffix=True, unit_suffix=True,
+            durations_as_seconds=True)))
         if set_default_runtime:
             # Every Temporal client created from now on (and its workers) reports to this runtime.
             Runtime.set_default(self.runtime, error_if_already_set=False)
@@ -399,8 +575,7 @@ class MetricsServer:
         first = self._revocation_cursor is None
         snap, new = await read_snapshot(ledger, self._revocation_cursor or 0)
         if first:
-            # The histogram counts revocations recorded while this process runs (counter semantics);
-            # the whole history is in mcpsync_revocation_latency_recent_seconds.
+            # The histogram counts revocations recorded while this process runs (counter semantics).
             self._revocation_cursor = await _last_revocation_id(ledger)
             new = [(i, x) for i, x in new if i > self._revocation_cursor]
         for rid, seconds in new:
