@@ -8,6 +8,7 @@ Offline: ``Replayer`` needs no Temporal server.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 from workflows.answer import ANSWER_WORKFLOW_TYPE
 from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
+from workflows.subscription import PATCH_READ_DEADLINES
 
 FILES = history_files()
 
@@ -44,3 +46,24 @@ def test_recorded_history_is_small_and_holds_no_body_or_token(path: Path) -> Non
     text = path.read_text()
     assert len(text.encode()) <= MAX_HISTORY_BYTES
     assert leaks(text) == []
+
+
+def _patches(path: Path) -> set[str]:
+    """The workflow.patched ids a recorded run took (its ``core_patch`` markers)."""
+    found = set()
+    for event in load(path).events:
+        if event.HasField("marker_recorded_event_attributes"):
+            attrs = event.marker_recorded_event_attributes
+            if attrs.marker_name == "core_patch":
+                found |= {json.loads(p.data)["id"] for p in attrs.details["patch-data"].payloads}
+    return found
+
+
+def test_corpus_holds_both_sides_of_every_subscription_patch() -> None:
+    # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
+    # runs recorded after it (marker present): a corpus with only one side would not notice either
+    # breaking. Add a generation with `scripts/record-histories --tag <patch-id>` after each patch.
+    subs = [p for p in FILES if traits(load(p)).workflow_type == WORKFLOW_TYPE]
+    marked = {p.name for p in subs if PATCH_READ_DEADLINES in _patches(p)}
+    assert marked and len(marked) < len(subs), f"{len(marked)} of {len(subs)} carry {PATCH_READ_DEADLINES}"
+    assert any("polling" in name for name in marked) and any("continue-as-new" in name for name in marked)

@@ -77,8 +77,10 @@ def _server(name: str, url: str) -> ServerConfig:
 
 
 class Recorder:
-    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path, out: Path) -> None:
+    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path, out: Path,
+                 tag: str = "") -> None:
         self.client, self.ledger, self.temporal, self.work, self.out = client, ledger, temporal, work, out
+        self.tag = tag  # "": <name>.json; else <name>@<tag>.json beside the older generation
         self.written: list[Path] = []
 
     async def save(self, name: str, workflow_id: str, run_id: str, client: Client | None = None) -> None:
@@ -90,7 +92,7 @@ class Recorder:
         if len(text.encode()) > MAX_HISTORY_BYTES:
             raise RuntimeError(f"{name}: history is {len(text.encode())} bytes (limit {MAX_HISTORY_BYTES})")
         await replayer().replay_workflow(history)  # raises on nondeterminism: never commit such a file
-        path = self.out / f"{name}.json"
+        path = self.out / (f"{name}@{self.tag}.json" if self.tag else f"{name}.json")
         path.write_text(text)
         self.written.append(path)
         t = traits(history)
@@ -297,7 +299,7 @@ class Recorder:
             await server.stop()
 
 
-async def record(only: set[str] | None) -> list[Path]:
+async def record(only: set[str] | None, tag: str = "") -> list[Path]:
     # Under the project's state dir: embedded PostgreSQL opens up every parent of its data dir.
     state_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="record-histories-", dir=state_dir()) as tmp:
@@ -308,7 +310,7 @@ async def record(only: set[str] | None) -> list[Path]:
                 ledger = await open_ledger(url)
                 try:
                     client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
-                    rec = Recorder(client, ledger, temporal, work, HISTORY_DIR)
+                    rec = Recorder(client, ledger, temporal, work, HISTORY_DIR, tag)
                     await _run_all(rec, only)
                     return rec.written
                 finally:
@@ -348,9 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/record-histories", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", metavar="SCENARIO",
                         help="record only this scenario (a Recorder method name); repeatable")
+    parser.add_argument("--tag", default="", metavar="TAG",
+                        help="write <scenario>@TAG.json beside the existing files instead of replacing them: "
+                             "a new generation of the corpus after a workflow.patched change (e.g. the patch id), "
+                             "so histories from before and after the patch are both replayed")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    written = asyncio.run(record(set(args.only) if args.only else None))
+    written = asyncio.run(record(set(args.only) if args.only else None, args.tag))
     print(f"wrote {len(written)} histories to {HISTORY_DIR} in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
