@@ -222,6 +222,26 @@ async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue
             SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "DISCOVERED"),
         ]),
         static_summary=f"{key.server} {key.subject} {_sa_uri(key.uri)}",
+        static_details=subscription_contract(key, options or SubscriptionOptions()),
+    )
+
+
+def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) -> str:
+    """The Web UI's static details of a subscription: what it is and the promises it runs under."""
+    o = options
+    return (
+        f"**resourceSubscription.v1** `{key.uri}`\n\n"
+        f"| contract | value |\n|---|---|\n"
+        f"| subject / server | {key.subject} / {key.server} |\n"
+        f"| URI (exact, never normalized) | `{key.uri[:500]}` |\n"
+        f"| workflow id | `{key.workflow_id}` |\n"
+        f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
+        f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
+        f"| max concurrent reads | {o.max_concurrent_reads} |\n"
+        f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
+        "Signals: `resource_updated`, `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, "
+        "`close`; updates: `close`, `resume`; query: `subscription`. The negotiated edition and the live "
+        "ledger are in the current details."
     )
 
 

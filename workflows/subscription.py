@@ -152,7 +152,9 @@ class ResourceSubscriptionWorkflow:
     # --- handlers -------------------------------------------------------------------
 
     # A notification that arrives as the run ends only has an audit row left to write: abandon it.
-    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
+    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+                     description="An invalidation from the ingress (never content): coalesced into at most one "
+                                 "follow-up read; from an older session: audited, ignored.")
     async def resource_updated(self, sig: ResourceUpdated) -> None:
         if sig.notification_id is not None:
             if sig.notification_id in self.seen_ids:
@@ -173,25 +175,31 @@ class ResourceSubscriptionWorkflow:
                 self.fence.s.detail = "notification for a different URI reached this subscription"
         self._publish()
 
-    @workflow.signal(name=SIGNAL_SESSION_CHANGED)
+    @workflow.signal(name=SIGNAL_SESSION_CHANGED,
+                     description="The session host opened a new session generation: resubscribe and re-read.")
     def session_changed(self, sig: SessionChanged) -> None:
         self.live_generation = max(self.live_generation, sig.session_generation)
 
-    @workflow.signal(name=SIGNAL_CATALOG_RECONCILED)
+    @workflow.signal(name=SIGNAL_CATALOG_RECONCILED,
+                     description="A reconciled catalog's word on this URI: confirms a tombstone, or earns a "
+                                 "verification read; never moves the read deadline.")
     def catalog_reconciled(self, obs: CatalogObservation) -> None:
         if obs.uri == self.key.uri:
             self.catalog = obs
 
-    @workflow.signal(name=SIGNAL_REVOKE)
+    @workflow.signal(name=SIGNAL_REVOKE,
+                     description="Platform revocation: REVOKED, cached bodies purged, outbox 'revoked'.")
     def revoke(self, req: RevokeRequest) -> None:
         if self.revocation is None:
             self.revocation = req
 
-    @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT)
+    @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT,
+                     description="A URI that matches only after normalization: RECONCILIATION_REQUIRED.")
     def identity_conflict(self, conflict: IdentityConflict) -> None:
         self.conflict = conflict
 
-    @workflow.update(name=UPDATE_RESUME)
+    @workflow.update(name=UPDATE_RESUME,
+                     description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.")
     async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
         self.resume_requested = req
         # A close or revocation handled first finishes the workflow: the resume is then moot.
@@ -203,11 +211,13 @@ class ResourceSubscriptionWorkflow:
         if self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED:
             raise ValueError(f"nothing to resume: subscription is {self.fence.s.state.value}")
 
-    @workflow.signal(name=SIGNAL_CLOSE)
+    @workflow.signal(name=SIGNAL_CLOSE, description="Fire-and-forget close (see the close update).")
     def close_signal(self, req: CloseRequest) -> None:
         self.fence.request_close(req.reason)
 
-    @workflow.update(name=UPDATE_CLOSE)
+    @workflow.update(name=UPDATE_CLOSE,
+                     description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
+                                 "returns the close receipt.")
     async def close(self, req: CloseRequest) -> CloseReceipt:
         self.fence.request_close(req.reason)
         await workflow.wait_condition(lambda: self.fence.finished)
@@ -218,7 +228,7 @@ class ResourceSubscriptionWorkflow:
         if len(req.reason) > 500:
             raise ValueError("close reason longer than 500 characters")
 
-    @workflow.query(name=QUERY_SUBSCRIPTION)
+    @workflow.query(name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record.")
     def subscription(self) -> ResourceSubscriptionV1:
         return self._record()
 
@@ -596,9 +606,19 @@ class ResourceSubscriptionWorkflow:
 
     # --- plumbing --------------------------------------------------------------------------
 
+    def _summary(self, name: str, arg: object) -> str:
+        """The Web UI's activity summary: "read demo://x ordinal 12" (metadata only, never content)."""
+        what = name.removeprefix("ledger_").removeprefix("mcp_").replace("_", " ")
+        ordinal = getattr(arg, "ordinal", None)
+        outcome = getattr(arg, "outcome", None)
+        if ordinal is None and outcome is not None:
+            ordinal = outcome.ordinal
+        return f"{what} {self.key.uri[:160]}" + (f" ordinal {ordinal}" if ordinal is not None else "")
+
     async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
         result = await workflow.execute_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY
+            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY,
+            summary=self._summary(name, arg),
         )
         if result is None and not allow_none:
             raise RuntimeError(f"{name} returned nothing")
@@ -609,7 +629,7 @@ class ResourceSubscriptionWorkflow:
         try:
             return await workflow.execute_activity(
                 name, arg, result_type=result_type, task_queue=session.task_queue,
-                schedule_to_close_timeout=_MCP_TIMEOUT, retry_policy=_MCP_RETRY,
+                schedule_to_close_timeout=_MCP_TIMEOUT, retry_policy=_MCP_RETRY, summary=self._summary(name, arg),
             )
         except ActivityError as err:
             self.fence.s.detail = f"{name} failed: {type(err.cause).__name__}"

@@ -1,0 +1,50 @@
+"""What an operator sees in the Temporal Web UI for one subscription (issue 13), on the real stack:
+static details with the contract, a summary on every activity, a description on every handler."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from activities.ledger import Ledger
+from tests.conftest import running_services, unique
+from tests.test_e2e_subscription import _wait_record
+from worker.config import ServerConfig
+from worker.fixture import FixtureProcess
+from worker.runtime import start_subscription
+from workflows.records import SubscriptionKey, SubscriptionOptions
+
+
+async def test_static_details_activity_summaries_and_handler_descriptions(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://ui/{uuid.uuid4().hex}")
+        first = await fx.create(key.uri, text="v1")
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
+                                          options=SubscriptionOptions(safety_read_seconds=120))
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial read")
+
+        desc = await handle.describe()
+        details = await desc.static_details()
+        assert details is not None and key.uri in details and "safety re-read (with subscribe) | 120 s" in details
+        assert await desc.static_summary() == f"{key.server} {key.subject} {key.uri}"
+
+        summaries = []
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and event.HasField("user_metadata"):
+                summaries.append(pydantic_data_converter.payload_converter.from_payload(
+                    event.user_metadata.summary, str))
+        assert f"read {key.uri} ordinal 1" in summaries, summaries
+        assert f"accept {key.uri} ordinal 1" in summaries and f"allocate read {key.uri}" in summaries
+
+        meta = await handle.query("__temporal_workflow_metadata")
+        definition = meta.definition
+        described = {d.name: d.description for d in [*definition.signal_definitions, *definition.query_definitions,
+                                                     *definition.update_definitions]}
+        for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke", "identity_conflict",
+                     "close", "resume", "subscription"):
+            assert described.get(name), f"{name} has no description: {described}"
