@@ -37,6 +37,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from workflows.records import (
+    TERMINAL_STATES,
     AcceptResult,
     AcceptVerdict,
     CloseReceipt,
@@ -71,8 +72,8 @@ S = SubscriptionState
 READABLE = frozenset({S.ACTIVE})
 """Main states in which a read may be allocated."""
 
-TERMINAL = frozenset({S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED})
-"""Main states that never reopen."""
+TERMINAL = TERMINAL_STATES
+"""Main states that never reopen (``records.TERMINAL_STATES``)."""
 
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 
@@ -580,7 +581,7 @@ def tombstone_rule(row: FenceSnapshot, *, listed: bool, proven: bool = False) ->
 
 def revoke_rule(row: FenceSnapshot) -> bool:
     """Revocation applies to any subscription not already finished; it is idempotent."""
-    return row.exists and row.state not in (S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED)
+    return row.exists and row.state not in TERMINAL
 
 
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:

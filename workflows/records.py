@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from workflows.uris import MAX_URI_LENGTH, uri_problem
 
 __all__ = [
+    "TERMINAL_STATES",
     "DEFAULT_TASK_QUEUE",
     "CatalogObservation",
     "CloseReceipt",
@@ -93,6 +94,12 @@ class SubscriptionState(StrEnum):
     REVOKED = "REVOKED"  # the subject lost access: content purged, never served again from cache
 
 
+TERMINAL_STATES = frozenset({SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN,
+                             SubscriptionState.TOMBSTONED, SubscriptionState.REVOKED})
+"""The one definition of "finished": main states that never reopen (in this incarnation). A
+StrEnum set, so ledger rows' plain strings test against it too (``"REVOKED" in TERMINAL_STATES``)."""
+
+
 class TriggerReason(StrEnum):
     INITIAL = "initial"  # first read after (re)subscribe: a change before subscribe is not missed
     UPDATED = "updated"  # notifications/resources/updated (or a listen ResourceUpdated event)
@@ -138,6 +145,10 @@ class SubscriptionOptions(_Frozen):
     # Notifications are only SHOULD and can be lost: even with subscribe, re-read this often so a
     # lost notification costs at most this much staleness (0 disables; silence then proves nothing).
     safety_read_seconds: float = Field(default=300.0, ge=0)
+    # RECONCILIATION_REQUIRED is bounded: a reconciled catalog measured after the conflict that lists
+    # the exact URI resolves it at once; without such evidence it resumes (audited) after this long,
+    # so a stray or hostile notification can never freeze a subscription.
+    reconciliation_max_seconds: float = Field(default=900.0, gt=0)
 
 
 class SubscriptionStart(_Frozen):
@@ -238,6 +249,9 @@ class CatalogObservation(_Frozen):
     snapshot_status: str  # SNAPSHOT_UNPROVEN | SNAPSHOT_PROVEN
     session_generation: int
     measured_at: datetime | None = None
+    # Other URIs that catalog listed which normalize like ``uri`` (RFC 3986 §6.2.2) but differ:
+    # the evidence identity reconciliation needs (empty: the exact URI has no variant listed).
+    variants: list[str] = Field(default_factory=list)
 
 
 class CloseReceipt(_Frozen):
