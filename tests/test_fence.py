@@ -232,3 +232,30 @@ def test_deadline_waits_for_an_allocation_on_its_way_and_arms_when_missing() -> 
     # The safety period applies when subscribed (no published bound); none at all when disabled.
     f.s.staleness_bound_seconds = None
     assert f.read_period(300.0) == 300.0 and f.read_period(0.0) is None
+
+
+# --- identity reconciliation (issue 14) ---------------------------------------------------------------
+
+
+def test_reconciliation_is_bounded_and_resolved_only_by_evidence_measured_after_it() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from workflows.records import FenceSnapshot
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    f = _polling_fence(30.0)
+    assert f.identity_conflict("identity conflict: x", now=t0, observed_uri="demo://X")
+    assert f.s.state == S.RECONCILIATION_REQUIRED and f.s.conflict_uris == ["demo://X"]
+    # A second conflict does not extend the bound.
+    assert f.identity_conflict("identity conflict: y", now=t0 + timedelta(seconds=50), observed_uri="demo://Y")
+    assert f.reconciliation_deadline(t0 + timedelta(seconds=60), 900) == t0 + timedelta(seconds=900)
+    # A catalog measured before the conflict, or one that does not list the exact URI, is no evidence.
+    assert not f.identity_evidence(listed=True, measured_at=t0 - timedelta(seconds=1))
+    assert not f.identity_evidence(listed=False, measured_at=t0 + timedelta(seconds=5))
+    assert f.identity_evidence(listed=True, measured_at=t0 + timedelta(seconds=5))
+    assert f.s.reconciled_variants == ["demo://X", "demo://Y"]
+    f.resumed(FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1))
+    assert f.s.state == S.ACTIVE and f.s.pending_trigger == TriggerReason.INITIAL and f.s.conflict_uris == []
+    f.s.pending_trigger = None
+    # The same stray variant again: an invalidation (a read of our exact URI), not another freeze.
+    assert f.variant_already_reconciled("demo://X") and f.s.pending_trigger == TriggerReason.UPDATED
+    assert not f.variant_already_reconciled("demo://Z")

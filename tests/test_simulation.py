@@ -75,7 +75,8 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "close_fenced", "verdict.ACCEPTED", "verdict.UNCHANGED", "verdict.STALE",
                  "verdict.STALE_AFTER_CLOSE", "verdict.TOMBSTONE_PENDING", "verdict.GUARDRAIL_REJECTED",
                  "verdict.REVOKED", "update.old_session", "update.coalesced", "update.future_session",
-                 "op.recreate", "op.restart", "op.catalog", "op.resume", "lost_response.ledger_accept"):
+                 "op.recreate", "op.restart", "op.catalog", "op.resume", "lost_response.ledger_accept",
+                 "timer.poll", "timer.safety", "timer.reconcile"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
 

@@ -77,6 +77,8 @@ TERMINAL = TERMINAL_STATES
 
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 
+MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
+
 
 class UpdateDisposition(StrEnum):
     READ_REQUESTED = "read_requested"  # no read pending: one will be allocated
@@ -125,6 +127,9 @@ class FenceState(BaseModel):
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
+    reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound runs from here)
+    conflict_uris: list[str] = Field(default_factory=list)  # variants observed in this RECONCILIATION_REQUIRED
+    reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
 
@@ -382,22 +387,61 @@ class SubscriptionFence:
 
     # --- identity and catalog ------------------------------------------------------------
 
-    def identity_conflict(self, detail: str) -> bool:
-        """RECONCILIATION_REQUIRED: stop accepting until resumed. False if closing/terminal."""
+    def identity_conflict(self, detail: str, *, now: datetime | None = None, observed_uri: str | None = None) -> bool:
+        """RECONCILIATION_REQUIRED: stop accepting until the identity is reconciled (catalog
+        evidence, the time bound, or a resume). False if closing/terminal."""
         s = self.s
         if s.state in CLOSING or s.state in TERMINAL:
             return False
+        if observed_uri is not None and observed_uri not in s.conflict_uris:
+            s.conflict_uris = [*s.conflict_uris, observed_uri][-MAX_VARIANTS:]
+        if s.state != S.RECONCILIATION_REQUIRED or s.reconciliation_since is None:
+            s.reconciliation_since = now  # a second conflict does not extend the bound
         s.state = S.RECONCILIATION_REQUIRED
         s.pending_trigger = None
         s.detail = detail
         return True
 
-    def resumed(self, snap: FenceSnapshot) -> None:
+    def reconciliation_deadline(self, now: datetime, max_seconds: float) -> datetime:
+        """When RECONCILIATION_REQUIRED resumes without evidence. A fence that entered it without
+        a time (adopted from the ledger after a reset) starts the bound now."""
+        if self.s.reconciliation_since is None:
+            self.s.reconciliation_since = now
+        return self.s.reconciliation_since + timedelta(seconds=max_seconds)
+
+    def variant_already_reconciled(self, observed_uri: str) -> bool:
+        """A conflict from a variant that catalog evidence already cleared for this subscription:
+        not a reason to stop again (a repeated stray or hostile notification cannot freeze it);
+        it only invalidates, and the read of our exact URI tells. True when a read was requested."""
+        s = self.s
+        if observed_uri not in s.reconciled_variants or s.state != S.ACTIVE:
+            return False
+        s.updates_seen += 1
+        if s.pending_trigger is None:
+            s.pending_trigger = TriggerReason.UPDATED
+        return True
+
+    def identity_evidence(self, *, listed: bool, measured_at: datetime | None) -> bool:
+        """Does a catalog word reconcile the identity? Only a catalog measured after the conflict
+        began that lists the exact URI: the server still names this resource exactly as we
+        subscribed it. Variants listed beside it make it an ambiguous pair (flagged by the ingress
+        and the catalog: both spellings are read on an update for either), not a reason to wait."""
+        s = self.s
+        if s.state != S.RECONCILIATION_REQUIRED or not listed or measured_at is None:
+            return False
+        if s.reconciliation_since is not None and measured_at < s.reconciliation_since:
+            return False
+        s.reconciled_variants = [*s.reconciled_variants, *s.conflict_uris][-MAX_VARIANTS:]
+        return True
+
+    def resumed(self, snap: FenceSnapshot, detail: str = "") -> None:
         """Back to ACTIVE from RECONCILIATION_REQUIRED or a recreated tombstone: re-read first."""
         self.adopt(snap)
         if self.s.state == S.ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
-            self.s.detail = ""
+            self.s.reconciliation_since = None
+            self.s.conflict_uris = []
+            self.s.detail = detail
 
     # --- close --------------------------------------------------------------------------
 

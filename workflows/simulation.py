@@ -833,6 +833,7 @@ class SimulatedWorkflow:
         self.poll_interval = poll_interval_seconds
         self.safety_read = safety_read_seconds
         self.deadlines = read_deadlines  # MIRROR(subscription.py: workflow.patched(PATCH_READ_DEADLINES))
+        self.reconciliation_max = 900.0  # MIRROR(SubscriptionOptions.reconciliation_max_seconds); bounded always
         self._draws = 0
         self.now = EPOCH  # workflow.now(): set by the simulation before each activation
         self.incarnation = incarnation
@@ -959,6 +960,10 @@ class SimulatedWorkflow:
         self.close_updates += 1
 
     def timer_fired(self) -> bool:
+        if self.stage == Stage.WAIT_RESUME and self.timer_armed:
+            self.timer_armed = False
+            self._reconciliation_timed_out()  # MIRROR(subscription.py: _await_reconciliation, TimeoutError)
+            return True
         if self.stage == Stage.WAIT_WORK and self.timer_armed:
             self.timer_armed = False
             self.fence.poll_due()  # MIRROR(subscription.py: run, except TimeoutError): poll or safety re-read
@@ -971,13 +976,16 @@ class SimulatedWorkflow:
 
     @property
     def has_timer(self) -> bool:
-        return (self.stage == Stage.WAIT_WORK and self.timer_armed) or self.stage == Stage.WAIT_SESSION
+        return (self.stage in (Stage.WAIT_WORK, Stage.WAIT_RESUME) and self.timer_armed) \
+            or self.stage == Stage.WAIT_SESSION
 
     @property
     def pending_timer(self) -> str:
-        """Which timer would fire: "session" (SESSION_RECHECK), "poll", "safety", or ""."""
+        """Which timer would fire: "session" (SESSION_RECHECK), "poll", "safety", "reconcile", or ""."""
         if self.stage == Stage.WAIT_SESSION:
             return "session"
+        if self.stage == Stage.WAIT_RESUME and self.timer_armed:
+            return "reconcile"
         return self.timer_kind if self.stage == Stage.WAIT_WORK and self.timer_armed else ""
 
     def activity_done(self, owner: tuple[str, int], result: Any) -> None:
@@ -1069,7 +1077,9 @@ class SimulatedWorkflow:
                 self.stage = Stage.LOOP
                 continue
             if st == Stage.WAIT_RESUME and (self.resume_requested or self.fence.s.close_requested or revoking
-                                            or self.fence.s.state != S.RECONCILIATION_REQUIRED):
+                                            or self.fence.s.state != S.RECONCILIATION_REQUIRED
+                                            or self.catalog is not None):
+                self.timer_armed = False
                 if self.resume_requested:
                     self._resume()
                 else:
@@ -1123,7 +1133,14 @@ class SimulatedWorkflow:
             self.stage = Stage.WAIT_CATALOG
             return
         if s.state == S.RECONCILIATION_REQUIRED:
+            # MIRROR(subscription.py: _await_reconciliation): wait, bounded by the reconciliation deadline.
+            due = f.reconciliation_deadline(self.now, self.reconciliation_max)
             self.stage = Stage.WAIT_RESUME
+            if due <= self.now and not (self.resume_requested or s.close_requested or self.revocation is not None
+                                        or self.catalog is not None):
+                self._reconciliation_timed_out()
+                return
+            self.timer_armed, self.timer_at, self.timer_kind = due > self.now, due, "reconcile"
             return
         if self.session is None or f.wants_subscribe(self.live_generation) \
                 or s.pending_trigger == TriggerReason.RESUBSCRIBE:
@@ -1185,6 +1202,8 @@ class SimulatedWorkflow:
         session: SessionInfo = self.locals["session"]
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
+            if self.deadlines:
+                self.session = None  # MIRROR(subscription.py: _ensure_subscribed, refused begin)
             self._ensure_done(False)
             return
         self.locals["snap"] = snap
@@ -1338,6 +1357,10 @@ class SimulatedWorkflow:
         s = self.fence.s
         before = s.state
         self.stage = Stage.LOOP
+        if before == S.RECONCILIATION_REQUIRED:
+            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
+                self._resume("IDENTITY_RECONCILED", f"identity reconciled by catalog {obs.scan_id}")
+            return
         proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
         stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
         if before == S.ACTIVE and not obs.listed and (not proven or stale):
@@ -1367,7 +1390,13 @@ class SimulatedWorkflow:
         """MIRROR(subscription.py: _enter_reconciliation)."""
         conflict, self.conflict = self.conflict, None
         assert conflict is not None
-        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}"):
+        if self.fence.variant_already_reconciled(conflict.observed_uri):
+            self._call_main("recon_audit", Act.AUDIT, AuditRequest(
+                kind="NORMALIZED_URI_MATCH_ALREADY_RECONCILED", key=self.key,
+                session_generation=conflict.session_generation))
+            return
+        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=self.now,
+                                            observed_uri=conflict.observed_uri):
             self.stage = Stage.LOOP
             return
         self.locals["conflict"] = conflict
@@ -1384,14 +1413,23 @@ class SimulatedWorkflow:
     def _main_recon_audit(self, _: object) -> None:
         self.stage = Stage.LOOP
 
-    def _resume(self) -> None:
+    def _resume(self, audit_kind: str | None = None, detail: str = "") -> None:
         """MIRROR(subscription.py: _resume)."""
+        self.locals["resume_audit"], self.locals["resume_detail"] = audit_kind, detail
         self._call_main("resume_set", Act.SET_STATE, SetStateRequest(
             key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]))
 
+    def _reconciliation_timed_out(self) -> None:
+        self._resume("RECONCILIATION_TIMED_OUT", "reconciliation timed out")
+
     def _main_resume_set(self, snap: FenceSnapshot) -> None:
-        self.fence.resumed(snap)
+        self.fence.resumed(snap, self.locals.get("resume_detail", ""))
         self.resume_requested = False
+        kind = self.locals.pop("resume_audit", None)
+        if kind is not None:
+            self._call_main("recon_audit", Act.AUDIT, AuditRequest(kind=kind, key=self.key,
+                                                                   session_generation=self.fence.s.session_generation))
+            return
         self.stage = Stage.LOOP
 
     # close ------------------------------------------------------------------------------------------
@@ -1613,7 +1651,8 @@ class Simulation:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
         at = self.times[self.step] + timedelta(seconds=1)
         wf = self.wf
-        if event.op == Op.TIMER and self.chain_running and wf.stage == Stage.WAIT_WORK and wf.timer_armed \
+        if event.op == Op.TIMER and self.chain_running and wf.stage in (Stage.WAIT_WORK, Stage.WAIT_RESUME) \
+                and wf.timer_armed \
                 and wf.timer_at is not None and wf.timer_at > at:
             at = wf.timer_at
         return at
@@ -2213,7 +2252,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     timer = wf.pending_timer if running else ""
     if timer:
         # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
-        add(0.4 if timer == "safety" else 4, lambda: Event(Op.TIMER))
+        add(0.4 if timer in ("safety", "reconcile") else 4, lambda: Event(Op.TIMER))
     if Fault.OLD_SESSION in F and sim.host.generation >= 2:
         add(0.6, lambda: Event(Op.OLD_NOTE, n=rng.randrange(2)))
     if Fault.WRONG_URI in F:

@@ -87,10 +87,13 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
-           "PATCH_READ_DEADLINES"]
+           "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION"]
 
 PATCH_READ_DEADLINES = "read-deadlines"
 """workflow.patched id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
+
+PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
+"""workflow.patched id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
 
 POLL_INTERVAL = timedelta(seconds=30)
 """Read period when the server cannot (or will not) subscribe; jittered ±20%."""
@@ -148,6 +151,7 @@ class ResourceSubscriptionWorkflow:
         self.reloaded = False
         self.last_published: tuple[object, ...] = ()
         self.deadlines = False  # set in run(): workflow.patched(PATCH_READ_DEADLINES)
+        self.bounded_reconciliation = False  # set in run(): workflow.patched(PATCH_IDENTITY_RECONCILIATION)
 
     # --- handlers -------------------------------------------------------------------
 
@@ -238,6 +242,7 @@ class ResourceSubscriptionWorkflow:
     async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:
         # Memoized for the run: histories recorded before deadlines keep their restarted timer.
         self.deadlines = workflow.patched(PATCH_READ_DEADLINES)
+        self.bounded_reconciliation = workflow.patched(PATCH_IDENTITY_RECONCILIATION)
         incarnation = workflow.info().first_execution_run_id
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -273,12 +278,7 @@ class ResourceSubscriptionWorkflow:
                                               or self.fence.s.state != SubscriptionState.TOMBSTONE_PENDING)
                 continue
             if s.state == SubscriptionState.RECONCILIATION_REQUIRED:
-                await workflow.wait_condition(
-                    lambda: self.resume_requested is not None or self.fence.s.close_requested
-                    or self.revocation is not None
-                    or self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED)
-                if self.resume_requested is not None:
-                    await self._resume()
+                await self._await_reconciliation()
                 continue
             if self.session is None or self.fence.wants_subscribe(self.live_generation) \
                     or s.pending_trigger == TriggerReason.RESUBSCRIBE:
@@ -394,6 +394,11 @@ class ResourceSubscriptionWorkflow:
                                   FenceSnapshot)
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
+            if self.deadlines:
+                # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
+                # not subscribed. Without a binding the next pass subscribes on the live session and
+                # publishes its bound, instead of rebinding to a subscription an older run made.
+                self.session = None
             self._publish()
             return False
         self._publish()
@@ -516,6 +521,14 @@ class ResourceSubscriptionWorkflow:
         obs, self.catalog = self.catalog, None
         assert obs is not None
         before = self.fence.s.state
+        if before == SubscriptionState.RECONCILIATION_REQUIRED and self.bounded_reconciliation:
+            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
+                await self._resume("IDENTITY_RECONCILED", {
+                    "scan_id": obs.scan_id, "snapshot_status": obs.snapshot_status,
+                    "measured_at": str(obs.measured_at), "variants": ", ".join(obs.variants)[:500]},
+                    detail=f"identity reconciled by catalog {obs.scan_id}"
+                           + (f" (ambiguous listed pair: {obs.variants[0][:200]})" if obs.variants else ""))
+            return
         proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
         stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
         if before == SubscriptionState.ACTIVE and not obs.listed and (not proven or stale):
@@ -545,7 +558,13 @@ class ResourceSubscriptionWorkflow:
     async def _enter_reconciliation(self) -> None:
         conflict, self.conflict = self.conflict, None
         assert conflict is not None
-        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}"):
+        if self.bounded_reconciliation and self.fence.variant_already_reconciled(conflict.observed_uri):
+            await self._audit("NORMALIZED_URI_MATCH_ALREADY_RECONCILED", conflict.session_generation,
+                              {"observed_uri": conflict.observed_uri[:500]})
+            self._publish()
+            return
+        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=workflow.now(),
+                                            observed_uri=conflict.observed_uri[:2048]):
             return
         allowed = [SubscriptionState.ACTIVE, SubscriptionState.SUBSCRIBING, SubscriptionState.DISCOVERED,
                    SubscriptionState.TOMBSTONE_PENDING]
@@ -557,12 +576,43 @@ class ResourceSubscriptionWorkflow:
                           {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
         self._publish()
 
-    async def _resume(self) -> None:
+    async def _await_reconciliation(self) -> None:
+        """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
+        the loop's catalog step) or, with bounded reconciliation, its time bound: then resume."""
+        def over() -> bool:
+            return (self.resume_requested is not None or self.fence.s.close_requested or self.revocation is not None
+                    or self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED
+                    or (self.bounded_reconciliation and self.catalog is not None))
+
+        timeout = None
+        if self.bounded_reconciliation:
+            due = self.fence.reconciliation_deadline(workflow.now(), self.options.reconciliation_max_seconds)
+            timeout = due - workflow.now()
+        try:
+            if timeout is None or timeout > timedelta(0):
+                await workflow.wait_condition(over, timeout=timeout)
+            elif not over():
+                raise TimeoutError
+        except TimeoutError:
+            await self._resume("RECONCILIATION_TIMED_OUT", {
+                "since": str(self.fence.s.reconciliation_since),
+                "max_seconds": int(self.options.reconciliation_max_seconds)},
+                detail=f"reconciliation timed out after {self.options.reconciliation_max_seconds:.0f} s without "
+                       "catalog evidence: resumed, re-reading the exact URI")
+            return
+        if self.resume_requested is not None:
+            await self._resume()
+
+    async def _resume(self, audit_kind: str | None = None, evidence: dict[str, str | int | None] | None = None,
+                      *, detail: str = "") -> None:
+        """Back to ACTIVE (a fresh read first); ``audit_kind`` records why, with its evidence."""
         snap = await self._ledger(Act.SET_STATE, SetStateRequest(
             key=self.key, state=SubscriptionState.ACTIVE,
             allowed_from=[SubscriptionState.RECONCILIATION_REQUIRED]), FenceSnapshot)
-        self.fence.resumed(snap)
+        self.fence.resumed(snap, detail)
         self.resume_requested = None
+        if audit_kind is not None:
+            await self._audit(audit_kind, self.fence.s.session_generation, evidence or {})
         self._publish()
 
     # --- close ---------------------------------------------------------------------------
