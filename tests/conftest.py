@@ -116,11 +116,12 @@ def unique(prefix: str) -> str:
 @asynccontextmanager
 async def running_services(
     client: Client, ledger: Ledger, servers: list[ServerConfig], *, task_queue: str | None = None,
-    with_main_worker: bool = True,
+    with_main_worker: bool = True, namespace: str = "default",
 ) -> AsyncIterator[Config]:
     """Run the main worker and session hosts for ``servers`` in this process."""
     config = Config(
-        temporal=TemporalConfig(address="unused", task_queue=task_queue or unique(TEST_TASK_QUEUE_PREFIX)),
+        temporal=TemporalConfig(address="unused", namespace=namespace,
+                                task_queue=task_queue or unique(TEST_TASK_QUEUE_PREFIX)),
         servers=servers,
     )
     task = asyncio.create_task(run_services(config, client, ledger, with_main_worker=with_main_worker))

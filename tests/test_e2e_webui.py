@@ -48,3 +48,30 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
         for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke", "identity_conflict",
                      "close", "resume", "subscription"):
             assert described.get(name), f"{name} has no description: {described}"
+
+
+async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: Client, ledger: Ledger,
+                                                              fx: FixtureProcess) -> None:
+    # McpState is the subscription's vocabulary only; a catalog's status is McpCatalogState.
+    from temporalio.common import SearchAttributeKey
+
+    from tests.conftest import eventually
+    from worker.runtime import start_catalog
+    from workflows.records import CatalogKey
+
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_catalog(temporal_client, CatalogKey(subject="alice", server=server.name),
+                                     task_queue=cfg.temporal.task_queue)
+
+        async def upserted_by_the_workflow() -> str | None:
+            attrs = (await handle.describe()).typed_search_attributes
+            value = attrs.get(SearchAttributeKey.for_keyword("McpCatalogState"))
+            return value if value not in (None, "STARTING") else None  # STARTING is the starter's
+
+        state = await eventually(upserted_by_the_workflow, what="McpCatalogState upserted")
+        assert state in ("NO_SESSION", "SCANNING_A", "SCANNING_B", "PUBLISHING", "SNAPSHOT_UNPROVEN",
+                         "SNAPSHOT_PROVEN", "BACKOFF"), state
+        attrs = (await handle.describe()).typed_search_attributes
+        assert attrs.get(SearchAttributeKey.for_keyword("McpState")) is None
+        await handle.terminate("test over")

@@ -15,11 +15,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.ledger import Ledger
+from tests.conftest import eventually, running_services, unique
 from worker.stack import (
     REPO_ROOT,
     SEARCH_ATTRIBUTE_TYPES,
@@ -40,6 +45,8 @@ EXPECTED_ATTRIBUTES = {
     "McpUri": "Keyword",
     "McpSubject": "Keyword",
     "McpState": "Keyword",
+    "McpCatalogState": "Keyword",
+    "McpAnswerState": "Keyword",
     "McpSessionGeneration": "Int",
     "McpWatermark": "Int",
     "McpSubscriptionGeneration": "Int",
@@ -216,3 +223,27 @@ def test_index_value_types_cover_cli_names() -> None:
         "KeywordList",
     }
     assert SEARCH_ATTRIBUTE_TYPES["Int"] == IndexedValueType.INDEXED_VALUE_TYPE_INT
+
+
+async def test_the_main_worker_registers_new_search_attributes_on_its_namespace(
+        temporal_server: TemporalDevServer, ledger: Ledger) -> None:
+    # An upgrade that brings a search attribute (McpCatalogState, McpAnswerState) must not leave
+    # workflows failing their upserts on a cluster that predates it: the main worker registers them.
+    namespace = unique("ns")
+    admin = await Client.connect(temporal_server.address)
+    await admin.workflow_service.register_namespace(RegisterNamespaceRequest(
+        namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)))
+
+    async def custom() -> set[str]:
+        listing = await admin.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        return set(listing.custom_attributes)
+
+    assert "McpCatalogState" not in await custom()
+    client = await Client.connect(temporal_server.address, namespace=namespace, data_converter=pydantic_data_converter)
+    async with running_services(client, ledger, [], namespace=namespace):
+        await eventually(lambda: _has(custom, {"McpCatalogState", "McpAnswerState", "McpState"}),
+                         what="search attributes registered on the new namespace")
+
+
+async def _has(listing, names: set[str]) -> bool:  # type: ignore[no-untyped-def]
+    return names <= await listing()

@@ -42,10 +42,12 @@ from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from worker.config import Config, RetentionConfig, TemporalConfig
 from worker.session_host import SessionHost
+from worker.stack import ensure_search_attributes
 from workflows.answer import AnswerWorkflow
 from workflows.catalog import CatalogWorkflow
 from workflows.names import (
     CATALOG_WORKFLOW_TYPE,
+    SA_CATALOG_STATE,
     SA_SERVER,
     SA_STATE,
     SA_SUBJECT,
@@ -152,6 +154,20 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
     )
 
 
+async def _register_search_attributes(client: Client, namespace: str) -> None:
+    """An upgrade may bring new search attributes (e.g. McpCatalogState): register them before the
+    workflows upsert them, where the cluster allows it. Temporal Cloud does not: then say which."""
+    try:
+        added = await ensure_search_attributes(client, namespace)
+    except Exception as exc:  # permission denied (Cloud), wrong type, unreachable operator API
+        log.warning("could not register search attributes on %r (%s: %s); register those of "
+                    "temporal/search_attributes.toml by hand (Cloud: tcld or the UI)", namespace,
+                    type(exc).__name__, str(exc)[:200])
+        return
+    if added:
+        log.info("registered search attributes on %r: %s", namespace, ", ".join(added))
+
+
 async def run_services(config: Config, client: Client, ledger: Ledger, *,
                        servers: Sequence[str] | None = None, with_main_worker: bool = True,
                        ready: asyncio.Event | None = None) -> None:
@@ -162,6 +178,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         if servers is None or server.name in servers
         for subject in server.subjects
     ]
+    if with_main_worker:
+        await _register_search_attributes(client, config.temporal.namespace)
     tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
     worker = main_worker(client, ledger, config.temporal.task_queue,
                          max_cached_workflows=config.temporal.max_cached_workflows) if with_main_worker else None
@@ -299,7 +317,7 @@ async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
         search_attributes=TypedSearchAttributes([
             SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
             SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "STARTING"),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_CATALOG_STATE), "STARTING"),
         ]),
         static_summary=f"catalog {key.server} {key.subject}",
     )

@@ -47,7 +47,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.names import SA_STATE
+    from workflows.names import SA_ANSWER_STATE
     from workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 
 __all__ = [
@@ -689,7 +689,7 @@ class AnswerStart(_Frozen):
 _LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
                             non_retryable_error_types=["InvalidBinding", "InvalidSelection"])
 _LEDGER_TIMEOUT = timedelta(seconds=30)
-KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
+KEY_STATE = SearchAttributeKey.for_keyword(SA_ANSWER_STATE)
 
 
 @workflow.defn(name=ANSWER_WORKFLOW_TYPE)

@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         CATALOG_WORKFLOW_TYPE,
         QUERY_CATALOG,
         QUERY_SCANS,
-        SA_STATE,
+        SA_CATALOG_STATE,
         SIGNAL_LIST_CHANGED,
         SIGNAL_RECONCILE,
         UPDATE_RECONCILE,
@@ -641,7 +641,7 @@ _SCAN_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_
 _SCAN_SCHEDULE_TO_START = timedelta(seconds=30)  # no session host polling its queue: look again
 _SCAN_START_TO_CLOSE = timedelta(minutes=10)
 _SCAN_HEARTBEAT = timedelta(seconds=60)
-KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
+KEY_STATE = SearchAttributeKey.for_keyword(SA_CATALOG_STATE)
 
 
 @workflow.defn(name=CATALOG_WORKFLOW_TYPE)
@@ -798,7 +798,7 @@ class CatalogWorkflow:
         return result
 
     def _publish(self) -> None:
-        """McpState and the Web UI's current-details panel, only when they change."""
+        """McpCatalogState and the Web UI's current-details panel, only when they change."""
         s = self.rec.s
         status = self.rec.status
         c = s.last_catalog

@@ -25,6 +25,8 @@ __all__ = [
     "SA_URI",
     "SA_SUBJECT",
     "SA_STATE",
+    "SA_CATALOG_STATE",
+    "SA_ANSWER_STATE",
     "SA_SESSION_GENERATION",
     "SA_SUBSCRIPTION_GENERATION",
     "SA_WATERMARK",
@@ -47,7 +49,9 @@ QUERY_SUBSCRIPTION = "subscription"  # -> ResourceSubscriptionV1
 SA_SERVER = "McpServer"
 SA_URI = "McpUri"
 SA_SUBJECT = "McpSubject"
-SA_STATE = "McpState"
+SA_STATE = "McpState"  # ResourceSubscriptionWorkflow's state (SubscriptionState phases)
+SA_CATALOG_STATE = "McpCatalogState"  # CatalogWorkflow's status (SNAPSHOT_* / scan phase)
+SA_ANSWER_STATE = "McpAnswerState"  # AnswerWorkflow's verdict (UNBOUND / BOUND / HOLD / ACCEPT)
 SA_SESSION_GENERATION = "McpSessionGeneration"
 SA_SUBSCRIPTION_GENERATION = "McpSubscriptionGeneration"
 SA_WATERMARK = "McpWatermark"
