@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from activities.ledger import Ledger
 from tests.conftest import eventually, running_services, unique
@@ -39,19 +39,28 @@ def _server(fx: FixtureProcess) -> ServerConfig:
     return ServerConfig(name=unique("id"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
 
 
+async def _conflicted(client: Client, fx: FixtureProcess, server: ServerConfig, task_queue: str, exact: str,
+                      variant: str, *, max_seconds: float) -> tuple[SubscriptionKey, WorkflowHandle]:
+    """Subscribe the exact URI (both spellings exist on the server), then a notification for the
+    variant: the subscription is in RECONCILIATION_REQUIRED."""
+    key = SubscriptionKey(subject="alice", server=server.name, uri=exact)
+    first = await fx.create(exact, text="exact")
+    await fx.create(variant, text="variant")
+    handle = await start_subscription(client, key, task_queue=task_queue,
+                                      options=SubscriptionOptions(reconciliation_max_seconds=max_seconds))
+    await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
+    await fx.notify(variant, unsolicited=True)
+    await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
+    return key, handle
+
+
 async def test_a_stray_variant_notification_cannot_freeze_a_subscription(temporal_client: Client, ledger: Ledger,
                                                                          fx: FixtureProcess) -> None:
     exact, variant = _pair()
     server = _server(fx)
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        key = SubscriptionKey(subject="alice", server=server.name, uri=exact)
-        first = await fx.create(exact, text="exact")
-        await fx.create(variant, text="variant")
-        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
-                                          options=SubscriptionOptions(reconciliation_max_seconds=3))
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
-        await fx.notify(variant, unsolicited=True)
-        await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
+        key, handle = await _conflicted(temporal_client, fx, server, cfg.temporal.task_queue, exact, variant,
+                                        max_seconds=3)
         rec = await _wait_record(handle, lambda r: r.state in READING, "resumed by the time bound", timeout=20)
         assert "timed out" in rec.detail or rec.detail == ""
         timed_out = await _audit_for(ledger, "RECONCILIATION_TIMED_OUT", key)
@@ -65,14 +74,8 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
     exact, variant = _pair()
     server = _server(fx)
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        key = SubscriptionKey(subject="alice", server=server.name, uri=exact)
-        first = await fx.create(exact, text="exact")
-        await fx.create(variant, text="variant")
-        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
-                                          options=SubscriptionOptions(reconciliation_max_seconds=600))
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
-        await fx.notify(variant, unsolicited=True)
-        await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
+        key, handle = await _conflicted(temporal_client, fx, server, cfg.temporal.task_queue, exact, variant,
+                                        max_seconds=600)
         conflict_at = datetime.now(UTC)
 
         def word(scan: str, measured_at: datetime, listed: bool = True) -> CatalogObservation:
