@@ -21,9 +21,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from activities.catalog_ledger import CatalogLedger
-from activities.db import backfill_uri_normalized, migrate
+from activities.db import backfill_uri_normalized, migrate, open_pool
 from activities.ledger import Ledger
-from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.conftest import eventually, fresh_database, ledger_rows, running_services, unique
 from tests.test_catalog_e2e import FAST
 from tests.test_e2e_subscription import _wait_record
 from worker.config import ServerConfig
@@ -160,6 +160,26 @@ async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempote
     await ledger.ensure_subscription(key, "inc")
     assert await ledger_rows(ledger, "SELECT uri_normalized FROM subscriptions WHERE workflow_id=%s",
                              key.workflow_id) == [(normalize_uri(uris[1]),)]
+
+
+async def test_upgrade_to_008_backfills_rows_written_before_it(tmp_path: Path) -> None:
+    async with fresh_database(tmp_path) as url:
+        pool = await open_pool(url, max_size=2)
+        try:
+            await migrate(pool)
+            async with pool.connection() as conn:  # back to version 7, with rows from that time
+                await conn.execute("DROP TABLE ambiguous_uri_pairs")
+                await conn.execute("ALTER TABLE subscriptions DROP COLUMN uri_normalized")
+                await conn.execute("DELETE FROM schema_migrations WHERE version = 8")
+                for i, uri in enumerate(("demo://v7/~a", "demo://v7/%7Ea", "demo://v7/b")):
+                    await conn.execute("INSERT INTO subscriptions (workflow_id, subject, server, uri, state)"
+                                       " VALUES (%s, 'alice', 'v7', %s, 'ACTIVE')", (f"wf-{i}", uri))
+            assert await migrate(pool) == ["008_uri_identity.sql"]
+            led = Ledger(pool)
+            assert await led.normalized_siblings("alice", "v7", "demo://v7/~a") == [("wf-1", "demo://v7/%7Ea")]
+            assert await led.normalized_siblings("alice", "v7", "demo://v7/b") == []
+        finally:
+            await pool.close()
 
 
 # --- finding 1: a listed ambiguous pair -----------------------------------------------------------
