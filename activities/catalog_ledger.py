@@ -16,6 +16,11 @@ Contract:
   granted or refused. ``release_gates`` recomputes the two release counters from the truth.
 - Staged rollout lives in ``rollout_policies`` (absent = ALL); changing it never touches the
   subscription fences, watermarks or close receipts.
+- URI identity (docs/identity.md): ``publish`` flags each listed pair of URIs that normalize
+  alike (``workflows.uris.ambiguous_pairs``) once per (subject, server): a row in
+  ``ambiguous_uri_pairs`` and one AMBIGUOUS_URI_LISTED audit row, in the publish transaction.
+  Every ``catalog_reconciled`` observation carries ``variants``: the listed URIs that normalize
+  like the subscribed one but differ from it (the evidence identity reconciliation needs).
 - Activities: ``catalog_rollout``, ``catalog_publish``, ``catalog_notify_subscriptions``
   (``catalog_reconciled`` to every non-terminal subscription of the view that the rollout
   lets act and that existed before the catalog's measurement window began) and
@@ -49,6 +54,7 @@ from workflows.catalog import (
 )
 from workflows.names import SIGNAL_CATALOG_RECONCILED, CatalogAct
 from workflows.records import (
+    TERMINAL_STATES,
     CatalogKey,
     CatalogObservation,
     CatalogSnapshot,
@@ -60,11 +66,11 @@ from workflows.records import (
     SnapshotStatus,
     SubscriptionKey,
 )
+from workflows.uris import ambiguous_pairs, normalize_uri
 
 __all__ = ["CatalogLedger", "CatalogLedgerActivities", "CompletenessDecision", "ScanItem", "RELEASE_GATES"]
 
 RELEASE_GATES = ("unreconciled_catalogs_accepted", "completeness_consumed_unproven")
-TERMINAL_SUBSCRIPTION_STATES = {"CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +290,7 @@ class CatalogLedger:
             )
             final = await cur.fetchone()
             assert final is not None
+            await self._flag_ambiguous_pairs(cur, k, cid, b.scan_id)
             # Descriptors of older scans are no longer needed: the known set holds the catalog.
             await cur.execute(
                 """
@@ -294,6 +301,39 @@ class CatalogLedger:
                 {**view, "a": a.scan_id},
             )
             return PublishOutcome(published=True, catalog=_catalog(final), reason=verdict.reason)
+
+    @staticmethod
+    async def _flag_ambiguous_pairs(cur: Any, k: CatalogKey, catalog_id: int, scan_id: str) -> None:
+        """Listed pairs that normalize alike, each flagged once per view (inside ``publish``'s
+        transaction): a row in ``ambiguous_uri_pairs`` and, only when new, one audit row."""
+        await cur.execute("SELECT ident FROM discovery_scan_items WHERE scan_id=%s AND kind='resource' ORDER BY ident",
+                          (scan_id,))
+        pairs = sorted({tuple(sorted(p)) for p in ambiguous_pairs([r["ident"] for r in await cur.fetchall()])})
+        for uri_a, uri_b in pairs:
+            await cur.execute(
+                """
+                INSERT INTO ambiguous_uri_pairs (subject, server, uri_a, uri_b, uri_normalized, first_catalog_id,
+                    first_scan_id)
+                VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING uri_a
+                """,
+                (k.subject, k.server, uri_a, uri_b, normalize_uri(uri_a), catalog_id, scan_id),
+            )
+            if await cur.fetchone() is None:
+                continue  # flagged by an earlier catalog of this view
+            await cur.execute(
+                "INSERT INTO audit (kind, subject, server, uri, detail) VALUES ('AMBIGUOUS_URI_LISTED', %s, %s, %s, %s)",
+                (k.subject, k.server, uri_a, json.dumps({"uri_a": uri_a, "uri_b": uri_b, "scan_id": scan_id,
+                                                         "catalog_id": catalog_id})),
+            )
+
+    async def ambiguous_pairs(self, subject: str, server: str) -> list[tuple[str, str]]:
+        """The listed ambiguous pairs flagged for the view, (uri_a, uri_b) with uri_a < uri_b."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT uri_a, uri_b FROM ambiguous_uri_pairs WHERE subject=%s AND server=%s ORDER BY uri_a, uri_b",
+                (subject, server),
+            )
+            return [(r[0], r[1]) for r in await cur.fetchall()]
 
     async def latest_catalog(self, subject: str, server: str) -> CatalogSnapshot | None:
         async with self.pool.connection() as conn:
@@ -327,14 +367,6 @@ class CatalogLedger:
             cur = await conn.execute(
                 "SELECT workflow_id FROM subscriptions WHERE subject=%s AND server=%s AND created_at > %s",
                 (subject, server, since),
-            )
-            return {r[0] for r in await cur.fetchall()}
-
-    async def listed(self, subject: str, server: str, uris: Iterable[str]) -> set[str]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT uri FROM catalog_known WHERE subject=%s AND server=%s AND gone_at IS NULL AND uri = ANY(%s)",
-                (subject, server, list(uris)),
             )
             return {r[0] for r in await cur.fetchall()}
 
@@ -455,11 +487,11 @@ class CatalogLedgerActivities:
     async def notify_subscriptions(self, req: NotifyRequest) -> NotifyResult:
         c = req.catalog
         subs = [(wf, uri) for wf, uri, state in await self.ledger.subscriptions_for(c.subject, c.server)
-                if state not in TERMINAL_SUBSCRIPTION_STATES]
+                if state not in TERMINAL_STATES]
         # A subscription younger than the measurement: the catalog's word on it is stale
         # (it may predate the resource itself). The next catalog speaks for it.
         young = await self.catalog.subscribed_since(c.subject, c.server, c.window_started_at)
-        listed = await self.catalog.listed(c.subject, c.server, [uri for _, uri in subs])
+        listed, variants_of = await self._listed_and_variants(c.subject, c.server, [uri for _, uri in subs])
         signalled = unlisted = held = missing = too_new = 0
         for workflow_id, uri in subs:
             if workflow_id in young:
@@ -469,7 +501,8 @@ class CatalogLedgerActivities:
                 held += 1
                 continue
             obs = CatalogObservation(uri=uri, listed=uri in listed, scan_id=c.scan_b, snapshot_status=c.status.value,
-                                     session_generation=c.session_generation, measured_at=c.measured_at)
+                                     session_generation=c.session_generation, measured_at=c.measured_at,
+                                     variants=variants_of(uri))
             try:
                 await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_CATALOG_RECONCILED, obs)
             except RPCError as err:
@@ -481,6 +514,26 @@ class CatalogLedgerActivities:
             unlisted += uri not in listed
         return NotifyResult(signalled=signalled, unlisted=unlisted, held_by_rollout=held, no_workflow=missing,
                             too_new=too_new)
+
+    async def _listed_and_variants(self, subject: str, server: str,
+                                   uris: list[str]) -> tuple[set[str], Callable[[str], list[str]]]:
+        """Which of ``uris`` the view lists, and for each the listed URIs that normalize like it but
+        differ. The listing is normalized once (linear; ~1 s per 10^5 URIs), and only when some
+        subscription exists."""
+        if not uris:
+            return set(), lambda _uri: []
+        listing = await self.catalog.known_uris(subject, server)
+        wanted = {normalize_uri(uri) for uri in uris}
+        by_normalized: dict[str, list[str]] = {}
+        for listed_uri in listing:
+            n = normalize_uri(listed_uri)
+            if n in wanted:
+                by_normalized.setdefault(n, []).append(listed_uri)
+
+        def variants_of(uri: str) -> list[str]:
+            return [v for v in by_normalized.get(normalize_uri(uri), ()) if v != uri]
+
+        return set(listing) & set(uris), variants_of
 
     @activity.defn(name=CatalogAct.AUTO_SUBSCRIBE)
     async def auto_subscribe(self, req: AutoSubscribeRequest) -> int:

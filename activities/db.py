@@ -4,19 +4,24 @@ Contract: ``open_pool(url)`` returns an open psycopg 3 async pool or raises
 ``DatabaseUnavailable`` with a message an operator can act on (never the
 password). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet
 recorded in ``schema_migrations``, each in its own transaction, under an
-advisory lock so concurrent processes do not race.
+advisory lock so concurrent processes do not race. Then it runs the data steps
+SQL cannot do by itself (``backfill_uri_normalized``: the Python URI normalizer), each
+idempotent, so every ``migrate`` call also repairs rows written by an older binary.
 """
 
 from __future__ import annotations
 
 import re
 from importlib import resources
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["DatabaseUnavailable", "migrate", "open_pool", "redact_url"]
+from workflows.uris import normalize_uri
+
+__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_url"]
 
 _MIGRATION_LOCK = 0x6D637073  # "mcps"
 
@@ -80,9 +85,36 @@ async def migrate(pool: AsyncConnectionPool) -> list[str]:
                         "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
                     )
                 applied.append(name)
+            if 8 in done or any(name.startswith("008_") for name in applied):
+                await backfill_uri_normalized(conn)
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
     return applied
+
+
+async def backfill_uri_normalized(conn: psycopg.AsyncConnection[Any], *, batch: int = 1000) -> int:
+    """Fill ``subscriptions.uri_normalized`` (migration 008) where it is NULL, ``batch`` rows per
+    transaction; returns how many rows it filled. Idempotent, and cheap when nothing is left
+    (a partial index finds the NULL rows)."""
+    filled = 0
+    while True:
+        async with conn.transaction():
+            cur = await conn.execute(
+                "SELECT workflow_id, uri FROM subscriptions WHERE uri_normalized IS NULL"
+                " ORDER BY workflow_id LIMIT %s FOR UPDATE SKIP LOCKED", (batch,))
+            rows = await cur.fetchall()
+            if rows:
+                await conn.execute(
+                    """
+                    UPDATE subscriptions s SET uri_normalized = v.normalized
+                    FROM unnest(%s::text[], %s::text[]) AS v(workflow_id, normalized)
+                    WHERE s.workflow_id = v.workflow_id AND s.uri_normalized IS NULL
+                    """,
+                    ([r[0] for r in rows], [normalize_uri(r[1]) for r in rows]),
+                )
+        filled += len(rows)
+        if len(rows) < batch:
+            return filled
 
 
 # psycopg is re-exported for callers that catch its errors without importing it.

@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from workflows.catalog import RolloutMode, RolloutPolicy, refresh_enabled
 from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, revoke_rule, tombstone_rule
 from workflows.records import (
+    TERMINAL_STATES,
     AcceptRequest,
     AcceptResult,
     AcceptVerdict,
@@ -41,6 +42,7 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from workflows.uris import normalize_uri
 
 __all__ = ["Ledger", "OutboxRow", "AuditRow"]
 
@@ -50,6 +52,8 @@ CLOSING_STATES = (
     SubscriptionState.CLOSED.value,
     SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
 )
+# ``records.TERMINAL_STATES`` as SQL parameters (sorted: one statement text, one plan).
+TERMINAL_STATE_VALUES = sorted(state.value for state in TERMINAL_STATES)
 # States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
 _VERDICTS = {v.value for v in AcceptVerdict}
 SUBSCRIBABLE_STATES = (
@@ -224,20 +228,20 @@ class Ledger:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 """
-                INSERT INTO subscriptions (workflow_id, subject, server, uri, state, incarnation)
-                VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (workflow_id) DO NOTHING
-                """,
-                (key.workflow_id, key.subject, key.server, key.uri, SubscriptionState.DISCOVERED.value,
-                 incarnation),
+                INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state, incarnation)
+                VALUES (%s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT (workflow_id) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
+                    WHERE s.uri_normalized IS NULL
+                """,  # a row from before migration 008 that the backfill has not reached yet
+                (key.workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
+                 SubscriptionState.DISCOVERED.value, incarnation),
             )
             await cur.execute(
                 """
                 UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
                 WHERE workflow_id=%s AND incarnation <> %s AND state = ANY(%s)
                 """,
-                (SubscriptionState.DISCOVERED.value, incarnation, key.workflow_id, incarnation,
-                 [SubscriptionState.CLOSED.value, SubscriptionState.UNSUBSCRIBE_UNKNOWN.value,
-                  SubscriptionState.TOMBSTONED.value, SubscriptionState.REVOKED.value]),
+                (SubscriptionState.DISCOVERED.value, incarnation, key.workflow_id, incarnation, TERMINAL_STATE_VALUES),
             )
             await cur.execute(
                 "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
@@ -270,6 +274,21 @@ class Ledger:
                 (subject, server),
             )
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+    async def normalized_siblings(self, subject: str, server: str, uri: str) -> list[tuple[str, str]]:
+        """(workflow_id, uri) of the non-terminal subscriptions of (subject, server) whose URI differs
+        from ``uri`` but normalizes alike (``workflows.uris.normalize_uri``): one indexed query.
+        Never a route: a caller may only invalidate or flag them."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT workflow_id, uri FROM subscriptions
+                WHERE subject=%s AND server=%s AND uri_normalized=%s AND uri <> %s AND NOT (state = ANY(%s))
+                ORDER BY uri
+                """,
+                (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES),
+            )
+            return [(r[0], r[1]) for r in await cur.fetchall()]
 
     async def begin_subscription(self, key: SubscriptionKey, session_generation: int) -> FenceSnapshot:
         """SUBSCRIBING with subscription generation + 1 bound to ``session_generation``.

@@ -56,6 +56,7 @@ from workflows.names import (
     WORKFLOW_TYPE,
 )
 from workflows.records import (
+    TERMINAL_STATES,
     CatalogKey,
     CatalogPolicy,
     CatalogStart,
@@ -272,7 +273,7 @@ async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, u
     effective = effective_at or datetime.now(UTC)
     done: list[str] = []
     for workflow_id, sub_uri, state in await ledger.subscriptions_for(subject, server):
-        if (uri is not None and sub_uri != uri) or state in ("CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED", "REVOKED"):
+        if (uri is not None and sub_uri != uri) or state in TERMINAL_STATES:
             continue
         try:
             await client.get_workflow_handle(workflow_id).signal(

@@ -11,6 +11,14 @@ Contract:
   (subject, server, URI). A URI with no subscription gets an audit row; a
   subscription with no running workflow gets an audit row; nothing is guessed and
   no workflow is ever started from here.
+- URI identity (docs/identity.md): a notification only invalidates. When its exact URI is
+  subscribed, every other live subscription whose URI normalizes alike (a listed ambiguous
+  pair, ``Ledger.normalized_siblings``) is invalidated too, each with ITS OWN exact URI
+  (audit AMBIGUOUS_SIBLING_INVALIDATED): an update named with one spelling never leaves the
+  other stale. When only a normalized form matches, each such subscription gets an
+  ``identity_conflict`` signal (audit NORMALIZED_URI_MATCH) and the CatalogWorkflow of
+  (subject, server) is asked to reconcile, so the evidence that resolves the conflict comes
+  (audit IDENTITY_NO_CATALOG when there is none: the workflow's time bound resolves it).
 - resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only
   listen stream per session, opened before the session is published) is counted per
   session generation (``list_changed_count``, read by the catalog scan activities) and
@@ -51,10 +59,12 @@ from worker.config import ServerConfig
 from workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
+    SIGNAL_RECONCILE,
     SIGNAL_RESOURCE_UPDATED,
     SIGNAL_SESSION_CHANGED,
 )
 from workflows.records import (
+    TERMINAL_STATES,
     CatalogKey,
     IdentityConflict,
     ListChanged,
@@ -63,14 +73,13 @@ from workflows.records import (
     SubscriptionKey,
     session_task_queue,
 )
-from workflows.uris import normalize_uri
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
 log = logging.getLogger("mcpsync.ingress")
 
 ROUTE_RETRY_SECONDS = 120.0
-TERMINAL_STATES = {"CLOSED", "UNSUBSCRIBE_UNKNOWN", "TOMBSTONED"}
+RECONCILE_REASON_URI_CHARS = 200  # the catalog keeps reasons short; a URI can be 8 KiB
 
 
 class SessionOpenError(RuntimeError):
@@ -419,13 +428,12 @@ class SessionHost:
 
     async def _unknown_uri(self, uri: str, generation: int) -> None:
         """No exact match. A match after RFC 3986 normalization is an identity conflict for that
-        subscription (it stops accepting until resumed); it is never routed as if it were it."""
+        subscription (it stops accepting until the conflict is resolved); it is never routed as if
+        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed)."""
         await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
                                 session_generation=generation)
-        wanted = normalize_uri(uri)
-        for workflow_id, subscribed, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
-            if state in TERMINAL_STATES or subscribed == uri or normalize_uri(subscribed) != wanted:
-                continue
+        siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+        for workflow_id, subscribed in siblings:
             await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name, uri=uri,
                                     workflow_id=workflow_id, session_generation=generation,
                                     detail={"subscribed_uri": subscribed})
@@ -435,15 +443,42 @@ class SessionHost:
                     IdentityConflict(observed_uri=uri, reason="notification URI matches only after normalization",
                                      session_generation=generation),
                 )
+        if siblings:
+            await self._request_reconciliation(f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}", generation)
+
+    async def _request_reconciliation(self, reason: str, generation: int) -> None:
+        """Ask the CatalogWorkflow of (subject, server) for a reconciliation; never start it."""
+        key = CatalogKey(subject=self.subject, server=self.server.name)
+        try:
+            await self.temporal.get_workflow_handle(key.workflow_id).signal(SIGNAL_RECONCILE, reason)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            await self.ledger.audit("IDENTITY_NO_CATALOG", subject=self.subject, server=self.server.name,
+                                    workflow_id=key.workflow_id, session_generation=generation,
+                                    detail={"reason": reason})
 
     async def _route(self, uri: str, generation: int) -> None:
         fence = await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
         if fence is None:
             await self._unknown_uri(uri, generation)
             return
+        await self._signal_updated(uri, generation, fence.notifications_seen)
+        # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
+        # so both are read. Each sibling is invalidated under its own exact URI, never this one.
+        for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
+            await self.ledger.audit("AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
+                                    uri=sibling_uri, workflow_id=workflow_id, session_generation=generation,
+                                    detail={"observed_uri": uri, "sibling_uri": sibling_uri})
+            sibling = await self.ledger.note_notification(self.subject, self.server.name, sibling_uri, generation)
+            if sibling is not None:
+                await self._signal_updated(sibling_uri, generation, sibling.notifications_seen)
+
+    async def _signal_updated(self, uri: str, generation: int, sequence: int) -> None:
+        """``resource_updated`` to the workflow of the exact (subject, server, ``uri``)."""
         workflow_id = SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri).workflow_id
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
-                              notification_id=uuid.uuid4().hex, sequence=fence.notifications_seen)
+                              notification_id=uuid.uuid4().hex, sequence=sequence)
         try:
             await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_RESOURCE_UPDATED, sig)
             self.notifications_routed += 1
