@@ -94,6 +94,7 @@ class RuntimeInfo:
     database_url: str
     ui_url: str
     config_path: str
+    pid: int | None = None  # the ``mcpsync up`` process; the file is stale once it is gone
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.__dict__, indent=2))
@@ -104,6 +105,14 @@ class RuntimeInfo:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+    def stack_alive(self) -> bool:
+        """Whether the ``mcpsync up`` that wrote this file still runs (a file without a pid: assumed)."""
+        if self.pid is None:
+            return True
+        from worker.stack import process_alive
+
+        return process_alive(self.pid, expect_in_cmdline=("mcpsync", "worker.cli"))
 
 
 async def connect_temporal(cfg: TemporalConfig) -> Client:
