@@ -4,14 +4,21 @@
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (documented in the README): 0 ok; 2 usage or configuration error (bad
-  flags, bad config, unknown server or subject, unusable URI); 3 refused by a gate
-  (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt,
-  consumer); 5 access refused (content for another subject, revoked, not released by
-  the guardrail); 6 unavailable (Temporal or PostgreSQL unreachable, timed out).
+- Exit codes (``worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
+  or configuration error (bad flags, bad config, unknown server or subject, unusable URI,
+  a stack already running on the state dir); 3 refused by a gate (answer HOLD,
+  ``scan --require-proven``); 4 not found (subscription, receipt, consumer); 5 access
+  refused (content for another subject, revoked, not released by the guardrail); 6
+  unavailable (Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
   1 is left to bugs (an unexpected exception).
 - Without ``--config`` (or ``MCPSYNC_CONFIG``) the commands talk to the stack that
-  ``mcpsync up`` started, found through ``<state dir>/runtime.json``.
+  ``mcpsync up`` started, found through ``<state dir>/runtime.json`` (refused when that
+  stack no longer runs); a connection error names where its address came from.
+- Every flag has help text and shows its default; ``--version`` comes from the installed
+  package metadata; shell completion through argcomplete
+  (``eval "$(register-python-argcomplete mcpsync)"``).
+- The subscription commands live in ``worker.cli_subscriptions``; the helpers every
+  command shares in ``worker.cli_common``.
 """
 
 from __future__ import annotations
@@ -659,22 +666,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(_run(args))
     except CliError as exc:
-        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         code = exc.code
     except ConfigError as exc:
-        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         code = ExitCode.USAGE
     except (TemporalUnavailable, DatabaseUnavailable) as exc:
         sources = getattr(args, "address_sources", None)
         origin = "" if sources is None else (
             f"; address from {sources.temporal if isinstance(exc, TemporalUnavailable) else sources.database}")
-        print(f"mcpsync: error: {exc}{origin}", file=sys.stderr)
+        _error(f"{exc}{origin}")
         code = ExitCode.UNAVAILABLE
     except (StackAlreadyRunning, PortInUseError) as exc:
-        print(f"mcpsync: error: {_one_line(exc)}", file=sys.stderr)
+        _error(_one_line(exc))
         code = ExitCode.USAGE
     except StackError as exc:
-        print(f"mcpsync: error: {_one_line(exc)}", file=sys.stderr)
+        _error(_one_line(exc))
         code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
@@ -684,6 +691,11 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # A process that ran a Temporal worker can abort at interpreter exit (sdk-python#300).
     os._exit(code)
+
+
+def _error(message: str) -> None:
+    """The one ``mcpsync: error:`` line (a driver's multi-line message is folded onto it)."""
+    print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def _one_line(exc: Exception) -> str:

@@ -146,7 +146,7 @@ def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datet
         if wide:
             line += [_dash(r.get(k))[:23] if k == "last_accepted_digest" else _dash(r.get(k)) for _, k in _WIDE]
             rec = (records or {}).get(r["workflow_id"])
-            line.append(_age_of(rec.last_accepted_at if rec else r.get("last_accepted_at"), now))
+            line.append(_age_of((rec and rec.last_accepted_at) or r.get("last_accepted_at"), now))
             line.append(_age_of(rec.last_verified_at, now) if rec else "-")
             line.append(_age_of(rec.next_read_due_at, now) if rec else "-")
             bound = rec and (rec.staleness_bound_seconds or rec.safety_read_seconds)
@@ -208,6 +208,11 @@ async def _update(client: Client, key: SubscriptionKey, name: str, arg: Any, res
                        f"{key.server}?", ExitCode.UNAVAILABLE) from None
 
 
+def _cause(err: WorkflowUpdateFailedError) -> str:
+    """The validator's or handler's message, without the exception type the SDK prefixes."""
+    return str(getattr(err.cause, "message", None) or err.cause)
+
+
 def _output(args: argparse.Namespace) -> str:
     return "json" if getattr(args, "json", False) else getattr(args, "output", "text")
 
@@ -218,16 +223,17 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
     last = None
     while True:
         doc, text = await render()
-        shown = json.dumps(doc, default=str, sort_keys=True) if as_json else text
-        if shown != last:
+        # Change is judged on the data, not the text: relative ages ("4s ago") change every poll.
+        current = json.dumps(doc, default=str, sort_keys=True)
+        if current != last:
             if not args.watch:
                 print_out(doc, as_json, text)
                 return
             if as_json:
-                print(shown, flush=True)
+                print(current, flush=True)
             else:
                 print(f"{'' if last is None else chr(10)}# {time.strftime('%H:%M:%S')}\n{text}", flush=True)
-            last = shown
+            last = current
         await asyncio.sleep(args.interval)
 
 
@@ -260,7 +266,7 @@ async def cmd_close(args: argparse.Namespace) -> None:
         receipt = await _update(client, key, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
                                 args.timeout)
     except WorkflowUpdateFailedError as err:
-        raise CliError(f"close refused: {err.cause}") from None
+        raise CliError(f"close refused: {_cause(err)}") from None
     already = ""
     if receipt is None:
         # No running workflow: an ended subscription answers the receipt its close froze in the ledger.
@@ -293,7 +299,7 @@ async def cmd_resume(args: argparse.Namespace) -> None:
         record = await _update(client, key, UPDATE_RESUME, ResumeRequest(reason=args.reason),
                                ResourceSubscriptionV1, args.timeout)
     except WorkflowUpdateFailedError as err:
-        raise CliError(f"resume refused: {err.cause}") from None  # e.g. nothing to resume: ACTIVE
+        raise CliError(f"resume refused: {_cause(err)}") from None  # e.g. nothing to resume: ACTIVE
     if record is None:
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json,
@@ -369,6 +375,9 @@ async def cmd_describe(args: argparse.Namespace) -> None:
                "receipts": receipts, "audit": audits}
         now = datetime.now(UTC)
         ledger_state = rows[0]["state"] if rows else "-"
+        if record is not None and record.last_accepted_at is None and rows and rows[0]["last_accepted_at"]:
+            # The ledger made the current version current: its receipt time is the acceptance time.
+            record = record.model_copy(update={"last_accepted_at": datetime.fromisoformat(rows[0]["last_accepted_at"])})
         lines = [f"{'workflow':>26}: {key.workflow_id}",
                  f"{'ledger state':>26}: {ledger_state}"
                  + (f" (updated {_age_of(rows[0]['updated_at'], now)})" if rows else "")]
