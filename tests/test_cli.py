@@ -122,6 +122,23 @@ def _table(text: str) -> list[dict[str, str]]:
 # --- no stack needed ------------------------------------------------------------------------
 
 
+def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
+    import re
+
+    from temporalio import workflow
+
+    from workflows.subscription import ResourceSubscriptionWorkflow
+
+    defn = workflow._Definition.from_class(ResourceSubscriptionWorkflow)
+    assert defn is not None
+    handlers = ({(n, "signal") for n in defn.signals} | {(n, "update") for n in defn.updates}
+                | {(n, "query") for n in defn.queries})
+    readme = (REPO_ROOT / "README.md").read_text()
+    table = readme[readme.index("**Signals, updates and queries**"):readme.index("Ingress services must signal")]
+    documented = set(re.findall(r"^\| `([a-z_]+)` \| (signal|update|query) \|", table, re.MULTILINE))
+    assert documented == handlers
+
+
 def test_version_help_and_completion(tmp_path: Path) -> None:
     r = _cli("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"mcpsync {version('mcpsync')}"

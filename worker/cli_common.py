@@ -139,8 +139,8 @@ def subscription_key(args: argparse.Namespace, config: Config, *, configured_sub
     server = config.server(args.server)  # raises ConfigError for an unknown server
     if configured_subject and args.subject not in server.subjects:
         raise CliError(f"subject {args.subject!r} is not configured for server {server.name!r} "
-                       f"(configured: {', '.join(server.subjects)}); pass --subject or add it to the server's "
-                       "subjects")
+                       f"(configured: {', '.join(server.subjects)}): use one of them, or add it to the "
+                       "server's subjects")
     try:
         return SubscriptionKey(subject=args.subject, server=args.server, uri=args.uri)
     except ValidationError as exc:

@@ -166,13 +166,18 @@ def _age_of(value: datetime | str | None, now: datetime) -> str:
     return f"{_age(delta)} ago" if delta >= 0 else f"in {_age(-delta)}"
 
 
+def _stamp(value: str) -> str:
+    """``2026-12-03T12:12:50.858Z``: UTC, milliseconds."""
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def _history_line(e: dict[str, Any]) -> str:
     if e["kind"] == "receipt":
-        return (f"{e['at']} receipt #{e['receipt_id']} {e['status']} ordinal={e['read_ordinal']} "
+        return (f"{_stamp(e['at'])} receipt #{e['receipt_id']} {e['status']} ordinal={e['read_ordinal']} "
                 f"trigger={e['trigger_reason']} gen={e['session_generation']}/{e['subscription_generation']} "
                 f"{_dash(e['content_digest'])[:23]} {_dash(e['mime_type'])} {e['size']}B")
     detail = json.dumps(e["detail"], sort_keys=True, default=str) if e["detail"] else ""
-    return f"{e['at']} audit   #{e['audit_id']} {e['audit_kind']} gen={_dash(e['session_generation'])} {detail}".rstrip()
+    return f"{_stamp(e['at'])} audit   #{e['audit_id']} {e['audit_kind']} gen={_dash(e['session_generation'])} {detail}".rstrip()
 
 
 # --- shared plumbing ---------------------------------------------------------------------
