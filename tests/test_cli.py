@@ -147,7 +147,7 @@ def test_version_help_and_completion(tmp_path: Path) -> None:
     r = _cli("list", "--help")
     assert "(default: 2.0)" in r.stdout and "mcpsync list -o json" in r.stdout
 
-    from worker.cli import _parser
+    from worker.cli import build_parser
 
     def walk(parser: Any, path: str) -> list[str]:
         missing = []
@@ -159,7 +159,7 @@ def test_version_help_and_completion(tmp_path: Path) -> None:
                 missing.append(f"{path} {action.option_strings[-1]}")
         return missing
 
-    assert walk(_parser(), "mcpsync") == []
+    assert walk(build_parser(), "mcpsync") == []
 
     # Shell completion: the registration script, then a completion request answered by the CLI itself.
     script = subprocess.run([str(VENV_BIN / "register-python-argcomplete"), "mcpsync"], capture_output=True,
