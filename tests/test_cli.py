@@ -460,3 +460,21 @@ async def test_scan_now_timeout_is_exit_6(temporal_client: Client, ledger: Ledge
         assert (r.json()["mode"], r.json()["percent"]) == ("percent", 50.0)
         r = await st.cli("rollout", "--server", st.server.name, "--mode", "all")
         assert r.code == 0 and r.out.strip() == f"rollout {st.server.name}: all"
+
+
+async def test_an_update_nobody_answers_is_exit_6(temporal_client: Client, temporal_server: TemporalDevServer,
+                                                  tmp_path: Path) -> None:
+    config = tmp_path / "mcpsync.toml"
+    config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("no-worker")}"\n'
+                      '[[servers]]\nname = "docs"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
+    key_args = ["--server", "docs", "--uri", f"demo://cli/{uuid.uuid4().hex[:8]}"]
+    r = await run_cli("--config", str(config), "subscribe", *key_args)
+    assert r.code == 0, r.err  # started on a task queue no worker polls
+    try:
+        for command in ("close", "resume"):
+            r = await run_cli("--config", str(config), command, *key_args, "--timeout", "1")
+            assert r.code == 6, (command, r.err)
+            assert f"no answer to '{command}' from workflow mcpsync-sub/docs/anonymous/" in _one_error_line(r)
+    finally:
+        workflow_id = SubscriptionKey(subject="anonymous", server="docs", uri=key_args[-1]).workflow_id
+        await temporal_client.get_workflow_handle(workflow_id).terminate("test done")

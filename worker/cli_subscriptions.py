@@ -209,8 +209,8 @@ async def _update(client: Client, key: SubscriptionKey, name: str, arg: Any, res
             return None
         raise
     except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-        raise CliError(f"no answer to '{name}' within {timeout:g} s: is a worker running for task queue of "
-                       f"{key.server}?", ExitCode.UNAVAILABLE) from None
+        raise CliError(f"no answer to '{name}' from workflow {key.workflow_id} within {timeout:g} s "
+                       "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE) from None
 
 
 def _cause(err: WorkflowUpdateFailedError) -> str:
@@ -321,9 +321,8 @@ async def _with_ledger(config: Config, body: Callable[[Any], Awaitable[None]]) -
 
 
 async def cmd_list(args: argparse.Namespace) -> None:
+    # Selectors only filter: a server no longer configured still lists the subscriptions it left.
     config, _ = resolve_config(args)
-    if args.server is not None:
-        config.server(args.server)
     states = [s.upper() for s in args.state or ()]
     for s in states:
         if s not in SubscriptionState.__members__:
