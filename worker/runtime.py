@@ -41,7 +41,6 @@ from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from worker.config import Config, RetentionConfig, TemporalConfig
-from worker.session_host import SessionHost
 from workflows.answer import AnswerWorkflow
 from workflows.catalog import CatalogWorkflow
 from workflows.names import (
@@ -160,6 +159,10 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
                        servers: Sequence[str] | None = None, with_main_worker: bool = True,
                        ready: asyncio.Event | None = None) -> None:
     """Run the main worker and the session hosts until cancelled."""
+    # Imported here: the MCP client library is most of the CLI's start-up time, and only the
+    # processes that host sessions need it.
+    from worker.session_host import SessionHost
+
     hosts = [
         SessionHost(server, subject, ledger, client)
         for server in config.servers
