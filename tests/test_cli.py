@@ -471,6 +471,9 @@ async def test_an_update_nobody_answers_is_exit_6(temporal_client: Client, tempo
     r = await run_cli("--config", str(config), "subscribe", *key_args)
     assert r.code == 0, r.err  # started on a task queue no worker polls
     try:
+        r = await run_cli("--config", str(config), "status", *key_args, "--timeout", "1")
+        assert r.code == 6, r.err  # a query needs a worker too: bounded, not a 30 s hang and a traceback
+        assert "no answer to query 'subscription' from workflow mcpsync-sub/docs/anonymous/" in _one_error_line(r)
         for command in ("close", "resume"):
             r = await run_cli("--config", str(config), command, *key_args, "--timeout", "1")
             assert r.code == 6, (command, r.err)

@@ -15,8 +15,9 @@ Contract:
   a value the record does not have.
 - ``close`` is idempotent: a subscription already closed (or otherwise ended) answers its
   close receipt from the ledger with exit 0. ``resume`` clears RECONCILIATION_REQUIRED.
-- A subscription that does not exist is exit 4; a workflow update without an answer within
-  ``--timeout`` is exit 6; ``subscribe`` for a subject the server does not list is exit 2.
+- A subscription that does not exist is exit 4; a workflow query or update without an answer
+  within ``--timeout`` (no worker) is exit 6; ``subscribe`` for a subject the server does not
+  list is exit 2.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import (
+    Client,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.subscription_views import list_subscriptions, subscription_history
@@ -183,14 +189,27 @@ def _history_line(e: dict[str, Any]) -> str:
 # --- shared plumbing ---------------------------------------------------------------------
 
 
-async def _query_record(client: Client, key: SubscriptionKey) -> ResourceSubscriptionV1 | None:
-    """The workflow's record, or None when no workflow has that id."""
+async def _query_record(client: Client, key: SubscriptionKey, timeout: float) -> ResourceSubscriptionV1 | None:
+    """The workflow's record, or None when no workflow has that id.
+
+    A query is answered by a worker: without one the server holds it until its own deadline, so
+    the wait is bounded here and reported as unavailable (exit 6)."""
     try:
-        return await subscription_handle(client, key).query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
+        return await asyncio.wait_for(subscription_handle(client, key).query(
+            QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1, rpc_timeout=timedelta(seconds=timeout)),
+            timeout + 1.0)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
-        raise
+        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+            raise
+    except TimeoutError:
+        pass
+    except WorkflowQueryFailedError as err:
+        raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {key.workflow_id}: {err}",
+                       ExitCode.UNAVAILABLE) from None
+    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {key.workflow_id} within {timeout:g} s "
+                   "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
 
 
 def _not_found(key: SubscriptionKey) -> CliError:
@@ -257,7 +276,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
 async def cmd_status(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config)
-    record = await _query_record(await connect_temporal(config.temporal), key)
+    record = await _query_record(await connect_temporal(config.temporal), key, args.timeout)
     if record is None:
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
@@ -349,7 +368,7 @@ async def cmd_get(args: argparse.Namespace) -> None:
     async def body(pool: Any) -> None:
         async def render() -> tuple[Any, str]:
             rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
-            record = await _query_record(client, key) if client is not None else None
+            record = await _query_record(client, key, args.timeout) if client is not None else None
             if not rows:
                 raise _not_found(key)
             records = {rows[0]["workflow_id"]: record} if record is not None else None
@@ -368,7 +387,7 @@ async def cmd_describe(args: argparse.Namespace) -> None:
 
     async def body(pool: Any) -> None:
         rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
-        record = await _query_record(client, key)
+        record = await _query_record(client, key, args.timeout)
         if not rows and record is None:
             raise _not_found(key)
         events = await subscription_history(pool, workflow_id=key.workflow_id, subject=key.subject,
@@ -425,6 +444,10 @@ def register(sub: Any) -> None:
         c.set_defaults(func=func)
         return c
 
+    def query_timeout(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="wait this long for the workflow to answer its query (a worker answers it)")
+
     def json_flag(c: argparse.ArgumentParser) -> None:
         c.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -442,6 +465,7 @@ def register(sub: Any) -> None:
     json_flag(s)
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
+    query_timeout(s)
     json_flag(s)
     c = keyed("close", "close a subscription (Temporal update; idempotent: an ended one answers its receipt)",
               cmd_close, epilog="example: mcpsync close --server demo --uri demo://policy/escalation")
@@ -470,10 +494,12 @@ def register(sub: Any) -> None:
     g = keyed("get", "one subscription's ledger row (-o wide adds the workflow's freshness)", cmd_get,
               epilog="example: mcpsync get --server demo --uri demo://policy/escalation -o wide --watch")
     output_flags(g, watch=True)
+    query_timeout(g)
     d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription", cmd_describe,
               epilog="example: mcpsync describe --server demo --uri demo://policy/escalation --limit 5")
     d.add_argument("--limit", type=int, default=10, help="newest receipts and audit rows shown")
     output_flags(d, watch=False)
+    query_timeout(d)
     h = keyed("history", "one subscription's receipts and audit rows, oldest first", cmd_history,
               epilog="example: mcpsync history --server demo --uri demo://policy/escalation --limit 50")
     h.add_argument("--limit", type=int, default=20, help="newest receipts and newest audit rows shown")
