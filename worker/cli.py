@@ -685,6 +685,13 @@ def main(argv: list[str] | None = None) -> None:
     except StackError as exc:
         _error(_one_line(exc))
         code = ExitCode.UNAVAILABLE
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise  # anything else is a bug: exit 1 with the traceback
+        sources = getattr(args, "address_sources", None)
+        origin = "" if sources is None else f"; address from {sources.temporal}"
+        _error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
+        code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
     except KeyboardInterrupt:
