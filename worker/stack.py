@@ -67,6 +67,8 @@ __all__ = [
     "SEARCH_ATTRIBUTE_TYPES",
     "StackError",
     "PortInUseError",
+    "StackAlreadyRunning",
+    "process_alive",
     "state_dir",
     "free_port",
     "temporal_cli_path",
@@ -105,6 +107,10 @@ class StackError(RuntimeError):
 
 class PortInUseError(StackError):
     """A port the dev server must bind is already taken by another process."""
+
+
+class StackAlreadyRunning(StackError):
+    """Another live ``mcpsync up`` (or its dev server) owns this state directory."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -230,6 +236,16 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_alive(pid: int, *, expect_in_cmdline: tuple[str, ...] = ()) -> bool:
+    """``pid`` runs and (where ``/proc`` tells) its command line contains one of ``expect_in_cmdline``.
+
+    The command line check keeps a recycled pid from passing for the process that wrote a pid record."""
+    if not _pid_alive(pid):
+        return False
+    cmdline = _cmdline(pid)
+    return not (cmdline and expect_in_cmdline) or any(word in cmdline for word in expect_in_cmdline)
 
 
 def _cmdline(pid: int) -> str:
@@ -511,7 +527,7 @@ class TemporalDevServer:
             self._pid_file.unlink(missing_ok=True)
             return
         if _pid_alive(owner):
-            raise StackError(
+            raise StackAlreadyRunning(
                 f"a Temporal dev server (pid {pid}, started by pid {owner}, {record.get('address')}) "
                 f"is already running on {self.db_file}; stop it first or use another MCPSYNC_STATE_DIR"
             )

@@ -5,8 +5,11 @@ registered, PostgreSQL (the configured URL, else the embedded server), applies
 the migrations, starts the demo MCP server (fixture, streamable HTTP, a demo
 resource edited every ``--churn`` seconds), runs the worker and the session host,
 subscribes the demo URI and prints the Web UI URL. Ctrl-C stops everything.
-The addresses are written to ``<state>/runtime.json`` so ``mcpsync status``,
-``close``, ``outbox tail`` ... find this stack without a config file.
+The addresses and this process's pid are written to ``<state>/runtime.json`` so
+``mcpsync status``, ``close``, ``outbox tail`` ... find this stack without a config
+file; a clean stop removes the file, and a file whose pid no longer runs is stale
+(the CLI refuses it). A second ``up`` on a state dir whose stack runs raises
+``StackAlreadyRunning`` before binding anything.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import os
 import time
 from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 from urllib.parse import quote
 
 from worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
@@ -28,7 +32,7 @@ from worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
+from worker.stack import EmbeddedPostgres, StackAlreadyRunning, TemporalDevServer, state_dir
 from workflows.names import QUERY_SUBSCRIPTION
 from workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
@@ -59,6 +63,13 @@ async def run_up(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     root = state_dir()
     root.mkdir(parents=True, exist_ok=True)
+    runtime_file = root / "runtime.json"
+    running = RuntimeInfo.load(runtime_file)
+    if running is not None and running.pid is not None and running.pid != os.getpid() and running.stack_alive():
+        # Checked before anything binds a port: the second stack would only fail later, less clearly.
+        raise StackAlreadyRunning(f"a stack is already running on state dir {root} (mcpsync up pid {running.pid}, "
+                                  f"Temporal {running.temporal_address}): stop it first or set another "
+                                  "MCPSYNC_STATE_DIR")
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
         metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
@@ -92,7 +103,8 @@ async def run_up(args: argparse.Namespace) -> None:
         config_path.write_text(_config_toml(temporal_cfg, db_url, fixture.mcp_url))
         RuntimeInfo(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
                     database_url=db_url, ui_url=temporal_server.ui_url,
-                    config_path=str(config_path)).save(root / "runtime.json")
+                    config_path=str(config_path), pid=os.getpid()).save(runtime_file)
+        stack.callback(_forget_runtime, runtime_file)
         config = Config(
             temporal=temporal_cfg,
             database=DatabaseConfig(url=db_url),
@@ -127,6 +139,13 @@ async def run_up(args: argparse.Namespace) -> None:
                           f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
                           flush=True)
             await asyncio.sleep(1.0)
+
+
+def _forget_runtime(path: Path) -> None:
+    """A stopped stack leaves no runtime file for the other commands to trust (only our own)."""
+    info = RuntimeInfo.load(path)
+    if info is not None and info.pid == os.getpid():
+        path.unlink(missing_ok=True)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,155 @@
+"""What every ``mcpsync`` command shares: exit codes, the one-line error, finding the stack.
+
+Contract:
+- ``CliError(message, ExitCode.X)`` is an expected failure: ``worker.cli.main`` prints it as
+  one ``mcpsync: error: ...`` line and exits with the code. ``ExitStatus`` carries a verdict
+  exit code after the command printed its result.
+- ``resolve_config(args)`` finds the configuration: ``--config``, else ``$MCPSYNC_CONFIG``,
+  else ``<state dir>/runtime.json`` written by a running ``mcpsync up``. A runtime file whose
+  ``mcpsync up`` process no longer runs is stale: refused (exit 6) rather than trusted, so a
+  command never talks to a half-dead stack. It records in ``args.address_sources`` where the
+  Temporal address and the database URL came from, so every connection error names it.
+- ``subscription_key`` validates (server, subject, uri) against the configuration: an
+  unknown server is a usage error; with ``configured_subject`` so is a subject the server
+  does not list (it would never get a session, so the subscription would never start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker.config import Config, load_config
+from worker.runtime import RuntimeInfo
+from workflows.records import SubscriptionKey
+
+__all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "database_url", "print_out",
+           "resolve_config", "runtime_file", "subscription_key"]
+
+
+class ExitCode(IntEnum):
+    """The CLI's documented exit codes (README "Commands")."""
+
+    OK = 0
+    USAGE = 2  # usage or configuration error, unusable input, a stack already running on the state dir
+    REFUSED = 3  # refused by a gate: answer HOLD, scan --require-proven
+    NOT_FOUND = 4  # no such subscription, receipt or consumer
+    ACCESS_DENIED = 5  # content refused: other subject, revoked, not released by the guardrail
+    UNAVAILABLE = 6  # Temporal or PostgreSQL unreachable, a stale runtime file, or a wait timed out
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exit ``code`` (default: usage/config error)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ExitStatus(Exception):  # noqa: N818 - not an error: the command's verdict as an exit code
+    """The command printed its result; exit with ``code`` (``answer check``: 3 on HOLD)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+EXIT_HOLD = ExitCode.REFUSED
+
+
+@dataclass(frozen=True)
+class AddressSources:
+    """Where the addresses a command connects to came from, for its connection errors."""
+
+    temporal: str
+    database: str
+
+
+def runtime_file() -> Path:
+    from worker.stack import state_dir
+
+    return state_dir() / "runtime.json"
+
+
+def _raw_setting(path: str, table: str, name: str) -> bool:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    section = raw.get(table)
+    return isinstance(section, dict) and name in section
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None]:
+    """The command's configuration (see the module contract); sets ``args.address_sources``."""
+    path: str | None = args.config or os.environ.get("MCPSYNC_CONFIG")
+    origin = f"--config {args.config}" if args.config else f"MCPSYNC_CONFIG={path}" if path else ""
+    runtime_path = runtime_file()
+    runtime = None
+    if path is None:
+        runtime = RuntimeInfo.load(runtime_path)
+        if runtime is None:
+            raise CliError(f"no configuration: pass --config FILE, set MCPSYNC_CONFIG, or start the stack with "
+                           f"'mcpsync up' (no runtime file {runtime_path})")
+        if not runtime.stack_alive():
+            raise CliError(f"runtime file {runtime_path} is stale (stack pid {runtime.pid} not running): "
+                           "start 'mcpsync up' or pass --config FILE", ExitCode.UNAVAILABLE)
+        path = runtime.config_path
+        origin = f"runtime file {runtime_path}"
+    config = load_config(path)
+    if runtime is not None:
+        # The running stack's addresses win over the defaults in its generated file.
+        config = config.model_copy(update={
+            "temporal": config.temporal.model_copy(update={"address": runtime.temporal_address,
+                                                           "ui_url": runtime.ui_url}),
+            "database": config.database.model_copy(update={"url": config.database.url or runtime.database_url}),
+        })
+        temporal_from = origin
+    elif os.environ.get("MCPSYNC_TEMPORAL_ADDRESS"):
+        temporal_from = "environment variable MCPSYNC_TEMPORAL_ADDRESS"
+    elif _raw_setting(path, "temporal", "address"):
+        temporal_from = f"config file {path} ({origin})"
+    else:
+        temporal_from = f"the default (config file {path} sets no [temporal] address)"
+    if os.environ.get("MCPSYNC_DATABASE_URL"):
+        database_from = "environment variable MCPSYNC_DATABASE_URL"
+    elif _raw_setting(path, "database", "url"):
+        database_from = f"config file {path} ({origin})"
+    else:
+        database_from = origin
+    args.address_sources = AddressSources(temporal=temporal_from, database=database_from)
+    return config, runtime
+
+
+def database_url(config: Config) -> str:
+    if not config.database.url:
+        raise CliError("no database URL: set MCPSYNC_DATABASE_URL or [database] url, or run 'mcpsync up'")
+    return config.database.url
+
+
+def subscription_key(args: argparse.Namespace, config: Config, *, configured_subject: bool = False) -> SubscriptionKey:
+    server = config.server(args.server)  # raises ConfigError for an unknown server
+    if configured_subject and args.subject not in server.subjects:
+        raise CliError(f"subject {args.subject!r} is not configured for server {server.name!r} "
+                       f"(configured: {', '.join(server.subjects)}): use one of them, or add it to the "
+                       "server's subjects")
+    try:
+        return SubscriptionKey(subject=args.subject, server=args.server, uri=args.uri)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise CliError(f"invalid subscription key: {problems}") from None
+
+
+def print_out(obj: Any, as_json: bool, text: str) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, default=str))
+    else:
+        print(text)

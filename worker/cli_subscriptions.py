@@ -1,0 +1,505 @@
+"""``mcpsync`` subscription commands: subscribe, status, list, get, describe, history, resume, close.
+
+Contract:
+- ``list`` reads the ledger's ``subscriptions`` table (the source of truth for what exists),
+  filtered by ``--server``/``--subject``/``--state``; ``get`` is one key's row and, in
+  ``-o wide``, the workflow's freshness; ``describe`` shows the workflow's
+  ``resourceSubscription.v1`` record, its freshness, recent receipts and audit rows;
+  ``history`` the receipts and audit rows oldest first. ``-o json`` (or ``--json``) prints one
+  JSON document; with ``--watch`` one document per change, as JSON lines.
+- ``--watch`` re-reads every ``--interval`` seconds and prints only when the output changed.
+  It polls rather than LISTEN/NOTIFY: a notify trigger on the fence row would sit on the
+  accept hot path and serialize commits on PostgreSQL's notify queue lock.
+- Freshness shown for a subscription: last accepted at, last verified at (newest read that saw
+  content), next read due (poll or safety read) and the published staleness bound; ``-`` for
+  a value the record does not have.
+- ``close`` is idempotent: a subscription already closed (or otherwise ended) answers its
+  close receipt from the ledger with exit 0. ``resume`` clears RECONCILIATION_REQUIRED.
+- A subscription that does not exist is exit 4; a workflow query or update without an answer
+  within ``--timeout`` (no worker) is exit 6; ``subscribe`` for a subject the server does not
+  list is exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from temporalio.client import (
+    Client,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.subscription_views import list_subscriptions, subscription_history
+from worker.cli_common import CliError, ExitCode, database_url, print_out, resolve_config, subscription_key
+from worker.config import Config
+from worker.runtime import connect_temporal, open_ledger, start_subscription, subscription_handle
+from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
+from workflows.records import (
+    CloseReceipt,
+    CloseRequest,
+    ResourceSubscriptionV1,
+    ResumeRequest,
+    SubscriptionKey,
+    SubscriptionState,
+)
+
+__all__ = ["register", "freshness_lines", "staleness_bound_text", "status_text", "subscription_table"]
+
+T = TypeVar("T")
+
+ENDED_STATES = (SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN, SubscriptionState.TOMBSTONED,
+                SubscriptionState.REVOKED)
+
+
+# --- rendering (pure: tested with records that have every field set) ---------------------
+
+
+def _when(value: datetime | str | None, now: datetime) -> str:
+    """``2026-12-03T12:00:05Z (12s ago)`` / ``(in 4m 48s)``; ``-`` for None."""
+    if value is None:
+        return "-"
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    delta = (now - at).total_seconds()
+    return f"{at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} ({_age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
+    """The staleness bound the record publishes, and what it rests on."""
+    if record.staleness_bound_seconds is not None:
+        return f"{record.staleness_bound_seconds:g} s (polling: no usable subscribe)"
+    if record.safety_read_seconds:
+        return f"{record.safety_read_seconds:g} s (safety read period; a notification is read sooner)"
+    return "-"
+
+
+def freshness_lines(record: ResourceSubscriptionV1, now: datetime) -> list[tuple[str, str]]:
+    return [
+        ("last accepted at", _when(record.last_accepted_at, now)),
+        ("last verified at", _when(record.last_verified_at, now)),
+        ("next read due", _when(record.next_read_due_at, now)),
+        ("staleness bound", staleness_bound_text(record)),
+    ]
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def status_text(record: ResourceSubscriptionV1, now: datetime) -> str:
+    caps = ", ".join(f"{k}={v}" for k, v in sorted(record.capabilities.items())) or "-"
+    edition = _dash(record.edition)  # negotiated; a mismatch with the config is an EDITION_MISMATCH audit row
+    rows = [
+        ("subscription", f"{record.subject}/{record.server} {record.uri}"),
+        ("state", record.state.value),
+        ("edition", edition),
+        ("capabilities", caps),
+        ("session / subscription gen", f"{record.session_generation} / {record.subscription_generation}"),
+        ("issued / accepted ordinal", f"{record.last_issued_ordinal} / {record.last_accepted_ordinal}"),
+        ("watermark", str(record.watermark)),
+        ("last receipt", f"{_dash(record.last_receipt_id)} {_dash(record.last_accepted_digest)}"),
+        ("notifications seen", str(record.last_notification_seq)),
+        ("reads issued", str(record.reads_issued)),
+        ("close epoch / ordinal", f"{record.close_epoch} / {_dash(record.close_ordinal)}"),
+        ("started / ended", f"{_when(record.started_at, now)} / {_when(record.ended_at, now)}"),
+        *freshness_lines(record, now),
+        ("safety read period", f"{record.safety_read_seconds:g} s" if record.safety_read_seconds else "-"),
+        ("detail", _dash(record.detail)),
+    ]
+    return "\n".join(f"{k:>26}: {v}" for k, v in rows)
+
+
+_COLUMNS = [("SERVER", "server"), ("SUBJECT", "subject"), ("URI", "uri"), ("STATE", "state"),
+            ("WATERMARK", "watermark"), ("RECEIPT", "last_receipt_id")]
+_WIDE = [("SESSION_GEN", "session_generation"), ("SUB_GEN", "subscription_generation"),
+         ("ACCEPTED_ORDINAL", "last_accepted_ordinal"), ("NOTIFICATIONS", "notifications_seen"),
+         ("DIGEST", "last_accepted_digest"), ("WORKFLOW_ID", "workflow_id")]
+
+
+def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datetime,
+                       records: dict[str, ResourceSubscriptionV1] | None = None) -> str:
+    """kubectl-style table of ledger rows; ``wide`` adds ledger detail and, for the rows in
+    ``records`` (workflow id -> the workflow's record), the freshness columns."""
+    headers = [h for h, _ in _COLUMNS] + ["UPDATED"]
+    if wide:
+        headers += [h for h, _ in _WIDE] + ["LAST_ACCEPTED", "LAST_VERIFIED", "NEXT_READ_DUE", "STALENESS_BOUND"]
+    table = [headers]
+    for r in rows:
+        line = [_dash(r.get(k)) for _, k in _COLUMNS]
+        line.append(_age_of(r.get("updated_at"), now))
+        if wide:
+            line += [_dash(r.get(k))[:23] if k == "last_accepted_digest" else _dash(r.get(k)) for _, k in _WIDE]
+            rec = (records or {}).get(r["workflow_id"])
+            line.append(_age_of((rec and rec.last_accepted_at) or r.get("last_accepted_at"), now))
+            line.append(_age_of(rec.last_verified_at, now) if rec else "-")
+            line.append(_age_of(rec.next_read_due_at, now) if rec else "-")
+            bound = rec and (rec.staleness_bound_seconds or rec.safety_read_seconds)
+            line.append(f"{bound:g}s" if bound else "-")
+        table.append(line)
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in table)
+
+
+def _age_of(value: datetime | str | None, now: datetime) -> str:
+    """Relative time for table cells: ``12s ago`` / ``in 4m48s``; ``-`` for None."""
+    if value is None:
+        return "-"
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    delta = (now - at).total_seconds()
+    return f"{_age(delta)} ago" if delta >= 0 else f"in {_age(-delta)}"
+
+
+def _stamp(value: str) -> str:
+    """``2026-12-03T12:12:50.858Z``: UTC, milliseconds."""
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _history_line(e: dict[str, Any]) -> str:
+    if e["kind"] == "receipt":
+        return (f"{_stamp(e['at'])} receipt #{e['receipt_id']} {e['status']} ordinal={e['read_ordinal']} "
+                f"trigger={e['trigger_reason']} gen={e['session_generation']}/{e['subscription_generation']} "
+                f"{_dash(e['content_digest'])[:23]} {_dash(e['mime_type'])} {e['size']}B")
+    detail = json.dumps(e["detail"], sort_keys=True, default=str) if e["detail"] else ""
+    return f"{_stamp(e['at'])} audit   #{e['audit_id']} {e['audit_kind']} gen={_dash(e['session_generation'])} {detail}".rstrip()
+
+
+# --- shared plumbing ---------------------------------------------------------------------
+
+
+async def _query_record(client: Client, key: SubscriptionKey, timeout: float) -> ResourceSubscriptionV1 | None:
+    """The workflow's record, or None when no workflow has that id.
+
+    A query is answered by a worker: without one the server holds it until its own deadline, so
+    the wait is bounded here and reported as unavailable (exit 6)."""
+    try:
+        return await asyncio.wait_for(subscription_handle(client, key).query(
+            QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1, rpc_timeout=timedelta(seconds=timeout)),
+            timeout + 1.0)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        if err.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+            raise
+    except TimeoutError:
+        pass
+    except WorkflowQueryFailedError as err:
+        raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {key.workflow_id}: {err}",
+                       ExitCode.UNAVAILABLE) from None
+    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {key.workflow_id} within {timeout:g} s "
+                   "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
+
+
+def _not_found(key: SubscriptionKey) -> CliError:
+    return CliError(f"no subscription for {key.subject}/{key.server} {key.uri} (see 'mcpsync list')",
+                    ExitCode.NOT_FOUND)
+
+
+async def _update(client: Client, key: SubscriptionKey, name: str, arg: Any, result_type: type[T],
+                  timeout: float) -> T | None:
+    """Execute a workflow update; None when no workflow runs for ``key``."""
+    try:
+        return await asyncio.wait_for(subscription_handle(client, key).execute_update(
+            name, arg, result_type=result_type), timeout)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        raise CliError(f"no answer to '{name}' from workflow {key.workflow_id} within {timeout:g} s "
+                       "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE) from None
+
+
+def _cause(err: WorkflowUpdateFailedError) -> str:
+    """The validator's or handler's message, without the exception type the SDK prefixes."""
+    return str(getattr(err.cause, "message", None) or err.cause)
+
+
+def _output(args: argparse.Namespace) -> str:
+    return "json" if getattr(args, "json", False) else getattr(args, "output", "text")
+
+
+async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[Any, str]]]) -> None:
+    """Print once; with ``--watch`` again whenever the output changes, until interrupted."""
+    as_json = _output(args) == "json"
+    last = None
+    while True:
+        doc, text = await render()
+        # Change is judged on the data, not the text: relative ages ("4s ago") change every poll.
+        current = json.dumps(doc, default=str, sort_keys=True)
+        if current != last:
+            if not args.watch:
+                print_out(doc, as_json, text)
+                return
+            if as_json:
+                print(current, flush=True)
+            else:
+                print(f"{'' if last is None else chr(10)}# {time.strftime('%H:%M:%S')}\n{text}", flush=True)
+            last = current
+        await asyncio.sleep(args.interval)
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+async def cmd_subscribe(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config, configured_subject=True)
+    client = await connect_temporal(config.temporal)
+    handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
+    print_out({"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}, args.json,
+              f"subscribed: workflow {handle.id}")
+
+
+async def cmd_status(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+    record = await _query_record(await connect_temporal(config.temporal), key, args.timeout)
+    if record is None:
+        raise _not_found(key)
+    print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
+
+
+async def cmd_close(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+    client = await connect_temporal(config.temporal)
+    try:
+        receipt = await _update(client, key, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
+                                args.timeout)
+    except WorkflowUpdateFailedError as err:
+        raise CliError(f"close refused: {_cause(err)}") from None
+    already = ""
+    if receipt is None:
+        # No running workflow: an ended subscription answers the receipt its close froze in the ledger.
+        ledger = await open_ledger(database_url(config), max_size=1)
+        try:
+            fence = await ledger.find_subscription(key.subject, key.server, key.uri)
+        finally:
+            await ledger.pool.close()
+        if fence is None or fence.state is None:
+            raise _not_found(key)
+        if fence.state not in ENDED_STATES:
+            raise CliError(f"subscription {key.subject}/{key.server} {key.uri} is {fence.state.value} in the "
+                           "ledger but no workflow runs for it: start it again with 'mcpsync subscribe', then close",
+                           ExitCode.NOT_FOUND)
+        receipt = CloseReceipt(state=fence.state, close_epoch=fence.close_epoch,
+                               close_ordinal=fence.close_ordinal if fence.close_ordinal is not None
+                               else fence.last_issued_ordinal,
+                               last_accepted_ordinal=fence.last_accepted_ordinal)
+        already = " (already ended)"
+    print_out(receipt.model_dump(mode="json"), args.json,
+              f"{receipt.state.value}{already}: close epoch {receipt.close_epoch}, close ordinal "
+              f"{receipt.close_ordinal}, last accepted ordinal {receipt.last_accepted_ordinal}")
+
+
+async def cmd_resume(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+    client = await connect_temporal(config.temporal)
+    try:
+        record = await _update(client, key, UPDATE_RESUME, ResumeRequest(reason=args.reason),
+                               ResourceSubscriptionV1, args.timeout)
+    except WorkflowUpdateFailedError as err:
+        raise CliError(f"resume refused: {_cause(err)}") from None  # e.g. nothing to resume: ACTIVE
+    if record is None:
+        raise _not_found(key)
+    print_out(record.model_dump(mode="json"), args.json,
+              f"resumed: {record.state.value} (watermark {record.watermark}, last receipt "
+              f"{_dash(record.last_receipt_id)})")
+
+
+async def _with_ledger(config: Config, body: Callable[[Any], Awaitable[None]]) -> None:
+    ledger = await open_ledger(database_url(config), max_size=2)
+    try:
+        await body(ledger.pool)
+    finally:
+        await ledger.pool.close()
+
+
+async def cmd_list(args: argparse.Namespace) -> None:
+    # Selectors only filter: a server no longer configured still lists the subscriptions it left.
+    config, _ = resolve_config(args)
+    states = [s.upper() for s in args.state or ()]
+    for s in states:
+        if s not in SubscriptionState.__members__:
+            raise CliError(f"--state {s}: not a state (one of {', '.join(SubscriptionState.__members__)})")
+
+    async def body(pool: Any) -> None:
+        async def render() -> tuple[Any, str]:
+            rows = await list_subscriptions(pool, server=args.server, subject=args.subject, states=states)
+            text = (subscription_table(rows, wide=_output(args) == "wide", now=datetime.now(UTC))
+                    if rows else "no subscriptions")
+            return rows, text
+
+        await _watch(args, render)
+
+    await _with_ledger(config, body)
+
+
+async def cmd_get(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+    wide = _output(args) == "wide"
+    client = await connect_temporal(config.temporal) if wide or _output(args) == "json" else None
+
+    async def body(pool: Any) -> None:
+        async def render() -> tuple[Any, str]:
+            rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
+            record = await _query_record(client, key, args.timeout) if client is not None else None
+            if not rows:
+                raise _not_found(key)
+            records = {rows[0]["workflow_id"]: record} if record is not None else None
+            doc = {**rows[0], "record": record.model_dump(mode="json") if record else None}
+            return doc, subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
+
+        await _watch(args, render)
+
+    await _with_ledger(config, body)
+
+
+async def cmd_describe(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+    client = await connect_temporal(config.temporal)
+
+    async def body(pool: Any) -> None:
+        rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
+        record = await _query_record(client, key, args.timeout)
+        if not rows and record is None:
+            raise _not_found(key)
+        events = await subscription_history(pool, workflow_id=key.workflow_id, subject=key.subject,
+                                            server=key.server, uri=key.uri, limit=args.limit)
+        receipts = [e for e in events if e["kind"] == "receipt"]
+        audits = [e for e in events if e["kind"] == "audit"]
+        doc = {"subscription": rows[0] if rows else None, "record": record.model_dump(mode="json") if record else None,
+               "receipts": receipts, "audit": audits}
+        now = datetime.now(UTC)
+        ledger_state = rows[0]["state"] if rows else "-"
+        if record is not None and record.last_accepted_at is None and rows and rows[0]["last_accepted_at"]:
+            # The ledger made the current version current: its receipt time is the acceptance time.
+            record = record.model_copy(update={"last_accepted_at": datetime.fromisoformat(rows[0]["last_accepted_at"])})
+        lines = [f"{'workflow':>26}: {key.workflow_id}",
+                 f"{'ledger state':>26}: {ledger_state}"
+                 + (f" (updated {_age_of(rows[0]['updated_at'], now)})" if rows else "")]
+        lines.append(status_text(record, now) if record is not None
+                     else f"{'record':>26}: - (no workflow for this key)")
+        lines.append(f"receipts (newest {args.limit}):")
+        lines += [f"  {_history_line(e)}" for e in receipts] or ["  -"]
+        lines.append(f"audit (newest {args.limit}):")
+        lines += [f"  {_history_line(e)}" for e in audits] or ["  -"]
+        print_out(doc, _output(args) == "json", "\n".join(lines))
+
+    await _with_ledger(config, body)
+
+
+async def cmd_history(args: argparse.Namespace) -> None:
+    config, _ = resolve_config(args)
+    key = subscription_key(args, config)
+
+    async def body(pool: Any) -> None:
+        if not await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri):
+            raise _not_found(key)
+        events = await subscription_history(pool, workflow_id=key.workflow_id, subject=key.subject,
+                                            server=key.server, uri=key.uri, limit=args.limit)
+        print_out(events, args.json, "\n".join(_history_line(e) for e in events) or "no receipts or audit rows")
+
+    await _with_ledger(config, body)
+
+
+# --- parser ------------------------------------------------------------------------------
+
+
+def register(sub: Any) -> None:
+    """Add the subscription commands to the top-level subparsers ``sub``."""
+
+    def keyed(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]], *,
+              epilog: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_, description=help_, epilog=epilog)
+        c.add_argument("--server", required=True, help="configured server name")
+        c.add_argument("--uri", required=True, help="the resource URI, exactly as listed")
+        c.add_argument("--subject", default="anonymous", help="the subject (identity) the subscription reads as")
+        c.set_defaults(func=func)
+        return c
+
+    def query_timeout(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="wait this long for the workflow to answer its query (a worker answers it)")
+
+    def json_flag(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--json", action="store_true", help="print one JSON document")
+
+    def output_flags(c: argparse.ArgumentParser, *, watch: bool) -> None:
+        c.add_argument("-o", "--output", choices=["text", "wide", "json"], default="text",
+                       help="output format (wide: more columns; json: one JSON document)")
+        c.add_argument("--json", action="store_true", help="same as -o json")
+        if watch:
+            c.add_argument("-w", "--watch", action="store_true",
+                           help="keep running; print again whenever the output changes (polls the ledger)")
+            c.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval of --watch")
+
+    s = keyed("subscribe", "start (or join) the subscription workflow of a URI", cmd_subscribe,
+              epilog="example: mcpsync subscribe --server demo --uri demo://policy/escalation")
+    json_flag(s)
+    s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
+              epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
+    query_timeout(s)
+    json_flag(s)
+    c = keyed("close", "close a subscription (Temporal update; idempotent: an ended one answers its receipt)",
+              cmd_close, epilog="example: mcpsync close --server demo --uri demo://policy/escalation")
+    c.add_argument("--reason", default="requested by CLI", help="recorded with the close")
+    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="wait this long for the receipt")
+    json_flag(c)
+    r = keyed("resume", "clear RECONCILIATION_REQUIRED (Temporal update 'resume') and accept reads again",
+              cmd_resume, epilog="example: mcpsync resume --server demo --uri demo://policy/escalation "
+                                 "--reason 'identity conflict checked'")
+    r.add_argument("--reason", default="resolved by CLI", help="recorded with the resume")
+    r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="wait this long for the answer")
+    json_flag(r)
+
+    ls = sub.add_parser("list", help="list subscriptions from the ledger (kubectl-style table)",
+                        description="List subscriptions from the ledger's subscriptions table.",
+                        epilog="examples:\n  mcpsync list\n  mcpsync list --server demo --state ACTIVE -o wide\n"
+                               "  mcpsync list --state RECONCILIATION_REQUIRED --watch\n"
+                               "  mcpsync list -o json | jq -r '.[].uri'")
+    ls.add_argument("--server", help="only this server")
+    ls.add_argument("--subject", help="only this subject")
+    ls.add_argument("--state", action="append", metavar="STATE",
+                    help="only subscriptions in this state (repeatable: any of them)")
+    output_flags(ls, watch=True)
+    ls.set_defaults(func=cmd_list)
+
+    g = keyed("get", "one subscription's ledger row (-o wide adds the workflow's freshness)", cmd_get,
+              epilog="example: mcpsync get --server demo --uri demo://policy/escalation -o wide --watch")
+    output_flags(g, watch=True)
+    query_timeout(g)
+    d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription", cmd_describe,
+              epilog="example: mcpsync describe --server demo --uri demo://policy/escalation --limit 5")
+    d.add_argument("--limit", type=int, default=10, help="newest receipts and audit rows shown")
+    output_flags(d, watch=False)
+    query_timeout(d)
+    h = keyed("history", "one subscription's receipts and audit rows, oldest first", cmd_history,
+              epilog="example: mcpsync history --server demo --uri demo://policy/escalation --limit 50")
+    h.add_argument("--limit", type=int, default=20, help="newest receipts and newest audit rows shown")
+    json_flag(h)
