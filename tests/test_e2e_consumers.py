@@ -228,8 +228,13 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
                         ledger, "SELECT outbox_id FROM outbox WHERE subject = ANY(%s)", [alice, bob])}
                     await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days'"
                                               " WHERE subject = ANY(%s)", [alice, bob])
-                    await prune(ledger.pool, keep=timedelta(days=7))
+                    report = await prune(ledger.pool, keep=timedelta(days=7))
+                    assert report.outbox_rows > 0, "the indexer had acknowledged some rows: they go"
+                    kept = {r[0] for r in await ledger_rows(
+                        ledger, "SELECT outbox_id FROM outbox WHERE subject = ANY(%s)", [alice, bob])}
+                    assert (ids_before_prune - kept) <= _delivered(index), "only delivered rows were pruned"
                 if step == 2 * N_SUBSCRIPTIONS + 5:  # bob loses access to everything
+                    await eventually(lambda: any(s == bob for s, _ in _index(index)), what="bob indexed")
                     await revoke(temporal_client, ledger, subject=bob, server=server.name, uri=None, reason="test")
             expected = {(alice, uri): committed[uri] for uri in uris if owners[uri] == alice}
 
