@@ -314,3 +314,31 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
     dropped = _cli(conf, "outbox", "drop", "--consumer", name)
     assert dropped.returncode == 0
     assert _cli(conf, "outbox", "drop", "--consumer", name).returncode == 4
+
+
+async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+    from prometheus_client import generate_latest
+
+    from worker.metrics import REGISTRY, refresh_outbox_lag
+
+    subject = unique("lag")
+    consumer = _consumer(ledger, consumers, subject)
+    await consumer.ack((await consumer.poll()).position)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for i in range(4):
+            await _insert(conn, subject, f"demo://lag/{i}")
+    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE subject = %s",
+                      subject)
+
+    def gauge(name: str) -> float:
+        text = generate_latest(REGISTRY).decode()
+        m = re.search(rf'^{name}{{consumer="{re.escape(consumer.name)}"}} (\S+)$', text, re.M)
+        assert m, f"{name} for {consumer.name}"
+        return float(m.group(1))
+
+    await refresh_outbox_lag(ledger)
+    assert gauge("mcpsync_outbox_consumer_lag_events") == 4
+    assert 85 <= gauge("mcpsync_outbox_consumer_lag_seconds") < 600
+    await _drain(consumer)
+    await refresh_outbox_lag(ledger)
+    assert (gauge("mcpsync_outbox_consumer_lag_events"), gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
