@@ -25,6 +25,7 @@ from activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
 from activities.retention import prune
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_subscription import _wait_record
+from tests.test_outbox import register
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
 from worker.runtime import revoke, start_subscription
@@ -58,8 +59,7 @@ async def test_envelope_and_content_access_on_the_real_stack(
     text_uri, blob_uri = f"demo://consumers/{unique('t')}.md", f"demo://consumers/{unique('b')}.png"
     t1 = await fx.create(text_uri, text="# version one", mime_type="text/markdown")
     b1 = await fx.create(blob_uri, blob=PNG, mime_type="image/png")
-    consumer = OutboxConsumer(ledger.pool, unique("env"), [alice])
-    await consumer.poll()
+    consumer = await register(ledger, [], alice)
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     try:

@@ -44,10 +44,20 @@ async def consumers(ledger: Ledger) -> AsyncIterator[list[str]]:
     await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = ANY(%s)", names)
 
 
-def _consumer(ledger: Ledger, names: list[str], subject: str, name: str | None = None) -> OutboxConsumer:
+async def register(ledger: Ledger, names: list[str], subject: str, name: str | None = None) -> OutboxConsumer:
+    """A new consumer of ``subject``, past its start: a name registered after earlier tests pruned
+    rows starts with a GAP (docs/outbox.md), which a resync (an empty relist here) closes."""
     name = name or unique("c")
     names.append(name)
-    return OutboxConsumer(ledger.pool, name, [subject])
+    consumer = OutboxConsumer(ledger.pool, name, [subject])
+    batch = await consumer.poll()
+    if batch.gap is not None:
+        relist = await consumer.resync()
+        assert relist.events == []
+        await consumer.ack(relist.position)
+    else:
+        await consumer.ack(batch.position)
+    return consumer
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[Any]:
@@ -82,8 +92,7 @@ async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
 async def test_reverse_commit_skips_a_row_with_id_paging_and_not_with_positions(
         ledger: Ledger, database_url: str, consumers: list[str]) -> None:
     subject = unique("rev")
-    consumer = _consumer(ledger, consumers, subject)
-    await consumer.poll()  # registered before anything is written
+    consumer = await register(ledger, consumers, subject)  # registered before anything is written
     a, b = await _connect(database_url), await _connect(database_url)
     try:
         id_a = await _insert(a, subject, "demo://a")  # A takes the smaller id ...
@@ -110,8 +119,7 @@ async def test_id_order_with_a_txid_filter_alone_still_skips(ledger: Ledger, dat
                                                              consumers: list[str]) -> None:
     """docs/outbox.md: A holds the older txid but inserts later, so it holds the larger id."""
     subject = unique("txid")
-    consumer = _consumer(ledger, consumers, subject)
-    await consumer.poll()
+    consumer = await register(ledger, consumers, subject)
     a, b = await _connect(database_url), await _connect(database_url)
     try:
         await a.execute("SELECT pg_current_xact_id()")  # A's transaction id is assigned first
@@ -135,8 +143,7 @@ async def test_id_order_with_a_txid_filter_alone_still_skips(ledger: Ledger, dat
 async def test_concurrent_plain_sql_writers_committing_out_of_order_lose_nothing(
         ledger: Ledger, database_url: str, consumers: list[str]) -> None:
     subject = unique("conc")
-    consumer = _consumer(ledger, consumers, subject)
-    await consumer.poll()
+    consumer = await register(ledger, consumers, subject)
     committed: list[int] = []
     rng = random.Random(7)
 
@@ -172,11 +179,9 @@ async def test_concurrent_plain_sql_writers_committing_out_of_order_lose_nothing
 async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: str, consumers: list[str]) -> None:
     subject = unique("sem")
     name = unique("c")
-    consumers.append(name)
     with pytest.raises(ConsumerNotFound):
         await OutboxConsumer(ledger.pool, name).ack(0)  # ack of an unknown name: nothing registered
-    first = OutboxConsumer(ledger.pool, name, [subject])
-    assert (await first.poll()).events == []  # poll registers
+    first = await register(ledger, consumers, subject, name)  # poll registers
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(3):
             await _insert(conn, subject, f"demo://sem/{i}")
@@ -206,8 +211,7 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
 async def test_follow_wakes_on_notify_from_a_plain_sql_insert(ledger: Ledger, database_url: str,
                                                               consumers: list[str]) -> None:
     subject = unique("follow")
-    consumer = _consumer(ledger, consumers, subject)
-    await consumer.ack((await consumer.poll()).position)
+    consumer = await register(ledger, consumers, subject)
     stream = consumer.follow(idle_timeout=60)  # a sleep loop would take a minute
     nxt = asyncio.ensure_future(stream.__anext__())
     await asyncio.sleep(0.5)
@@ -225,10 +229,10 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
         ledger: Ledger, consumers: list[str]) -> None:
     key = await _active(ledger, uri="demo://outbox/retention")
     subject = key.subject
+    consumer = await register(ledger, consumers, subject)
     await ledger.put_content(subject, "sha256:o1", "text/plain", b"one")
     await ledger.put_content(subject, "sha256:o2", "text/plain", b"two")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o1") == "ACCEPTED"
-    consumer = _consumer(ledger, consumers, subject)
     first = await consumer.poll()
     assert [e.content_digest for e in first.events] == ["sha256:o1"]
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o2") == "ACCEPTED"
@@ -283,6 +287,7 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     subject = unique("cli")
+    name = (await register(ledger, consumers, subject)).name
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(3):
             await _insert(conn, subject, f"demo://cli/{i}")
@@ -294,8 +299,6 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
         "--after 0 starts at the oldest"
     bad = _cli(conf, "outbox", "tail", "--limit", "-1")
     assert bad.returncode == 2 and bad.stderr.startswith("mcpsync: error:") and "Traceback" not in bad.stderr
-    name = unique("clic")
-    consumers.append(name)
     polled = _cli(conf, "outbox", "poll", "--consumer", name, "--subject", subject, "--json")
     assert polled.returncode == 0, polled.stderr
     batch = json.loads(polled.stdout)
@@ -322,8 +325,7 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     from worker.metrics import REGISTRY, refresh_outbox_lag
 
     subject = unique("lag")
-    consumer = _consumer(ledger, consumers, subject)
-    await consumer.ack((await consumer.poll()).position)
+    consumer = await register(ledger, consumers, subject)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(4):
             await _insert(conn, subject, f"demo://lag/{i}")
