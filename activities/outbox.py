@@ -46,10 +46,13 @@ __all__ = [
     "event_from_row",
     "events_after",
     "latest_events",
+    "listen",
     "stamp",
+    "wait_for_events",
 ]
 
 NOTIFY_CHANNEL = "mcpsync_outbox"
+_RETRY_FIRST, _RETRY_MAX = 0.01, 0.1  # seconds between polls while committed rows wait for a position
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}$")
 
 
@@ -398,18 +401,19 @@ class OutboxConsumer:
         position to ack (a filtered consumer skipping other subjects); the caller acks."""
         listener = await listen(self.pool)
         try:
-            retry = 0.05
+            retry = _RETRY_FIRST
             while True:
                 batch = await self.poll(limit)
                 if batch.events or batch.gap or batch.position > batch.acked:
-                    retry = 0.05
+                    retry = _RETRY_FIRST
                     yield batch
                     continue
-                # Committed rows not yet stamped wait for an older transaction to finish, which
-                # need not notify: look again soon. Otherwise sleep until the next insert commits.
+                # Committed rows not yet stamped wait for an older transaction to finish (usually
+                # another accept, a read allocation or a lease renewal: milliseconds), which need
+                # not notify: look again soon. Otherwise sleep until the next insert commits.
                 if await _unstamped_visible(self.pool):
                     await wait_for_events(listener, retry)
-                    retry = min(retry * 2, 1.0)
+                    retry = min(retry * 2, _RETRY_MAX)
                 else:
                     await wait_for_events(listener, idle_timeout)
         finally:
