@@ -25,6 +25,7 @@ from activities.outbox import (
     OutboxConsumer,
     OutboxEventType,
     OutboxEventV1,
+    consumer_infos,
     events_after,
 )
 from activities.retention import prune
@@ -344,3 +345,31 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     await _drain(consumer)
     await refresh_outbox_lag(ledger)
     assert (gauge("mcpsync_outbox_consumer_lag_events"), gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
+
+
+async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path, ledger: Ledger, database_url: str,
+                                                                 consumers: list[str]) -> None:
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    subject = unique("pf")
+    consumer = await register(ledger, consumers, subject)
+    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker.cli", "--config", str(conf), "outbox", "poll", "--consumer", consumer.name,
+        "--follow", "--json", cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        await asyncio.sleep(2.0)  # started and waiting on LISTEN
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            first = await _insert(conn, subject, "demo://pf/1")
+        batch = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert [e["outbox_id"] for e in batch["events"]] == [first]
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            second = await _insert(conn, subject, "demo://pf/2")
+        batch2 = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert [e["outbox_id"] for e in batch2["events"]] == [second]
+        infos = await consumer_infos(ledger.pool, consumer.name)
+        assert infos[0].position >= batch["position"], "each printed batch was acknowledged"
+    finally:
+        proc.kill()
+        await proc.wait()
