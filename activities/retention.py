@@ -20,7 +20,8 @@ Contract:
     one a revocation points at, nor one not yet given a position). A consumer whose last ack
     (or registration) is older than ``consumer_max_lag`` no longer holds rows back: rows it had
     not acknowledged may go, and its next poll reports the lost positions as a GAP and it
-    resyncs (docs/outbox.md). Without consumers, rows go by age alone;
+    resyncs (docs/outbox.md). Without live consumers, rows go by age alone (positioned or not),
+    and anyone registering later starts with a gap;
   - judged read requests (``completed_at`` set). A retried allocation or accept for one of
     them after ``keep`` is treated as new, which is safe: ordinals come from the fence row;
   - discovery scans no catalog was built from (restarted, failed, unmatched), with their items.
@@ -60,16 +61,17 @@ DELETE FROM content_store c
 WHERE c.stored_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM subscriptions s
                   WHERE s.subject = c.subject AND s.last_accepted_digest = c.content_digest AND s.state = 'ACTIVE')
-  AND NOT EXISTS (SELECT 1 FROM outbox o
+  AND (NOT %(held)s OR NOT EXISTS (SELECT 1 FROM outbox o
                   WHERE o.subject = c.subject AND o.content_digest = c.content_digest
-                    AND (o.position IS NULL OR o.position > %(floor)s))
+                    AND (o.position IS NULL OR o.position > %(floor)s)))
 RETURNING c.size
 """
 _AUDIT = "DELETE FROM audit WHERE created_at < %(cutoff)s RETURNING 1"
-# Only stamped rows every live consumer acknowledged; revocations keep the row they point at.
+# With live consumers (held): only positioned rows every one of them acknowledged. Without: by
+# age alone. Revocations keep the row they point at.
 _OUTBOX = """
 DELETE FROM outbox o
-WHERE o.created_at < %(cutoff)s AND o.position IS NOT NULL AND o.position <= %(floor)s
+WHERE o.created_at < %(cutoff)s AND (NOT %(held)s OR (o.position IS NOT NULL AND o.position <= %(floor)s))
   AND NOT EXISTS (SELECT 1 FROM revocations r WHERE r.outbox_id = o.outbox_id)
 RETURNING o.position
 """
@@ -107,16 +109,18 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
         cur = await conn.execute("SELECT now() - %s::interval", (keep,))
         row = await cur.fetchone()
         assert row is not None
-        args = {"cutoff": row[0], "floor": min([top, *live])}
+        args = {"cutoff": row[0], "floor": min([top, *live]), "held": bool(live)}
         cur = await conn.execute(_CONTENT, args)
         sizes = [int(r[0]) for r in await cur.fetchall()]
         counts["content_bodies"], counts["content_bytes"] = len(sizes), sum(sizes)
         cur = await conn.execute(_OUTBOX, args)
-        positions = [int(r[0]) for r in await cur.fetchall()]
+        positions = [int(r[0] or 0) for r in await cur.fetchall()]
         counts["outbox_rows"] = len(positions)
         cur = await conn.execute(
             "UPDATE outbox_state SET pruned_through = GREATEST(pruned_through, %s) RETURNING pruned_through",
-            (max(positions, default=0),))
+            # Without live consumers, rows not yet positioned may go too: anyone registering (or
+            # coming back) later below ``top`` gets a gap and resyncs.
+            (max([*positions, top if positions and not live else 0]),))
         row = await cur.fetchone()
         assert row is not None
         pruned_through = int(row[0])

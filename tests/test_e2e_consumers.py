@@ -25,7 +25,7 @@ from activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
 from activities.retention import prune
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from tests.test_outbox import register
+from tests.test_outbox import register, settled
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
 from worker.runtime import revoke, start_subscription
@@ -77,6 +77,7 @@ async def test_envelope_and_content_access_on_the_real_stack(
             huge = await fx.edit(text_uri, text="x" * 5000, mime_type="text/markdown")
             await _wait_record(ht, lambda r: "guardrail" in r.detail, "guardrail rejection")
 
+            await settled(ledger, alice)
             events = await _drain(consumer)
             by_digest = {e.content_digest: e for e in events}
             assert set(by_digest) == {t1["committed"]["digest"], t2["committed"]["digest"], b1["committed"]["digest"]}

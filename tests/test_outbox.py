@@ -27,9 +27,10 @@ from activities.outbox import (
     OutboxEventV1,
     consumer_infos,
     events_after,
+    stamp,
 )
 from activities.retention import prune
-from tests.conftest import ledger_rows, unique
+from tests.conftest import eventually, ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
 from worker.stack import REPO_ROOT
 
@@ -59,6 +60,17 @@ async def register(ledger: Ledger, names: list[str], subject: str, name: str | N
     else:
         await consumer.ack(batch.position)
     return consumer
+
+
+async def settled(ledger: Ledger, subject: str) -> None:
+    """Wait until every committed row of ``subject`` has a position (an unrelated transaction still
+    open elsewhere in the session's database delays positions, never skips them)."""
+
+    async def positioned() -> bool:
+        await stamp(ledger.pool)
+        return not await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s AND position IS NULL", subject)
+
+    await eventually(positioned, timeout=20, what=f"positions for {subject}")
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[Any]:
@@ -111,6 +123,7 @@ async def test_reverse_commit_skips_a_row_with_id_paging_and_not_with_positions(
         await a.close()
         await b.close()
     assert await _old_query(ledger, subject, old_cursor) == [], "the old query skips A for good"
+    await settled(ledger, subject)
     got = await _drain(consumer)
     assert sorted(e.outbox_id for e in got) == [id_a, id_b], "the new one delivers both"
     assert [e.position for e in got] == sorted(e.position for e in got)
@@ -137,6 +150,7 @@ async def test_id_order_with_a_txid_filter_alone_still_skips(ledger: Ledger, dat
     finally:
         await a.close()
         await b.close()
+    await settled(ledger, subject)
     got = await _drain(consumer)
     assert sorted(e.outbox_id for e in got) == sorted([id_a, id_b])
 
@@ -170,6 +184,7 @@ async def test_concurrent_plain_sql_writers_committing_out_of_order_lose_nothing
         await consumer.ack(batch.position)
         await asyncio.sleep(0.005)
     await writers
+    await settled(ledger, subject)
     seen += await _drain(consumer)
     ids = [e.outbox_id for e in seen]
     assert sorted(ids) == sorted(committed) and len(ids) == len(set(ids)), "every committed row exactly once here"
@@ -186,6 +201,7 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(3):
             await _insert(conn, subject, f"demo://sem/{i}")
+    await settled(ledger, subject)
     second = OutboxConsumer(ledger.pool, name)  # the same name, filter as registered
     b1, b2 = await first.poll(limit=2), await second.poll(limit=2)
     assert [e.outbox_id for e in b1.events] == [e.outbox_id for e in b2.events] and len(b1.events) == 2
@@ -203,7 +219,9 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
         OutboxConsumer(ledger.pool, "bad name!")
     # The batch position a filtered consumer acks passes other subjects' rows too.
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await _insert(conn, unique("other"), "demo://other")
+        other = unique("other")
+        await _insert(conn, other, "demo://other")
+    await settled(ledger, other)
     await first.ack(rest.position)
     empty = await first.poll()
     assert empty.events == [] and empty.position > empty.acked
@@ -234,9 +252,11 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await ledger.put_content(subject, "sha256:o1", "text/plain", b"one")
     await ledger.put_content(subject, "sha256:o2", "text/plain", b"two")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o1") == "ACCEPTED"
+    await settled(ledger, subject)
     first = await consumer.poll()
     assert [e.content_digest for e in first.events] == ["sha256:o1"]
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o2") == "ACCEPTED"
+    await settled(ledger, subject)
     await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s", subject)
     await ledger_rows(ledger, "UPDATE content_store SET stored_at = now() - interval '30 days' WHERE subject = %s",
                       subject)
@@ -266,6 +286,7 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     assert after.gap is None and after.events == []
     await ledger.put_content(subject, "sha256:o3", "text/plain", b"three")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o3") == "ACCEPTED"
+    await settled(ledger, subject)
     live = await consumer.poll()
     assert [(e.content_digest, e.previous_digest) for e in live.events] == [("sha256:o3", "sha256:o2")]
 
@@ -292,6 +313,7 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(3):
             await _insert(conn, subject, f"demo://cli/{i}")
+    await settled(ledger, subject)
     oldest = await events_after(ledger.pool, 0, 1)
     tail = _cli(conf, "outbox", "tail", "--after", "0", "--limit", "2", "--json")
     assert tail.returncode == 0, tail.stderr
@@ -342,6 +364,7 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     await refresh_outbox_lag(ledger)
     assert gauge("mcpsync_outbox_consumer_lag_events") == 4
     assert 85 <= gauge("mcpsync_outbox_consumer_lag_seconds") < 600
+    await settled(ledger, subject)
     await _drain(consumer)
     await refresh_outbox_lag(ledger)
     assert (gauge("mcpsync_outbox_consumer_lag_events"), gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
@@ -373,3 +396,27 @@ async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path,
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def test_without_live_consumers_prune_goes_by_age_and_later_consumers_start_with_a_gap(
+        ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+    subject = unique("nolive")
+    assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers"), "other tests dropped theirs"
+    holder = await _connect(database_url)  # an open transaction with an xid holds positions back
+    try:
+        await holder.execute("SELECT pg_current_xact_id()")
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await _insert(conn, subject, "demo://nolive")
+        await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s",
+                          subject)
+        report = await prune(ledger.pool, keep=timedelta(days=7))
+        assert not await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s", subject), \
+            "not yet positioned, but nobody is there to miss it"
+        top = (await ledger_rows(ledger, "SELECT last_position FROM outbox_state"))[0][0]
+        assert report.outbox_pruned_through == top
+    finally:
+        await holder.close()
+    name = unique("late")
+    consumers.append(name)
+    batch = await OutboxConsumer(ledger.pool, name, [subject]).poll()
+    assert batch.gap is not None and batch.gap.first == 1 and batch.gap.last >= top
