@@ -721,13 +721,6 @@ class Ledger:
             )
             return [OutboxRow(_jsonable(r)) for r in await cur.fetchall()]
 
-    async def outbox_last(self, limit: int = 20) -> list[OutboxRow]:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM outbox ORDER BY outbox_id DESC LIMIT %s", (limit,))
-            rows = await cur.fetchall()
-        return [OutboxRow(_jsonable(r)) for r in reversed(rows)]
-
     async def audit_rows(self, kind: str | None = None, limit: int = 100) -> list[AuditRow]:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
