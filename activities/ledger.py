@@ -441,7 +441,7 @@ class Ledger:
                 INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
                     read_ordinal, server_name, server_version, edition, session_generation,
                     subscription_generation, request_id, trigger_reason, status)
-                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id
+                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
                 """,
                 (wf, o.key.subject, o.key.server, o.key.uri, o.mime_type, o.content_digest, o.size, o.ordinal,
                  o.server_name, o.server_version, o.edition, o.session_generation, o.subscription_generation,
@@ -472,10 +472,14 @@ class Ledger:
                 await cur.execute(
                     """
                     INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, content_digest,
-                        read_ordinal)
-                    VALUES ('version_accepted', %s, %s, %s, %s, %s, %s, %s) RETURNING outbox_id
+                        read_ordinal, detail)
+                    VALUES ('version_accepted', %s, %s, %s, %s, %s, %s, %s, %s) RETURNING outbox_id
                     """,
-                    (wf, o.key.subject, o.key.server, o.key.uri, receipt_id, o.content_digest, o.ordinal),
+                    (wf, o.key.subject, o.key.server, o.key.uri, receipt_id, o.content_digest, o.ordinal,
+                     json.dumps({  # the outboxEvent.v1 fields (activities/outbox.py) not in columns
+                         "previous_digest": fence.last_accepted_digest, "mime_type": o.mime_type, "size": o.size,
+                         "edition": o.edition, "server_name": o.server_name, "server_version": o.server_version,
+                         "accepted_at": receipt["accepted_at"].isoformat(), "trigger": o.trigger.value})),
                 )
                 ob = await cur.fetchone()
                 outbox_id = int(ob["outbox_id"]) if ob else None
@@ -551,7 +555,7 @@ class Ledger:
                     """
                     INSERT INTO resource_versions (workflow_id, subject, server, uri, read_ordinal, session_generation,
                         subscription_generation, request_id, trigger_reason, status)
-                    VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id
+                    VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
                     """,
                     (wf, key.subject, key.server, key.uri, fence.last_accepted_ordinal, fence.session_generation,
                      fence.subscription_generation, f"catalog:{scan_id}", "catalog", AcceptVerdict.TOMBSTONED.value),
@@ -559,12 +563,18 @@ class Ledger:
                 receipt = await cur.fetchone()
                 assert receipt is not None
                 if await self._rollout_allows(cur, key):
+                    receipt_ids, digests = await self._derived(cur, wf)
                     await cur.execute(
                         """
-                        INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal)
-                        VALUES ('tombstoned', %s, %s, %s, %s, %s, %s)
+                        INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id, read_ordinal,
+                            detail)
+                        VALUES ('tombstoned', %s, %s, %s, %s, %s, %s, %s)
                         """,
-                        (wf, key.subject, key.server, key.uri, receipt["receipt_id"], fence.last_accepted_ordinal),
+                        (wf, key.subject, key.server, key.uri, receipt["receipt_id"], fence.last_accepted_ordinal,
+                         json.dumps({"previous_digest": fence.last_accepted_digest, "receipt_ids": receipt_ids,
+                                     "digests": digests, "trigger": "catalog",
+                                     "accepted_at": receipt["accepted_at"].isoformat(),
+                                     "reason": f"deleted: not listed in reconciled catalog {scan_id}"})),
                     )
                 await cur.execute(
                     "UPDATE subscriptions SET state=%s, last_receipt_id=%s, updated_at=now() WHERE workflow_id=%s",
@@ -594,11 +604,7 @@ class Ledger:
         wf, subject = row["workflow_id"], row["subject"]
         await cur.execute("UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s",
                           (SubscriptionState.REVOKED.value, wf))
-        await cur.execute(
-            "SELECT receipt_id, content_digest FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", (wf,)
-        )
-        receipts = await cur.fetchall()
-        digests = sorted({r["content_digest"] for r in receipts if r["content_digest"]})
+        receipt_ids, digests = await Ledger._derived(cur, wf)
         # Purge the subject's bodies, except those another live subscription of the subject still uses.
         await cur.execute(
             """
@@ -618,8 +624,8 @@ class Ledger:
             VALUES ('revoked', %s, %s, %s, %s, %s, %s, %s, clock_timestamp()) RETURNING outbox_id
             """,
             (wf, subject, row["server"], row["uri"], row["last_receipt_id"], row["last_accepted_ordinal"],
-             json.dumps({"receipt_ids": [r["receipt_id"] for r in receipts], "digests": digests,
-                         "source": source, "reason": reason[:300]})),
+             json.dumps({"receipt_ids": receipt_ids, "digests": digests, "source": source, "reason": reason[:300],
+                         "previous_digest": row["last_accepted_digest"]})),
         )
         outbox = await cur.fetchone()
         await cur.execute(
@@ -630,6 +636,17 @@ class Ledger:
             """,
             (wf, subject, row["server"], row["uri"], source, reason[:300], effective_at, outbox["outbox_id"], purged),
         )
+
+    @staticmethod
+    async def _derived(cur: Any, workflow_id: str) -> tuple[list[int], list[str]]:
+        """Every receipt of a subscription and the digests they name: what a tombstone or a
+        revocation withdraws (``outboxEvent.v1`` ``invalidates``)."""
+        await cur.execute(
+            "SELECT receipt_id, content_digest FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id",
+            (workflow_id,))
+        receipts = await cur.fetchall()
+        return [r["receipt_id"] for r in receipts], sorted({r["content_digest"] for r in receipts
+                                                             if r["content_digest"]})
 
     async def current_content(self, key: SubscriptionKey) -> tuple[int, str, str | None, bytes] | None:
         """(receipt id, digest, MIME type, body) of the current version, only while it may be served:
@@ -669,15 +686,17 @@ class Ledger:
 
     # --- content store, audit, outbox ----------------------------------------------
 
-    async def put_content(self, subject: str, digest: str, mime_type: str | None, body: bytes) -> None:
+    async def put_content(self, subject: str, digest: str, mime_type: str | None, body: bytes,
+                          kind: str | None = None) -> None:
+        """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
         async with self.pool.connection() as conn:
             await conn.execute(
                 """
-                INSERT INTO content_store (subject, content_digest, mime_type, size, body)
-                VALUES (%s, %s, %s, %s, %s)
+                INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
+                VALUES (%s, %s, %s, %s, %s, %s)
                 ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
                 """,  # a body read again is young again: retention never races its acceptance
-                (subject, digest, mime_type, len(body), body),
+                (subject, digest, mime_type, len(body), body, kind),
             )
 
     async def get_content(self, subject: str, digest: str) -> bytes | None:
@@ -712,19 +731,14 @@ class Ledger:
         return int(row[0])
 
     async def outbox_after(self, after_id: int = 0, limit: int = 100) -> list[OutboxRow]:
+        """Rows by id, for tests and diagnostics only: id order is not commit order, so paging by id
+        can skip a row for good. Consumers use ``activities.outbox`` (positions; docs/outbox.md)."""
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 "SELECT * FROM outbox WHERE outbox_id > %s ORDER BY outbox_id LIMIT %s", (after_id, limit)
             )
             return [OutboxRow(_jsonable(r)) for r in await cur.fetchall()]
-
-    async def outbox_last(self, limit: int = 20) -> list[OutboxRow]:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM outbox ORDER BY outbox_id DESC LIMIT %s", (limit,))
-            rows = await cur.fetchall()
-        return [OutboxRow(_jsonable(r)) for r in reversed(rows)]
 
     async def audit_rows(self, kind: str | None = None, limit: int = 100) -> list[AuditRow]:
         async with self.pool.connection() as conn:

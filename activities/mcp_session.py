@@ -302,7 +302,8 @@ class McpSessionActivities:
         rejection = self.guardrails.check(parts)
         if rejection is None:
             # Only releasable content is kept: a rejected body never reaches the store.
-            await self.ledger.put_content(req.key.subject, digest, mime, body)
+            await self.ledger.put_content(req.key.subject, digest, mime, body,
+                                          kind=parts[0].kind if len(parts) == 1 else "multipart")
         return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
                            content_count=len(parts), guardrail_rejection=rejection,
                            completed_at=datetime.now(UTC), **base)

@@ -60,6 +60,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
+from activities.outbox import OutboxConsumer
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
 from worker import metrics
@@ -190,6 +191,51 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
         "max_ms": ms(max(values) if values else None),
         "mean_ms": ms(sum(values) / len(values) if values else None),
     }
+
+
+class OutboxFollower:
+    """A durable outbox consumer in the benchmark process: when each event reached it."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.received: dict[int, float] = {}  # outbox_id -> wall time received
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, ledger: Ledger) -> OutboxFollower:
+        self = cls(ledger)
+        consumer = OutboxConsumer(ledger.pool, f"bench-{uuid.uuid4().hex[:8]}")
+        while (batch := await consumer.poll(limit=1000)).events:  # what came before the churn
+            await consumer.ack(batch.position)
+        await consumer.ack(batch.position)
+        self.task = asyncio.create_task(self._follow(consumer), name="bench-outbox-consumer")
+        return self
+
+    async def _follow(self, consumer: OutboxConsumer) -> None:
+        async for batch in consumer.follow(limit=1000):
+            now = time.time()
+            for e in batch.events:
+                if e.outbox_id is not None:
+                    self.received.setdefault(e.outbox_id, now)
+            await consumer.ack(batch.position)
+
+    async def latencies(self, since: float, wait: float = 10.0) -> tuple[list[float], int]:
+        """Commit -> received for every outbox row created since ``since``; and how many never arrived."""
+        rows = await _rows(self.ledger, "SELECT outbox_id, extract(epoch FROM created_at)::float8 FROM outbox"
+                                        " WHERE created_at >= to_timestamp(%s)", (since,))
+
+        async def all_received() -> bool:
+            return all(oid in self.received for oid, _ in rows)
+
+        await until(all_received, wait)
+        lat = [self.received[oid] - float(t) for oid, t in rows if oid in self.received]
+        return lat, sum(1 for oid, _ in rows if oid not in self.received)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await self.task
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -584,6 +630,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         await base.idle()
 
         # --- churn ---------------------------------------------------------------------------------
+        follower = await OutboxFollower.start(ledger)  # accept -> consumer received (docs/outbox.md)
+        stack.push_async_callback(follower.stop)
         controls = [sys_ctl] if base_ctl is sys_ctl else [sys_ctl, base_ctl]
         reads0, base_reads0, base_notes0 = await _sys_reads(ledger, server), base.reads, base.notifications
         verdicts0 = await _verdicts(ledger, server)
@@ -629,6 +677,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         await base.idle()
         during = Probe.diff(await probe.scrape(), scrape0)
 
+        consumer_lat, consumer_missing = await follower.latencies(t_churn0)
         # --- what happened -------------------------------------------------------------------------
         receipts = await _rows(ledger, "SELECT uri, content_digest, extract(epoch FROM accepted_at)::float8"
                                        " FROM resource_versions WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED')"
@@ -690,6 +739,9 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "read_cycle": summarize(read_cycle),
             "where_time_goes_ms": probe.breakdown(during, server),
         }
+        r["consumer"] = {**summarize(consumer_lat), "not_received": consumer_missing,
+                         "what": "outbox row written (created_at: its accept transaction) -> received by a durable consumer following "
+                                 "with LISTEN/NOTIFY (activities.outbox.OutboxConsumer.follow), churn events only"}
         r["baseline"] = {
             "reads": base_reads,
             "reads_per_change": round(base_reads / len(changes), 3) if changes else None,
@@ -989,6 +1041,9 @@ def print_summary(report: dict[str, Any]) -> None:
               f"p99.9 {f(c['convergence_p999_vs_floor'])}")
         print(f"  revocation ms       p50 {f(r['revocation']['p50_ms'])}  p99 {f(r['revocation']['p99_ms'])}  "
               f"(n={r['revocation']['samples']})")
+        oc = r["consumer"]
+        print(f"  accept->consumer ms p50 {f(oc['p50_ms'])}  p99 {f(oc['p99_ms'])}  max {f(oc['max_ms'])}  "
+              f"(n={oc['samples']}, not received {oc['not_received']})")
         print(f"  notifications/s     churn {s['notifications_per_second']}   burst "
               f"{r['burst']['notifications_per_second']} ({r['burst']['reads_per_second']} reads/s)")
         print(f"  memory/subscription worker {r['memory']['worker_bytes_per_subscription'] / 1024:.1f} KiB   "

@@ -57,7 +57,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [("http", 6), ("stdio", 6)]
     for r in report["runs"]:
         for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair", "burst",
-                        "revocation", "targets_met"):
+                        "revocation", "consumer", "targets_met"):
             assert section in r, f"{r['transport']}: no {section}"
         churn, system, baseline = r["churn"], r["system"], r["baseline"]
         assert churn["changes"] > 0 and churn["notifications_offered"] >= churn["changes"]
@@ -89,6 +89,9 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert r["revocation"]["samples"] == r["revocation"]["sample"] == 2
         assert 0 <= r["revocation"]["p50_ms"] <= r["revocation"]["p99_ms"]
         assert r["repair"]["repaired_by_one_more_change"] <= r["repair"]["uris_behind"]
+        consumer = r["consumer"]
+        assert consumer["samples"] > 0 and consumer["not_received"] == 0, "every churn event reached the consumer"
+        assert 0 <= consumer["p50_ms"] <= consumer["p99_ms"]
         assert all(isinstance(v, bool) for v in r["targets_met"].values())
 
     png = (out / "results.png").read_bytes()

@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal
@@ -107,20 +108,183 @@ async def cmd_revoke(args: argparse.Namespace) -> None:
 
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
+    """``outbox tail``: for humans. Events in position order; ``--after P`` starts after P (0: oldest)."""
+    from activities.outbox import events_after, latest_events, listen, wait_for_events
+
+    _positive("--limit", args.limit)
+    if args.after is not None and args.after < 0:
+        raise CliError("--after must not be negative")
+    config, _ = _resolve_config(args)
+    ledger = await open_ledger(_database_url(config), max_size=2)
+    listener = await listen(ledger.pool) if args.follow else None
+    try:
+        if args.after is None:
+            events = await latest_events(ledger.pool, args.limit)
+        else:
+            events = await events_after(ledger.pool, args.after, args.limit)
+        last = events[-1].position if events else (args.after or 0)
+        _emit_events(events, args.json)
+        while listener is not None:
+            events = await events_after(ledger.pool, last, args.limit)
+            if events:
+                last = events[-1].position
+                _emit_events(events, args.json)
+                continue
+            await wait_for_events(listener, 1.0)  # short: a committed row may wait for an older transaction
+    finally:
+        if listener is not None:
+            await listener.close()
+        await ledger.pool.close()
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise CliError(f"{flag} must be at least 1")
+
+
+def _event_line(e: Any) -> str:
+    return (f"@{e.position} {e.created_at.isoformat()} {e.event_type.value} {e.subject}/{e.server} {e.uri} "
+            f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}")
+
+
+def _emit_events(events: list[Any], as_json: bool) -> None:
+    for e in events:
+        print(e.model_dump_json() if as_json else _event_line(e), flush=True)
+
+
+async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitable[None]]) -> None:
+    from activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
+
     config, _ = _resolve_config(args)
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        rows = await (ledger.outbox_after(args.after, args.limit) if args.after else ledger.outbox_last(args.limit))
-        last = rows[-1]["outbox_id"] if rows else args.after
-        _emit_outbox(rows, args.json)
-        while args.follow:
-            await asyncio.sleep(1.0)
-            rows = await ledger.outbox_after(last, args.limit)
-            if rows:
-                last = rows[-1]["outbox_id"]
-                _emit_outbox(rows, args.json)
+        try:
+            consumer = OutboxConsumer(ledger.pool, args.consumer, getattr(args, "subject", None))
+            await body(consumer)
+        except ConsumerNotFound as exc:
+            raise CliError(str(exc), ExitCode.NOT_FOUND) from None
+        except ConsumerError as exc:
+            raise CliError(str(exc)) from None
     finally:
         await ledger.pool.close()
+
+
+def _emit_batch(batch: Any, as_json: bool) -> None:
+    if as_json:
+        print(batch.model_dump_json(), flush=True)
+        return
+    if batch.gap is not None:
+        print(f"GAP: positions {batch.gap.first}..{batch.gap.last} were pruned before consumer {batch.consumer!r} "
+              f"acknowledged them; run: mcpsync outbox resync --consumer {batch.consumer}", flush=True)
+        return
+    for e in batch.events:
+        print(_event_line(e), flush=True)
+    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; "
+          f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})", flush=True)
+
+
+async def cmd_outbox_poll(args: argparse.Namespace) -> None:
+    """The next batch after the consumer's acknowledged position. ``--follow``: every batch as it
+    comes (LISTEN/NOTIFY), each acknowledged once written to stdout; stops at a gap."""
+    _positive("--limit", args.limit)
+
+    async def body(consumer: Any) -> None:
+        if not args.follow:
+            _emit_batch(await consumer.poll(args.limit), args.json)
+            return
+        async for batch in consumer.follow(args.limit):
+            _emit_batch(batch, args.json)
+            if batch.gap is not None:
+                return
+            await consumer.ack(batch.position)
+
+    await _with_consumer(args, body)
+
+
+async def cmd_outbox_ack(args: argparse.Namespace) -> None:
+    async def body(consumer: Any) -> None:
+        position = await consumer.ack(args.position)
+        _print({"consumer": consumer.name, "position": position}, args.json,
+               f"consumer {consumer.name!r} acknowledged up to {position}")
+
+    await _with_consumer(args, body)
+
+
+async def cmd_outbox_resync(args: argparse.Namespace) -> None:
+    async def body(consumer: Any) -> None:
+        batch = await consumer.resync()
+        if args.json:
+            print(batch.model_dump_json(), flush=True)
+            return
+        for e in batch.events:
+            print(_event_line(e), flush=True)
+        print(f"position {batch.position} ({len(batch.events)} current versions; anything else is not current; "
+              f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})", flush=True)
+
+    await _with_consumer(args, body)
+
+
+async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
+    from activities.outbox import consumer_infos
+
+    config, _ = _resolve_config(args)
+    ledger = await open_ledger(_database_url(config), max_size=2)
+    try:
+        infos = await consumer_infos(ledger.pool)
+    finally:
+        await ledger.pool.close()
+    if args.json:
+        print(json.dumps([i.model_dump(mode="json") for i in infos]))
+        return
+    for i in infos:
+        print(f"{i.name} subjects={','.join(i.subjects) if i.subjects else '*'} position={i.position} "
+              f"delivered={i.delivered_up_to} lag={i.lag_events} events/{i.lag_seconds:.1f}s "
+              f"last_ack={i.last_ack_at.isoformat() if i.last_ack_at else '-'}")
+    if not infos:
+        print("no outbox consumers")
+
+
+async def cmd_outbox_drop(args: argparse.Namespace) -> None:
+    from activities.outbox import ConsumerNotFound, drop_consumer
+
+    config, _ = _resolve_config(args)
+    ledger = await open_ledger(_database_url(config), max_size=2)
+    try:
+        await drop_consumer(ledger.pool, args.consumer)
+    except ConsumerNotFound as exc:
+        raise CliError(str(exc), ExitCode.NOT_FOUND) from None
+    finally:
+        await ledger.pool.close()
+    _print({"dropped": args.consumer}, args.json, f"consumer {args.consumer!r} dropped")
+
+
+async def cmd_content_get(args: argparse.Namespace) -> None:
+    """The accepted body of a receipt, exactly as read; refusals exit 5, unknown/pruned 4."""
+    from activities.content import ContentNotFound, ContentRefused, released_content
+
+    config, _ = _resolve_config(args)
+    ledger = await open_ledger(_database_url(config), max_size=2)
+    try:
+        content = await released_content(ledger.pool, receipt_id=args.receipt, subject=args.subject)
+    except ContentRefused as exc:
+        raise CliError(str(exc), ExitCode.ACCESS_DENIED) from None
+    except ContentNotFound as exc:
+        raise CliError(str(exc), ExitCode.NOT_FOUND) from None
+    finally:
+        await ledger.pool.close()
+    if args.output is not None:
+        try:
+            await asyncio.to_thread(Path(args.output).write_bytes, content.body)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
+        print(f"receipt {content.receipt_id}: {content.size} bytes {content.mime_type or '-'} "
+              f"({content.kind.value}) {content.content_digest} -> {args.output}", file=sys.stderr)
+        return
+    if not content.is_text and sys.stdout.isatty():
+        raise CliError(f"receipt {content.receipt_id} is binary ({content.mime_type or 'no MIME type'}): "
+                       "pass -o FILE or redirect stdout")
+    sys.stdout.buffer.write(content.body)
+    sys.stdout.buffer.flush()
 
 
 async def cmd_prune(args: argparse.Namespace) -> None:
@@ -130,29 +294,25 @@ async def cmd_prune(args: argparse.Namespace) -> None:
 
     if args.keep_days < 0:
         raise CliError("--keep-days must not be negative")
+    if args.consumer_max_lag_days is not None and args.consumer_max_lag_days < 0:
+        raise CliError("--consumer-max-lag-days must not be negative")
     config, _ = _resolve_config(args)
+    max_lag = args.consumer_max_lag_days
+    if max_lag is None:
+        max_lag = config.retention.consumer_max_lag_days if config.retention is not None else 30.0
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        report = await prune(ledger.pool, keep=timedelta(days=args.keep_days), dry_run=args.dry_run)
+        report = await prune(ledger.pool, keep=timedelta(days=args.keep_days), dry_run=args.dry_run,
+                             consumer_max_lag=timedelta(days=max_lag))
     finally:
         await ledger.pool.close()
     verb = "would remove" if report.dry_run else "removed"
+    ignored = f"; consumers past {max_lag:g} days lag (they will resync): {', '.join(report.consumers_ignored)}" \
+        if report.consumers_ignored else ""
     _print(report.model_dump(mode="json"), args.json,
            f"{verb} (older than {args.keep_days:g} days): {report.content_bodies} content bodies "
            f"({report.content_bytes} bytes), {report.audit_rows} audit rows, {report.outbox_rows} outbox rows, "
-           f"{report.read_requests} read requests, {report.discovery_scans} discovery scans")
-
-
-def _emit_outbox(rows: list[Any], as_json: bool) -> None:
-    if as_json and not rows:
-        return
-    for r in rows:
-        if as_json:
-            print(json.dumps(r, default=str), flush=True)
-        else:
-            print(f"#{r['outbox_id']} {r['created_at']} {r['event_type']} {r['subject']}/{r['server']} "
-                  f"{r['uri']} receipt={r['receipt_id']} ordinal={r['read_ordinal']} {r['content_digest']}",
-                  flush=True)
+           f"{report.read_requests} read requests, {report.discovery_scans} discovery scans{ignored}")
 
 
 async def cmd_worker(args: argparse.Namespace) -> None:
@@ -629,18 +789,54 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged reads "
                                       "(receipts and fences are kept; see activities/retention.py)")
     pr.add_argument("--keep-days", type=float, default=7.0, help="forget rows older than this many days")
+    pr.add_argument("--consumer-max-lag-days", type=float, default=None,
+                    help="outbox consumers silent this long stop holding rows back (default: [retention] "
+                         "consumer_max_lag_days, else 30)")
     pr.add_argument("--dry-run", action="store_true", help="count only")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_prune)
 
     ob = sub.add_parser("outbox", help="invalidation outbox")
     ob_sub = ob.add_subparsers(dest="outbox_command", required=True)
-    tail = ob_sub.add_parser("tail", help="print the newest outbox rows (and follow with -f)")
-    tail.add_argument("--json", action="store_true")
+    tail = ob_sub.add_parser("tail", help="for humans: the newest outbox events, or those after --after "
+                                          "(0: from the oldest); -f follows")
+    tail.add_argument("--json", action="store_true", help="one outboxEvent.v1 per line")
     tail.add_argument("-f", "--follow", action="store_true")
-    tail.add_argument("--after", type=int, default=0)
+    tail.add_argument("--after", type=int, default=None, metavar="POSITION")
     tail.add_argument("--limit", type=int, default=20)
     tail.set_defaults(func=cmd_outbox)
+
+    def consumer_cmd(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]],
+                     ) -> argparse.ArgumentParser:
+        c = ob_sub.add_parser(name, help=help_)
+        c.add_argument("--consumer", required=True, metavar="NAME")
+        c.add_argument("--json", action="store_true")
+        c.set_defaults(func=func)
+        return c
+
+    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (registers a new "
+                                "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
+    poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
+    poll.add_argument("--limit", type=int, default=100)
+    poll.add_argument("-f", "--follow", action="store_true")
+    ack = consumer_cmd("ack", "acknowledge everything up to a batch position", cmd_outbox_ack)
+    ack.add_argument("--position", type=int, required=True)
+    rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
+                                "subjects, then ack its position", cmd_outbox_resync)
+    rs.add_argument("--subject", action="append", help="register a new consumer for these subjects only")
+    consumer_cmd("drop", "forget a consumer (retention stops keeping rows for it)", cmd_outbox_drop)
+    oc = ob_sub.add_parser("consumers", help="every consumer: position, lag (events, seconds), last ack")
+    oc.add_argument("--json", action="store_true")
+    oc.set_defaults(func=cmd_outbox_consumers)
+
+    ct = sub.add_parser("content", help="accepted bodies, for the subject they were read for")
+    ct_sub = ct.add_subparsers(dest="content_command", required=True)
+    cg = ct_sub.add_parser("get", help="the body of a receipt exactly as read (exit 5 refused, 4 unknown/pruned)")
+    cg.add_argument("--receipt", type=int, required=True)
+    cg.add_argument("--subject", required=True)
+    cg.add_argument("-o", "--output", metavar="FILE", help="write the body here (default: stdout; binary only "
+                                                           "when stdout is not a terminal)")
+    cg.set_defaults(func=cmd_content_get)
     return p
 
 

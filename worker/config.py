@@ -94,6 +94,9 @@ class RetentionConfig(_Model):
 
     keep_days: float = Field(default=7.0, ge=0)
     interval_seconds: float = Field(default=86400.0, gt=0)  # first run one interval after start
+    # An outbox consumer that has not acknowledged for this long stops holding outbox rows and
+    # bodies back; its next poll reports a GAP and it resyncs (docs/outbox.md).
+    consumer_max_lag_days: float = Field(default=30.0, ge=0)
 
 
 class Config(_Model):

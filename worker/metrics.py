@@ -103,6 +103,7 @@ __all__ = [
     "read_timer",
     "receipt_judged",
     "freshness_bounds",
+    "refresh_outbox_lag",
     "serve_metrics",
 ]
 
@@ -405,9 +406,7 @@ class _LedgerCollector(Collector):
         yield g("mcpsync_revocations", "Revocations recorded (ledger)", value=snap.revocations)
         yield g("mcpsync_ledger_snapshot_age_seconds", "Seconds since the ledger gauges were refreshed",
                 value=max(0.0, time.time() - snap.taken_at))
-        # Outbox consumer lag (mcpsync_outbox_consumer_lag_events{consumer},
-        # mcpsync_outbox_consumer_lag_seconds{consumer}) belongs here: read from the consumers'
-        # offsets in the same refresh, exported as two more gauges. The outbox consumer work adds them.
+        # Outbox consumer lag: _OutboxLagCollector below, fed in the same refresh (refresh_outbox_lag).
 
     @staticmethod
     def _subscriptions(snap: LedgerSnapshot) -> Iterator[GaugeMetricFamily]:
@@ -503,6 +502,43 @@ async def _last_revocation_id(ledger: Ledger) -> int:
     return int(row[0]) if row else 0
 
 
+# --- outbox consumer lag (activities.outbox, docs/outbox.md) ----------------------------------
+
+
+class _OutboxLagCollector(Collector):
+    """Per registered consumer: unacknowledged events and the age of the oldest (ledger)."""
+
+    def __init__(self) -> None:
+        self.lags: list[tuple[str, int, float]] | None = None  # (consumer, events, seconds), swapped whole
+
+    def collect(self) -> Iterable[Any]:
+        if self.lags is None:
+            return
+        events = GaugeMetricFamily("mcpsync_outbox_consumer_lag_events",
+                                   "Outbox events after the consumer's acknowledged position (ledger)",
+                                   labels=["consumer"])
+        seconds = GaugeMetricFamily("mcpsync_outbox_consumer_lag_seconds",
+                                    "Age of the oldest unacknowledged outbox event, 0 when caught up (ledger)",
+                                    labels=["consumer"])
+        for name, n, age in self.lags:
+            events.add_metric([name], n)
+            seconds.add_metric([name], age)
+        yield from (events, seconds)
+
+
+_OUTBOX_LAG = _OutboxLagCollector()
+REGISTRY.register(_OUTBOX_LAG)
+
+
+async def refresh_outbox_lag(ledger: Ledger) -> None:
+    """Feed the lag gauges from ``activities.outbox.consumer_infos`` (consumer names are operator-chosen
+    and few: a bounded label)."""
+    from activities.outbox import consumer_infos
+
+    infos = await consumer_infos(ledger.pool)
+    _OUTBOX_LAG.lags = [(i.name, i.lag_events, i.lag_seconds) for i in infos]
+
+
 # --- the endpoint --------------------------------------------------------------------------
 
 
@@ -582,6 +618,11 @@ class MetricsServer:
             REVOCATION.observe(max(0.0, seconds))
             self._revocation_cursor = max(self._revocation_cursor or 0, rid)
         _LEDGER.snapshot = snap
+        try:
+            await refresh_outbox_lag(ledger)
+        except psycopg.Error as exc:  # an older schema: only these gauges are missing
+            REFRESH_ERRORS.inc()
+            log.warning("metrics: outbox consumer lag unavailable: %s", str(exc).splitlines()[0][:120])
         return snap
 
     async def _refresh_loop(self, ledger: Ledger) -> None:

@@ -223,7 +223,8 @@ async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
     while True:
         await asyncio.sleep(cfg.interval_seconds)
         try:
-            report = await prune(ledger.pool, keep=timedelta(days=cfg.keep_days))
+            report = await prune(ledger.pool, keep=timedelta(days=cfg.keep_days),
+                                 consumer_max_lag=timedelta(days=cfg.consumer_max_lag_days))
         except Exception as exc:  # a database outage must not take the worker down
             log.warning("retention run failed: %s: %s", type(exc).__name__, str(exc)[:200])
             continue

@@ -1,0 +1,421 @@
+"""The invalidation outbox for consumers: gap-free positions, named durable consumers, resync.
+
+Contract (docs/outbox.md):
+- Every outbox row gets a dense ``position`` once the transaction that inserted it has
+  finished (``outbox_stamp()`` in migration 006, run by whoever polls). A stamped position is
+  final and nothing can ever appear below it, whatever wrote the row (mcpsync or plain SQL).
+- A consumer is a name with an acknowledged position. ``poll`` hands out the events after
+  it, oldest first, with the batch's position; ``ack`` moves the position (never backwards).
+  Nothing moves without an ack: delivery is at least once. Two pollers under one name both
+  get the same batch; the higher ack wins.
+- ``poll`` of an unknown name registers it (with the given subject filter) at position 0.
+- When retention deleted events the consumer had not acknowledged (only possible once it
+  lagged more than ``[retention] consumer_max_lag_days``), ``poll`` answers a ``Gap`` instead
+  of events, until ``resync`` hands over the current version of every ACTIVE subscription of
+  its subjects (a relist) and the consumer acks the resync position.
+- Events are ``outboxEvent.v1`` (``OutboxEventV1``), built from the row alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ConsumerError",
+    "ConsumerInfo",
+    "ConsumerNotFound",
+    "Gap",
+    "Invalidation",
+    "NOTIFY_CHANNEL",
+    "OutboxBatch",
+    "OutboxConsumer",
+    "OutboxEventType",
+    "OutboxEventV1",
+    "ResyncBatch",
+    "consumer_infos",
+    "drop_consumer",
+    "event_from_row",
+    "events_after",
+    "latest_events",
+    "listen",
+    "stamp",
+    "wait_for_events",
+]
+
+NOTIFY_CHANNEL = "mcpsync_outbox"
+_RETRY_FIRST, _RETRY_MAX = 0.01, 0.1  # seconds between polls while committed rows wait for a position
+_NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}$")
+
+
+class ConsumerNotFound(LookupError):
+    """No consumer of that name is registered."""
+
+
+class ConsumerError(ValueError):
+    """A request the consumer's state refuses (ack beyond delivery, another subject filter)."""
+
+
+class OutboxEventType(StrEnum):
+    VERSION_ACCEPTED = "version_accepted"  # a new digest became current
+    TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
+    REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
+    VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
+
+
+class Invalidation(BaseModel):
+    """What a ``tombstoned`` or ``revoked`` event withdraws: these receipts and these digests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    receipt_ids: list[int]
+    digests: list[str]
+
+
+class OutboxEventV1(BaseModel):
+    """``outboxEvent.v1``: one event as consumers see it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    record: Literal["outboxEvent.v1"] = "outboxEvent.v1"
+    event_type: OutboxEventType
+    position: int = Field(description="delivery order; a resync item carries the resync position")
+    outbox_id: int | None = Field(description="row id (None for resync items); not an order")
+    subject: str
+    server: str
+    uri: str
+    workflow_id: str
+    receipt_id: int | None = Field(description="resourceVersion.v1 receipt; content get --receipt")
+    read_ordinal: int | None = Field(description="per-URI order: keep the highest")
+    content_digest: str | None
+    previous_digest: str | None = Field(description="the digest this event replaces (None: first or unknown)")
+    mime_type: str | None
+    size: int | None
+    edition: str | None = Field(description="MCP protocol edition of the session that read it")
+    server_name: str | None = Field(description="server implementation name (serverInfo)")
+    server_version: str | None
+    accepted_at: datetime | None
+    trigger: str | None = Field(description="why the read happened: initial, updated, follow_up, poll, "
+                                            "resubscribe, catalog")
+    invalidates: Invalidation | None = Field(description="tombstoned / revoked: exactly what is withdrawn")
+    reason: str | None
+    created_at: datetime
+
+
+class Gap(BaseModel):
+    """Positions ``first``..``last`` were deleted by retention before this consumer acknowledged them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    first: int
+    last: int
+
+
+class OutboxBatch(BaseModel):
+    """One poll: ack ``position`` once every event is applied. ``gap`` set: resync first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    consumer: str
+    acked: int
+    position: int
+    events: list[OutboxEventV1]
+    gap: Gap | None = None
+
+
+class ResyncBatch(BaseModel):
+    """A relist: the current version of every ACTIVE subscription of the consumer's subjects.
+    Anything not listed is not current any more. Ack ``position`` once applied."""
+
+    model_config = ConfigDict(frozen=True)
+
+    consumer: str
+    position: int
+    events: list[OutboxEventV1]
+
+
+class ConsumerInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    subjects: list[str] | None
+    position: int
+    delivered_up_to: int
+    lag_events: int
+    lag_seconds: float
+    created_at: datetime
+    last_poll_at: datetime | None
+    last_ack_at: datetime | None
+    last_resync_at: datetime | None
+
+
+def event_from_row(row: dict[str, Any]) -> OutboxEventV1:
+    detail = row.get("detail") or {}
+    invalidates = None
+    if row["event_type"] in (OutboxEventType.TOMBSTONED, OutboxEventType.REVOKED):
+        invalidates = Invalidation(receipt_ids=list(detail.get("receipt_ids", [])),
+                                   digests=list(detail.get("digests", [])))
+    return OutboxEventV1(
+        event_type=OutboxEventType(row["event_type"]),
+        position=row["position"],
+        outbox_id=row["outbox_id"],
+        subject=row["subject"],
+        server=row["server"],
+        uri=row["uri"],
+        workflow_id=row["workflow_id"],
+        receipt_id=row["receipt_id"],
+        read_ordinal=row["read_ordinal"],
+        content_digest=row["content_digest"],
+        previous_digest=detail.get("previous_digest"),
+        mime_type=detail.get("mime_type"),
+        size=detail.get("size"),
+        edition=detail.get("edition"),
+        server_name=detail.get("server_name"),
+        server_version=detail.get("server_version"),
+        accepted_at=detail.get("accepted_at"),
+        trigger=detail.get("trigger"),
+        invalidates=invalidates,
+        reason=detail.get("reason"),
+        created_at=row["created_at"],
+    )
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise ConsumerError(f"invalid consumer name {name!r}: 1-128 characters of letters, digits and _.:@/-")
+
+
+async def _stamp(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute("SELECT outbox_stamp()")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def stamp(pool: AsyncConnectionPool) -> int:
+    """Stamp every finished row; the last stamped position."""
+    async with pool.connection() as conn, conn.transaction():
+        return await _stamp(conn)
+
+
+_SELECT = "SELECT * FROM outbox WHERE position > %s AND position <= %s"
+
+
+async def events_after(pool: AsyncConnectionPool, position: int, limit: int) -> list[OutboxEventV1]:
+    """Events after ``position``, oldest first (``outbox tail --after``; no consumer state)."""
+    async with pool.connection() as conn, conn.transaction():
+        top = await _stamp(conn)
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_SELECT + " ORDER BY position LIMIT %s", (position, top, limit))
+        return [event_from_row(r) for r in await cur.fetchall()]
+
+
+async def latest_events(pool: AsyncConnectionPool, limit: int) -> list[OutboxEventV1]:
+    """The newest ``limit`` stamped events, oldest first (``outbox tail``)."""
+    async with pool.connection() as conn, conn.transaction():
+        top = await _stamp(conn)
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_SELECT + " ORDER BY position DESC LIMIT %s", (0, top, limit))
+        return [event_from_row(r) for r in reversed(await cur.fetchall())]
+
+
+async def wait_for_events(listener: psycopg.AsyncConnection[Any], timeout: float) -> None:
+    """Return at the next outbox NOTIFY on ``listener`` (which ran LISTEN) or after ``timeout``."""
+    async for _ in listener.notifies(timeout=timeout, stop_after=1):
+        pass
+
+
+async def listen(pool: AsyncConnectionPool) -> psycopg.AsyncConnection[Any]:
+    """A dedicated connection listening on the outbox channel (close it when done)."""
+    conninfo = pool.conninfo
+    if not isinstance(conninfo, str):  # activities.db.open_pool always passes the URL
+        raise TypeError("the pool's conninfo must be a string to open a listening connection")
+    conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn
+
+
+async def _unstamped_visible(pool: AsyncConnectionPool) -> bool:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM outbox WHERE position IS NULL)")
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+_LAG = """
+SELECT c.*,
+  (SELECT count(*) FROM outbox o WHERE (o.position > c.position OR o.position IS NULL)
+     AND (c.subjects IS NULL OR o.subject = ANY (c.subjects))) AS lag_events,
+  COALESCE(EXTRACT(EPOCH FROM now() - (SELECT min(o.created_at) FROM outbox o
+     WHERE (o.position > c.position OR o.position IS NULL)
+     AND (c.subjects IS NULL OR o.subject = ANY (c.subjects)))), 0)::float8 AS lag_seconds
+FROM outbox_consumers c
+"""
+
+
+def _info(row: dict[str, Any]) -> ConsumerInfo:
+    return ConsumerInfo(
+        name=row["name"], subjects=row["subjects"], position=row["position"],
+        delivered_up_to=row["delivered_up_to"], lag_events=int(row["lag_events"]),
+        lag_seconds=max(0.0, float(row["lag_seconds"])), created_at=row["created_at"],
+        last_poll_at=row["last_poll_at"], last_ack_at=row["last_ack_at"], last_resync_at=row["last_resync_at"],
+    )
+
+
+async def consumer_infos(pool: AsyncConnectionPool, name: str | None = None) -> list[ConsumerInfo]:
+    """Every registered consumer (or one) with its lag: unacknowledged events and the age of the oldest."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        if name is None:
+            await cur.execute(_LAG + " ORDER BY c.name")
+        else:
+            await cur.execute(_LAG + " WHERE c.name = %s", (name,))
+        return [_info(r) for r in await cur.fetchall()]
+
+
+async def drop_consumer(pool: AsyncConnectionPool, name: str) -> None:
+    """Forget a consumer: retention stops keeping rows for it."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("DELETE FROM outbox_consumers WHERE name = %s", (name,))
+        if cur.rowcount == 0:
+            raise ConsumerNotFound(f"no outbox consumer {name!r}")
+
+
+_CURRENT = """
+SELECT s.workflow_id, s.subject, s.server, s.uri, rv.receipt_id, rv.read_ordinal, rv.content_digest,
+       rv.mime_type, rv.size, rv.edition, rv.server_name, rv.server_version, rv.accepted_at, rv.trigger_reason
+FROM subscriptions s JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+WHERE s.state = 'ACTIVE' AND s.last_accepted_digest IS NOT NULL AND rv.content_digest IS NOT NULL
+  AND (%(subjects)s::text[] IS NULL OR s.subject = ANY (%(subjects)s::text[]))
+ORDER BY s.subject, s.server, s.uri
+"""
+
+
+class OutboxConsumer:
+    """A named durable consumer over the ledger pool. ``subjects`` None: every subject.
+
+    The filter is fixed at registration (the first poll or resync); asking with another
+    filter later is a ``ConsumerError``."""
+
+    def __init__(self, pool: AsyncConnectionPool, name: str, subjects: Sequence[str] | None = None) -> None:
+        _check_name(name)
+        self.pool = pool
+        self.name = name
+        self.subjects = sorted(set(subjects)) if subjects else None
+
+    async def _row(self, cur: Any, *, create: bool) -> dict[str, Any]:
+        if create:
+            await cur.execute(
+                "INSERT INTO outbox_consumers (name, subjects) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING",
+                (self.name, self.subjects))
+        await cur.execute("SELECT * FROM outbox_consumers WHERE name = %s FOR UPDATE", (self.name,))
+        row = await cur.fetchone()
+        if row is None:
+            raise ConsumerNotFound(f"no outbox consumer {self.name!r}")
+        registered = sorted(row["subjects"]) if row["subjects"] is not None else None
+        if self.subjects is not None and registered != self.subjects:
+            raise ConsumerError(f"consumer {self.name!r} is registered for subjects {registered or 'all'}, "
+                                f"not {self.subjects}")
+        self.subjects = registered
+        return dict(row)
+
+    async def poll(self, limit: int = 100) -> OutboxBatch:
+        """The next events after the acknowledged position (registers the name if new)."""
+        if limit < 1:
+            raise ConsumerError("limit must be at least 1")
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            consumer = await self._row(cur, create=True)
+            acked = int(consumer["position"])
+            top = await _stamp(conn)  # holds the outbox_state lock: prune cannot run meanwhile
+            await cur.execute("SELECT pruned_through FROM outbox_state")
+            state = await cur.fetchone()
+            assert state is not None
+            if acked < state["pruned_through"]:
+                await cur.execute("UPDATE outbox_consumers SET last_poll_at = now() WHERE name = %s", (self.name,))
+                return OutboxBatch(consumer=self.name, acked=acked, position=acked, events=[],
+                                   gap=Gap(first=acked + 1, last=int(state["pruned_through"])))
+            await cur.execute(
+                _SELECT + " AND (%s::text[] IS NULL OR subject = ANY (%s::text[])) ORDER BY position LIMIT %s",
+                (acked, top, self.subjects, self.subjects, limit))
+            events = [event_from_row(r) for r in await cur.fetchall()]
+            # A short batch saw every row up to ``top``: the filter skipped the rest.
+            position = events[-1].position if len(events) == limit else top
+            await cur.execute(
+                "UPDATE outbox_consumers SET delivered_up_to = GREATEST(delivered_up_to, %s), last_poll_at = now()"
+                " WHERE name = %s", (position, self.name))
+        return OutboxBatch(consumer=self.name, acked=acked, position=position, events=events)
+
+    async def ack(self, position: int) -> int:
+        """Acknowledge everything up to ``position``; returns the acknowledged position (max of old and new)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            consumer = await self._row(cur, create=False)
+            if position < 0:
+                raise ConsumerError("position must not be negative")
+            if position > consumer["delivered_up_to"]:
+                raise ConsumerError(f"position {position} is beyond what consumer {self.name!r} was delivered "
+                                    f"({consumer['delivered_up_to']})")
+            await cur.execute(
+                "UPDATE outbox_consumers SET position = GREATEST(position, %s), last_ack_at = now() WHERE name = %s"
+                " RETURNING position", (position, self.name))
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row["position"])
+
+    async def resync(self) -> ResyncBatch:
+        """Relist: the current version of every ACTIVE subscription of the consumer's subjects,
+        at a position the consumer then acks; poll continues from there."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await self._row(cur, create=True)
+            # Stamp first: every event at or below ``top`` committed before the relist statement
+            # starts, so its effect is in the relist; later events come after ``top``.
+            top = await _stamp(conn)
+            await cur.execute(_CURRENT, {"subjects": self.subjects})
+            rows = await cur.fetchall()
+            await cur.execute(
+                "UPDATE outbox_consumers SET delivered_up_to = GREATEST(delivered_up_to, %s),"
+                " last_resync_at = now() WHERE name = %s", (top, self.name))
+        now = datetime.now().astimezone()
+        events = [OutboxEventV1(
+            event_type=OutboxEventType.VERSION_CURRENT, position=top, outbox_id=None, subject=r["subject"],
+            server=r["server"], uri=r["uri"], workflow_id=r["workflow_id"], receipt_id=r["receipt_id"],
+            read_ordinal=r["read_ordinal"], content_digest=r["content_digest"], previous_digest=None,
+            mime_type=r["mime_type"], size=r["size"], edition=r["edition"] or None,
+            server_name=r["server_name"] or None, server_version=r["server_version"] or None,
+            accepted_at=r["accepted_at"], trigger=r["trigger_reason"], invalidates=None, reason=None,
+            created_at=now) for r in rows]
+        return ResyncBatch(consumer=self.name, position=top, events=events)
+
+    async def follow(self, limit: int = 100, *, idle_timeout: float = 30.0) -> AsyncIterator[OutboxBatch]:
+        """Poll forever, waking on the outbox NOTIFY. Yields batches with events, a gap, or a
+        position to ack (a filtered consumer skipping other subjects); the caller acks."""
+        listener = await listen(self.pool)
+        try:
+            retry = _RETRY_FIRST
+            while True:
+                batch = await self.poll(limit)
+                if batch.events or batch.gap or batch.position > batch.acked:
+                    retry = _RETRY_FIRST
+                    yield batch
+                    continue
+                # Committed rows not yet stamped wait for an older transaction to finish (usually
+                # another accept, a read allocation or a lease renewal: milliseconds), which need
+                # not notify: look again soon. Otherwise sleep until the next insert commits.
+                if await _unstamped_visible(self.pool):
+                    await wait_for_events(listener, retry)
+                    retry = min(retry * 2, _RETRY_MAX)
+                else:
+                    await wait_for_events(listener, idle_timeout)
+        finally:
+            await listener.close()
+
