@@ -809,7 +809,8 @@ def _parser() -> argparse.ArgumentParser:
     def consumer_cmd(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]],
                      ) -> argparse.ArgumentParser:
         c = ob_sub.add_parser(name, help=help_)
-        c.add_argument("--consumer", required=True, metavar="NAME")
+        c.add_argument("--consumer", required=True, metavar="NAME",
+                       help="the consumer's durable name (its position survives restarts)")
         c.add_argument("--json", action="store_true")
         c.set_defaults(func=func)
         return c
@@ -817,10 +818,11 @@ def _parser() -> argparse.ArgumentParser:
     poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (registers a new "
                                 "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
     poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
-    poll.add_argument("--limit", type=int, default=100)
+    poll.add_argument("--limit", type=int, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
     ack = consumer_cmd("ack", "acknowledge everything up to a batch position", cmd_outbox_ack)
-    ack.add_argument("--position", type=int, required=True)
+    ack.add_argument("--position", type=int, required=True,
+                     help="the batch position a poll printed: everything up to it is processed")
     rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
                                 "subjects, then ack its position", cmd_outbox_resync)
     rs.add_argument("--subject", action="append", help="register a new consumer for these subjects only")
@@ -832,8 +834,8 @@ def _parser() -> argparse.ArgumentParser:
     ct = sub.add_parser("content", help="accepted bodies, for the subject they were read for")
     ct_sub = ct.add_subparsers(dest="content_command", required=True)
     cg = ct_sub.add_parser("get", help="the body of a receipt exactly as read (exit 5 refused, 4 unknown/pruned)")
-    cg.add_argument("--receipt", type=int, required=True)
-    cg.add_argument("--subject", required=True)
+    cg.add_argument("--receipt", type=int, required=True, help="the receipt id (outboxEvent.v1 receipt_id)")
+    cg.add_argument("--subject", required=True, help="the subject asking: only its own receipts are released")
     cg.add_argument("-o", "--output", metavar="FILE", help="write the body here (default: stdout; binary only "
                                                            "when stdout is not a terminal)")
     cg.set_defaults(func=cmd_content_get)
