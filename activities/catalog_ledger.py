@@ -43,6 +43,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.ledger import Ledger
+from activities.starters import start_subscription
 from workflows.catalog import (
     AutoSubscribeRequest,
     NotifyRequest,
@@ -537,7 +538,6 @@ class CatalogLedgerActivities:
 
     @activity.defn(name=CatalogAct.AUTO_SUBSCRIBE)
     async def auto_subscribe(self, req: AutoSubscribeRequest) -> int:
-        from worker.runtime import start_subscription  # runtime imports this module
 
         c = req.catalog
         started = 0

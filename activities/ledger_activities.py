@@ -14,7 +14,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.ledger import Ledger
-from worker import metrics
+from activities.meters import NO_METERS, Meters
 from workflows.names import Act
 from workflows.records import (
     AcceptRequest,
@@ -40,8 +40,9 @@ __all__ = ["LedgerActivities"]
 
 
 class LedgerActivities:
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, meters: Meters = NO_METERS) -> None:
         self.ledger = ledger
+        self.meters = meters
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -87,7 +88,7 @@ class LedgerActivities:
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         result = await self.ledger.accept(req)
-        metrics.receipt_judged(req, result)
+        self.meters.receipt_judged(req, result)
         return result
 
     @activity.defn(name=Act.BEGIN_UNSUBSCRIBE)

@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.guardrails import GuardrailChain, default_chain
 from activities.ledger import Ledger
-from worker import metrics
+from activities.meters import NO_METERS, Meters
 from workflows.digest import ContentPart, content_digest
 from workflows.names import Act
 from workflows.records import (
@@ -214,9 +214,10 @@ class McpSessionActivities:
     """Activities bound to a session host; ``current`` returns the live session or None."""
 
     def __init__(self, current: Callable[[], LiveSession | None], ledger: Ledger,
-                 guardrails: GuardrailChain | None = None) -> None:
+                 guardrails: GuardrailChain | None = None, meters: Meters = NO_METERS) -> None:
         self.current = current
         self.ledger = ledger
+        self.meters = meters
         self.guardrails = guardrails if guardrails is not None else default_chain()
 
     def all(self) -> list[Callable[..., Any]]:
@@ -280,7 +281,7 @@ class McpSessionActivities:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
         try:
-            with metrics.read_timer(req.key.server, req.request_id):
+            with self.meters.read_timer(req.key.server, req.request_id):
                 result = await live.client.read_resource(req.key.uri)
         except MCPError as err:
             kind = classify_error(err)

@@ -55,7 +55,7 @@ import urllib.request
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -102,6 +102,8 @@ __all__ = [
     "note_notification",
     "read_timer",
     "receipt_judged",
+    "PrometheusMeters",
+    "PROMETHEUS",
     "freshness_bounds",
     "refresh_outbox_lag",
     "serve_metrics",
@@ -237,6 +239,19 @@ def receipt_judged(req: AcceptRequest, result: AcceptResult) -> None:
         del times[:settled]
         if not times:
             _pending.pop(pkey, None)
+
+
+class PrometheusMeters:
+    """``activities.meters.Meters`` on this module's Prometheus registry (what the worker passes)."""
+
+    def read_timer(self, server: str, request_id: str) -> AbstractContextManager[None]:
+        return read_timer(server, request_id)
+
+    def receipt_judged(self, req: AcceptRequest, result: AcceptResult) -> None:
+        receipt_judged(req, result)
+
+
+PROMETHEUS = PrometheusMeters()
 
 
 def host_totals() -> dict[str, tuple[int, int]]:

@@ -40,6 +40,8 @@ from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
+from activities.starters import start_subscription
+from worker import metrics
 from worker.config import Config, RetentionConfig, TemporalConfig
 from worker.stack import ensure_search_attributes
 from workflows.answer import AnswerWorkflow
@@ -48,11 +50,8 @@ from workflows.names import (
     CATALOG_WORKFLOW_TYPE,
     SA_CATALOG_STATE,
     SA_SERVER,
-    SA_STATE,
     SA_SUBJECT,
-    SA_URI,
     SIGNAL_REVOKE,
-    WORKFLOW_TYPE,
 )
 from workflows.records import (
     TERMINAL_STATES,
@@ -61,8 +60,6 @@ from workflows.records import (
     CatalogStart,
     RevokeRequest,
     SubscriptionKey,
-    SubscriptionOptions,
-    SubscriptionStart,
 )
 from workflows.subscription import ResourceSubscriptionWorkflow
 
@@ -155,7 +152,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
         client,
         task_queue=task_queue,
         workflows=list(MAIN_WORKFLOWS),
-        activities=LedgerActivities(ledger).all()
+        activities=LedgerActivities(ledger, metrics.PROMETHEUS).all()
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
@@ -229,52 +226,6 @@ async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
             log.warning("retention run failed: %s: %s", type(exc).__name__, str(exc)[:200])
             continue
         log.info("retention: %s", report.model_dump_json(exclude={"dry_run"}))
-
-
-def _sa_uri(uri: str) -> str:
-    # Keyword values are VARCHAR(255) in SQL visibility; the exact URI is in the memo.
-    return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
-
-
-async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
-                             options: SubscriptionOptions | None = None) -> WorkflowHandle:
-    """Start (or join) the subscription workflow of ``key``; idempotent."""
-    return await client.start_workflow(
-        WORKFLOW_TYPE,
-        SubscriptionStart(key=key, options=options or SubscriptionOptions()),
-        id=key.workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_URI), _sa_uri(key.uri)),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "DISCOVERED"),
-        ]),
-        static_summary=f"{key.server} {key.subject} {_sa_uri(key.uri)}",
-        static_details=subscription_contract(key, options or SubscriptionOptions()),
-    )
-
-
-def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) -> str:
-    """The Web UI's static details of a subscription: what it is and the promises it runs under."""
-    o = options
-    return (
-        f"**resourceSubscription.v1** `{key.uri}`\n\n"
-        f"| contract | value |\n|---|---|\n"
-        f"| subject / server | {key.subject} / {key.server} |\n"
-        f"| URI (exact, never normalized) | `{key.uri[:500]}` |\n"
-        f"| workflow id | `{key.workflow_id}` |\n"
-        f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
-        f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
-        f"| max concurrent reads | {o.max_concurrent_reads} |\n"
-        f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
-        "Signals: `resource_updated`, `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, "
-        "`close`; updates: `close`, `resume`; query: `subscription`. The negotiated edition and the live "
-        "ledger are in the current details."
-    )
 
 
 async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,

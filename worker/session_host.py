@@ -120,7 +120,7 @@ class SessionHost:
         lease, the session worker and the reconnect loop. Several hosts may run for one
         (subject, server); exactly one owns the session at a time."""
         guardrails = default_chain(max_bytes=self.server.release_max_bytes, mime_allow=self.server.mime_allow)
-        activities = McpSessionActivities(lambda: self.live, self.ledger, guardrails)
+        activities = McpSessionActivities(lambda: self.live, self.ledger, guardrails, metrics.PROMETHEUS)
         scans = CatalogScanActivities(lambda: self.live, self.list_changed_count, CatalogLedger(self.ledger.pool))
         router = asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}")
         catalog = asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")

@@ -1,0 +1,72 @@
+"""Starting a subscription workflow: the one idempotent starter, for the CLI, the platform API
+and the catalog's auto-subscribe activity alike.
+
+Contract: ``start_subscription`` starts (or joins) the ``ResourceSubscriptionWorkflow`` of a key
+with conflict policy USE_EXISTING (starting twice joins the running workflow) and reuse policy
+ALLOW_DUPLICATE (a closed key starts a new incarnation). It carries the key in the memo, the
+search attributes and the Web UI's static summary/details; never a body or a credential. It
+lives in ``activities`` so the catalog activities can start subscriptions without importing the
+worker.
+"""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+
+from workflows.names import SA_SERVER, SA_STATE, SA_SUBJECT, SA_URI, WORKFLOW_TYPE
+from workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionStart
+
+__all__ = ["start_subscription", "subscription_contract", "sa_uri"]
+
+
+def sa_uri(uri: str) -> str:
+    # Keyword values are VARCHAR(255) in SQL visibility; the exact URI is in the memo.
+    return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
+
+
+async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
+                             options: SubscriptionOptions | None = None) -> WorkflowHandle:
+    """Start (or join) the subscription workflow of ``key``; idempotent."""
+    return await client.start_workflow(
+        WORKFLOW_TYPE,
+        SubscriptionStart(key=key, options=options or SubscriptionOptions()),
+        id=key.workflow_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+        search_attributes=TypedSearchAttributes([
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_URI), sa_uri(key.uri)),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
+            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "DISCOVERED"),
+        ]),
+        static_summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",
+        static_details=subscription_contract(key, options or SubscriptionOptions()),
+    )
+
+
+def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) -> str:
+    """The Web UI's static details of a subscription: what it is and the promises it runs under."""
+    o = options
+    return (
+        f"**resourceSubscription.v1** `{key.uri}`\n\n"
+        f"| contract | value |\n|---|---|\n"
+        f"| subject / server | {key.subject} / {key.server} |\n"
+        f"| URI (exact, never normalized) | `{key.uri[:500]}` |\n"
+        f"| workflow id | `{key.workflow_id}` |\n"
+        f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
+        f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
+        f"| max concurrent reads | {o.max_concurrent_reads} |\n"
+        f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
+        "Signals: `resource_updated`, `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, "
+        "`close`; updates: `close`, `resume`; query: `subscription`. The negotiated edition and the live "
+        "ledger are in the current details."
+    )

@@ -1,0 +1,43 @@
+"""Dependencies point one way: workflows <- activities <- worker (the design card's layout).
+
+Read from the source with ``ast`` (every ``import`` and ``from ... import``, including the ones
+inside functions), so a lazy import cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "workflows": ("activities", "worker", "benchmarks"),  # deterministic code: no I/O layer above it
+    "activities": ("worker", "benchmarks"),  # all I/O, driven by the worker, never driving it
+}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_upward_imports(package: str) -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
+           for path in sorted((ROOT / package).rglob("*.py"))
+           for line, name in _imports(path)
+           if name.split(".")[0] in FORBIDDEN[package]]
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from worker.runtime import start_subscription\n")
+    assert _imports(probe) == [(2, "worker.runtime")]
