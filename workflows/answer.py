@@ -49,6 +49,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows.names import SA_STATE
     from workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+    from workflows.versioning import DECLARED_BEHAVIOR
 
 __all__ = [
     "ANSWER_WORKFLOW_TYPE",
@@ -692,7 +693,7 @@ _LEDGER_TIMEOUT = timedelta(seconds=30)
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 
 
-@workflow.defn(name=ANSWER_WORKFLOW_TYPE)
+@workflow.defn(name=ANSWER_WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
 class AnswerWorkflow:
     @workflow.init
     def __init__(self, start: AnswerStart) -> None:

@@ -21,6 +21,8 @@ Contract:
 - ``CatalogWorkflow`` (one per subject+server) is a thin driver: it turns the reconciler's
   decisions into activities (scans on the session host's queue, ledger on the main queue),
   timers with deterministic jitter (``workflow.random``) and signals.
+- ``CatalogWorkflow`` is PINNED to its build (``workflows.versioning``) and continues-as-new
+  onto the deployment's current build when that changes, between reconciliations only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotEvidence,
         SnapshotStatus,
     )
+    from workflows.versioning import DECLARED_BEHAVIOR, target_version_changed, upgrade_behavior
 
 __all__ = [
     "SNAPSHOT_EXTENSION",
@@ -644,7 +647,7 @@ _SCAN_HEARTBEAT = timedelta(seconds=60)
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 
 
-@workflow.defn(name=CATALOG_WORKFLOW_TYPE)
+@workflow.defn(name=CATALOG_WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
 class CatalogWorkflow:
     @workflow.init
     def __init__(self, start: CatalogStart) -> None:
@@ -693,7 +696,8 @@ class CatalogWorkflow:
         while True:
             if self._continue_as_new_due():
                 workflow.continue_as_new(CatalogStart(key=self.key, policy=s.policy,
-                                                      carried_state=s.model_dump(mode="json")))
+                                                      carried_state=s.model_dump(mode="json")),
+                                         initial_versioning_behavior=upgrade_behavior())
             if not s.wanted:
                 s.phase = CatalogPhase.IDLE
                 self._publish()
@@ -724,8 +728,10 @@ class CatalogWorkflow:
 
     def _continue_as_new_due(self) -> bool:
         # Between reconciliations only, and never while a handler (a ``reconcile`` update
-        # waiting for this loop) is still running: it would never finish.
-        return workflow.info().is_continue_as_new_suggested() and workflow.all_handlers_finished()
+        # waiting for this loop) is still running: it would never finish. A new current build
+        # (worker versioning) moves the run there the same way.
+        return ((workflow.info().is_continue_as_new_suggested() or target_version_changed())
+                and workflow.all_handlers_finished())
 
     async def _reconcile(self, session: SessionInfo) -> bool:
         """One A/B reconciliation; False if it had to restart."""
