@@ -18,7 +18,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.names import WORKFLOW_TYPE
     from workflows.records import ResourceSubscriptionV1, SubscriptionStart
     from workflows.subscription import ResourceSubscriptionWorkflow
-    from workflows.versioning import DECLARED_BEHAVIOR
 
 __all__ = ["V2_PATCH", "V2_WORKFLOWS", "ChangedSubscriptionWorkflow"]
 
@@ -26,7 +25,7 @@ V2_PATCH = "mcpsync-test-v2-build"
 """The changed workflow's marker: a ``workflow.patched`` id only build v2 records."""
 
 
-@workflow.defn(name=WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
+@workflow.defn(name=WORKFLOW_TYPE)
 class ChangedSubscriptionWorkflow(ResourceSubscriptionWorkflow):
     @workflow.run
     async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:

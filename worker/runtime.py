@@ -8,8 +8,9 @@ Contract:
 - ``main_worker`` is the worker for workflows and ledger activities;
   ``run_services`` runs it beside one ``SessionHost`` per (server, subject).
 - With ``[temporal] deployment_name``/``build_id`` the main worker runs under Worker
-  Deployment Versioning (its workflows are PINNED; docs/upgrades.md); without, exactly as
-  before. Session hosts are never versioned: they run activities only (no workflow code to
+  Deployment Versioning (its workflows PINNED by default behaviour; docs/upgrades.md); without,
+  exactly as before (no behaviour is declared anywhere: the server refuses one from an
+  unversioned worker). Session hosts are never versioned: they run activities only (no workflow code to
   pin), and each (server, subject) has one lease-holding host whose live MCP session every
   build's reads must reach, so their activity contract stays compatible across builds.
 - ``start_subscription`` is the idempotent way to start a subscription: the same
@@ -69,6 +70,7 @@ from workflows.records import (
     SubscriptionStart,
 )
 from workflows.subscription import ResourceSubscriptionWorkflow
+from workflows.versioning import MAIN_WORKER_BEHAVIOR
 
 __all__ = [
     "MAIN_WORKFLOWS",
@@ -156,14 +158,15 @@ def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion | None:
 def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int,
                 deployment: WorkerDeploymentVersion | None = None,
                 workflows: Sequence[type] = MAIN_WORKFLOWS) -> Worker:
-    """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version
-    (every workflow declares PINNED, so no default behaviour is set: the SDK refuses a workflow
-    that declares none). ``workflows`` stays ``MAIN_WORKFLOWS`` outside tests of a changed build."""
+    """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
+    every workflow PINNED (``workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
+    outside tests of a changed build."""
     return Worker(
         client,
         task_queue=task_queue,
         workflows=list(workflows),
-        deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True)
+        deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True,
+                                                  default_versioning_behavior=MAIN_WORKER_BEHAVIOR)
                            if deployment is not None else None),
         activities=LedgerActivities(ledger).all()
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()

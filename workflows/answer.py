@@ -49,7 +49,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows.names import SA_STATE
     from workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
-    from workflows.versioning import DECLARED_BEHAVIOR
 
 __all__ = [
     "ANSWER_WORKFLOW_TYPE",
@@ -693,7 +692,7 @@ _LEDGER_TIMEOUT = timedelta(seconds=30)
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 
 
-@workflow.defn(name=ANSWER_WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
+@workflow.defn(name=ANSWER_WORKFLOW_TYPE)
 class AnswerWorkflow:
     @workflow.init
     def __init__(self, start: AnswerStart) -> None:

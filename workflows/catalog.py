@@ -21,8 +21,9 @@ Contract:
 - ``CatalogWorkflow`` (one per subject+server) is a thin driver: it turns the reconciler's
   decisions into activities (scans on the session host's queue, ledger on the main queue),
   timers with deterministic jitter (``workflow.random``) and signals.
-- ``CatalogWorkflow`` is PINNED to its build (``workflows.versioning``) and continues-as-new
-  onto the deployment's current build when that changes, between reconciliations only.
+- Under worker versioning ``CatalogWorkflow`` runs PINNED to its build (``workflows.versioning``)
+  and continues-as-new onto the deployment's current build when that changes, between
+  reconciliations only.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotEvidence,
         SnapshotStatus,
     )
-    from workflows.versioning import DECLARED_BEHAVIOR, target_version_changed, upgrade_behavior
+    from workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = [
     "SNAPSHOT_EXTENSION",
@@ -647,7 +648,7 @@ _SCAN_HEARTBEAT = timedelta(seconds=60)
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 
 
-@workflow.defn(name=CATALOG_WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
+@workflow.defn(name=CATALOG_WORKFLOW_TYPE)
 class CatalogWorkflow:
     @workflow.init
     def __init__(self, start: CatalogStart) -> None:

@@ -13,8 +13,8 @@ Contract:
   at most one read is in flight and updates meanwhile coalesce into one follow-up.
 - Long life: continue-as-new when suggested, after in-flight reads and handlers
   drain, carrying the whole ``FenceState`` and the signal dedupe ids.
-- Upgrades (Worker Deployment Versioning, docs/upgrades.md): the workflow is PINNED to the
-  build that runs it; when the deployment's current build changes, the run notices at its
+- Upgrades (Worker Deployment Versioning, docs/upgrades.md): a versioned main worker runs
+  it PINNED to its build; when the deployment's current build changes, the run notices at its
   next wake-up and continues-as-new onto the new build (AUTO_UPGRADE for the first task).
   Unversioned workers never see a target change: behaviour is exactly as before.
 - Staleness promise: the next poll / safety read is a deadline in ``FenceState``
@@ -89,7 +89,7 @@ with workflow.unsafe.imports_passed_through():
         UnsubscribeOutcome,
         UnsubscribeRequest,
     )
-    from workflows.versioning import DECLARED_BEHAVIOR, target_version_changed, upgrade_behavior
+    from workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
            "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION"]
@@ -134,8 +134,7 @@ def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_fli
     return suggested or history_length >= max_history or target_version_changed
 
 
-# PINNED: a run never meets another build's code mid-history; it moves at continue-as-new.
-@workflow.defn(name=WORKFLOW_TYPE, versioning_behavior=DECLARED_BEHAVIOR)
+@workflow.defn(name=WORKFLOW_TYPE)
 class ResourceSubscriptionWorkflow:
     @workflow.init
     def __init__(self, start: SubscriptionStart) -> None:

@@ -1,8 +1,12 @@
 """Worker Deployment Versioning inside workflow code: upgrade on continue-as-new.
 
 Contract:
-- Every long-lived workflow of the main worker is declared ``PINNED``: a run only ever meets
-  the build that started it, so a deploy never replays a run's history on different code.
+- A versioned main worker runs every workflow ``PINNED`` (``MAIN_WORKER_BEHAVIOR``, its
+  ``default_versioning_behavior``): a run only ever meets the build that started it, so a
+  deploy never replays a run's history on different code. Not declared on ``@workflow.defn``:
+  the SDK sends a declared behaviour with every task completion, and the server refuses it
+  from an unversioned worker ("versioning behavior cannot be specified without deployment
+  options"), which would break every deployment that does not use versioning.
 - ``target_version_changed()`` is True once the deployment's current (target) build is no
   longer the one this run is pinned to; the workflow then continues-as-new at its next
   wake-up (not mid-read, not mid-handler) with ``upgrade_behavior()``, so the new run's first
@@ -18,10 +22,10 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.common import VersioningBehavior
 
-__all__ = ["DECLARED_BEHAVIOR", "target_version_changed", "upgrade_behavior"]
+__all__ = ["MAIN_WORKER_BEHAVIOR", "target_version_changed", "upgrade_behavior"]
 
-DECLARED_BEHAVIOR = VersioningBehavior.PINNED
-"""The versioning behaviour every main-worker workflow declares on ``@workflow.defn``."""
+MAIN_WORKER_BEHAVIOR = VersioningBehavior.PINNED
+"""The versioning behaviour of every workflow on a versioned main worker (its default)."""
 
 
 def target_version_changed() -> bool:
