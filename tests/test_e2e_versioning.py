@@ -31,9 +31,11 @@ from tests.test_e2e_fence import _receipts, _record, _server
 from tests.test_e2e_subscription import _wait_record
 from worker.config import ConfigError, TemporalConfig, load_config
 from worker.fixture import FixtureProcess
-from worker.runtime import MAIN_WORKFLOWS, deployment_version, main_worker, start_subscription
+from worker.runtime import MAIN_WORKFLOWS, deployment_version, main_worker, start_catalog, start_subscription
 from worker.stack import TemporalDevServer, temporal_cli_path
-from workflows.records import SubscriptionKey
+from workflows.catalog import CatalogView
+from workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
+from workflows.records import CatalogKey, SubscriptionKey
 from workflows.subscription import should_continue_as_new
 
 # --- pure parts: the trigger and the configuration -------------------------------------------------
@@ -175,6 +177,30 @@ async def _move_all(client: Client, ledger: Ledger, fx: FixtureProcess, subs: li
     return runs
 
 
+async def _catalog_view(handle: WorkflowHandle) -> CatalogView:
+    return await handle.query(QUERY_CATALOG, result_type=CatalogView)
+
+
+async def _move_catalog(handle: WorkflowHandle, build_id: str) -> str:
+    """Nudge the catalog (a reconcile signal) and wait until its newest run is on ``build_id``,
+    carried its count of published catalogs and published the requested reconciliation there."""
+    run_before = (await _build_of(handle))[0]
+    before = await _catalog_view(handle)
+    await handle.signal(SIGNAL_RECONCILE, f"nudge to {build_id}")
+    run_id, _, behavior = await eventually(lambda: _moved(handle, run_before, build_id), timeout=40, interval=0.2,
+                                           what=f"catalog on {build_id}")
+    assert behavior == ProtoBehavior.VERSIONING_BEHAVIOR_PINNED
+
+    async def published() -> CatalogView | None:
+        view = await _catalog_view(handle)
+        return view if view.catalogs_published > before.catalogs_published else None
+
+    view = await eventually(published, timeout=40, what=f"a catalog published on {build_id}")
+    assert view.catalogs_published == before.catalogs_published + 1, "the carried catalog state was lost"
+    assert (await _build_of(handle))[:2] == (run_id, build_id)
+    return run_id
+
+
 async def _running_on(client: Client, deployment: str, build_id: str, queue: str) -> int:
     """The drain check of docs/upgrades.md: running workflows still pinned to a version."""
     query = (f"TemporalWorkerDeploymentVersion = '{deployment}:{build_id}' AND ExecutionStatus = 'Running' "
@@ -186,7 +212,11 @@ async def _counts(client: Client, deployment: str, queue: str, want: dict[str, i
     return all([await _running_on(client, deployment, b, queue) == n for b, n in want.items()])
 
 
-async def test_upgrade_and_rollback_move_subscriptions_at_continue_as_new(
+async def _published_once(handle: WorkflowHandle) -> bool:
+    return (await _catalog_view(handle)).catalogs_published >= 1
+
+
+async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_as_new(
         temporal_server: TemporalDevServer, temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
     client = temporal_client
     deployment = f"mcpsync-test-{uuid.uuid4().hex[:12]}"
@@ -212,14 +242,18 @@ async def test_upgrade_and_rollback_move_subscriptions_at_continue_as_new(
             assert (await ledger.load_fence(key)).watermark > 1
             _, build, behavior = await _build_of(handle)
             assert (build, behavior) == ("v1", ProtoBehavior.VERSIONING_BEHAVIOR_PINNED)
+        catalog = await start_catalog(client, CatalogKey(subject=server.subjects[0], server=server.name),
+                                      task_queue=queue)
+        await eventually(lambda: _published_once(catalog), timeout=40, what="first catalog on v1")
         first_runs = {key.workflow_id: (await _build_of(handle))[0] for key, handle in subs}
+        first_runs[catalog.id] = (await _build_of(catalog))[0]
 
         async with _main_worker(client, ledger, queue, deployment, "v2", workflows=V2_WORKFLOWS):
             await _make_current(temporal_server, deployment, "v2")
             # Pinned: a new current build alone moves nothing (no wake-up, no continue-as-new yet).
             await asyncio.sleep(1.0)
-            for key, handle in subs:
-                assert (await _build_of(handle))[:2] == (first_runs[key.workflow_id], "v1")
+            for handle in [h for _, h in subs] + [catalog]:
+                assert (await _build_of(handle))[:2] == (first_runs[handle.id], "v1")
 
             v2_runs = await _move_all(client, ledger, fx, subs, "v2", "upgrade")
             for key, handle in subs:
@@ -228,7 +262,9 @@ async def test_upgrade_and_rollback_move_subscriptions_at_continue_as_new(
                 assert await (await handle.describe()).memo_value("build", type_hint=str) == "v2"
                 assert not any(V2_PATCH in m for m in await _markers(client, key.workflow_id,
                                                                        first_runs[key.workflow_id]))
-            await eventually(lambda: _counts(client, deployment, queue, {"v1": 0, "v2": len(subs)}), timeout=15,
+            # Subscriptions first: a catalog's reconciliation may signal them (a wake-up of its own).
+            await _move_catalog(catalog, "v2")
+            await eventually(lambda: _counts(client, deployment, queue, {"v1": 0, "v2": len(subs) + 1}), timeout=15,
                              what="visibility: no run pinned to v1 (drained), every run on v2")
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
@@ -236,5 +272,6 @@ async def test_upgrade_and_rollback_move_subscriptions_at_continue_as_new(
             v1_runs = await _move_all(client, ledger, fx, subs, "v1", "rollback")
             for key, _ in subs:
                 assert not any(V2_PATCH in m for m in await _markers(client, key.workflow_id, v1_runs[key.workflow_id]))
-            await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs), "v2": 0}), timeout=15,
+            await _move_catalog(catalog, "v1")
+            await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs) + 1, "v2": 0}), timeout=15,
                              what="visibility: every run back on v1, none on v2")
