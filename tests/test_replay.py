@@ -38,6 +38,9 @@ def test_corpus_covers_every_workflow_and_the_long_life_paths() -> None:
     assert any(t.continued_as_new for t in subscription), "no subscription run that ends in continue-as-new"
     assert any(t.continued_from_run for t in subscription), "no subscription run started by continue-as-new"
     assert any(t.reset for t in subscription), "no subscription run produced by a workflow reset"
+    assert any(t.target_changed and t.continued_as_new for t in subscription), \
+        "no subscription run that continues-as-new because its target build changed (worker versioning)"
+    assert any(t.upgraded for t in subscription), "no subscription run started on a new build (AUTO_UPGRADE)"
     assert any(t.continued_as_new for t in seen.values() if t.workflow_type == CATALOG_WORKFLOW_TYPE)
 
 

@@ -332,8 +332,10 @@ async def cmd_worker(args: argparse.Namespace) -> None:
         await start_catalogs(client, config)
     if args.role == "main":
         config = config.model_copy(update={"servers": []})
+    versioning = (f" deployment={config.temporal.deployment_name} build={config.temporal.build_id}"
+                  if with_main and config.temporal.versioned else "")
     print(f"mcpsync worker: role={args.role} task_queue={config.temporal.task_queue} "
-          f"servers={[s.name for s in config.servers]}", flush=True)
+          f"servers={[s.name for s in config.servers]}{versioning}", flush=True)
     try:
         await run_services(config, client, ledger, servers=servers, with_main_worker=with_main)
     finally:

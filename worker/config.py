@@ -5,8 +5,10 @@ Contract:
   message names the file and the offending field (no traceback for the user).
 - Environment overrides: ``MCPSYNC_DATABASE_URL``, ``MCPSYNC_TEMPORAL_ADDRESS``,
   ``MCPSYNC_TEMPORAL_NAMESPACE``, ``MCPSYNC_TEMPORAL_API_KEY``,
-  ``MCPSYNC_TEMPORAL_TLS_CERT``/``_KEY``. Credentials are read, never printed:
-  ``Config.redacted()`` is what may be shown.
+  ``MCPSYNC_TEMPORAL_TLS_CERT``/``_KEY``, ``MCPSYNC_DEPLOYMENT_NAME``, ``MCPSYNC_BUILD_ID``.
+  Credentials are read, never printed: ``Config.redacted()`` is what may be shown.
+- Worker Deployment Versioning is off unless ``[temporal] deployment_name`` and ``build_id``
+  are both set (docs/upgrades.md); one without the other is a configuration error.
 - Each server is opened once per listed subject; a subject's credentials come from
   the environment variable its ``token_env`` names (bearer token for HTTP; for
   stdio the variable is passed to the child).
@@ -46,6 +48,22 @@ class TemporalConfig(_Model):
     # workflow: below the number of subscriptions a worker hosts, every notification replays
     # history (benchmarks: 5,000 subscriptions thrash the SDK default of 1,000).
     max_cached_workflows: int = Field(default=5000, ge=0)
+    # Worker Deployment Versioning (docs/upgrades.md): the main worker polls as build ``build_id``
+    # of deployment ``deployment_name``; workflows stay pinned to the build that started them and
+    # move to the deployment's current build at their next continue-as-new. Both None: unversioned.
+    deployment_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,200}$")
+    build_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.+-]{1,200}$")
+
+    @model_validator(mode="after")
+    def _deployment_complete(self) -> TemporalConfig:
+        if (self.deployment_name is None) != (self.build_id is None):
+            raise ValueError("worker versioning needs both 'deployment_name' and 'build_id' (or neither)")
+        return self
+
+    @property
+    def versioned(self) -> bool:
+        """True when the main worker runs under Worker Deployment Versioning."""
+        return self.deployment_name is not None and self.build_id is not None
 
 
 class DatabaseConfig(_Model):
@@ -134,6 +152,10 @@ def _env_overrides(raw: dict[str, Any]) -> dict[str, Any]:
         temporal["tls_cert"] = v
     if v := os.environ.get("MCPSYNC_TEMPORAL_TLS_KEY"):
         temporal["tls_key"] = v
+    if v := os.environ.get("MCPSYNC_DEPLOYMENT_NAME"):
+        temporal["deployment_name"] = v
+    if v := os.environ.get("MCPSYNC_BUILD_ID"):
+        temporal["build_id"] = v
     if os.environ.get("MCPSYNC_TEMPORAL_API_KEY"):
         temporal["api_key_env"] = "MCPSYNC_TEMPORAL_API_KEY"
     if v := os.environ.get("MCPSYNC_DATABASE_URL"):

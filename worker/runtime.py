@@ -7,6 +7,12 @@ Contract:
   under the state dir), applies migrations and returns a ``Ledger``.
 - ``main_worker`` is the worker for workflows and ledger activities;
   ``run_services`` runs it beside one ``SessionHost`` per (server, subject).
+- With ``[temporal] deployment_name``/``build_id`` the main worker runs under Worker
+  Deployment Versioning (its workflows PINNED by default behaviour; docs/upgrades.md); without,
+  exactly as before (no behaviour is declared anywhere: the server refuses one from an
+  unversioned worker). Session hosts are never versioned: they run activities only (no workflow code to
+  pin), and each (server, subject) has one lease-holding host whose live MCP session every
+  build's reads must reach, so their activity contract stays compatible across builds.
 - ``start_subscription`` is the idempotent way to start a subscription: the same
   key never yields a second running workflow.
 """
@@ -28,12 +34,13 @@ from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
+    WorkerDeploymentVersion,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
 from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
@@ -62,12 +69,14 @@ from workflows.records import (
     SubscriptionKey,
 )
 from workflows.subscription import ResourceSubscriptionWorkflow
+from workflows.versioning import MAIN_WORKER_BEHAVIOR
 
 __all__ = [
     "MAIN_WORKFLOWS",
     "RuntimeInfo",
     "TemporalUnavailable",
     "connect_temporal",
+    "deployment_version",
     "main_worker",
     "open_ledger",
     "revoke",
@@ -147,11 +156,26 @@ async def open_ledger(url: str, *, max_size: int = 16) -> Ledger:
     return Ledger(pool)
 
 
-def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int) -> Worker:
+def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion | None:
+    """The Worker Deployment Version the main worker polls as; None: versioning off."""
+    if cfg.deployment_name is None or cfg.build_id is None:
+        return None
+    return WorkerDeploymentVersion(deployment_name=cfg.deployment_name, build_id=cfg.build_id)
+
+
+def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int,
+                deployment: WorkerDeploymentVersion | None = None,
+                workflows: Sequence[type] = MAIN_WORKFLOWS) -> Worker:
+    """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
+    every workflow PINNED (``workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
+    outside tests of a changed build."""
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=list(MAIN_WORKFLOWS),
+        workflows=list(workflows),
+        deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True,
+                                                  default_versioning_behavior=MAIN_WORKER_BEHAVIOR)
+                           if deployment is not None else None),
         activities=LedgerActivities(ledger, metrics.PROMETHEUS).all()
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
@@ -192,7 +216,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         await _register_search_attributes(client, config.temporal.namespace)
     tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
     worker = main_worker(client, ledger, config.temporal.task_queue,
-                         max_cached_workflows=config.temporal.max_cached_workflows) if with_main_worker else None
+                         max_cached_workflows=config.temporal.max_cached_workflows,
+                         deployment=deployment_version(config.temporal)) if with_main_worker else None
     try:
         if worker is not None:
             tasks.append(asyncio.create_task(worker.run(), name="main-worker"))

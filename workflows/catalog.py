@@ -21,6 +21,9 @@ Contract:
 - ``CatalogWorkflow`` (one per subject+server) is a thin driver: it turns the reconciler's
   decisions into activities (scans on the session host's queue, ledger on the main queue),
   timers with deterministic jitter (``workflow.random``) and signals.
+- Under worker versioning ``CatalogWorkflow`` runs PINNED to its build (``workflows.versioning``)
+  and continues-as-new onto the deployment's current build when that changes, between
+  reconciliations only.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotEvidence,
         SnapshotStatus,
     )
+    from workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = [
     "SNAPSHOT_EXTENSION",
@@ -693,7 +697,8 @@ class CatalogWorkflow:
         while True:
             if self._continue_as_new_due():
                 workflow.continue_as_new(CatalogStart(key=self.key, policy=s.policy,
-                                                      carried_state=s.model_dump(mode="json")))
+                                                      carried_state=s.model_dump(mode="json")),
+                                         initial_versioning_behavior=upgrade_behavior())
             if not s.wanted:
                 s.phase = CatalogPhase.IDLE
                 self._publish()
@@ -724,8 +729,10 @@ class CatalogWorkflow:
 
     def _continue_as_new_due(self) -> bool:
         # Between reconciliations only, and never while a handler (a ``reconcile`` update
-        # waiting for this loop) is still running: it would never finish.
-        return workflow.info().is_continue_as_new_suggested() and workflow.all_handlers_finished()
+        # waiting for this loop) is still running: it would never finish. A new current build
+        # (worker versioning) moves the run there the same way.
+        return ((workflow.info().is_continue_as_new_suggested() or target_version_changed())
+                and workflow.all_handlers_finished())
 
     async def _reconcile(self, session: SessionInfo) -> bool:
         """One A/B reconciliation; False if it had to restart."""

@@ -13,6 +13,10 @@ Contract:
   at most one read is in flight and updates meanwhile coalesce into one follow-up.
 - Long life: continue-as-new when suggested, after in-flight reads and handlers
   drain, carrying the whole ``FenceState`` and the signal dedupe ids.
+- Upgrades (Worker Deployment Versioning, docs/upgrades.md): a versioned main worker runs
+  it PINNED to its build; when the deployment's current build changes, the run notices at its
+  next wake-up and continues-as-new onto the new build (AUTO_UPGRADE for the first task).
+  Unversioned workers never see a target change: behaviour is exactly as before.
 - Staleness promise: the next poll / safety read is a deadline in ``FenceState``
   (``read_due_at``), armed when a read is allocated; the loop waits at most until it, so
   no wake-up postpones it. Runs that started before this (no ``PATCH_READ_DEADLINES``
@@ -85,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
         UnsubscribeOutcome,
         UnsubscribeRequest,
     )
+    from workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
            "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION"]
@@ -120,11 +125,13 @@ KEY_WATERMARK = SearchAttributeKey.for_int(SA_WATERMARK)
 
 
 def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
-                           handlers_finished: bool, max_history: int = 20_000) -> bool:
-    """Continue-as-new once Temporal suggests it (or history is long), never mid-read."""
+                           handlers_finished: bool, max_history: int = 20_000,
+                           target_version_changed: bool = False) -> bool:
+    """Continue-as-new once Temporal suggests it (or history is long), or the deployment's current
+    build is no longer the one this run is pinned to (upgrade on continue-as-new); never mid-read."""
     if reads_in_flight or not handlers_finished:
         return False
-    return suggested or history_length >= max_history
+    return suggested or history_length >= max_history or target_version_changed
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -334,6 +341,7 @@ class ResourceSubscriptionWorkflow:
             reads_in_flight=len(self.fence.s.in_flight),
             handlers_finished=workflow.all_handlers_finished(),
             max_history=self.options.max_history_events,
+            target_version_changed=target_version_changed(),
         )
 
     def _read_period(self) -> float | None:
@@ -651,7 +659,8 @@ class ResourceSubscriptionWorkflow:
             return
         workflow.continue_as_new(
             SubscriptionStart(key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
-                              seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:])
+                              seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:]),
+            initial_versioning_behavior=upgrade_behavior(),
         )
 
     # --- plumbing --------------------------------------------------------------------------

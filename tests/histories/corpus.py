@@ -5,7 +5,8 @@ Contract:
   written by ``tests/histories/record.py`` (``scripts/record-histories``) and never edited by hand.
 - ``replayer()`` replays with exactly the main worker's workflows, runner and data converter
   (``worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
-- ``traits()`` says what a history exercises (workflow type, continue-as-new, reset) so the
+- ``traits()`` says what a history exercises (workflow type, continue-as-new, reset, a build
+  upgrade under Worker Deployment Versioning) so the
   coverage test can refuse a corpus that silently lost a path.
 """
 
@@ -15,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.enums.v1 import ContinueAsNewVersioningBehavior, EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -52,6 +53,8 @@ class Traits:
     continued_as_new: bool  # the run ended in continue-as-new
     continued_from_run: bool  # the run was started by a continue-as-new
     reset: bool  # the run is the product of a workflow reset
+    target_changed: bool  # a workflow task saw its deployment's target build change (worker versioning)
+    upgraded: bool  # the run was started by a continue-as-new with AUTO_UPGRADE
     events: int
 
 
@@ -66,6 +69,10 @@ def traits(history: WorkflowHistory) -> Traits:
         reset=any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
                   and e.workflow_task_failed_event_attributes.cause
                   == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW for e in events),
+        target_changed=any(e.workflow_task_started_event_attributes.target_worker_deployment_version_changed
+                           for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED),
+        upgraded=started.inherited_auto_upgrade_info.continue_as_new_initial_versioning_behavior
+        == ContinueAsNewVersioningBehavior.CONTINUE_AS_NEW_VERSIONING_BEHAVIOR_AUTO_UPGRADE,
         events=len(events),
     )
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
-from tests.conftest import fresh_database, running_services
+from tests.conftest import eventually, fresh_database, running_services
 from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
 from tests.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
 from tests.test_catalog_e2e import catalog_stack
@@ -298,6 +299,33 @@ class Recorder:
         finally:
             await server.stop()
 
+    async def version_upgrade(self) -> None:
+        """Worker Deployment Versioning: a run pinned to build v1 sees v2 made current and
+        continues-as-new onto v2 (AUTO_UPGRADE) at its next notification; the v2 run reads, closes."""
+        from tests.test_e2e_versioning import _main_worker, _make_current, _moved
+
+        deployment = f"mcpsync-replay-{uuid.uuid4().hex[:8]}"
+        async with await FixtureProcess.start_http(self.work / "fx-versioning", seed="none") as fx:
+            server = _server("replay-versioning", fx.mcp_url)
+            queue = f"replay-{server.name}"
+            async with running_services(self.client, self.ledger, [server], task_queue=queue,
+                                        with_main_worker=False), \
+                    _main_worker(self.client, self.ledger, queue, deployment, "v1"):
+                await _make_current(self.temporal, deployment, "v1")
+                key, handle = await self.subscribe(fx, server, queue, "version-upgrade")
+                await fx.wait_subscribed(key.uri)
+                await self.edit(fx, handle, key, "on v1")
+                current = self.client.get_workflow_handle(key.workflow_id)
+                first_run = (await current.describe()).run_id
+                async with _main_worker(self.client, self.ledger, queue, deployment, "v2"):
+                    await _make_current(self.temporal, deployment, "v2")
+                    await self.edit(fx, current, key, "nudge to v2")
+                    await eventually(lambda: _moved(current, first_run, "v2"), timeout=40, what="run on v2")
+                    await self.edit(fx, current, key, "on v2")
+                    last_run = await self.close(current)
+        await self.save("subscription-version-upgrade", key.workflow_id, first_run)
+        await self.save("subscription-version-upgraded-run-close", key.workflow_id, last_run)
+
 
 async def record(only: set[str] | None, tag: str = "") -> list[Path]:
     # Under the project's state dir: embedded PostgreSQL opens up every parent of its data dir.
@@ -325,7 +353,7 @@ async def _run_all(rec: Recorder, only: set[str] | None) -> None:
         rec.continue_as_new, rec.reset, rec.answer,
     ]
     own: list[Callable[[], Awaitable[None]]] = [rec.polling, rec.session_change, rec.catalog,
-                                                rec.catalog_continue_as_new]
+                                                rec.catalog_continue_as_new, rec.version_upgrade]
 
     def wanted(fn: Callable[..., Awaitable[None]]) -> bool:
         return only is None or fn.__name__ in only
