@@ -7,6 +7,7 @@ thresholds (the targets are reported by the benchmark, never asserted).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import subprocess
@@ -45,8 +46,10 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
-         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=150,
+         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
+         "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "== mcpsync benchmark ==" in proc.stdout
@@ -90,8 +93,32 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert 0 <= r["revocation"]["p50_ms"] <= r["revocation"]["p99_ms"]
         assert r["repair"]["repaired_by_one_more_change"] <= r["repair"]["uris_behind"]
         assert all(isinstance(v, bool) for v in r["targets_met"].values())
+        _check_staleness(r["staleness"])
 
+    assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert width >= 640 and height >= 380
+
+
+def _check_staleness(section: dict[str, Any]) -> None:
+    """Both profiles measured from real read_requests rows against the bound their records publish
+    (no timing threshold: the ratio is printed, not asserted)."""
+    assert section["window_seconds"] >= 8 and section["window_overlaps_churn_seconds"] > 0
+    expected = {"polling": ("staleness_bound_seconds", 2.0, False),
+                "subscribe_lost_notifications": ("safety_read_seconds", 2.5, True)}
+    for profile, (field, bound, subscribe) in expected.items():
+        st = section[profile]
+        assert st["bound_field"] == field and st["published_bound_s"] == bound, profile
+        assert st["server_subscribe_capability"] is subscribe
+        assert st["subscriptions"] == 2 and st["catalog_words"] > 0 and st["edits"] > 0
+        assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], "one more gap than reads each"
+        gap = st["max_gap_between_reads_s"]
+        assert _num(gap) and gap > 0 and 0 < st["gap_p50_s"] <= st["gap_p99_s"] <= gap
+        ratio = st["max_gap_over_bound"]
+        assert _num(ratio) and math.isfinite(ratio) and ratio == pytest.approx(gap / bound, abs=1e-3)
+    lost = section["subscribe_lost_notifications"]
+    assert lost["notifications_dropped"] > 0, "the lost-notifications profile lost nothing"
+    assert lost["reads_by_trigger"].get("poll", 0) > 0, "no safety read in the window"
+    assert not {"updated", "follow_up"} & set(lost["reads_by_trigger"]), "a notification got through"
