@@ -665,8 +665,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                     "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
         }
         for prof in stale_runs:  # their periodic reads must not load the later phases
-            for h in prof.handles:
-                await h.terminate(reason="benchmark: staleness window over")
+            await revoke(client, ledger, subject=SUBJECT, server=prof.server, uri=None,
+                         reason="benchmark: staleness window over")
         for prof in stale_runs:
             st = r["staleness"][prof.profile.value]
             say(f"staleness {prof.profile.value}: max gap {st['max_gap_between_reads_s']}s vs bound "
