@@ -13,12 +13,14 @@ import struct
 import subprocess
 import sys
 import zlib
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.png import Canvas, encode_png
+from benchmarks.staleness import gaps_between_reads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,6 +37,16 @@ def test_png_writer_round_trips() -> None:
     assert len(raw) == 3 * (1 + 7 * 3) and raw[1 + 21 + 1 + 3:1 + 21 + 1 + 6] == b"\xff\x00\x00"
     with pytest.raises(ValueError):
         encode_png(2, 2, b"\x00")
+
+
+def test_gaps_between_reads_start_at_the_held_read_and_count_the_open_gap() -> None:
+    t0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=s) for s in (0.0, 3.0, 8.0, 9.5, 30.0)]
+    # Window [5, 20]: from the read at 3 s (held when the window opened) to 8, 9.5, then open until 20;
+    # the read at 30 s is after the window, the one at 0 s before the held one.
+    assert gaps_between_reads(at, t0 + timedelta(seconds=5), t0 + timedelta(seconds=20)) == [5.0, 1.5, 10.5]
+    # No read at all in or before the window: the whole window is one gap.
+    assert gaps_between_reads([], t0, t0 + timedelta(seconds=7)) == [7.0]
 
 
 def _num(x: Any) -> bool:
