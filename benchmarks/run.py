@@ -596,9 +596,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         # --- staleness profiles: subscribed now, measured over a window that starts with the churn --------
         plan = opts.staleness_plan()
+        t_stale0 = time.monotonic()
         stale_runs = [await staleness.start_profile(client, ledger, p, server=f.config.name, subject=SUBJECT,
                                                     control=await f.control(stack), plan=plan, task_queue=TASK_QUEUE)
                       for p, f in stale_fx.items()]
+        stale_setup = time.monotonic() - t_stale0
         say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety read "
             f"{plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
             f"{plan.window_seconds:g}s")
@@ -654,12 +656,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         during = Probe.diff(await probe.scrape(), scrape0)
 
         # --- staleness: the longest gap between reads against the published bound ----------------------
+        t_wait = time.monotonic()
         w0, w1 = await stale_window
+        stale_wait = time.monotonic() - t_wait
         r["staleness"] = {
             **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
             "window_seconds": round((w1 - w0).total_seconds(), 2),
             "window_overlaps_churn_seconds": round(min(t_churn1 - t_churn0, plan.window_seconds), 2),
             "tick_seconds": plan.tick_seconds,
+            "added_wall_seconds": {"subscribe": round(stale_setup, 2), "window_after_drain": round(stale_wait, 2)},
             "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
                     "the window to its end, the open gap included); each tick one edit per profile and one catalog "
                     "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",

@@ -118,6 +118,7 @@ def _check_staleness(section: dict[str, Any]) -> None:
     """Both profiles measured from real read_requests rows against the bound their records publish
     (no timing threshold: the ratio is printed, not asserted)."""
     assert section["window_seconds"] >= 8 and section["window_overlaps_churn_seconds"] > 0
+    assert all(_num(v) and v >= 0 for v in section["added_wall_seconds"].values())
     expected = {"polling": ("staleness_bound_seconds", 2.0, False),
                 "subscribe_lost_notifications": ("safety_read_seconds", 2.5, True)}
     for profile, (field, bound, subscribe) in expected.items():
