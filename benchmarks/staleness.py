@@ -165,7 +165,8 @@ async def measure(ledger: Ledger, run: ProfileRun, start: datetime, end: datetim
         issued[workflow_id].append(at)
         if at > start:
             triggers[str(trigger)] += 1
-    gaps = [g for wid in ids for g in gaps_between_reads(issued[wid], start, end)]
+    per_workflow = {wid: gaps_between_reads(issued[wid], start, end) for wid in ids}
+    gaps = [g for wid in ids for g in per_workflow[wid]]
     records = [await h.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1) for h in run.handles]
     published = {getattr(r, run.profile.bound_field) for r in records}
     bound = next(iter(published)) if len(published) == 1 else None  # None: a record does not publish it
@@ -184,11 +185,26 @@ async def measure(ledger: Ledger, run: ProfileRun, start: datetime, end: datetim
         "published_bound_s": bound,
         "bound_field": run.profile.bound_field,
         "max_gap_over_bound": None if worst is None or not bound else round(worst / bound, 3),
+        "max_gap_where": _where(per_workflow, issued, start),
         "over_bound_s": None if worst is None or bound is None else round(worst - bound, 3),
         "edits": run.edits,
         "catalog_words": run.catalog_words,
         "notifications_dropped": sum(stats["notifications_dropped"].values()),
     }
+
+
+def _where(per_workflow: dict[str, list[float]], issued: dict[str, list[datetime]],
+           start: datetime) -> dict[str, Any] | None:
+    """Where the longest gap lies: seconds into the window it began, and whether no read closed it yet."""
+    candidates = [(g, wid, i) for wid, gaps in per_workflow.items() for i, g in enumerate(gaps)]
+    if not candidates:
+        return None
+    _, wid, i = max(candidates)
+    held = sorted(t for t in issued[wid] if t <= start)
+    inside = sorted(t for t in issued[wid] if t > start)
+    began = (held[-1] if held else start) if i == 0 else inside[i - 1]
+    return {"began_s_into_window": round((began - start).total_seconds(), 3),
+            "open_at_window_end": i == len(per_workflow[wid]) - 1}
 
 
 def _round(v: float | None) -> float | None:

@@ -129,6 +129,8 @@ def _check_staleness(section: dict[str, Any]) -> None:
         assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], "one more gap than reads each"
         gap = st["max_gap_between_reads_s"]
         assert _num(gap) and gap > 0 and 0 < st["gap_p50_s"] <= st["gap_p99_s"] <= gap
+        where = st["max_gap_where"]
+        assert _num(where["began_s_into_window"]) and isinstance(where["open_at_window_end"], bool)
         ratio = st["max_gap_over_bound"]
         assert _num(ratio) and math.isfinite(ratio) and ratio == pytest.approx(gap / bound, abs=1e-3)
     lost = section["subscribe_lost_notifications"]
