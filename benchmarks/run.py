@@ -22,6 +22,14 @@ last change, or only changes that lost notifications remain) → repair (one mor
 behind by a dropped notification) → burst (notifications without changes, as fast as the fixture
 sends them: sustained ingest rate) → revocation (``worker.runtime.revoke`` on a sample).
 
+Staleness (``benchmarks.staleness``), in the same run: right before the churn, two small sets of
+subscriptions start on fixture servers of their own: one without subscribe (it polls every
+``--poll-seconds``) and one with subscribe whose every notification is dropped (only the safety
+re-read, ``--safety-read-seconds``, bounds it). From the churn's start, for ``--staleness-window``
+seconds, each gets an edit and catalog words every second (wake-ups); the figure is the longest gap
+between two read allocations of a subscription (``read_requests.issued_at``), printed against the
+bound its record publishes.
+
 Convergence of a change = oracle mutation committed (fixture clock) → first receipt accepted
 (PostgreSQL clock, same host) whose digest is this change's or a later change's of that URI;
 for the baseline, the first completed read with such a digest. Targets are reported, not asserted.
@@ -44,7 +52,7 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,6 +69,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
 from activities.outbox import OutboxConsumer
+from benchmarks import staleness
+from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
 from worker import metrics
@@ -98,9 +108,18 @@ class Options:
     drain_timeout: float = 60.0
     seed: int = 7
     quick: bool = False
+    staleness_subscriptions: int = 4  # per staleness profile
+    poll_seconds: float = 10.0  # the polling profile's SubscriptionOptions.poll_interval_seconds
+    safety_read_seconds: float = 12.0  # the lost-notifications profile's SubscriptionOptions.safety_read_seconds
+    staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
+
+    def staleness_plan(self) -> staleness.StalenessPlan:
+        window = self.staleness_window or max(self.duration, 5 * max(self.poll_seconds, self.safety_read_seconds))
+        return staleness.StalenessPlan(poll_seconds=self.poll_seconds, safety_read_seconds=self.safety_read_seconds,
+                                       window_seconds=window, subscriptions=self.staleness_subscriptions)
 
 
 # --- small helpers ----------------------------------------------------------------------
@@ -169,15 +188,6 @@ def cpu_report(before: dict[str, float], after: dict[str, float]) -> dict[str, A
     }
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]); None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(s)))
-    return s[min(rank, len(s)) - 1]
-
-
 def summarize(values: Sequence[float]) -> dict[str, Any]:
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 2)
@@ -221,7 +231,7 @@ class OutboxFollower:
 
     async def latencies(self, since: float, wait: float = 10.0) -> tuple[list[float], int]:
         """Commit -> received for every outbox row created since ``since``; and how many never arrived."""
-        rows = await _rows(self.ledger, "SELECT outbox_id, extract(epoch FROM created_at)::float8 FROM outbox"
+        rows = await fetch_rows(self.ledger, "SELECT outbox_id, extract(epoch FROM created_at)::float8 FROM outbox"
                                         " WHERE created_at >= to_timestamp(%s)", (since,))
 
         async def all_received() -> bool:
@@ -240,25 +250,6 @@ class OutboxFollower:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, 3)
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(interval)
-    return await predicate()
-
-
-async def gather_limited(coros: Sequence[Awaitable[Any]], limit: int) -> list[Any]:
-    gate = asyncio.Semaphore(limit)
-
-    async def one(c: Awaitable[Any]) -> Any:
-        async with gate:
-            return await c
-
-    return await asyncio.gather(*(one(c) for c in coros))
 
 
 def ts(iso: str) -> float:
@@ -393,24 +384,13 @@ class Run:
     curves: dict[str, list[float]] = field(default_factory=dict)  # latencies for the plot
 
 
-async def _scalar(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> Any:
-    async with ledger.pool.connection() as conn:
-        row = await (await conn.execute(sql, args)).fetchone()
-    return None if row is None else row[0]
-
-
-async def _rows(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    async with ledger.pool.connection() as conn:
-        return list(await (await conn.execute(sql, args)).fetchall())
-
-
 async def _sys_reads(ledger: Ledger, server: str) -> int:
-    return int(await _scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
+    return int(await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
                                      " WHERE s.server=%s", (server,)) or 0)
 
 
 async def _verdicts(ledger: Ledger, server: str) -> dict[str, int]:
-    rows = await _rows(ledger, "SELECT status, count(*) FROM resource_versions WHERE server=%s GROUP BY status",
+    rows = await fetch_rows(ledger, "SELECT status, count(*) FROM resource_versions WHERE server=%s GROUP BY status",
                        (server,))
     return {r[0]: int(r[1]) for r in rows}
 
@@ -475,6 +455,40 @@ def convergence_report(lat: Sequence[float | None], lost: Sequence[bool], window
     return out
 
 
+@dataclass
+class BenchFixture:
+    """One fixture MCP server of a run and its ``ServerConfig``: over HTTP a process this run starts, over stdio
+    the one the session host spawns (its control plane is known once it wrote its ready file)."""
+
+    config: ServerConfig
+    process: FixtureProcess | None
+    ready_file: Path | None
+
+    @classmethod
+    async def start(cls, stack: AsyncExitStack, transport: str, work: Path, name: str, *, subscribe: bool = True,
+                    catalog: bool = True) -> BenchFixture:
+        opts: dict[str, Any] = {"seed": "none", "log_level": "WARNING", "subscribe": subscribe}
+        if transport == "http":
+            fx = await FixtureProcess.start_http(work, **opts)
+            stack.push_async_callback(fx.stop)
+            return cls(ServerConfig(name=name, transport="http", url=fx.mcp_url, subjects=[SUBJECT], catalog=catalog),
+                       fx, None)
+        ready = work / f"ready-{name}.json"
+        command, env = stdio_command(ready_file=ready, **opts)
+        return cls(ServerConfig(name=name, transport="stdio", command=command, env=env, subjects=[SUBJECT],
+                                catalog=catalog), None, ready)
+
+    async def control(self, stack: AsyncExitStack) -> FixtureControl:
+        """The control plane; over stdio it waits for the process the session host started."""
+        if self.process is not None:
+            return self.process
+        assert self.ready_file is not None
+        info = await wait_ready_file(self.ready_file, timeout=30)
+        ctl = FixtureControl(info["control_url"])
+        stack.push_async_callback(ctl.aclose)
+        return ctl
+
+
 async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Path, probe: Probe) -> Run:
     run = Run(transport, n, opts)
     r = run.result
@@ -502,19 +516,21 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         ledger = await open_ledger(db_url, max_size=16)
         stack.push_async_callback(ledger.pool.close)
 
-        fixture: FixtureProcess | None = None
+        system_fx = await BenchFixture.start(stack, transport, work, server)
+        fixture = system_fx.process  # over HTTP the baseline shares it
         base_target: Any
-        if transport == "http":
-            fixture = await FixtureProcess.start_http(work, seed="none", log_level="WARNING")
-            stack.push_async_callback(fixture.stop)
-            server_cfg = ServerConfig(name=server, transport="http", url=fixture.mcp_url, subjects=[SUBJECT])
+        if fixture is not None:
             base_target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
         else:
-            command, env = stdio_command(ready_file=work / "ready-system.json", seed="none", log_level="WARNING")
-            server_cfg = ServerConfig(name=server, transport="stdio", command=command, env=env, subjects=[SUBJECT])
             bcommand, benv = stdio_command(ready_file=work / "ready-baseline.json", seed="none", log_level="WARNING")
             base_target = StdioServerParameters(command=bcommand[0], args=bcommand[1:], env=benv)
-        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE), servers=[server_cfg])
+        # The staleness profiles' servers (no subscribe; subscribe with every notification lost) run from the
+        # start, idle until their subscriptions start right before the churn.
+        stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
+                                                subscribe=p.subscribe, catalog=False)
+                    for p in staleness.Profile}
+        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
+                        servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services = asyncio.create_task(run_services(config, client, ledger), name="bench-services")
 
         async def stop_services() -> None:
@@ -524,12 +540,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         stack.push_async_callback(stop_services)
 
-        if fixture is not None:
-            sys_ctl: FixtureControl = fixture
-        else:
-            info = await wait_ready_file(work / "ready-system.json", timeout=30)
-            sys_ctl = FixtureControl(info["control_url"])
-            stack.push_async_callback(sys_ctl.aclose)
+        sys_ctl = await system_fx.control(stack)
         await gather_limited([sys_ctl.create(u, text=initial[u], mime_type="text/plain") for u in uris], 16)
 
         async def session_open() -> bool:
@@ -547,12 +558,12 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server, uri=u),
                                                      task_queue=TASK_QUEUE) for u in batch], 32)
             started = time.monotonic() - t0
-            want = len(batch) + int(await _scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
+            want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
                                                           " state='ACTIVE' AND last_accepted_digest IS NOT NULL"
                                                           " AND NOT (uri = ANY(%s))", (server, list(batch))) or 0)
 
             async def all_initial() -> bool:
-                done = await _scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND state='ACTIVE'"
+                done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND state='ACTIVE'"
                                              " AND last_accepted_digest IS NOT NULL", (server,))
                 return int(done or 0) >= want
 
@@ -629,6 +640,21 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         run.curves["floor"] = [f.total for f in floor]
         await base.idle()
 
+        # --- staleness profiles: subscribed now, measured over a window that starts with the churn --------
+        plan = opts.staleness_plan()
+        t_stale0 = time.monotonic()
+        stale_runs = [await staleness.start_profile(client, ledger, p, server=f.config.name, subject=SUBJECT,
+                                                    control=await f.control(stack), plan=plan, task_queue=TASK_QUEUE)
+                      for p, f in stale_fx.items()]
+        stale_setup = time.monotonic() - t_stale0
+        say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety read "
+            f"{plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
+            f"{plan.window_seconds:g}s")
+        stale_window = asyncio.create_task(staleness.drive(ledger, stale_runs, plan,
+                                                           random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
+                                           name="bench-staleness")
+        stack.callback(stale_window.cancel)
+
         # --- churn ---------------------------------------------------------------------------------
         follower = await OutboxFollower.start(ledger)  # accept -> consumer received (docs/outbox.md)
         stack.push_async_callback(follower.stop)
@@ -648,7 +674,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         # --- drain ---------------------------------------------------------------------------------
         async def unconverged() -> tuple[set[str], set[str]]:
-            held = dict(await _rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions WHERE server=%s",
+            held = dict(await fetch_rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions WHERE server=%s",
                                     (server,)))
             return ({u for u, d in final.items() if held.get(u) != d},
                     {u for u, d in final.items() if base.held.get(u) != d})
@@ -678,20 +704,49 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         during = Probe.diff(await probe.scrape(), scrape0)
 
         consumer_lat, consumer_missing = await follower.latencies(t_churn0)
+        # --- staleness: the longest gap between reads against the published bound ----------------------
+        t_wait = time.monotonic()
+        w0, w1 = await stale_window
+        stale_wait = time.monotonic() - t_wait
+        r["staleness"] = {
+            **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
+            "window_seconds": round((w1 - w0).total_seconds(), 2),
+            "window_overlaps_churn_seconds": round(min(t_churn1 - t_churn0, plan.window_seconds), 2),
+            "tick_seconds": plan.tick_seconds,
+            "added_wall_seconds": {"subscribe": round(stale_setup, 2), "window_after_drain": round(stale_wait, 2)},
+            # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+            "dispatch_during_churn_mean_ms": {
+                "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
+                                                                 task_queue=TASK_QUEUE),
+                "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                          activity_type=Act.ALLOCATE_READ),
+            },
+            "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
+                    "the window to its end, the open gap included); each tick one edit per profile and one catalog "
+                    "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
+        }
+        for prof in stale_runs:  # their periodic reads must not load the later phases
+            await revoke(client, ledger, subject=SUBJECT, server=prof.server, uri=None,
+                         reason="benchmark: staleness window over")
+        for prof in stale_runs:
+            st = r["staleness"][prof.profile.value]
+            say(f"staleness {prof.profile.value}: max gap {st['max_gap_between_reads_s']}s vs bound "
+                f"{st['published_bound_s']}s ({st['max_gap_over_bound']}x), {st['reads']} reads")
+
         # --- what happened -------------------------------------------------------------------------
-        receipts = await _rows(ledger, "SELECT uri, content_digest, extract(epoch FROM accepted_at)::float8"
+        receipts = await fetch_rows(ledger, "SELECT uri, content_digest, extract(epoch FROM accepted_at)::float8"
                                        " FROM resource_versions WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED')"
                                        " ORDER BY receipt_id", (server,))
-        accepted_seq = await _rows(ledger, "SELECT uri, content_digest FROM resource_versions WHERE server=%s AND"
+        accepted_seq = await fetch_rows(ledger, "SELECT uri, content_digest FROM resource_versions WHERE server=%s AND"
                                            " status='ACCEPTED' ORDER BY receipt_id", (server,))
         sys_lat = convergence(changes, _first_seen([(u, d, t) for u, d, t in receipts]), baseline=False)
         base_completions = base.completions[completions0:]
         base_lat = convergence(changes, _first_seen(base_completions), baseline=True)
         sys_reads = await _sys_reads(ledger, server) - reads0
-        by_trigger = dict(await _rows(
+        by_trigger = dict(await fetch_rows(
             ledger, "SELECT r.trigger_reason, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
                     " WHERE s.server=%s AND r.issued_at >= to_timestamp(%s) GROUP BY 1", (server, t_churn0)))
-        read_cycle = [float(x[0]) for x in await _rows(
+        read_cycle = [float(x[0]) for x in await fetch_rows(
             ledger, "SELECT extract(epoch FROM r.completed_at - r.issued_at)::float8 FROM read_requests r JOIN"
                     " subscriptions s USING (workflow_id) WHERE s.server=%s AND r.completed_at IS NOT NULL"
                     " AND r.issued_at >= to_timestamp(%s)", (server, t_churn0))]
@@ -808,13 +863,13 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
             if got >= burst_total and got_all_at is None:
                 got_all_at = time.time()
-            pending = await _scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
+            pending = await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
                                             " (workflow_id) WHERE s.server=%s AND r.completed_at IS NULL", (server,))
             return got_all_at is not None and int(pending or 0) == 0
 
         await until(settled, 120, 0.05)
         await asyncio.sleep(1.0)
-        last_read = await _scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
+        last_read = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
                                           " JOIN subscriptions s USING (workflow_id) WHERE s.server=%s", (server,))
         burst_reads = await _sys_reads(ledger, server) - reads_b0
         got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
@@ -840,11 +895,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                                       effective_at=effective) for u in sample))
 
         async def revoked() -> bool:
-            c = await _scalar(ledger, "SELECT count(*) FROM revocations WHERE server=%s", (server,))
+            c = await fetch_scalar(ledger, "SELECT count(*) FROM revocations WHERE server=%s", (server,))
             return int(c or 0) >= len(sample)
 
         await until(revoked, 60, 0.1)
-        lat = [float(x[0]) for x in await _rows(
+        lat = [float(x[0]) for x in await fetch_rows(
             ledger, "SELECT extract(epoch FROM o.created_at - r.effective_at)::float8 FROM revocations r"
                     " JOIN outbox o ON o.outbox_id = r.outbox_id WHERE r.server=%s", (server,))]
         r["revocation"] = {**summarize(lat), "sample": len(sample),
@@ -1051,6 +1106,17 @@ def print_summary(report: dict[str, Any]) -> None:
         cpu = r["churn"]["cpu"]
         print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
               f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")
+        for profile in staleness.Profile:
+            st = r["staleness"][profile.value]
+            over = st["over_bound_s"]
+            slack = "-" if over is None else f"+{over} s: one dispatch" if over > 0 else "within it"
+            print(f"  staleness {profile.value:<28} max gap {f(st['max_gap_between_reads_s'], ' s')} vs bound "
+                  f"{f(st['published_bound_s'], ' s')} ({f(st['max_gap_over_bound'], 'x')}, {slack})   "
+                  f"p50 {f(st['gap_p50_s'], ' s')}  p99 {f(st['gap_p99_s'], ' s')}   {st['reads']} reads, "
+                  f"{st['catalog_words']} catalog words")
+        dispatch = r["staleness"]["dispatch_during_churn_mean_ms"]
+        print(f"  (one dispatch here: workflow task schedule-to-start {f(dispatch['workflow_task_schedule_to_start'])} ms"
+              f" + allocate {f(dispatch['allocate_read_end_to_end'])} ms, means during the churn)")
         print(f"  targets met         {r['targets_met']}")
 
 
@@ -1120,6 +1186,10 @@ async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
             "A change whose every notification was dropped cannot converge by notification: see 'repair'.",
             "The baseline keeps the last read to complete; 'regressions' counts how often it went back to an "
             "older version (mcpsync's fence forbids it).",
+            "Staleness: the longest gap between two read allocations of a subscription (read_requests.issued_at) "
+            "against the bound its record publishes (staleness_bound_seconds when polling, safety_read_seconds with "
+            "subscribe); the periodic read is a deadline armed at allocation, so the gap may exceed the bound by one "
+            "dispatch (allocation path), never by a wake-up.",
         ],
     }
     await asyncio.to_thread((opts.out / "results.json").write_text, json.dumps(report, indent=2))
@@ -1150,6 +1220,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--floor-samples", type=int, default=None, help="default 100; --quick 20")
     p.add_argument("--revocations", type=int, default=None, help="revocation sample size (default 20; --quick 5)")
     p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--poll-seconds", type=float, default=None,
+                   help="staleness, polling profile: poll_interval_seconds (default 10; --quick 5)")
+    p.add_argument("--safety-read-seconds", type=float, default=None,
+                   help="staleness, lost-notifications profile: safety_read_seconds (default 12; --quick 6)")
+    p.add_argument("--staleness-window", type=float, default=None,
+                   help="staleness window seconds, from the churn's start (default: the churn's duration, at least "
+                        "five of the longer period)")
+    p.add_argument("--staleness-subscriptions", type=int, default=4, help="subscriptions per staleness profile")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
                    help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a real "
@@ -1171,6 +1249,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         revocations=a.revocations if a.revocations is not None else (5 if quick else 20),
         drain_timeout=a.drain_timeout,
         seed=a.seed,
+        staleness_subscriptions=a.staleness_subscriptions,
+        poll_seconds=a.poll_seconds if a.poll_seconds is not None else (5.0 if quick else 10.0),
+        safety_read_seconds=a.safety_read_seconds if a.safety_read_seconds is not None else (6.0 if quick else 12.0),
+        staleness_window=a.staleness_window,
         quick=quick,
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
         single=a.single,

@@ -7,17 +7,20 @@ thresholds (the targets are reported by the benchmark, never asserted).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import subprocess
 import sys
 import zlib
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.png import Canvas, encode_png
+from benchmarks.staleness import gaps_between_reads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +39,16 @@ def test_png_writer_round_trips() -> None:
         encode_png(2, 2, b"\x00")
 
 
+def test_gaps_between_reads_start_at_the_held_read_and_count_the_open_gap() -> None:
+    t0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=s) for s in (0.0, 3.0, 8.0, 9.5, 30.0)]
+    # Window [5, 20]: from the read at 3 s (held when the window opened) to 8, 9.5, then open until 20;
+    # the read at 30 s is after the window, the one at 0 s before the held one.
+    assert gaps_between_reads(at, t0 + timedelta(seconds=5), t0 + timedelta(seconds=20)) == [5.0, 1.5, 10.5]
+    # No read at all in or before the window: the whole window is one gap.
+    assert gaps_between_reads([], t0, t0 + timedelta(seconds=7)) == [7.0]
+
+
 def _num(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -45,8 +58,10 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
-         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=150,
+         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
+         "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "== mcpsync benchmark ==" in proc.stdout
@@ -93,8 +108,35 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert consumer["samples"] > 0 and consumer["not_received"] == 0, "every churn event reached the consumer"
         assert 0 <= consumer["p50_ms"] <= consumer["p99_ms"]
         assert all(isinstance(v, bool) for v in r["targets_met"].values())
+        _check_staleness(r["staleness"])
 
+    assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert width >= 640 and height >= 380
+
+
+def _check_staleness(section: dict[str, Any]) -> None:
+    """Both profiles measured from real read_requests rows against the bound their records publish
+    (no timing threshold: the ratio is printed, not asserted)."""
+    assert section["window_seconds"] >= 8 and section["window_overlaps_churn_seconds"] > 0
+    assert all(_num(v) and v >= 0 for v in section["added_wall_seconds"].values())
+    expected = {"polling": ("staleness_bound_seconds", 2.0, False),
+                "subscribe_lost_notifications": ("safety_read_seconds", 2.5, True)}
+    for profile, (field, bound, subscribe) in expected.items():
+        st = section[profile]
+        assert st["bound_field"] == field and st["published_bound_s"] == bound, profile
+        assert st["server_subscribe_capability"] is subscribe
+        assert st["subscriptions"] == 2 and st["catalog_words"] > 0 and st["edits"] > 0
+        assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], "one more gap than reads each"
+        gap = st["max_gap_between_reads_s"]
+        assert _num(gap) and gap > 0 and 0 < st["gap_p50_s"] <= st["gap_p99_s"] <= gap
+        where = st["max_gap_where"]
+        assert _num(where["began_s_into_window"]) and isinstance(where["open_at_window_end"], bool)
+        ratio = st["max_gap_over_bound"]
+        assert _num(ratio) and math.isfinite(ratio) and ratio == pytest.approx(gap / bound, abs=1e-3)
+    lost = section["subscribe_lost_notifications"]
+    assert lost["notifications_dropped"] > 0, "the lost-notifications profile lost nothing"
+    assert lost["reads_by_trigger"].get("poll", 0) > 0, "no safety read in the window"
+    assert not {"updated", "follow_up"} & set(lost["reads_by_trigger"]), "a notification got through"
