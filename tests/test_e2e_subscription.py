@@ -77,6 +77,9 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert receipt.close_ordinal == fence.last_issued_ordinal
         final = await client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
         assert final.state == SubscriptionState.CLOSED
+        # The record says when it ended (it stayed null before), and that no read is due any more.
+        assert final.ended_at is not None and final.started_at is not None and final.ended_at >= final.started_at
+        assert final.next_read_due_at is None and final.last_accepted_at is not None
         reads_before = await ledger.read_count(key)
         await control.edit(uri, text="version three after close")
         await asyncio.sleep(1.0)

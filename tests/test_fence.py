@@ -259,3 +259,24 @@ def test_reconciliation_is_bounded_and_resolved_only_by_evidence_measured_after_
     # The same stray variant again: an invalidation (a read of our exact URI), not another freeze.
     assert f.variant_already_reconciled("demo://X") and f.s.pending_trigger == TriggerReason.UPDATED
     assert not f.variant_already_reconciled("demo://Z")
+
+
+def test_a_verification_read_clears_the_catalog_detail_and_not_found_says_why() -> None:
+    from datetime import UTC, datetime
+
+    from workflows.records import AcceptResult, AcceptVerdict, ReadOutcome, ReadOutcomeKind
+
+    f = _polling_fence(30.0)
+    f.s.detail = "not listed in catalog scan-7 (unproven): verifying by read"
+    base = {"key": KEY, "ordinal": 3, "request_id": "r3", "session_generation": 1, "subscription_generation": 1,
+            "trigger": TriggerReason.POLL}
+    content = ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest="sha256:aa", **base)
+    f.read_judged(3, content, AcceptResult(verdict=AcceptVerdict.UNCHANGED, reason="digest unchanged"))
+    assert f.s.detail == ""  # the verification read finished: the stale explanation goes
+    gone = ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32602, **base)
+    f.s.state = S.TOMBSTONE_PENDING
+    f.read_judged(4, gone, AcceptResult(verdict=AcceptVerdict.TOMBSTONE_PENDING, reason="not found while ACTIVE"))
+    assert f.s.detail.startswith("read 4: not found (code -32602); waiting for a reconciled catalog")
+    f.s.state = S.CLOSED
+    f.finish(datetime(2026, 1, 1, tzinfo=UTC))
+    assert f.record().ended_at == datetime(2026, 1, 1, tzinfo=UTC) and f.record().next_read_due_at is None
