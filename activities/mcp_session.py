@@ -9,6 +9,8 @@ Contract:
   URI / saying "not found"), denied (auth-like codes), malformed content (bad
   base64, wrong types, over the size limit), session lost (connection closed).
   A read timeout is raised so Temporal retries it.
+- A read records the result's ``ttlMs`` / ``cacheScope`` (2026-07-28; the SDK fills 0 / private
+  on older editions) in the outcome: metadata for receipts and the poll period, never a cache.
 - ``mcp_subscribe`` / ``mcp_unsubscribe`` use ``resources/subscribe`` on
   2025-11-25 and one ``subscriptions/listen`` stream per URI on 2026-07-28.
 """
@@ -39,6 +41,7 @@ from worker import metrics
 from workflows.digest import ContentPart, content_digest
 from workflows.names import Act
 from workflows.records import (
+    CacheScope,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -299,6 +302,7 @@ class McpSessionActivities:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=str(err)[:300], **base,
                                completed_at=datetime.now(UTC))
         digest = content_digest(parts)
+        base.update(ttl_ms=result.ttl_ms, cache_scope=CacheScope(result.cache_scope))
         rejection = self.guardrails.check(parts)
         if rejection is None:
             # Only releasable content is kept: a rejected body never reaches the store.

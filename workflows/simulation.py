@@ -1318,6 +1318,7 @@ class SimulatedWorkflow:
         self.fence.accepted_digest(outcome.content_digest, accepted)
         self.fence.observed(accepted, allocated_at=task.allocated_at, now=self.now)
         self.fence.read_judged(task.ticket.ordinal, outcome, accepted)
+        self.fence.read_directives(outcome)
         del self.read_tasks[task.tid]
 
     # tombstones, identity, resume -------------------------------------------------------------------

@@ -492,6 +492,7 @@ class ResourceSubscriptionWorkflow:
         self.fence.accepted_digest(outcome.content_digest, result)
         self.fence.observed(result, allocated_at=allocated_at, now=workflow.now())
         self.fence.read_judged(ticket.ordinal, outcome, result)
+        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
         self._publish()
 
     # --- revocation --------------------------------------------------------------------------
@@ -723,7 +724,8 @@ class ResourceSubscriptionWorkflow:
             f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
             f"{s.updates_covered} / {s.reads_issued} |\n"
             f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
-            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling) |\n"
+            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling; set by "
+               f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'}) |\n"
                if s.staleness_bound_seconds else "")
             + (f"\n{s.detail}\n" if s.detail else "")
         )
