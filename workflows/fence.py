@@ -30,8 +30,9 @@ Contract:
 - Poll period (no subscribe): ``poll_period`` = max(configured interval, last read's ttlMs),
   stretched by backoff after consecutive failed reads (doubling, at most ``BACKOFF_CAP`` × the
   interval, reset by a read that saw content). The published staleness bound is that period and
-  ``staleness_bound_source`` says which rule set it. A bound that shrinks (backoff reset, a
-  shorter ttl) pulls an armed deadline in, so the bound just published holds at once.
+  ``staleness_bound_source`` says which rule set it. A period that changes (a ttl learned, a
+  failure, a reset) re-arms the deadline from the same allocation with the same jitter, so the
+  bound just published holds at once and no poll comes sooner than the server allows.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ class FenceState(BaseModel):
     last_read_cache_scope: CacheScope | None = None  # its cacheScope
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
+    read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
@@ -278,6 +280,7 @@ class SubscriptionFence:
             return
         self.s.read_due_at = requested_at + timedelta(seconds=period_seconds * (0.8 + 0.2 * jitter))
         self.s.read_armed_from = requested_at
+        self.s.read_jitter = jitter
 
     def read_directives(self, outcome: ReadOutcome) -> None:
         """A read came back: keep its ttlMs / cacheScope and the failure count, and republish the
@@ -301,10 +304,12 @@ class SubscriptionFence:
         before = s.staleness_bound_seconds
         period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
-        if before is not None and period < before and s.read_due_at is not None and s.read_armed_from is not None:
-            # The bound shrank after the deadline was armed with the longer period: pull it in (no
-            # jitter draw here, so the random sequence stays the one recorded histories replay with).
-            s.read_due_at = min(s.read_due_at, s.read_armed_from + timedelta(seconds=period))
+        if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
+            # The period changed after the deadline was armed (the read that just came back told a
+            # ttl, failed, or saw content again): re-arm it from the same allocation with the same
+            # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
+            # No new random draw: the sequence stays the one recorded histories replay with.
+            s.read_due_at = s.read_armed_from + timedelta(seconds=period * (0.8 + 0.2 * s.read_jitter))
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
