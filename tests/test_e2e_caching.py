@@ -31,10 +31,11 @@ from activities.ledger import Ledger
 from activities.mcp_session import LiveSession, StreamLoss
 from activities.outbox import latest_events
 from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.test_catalog_e2e import FAST, catalog_stack
 from tests.test_e2e_subscription import _wait_record
 from worker.config import ServerConfig
 from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
+from worker.runtime import start_catalog, start_subscription
 from worker.session_host import server_transport
 from worker.stack import REPO_ROOT
 from workflows.records import (
@@ -227,3 +228,17 @@ async def test_a_body_is_released_only_to_its_subject_whatever_the_cache_scope(
     refused = _cli(conf, "content", "get", "--receipt", str(receipt.receipt_id), "--subject", "bob")
     assert refused.returncode == 5 and refused.stderr.startswith(b"mcpsync: error:"), refused.stderr
     assert b"one body" not in refused.stdout + refused.stderr
+
+
+async def test_catalog_scans_record_the_list_cache_directives(temporal_client: TemporalClient, ledger: Ledger,
+                                                              tmp_path: Path) -> None:
+    async with catalog_stack(temporal_client, ledger, tmp_path, edition="2026-07-28", start=False) as st:
+        await st.fx.faults(ttl_ms=60_000, cache_scope="public")
+        st.handles["alice"] = await start_catalog(temporal_client, st.key("alice"), task_queue=st.task_queue,
+                                                  policy=FAST)
+        await st.published(1)
+        scans = await st.scans()
+        assert scans and all(s.list_ttl_ms == 60_000 and s.list_cache_scope == CacheScope.PUBLIC for s in scans)
+        stored = await st.catalogs.get_scan(scans[-1].scan_id)
+        assert stored is not None and stored.list_ttl_ms == 60_000
+        assert stored.list_cache_scope == CacheScope.PUBLIC

@@ -163,6 +163,9 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
+    # The poll period follows ttl and backoff (workflow.patched PATCH_TTL_POLL_PERIOD, set by each run):
+    # off, the period is the configured interval, exactly as runs recorded before the rule computed it.
+    adaptive_poll_period: bool = False
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
@@ -302,7 +305,10 @@ class SubscriptionFence:
         if not base:
             return
         before = s.staleness_bound_seconds
-        period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
+        if s.adaptive_poll_period:
+            period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
+        else:
+            period, source = base, StalenessBoundSource.CONFIG
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
         if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
             # The period changed after the deadline was armed (the read that just came back told a

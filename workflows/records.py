@@ -655,6 +655,10 @@ class ResourceDiscoveryScanV1(_Frozen):
     notifications_observed: int = 0  # list_changed during the scan (after - before)
     snapshot: SnapshotEvidence = SnapshotEvidence()
     problems: list[str] = Field(default_factory=list)
+    # MCP 2026-07-28 caching directives of the resources/list pages (None: no page answered, or a
+    # scan from before migration 009): the shortest ttlMs, and private if any page said private.
+    list_ttl_ms: int | None = None
+    list_cache_scope: CacheScope | None = None
 
 
 class CatalogSnapshot(_Frozen):

@@ -6,3 +6,8 @@
 ALTER TABLE resource_versions ADD COLUMN IF NOT EXISTS ttl_ms bigint CHECK (ttl_ms IS NULL OR ttl_ms >= 0);
 ALTER TABLE resource_versions ADD COLUMN IF NOT EXISTS cache_scope text
     CHECK (cache_scope IS NULL OR cache_scope IN ('public', 'private'));
+
+-- The resources/list pages of a scan: the shortest ttlMs, and 'private' if any page said so.
+ALTER TABLE discovery_scans ADD COLUMN IF NOT EXISTS list_ttl_ms bigint;
+ALTER TABLE discovery_scans ADD COLUMN IF NOT EXISTS list_cache_scope text
+    CHECK (list_cache_scope IS NULL OR list_cache_scope IN ('public', 'private'));
