@@ -66,7 +66,7 @@ PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
 UriHandler = Callable[[str, int], Awaitable[None]]
-LossHandler = Callable[[str, "StreamLoss", str], Awaitable[None]]  # (uri, why, detail)
+LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]  # (uri or None: list_changed, why, detail)
 
 
 class StreamLoss(StrEnum):
@@ -162,7 +162,7 @@ class LiveSession:
         self.listens[uri] = asyncio.create_task(stream(), name=f"listen:{self.server}")
         await acked
 
-    async def _stream_lost(self, uri: str, why: StreamLoss, detail: str) -> None:
+    async def _stream_lost(self, uri: str | None, why: StreamLoss, detail: str) -> None:
         """A listen stream of this session is gone: updates during the gap are lost by design, so
         the whole session goes (the host opens a new generation; every subscription on it
         resubscribes and re-reads). Audited first, unless the session is already going."""
@@ -207,14 +207,15 @@ class LiveSession:
                         return
                     async for _event in sub:
                         on_list_changed()
-                raise SubscriptionLost("the server ended the list_changed stream")
+                on_list_changed()
+                await self._stream_lost(None, StreamLoss.ENDED, "the server closed the list_changed stream")
             except Exception as exc:  # SubscriptionLost included: no replay on 2026-07-28
                 if not acked.done():
                     acked.set_exception(exc)
                     return
-                log.warning("list_changed stream lost (server=%s generation=%s)", self.server, self.generation)
                 on_list_changed()
-                self.lost.set()
+                why = _loss_reason(exc) if isinstance(exc, SubscriptionLost) else StreamLoss.DROPPED
+                await self._stream_lost(None, why, f"list_changed stream: {exc.__cause__ or exc}")
 
         self.listens[LIST_CHANGED_STREAM] = asyncio.create_task(stream(), name=f"listen-list:{self.server}")
         return await acked

@@ -54,7 +54,7 @@ async def _initial_reads_after(ledger: Ledger, key: SubscriptionKey, generation:
                 " AND trigger_reason='initial' AND session_generation > %s", key.workflow_id, generation)
 
 
-@pytest.mark.parametrize("fault", ["dropped", "ended"])
+@pytest.mark.parametrize("fault", ["dropped", "ended", "list_changed"])
 async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         temporal_client: TemporalClient, ledger: Ledger, fx: FixtureProcess, fault: str) -> None:
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2026-07-28",
@@ -72,16 +72,25 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         generation = rec.session_generation
         await fx.wait_subscribed(uris[0])
 
-        # dropped: an error ends the stream (no graceful close); ended: the server closes it gracefully.
-        assert (await fx.drop_listen(uris[0], graceful=fault == "ended"))["streams"] == 1
+        # dropped: an error ends the stream (no graceful close); ended: the server closes it gracefully;
+        # list_changed: the session's list_changed stream drops (it may have swallowed updates too).
+        if fault == "list_changed":
+            assert (await fx.drop_listen(list_changed=True))["streams"] == 1
+        else:
+            assert (await fx.drop_listen(uris[0], graceful=fault == "ended"))["streams"] == 1
         # A change during the gap: no listen stream of the old session may carry it.
         changed = await fx.edit(uris[1], text="changed during the gap")
 
         lost = await eventually(lambda: ledger_rows(
             ledger, "SELECT uri, session_generation, detail FROM audit WHERE kind='LISTEN_STREAM_LOST'"
                     " AND server=%s", server.name), timeout=30, what="LISTEN_STREAM_LOST audited")
-        assert lost[0][0] == uris[0] and lost[0][1] == generation
-        assert lost[0][2]["reason"] == fault, lost[0][2]
+        assert lost[0][1] == generation
+        if fault == "list_changed":
+            assert lost[0][0] is None and lost[0][2]["stream"] == "list_changed"
+            assert lost[0][2]["reason"] == "dropped", lost[0][2]
+        else:
+            assert lost[0][0] == uris[0] and lost[0][2]["stream"] == "resource"
+            assert lost[0][2]["reason"] == fault, lost[0][2]
         for key in keys:
             rows = await eventually(lambda k=key: _initial_reads_after(ledger, k, generation), timeout=60,
                                     what=f"a re-read of {key.uri} on the next session")

@@ -276,10 +276,13 @@ class SessionHost:
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
 
-    async def _stream_lost(self, generation: int, uri: str, why: StreamLoss, detail: str) -> None:
-        """Audit ``LISTEN_STREAM_LOST`` (why: overflow / dropped / ended); the session is replaced next."""
+    async def _stream_lost(self, generation: int, uri: str | None, why: StreamLoss, detail: str) -> None:
+        """Audit ``LISTEN_STREAM_LOST`` (why: overflow / dropped / ended; no URI: the list_changed
+        stream); the session is replaced next."""
         await self.ledger.audit("LISTEN_STREAM_LOST", subject=self.subject, server=self.server.name, uri=uri,
-                                session_generation=generation, detail={"reason": why.value, "error": detail})
+                                session_generation=generation,
+                                detail={"reason": why.value, "stream": "resource" if uri else "list_changed",
+                                        "error": detail})
 
     async def _check_edition(self, negotiated: str) -> None:
         """Say so when the server negotiated another edition than the configured one.
