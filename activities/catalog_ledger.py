@@ -56,6 +56,7 @@ from workflows.catalog import (
 from workflows.names import SIGNAL_CATALOG_RECONCILED, CatalogAct
 from workflows.records import (
     TERMINAL_STATES,
+    CacheScope,
     CatalogKey,
     CatalogObservation,
     CatalogSnapshot,
@@ -110,6 +111,8 @@ def _scan(row: Mapping[str, Any]) -> ResourceDiscoveryScanV1:
         template_set_digest=row["template_set_digest"], list_changed_before=row["list_changed_before"],
         list_changed_after=row["list_changed_after"], notifications_observed=row["notifications_observed"],
         snapshot=SnapshotEvidence.model_validate(row["snapshot"]), problems=list(row["problems"]),
+        list_ttl_ms=row.get("list_ttl_ms"),
+        list_cache_scope=CacheScope(row["list_cache_scope"]) if row.get("list_cache_scope") else None,
     )
 
 
@@ -142,15 +145,17 @@ class CatalogLedger:
                 INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server, session_generation,
                     edition, status, first_request_at, completed_at, page_count, resource_count, template_count,
                     page_cursor_digests, uri_set_digest, descriptor_set_digest, template_set_digest,
-                    list_changed_before, list_changed_after, notifications_observed, snapshot, problems)
-                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)
+                    list_changed_before, list_changed_after, notifications_observed, snapshot, problems,
+                    list_ttl_ms, list_cache_scope)
+                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)
                 """,
                 (scan.scan_id, scan.reconciliation_id, scan.label, scan.subject, scan.server,
                  scan.session_generation, scan.edition, scan.status.value, scan.first_request_at, scan.completed_at,
                  scan.page_count, scan.resource_count, scan.template_count, json.dumps(scan.page_cursor_digests),
                  scan.uri_set_digest, scan.descriptor_set_digest, scan.template_set_digest,
                  scan.list_changed_before, scan.list_changed_after, scan.notifications_observed,
-                 scan.snapshot.model_dump_json(), json.dumps(scan.problems)),
+                 scan.snapshot.model_dump_json(), json.dumps(scan.problems), scan.list_ttl_ms,
+                 scan.list_cache_scope.value if scan.list_cache_scope is not None else None),
             )
             cur = conn.cursor()
             async with cur.copy("COPY discovery_scan_items (scan_id, kind, ident, descriptor, descriptor_digest)"

@@ -12,6 +12,8 @@ Contract:
   Temporal retries the whole scan (scans are idempotent: same scan id, row replaced).
 - The session host's list_changed counter for the generation is read before the first
   request and after the last response; the difference is ``notifications_observed``.
+- The resources/list pages' ``ttlMs`` / ``cacheScope`` (2026-07-28) are recorded: the shortest
+  ttl, and private if any page was (metadata; rescans keep their own period).
 - Cursors never leave this process: the record holds keyed digests (a random key per
   activity worker). The scan row and its descriptors go to PostgreSQL; the workflow gets
   the ``resourceDiscoveryScan.v1`` record (digests and counts, no descriptors, the first
@@ -42,7 +44,7 @@ from workflows.catalog import (
     snapshot_negotiated,
 )
 from workflows.names import CatalogAct
-from workflows.records import ResourceDiscoveryScanV1, ScanStatus
+from workflows.records import CacheScope, ResourceDiscoveryScanV1, ScanStatus
 
 __all__ = ["CatalogScanActivities"]
 
@@ -87,6 +89,8 @@ class CatalogScanActivities:
         before = self.list_changed_count(live.generation)
         first_request_at = datetime.now(UTC)
         kinds: tuple[ListKind, ...] = ("resources", "templates")
+        ttls: list[int] = []
+        scopes: set[str] = set()
         for kind in kinds:
             cursor: str | None = None
             while not acc.stopped:
@@ -99,6 +103,8 @@ class CatalogScanActivities:
                     if kind == "resources":
                         page = await live.client.list_resources(cursor=cursor, cache_mode="bypass")
                         listed: list[Any] = list(page.resources)
+                        ttls.append(page.ttl_ms)
+                        scopes.add(page.cache_scope)
                     else:
                         page = await live.client.list_resource_templates(cursor=cursor, cache_mode="bypass")
                         listed = list(page.resource_templates)
@@ -137,6 +143,8 @@ class CatalogScanActivities:
             template_set_digest=digests[2] if digests else None, list_changed_before=before,
             list_changed_after=after, notifications_observed=max(0, after - before),
             snapshot=acc.snapshot_evidence(), problems=list(acc.problems),
+            list_ttl_ms=min(ttls) if ttls else None,
+            list_cache_scope=None if not scopes else CacheScope.PRIVATE if "private" in scopes else CacheScope.PUBLIC,
         )
         items_out = [ScanItem("resource", u, d, descriptor_digest(d)) for u, d in resources.items()]
         items_out += [ScanItem("template", t, d, descriptor_digest(d)) for t, d in templates.items()]

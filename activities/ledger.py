@@ -32,6 +32,7 @@ from workflows.records import (
     AcceptResult,
     AcceptVerdict,
     AllocateRequest,
+    CacheScope,
     CloseReceipt,
     FenceSnapshot,
     ReadOutcomeKind,
@@ -440,12 +441,13 @@ class Ledger:
                 """
                 INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
                     read_ordinal, server_name, server_version, edition, session_generation,
-                    subscription_generation, request_id, trigger_reason, status)
-                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
+                    subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
+                VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
                 """,
                 (wf, o.key.subject, o.key.server, o.key.uri, o.mime_type, o.content_digest, o.size, o.ordinal,
                  o.server_name, o.server_version, o.edition, o.session_generation, o.subscription_generation,
-                 o.request_id, o.trigger.value, j.verdict.value),
+                 o.request_id, o.trigger.value, j.verdict.value, o.ttl_ms,
+                 o.cache_scope.value if o.cache_scope is not None else None),
             )
             receipt = await cur.fetchone()
             assert receipt is not None
@@ -479,7 +481,9 @@ class Ledger:
                      json.dumps({  # the outboxEvent.v1 fields (activities/outbox.py) not in columns
                          "previous_digest": fence.last_accepted_digest, "mime_type": o.mime_type, "size": o.size,
                          "edition": o.edition, "server_name": o.server_name, "server_version": o.server_version,
-                         "accepted_at": receipt["accepted_at"].isoformat(), "trigger": o.trigger.value})),
+                         "accepted_at": receipt["accepted_at"].isoformat(), "trigger": o.trigger.value,
+                         "ttl_ms": o.ttl_ms,
+                         "cache_scope": o.cache_scope.value if o.cache_scope is not None else None})),
                 )
                 ob = await cur.fetchone()
                 outbox_id = int(ob["outbox_id"]) if ob else None
@@ -766,7 +770,8 @@ class Ledger:
                 edition=r["edition"], session_generation=r["session_generation"],
                 subscription_generation=r["subscription_generation"], request_id=r["request_id"],
                 trigger=TriggerReason(r["trigger_reason"]), status=AcceptVerdict(r["status"]),
-                accepted_at=r["accepted_at"],
+                accepted_at=r["accepted_at"], ttl_ms=r["ttl_ms"],
+                cache_scope=CacheScope(r["cache_scope"]) if r["cache_scope"] else None,
             )
             for r in rows
         ]

@@ -9,8 +9,12 @@ Contract:
   URI / saying "not found"), denied (auth-like codes), malformed content (bad
   base64, wrong types, over the size limit), session lost (connection closed).
   A read timeout is raised so Temporal retries it.
+- A read records the result's ``ttlMs`` / ``cacheScope`` (2026-07-28; the SDK fills 0 / private
+  on older editions) in the outcome: metadata for receipts and the poll period, never a cache.
 - ``mcp_subscribe`` / ``mcp_unsubscribe`` use ``resources/subscribe`` on
   2025-11-25 and one ``subscriptions/listen`` stream per URI on 2026-07-28.
+- A listen stream that ends under us (backlog overflow, dropped without the graceful close,
+  or closed by the server) is a gap: ``on_stream_lost`` is told why, then the session is lost.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import mcp_types as types
@@ -39,6 +44,7 @@ from activities.meters import NO_METERS, Meters
 from workflows.digest import ContentPart, content_digest
 from workflows.names import Act
 from workflows.records import (
+    CacheScope,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -48,7 +54,7 @@ from workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["LiveSession", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
+__all__ = ["LiveSession", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -60,6 +66,22 @@ PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
 UriHandler = Callable[[str, int], Awaitable[None]]
+LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]  # (uri or None: list_changed, why, detail)
+
+
+class StreamLoss(StrEnum):
+    """Why a 2026-07-28 listen stream ended under us (audit ``LISTEN_STREAM_LOST``)."""
+
+    OVERFLOW = "overflow"  # the client's backlog cap: more unconsumed distinct events than it keeps
+    DROPPED = "dropped"  # ended without the server's graceful close (an error, the connection)
+    ENDED = "ended"  # the server closed it gracefully: still no more notifications on it
+
+
+def _loss_reason(exc: BaseException) -> StreamLoss:
+    cause = exc.__cause__
+    if isinstance(cause, MCPError) and "backlog exceeded" in (cause.message or ""):
+        return StreamLoss.OVERFLOW
+    return StreamLoss.DROPPED
 LIST_CHANGED_STREAM = "\x00list_changed"  # key of the list_changed stream in LiveSession.listens
 
 
@@ -99,6 +121,7 @@ class LiveSession:
     server_version: str
     max_content_bytes: int
     on_uri_updated: UriHandler
+    on_stream_lost: LossHandler | None = None  # told (once per stream) before the session is marked lost
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     listens: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
@@ -121,21 +144,37 @@ class LiveSession:
                         event_uri = getattr(event, "uri", None)
                         if isinstance(event_uri, str):
                             await self.on_uri_updated(event_uri, self.generation)
-            except SubscriptionLost:
-                # No replay on 2026-07-28: a dropped stream is a lost session for this URI.
-                log.warning("listen stream lost (server=%s generation=%s)", self.server, self.generation)
-                self.lost.set()
+                # The server closed it gracefully: no error, but no notification will come on it
+                # either, so it is a gap like any other (unlisten cancels this task instead).
+                await self._stream_lost(uri, StreamLoss.ENDED, "the server closed the listen stream")
+            except SubscriptionLost as exc:
+                # No replay on 2026-07-28: a lost stream (backlog overflow, a drop) is a gap.
+                await self._stream_lost(uri, _loss_reason(exc), str(exc.__cause__ or exc))
             except Exception as exc:
                 if not acked.done():
                     acked.set_exception(exc)
                 else:
-                    self.lost.set()
+                    await self._stream_lost(uri, StreamLoss.DROPPED, f"{type(exc).__name__}: {exc}")
             finally:
                 if not acked.done():
                     acked.set_exception(RuntimeError("listen stream ended before acknowledgment"))
 
         self.listens[uri] = asyncio.create_task(stream(), name=f"listen:{self.server}")
         await acked
+
+    async def _stream_lost(self, uri: str | None, why: StreamLoss, detail: str) -> None:
+        """A listen stream of this session is gone: updates during the gap are lost by design, so
+        the whole session goes (the host opens a new generation; every subscription on it
+        resubscribes and re-reads). Audited first, unless the session is already going."""
+        if self.lost.is_set():
+            return
+        log.warning("listen stream lost (server=%s generation=%s): %s", self.server, self.generation, why.value)
+        if self.on_stream_lost is not None:
+            try:
+                await self.on_stream_lost(uri, why, detail[:300])
+            except Exception:  # the audit must never keep the session from being replaced
+                log.exception("could not record the lost listen stream")
+        self.lost.set()
 
     async def unlisten(self, uri: str) -> None:
         task = self.listens.pop(uri, None)
@@ -168,14 +207,15 @@ class LiveSession:
                         return
                     async for _event in sub:
                         on_list_changed()
-                raise SubscriptionLost("the server ended the list_changed stream")
+                on_list_changed()
+                await self._stream_lost(None, StreamLoss.ENDED, "the server closed the list_changed stream")
             except Exception as exc:  # SubscriptionLost included: no replay on 2026-07-28
                 if not acked.done():
                     acked.set_exception(exc)
                     return
-                log.warning("list_changed stream lost (server=%s generation=%s)", self.server, self.generation)
                 on_list_changed()
-                self.lost.set()
+                why = _loss_reason(exc) if isinstance(exc, SubscriptionLost) else StreamLoss.DROPPED
+                await self._stream_lost(None, why, f"list_changed stream: {exc.__cause__ or exc}")
 
         self.listens[LIST_CHANGED_STREAM] = asyncio.create_task(stream(), name=f"listen-list:{self.server}")
         return await acked
@@ -300,6 +340,7 @@ class McpSessionActivities:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=str(err)[:300], **base,
                                completed_at=datetime.now(UTC))
         digest = content_digest(parts)
+        base.update(ttl_ms=result.ttl_ms, cache_scope=CacheScope(result.cache_scope))
         rejection = self.guardrails.check(parts)
         if rejection is None:
             # Only releasable content is kept: a rejected body never reaches the store.

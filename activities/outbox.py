@@ -105,6 +105,11 @@ class OutboxEventV1(BaseModel):
     accepted_at: datetime | None
     trigger: str | None = Field(description="why the read happened: initial, updated, follow_up, poll, "
                                             "resubscribe, catalog")
+    ttl_ms: int | None = Field(default=None, description="the read result's ttlMs (MCP 2026-07-28; 0 on older "
+                                                          "editions): a freshness hint, not a poll interval")
+    cache_scope: Literal["public", "private"] | None = Field(
+        default=None, description="the read result's cacheScope; bodies are released only to the event's subject "
+                                  "either way (docs/caching.md)")
     invalidates: Invalidation | None = Field(description="tombstoned / revoked: exactly what is withdrawn")
     reason: str | None
     created_at: datetime
@@ -182,6 +187,8 @@ def event_from_row(row: dict[str, Any]) -> OutboxEventV1:
         server_version=detail.get("server_version"),
         accepted_at=detail.get("accepted_at"),
         trigger=detail.get("trigger"),
+        ttl_ms=detail.get("ttl_ms"),
+        cache_scope=detail.get("cache_scope"),
         invalidates=invalidates,
         reason=detail.get("reason"),
         created_at=row["created_at"],
@@ -291,7 +298,8 @@ async def drop_consumer(pool: AsyncConnectionPool, name: str) -> None:
 
 _CURRENT = """
 SELECT s.workflow_id, s.subject, s.server, s.uri, rv.receipt_id, rv.read_ordinal, rv.content_digest,
-       rv.mime_type, rv.size, rv.edition, rv.server_name, rv.server_version, rv.accepted_at, rv.trigger_reason
+       rv.mime_type, rv.size, rv.edition, rv.server_name, rv.server_version, rv.accepted_at, rv.trigger_reason,
+       rv.ttl_ms, rv.cache_scope
 FROM subscriptions s JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
 WHERE s.state = 'ACTIVE' AND s.last_accepted_digest IS NOT NULL AND rv.content_digest IS NOT NULL
   AND (%(subjects)s::text[] IS NULL OR s.subject = ANY (%(subjects)s::text[]))
@@ -392,7 +400,8 @@ class OutboxConsumer:
             read_ordinal=r["read_ordinal"], content_digest=r["content_digest"], previous_digest=None,
             mime_type=r["mime_type"], size=r["size"], edition=r["edition"] or None,
             server_name=r["server_name"] or None, server_version=r["server_version"] or None,
-            accepted_at=r["accepted_at"], trigger=r["trigger_reason"], invalidates=None, reason=None,
+            accepted_at=r["accepted_at"], trigger=r["trigger_reason"], ttl_ms=r["ttl_ms"],
+            cache_scope=r["cache_scope"], invalidates=None, reason=None,
             created_at=now) for r in rows]
         return ResyncBatch(consumer=self.name, position=top, events=events)
 

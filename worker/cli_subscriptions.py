@@ -88,7 +88,9 @@ def _age(seconds: float) -> str:
 def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
     """The staleness bound the record publishes, and what it rests on."""
     if record.staleness_bound_seconds is not None:
-        return f"{record.staleness_bound_seconds:g} s (polling: no usable subscribe)"
+        why = {"ttl": "the server's ttlMs", "backoff": "backoff after failed reads"}.get(
+            record.staleness_bound_source or "", "poll_interval_seconds")
+        return f"{record.staleness_bound_seconds:g} s (polling: no usable subscribe; set by {why})"
     if record.safety_read_seconds:
         return f"{record.safety_read_seconds:g} s (safety read period; a notification is read sooner)"
     return "-"

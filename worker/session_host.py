@@ -24,9 +24,10 @@ Contract:
   session generation (``list_changed_count``, read by the catalog scan activities) and
   becomes a coalesced ``list_changed`` signal to the CatalogWorkflow of (subject, server),
   which is never started from here.
-- A lost session (transport closed, ping timeout, dropped listen stream) is
+- A lost session (transport closed, ping timeout, a listen stream lost to backlog
+  overflow, dropped or closed: audit ``LISTEN_STREAM_LOST`` with the reason) is
   reopened with exponential backoff; every non-terminal subscription is then
-  signalled ``session_changed`` so it resubscribes and re-reads.
+  signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from activities.catalog_scan import CatalogScanActivities
 from activities.db import redact_url
 from activities.guardrails import default_chain
 from activities.ledger import Ledger
-from activities.mcp_session import LiveSession, McpSessionActivities
+from activities.mcp_session import LiveSession, McpSessionActivities, StreamLoss
 from worker import metrics
 from worker.config import ServerConfig
 from workflows.names import (
@@ -249,6 +250,7 @@ class SessionHost:
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
                 edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
                 max_content_bytes=self.server.max_content_bytes, on_uri_updated=self._enqueue,
+                on_stream_lost=lambda uri, why, detail: self._stream_lost(info.generation, uri, why, detail),
             )
             if live.modern and capabilities["listChanged"]:
                 # Before the session is published to activities: no scan may start uncounted.
@@ -273,6 +275,14 @@ class SessionHost:
                     await self.ledger.close_session(self.subject, self.server.name, live.generation)
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+
+    async def _stream_lost(self, generation: int, uri: str | None, why: StreamLoss, detail: str) -> None:
+        """Audit ``LISTEN_STREAM_LOST`` (why: overflow / dropped / ended; no URI: the list_changed
+        stream); the session is replaced next."""
+        await self.ledger.audit("LISTEN_STREAM_LOST", subject=self.subject, server=self.server.name, uri=uri,
+                                session_generation=generation,
+                                detail={"reason": why.value, "stream": "resource" if uri else "list_changed",
+                                        "error": detail})
 
     async def _check_edition(self, negotiated: str) -> None:
         """Say so when the server negotiated another edition than the configured one.

@@ -27,6 +27,12 @@ Contract:
   only by the next allocation. A wake-up (a catalog word, a covered notification, a session
   recheck) never moves it later, so the published staleness bound holds under any
   interleaving of wake-ups. The jitter only ever makes it earlier (0.8–1.0 of the period).
+- Poll period (no subscribe): ``poll_period`` = max(configured interval, last read's ttlMs),
+  stretched by backoff after consecutive failed reads (doubling, at most ``BACKOFF_CAP`` × the
+  interval, reset by a read that saw content). The published staleness bound is that period and
+  ``staleness_bound_source`` says which rule set it. A period that changes (a ttl learned, a
+  failure, a reset) re-arms the deadline from the same allocation with the same jitter, so the
+  bound just published holds at once and no poll comes sooner than the server allows.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from workflows.records import (
     TERMINAL_STATES,
     AcceptResult,
     AcceptVerdict,
+    CacheScope,
     CloseReceipt,
     FenceSnapshot,
     ReadOutcome,
@@ -47,6 +54,7 @@ from workflows.records import (
     ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
+    StalenessBoundSource,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
@@ -65,6 +73,8 @@ __all__ = [
     "close_rule",
     "tombstone_rule",
     "revoke_rule",
+    "poll_period",
+    "BACKOFF_CAP",
 ]
 
 S = SubscriptionState
@@ -78,6 +88,29 @@ TERMINAL = TERMINAL_STATES
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
+
+BACKOFF_CAP = 8.0
+"""Consecutive failed reads double the poll period, up to this many times the configured interval."""
+
+_FAILED_READS = frozenset({ReadOutcomeKind.MALFORMED, ReadOutcomeKind.PROTOCOL, ReadOutcomeKind.TRANSIENT})
+"""Read outcomes that count towards the poll backoff: the server answered, but not with content."""
+
+
+def poll_period(interval_seconds: float, ttl_ms: int | None, failed_reads: int) -> tuple[float, StalenessBoundSource]:
+    """The period a server without subscribe is polled at, and which rule set it.
+
+    Never faster than the configured interval nor than the server's ``ttlMs`` allows (a freshness
+    hint: reading again before it runs out is wasted load, MCP 2026-07-28); after consecutive failed
+    reads the interval doubles per failure up to ``BACKOFF_CAP`` × the interval (the spec asks any
+    polling to back off). The jitter is applied where the deadline is armed."""
+    period, source = interval_seconds, StalenessBoundSource.CONFIG
+    if ttl_ms and ttl_ms / 1000 > period:
+        period, source = ttl_ms / 1000, StalenessBoundSource.TTL
+    if failed_reads > 0:
+        backed_off = interval_seconds * min(2.0 ** min(failed_reads, 16), BACKOFF_CAP)
+        if backed_off > period:
+            period, source = backed_off, StalenessBoundSource.BACKOFF
+    return period, source
 
 
 class UpdateDisposition(StrEnum):
@@ -122,7 +155,17 @@ class FenceState(BaseModel):
     guardrail_rejections: int = 0
     close_requested: bool = False
     close_reason: str = ""
-    staleness_bound_seconds: float | None = None
+    staleness_bound_seconds: float | None = None  # polling: the effective poll period (``poll_period``)
+    staleness_bound_source: StalenessBoundSource | None = None  # which rule set it
+    poll_interval_seconds: float | None = None  # polling: the configured interval the period starts from
+    last_read_ttl_ms: int | None = None  # ttlMs of the newest read that returned a result
+    last_read_cache_scope: CacheScope | None = None  # its cacheScope
+    failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
+    read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
+    read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
+    # The poll period follows ttl and backoff (workflow.patched PATCH_TTL_POLL_PERIOD, set by each run):
+    # off, the period is the configured interval, exactly as runs recorded before the rule computed it.
+    adaptive_poll_period: bool = False
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
@@ -186,7 +229,10 @@ class SubscriptionFence:
         self.adopt(snap)
         if self.s.state == S.ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
-            self.s.staleness_bound_seconds = poll_interval_seconds
+            self.s.poll_interval_seconds = poll_interval_seconds
+            self.s.staleness_bound_seconds = None
+            self.s.staleness_bound_source = None
+            self._publish_poll_period()
 
     # --- updates and reads ------------------------------------------------------------
 
@@ -236,6 +282,40 @@ class SubscriptionFence:
             self.s.read_due_at = None
             return
         self.s.read_due_at = requested_at + timedelta(seconds=period_seconds * (0.8 + 0.2 * jitter))
+        self.s.read_armed_from = requested_at
+        self.s.read_jitter = jitter
+
+    def read_directives(self, outcome: ReadOutcome) -> None:
+        """A read came back: keep its ttlMs / cacheScope and the failure count, and republish the
+        poll period (and with it the staleness bound) they imply."""
+        s = self.s
+        if outcome.ttl_ms is not None:
+            s.last_read_ttl_ms = outcome.ttl_ms
+        if outcome.cache_scope is not None:
+            s.last_read_cache_scope = outcome.cache_scope
+        if outcome.kind == ReadOutcomeKind.CONTENT:
+            s.failed_reads = 0
+        elif outcome.kind in _FAILED_READS:
+            s.failed_reads += 1
+        self._publish_poll_period()
+
+    def _publish_poll_period(self) -> None:
+        s = self.s
+        base = s.poll_interval_seconds or s.staleness_bound_seconds  # carried from a run before ttl rules
+        if not base:
+            return
+        before = s.staleness_bound_seconds
+        if s.adaptive_poll_period:
+            period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
+        else:
+            period, source = base, StalenessBoundSource.CONFIG
+        s.staleness_bound_seconds, s.staleness_bound_source = period, source
+        if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
+            # The period changed after the deadline was armed (the read that just came back told a
+            # ttl, failed, or saw content again): re-arm it from the same allocation with the same
+            # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
+            # No new random draw: the sequence stays the one recorded histories replay with.
+            s.read_due_at = s.read_armed_from + timedelta(seconds=period * (0.8 + 0.2 * s.read_jitter))
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
@@ -515,6 +595,9 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
+            staleness_bound_source=s.staleness_bound_source if s.staleness_bound_seconds is not None else None,
+            last_read_ttl_ms=s.last_read_ttl_ms,
+            last_read_cache_scope=s.last_read_cache_scope,
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
             last_accepted_at=s.last_accepted_at,
             last_verified_at=s.content_seen_at,

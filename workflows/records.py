@@ -52,6 +52,8 @@ __all__ = [
     "SubscriptionStart",
     "SubscriptionState",
     "TriggerReason",
+    "CacheScope",
+    "StalenessBoundSource",
     "UnsubscribeRequest",
     "UnsubscribeOutcome",
     "AllocateRequest",
@@ -106,6 +108,24 @@ class TriggerReason(StrEnum):
     FOLLOW_UP = "follow_up"  # an update arrived while a read was in flight
     POLL = "poll"  # no subscribe capability: periodic read with jitter
     RESUBSCRIBE = "resubscribe"  # new session generation
+
+
+class CacheScope(StrEnum):
+    """MCP 2026-07-28 ``cacheScope`` of a list or read result (``Cache-Control: public/private``).
+
+    mcpsync never shares a stored body across subjects whatever the scope (docs/caching.md):
+    it is recorded so consumers and audits can see what the server declared."""
+
+    PUBLIC = "public"
+    PRIVATE = "private"
+
+
+class StalenessBoundSource(StrEnum):
+    """Which rule set a polling subscription's published staleness bound (docs/caching.md)."""
+
+    CONFIG = "config"  # SubscriptionOptions.poll_interval_seconds
+    TTL = "ttl"  # the last read's ttlMs was longer: never poll faster than the server allows
+    BACKOFF = "backoff"  # consecutive failed reads stretched the period
 
 
 def session_task_queue(subject: str, server: str) -> str:
@@ -347,6 +367,10 @@ class ReadOutcome(_Frozen):
     error: str | None = None
     guardrail_rejection: str | None = None  # why the content may not be released for model input
     completed_at: datetime | None = None
+    # 2026-07-28 caching directives of the read result (older editions: the SDK's defaults 0 / private).
+    # None: no result (an error). ttl_ms is a freshness hint, never a poll interval (docs/caching.md).
+    ttl_ms: int | None = None
+    cache_scope: CacheScope | None = None
 
 
 class AcceptVerdict(StrEnum):
@@ -464,6 +488,8 @@ class ResourceVersionV1(_Frozen):
     trigger: TriggerReason
     status: AcceptVerdict
     accepted_at: datetime
+    ttl_ms: int | None = None  # the read result's ttlMs (None: receipts from before migration 009)
+    cache_scope: CacheScope | None = None  # the read result's cacheScope
 
 
 class ResourceSubscriptionV1(_Frozen):
@@ -489,7 +515,10 @@ class ResourceSubscriptionV1(_Frozen):
     close_epoch: int = 0
     close_ordinal: int | None = None
     reads_issued: int = 0
-    staleness_bound_seconds: float | None = None  # published when polling (no subscribe)
+    staleness_bound_seconds: float | None = None  # published when polling (no subscribe): the poll period
+    staleness_bound_source: StalenessBoundSource | None = None  # which rule set it (docs/caching.md)
+    last_read_ttl_ms: int | None = None  # ttlMs of the latest read that returned a result
+    last_read_cache_scope: CacheScope | None = None  # cacheScope of that read
     safety_read_seconds: float | None = None  # with subscribe: the re-read period bounding lost notifications
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     last_verified_at: datetime | None = None  # allocation time of the newest read that saw content
@@ -626,6 +655,10 @@ class ResourceDiscoveryScanV1(_Frozen):
     notifications_observed: int = 0  # list_changed during the scan (after - before)
     snapshot: SnapshotEvidence = SnapshotEvidence()
     problems: list[str] = Field(default_factory=list)
+    # MCP 2026-07-28 caching directives of the resources/list pages (None: no page answered, or a
+    # scan from before migration 009): the shortest ttlMs, and private if any page said private.
+    list_ttl_ms: int | None = None
+    list_cache_scope: CacheScope | None = None
 
 
 class CatalogSnapshot(_Frozen):

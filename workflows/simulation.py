@@ -70,6 +70,7 @@ from workflows.records import (
     AllocateRequest,
     AuditRequest,
     BeginSubscriptionRequest,
+    CacheScope,
     CatalogObservation,
     CloseReceipt,
     EnsureRequest,
@@ -756,8 +757,12 @@ class SessionHost:
         if oracle.digest is None:
             return ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32002, error="not found", **base)
         rejection = "simulated guardrail" if oracle.version in oracle.unsafe else None
+        # Every third version carries a ttlMs longer than the 30 s poll interval: the poll period
+        # (and the deadline armed before the read came back) grows, and shrinks again after it.
+        ttl_ms = 45_000 if oracle.version % 3 == 0 else 0
         return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
-                           size=20, content_count=1, guardrail_rejection=rejection, **base)
+                           size=20, content_count=1, guardrail_rejection=rejection, ttl_ms=ttl_ms,
+                           cache_scope=CacheScope.PRIVATE, **base)
 
 
 # --- the workflow, replicated ---------------------------------------------------------------------
@@ -823,7 +828,7 @@ class SimulatedWorkflow:
     def __init__(self, key: SubscriptionKey, *, max_concurrent_reads: int, poll_interval_seconds: float,
                  incarnation: str, id_prefix: str, carried_state: dict[str, Any] | None = None,
                  seen_ids: Sequence[str] = (), safety_read_seconds: float = 300.0,
-                 read_deadlines: bool = True) -> None:
+                 read_deadlines: bool = True, ttl_poll_period: bool = True) -> None:
         state = FenceState(key=key)
         if carried_state is not None:
             state = FenceState.model_validate(carried_state)
@@ -833,6 +838,7 @@ class SimulatedWorkflow:
         self.poll_interval = poll_interval_seconds
         self.safety_read = safety_read_seconds
         self.deadlines = read_deadlines  # MIRROR(subscription.py: workflow.patched(PATCH_READ_DEADLINES))
+        self.ttl_poll_period = ttl_poll_period  # MIRROR(subscription.py: workflow.patched(PATCH_TTL_POLL_PERIOD))
         self.reconciliation_max = 900.0  # MIRROR(SubscriptionOptions.reconciliation_max_seconds); bounded always
         self._draws = 0
         self.now = EPOCH  # workflow.now(): set by the simulation before each activation
@@ -1105,6 +1111,7 @@ class SimulatedWorkflow:
 
     def _main_start(self, snap: FenceSnapshot) -> None:
         self.fence.adopt(snap)
+        self.fence.s.adaptive_poll_period = self.ttl_poll_period
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self.stage = Stage.LOOP
@@ -1318,6 +1325,7 @@ class SimulatedWorkflow:
         self.fence.accepted_digest(outcome.content_digest, accepted)
         self.fence.observed(accepted, allocated_at=task.allocated_at, now=self.now)
         self.fence.read_judged(task.ticket.ordinal, outcome, accepted)
+        self.fence.read_directives(outcome)
         del self.read_tasks[task.tid]
 
     # tombstones, identity, resume -------------------------------------------------------------------

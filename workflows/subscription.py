@@ -92,10 +92,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
-           "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION"]
+           "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION", "PATCH_TTL_POLL_PERIOD"]
 
 PATCH_READ_DEADLINES = "read-deadlines"
 """workflow.patched id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
+
+PATCH_TTL_POLL_PERIOD = "ttl-poll-period"
+"""workflow.patched id: the poll period follows the last read's ttlMs and backs off after failed reads
+(docs/caching.md). It moves deadlines, and so timers: histories recorded before it keep the plain interval."""
 
 PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
 """workflow.patched id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
@@ -250,6 +254,7 @@ class ResourceSubscriptionWorkflow:
         # Memoized for the run: histories recorded before deadlines keep their restarted timer.
         self.deadlines = workflow.patched(PATCH_READ_DEADLINES)
         self.bounded_reconciliation = workflow.patched(PATCH_IDENTITY_RECONCILIATION)
+        adaptive_poll_period = workflow.patched(PATCH_TTL_POLL_PERIOD)
         incarnation = workflow.info().first_execution_run_id
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -258,6 +263,7 @@ class ResourceSubscriptionWorkflow:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
         self.fence.adopt(snap)
+        self.fence.s.adaptive_poll_period = adaptive_poll_period
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
@@ -500,6 +506,7 @@ class ResourceSubscriptionWorkflow:
         self.fence.accepted_digest(outcome.content_digest, result)
         self.fence.observed(result, allocated_at=allocated_at, now=workflow.now())
         self.fence.read_judged(ticket.ordinal, outcome, result)
+        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
         self._publish()
 
     # --- revocation --------------------------------------------------------------------------
@@ -732,7 +739,8 @@ class ResourceSubscriptionWorkflow:
             f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
             f"{s.updates_covered} / {s.reads_issued} |\n"
             f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
-            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling) |\n"
+            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling; set by "
+               f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'}) |\n"
                if s.staleness_bound_seconds else "")
             + (f"\n{s.detail}\n" if s.detail else "")
         )

@@ -250,6 +250,23 @@ class Recorder:
                 await _wait_record(handle, lambda r: r.reads_issued >= rec.reads_issued + 2, "idle polls", timeout=10)
                 await self.save("subscription-polling-no-subscribe", handle.id, await self.close(handle))
 
+    async def polling_ttl(self) -> None:
+        """Polling where the period moves (docs/caching.md): the server's ttlMs is longer than the
+        interval, then reads fail (backoff), then content again (reset)."""
+        async with await FixtureProcess.start_http(self.work / "poll-ttl", seed="none", subscribe=False) as fx:
+            server = _server("replay-poll-ttl", fx.mcp_url)
+            async with running_services(self.client, self.ledger, [server], task_queue=f"replay-{server.name}") as cfg:
+                await fx.faults(ttl_ms=2000)
+                key, handle = await self.subscribe(fx, server, cfg.temporal.task_queue, "polled-ttl",
+                                                   poll_interval_seconds=0.5)
+                rec = await self.edit(fx, handle, key, "polled-ttl v2", timeout=10)
+                await fx.faults(fail_reads={key.uri: -32603})
+                await _wait_record(handle, lambda r: r.staleness_bound_source == "backoff", "backoff", timeout=20)
+                await fx.faults(reset=True)
+                await _wait_record(handle, lambda r: r.reads_issued >= rec.reads_issued + 5
+                                   and r.staleness_bound_source == "config", "reset after content", timeout=20)
+                await self.save("subscription-polling-ttl-backoff", handle.id, await self.close(handle))
+
     async def session_change(self) -> None:
         port = free_port()
         fx = await FixtureProcess.start_http(self.work / "restart-a", seed="none", port=port)
@@ -352,7 +369,7 @@ async def _run_all(rec: Recorder, only: set[str] | None) -> None:
         rec.updates_and_close, rec.revoked, rec.tombstoned_by_catalog, rec.identity_conflict,
         rec.continue_as_new, rec.reset, rec.answer,
     ]
-    own: list[Callable[[], Awaitable[None]]] = [rec.polling, rec.session_change, rec.catalog,
+    own: list[Callable[[], Awaitable[None]]] = [rec.polling, rec.polling_ttl, rec.session_change, rec.catalog,
                                                 rec.catalog_continue_as_new, rec.version_upgrade]
 
     def wanted(fn: Callable[..., Awaitable[None]]) -> bool:

@@ -1,0 +1,126 @@
+"""The poll period of a server without subscribe (workflows/fence.py, docs/caching.md): the
+configured interval, never faster than the last read's ttlMs, backed off after failed reads, and
+the published staleness bound saying which rule set it. Pure, deterministic code: no stack needed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from workflows.fence import BACKOFF_CAP, FenceState, SubscriptionFence, poll_period
+from workflows.records import (
+    CacheScope,
+    FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
+    StalenessBoundSource,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+KEY = SubscriptionKey(subject="alice", server="fx", uri="demo://doc")
+T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+SRC = StalenessBoundSource
+
+
+@pytest.mark.parametrize(("ttl_ms", "failed", "expected"), [
+    (None, 0, (30.0, SRC.CONFIG)),
+    (0, 0, (30.0, SRC.CONFIG)),  # 0: immediately stale, the interval stands
+    (10_000, 0, (30.0, SRC.CONFIG)),  # a short ttl never makes us poll faster than configured
+    (120_000, 0, (120.0, SRC.TTL)),  # a long ttl: never faster than the server allows
+    (None, 1, (60.0, SRC.BACKOFF)),
+    (None, 2, (120.0, SRC.BACKOFF)),
+    (None, 50, (30.0 * BACKOFF_CAP, SRC.BACKOFF)),  # capped
+    (120_000, 2, (120.0, SRC.TTL)),  # backoff below the ttl: the ttl still sets it
+    (120_000, 3, (240.0, SRC.BACKOFF)),
+])
+def test_poll_period_rules(ttl_ms: int | None, failed: int, expected: tuple[float, StalenessBoundSource]) -> None:
+    assert poll_period(30.0, ttl_ms, failed) == expected
+
+
+def _polling_fence() -> SubscriptionFence:
+    fence = SubscriptionFence(FenceState(key=KEY, adaptive_poll_period=True))
+    snap = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
+                         subscription_generation=1)
+    fence.subscribed(snap, poll_interval_seconds=30.0)
+    return fence
+
+
+def _outcome(kind: ReadOutcomeKind, ttl_ms: int | None = None,
+             scope: CacheScope | None = None) -> ReadOutcome:
+    return ReadOutcome(kind=kind, key=KEY, ordinal=1, request_id="r", session_generation=1,
+                       subscription_generation=1, trigger=TriggerReason.POLL, ttl_ms=ttl_ms, cache_scope=scope)
+
+
+def test_the_deadline_follows_the_period_the_last_read_implies() -> None:
+    fence = _polling_fence()
+    s = fence.s
+    assert (s.staleness_bound_seconds, s.staleness_bound_source) == (30.0, SRC.CONFIG)
+    fence.arm_read_deadline(requested_at=T0, period_seconds=fence.read_period(None), jitter=0.5)
+    assert s.read_due_at == T0 + timedelta(seconds=30 * 0.9)
+
+    # The read tells a 120 s ttl: the deadline armed with 30 s moves out (same jitter), bound says ttl.
+    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 120_000, CacheScope.PUBLIC))
+    assert (s.staleness_bound_seconds, s.staleness_bound_source) == (120.0, SRC.TTL)
+    assert s.read_due_at == T0 + timedelta(seconds=120 * 0.9)
+    rec = fence.record()
+    assert rec.staleness_bound_source == SRC.TTL and rec.last_read_ttl_ms == 120_000
+    assert rec.last_read_cache_scope == CacheScope.PUBLIC
+
+    # Failures back off past the ttl; a read without a result keeps the last known ttl.
+    for _ in range(3):
+        fence.read_directives(_outcome(ReadOutcomeKind.TRANSIENT))
+    assert (s.staleness_bound_seconds, s.staleness_bound_source) == (240.0, SRC.BACKOFF)
+    assert s.last_read_ttl_ms == 120_000 and s.failed_reads == 3
+
+    # Content again: the backoff resets and the deadline comes back in, within the new bound at once.
+    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 0, CacheScope.PRIVATE))
+    assert (s.staleness_bound_seconds, s.staleness_bound_source) == (30.0, SRC.CONFIG)
+    assert s.read_due_at == T0 + timedelta(seconds=30 * 0.9)
+    assert s.failed_reads == 0
+
+
+def test_not_found_and_denied_do_not_back_off() -> None:
+    fence = _polling_fence()
+    fence.read_directives(_outcome(ReadOutcomeKind.NOT_FOUND))
+    fence.read_directives(_outcome(ReadOutcomeKind.DENIED))
+    assert fence.s.failed_reads == 0 and fence.s.staleness_bound_source == SRC.CONFIG
+
+
+def test_with_subscribe_no_bound_is_published_whatever_the_ttl() -> None:
+    fence = SubscriptionFence(FenceState(key=KEY))
+    snap = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
+                         subscription_generation=1)
+    fence.subscribed(snap, poll_interval_seconds=None)
+    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 600_000, CacheScope.PUBLIC))
+    rec = fence.record(safety_read_seconds=300.0)
+    assert rec.staleness_bound_seconds is None and rec.staleness_bound_source is None
+    assert rec.safety_read_seconds == 300.0  # notifications, not the ttl, drive reads; safety reads stay
+    assert rec.last_read_ttl_ms == 600_000
+
+
+def test_state_carried_from_before_the_ttl_rules_keeps_its_interval() -> None:
+    """A FenceState dumped by an older run (no poll_interval_seconds) still polls at its bound."""
+    old = FenceState(key=KEY, state=SubscriptionState.ACTIVE, staleness_bound_seconds=30.0).model_dump(
+        exclude={"poll_interval_seconds", "staleness_bound_source", "read_jitter", "read_armed_from",
+                 "failed_reads", "last_read_ttl_ms", "last_read_cache_scope", "adaptive_poll_period"})
+    fence = SubscriptionFence(FenceState.model_validate(old))
+    fence.s.adaptive_poll_period = True  # a new run after continue-as-new: patched
+    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 0, CacheScope.PRIVATE))
+    assert (fence.s.staleness_bound_seconds, fence.s.staleness_bound_source) == (30.0, SRC.CONFIG)
+
+
+def test_without_the_patch_the_period_stays_the_interval() -> None:
+    """Replaying a history recorded before PATCH_TTL_POLL_PERIOD: the same timers as then."""
+    fence = _polling_fence()
+    fence.s.adaptive_poll_period = False
+    fence.arm_read_deadline(requested_at=T0, period_seconds=fence.read_period(None), jitter=0.5)
+    due = fence.s.read_due_at
+    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 120_000, CacheScope.PUBLIC))
+    for _ in range(3):
+        fence.read_directives(_outcome(ReadOutcomeKind.TRANSIENT))
+    assert (fence.s.staleness_bound_seconds, fence.s.staleness_bound_source) == (30.0, SRC.CONFIG)
+    assert fence.s.read_due_at == due
+    assert fence.s.last_read_ttl_ms == 120_000  # still recorded
