@@ -1,5 +1,5 @@
-"""Starting a subscription workflow: the one idempotent starter, for the CLI, the platform API
-and the catalog's auto-subscribe activity alike.
+"""Starting workflows: the idempotent starters of subscriptions (for the CLI, the platform API
+and the catalog's auto-subscribe activity alike) and of catalogs.
 
 Contract: ``start_subscription`` starts (or joins) the ``ResourceSubscriptionWorkflow`` of a key
 with conflict policy USE_EXISTING (starting twice joins the running workflow) and reuse policy
@@ -20,10 +20,25 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
-from workflows.names import SA_SERVER, SA_STATE, SA_SUBJECT, SA_URI, WORKFLOW_TYPE
-from workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionStart
+from workflows.names import (
+    CATALOG_WORKFLOW_TYPE,
+    SA_CATALOG_STATE,
+    SA_SERVER,
+    SA_STATE,
+    SA_SUBJECT,
+    SA_URI,
+    WORKFLOW_TYPE,
+)
+from workflows.records import (
+    CatalogKey,
+    CatalogPolicy,
+    CatalogStart,
+    SubscriptionKey,
+    SubscriptionOptions,
+    SubscriptionStart,
+)
 
-__all__ = ["start_subscription", "subscription_contract", "sa_uri"]
+__all__ = ["start_subscription", "start_catalog", "subscription_contract", "sa_uri"]
 
 
 def sa_uri(uri: str) -> str:
@@ -31,26 +46,44 @@ def sa_uri(uri: str) -> str:
     return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
 
 
+async def _start_once(client: Client, workflow: str, arg: object, *, id: str, task_queue: str, memo: dict[str, str],
+                      attributes: list[SearchAttributePair[str]], summary: str,
+                      details: str | None = None) -> WorkflowHandle:
+    """Start, or join the run already going: USE_EXISTING on conflict, ALLOW_DUPLICATE after it ended."""
+    return await client.start_workflow(
+        workflow, arg, id=id, task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo=memo, search_attributes=TypedSearchAttributes(attributes),
+        static_summary=summary, static_details=details,
+    )
+
+
+def _keyword(name: str, value: str) -> SearchAttributePair[str]:
+    return SearchAttributePair(SearchAttributeKey.for_keyword(name), value)
+
+
 async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
                              options: SubscriptionOptions | None = None) -> WorkflowHandle:
     """Start (or join) the subscription workflow of ``key``; idempotent."""
-    return await client.start_workflow(
-        WORKFLOW_TYPE,
-        SubscriptionStart(key=key, options=options or SubscriptionOptions()),
-        id=key.workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_URI), sa_uri(key.uri)),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_STATE), "DISCOVERED"),
-        ]),
-        static_summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",
-        static_details=subscription_contract(key, options or SubscriptionOptions()),
-    )
+    options = options or SubscriptionOptions()
+    return await _start_once(
+        client, WORKFLOW_TYPE, SubscriptionStart(key=key, options=options), id=key.workflow_id,
+        task_queue=task_queue, memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+        attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_URI, sa_uri(key.uri)),
+                    _keyword(SA_SUBJECT, key.subject), _keyword(SA_STATE, "DISCOVERED")],
+        summary=f"{key.server} {key.subject} {sa_uri(key.uri)}", details=subscription_contract(key, options))
+
+
+async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
+                        policy: CatalogPolicy | None = None) -> WorkflowHandle:
+    """Start (or join) the CatalogWorkflow of (subject, server); idempotent. Nothing else starts it."""
+    return await _start_once(
+        client, CATALOG_WORKFLOW_TYPE, CatalogStart(key=key, policy=policy or CatalogPolicy()), id=key.workflow_id,
+        task_queue=task_queue, memo={"subject": key.subject, "server": key.server},
+        attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_SUBJECT, key.subject),
+                    _keyword(SA_CATALOG_STATE, "STARTING")],
+        summary=f"catalog {key.server} {key.subject}")
 
 
 def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) -> str:

@@ -31,12 +31,7 @@ from pathlib import Path
 
 from temporalio.client import Client, TLSConfig, WorkflowHandle
 from temporalio.common import (
-    SearchAttributeKey,
-    SearchAttributePair,
-    TypedSearchAttributes,
     WorkerDeploymentVersion,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
@@ -47,24 +42,18 @@ from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from activities.db import migrate, open_pool
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
-from activities.starters import start_subscription
+from activities.starters import start_catalog, start_subscription
 from worker import metrics
 from worker.config import Config, RetentionConfig, TemporalConfig
 from worker.stack import ensure_search_attributes
 from workflows.answer import AnswerWorkflow
 from workflows.catalog import CatalogWorkflow
 from workflows.names import (
-    CATALOG_WORKFLOW_TYPE,
-    SA_CATALOG_STATE,
-    SA_SERVER,
-    SA_SUBJECT,
     SIGNAL_REVOKE,
 )
 from workflows.records import (
     TERMINAL_STATES,
     CatalogKey,
-    CatalogPolicy,
-    CatalogStart,
     RevokeRequest,
     SubscriptionKey,
 )
@@ -291,23 +280,3 @@ async def start_catalogs(client: Client, config: Config) -> list[str]:
 
 def subscription_handle(client: Client, key: SubscriptionKey) -> WorkflowHandle:
     return client.get_workflow_handle(key.workflow_id)
-
-
-async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
-                        policy: CatalogPolicy | None = None) -> WorkflowHandle:
-    """Start (or join) the CatalogWorkflow of (subject, server); idempotent. Nothing else starts it."""
-    return await client.start_workflow(
-        CATALOG_WORKFLOW_TYPE,
-        CatalogStart(key=key, policy=policy or CatalogPolicy()),
-        id=key.workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo={"subject": key.subject, "server": key.server},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SERVER), key.server),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_SUBJECT), key.subject),
-            SearchAttributePair(SearchAttributeKey.for_keyword(SA_CATALOG_STATE), "STARTING"),
-        ]),
-        static_summary=f"catalog {key.server} {key.subject}",
-    )
