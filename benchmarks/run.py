@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.run [--subscriptions 200] [--series 100,1000]
                                        [--transport http|stdio|both] [--out benchmarks/out] [--quick]
+    .venv/bin/python -m benchmarks.run --ingress-scale 1,50,200 [--idle-seconds 10]
 
 Per (transport, N): a fresh Temporal dev server (free ports) and a fresh PostgreSQL database
 (``MCPSYNC_DATABASE_URL``'s server, else an embedded one under the state dir); N subscriptions
@@ -84,7 +85,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
 from activities.outbox import OutboxConsumer
-from benchmarks import cost, floor, staleness
+from benchmarks import cost, floor, ingress_scale, staleness
 from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
@@ -129,6 +130,8 @@ class Options:
     safety_read_seconds: float = 12.0  # the lost-notifications profile's SubscriptionOptions.safety_read_seconds
     staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
+    ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
+    idle_seconds: float = 10.0
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -1387,6 +1390,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
                    help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a real "
                         "cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
+    p.add_argument("--ingress-scale", type=_ints, default=None, metavar="S,S,...",
+                   help="instead of the run: one ingress process hosting S subjects of one server per level (e.g. "
+                        "1,50,200): pollers, RSS, idle CPU (benchmarks.ingress_scale)")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1412,6 +1419,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         staleness_window=a.staleness_window,
         quick=quick,
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
+        ingress_scale=a.ingress_scale,
+        idle_seconds=a.idle_seconds,
         single=a.single,
         result=a.result,
     )
@@ -1423,7 +1432,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     code = 0
     try:
-        if opts.single is not None:
+        if opts.ingress_scale is not None:
+            scale = ingress_scale.run_scale(opts.ingress_scale, opts.idle_seconds, opts.out)
+            ingress_scale.print_table(scale)
+            print(f"\nwrote {opts.out / 'ingress_scale.json'}")
+        elif opts.single is not None:
             transport, _, n = opts.single.partition(":")
             assert opts.result is not None, "--single needs --result"
             asyncio.run(run_single(opts, transport, int(n), opts.result))
