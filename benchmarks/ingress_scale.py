@@ -61,6 +61,14 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _load_average() -> float | None:
+    """Other processes share the cores: the 1-minute load average at the end of the idle window."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _threads(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -153,6 +161,7 @@ async def measure_one(subjects: int, idle_seconds: float, settle: float = 3.0) -
                 "fixture_rss_bytes": rss_bytes(fx.pid),
                 "idle_seconds": round(wall, 2),
                 "idle_cpu_pct_of_one_core": idle,
+                "machine_load_average_1m": _load_average(),
             }
     finally:
         await probe.aclose()

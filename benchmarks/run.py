@@ -513,6 +513,32 @@ class BenchFixture:
         return ctl
 
 
+async def staleness_section(ledger: Ledger, stale_runs: Sequence[staleness.ProfileRun],
+                            window: asyncio.Task[tuple[datetime, datetime]], plan: staleness.StalenessPlan,
+                            during: Scrape, setup_seconds: float, churn_seconds: float) -> dict[str, Any]:
+    """The ``staleness`` section of a run: waits for the window's end, then measures each profile."""
+    t_wait = time.monotonic()
+    w0, w1 = await window
+    wait = time.monotonic() - t_wait
+    return {
+        **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
+        "window_seconds": round((w1 - w0).total_seconds(), 2),
+        "window_overlaps_churn_seconds": round(min(churn_seconds, plan.window_seconds), 2),
+        "tick_seconds": plan.tick_seconds,
+        "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
+        # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+        "dispatch_during_churn_mean_ms": {
+            "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
+                                                             task_queue=TASK_QUEUE),
+            "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                      activity_type=Act.ALLOCATE_READ),
+        },
+        "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
+                "the window to its end, the open gap included); each tick one edit per profile and one catalog "
+                "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
+    }
+
+
 TEMPORAL_FLOOR_URI = "bench://temporal-floor"
 
 
@@ -656,7 +682,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         # start, idle until their subscriptions start right before the churn.
         stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
                                                 subscribe=p.subscribe, catalog=False)
-                    for p in staleness.Profile}
+                    for p in staleness.Profile if opts.staleness_subscriptions > 0}
         config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services = asyncio.create_task(run_services(config, client, ledger), name="bench-services")
@@ -780,13 +806,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                                                     control=await f.control(stack), plan=plan, task_queue=TASK_QUEUE)
                       for p, f in stale_fx.items()]
         stale_setup = time.monotonic() - t_stale0
-        say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety read "
-            f"{plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
-            f"{plan.window_seconds:g}s")
-        stale_window = asyncio.create_task(staleness.drive(ledger, stale_runs, plan,
-                                                           random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
-                                           name="bench-staleness")
-        stack.callback(stale_window.cancel)
+        stale_window: asyncio.Task[tuple[datetime, datetime]] | None = None
+        if stale_runs:  # --staleness-subscriptions 0: no staleness load during the churn (cost of a change alone)
+            say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety "
+                f"read {plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
+                f"{plan.window_seconds:g}s")
+            stale_window = asyncio.create_task(
+                staleness.drive(ledger, stale_runs, plan, random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
+                name="bench-staleness")
+            stack.callback(stale_window.cancel)
 
         # --- churn ---------------------------------------------------------------------------------
         follower = await OutboxFollower.start(ledger)  # accept -> consumer received (docs/outbox.md)
@@ -845,26 +873,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         consumer_lat, consumer_missing = await follower.latencies(t_churn0)
         # --- staleness: the longest gap between reads against the published bound ----------------------
-        t_wait = time.monotonic()
-        w0, w1 = await stale_window
-        stale_wait = time.monotonic() - t_wait
-        r["staleness"] = {
-            **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
-            "window_seconds": round((w1 - w0).total_seconds(), 2),
-            "window_overlaps_churn_seconds": round(min(t_churn1 - t_churn0, plan.window_seconds), 2),
-            "tick_seconds": plan.tick_seconds,
-            "added_wall_seconds": {"subscribe": round(stale_setup, 2), "window_after_drain": round(stale_wait, 2)},
-            # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
-            "dispatch_during_churn_mean_ms": {
-                "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
-                                                                 task_queue=TASK_QUEUE),
-                "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
-                                                          activity_type=Act.ALLOCATE_READ),
-            },
-            "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
-                    "the window to its end, the open gap included); each tick one edit per profile and one catalog "
-                    "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
-        }
+        if stale_window is None:
+            r["staleness"] = {"skipped": "--staleness-subscriptions 0"}
+        else:
+            r["staleness"] = await staleness_section(ledger, stale_runs, stale_window, plan, during, stale_setup,
+                                                     t_churn1 - t_churn0)
         for prof in stale_runs:  # their periodic reads must not load the later phases
             await revoke(client, ledger, subject=SUBJECT, server=prof.server, uri=None,
                          reason="benchmark: staleness window over")
@@ -1251,7 +1264,9 @@ def print_summary(report: dict[str, Any]) -> None:
         cpu = r["churn"]["cpu"]
         print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
               f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")
-        for profile in staleness.Profile:
+        if "skipped" in r["staleness"]:
+            print(f"  staleness           skipped ({r['staleness']['skipped']})")
+        for profile in staleness.Profile if "skipped" not in r["staleness"] else ():
             st = r["staleness"][profile.value]
             over = st["over_bound_s"]
             slack = "-" if over is None else f"+{over} s: one dispatch" if over > 0 else "within it"
@@ -1259,9 +1274,9 @@ def print_summary(report: dict[str, Any]) -> None:
                   f"{f(st['published_bound_s'], ' s')} ({f(st['max_gap_over_bound'], 'x')}, {slack})   "
                   f"p50 {f(st['gap_p50_s'], ' s')}  p99 {f(st['gap_p99_s'], ' s')}   {st['reads']} reads, "
                   f"{st['catalog_words']} catalog words")
-        dispatch = r["staleness"]["dispatch_during_churn_mean_ms"]
+        dispatch = r["system"]["where_time_goes_ms"]
         print(f"  (one dispatch here: workflow task schedule-to-start {f(dispatch['workflow_task_schedule_to_start'])} ms"
-              f" + allocate {f(dispatch['allocate_read_end_to_end'])} ms, means during the churn)")
+              f" + allocate {f(dispatch['activity_end_to_end'][Act.ALLOCATE_READ])} ms, means during the churn)")
         print(f"  targets met         {r['targets_met']}")
         tf, cc = r["temporal_floor"], r["cost_of_a_change"]
         print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; signal -> 1 "
