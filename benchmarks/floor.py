@@ -118,6 +118,7 @@ class FloorResult:
     history_events: int
     workflow_tasks: int
     missing: int  # samples without an acknowledgement in the history (not counted)
+    breakdown: dict[str, list[float]]  # per step between history events (server clock; "sent" is the client's)
 
 
 async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, samples: int, *,
@@ -145,20 +146,32 @@ async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri:
         await asyncio.wait_for(handle.result(), timeout)
         history = await handle.fetch_history()
 
-    acks: list[float] = []
-    activity_completed = 0
+    # Per sample, in history order: signaled, activity scheduled / started / completed, acknowledged.
+    marks: dict[str, list[float]] = {k: [] for k in ("signaled", "scheduled", "started", "completed", "ack")}
+    kinds = {EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: "signaled",
+             EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: "scheduled",
+             EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED: "started",
+             EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "completed"}
     waiting = False
     tasks = 0
     for ev in history.events:
-        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            activity_completed += 1
-            waiting = True
+        at = ev.event_time.seconds + ev.event_time.nanos / 1e9
+        kind = kinds.get(ev.event_type)
+        if kind is not None:
+            marks[kind].append(at)
+            waiting = waiting or kind == "completed"
         elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             tasks += 1
             if waiting:
-                acks.append(ev.event_time.seconds + ev.event_time.nanos / 1e9)
+                marks["ack"].append(at)
                 waiting = False
+    acks = marks["ack"]
     totals = [acks[i] - sent[i] for i in range(min(len(acks), samples))]
+    steps = [("sent", "signaled"), ("signaled", "scheduled"), ("scheduled", "started"), ("started", "completed"),
+             ("completed", "ack")]
+    marks["sent"] = [sent[i] for i in range(samples)]
+    breakdown = {f"{a}_to_{b}": [marks[b][i] - marks[a][i] for i in range(len(totals))]
+                 for a, b in steps if len(marks[a]) >= len(totals) and len(marks[b]) >= len(totals)}
     return FloorResult(
         totals=totals,
         activity_done=[acts.completed[i] - sent[i] for i in range(samples) if i in acts.completed],
@@ -167,4 +180,5 @@ async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri:
         history_events=len(history.events),
         workflow_tasks=tasks,
         missing=samples - len(totals),
+        breakdown=breakdown,
     )

@@ -574,6 +574,7 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, fixture: Fixtur
         "signal_to_activity_done_p50_ms": summarize(res.activity_done)["p50_ms"],
         "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
         "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "steps_p50_ms": {k: summarize(v)["p50_ms"] for k, v in res.breakdown.items()},
         "history_events": res.history_events,
         "workflow_tasks_completed": res.workflow_tasks,
         "what": "benchmarks.floor: signal sent -> the workflow task that took the result of ONE activity (one "

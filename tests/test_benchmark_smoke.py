@@ -151,6 +151,9 @@ def _check_cost_of_a_change(r: dict[str, Any]) -> None:
     assert tf["samples"] == 5 and tf["missing"] == 0
     assert 0 < tf["p50_ms"] <= tf["p99_ms"] and 0 < tf["signal_to_activity_done_p50_ms"]
     assert tf["activity_postgres_p50_ms"] > 0 and tf["activity_read_p50_ms"] > 0
+    assert set(tf["steps_p50_ms"]) == {"sent_to_signaled", "signaled_to_scheduled", "scheduled_to_started",
+                                       "started_to_completed", "completed_to_ack"}
+    assert all(_num(v) and v >= 0 for v in tf["steps_p50_ms"].values())
     # Per sample: signaled, 3 workflow-task events, 3 activity events, 3 more workflow-task events.
     assert tf["history_events"] >= 10 * tf["samples"] and tf["workflow_tasks_completed"] >= 2 * tf["samples"]
     assert r["temporal_floor_ms"] == {"p50": tf["p50_ms"], "p99": tf["p99_ms"]}
