@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.run [--subscriptions 200] [--series 100,1000]
                                        [--transport http|stdio|both] [--out benchmarks/out] [--quick]
+    .venv/bin/python -m benchmarks.run --ingress-scale 1,50,200 [--idle-seconds 10]
 
 Per (transport, N): a fresh Temporal dev server (free ports) and a fresh PostgreSQL database
 (``MCPSYNC_DATABASE_URL``'s server, else an embedded one under the state dir); N subscriptions
@@ -29,6 +30,19 @@ re-read, ``--safety-read-seconds``, bounds it). From the churn's start, for ``--
 seconds, each gets an edit and catalog words every second (wake-ups); the figure is the longest gap
 between two read allocations of a subscription (``read_requests.issued_at``), printed against the
 bound its record publishes.
+
+The **Temporal floor** (``benchmarks.floor``), in the same run, right after the raw floor: a minimal
+workflow (not mcpsync's) where a signal runs ONE activity on a second task queue doing one PostgreSQL
+transaction and one MCP ``resources/read`` (own session, ``cache=None``) against the run's fixture;
+signal sent → workflow task that took the result completed. mcpsync's convergence of changes with
+a delivered notification is divided by it (``convergence_over_temporal_floor``).
+
+**Cost of a change** (``benchmarks.cost``): CPU of the run's processes (this process, the dev server,
+the fixtures, PostgreSQL's postmaster, auxiliaries and the run's backends) from /proc over the churn,
+and history events / workflow tasks of the subscription workflows from churn start to drain end,
+each divided by the churn's changes. The issue-12 figures are also exposed under flat keys
+(``temporal_floor_ms``, ``cpu_ms_per_change``, ``history_events_per_change``, ...) and printed
+beside the values before the read-cycle rebuild and its targets (printed, never asserted).
 
 Convergence of a change = oracle mutation committed (fixture clock) → first receipt accepted
 (PostgreSQL clock, same host) whose digest is this change's or a later change's of that URI;
@@ -59,7 +73,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import psycopg
+from mcp import Client as McpClient
 from mcp import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -69,7 +85,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.ledger import Ledger
 from activities.outbox import OutboxConsumer
-from benchmarks import staleness
+from benchmarks import cost, floor, ingress_scale, staleness
 from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
@@ -102,6 +118,7 @@ class Options:
     max_notify: int = 5
     drop_every: int = 100
     floor_samples: int = 100
+    temporal_floor_samples: int = 50
     burst_per_subscription: int = 5
     burst_cap: int = 2000
     revocations: int = 20
@@ -113,6 +130,8 @@ class Options:
     safety_read_seconds: float = 12.0  # the lost-notifications profile's SubscriptionOptions.safety_read_seconds
     staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
+    ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
+    idle_seconds: float = 10.0
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -326,8 +345,13 @@ class Probe:
     @staticmethod
     def mean_ms(d: Scrape, name: str, **labels: str) -> float | None:
         want = set(labels.items())
-        total = sum(v for (n, lab), v in d.items() if n == f"{name}_sum" and want <= lab)
-        count = sum(v for (n, lab), v in d.items() if n == f"{name}_count" and want <= lab)
+        # The SDK's runtime exports durations in seconds with a unit suffix (worker.metrics: unit_suffix=True,
+        # durations_as_seconds=True): temporal_request_latency is temporal_request_latency_seconds there.
+        names = {name, f"{name}_seconds"}
+        total = sum(v for (n, lab), v in d.items() if n.removesuffix("_sum") in names and n.endswith("_sum")
+                    and want <= lab)
+        count = sum(v for (n, lab), v in d.items() if n.removesuffix("_count") in names and n.endswith("_count")
+                    and want <= lab)
         return round(1000 * total / count, 2) if count > 0 else None
 
     def breakdown(self, d: Scrape, server: str) -> dict[str, Any]:
@@ -489,6 +513,137 @@ class BenchFixture:
         return ctl
 
 
+async def staleness_section(ledger: Ledger, stale_runs: Sequence[staleness.ProfileRun],
+                            window: asyncio.Task[tuple[datetime, datetime]], plan: staleness.StalenessPlan,
+                            during: Scrape, setup_seconds: float, churn_seconds: float) -> dict[str, Any]:
+    """The ``staleness`` section of a run: waits for the window's end, then measures each profile."""
+    t_wait = time.monotonic()
+    w0, w1 = await window
+    wait = time.monotonic() - t_wait
+    return {
+        **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
+        "window_seconds": round((w1 - w0).total_seconds(), 2),
+        "window_overlaps_churn_seconds": round(min(churn_seconds, plan.window_seconds), 2),
+        "tick_seconds": plan.tick_seconds,
+        "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
+        # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+        "dispatch_during_churn_mean_ms": {
+            "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
+                                                             task_queue=TASK_QUEUE),
+            "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                      activity_type=Act.ALLOCATE_READ),
+        },
+        "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
+                "the window to its end, the open gap included); each tick one edit per profile and one catalog "
+                "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
+    }
+
+
+TEMPORAL_FLOOR_URI = "bench://temporal-floor"
+
+
+async def measure_temporal_floor(client: Client, ledger: Ledger, fixture: FixtureProcess | None, work: Path,
+                                 samples: int) -> dict[str, Any]:
+    """``benchmarks.floor`` on the run's dev server and database, reading from the run's fixture: over HTTP the
+    system's fixture process, over stdio a twin fixture process of its own (a stdio server has one client)."""
+    ready = work / "ready-temporal-floor.json"
+    target: Any
+    if fixture is not None:
+        await fixture.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+        target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
+    else:
+        command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
+        target = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    mcp = McpClient(target, cache=None, client_info=types.Implementation(name="bench-temporal-floor", version="0"))
+    await asyncio.wait_for(mcp.__aenter__(), 30)
+    try:
+        if fixture is None:
+            ctl = FixtureControl((await wait_ready_file(ready, timeout=30))["control_url"])
+            try:
+                await ctl.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+            finally:
+                await ctl.aclose()
+        res = await floor.measure(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, samples)
+    finally:
+        with suppress(BaseException):  # a transport torn down mid-close must not fail the report
+            await asyncio.wait_for(mcp.__aexit__(None, None, None), 10)
+    ms = summarize(res.totals)
+    return {
+        **ms,
+        "missing": res.missing,
+        "signal_to_activity_done_p50_ms": summarize(res.activity_done)["p50_ms"],
+        "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
+        "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "steps_p50_ms": {k: summarize(v)["p50_ms"] for k, v in res.breakdown.items()},
+        "history_events": res.history_events,
+        "workflow_tasks_completed": res.workflow_tasks,
+        "what": "benchmarks.floor: signal sent -> the workflow task that took the result of ONE activity (one "
+                "PostgreSQL UPDATE transaction + one MCP resources/read, own session, cache=None) run on a second "
+                "task queue completed (server's event time); sequential, idle, same dev server, database, fixture",
+        "_totals": res.totals,
+    }
+
+
+def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[str], wh: cost.WindowHistory,
+                     changes: int) -> dict[str, Any]:
+    busy = r["churn"]["cpu"]["cpu_seconds"].get("machine_busy")
+
+    def per(v: float | None, digits: int = 2) -> float | None:
+        return None if v is None or not changes else round(v / changes, digits)
+
+    return {
+        **proc_cpu,
+        "whole_machine_busy_ms_per_change": per(None if busy is None else 1000 * busy, 1),
+        "cpu_window": "the churn (the same window as churn.cpu), divided by the churn's changes",
+        "notes": [*notes,
+                  "benchmark_process is the mcpsync worker AND the driver and the naive baseline client (one "
+                  "process); fixtures are the system's, the baseline's twin (stdio) and the staleness profiles'",
+                  "postgresql: the postmaster serving the run's database, its auxiliary processes (shared with any "
+                  "other database on that server) and the backends connected to the run's database"],
+        "history": {
+            "window": "churn start -> drain end (wall clock vs the events' server time, same host)",
+            "workflows": wh.workflows,
+            "runs": wh.runs,
+            "events": wh.events,
+            "workflow_tasks_completed": wh.workflow_tasks_completed,
+            "activities_scheduled": wh.activities_scheduled,
+            "events_per_change": per(wh.events),
+            "workflow_tasks_per_change": per(wh.workflow_tasks_completed),
+            "activities_per_change": per(wh.activities_scheduled),
+        },
+    }
+
+
+def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """The issue-12 figures under their own keys (the sections hold the detail)."""
+    tf = r["temporal_floor"]
+    delivered = r["system"]["convergence"]["with_a_delivered_notification"]
+    c = r["cost_of_a_change"]
+    return {
+        "temporal_floor_ms": {"p50": tf["p50_ms"], "p99": tf["p99_ms"]},
+        "convergence_over_temporal_floor": {"p50": ratio(delivered["p50_ms"], tf["p50_ms"]),
+                                            "p99": ratio(delivered["p99_ms"], tf["p99_ms"])},
+        "cpu_ms_per_change": c["cpu_ms_per_change"],
+        "history_events_per_change": c["history"]["events_per_change"],
+        "workflow_tasks_per_change": c["history"]["workflow_tasks_per_change"],
+        "burst_reads_per_s": r["burst"]["reads_per_second"],
+        "initial_subscriptions_per_s": r["startup"]["subscriptions_per_second"],
+        "reads_per_change_vs_naive": r["comparison"]["amplification_vs_baseline"],
+    }
+
+
+# Issue 12's table: (figure, how it is read from a run, today before the rebuild, target). Printed, not asserted.
+ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
+    ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"], "~1.8", "<= 1.25"),
+    ("CPU per change, run's processes (ms)", lambda r: r["cpu_ms_per_change"], "~118 (whole box)", "<= 45"),
+    ("burst reads/s", lambda r: r["burst_reads_per_s"], "~29", ">= 75"),
+    ("initial subscriptions/s", lambda r: r["initial_subscriptions_per_s"], "~10", ">= 40"),
+    ("history events per change", lambda r: r["history_events_per_change"], "16-27", "<= 8"),
+    ("workflow tasks per change", lambda r: r["workflow_tasks_per_change"], "~5", "-"),
+    ("reads per change vs naive", lambda r: r["reads_per_change_vs_naive"], "0.34x", "<= 0.4x"),
+]
+
+
 async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Path, probe: Probe) -> Run:
     run = Run(transport, n, opts)
     r = run.result
@@ -528,7 +683,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         # start, idle until their subscriptions start right before the churn.
         stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
                                                 subscribe=p.subscribe, catalog=False)
-                    for p in staleness.Profile}
+                    for p in staleness.Profile if opts.staleness_subscriptions > 0}
         config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services = asyncio.create_task(run_services(config, client, ledger), name="bench-services")
@@ -640,6 +795,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         run.curves["floor"] = [f.total for f in floor]
         await base.idle()
 
+        # --- the Temporal floor: signal -> one activity (one transaction + one read) on a second task queue ------
+        say(f"measuring the Temporal floor ({opts.temporal_floor_samples} samples)")
+        r["temporal_floor"] = await measure_temporal_floor(client, ledger, fixture, work, opts.temporal_floor_samples)
+        run.curves["temporal_floor"] = r["temporal_floor"].pop("_totals")
+
         # --- staleness profiles: subscribed now, measured over a window that starts with the churn --------
         plan = opts.staleness_plan()
         t_stale0 = time.monotonic()
@@ -647,13 +807,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                                                     control=await f.control(stack), plan=plan, task_queue=TASK_QUEUE)
                       for p, f in stale_fx.items()]
         stale_setup = time.monotonic() - t_stale0
-        say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety read "
-            f"{plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
-            f"{plan.window_seconds:g}s")
-        stale_window = asyncio.create_task(staleness.drive(ledger, stale_runs, plan,
-                                                           random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
-                                           name="bench-staleness")
-        stack.callback(stale_window.cancel)
+        stale_window: asyncio.Task[tuple[datetime, datetime]] | None = None
+        if stale_runs:  # --staleness-subscriptions 0: no staleness load during the churn (cost of a change alone)
+            say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety "
+                f"read {plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
+                f"{plan.window_seconds:g}s")
+            stale_window = asyncio.create_task(
+                staleness.drive(ledger, stale_runs, plan, random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
+                name="bench-staleness")
+            stack.callback(stale_window.cancel)
 
         # --- churn ---------------------------------------------------------------------------------
         follower = await OutboxFollower.start(ledger)  # accept -> consumer received (docs/outbox.md)
@@ -663,13 +825,18 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         verdicts0 = await _verdicts(ledger, server)
         host0 = metrics.host_totals().get(server, (0, 0))
         completions0 = len(base.completions)
+        subscription_runs = await cost.start_runs(
+            client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+        roles, role_notes = cost.run_processes(temporal.pid, db_name)
         scrape0 = await probe.scrape()
         cpu0 = cpu_snapshot()
+        proc_cpu0 = cost.cpu_sample(roles)
         say(f"churn: {opts.rate:g} changes/s for {opts.duration:g}s")
         t_churn0 = time.time()
         changes, lag = await drive_churn(controls, uris, opts, rng)
         t_churn1 = time.time()
         cpu_churn = cpu_report(cpu0, cpu_snapshot())
+        proc_cpu = cost.cpu_delta(proc_cpu0, cost.cpu_sample(roles), len(changes))
         final = {ch.uri: ch.digest for ch in changes}
 
         # --- drain ---------------------------------------------------------------------------------
@@ -702,29 +869,16 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         sys_left, base_left = await unconverged()
         await base.idle()
         during = Probe.diff(await probe.scrape(), scrape0)
+        t_drain1 = time.time()
+        window_history = await cost.history_per_change(client, subscription_runs, t_churn0, t_drain1)
 
         consumer_lat, consumer_missing = await follower.latencies(t_churn0)
         # --- staleness: the longest gap between reads against the published bound ----------------------
-        t_wait = time.monotonic()
-        w0, w1 = await stale_window
-        stale_wait = time.monotonic() - t_wait
-        r["staleness"] = {
-            **{prof.profile.value: await staleness.measure(ledger, prof, w0, w1) for prof in stale_runs},
-            "window_seconds": round((w1 - w0).total_seconds(), 2),
-            "window_overlaps_churn_seconds": round(min(t_churn1 - t_churn0, plan.window_seconds), 2),
-            "tick_seconds": plan.tick_seconds,
-            "added_wall_seconds": {"subscribe": round(stale_setup, 2), "window_after_drain": round(stale_wait, 2)},
-            # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
-            "dispatch_during_churn_mean_ms": {
-                "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
-                                                                 task_queue=TASK_QUEUE),
-                "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
-                                                          activity_type=Act.ALLOCATE_READ),
-            },
-            "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
-                    "the window to its end, the open gap included); each tick one edit per profile and one catalog "
-                    "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
-        }
+        if stale_window is None:
+            r["staleness"] = {"skipped": "--staleness-subscriptions 0"}
+        else:
+            r["staleness"] = await staleness_section(ledger, stale_runs, stale_window, plan, during, stale_setup,
+                                                     t_churn1 - t_churn0)
         for prof in stale_runs:  # their periodic reads must not load the later phases
             await revoke(client, ledger, subject=SUBJECT, server=prof.server, uri=None,
                          reason="benchmark: staleness window over")
@@ -818,6 +972,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "delivered_p999_vs_floor": ratio(sys_conv["with_a_delivered_notification"]["p999_ms"], fl["p999_ms"]),
             "baseline_p50_vs_floor": ratio(base_conv["p50_ms"], fl["p50_ms"]),
         }
+        r["cost_of_a_change"] = cost_of_a_change(r, proc_cpu, role_notes, window_history, len(changes))
         say(f"system p50/p99/p99.9 {sys_conv['p50_ms']}/{sys_conv['p99_ms']}/{sys_conv['p999_ms']} ms, "
             f"{r['system']['reads_per_change']} reads/change (baseline {r['baseline']['reads_per_change']})")
 
@@ -916,6 +1071,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                 and (sys_conv["with_a_delivered_notification"]["p999_ms"] or 1e12) <= bound * 1000,
             "revocation_p99": (r["revocation"]["p99_ms"] or 1e12) <= TARGETS["revocation_p99_max_seconds"] * 1000,
         }
+        r.update(headline_figures(r))
         r["run_seconds"] = round(time.monotonic() - t_run, 1)
     shutil.rmtree(work, ignore_errors=True)
     return run
@@ -1029,13 +1185,16 @@ def plot(runs: Sequence[Run], path: Path, grown: dict[str, Any]) -> None:
     decades = [(1e-3, "1MS"), (1e-2, "10MS"), (0.1, "100MS"), (1.0, "1S"), (10.0, "10S"), (100.0, "100S")]
     for x in runs:
         series = []
-        for name, color in (("floor", COLORS["gray"]), ("baseline", COLORS["orange"]), ("system", COLORS["blue"])):
+        for name, color in (("floor", COLORS["gray"]), ("temporal_floor", COLORS["green"]),
+                            ("baseline", COLORS["orange"]), ("system", COLORS["blue"])):
             lat = sorted(max(v, 1e-3) for v in x.curves.get(name, []))
-            total = len(lat) + (x.result[name]["convergence"]["unconverged"] if name != "floor" else 0)
+            floors = ("floor", "temporal_floor")
+            total = len(lat) + (x.result[name]["convergence"]["unconverged"] if name not in floors else 0)
             if not lat:
                 continue
             pts = [(lat[0], 1.0)] + [(v, max(1e-3, (total - i - 1) / total)) for i, v in enumerate(lat)]
-            label = {"system": "MCPSYNC", "baseline": "NAIVE SDK CLIENT", "floor": "FLOOR (1 NOTIFY + 1 READ)"}[name]
+            label = {"system": "MCPSYNC", "baseline": "NAIVE SDK CLIENT", "floor": "FLOOR (1 NOTIFY + 1 READ)",
+                     "temporal_floor": "TEMPORAL FLOOR (SIGNAL + 1 ACTIVITY)"}[name]
             series.append(Series(label, pts, color, step=True))
         panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged", "time since the change committed",
                             "fraction", (1e-3, 100.0), (1e-3, 1.0), x_log=True, y_log=True, x_ticks=decades,
@@ -1106,7 +1265,9 @@ def print_summary(report: dict[str, Any]) -> None:
         cpu = r["churn"]["cpu"]
         print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
               f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")
-        for profile in staleness.Profile:
+        if "skipped" in r["staleness"]:
+            print(f"  staleness           skipped ({r['staleness']['skipped']})")
+        for profile in staleness.Profile if "skipped" not in r["staleness"] else ():
             st = r["staleness"][profile.value]
             over = st["over_bound_s"]
             slack = "-" if over is None else f"+{over} s: one dispatch" if over > 0 else "within it"
@@ -1114,10 +1275,21 @@ def print_summary(report: dict[str, Any]) -> None:
                   f"{f(st['published_bound_s'], ' s')} ({f(st['max_gap_over_bound'], 'x')}, {slack})   "
                   f"p50 {f(st['gap_p50_s'], ' s')}  p99 {f(st['gap_p99_s'], ' s')}   {st['reads']} reads, "
                   f"{st['catalog_words']} catalog words")
-        dispatch = r["staleness"]["dispatch_during_churn_mean_ms"]
+        dispatch = r["system"]["where_time_goes_ms"]
         print(f"  (one dispatch here: workflow task schedule-to-start {f(dispatch['workflow_task_schedule_to_start'])} ms"
-              f" + allocate {f(dispatch['allocate_read_end_to_end'])} ms, means during the churn)")
+              f" + allocate {f(dispatch['activity_end_to_end'][Act.ALLOCATE_READ])} ms, means during the churn)")
         print(f"  targets met         {r['targets_met']}")
+        tf, cc = r["temporal_floor"], r["cost_of_a_change"]
+        print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; signal -> 1 "
+              f"activity on a 2nd queue: txn {f(tf['activity_postgres_p50_ms'])} ms + read "
+              f"{f(tf['activity_read_p50_ms'])} ms -> workflow ack)")
+        byp = cc["by_process_ms_per_change"]
+        print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = " + " + ".join(f"{k} {f(v)}" for k, v in byp.items())
+              + f"   (whole machine {f(cc['whole_machine_busy_ms_per_change'])}; unreadable pids "
+                f"{cc['unreadable'] or 'none'})")
+        print(f"  {'issue 12':<38} {'this run':>10}   {'before':<16} target")
+        for label, get, before, target in ISSUE_12:
+            print(f"  {label:<38} {f(get(r)):>10}   {before:<16} {target}")
 
 
 def _read_or_empty(path: Path) -> str:
@@ -1218,6 +1390,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--duration", type=float, default=None, help="churn seconds (default 30; --quick 10)")
     p.add_argument("--rate", type=float, default=None, help="changes per second (default 5)")
     p.add_argument("--floor-samples", type=int, default=None, help="default 100; --quick 20")
+    p.add_argument("--temporal-floor-samples", type=int, default=None,
+                   help="samples of the Temporal floor (benchmarks.floor): default 50; --quick 20")
     p.add_argument("--revocations", type=int, default=None, help="revocation sample size (default 20; --quick 5)")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--poll-seconds", type=float, default=None,
@@ -1232,6 +1406,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
                    help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a real "
                         "cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
+    p.add_argument("--ingress-scale", type=_ints, default=None, metavar="S,S,...",
+                   help="instead of the run: one ingress process hosting S subjects of one server per level (e.g. "
+                        "1,50,200): pollers, RSS, idle CPU (benchmarks.ingress_scale)")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1246,6 +1424,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         duration=a.duration if a.duration is not None else (10.0 if quick else 30.0),
         rate=a.rate if a.rate is not None else 5.0,
         floor_samples=a.floor_samples if a.floor_samples is not None else (20 if quick else 100),
+        temporal_floor_samples=(a.temporal_floor_samples if a.temporal_floor_samples is not None
+                                else (20 if quick else 50)),
         revocations=a.revocations if a.revocations is not None else (5 if quick else 20),
         drain_timeout=a.drain_timeout,
         seed=a.seed,
@@ -1255,6 +1435,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         staleness_window=a.staleness_window,
         quick=quick,
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
+        ingress_scale=a.ingress_scale,
+        idle_seconds=a.idle_seconds,
         single=a.single,
         result=a.result,
     )
@@ -1266,7 +1448,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     code = 0
     try:
-        if opts.single is not None:
+        if opts.ingress_scale is not None:
+            scale = ingress_scale.run_scale(opts.ingress_scale, opts.idle_seconds, opts.out)
+            ingress_scale.print_table(scale)
+            print(f"\nwrote {opts.out / 'ingress_scale.json'}")
+        elif opts.single is not None:
             transport, _, n = opts.single.partition(":")
             assert opts.result is not None, "--single needs --result"
             asyncio.run(run_single(opts, transport, int(n), opts.result))

@@ -58,7 +58,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
-         "--floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
+         "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
          "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
          "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
@@ -109,8 +109,10 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert 0 <= consumer["p50_ms"] <= consumer["p99_ms"]
         assert all(isinstance(v, bool) for v in r["targets_met"].values())
         _check_staleness(r["staleness"])
+        _check_cost_of_a_change(r)
 
     assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
+    assert "temporal floor ms" in proc.stdout and "history events per change" in proc.stdout
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
@@ -140,3 +142,43 @@ def _check_staleness(section: dict[str, Any]) -> None:
     assert lost["notifications_dropped"] > 0, "the lost-notifications profile lost nothing"
     assert lost["reads_by_trigger"].get("poll", 0) > 0, "no safety read in the window"
     assert not {"updated", "follow_up"} & set(lost["reads_by_trigger"]), "a notification got through"
+
+
+def _check_cost_of_a_change(r: dict[str, Any]) -> None:
+    """Issue 12's figures exist and come from real data: floor samples from a real history, CPU read from
+    /proc for every process of the run, history events counted in the subscriptions' histories."""
+    tf = r["temporal_floor"]
+    assert tf["samples"] == 5 and tf["missing"] == 0
+    assert 0 < tf["p50_ms"] <= tf["p99_ms"] and 0 < tf["signal_to_activity_done_p50_ms"]
+    assert tf["activity_postgres_p50_ms"] > 0 and tf["activity_read_p50_ms"] > 0
+    assert set(tf["steps_p50_ms"]) == {"sent_to_signaled", "signaled_to_scheduled", "scheduled_to_started",
+                                       "started_to_completed", "completed_to_ack"}
+    assert all(_num(v) and v >= 0 for v in tf["steps_p50_ms"].values())
+    # Per sample: signaled, 3 workflow-task events, 3 activity events, 3 more workflow-task events.
+    assert tf["history_events"] >= 10 * tf["samples"] and tf["workflow_tasks_completed"] >= 2 * tf["samples"]
+    assert r["temporal_floor_ms"] == {"p50": tf["p50_ms"], "p99": tf["p99_ms"]}
+    delivered = r["system"]["convergence"]["with_a_delivered_notification"]
+    over = r["convergence_over_temporal_floor"]
+    assert over["p50"] == pytest.approx(delivered["p50_ms"] / tf["p50_ms"], abs=1e-3)
+    assert over["p99"] == pytest.approx(delivered["p99_ms"] / tf["p99_ms"], abs=1e-3)
+
+    cost = r["cost_of_a_change"]
+    assert cost["unreadable"] == [], "a process of the run could not be read"
+    assert cost["processes"]["benchmark_process"] == 1 and cost["processes"]["temporal_dev_server"] >= 1
+    assert cost["processes"]["postgresql"] >= 2, "the postmaster and a backend of the run's database"
+    assert cost["processes"]["fixtures"] >= 1
+    by = cost["by_process_ms_per_change"]
+    assert by["benchmark_process"] > 0 and by["temporal_dev_server"] > 0
+    assert r["cpu_ms_per_change"] == cost["cpu_ms_per_change"] == pytest.approx(sum(by.values()), abs=0.5)
+    assert cost["cpu_seconds"] > 0
+
+    history = cost["history"]
+    assert history["workflows"] == r["subscriptions"] and history["runs"] >= history["workflows"]
+    assert history["events"] > 0 and history["workflow_tasks_completed"] > 0 and history["activities_scheduled"] > 0
+    assert r["history_events_per_change"] == history["events_per_change"] > 0
+    assert r["workflow_tasks_per_change"] == history["workflow_tasks_per_change"] > 0
+    assert history["events"] >= 3 * history["workflow_tasks_completed"], "each task is scheduled, started, completed"
+
+    assert r["burst_reads_per_s"] == r["burst"]["reads_per_second"] > 0
+    assert r["initial_subscriptions_per_s"] == r["startup"]["subscriptions_per_second"] > 0
+    assert r["reads_per_change_vs_naive"] == r["comparison"]["amplification_vs_baseline"]
