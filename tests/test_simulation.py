@@ -469,6 +469,16 @@ def test_staleness_bound_finds_restarted_timers_and_deadlines_keep_it(path: Path
     assert not new.violations, new.violations
 
 
+FINDING_TRACES = sorted(TRACES.glob("finding-*.json"))
+
+
+@pytest.mark.parametrize("path", FINDING_TRACES, ids=[p.stem for p in FINDING_TRACES])
+def test_fixed_finding_trace_replays_clean(path: Path) -> None:
+    # Shrunk traces of findings made after the in-file FIXED_FINDINGS (each file says what it found).
+    result = replay(Trace.from_json(json.loads(path.read_text())))
+    assert not result.violations, result.violations
+
+
 def test_staleness_bound_is_found_by_random_schedules_of_the_old_program() -> None:
     # Not only the stored traces: the generator itself finds the restarted timer within a few
     # hundred schedules, so the gate would have caught it.

@@ -1092,7 +1092,8 @@ class SimulatedWorkflow:
                     self.stage = Stage.LOOP
                 continue
             if st == Stage.CAN_WAIT and not (not self.read_tasks and self._handlers_finished()) \
-                    and (self.fence.s.close_requested or revoking or self.conflict is not None):
+                    and (self.fence.s.close_requested or revoking or self.conflict is not None
+                         or self.resume_requested or self.fence.s.state != S.ACTIVE):
                 # MIRROR(subscription.py: _continue_as_new): a close update waits for the end; serve it first.
                 self.stage = Stage.LOOP
                 continue
@@ -1488,6 +1489,7 @@ class Checkpoint:
     workflow: SimulatedWorkflow
     activities: list[tuple[tuple[str, int], str, Any]]
     signal_index: int
+    covered: tuple[int, int] = (0, 0)  # the checker's (covered change, covering read) at this point
 
 
 @dataclass(slots=True)
@@ -1911,7 +1913,8 @@ class Simulation:
         wf = self.wf
         saved = copy.deepcopy(wf)
         pending = [(a.owner, a.name, a.arg) for a in self.activities if a.run == self.run]
-        self.checkpoints.append(Checkpoint(saved, pending, len(self.signal_log)))
+        self.checkpoints.append(Checkpoint(saved, pending, len(self.signal_log),
+                                           (self._covered_change, self._covered_by)))
         if len(self.checkpoints) > 8:
             self.checkpoints.pop(0)
 
@@ -1926,6 +1929,10 @@ class Simulation:
         later = self.signal_log[cp.signal_index:]
         del self.signal_log[cp.signal_index:]
         self.wf = wf
+        # What the reset-away run skipped as COVERED is history the new run never saw: without
+        # reapply those notifications are dropped (a lost notification, bounded by the safety read);
+        # with reapply they are delivered again below and judged afresh (F14: a checker artifact).
+        self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
         self.activities = [a for a in self.activities if a.run == self.run - 1 and not a.executed]
         if reapply:

@@ -340,6 +340,10 @@ class ResourceSubscriptionWorkflow:
         due = self.fence.s.read_due_at
         return lambda: self._has_work() or self.fence.s.read_due_at != due
 
+    def _loop_must_serve(self) -> bool:
+        """Work only the main loop can do, for which the continue-as-new wait must step aside."""
+        return self.resume_requested is not None or self.fence.s.state != SubscriptionState.ACTIVE
+
     def _continue_as_new_due(self) -> bool:
         return should_continue_as_new(
             suggested=workflow.info().is_continue_as_new_suggested(),
@@ -659,9 +663,11 @@ class ResourceSubscriptionWorkflow:
             return not self.read_tasks and workflow.all_handlers_finished()
 
         # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
-        # revocation or conflict first and try again later (simulator finding F9).
+        # revocation or conflict first and try again later (simulator finding F9). A resume update
+        # waits for the loop likewise, and a reload may have left ACTIVE meanwhile (F13).
         await workflow.wait_condition(lambda: drained() or self.fence.s.close_requested
-                                      or self.revocation is not None or self.conflict is not None)
+                                      or self.revocation is not None or self.conflict is not None
+                                      or (self.bounded_reconciliation and self._loop_must_serve()))
         if not drained():
             return
         workflow.continue_as_new(
