@@ -61,6 +61,7 @@ from workflows.records import (
 )
 
 __all__ = [
+    "should_continue_as_new",
     "FenceState",
     "SubscriptionFence",
     "UpdateDisposition",
@@ -315,7 +316,7 @@ class SubscriptionFence:
             # ttl, failed, or saw content again): re-arm it from the same allocation with the same
             # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
             # No new random draw: the sequence stays the one recorded histories replay with.
-            s.read_due_at = s.read_armed_from + timedelta(seconds=period * (0.8 + 0.2 * s.read_jitter))
+            self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period, jitter=s.read_jitter)
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
@@ -420,12 +421,11 @@ class SubscriptionFence:
         """The detail line after a judged read: why it failed, or cleared once a read saw content
         (a failure, a catalog verification or a not-found explanation is then history)."""
         s = self.s
+        code = f" (code {outcome.error_code})" if outcome.error_code is not None else ""
         if result.verdict == AcceptVerdict.REJECTED and outcome.kind != ReadOutcomeKind.CONTENT:
             # Classified, audited, bounded: no automatic retry; the next notification or poll reads again.
-            code = f" (code {outcome.error_code})" if outcome.error_code is not None else ""
             s.detail = f"read {ordinal} failed: {outcome.kind.value}{code}"
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING and s.state == S.TOMBSTONE_PENDING:
-            code = f" (code {outcome.error_code})" if outcome.error_code is not None else ""
             s.detail = (f"read {ordinal}: not found{code}; waiting for a reconciled catalog to confirm the "
                         f"deletion (or list the URI again)")
         elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
@@ -604,6 +604,16 @@ class SubscriptionFence:
             next_read_due_at=s.read_due_at if s.state == S.ACTIVE else None,
             detail=s.detail,
         )
+
+
+def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
+                           handlers_finished: bool, max_history: int = 20_000,
+                           target_version_changed: bool = False) -> bool:
+    """Continue-as-new once Temporal suggests it (or history is long), or the deployment's current
+    build is no longer the one this run is pinned to (upgrade on continue-as-new); never mid-read."""
+    if reads_in_flight or not handlers_finished:
+        return False
+    return suggested or history_length >= max_history or target_version_changed
 
 
 # --- the durable fence rules -------------------------------------------------------------

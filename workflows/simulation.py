@@ -60,6 +60,7 @@ from workflows.fence import (
     close_rule,
     judge_read,
     revoke_rule,
+    should_continue_as_new,
     tombstone_rule,
 )
 from workflows.names import Act
@@ -808,14 +809,6 @@ class ReadTask:
     outcome: ReadOutcome | None = None
     allocated_at: datetime = EPOCH
     requested_at: datetime = EPOCH  # workflow.now() when the allocation was requested (deadline base)
-
-
-def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
-                           handlers_finished: bool, max_history: int = 20_000) -> bool:
-    """MIRROR(subscription.py: should_continue_as_new)."""
-    if reads_in_flight or not handlers_finished:
-        return False
-    return suggested or history_length >= max_history
 
 
 class SimulatedWorkflow:

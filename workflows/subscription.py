@@ -34,7 +34,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition
+    from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
     from workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -126,16 +126,6 @@ KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 KEY_SESSION_GEN = SearchAttributeKey.for_int(SA_SESSION_GENERATION)
 KEY_SUB_GEN = SearchAttributeKey.for_int(SA_SUBSCRIPTION_GENERATION)
 KEY_WATERMARK = SearchAttributeKey.for_int(SA_WATERMARK)
-
-
-def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
-                           handlers_finished: bool, max_history: int = 20_000,
-                           target_version_changed: bool = False) -> bool:
-    """Continue-as-new once Temporal suggests it (or history is long), or the deployment's current
-    build is no longer the one this run is pinned to (upgrade on continue-as-new); never mid-read."""
-    if reads_in_flight or not handlers_finished:
-        return False
-    return suggested or history_length >= max_history or target_version_changed
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
