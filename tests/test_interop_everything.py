@@ -290,8 +290,10 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
                     if r["workflow_id"] == bkey.workflow_id]
 
         await eventually(read_failed, timeout=15, what="a READ_FAILED audit for the -32603 read")
-        brec = await record(bhandle)
-        assert brec.state == SubscriptionState.ACTIVE and brec.last_accepted_digest is None
+        # The audit row commits inside the activity; the workflow mirrors the rejection one task later.
+        brec = await wait_record(bhandle, lambda r: r.state == SubscriptionState.ACTIVE, "rejected read judged",
+                                 timeout=15)
+        assert brec.last_accepted_digest is None
         assert await ledger.receipts(bkey) == [] and await outbox_for(ledger, bkey) == []
         handles[bkey.uri], keys[bkey.uri] = bhandle, bkey  # closed with the others below
 
@@ -305,8 +307,9 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         shandle = await start_subscription(temporal_client, skey, task_queue=task_queue)
         # It was read (an application/gzip body: ACCEPTED, or GUARDRAIL_REJECTED where policy bars binaries).
         await eventually(lambda: ledger.receipts(skey), timeout=30, what="the session resource read")
-        srec = await record(shandle)
-        assert srec.state == SubscriptionState.ACTIVE
+        # The receipt commits inside the accept activity; the workflow mirrors it one task later.
+        srec = await wait_record(shandle, lambda r: r.state == SubscriptionState.ACTIVE, "session resource ACTIVE",
+                                 timeout=15)
         outbox_before = await outbox_for(ledger, skey)
         generation = live.generation
 
