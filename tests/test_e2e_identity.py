@@ -63,7 +63,8 @@ async def test_a_stray_variant_notification_cannot_freeze_a_subscription(tempora
                                         max_seconds=3)
         rec = await _wait_record(handle, lambda r: r.state in READING, "resumed by the time bound", timeout=20)
         assert "timed out" in rec.detail or rec.detail == ""
-        timed_out = await _audit_for(ledger, "RECONCILIATION_TIMED_OUT", key)
+        # The audit row is written right after the state change the record shows: wait for it.
+        timed_out = await eventually(lambda: _audit_for(ledger, "RECONCILIATION_TIMED_OUT", key), what="audit")
         assert timed_out and timed_out[0]["detail"]["max_seconds"] == 3
         change = await fx.edit(exact, text="exact v2")  # real changes are read again
         await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "change read")

@@ -5,20 +5,16 @@ Contract:
   randomness only from ``random.Random`` seeded per schedule (``schedule_seed``). The same
   seed, config and code give the same events and the same result, byte for byte.
 - Drives the SAME code production runs, not a re-implementation: the workflow side is
-  ``SubscriptionFence`` (every decision), the durable side is ``allocate_ordinal`` /
+  ``workflows.subscription_program.SubscriptionProgram`` (the program ``ResourceSubscriptionWorkflow``
+  runs), interpreted by ``sim.runtime.ProgramRun``; the durable side is ``allocate_ordinal`` /
   ``judge_read`` / ``close_rule`` / ``tombstone_rule`` applied by ``MemoryLedger``, an
   in-memory model of the PostgreSQL tables (``subscriptions``, ``read_requests``,
   ``resource_versions``, ``outbox``, ``audit``, ``mcp_sessions``) that mirrors
   ``activities/ledger.py`` statement by statement, including the UNIQUE/CHECK constraints
   of ``001_ledger.sql`` (a write SQL would reject is reported, never silently applied).
-- ``SimulatedWorkflow`` replicates the sequencing of ``workflows/subscription.py`` (which
-  imports temporalio and cannot run here): the same loop order, handlers, wait conditions
-  and activity calls, as explicit resumable stages so a run can be snapshotted and reset.
-  Every replicated spot is tagged ``MIRROR(subscription.py: ...)``; docs/simulation.md
-  lists them. Logic found there belongs in fence.py eventually. The session host's ingress
-  (``worker/session_host.py: _route``: ``Ledger.note_notification`` bumps the row's update
-  counter, then the signal carries it as ``ResourceUpdated.sequence``) is mirrored by
-  ``Simulation._route``.
+- The session host's ingress (``worker/session_host.py: _route``: ``Ledger.note_notification``
+  bumps the row's update counter, then the signal carries it as ``ResourceUpdated.sequence``)
+  is modelled by ``Simulation._route``.
 - The environment is adversarial and seeded: an oracle server (committed content
   versions, mutations, deletes, recreates; a read is answered with the content current
   when it is *served*), notifications (dropped, duplicated, delayed, reordered, from old
@@ -40,7 +36,6 @@ Contract:
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,19 +43,17 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
 from workflows.digest import ContentPart, content_digest
 from workflows.fence import (
     TERMINAL,
-    FenceState,
     IssuedRead,
     Judgement,
-    SubscriptionFence,
     UpdateDisposition,
     allocate_ordinal,
     close_rule,
     judge_read,
     revoke_rule,
-    should_continue_as_new,
     tombstone_rule,
 )
 from workflows.names import Act
@@ -69,35 +62,33 @@ from workflows.records import (
     AcceptResult,
     AcceptVerdict,
     AllocateRequest,
-    AuditRequest,
-    BeginSubscriptionRequest,
     CacheScope,
     CatalogObservation,
     CloseReceipt,
-    EnsureRequest,
     FenceSnapshot,
-    FinishUnsubscribeRequest,
     IdentityConflict,
-    KeyRequest,
-    MarkActiveRequest,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
     ReadTicket,
     ResourceUpdated,
-    RevokeLedgerRequest,
     RevokeRequest,
     SessionInfo,
-    SessionQuery,
-    SetStateRequest,
     SubscribeOutcome,
     SubscribeRequest,
     SubscriptionKey,
+    SubscriptionOptions,
+    SubscriptionStart,
     SubscriptionState,
-    TombstoneRequest,
     TriggerReason,
     UnsubscribeOutcome,
     UnsubscribeRequest,
+)
+from workflows.subscription_program import (
+    PATCH_IDENTITY_RECONCILIATION,
+    PATCH_READ_DEADLINES,
+    PATCH_TTL_POLL_PERIOD,
+    WaitKind,
 )
 
 __all__ = [
@@ -119,7 +110,6 @@ __all__ = [
     "MemoryLedger",
     "Oracle",
     "SessionHost",
-    "SimulatedWorkflow",
     "Simulation",
     "ScheduleResult",
     "Summary",
@@ -141,8 +131,7 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
-MAX_DEDUPE_IDS = 256  # MIRROR(subscription.py: MAX_DEDUPE_IDS)
-LOOP_BUDGET = 200  # loop iterations in one activation before we call it a livelock
+MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ})  # on the session queue
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
 
 
@@ -769,707 +758,13 @@ class SessionHost:
 # --- the workflow, replicated ---------------------------------------------------------------------
 
 
-class Stage(StrEnum):
-    START = "start"  # awaiting ENSURE / LOAD_FENCE (run preamble)
-    LOOP = "loop"  # runnable: evaluate the while body
-    AWAIT = "await"  # awaiting a main-loop activity; ``cont`` names the continuation
-    WAIT_WORK = "wait_work"  # wait_condition(_has_work, timeout=poll delay when polling)
-    WAIT_SESSION = "wait_session"  # _wait_for_session (timeout SESSION_RECHECK)
-    WAIT_CATALOG = "wait_catalog"  # TOMBSTONE_PENDING: catalog or close
-    WAIT_RESUME = "wait_resume"  # RECONCILIATION_REQUIRED: resume or close
-    CAN_WAIT = "can_wait"  # _continue_as_new: read tasks and handlers drain
-    FINAL = "final"  # after the loop: read tasks and handlers drain
-    STOPPING = "stopping"  # after the loop, REVOKED: awaiting the best-effort unsubscribe
-    DONE = "done"
-    CONTINUED = "continued"
-    WEDGED = "wedged"  # livelocked: Temporal would fail every workflow task
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleActivity:
-    owner: tuple[str, int]  # ("main", 0) | ("read", task id) | ("handler", handler id)
-    name: str
-    arg: Any
-
-
-@dataclass(frozen=True, slots=True)
-class ContinueAsNew:
-    carried_state: dict[str, Any]
-    seen_ids: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class ReadTask:
-    tid: int
-    trigger: TriggerReason
-    placeholder: int
-    session: SessionInfo | None
-    stage: str = "allocate"  # allocate | reload | mcp | accept
-    ticket: ReadTicket | None = None
-    outcome: ReadOutcome | None = None
-    allocated_at: datetime = EPOCH
-    requested_at: datetime = EPOCH  # workflow.now() when the allocation was requested (deadline base)
-
-
-class SimulatedWorkflow:
-    """MIRROR(subscription.py: ResourceSubscriptionWorkflow), one run, as resumable stages.
-
-    The workflow emits commands (``ScheduleActivity``, ``ContinueAsNew``) into ``commands``
-    like a Temporal activation; ``Simulation`` executes them. ``run_until_blocked`` runs the
-    main loop and the wait conditions until every coroutine waits on something external."""
-
-    def __init__(self, key: SubscriptionKey, *, max_concurrent_reads: int, poll_interval_seconds: float,
-                 incarnation: str, id_prefix: str, carried_state: dict[str, Any] | None = None,
-                 seen_ids: Sequence[str] = (), safety_read_seconds: float = 300.0,
-                 read_deadlines: bool = True, ttl_poll_period: bool = True) -> None:
-        state = FenceState(key=key)
-        if carried_state is not None:
-            state = FenceState.model_validate(carried_state)
-        self.fence = SubscriptionFence(state)
-        self.key = key
-        self.max_reads = max_concurrent_reads
-        self.poll_interval = poll_interval_seconds
-        self.safety_read = safety_read_seconds
-        self.deadlines = read_deadlines  # MIRROR(subscription.py: workflow.patched(PATCH_READ_DEADLINES))
-        self.ttl_poll_period = ttl_poll_period  # MIRROR(subscription.py: workflow.patched(PATCH_TTL_POLL_PERIOD))
-        self.reconciliation_max = 900.0  # MIRROR(SubscriptionOptions.reconciliation_max_seconds); bounded always
-        self._draws = 0
-        self.now = EPOCH  # workflow.now(): set by the simulation before each activation
-        self.incarnation = incarnation
-        self.id_prefix = id_prefix
-        self.carried = carried_state is not None
-        self.session: SessionInfo | None = None
-        self.catalog: CatalogObservation | None = None
-        self.conflict: IdentityConflict | None = None
-        self.resume_requested = False
-        self.revocation: RevokeRequest | None = None
-        self.placeholders = 0
-        self.session_failures = 0
-        self.live_generation = 0
-        self.seen_ids: list[str] = list(seen_ids)
-        self.read_tasks: dict[int, ReadTask] = {}
-        self.reloaded = False
-        self.stage = Stage.START
-        self.cont = ""
-        self.locals: dict[str, Any] = {}
-        self.timer_armed = False
-        self.timer_kind = ""  # the armed WAIT_WORK timeout: "poll" | "safety"
-        self.timer_at: datetime | None = None  # when the armed WAIT_WORK timer fires
-        self.wait_due: datetime | None = None  # the deadline WAIT_WORK's timeout was computed from
-        self.waiting_updates: list[ResourceUpdated] = []  # resource_updated handlers waiting for reload
-        self.handler_calls: dict[int, str] = {}  # handler id -> pending audit (for WRONG_URI detail)
-        self.close_updates = 0  # close updates in progress (they wait for ``finished``)
-        self.resume_updates = 0
-        self.can_suggested = False
-        self.commands: list[ScheduleActivity | ContinueAsNew] = []
-        self.errors: list[str] = []
-        self.notes: list[tuple[str | None, UpdateDisposition]] = []  # (notification id, disposition)
-        self._ids = 0
-
-    def _next(self) -> int:
-        self._ids += 1
-        return self._ids
-
-    def _uuid(self) -> str:  # MIRROR(workflow.uuid4): deterministic per run, fresh after a reset
-        return f"{self.id_prefix}-r{self._next()}"
-
-    def _random(self) -> float:  # MIRROR(workflow.random().random()): deterministic per run
-        self._draws += 1
-        return random.Random(f"{self.id_prefix}/{self._draws}").random()
-
-    def _read_period(self) -> float | None:  # MIRROR(subscription.py: _read_period)
-        return self.fence.read_period(self.safety_read)
-
-    # --- commands ----------------------------------------------------------------------------
-
-    def _call_main(self, cont: str, name: str, arg: Any) -> None:
-        self.stage, self.cont = Stage.AWAIT, cont
-        self.commands.append(ScheduleActivity(("main", 0), name, arg))
-
-    def _audit(self, kind: str, session_generation: int | None, detail: str = "") -> None:
-        hid = self._next()
-        self.handler_calls[hid] = detail
-        self.commands.append(ScheduleActivity(("handler", hid), Act.AUDIT, AuditRequest(
-            kind=kind, key=self.key, session_generation=session_generation)))
-
-    # --- entry points the simulation calls ------------------------------------------------------
-
-    def start(self) -> None:
-        """MIRROR(subscription.py: run, preamble)."""
-        if not self.carried:
-            self._call_main("start", Act.ENSURE, EnsureRequest(key=self.key, incarnation=self.incarnation))
-        else:
-            self._call_main("start", Act.LOAD_FENCE, KeyRequest(key=self.key))
-
-    def signal_resource_updated(self, sig: ResourceUpdated) -> None:
-        """MIRROR(subscription.py: resource_updated)."""
-        if sig.notification_id is not None:
-            if sig.notification_id in self.seen_ids:
-                return
-            self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
-        if not self.reloaded:
-            self.waiting_updates.append(sig)
-            return
-        self._note_update(sig)
-
-    def _note_update(self, sig: ResourceUpdated) -> None:
-        disposition = self.fence.note_update(sig)
-        self.notes.append((sig.notification_id, disposition))
-        if disposition == UpdateDisposition.FUTURE_SESSION:
-            self.live_generation = max(self.live_generation, sig.session_generation)
-            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
-        elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
-                             UpdateDisposition.WRONG_URI):
-            self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
-                        "wrong_uri" if disposition == UpdateDisposition.WRONG_URI else "")
-
-    def signal_session_changed(self, generation: int) -> None:
-        """MIRROR(subscription.py: session_changed)."""
-        self.live_generation = max(self.live_generation, generation)
-
-    def signal_catalog_reconciled(self, obs: CatalogObservation) -> None:
-        """MIRROR(subscription.py: catalog_reconciled)."""
-        if obs.uri == self.key.uri:
-            self.catalog = obs
-
-    def signal_revoke(self, req: RevokeRequest) -> None:
-        """MIRROR(subscription.py: revoke)."""
-        if self.revocation is None:
-            self.revocation = req
-
-    def signal_identity_conflict(self, conflict: IdentityConflict) -> None:
-        """MIRROR(subscription.py: identity_conflict)."""
-        self.conflict = conflict
-
-    def update_resume(self) -> bool:
-        """MIRROR(subscription.py: resume + its validator). False: rejected by the validator."""
-        if self.fence.s.state != S.RECONCILIATION_REQUIRED:
-            return False
-        self.resume_requested = True
-        self.resume_updates += 1
-        return True
-
-    def signal_close(self) -> None:
-        """MIRROR(subscription.py: close_signal)."""
-        self.fence.request_close("simulated close signal")
-
-    def update_close(self) -> None:
-        """MIRROR(subscription.py: close): fences now, completes when ``finished``."""
-        self.fence.request_close("simulated close")
-        self.close_updates += 1
-
-    def timer_fired(self) -> bool:
-        if self.stage == Stage.WAIT_RESUME and self.timer_armed:
-            self.timer_armed = False
-            self._reconciliation_timed_out()  # MIRROR(subscription.py: _await_reconciliation, TimeoutError)
-            return True
-        if self.stage == Stage.WAIT_WORK and self.timer_armed:
-            self.timer_armed = False
-            self.fence.poll_due()  # MIRROR(subscription.py: run, except TimeoutError): poll or safety re-read
-            self.stage = Stage.LOOP
-            return True
-        if self.stage == Stage.WAIT_SESSION:
-            self.stage = Stage.LOOP  # SESSION_RECHECK elapsed
-            return True
-        return False
-
-    @property
-    def has_timer(self) -> bool:
-        return (self.stage in (Stage.WAIT_WORK, Stage.WAIT_RESUME) and self.timer_armed) \
-            or self.stage == Stage.WAIT_SESSION
-
-    @property
-    def pending_timer(self) -> str:
-        """Which timer would fire: "session" (SESSION_RECHECK), "poll", "safety", "reconcile", or ""."""
-        if self.stage == Stage.WAIT_SESSION:
-            return "session"
-        if self.stage == Stage.WAIT_RESUME and self.timer_armed:
-            return "reconcile"
-        return self.timer_kind if self.stage == Stage.WAIT_WORK and self.timer_armed else ""
-
-    def activity_done(self, owner: tuple[str, int], result: Any) -> None:
-        kind, ident = owner
-        if kind == "main":
-            cont, self.cont = self.cont, ""
-            getattr(self, f"_main_{cont}")(result)
-        elif kind == "read":
-            task = self.read_tasks.get(ident)
-            if task is not None:
-                self._read_resume(task, result)
-        else:
-            detail = self.handler_calls.pop(ident, "")
-            if detail == "wrong_uri":
-                self.fence.s.detail = "notification for a different URI reached this subscription"
-
-    # --- conditions ----------------------------------------------------------------------------
-
-    def _handlers_finished(self) -> bool:
-        """MIRROR(workflow.all_handlers_finished): signal handlers awaiting something, and updates
-        that have not returned (close waits for ``finished``, resume for the main loop)."""
-        return (not self.handler_calls and not self.waiting_updates and self.close_updates == 0
-                and self.resume_updates == 0)
-
-    def _settle_updates(self) -> bool:
-        progressed = False
-        if self.close_updates and self.fence.finished:
-            self.close_updates = 0
-            progressed = True
-        if self.resume_updates and (not self.resume_requested or self.fence.finished):
-            # MIRROR(subscription.py: resume): returns once resumed, or when close/revocation finished it (F2)
-            self.resume_updates = 0
-            progressed = True
-        return progressed
-
-    def _continue_as_new_due(self) -> bool:
-        """MIRROR(subscription.py: _continue_as_new_due); history length is not modelled."""
-        return should_continue_as_new(suggested=self.can_suggested, history_length=0,
-                                      reads_in_flight=len(self.fence.s.in_flight),
-                                      handlers_finished=self._handlers_finished())
-
-    def _has_work(self) -> bool:
-        """MIRROR(subscription.py: _has_work)."""
-        s = self.fence.s
-        return bool(
-            s.close_requested
-            or self.fence.read_wanted(self.max_reads) is not None
-            or self.conflict is not None
-            or self.catalog is not None
-            or self.revocation is not None
-            or self.live_generation > s.session_generation
-            or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or self.fence.finished
-            or s.state != S.ACTIVE
-            or self._continue_as_new_due()
-        )
-
-    def run_until_blocked(self) -> None:
-        """One activation: run every coroutine until all of them wait on something external."""
-        iterations = 0
-        while True:
-            progressed = self._settle_updates()
-            if self.reloaded and self.waiting_updates:
-                waiting, self.waiting_updates = self.waiting_updates, []
-                for sig in waiting:
-                    self._note_update(sig)
-                progressed = True
-            st = self.stage
-            if st == Stage.LOOP:
-                iterations += 1
-                if iterations > LOOP_BUDGET:
-                    self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
-                                       f"(state={self.fence.s.state.value}, catalog={self.catalog is not None})")
-                    self.stage = Stage.WEDGED
-                    return
-                self._loop()
-                continue
-            if st == Stage.WAIT_WORK and (self._has_work() or (self.deadlines and self.fence.s.read_due_at != self.wait_due)):
-                # MIRROR(subscription.py: _idle_wait_over)
-                self.stage, self.timer_armed = Stage.LOOP, False
-                continue
-            revoking = self.revocation is not None
-            if st == Stage.WAIT_SESSION and (self.live_generation > self.locals["have"]
-                                             or self.fence.s.close_requested or revoking):
-                self.stage = Stage.LOOP
-                continue
-            if st == Stage.WAIT_CATALOG and (self.catalog is not None or self.fence.s.close_requested or revoking
-                                             or self.fence.s.state != S.TOMBSTONE_PENDING):
-                self.stage = Stage.LOOP
-                continue
-            if st == Stage.WAIT_RESUME and (self.resume_requested or self.fence.s.close_requested or revoking
-                                            or self.fence.s.state != S.RECONCILIATION_REQUIRED
-                                            or self.catalog is not None):
-                self.timer_armed = False
-                if self.resume_requested:
-                    self._resume()
-                else:
-                    self.stage = Stage.LOOP
-                continue
-            if st == Stage.CAN_WAIT and not (not self.read_tasks and self._handlers_finished()) \
-                    and (self.fence.s.close_requested or revoking or self.conflict is not None
-                         or self.resume_requested or self.fence.s.state != S.ACTIVE):
-                # MIRROR(subscription.py: _continue_as_new): a close update waits for the end; serve it first.
-                self.stage = Stage.LOOP
-                continue
-            if st in (Stage.CAN_WAIT, Stage.FINAL) and not self.read_tasks and self._handlers_finished():
-                if st == Stage.CAN_WAIT:
-                    self.commands.append(ContinueAsNew(self.fence.s.model_dump(mode="json"),
-                                                       tuple(self.seen_ids[-MAX_DEDUPE_IDS:])))
-                    self.stage = Stage.CONTINUED
-                else:
-                    self._stop_notifications()
-                continue
-            if not progressed:
-                return
-
-    # --- main loop ---------------------------------------------------------------------------------
-
-    def _main_start(self, snap: FenceSnapshot) -> None:
-        self.fence.adopt(snap)
-        self.fence.s.adaptive_poll_period = self.ttl_poll_period
-        self.live_generation = max(self.live_generation, self.fence.s.session_generation)
-        self.reloaded = True
-        self.stage = Stage.LOOP
-
-    def _loop(self) -> None:
-        """MIRROR(subscription.py: run, the while body), one iteration up to its first await."""
-        f = self.fence
-        s = f.s
-        if f.finished:
-            f.finish(self.now)  # MIRROR(subscription.py: run, after the loop)
-            self.stage = Stage.FINAL
-            return
-        if self.revocation is not None:
-            self._revoke()
-            return
-        if s.close_requested or s.state == S.UNSUBSCRIBING:
-            self._call_main("close_begin", Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key))
-            return
-        if self.conflict is not None:
-            self._enter_reconciliation()
-            return
-        if self.catalog is not None:
-            self._apply_catalog()
-            return
-        if s.state == S.TOMBSTONE_PENDING:
-            self.stage = Stage.WAIT_CATALOG
-            return
-        if s.state == S.RECONCILIATION_REQUIRED:
-            # MIRROR(subscription.py: _await_reconciliation): wait, bounded by the reconciliation deadline.
-            due = f.reconciliation_deadline(self.now, self.reconciliation_max)
-            self.stage = Stage.WAIT_RESUME
-            if due <= self.now and not (self.resume_requested or s.close_requested or self.revocation is not None
-                                        or self.catalog is not None):
-                self._reconciliation_timed_out()
-                return
-            self.timer_armed, self.timer_at, self.timer_kind = due > self.now, due, "reconcile"
-            return
-        if self.session is None or f.wants_subscribe(self.live_generation) \
-                or s.pending_trigger == TriggerReason.RESUBSCRIBE:
-            self._call_main("ensure_session", Act.CURRENT_SESSION,
-                            SessionQuery(subject=self.key.subject, server=self.key.server))
-            return
-        if self.deadlines:
-            f.poll_if_due(self.now, period_seconds=self._read_period())
-        if f.read_wanted(self.max_reads) is not None:
-            self._start_read()
-            return
-        if self._continue_as_new_due():
-            self.stage = Stage.CAN_WAIT
-            return
-        # MIRROR(subscription.py: run, the wait with _wait_timeout())
-        self.stage = Stage.WAIT_WORK
-        polling = s.staleness_bound_seconds is not None
-        if self.deadlines:
-            timeout = f.until_read_due(self.now)
-        elif polling:
-            timeout = timedelta(seconds=(s.staleness_bound_seconds or self.poll_interval) * (0.8 + 0.2 * self._random()))
-        else:
-            timeout = timedelta(seconds=self.safety_read * (0.8 + 0.2 * self._random())) if self.safety_read else None
-        self.timer_kind = "" if timeout is None else "poll" if polling else "safety"
-        self.timer_armed = timeout is not None
-        self.timer_at = None if timeout is None else self.now + timeout
-        self.wait_due = s.read_due_at
-
-    # _ensure_subscribed ------------------------------------------------------------------------
-
-    def _ensure_done(self, ok: bool) -> None:
-        if ok:
-            self.stage = Stage.LOOP
-        else:  # MIRROR(subscription.py: _wait_for_session); the backoff delay is a timer here
-            self.locals["have"] = max(self.live_generation, self.fence.s.session_generation)
-            self.session_failures += 1
-            self.stage = Stage.WAIT_SESSION
-
-    def _main_ensure_session(self, session: SessionInfo | None) -> None:
-        """MIRROR(subscription.py: _ensure_subscribed)."""
-        s = self.fence.s
-        if session is None:
-            s.detail = "no live MCP session for this subject and server"
-            self._ensure_done(False)
-            return
-        self.live_generation = max(self.live_generation, session.generation)
-        if ((self.session is not None or self.carried) and session.generation == s.session_generation
-                and s.state == S.ACTIVE and s.pending_trigger != TriggerReason.RESUBSCRIBE):
-            self.session = session
-            self._ensure_done(True)
-            return
-        self.session = session
-        self.session_failures = 0
-        self.locals["session"] = session
-        self._call_main("ensure_begin", Act.BEGIN_SUBSCRIPTION,
-                        BeginSubscriptionRequest(key=self.key, session_generation=session.generation))
-
-    def _main_ensure_begin(self, snap: FenceSnapshot) -> None:
-        session: SessionInfo = self.locals["session"]
-        caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
-        if not self.fence.subscribing(snap, session.edition, caps):
-            if self.deadlines:
-                self.session = None  # MIRROR(subscription.py: _ensure_subscribed, refused begin)
-            self._ensure_done(False)
-            return
-        self.locals["snap"] = snap
-        self.locals["poll"] = None
-        if session.subscribe:
-            self._call_main("ensure_mcp", Act.MCP_SUBSCRIBE,
-                            SubscribeRequest(key=self.key, session_generation=session.generation))
-            return
-        self.locals["poll"] = self.poll_interval
-        self._mark_active()
-
-    def _main_ensure_mcp(self, out: SubscribeOutcome | None) -> None:
-        session: SessionInfo = self.locals["session"]
-        if out is None or (not out.ok and out.session_generation != session.generation):
-            self.session = None
-            self._ensure_done(False)
-            return
-        if not out.ok:
-            self.locals["poll"] = self.poll_interval
-            self._call_main("ensure_audit", Act.AUDIT, AuditRequest(kind="SUBSCRIBE_REJECTED", key=self.key,
-                                                                    session_generation=session.generation))
-            return
-        self._mark_active()
-
-    def _main_ensure_audit(self, _: object) -> None:
-        self._mark_active()
-
-    def _mark_active(self) -> None:
-        session: SessionInfo = self.locals["session"]
-        snap: FenceSnapshot = self.locals["snap"]
-        self._call_main("ensure_mark", Act.MARK_ACTIVE, MarkActiveRequest(
-            key=self.key, session_generation=session.generation,
-            subscription_generation=snap.subscription_generation))
-
-    def _main_ensure_mark(self, snap: FenceSnapshot) -> None:
-        poll = self.locals["poll"]
-        self.fence.subscribed(snap, poll_interval_seconds=poll)
-        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
-        self._ensure_done(True)
-
-    # reads --------------------------------------------------------------------------------------
-
-    def _start_read(self) -> None:
-        """MIRROR(subscription.py: _start_read). The task's body up to its first await runs here:
-        between create_task and the main loop's next await nothing changes the fields it reads."""
-        s = self.fence.s
-        trigger = self.fence.read_wanted(self.max_reads)
-        assert trigger is not None
-        s.pending_trigger = None
-        self.placeholders += 1
-        placeholder = -self.placeholders
-        s.in_flight.append(placeholder)
-        task = ReadTask(self._next(), trigger, placeholder, self.session, requested_at=self.now)
-        self.read_tasks[task.tid] = task
-        if task.session is None:
-            s.in_flight.remove(placeholder)  # the finally clause, then the AssertionError ends the task
-            self.errors.append("AssertionError: _read started without a session")
-            del self.read_tasks[task.tid]
-            return
-        self.commands.append(ScheduleActivity(("read", task.tid), Act.ALLOCATE_READ, AllocateRequest(
-            key=self.key, session_generation=s.session_generation, subscription_generation=s.subscription_generation,
-            min_ordinal=self.fence.next_ordinal_floor(), request_id=self._uuid(), trigger=trigger)))
-
-    def _read_resume(self, task: ReadTask, result: Any) -> None:
-        """MIRROR(subscription.py: _read), from each await to the next."""
-        s = self.fence.s
-        if task.stage == "allocate":
-            ticket: ReadTicket = result
-            if task.placeholder in s.in_flight:  # finally: a session change may already have cleared it (F3)
-                s.in_flight.remove(task.placeholder)
-            task.ticket = ticket
-            task.allocated_at = self.now
-            if not self.fence.issued(ticket):
-                task.stage = "reload"
-                self.commands.append(ScheduleActivity(("read", task.tid), Act.LOAD_FENCE, KeyRequest(key=self.key)))
-                return
-            if self.deadlines:
-                self.fence.arm_read_deadline(requested_at=task.requested_at, period_seconds=self._read_period(),
-                                             jitter=self._random())
-            assert task.session is not None
-            req = ReadRequest(key=self.key, session_generation=s.session_generation,
-                              subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
-                              request_id=ticket.request_id, trigger=task.trigger)
-            task.stage = "mcp"
-            self.commands.append(ScheduleActivity(("read", task.tid), Act.MCP_READ, req))
-            return
-        if task.stage == "reload":
-            snap: FenceSnapshot = result
-            self.fence.adopt(snap)
-            if snap.state == S.ACTIVE and snap.session_generation == s.session_generation:
-                s.pending_trigger = s.pending_trigger or task.trigger
-            del self.read_tasks[task.tid]
-            return
-        assert task.ticket is not None
-        if task.stage == "mcp":
-            outcome: ReadOutcome | None = result
-            if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
-                self.fence.read_abandoned(task.ticket.ordinal)
-                self.session = None
-                s.pending_trigger = TriggerReason.RESUBSCRIBE
-                del self.read_tasks[task.tid]
-                return
-            task.outcome = outcome
-            task.stage = "accept"
-            self.commands.append(ScheduleActivity(("read", task.tid), Act.ACCEPT, AcceptRequest(
-                outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch)))
-            return
-        accepted: AcceptResult = result
-        outcome = task.outcome
-        assert outcome is not None
-        self.fence.applied(task.ticket.ordinal, accepted)
-        self.fence.accepted_digest(outcome.content_digest, accepted)
-        self.fence.observed(accepted, allocated_at=task.allocated_at, now=self.now)
-        self.fence.read_judged(task.ticket.ordinal, outcome, accepted)
-        self.fence.read_directives(outcome)
-        del self.read_tasks[task.tid]
-
-    # tombstones, identity, resume -------------------------------------------------------------------
-
-    def _revoke(self) -> None:
-        """MIRROR(subscription.py: _revoke)."""
-        req, self.revocation = self.revocation, None
-        assert req is not None
-        self.locals["revocation"] = req
-        self._call_main("revoke_done", Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason,
-                                                                       source="platform", effective_at=EPOCH))
-
-    def _main_revoke_done(self, snap: FenceSnapshot) -> None:
-        self.fence.adopt(snap)
-        if snap.state == S.REVOKED:
-            self.fence.s.detail = f"revoked: {self.locals['revocation'].reason}"
-        self.stage = Stage.LOOP
-
-    def _stop_notifications(self) -> None:
-        """MIRROR(subscription.py: run's epilogue and _stop_notifications)."""
-        session = self.session
-        if self.fence.s.state == S.REVOKED and session is not None and session.subscribe \
-                and not self.fence.s.staleness_bound_seconds:
-            self.stage, self.cont = Stage.STOPPING, "stopped"
-            self.commands.append(ScheduleActivity(("main", 0), Act.MCP_UNSUBSCRIBE, UnsubscribeRequest(
-                key=self.key, session_generation=session.generation)))
-            return
-        self.stage = Stage.DONE
-
-    def _main_stopped(self, _: object) -> None:
-        self.stage = Stage.DONE
-
-    def _apply_catalog(self) -> None:
-        """MIRROR(subscription.py: _apply_catalog)."""
-        obs, self.catalog = self.catalog, None
-        assert obs is not None
-        s = self.fence.s
-        before = s.state
-        self.stage = Stage.LOOP
-        if before == S.RECONCILIATION_REQUIRED:
-            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
-                self._resume("IDENTITY_RECONCILED", f"identity reconciled by catalog {obs.scan_id}")
-            return
-        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
-        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
-        if before == S.ACTIVE and not obs.listed and (not proven or stale):
-            # Unproven, or measured before a read of ours saw content: earns a read of the exact URI.
-            self.fence.poll_due()
-            s.detail = f"not listed in catalog {obs.scan_id}: verifying by read"
-            return
-        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
-            return
-        if stale:
-            return  # measured before our read saw not-found: it cannot say the URI came back
-        self.locals["obs"] = obs
-        self.locals["before"] = before
-        self._call_main("catalog_done", Act.CONFIRM_TOMBSTONE,
-                        TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id, proven=proven))
-
-    def _main_catalog_done(self, snap: FenceSnapshot) -> None:
-        obs: CatalogObservation = self.locals["obs"]
-        if self.locals["before"] == S.TOMBSTONE_PENDING and snap.state == S.ACTIVE:
-            self.fence.resumed(snap)
-        else:
-            self.fence.adopt(snap)
-        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
-        self.stage = Stage.LOOP
-
-    def _enter_reconciliation(self) -> None:
-        """MIRROR(subscription.py: _enter_reconciliation)."""
-        conflict, self.conflict = self.conflict, None
-        assert conflict is not None
-        if self.fence.variant_already_reconciled(conflict.observed_uri):
-            self._call_main("recon_audit", Act.AUDIT, AuditRequest(
-                kind="NORMALIZED_URI_MATCH_ALREADY_RECONCILED", key=self.key,
-                session_generation=conflict.session_generation))
-            return
-        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=self.now,
-                                            observed_uri=conflict.observed_uri):
-            self.stage = Stage.LOOP
-            return
-        self.locals["conflict"] = conflict
-        allowed = [S.ACTIVE, S.SUBSCRIBING, S.DISCOVERED, S.TOMBSTONE_PENDING]
-        self._call_main("recon_set", Act.SET_STATE, SetStateRequest(
-            key=self.key, state=S.RECONCILIATION_REQUIRED, allowed_from=allowed))
-
-    def _main_recon_set(self, snap: FenceSnapshot) -> None:
-        self.fence.adopt(snap)
-        conflict: IdentityConflict = self.locals["conflict"]
-        self._call_main("recon_audit", Act.AUDIT, AuditRequest(kind="RECONCILIATION_REQUIRED", key=self.key,
-                                                               session_generation=conflict.session_generation))
-
-    def _main_recon_audit(self, _: object) -> None:
-        self.stage = Stage.LOOP
-
-    def _resume(self, audit_kind: str | None = None, detail: str = "") -> None:
-        """MIRROR(subscription.py: _resume)."""
-        self.locals["resume_audit"], self.locals["resume_detail"] = audit_kind, detail
-        self._call_main("resume_set", Act.SET_STATE, SetStateRequest(
-            key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]))
-
-    def _reconciliation_timed_out(self) -> None:
-        self._resume("RECONCILIATION_TIMED_OUT", "reconciliation timed out")
-
-    def _main_resume_set(self, snap: FenceSnapshot) -> None:
-        self.fence.resumed(snap, self.locals.get("resume_detail", ""))
-        self.resume_requested = False
-        kind = self.locals.pop("resume_audit", None)
-        if kind is not None:
-            self._call_main("recon_audit", Act.AUDIT, AuditRequest(kind=kind, key=self.key,
-                                                                   session_generation=self.fence.s.session_generation))
-            return
-        self.stage = Stage.LOOP
-
-    # close ------------------------------------------------------------------------------------------
-
-    def _main_close_begin(self, receipt: CloseReceipt) -> None:
-        """MIRROR(subscription.py: _close)."""
-        self.fence.closing(receipt)
-        self.locals["receipt"] = receipt
-        session = self.session
-        if receipt.state == S.UNSUBSCRIBING and session is not None and session.subscribe \
-                and not self.fence.s.staleness_bound_seconds:
-            self._call_main("close_mcp", Act.MCP_UNSUBSCRIBE,
-                            UnsubscribeRequest(key=self.key, session_generation=session.generation))
-            return
-        self._close_finish(True)
-
-    def _main_close_mcp(self, out: UnsubscribeOutcome | None) -> None:
-        self._close_finish(out is not None and out.acked)
-
-    def _close_finish(self, acked: bool) -> None:
-        receipt: CloseReceipt = self.locals["receipt"]
-        if receipt.state == S.UNSUBSCRIBING:
-            self._call_main("close_done", Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked))
-        else:
-            self._call_main("close_done", Act.LOAD_FENCE, KeyRequest(key=self.key))
-
-    def _main_close_done(self, snap: FenceSnapshot) -> None:
-        self.fence.unsubscribed(snap)
-        self.stage = Stage.LOOP
-
-
 # --- the simulation: environment, scheduler, checker ----------------------------------------------
 
 @dataclass(slots=True)
 class Activity:
     aid: int
     run: int
-    owner: tuple[str, int]
+    seq: int  # the command's sequence number in its run
     name: str
     arg: Any
     executed: bool = False
@@ -1479,8 +774,9 @@ class Activity:
 
 @dataclass(slots=True)
 class Checkpoint:
-    workflow: SimulatedWorkflow
-    activities: list[tuple[tuple[str, int], str, Any]]
+    run: ProgramRun  # the run the checkpoint was taken in; a reset replays its first ``inputs`` inputs
+    inputs: int
+    draws: int
     signal_index: int
     covered: tuple[int, int] = (0, 0)  # the checker's (covered change, covering read) at this point
 
@@ -1516,13 +812,15 @@ class Simulation:
         self.seed = seed
         self.profile = profile
         self.config = config
+        self._patches = {PATCH_READ_DEADLINES: config.read_deadlines, PATCH_TTL_POLL_PERIOD: True,
+                         PATCH_IDENTITY_RECONCILIATION: True}
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = SessionHost(profile.capability, self.ledger)
         self.queue: list[Message] = []
         self.activities: list[Activity] = []
         self.checkpoints: list[Checkpoint] = []
-        self.signal_log: list[tuple[str, Any]] = []
+        self.signal_log: list[tuple[Signal, Any]] = []
         self.violations: list[Violation] = []
         self.events: list[Event] = []
         self.step = 0
@@ -1567,30 +865,32 @@ class Simulation:
     def _cover(self, name: str) -> None:
         self.coverage[name] = self.coverage.get(name, 0) + 1
 
-    def _new_chain(self) -> SimulatedWorkflow:
+    def _program_run(self, start: SubscriptionStart, incarnation: str) -> ProgramRun:
+        wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", self._patches, EPOCH,
+                        self.times[self.step])
+        wf.start()
+        return wf
+
+    def _new_chain(self) -> ProgramRun:
         self.chain += 1
         self.run += 1
         self.checkpoints.clear()
         self.signal_log.clear()
-        wf = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
-                               poll_interval_seconds=30.0, incarnation=f"chain{self.chain}",
-                               id_prefix=f"c{self.chain}r{self.run}",
-                               safety_read_seconds=self.profile.safety_read_seconds,
-                               read_deadlines=self.config.read_deadlines)
-        wf.start()
-        return wf
+        options = SubscriptionOptions(max_concurrent_reads=self.profile.max_concurrent_reads,
+                                      poll_interval_seconds=30.0, safety_read_seconds=self.profile.safety_read_seconds)
+        return self._program_run(SubscriptionStart(key=KEY, options=options), f"chain{self.chain}")
 
     @property
     def chain_running(self) -> bool:
-        return self.wf.stage not in (Stage.DONE, Stage.WEDGED)
+        return self.wf.stage not in (RunStage.DONE, RunStage.WEDGED)
 
     def _activate(self) -> None:
         """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
         while True:
             wf = self.wf
-            wf.now = self.times[self.step]
-            if wf.stage != Stage.WEDGED:
-                wf.run_until_blocked()
+            wf.clock = self.times[self.step]
+            if wf.stage == RunStage.RUNNING:
+                wf.activate()
             for err in wf.errors:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
                 self._violate(invariant, err)
@@ -1608,56 +908,32 @@ class Simulation:
             for cmd in commands:
                 if isinstance(cmd, ScheduleActivity):
                     self._aid += 1
-                    self.activities.append(Activity(self._aid, self.run, cmd.owner, cmd.name, cmd.arg))
+                    self.activities.append(Activity(self._aid, self.run, cmd.seq, cmd.name, cmd.arg))
                 else:
                     can = cmd
             if can is None:
                 return
             self._cover("continue_as_new")
             self.run += 1
-            new = SimulatedWorkflow(KEY, max_concurrent_reads=self.profile.max_concurrent_reads,
-                                    poll_interval_seconds=30.0, incarnation=wf.incarnation,
-                                    id_prefix=f"c{self.chain}r{self.run}", carried_state=can.carried_state,
-                                    seen_ids=can.seen_ids, safety_read_seconds=self.profile.safety_read_seconds,
-                                    read_deadlines=self.config.read_deadlines)
-            new.start()
-            self.wf = new
+            self.wf = self._program_run(can.start, wf.incarnation)
 
     def _violate(self, invariant: Invariant, detail: str) -> None:
         self.violations.append(Violation(invariant, self.step, detail))
 
-    def _signal(self, kind: str, payload: Any, *, log: bool = True) -> None:
+    def _signal(self, kind: Signal, payload: Any, *, log: bool = True) -> None:
         """Deliver a signal or update to the running chain (dropped when it has completed)."""
         if not self.chain_running:
             return
         if log:
             self.signal_log.append((kind, payload))
-        wf = self.wf
-        if kind == "updated":
-            wf.signal_resource_updated(payload)
-        elif kind == "session_changed":
-            wf.signal_session_changed(payload)
-        elif kind == "catalog":
-            wf.signal_catalog_reconciled(payload)
-        elif kind == "conflict":
-            wf.signal_identity_conflict(payload)
-        elif kind == "revoke":
-            wf.signal_revoke(payload)
-        elif kind == "resume":
-            wf.update_resume()
-        elif kind == "close_signal":
-            wf.signal_close()
-        elif kind == "close":
-            wf.update_close()
+        self.wf.signal(kind, payload)
 
     def _next_time(self, event: Event) -> datetime:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
         at = self.times[self.step] + timedelta(seconds=1)
-        wf = self.wf
-        if event.op == Op.TIMER and self.chain_running and wf.stage in (Stage.WAIT_WORK, Stage.WAIT_RESUME) \
-                and wf.timer_armed \
-                and wf.timer_at is not None and wf.timer_at > at:
-            at = wf.timer_at
+        timer_at = self.wf.timer_at
+        if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
+            at = timer_at
         return at
 
     def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message:
@@ -1697,7 +973,7 @@ class Simulation:
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
         at = self._next_time(event)
-        self.wf.now = at
+        self.wf.clock = at
         applied = self._apply(event)
         if applied:
             self.step += 1
@@ -1728,11 +1004,11 @@ class Simulation:
                 return False
             msg = self.queue.pop(e.n % len(self.queue))
             if msg.kind == "session_changed":
-                self._signal("session_changed", msg.generation)
+                self._signal(Signal.SESSION_CHANGED, msg.generation)
             else:
-                if msg.notification_id is not None and msg.notification_id in self.wf.seen_ids:
+                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                     self.duplicate_deliveries += 1
-                self._signal("updated", ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
                                                         notification_id=msg.notification_id,
                                                         sequence=msg.sequence))
             return True
@@ -1754,13 +1030,13 @@ class Simulation:
         if op == Op.FINAL_NOTE:
             gen = self.host.live.generation if self.host.live else self.host.generation
             msg = self._route(gen, "final")
-            self._signal("updated", ResourceUpdated(uri=KEY.uri, session_generation=gen, sequence=msg.sequence),
+            self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen, sequence=msg.sequence),
                          log=False)
             return True
         if op == Op.CLOSE:
             if not self.chain_running:
                 return False
-            self._signal("close_signal" if e.fault == "signal" else "close", None)
+            self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
             return True
         if op == Op.EXEC:
             act = self._find(e.act, e.n, executed=False)
@@ -1773,11 +1049,14 @@ class Simulation:
             if act is None:
                 return False
             self.activities.remove(act)
-            self.wf.activity_done(act.owner, act.result)
+            if act.result is None and act.name in MCP_ACTIVITIES:
+                self.wf.fail(act.seq, "ApplicationError")  # retries exhausted: the program sees ActivityFailed
+            else:
+                self.wf.complete(act.seq, act.result)
             return True
         if op == Op.TIMER:
             kind = self.wf.pending_timer if self.chain_running else ""
-            if kind and self.wf.timer_fired():
+            if kind and self.wf.fire_timer():
                 self._cover(f"timer.{kind}")
                 return True
             return False
@@ -1796,7 +1075,7 @@ class Simulation:
         if op == Op.CAN:
             if not self.chain_running or self.wf.can_suggested:
                 return False
-            self.wf.can_suggested = True
+            self.wf.suggest_continue_as_new()
             return True
         if op == Op.CHECKPOINT:
             if not self.chain_running:
@@ -1815,7 +1094,7 @@ class Simulation:
             measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
             proven = e.fault == "proven"
             self._cover("catalog.proven" if proven else "catalog.unproven")
-            self._signal("catalog", CatalogObservation(
+            self._signal(Signal.CATALOG, CatalogObservation(
                 uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
                 snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
                 session_generation=self.host.generation, measured_at=self.times[measured]))
@@ -1823,18 +1102,18 @@ class Simulation:
         if op == Op.CONFLICT:
             if not self.chain_running:
                 return False
-            self._signal("conflict", IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
+            self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
                                                       session_generation=self.host.generation))
             return True
         if op == Op.RESUME:
             if not self.chain_running or self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
                 return False
-            self._signal("resume", None)
+            self._signal(Signal.RESUME, None)
             return True
         if op == Op.REVOKE:
             if not self.chain_running:
                 return False
-            self._signal("revoke", RevokeRequest(reason="simulated platform revocation"))
+            self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
             return True
         if op == Op.RESTART:
             if self.chain_running:
@@ -1904,9 +1183,7 @@ class Simulation:
 
     def _checkpoint(self) -> None:
         wf = self.wf
-        saved = copy.deepcopy(wf)
-        pending = [(a.owner, a.name, a.arg) for a in self.activities if a.run == self.run]
-        self.checkpoints.append(Checkpoint(saved, pending, len(self.signal_log),
+        self.checkpoints.append(Checkpoint(wf, len(wf.log), len(wf.draws), len(self.signal_log),
                                            (self._covered_change, self._covered_by)))
         if len(self.checkpoints) > 8:
             self.checkpoints.pop(0)
@@ -1916,9 +1193,10 @@ class Simulation:
         replays to the checkpoint, then reschedules the activities pending there."""
         self._cover("reset")
         self.run += 1
-        wf = copy.deepcopy(cp.workflow)
-        wf.id_prefix = f"c{self.chain}r{self.run}"  # a reset run gets a new random seed
-        wf.commands = [ScheduleActivity(owner, name, arg) for owner, name, arg in cp.activities]
+        # A reset run replays history to the reset point, then draws with a new random seed; the
+        # activities pending there are scheduled again (as its ``commands``).
+        wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
+        wf.clock = self.times[self.step]
         later = self.signal_log[cp.signal_index:]
         del self.signal_log[cp.signal_index:]
         self.wf = wf
@@ -1970,17 +1248,18 @@ class Simulation:
         later than one bound after the last read the ledger allocated. Observed from outside:
         the ledger's allocation time and the timer the workflow armed, not the fence's deadline."""
         wf = self.wf
-        if not self.chain_running or wf.stage != Stage.WAIT_WORK or self._last_allocated_at is None:
+        if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
             return
         s = wf.fence.s
-        if s.state != S.ACTIVE or wf.session is None or s.close_requested or s.pending_trigger is not None \
-                or s.in_flight or wf.read_tasks:
+        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested or s.pending_trigger is not None \
+                or s.in_flight or wf.program.reads_running:
             return  # a read (or resubscribe) is already on its way, or no read is possible
-        bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None else wf.safety_read
+        bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None \
+            else self.profile.safety_read_seconds
         if not bound:
             return
         promised = self._last_allocated_at + timedelta(seconds=bound)
-        wake = wf.timer_at if wf.timer_armed else None
+        wake = wf.timer_at
         if (wake is None or wake > promised) and wake not in self._late_timers:
             self._late_timers.add(wake)
             late = "never" if wake is None else f"at +{(wake - self._last_allocated_at).total_seconds():.1f} s"
@@ -2112,13 +1391,13 @@ class Simulation:
             if not self.chain_running:
                 break
             state = wf.fence.s.state
-            if wf.has_timer and (wf.stage == Stage.WAIT_SESSION or not final_sent):  # poll / safety / recheck
+            if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):  # poll / safety / recheck
                 self.apply(Event(Op.TIMER))
                 continue
-            if state == S.TOMBSTONE_PENDING and wf.catalog is None:
+            if state == S.TOMBSTONE_PENDING and wf.program.catalog is None:
                 self.apply(Event(Op.CATALOG))
                 continue
-            if state == S.RECONCILIATION_REQUIRED and not wf.resume_requested:
+            if state == S.RECONCILIATION_REQUIRED and wf.program.resume_requested is None:
                 self.apply(Event(Op.RESUME))
                 continue
             if not final_sent:
@@ -2135,7 +1414,7 @@ class Simulation:
         subscription sits ACTIVE and idle, some accepted read must have served that version."""
         wf, row = self.wf, self.ledger.row
         s = wf.fence.s
-        if (not self.chain_running or wf.stage != Stage.WAIT_WORK or row.state != S.ACTIVE or s.state != S.ACTIVE
+        if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE or s.state != S.ACTIVE
                 or s.pending_trigger is not None or s.in_flight):
             return
         # A read allocated after the covering one took the update over; if that read failed, the
@@ -2148,18 +1427,20 @@ class Simulation:
 
     def _verdict(self) -> None:
         wf, row = self.wf, self.ledger.row
-        if wf.stage == Stage.WEDGED:
-            return  # already reported as a livelock
+        if wf.stage == RunStage.WEDGED:
+            return  # already reported as a livelock or workflow error
         if row.state in ENDED or wf.fence.finished:
-            if wf.stage != Stage.DONE:
-                self._violate(Invariant.NO_CONVERGENCE, f"row {row.state}, workflow stuck in {wf.stage.value} "
-                                                        f"(read tasks {len(wf.read_tasks)}, close updates "
-                                                        f"{wf.close_updates}, resume updates {wf.resume_updates})")
+            if wf.stage != RunStage.DONE:
+                self._violate(Invariant.NO_CONVERGENCE, f"row {row.state}, workflow stuck waiting for "
+                                                        f"{wf.main_wait} (read tasks {wf.program.reads_running}, "
+                                                        f"close updates {wf.handlers_running(Signal.CLOSE)}, resume "
+                                                        f"updates {wf.handlers_running(Signal.RESUME)})")
             return
         if not self._converged():
             self._violate(Invariant.NO_CONVERGENCE,
                           f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
                           f"v{self.oracle.version} {str(self.oracle.digest)[:16]}; workflow {wf.stage.value} "
+                          f"waiting for {wf.main_wait} "
                           f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
             return
         if wf.fence.s.state != row.state:

@@ -1,40 +1,38 @@
 """ResourceSubscriptionWorkflow: one long-lived workflow per (subject, server, URI).
 
 Contract:
-- A thin driver of ``workflows.fence.SubscriptionFence``: every decision is made
-  there; this module only turns decisions into activities, timers and handlers.
-- Before allocating or accepting anything a run reloads the durable fence from
-  PostgreSQL (``ledger_load_fence``); every allocation and acceptance is a CAS in
-  the ledger, so a reset or rolled-back run can never reuse an ordinal.
-- Notifications arrive as the ``resource_updated`` signal and only invalidate:
-  every read goes through ``resources/read`` on the live session (the session
-  host's task queue). No resource body ever enters this workflow's history.
-- Reads run as tasks beside the main loop so a close request is fenced at once;
-  at most one read is in flight and updates meanwhile coalesce into one follow-up.
-- Long life: continue-as-new when suggested, after in-flight reads and handlers
-  drain, carrying the whole ``FenceState`` and the signal dedupe ids.
-- Upgrades (Worker Deployment Versioning, docs/upgrades.md): a versioned main worker runs
-  it PINNED to its build; when the deployment's current build changes, the run notices at its
+- Temporal's interpreter of ``workflows.subscription_program.SubscriptionProgram``: every
+  decision is made there (and every safety rule in ``workflows.fence``); this module only
+  declares the wire surface (signals, updates, query, run) and turns the program's runtime
+  calls into activities, timers, patches and search attributes. The simulator runs the same
+  program against an in-memory world (``sim/``).
+- Before allocating or accepting anything a run reloads the durable fence from PostgreSQL;
+  every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can
+  never reuse an ordinal. Notifications arrive as ``resource_updated`` and only invalidate:
+  every read goes through ``resources/read`` on the live session (the session host's task
+  queue). No resource body ever enters this workflow's history.
+- Ledger activities run on the main queue and retry until they succeed; MCP activities run on
+  the session host's queue with bounded retries, and their final failure reaches the program
+  as ``ActivityFailed`` (the cause's type name, never its message: it may quote content).
+- Upgrades (Worker Deployment Versioning, docs/upgrades.md): a versioned main worker runs it
+  PINNED to its build; when the deployment's current build changes, the run notices at its
   next wake-up and continues-as-new onto the new build (AUTO_UPGRADE for the first task).
   Unversioned workers never see a target change: behaviour is exactly as before.
-- Staleness promise: the next poll / safety read is a deadline in ``FenceState``
-  (``read_due_at``), armed when a read is allocated; the loop waits at most until it, so
-  no wake-up postpones it. Runs that started before this (no ``PATCH_READ_DEADLINES``
-  marker in their history) keep the old restarted timer until their next continue-as-new.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
+    from workflows.fence import UpdateDisposition, should_continue_as_new
     from workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -50,67 +48,36 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_CLOSE,
         UPDATE_RESUME,
         WORKFLOW_TYPE,
-        Act,
     )
     from workflows.records import (
-        AcceptRequest,
-        AcceptResult,
-        AllocateRequest,
-        AuditRequest,
-        BeginSubscriptionRequest,
         CatalogObservation,
         CloseReceipt,
         CloseRequest,
-        EnsureRequest,
-        FenceSnapshot,
-        FinishUnsubscribeRequest,
         IdentityConflict,
-        KeyRequest,
-        MarkActiveRequest,
-        ReadOutcome,
-        ReadOutcomeKind,
-        ReadRequest,
-        ReadTicket,
         ResourceSubscriptionV1,
         ResourceUpdated,
         ResumeRequest,
-        RevokeLedgerRequest,
         RevokeRequest,
         SessionChanged,
-        SessionInfo,
-        SessionQuery,
-        SetStateRequest,
-        SubscribeOutcome,
-        SubscribeRequest,
+        SubscriptionKey,
         SubscriptionStart,
-        SubscriptionState,
-        TombstoneRequest,
-        TriggerReason,
-        UnsubscribeOutcome,
-        UnsubscribeRequest,
+    )
+    from workflows.subscription_program import (
+        PATCH_IDENTITY_RECONCILIATION,
+        PATCH_READ_DEADLINES,
+        PATCH_TTL_POLL_PERIOD,
+        SESSION_RECHECK,
+        ActivityFailed,
+        Publication,
+        SubscriptionProgram,
+        WaitKind,
     )
     from workflows.versioning import target_version_changed, upgrade_behavior
 
-__all__ = ["ResourceSubscriptionWorkflow", "should_continue_as_new", "POLL_INTERVAL", "SESSION_RECHECK",
+__all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime", "should_continue_as_new", "SESSION_RECHECK",
            "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION", "PATCH_TTL_POLL_PERIOD"]
 
-PATCH_READ_DEADLINES = "read-deadlines"
-"""workflow.patched id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
-
-PATCH_TTL_POLL_PERIOD = "ttl-poll-period"
-"""workflow.patched id: the poll period follows the last read's ttlMs and backs off after failed reads
-(docs/caching.md). It moves deadlines, and so timers: histories recorded before it keep the plain interval."""
-
-PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
-"""workflow.patched id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
-
-POLL_INTERVAL = timedelta(seconds=30)
-"""Read period when the server cannot (or will not) subscribe; jittered ±20%."""
-
-SESSION_RECHECK = timedelta(seconds=15)
-"""How often a workflow without a live session asks the ledger again (besides the signal)."""
-
-MAX_DEDUPE_IDS = 256
+T = TypeVar("T")
 
 _LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 _LEDGER_TIMEOUT = timedelta(seconds=30)
@@ -128,545 +95,29 @@ KEY_SUB_GEN = SearchAttributeKey.for_int(SA_SUBSCRIPTION_GENERATION)
 KEY_WATERMARK = SearchAttributeKey.for_int(SA_WATERMARK)
 
 
-@workflow.defn(name=WORKFLOW_TYPE)
-class ResourceSubscriptionWorkflow:
-    @workflow.init
-    def __init__(self, start: SubscriptionStart) -> None:
-        state = FenceState(key=start.key)
-        if start.carried_state is not None:
-            state = FenceState.model_validate(start.carried_state)
-        self.fence = SubscriptionFence(state)
-        self.key = start.key
-        self.options = start.options
-        self.session: SessionInfo | None = None
-        self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
-        self.conflict: IdentityConflict | None = None
-        self.resume_requested: ResumeRequest | None = None
-        self.carried_binding = False  # this run continues a chain that was subscribed (continue-as-new)
-        self.revocation: RevokeRequest | None = None
-        self.placeholders = 0
-        self.session_failures = 0
-        self.live_generation = 0  # highest session generation announced by signal
-        self.seen_ids: list[str] = list(start.seen_signal_ids)
-        self.read_tasks: set[asyncio.Task[None]] = set()
-        self.reloaded = False
-        self.last_published: tuple[object, ...] = ()
-        self.deadlines = False  # set in run(): workflow.patched(PATCH_READ_DEADLINES)
-        self.bounded_reconciliation = False  # set in run(): workflow.patched(PATCH_IDENTITY_RECONCILIATION)
+class TemporalRuntime:
+    """``subscription_program.Runtime`` on Temporal's workflow APIs (deterministic by construction)."""
 
-    # --- handlers -------------------------------------------------------------------
+    def __init__(self, key: SubscriptionKey) -> None:
+        self.key = key
 
-    # A notification that arrives as the run ends only has an audit row left to write: abandon it.
-    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
-                     description="An invalidation from the ingress (never content): coalesced into at most one "
-                                 "follow-up read; from an older session: audited, ignored.")
-    async def resource_updated(self, sig: ResourceUpdated) -> None:
-        if sig.notification_id is not None:
-            if sig.notification_id in self.seen_ids:
-                return
-            self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
-        if not self.reloaded:
-            # Signals can be delivered before run() reloaded the fence; let it finish first.
-            await workflow.wait_condition(lambda: self.reloaded)
-        disposition = self.fence.note_update(sig)
-        if disposition == UpdateDisposition.FUTURE_SESSION:
-            self.live_generation = max(self.live_generation, sig.session_generation)
-            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
-        elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
-                             UpdateDisposition.WRONG_URI):
-            await self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
-                              {"uri_matches": int(sig.uri == self.key.uri)})
-            if disposition == UpdateDisposition.WRONG_URI:
-                self.fence.s.detail = "notification for a different URI reached this subscription"
-        self._publish()
+    def now(self) -> datetime:
+        return workflow.now()
 
-    @workflow.signal(name=SIGNAL_SESSION_CHANGED,
-                     description="The session host opened a new session generation: resubscribe and re-read.")
-    def session_changed(self, sig: SessionChanged) -> None:
-        self.live_generation = max(self.live_generation, sig.session_generation)
+    def patched(self, patch_id: str) -> bool:
+        return workflow.patched(patch_id)
 
-    @workflow.signal(name=SIGNAL_CATALOG_RECONCILED,
-                     description="A reconciled catalog's word on this URI: confirms a tombstone, or earns a "
-                                 "verification read; never moves the read deadline.")
-    def catalog_reconciled(self, obs: CatalogObservation) -> None:
-        if obs.uri == self.key.uri:
-            self.catalog = obs
+    def uuid4(self) -> str:
+        return str(workflow.uuid4())
 
-    @workflow.signal(name=SIGNAL_REVOKE,
-                     description="Platform revocation: REVOKED, cached bodies purged, outbox 'revoked'.")
-    def revoke(self, req: RevokeRequest) -> None:
-        if self.revocation is None:
-            self.revocation = req
+    def random(self) -> float:
+        return workflow.random().random()
 
-    @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT,
-                     description="A URI that matches only after normalization: RECONCILIATION_REQUIRED.")
-    def identity_conflict(self, conflict: IdentityConflict) -> None:
-        self.conflict = conflict
+    def start_time(self) -> datetime | None:
+        return workflow.info().start_time
 
-    @workflow.update(name=UPDATE_RESUME,
-                     description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.")
-    async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
-        self.resume_requested = req
-        # A close or revocation handled first finishes the workflow: the resume is then moot.
-        await workflow.wait_condition(lambda: self.resume_requested is None or self.fence.finished)
-        return self._record()
-
-    @resume.validator
-    def _validate_resume(self, req: ResumeRequest) -> None:
-        if self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED:
-            raise ValueError(f"nothing to resume: subscription is {self.fence.s.state.value}")
-
-    @workflow.signal(name=SIGNAL_CLOSE, description="Fire-and-forget close (see the close update).")
-    def close_signal(self, req: CloseRequest) -> None:
-        self.fence.request_close(req.reason)
-
-    @workflow.update(name=UPDATE_CLOSE,
-                     description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
-                                 "returns the close receipt.")
-    async def close(self, req: CloseRequest) -> CloseReceipt:
-        self.fence.request_close(req.reason)
-        await workflow.wait_condition(lambda: self.fence.finished)
-        return self.fence.close_receipt()
-
-    @close.validator
-    def _validate_close(self, req: CloseRequest) -> None:
-        if len(req.reason) > 500:
-            raise ValueError("close reason longer than 500 characters")
-
-    @workflow.query(name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record.")
-    def subscription(self) -> ResourceSubscriptionV1:
-        return self._record()
-
-    # --- main loop ---------------------------------------------------------------------
-
-    @workflow.run
-    async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:
-        # Memoized for the run: histories recorded before deadlines keep their restarted timer.
-        self.deadlines = workflow.patched(PATCH_READ_DEADLINES)
-        self.bounded_reconciliation = workflow.patched(PATCH_IDENTITY_RECONCILIATION)
-        adaptive_poll_period = workflow.patched(PATCH_TTL_POLL_PERIOD)
-        incarnation = workflow.info().first_execution_run_id
-        if start.carried_state is None:
-            snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
-                                      FenceSnapshot)
-        else:
-            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-            self.carried_binding = True
-        self.fence.adopt(snap)
-        self.fence.s.adaptive_poll_period = adaptive_poll_period
-        self.live_generation = max(self.live_generation, self.fence.s.session_generation)
-        self.reloaded = True
-        self._publish()
-
-        while not self.fence.finished:
-            s = self.fence.s
-            if self.revocation is not None:
-                await self._revoke()
-                continue
-            if s.close_requested or s.state == SubscriptionState.UNSUBSCRIBING:
-                await self._close()
-                continue
-            if self.conflict is not None:
-                await self._enter_reconciliation()
-                continue
-            if self.catalog is not None:
-                await self._apply_catalog()
-                continue
-            if s.state == SubscriptionState.TOMBSTONE_PENDING:
-                # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
-                # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
-                # closed by a run this one was reset past): wake for that too.
-                await workflow.wait_condition(lambda: self.catalog is not None or self.fence.s.close_requested
-                                              or self.revocation is not None
-                                              or self.fence.s.state != SubscriptionState.TOMBSTONE_PENDING)
-                continue
-            if s.state == SubscriptionState.RECONCILIATION_REQUIRED:
-                await self._await_reconciliation()
-                continue
-            if self.session is None or self.fence.wants_subscribe(self.live_generation) \
-                    or s.pending_trigger == TriggerReason.RESUBSCRIBE:
-                if not await self._ensure_subscribed():
-                    await self._wait_for_session()
-                continue
-            if self.deadlines:
-                self.fence.poll_if_due(workflow.now(), period_seconds=self._read_period())
-            if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
-                self._start_read()
-                continue
-            if self._continue_as_new_due():
-                await self._continue_as_new(start)
-            try:
-                await workflow.wait_condition(self._idle_wait_over(), timeout=self._wait_timeout())
-            except TimeoutError:
-                self.fence.poll_due()
-
-        self.fence.finish(workflow.now())
-        await workflow.wait_condition(lambda: not self.read_tasks and workflow.all_handlers_finished())
-        if self.fence.s.state == SubscriptionState.REVOKED:
-            await self._stop_notifications()
-        self._publish()
-        return self._record()
-
-    def _has_work(self) -> bool:
-        s = self.fence.s
-        return bool(
-            s.close_requested
-            or self.fence.read_wanted(self.options.max_concurrent_reads) is not None
-            or self.conflict is not None
-            or self.catalog is not None
-            or self.revocation is not None
-            or self.live_generation > s.session_generation
-            or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or self.fence.finished
-            or s.state != SubscriptionState.ACTIVE
-            or self._continue_as_new_due()
-        )
-
-    def _idle_wait_over(self) -> Callable[[], bool]:
-        """The idle wait's condition: work, or (with deadlines) a read grant re-armed the deadline
-        the wait's timeout was computed from."""
-        if not self.deadlines:
-            return self._has_work
-        due = self.fence.s.read_due_at
-        return lambda: self._has_work() or self.fence.s.read_due_at != due
-
-    def _loop_must_serve(self) -> bool:
-        """Work only the main loop can do, for which the continue-as-new wait must step aside."""
-        return self.resume_requested is not None or self.fence.s.state != SubscriptionState.ACTIVE
-
-    def _continue_as_new_due(self) -> bool:
-        return should_continue_as_new(
-            suggested=workflow.info().is_continue_as_new_suggested(),
-            history_length=workflow.info().get_current_history_length(),
-            reads_in_flight=len(self.fence.s.in_flight),
-            handlers_finished=workflow.all_handlers_finished(),
-            max_history=self.options.max_history_events,
-            target_version_changed=target_version_changed(),
-        )
-
-    def _read_period(self) -> float | None:
-        return self.fence.read_period(self.options.safety_read_seconds)
-
-    def _wait_timeout(self) -> timedelta | None:
-        """How long the idle loop waits for work: until the read deadline (never moved by a wake-up)."""
-        if self.deadlines:
-            return self.fence.until_read_due(workflow.now())
-        # Before PATCH_READ_DEADLINES: a timer restarted on every wake-up (the bug of issue 15); kept
-        # byte for byte, including its random draws, so runs recorded with it replay.
-        if self.fence.s.staleness_bound_seconds is not None:
-            base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
-            return timedelta(seconds=base * (0.8 + 0.2 * workflow.random().random()))
-        period = self.options.safety_read_seconds
-        if not period:
-            return None
-        return timedelta(seconds=period * (0.8 + 0.2 * workflow.random().random()))
-
-    async def _wait_for_session(self) -> None:
-        """Back off before asking again: a newer generation announced, a close, or the timer."""
-        have = max(self.live_generation, self.fence.s.session_generation)
-        self.session_failures += 1
-        delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
-        try:
-            await workflow.wait_condition(
-                lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
-                timeout=timedelta(seconds=delay),
-            )
-        except TimeoutError:
-            pass
-
-    # --- subscribe -------------------------------------------------------------------
-
-    async def _ensure_subscribed(self) -> bool:
-        """Bind to the live session and (re)subscribe. False when there is no usable session."""
-        session = await self._ledger(Act.CURRENT_SESSION,
-                                     SessionQuery(subject=self.key.subject, server=self.key.server),
-                                     SessionInfo, allow_none=True)
-        if session is None:
-            self.fence.s.detail = "no live MCP session for this subject and server"
-            self._publish()
-            return False
-        self.live_generation = max(self.live_generation, session.generation)
-        if ((self.session is not None or self.carried_binding)
-                and session.generation == self.fence.s.session_generation
-                and self.fence.s.state == SubscriptionState.ACTIVE
-                and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
-            # Already subscribed on this very session (this run, or the run before a continue-as-new,
-            # which hands over its state without a gap): rebind without resubscribing. A reset run
-            # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
-            self.session = session
-            return True
-        self.session = session
-        self.session_failures = 0
-        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
-                                  BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
-                                  FenceSnapshot)
-        caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
-        if not self.fence.subscribing(snap, session.edition, caps):
-            if self.deadlines:
-                # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
-                # not subscribed. Without a binding the next pass subscribes on the live session and
-                # publishes its bound, instead of rebinding to a subscription an older run made.
-                self.session = None
-            self._publish()
-            return False
-        self._publish()
-        poll: float | None = None
-        if session.subscribe:
-            out = await self._mcp(session, Act.MCP_SUBSCRIBE,
-                                  SubscribeRequest(key=self.key, session_generation=session.generation),
-                                  SubscribeOutcome)
-            if out is None or (not out.ok and out.session_generation != session.generation):
-                self.session = None
-                return False
-            if not out.ok:
-                # Advertised but rejected: poll instead, publish the bound, never claim real time.
-                poll = self.options.poll_interval_seconds
-                await self._audit("SUBSCRIBE_REJECTED", session.generation,
-                                  {"code": out.error_code, "error": (out.error or "")[:200]})
-        else:
-            poll = self.options.poll_interval_seconds
-        snap = await self._ledger(Act.MARK_ACTIVE,
-                                  MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                                    subscription_generation=snap.subscription_generation),
-                                  FenceSnapshot)
-        self.fence.subscribed(snap, poll_interval_seconds=poll)
-        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
-        self._publish()
-        return True
-
-    # --- reads -------------------------------------------------------------------------
-
-    def _start_read(self) -> None:
-        trigger = self.fence.read_wanted(self.options.max_concurrent_reads)
-        assert trigger is not None
-        # Take the trigger before the task runs so the loop does not start it twice; a negative
-        # placeholder holds the in-flight slot until the ledger grants an ordinal.
-        self.fence.s.pending_trigger = None
-        self.placeholders += 1
-        placeholder = -self.placeholders
-        self.fence.s.in_flight.append(placeholder)
-        task = asyncio.create_task(self._read(trigger, placeholder))
-        self.read_tasks.add(task)
-        task.add_done_callback(self.read_tasks.discard)
-
-    async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
-        s = self.fence.s
-        session = self.session
-        requested_at = workflow.now()
-        try:
-            assert session is not None
-            request_id = str(workflow.uuid4())
-            ticket = await self._ledger(
-                Act.ALLOCATE_READ,
-                AllocateRequest(key=self.key, session_generation=s.session_generation,
-                                subscription_generation=s.subscription_generation,
-                                min_ordinal=self.fence.next_ordinal_floor(), request_id=request_id, trigger=trigger),
-                ReadTicket,
-            )
-        finally:
-            # A session change may already have cleared the in-flight list.
-            if placeholder in s.in_flight:
-                s.in_flight.remove(placeholder)
-        allocated_at = workflow.now()
-        if not self.fence.issued(ticket):
-            # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
-            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-            self.fence.adopt(snap)
-            if snap.state == SubscriptionState.ACTIVE and snap.session_generation == s.session_generation:
-                s.pending_trigger = s.pending_trigger or trigger
-            self._publish()
-            return
-        if self.deadlines:
-            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
-            # never later than one period after the read the ledger records.
-            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                         jitter=workflow.random().random())
-        self._publish()
-        req = ReadRequest(key=self.key, session_generation=s.session_generation,
-                          subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
-                          request_id=ticket.request_id, trigger=trigger)
-        outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
-        if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
-            self.fence.read_abandoned(ticket.ordinal)
-            self.session = None  # re-bind: the session host has (or will have) a new generation
-            s.pending_trigger = TriggerReason.RESUBSCRIBE  # its initial read covers any other trigger
-            self._publish()
-            return
-        result = await self._ledger(
-            Act.ACCEPT, AcceptRequest(outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch),
-            AcceptResult,
-        )
-        self.fence.applied(ticket.ordinal, result)
-        self.fence.accepted_digest(outcome.content_digest, result)
-        self.fence.observed(result, allocated_at=allocated_at, now=workflow.now())
-        self.fence.read_judged(ticket.ordinal, outcome, result)
-        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
-        self._publish()
-
-    # --- revocation --------------------------------------------------------------------------
-
-    async def _revoke(self) -> None:
-        req, self.revocation = self.revocation, None
-        assert req is not None
-        effective = req.effective_at or workflow.now()
-        snap = await self._ledger(Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
-                                                                  effective_at=effective), FenceSnapshot)
-        self.fence.adopt(snap)
-        if snap.state == SubscriptionState.REVOKED:
-            self.fence.s.detail = f"revoked: {req.reason}"
-        self._publish()
-
-    async def _stop_notifications(self) -> None:
-        """Best effort: a revoked subscription should stop producing notifications."""
-        session = self.session
-        if session is not None and session.subscribe and not self.fence.s.staleness_bound_seconds:
-            await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                            UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                            UnsubscribeOutcome)
-
-    # --- tombstones and identity ------------------------------------------------------------
-
-    async def _apply_catalog(self) -> None:
-        obs, self.catalog = self.catalog, None
-        assert obs is not None
-        before = self.fence.s.state
-        if before == SubscriptionState.RECONCILIATION_REQUIRED and self.bounded_reconciliation:
-            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
-                await self._resume("IDENTITY_RECONCILED", {
-                    "scan_id": obs.scan_id, "snapshot_status": obs.snapshot_status,
-                    "measured_at": str(obs.measured_at), "variants": ", ".join(obs.variants)[:500]},
-                    detail=f"identity reconciled by catalog {obs.scan_id}"
-                           + (f" (ambiguous listed pair: {obs.variants[0][:200]})" if obs.variants else ""))
-            return
-        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
-        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
-        if before == SubscriptionState.ACTIVE and not obs.listed and (not proven or stale):
-            # An unproven catalog cannot revoke, nor can one measured before a read of ours saw
-            # content: either earns a read of the exact URI, which will tell.
-            self.fence.poll_due()
-            why = "measured before our last read saw content" if stale else "unproven"
-            self.fence.s.detail = f"not listed in catalog {obs.scan_id} ({why}): verifying by read"
-            self._publish()
-            return
-        if not (before == SubscriptionState.TOMBSTONE_PENDING or (before == SubscriptionState.ACTIVE
-                                                                  and not obs.listed)):
-            return  # the catalog agrees with us: nothing to confirm, no read to spend
-        if stale:
-            return  # measured before our read saw not-found: it cannot say the URI came back
-        snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
-                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id,
-                                                   proven=proven),
-                                  FenceSnapshot)
-        if before == SubscriptionState.TOMBSTONE_PENDING and snap.state == SubscriptionState.ACTIVE:
-            self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
-        else:
-            self.fence.adopt(snap)
-        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
-        self._publish()
-
-    async def _enter_reconciliation(self) -> None:
-        conflict, self.conflict = self.conflict, None
-        assert conflict is not None
-        if self.bounded_reconciliation and self.fence.variant_already_reconciled(conflict.observed_uri):
-            await self._audit("NORMALIZED_URI_MATCH_ALREADY_RECONCILED", conflict.session_generation,
-                              {"observed_uri": conflict.observed_uri[:500]})
-            self._publish()
-            return
-        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=workflow.now(),
-                                            observed_uri=conflict.observed_uri[:2048]):
-            return
-        allowed = [SubscriptionState.ACTIVE, SubscriptionState.SUBSCRIBING, SubscriptionState.DISCOVERED,
-                   SubscriptionState.TOMBSTONE_PENDING]
-        snap = await self._ledger(Act.SET_STATE, SetStateRequest(key=self.key,
-                                                                 state=SubscriptionState.RECONCILIATION_REQUIRED,
-                                                                 allowed_from=allowed), FenceSnapshot)
-        self.fence.adopt(snap)
-        await self._audit("RECONCILIATION_REQUIRED", conflict.session_generation,
-                          {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
-        self._publish()
-
-    async def _await_reconciliation(self) -> None:
-        """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
-        the loop's catalog step) or, with bounded reconciliation, its time bound: then resume."""
-        def over() -> bool:
-            return (self.resume_requested is not None or self.fence.s.close_requested or self.revocation is not None
-                    or self.fence.s.state != SubscriptionState.RECONCILIATION_REQUIRED
-                    or (self.bounded_reconciliation and self.catalog is not None))
-
-        timeout = None
-        if self.bounded_reconciliation:
-            due = self.fence.reconciliation_deadline(workflow.now(), self.options.reconciliation_max_seconds)
-            timeout = due - workflow.now()
-        try:
-            if timeout is None or timeout > timedelta(0):
-                await workflow.wait_condition(over, timeout=timeout)
-            elif not over():
-                raise TimeoutError
-        except TimeoutError:
-            await self._resume("RECONCILIATION_TIMED_OUT", {
-                "since": str(self.fence.s.reconciliation_since),
-                "max_seconds": int(self.options.reconciliation_max_seconds)},
-                detail=f"reconciliation timed out after {self.options.reconciliation_max_seconds:.0f} s without "
-                       "catalog evidence: resumed, re-reading the exact URI")
-            return
-        if self.resume_requested is not None:
-            await self._resume()
-
-    async def _resume(self, audit_kind: str | None = None, evidence: dict[str, str | int | None] | None = None,
-                      *, detail: str = "") -> None:
-        """Back to ACTIVE (a fresh read first); ``audit_kind`` records why, with its evidence."""
-        snap = await self._ledger(Act.SET_STATE, SetStateRequest(
-            key=self.key, state=SubscriptionState.ACTIVE,
-            allowed_from=[SubscriptionState.RECONCILIATION_REQUIRED]), FenceSnapshot)
-        self.fence.resumed(snap, detail)
-        self.resume_requested = None
-        if audit_kind is not None:
-            await self._audit(audit_kind, self.fence.s.session_generation, evidence or {})
-        self._publish()
-
-    # --- close ---------------------------------------------------------------------------
-
-    async def _close(self) -> None:
-        receipt = await self._ledger(Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key), CloseReceipt)
-        self.fence.closing(receipt)
-        self._publish()
-        acked = True
-        session = self.session
-        if receipt.state == SubscriptionState.UNSUBSCRIBING and session is not None and session.subscribe \
-                and not self.fence.s.staleness_bound_seconds:
-            out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                                  UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                                  UnsubscribeOutcome)
-            acked = out is not None and out.acked
-        if receipt.state == SubscriptionState.UNSUBSCRIBING:
-            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked),
-                                      FenceSnapshot)
-        else:
-            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-        self.fence.unsubscribed(snap)
-        self._publish()
-
-    # --- continue-as-new -------------------------------------------------------------------
-
-    async def _continue_as_new(self, start: SubscriptionStart) -> None:
-        def drained() -> bool:
-            return not self.read_tasks and workflow.all_handlers_finished()
-
-        # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
-        # revocation or conflict first and try again later (simulator finding F9). A resume update
-        # waits for the loop likewise, and a reload may have left ACTIVE meanwhile (F13).
-        await workflow.wait_condition(lambda: drained() or self.fence.s.close_requested
-                                      or self.revocation is not None or self.conflict is not None
-                                      or (self.bounded_reconciliation and self._loop_must_serve()))
-        if not drained():
-            return
-        workflow.continue_as_new(
-            SubscriptionStart(key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
-                              seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:]),
-            initial_versioning_behavior=upgrade_behavior(),
-        )
-
-    # --- plumbing --------------------------------------------------------------------------
+    def first_execution_run_id(self) -> str:
+        return workflow.info().first_execution_run_id
 
     def _summary(self, name: str, arg: object) -> str:
         """The Web UI's activity summary: "read demo://x ordinal 12" (metadata only, never content)."""
@@ -677,66 +128,125 @@ class ResourceSubscriptionWorkflow:
             ordinal = outcome.ordinal
         return f"{what} {self.key.uri[:160]}" + (f" ordinal {ordinal}" if ordinal is not None else "")
 
-    async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
-        result = await workflow.execute_activity(
+    async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
+        result: T | None = await workflow.execute_activity(
             name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY,
             summary=self._summary(name, arg),
         )
-        if result is None and not allow_none:
-            raise RuntimeError(f"{name} returned nothing")
         return result
 
-    async def _mcp(self, session: SessionInfo, name: str, arg: object, result_type: type):  # type: ignore[no-untyped-def]
-        """An activity on the session host's queue; None when the session is unreachable."""
+    async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
         try:
-            return await workflow.execute_activity(
-                name, arg, result_type=result_type, task_queue=session.task_queue,
+            result: T = await workflow.execute_activity(
+                name, arg, result_type=result_type, task_queue=task_queue,
                 schedule_to_close_timeout=_MCP_TIMEOUT, retry_policy=_MCP_RETRY, summary=self._summary(name, arg),
             )
         except ActivityError as err:
-            self.fence.s.detail = f"{name} failed: {type(err.cause).__name__}"
-            return None
+            raise ActivityFailed(type(err.cause).__name__) from None
+        return result
 
-    async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
-        await self._ledger(Act.AUDIT, AuditRequest(kind=kind, key=self.key, session_generation=session_generation,
-                                                   detail=detail), int)
+    async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
+        try:
+            await workflow.wait_condition(condition, timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
 
-    def _record(self) -> ResourceSubscriptionV1:
-        return self.fence.record(started_at=workflow.info().start_time,
-                                 safety_read_seconds=self.options.safety_read_seconds)
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.create_task(coro)
 
-    def _publish(self) -> None:
-        """Search attributes and the Web UI's current-details panel, only when they change."""
-        s = self.fence.s
-        phase = self.fence.phase
-        snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
-                    s.detail, s.last_issued_ordinal)
-        if snapshot == self.last_published:
-            return
-        self.last_published = snapshot
+    def all_handlers_finished(self) -> bool:
+        return workflow.all_handlers_finished()
+
+    def continue_as_new_suggested(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested()
+
+    def history_length(self) -> int:
+        return workflow.info().get_current_history_length()
+
+    def target_version_changed(self) -> bool:
+        return target_version_changed()
+
+    def continue_as_new(self, start: SubscriptionStart) -> NoReturn:
+        workflow.continue_as_new(start, initial_versioning_behavior=upgrade_behavior())
+
+    def publish(self, publication: Publication) -> None:
         workflow.upsert_search_attributes([
-            KEY_STATE.value_set(phase.value),
-            KEY_SESSION_GEN.value_set(s.session_generation),
-            KEY_SUB_GEN.value_set(s.subscription_generation),
-            KEY_WATERMARK.value_set(s.watermark),
+            KEY_STATE.value_set(publication.phase.value),
+            KEY_SESSION_GEN.value_set(publication.session_generation),
+            KEY_SUB_GEN.value_set(publication.subscription_generation),
+            KEY_WATERMARK.value_set(publication.watermark),
         ])
-        digest = s.last_accepted_digest or "-"
-        workflow.set_current_details(
-            f"**{phase.value}** `{self.key.uri}`\n\n"
-            f"| ledger | value |\n|---|---|\n"
-            f"| subject / server | {self.key.subject} / {self.key.server} |\n"
-            f"| session gen / subscription gen | {s.session_generation} / {s.subscription_generation} |\n"
-            f"| edition | {s.edition or '-'} |\n"
-            f"| last issued / accepted ordinal | {s.last_issued_ordinal} / {s.last_accepted_ordinal} |\n"
-            f"| watermark | {s.watermark} |\n"
-            f"| last receipt | {s.last_receipt_id or '-'} |\n"
-            f"| last digest | `{digest[:23]}` |\n"
-            f"| close epoch / ordinal | {s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'} |\n"
-            f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
-            f"{s.updates_covered} / {s.reads_issued} |\n"
-            f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
-            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling; set by "
-               f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'}) |\n"
-               if s.staleness_bound_seconds else "")
-            + (f"\n{s.detail}\n" if s.detail else "")
-        )
+        workflow.set_current_details(publication.details)
+
+    def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None:
+        workflow.logger.debug("resource_updated %s: %s", notification_id or "-", disposition.value)
+
+    def loop_iteration(self) -> None:
+        pass  # Temporal's deadlock detector bounds a workflow task that never yields
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class ResourceSubscriptionWorkflow:
+    @workflow.init
+    def __init__(self, start: SubscriptionStart) -> None:
+        self.program = SubscriptionProgram(start, TemporalRuntime(start.key))
+
+    # A notification that arrives as the run ends only has an audit row left to write: abandon it.
+    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+                     description="An invalidation from the ingress (never content): coalesced into at most one "
+                                 "follow-up read; from an older session: audited, ignored.")
+    async def resource_updated(self, sig: ResourceUpdated) -> None:
+        await self.program.on_resource_updated(sig)
+
+    @workflow.signal(name=SIGNAL_SESSION_CHANGED,
+                     description="The session host opened a new session generation: resubscribe and re-read.")
+    def session_changed(self, sig: SessionChanged) -> None:
+        self.program.on_session_changed(sig)
+
+    @workflow.signal(name=SIGNAL_CATALOG_RECONCILED,
+                     description="A reconciled catalog's word on this URI: confirms a tombstone, or earns a "
+                                 "verification read; never moves the read deadline.")
+    def catalog_reconciled(self, obs: CatalogObservation) -> None:
+        self.program.on_catalog_reconciled(obs)
+
+    @workflow.signal(name=SIGNAL_REVOKE,
+                     description="Platform revocation: REVOKED, cached bodies purged, outbox 'revoked'.")
+    def revoke(self, req: RevokeRequest) -> None:
+        self.program.on_revoke(req)
+
+    @workflow.signal(name=SIGNAL_IDENTITY_CONFLICT,
+                     description="A URI that matches only after normalization: RECONCILIATION_REQUIRED.")
+    def identity_conflict(self, conflict: IdentityConflict) -> None:
+        self.program.on_identity_conflict(conflict)
+
+    @workflow.update(name=UPDATE_RESUME,
+                     description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.")
+    async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
+        return await self.program.on_resume(req)
+
+    @resume.validator
+    def _validate_resume(self, req: ResumeRequest) -> None:
+        self.program.validate_resume(req)
+
+    @workflow.signal(name=SIGNAL_CLOSE, description="Fire-and-forget close (see the close update).")
+    def close_signal(self, req: CloseRequest) -> None:
+        self.program.on_close_signal(req)
+
+    @workflow.update(name=UPDATE_CLOSE,
+                     description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
+                                 "returns the close receipt.")
+    async def close(self, req: CloseRequest) -> CloseReceipt:
+        return await self.program.on_close(req)
+
+    @close.validator
+    def _validate_close(self, req: CloseRequest) -> None:
+        self.program.validate_close(req)
+
+    @workflow.query(name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record.")
+    def subscription(self) -> ResourceSubscriptionV1:
+        return self.program.record()
+
+    @workflow.run
+    async def run(self, start: SubscriptionStart) -> ResourceSubscriptionV1:
+        return await self.program.run()

@@ -1,0 +1,441 @@
+"""The simulator's interpreter of the subscription program: a deterministic coroutine scheduler.
+
+Contract:
+- ``ProgramRun`` runs ``workflows.subscription_program.SubscriptionProgram`` (the code
+  production runs) as one Temporal run would: the main coroutine, read tasks and async
+  handlers are coroutines it steps by hand. An activation runs every ready coroutine, then
+  checks the wait conditions in the order they were registered (all that hold wake up),
+  and repeats until nothing is ready: the order of temporalio's own workflow event loop.
+- The program's runtime calls become commands (``ScheduleActivity``, ``ContinueAsNew``) the
+  simulation carries out, and inputs (``start``, ``signal``, ``complete``, ``fail``,
+  ``fire_timer``, ``suggest_continue_as_new``, ``activate``) the simulation feeds back. Each
+  input is logged with the time it arrived; ``replayed`` rebuilds a run from a prefix of that
+  log (Temporal's reset: a new run replays history to the reset point, with the draws of
+  ``random``/``uuid4`` made so far, and fresh draws after it). Coroutines cannot be copied;
+  replaying is how a reset is modelled, and it is exact because the program is deterministic.
+- Failures the program would cause in Temporal are reported, never raised: an exception in a
+  coroutine (``errors``; the run wedges if it was the main loop) and a main loop that runs
+  ``LOOP_BUDGET`` iterations without waiting (a livelock: Temporal's deadlock detector).
+- No I/O, no wall clock, no hashing of ``id()``s: the same inputs give the same commands.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, NoReturn, TypeVar
+
+from workflows.fence import SubscriptionFence, UpdateDisposition
+from workflows.records import (
+    CatalogObservation,
+    CloseRequest,
+    IdentityConflict,
+    ResumeRequest,
+    RevokeRequest,
+    SessionChanged,
+    SubscriptionStart,
+)
+from workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
+
+__all__ = ["ProgramRun", "RunStage", "Signal", "ScheduleActivity", "ContinueAsNew", "LOOP_BUDGET"]
+
+T = TypeVar("T")
+
+LOOP_BUDGET = 200
+"""Main-loop iterations in one activation without waiting before the run counts as livelocked."""
+
+
+class RunStage(StrEnum):
+    RUNNING = "running"
+    DONE = "done"  # run() returned: the workflow completed
+    CONTINUED = "continued"  # continue_as_new was called
+    WEDGED = "wedged"  # an exception in the main loop, or a livelock: Temporal would fail every task
+
+
+class Signal(StrEnum):
+    """Signals and updates the simulation delivers (the wire names of ``workflows.names``)."""
+
+    UPDATED = "updated"
+    SESSION_CHANGED = "session_changed"
+    CATALOG = "catalog"
+    CONFLICT = "conflict"
+    REVOKE = "revoke"
+    RESUME = "resume"  # update (validated)
+    CLOSE_SIGNAL = "close_signal"
+    CLOSE = "close"  # update
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleActivity:
+    seq: int
+    name: str
+    arg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueAsNew:
+    start: SubscriptionStart
+
+
+@dataclass(frozen=True, slots=True)
+class _ActivityRequest:
+    name: str
+    arg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _WaitRequest:
+    condition: Callable[[], bool]
+    timeout: timedelta | None
+    kind: WaitKind
+
+
+class _Yield:
+    """The one awaitable the runtime hands out: it passes a request up to the scheduler."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: _ActivityRequest | _WaitRequest) -> None:
+        self.request = request
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self.request)
+
+
+class _ContinuedAsNew(BaseException):
+    def __init__(self, start: SubscriptionStart) -> None:
+        super().__init__("continue-as-new")
+        self.start = start
+
+
+class _Livelock(BaseException):
+    pass
+
+
+@dataclass(eq=False, slots=True)
+class _Task:
+    coro: Coroutine[Any, Any, Any]
+    role: str  # "main" | "read" | "handler"
+
+
+@dataclass(eq=False, slots=True)
+class _Condition:
+    task: _Task
+    request: _WaitRequest
+    fire_at: datetime | None  # its timer, if it has a timeout
+    timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety
+
+
+@dataclass(slots=True)
+class _Input:
+    at: datetime
+    op: str
+    args: tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class ProgramRun:
+    """One run of the program. ``commands`` collects what it asks for since the last read."""
+
+    start_args: SubscriptionStart
+    incarnation: str
+    id_prefix: str
+    patches: dict[str, bool]
+    started_at: datetime
+    clock: datetime  # workflow.now(): the simulation sets it before each input
+    program: SubscriptionProgram = field(init=False)
+    stage: RunStage = RunStage.RUNNING
+    commands: list[ScheduleActivity | ContinueAsNew] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[tuple[str | None, UpdateDisposition]] = field(default_factory=list)
+    can_suggested: bool = False
+    publications: int = 0
+    log: list[_Input] = field(default_factory=list)
+    draws: list[Any] = field(default_factory=list)
+    _replay_draws: deque[Any] = field(default_factory=deque)
+    _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
+    _conditions: list[_Condition] = field(default_factory=list)
+    _activities: dict[int, _Task] = field(default_factory=dict)
+    _requests: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    _seq: int = 0
+    _uuids: int = 0
+    _randoms: int = 0
+    _main: _Task | None = None
+    _handlers: dict[str, int] = field(default_factory=dict)  # running async handlers by signal
+    _iterations: int = 0
+
+    def __post_init__(self) -> None:
+        self.program = SubscriptionProgram(self.start_args, self)
+
+    # --- what the simulation inspects -----------------------------------------------------------
+
+    @property
+    def fence(self) -> SubscriptionFence:
+        return self.program.fence
+
+    @property
+    def running(self) -> bool:
+        return self.stage == RunStage.RUNNING
+
+    def _main_condition(self) -> _Condition | None:
+        for c in self._conditions:
+            if c.task is self._main:
+                return c
+        return None
+
+    @property
+    def main_wait(self) -> WaitKind | None:
+        """What the main loop waits for (None: an activity, or it is not running)."""
+        c = self._main_condition()
+        return c.request.kind if c is not None else None
+
+    @property
+    def timer_at(self) -> datetime | None:
+        """When the armed timer fires (only the main loop arms timers)."""
+        c = self._main_condition()
+        return c.fire_at if c is not None else None
+
+    @property
+    def pending_timer(self) -> str:
+        """Which timer would fire: "session", "reconcile", "poll", "safety", or ""."""
+        c = self._main_condition()
+        return c.timer_kind if c is not None and c.fire_at is not None else ""
+
+    def handlers_running(self, signal: Signal) -> int:
+        return self._handlers.get(signal, 0)
+
+    # --- inputs -----------------------------------------------------------------------------------
+
+    def _record(self, op: str, *args: Any) -> None:
+        self.log.append(_Input(self.clock, op, args))
+
+    def start(self) -> None:
+        self._record("start")
+        self._main = _Task(self.program.run(), "main")
+        self._ready.append((self._main, None, None))
+
+    def signal(self, kind: Signal, payload: Any) -> bool:
+        """Deliver a signal or update; False when an update's validator rejects it."""
+        self._record("signal", kind, payload)
+        p = self.program
+        if kind == Signal.UPDATED:
+            self._handler(kind, p.on_resource_updated(payload))
+        elif kind == Signal.SESSION_CHANGED:
+            p.on_session_changed(SessionChanged(session_generation=payload))
+        elif kind == Signal.CATALOG:
+            assert isinstance(payload, CatalogObservation)
+            p.on_catalog_reconciled(payload)
+        elif kind == Signal.CONFLICT:
+            assert isinstance(payload, IdentityConflict)
+            p.on_identity_conflict(payload)
+        elif kind == Signal.REVOKE:
+            assert isinstance(payload, RevokeRequest)
+            p.on_revoke(payload)
+        elif kind == Signal.RESUME:
+            req = ResumeRequest(reason="simulated resume")
+            try:
+                p.validate_resume(req)
+            except ValueError:
+                return False
+            self._handler(kind, p.on_resume(req))
+        elif kind == Signal.CLOSE_SIGNAL:
+            p.on_close_signal(CloseRequest(reason="simulated close signal"))
+        elif kind == Signal.CLOSE:
+            close = CloseRequest(reason="simulated close")
+            p.validate_close(close)
+            self._handler(kind, p.on_close(close))
+        return True
+
+    def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:
+        self._handlers[kind] = self._handlers.get(kind, 0) + 1
+        self._ready.append((_Task(coro, f"handler:{kind.value}"), None, None))
+
+    def complete(self, seq: int, result: Any) -> None:
+        """An activity returned ``result``; a session-queue activity returning None failed for good."""
+        self._record("complete", seq, result)
+        task = self._activities.pop(seq, None)
+        if task is None:
+            return
+        self._ready.append((task, result, None))
+
+    def fail(self, seq: int, cause: str) -> None:
+        self._record("fail", seq, cause)
+        task = self._activities.pop(seq, None)
+        if task is not None:
+            self._ready.append((task, None, ActivityFailed(cause)))
+
+    def fire_timer(self) -> bool:
+        c = self._main_condition()
+        if c is None or c.fire_at is None:
+            return False
+        self._record("fire_timer")
+        self._conditions.remove(c)
+        self._ready.append((c.task, False, None))
+        return True
+
+    def suggest_continue_as_new(self) -> None:
+        self._record("suggest_continue_as_new")
+        self.can_suggested = True
+
+    def activate(self) -> None:
+        """Run every coroutine until all of them wait on something external."""
+        self._record("activate")
+        self._iterations = 0
+        while self.stage == RunStage.RUNNING:
+            while self._ready and self.stage == RunStage.RUNNING:
+                task, value, exc = self._ready.popleft()
+                self._step(task, value, exc)
+            if self.stage != RunStage.RUNNING:
+                return
+            woken = [c for c in self._conditions if c.request.condition()]
+            if not woken:
+                return
+            for c in woken:
+                self._conditions.remove(c)
+                self._ready.append((c.task, True, None))
+
+    def pending(self) -> list[ScheduleActivity]:
+        """The activities scheduled and not yet completed (a reset run schedules them again)."""
+        return [ScheduleActivity(seq, *self._requests[seq]) for seq in sorted(self._activities)]
+
+    @classmethod
+    def replayed(cls, source: ProgramRun, inputs: int, draws: int, id_prefix: str) -> ProgramRun:
+        """A reset run: a fresh run replays ``source``'s first ``inputs`` inputs (with its first
+        ``draws`` random draws), then draws afresh under ``id_prefix``. Its ``commands`` are the
+        activities pending at that point."""
+        run = cls(source.start_args, source.incarnation, id_prefix, source.patches, source.started_at, source.clock)
+        run._replay_draws = deque(source.draws[:draws])
+        run.can_suggested = False
+        for entry in source.log[:inputs]:
+            run.clock = entry.at
+            getattr(run, entry.op)(*entry.args)
+        run.commands = list(run.pending())
+        run.errors.clear()
+        run.notes.clear()
+        return run
+
+    # --- the scheduler ------------------------------------------------------------------------------
+
+    def _step(self, task: _Task, value: Any, exc: BaseException | None) -> None:
+        try:
+            request = task.coro.throw(exc) if exc is not None else task.coro.send(value)
+        except StopIteration:
+            self._finished(task)
+            if task is self._main:
+                self.stage = RunStage.DONE
+            return
+        except _ContinuedAsNew as can:
+            self.commands.append(ContinueAsNew(can.start))
+            self.stage = RunStage.CONTINUED
+            return
+        except _Livelock:
+            self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
+                               f"(state={self.fence.s.state.value}, catalog={self.program.catalog is not None})")
+            self.stage = RunStage.WEDGED
+            return
+        except Exception as err:  # noqa: BLE001 - reported as a violation, as Temporal would fail the task
+            self.errors.append(f"{type(err).__name__}: {err}")
+            self._finished(task)
+            if task is self._main:
+                self.stage = RunStage.WEDGED
+            return
+        if isinstance(request, _ActivityRequest):
+            self._seq += 1
+            self._activities[self._seq] = task
+            self._requests[self._seq] = (request.name, request.arg)
+            self.commands.append(ScheduleActivity(self._seq, request.name, request.arg))
+            return
+        assert isinstance(request, _WaitRequest)
+        timeout = request.timeout
+        if timeout is not None and timeout <= timedelta(0):
+            self._ready.append((task, False, None))  # asyncio.wait_for(…, 0): times out at once
+            return
+        kind = ""
+        if timeout is not None:
+            kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile"}.get(
+                request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
+        self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout, kind))
+
+    def _finished(self, task: _Task) -> None:
+        if task.role.startswith("handler:"):
+            kind = Signal(task.role.removeprefix("handler:"))
+            self._handlers[kind] -= 1
+
+    # --- subscription_program.Runtime ------------------------------------------------------------------
+
+    def _draw(self, make: Callable[[], Any]) -> Any:
+        value = self._replay_draws.popleft() if self._replay_draws else make()
+        self.draws.append(value)
+        return value
+
+    def _fresh_uuid(self) -> str:
+        self._uuids += 1
+        return f"{self.id_prefix}-r{self._uuids}"
+
+    def _fresh_random(self) -> float:
+        self._randoms += 1  # its own counter: uuid draws do not shift the random sequence
+        return random.Random(f"{self.id_prefix}/{self._randoms}").random()
+
+    def now(self) -> datetime:
+        return self.clock
+
+    def patched(self, patch_id: str) -> bool:
+        return self.patches.get(patch_id, True)
+
+    def uuid4(self) -> str:
+        return str(self._draw(self._fresh_uuid))
+
+    def random(self) -> float:
+        return float(self._draw(self._fresh_random))
+
+    def start_time(self) -> datetime | None:
+        return self.started_at
+
+    def first_execution_run_id(self) -> str:
+        return self.incarnation
+
+    async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
+        result: T | None = await _Yield(_ActivityRequest(name, arg))
+        return result
+
+    async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
+        result: T = await _Yield(_ActivityRequest(name, arg))
+        return result
+
+    async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
+        woke: bool = await _Yield(_WaitRequest(condition, timeout, kind))
+        return woke
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._ready.append((_Task(coro, "read"), None, None))
+
+    def all_handlers_finished(self) -> bool:
+        return not any(self._handlers.values())
+
+    def continue_as_new_suggested(self) -> bool:
+        return self.can_suggested
+
+    def history_length(self) -> int:
+        return 0  # not modelled: continue-as-new is suggested by the schedule instead
+
+    def target_version_changed(self) -> bool:
+        return False
+
+    def continue_as_new(self, start: SubscriptionStart) -> NoReturn:
+        raise _ContinuedAsNew(start)
+
+    def publish(self, publication: Publication) -> None:
+        self.publications += 1
+
+    def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None:
+        self.notes.append((notification_id, disposition))
+
+    def loop_iteration(self) -> None:
+        self._iterations += 1
+        if self._iterations > LOOP_BUDGET:
+            raise _Livelock()
+

@@ -1,0 +1,743 @@
+"""The subscription program: every decision of one subscription, run by two interpreters.
+
+Contract:
+- ``SubscriptionProgram`` is the whole behaviour of ``ResourceSubscriptionWorkflow`` (handlers,
+  main loop, read cycle, catalog verdicts, session loss, close, revocation, identity
+  reconciliation, continue-as-new timing, the Web UI's detail text), written once as async
+  code over a narrow ``Runtime``. It imports nothing from temporalio and does no I/O.
+- Two interpreters run it: ``workflows.subscription`` (Temporal: activities, timers,
+  ``workflow.patched``, search attributes) and the simulator (``sim/``: an in-memory world
+  under seeded adversarial schedules, resets by replaying its inputs). So the simulator's
+  verdict is about the program production runs, not a copy of it.
+- Determinism: everything time-, random- or history-dependent comes from the runtime
+  (``now``, ``random``, ``uuid4``, ``patched``, ``continue_as_new_suggested`` …), in the
+  order the code asks. Changing the order of runtime calls changes the commands a
+  Temporal run emits: recorded histories (tests/histories) must still replay.
+- The fence (``workflows.fence``) decides what is safe; this module sequences it. A read
+  is allocated (CAS), read over the live session, then accepted (CAS); at most
+  ``max_concurrent_reads`` in flight; updates meanwhile coalesce into one follow-up.
+- Staleness promise: the next poll / safety read is ``FenceState.read_due_at``, armed when a
+  read is granted; the idle wait never outlasts it. Runs without the ``PATCH_READ_DEADLINES``
+  marker keep the old restarted timer until their next continue-as-new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
+from workflows.names import Act
+from workflows.records import (
+    AcceptRequest,
+    AcceptResult,
+    AllocateRequest,
+    AuditRequest,
+    BeginSubscriptionRequest,
+    CatalogObservation,
+    CloseReceipt,
+    CloseRequest,
+    EnsureRequest,
+    FenceSnapshot,
+    FinishUnsubscribeRequest,
+    IdentityConflict,
+    KeyRequest,
+    MarkActiveRequest,
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadRequest,
+    ReadTicket,
+    ResourceSubscriptionV1,
+    ResourceUpdated,
+    ResumeRequest,
+    RevokeLedgerRequest,
+    RevokeRequest,
+    SessionChanged,
+    SessionInfo,
+    SessionQuery,
+    SetStateRequest,
+    SubscribeOutcome,
+    SubscribeRequest,
+    SubscriptionStart,
+    SubscriptionState,
+    TombstoneRequest,
+    TriggerReason,
+    UnsubscribeOutcome,
+    UnsubscribeRequest,
+)
+
+__all__ = [
+    "SubscriptionProgram",
+    "Runtime",
+    "WaitKind",
+    "ActivityFailed",
+    "Publication",
+    "PATCH_READ_DEADLINES",
+    "PATCH_IDENTITY_RECONCILIATION",
+    "PATCH_TTL_POLL_PERIOD",
+    "SESSION_RECHECK",
+    "MAX_DEDUPE_IDS",
+]
+
+PATCH_READ_DEADLINES = "read-deadlines"
+"""Patch id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
+
+PATCH_TTL_POLL_PERIOD = "ttl-poll-period"
+"""Patch id: the poll period follows the last read's ttlMs and backs off after failed reads
+(docs/caching.md). It moves deadlines, and so timers: histories recorded before it keep the plain interval."""
+
+PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
+"""Patch id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
+
+SESSION_RECHECK = timedelta(seconds=15)
+"""How often a run without a live session asks the ledger again (besides the signal)."""
+
+MAX_DEDUPE_IDS = 256
+
+T = TypeVar("T")
+
+S = SubscriptionState
+
+
+class WaitKind(StrEnum):
+    """What a ``Runtime.wait`` waits for: names the wait for the simulator's scheduler and checker."""
+
+    IDLE = "idle"  # the main loop has nothing to do until work or the read deadline
+    SESSION = "session"  # no usable session: back off until a new generation or the recheck timer
+    TOMBSTONE = "tombstone"  # TOMBSTONE_PENDING: only a catalog (or close/revocation) moves it
+    RECONCILIATION = "reconciliation"  # RECONCILIATION_REQUIRED: resume, evidence, or its time bound
+    CONTINUE_AS_NEW = "continue_as_new"  # reads and handlers drain before continue-as-new
+    DRAIN = "drain"  # after the loop: reads and handlers drain before the run returns
+    RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
+    CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
+    RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
+
+
+class ActivityFailed(Exception):
+    """An activity on the session queue failed for good (retries exhausted or non-retryable)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class Publication:
+    """What the run shows operators: search attributes and the Web UI's current-details text."""
+
+    __slots__ = ("phase", "session_generation", "subscription_generation", "watermark", "details")
+
+    def __init__(self, phase: SubscriptionState, session_generation: int, subscription_generation: int,
+                 watermark: int, details: str) -> None:
+        self.phase = phase
+        self.session_generation = session_generation
+        self.subscription_generation = subscription_generation
+        self.watermark = watermark
+        self.details = details
+
+
+class Runtime(Protocol):
+    """What the program needs from its interpreter. Temporal's is ``workflows.subscription``."""
+
+    def now(self) -> datetime: ...
+    def patched(self, patch_id: str) -> bool: ...
+    def uuid4(self) -> str: ...
+    def random(self) -> float: ...
+    def start_time(self) -> datetime | None: ...
+    def first_execution_run_id(self) -> str: ...
+
+    async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
+        """A ledger activity on the main queue (retried until it succeeds)."""
+        ...
+
+    async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
+        """An activity on a session host's queue; raises ``ActivityFailed`` when it fails for good."""
+        ...
+
+    async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
+        """Until ``condition()`` holds (True) or ``timeout`` elapses (False)."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    def all_handlers_finished(self) -> bool: ...
+    def continue_as_new_suggested(self) -> bool: ...
+    def history_length(self) -> int: ...
+    def target_version_changed(self) -> bool: ...
+    def continue_as_new(self, start: SubscriptionStart) -> NoReturn: ...
+    def publish(self, publication: Publication) -> None: ...
+    def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None: ...
+
+    def loop_iteration(self) -> None:
+        """Called once per main-loop pass: an interpreter may bound passes without a wait (a livelock)."""
+        ...
+
+
+class SubscriptionProgram:
+    """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
+
+    def __init__(self, start: SubscriptionStart, rt: Runtime) -> None:
+        state = FenceState(key=start.key)
+        if start.carried_state is not None:
+            state = FenceState.model_validate(start.carried_state)
+        self.rt = rt
+        self.start = start
+        self.fence = SubscriptionFence(state)
+        self.key = start.key
+        self.options = start.options
+        self.session: SessionInfo | None = None
+        self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
+        self.conflict: IdentityConflict | None = None
+        self.resume_requested: ResumeRequest | None = None
+        self.carried_binding = False  # this run continues a chain that was subscribed (continue-as-new)
+        self.revocation: RevokeRequest | None = None
+        self.placeholders = 0
+        self.session_failures = 0
+        self.live_generation = 0  # highest session generation announced by signal
+        self.seen_ids: list[str] = list(start.seen_signal_ids)
+        self.reads_running = 0  # read cycles started and not yet returned
+        self.reloaded = False
+        self.last_published: tuple[object, ...] = ()
+        self.deadlines = False  # set in run(): patched(PATCH_READ_DEADLINES)
+        self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def on_resource_updated(self, sig: ResourceUpdated) -> None:
+        if sig.notification_id is not None:
+            if sig.notification_id in self.seen_ids:
+                return
+            self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
+        if not self.reloaded:
+            # Signals can be delivered before run() reloaded the fence; let it finish first.
+            await self.rt.wait(lambda: self.reloaded, None, WaitKind.RELOAD)
+        disposition = self.fence.note_update(sig)
+        self.rt.update_noted(sig.notification_id, disposition)
+        if disposition == UpdateDisposition.FUTURE_SESSION:
+            self.live_generation = max(self.live_generation, sig.session_generation)
+            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
+        elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
+                             UpdateDisposition.WRONG_URI):
+            await self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
+                              {"uri_matches": int(sig.uri == self.key.uri)})
+            if disposition == UpdateDisposition.WRONG_URI:
+                self.fence.s.detail = "notification for a different URI reached this subscription"
+        self._publish()
+
+    def on_session_changed(self, sig: SessionChanged) -> None:
+        self.live_generation = max(self.live_generation, sig.session_generation)
+
+    def on_catalog_reconciled(self, obs: CatalogObservation) -> None:
+        if obs.uri == self.key.uri:
+            self.catalog = obs
+
+    def on_revoke(self, req: RevokeRequest) -> None:
+        if self.revocation is None:
+            self.revocation = req
+
+    def on_identity_conflict(self, conflict: IdentityConflict) -> None:
+        self.conflict = conflict
+
+    def validate_resume(self, req: ResumeRequest) -> None:
+        if self.fence.s.state != S.RECONCILIATION_REQUIRED:
+            raise ValueError(f"nothing to resume: subscription is {self.fence.s.state.value}")
+
+    async def on_resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
+        self.resume_requested = req
+        # A close or revocation handled first finishes the workflow: the resume is then moot.
+        await self.rt.wait(lambda: self.resume_requested is None or self.fence.finished, None,
+                           WaitKind.RESUME_UPDATE)
+        return self.record()
+
+    def on_close_signal(self, req: CloseRequest) -> None:
+        self.fence.request_close(req.reason)
+
+    @staticmethod
+    def validate_close(req: CloseRequest) -> None:
+        if len(req.reason) > 500:
+            raise ValueError("close reason longer than 500 characters")
+
+    async def on_close(self, req: CloseRequest) -> CloseReceipt:
+        self.fence.request_close(req.reason)
+        await self.rt.wait(lambda: self.fence.finished, None, WaitKind.CLOSE_UPDATE)
+        return self.fence.close_receipt()
+
+    def record(self) -> ResourceSubscriptionV1:
+        return self.fence.record(started_at=self.rt.start_time(),
+                                 safety_read_seconds=self.options.safety_read_seconds)
+
+    # --- main loop ---------------------------------------------------------------------
+
+    async def run(self) -> ResourceSubscriptionV1:
+        rt, start = self.rt, self.start
+        # Memoized for the run: histories recorded before deadlines keep their restarted timer.
+        self.deadlines = rt.patched(PATCH_READ_DEADLINES)
+        self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
+        adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
+        incarnation = rt.first_execution_run_id()
+        if start.carried_state is None:
+            snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
+                                      FenceSnapshot)
+        else:
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+            self.carried_binding = True
+        self.fence.adopt(snap)
+        self.fence.s.adaptive_poll_period = adaptive_poll_period
+        self.live_generation = max(self.live_generation, self.fence.s.session_generation)
+        self.reloaded = True
+        self._publish()
+
+        while not self.fence.finished:
+            rt.loop_iteration()
+            s = self.fence.s
+            if self.revocation is not None:
+                await self._revoke()
+                continue
+            if s.close_requested or s.state == S.UNSUBSCRIBING:
+                await self._close()
+                continue
+            if self.conflict is not None:
+                await self._enter_reconciliation()
+                continue
+            if self.catalog is not None:
+                await self._apply_catalog()
+                continue
+            if s.state == S.TOMBSTONE_PENDING:
+                # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
+                # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
+                # closed by a run this one was reset past): wake for that too.
+                await rt.wait(lambda: self.catalog is not None or self.fence.s.close_requested
+                              or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
+                              None, WaitKind.TOMBSTONE)
+                continue
+            if s.state == S.RECONCILIATION_REQUIRED:
+                await self._await_reconciliation()
+                continue
+            if self.session is None or self.fence.wants_subscribe(self.live_generation) \
+                    or s.pending_trigger == TriggerReason.RESUBSCRIBE:
+                if not await self._ensure_subscribed():
+                    await self._wait_for_session()
+                continue
+            if self.deadlines:
+                self.fence.poll_if_due(rt.now(), period_seconds=self._read_period())
+            if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
+                self._start_read()
+                continue
+            if self._continue_as_new_due():
+                await self._continue_as_new()
+            if not await rt.wait(self._idle_wait_over(), self._wait_timeout(), WaitKind.IDLE):
+                self.fence.poll_due()
+
+        self.fence.finish(rt.now())
+        await rt.wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
+        if self.fence.s.state == S.REVOKED:
+            await self._stop_notifications()
+        self._publish()
+        return self.record()
+
+    def _has_work(self) -> bool:
+        s = self.fence.s
+        return bool(
+            s.close_requested
+            or self.fence.read_wanted(self.options.max_concurrent_reads) is not None
+            or self.conflict is not None
+            or self.catalog is not None
+            or self.revocation is not None
+            or self.live_generation > s.session_generation
+            or s.pending_trigger == TriggerReason.RESUBSCRIBE
+            or self.fence.finished
+            or s.state != S.ACTIVE
+            or self._continue_as_new_due()
+        )
+
+    def _idle_wait_over(self) -> Callable[[], bool]:
+        """The idle wait's condition: work, or (with deadlines) a read grant re-armed the deadline
+        the wait's timeout was computed from."""
+        if not self.deadlines:
+            return self._has_work
+        due = self.fence.s.read_due_at
+        return lambda: self._has_work() or self.fence.s.read_due_at != due
+
+    def _loop_must_serve(self) -> bool:
+        """Work only the main loop can do, for which the continue-as-new wait must step aside."""
+        return self.resume_requested is not None or self.fence.s.state != S.ACTIVE
+
+    def _continue_as_new_due(self) -> bool:
+        rt = self.rt
+        return should_continue_as_new(
+            suggested=rt.continue_as_new_suggested(),
+            history_length=rt.history_length(),
+            reads_in_flight=len(self.fence.s.in_flight),
+            handlers_finished=rt.all_handlers_finished(),
+            max_history=self.options.max_history_events,
+            target_version_changed=rt.target_version_changed(),
+        )
+
+    def _read_period(self) -> float | None:
+        return self.fence.read_period(self.options.safety_read_seconds)
+
+    def _wait_timeout(self) -> timedelta | None:
+        """How long the idle loop waits for work: until the read deadline (never moved by a wake-up)."""
+        if self.deadlines:
+            return self.fence.until_read_due(self.rt.now())
+        # Before PATCH_READ_DEADLINES: a timer restarted on every wake-up (the bug of issue 15); kept
+        # byte for byte, including its random draws, so runs recorded with it replay.
+        if self.fence.s.staleness_bound_seconds is not None:
+            base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
+            return timedelta(seconds=base * (0.8 + 0.2 * self.rt.random()))
+        period = self.options.safety_read_seconds
+        if not period:
+            return None
+        return timedelta(seconds=period * (0.8 + 0.2 * self.rt.random()))
+
+    async def _wait_for_session(self) -> None:
+        """Back off before asking again: a newer generation announced, a close, or the timer."""
+        have = max(self.live_generation, self.fence.s.session_generation)
+        self.session_failures += 1
+        delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
+        await self.rt.wait(
+            lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
+            timedelta(seconds=delay), WaitKind.SESSION,
+        )
+
+    # --- subscribe -------------------------------------------------------------------
+
+    async def _ensure_subscribed(self) -> bool:
+        """Bind to the live session and (re)subscribe. False when there is no usable session."""
+        session = await self.rt.ledger(Act.CURRENT_SESSION,
+                                       SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo)
+        if session is None:
+            self.fence.s.detail = "no live MCP session for this subject and server"
+            self._publish()
+            return False
+        self.live_generation = max(self.live_generation, session.generation)
+        if ((self.session is not None or self.carried_binding)
+                and session.generation == self.fence.s.session_generation
+                and self.fence.s.state == S.ACTIVE
+                and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
+            # Already subscribed on this very session (this run, or the run before a continue-as-new,
+            # which hands over its state without a gap): rebind without resubscribing. A reset run
+            # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
+            self.session = session
+            return True
+        self.session = session
+        self.session_failures = 0
+        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
+                                  BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
+                                  FenceSnapshot)
+        caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
+        if not self.fence.subscribing(snap, session.edition, caps):
+            if self.deadlines:
+                # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
+                # not subscribed. Without a binding the next pass subscribes on the live session and
+                # publishes its bound, instead of rebinding to a subscription an older run made.
+                self.session = None
+            self._publish()
+            return False
+        self._publish()
+        poll: float | None = None
+        if session.subscribe:
+            out = await self._mcp(session, Act.MCP_SUBSCRIBE,
+                                  SubscribeRequest(key=self.key, session_generation=session.generation),
+                                  SubscribeOutcome)
+            if out is None or (not out.ok and out.session_generation != session.generation):
+                self.session = None
+                return False
+            if not out.ok:
+                # Advertised but rejected: poll instead, publish the bound, never claim real time.
+                poll = self.options.poll_interval_seconds
+                await self._audit("SUBSCRIBE_REJECTED", session.generation,
+                                  {"code": out.error_code, "error": (out.error or "")[:200]})
+        else:
+            poll = self.options.poll_interval_seconds
+        snap = await self._ledger(Act.MARK_ACTIVE,
+                                  MarkActiveRequest(key=self.key, session_generation=session.generation,
+                                                    subscription_generation=snap.subscription_generation),
+                                  FenceSnapshot)
+        self.fence.subscribed(snap, poll_interval_seconds=poll)
+        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
+        self._publish()
+        return True
+
+    # --- reads -------------------------------------------------------------------------
+
+    def _start_read(self) -> None:
+        trigger = self.fence.read_wanted(self.options.max_concurrent_reads)
+        assert trigger is not None
+        # Take the trigger before the task runs so the loop does not start it twice; a negative
+        # placeholder holds the in-flight slot until the ledger grants an ordinal.
+        self.fence.s.pending_trigger = None
+        self.placeholders += 1
+        placeholder = -self.placeholders
+        self.fence.s.in_flight.append(placeholder)
+        self.reads_running += 1
+        self.rt.spawn(self._read_task(trigger, placeholder))
+
+    async def _read_task(self, trigger: TriggerReason, placeholder: int) -> None:
+        try:
+            await self._read(trigger, placeholder)
+        finally:
+            self.reads_running -= 1
+
+    async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
+        s = self.fence.s
+        session = self.session
+        requested_at = self.rt.now()
+        try:
+            assert session is not None
+            request_id = self.rt.uuid4()
+            ticket = await self._ledger(
+                Act.ALLOCATE_READ,
+                AllocateRequest(key=self.key, session_generation=s.session_generation,
+                                subscription_generation=s.subscription_generation,
+                                min_ordinal=self.fence.next_ordinal_floor(), request_id=request_id, trigger=trigger),
+                ReadTicket,
+            )
+        finally:
+            # A session change may already have cleared the in-flight list.
+            if placeholder in s.in_flight:
+                s.in_flight.remove(placeholder)
+        allocated_at = self.rt.now()
+        if not self.fence.issued(ticket):
+            # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+            self.fence.adopt(snap)
+            if snap.state == S.ACTIVE and snap.session_generation == s.session_generation:
+                s.pending_trigger = s.pending_trigger or trigger
+            self._publish()
+            return
+        if self.deadlines:
+            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
+            # never later than one period after the read the ledger records.
+            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                         jitter=self.rt.random())
+        self._publish()
+        req = ReadRequest(key=self.key, session_generation=s.session_generation,
+                          subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
+                          request_id=ticket.request_id, trigger=trigger)
+        outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
+        if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
+            self.fence.read_abandoned(ticket.ordinal)
+            self.session = None  # re-bind: the session host has (or will have) a new generation
+            s.pending_trigger = TriggerReason.RESUBSCRIBE  # its initial read covers any other trigger
+            self._publish()
+            return
+        result = await self._ledger(
+            Act.ACCEPT, AcceptRequest(outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch),
+            AcceptResult,
+        )
+        self.fence.applied(ticket.ordinal, result)
+        self.fence.accepted_digest(outcome.content_digest, result)
+        self.fence.observed(result, allocated_at=allocated_at, now=self.rt.now())
+        self.fence.read_judged(ticket.ordinal, outcome, result)
+        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
+        self._publish()
+
+    # --- revocation --------------------------------------------------------------------------
+
+    async def _revoke(self) -> None:
+        req, self.revocation = self.revocation, None
+        assert req is not None
+        effective = req.effective_at or self.rt.now()
+        snap = await self._ledger(Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
+                                                                  effective_at=effective), FenceSnapshot)
+        self.fence.adopt(snap)
+        if snap.state == S.REVOKED:
+            self.fence.s.detail = f"revoked: {req.reason}"
+        self._publish()
+
+    async def _stop_notifications(self) -> None:
+        """Best effort: a revoked subscription should stop producing notifications."""
+        session = self.session
+        if session is not None and session.subscribe and not self.fence.s.staleness_bound_seconds:
+            await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                            UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                            UnsubscribeOutcome)
+
+    # --- tombstones and identity ------------------------------------------------------------
+
+    async def _apply_catalog(self) -> None:
+        obs, self.catalog = self.catalog, None
+        assert obs is not None
+        before = self.fence.s.state
+        if before == S.RECONCILIATION_REQUIRED and self.bounded_reconciliation:
+            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
+                await self._resume("IDENTITY_RECONCILED", {
+                    "scan_id": obs.scan_id, "snapshot_status": obs.snapshot_status,
+                    "measured_at": str(obs.measured_at), "variants": ", ".join(obs.variants)[:500]},
+                    detail=f"identity reconciled by catalog {obs.scan_id}"
+                           + (f" (ambiguous listed pair: {obs.variants[0][:200]})" if obs.variants else ""))
+            return
+        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
+        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
+        if before == S.ACTIVE and not obs.listed and (not proven or stale):
+            # An unproven catalog cannot revoke, nor can one measured before a read of ours saw
+            # content: either earns a read of the exact URI, which will tell.
+            self.fence.poll_due()
+            why = "measured before our last read saw content" if stale else "unproven"
+            self.fence.s.detail = f"not listed in catalog {obs.scan_id} ({why}): verifying by read"
+            self._publish()
+            return
+        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
+            return  # the catalog agrees with us: nothing to confirm, no read to spend
+        if stale:
+            return  # measured before our read saw not-found: it cannot say the URI came back
+        snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
+                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id,
+                                                   proven=proven),
+                                  FenceSnapshot)
+        if before == S.TOMBSTONE_PENDING and snap.state == S.ACTIVE:
+            self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
+        else:
+            self.fence.adopt(snap)
+        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
+        self._publish()
+
+    async def _enter_reconciliation(self) -> None:
+        conflict, self.conflict = self.conflict, None
+        assert conflict is not None
+        if self.bounded_reconciliation and self.fence.variant_already_reconciled(conflict.observed_uri):
+            await self._audit("NORMALIZED_URI_MATCH_ALREADY_RECONCILED", conflict.session_generation,
+                              {"observed_uri": conflict.observed_uri[:500]})
+            self._publish()
+            return
+        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=self.rt.now(),
+                                            observed_uri=conflict.observed_uri[:2048]):
+            return
+        allowed = [S.ACTIVE, S.SUBSCRIBING, S.DISCOVERED, S.TOMBSTONE_PENDING]
+        snap = await self._ledger(Act.SET_STATE, SetStateRequest(key=self.key, state=S.RECONCILIATION_REQUIRED,
+                                                                 allowed_from=allowed), FenceSnapshot)
+        self.fence.adopt(snap)
+        await self._audit("RECONCILIATION_REQUIRED", conflict.session_generation,
+                          {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
+        self._publish()
+
+    async def _await_reconciliation(self) -> None:
+        """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
+        the loop's catalog step) or, with bounded reconciliation, its time bound: then resume."""
+        def over() -> bool:
+            return (self.resume_requested is not None or self.fence.s.close_requested or self.revocation is not None
+                    or self.fence.s.state != S.RECONCILIATION_REQUIRED
+                    or (self.bounded_reconciliation and self.catalog is not None))
+
+        timeout = None
+        if self.bounded_reconciliation:
+            due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
+            timeout = due - self.rt.now()
+        if timeout is None or timeout > timedelta(0):
+            timed_out = not await self.rt.wait(over, timeout, WaitKind.RECONCILIATION)
+        else:
+            timed_out = not over()
+        if timed_out:
+            await self._resume("RECONCILIATION_TIMED_OUT", {
+                "since": str(self.fence.s.reconciliation_since),
+                "max_seconds": int(self.options.reconciliation_max_seconds)},
+                detail=f"reconciliation timed out after {self.options.reconciliation_max_seconds:.0f} s without "
+                       "catalog evidence: resumed, re-reading the exact URI")
+            return
+        if self.resume_requested is not None:
+            await self._resume()
+
+    async def _resume(self, audit_kind: str | None = None, evidence: dict[str, str | int | None] | None = None,
+                      *, detail: str = "") -> None:
+        """Back to ACTIVE (a fresh read first); ``audit_kind`` records why, with its evidence."""
+        snap = await self._ledger(Act.SET_STATE, SetStateRequest(
+            key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]), FenceSnapshot)
+        self.fence.resumed(snap, detail)
+        self.resume_requested = None
+        if audit_kind is not None:
+            await self._audit(audit_kind, self.fence.s.session_generation, evidence or {})
+        self._publish()
+
+    # --- close ---------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        receipt = await self._ledger(Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key), CloseReceipt)
+        self.fence.closing(receipt)
+        self._publish()
+        acked = True
+        session = self.session
+        if receipt.state == S.UNSUBSCRIBING and session is not None and session.subscribe \
+                and not self.fence.s.staleness_bound_seconds:
+            out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                                  UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                                  UnsubscribeOutcome)
+            acked = out is not None and out.acked
+        if receipt.state == S.UNSUBSCRIBING:
+            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked),
+                                      FenceSnapshot)
+        else:
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+        self.fence.unsubscribed(snap)
+        self._publish()
+
+    # --- continue-as-new -------------------------------------------------------------------
+
+    async def _continue_as_new(self) -> None:
+        rt = self.rt
+
+        def drained() -> bool:
+            return not self.reads_running and rt.all_handlers_finished()
+
+        # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
+        # revocation or conflict first and try again later (simulator finding F9). A resume update
+        # waits for the loop likewise, and a reload may have left ACTIVE meanwhile (F13).
+        await rt.wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
+                      or self.conflict is not None or (self.bounded_reconciliation and self._loop_must_serve()),
+                      None, WaitKind.CONTINUE_AS_NEW)
+        if not drained():
+            return
+        rt.continue_as_new(SubscriptionStart(
+            key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
+            seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:]))
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def _ledger(self, name: str, arg: Any, result_type: type[T]) -> T:
+        result = await self.rt.ledger(name, arg, result_type)
+        if result is None:
+            raise RuntimeError(f"{name} returned nothing")
+        return result
+
+    async def _mcp(self, session: SessionInfo, name: str, arg: Any, result_type: type[T]) -> T | None:
+        """An activity on the session host's queue; None when the session is unreachable."""
+        try:
+            return await self.rt.mcp(session.task_queue, name, arg, result_type)
+        except ActivityFailed as err:
+            self.fence.s.detail = f"{name} failed: {err.cause}"
+            return None
+
+    async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
+        await self._ledger(Act.AUDIT, AuditRequest(kind=kind, key=self.key, session_generation=session_generation,
+                                                   detail=detail), int)
+
+    def _publish(self) -> None:
+        """Search attributes and the Web UI's current-details panel, only when they change."""
+        s = self.fence.s
+        phase = self.fence.phase
+        snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
+                    s.detail, s.last_issued_ordinal)
+        if snapshot == self.last_published:
+            return
+        self.last_published = snapshot
+        digest = s.last_accepted_digest or "-"
+        details = (
+            f"**{phase.value}** `{self.key.uri}`\n\n"
+            f"| ledger | value |\n|---|---|\n"
+            f"| subject / server | {self.key.subject} / {self.key.server} |\n"
+            f"| session gen / subscription gen | {s.session_generation} / {s.subscription_generation} |\n"
+            f"| edition | {s.edition or '-'} |\n"
+            f"| last issued / accepted ordinal | {s.last_issued_ordinal} / {s.last_accepted_ordinal} |\n"
+            f"| watermark | {s.watermark} |\n"
+            f"| last receipt | {s.last_receipt_id or '-'} |\n"
+            f"| last digest | `{digest[:23]}` |\n"
+            f"| close epoch / ordinal | {s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'} |\n"
+            f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
+            f"{s.updates_covered} / {s.reads_issued} |\n"
+            f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
+            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling; set by "
+               f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'}) |\n"
+               if s.staleness_bound_seconds else "")
+            + (f"\n{s.detail}\n" if s.detail else "")
+        )
+        self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details))
