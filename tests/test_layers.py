@@ -13,8 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
-    "workflows": ("activities", "worker", "benchmarks"),  # deterministic code: no I/O layer above it
-    "activities": ("worker", "benchmarks"),  # all I/O, driven by the worker, never driving it
+    "workflows": ("activities", "worker", "benchmarks", "sim"),  # deterministic code: no I/O layer above it
+    "activities": ("worker", "benchmarks", "sim"),  # all I/O, driven by the worker, never driving it
+    "worker": ("sim",),  # the simulator is a development tool of the source tree (the CLI loads it by name)
+    "sim": ("activities", "worker", "benchmarks"),  # pure: it interprets the workflows' program in memory
 }
 
 

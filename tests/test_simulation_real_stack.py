@@ -41,6 +41,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from activities.ledger import Ledger
+from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
 from tests.conftest import ledger_rows, running_services, unique
 from tests.test_e2e_fence import _record
 from worker.config import ServerConfig
@@ -69,7 +70,6 @@ from workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
-from workflows.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
 
 S = SubscriptionState
 SCHEDULES = int(os.environ.get("MCPSYNC_CROSSCHECK_SCHEDULES", "50"))

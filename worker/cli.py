@@ -451,15 +451,31 @@ async def cmd_rollout(args: argparse.Namespace) -> None:
            + (f" {policy.percent:g}%" if policy.mode == RolloutMode.PERCENT else ""))
 
 
+def _simulator() -> Any:
+    """``sim.simulation`` from the source checkout this CLI runs from (an editable install)."""
+    import importlib
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    if (root / "sim" / "simulation.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))  # the console script's path does not include the checkout
+    try:
+        return importlib.import_module("sim.simulation")
+    except ImportError:
+        raise CliError("simulate: the simulator ships with the source checkout (sim/), not the installed "
+                       "package; run it from a clone") from None
+
+
 async def cmd_simulate(args: argparse.Namespace) -> None:
-    """Deterministic simulator (workflows.simulation): seeded schedules or one replayed trace.
+    """Deterministic simulator (sim/simulation.py): seeded schedules or one replayed trace.
 
     Exit 1 when any invariant is violated; the JSON names every violated invariant and
-    carries shrunk, replayable traces of the first failures."""
+    carries shrunk, replayable traces of the first failures. The simulator is a development
+    tool that lives in the source tree (``sim/``), not in the installed package."""
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    from workflows import simulation as sim
+    sim = _simulator()
 
     try:
         without = {sim.Fault(f.strip()) for f in (args.without or "").split(",") if f.strip()}
