@@ -75,10 +75,6 @@ class Ingress:
         if self._hosts.get((subject, server)) is host:
             del self._hosts[(subject, server)]
 
-    @property
-    def hosted(self) -> int:
-        return len(self._hosts)
-
     def live(self, subject: str, server: str) -> LiveSession | None:
         """The live session of (subject, server) this ingress holds, or None."""
         host = self._hosts.get((subject, server))

@@ -127,7 +127,10 @@ class SessionHost:
         tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}"),
                  asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")]
         if self._own_ingress:
-            tasks.append(asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}"))
+            worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
+            # A worker that fails stops the host; ``run`` then raises its error (the finally below).
+            worker.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None else self.stop())
+            tasks.append(worker)
         try:
             while not self._stopping.is_set():
                 if not await self._acquire_lease():
