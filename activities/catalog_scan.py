@@ -1,4 +1,4 @@
-"""Full catalog scans over the live MCP session (the session host's task queue).
+"""Full catalog scans over the live MCP session of (subject, server) (its ingress's task queue).
 
 Contract:
 - ``catalog_scan`` lists every page of ``resources/list`` and then of
@@ -10,7 +10,7 @@ Contract:
   the workflow restarts the reconciliation with a fresh scan. A lost connection or a
   newer session generation ends it as SESSION_LOST. A request timeout is raised, so
   Temporal retries the whole scan (scans are idempotent: same scan id, row replaced).
-- The session host's list_changed counter for the generation is read before the first
+- The session host's list_changed counter for the (subject, server) generation is read before the first
   request and after the last response; the difference is ``notifications_observed``.
 - The resources/list pages' ``ttlMs`` / ``cacheScope`` (2026-07-28) are recorded: the shortest
   ttl, and private if any page was (metadata; rescans keep their own period).
@@ -34,7 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.catalog_ledger import CatalogLedger, ScanItem
-from activities.mcp_session import CONNECTION_CLOSED, REQUEST_TIMEOUT, LiveSession
+from activities.mcp_session import CONNECTION_CLOSED, REQUEST_TIMEOUT, LiveSession, SessionLookup
 from workflows.catalog import (
     MAX_CURSOR_DIGESTS_IN_HISTORY,
     ListKind,
@@ -44,18 +44,19 @@ from workflows.catalog import (
     snapshot_negotiated,
 )
 from workflows.names import CatalogAct
-from workflows.records import CacheScope, ResourceDiscoveryScanV1, ScanStatus
+from workflows.records import CacheScope, CatalogKey, ResourceDiscoveryScanV1, ScanStatus
 
 __all__ = ["CatalogScanActivities"]
 
 
 class CatalogScanActivities:
-    """Scan activities bound to one session host.
+    """Scan activities bound to one ingress (every session it holds).
 
-    ``current`` returns the live session (or None); ``list_changed_count(generation)`` the
-    number of list_changed notifications that generation has received so far."""
+    ``current(subject, server)`` returns the live session held here (or None);
+    ``list_changed_count(subject, server, generation)`` the number of list_changed
+    notifications that generation has received so far."""
 
-    def __init__(self, current: Callable[[], LiveSession | None], list_changed_count: Callable[[int], int],
+    def __init__(self, current: SessionLookup, list_changed_count: Callable[[str, str, int], int],
                  catalog: CatalogLedger) -> None:
         self.current = current
         self.list_changed_count = list_changed_count
@@ -65,8 +66,8 @@ class CatalogScanActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.scan]
 
-    def _usable(self, generation: int) -> LiveSession | None:
-        live = self.current()
+    def _usable(self, key: CatalogKey, generation: int) -> LiveSession | None:
+        live = self.current(key.subject, key.server)
         if live is None or live.generation != generation or live.lost.is_set():
             return None
         return live
@@ -77,7 +78,7 @@ class CatalogScanActivities:
             "scan_id": req.scan_id, "reconciliation_id": req.reconciliation_id, "label": req.label,
             "subject": req.key.subject, "server": req.key.server, "session_generation": req.session_generation,
         }
-        live = self._usable(req.session_generation)
+        live = self._usable(req.key, req.session_generation)
         if live is None:
             record = ResourceDiscoveryScanV1(status=ScanStatus.SESSION_LOST, problems=["session generation is gone"],
                                              **base)
@@ -86,7 +87,7 @@ class CatalogScanActivities:
         negotiated = snapshot_negotiated(live.client.server_capabilities.experimental)
         acc = ScanAccumulator(edition=live.edition, page_cap=req.page_cap, snapshot_negotiated=negotiated,
                               cursor_key=self._cursor_key)
-        before = self.list_changed_count(live.generation)
+        before = self.list_changed_count(live.subject, live.server, live.generation)
         first_request_at = datetime.now(UTC)
         kinds: tuple[ListKind, ...] = ("resources", "templates")
         ttls: list[int] = []
@@ -95,7 +96,7 @@ class CatalogScanActivities:
             cursor: str | None = None
             while not acc.stopped:
                 activity.heartbeat(acc.pages)
-                if self._usable(req.session_generation) is None:
+                if self._usable(req.key, req.session_generation) is None:
                     acc.fail(ScanStatus.SESSION_LOST, "session generation ended during the scan")
                     break
                 try:
@@ -129,8 +130,8 @@ class CatalogScanActivities:
                 cursor = acc.page(kind, cursor, items, page.next_cursor, page.meta)
                 if cursor is None:
                     break
-        after = self.list_changed_count(live.generation)
-        if self._usable(req.session_generation) is None and not acc.stopped:
+        after = self.list_changed_count(live.subject, live.server, live.generation)
+        if self._usable(req.key, req.session_generation) is None and not acc.stopped:
             acc.fail(ScanStatus.SESSION_LOST, "session generation ended during the scan")
         digests = acc.digests()
         resources = acc.descriptors["resources"]

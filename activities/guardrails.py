@@ -8,7 +8,9 @@ Contract:
   activity calls it with the body in hand; a rejection travels as
   ``ReadOutcome.guardrail_rejection`` and the fence records a GUARDRAIL_REJECTED
   receipt: no outbox row, the previous version stays current, not convergence.
-- This is the pluggable seam: pass your own chain to ``McpSessionActivities``.
+- This is the pluggable seam: pass your own chain to ``SessionHost`` (``guardrails=``); it
+  travels with each ``LiveSession`` of that (subject, server), so one ingress worker applies
+  each server's own chain (by default ``default_chain`` from the server's config).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
-"""MCP activities that run over one live session (the session host's task queue).
+"""MCP activities that run over the live sessions of one ingress process (its task queue).
 
 Contract:
+- One set of activities serves every (subject, server) session its process holds: each
+  request names the key and the session generation it was allocated for, and runs over the
+  live session ``SessionLookup(subject, server)`` returns. No live session for that key in this
+  process (never held, lease lost, lost, replaced) is the same answer as an older generation:
+  SESSION_LOST / "session generation is gone", nothing sent to any server.
 - ``mcp_read`` calls ``resources/read`` on the *current* session and only if its
   generation is the one the workflow allocated the read for; otherwise it answers
   SESSION_LOST and reads nothing. The body goes to the content store keyed by
@@ -50,11 +55,12 @@ from workflows.records import (
     ReadRequest,
     SubscribeOutcome,
     SubscribeRequest,
+    SubscriptionKey,
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
 
-__all__ = ["LiveSession", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
+__all__ = ["LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -66,6 +72,7 @@ PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
 UriHandler = Callable[[str, int], Awaitable[None]]
+SessionLookup = Callable[[str, str], "LiveSession | None"]  # (subject, server) -> live session held here
 LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]  # (uri or None: list_changed, why, detail)
 
 
@@ -121,6 +128,7 @@ class LiveSession:
     server_version: str
     max_content_bytes: int
     on_uri_updated: UriHandler
+    guardrails: GuardrailChain = field(default_factory=default_chain)  # the server's release rules
     on_stream_lost: LossHandler | None = None  # told (once per stream) before the session is marked lost
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     listens: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -251,29 +259,27 @@ def read_digest(result: types.ReadResourceResult) -> str:
 
 
 class McpSessionActivities:
-    """Activities bound to a session host; ``current`` returns the live session or None."""
+    """Activities bound to one ingress; ``current(subject, server)`` returns its live session or None."""
 
-    def __init__(self, current: Callable[[], LiveSession | None], ledger: Ledger,
-                 guardrails: GuardrailChain | None = None, meters: Meters = NO_METERS) -> None:
+    def __init__(self, current: SessionLookup, ledger: Ledger, meters: Meters = NO_METERS) -> None:
         self.current = current
         self.ledger = ledger
         self.meters = meters
-        self.guardrails = guardrails if guardrails is not None else default_chain()
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.subscribe, self.unsubscribe, self.read]
 
-    def _session(self, generation: int) -> LiveSession | None:
-        live = self.current()
+    def _session(self, key: SubscriptionKey, generation: int) -> LiveSession | None:
+        live = self.current(key.subject, key.server)
         if live is None or live.generation != generation or live.lost.is_set():
             return None
         return live
 
     @activity.defn(name=Act.MCP_SUBSCRIBE)
     async def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
-        live = self._session(req.session_generation)
+        live = self._session(req.key, req.session_generation)
         if live is None:
-            current = self.current()
+            current = self.current(req.key.subject, req.key.server)
             return SubscribeOutcome(ok=False, session_generation=current.generation if current else 0,
                                     error="session generation is gone")
         try:
@@ -293,7 +299,7 @@ class McpSessionActivities:
 
     @activity.defn(name=Act.MCP_UNSUBSCRIBE)
     async def unsubscribe(self, req: UnsubscribeRequest) -> UnsubscribeOutcome:
-        live = self._session(req.session_generation)
+        live = self._session(req.key, req.session_generation)
         if live is None:
             # The session that held the subscription is gone, and with it the subscription;
             # but no ACK was received, so the fence records UNSUBSCRIBE_UNKNOWN.
@@ -316,7 +322,7 @@ class McpSessionActivities:
             "session_generation": req.session_generation, "subscription_generation": req.subscription_generation,
             "trigger": req.trigger,
         }
-        live = self._session(req.session_generation)
+        live = self._session(req.key, req.session_generation)
         if live is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
@@ -341,7 +347,7 @@ class McpSessionActivities:
                                completed_at=datetime.now(UTC))
         digest = content_digest(parts)
         base.update(ttl_ms=result.ttl_ms, cache_scope=CacheScope(result.cache_scope))
-        rejection = self.guardrails.check(parts)
+        rejection = live.guardrails.check(parts)
         if rejection is None:
             # Only releasable content is kept: a rejected body never reaches the store.
             await self.ledger.put_content(req.key.subject, digest, mime, body,

@@ -96,7 +96,7 @@ from worker.metrics import serve_metrics
 from worker.runtime import open_ledger, revoke, run_services, start_subscription
 from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
 from workflows.names import Act
-from workflows.records import SubscriptionKey, session_task_queue
+from workflows.records import SubscriptionKey
 
 __all__ = ["main", "run", "Options", "TARGETS"]
 
@@ -354,10 +354,10 @@ class Probe:
                     and want <= lab)
         return round(1000 * total / count, 2) if count > 0 else None
 
-    def breakdown(self, d: Scrape, server: str) -> dict[str, Any]:
-        """Mean latencies during the churn phase, from the SDK runtime's and mcpsync's histograms."""
+    def breakdown(self, d: Scrape, server: str, session_queue: str) -> dict[str, Any]:
+        """Mean latencies during the churn phase, from the SDK runtime's and mcpsync's histograms;
+        ``session_queue``: the ingress queue the session's MCP activities ran on."""
         m = self.mean_ms
-        session_queue = session_task_queue(SUBJECT, server)
         return {
             "signal_workflow_execution": m(d, "temporal_request_latency", operation="SignalWorkflowExecution"),
             "workflow_task_schedule_to_start": m(d, "temporal_workflow_task_schedule_to_start_latency",
@@ -406,6 +406,12 @@ class Run:
     opts: Options
     result: dict[str, Any] = field(default_factory=dict)
     curves: dict[str, list[float]] = field(default_factory=dict)  # latencies for the plot
+
+
+async def _session_queue(ledger: Ledger, server: str) -> str:
+    """The task queue of the ingress that holds the session (worker.ingress), from its session row."""
+    session = await ledger.current_session(SUBJECT, server)
+    return session.task_queue if session is not None else ""
 
 
 async def _sys_reads(ledger: Ledger, server: str) -> int:
@@ -946,7 +952,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "uris_behind_at_end": len(sys_left),
             "regressions": regressions(changes, accepted_seq),
             "read_cycle": summarize(read_cycle),
-            "where_time_goes_ms": probe.breakdown(during, server),
+            "where_time_goes_ms": probe.breakdown(during, server, await _session_queue(ledger, server)),
         }
         r["consumer"] = {**summarize(consumer_lat), "not_received": consumer_missing,
                          "what": "outbox row written (created_at: its accept transaction) -> received by a durable consumer following "

@@ -6,12 +6,13 @@ Contract:
 - ``open_ledger`` opens PostgreSQL (configured URL, else the embedded server
   under the state dir), applies migrations and returns a ``Ledger``.
 - ``main_worker`` is the worker for workflows and ledger activities;
-  ``run_services`` runs it beside one ``SessionHost`` per (server, subject).
+  ``run_services`` runs it beside one ``Ingress`` (one worker, one task queue for the MCP
+  activities of every session of the process) and its ``SessionHost`` per (server, subject).
 - With ``[temporal] deployment_name``/``build_id`` the main worker runs under Worker
   Deployment Versioning (its workflows PINNED by default behaviour; docs/upgrades.md); without,
   exactly as before (no behaviour is declared anywhere: the server refuses one from an
-  unversioned worker). Session hosts are never versioned: they run activities only (no workflow code to
-  pin), and each (server, subject) has one lease-holding host whose live MCP session every
+  unversioned worker). The ingress worker is never versioned: it runs activities only (no workflow
+  code to pin), and each (server, subject) has one lease-holding host whose live MCP session every
   build's reads must reach, so their activity contract stays compatible across builds.
 - ``start_subscription`` is the idempotent way to start a subscription: the same
   key never yields a second running workflow.
@@ -193,10 +194,12 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     """Run the main worker and the session hosts until cancelled."""
     # Imported here: the MCP client library is most of the CLI's start-up time, and only the
     # processes that host sessions need it.
+    from worker.ingress import Ingress
     from worker.session_host import SessionHost
 
+    ingress = Ingress(client, ledger)
     hosts = [
-        SessionHost(server, subject, ledger, client)
+        SessionHost(server, subject, ledger, client, ingress=ingress)
         for server in config.servers
         if servers is None or server.name in servers
         for subject in server.subjects
@@ -204,6 +207,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     if with_main_worker:
         await _register_search_attributes(client, config.temporal.namespace)
     tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
+    if hosts:  # a main-only process polls no ingress queue
+        tasks.append(asyncio.create_task(ingress.run(), name="ingress-worker"))
     worker = main_worker(client, ledger, config.temporal.task_queue,
                          max_cached_workflows=config.temporal.max_cached_workflows,
                          deployment=deployment_version(config.temporal)) if with_main_worker else None

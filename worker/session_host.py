@@ -4,8 +4,10 @@ Contract:
 - Holds at most one live MCP session per (subject, server). Each successful
   initialize is recorded in the ledger and gets a session generation one above
   any before it; the negotiated edition and capabilities go with it.
-- Runs a Temporal worker on ``session_task_queue(subject, server)`` for the
-  subscribe/unsubscribe/read activities, so they always run over the live session.
+- Belongs to one ``worker.ingress.Ingress`` (its process), whose identity is this host's lease
+  holder name and whose one task queue, recorded in the session row at each open, is where the
+  subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session.
+  A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
 - Notifications only become ``resource_updated`` signals, stamped with the
   generation of the session that received them, to the workflow of the exact
   (subject, server, URI). A URI with no subscription gets an audit row; a
@@ -47,16 +49,14 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
 
-from activities.catalog_ledger import CatalogLedger
-from activities.catalog_scan import CatalogScanActivities
 from activities.db import redact_url
-from activities.guardrails import default_chain
+from activities.guardrails import GuardrailChain, default_chain
 from activities.ledger import Ledger
-from activities.mcp_session import LiveSession, McpSessionActivities, StreamLoss
+from activities.mcp_session import LiveSession, StreamLoss
 from worker import metrics
 from worker.config import ServerConfig
+from worker.ingress import Ingress
 from workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
@@ -72,7 +72,6 @@ from workflows.records import (
     ResourceUpdated,
     SessionChanged,
     SubscriptionKey,
-    session_task_queue,
 )
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
@@ -89,13 +88,17 @@ class SessionOpenError(RuntimeError):
 
 class SessionHost:
     def __init__(self, server: ServerConfig, subject: str, ledger: Ledger, temporal: TemporalClient,
-                 *, host_id: str | None = None) -> None:
+                 *, ingress: Ingress | None = None, guardrails: GuardrailChain | None = None) -> None:
         self.server = server
         self.subject = subject
         self.ledger = ledger
         self.temporal = temporal
-        self.host_id = host_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.task_queue = session_task_queue(subject, server.name)
+        self._own_ingress = ingress is None
+        self.ingress = ingress if ingress is not None else Ingress(temporal, ledger)
+        self.host_id = self.ingress.identity
+        self.task_queue = self.ingress.task_queue
+        self.guardrails = guardrails if guardrails is not None else default_chain(
+            max_bytes=server.release_max_bytes, mime_allow=server.mime_allow)
         self.live: LiveSession | None = None
         self.generation_opened = asyncio.Event()
         self.sessions_opened = 0
@@ -118,38 +121,37 @@ class SessionHost:
 
     async def run(self) -> None:
         """Serve until ``stop()``: the router, and while this host holds the (subject, server)
-        lease, the session worker and the reconnect loop. Several hosts may run for one
-        (subject, server); exactly one owns the session at a time."""
-        guardrails = default_chain(max_bytes=self.server.release_max_bytes, mime_allow=self.server.mime_allow)
-        activities = McpSessionActivities(lambda: self.live, self.ledger, guardrails, metrics.PROMETHEUS)
-        scans = CatalogScanActivities(lambda: self.live, self.list_changed_count, CatalogLedger(self.ledger.pool))
-        router = asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}")
-        catalog = asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")
+        lease, the session and the reconnect loop. Several hosts (in several ingress processes)
+        may run for one (subject, server); exactly one owns the session at a time."""
+        self.ingress.attach(self.subject, self.server.name, self)
+        tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}"),
+                 asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")]
+        if self._own_ingress:
+            worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
+            # A worker that fails stops the host; ``run`` then raises its error (the finally below).
+            worker.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None else self.stop())
+            tasks.append(worker)
         try:
             while not self._stopping.is_set():
                 if not await self._acquire_lease():
                     continue
-                # Only the lease holder polls the session task queue: activities always find the live session.
-                worker = Worker(self.temporal, task_queue=self.task_queue, activities=activities.all() + scans.all(),
-                                max_concurrent_activities=64)
-                async with worker:
-                    renew = asyncio.create_task(self._renew_lease(), name=f"lease:{self.server.name}")
-                    try:
-                        await self._session_loop()
-                    finally:
-                        renew.cancel()
-                        with suppress(asyncio.CancelledError):
-                            await renew
+                renew = asyncio.create_task(self._renew_lease(), name=f"lease:{self.server.name}")
+                try:
+                    await self._session_loop()
+                finally:
+                    renew.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await renew
                 if self._stopping.is_set():
                     with suppress(Exception):
                         await self.ledger.release_lease(self.subject, self.server.name, self.host_id)
         finally:
-            router.cancel()
-            catalog.cancel()
-            with suppress(asyncio.CancelledError):
-                await router
-            with suppress(asyncio.CancelledError):
-                await catalog
+            self.ingress.detach(self.subject, self.server.name, self)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with suppress(asyncio.CancelledError):
+                    await task
 
     async def _acquire_lease(self) -> bool:
         ttl = self.server.lease_seconds
@@ -250,6 +252,7 @@ class SessionHost:
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
                 edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
                 max_content_bytes=self.server.max_content_bytes, on_uri_updated=self._enqueue,
+                guardrails=self.guardrails,
                 on_stream_lost=lambda uri, why, detail: self._stream_lost(info.generation, uri, why, detail),
             )
             if live.modern and capabilities["listChanged"]:

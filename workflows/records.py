@@ -58,7 +58,6 @@ __all__ = [
     "UnsubscribeOutcome",
     "AllocateRequest",
     "FenceSnapshot",
-    "session_task_queue",
     "EnsureRequest",
     "KeyRequest",
     "SetStateRequest",
@@ -128,11 +127,6 @@ class StalenessBoundSource(StrEnum):
     BACKOFF = "backoff"  # consecutive failed reads stretched the period
 
 
-def session_task_queue(subject: str, server: str) -> str:
-    """The task queue bound to the live MCP session of (subject, server)."""
-    return f"mcpsync-session/{server}/{subject}"
-
-
 class SubscriptionKey(_Frozen):
     """Identity of one subscription: the URI is the exact string as listed, never normalized."""
 
@@ -191,7 +185,7 @@ class SessionInfo(_Frozen):
     list_changed: bool
     server_name: str = ""
     server_version: str = ""
-    task_queue: str
+    task_queue: str  # the owning ingress process's queue: its MCP activities run over this session
     opened_at: datetime
 
 
