@@ -181,6 +181,15 @@ class FenceState(BaseModel):
 class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
+        self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
+
+    def explain(self, detail: str) -> None:
+        """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
+        self.s.detail = detail
+
+    def configure(self, *, adaptive_poll_period: bool) -> None:
+        """Per-run switches a patch decides (histories recorded before it keep the old rule)."""
+        self.s.adaptive_poll_period = adaptive_poll_period
 
     # --- durable fence ----------------------------------------------------------------
 
@@ -352,6 +361,38 @@ class SubscriptionFence:
                 and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
+
+    def reserve_read(self, max_in_flight: int) -> tuple[TriggerReason, int]:
+        """Start a read for the pending trigger: the trigger is taken (so the loop does not start it
+        twice) and a negative placeholder holds the in-flight slot until the ledger grants an ordinal."""
+        trigger = self.read_wanted(max_in_flight)
+        assert trigger is not None, "reserve_read without a wanted read"
+        self.s.pending_trigger = None
+        self._placeholders += 1
+        placeholder = -self._placeholders
+        self.s.in_flight.append(placeholder)
+        return trigger, placeholder
+
+    def release_placeholder(self, placeholder: int) -> None:
+        """The allocation answered (or failed); a session change may already have cleared the slot."""
+        if placeholder in self.s.in_flight:
+            self.s.in_flight.remove(placeholder)
+
+    def refused(self, snap: FenceSnapshot, trigger: TriggerReason) -> None:
+        """The ledger refused the allocation; ``snap`` is the reloaded row. Still ACTIVE on the
+        session we now know of: the trigger is owed a read (a closed row owes it nothing)."""
+        self.adopt(snap)
+        if snap.state == S.ACTIVE and snap.session_generation == self.s.session_generation:
+            self.s.pending_trigger = self.s.pending_trigger or trigger
+
+    def session_lost(self, ordinal: int) -> None:
+        """A read found its session gone: resubscribe, whose initial read covers any other trigger."""
+        self.read_abandoned(ordinal)
+        self.s.pending_trigger = TriggerReason.RESUBSCRIBE
+
+    def future_session_seen(self) -> None:
+        """A notification from a newer session generation than ours: resubscribe on it."""
+        self.s.pending_trigger = self.s.pending_trigger or TriggerReason.RESUBSCRIBE
 
     def next_ordinal_floor(self) -> int:
         return self.s.last_issued_ordinal + 1

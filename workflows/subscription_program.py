@@ -191,7 +191,6 @@ class SubscriptionProgram:
         self.resume_requested: ResumeRequest | None = None
         self.carried_binding = False  # this run continues a chain that was subscribed (continue-as-new)
         self.revocation: RevokeRequest | None = None
-        self.placeholders = 0
         self.session_failures = 0
         self.live_generation = 0  # highest session generation announced by signal
         self.seen_ids: list[str] = list(start.seen_signal_ids)
@@ -215,13 +214,13 @@ class SubscriptionProgram:
         self.rt.update_noted(sig.notification_id, disposition)
         if disposition == UpdateDisposition.FUTURE_SESSION:
             self.live_generation = max(self.live_generation, sig.session_generation)
-            self.fence.s.pending_trigger = self.fence.s.pending_trigger or TriggerReason.RESUBSCRIBE
+            self.fence.future_session_seen()
         elif disposition in (UpdateDisposition.OLD_SESSION, UpdateDisposition.NOT_ACTIVE,
                              UpdateDisposition.WRONG_URI):
             await self._audit(f"NOTIFICATION_{disposition.value.upper()}", sig.session_generation,
                               {"uri_matches": int(sig.uri == self.key.uri)})
             if disposition == UpdateDisposition.WRONG_URI:
-                self.fence.s.detail = "notification for a different URI reached this subscription"
+                self.fence.explain("notification for a different URI reached this subscription")
         self._publish()
 
     def on_session_changed(self, sig: SessionChanged) -> None:
@@ -282,7 +281,7 @@ class SubscriptionProgram:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
         self.fence.adopt(snap)
-        self.fence.s.adaptive_poll_period = adaptive_poll_period
+        self.fence.configure(adaptive_poll_period=adaptive_poll_period)
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
@@ -407,7 +406,7 @@ class SubscriptionProgram:
         session = await self.rt.ledger(Act.CURRENT_SESSION,
                                        SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo)
         if session is None:
-            self.fence.s.detail = "no live MCP session for this subject and server"
+            self.fence.explain("no live MCP session for this subject and server")
             self._publish()
             return False
         self.live_generation = max(self.live_generation, session.generation)
@@ -455,21 +454,14 @@ class SubscriptionProgram:
                                                     subscription_generation=snap.subscription_generation),
                                   FenceSnapshot)
         self.fence.subscribed(snap, poll_interval_seconds=poll)
-        self.fence.s.detail = "polling: server has no usable subscribe" if poll else ""
+        self.fence.explain("polling: server has no usable subscribe" if poll else "")
         self._publish()
         return True
 
     # --- reads -------------------------------------------------------------------------
 
     def _start_read(self) -> None:
-        trigger = self.fence.read_wanted(self.options.max_concurrent_reads)
-        assert trigger is not None
-        # Take the trigger before the task runs so the loop does not start it twice; a negative
-        # placeholder holds the in-flight slot until the ledger grants an ordinal.
-        self.fence.s.pending_trigger = None
-        self.placeholders += 1
-        placeholder = -self.placeholders
-        self.fence.s.in_flight.append(placeholder)
+        trigger, placeholder = self.fence.reserve_read(self.options.max_concurrent_reads)
         self.reads_running += 1
         self.rt.spawn(self._read_task(trigger, placeholder))
 
@@ -494,16 +486,12 @@ class SubscriptionProgram:
                 ReadTicket,
             )
         finally:
-            # A session change may already have cleared the in-flight list.
-            if placeholder in s.in_flight:
-                s.in_flight.remove(placeholder)
+            self.fence.release_placeholder(placeholder)
         allocated_at = self.rt.now()
         if not self.fence.issued(ticket):
             # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-            self.fence.adopt(snap)
-            if snap.state == S.ACTIVE and snap.session_generation == s.session_generation:
-                s.pending_trigger = s.pending_trigger or trigger
+            self.fence.refused(snap, trigger)
             self._publish()
             return
         if self.deadlines:
@@ -517,9 +505,8 @@ class SubscriptionProgram:
                           request_id=ticket.request_id, trigger=trigger)
         outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
         if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
-            self.fence.read_abandoned(ticket.ordinal)
+            self.fence.session_lost(ticket.ordinal)
             self.session = None  # re-bind: the session host has (or will have) a new generation
-            s.pending_trigger = TriggerReason.RESUBSCRIBE  # its initial read covers any other trigger
             self._publish()
             return
         result = await self._ledger(
@@ -543,7 +530,7 @@ class SubscriptionProgram:
                                                                   effective_at=effective), FenceSnapshot)
         self.fence.adopt(snap)
         if snap.state == S.REVOKED:
-            self.fence.s.detail = f"revoked: {req.reason}"
+            self.fence.explain(f"revoked: {req.reason}")
         self._publish()
 
     async def _stop_notifications(self) -> None:
@@ -575,7 +562,7 @@ class SubscriptionProgram:
             # content: either earns a read of the exact URI, which will tell.
             self.fence.poll_due()
             why = "measured before our last read saw content" if stale else "unproven"
-            self.fence.s.detail = f"not listed in catalog {obs.scan_id} ({why}): verifying by read"
+            self.fence.explain(f"not listed in catalog {obs.scan_id} ({why}): verifying by read")
             self._publish()
             return
         if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
@@ -590,7 +577,7 @@ class SubscriptionProgram:
             self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
         else:
             self.fence.adopt(snap)
-        self.fence.s.detail = f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}"
+        self.fence.explain(f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}")
         self._publish()
 
     async def _enter_reconciliation(self) -> None:
@@ -704,7 +691,7 @@ class SubscriptionProgram:
         try:
             return await self.rt.mcp(session.task_queue, name, arg, result_type)
         except ActivityFailed as err:
-            self.fence.s.detail = f"{name} failed: {err.cause}"
+            self.fence.explain(f"{name} failed: {err.cause}")
             return None
 
     async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
