@@ -86,6 +86,7 @@ from workflows.records import (
 )
 from workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
+    PATCH_LEAN_HISTORY,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
     WaitKind,
@@ -306,6 +307,9 @@ class SimConfig:
     # The periodic read is a deadline (PATCH_READ_DEADLINES). False: the timer restarted on every
     # wake-up, as runs recorded before the patch still do (issue 15's finding, kept checkable).
     read_deadlines: bool = True
+    # PATCH_LEAN_HISTORY: a later deadline does not wake the idle wait, an early timer earns no read.
+    # False: the program as runs recorded before that patch execute it.
+    lean_history: bool = True
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -813,7 +817,7 @@ class Simulation:
         self.profile = profile
         self.config = config
         self._patches = {PATCH_READ_DEADLINES: config.read_deadlines, PATCH_TTL_POLL_PERIOD: True,
-                         PATCH_IDENTITY_RECONCILIATION: True}
+                         PATCH_IDENTITY_RECONCILIATION: True, PATCH_LEAN_HISTORY: config.lean_history}
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = SessionHost(profile.capability, self.ledger)

@@ -77,6 +77,7 @@ __all__ = [
     "PATCH_READ_DEADLINES",
     "PATCH_IDENTITY_RECONCILIATION",
     "PATCH_TTL_POLL_PERIOD",
+    "PATCH_LEAN_HISTORY",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
@@ -90,6 +91,13 @@ PATCH_TTL_POLL_PERIOD = "ttl-poll-period"
 
 PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
 """Patch id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
+
+PATCH_LEAN_HISTORY = "lean-history"
+"""Patch id: fewer history events and server round trips per change. Ledger calls run as local
+activities (a marker, in the same workflow task, instead of three events and a trip through a task
+queue); search attributes are upserted only when one of them changes (the details panel is not
+history); a read grant wakes the idle wait only when its deadline is earlier than the timer armed,
+and a timer that fires before the (moved) deadline earns no read of its own."""
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -126,15 +134,16 @@ class ActivityFailed(Exception):
 class Publication:
     """What the run shows operators: search attributes and the Web UI's current-details text."""
 
-    __slots__ = ("phase", "session_generation", "subscription_generation", "watermark", "details")
+    __slots__ = ("phase", "session_generation", "subscription_generation", "watermark", "details", "upsert")
 
     def __init__(self, phase: SubscriptionState, session_generation: int, subscription_generation: int,
-                 watermark: int, details: str) -> None:
+                 watermark: int, details: str, *, upsert: bool = True) -> None:
         self.phase = phase
         self.session_generation = session_generation
         self.subscription_generation = subscription_generation
         self.watermark = watermark
         self.details = details
+        self.upsert = upsert  # the search attributes changed (a history event); else only the details
 
 
 class Runtime(Protocol):
@@ -197,8 +206,10 @@ class SubscriptionProgram:
         self.reads_running = 0  # read cycles started and not yet returned
         self.reloaded = False
         self.last_published: tuple[object, ...] = ()
+        self.last_search_attributes: tuple[object, ...] = ()
         self.deadlines = False  # set in run(): patched(PATCH_READ_DEADLINES)
         self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
+        self.lean = False  # set in run(): patched(PATCH_LEAN_HISTORY)
 
     # --- handlers -------------------------------------------------------------------
 
@@ -273,6 +284,7 @@ class SubscriptionProgram:
         self.deadlines = rt.patched(PATCH_READ_DEADLINES)
         self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
         adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
+        self.lean = rt.patched(PATCH_LEAN_HISTORY)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -324,8 +336,10 @@ class SubscriptionProgram:
                 continue
             if self._continue_as_new_due():
                 await self._continue_as_new()
-            if not await rt.wait(self._idle_wait_over(), self._wait_timeout(), WaitKind.IDLE):
-                self.fence.poll_due()
+            timeout = self._wait_timeout()
+            if not await rt.wait(self._idle_wait_over(timeout), timeout, WaitKind.IDLE) \
+                    and not (self.lean and self.deadlines):
+                self.fence.poll_due()  # lean: the next pass's poll_if_due reads if the deadline is due
 
         self.fence.finish(rt.now())
         await rt.wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
@@ -349,13 +363,21 @@ class SubscriptionProgram:
             or self._continue_as_new_due()
         )
 
-    def _idle_wait_over(self) -> Callable[[], bool]:
+    def _idle_wait_over(self, timeout: timedelta | None) -> Callable[[], bool]:
         """The idle wait's condition: work, or (with deadlines) a read grant re-armed the deadline
-        the wait's timeout was computed from."""
+        the wait's timeout was computed from. Lean: only a deadline earlier than the armed timer
+        (or any deadline, when none is armed) wakes it; a later one is served when the timer fires."""
         if not self.deadlines:
             return self._has_work
         due = self.fence.s.read_due_at
-        return lambda: self._has_work() or self.fence.s.read_due_at != due
+        if not self.lean:
+            return lambda: self._has_work() or self.fence.s.read_due_at != due
+        wake_at = None if timeout is None else self.rt.now() + timeout
+
+        def over() -> bool:
+            new = self.fence.s.read_due_at
+            return self._has_work() or (new != due and new is not None and (wake_at is None or new < wake_at))
+        return over
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
@@ -707,6 +729,9 @@ class SubscriptionProgram:
         if snapshot == self.last_published:
             return
         self.last_published = snapshot
+        search_attributes = snapshot[:4]
+        upsert = not self.lean or search_attributes != self.last_search_attributes
+        self.last_search_attributes = search_attributes
         digest = s.last_accepted_digest or "-"
         details = (
             f"**{phase.value}** `{self.key.uri}`\n\n"
@@ -727,4 +752,5 @@ class SubscriptionProgram:
                if s.staleness_bound_seconds else "")
             + (f"\n{s.detail}\n" if s.detail else "")
         )
-        self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details))
+        self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
+                                    upsert=upsert))
