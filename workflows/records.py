@@ -23,6 +23,7 @@ from workflows.uris import MAX_URI_LENGTH, uri_problem
 
 __all__ = [
     "TERMINAL_STATES",
+    "OutboxEventType",
     "DEFAULT_TASK_QUEUE",
     "CatalogObservation",
     "CloseReceipt",
@@ -383,6 +384,15 @@ class AcceptVerdict(StrEnum):
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog: receipt + outbox row
     GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # read fine, not releasable to a model: receipt, no outbox
     REVOKED = "REVOKED"  # the read was denied: the subscription is revoked
+
+
+class OutboxEventType(StrEnum):
+    """``outbox.event_type``: what an ``outboxEvent.v1`` tells consumers (docs/outbox.md)."""
+
+    VERSION_ACCEPTED = "version_accepted"  # a new digest became current
+    TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
+    REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
+    VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
 
 
 class AcceptRequest(_Frozen):
