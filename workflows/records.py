@@ -386,9 +386,9 @@ class AcceptVerdict(StrEnum):
     REVOKED = "REVOKED"  # the read was denied: the subscription is revoked
 
 
+# ``outbox.event_type``: what an ``outboxEvent.v1`` tells consumers (docs/outbox.md). A comment,
+# not a docstring: the docstring would enter the envelope's published JSON schema.
 class OutboxEventType(StrEnum):
-    """``outbox.event_type``: what an ``outboxEvent.v1`` tells consumers (docs/outbox.md)."""
-
     VERSION_ACCEPTED = "version_accepted"  # a new digest became current
     TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
     REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
