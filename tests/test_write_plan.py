@@ -1,6 +1,6 @@
 """The write plan (workflows/write_plan.py): which rows accept / close / tombstone / revoke write.
 
-Pure tests of the planner; tests/test_ledger.py applies the same plans in PostgreSQL and in the
+Pure tests of the planner; tests/test_ledger_plan.py applies the same plans in PostgreSQL and in the
 simulator's in-memory ledger and compares the two."""
 
 from __future__ import annotations
