@@ -370,20 +370,6 @@ class FenceLedger:
         outbox_id = None
         if plan.outbox is not None:
             ob = plan.outbox
-            detail: dict[str, Any] = {"previous_digest": ob.previous_digest}
-            if ob.withdraws:
-                detail |= {"receipt_ids": receipt_ids, "digests": digests}
-            if plan.receipt is not None and accepted_at is not None:
-                detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger}
-            if ob.event == OutboxEventType.VERSION_ACCEPTED and outcome is not None:
-                o = outcome  # the outboxEvent.v1 fields (activities/outbox.py) not in columns
-                detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition,
-                           "server_name": o.server_name, "server_version": o.server_version, "ttl_ms": o.ttl_ms,
-                           "cache_scope": o.cache_scope.value if o.cache_scope is not None else None}
-            if ob.reason:
-                detail["reason"] = ob.reason
-            if plan.revocation is not None:
-                detail["source"] = plan.revocation.source.value
             if ob.rollout_gated and not await self.journal.rollout_allows(cur, key):
                 if ob.event == OutboxEventType.VERSION_ACCEPTED:
                     # Shadow / not yet in the rollout percentage: fences and receipts as usual, nothing published.
@@ -394,7 +380,8 @@ class FenceLedger:
             else:
                 outbox_id = await self.journal.insert_outbox(
                     cur, ob.event, key, receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
-                    content_digest=ob.content_digest, ordinal=ob.ordinal, detail=detail)
+                    content_digest=ob.content_digest, ordinal=ob.ordinal,
+                    detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
             cols = plan.fence.columns(receipt_id)
             await cur.execute(
@@ -438,3 +425,25 @@ class FenceLedger:
         row = await cur.fetchone()
         assert row is not None
         return int(row["receipt_id"]), row["accepted_at"]
+
+
+def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,
+                   receipt_ids: list[int], digests: list[str]) -> dict[str, Any]:
+    """The ``outboxEvent.v1`` fields an outbox row keeps in ``detail`` (activities/outbox.py)."""
+    ob = plan.outbox
+    assert ob is not None
+    detail: dict[str, Any] = {"previous_digest": ob.previous_digest}
+    if ob.withdraws:
+        detail |= {"receipt_ids": receipt_ids, "digests": digests}
+    if plan.receipt is not None and accepted_at is not None:
+        detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger}
+    if ob.event == OutboxEventType.VERSION_ACCEPTED and outcome is not None:
+        o = outcome
+        detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition, "server_name": o.server_name,
+                   "server_version": o.server_version, "ttl_ms": o.ttl_ms,
+                   "cache_scope": o.cache_scope.value if o.cache_scope is not None else None}
+    if ob.reason:
+        detail["reason"] = ob.reason
+    if plan.revocation is not None:
+        detail["source"] = plan.revocation.source.value
+    return detail
