@@ -21,13 +21,14 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, Literal
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.records import OutboxEventType  # defined with the write plan's records; exported here too
 
 __all__ = [
     "ConsumerError",
@@ -62,13 +63,6 @@ class ConsumerNotFound(LookupError):
 
 class ConsumerError(ValueError):
     """A request the consumer's state refuses (ack beyond delivery, another subject filter)."""
-
-
-class OutboxEventType(StrEnum):
-    VERSION_ACCEPTED = "version_accepted"  # a new digest became current
-    TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
-    REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
-    VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
 
 
 class Invalidation(BaseModel):

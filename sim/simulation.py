@@ -6,12 +6,13 @@ Contract:
   seed, config and code give the same events and the same result, byte for byte.
 - Drives the SAME code production runs, not a re-implementation: the workflow side is
   ``workflows.subscription_program.SubscriptionProgram`` (the program ``ResourceSubscriptionWorkflow``
-  runs), interpreted by ``sim.runtime.ProgramRun``; the durable side is ``allocate_ordinal`` /
-  ``judge_read`` / ``close_rule`` / ``tombstone_rule`` applied by ``MemoryLedger``, an
-  in-memory model of the PostgreSQL tables (``subscriptions``, ``read_requests``,
-  ``resource_versions``, ``outbox``, ``audit``, ``mcp_sessions``) that mirrors
-  ``activities/ledger.py`` statement by statement, including the UNIQUE/CHECK constraints
-  of ``001_ledger.sql`` (a write SQL would reject is reported, never silently applied).
+  runs), interpreted by ``sim.runtime.ProgramRun``; the durable side is the fence rules
+  (``allocate_ordinal``, ``judge_read`` …) turned into write plans by ``workflows.write_plan``
+  and applied by ``MemoryLedger``, an in-memory model of the PostgreSQL tables
+  (``subscriptions``, ``read_requests``, ``resource_versions``, ``outbox``, ``audit``,
+  ``mcp_sessions``) that applies the same plans as ``activities/ledger_fence.py``, including
+  the UNIQUE/CHECK constraints of ``001_ledger.sql`` (a write SQL would reject is reported,
+  never silently applied).
 - The session host's ingress (``worker/session_host.py: _route``: ``Ledger.note_notification``
   bumps the row's update counter, then the signal carries it as ``ResourceUpdated.sequence``)
   is modelled by ``Simulation._route``.
@@ -51,10 +52,7 @@ from workflows.fence import (
     Judgement,
     UpdateDisposition,
     allocate_ordinal,
-    close_rule,
     judge_read,
-    revoke_rule,
-    tombstone_rule,
 )
 from workflows.names import Act
 from workflows.records import (
@@ -91,6 +89,17 @@ from workflows.subscription_program import (
     PATCH_TTL_POLL_PERIOD,
     WaitKind,
 )
+from workflows.write_plan import (
+    PlanKind,
+    RevokeSource,
+    WritePlan,
+    accept_result,
+    close_receipt,
+    plan_accept,
+    plan_close,
+    plan_revoke,
+    plan_tombstone,
+)
 
 __all__ = [
     "Invariant",
@@ -104,9 +113,6 @@ __all__ = [
     "Trace",
     "SimConfig",
     "JudgeFn",
-    "AcceptWrites",
-    "accept_writes",
-    "advanced_row",
     "LedgerIntegrityError",
     "MemoryLedger",
     "Oracle",
@@ -316,57 +322,6 @@ def schedule_seed(seed: int | str, index: int) -> str:
     return f"{seed}:{index}"
 
 
-# --- the ledger's write logic, as a pure helper ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AcceptWrites:
-    """The rows ``Ledger.accept`` writes for one Judgement (MIRROR(ledger.py: Ledger.accept)).
-
-    Not all of it is in ``Judgement``: replay is detected by the reason string, the
-    ``read_requests.outcome`` value (the verdict, except REJECTED which keeps the outcome
-    kind: it decides whether a retry is replayed or judged again) and the digest update
-    depend on the outcome. See docs/simulation.md."""
-
-    replay: bool = False  # an accept retried after commit: answer the stored verdict, write nothing
-    audit_kind: str | None = None
-    read_request_outcome: str | None = None  # new read_requests.outcome (and completed_at); None: untouched
-    revoke: bool = False  # verdict REVOKED: the row is revoked (state, purge, ``revoked`` outbox row)
-    receipt: bool = False
-    advance_ordinal_only: bool = False  # guardrail: last_accepted_ordinal moves, digest/watermark stay
-    advance: bool = False  # last_accepted_ordinal = watermark = ordinal; state; digest; receipt id
-    outbox: bool = False
-
-
-def accept_writes(j: Judgement, issued: IssuedRead | None, outcome: ReadOutcome) -> AcceptWrites:
-    if j.reason == "replayed":
-        return AcceptWrites(replay=True)
-    rr_outcome = None
-    if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
-        # Every final verdict is stored so a retried accept replays it (F5); a failed read keeps its kind.
-        rr_outcome = outcome.kind.value if j.verdict == V.REJECTED else j.verdict.value
-    if j.verdict == V.REVOKED:
-        return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, revoke=True)
-    if j.write_receipt and j.advance_ordinal_only:
-        return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, receipt=True,
-                            advance_ordinal_only=True)
-    advance = j.write_receipt and j.advance
-    return AcceptWrites(audit_kind=j.audit_kind, read_request_outcome=rr_outcome, receipt=j.write_receipt,
-                        advance=advance, outbox=advance and j.outbox)
-
-
-def advanced_row(row: FenceSnapshot, outcome: ReadOutcome, j: Judgement, receipt_id: int) -> FenceSnapshot:
-    """The fence row after an advancing judgement (the ``UPDATE subscriptions`` of ``accept``)."""
-    is_content = outcome.kind == ReadOutcomeKind.CONTENT
-    return row.model_copy(update={
-        "last_accepted_ordinal": outcome.ordinal,
-        "watermark": outcome.ordinal,
-        "state": j.new_state or S.ACTIVE,
-        "last_accepted_digest": outcome.content_digest if is_content else row.last_accepted_digest,
-        "last_receipt_id": receipt_id,
-    })
-
-
 # --- the in-memory ledger ----------------------------------------------------------------------
 
 
@@ -408,7 +363,7 @@ class OutboxEntry:
 class LedgerWrite:
     """One committed ledger transaction, as the invariant checker sees it."""
 
-    kind: str  # allocate | accept | close | tombstone | state
+    kind: str  # allocate | accept | close | tombstone | state | revoke (``PlanKind`` for planned writes)
     before: FenceSnapshot
     after: FenceSnapshot
     outcome: ReadOutcome | None = None
@@ -424,10 +379,13 @@ SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PEN
 
 
 class MemoryLedger:
-    """MIRROR(activities/ledger.py: Ledger) for one subscription row, in memory.
+    """The PostgreSQL ledger (``activities/ledger_fence.py``) for one subscription row, in memory.
 
-    Each method is one transaction: it either raises ``LedgerIntegrityError`` having
-    written nothing, or commits and appends a ``LedgerWrite`` to ``log``."""
+    accept / close / tombstone / revoke apply the plan ``workflows.write_plan`` makes, the plan
+    the SQL ledger applies; the other statements are modelled one by one. Each method is one
+    transaction: it either raises ``LedgerIntegrityError`` having written nothing, or commits
+    and appends a ``LedgerWrite`` to ``log``. Not modelled: staged rollouts (no policy row: every
+    invalidation is written), the content store and its purge, the ``revocations`` row."""
 
     def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
         self.key = key
@@ -439,7 +397,7 @@ class MemoryLedger:
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
         self.outbox: list[OutboxEntry] = []
-        self.audit: list[tuple[str, str]] = []
+        self.audit: list[str] = []  # audit kinds, in order
         self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
         self.log: list[LedgerWrite] = []
         self._ids = 0
@@ -453,6 +411,43 @@ class MemoryLedger:
         if after != before:
             self.log.append(LedgerWrite(kind=kind, before=before, after=after))
         return after
+
+    def _apply(self, plan: WritePlan, *, outcome: ReadOutcome | None = None, issued: IssuedRead | None = None,
+               ordinal: int = 0) -> tuple[Receipt | None, OutboxEntry | None]:
+        """Apply ``plan`` to the locked row as one transaction (the SQL applier's statements, in memory)."""
+        before = self.row
+        if plan.receipt is not None and plan.receipt.of_read and plan.receipt.ordinal in self.receipt_ordinals:
+            raise LedgerIntegrityError(f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
+        if not plan.writes and plan.kind != PlanKind.ACCEPT:  # every judged read is logged, written or not
+            return None, None
+        if plan.audit is not None:
+            self.audit.append(plan.audit.kind)
+        if plan.read_request_outcome is not None and outcome is not None \
+                and (rr := self.read_requests.get(outcome.ordinal)) is not None:
+            rr.outcome, rr.completed = plan.read_request_outcome, True
+        receipt = entry = None
+        if plan.receipt is not None:
+            p = plan.receipt
+            receipt = Receipt(self._next_id(), p.ordinal, p.content_digest, p.status, p.request_id)
+            self.receipts.append(receipt)
+            if p.of_read:
+                self.receipt_ordinals.add(p.ordinal)
+        receipt_id = receipt.receipt_id if receipt is not None else None
+        if plan.outbox is not None:
+            ob = plan.outbox
+            target = receipt_id if ob.of_receipt else before.last_receipt_id
+            entry = OutboxEntry(self._next_id(), ob.event.value, target or 0, ob.content_digest, ob.ordinal)
+            self.outbox.append(entry)
+        if plan.fence is not None:
+            self.row = plan.fence.applied(before, receipt_id)
+        if plan.kind == PlanKind.STATE:
+            if self.row != before:
+                self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row))
+        else:
+            self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row, outcome=outcome,
+                                        issued=issued, judgement=plan.judgement, receipt=receipt, outbox=entry,
+                                        ordinal=ordinal))
+        return receipt, entry
 
     # --- fence -------------------------------------------------------------------------------
 
@@ -522,7 +517,7 @@ class MemoryLedger:
                           notifications_seen=row.notifications_seen)
 
     def note_notification(self) -> FenceSnapshot | None:
-        """MIRROR(ledger.py: Ledger.note_notification): the row's update counter + 1; None without a row."""
+        """``FenceLedger.note_notification``: the row's update counter + 1; None without a row."""
         if not self.row.exists:
             return None
         self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
@@ -537,108 +532,35 @@ class MemoryLedger:
             subscription_generation=rr.subscription_generation,
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
         )
-        j = self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None)
-        base = {"watermark": fence.watermark, "last_accepted_ordinal": fence.last_accepted_ordinal}
-        w = accept_writes(j, issued, o)
-        if w.replay:
+        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None))
+        if plan.replay:
             prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
-            return AcceptResult(verdict=j.verdict, receipt_id=prior, reason=j.reason, **base)
-        if w.receipt and o.ordinal in self.receipt_ordinals:
-            raise LedgerIntegrityError(f"resource_versions_once: a receipt for ordinal {o.ordinal} exists")
-        if w.audit_kind is not None:
-            self.audit.append((w.audit_kind, j.reason))
-        if w.read_request_outcome is not None and rr is not None:
-            rr.outcome, rr.completed = w.read_request_outcome, True
-        receipt = entry = None
-        after = fence
-        if w.revoke:
-            self._revoke_locked("read_denied")
-            self.log.append(LedgerWrite(kind="accept", before=fence, after=self.row, outcome=o, issued=issued,
-                                        judgement=j, outbox=self.outbox[-1], ordinal=o.ordinal))
-            return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
-        if w.receipt:
-            receipt = Receipt(self._next_id(), o.ordinal, o.content_digest, j.verdict, o.request_id)
-            self.receipts.append(receipt)
-            self.receipt_ordinals.add(o.ordinal)
-        if w.advance_ordinal_only and receipt is not None:
-            after = fence.model_copy(update={"last_accepted_ordinal": o.ordinal})
-            self.row = after
-            self.log.append(LedgerWrite(kind="accept", before=fence, after=after, outcome=o, issued=issued,
-                                        judgement=j, receipt=receipt, ordinal=o.ordinal))
-            return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id, reason=j.reason,
-                                watermark=fence.watermark, last_accepted_ordinal=o.ordinal)
-        if w.outbox and receipt is not None:
-            entry = OutboxEntry(self._next_id(), "version_accepted", receipt.receipt_id, o.content_digest, o.ordinal)
-            self.outbox.append(entry)
-        if w.advance and receipt is not None:
-            after = advanced_row(fence, o, j, receipt.receipt_id)
-            self.row = after
-        self.log.append(LedgerWrite(kind="accept", before=fence, after=after, outcome=o, issued=issued, judgement=j,
-                                    receipt=receipt, outbox=entry, ordinal=o.ordinal))
-        if receipt is None:
-            return AcceptResult(verdict=j.verdict, reason=j.reason, **base)
-        if not w.advance:
-            return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id, reason=j.reason, **base)
-        return AcceptResult(verdict=j.verdict, receipt_id=receipt.receipt_id,
-                            outbox_id=entry.outbox_id if entry else None, watermark=o.ordinal,
-                            last_accepted_ordinal=o.ordinal, reason=j.reason)
+            return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
+        receipt, entry = self._apply(plan, outcome=o, issued=issued, ordinal=o.ordinal)
+        return accept_result(plan, fence, receipt_id=receipt.receipt_id if receipt else None,
+                             outbox_id=entry.outbox_id if entry else None)
 
     def begin_unsubscribe(self) -> CloseReceipt:
-        row = self.row
-        if not row.exists:
+        if not self.row.exists:
             raise LookupError("no subscription")
-        rule = close_rule(row)
-        if rule is not None:
-            state, epoch, ordinal = rule
-            after = row.model_copy(update={"state": state, "close_epoch": epoch, "close_ordinal": ordinal})
-            self.row = after
-            self.log.append(LedgerWrite(kind="close", before=row, after=after, ordinal=ordinal))
-            row = after
-        return CloseReceipt(state=row.state or S.UNSUBSCRIBING, close_epoch=row.close_epoch,
-                            close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
-                            last_accepted_ordinal=row.last_accepted_ordinal)
+        plan = plan_close(self.row)
+        frozen = plan.fence.close_ordinal if plan.fence is not None else None
+        self._apply(plan, ordinal=frozen or 0)
+        return close_receipt(self.row)
 
     def finish_unsubscribe(self, acked: bool) -> FenceSnapshot:
         return self.set_state(S.CLOSED if acked else S.UNSUBSCRIBE_UNKNOWN, [S.UNSUBSCRIBING])
 
-    def _revoke_locked(self, source: str) -> None:
-        """MIRROR(ledger.py: Ledger._revoke_locked): REVOKED + one ``revoked`` outbox row (the purge
-        of content_store and the revocations row are not modelled)."""
-        row = self.row
-        self.row = row.model_copy(update={"state": S.REVOKED})
-        self.outbox.append(OutboxEntry(self._next_id(), "revoked", row.last_receipt_id or 0, None,
-                                       row.last_accepted_ordinal))
-        self.audit.append(("REVOKED", source))
-
     def revoke(self) -> FenceSnapshot:
-        row = self.row
-        if revoke_rule(row):
-            self._revoke_locked("platform")
-            self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
+        self._apply(plan_revoke(self.row, source=RevokeSource.PLATFORM, reason="revoked by platform"))
         return self.row
 
     def confirm_tombstone(self, listed: bool, scan_id: str, proven: bool) -> FenceSnapshot:
-        row = self.row
-        target = tombstone_rule(row, listed=listed, proven=proven)
-        if target is None:
-            return row
-        if target == S.REVOKED:
-            self._revoke_locked("catalog")
-            self.log.append(LedgerWrite(kind="revoke", before=row, after=self.row, outbox=self.outbox[-1]))
-            return self.row
-        if target == S.TOMBSTONED:  # no rollout_policies row: the outbox row is written (ALL)
-            receipt = Receipt(self._next_id(), row.last_accepted_ordinal, None, V.TOMBSTONED, f"catalog:{scan_id}")
-            self.receipts.append(receipt)
-            entry = OutboxEntry(self._next_id(), "tombstoned", receipt.receipt_id, None, row.last_accepted_ordinal)
-            self.outbox.append(entry)
-            after = row.model_copy(update={"state": target, "last_receipt_id": receipt.receipt_id})
-            self.row = after
-            self.log.append(LedgerWrite(kind="tombstone", before=row, after=after, receipt=receipt, outbox=entry))
-            return after
-        return self._set("state", row.model_copy(update={"state": target}))
+        self._apply(plan_tombstone(self.row, listed=listed, proven=proven, scan_id=scan_id))
+        return self.row
 
     def write_audit(self, kind: str) -> int:
-        self.audit.append((kind, ""))
+        self.audit.append(kind)
         return len(self.audit)
 
 

@@ -22,7 +22,6 @@ import pytest
 
 from sim.simulation import (
     ALL_FAULTS,
-    KEY,
     SAFETY_INVARIANTS,
     Event,
     Fault,
@@ -32,7 +31,6 @@ from sim.simulation import (
     SimConfig,
     Summary,
     Trace,
-    accept_writes,
     replay,
     run_schedule,
     run_schedules,
@@ -43,12 +41,9 @@ from sim.simulation import (
 from worker.stack import REPO_ROOT
 from workflows.fence import IssuedRead, Judgement, judge_read
 from workflows.records import (
-    AcceptVerdict,
     FenceSnapshot,
     ReadOutcome,
-    ReadOutcomeKind,
     SubscriptionState,
-    TriggerReason,
 )
 
 S = SubscriptionState
@@ -213,33 +208,6 @@ def test_continue_as_new_and_reset_keep_the_fence() -> None:
     result = replay(Trace("lifecycle", Profile(), events), GATE_CONFIG)
     assert not result.violations, result.violations
     assert result.coverage.get("reset") == 1 and result.converged_after is not None
-
-
-def test_accept_writes_mirror_the_ledger() -> None:
-    row = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1,
-                        last_issued_ordinal=3, last_accepted_ordinal=1, last_accepted_digest="sha256:a")
-    issued = IssuedRead(ordinal=2, request_id="r2", session_generation=1, subscription_generation=1)
-
-    def outcome(kind: ReadOutcomeKind, digest: str | None = None) -> ReadOutcome:
-        return ReadOutcome(kind=kind, key=KEY, ordinal=2, request_id="r2", session_generation=1,
-                           subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest)
-
-    new = outcome(ReadOutcomeKind.CONTENT, "sha256:b")
-    w = accept_writes(judge_read(row, issued, new, row_uri=KEY.uri), issued, new)
-    assert (w.receipt, w.advance, w.outbox, w.read_request_outcome) == (True, True, True, "ACCEPTED")
-    gone = outcome(ReadOutcomeKind.NOT_FOUND)
-    w = accept_writes(judge_read(row, issued, gone, row_uri=KEY.uri), issued, gone)
-    assert (w.receipt, w.advance, w.outbox) == (True, True, False)
-    closing = row.model_copy(update={"state": S.UNSUBSCRIBING})
-    w = accept_writes(judge_read(closing, issued, new, row_uri=KEY.uri), issued, new)
-    assert (w.receipt, w.outbox, w.audit_kind, w.read_request_outcome) == \
-        (False, False, "STALE_AFTER_CLOSE", "STALE_AFTER_CLOSE")
-    denied = outcome(ReadOutcomeKind.DENIED)
-    w = accept_writes(judge_read(row, issued, denied, row_uri=KEY.uri), issued, denied)
-    # A denial's verdict (REVOKED) is stored, so a retried accept replays it (F5).
-    assert w.revoke and not w.receipt and w.read_request_outcome == "REVOKED"
-    done = issued.model_copy(update={"completed_verdict": AcceptVerdict.ACCEPTED})
-    assert accept_writes(judge_read(row, done, new, row_uri=KEY.uri), done, new).replay
 
 
 # --- the command ---------------------------------------------------------------------------------------

@@ -42,7 +42,6 @@ from activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
 from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from activities.db import migrate, open_pool
 from activities.ledger import Ledger
-from activities.ledger_activities import LedgerActivities
 from activities.starters import start_catalog, start_subscription
 from worker import metrics
 from worker.config import Config, RetentionConfig, TemporalConfig
@@ -166,7 +165,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
         deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True,
                                                   default_versioning_behavior=MAIN_WORKER_BEHAVIOR)
                            if deployment is not None else None),
-        activities=LedgerActivities(ledger, metrics.PROMETHEUS).all()
+        activities=ledger.activities(metrics.PROMETHEUS)
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,

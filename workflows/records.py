@@ -23,6 +23,7 @@ from workflows.uris import MAX_URI_LENGTH, uri_problem
 
 __all__ = [
     "TERMINAL_STATES",
+    "OutboxEventType",
     "DEFAULT_TASK_QUEUE",
     "CatalogObservation",
     "CloseReceipt",
@@ -377,6 +378,15 @@ class AcceptVerdict(StrEnum):
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog: receipt + outbox row
     GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # read fine, not releasable to a model: receipt, no outbox
     REVOKED = "REVOKED"  # the read was denied: the subscription is revoked
+
+
+# ``outbox.event_type``: what an ``outboxEvent.v1`` tells consumers (docs/outbox.md). A comment,
+# not a docstring: the docstring would enter the envelope's published JSON schema.
+class OutboxEventType(StrEnum):
+    VERSION_ACCEPTED = "version_accepted"  # a new digest became current
+    TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
+    REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
+    VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
 
 
 class AcceptRequest(_Frozen):

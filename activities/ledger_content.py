@@ -1,0 +1,79 @@
+"""The ledger's content store: accepted bodies, keyed by (subject, digest).
+
+Contract:
+- Bodies live only in ``content_store``, per subject: a body read for one subject is never
+  served to another. Nothing here logs a body; ``get_content`` and ``current_content`` are the
+  only ways out (``activities.content.released_content`` adds the release rules).
+- ``current_content`` serves the current version only while the subscription is ACTIVE and its
+  body is still stored: never after a revocation.
+- ``purge_withdrawn`` runs inside a revocation's transaction: it deletes the subject's bodies
+  the revoked subscription named, except those another live subscription of the subject uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from activities.ledger_store import LedgerStore
+from workflows.records import SubscriptionKey, SubscriptionState
+
+__all__ = ["ContentLedger"]
+
+
+class ContentLedger:
+    def __init__(self, store: LedgerStore) -> None:
+        self.store = store
+
+    async def put_content(self, subject: str, digest: str, mime_type: str | None, body: bytes,
+                          kind: str | None = None) -> None:
+        """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
+        async with self.store.pool.connection() as conn:
+            await conn.execute(
+                """
+                INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
+                VALUES (%s, %s, %s, %s, %s, %s)
+                ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
+                """,  # a body read again is young again: retention never races its acceptance
+                (subject, digest, mime_type, len(body), body, kind),
+            )
+
+    async def get_content(self, subject: str, digest: str) -> bytes | None:
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT body FROM content_store WHERE subject=%s AND content_digest=%s", (subject, digest)
+            )
+            row = await cur.fetchone()
+        return None if row is None else bytes(row[0])
+
+    async def current_content(self, key: SubscriptionKey) -> tuple[int, str, str | None, bytes] | None:
+        """(receipt id, digest, MIME type, body) of the current version, only while it may be served:
+        the subscription ACTIVE and the body still in the subject's store. Never after revocation."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT s.last_receipt_id, s.last_accepted_digest, c.mime_type, c.body
+                FROM subscriptions s JOIN content_store c
+                  ON c.subject = s.subject AND c.content_digest = s.last_accepted_digest
+                WHERE s.workflow_id=%s AND s.state=%s
+                """,
+                (key.workflow_id, SubscriptionState.ACTIVE.value),
+            )
+            row = await cur.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]), row[2], bytes(row[3]))
+
+    @staticmethod
+    async def purge_withdrawn(cur: Any, *, subject: str, workflow_id: str, digests: Sequence[str]) -> int:
+        """Delete the subject's bodies among ``digests``, except those another live (not revoked)
+        subscription of the subject still names; how many were deleted. In the caller's transaction."""
+        await cur.execute(
+            """
+            DELETE FROM content_store c WHERE c.subject=%s AND c.content_digest = ANY(%s)
+              AND NOT EXISTS (
+                SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
+                WHERE rv.content_digest = c.content_digest AND s.subject = c.subject
+                  AND s.workflow_id <> %s AND s.state <> %s)
+            """,
+            (subject, list(digests), workflow_id, SubscriptionState.REVOKED.value),
+        )
+        return int(cur.rowcount)

@@ -1,0 +1,449 @@
+"""The ledger's fence: subscription rows, issued reads, version receipts; the sole acceptance point.
+
+Contract:
+- The fence row in ``subscriptions`` is the durable copy of each workflow's ordinals,
+  generations and close epoch. Every allocation and every acceptance is a compare-and-set
+  against it, so a workflow whose history was reset or rolled back can ask, but never move
+  the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
+- accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
+  ``workflows.fence`` and the pure planner in ``workflows.write_plan``, and ``_apply`` that plan
+  in the same transaction: receipt, outbox row (``activities.ledger_journal``), fence update,
+  audit row, ``read_requests`` completion, revocation (with the purge of
+  ``activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
+- ``accept`` is the only code that makes a version current; a retried accept answers the
+  verdict already committed and writes nothing twice.
+- Activities (names in ``workflows.names.Act``) are these methods themselves, each taking one
+  request model of ``workflows.records``; ``accept`` reports its verdict through ``Meters``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+from temporalio import activity
+
+from activities.ledger_content import ContentLedger
+from activities.ledger_journal import Journal
+from activities.ledger_store import LedgerStore, fence_row, snapshot
+from activities.meters import NO_METERS, Meters
+from workflows.fence import IssuedRead, allocate_ordinal, judge_read
+from workflows.names import Act
+from workflows.records import (
+    TERMINAL_STATES,
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    AllocateRequest,
+    BeginSubscriptionRequest,
+    CloseReceipt,
+    EnsureRequest,
+    FenceSnapshot,
+    FinishUnsubscribeRequest,
+    KeyRequest,
+    MarkActiveRequest,
+    OutboxEventType,
+    ReadOutcome,
+    ReadTicket,
+    RevokeLedgerRequest,
+    SetStateRequest,
+    SubscriptionKey,
+    SubscriptionState,
+    TombstoneRequest,
+)
+from workflows.uris import normalize_uri
+from workflows.write_plan import (
+    RevokeSource,
+    WritePlan,
+    accept_result,
+    close_receipt,
+    plan_accept,
+    plan_close,
+    plan_revoke,
+    plan_tombstone,
+)
+
+__all__ = ["FenceLedger"]
+
+S = SubscriptionState
+CLOSING_STATES = [S.UNSUBSCRIBING.value, S.CLOSED.value, S.UNSUBSCRIBE_UNKNOWN.value]
+# ``records.TERMINAL_STATES`` as SQL parameters (sorted: one statement text, one plan).
+TERMINAL_STATE_VALUES = sorted(state.value for state in TERMINAL_STATES)
+# States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
+SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
+                       S.RECONCILIATION_REQUIRED.value]
+_VERDICTS = {v.value for v in AcceptVerdict}
+
+
+class FenceLedger:
+    def __init__(self, store: LedgerStore, meters: Meters = NO_METERS) -> None:
+        self.store = store
+        self.meters = meters
+        self.journal = Journal(store)
+        self.content = ContentLedger(store)
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.ensure_subscription, self.load_fence, self.begin_subscription, self.mark_active,
+                self.allocate_read, self.accept, self.begin_unsubscribe, self.finish_unsubscribe, self.set_state,
+                self.confirm_tombstone, self.revoke]
+
+    # --- rows ----------------------------------------------------------------------------------
+
+    @activity.defn(name=Act.ENSURE)
+    async def ensure_subscription(self, req: EnsureRequest) -> FenceSnapshot:
+        """Create the fence row in DISCOVERED if absent; return it as stored.
+
+        A closed row is reopened to DISCOVERED (ordinals and epochs kept) only for a new
+        incarnation: the chain that closed it, reset or not, finds it closed.
+        """
+        key, incarnation = req.key, req.incarnation
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state, incarnation)
+                VALUES (%s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT (workflow_id) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
+                    WHERE s.uri_normalized IS NULL
+                """,  # a row from before migration 008 that the backfill has not reached yet
+                (key.workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
+                 S.DISCOVERED.value, incarnation),
+            )
+            await cur.execute(
+                """
+                UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
+                WHERE workflow_id=%s AND incarnation <> %s AND state = ANY(%s)
+                """,
+                (S.DISCOVERED.value, incarnation, key.workflow_id, incarnation, TERMINAL_STATE_VALUES),
+            )
+            await cur.execute(
+                "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
+                (incarnation, key.workflow_id, CLOSING_STATES),
+            )
+            return snapshot(await fence_row(cur, key.workflow_id))
+
+    @activity.defn(name=Act.LOAD_FENCE)
+    async def load_fence(self, req: KeyRequest) -> FenceSnapshot:
+        async with self.store.pool.connection() as conn:
+            return snapshot(await fence_row(conn.cursor(row_factory=dict_row), req.key.workflow_id))
+
+    async def find_subscription(self, subject: str, server: str, uri: str) -> FenceSnapshot | None:
+        """The fence row for the exact (subject, server, uri), or None."""
+        async with self.store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND uri=%s", (subject, server, uri)
+            )
+            row = await cur.fetchone()
+        return None if row is None else snapshot(row)
+
+    async def subscriptions_for(self, subject: str, server: str) -> list[tuple[str, str, str]]:
+        """(workflow_id, uri, state) of every subscription of one (subject, server)."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT workflow_id, uri, state FROM subscriptions WHERE subject=%s AND server=%s",
+                (subject, server),
+            )
+            return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+    async def normalized_siblings(self, subject: str, server: str, uri: str) -> list[tuple[str, str]]:
+        """(workflow_id, uri) of the non-terminal subscriptions of (subject, server) whose URI differs
+        from ``uri`` but normalizes alike (``workflows.uris.normalize_uri``): one indexed query.
+        Never a route: a caller may only invalidate or flag them."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                """
+                SELECT workflow_id, uri FROM subscriptions
+                WHERE subject=%s AND server=%s AND uri_normalized=%s AND uri <> %s AND NOT (state = ANY(%s))
+                ORDER BY uri
+                """,
+                (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES),
+            )
+            return [(r[0], r[1]) for r in await cur.fetchall()]
+
+    async def note_notification(self, subject: str, server: str, uri: str, generation: int) -> FenceSnapshot | None:
+        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it."""
+        async with self.store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                """
+                UPDATE subscriptions SET notifications_seen = notifications_seen + 1, last_notification_at = now(),
+                    last_notification_generation = %s
+                WHERE subject=%s AND server=%s AND uri=%s RETURNING *
+                """,
+                (generation, subject, server, uri),
+            )
+            row = await cur.fetchone()
+        return None if row is None else snapshot(row)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    @activity.defn(name=Act.BEGIN_SUBSCRIPTION)
+    async def begin_subscription(self, req: BeginSubscriptionRequest) -> FenceSnapshot:
+        """SUBSCRIBING with subscription generation + 1 bound to ``session_generation``.
+
+        Refused (the stored snapshot is returned unchanged) when the row is closing or closed,
+        or when the session generation would go backwards.
+        """
+        return await self._transition(
+            req.key,
+            "UPDATE subscriptions SET state=%s, subscription_generation = subscription_generation + 1,"
+            " session_generation=%s, updated_at=now()"
+            " WHERE workflow_id=%s AND state = ANY(%s) AND session_generation <= %s RETURNING *",
+            (S.SUBSCRIBING.value, req.session_generation, req.key.workflow_id, SUBSCRIBABLE_STATES,
+             req.session_generation))
+
+    @activity.defn(name=Act.MARK_ACTIVE)
+    async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
+        return await self._transition(
+            req.key,
+            "UPDATE subscriptions SET state=%s, updated_at=now()"
+            " WHERE workflow_id=%s AND state=%s AND session_generation=%s AND subscription_generation=%s"
+            " RETURNING *",
+            (S.ACTIVE.value, req.key.workflow_id, S.SUBSCRIBING.value, req.session_generation,
+             req.subscription_generation))
+
+    @activity.defn(name=Act.SET_STATE)
+    async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
+        return await self._transition(
+            req.key, "UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s AND state = ANY(%s)"
+            " RETURNING *", (req.state.value, req.key.workflow_id, [s.value for s in req.allowed_from]))
+
+    @activity.defn(name=Act.FINISH_UNSUBSCRIBE)
+    async def finish_unsubscribe(self, req: FinishUnsubscribeRequest) -> FenceSnapshot:
+        """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""
+        target = S.CLOSED if req.acked else S.UNSUBSCRIBE_UNKNOWN
+        return await self.set_state(SetStateRequest(key=req.key, state=target, allowed_from=[S.UNSUBSCRIBING]))
+
+    async def _transition(self, key: SubscriptionKey, update: str, params: tuple[Any, ...]) -> FenceSnapshot:
+        """One conditional UPDATE ... RETURNING *; the row as stored whether it applied or not."""
+        async with self.store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(update, params)
+            row = await cur.fetchone()
+            if row is None:
+                row = await fence_row(cur, key.workflow_id)
+        return snapshot(row)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    @activity.defn(name=Act.ALLOCATE_READ)
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """CAS the next ordinal (``workflows.fence.allocate_ordinal`` on the locked row)."""
+        wf = req.key.workflow_id
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            row = await fence_row(cur, wf, lock=True)
+            request_id = req.request_id
+            while True:
+                await cur.execute("SELECT ordinal, completed_at, notifications_seen FROM read_requests"
+                                  " WHERE request_id=%s", (request_id,))
+                prior = await cur.fetchone()
+                if prior is None:
+                    break
+                if prior["completed_at"] is None:
+                    # The same allocation asked again (a retry after a lost response): the same ticket,
+                    # with the update counter that allocation saw (not today's: F11).
+                    return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
+                                      notifications_seen=prior["notifications_seen"])
+                # A reset run re-derived a request id that was already used and finished: this is
+                # a new read, with a request id of its own (derived again after a second reset).
+                request_id = f"{request_id}/{prior['ordinal']}"
+            ordinal = allocate_ordinal(snapshot(row), session_generation=req.session_generation,
+                                       subscription_generation=req.subscription_generation,
+                                       min_ordinal=req.min_ordinal)
+            if ordinal is None:
+                return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+            assert row is not None  # allocate_ordinal grants nothing without a row
+            await cur.execute(
+                "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
+                (ordinal, wf),
+            )
+            await cur.execute(
+                """
+                INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
+                    subscription_generation, trigger_reason, notifications_seen)
+                VALUES (%s, %s, %s, %s, %s, %s, %s)
+                """,
+                (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
+                 req.trigger.value, row["notifications_seen"]),
+            )
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
+                          notifications_seen=row["notifications_seen"])
+
+    @activity.defn(name=Act.ACCEPT)
+    async def accept(self, req: AcceptRequest) -> AcceptResult:
+        """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes."""
+        o = req.outcome
+        wf = o.key.workflow_id
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            row = await fence_row(cur, wf, lock=True)
+            fence = snapshot(row)
+            await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
+            issued_row = await cur.fetchone()
+            issued = None if issued_row is None else IssuedRead(
+                ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
+                session_generation=issued_row["session_generation"],
+                subscription_generation=issued_row["subscription_generation"],
+                completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
+            )
+            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None))
+            if plan.replay:
+                # An activity retry after a committed accept: the same verdict, nothing written twice.
+                await cur.execute(
+                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal)
+                )
+                prior = await cur.fetchone()
+                result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None, outbox_id=None)
+            else:
+                receipt_id, outbox_id = await self._apply(cur, o.key, fence, plan, outcome=o,
+                                                          effective_at=o.completed_at or datetime.now(UTC))
+                result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
+        self.meters.receipt_judged(req, result)
+        return result
+
+    # --- close, tombstone, revocation ------------------------------------------------------------
+
+    @activity.defn(name=Act.BEGIN_UNSUBSCRIBE)
+    async def begin_unsubscribe(self, req: KeyRequest) -> CloseReceipt:
+        """beginUnsubscribe (``close_rule``): freezes closeOrdinal and a new close epoch.
+
+        Idempotent: a row already closing answers its frozen receipt.
+        """
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            row = await fence_row(cur, req.key.workflow_id, lock=True)
+            if row is None:
+                raise LookupError(f"no subscription {req.key.workflow_id}")
+            await self._apply(cur, req.key, snapshot(row), plan_close(snapshot(row)))
+            return close_receipt(snapshot(await fence_row(cur, req.key.workflow_id)))
+
+    @activity.defn(name=Act.CONFIRM_TOMBSTONE)
+    async def confirm_tombstone(self, req: TombstoneRequest) -> FenceSnapshot:
+        """A reconciled catalog's word (``tombstone_rule``) applied to the locked row."""
+        return await self._planned(req.key, lambda fence: plan_tombstone(
+            fence, listed=req.listed, proven=req.proven, scan_id=req.scan_id), effective_at=datetime.now(UTC))
+
+    @activity.defn(name=Act.REVOKE)
+    async def revoke(self, req: RevokeLedgerRequest) -> FenceSnapshot:
+        """Revoke one subscription (idempotent): state REVOKED, the subject's cached bodies purged,
+        one outbox ``revoked`` row naming every receipt derived from it, latency recorded."""
+        return await self._planned(req.key, lambda fence: plan_revoke(
+            fence, source=RevokeSource(req.source), reason=req.reason), effective_at=req.effective_at)
+
+    async def _planned(self, key: SubscriptionKey, plan: Callable[[FenceSnapshot], WritePlan], *,
+                       effective_at: datetime) -> FenceSnapshot:
+        """Lock the row, plan on it, apply the plan; the row as it stands after."""
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            fence = snapshot(await fence_row(cur, key.workflow_id, lock=True))
+            if fence.exists:
+                await self._apply(cur, key, fence, plan(fence), effective_at=effective_at)
+            return snapshot(await fence_row(cur, key.workflow_id))
+
+    # --- the plan, in SQL ------------------------------------------------------------------------
+
+    async def _apply(self, cur: Any, key: SubscriptionKey, fence: FenceSnapshot, plan: WritePlan, *,
+                     outcome: ReadOutcome | None = None,
+                     effective_at: datetime | None = None) -> tuple[int | None, int | None]:
+        """Write ``plan`` in the caller's transaction (the row locked); (receipt id, outbox id)."""
+        wf = key.workflow_id
+        session_generation = outcome.session_generation if outcome is not None else None
+        if plan.audit is not None:
+            await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server, uri=key.uri,
+                                            workflow_id=wf, session_generation=session_generation,
+                                            detail=plan.audit.detail)
+        if plan.read_request_outcome is not None and outcome is not None:
+            await cur.execute(
+                "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
+                (plan.read_request_outcome, wf, outcome.ordinal),
+            )
+        receipt_id = accepted_at = None
+        if plan.receipt is not None:
+            receipt_id, accepted_at = await self._insert_receipt(cur, key, plan, outcome)
+        # What a tombstone or a revocation withdraws: every receipt so far, the new one included.
+        receipt_ids, digests = await self.journal.withdrawn(cur, wf) if (
+            plan.revocation is not None or (plan.outbox is not None and plan.outbox.withdraws)) else ([], [])
+        outbox_id = None
+        if plan.outbox is not None:
+            ob = plan.outbox
+            if ob.rollout_gated and not await self.journal.rollout_allows(cur, key):
+                if ob.event == OutboxEventType.VERSION_ACCEPTED:
+                    # Shadow / not yet in the rollout percentage: fences and receipts as usual, nothing published.
+                    await self.journal.insert_audit(
+                        cur, "OUTBOX_HELD_BY_ROLLOUT", subject=key.subject, server=key.server, uri=key.uri,
+                        workflow_id=wf, session_generation=session_generation,
+                        detail={"receipt_id": receipt_id, "digest": ob.content_digest})
+            else:
+                outbox_id = await self.journal.insert_outbox(
+                    cur, ob.event, key, receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
+                    content_digest=ob.content_digest, ordinal=ob.ordinal,
+                    detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
+        if plan.fence is not None:
+            cols = plan.fence.columns(receipt_id)
+            await cur.execute(
+                "UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in cols) + ", updated_at=now()"
+                " WHERE workflow_id=%s",
+                (*(v.value if isinstance(v, SubscriptionState) else v for v in cols.values()), wf),
+            )
+        if plan.revocation is not None:
+            purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf, digests=digests)
+            await cur.execute(
+                """
+                INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at, outbox_id,
+                    purged_bodies)
+                VALUES (%s, %s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s)
+                """,
+                (wf, key.subject, key.server, key.uri, plan.revocation.source.value, plan.revocation.reason,
+                 effective_at or datetime.now(UTC), outbox_id, purged),
+            )
+        return receipt_id, outbox_id
+
+    @staticmethod
+    async def _insert_receipt(cur: Any, key: SubscriptionKey, plan: WritePlan,
+                              outcome: ReadOutcome | None) -> tuple[int, datetime]:
+        """The plan's ``resource_versions`` row; a read's receipt also copies the read's own columns."""
+        r = plan.receipt
+        assert r is not None
+        o = outcome if r.of_read else None
+        await cur.execute(
+            """
+            INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
+                read_ordinal, server_name, server_version, edition, session_generation,
+                subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
+            VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
+            """,
+            (key.workflow_id, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
+             o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
+             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id, r.trigger,
+             r.status.value, o.ttl_ms if o else None,
+             o.cache_scope.value if o is not None and o.cache_scope is not None else None),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["receipt_id"]), row["accepted_at"]
+
+
+def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,
+                   receipt_ids: list[int], digests: list[str]) -> dict[str, Any]:
+    """The ``outboxEvent.v1`` fields an outbox row keeps in ``detail`` (activities/outbox.py)."""
+    ob = plan.outbox
+    assert ob is not None
+    detail: dict[str, Any] = {"previous_digest": ob.previous_digest}
+    if ob.withdraws:
+        detail |= {"receipt_ids": receipt_ids, "digests": digests}
+    if plan.receipt is not None and accepted_at is not None:
+        detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger}
+    if ob.event == OutboxEventType.VERSION_ACCEPTED and outcome is not None:
+        o = outcome
+        detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition, "server_name": o.server_name,
+                   "server_version": o.server_version, "ttl_ms": o.ttl_ms,
+                   "cache_scope": o.cache_scope.value if o.cache_scope is not None else None}
+    if ob.reason:
+        detail["reason"] = ob.reason
+    if plan.revocation is not None:
+        detail["source"] = plan.revocation.source.value
+    return detail

@@ -1,0 +1,143 @@
+"""One write plan, two stores: the PostgreSQL ledger and the simulator's in-memory ledger, driven
+through the same operations, answer the same verdicts and hold the same fence row, receipts and
+outbox rows (receipt and outbox ids compared by position: each store numbers its own)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from activities.ledger import Ledger
+from sim.simulation import MemoryLedger
+from tests.conftest import ledger_rows, unique
+from workflows.records import (
+    AcceptRequest,
+    AcceptVerdict,
+    AllocateRequest,
+    FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+
+S = SubscriptionState
+V = AcceptVerdict
+
+
+class Both:
+    """One subscription in both ledgers; every call goes to both and the results must agree."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.key = SubscriptionKey(subject=unique("plan"), server="srv", uri=f"demo://{unique('doc')}")
+        self.sql, self.mem = ledger, MemoryLedger(self.key)
+
+    async def start(self) -> None:
+        await self.sql.ensure_subscription(self.key, "inc-1")
+        self.mem.ensure_subscription("inc-1")
+        await self.sql.begin_subscription(self.key, 1)
+        self.mem.begin_subscription(1)
+        await self.sql.mark_active(self.key, 1, 1)
+        self.mem.mark_active(1, 1)
+        await self.same()
+
+    async def allocate(self, name: str) -> tuple[int, str]:
+        req = AllocateRequest(key=self.key, session_generation=1, subscription_generation=1, min_ordinal=1,
+                              request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED)
+        ticket = await self.sql.allocate_read(req)
+        assert ticket == self.mem.allocate_read(req) and ticket.granted
+        return ticket.ordinal, ticket.request_id
+
+    async def accept(self, read: tuple[int, str], kind: ReadOutcomeKind, digest: str | None = None,
+                     guardrail: str | None = None) -> AcceptVerdict:
+        outcome = ReadOutcome(kind=kind, key=self.key, ordinal=read[0], request_id=read[1], session_generation=1,
+                              subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest,
+                              mime_type="text/plain", server_version="v1", guardrail_rejection=guardrail)
+        req = AcceptRequest(outcome=outcome, expected_state=S.ACTIVE, close_epoch=0)
+        sql, mem = await self.sql.accept(req), self.mem.accept(req)
+        receipts = await self._receipt_ids()
+        assert (sql.verdict, sql.reason, sql.watermark, sql.last_accepted_ordinal, sql.outbox_id is None) == \
+            (mem.verdict, mem.reason, mem.watermark, mem.last_accepted_ordinal, mem.outbox_id is None)
+        assert _position(receipts, sql.receipt_id) == _position([r.receipt_id for r in self.mem.receipts],
+                                                                mem.receipt_id)
+        await self.same()
+        return sql.verdict
+
+    async def same(self) -> None:
+        """The fence row, the receipts and the outbox rows agree."""
+        receipt_ids = await self._receipt_ids()
+        mem_receipt_ids = [r.receipt_id for r in self.mem.receipts]
+        sql_row, mem_row = await self.sql.load_fence(self.key), self.mem.row
+        assert _comparable(sql_row, receipt_ids) == _comparable(mem_row, mem_receipt_ids)
+        sql_receipts = await ledger_rows(self.sql, "SELECT read_ordinal, status, content_digest, request_id"
+                                         " FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id",
+                                         self.key.workflow_id)
+        assert [tuple(r) for r in sql_receipts] == \
+            [(r.ordinal, r.status.value, r.digest, r.request_id) for r in self.mem.receipts]
+        sql_outbox = await ledger_rows(self.sql, "SELECT event_type, read_ordinal, content_digest, receipt_id"
+                                       " FROM outbox WHERE workflow_id=%s ORDER BY outbox_id", self.key.workflow_id)
+        assert [(e, o, d, _position(receipt_ids, r)) for e, o, d, r in sql_outbox] == \
+            [(e.event_type, e.ordinal, e.digest, _position(mem_receipt_ids, e.receipt_id)) for e in self.mem.outbox]
+
+    async def _receipt_ids(self) -> list[int]:
+        rows = await ledger_rows(self.sql, "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s"
+                                 " ORDER BY receipt_id", self.key.workflow_id)
+        return [int(r[0]) for r in rows]
+
+
+def _position(ids: list[int], receipt_id: int | None) -> int | None:
+    return ids.index(receipt_id) if receipt_id in ids else None
+
+
+def _comparable(row: FenceSnapshot, receipt_ids: list[int]) -> dict[str, Any]:
+    return row.model_dump() | {"last_receipt_id": _position(receipt_ids, row.last_receipt_id)}
+
+
+async def test_reads_a_tombstone_and_a_replay_write_alike(ledger: Ledger) -> None:
+    both = Both(ledger)
+    await both.start()
+    assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    late, r3 = await both.allocate("r2"), await both.allocate("r3")
+    assert await both.accept(r3, ReadOutcomeKind.CONTENT, "sha256:b") == V.ACCEPTED
+    assert await both.accept(late, ReadOutcomeKind.CONTENT, "sha256:old") == V.STALE
+    assert await both.accept(r3, ReadOutcomeKind.CONTENT, "sha256:b") == V.ACCEPTED  # a retry: replayed
+    assert await both.accept(await both.allocate("r4"), ReadOutcomeKind.CONTENT, "sha256:b") == V.UNCHANGED
+    assert await both.accept(await both.allocate("r5"), ReadOutcomeKind.CONTENT, "sha256:c",
+                             guardrail="too large") == V.GUARDRAIL_REJECTED
+    assert await both.accept(await both.allocate("r6"), ReadOutcomeKind.MALFORMED) == V.REJECTED
+    assert await both.accept(await both.allocate("r7"), ReadOutcomeKind.NOT_FOUND) == V.TOMBSTONE_PENDING
+    await ledger.confirm_tombstone(both.key, listed=False, scan_id="c1")
+    both.mem.confirm_tombstone(False, "c1", False)
+    await both.same()
+    assert both.mem.row.state == S.TOMBSTONED and both.mem.outbox[-1].event_type == "tombstoned"
+
+
+async def test_close_fences_late_reads_alike(ledger: Ledger) -> None:
+    both = Both(ledger)
+    await both.start()
+    assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    in_flight = await both.allocate("r2")
+    assert await ledger.begin_unsubscribe(both.key) == both.mem.begin_unsubscribe()
+    assert await ledger.begin_unsubscribe(both.key) == both.mem.begin_unsubscribe()  # idempotent
+    assert await both.accept(in_flight, ReadOutcomeKind.CONTENT, "sha256:b") == V.STALE_AFTER_CLOSE
+
+
+async def test_revocations_write_alike(ledger: Ledger) -> None:
+    by_platform, by_read, by_catalog = Both(ledger), Both(ledger), Both(ledger)
+    for both in (by_platform, by_read, by_catalog):
+        await both.start()
+        assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    for _ in range(2):  # the second revocation writes nothing
+        await ledger.revoke(by_platform.key, reason="gone", source="platform", effective_at=datetime.now(UTC))
+        by_platform.mem.revoke()
+        await by_platform.same()
+    assert await by_read.accept(await by_read.allocate("r2"), ReadOutcomeKind.DENIED) == V.REVOKED
+    await ledger.confirm_tombstone(by_catalog.key, listed=False, scan_id="c9", proven=True)
+    by_catalog.mem.confirm_tombstone(False, "c9", True)
+    await by_catalog.same()
+    for both in (by_platform, by_read, by_catalog):
+        assert both.mem.row.state == S.REVOKED and [e.event_type for e in both.mem.outbox] == \
+            ["version_accepted", "revoked"]
+        assert len(await ledger_rows(ledger, "SELECT 1 FROM revocations WHERE workflow_id=%s",
+                                     both.key.workflow_id)) == 1

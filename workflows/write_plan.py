@@ -1,0 +1,276 @@
+"""The ledger's write plan: which rows one fenced transaction writes, decided once.
+
+Contract:
+- Pure and deterministic: no I/O, no clock. Each function takes the fence row the ledger holds
+  locked (``FenceSnapshot``) and the answer of the matching rule in ``workflows.fence``
+  (``judge_read``, ``close_rule``, ``tombstone_rule``, ``revoke_rule``) and returns one
+  ``WritePlan``: the receipt, the fence-row update, the outbox row, the audit row, the
+  ``read_requests`` completion and the revocation that transaction writes, or nothing.
+- Two stores apply the same plan: ``activities/ledger_fence.py`` in SQL (inside the transaction
+  that locked the row) and ``MemoryLedger`` in ``sim/simulation.py`` in memory. Neither
+  decides a write on its own, so the simulator checks the writes production makes.
+- What only SQL has stays in the SQL applier and is named here, not decided there: a staged
+  rollout may hold an invalidation (``OutboxPlan.rollout_gated``; no policy row means it is
+  written), a revocation purges the subject's bodies and records a ``revocations`` row.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
+from workflows.records import (
+    AcceptResult,
+    AcceptVerdict,
+    CloseReceipt,
+    FenceSnapshot,
+    OutboxEventType,
+    ReadOutcome,
+    ReadOutcomeKind,
+    SubscriptionState,
+)
+
+__all__ = [
+    "PlanKind",
+    "RevokeSource",
+    "CATALOG_TRIGGER",
+    "AuditPlan",
+    "ReceiptPlan",
+    "FenceUpdate",
+    "OutboxPlan",
+    "RevocationPlan",
+    "WritePlan",
+    "plan_accept",
+    "plan_close",
+    "plan_tombstone",
+    "plan_revoke",
+    "accept_result",
+    "close_receipt",
+]
+
+S = SubscriptionState
+V = AcceptVerdict
+
+CATALOG_TRIGGER = "catalog"
+"""``resource_versions.trigger_reason`` of a receipt a reconciled catalog wrote (not a read's trigger)."""
+
+
+class PlanKind(StrEnum):
+    """Which transaction a plan belongs to (the simulator's ``LedgerWrite.kind``)."""
+
+    ACCEPT = "accept"  # a read judged
+    CLOSE = "close"  # beginUnsubscribe froze the close ordinal
+    TOMBSTONE = "tombstone"  # a reconciled catalog confirmed a deletion
+    REVOKE = "revoke"  # the subscription was revoked (platform, catalog)
+    STATE = "state"  # only the state column moves (a recreated tombstone back to ACTIVE)
+
+
+class RevokeSource(StrEnum):
+    """Who revoked (``revocations.source``, the ``revoked`` outbox row's ``source``)."""
+
+    PLATFORM = "platform"
+    CATALOG = "catalog"
+    READ_DENIED = "read_denied"
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class AuditPlan(_Plan):
+    """One ``audit`` row of the transaction."""
+
+    kind: str
+    detail: dict[str, Any]
+
+
+class ReceiptPlan(_Plan):
+    """One ``resource_versions`` row. A read's receipt also carries the read's own columns
+    (MIME type, size, server, caching directives), which the applier copies from the outcome."""
+
+    ordinal: int
+    status: AcceptVerdict
+    request_id: str
+    trigger: str  # a ``TriggerReason`` value, or ``CATALOG_TRIGGER``
+    session_generation: int
+    subscription_generation: int
+    content_digest: str | None = None
+    of_read: bool = True  # a read's receipt: one per ordinal (``resource_versions_once``)
+
+
+class FenceUpdate(_Plan):
+    """``UPDATE subscriptions SET ...``: only the fields given are written (their names are the
+    column names and the ``FenceSnapshot`` fields)."""
+
+    state: SubscriptionState | None = None
+    last_accepted_ordinal: int | None = None
+    watermark: int | None = None
+    last_accepted_digest: str | None = None
+    close_epoch: int | None = None
+    close_ordinal: int | None = None
+    link_receipt: bool = False  # last_receipt_id := the receipt this plan writes
+
+    def columns(self, receipt_id: int | None) -> dict[str, Any]:
+        """Column -> new value; ``receipt_id`` is the id the plan's receipt got."""
+        cols = self.model_dump(exclude_unset=True, exclude={"link_receipt"})
+        if self.link_receipt:
+            cols["last_receipt_id"] = receipt_id
+        return cols
+
+    def applied(self, row: FenceSnapshot, receipt_id: int | None) -> FenceSnapshot:
+        """The row after the update (what the in-memory ledger stores)."""
+        return row.model_copy(update=self.columns(receipt_id))
+
+
+class OutboxPlan(_Plan):
+    """One ``outbox`` row. ``withdraws``: it names every receipt of the subscription and the digests
+    they name (``outboxEvent.v1`` ``invalidates``), which the applier reads from its receipts."""
+
+    event: OutboxEventType
+    ordinal: int
+    content_digest: str | None = None  # the new current digest (``version_accepted`` only)
+    previous_digest: str | None = None
+    of_receipt: bool = True  # receipt_id := this plan's receipt; else the row's last receipt
+    withdraws: bool = False
+    rollout_gated: bool = False  # a staged rollout may hold it (an audit row instead)
+    reason: str = ""
+
+
+class RevocationPlan(_Plan):
+    """The ``revocations`` row and the purge of the subject's bodies (SQL only)."""
+
+    source: RevokeSource
+    reason: str
+
+
+class WritePlan(_Plan):
+    """Everything one transaction writes. An empty plan (``writes`` False) writes nothing."""
+
+    kind: PlanKind
+    judgement: Judgement | None = None  # accept: the verdict the plan carries out
+    replay: bool = False  # accept retried after its commit: answer the stored verdict, write nothing
+    audit: AuditPlan | None = None
+    read_request_outcome: str | None = None  # read_requests.outcome (and completed_at); None: untouched
+    receipt: ReceiptPlan | None = None
+    fence: FenceUpdate | None = None
+    outbox: OutboxPlan | None = None
+    revocation: RevocationPlan | None = None
+
+    @property
+    def writes(self) -> bool:
+        return any(x is not None for x in (self.audit, self.read_request_outcome, self.receipt, self.fence,
+                                           self.outbox, self.revocation))
+
+
+def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
+                kind: PlanKind = PlanKind.REVOKE, unchecked: bool = False) -> WritePlan:
+    """Revocation (``revoke_rule``): REVOKED, one ``revoked`` outbox row withdrawing every receipt
+    (never held by a rollout), the subject's bodies purged. Nothing when already finished.
+    ``unchecked``: the caller's rule already decided (a catalog's or a read's REVOKED)."""
+    if not unchecked and not revoke_rule(row):
+        return WritePlan(kind=kind)
+    return WritePlan(
+        kind=kind,
+        fence=FenceUpdate(state=S.REVOKED),
+        outbox=OutboxPlan(event=OutboxEventType.REVOKED, ordinal=row.last_accepted_ordinal, of_receipt=False,
+                          previous_digest=row.last_accepted_digest, withdraws=True, reason=reason[:300]),
+        revocation=RevocationPlan(source=source, reason=reason[:300]),
+    )
+
+
+def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
+    """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row."""
+    o = outcome
+    if j.reason == "replayed":
+        return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
+    audit = None if j.audit_kind is None else AuditPlan(kind=j.audit_kind, detail={
+        "reason": j.reason, "ordinal": o.ordinal, "request_id": o.request_id, "outcome": o.kind.value,
+        "digest": o.content_digest, "error_code": o.error_code})
+    rr_outcome = None
+    if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
+        # Every final verdict is stored so a retried accept replays it (F5); a failed read keeps its
+        # outcome kind (denied, malformed, ...) for the answer gate and the audit.
+        rr_outcome = o.kind.value if j.verdict == V.REJECTED else j.verdict.value
+    if j.verdict == V.REVOKED:
+        revoke = plan_revoke(row, source=RevokeSource.READ_DENIED, reason=j.reason, kind=PlanKind.ACCEPT,
+                             unchecked=True)
+        return revoke.model_copy(update={"judgement": j, "audit": audit, "read_request_outcome": rr_outcome})
+    plan = WritePlan(kind=PlanKind.ACCEPT, judgement=j, audit=audit, read_request_outcome=rr_outcome)
+    if not j.write_receipt:
+        return plan
+    receipt = ReceiptPlan(ordinal=o.ordinal, status=j.verdict, request_id=o.request_id, trigger=o.trigger.value,
+                          session_generation=o.session_generation,
+                          subscription_generation=o.subscription_generation, content_digest=o.content_digest)
+    if j.advance_ordinal_only:
+        # The fence position moves (an older read must not land after it); the current version stays.
+        return plan.model_copy(update={"receipt": receipt, "fence": FenceUpdate(last_accepted_ordinal=o.ordinal)})
+    if not j.advance:
+        return plan.model_copy(update={"receipt": receipt})
+    advanced: dict[str, Any] = {"last_accepted_ordinal": o.ordinal, "watermark": o.ordinal,
+                                "state": j.new_state or S.ACTIVE, "link_receipt": True}
+    if o.kind == ReadOutcomeKind.CONTENT:  # a not-found read keeps the digest it withdraws
+        advanced["last_accepted_digest"] = o.content_digest
+    fence = FenceUpdate(**advanced)
+    outbox = None if not j.outbox else OutboxPlan(
+        event=OutboxEventType.VERSION_ACCEPTED, ordinal=o.ordinal, content_digest=o.content_digest,
+        previous_digest=row.last_accepted_digest, rollout_gated=True)
+    return plan.model_copy(update={"receipt": receipt, "fence": fence, "outbox": outbox})
+
+
+def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None,
+                  outbox_id: int | None) -> AcceptResult:
+    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt)."""
+    j = plan.judgement
+    assert j is not None, "not an accept plan"
+    fence = plan.fence or FenceUpdate()
+    published = plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
+    return AcceptResult(
+        verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
+        outbox_id=outbox_id if published else None,
+        watermark=fence.watermark if fence.watermark is not None else row.watermark,
+        last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
+                               else row.last_accepted_ordinal),
+    )
+
+
+def plan_close(row: FenceSnapshot) -> WritePlan:
+    """beginUnsubscribe (``close_rule``): UNSUBSCRIBING, a new close epoch, the close ordinal frozen."""
+    rule = close_rule(row)
+    if rule is None:
+        return WritePlan(kind=PlanKind.CLOSE)
+    state, epoch, ordinal = rule
+    return WritePlan(kind=PlanKind.CLOSE, fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal))
+
+
+def close_receipt(row: FenceSnapshot) -> CloseReceipt:
+    """The close receipt a row answers (a row not closing yet: its would-be close ordinal)."""
+    return CloseReceipt(state=row.state or S.UNSUBSCRIBING, close_epoch=row.close_epoch,
+                        close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
+                        last_accepted_ordinal=row.last_accepted_ordinal)
+
+
+def plan_tombstone(row: FenceSnapshot, *, listed: bool, proven: bool, scan_id: str) -> WritePlan:
+    """A reconciled catalog's word (``tombstone_rule``): TOMBSTONED writes a receipt at the last
+    accepted ordinal and a ``tombstoned`` outbox row withdrawing every receipt; REVOKED revokes;
+    a recreated resource goes back to ACTIVE; anything else writes nothing."""
+    target = tombstone_rule(row, listed=listed, proven=proven)
+    if target is None:
+        return WritePlan(kind=PlanKind.STATE)
+    if target == S.REVOKED:
+        return plan_revoke(row, source=RevokeSource.CATALOG, reason=f"not listed for this subject in catalog {scan_id}",
+                           unchecked=True)
+    if target != S.TOMBSTONED:
+        return WritePlan(kind=PlanKind.STATE, fence=FenceUpdate(state=target))
+    return WritePlan(
+        kind=PlanKind.TOMBSTONE,
+        receipt=ReceiptPlan(ordinal=row.last_accepted_ordinal, status=V.TOMBSTONED, request_id=f"catalog:{scan_id}",
+                            trigger=CATALOG_TRIGGER, session_generation=row.session_generation,
+                            subscription_generation=row.subscription_generation, of_read=False),
+        fence=FenceUpdate(state=target, link_receipt=True),
+        outbox=OutboxPlan(event=OutboxEventType.TOMBSTONED, ordinal=row.last_accepted_ordinal,
+                          previous_digest=row.last_accepted_digest, withdraws=True, rollout_gated=True,
+                          reason=f"deleted: not listed in reconciled catalog {scan_id}"),
+    )
