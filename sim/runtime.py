@@ -193,17 +193,22 @@ class ProgramRun:
         c = self._main_condition()
         return c.request.kind if c is not None else None
 
+    def _next_timer(self) -> _Condition | None:
+        """The armed timer that fires first (the main loop's, or the deadline keeper's)."""
+        timed = [c for c in self._conditions if c.fire_at is not None]
+        return min(timed, key=lambda c: c.fire_at or self.clock) if timed else None
+
     @property
     def timer_at(self) -> datetime | None:
-        """When the armed timer fires (only the main loop arms timers)."""
-        c = self._main_condition()
+        """When the next armed timer fires."""
+        c = self._next_timer()
         return c.fire_at if c is not None else None
 
     @property
     def pending_timer(self) -> str:
-        """Which timer would fire: "session", "reconcile", "poll", "safety", or ""."""
-        c = self._main_condition()
-        return c.timer_kind if c is not None and c.fire_at is not None else ""
+        """Which timer would fire next: "session", "reconcile", "poll", "safety", or ""."""
+        c = self._next_timer()
+        return c.timer_kind if c is not None else ""
 
     def handlers_running(self, signal: Signal) -> int:
         return self._handlers.get(signal, 0)
@@ -269,8 +274,8 @@ class ProgramRun:
             self._ready.append((task, None, ActivityFailed(cause)))
 
     def fire_timer(self) -> bool:
-        c = self._main_condition()
-        if c is None or c.fire_at is None:
+        c = self._next_timer()
+        if c is None:
             return False
         self._record("fire_timer")
         self._conditions.remove(c)

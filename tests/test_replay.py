@@ -16,7 +16,12 @@ import pytest
 from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 from workflows.answer import ANSWER_WORKFLOW_TYPE
 from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
-from workflows.subscription import PATCH_IDENTITY_RECONCILIATION, PATCH_READ_DEADLINES, PATCH_TTL_POLL_PERIOD
+from workflows.subscription import (
+    PATCH_IDENTITY_RECONCILIATION,
+    PATCH_LEAN_HISTORY,
+    PATCH_READ_DEADLINES,
+    PATCH_TTL_POLL_PERIOD,
+)
 
 FILES = history_files()
 
@@ -62,7 +67,8 @@ def _patches(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD])
+@pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
+                                   PATCH_LEAN_HISTORY])
 def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None:
     # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
     # runs recorded after it (marker present): a corpus with only one side would not notice either

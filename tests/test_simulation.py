@@ -228,3 +228,10 @@ def test_simulate_command_gates_and_replays(tmp_path: Path) -> None:
     assert again.returncode == 0 and "no violation" in again.stdout
     broken = _cli("--replay", str(TRACES / "limit-F4-concurrent-reads-regress.json"))
     assert broken.returncode == 1 and "version_regression" in broken.stdout + broken.stderr
+
+
+def test_the_program_before_lean_history_still_keeps_every_invariant() -> None:
+    # Runs recorded before PATCH_LEAN_HISTORY keep the restarted idle timer and per-publish upserts
+    # until their next continue-as-new: that program stays checked too.
+    before = run_schedules("pre-lean", 0, 500, SimConfig(faults=GATE_CONFIG.faults, lean_history=False))
+    assert before.schedules == 500 and not any(before.violations.values()), before.violations

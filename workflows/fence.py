@@ -295,6 +295,14 @@ class SubscriptionFence:
         self.s.read_armed_from = requested_at
         self.s.read_jitter = jitter
 
+    def read_promised_by(self) -> datetime | None:
+        """The latest time the next periodic read may be requested: one whole period after the read
+        the deadline was armed from (``read_due_at`` itself is jittered 0.8–1.0 of it, earlier)."""
+        s = self.s
+        if s.read_due_at is None or s.read_armed_from is None:
+            return s.read_due_at
+        return s.read_armed_from + (s.read_due_at - s.read_armed_from) / (0.8 + 0.2 * s.read_jitter)
+
     def read_directives(self, outcome: ReadOutcome) -> None:
         """A read came back: keep its ttlMs / cacheScope and the failure count, and republish the
         poll period (and with it the staleness bound) they imply."""

@@ -185,7 +185,8 @@ class TemporalRuntime:
                 KEY_SUB_GEN.value_set(publication.subscription_generation),
                 KEY_WATERMARK.value_set(publication.watermark),
             ])
-        workflow.set_current_details(publication.details)
+        if publication.details is not None:
+            workflow.set_current_details(publication.details)
 
     def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None:
         workflow.logger.debug("resource_updated %s: %s", notification_id or "-", disposition.value)

@@ -95,9 +95,10 @@ PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
 PATCH_LEAN_HISTORY = "lean-history"
 """Patch id: fewer history events and server round trips per change. Ledger calls run as local
 activities (a marker, in the same workflow task, instead of three events and a trip through a task
-queue); search attributes are upserted only when one of them changes (the details panel is not
-history); a read grant wakes the idle wait only when its deadline is earlier than the timer armed,
-and a timer that fires before the (moved) deadline earns no read of its own."""
+queue); search attributes are upserted when a coroutine blocks, and only if one of them changed
+(the details panel is not history); the read deadline has its own timer task, armed once per
+deadline (a wake-up of the main loop no longer cancels and restarts it), and its firing only makes
+the loop check ``poll_if_due``: a deadline moved later by a read meanwhile earns no extra read."""
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -121,6 +122,7 @@ class WaitKind(StrEnum):
     RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
     CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
+    DEADLINE = "deadline"  # lean: the deadline keeper waits for a deadline to apply, or for it to pass
 
 
 class ActivityFailed(Exception):
@@ -137,12 +139,12 @@ class Publication:
     __slots__ = ("phase", "session_generation", "subscription_generation", "watermark", "details", "upsert")
 
     def __init__(self, phase: SubscriptionState, session_generation: int, subscription_generation: int,
-                 watermark: int, details: str, *, upsert: bool = True) -> None:
+                 watermark: int, details: str | None, *, upsert: bool = True) -> None:
         self.phase = phase
         self.session_generation = session_generation
         self.subscription_generation = subscription_generation
         self.watermark = watermark
-        self.details = details
+        self.details = details  # None: unchanged
         self.upsert = upsert  # the search attributes changed (a history event); else only the details
 
 
@@ -210,6 +212,7 @@ class SubscriptionProgram:
         self.deadlines = False  # set in run(): patched(PATCH_READ_DEADLINES)
         self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
         self.lean = False  # set in run(): patched(PATCH_LEAN_HISTORY)
+        self.deadline_ticks = 0  # lean: how often the deadline keeper's timer fired
 
     # --- handlers -------------------------------------------------------------------
 
@@ -220,7 +223,7 @@ class SubscriptionProgram:
             self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
         if not self.reloaded:
             # Signals can be delivered before run() reloaded the fence; let it finish first.
-            await self.rt.wait(lambda: self.reloaded, None, WaitKind.RELOAD)
+            await self._wait(lambda: self.reloaded, None, WaitKind.RELOAD)
         disposition = self.fence.note_update(sig)
         self.rt.update_noted(sig.notification_id, disposition)
         if disposition == UpdateDisposition.FUTURE_SESSION:
@@ -255,8 +258,8 @@ class SubscriptionProgram:
     async def on_resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
         self.resume_requested = req
         # A close or revocation handled first finishes the workflow: the resume is then moot.
-        await self.rt.wait(lambda: self.resume_requested is None or self.fence.finished, None,
-                           WaitKind.RESUME_UPDATE)
+        await self._wait(lambda: self.resume_requested is None or self.fence.finished, None,
+                         WaitKind.RESUME_UPDATE)
         return self.record()
 
     def on_close_signal(self, req: CloseRequest) -> None:
@@ -269,7 +272,7 @@ class SubscriptionProgram:
 
     async def on_close(self, req: CloseRequest) -> CloseReceipt:
         self.fence.request_close(req.reason)
-        await self.rt.wait(lambda: self.fence.finished, None, WaitKind.CLOSE_UPDATE)
+        await self._wait(lambda: self.fence.finished, None, WaitKind.CLOSE_UPDATE)
         return self.fence.close_receipt()
 
     def record(self) -> ResourceSubscriptionV1:
@@ -297,6 +300,8 @@ class SubscriptionProgram:
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
+        if self.lean and self.deadlines:
+            rt.spawn(self._keep_deadline())
 
         while not self.fence.finished:
             rt.loop_iteration()
@@ -317,9 +322,9 @@ class SubscriptionProgram:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
                 # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
                 # closed by a run this one was reset past): wake for that too.
-                await rt.wait(lambda: self.catalog is not None or self.fence.s.close_requested
-                              or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
-                              None, WaitKind.TOMBSTONE)
+                await self._wait(lambda: self.catalog is not None or self.fence.s.close_requested
+                                 or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
+                                 None, WaitKind.TOMBSTONE)
                 continue
             if s.state == S.RECONCILIATION_REQUIRED:
                 await self._await_reconciliation()
@@ -336,16 +341,20 @@ class SubscriptionProgram:
                 continue
             if self._continue_as_new_due():
                 await self._continue_as_new()
+            if self.lean and self.deadlines:
+                # The deadline keeper owns the timer; its firing is work like any other.
+                await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
+                continue
             timeout = self._wait_timeout()
-            if not await rt.wait(self._idle_wait_over(timeout), timeout, WaitKind.IDLE) \
-                    and not (self.lean and self.deadlines):
-                self.fence.poll_due()  # lean: the next pass's poll_if_due reads if the deadline is due
+            if not await self._wait(self._idle_wait_over(timeout), timeout, WaitKind.IDLE):
+                self.fence.poll_due()
 
         self.fence.finish(rt.now())
-        await rt.wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
+        await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
         if self.fence.s.state == S.REVOKED:
             await self._stop_notifications()
         self._publish()
+        self._flush_search_attributes()
         return self.record()
 
     def _has_work(self) -> bool:
@@ -364,20 +373,48 @@ class SubscriptionProgram:
         )
 
     def _idle_wait_over(self, timeout: timedelta | None) -> Callable[[], bool]:
-        """The idle wait's condition: work, or (with deadlines) a read grant re-armed the deadline
-        the wait's timeout was computed from. Lean: only a deadline earlier than the armed timer
-        (or any deadline, when none is armed) wakes it; a later one is served when the timer fires."""
+        """The idle wait's condition (before PATCH_LEAN_HISTORY): work, or (with deadlines) a read
+        grant re-armed the deadline the wait's timeout was computed from."""
         if not self.deadlines:
             return self._has_work
         due = self.fence.s.read_due_at
-        if not self.lean:
-            return lambda: self._has_work() or self.fence.s.read_due_at != due
-        wake_at = None if timeout is None else self.rt.now() + timeout
+        return lambda: self._has_work() or self.fence.s.read_due_at != due
 
-        def over() -> bool:
-            new = self.fence.s.read_due_at
-            return self._has_work() or (new != due and new is not None and (wake_at is None or new < wake_at))
-        return over
+    def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
+        """Lean idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
+        return lambda: self._has_work() or self.deadline_ticks != ticks
+
+    def _deadline_acted_on(self, due: datetime | None) -> Callable[[], bool]:
+        """After the keeper's timer fired for ``due``: the loop requested a read, or the deadline moved."""
+        fence, rt = self.fence, self.rt
+        return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
+
+    async def _keep_deadline(self) -> None:
+        """Lean: the read deadline's own timer. Armed when a deadline applies, for that deadline;
+        re-armed only if it would fire after the newest read's promised bound. Its firing wakes the
+        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
+        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
+        fence, rt = self.fence, self.rt
+        while not fence.finished:
+            wait = fence.until_read_due(rt.now())
+            if wait is None:  # not ACTIVE, a read requested or being allocated: wait for a deadline
+                await self._wait(lambda: fence.finished or fence.until_read_due(rt.now()) is not None, None,
+                                 WaitKind.DEADLINE)
+                continue
+            due = fence.s.read_due_at
+            fire_at = rt.now() + wait
+
+            def broken_promise(fire_at: datetime = fire_at) -> bool:
+                # A read granted meanwhile moves the deadline (usually later, by up to a period); the
+                # armed timer still keeps the promise unless it fires after the newest read's bound.
+                promised = fence.read_promised_by()
+                return promised is not None and promised < fire_at
+
+            if await self._wait(broken_promise, wait, WaitKind.DEADLINE):
+                continue
+            self.deadline_ticks += 1
+            # Until the main loop has acted on it (a read requested) or the deadline moved: no spinning.
+            await self._wait(self._deadline_acted_on(due), None, WaitKind.DEADLINE)
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
@@ -416,7 +453,7 @@ class SubscriptionProgram:
         have = max(self.live_generation, self.fence.s.session_generation)
         self.session_failures += 1
         delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
-        await self.rt.wait(
+        await self._wait(
             lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
             timedelta(seconds=delay), WaitKind.SESSION,
         )
@@ -492,6 +529,9 @@ class SubscriptionProgram:
             await self._read(trigger, placeholder)
         finally:
             self.reads_running -= 1
+            if not self._has_work():
+                # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
+                self._flush_search_attributes()
 
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
         s = self.fence.s
@@ -634,7 +674,7 @@ class SubscriptionProgram:
             due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
             timeout = due - self.rt.now()
         if timeout is None or timeout > timedelta(0):
-            timed_out = not await self.rt.wait(over, timeout, WaitKind.RECONCILIATION)
+            timed_out = not await self._wait(over, timeout, WaitKind.RECONCILIATION)
         else:
             timed_out = not over()
         if timed_out:
@@ -691,11 +731,12 @@ class SubscriptionProgram:
         # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
         # revocation or conflict first and try again later (simulator finding F9). A resume update
         # waits for the loop likewise, and a reload may have left ACTIVE meanwhile (F13).
-        await rt.wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
-                      or self.conflict is not None or (self.bounded_reconciliation and self._loop_must_serve()),
-                      None, WaitKind.CONTINUE_AS_NEW)
+        await self._wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
+                         or self.conflict is not None or (self.bounded_reconciliation and self._loop_must_serve()),
+                         None, WaitKind.CONTINUE_AS_NEW)
         if not drained():
             return
+        self._flush_search_attributes()
         rt.continue_as_new(SubscriptionStart(
             key=self.key, options=self.options, carried_state=self.fence.s.model_dump(mode="json"),
             seen_signal_ids=self.seen_ids[-MAX_DEDUPE_IDS:]))
@@ -710,6 +751,7 @@ class SubscriptionProgram:
 
     async def _mcp(self, session: SessionInfo, name: str, arg: Any, result_type: type[T]) -> T | None:
         """An activity on the session host's queue; None when the session is unreachable."""
+        self._flush_search_attributes()
         try:
             return await self.rt.mcp(session.task_queue, name, arg, result_type)
         except ActivityFailed as err:
@@ -729,9 +771,6 @@ class SubscriptionProgram:
         if snapshot == self.last_published:
             return
         self.last_published = snapshot
-        search_attributes = snapshot[:4]
-        upsert = not self.lean or search_attributes != self.last_search_attributes
-        self.last_search_attributes = search_attributes
         digest = s.last_accepted_digest or "-"
         details = (
             f"**{phase.value}** `{self.key.uri}`\n\n"
@@ -752,5 +791,22 @@ class SubscriptionProgram:
                if s.staleness_bound_seconds else "")
             + (f"\n{s.detail}\n" if s.detail else "")
         )
+        # Lean: the details now (not history), the search attributes when this coroutine blocks.
         self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
-                                    upsert=upsert))
+                                    upsert=not self.lean))
+
+    def _flush_search_attributes(self) -> None:
+        """Lean: upsert the search attributes if one changed since the last upsert. Called where a
+        coroutine blocks or ends, so one workflow task writes at most one upsert per coroutine."""
+        if not self.lean:
+            return
+        s = self.fence.s
+        values = (self.fence.phase, s.session_generation, s.subscription_generation, s.watermark)
+        if values == self.last_search_attributes:
+            return
+        self.last_search_attributes = values
+        self.rt.publish(Publication(*values, None))
+
+    async def _wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
+        self._flush_search_attributes()
+        return await self.rt.wait(condition, timeout, kind)
