@@ -34,9 +34,9 @@ from worker.fixture import FixtureProcess
 from worker.runtime import MAIN_WORKFLOWS, deployment_version, main_worker, start_catalog, start_subscription
 from worker.stack import TemporalDevServer, temporal_cli_path
 from workflows.catalog import CatalogView
+from workflows.fence import should_continue_as_new
 from workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
 from workflows.records import CatalogKey, SubscriptionKey
-from workflows.subscription import should_continue_as_new
 
 # --- pure parts: the trigger and the configuration -------------------------------------------------
 

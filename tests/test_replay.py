@@ -16,7 +16,7 @@ import pytest
 from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 from workflows.answer import ANSWER_WORKFLOW_TYPE
 from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
-from workflows.subscription import (
+from workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
     PATCH_READ_DEADLINES,

@@ -1,23 +1,18 @@
 """ResourceSubscriptionWorkflow: one long-lived workflow per (subject, server, URI).
 
 Contract:
-- Temporal's interpreter of ``workflows.subscription_program.SubscriptionProgram``: every
-  decision is made there (and every safety rule in ``workflows.fence``); this module only
-  declares the wire surface (signals, updates, query, run) and turns the program's runtime
-  calls into activities, timers, patches and search attributes. The simulator runs the same
-  program against an in-memory world (``sim/``).
-- Before allocating or accepting anything a run reloads the durable fence from PostgreSQL;
-  every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can
-  never reuse an ordinal. Notifications arrive as ``resource_updated`` and only invalidate:
-  every read goes through ``resources/read`` on the live session (the session host's task
-  queue). No resource body ever enters this workflow's history.
-- Ledger activities run on the main queue and retry until they succeed; MCP activities run on
-  the session host's queue with bounded retries, and their final failure reaches the program
-  as ``ActivityFailed`` (the cause's type name, never its message: it may quote content).
-- Upgrades (Worker Deployment Versioning, docs/upgrades.md): a versioned main worker runs it
-  PINNED to its build; when the deployment's current build changes, the run notices at its
-  next wake-up and continues-as-new onto the new build (AUTO_UPGRADE for the first task).
-  Unversioned workers never see a target change: behaviour is exactly as before.
+- Temporal's interpreter of ``workflows.subscription_program.SubscriptionProgram``, where every
+  decision is made (every safety rule in ``workflows.fence``); this module declares the wire
+  surface (signals, updates, query, run) and turns the program's runtime calls into activities,
+  timers, patches and search attributes. The simulator runs the same program (``sim/``).
+- Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
+  reuse an ordinal. Notifications only invalidate; every read goes through ``resources/read`` on
+  the live session (the ingress process's queue). No resource body ever enters this history.
+- Ledger calls retry until they succeed (local activities in lean runs); MCP activities have
+  bounded retries, and their final failure reaches the program as ``ActivityFailed`` (the cause's
+  type name, never its message: it may quote content).
+- Upgrades (docs/upgrades.md): a versioned main worker runs it PINNED to its build and it
+  continues-as-new onto a new current build at its next wake-up; unversioned workers never do.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.fence import UpdateDisposition, should_continue_as_new
+    from workflows.fence import UpdateDisposition
     from workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -63,11 +58,7 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionStart,
     )
     from workflows.subscription_program import (
-        PATCH_IDENTITY_RECONCILIATION,
         PATCH_LEAN_HISTORY,
-        PATCH_READ_DEADLINES,
-        PATCH_TTL_POLL_PERIOD,
-        SESSION_RECHECK,
         ActivityFailed,
         Publication,
         SubscriptionProgram,
@@ -75,8 +66,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.versioning import target_version_changed, upgrade_behavior
 
-__all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime", "should_continue_as_new", "SESSION_RECHECK",
-           "PATCH_READ_DEADLINES", "PATCH_IDENTITY_RECONCILIATION", "PATCH_TTL_POLL_PERIOD", "PATCH_LEAN_HISTORY"]
+__all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
 
 T = TypeVar("T")
 
@@ -125,10 +115,8 @@ class TemporalRuntime:
     def _summary(self, name: str, arg: object) -> str:
         """The Web UI's activity summary: "read demo://x ordinal 12" (metadata only, never content)."""
         what = name.removeprefix("ledger_").removeprefix("mcp_").replace("_", " ")
-        ordinal = getattr(arg, "ordinal", None)
         outcome = getattr(arg, "outcome", None)
-        if ordinal is None and outcome is not None:
-            ordinal = outcome.ordinal
+        ordinal = getattr(arg, "ordinal", None) if outcome is None else outcome.ordinal
         return f"{what} {self.key.uri[:160]}" + (f" ordinal {ordinal}" if ordinal is not None else "")
 
     async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
