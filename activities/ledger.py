@@ -12,6 +12,11 @@ Contract:
 - Generations and ordinals only grow: the ledger answers ``GREATEST(ledger+1, asked)``.
 - Bodies are stored only in ``content_store`` keyed by (subject, digest); nothing
   here logs or returns them except ``get_content``.
+- A subscription's row is found by its key (subject, server, exact URI), never by a workflow
+  id computed from the key: the row records, once, the id its workflow actually runs under
+  (``ensure_subscription``: the calling workflow's id), and ``workflow_id_of`` /
+  ``note_notification`` hand that id to everything that routes to the workflow. Subscriptions
+  started under an older id scheme (``SubscriptionKey.legacy_workflow_id``) keep theirs for good.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, ConfigDict
 
 from workflows.catalog import RolloutMode, RolloutPolicy, refresh_enabled
 from workflows.fence import IssuedRead, allocate_ordinal, close_rule, judge_read, revoke_rule, tombstone_rule
@@ -45,9 +51,11 @@ from workflows.records import (
 )
 from workflows.uris import normalize_uri
 
-__all__ = ["Ledger", "OutboxRow", "AuditRow"]
+__all__ = ["Ledger", "NotedNotification", "OutboxRow", "AuditRow"]
 
 ACTIVE = SubscriptionState.ACTIVE.value
+# The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
+BY_KEY = "subject=%s AND server=%s AND uri=%s"
 CLOSING_STATES = (
     SubscriptionState.UNSUBSCRIBING.value,
     SubscriptionState.CLOSED.value,
@@ -83,6 +91,20 @@ def _snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
         last_receipt_id=row["last_receipt_id"],
         notifications_seen=row["notifications_seen"],
     )
+
+
+def _key(key: SubscriptionKey) -> tuple[str, str, str]:
+    """``BY_KEY``'s parameters."""
+    return key.subject, key.server, key.uri
+
+
+class NotedNotification(BaseModel):
+    """``note_notification``'s answer: where to signal, and the row's update counter after it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str  # the id the subscription's workflow runs under (the ledger's record)
+    fence: FenceSnapshot
 
 
 class OutboxRow(dict[str, Any]):
@@ -219,42 +241,63 @@ class Ledger:
 
     # --- fence ------------------------------------------------------------------
 
-    async def ensure_subscription(self, key: SubscriptionKey, incarnation: str) -> FenceSnapshot:
+    async def ensure_subscription(self, key: SubscriptionKey, incarnation: str,
+                                  workflow_id: str | None = None) -> FenceSnapshot:
         """Create the fence row in DISCOVERED if absent; return it as stored.
 
+        ``workflow_id`` is the id of the workflow asking (the activity passes its caller's; default
+        ``key.workflow_id``). The row records it when it is created and never changes it: a row
+        that already names another id keeps it (audited as ``WORKFLOW_ID_MISMATCH``: a second
+        workflow for one key, started by something that did not ask ``workflow_id_of``).
         A closed row is reopened to DISCOVERED (ordinals and epochs kept) only for a new
         incarnation: the chain that closed it, reset or not, finds it closed.
         """
+        running_as = workflow_id or key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 """
                 INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state, incarnation)
                 VALUES (%s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT (workflow_id) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
+                ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
                     WHERE s.uri_normalized IS NULL
                 """,  # a row from before migration 008 that the backfill has not reached yet
-                (key.workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
+                (running_as, key.subject, key.server, key.uri, normalize_uri(key.uri),
                  SubscriptionState.DISCOVERED.value, incarnation),
             )
             await cur.execute(
-                """
+                f"""
                 UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
-                WHERE workflow_id=%s AND incarnation <> %s AND state = ANY(%s)
+                WHERE {BY_KEY} AND incarnation <> %s AND state = ANY(%s)
                 """,
-                (SubscriptionState.DISCOVERED.value, incarnation, key.workflow_id, incarnation, TERMINAL_STATE_VALUES),
+                (SubscriptionState.DISCOVERED.value, incarnation, *_key(key), incarnation, TERMINAL_STATE_VALUES),
             )
             await cur.execute(
-                "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
-                (incarnation, key.workflow_id, list(CLOSING_STATES)),
+                f"UPDATE subscriptions SET incarnation=%s WHERE {BY_KEY} AND NOT (state = ANY(%s))",
+                (incarnation, *_key(key), list(CLOSING_STATES)),
             )
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
-            return _snapshot(await cur.fetchone())
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
+            row = await cur.fetchone()
+            if row is not None and row["workflow_id"] != running_as:
+                await cur.execute(
+                    "INSERT INTO audit (kind, subject, server, uri, workflow_id, detail)"
+                    " VALUES ('WORKFLOW_ID_MISMATCH', %s, %s, %s, %s, %s)",
+                    (*_key(key), row["workflow_id"], json.dumps({"running_as": running_as})),
+                )
+            return _snapshot(row)
+
+    async def workflow_id_of(self, key: SubscriptionKey) -> str:
+        """The id the subscription of ``key`` runs under: the one its row recorded, whatever scheme
+        made it; ``key.workflow_id`` (the readable scheme) only for a key with no row yet."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(f"SELECT workflow_id FROM subscriptions WHERE {BY_KEY}", _key(key))
+            row = await cur.fetchone()
+        return key.workflow_id if row is None else str(row[0])
 
     async def load_fence(self, key: SubscriptionKey) -> FenceSnapshot:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
             return _snapshot(await cur.fetchone())
 
     async def find_subscription(self, subject: str, server: str, uri: str) -> FenceSnapshot | None:
@@ -300,18 +343,18 @@ class Ledger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                """
+                f"""
                 UPDATE subscriptions SET state=%s, subscription_generation = subscription_generation + 1,
                     session_generation=%s, updated_at=now()
-                WHERE workflow_id=%s AND state = ANY(%s) AND session_generation <= %s
+                WHERE {BY_KEY} AND state = ANY(%s) AND session_generation <= %s
                 RETURNING *
                 """,
-                (SubscriptionState.SUBSCRIBING.value, session_generation, key.workflow_id,
+                (SubscriptionState.SUBSCRIBING.value, session_generation, *_key(key),
                  list(SUBSCRIBABLE_STATES), session_generation),
             )
             row = await cur.fetchone()
             if row is None:
-                await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+                await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
                 row = await cur.fetchone()
         return _snapshot(row)
 
@@ -319,17 +362,17 @@ class Ledger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                """
+                f"""
                 UPDATE subscriptions SET state=%s, updated_at=now()
-                WHERE workflow_id=%s AND state=%s AND session_generation=%s AND subscription_generation=%s
+                WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s
                 RETURNING *
                 """,
-                (ACTIVE, key.workflow_id, SubscriptionState.SUBSCRIBING.value, session_generation,
+                (ACTIVE, *_key(key), SubscriptionState.SUBSCRIBING.value, session_generation,
                  subscription_generation),
             )
             row = await cur.fetchone()
             if row is None:
-                await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+                await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
                 row = await cur.fetchone()
         return _snapshot(row)
 
@@ -337,18 +380,17 @@ class Ledger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                "UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s AND state = ANY(%s)",
-                (state.value, key.workflow_id, list(allowed_from)),
+                f"UPDATE subscriptions SET state=%s, updated_at=now() WHERE {BY_KEY} AND state = ANY(%s)",
+                (state.value, *_key(key), list(allowed_from)),
             )
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
             return _snapshot(await cur.fetchone())
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """CAS the next ordinal (``workflows.fence.allocate_ordinal`` on the locked row)."""
-        wf = req.key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", _key(req.key))
             row = await cur.fetchone()
             request_id = req.request_id
             while True:
@@ -371,6 +413,7 @@ class Ledger:
             if ordinal is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
             assert row is not None  # allocate_ordinal grants nothing without a row
+            wf = row["workflow_id"]
             await cur.execute(
                 "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
                 (ordinal, wf),
@@ -390,14 +433,16 @@ class Ledger:
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``workflows.fence.judge_read`` on the locked row, then its writes."""
         o = req.outcome
-        wf = o.key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", _key(o.key))
             row = await cur.fetchone()
             fence = _snapshot(row)
-            await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
-            issued_row = await cur.fetchone()
+            wf = row["workflow_id"] if row is not None else None  # no row: nothing issued, nothing accepted
+            issued_row = None
+            if wf is not None:
+                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
+                issued_row = await cur.fetchone()
             issued = None if issued_row is None else IssuedRead(
                 ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
                 session_generation=issued_row["session_generation"],
@@ -508,17 +553,17 @@ class Ledger:
         """
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (key.workflow_id,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", _key(key))
             row = await cur.fetchone()
             if row is None:
-                raise LookupError(f"no subscription {key.workflow_id}")
+                raise LookupError(f"no subscription {key.subject}/{key.server} {key.uri}")
             rule = close_rule(_snapshot(row))
             if rule is not None:
                 state, epoch, ordinal = rule
                 await cur.execute(
                     "UPDATE subscriptions SET state=%s, close_epoch=%s, close_ordinal=%s, updated_at=now()"
                     " WHERE workflow_id=%s RETURNING *",
-                    (state.value, epoch, ordinal, key.workflow_id),
+                    (state.value, epoch, ordinal, row["workflow_id"]),
                 )
                 row = await cur.fetchone()
                 assert row is not None
@@ -542,15 +587,15 @@ class Ledger:
     async def confirm_tombstone(self, key: SubscriptionKey, *, listed: bool, scan_id: str,
                                 proven: bool = False) -> FenceSnapshot:
         """``workflows.fence.tombstone_rule`` on the locked row; TOMBSTONED writes receipt + outbox row."""
-        wf = key.workflow_id
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (wf,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", _key(key))
             row = await cur.fetchone()
             fence = _snapshot(row)
             target = tombstone_rule(fence, listed=listed, proven=proven)
             if target is None or row is None:
                 return fence
+            wf = row["workflow_id"]
             if target == SubscriptionState.REVOKED:
                 await self._revoke_locked(cur, row, reason=f"not listed for this subject in catalog {scan_id}",
                                           source="catalog", effective_at=datetime.now(UTC))
@@ -595,11 +640,11 @@ class Ledger:
         one outbox ``revoked`` row naming every receipt derived from it, latency recorded."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s FOR UPDATE", (key.workflow_id,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", _key(key))
             row = await cur.fetchone()
             if row is not None and revoke_rule(_snapshot(row)):
                 await self._revoke_locked(cur, row, reason=reason, source=source, effective_at=effective_at)
-            await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s", (key.workflow_id,))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}", _key(key))
             return _snapshot(await cur.fetchone())
 
     @staticmethod
@@ -661,15 +706,17 @@ class Ledger:
                 SELECT s.last_receipt_id, s.last_accepted_digest, c.mime_type, c.body
                 FROM subscriptions s JOIN content_store c
                   ON c.subject = s.subject AND c.content_digest = s.last_accepted_digest
-                WHERE s.workflow_id=%s AND s.state=%s
+                WHERE s.subject=%s AND s.server=%s AND s.uri=%s AND s.state=%s
                 """,
-                (key.workflow_id, SubscriptionState.ACTIVE.value),
+                (*_key(key), SubscriptionState.ACTIVE.value),
             )
             row = await cur.fetchone()
         return None if row is None else (int(row[0]), str(row[1]), row[2], bytes(row[3]))
 
-    async def note_notification(self, subject: str, server: str, uri: str, generation: int) -> FenceSnapshot | None:
-        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it."""
+    async def note_notification(self, subject: str, server: str, uri: str,
+                                generation: int) -> NotedNotification | None:
+        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it.
+        The answer names the workflow id the row recorded: the ingress signals that, never a computed one."""
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
@@ -681,7 +728,7 @@ class Ledger:
                 (generation, subject, server, uri),
             )
             row = await cur.fetchone()
-        return None if row is None else _snapshot(row)
+        return None if row is None else NotedNotification(workflow_id=row["workflow_id"], fence=_snapshot(row))
 
     async def finish_unsubscribe(self, key: SubscriptionKey, acked: bool) -> FenceSnapshot:
         """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""
@@ -759,7 +806,8 @@ class Ledger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                "SELECT * FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", (key.workflow_id,)
+                f"SELECT * FROM resource_versions WHERE workflow_id = (SELECT workflow_id FROM subscriptions"
+                f" WHERE {BY_KEY}) ORDER BY receipt_id", _key(key),
             )
             rows = await cur.fetchall()
         return [
@@ -778,7 +826,8 @@ class Ledger:
 
     async def read_count(self, key: SubscriptionKey) -> int:
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id=%s", (key.workflow_id,))
+            cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id ="
+                                     f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY})", _key(key))
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 

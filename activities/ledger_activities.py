@@ -3,7 +3,8 @@
 Contract: thin, idempotent wrappers. Each takes one request model from
 ``workflows.records`` and returns one; retries are safe because every write is
 a compare-and-set or keyed insert (``accept`` answers a retried call with the
-verdict already committed).
+verdict already committed). ``ensure_subscription`` records the calling workflow's
+own id in the row (``activity.info().workflow_id``): the id routers use.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ class LedgerActivities:
 
     @activity.defn(name=Act.ENSURE)
     async def ensure_subscription(self, req: EnsureRequest) -> FenceSnapshot:
-        return await self.ledger.ensure_subscription(req.key, req.incarnation)
+        # The row records the id the calling workflow really runs under (whatever scheme or starter
+        # chose it), so every router finds it without recomputing it from the key.
+        return await self.ledger.ensure_subscription(req.key, req.incarnation,
+                                                     workflow_id=activity.info().workflow_id)
 
     @activity.defn(name=Act.LOAD_FENCE)
     async def load_fence(self, req: KeyRequest) -> FenceSnapshot:
@@ -106,7 +110,7 @@ class LedgerActivities:
             subject=req.key.subject,
             server=req.key.server,
             uri=req.key.uri,
-            workflow_id=req.key.workflow_id,
+            workflow_id=await self.ledger.workflow_id_of(req.key),
             session_generation=req.session_generation,
             detail=dict(req.detail),
         )

@@ -295,6 +295,7 @@ class CliStack:
     server: ServerConfig
     fx: FixtureProcess
     client: Client
+    task_queue: str
 
     async def cli(self, *args: str, timeout: float = 60.0) -> CliRun:
         return await run_cli("--config", str(self.config), *args, timeout=timeout)
@@ -313,7 +314,7 @@ async def cli_stack(temporal_client: Client, ledger: Ledger, temporal_server: Te
                           f'[database]\nurl = "{database_url}"\n'
                           f'[[servers]]\nname = "{server.name}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
                           'subjects = ["alice"]\n')
-        yield CliStack(config, server, fx, temporal_client)
+        yield CliStack(config, server, fx, temporal_client, cfg.temporal.task_queue)
 
 
 async def _subscribed(st: CliStack, uri: str, text: str) -> dict[str, Any]:
