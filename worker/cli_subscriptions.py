@@ -354,8 +354,8 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
 async def cmd_status(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config)
-    workflow_id = await _workflow_id(config, key)
-    record = await _query_record(await connect_temporal(config.temporal), workflow_id, args.timeout)
+    client = await connect_temporal(config.temporal)
+    record = await _query_record(client, await _workflow_id(config, key), args.timeout)
     if record is None:
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
@@ -521,8 +521,7 @@ def register(sub: Any) -> None:
 
     def keyed(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]], *,
               epilog: str, many: bool = False) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_, description=help_, epilog=epilog,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c = sub.add_parser(name, help=help_, description=help_, epilog=epilog)
         c.add_argument("--server", required=True, help="configured server name")
         if many:
             c.add_argument("--uri", required=True, nargs="+", action="extend", metavar="URI",
@@ -555,7 +554,8 @@ def register(sub: Any) -> None:
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --uri demo://c\n"
                      "one line per URI; exit 0 if all were subscribed, else the first failure's code\n"
                      "(2 unusable URI, 6 Temporal unavailable), each failure one 'mcpsync: error:' line")
-    json_flag(s)
+    s.add_argument("--json", action="store_true",
+                   help="print JSON: one document; with several URIs one JSON object a line, one a URI")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
     query_timeout(s)
