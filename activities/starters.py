@@ -9,7 +9,7 @@ lives in ``activities`` so the catalog activities can start subscriptions withou
 worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger.workflow_id_of(key)``
 (the id a subscription of the key already runs or ran under, so an older one is joined or
 reopened under its own id); without it, ``key.workflow_id``, right only for a key the ledger has
-never seen (docs/operations.md, "Workflow ids").
+never seen (docs/upgrades.md, "Workflow ids").
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class SubscriptionKey(_Frozen):
 
         Computed only for a key the ledger has no row for: once a subscription runs, its row
         records the id it runs under (older ones: ``legacy_workflow_id``) and everything that
-        routes to it reads that (``activities.ledger.Ledger.workflow_id_of``; docs/operations.md).
+        routes to it reads that (``activities.ledger.Ledger.workflow_id_of``; docs/upgrades.md,
+        "Workflow ids").
         The URI can be long and contain anything: the slug (``workflows.uris.uri_slug``) is a
         bounded readable label, the hash keeps ids unique. The exact URI is in the memo and
         search attributes."""

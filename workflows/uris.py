@@ -7,9 +7,10 @@ characters decoded, dot segments removed) is used only to *detect* two strings t
 may name the same resource, so that such a pair is audited and sent to
 RECONCILIATION_REQUIRED instead of being routed to each other.
 
-``uri_slug`` is the readable part of a subscription's workflow id (docs/operations.md,
+``uri_slug`` is the readable part of a subscription's workflow id (docs/upgrades.md,
 "Workflow ids"): a pure function of the URI string, ASCII only, bounded, never empty for a
-URI ``uri_problem`` accepts. It only labels; the hash beside it keeps ids unique.
+URI ``uri_problem`` accepts (its scheme starts with a letter). It only labels; the hash beside
+it keeps ids unique.
 """
 
 from __future__ import annotations
