@@ -314,29 +314,39 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
 async def cmd_subscribe(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     check_target(args, config, configured_subject=True)
-    client = await connect_temporal(config.temporal)
-    ledger = await _open_ledger(config)
     uris: list[str] = args.uri
+    # Every URI is checked before anything is contacted: an unusable one needs no Temporal.
+    keys: list[SubscriptionKey | CliError] = []
+    for uri in uris:
+        try:
+            keys.append(key_for(args, uri))
+        except CliError as exc:
+            if len(uris) == 1:
+                raise
+            keys.append(exc)
+    usable = any(isinstance(k, SubscriptionKey) for k in keys)
+    client = await connect_temporal(config.temporal) if usable else None
+    ledger = await _open_ledger(config) if usable else None
     failures: list[ExitCode] = []
+
+    def failed(uri: str, message: str, code: ExitCode) -> None:
+        failures.append(code)
+        print_error(f"{uri}: {message}")
+
     try:
-        for uri in uris:
-            try:
-                key = key_for(args, uri)
-                # An existing subscription (whatever id scheme started it) is joined or reopened under its id.
-                workflow_id = await _workflow_id_in(ledger, key)
-                handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
-                                                  workflow_id=workflow_id)
-            except CliError as exc:
-                if len(uris) == 1:
-                    raise
-                failures.append(exc.code)
-                print_error(f"{uri}: {exc}")
+        for uri, key in zip(uris, keys, strict=True):
+            if isinstance(key, CliError):
+                failed(uri, str(key), key.code)
                 continue
+            assert client is not None
+            try:
+                # An existing subscription (whatever id scheme started it) is joined or reopened under its id.
+                handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
+                                                  workflow_id=await _workflow_id_in(ledger, key))
             except RPCError as exc:
                 if len(uris) == 1 or exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
                     raise
-                failures.append(ExitCode.UNAVAILABLE)
-                print_error(f"{uri}: Temporal did not answer ({exc.status.name}: {exc.message[:200]})")
+                failed(uri, f"Temporal did not answer ({exc.status.name}: {exc.message[:200]})", ExitCode.UNAVAILABLE)
                 continue
             doc = {"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}
             if len(uris) == 1:
