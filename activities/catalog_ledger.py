@@ -554,6 +554,7 @@ class CatalogLedgerActivities:
             if not refresh_enabled(req.rollout, c.subject, c.server, uri):
                 continue
             key = SubscriptionKey(subject=c.subject, server=c.server, uri=uri)
-            await start_subscription(self.temporal, key, task_queue=self.task_queue)
+            await start_subscription(self.temporal, key, task_queue=self.task_queue,
+                                     workflow_id=await self.ledger.workflow_id_of(key))
             started += 1
         return started

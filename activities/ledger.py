@@ -32,11 +32,11 @@ from activities.meters import NO_METERS, Meters
 from workflows.records import (
     BeginSubscriptionRequest,
     CloseReceipt,
-    EnsureRequest,
     FenceSnapshot,
     FinishUnsubscribeRequest,
     KeyRequest,
     MarkActiveRequest,
+    NotedNotification,
     RevokeLedgerRequest,
     SessionInfo,
     SessionQuery,
@@ -46,7 +46,7 @@ from workflows.records import (
     TombstoneRequest,
 )
 
-__all__ = ["Ledger", "OutboxRow", "AuditRow"]
+__all__ = ["Ledger", "NotedNotification", "OutboxRow", "AuditRow"]
 
 
 class Ledger:
@@ -68,6 +68,7 @@ class Ledger:
         self.subscriptions_for = self.fence.subscriptions_for
         self.normalized_siblings = self.fence.normalized_siblings
         self.note_notification = self.fence.note_notification
+        self.workflow_id_of = self.fence.workflow_id_of
         self.allocate_read = self.fence.allocate_read  # activities that already take their request
         self.accept = self.fence.accept
         self.put_content = self.content.put_content
@@ -89,8 +90,11 @@ class Ledger:
     async def current_session(self, subject: str, server: str) -> SessionInfo | None:
         return await self.sessions.current_session(SessionQuery(subject=subject, server=server))
 
-    async def ensure_subscription(self, key: SubscriptionKey, incarnation: str) -> FenceSnapshot:
-        return await self.fence.ensure_subscription(EnsureRequest(key=key, incarnation=incarnation))
+    async def ensure_subscription(self, key: SubscriptionKey, incarnation: str,
+                                  workflow_id: str | None = None) -> FenceSnapshot:
+        """The ENSURE activity's row, for a workflow running under ``workflow_id`` (the activity
+        passes its caller's; default ``key.workflow_id``, the id a new key starts under)."""
+        return await self.fence.ensure_row(key, incarnation, workflow_id=workflow_id or key.workflow_id)
 
     async def load_fence(self, key: SubscriptionKey) -> FenceSnapshot:
         return await self.fence.load_fence(KeyRequest(key=key))

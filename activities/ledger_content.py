@@ -55,9 +55,9 @@ class ContentLedger:
                 SELECT s.last_receipt_id, s.last_accepted_digest, c.mime_type, c.body
                 FROM subscriptions s JOIN content_store c
                   ON c.subject = s.subject AND c.content_digest = s.last_accepted_digest
-                WHERE s.workflow_id=%s AND s.state=%s
-                """,
-                (key.workflow_id, SubscriptionState.ACTIVE.value),
+                WHERE s.subject=%s AND s.server=%s AND s.uri=%s AND s.state=%s
+                """,  # by key: the row, whatever id its workflow runs under
+                (key.subject, key.server, key.uri, SubscriptionState.ACTIVE.value),
             )
             row = await cur.fetchone()
         return None if row is None else (int(row[0]), str(row[1]), row[2], bytes(row[3]))

@@ -12,6 +12,12 @@ Contract:
   ``activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
+- Rows are found by key (``ledger_store.fence_row``), never by ``key.workflow_id``: the row
+  records, when it is created, the id of the workflow that created it (the ENSURE activity passes
+  ``activity.info().workflow_id``, local activities included) and never changes it; a second
+  workflow for one key is audited ``WORKFLOW_ID_MISMATCH``. Reads, receipts, outbox, audit and
+  revocation rows carry that recorded id, and ``workflow_id_of`` / ``note_notification`` hand
+  it to everything that routes to the workflow.
 - Activities (names in ``workflows.names.Act``) are these methods themselves, each taking one
   request model of ``workflows.records``; ``accept`` reports its verdict through ``Meters``.
 """
@@ -27,7 +33,7 @@ from temporalio import activity
 
 from activities.ledger_content import ContentLedger
 from activities.ledger_journal import Journal
-from activities.ledger_store import LedgerStore, fence_row, snapshot
+from activities.ledger_store import BY_KEY, LedgerStore, fence_row, key_params, recorded_workflow_id, snapshot
 from activities.meters import NO_METERS, Meters
 from workflows.fence import IssuedRead, allocate_ordinal, judge_read
 from workflows.names import Act
@@ -44,6 +50,7 @@ from workflows.records import (
     FinishUnsubscribeRequest,
     KeyRequest,
     MarkActiveRequest,
+    NotedNotification,
     OutboxEventType,
     ReadOutcome,
     ReadTicket,
@@ -93,50 +100,68 @@ class FenceLedger:
 
     @activity.defn(name=Act.ENSURE)
     async def ensure_subscription(self, req: EnsureRequest) -> FenceSnapshot:
+        """``ensure_row`` for the calling workflow: the row records the id that workflow really runs
+        under (whatever scheme or starter chose it), so every router finds it without recomputing it
+        from the key. ``activity.info()`` names the workflow for a local activity too; called
+        outside an activity (or by a standalone one), the key's computed id stands in."""
+        running_as = activity.info().workflow_id if activity.in_activity() else None
+        return await self.ensure_row(req.key, req.incarnation, workflow_id=running_as or req.key.workflow_id)
+
+    async def ensure_row(self, key: SubscriptionKey, incarnation: str, *, workflow_id: str) -> FenceSnapshot:
         """Create the fence row in DISCOVERED if absent; return it as stored.
 
-        A closed row is reopened to DISCOVERED (ordinals and epochs kept) only for a new
-        incarnation: the chain that closed it, reset or not, finds it closed.
+        ``workflow_id`` is the id of the workflow asking. The row records it when it is created and
+        never changes it: a row that already names another id keeps it (audited as
+        ``WORKFLOW_ID_MISMATCH``: a second workflow for one key, started by something that did not
+        ask ``workflow_id_of``). A closed row is reopened to DISCOVERED (ordinals and epochs kept)
+        only for a new incarnation: the chain that closed it, reset or not, finds it closed.
         """
-        key, incarnation = req.key, req.incarnation
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 """
                 INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state, incarnation)
                 VALUES (%s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT (workflow_id) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
+                ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
                     WHERE s.uri_normalized IS NULL
                 """,  # a row from before migration 008 that the backfill has not reached yet
-                (key.workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
+                (workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
                  S.DISCOVERED.value, incarnation),
             )
             await cur.execute(
-                """
+                f"""
                 UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
-                WHERE workflow_id=%s AND incarnation <> %s AND state = ANY(%s)
+                WHERE {BY_KEY} AND incarnation <> %s AND state = ANY(%s)
                 """,
-                (S.DISCOVERED.value, incarnation, key.workflow_id, incarnation, TERMINAL_STATE_VALUES),
+                (S.DISCOVERED.value, incarnation, *key_params(key), incarnation, TERMINAL_STATE_VALUES),
             )
             await cur.execute(
-                "UPDATE subscriptions SET incarnation=%s WHERE workflow_id=%s AND NOT (state = ANY(%s))",
-                (incarnation, key.workflow_id, CLOSING_STATES),
+                f"UPDATE subscriptions SET incarnation=%s WHERE {BY_KEY} AND NOT (state = ANY(%s))",
+                (incarnation, *key_params(key), CLOSING_STATES),
             )
-            return snapshot(await fence_row(cur, key.workflow_id))
+            row = await fence_row(cur, key)
+            if row is not None and row["workflow_id"] != workflow_id:
+                await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject, server=key.server,
+                                                uri=key.uri, workflow_id=row["workflow_id"],
+                                                detail={"running_as": workflow_id})
+            return snapshot(row)
+
+    async def workflow_id_of(self, key: SubscriptionKey) -> str:
+        """The id the subscription of ``key`` runs under: the one its row recorded, whatever scheme
+        made it; ``key.workflow_id`` (the readable scheme) only for a key with no row yet."""
+        async with self.store.pool.connection() as conn:
+            return await recorded_workflow_id(conn.cursor(row_factory=dict_row), key)
 
     @activity.defn(name=Act.LOAD_FENCE)
     async def load_fence(self, req: KeyRequest) -> FenceSnapshot:
         async with self.store.pool.connection() as conn:
-            return snapshot(await fence_row(conn.cursor(row_factory=dict_row), req.key.workflow_id))
+            return snapshot(await fence_row(conn.cursor(row_factory=dict_row), req.key))
 
     async def find_subscription(self, subject: str, server: str, uri: str) -> FenceSnapshot | None:
         """The fence row for the exact (subject, server, uri), or None."""
         async with self.store.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND uri=%s", (subject, server, uri)
-            )
-            row = await cur.fetchone()
+            row = await fence_row(conn.cursor(row_factory=dict_row),
+                                  SubscriptionKey(subject=subject, server=server, uri=uri))
         return None if row is None else snapshot(row)
 
     async def subscriptions_for(self, subject: str, server: str) -> list[tuple[str, str, str]]:
@@ -163,8 +188,10 @@ class FenceLedger:
             )
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
-    async def note_notification(self, subject: str, server: str, uri: str, generation: int) -> FenceSnapshot | None:
-        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it."""
+    async def note_notification(self, subject: str, server: str, uri: str,
+                                generation: int) -> NotedNotification | None:
+        """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it.
+        The answer names the workflow id the row recorded: the ingress signals that, never a computed one."""
         async with self.store.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
@@ -176,7 +203,7 @@ class FenceLedger:
                 (generation, subject, server, uri),
             )
             row = await cur.fetchone()
-        return None if row is None else snapshot(row)
+        return None if row is None else NotedNotification(workflow_id=row["workflow_id"], fence=snapshot(row))
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -191,8 +218,8 @@ class FenceLedger:
             req.key,
             "UPDATE subscriptions SET state=%s, subscription_generation = subscription_generation + 1,"
             " session_generation=%s, updated_at=now()"
-            " WHERE workflow_id=%s AND state = ANY(%s) AND session_generation <= %s RETURNING *",
-            (S.SUBSCRIBING.value, req.session_generation, req.key.workflow_id, SUBSCRIBABLE_STATES,
+            f" WHERE {BY_KEY} AND state = ANY(%s) AND session_generation <= %s RETURNING *",
+            (S.SUBSCRIBING.value, req.session_generation, *key_params(req.key), SUBSCRIBABLE_STATES,
              req.session_generation))
 
     @activity.defn(name=Act.MARK_ACTIVE)
@@ -200,16 +227,16 @@ class FenceLedger:
         return await self._transition(
             req.key,
             "UPDATE subscriptions SET state=%s, updated_at=now()"
-            " WHERE workflow_id=%s AND state=%s AND session_generation=%s AND subscription_generation=%s"
+            f" WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s"
             " RETURNING *",
-            (S.ACTIVE.value, req.key.workflow_id, S.SUBSCRIBING.value, req.session_generation,
+            (S.ACTIVE.value, *key_params(req.key), S.SUBSCRIBING.value, req.session_generation,
              req.subscription_generation))
 
     @activity.defn(name=Act.SET_STATE)
     async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
         return await self._transition(
-            req.key, "UPDATE subscriptions SET state=%s, updated_at=now() WHERE workflow_id=%s AND state = ANY(%s)"
-            " RETURNING *", (req.state.value, req.key.workflow_id, [s.value for s in req.allowed_from]))
+            req.key, f"UPDATE subscriptions SET state=%s, updated_at=now() WHERE {BY_KEY} AND state = ANY(%s)"
+            " RETURNING *", (req.state.value, *key_params(req.key), [s.value for s in req.allowed_from]))
 
     @activity.defn(name=Act.FINISH_UNSUBSCRIBE)
     async def finish_unsubscribe(self, req: FinishUnsubscribeRequest) -> FenceSnapshot:
@@ -224,7 +251,7 @@ class FenceLedger:
             await cur.execute(update, params)
             row = await cur.fetchone()
             if row is None:
-                row = await fence_row(cur, key.workflow_id)
+                row = await fence_row(cur, key)
         return snapshot(row)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -232,10 +259,9 @@ class FenceLedger:
     @activity.defn(name=Act.ALLOCATE_READ)
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """CAS the next ordinal (``workflows.fence.allocate_ordinal`` on the locked row)."""
-        wf = req.key.workflow_id
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, wf, lock=True)
+            row = await fence_row(cur, req.key, lock=True)
             request_id = req.request_id
             while True:
                 await cur.execute("SELECT ordinal, completed_at, notifications_seen FROM read_requests"
@@ -257,6 +283,7 @@ class FenceLedger:
             if ordinal is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
             assert row is not None  # allocate_ordinal grants nothing without a row
+            wf = row["workflow_id"]
             await cur.execute(
                 "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
                 (ordinal, wf),
@@ -277,13 +304,16 @@ class FenceLedger:
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes."""
         o = req.outcome
-        wf = o.key.workflow_id
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, wf, lock=True)
+            row = await fence_row(cur, o.key, lock=True)
             fence = snapshot(row)
-            await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
-            issued_row = await cur.fetchone()
+            # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
+            wf = row["workflow_id"] if row is not None else None
+            issued_row = None
+            if wf is not None:
+                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
+                issued_row = await cur.fetchone()
             issued = None if issued_row is None else IssuedRead(
                 ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
                 session_generation=issued_row["session_generation"],
@@ -299,7 +329,7 @@ class FenceLedger:
                 prior = await cur.fetchone()
                 result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None, outbox_id=None)
             else:
-                receipt_id, outbox_id = await self._apply(cur, o.key, fence, plan, outcome=o,
+                receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
                                                           effective_at=o.completed_at or datetime.now(UTC))
                 result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
         self.meters.receipt_judged(req, result)
@@ -315,11 +345,11 @@ class FenceLedger:
         """
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, req.key.workflow_id, lock=True)
+            row = await fence_row(cur, req.key, lock=True)
             if row is None:
-                raise LookupError(f"no subscription {req.key.workflow_id}")
-            await self._apply(cur, req.key, snapshot(row), plan_close(snapshot(row)))
-            return close_receipt(snapshot(await fence_row(cur, req.key.workflow_id)))
+                raise LookupError(f"no subscription {req.key.subject}/{req.key.server} {req.key.uri}")
+            await self._apply(cur, req.key, row["workflow_id"], snapshot(row), plan_close(snapshot(row)))
+            return close_receipt(snapshot(await fence_row(cur, req.key)))
 
     @activity.defn(name=Act.CONFIRM_TOMBSTONE)
     async def confirm_tombstone(self, req: TombstoneRequest) -> FenceSnapshot:
@@ -339,23 +369,28 @@ class FenceLedger:
         """Lock the row, plan on it, apply the plan; the row as it stands after."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            fence = snapshot(await fence_row(cur, key.workflow_id, lock=True))
-            if fence.exists:
-                await self._apply(cur, key, fence, plan(fence), effective_at=effective_at)
-            return snapshot(await fence_row(cur, key.workflow_id))
+            row = await fence_row(cur, key, lock=True)
+            fence = snapshot(row)
+            if row is not None:
+                await self._apply(cur, key, row["workflow_id"], fence, plan(fence), effective_at=effective_at)
+            return snapshot(await fence_row(cur, key))
 
     # --- the plan, in SQL ------------------------------------------------------------------------
 
-    async def _apply(self, cur: Any, key: SubscriptionKey, fence: FenceSnapshot, plan: WritePlan, *,
+    async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot, plan: WritePlan, *,
                      outcome: ReadOutcome | None = None,
                      effective_at: datetime | None = None) -> tuple[int | None, int | None]:
-        """Write ``plan`` in the caller's transaction (the row locked); (receipt id, outbox id)."""
-        wf = key.workflow_id
+        """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
+        recorded; None for no row, where a plan can only audit); (receipt id, outbox id)."""
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
             await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server, uri=key.uri,
                                             workflow_id=wf, session_generation=session_generation,
                                             detail=plan.audit.detail)
+        if wf is None:
+            # No row: the rules grant and accept nothing without one, so nothing but the audit is planned.
+            assert plan.receipt is None and plan.outbox is None and plan.fence is None and plan.revocation is None
+            return None, None
         if plan.read_request_outcome is not None and outcome is not None:
             await cur.execute(
                 "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
@@ -363,7 +398,7 @@ class FenceLedger:
             )
         receipt_id = accepted_at = None
         if plan.receipt is not None:
-            receipt_id, accepted_at = await self._insert_receipt(cur, key, plan, outcome)
+            receipt_id, accepted_at = await self._insert_receipt(cur, key, wf, plan, outcome)
         # What a tombstone or a revocation withdraws: every receipt so far, the new one included.
         receipt_ids, digests = await self.journal.withdrawn(cur, wf) if (
             plan.revocation is not None or (plan.outbox is not None and plan.outbox.withdraws)) else ([], [])
@@ -379,7 +414,7 @@ class FenceLedger:
                         detail={"receipt_id": receipt_id, "digest": ob.content_digest})
             else:
                 outbox_id = await self.journal.insert_outbox(
-                    cur, ob.event, key, receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
+                    cur, ob.event, key, workflow_id=wf, receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
@@ -403,7 +438,7 @@ class FenceLedger:
         return receipt_id, outbox_id
 
     @staticmethod
-    async def _insert_receipt(cur: Any, key: SubscriptionKey, plan: WritePlan,
+    async def _insert_receipt(cur: Any, key: SubscriptionKey, wf: str, plan: WritePlan,
                               outcome: ReadOutcome | None) -> tuple[int, datetime]:
         """The plan's ``resource_versions`` row; a read's receipt also copies the read's own columns."""
         r = plan.receipt
@@ -416,7 +451,7 @@ class FenceLedger:
                 subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
             VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
             """,
-            (key.workflow_id, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
+            (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
              o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
              o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id, r.trigger,
              r.status.value, o.ttl_ms if o else None,

@@ -21,7 +21,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from activities.ledger_store import LedgerStore
+from activities.ledger_store import LedgerStore, recorded_workflow_id
 from workflows.catalog import refresh_enabled
 from workflows.names import Act
 from workflows.records import AuditRequest, OutboxEventType, RolloutMode, RolloutPolicy, SubscriptionKey
@@ -56,8 +56,12 @@ class Journal:
     @activity.defn(name=Act.AUDIT)
     async def record_audit(self, req: AuditRequest) -> int:
         k = req.key
-        return await self.audit(req.kind, subject=k.subject, server=k.server, uri=k.uri, workflow_id=k.workflow_id,
-                                session_generation=req.session_generation, detail=dict(req.detail))
+        async with self.store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            # The id the subscription's row recorded (an older scheme's included), not one computed from the key.
+            return await self.insert_audit(cur, req.kind, subject=k.subject, server=k.server, uri=k.uri,
+                                           workflow_id=await recorded_workflow_id(cur, k),
+                                           session_generation=req.session_generation, detail=dict(req.detail))
 
     # --- inside a fenced transaction ---------------------------------------------------------
 
@@ -77,8 +81,10 @@ class Journal:
         return int(row["audit_id"])
 
     @staticmethod
-    async def insert_outbox(cur: Any, event: OutboxEventType, key: SubscriptionKey, *, receipt_id: int | None,
-                            content_digest: str | None, ordinal: int, detail: dict[str, Any]) -> int:
+    async def insert_outbox(cur: Any, event: OutboxEventType, key: SubscriptionKey, *, workflow_id: str,
+                            receipt_id: int | None, content_digest: str | None, ordinal: int,
+                            detail: dict[str, Any]) -> int:
+        """One outbox row of the subscription of ``key``, under ``workflow_id``: the id its row recorded."""
         # A revocation's row is stamped when it is written, not when its transaction began: the
         # revocation latency (effective_at -> created_at) must never come out negative.
         created_at = "clock_timestamp()" if event == OutboxEventType.REVOKED else "now()"
@@ -88,7 +94,7 @@ class Journal:
                 read_ordinal, detail, created_at)
             VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, {created_at}) RETURNING outbox_id
             """,
-            (event.value, key.workflow_id, key.subject, key.server, key.uri, receipt_id, content_digest, ordinal,
+            (event.value, workflow_id, key.subject, key.server, key.uri, receipt_id, content_digest, ordinal,
              json.dumps(detail)),
         )
         row = await cur.fetchone()

@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from activities.ledger_store import LedgerStore, jsonable
+from activities.ledger_store import BY_KEY, LedgerStore, jsonable, key_params
 from workflows.records import AcceptVerdict, CacheScope, ResourceVersionV1, SubscriptionKey, TriggerReason
 
 __all__ = ["LedgerReports", "OutboxRow", "AuditRow"]
@@ -54,8 +54,10 @@ class LedgerReports:
         """Every ``resourceVersion.v1`` receipt of one subscription, oldest first."""
         async with self.store.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
+            # Receipts carry the id the subscription's row recorded (an older scheme's included).
             await cur.execute(
-                "SELECT * FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", (key.workflow_id,)
+                "SELECT * FROM resource_versions WHERE workflow_id ="
+                f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY}) ORDER BY receipt_id", key_params(key),
             )
             rows = await cur.fetchall()
         return [
@@ -75,6 +77,7 @@ class LedgerReports:
     async def read_count(self, key: SubscriptionKey) -> int:
         """How many reads the fence issued for one subscription."""
         async with self.store.pool.connection() as conn:
-            cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id=%s", (key.workflow_id,))
+            cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id ="
+                                     f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY})", key_params(key))
             row = await cur.fetchone()
         return int(row[0]) if row else 0

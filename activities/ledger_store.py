@@ -7,6 +7,12 @@ Contract:
   nothing else, so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first).
+- A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
+  ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
+  workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
+  and the rows keyed by workflow id (reads, receipts, outbox, audit, revocations) take that
+  recorded id from the row. Subscriptions started under an older id scheme
+  (``SubscriptionKey.legacy_workflow_id``) keep theirs for good.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from workflows.records import FenceSnapshot, SubscriptionState
+from workflows.records import FenceSnapshot, SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "snapshot", "fence_row", "jsonable"]
+__all__ = ["LedgerStore", "BY_KEY", "key_params", "snapshot", "fence_row", "recorded_workflow_id", "jsonable"]
+
+# The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
+BY_KEY = "subject=%s AND server=%s AND uri=%s"
 
 
 class LedgerStore:
@@ -46,12 +55,27 @@ def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
     )
 
 
-async def fence_row(cur: Any, workflow_id: str, *, lock: bool = False) -> dict[str, Any] | None:
-    """The ``subscriptions`` row on a ``dict_row`` cursor; ``lock``: held until the transaction ends."""
-    await cur.execute("SELECT * FROM subscriptions WHERE workflow_id=%s" + (" FOR UPDATE" if lock else ""),
-                      (workflow_id,))
+def key_params(key: SubscriptionKey) -> tuple[str, str, str]:
+    """``BY_KEY``'s parameters."""
+    return key.subject, key.server, key.uri
+
+
+async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False) -> dict[str, Any] | None:
+    """The ``subscriptions`` row of ``key`` on a ``dict_row`` cursor (its ``workflow_id`` column is
+    the id the subscription runs under); ``lock``: held until the transaction ends."""
+    await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
+                      key_params(key))
     row: dict[str, Any] | None = await cur.fetchone()
     return row
+
+
+async def recorded_workflow_id(cur: Any, key: SubscriptionKey) -> str:
+    """The id the subscription of ``key`` runs under (on a ``dict_row`` cursor): the one its row
+    recorded, whatever scheme made it; ``key.workflow_id`` (the readable scheme) only for a key
+    with no row yet."""
+    await cur.execute(f"SELECT workflow_id FROM subscriptions WHERE {BY_KEY}", key_params(key))
+    row = await cur.fetchone()
+    return key.workflow_id if row is None else str(row["workflow_id"])
 
 
 def jsonable(row: dict[str, Any]) -> dict[str, Any]:

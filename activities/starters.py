@@ -6,7 +6,10 @@ with conflict policy USE_EXISTING (starting twice joins the running workflow) an
 ALLOW_DUPLICATE (a closed key starts a new incarnation). It carries the key in the memo, the
 search attributes and the Web UI's static summary/details; never a body or a credential. It
 lives in ``activities`` so the catalog activities can start subscriptions without importing the
-worker.
+worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger.workflow_id_of(key)``
+(the id a subscription of the key already runs or ran under, so an older one is joined or
+reopened under its own id); without it, ``key.workflow_id``, right only for a key the ledger has
+never seen (docs/upgrades.md, "Workflow ids").
 """
 
 from __future__ import annotations
@@ -64,15 +67,18 @@ def _keyword(name: str, value: str) -> SearchAttributePair[str]:
 
 
 async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
-                             options: SubscriptionOptions | None = None) -> WorkflowHandle:
-    """Start (or join) the subscription workflow of ``key``; idempotent."""
+                             options: SubscriptionOptions | None = None,
+                             workflow_id: str | None = None) -> WorkflowHandle:
+    """Start (or join) the subscription workflow of ``key`` under ``workflow_id``; idempotent."""
     options = options or SubscriptionOptions()
+    workflow_id = workflow_id or key.workflow_id
     return await _start_once(
-        client, WORKFLOW_TYPE, SubscriptionStart(key=key, options=options), id=key.workflow_id,
+        client, WORKFLOW_TYPE, SubscriptionStart(key=key, options=options), id=workflow_id,
         task_queue=task_queue, memo={"subject": key.subject, "server": key.server, "uri": key.uri},
         attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_URI, sa_uri(key.uri)),
                     _keyword(SA_SUBJECT, key.subject), _keyword(SA_STATE, "DISCOVERED")],
-        summary=f"{key.server} {key.subject} {sa_uri(key.uri)}", details=subscription_contract(key, options))
+        summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",
+        details=subscription_contract(key, options, workflow_id=workflow_id))
 
 
 async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
@@ -86,7 +92,7 @@ async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
         summary=f"catalog {key.server} {key.subject}")
 
 
-def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) -> str:
+def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *, workflow_id: str) -> str:
     """The Web UI's static details of a subscription: what it is and the promises it runs under."""
     o = options
     return (
@@ -94,7 +100,7 @@ def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions) ->
         f"| contract | value |\n|---|---|\n"
         f"| subject / server | {key.subject} / {key.server} |\n"
         f"| URI (exact, never normalized) | `{key.uri[:500]}` |\n"
-        f"| workflow id | `{key.workflow_id}` |\n"
+        f"| workflow id | `{workflow_id}` |\n"
         f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
         f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
         f"| max concurrent reads | {o.max_concurrent_reads} |\n"

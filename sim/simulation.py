@@ -65,6 +65,7 @@ from workflows.records import (
     CloseReceipt,
     FenceSnapshot,
     IdentityConflict,
+    NotedNotification,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -392,6 +393,7 @@ class MemoryLedger:
         self.judge = judge
         self.row = FenceSnapshot(exists=False)
         self.incarnation = ""
+        self.workflow_id = ""  # subscriptions.workflow_id: recorded by the ensure that creates the row
         self.read_requests: dict[int, ReadRequestRow] = {}
         self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
         self.receipts: list[Receipt] = []
@@ -451,11 +453,17 @@ class MemoryLedger:
 
     # --- fence -------------------------------------------------------------------------------
 
-    def ensure_subscription(self, incarnation: str) -> FenceSnapshot:
+    def ensure_subscription(self, incarnation: str, workflow_id: str | None = None) -> FenceSnapshot:
+        """``workflow_id``: the caller's id (default the key's computed one); recorded once, like the
+        SQL row (a second id is audited ``WORKFLOW_ID_MISMATCH`` and changes nothing)."""
         row = self.row
+        running_as = workflow_id or self.key.workflow_id
         if not row.exists:
             row = FenceSnapshot(exists=True, state=S.DISCOVERED)
             self.incarnation = incarnation
+            self.workflow_id = running_as
+        elif self.workflow_id != running_as:
+            self.audit.append("WORKFLOW_ID_MISMATCH")
         if self.incarnation != incarnation and row.state in ENDED:
             row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None})
             self.incarnation = incarnation
@@ -516,12 +524,13 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=row.notifications_seen)
 
-    def note_notification(self) -> FenceSnapshot | None:
-        """``FenceLedger.note_notification``: the row's update counter + 1; None without a row."""
+    def note_notification(self) -> NotedNotification | None:
+        """``FenceLedger.note_notification``: the row's update counter + 1 and the workflow id the row
+        recorded (where the ingress signals); None without a row."""
         if not self.row.exists:
             return None
         self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
-        return self.row
+        return NotedNotification(workflow_id=self.workflow_id, fence=self.row)
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
         o = req.outcome
@@ -868,9 +877,9 @@ class Simulation:
         the notification reaches the ingress; the queue models Temporal's delivery after that."""
         sequence = None
         if uri == KEY.uri:
-            snap = self.ledger.note_notification()
-            if snap is not None and self.config.sequence_coverage:
-                sequence = snap.notifications_seen
+            noted = self.ledger.note_notification()
+            if noted is not None and self.config.sequence_coverage:
+                sequence = noted.fence.notifications_seen
         if change:
             self._note_change[nid] = change
         return Message("updated", generation, nid, uri, change, sequence)

@@ -295,6 +295,7 @@ class CliStack:
     server: ServerConfig
     fx: FixtureProcess
     client: Client
+    task_queue: str
 
     async def cli(self, *args: str, timeout: float = 60.0) -> CliRun:
         return await run_cli("--config", str(self.config), *args, timeout=timeout)
@@ -313,7 +314,7 @@ async def cli_stack(temporal_client: Client, ledger: Ledger, temporal_server: Te
                           f'[database]\nurl = "{database_url}"\n'
                           f'[[servers]]\nname = "{server.name}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
                           'subjects = ["alice"]\n')
-        yield CliStack(config, server, fx, temporal_client)
+        yield CliStack(config, server, fx, temporal_client, cfg.temporal.task_queue)
 
 
 async def _subscribed(st: CliStack, uri: str, text: str) -> dict[str, Any]:
@@ -387,6 +388,47 @@ async def test_list_get_describe_history_and_status(temporal_client: Client, led
             r = await st.cli(command, *missing)
             assert r.code == 4, (command, r.err)
             assert "no subscription for alice/" in _one_error_line(r)
+
+
+async def test_subscribe_many_uris_one_line_each(temporal_client: Client, ledger: Ledger,
+                                                  temporal_server: TemporalDevServer, fx: FixtureProcess,
+                                                  database_url: str, tmp_path: Path) -> None:
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        tag = uuid.uuid4().hex[:8]
+        a, b, c = (f"demo://cli/many-{tag}/{n}" for n in "abc")
+        for uri in (a, b, c):
+            await fx.create(uri, text=f"{uri} v1")
+        keys = {u: SubscriptionKey(subject="alice", server=st.server.name, uri=u) for u in (a, b, c)}
+        # Variadic and repeated --uri mix; one line per URI, in order.
+        r = await st.cli("subscribe", "--server", st.server.name, "--subject", "alice", "--uri", a, b, "--uri", c)
+        assert r.code == 0 and r.err == "", r.err
+        assert r.out.splitlines() == [f"subscribed: workflow {keys[u].workflow_id} for {u}" for u in (a, b, c)]
+        rows = await eventually(lambda: _listed(st, 3), timeout=30, what="three ledger rows")
+        assert {row["uri"]: row["workflow_id"] for row in rows} == {u: k.workflow_id for u, k in keys.items()}
+
+        # One unusable URI among good ones: the others are subscribed (joined: same ids), the bad one is
+        # one error line, and the exit code is its code (2).
+        r = await st.cli("subscribe", *st.key_args(a), "not a uri", c, "--json")
+        assert r.code == 2, r.err
+        assert [json.loads(line)["workflow_id"] for line in r.out.splitlines()] == [keys[a].workflow_id,
+                                                                                 keys[c].workflow_id]
+        assert _one_error_line(r) == "mcpsync: error: not a uri: invalid subscription key: uri: Value error, URI has no scheme"
+        # A single URI keeps the one-URI output and errors exactly.
+        r = await st.cli("subscribe", *st.key_args(b))
+        assert r.code == 0 and r.out == f"subscribed: workflow {keys[b].workflow_id}\n"
+        r = await st.cli("subscribe", *st.key_args("not a uri"))
+        assert r.code == 2 and r.out == ""
+        assert _one_error_line(r) == "mcpsync: error: invalid subscription key: uri: Value error, URI has no scheme"
+        for uri in (a, b, c):
+            closed = await st.cli("close", *st.key_args(uri))
+            assert closed.code == 0, closed.err
+
+
+async def _listed(st: CliStack, n: int) -> list[dict[str, Any]] | None:
+    r = await st.cli("list", "--server", st.server.name, "-o", "json")
+    assert r.code == 0, r.err
+    rows: list[dict[str, Any]] = r.json()
+    return rows if len(rows) == n else None
 
 
 async def test_resume_close_idempotent_and_watch(temporal_client: Client, ledger: Ledger,

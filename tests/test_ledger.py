@@ -190,3 +190,39 @@ async def test_session_generations_only_grow(ledger: Ledger) -> None:
         for _ in range(3)
     ]
     assert gens == [1, 2, 3]
+
+
+async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) -> None:
+    """A row created by a workflow under another id (the legacy scheme) keeps that id; every fence
+    operation finds the row by key, and ``workflow_id_of`` / ``note_notification`` answer that id."""
+    key = SubscriptionKey(subject=unique("s"), server="srv", uri="demo://ids/Legacy Doc")
+    assert await ledger.workflow_id_of(key) == key.workflow_id  # no row yet: the readable id
+    await ledger.ensure_subscription(key, "inc-1", workflow_id=key.legacy_workflow_id)
+    assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
+    snap = await ledger.begin_subscription(key, 1)
+    assert (await ledger.mark_active(key, 1, snap.subscription_generation)).state == SubscriptionState.ACTIVE
+    ordinal = await _issue(ledger, key)
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute("SELECT request_id FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
+                                 (key.legacy_workflow_id, ordinal))
+        row = await cur.fetchone()
+    assert row is not None
+    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, str(row[0]), "sha256:" + "a" * 64),
+                                               expected_state=SubscriptionState.ACTIVE, close_epoch=0))
+    assert result.verdict == AcceptVerdict.ACCEPTED
+    assert [r.receipt_id for r in await ledger.receipts(key)] == [result.receipt_id]
+    assert await ledger.read_count(key) == 1
+    noted = await ledger.note_notification(key.subject, key.server, key.uri, 1)
+    assert noted is not None and noted.workflow_id == key.legacy_workflow_id and noted.fence.notifications_seen == 1
+    outbox = [r for r in await ledger.outbox_after(0, 100_000) if r["subject"] == key.subject]
+    assert [r["workflow_id"] for r in outbox] == [key.legacy_workflow_id]
+
+    # A second workflow for the key under another id does not take the row over: audited.
+    await ledger.ensure_subscription(key, "inc-1", workflow_id=key.workflow_id)
+    assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
+    mismatch = [a for a in await ledger.audit_rows("WORKFLOW_ID_MISMATCH", 1000) if a["subject"] == key.subject]
+    assert [(a["workflow_id"], a["detail"]["running_as"]) for a in mismatch] == [(key.legacy_workflow_id,
+                                                                                 key.workflow_id)]
+    receipt = await ledger.begin_unsubscribe(key)
+    assert receipt.state == SubscriptionState.UNSUBSCRIBING
+    assert (await ledger.finish_unsubscribe(key, acked=True)).state == SubscriptionState.CLOSED

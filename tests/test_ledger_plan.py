@@ -29,13 +29,15 @@ V = AcceptVerdict
 class Both:
     """One subscription in both ledgers; every call goes to both and the results must agree."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, *, legacy_id: bool = False) -> None:
         self.key = SubscriptionKey(subject=unique("plan"), server="srv", uri=f"demo://{unique('doc')}")
         self.sql, self.mem = ledger, MemoryLedger(self.key)
+        # The id the subscription's workflow runs under (a row records it once, whatever the scheme).
+        self.workflow_id = self.key.legacy_workflow_id if legacy_id else self.key.workflow_id
 
     async def start(self) -> None:
-        await self.sql.ensure_subscription(self.key, "inc-1")
-        self.mem.ensure_subscription("inc-1")
+        await self.sql.ensure_subscription(self.key, "inc-1", workflow_id=self.workflow_id)
+        self.mem.ensure_subscription("inc-1", workflow_id=self.workflow_id)
         await self.sql.begin_subscription(self.key, 1)
         self.mem.begin_subscription(1)
         await self.sql.mark_active(self.key, 1, 1)
@@ -72,17 +74,17 @@ class Both:
         assert _comparable(sql_row, receipt_ids) == _comparable(mem_row, mem_receipt_ids)
         sql_receipts = await ledger_rows(self.sql, "SELECT read_ordinal, status, content_digest, request_id"
                                          " FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id",
-                                         self.key.workflow_id)
+                                         self.workflow_id)
         assert [tuple(r) for r in sql_receipts] == \
             [(r.ordinal, r.status.value, r.digest, r.request_id) for r in self.mem.receipts]
         sql_outbox = await ledger_rows(self.sql, "SELECT event_type, read_ordinal, content_digest, receipt_id"
-                                       " FROM outbox WHERE workflow_id=%s ORDER BY outbox_id", self.key.workflow_id)
+                                       " FROM outbox WHERE workflow_id=%s ORDER BY outbox_id", self.workflow_id)
         assert [(e, o, d, _position(receipt_ids, r)) for e, o, d, r in sql_outbox] == \
             [(e.event_type, e.ordinal, e.digest, _position(mem_receipt_ids, e.receipt_id)) for e in self.mem.outbox]
 
     async def _receipt_ids(self) -> list[int]:
         rows = await ledger_rows(self.sql, "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s"
-                                 " ORDER BY receipt_id", self.key.workflow_id)
+                                 " ORDER BY receipt_id", self.workflow_id)
         return [int(r[0]) for r in rows]
 
 
@@ -141,3 +143,25 @@ async def test_revocations_write_alike(ledger: Ledger) -> None:
             ["version_accepted", "revoked"]
         assert len(await ledger_rows(ledger, "SELECT 1 FROM revocations WHERE workflow_id=%s",
                                      both.key.workflow_id)) == 1
+
+
+async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
+    """A row created by a workflow under the legacy id: both ledgers keep that id (a second id
+    changes nothing and is audited), write reads, receipts and outbox rows under it, and
+    ``note_notification`` answers it with the same update counter."""
+    both = Both(ledger, legacy_id=True)
+    await both.start()
+    assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    assert await ledger.read_count(both.key) == len(both.mem.read_requests) == 1
+    sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
+    mem = both.mem.note_notification()
+    assert sql is not None and mem is not None
+    assert (sql.workflow_id, sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
+        (both.key.legacy_workflow_id, 1)
+    await ledger.ensure_subscription(both.key, "inc-1", workflow_id=both.key.workflow_id)
+    both.mem.ensure_subscription("inc-1", workflow_id=both.key.workflow_id)
+    assert await ledger.workflow_id_of(both.key) == both.mem.workflow_id == both.key.legacy_workflow_id
+    mismatches = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind='WORKFLOW_ID_MISMATCH'"
+                                   " AND subject=%s", both.key.subject)
+    assert mismatches[0][0] == both.mem.audit.count("WORKFLOW_ID_MISMATCH") == 1
+    await both.same()

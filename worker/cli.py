@@ -45,6 +45,7 @@ from worker.cli_common import (
     ExitCode,
     ExitStatus,
     database_url,
+    print_error,
     print_out,
     resolve_config,
     subscription_key,
@@ -884,29 +885,29 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(_run(args))
     except CliError as exc:
-        _error(str(exc))
+        print_error(str(exc))
         code = exc.code
     except ConfigError as exc:
-        _error(str(exc))
+        print_error(str(exc))
         code = ExitCode.USAGE
     except (TemporalUnavailable, DatabaseUnavailable) as exc:
         sources = getattr(args, "address_sources", None)
         origin = "" if sources is None else (
             f"; address from {sources.temporal if isinstance(exc, TemporalUnavailable) else sources.database}")
-        _error(f"{exc}{origin}")
+        print_error(f"{exc}{origin}")
         code = ExitCode.UNAVAILABLE
     except (StackAlreadyRunning, PortInUseError) as exc:
-        _error(_one_line(exc))
+        print_error(_one_line(exc))
         code = ExitCode.USAGE
     except StackError as exc:
-        _error(_one_line(exc))
+        print_error(_one_line(exc))
         code = ExitCode.UNAVAILABLE
     except RPCError as exc:
         if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             raise  # anything else is a bug: exit 1 with the traceback
         sources = getattr(args, "address_sources", None)
         origin = "" if sources is None else f"; address from {sources.temporal}"
-        _error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
+        print_error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
         code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
@@ -916,11 +917,6 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # A process that ran a Temporal worker can abort at interpreter exit (sdk-python#300).
     os._exit(code)
-
-
-def _error(message: str) -> None:
-    """The one ``mcpsync: error:`` line (a driver's multi-line message is folded onto it)."""
-    print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def _one_line(exc: Exception) -> str:

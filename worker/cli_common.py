@@ -12,6 +12,8 @@ Contract:
 - ``subscription_key`` validates (server, subject, uri) against the configuration: an
   unknown server is a usage error; with ``configured_subject`` so is a subject the server
   does not list (it would never get a session, so the subscription would never start).
+  ``check_target`` and ``key_for`` are its two halves, for commands taking many URIs.
+- ``print_error`` is the one place the ``mcpsync: error:`` line is written.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from enum import IntEnum
@@ -31,8 +34,8 @@ from worker.config import Config, load_config
 from worker.runtime import RuntimeInfo
 from workflows.records import SubscriptionKey
 
-__all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "database_url", "print_out",
-           "resolve_config", "runtime_file", "subscription_key"]
+__all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "check_target", "database_url",
+           "key_for", "print_error", "print_out", "resolve_config", "runtime_file", "subscription_key"]
 
 
 class ExitCode(IntEnum):
@@ -136,16 +139,31 @@ def database_url(config: Config) -> str:
 
 
 def subscription_key(args: argparse.Namespace, config: Config, *, configured_subject: bool = False) -> SubscriptionKey:
+    check_target(args, config, configured_subject=configured_subject)
+    return key_for(args, args.uri)
+
+
+def check_target(args: argparse.Namespace, config: Config, *, configured_subject: bool = False) -> None:
+    """``--server`` is configured; with ``configured_subject``, so is ``--subject`` for it."""
     server = config.server(args.server)  # raises ConfigError for an unknown server
     if configured_subject and args.subject not in server.subjects:
         raise CliError(f"subject {args.subject!r} is not configured for server {server.name!r} "
                        f"(configured: {', '.join(server.subjects)}): use one of them, or add it to the "
                        "server's subjects")
+
+
+def key_for(args: argparse.Namespace, uri: str) -> SubscriptionKey:
+    """The key of (``--subject``, ``--server``, ``uri``); an unusable URI is a usage error."""
     try:
-        return SubscriptionKey(subject=args.subject, server=args.server, uri=args.uri)
+        return SubscriptionKey(subject=args.subject, server=args.server, uri=uri)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise CliError(f"invalid subscription key: {problems}") from None
+
+
+def print_error(message: str) -> None:
+    """The one ``mcpsync: error:`` line (a driver's multi-line message is folded onto it)."""
+    print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def print_out(obj: Any, as_json: bool, text: str) -> None:

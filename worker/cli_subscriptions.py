@@ -18,6 +18,14 @@ Contract:
 - A subscription that does not exist is exit 4; a workflow query or update without an answer
   within ``--timeout`` (no worker) is exit 6; ``subscribe`` for a subject the server does not
   list is exit 2.
+- Every command reaches a subscription's workflow under the id its ledger row recorded
+  (``Ledger.workflow_id_of``): one started under an older id scheme is found all the same. Only
+  a CLI configured without a database computes the id (``SubscriptionKey.workflow_id``).
+- ``subscribe`` takes one URI or many (``--uri A B`` or ``--uri A --uri B``): one output line per
+  URI, in order. With several, a URI that fails (an unusable URI, Temporal unavailable) is one
+  ``mcpsync: error: <uri>: ...`` line on stderr and the others are still subscribed; the exit
+  code is then the first failure's (2 unusable URI, 6 unavailable), 0 when all succeeded. A
+  wrong ``--server``/``--subject`` fails the whole command before any URI (exit 2).
 """
 
 from __future__ import annotations
@@ -38,10 +46,22 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.ledger import Ledger
 from activities.subscription_views import list_subscriptions, subscription_history
-from worker.cli_common import CliError, ExitCode, database_url, print_out, resolve_config, subscription_key
+from worker.cli_common import (
+    CliError,
+    ExitCode,
+    ExitStatus,
+    check_target,
+    database_url,
+    key_for,
+    print_error,
+    print_out,
+    resolve_config,
+    subscription_key,
+)
 from worker.config import Config
-from worker.runtime import connect_temporal, open_ledger, start_subscription, subscription_handle
+from worker.runtime import connect_temporal, open_ledger, start_subscription
 from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
 from workflows.records import (
     CloseReceipt,
@@ -190,13 +210,39 @@ def _history_line(e: dict[str, Any]) -> str:
 # --- shared plumbing ---------------------------------------------------------------------
 
 
-async def _query_record(client: Client, key: SubscriptionKey, timeout: float) -> ResourceSubscriptionV1 | None:
+async def _open_ledger(config: Config) -> Ledger | None:
+    """The ledger when a database is configured; None for a CLI configured with Temporal only."""
+    return await open_ledger(config.database.url, max_size=1) if config.database.url else None
+
+
+async def _workflow_id_in(ledger: Ledger | None, key: SubscriptionKey) -> str:
+    """The id ``key``'s subscription runs under: the ledger's record (``Ledger.workflow_id_of``).
+    Without a database configured it can only be computed: right for what this version started."""
+    return key.workflow_id if ledger is None else await ledger.workflow_id_of(key)
+
+
+async def _workflow_id(config: Config, key: SubscriptionKey) -> str:
+    """``_workflow_id_in`` the configured ledger, opened for this one lookup."""
+    ledger = await _open_ledger(config)
+    try:
+        return await _workflow_id_in(ledger, key)
+    finally:
+        if ledger is not None:
+            await ledger.pool.close()
+
+
+def _row_workflow_id(rows: Sequence[dict[str, Any]], key: SubscriptionKey) -> str:
+    """The workflow id in ``key``'s ledger row (``list_subscriptions``), computed only without one."""
+    return str(rows[0]["workflow_id"]) if rows else key.workflow_id
+
+
+async def _query_record(client: Client, workflow_id: str, timeout: float) -> ResourceSubscriptionV1 | None:
     """The workflow's record, or None when no workflow has that id.
 
     A query is answered by a worker: without one the server holds it until its own deadline, so
     the wait is bounded here and reported as unavailable (exit 6)."""
     try:
-        return await asyncio.wait_for(subscription_handle(client, key).query(
+        return await asyncio.wait_for(client.get_workflow_handle(workflow_id).query(
             QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1, rpc_timeout=timedelta(seconds=timeout)),
             timeout + 1.0)
     except RPCError as err:
@@ -207,9 +253,9 @@ async def _query_record(client: Client, key: SubscriptionKey, timeout: float) ->
     except TimeoutError:
         pass
     except WorkflowQueryFailedError as err:
-        raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {key.workflow_id}: {err}",
+        raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {workflow_id}: {err}",
                        ExitCode.UNAVAILABLE) from None
-    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {key.workflow_id} within {timeout:g} s "
+    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {workflow_id} within {timeout:g} s "
                    "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
 
 
@@ -218,18 +264,18 @@ def _not_found(key: SubscriptionKey) -> CliError:
                     ExitCode.NOT_FOUND)
 
 
-async def _update(client: Client, key: SubscriptionKey, name: str, arg: Any, result_type: type[T],
+async def _update(client: Client, workflow_id: str, name: str, arg: Any, result_type: type[T],
                   timeout: float) -> T | None:
-    """Execute a workflow update; None when no workflow runs for ``key``."""
+    """Execute a workflow update; None when no workflow runs under ``workflow_id``."""
     try:
-        return await asyncio.wait_for(subscription_handle(client, key).execute_update(
+        return await asyncio.wait_for(client.get_workflow_handle(workflow_id).execute_update(
             name, arg, result_type=result_type), timeout)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
     except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-        raise CliError(f"no answer to '{name}' from workflow {key.workflow_id} within {timeout:g} s "
+        raise CliError(f"no answer to '{name}' from workflow {workflow_id} within {timeout:g} s "
                        "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE) from None
 
 
@@ -267,17 +313,59 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
 
 async def cmd_subscribe(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config, configured_subject=True)
-    client = await connect_temporal(config.temporal)
-    handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
-    print_out({"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}, args.json,
-              f"subscribed: workflow {handle.id}")
+    check_target(args, config, configured_subject=True)
+    uris: list[str] = args.uri
+    # Every URI is checked before anything is contacted: an unusable one needs no Temporal.
+    keys: list[SubscriptionKey | CliError] = []
+    for uri in uris:
+        try:
+            keys.append(key_for(args, uri))
+        except CliError as exc:
+            if len(uris) == 1:
+                raise
+            keys.append(exc)
+    usable = any(isinstance(k, SubscriptionKey) for k in keys)
+    client = await connect_temporal(config.temporal) if usable else None
+    ledger = await _open_ledger(config) if usable else None
+    failures: list[ExitCode] = []
+
+    def failed(uri: str, message: str, code: ExitCode) -> None:
+        failures.append(code)
+        print_error(f"{uri}: {message}")
+
+    try:
+        for uri, key in zip(uris, keys, strict=True):
+            if isinstance(key, CliError):
+                failed(uri, str(key), key.code)
+                continue
+            assert client is not None
+            try:
+                # An existing subscription (whatever id scheme started it) is joined or reopened under its id.
+                handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
+                                                  workflow_id=await _workflow_id_in(ledger, key))
+            except RPCError as exc:
+                if len(uris) == 1 or exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                    raise
+                failed(uri, f"Temporal did not answer ({exc.status.name}: {exc.message[:200]})", ExitCode.UNAVAILABLE)
+                continue
+            doc = {"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}
+            if len(uris) == 1:
+                print_out(doc, args.json, f"subscribed: workflow {handle.id}")
+            else:  # one line per URI
+                print(json.dumps(doc, default=str) if args.json else f"subscribed: workflow {handle.id} for {uri}",
+                      flush=True)
+    finally:
+        if ledger is not None:
+            await ledger.pool.close()
+    if failures:
+        raise ExitStatus(failures[0])
 
 
 async def cmd_status(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config)
-    record = await _query_record(await connect_temporal(config.temporal), key, args.timeout)
+    client = await connect_temporal(config.temporal)
+    record = await _query_record(client, await _workflow_id(config, key), args.timeout)
     if record is None:
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
@@ -287,8 +375,9 @@ async def cmd_close(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config)
     client = await connect_temporal(config.temporal)
+    workflow_id = await _workflow_id(config, key)
     try:
-        receipt = await _update(client, key, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
+        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
                                 args.timeout)
     except WorkflowUpdateFailedError as err:
         raise CliError(f"close refused: {_cause(err)}") from None
@@ -320,8 +409,9 @@ async def cmd_resume(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config)
     client = await connect_temporal(config.temporal)
+    workflow_id = await _workflow_id(config, key)
     try:
-        record = await _update(client, key, UPDATE_RESUME, ResumeRequest(reason=args.reason),
+        record = await _update(client, workflow_id, UPDATE_RESUME, ResumeRequest(reason=args.reason),
                                ResourceSubscriptionV1, args.timeout)
     except WorkflowUpdateFailedError as err:
         raise CliError(f"resume refused: {_cause(err)}") from None  # e.g. nothing to resume: ACTIVE
@@ -369,7 +459,8 @@ async def cmd_get(args: argparse.Namespace) -> None:
     async def body(pool: Any) -> None:
         async def render() -> tuple[Any, str]:
             rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
-            record = await _query_record(client, key, args.timeout) if client is not None else None
+            record = (await _query_record(client, _row_workflow_id(rows, key), args.timeout)
+                      if client is not None else None)
             if not rows:
                 raise _not_found(key)
             records = {rows[0]["workflow_id"]: record} if record is not None else None
@@ -388,10 +479,11 @@ async def cmd_describe(args: argparse.Namespace) -> None:
 
     async def body(pool: Any) -> None:
         rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
-        record = await _query_record(client, key, args.timeout)
+        workflow_id = _row_workflow_id(rows, key)
+        record = await _query_record(client, workflow_id, args.timeout)
         if not rows and record is None:
             raise _not_found(key)
-        events = await subscription_history(pool, workflow_id=key.workflow_id, subject=key.subject,
+        events = await subscription_history(pool, workflow_id=workflow_id, subject=key.subject,
                                             server=key.server, uri=key.uri, limit=args.limit)
         receipts = [e for e in events if e["kind"] == "receipt"]
         audits = [e for e in events if e["kind"] == "audit"]
@@ -402,7 +494,7 @@ async def cmd_describe(args: argparse.Namespace) -> None:
         if record is not None and record.last_accepted_at is None and rows and rows[0]["last_accepted_at"]:
             # The ledger made the current version current: its receipt time is the acceptance time.
             record = record.model_copy(update={"last_accepted_at": datetime.fromisoformat(rows[0]["last_accepted_at"])})
-        lines = [f"{'workflow':>26}: {key.workflow_id}",
+        lines = [f"{'workflow':>26}: {workflow_id}",
                  f"{'ledger state':>26}: {ledger_state}"
                  + (f" (updated {_age_of(rows[0]['updated_at'], now)})" if rows else "")]
         lines.append(status_text(record, now) if record is not None
@@ -421,9 +513,10 @@ async def cmd_history(args: argparse.Namespace) -> None:
     key = subscription_key(args, config)
 
     async def body(pool: Any) -> None:
-        if not await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri):
+        rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
+        if not rows:
             raise _not_found(key)
-        events = await subscription_history(pool, workflow_id=key.workflow_id, subject=key.subject,
+        events = await subscription_history(pool, workflow_id=_row_workflow_id(rows, key), subject=key.subject,
                                             server=key.server, uri=key.uri, limit=args.limit)
         print_out(events, args.json, "\n".join(_history_line(e) for e in events) or "no receipts or audit rows")
 
@@ -437,10 +530,14 @@ def register(sub: Any) -> None:
     """Add the subscription commands to the top-level subparsers ``sub``."""
 
     def keyed(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]], *,
-              epilog: str) -> argparse.ArgumentParser:
+              epilog: str, many: bool = False) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_, description=help_, epilog=epilog)
         c.add_argument("--server", required=True, help="configured server name")
-        c.add_argument("--uri", required=True, help="the resource URI, exactly as listed")
+        if many:
+            c.add_argument("--uri", required=True, nargs="+", action="extend", metavar="URI",
+                           help="the resource URI, exactly as listed (several: --uri A B, or --uri repeated)")
+        else:
+            c.add_argument("--uri", required=True, help="the resource URI, exactly as listed")
         c.add_argument("--subject", default="anonymous", help="the subject (identity) the subscription reads as")
         c.set_defaults(func=func)
         return c
@@ -461,9 +558,14 @@ def register(sub: Any) -> None:
                            help="keep running; print again whenever the output changes (polls the ledger)")
             c.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval of --watch")
 
-    s = keyed("subscribe", "start (or join) the subscription workflow of a URI", cmd_subscribe,
-              epilog="example: mcpsync subscribe --server demo --uri demo://policy/escalation")
-    json_flag(s)
+    s = keyed("subscribe", "start (or join) the subscription workflow of one or more URIs", cmd_subscribe,
+              many=True,
+              epilog="examples:\n  mcpsync subscribe --server demo --uri demo://policy/escalation\n"
+                     "  mcpsync subscribe --server demo --uri demo://a demo://b --uri demo://c\n"
+                     "one line per URI; exit 0 if all were subscribed, else the first failure's code\n"
+                     "(2 unusable URI, 6 Temporal unavailable), each failure one 'mcpsync: error:' line")
+    s.add_argument("--json", action="store_true",
+                   help="print JSON: one document; with several URIs one JSON object a line, one a URI")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
     query_timeout(s)

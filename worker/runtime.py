@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from temporalio.client import Client, TLSConfig, WorkflowHandle
+from temporalio.client import Client, TLSConfig
 from temporalio.common import (
     WorkerDeploymentVersion,
 )
@@ -72,7 +72,6 @@ __all__ = [
     "start_catalogs",
     "run_services",
     "start_subscription",
-    "subscription_handle",
     "start_catalog",
 ]
 
@@ -280,7 +279,3 @@ async def start_catalogs(client: Client, config: Config) -> list[str]:
                                          task_queue=config.temporal.task_queue)
             started.append(handle.id)
     return started
-
-
-def subscription_handle(client: Client, key: SubscriptionKey) -> WorkflowHandle:
-    return client.get_workflow_handle(key.workflow_id)

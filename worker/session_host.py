@@ -10,7 +10,8 @@ Contract:
   A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
 - Notifications only become ``resource_updated`` signals, stamped with the
   generation of the session that received them, to the workflow of the exact
-  (subject, server, URI). A URI with no subscription gets an audit row; a
+  (subject, server, URI), under the id its ledger row recorded (``Ledger.note_notification``
+  answers it: a subscription started under an older id scheme is found all the same). A URI with no subscription gets an audit row; a
   subscription with no running workflow gets an audit row; nothing is guessed and
   no workflow is ever started from here.
 - URI identity (docs/identity.md): a notification only invalidates. When its exact URI is
@@ -71,7 +72,6 @@ from workflows.records import (
     ListChanged,
     ResourceUpdated,
     SessionChanged,
-    SubscriptionKey,
 )
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
@@ -472,11 +472,11 @@ class SessionHost:
                                     detail={"reason": reason})
 
     async def _route(self, uri: str, generation: int) -> None:
-        fence = await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
-        if fence is None:
+        noted = await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
+        if noted is None:
             await self._unknown_uri(uri, generation)
             return
-        await self._signal_updated(uri, generation, fence.notifications_seen)
+        await self._signal_updated(noted.workflow_id, uri, generation, noted.fence.notifications_seen)
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
         # so both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
@@ -485,11 +485,11 @@ class SessionHost:
                                     detail={"observed_uri": uri, "sibling_uri": sibling_uri})
             sibling = await self.ledger.note_notification(self.subject, self.server.name, sibling_uri, generation)
             if sibling is not None:
-                await self._signal_updated(sibling_uri, generation, sibling.notifications_seen)
+                await self._signal_updated(sibling.workflow_id, sibling_uri, generation, sibling.fence.notifications_seen)
 
-    async def _signal_updated(self, uri: str, generation: int, sequence: int) -> None:
-        """``resource_updated`` to the workflow of the exact (subject, server, ``uri``)."""
-        workflow_id = SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri).workflow_id
+    async def _signal_updated(self, workflow_id: str, uri: str, generation: int, sequence: int) -> None:
+        """``resource_updated`` to the workflow of the exact (subject, server, ``uri``): the id its
+        ledger row recorded (a subscription started under an older id scheme keeps that id)."""
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
                               notification_id=uuid.uuid4().hex, sequence=sequence)
         try:

@@ -116,7 +116,9 @@ async def run_up(args: argparse.Namespace) -> None:
         stack.push_async_callback(_cancel, services)
 
         key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
-        handle = await start_subscription(client, key, task_queue=config.temporal.task_queue)
+        # A state dir from an older version holds the demo subscription under its old id: join it.
+        handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
+                                          workflow_id=await ledger.workflow_id_of(key))
         await start_catalogs(client, config)
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
         print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)

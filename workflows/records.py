@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from workflows.uris import MAX_URI_LENGTH, uri_problem
+from workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
 __all__ = [
     "TERMINAL_STATES",
@@ -59,6 +59,7 @@ __all__ = [
     "UnsubscribeOutcome",
     "AllocateRequest",
     "FenceSnapshot",
+    "NotedNotification",
     "EnsureRequest",
     "KeyRequest",
     "SetStateRequest",
@@ -145,10 +146,26 @@ class SubscriptionKey(_Frozen):
 
     @property
     def workflow_id(self) -> str:
-        # The URI can be long and contain anything; the id hashes it and keeps the
-        # readable parts. The exact URI lives in the memo and search attributes.
-        h = hashlib.sha256(f"{self.subject}\0{self.server}\0{self.uri}".encode()).hexdigest()[:24]
-        return f"mcpsync-sub/{self.server}/{self.subject}/{h}"
+        """The id a NEW subscription of this key starts under: ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
+
+        Computed only for a key the ledger has no row for: once a subscription runs, its row
+        records the id it runs under (older ones: ``legacy_workflow_id``) and everything that
+        routes to it reads that (``activities.ledger.Ledger.workflow_id_of``; docs/upgrades.md,
+        "Workflow ids").
+        The URI can be long and contain anything: the slug (``workflows.uris.uri_slug``) is a
+        bounded readable label, the hash keeps ids unique. The exact URI is in the memo and
+        search attributes."""
+        return f"mcpsync-sub/{self.server}/{self.subject}/{uri_slug(self.uri)}-{self._hash()}"
+
+    @property
+    def legacy_workflow_id(self) -> str:
+        """The id scheme before readable ids (``mcpsync-sub/<server>/<subject>/<hash>``, the same hash).
+        Nothing routes by it: subscriptions started under it are found through their ledger row.
+        Kept so operators and tests can name such a workflow."""
+        return f"mcpsync-sub/{self.server}/{self.subject}/{self._hash()}"
+
+    def _hash(self) -> str:
+        return hashlib.sha256(f"{self.subject}\0{self.server}\0{self.uri}".encode()).hexdigest()[:24]
 
 
 class SubscriptionOptions(_Frozen):
@@ -419,6 +436,14 @@ class FenceSnapshot(_Frozen):
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
     notifications_seen: int = 0
+
+
+class NotedNotification(_Frozen):
+    """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the
+    ingress signals, and the row's update counter after this notification."""
+
+    workflow_id: str  # the id the subscription's workflow runs under (its ledger row's record)
+    fence: FenceSnapshot
 
 
 class EnsureRequest(_Frozen):

@@ -6,18 +6,26 @@ host lower-cased, percent-encoding hex upper-cased, percent-encoded unreserved
 characters decoded, dot segments removed) is used only to *detect* two strings that
 may name the same resource, so that such a pair is audited and sent to
 RECONCILIATION_REQUIRED instead of being routed to each other.
+
+``uri_slug`` is the readable part of a subscription's workflow id (docs/upgrades.md,
+"Workflow ids"): a pure function of the URI string, ASCII only, bounded, never empty for a
+URI ``uri_problem`` accepts (its scheme starts with a letter). It only labels; the hash beside
+it keeps ids unique.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
-__all__ = ["MAX_URI_LENGTH", "normalize_uri", "ambiguous_pairs", "uri_problem"]
+__all__ = ["MAX_URI_LENGTH", "SLUG_MAX_LENGTH", "normalize_uri", "ambiguous_pairs", "uri_problem", "uri_slug"]
 
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 _UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?P<rest>.*)$", re.S)
 MAX_URI_LENGTH = 8192
+SLUG_MAX_LENGTH = 48
+_SLUG_SEPARATORS = re.compile(r"([^a-z0-9]+)")
 
 
 def _pct(m: re.Match[str]) -> str:
@@ -78,3 +86,23 @@ def uri_problem(uri: str) -> str | None:
     if _URI.match(uri) is None:
         return "URI has no scheme"
     return None
+
+
+def uri_slug(uri: str) -> str:
+    """``demo://docs/Read%20Me.md`` -> ``demo-docs-read-me.md``: lowercase ASCII letters, digits, ``-``
+    and single ``.`` between them, at most ``SLUG_MAX_LENGTH`` characters.
+
+    Percent-escapes are decoded first (they read better as the characters they stand for); every
+    non-ASCII character, and every run of other characters (``/``, ``:``, ``..``, ``?``, ...) is one
+    ``-``. A longer slug keeps its end, where a URI usually names the resource, starting at a word
+    boundary. Deliberately no Unicode folding (NFKD, case mapping of non-ASCII): those tables change
+    with the Python version, and a key's computed id must not."""
+    text = unquote(uri).encode("ascii", "replace").decode("ascii").lower()
+    parts = _SLUG_SEPARATORS.split(text)  # words at even indexes, separator runs at odd ones
+    slug = "".join(p if i % 2 == 0 or p == "." else "-" for i, p in enumerate(parts)).strip("-.")
+    if len(slug) > SLUG_MAX_LENGTH:
+        tail = slug[-SLUG_MAX_LENGTH:]
+        # Cut at a separator when one is near, rather than inside a word.
+        cut = next((i for i, c in enumerate(tail[: SLUG_MAX_LENGTH // 3]) if c in "-."), -1)
+        slug = tail[cut + 1:].strip("-.")
+    return slug

@@ -1,0 +1,178 @@
+"""Readable subscription workflow ids (issue 13) and the compatibility rule for older ones.
+
+Unit: ``uri_slug`` and ``SubscriptionKey.workflow_id`` give a valid, bounded, deterministic id
+for any URI the key accepts (unicode, huge, percent-encoded, dot segments, empty path).
+Real stack (Temporal dev server, PostgreSQL, the fixture MCP server, the worker, the real CLI):
+a subscription started under the legacy id keeps receiving ingress notifications and is found by
+``mcpsync subscribe`` / ``status`` / ``close``; a new one runs under the readable id, recorded
+once in its ledger row."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.ledger import Ledger
+from tests.conftest import eventually, ledger_rows
+from tests.test_cli import CliStack, cli_stack
+from worker.fixture import FixtureProcess
+from worker.runtime import start_subscription
+from worker.stack import TemporalDevServer
+from workflows.records import AcceptVerdict, SubscriptionKey, TriggerReason
+from workflows.uris import MAX_URI_LENGTH, SLUG_MAX_LENGTH, uri_slug
+
+SAFE = re.compile(r"^[a-z0-9](?:[a-z0-9-]|\.(?!\.))*[a-z0-9]$|^[a-z0-9]$")
+
+
+def _key(uri: str, *, subject: str = "alice", server: str = "demo") -> SubscriptionKey:
+    return SubscriptionKey(subject=subject, server=server, uri=uri)
+
+
+# --- unit -------------------------------------------------------------------------------------
+
+
+def test_the_scheme_is_pinned_and_keeps_the_legacy_hash() -> None:
+    key = _key("demo://policy/escalation")
+    # The pre-readable id of this key, as the code before this change computed it.
+    assert key.legacy_workflow_id == "mcpsync-sub/demo/alice/9019e8982d17d7549faa58c4"
+    assert key.workflow_id == "mcpsync-sub/demo/alice/demo-policy-escalation-9019e8982d17d7549faa58c4"
+    assert _key("demo://policy/escalation").workflow_id == key.workflow_id  # pure: same key, same id
+
+
+@pytest.mark.parametrize(("uri", "slug"), [
+    ("demo://docs/Read%20Me.md", "demo-docs-read-me.md"),  # %-escapes decoded, lowercased, '.' kept
+    ("demo://x/%2e%2e/%2F%00%ff", "demo-x"),  # encoded '..', '/', NUL and a non-UTF-8 byte: separators
+    ("file:///srv/../etc/./passwd", "file-srv-etc-passwd"),  # '..' and '.' segments never survive
+    ("demo://café/日本語/🙂", "demo-caf"),  # non-ASCII dropped, never folded (version-stable)
+    ("demo:", "demo"),  # empty path
+    ("demo://", "demo"),
+    ("urn:isbn:0451450523", "urn-isbn-0451450523"),
+    ("HTTPS://Example.COM/A_B?q=1#frag", "https-example.com-a-b-q-1-frag"),
+])
+def test_slug(uri: str, slug: str) -> None:
+    assert uri_slug(uri) == slug
+    assert SAFE.match(slug), slug
+
+
+def test_a_huge_uri_gives_a_bounded_slug_that_keeps_its_end() -> None:
+    uri = "file:///" + "/".join(f"dir{i}" for i in range(1000)) + "/Final-Report.PDF"
+    assert len(uri) <= MAX_URI_LENGTH
+    slug = uri_slug(uri)
+    assert len(slug) <= SLUG_MAX_LENGTH and slug.endswith("-final-report.pdf") and SAFE.match(slug)
+    assert slug.startswith("dir"), "cut at a word boundary, not inside one"
+    one_word = uri_slug("demo:" + "x" * (MAX_URI_LENGTH - 5))
+    assert one_word == "x" * SLUG_MAX_LENGTH
+
+
+@pytest.mark.parametrize("uri", [
+    "demo://docs/Read%20Me.md", "demo://café/日本語", "file:///" + "a/" * 4000, "demo:..", "demo:%", "demo:%zz%",
+    "x:" + "é" * 8000, "demo://a/%2e%2e%2f%2e%2e%2fetc", "z:?#",
+])
+def test_every_valid_uri_gives_a_valid_bounded_id(uri: str) -> None:
+    key = _key(uri)
+    prefix = "mcpsync-sub/demo/alice/"
+    assert key.workflow_id.startswith(prefix)
+    tail = key.workflow_id[len(prefix):]
+    slug, _, digest = tail.rpartition("-")
+    assert SAFE.match(slug) and len(slug) <= SLUG_MAX_LENGTH, tail
+    assert re.fullmatch(r"[0-9a-f]{24}", digest) and key.legacy_workflow_id == prefix + digest
+    assert len(key.workflow_id) <= len(prefix) + SLUG_MAX_LENGTH + 1 + 24
+
+
+def test_uris_that_slug_alike_get_distinct_ids() -> None:
+    a, b = _key("demo://docs/a b"), _key("demo://docs/a%20b")
+    assert uri_slug(a.uri) == uri_slug(b.uri) == "demo-docs-a-b"
+    assert a.workflow_id != b.workflow_id
+
+
+# --- real stack ---------------------------------------------------------------------------------
+
+
+async def _describe_status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
+    try:
+        return (await client.get_workflow_handle(workflow_id).describe()).status
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client, ledger: Ledger,
+                                                         temporal_server: TemporalDevServer, fx: FixtureProcess,
+                                                         database_url: str, tmp_path: Path) -> None:
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        uri = f"demo://ids/legacy-{uuid.uuid4().hex[:8]}"
+        key = SubscriptionKey(subject="alice", server=st.server.name, uri=uri)
+        first = await fx.create(uri, text="v1")
+        # A subscription as a worker before readable ids started it: under the legacy id, explicitly.
+        handle = await start_subscription(temporal_client, key, task_queue=st.task_queue,
+                                          workflow_id=key.legacy_workflow_id)
+        assert handle.id == key.legacy_workflow_id != key.workflow_id
+
+        async def accepted(digest: str) -> bool:
+            return (await ledger.load_fence(key)).last_accepted_digest == digest
+
+        await eventually(lambda: accepted(first["committed"]["digest"]), timeout=30, what="first version accepted")
+        # The ledger recorded the id the workflow really runs under, once.
+        assert await ledger_rows(ledger, "SELECT workflow_id FROM subscriptions WHERE subject=%s AND server=%s"
+                                 " AND uri=%s", "alice", st.server.name, uri) == [(key.legacy_workflow_id,)]
+        assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
+
+        # Ingress: the server's notification reaches the legacy workflow, which reads the new version.
+        second = await fx.edit(uri, text="v2")
+        await eventually(lambda: accepted(second["committed"]["digest"]), timeout=30, what="notified version")
+        receipts = await ledger.receipts(key)
+        assert [r.trigger for r in receipts if r.status == AcceptVerdict.ACCEPTED][-1] == TriggerReason.UPDATED
+        assert not await ledger_rows(ledger, "SELECT 1 FROM audit WHERE kind IN ('NOTIFICATION_NO_WORKFLOW',"
+                                     " 'WORKFLOW_ID_MISMATCH') AND uri=%s", uri)
+
+        # The CLI: subscribe joins the legacy workflow (no second one), status and close find it.
+        joined = await st.cli("subscribe", *st.key_args(uri), "--json")
+        assert joined.code == 0, joined.err
+        assert joined.json()["workflow_id"] == key.legacy_workflow_id
+        assert await _describe_status(temporal_client, key.workflow_id) is None, "no workflow under the new id"
+        status = await st.cli("status", *st.key_args(uri), "--json")
+        assert status.code == 0 and status.json()["last_accepted_digest"] == second["committed"]["digest"]
+        described = await st.cli("describe", *st.key_args(uri))
+        assert described.code == 0 and f"workflow: {key.legacy_workflow_id}" in described.out
+        closed = await st.cli("close", *st.key_args(uri), "--json")
+        assert closed.code == 0, closed.err
+        assert closed.json()["state"] == "CLOSED"
+        assert await _describe_status(temporal_client, key.legacy_workflow_id) == WorkflowExecutionStatus.COMPLETED
+
+
+async def test_a_new_subscription_gets_the_readable_id(temporal_client: Client, ledger: Ledger,
+                                                       temporal_server: TemporalDevServer, fx: FixtureProcess,
+                                                       database_url: str, tmp_path: Path) -> None:
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        name = f"Café Menu {uuid.uuid4().hex[:6]}.TXT"
+        uri = f"demo://ids/{name.replace(' ', '%20')}"
+        key = SubscriptionKey(subject="alice", server=st.server.name, uri=uri)
+        first = await fx.create(uri, text="v1")
+        r = await st.cli("subscribe", *st.key_args(uri))
+        assert r.code == 0, r.err
+        assert key.workflow_id.startswith(f"mcpsync-sub/{st.server.name}/alice/demo-ids-caf-menu-")
+        assert r.out.strip() == f"subscribed: workflow {key.workflow_id}"
+
+        async def accepted() -> bool:
+            return (await ledger.load_fence(key)).last_accepted_digest == first["committed"]["digest"]
+
+        await eventually(accepted, timeout=30, what="first version accepted")
+        assert await ledger.workflow_id_of(key) == key.workflow_id
+        second = await fx.edit(uri, text="v2")
+        await eventually(lambda: _status_digest(st, uri, second["committed"]["digest"]), timeout=30,
+                         interval=0.5, what="notified version, seen by 'mcpsync status'")
+        closed = await st.cli("close", *st.key_args(uri))
+        assert closed.code == 0 and closed.out.startswith("CLOSED: close epoch"), closed.out + closed.err
+        assert await _describe_status(temporal_client, key.workflow_id) == WorkflowExecutionStatus.COMPLETED
+
+
+async def _status_digest(st: CliStack, uri: str, digest: str) -> bool:
+    s = await st.cli("status", *st.key_args(uri), "--json")
+    assert s.code == 0, s.err
+    return bool(s.json()["last_accepted_digest"] == digest)
