@@ -455,16 +455,18 @@ async def cmd_rollout(args: argparse.Namespace) -> None:
 def _simulator() -> Any:
     """``sim.simulation`` from the source checkout this CLI runs from (an editable install)."""
     import importlib
-    import sys
 
-    root = Path(__file__).resolve().parent.parent
-    if (root / "sim" / "simulation.py").is_file() and str(root) not in sys.path:
-        sys.path.append(str(root))  # the console script's path does not include the checkout
+    from worker.stack import REPO_ROOT, SOURCE_CHECKOUT
+
+    if SOURCE_CHECKOUT and str(REPO_ROOT) not in sys.path:
+        # The console script's sys.path has the installed packages only; the dev-only simulator
+        # (a top-level folder of the checkout, left out of the wheel) is found from the checkout root.
+        sys.path.append(str(REPO_ROOT))
     try:
         return importlib.import_module("sim.simulation")
-    except ImportError:
-        raise CliError("simulate: the simulator ships with the source checkout (sim/), not the installed "
-                       "package; run it from a clone") from None
+    except ImportError as exc:
+        raise CliError(f"simulate: the simulator is dev-only and not part of this installation; run it from a "
+                       f"source checkout ({exc})") from None
 
 
 async def cmd_simulate(args: argparse.Namespace) -> None:

