@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from workflows.answer import (
+from mcpsync.workflows.answer import (
     AnswerAct,
     AnswerDependency,
     AnswerKeyRequest,
@@ -44,7 +44,7 @@ from workflows.answer import (
     RecordDispositionRequest,
     SelectLedgerRequest,
 )
-from workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
 
 __all__ = ["AnswerLedger", "AnswerLedgerActivities"]
 

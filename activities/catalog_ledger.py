@@ -4,7 +4,7 @@ Contract:
 - ``record_scan`` stores one ``resourceDiscoveryScan.v1`` row and the descriptors it
   listed (retries replace both). No cursor is ever stored; the row holds keyed digests.
 - ``publish`` is the only way a catalog comes into being. In one transaction it loads the
-  two scans, re-judges them with ``workflows.catalog.judge_pair`` (so a caller cannot talk
+  two scans, re-judges them with ``mcpsync.workflows.catalog.judge_pair`` (so a caller cannot talk
   it into an unreconciled catalog), refuses one older than the latest catalog of the view,
   writes the ``resourceCatalog.v1`` row, diffs scan B against the known set of
   (subject, server) and records every added / removed / changed URI. A refusal counts in
@@ -17,7 +17,7 @@ Contract:
 - Staged rollout lives in ``rollout_policies`` (absent = ALL); changing it never touches the
   subscription fences, watermarks or close receipts.
 - URI identity (docs/identity.md): ``publish`` flags each listed pair of URIs that normalize
-  alike (``workflows.uris.ambiguous_pairs``) once per (subject, server): a row in
+  alike (``mcpsync.workflows.uris.ambiguous_pairs``) once per (subject, server): a row in
   ``ambiguous_uri_pairs`` and one AMBIGUOUS_URI_LISTED audit row, in the publish transaction.
   Every ``catalog_reconciled`` observation carries ``variants``: the listed URIs that normalize
   like the subscribed one but differ from it (the evidence identity reconciliation needs).
@@ -42,9 +42,9 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.ledger import Ledger
-from activities.starters import start_subscription
-from workflows.catalog import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
+from mcpsync.workflows.catalog import (
     AutoSubscribeRequest,
     NotifyRequest,
     NotifyResult,
@@ -53,8 +53,8 @@ from workflows.catalog import (
     judge_pair,
     refresh_enabled,
 )
-from workflows.names import SIGNAL_CATALOG_RECONCILED, CatalogAct
-from workflows.records import (
+from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED, CatalogAct
+from mcpsync.workflows.records import (
     TERMINAL_STATES,
     CacheScope,
     CatalogKey,
@@ -68,7 +68,7 @@ from workflows.records import (
     SnapshotStatus,
     SubscriptionKey,
 )
-from workflows.uris import ambiguous_pairs, normalize_uri
+from mcpsync.workflows.uris import ambiguous_pairs, normalize_uri
 
 __all__ = ["CatalogLedger", "CatalogLedgerActivities", "CompletenessDecision", "ScanItem", "RELEASE_GATES"]
 

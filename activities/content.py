@@ -21,8 +21,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.digest import ContentPart, content_digest
-from workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.digest import ContentPart, content_digest
+from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
 
 __all__ = ["ContentKind", "ContentNotFound", "ContentRefused", "ReleasedContent", "released_content"]
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from workflows.uris import normalize_uri
+from mcpsync.workflows.uris import normalize_uri
 
 __all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_url"]
 
@@ -57,7 +57,7 @@ async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: 
 
 def _migration_files() -> list[tuple[int, str, str]]:
     found = []
-    for entry in resources.files("activities.migrations").iterdir():
+    for entry in resources.files("mcpsync.activities.migrations").iterdir():
         m = re.fullmatch(r"(\d+)_.*\.sql", entry.name)
         if m:
             found.append((int(m.group(1)), entry.name, entry.read_text()))

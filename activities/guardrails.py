@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from workflows.digest import ContentPart
+from mcpsync.workflows.digest import ContentPart
 
 __all__ = [
     "BinaryNotText",

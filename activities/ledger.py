@@ -2,13 +2,13 @@
 
 Contract:
 - ``Ledger(pool)`` builds every concern from one ``LedgerStore`` (the pool):
-  ``sessions`` (``activities.ledger_sessions``: sessions, leases), ``fence``
-  (``activities.ledger_fence``: subscription rows, reads, receipts, the sole acceptance point,
-  close, tombstone, revocation), ``content`` (``activities.ledger_content``: the body store),
-  ``journal`` (``activities.ledger_journal``: audit log, outbox) and ``reports``
-  (``activities.ledger_reports``: read-only views for tests and diagnostics).
+  ``sessions`` (``mcpsync.activities.ledger_sessions``: sessions, leases), ``fence``
+  (``mcpsync.activities.ledger_fence``: subscription rows, reads, receipts, the sole acceptance point,
+  close, tombstone, revocation), ``content`` (``mcpsync.activities.ledger_content``: the body store),
+  ``journal`` (``mcpsync.activities.ledger_journal``: audit log, outbox) and ``reports``
+  (``mcpsync.activities.ledger_reports``: read-only views for tests and diagnostics).
 - ``activities(meters)`` lists the ledger's Temporal activities: the concerns' own methods,
-  decorated where they are defined (no wrapper layer); their names are ``workflows.names.Act``.
+  decorated where they are defined (no wrapper layer); their names are ``mcpsync.workflows.names.Act``.
 - The rest is the ledger's Python API for the worker, the CLI, benchmarks and tests, under the
   names it always had: the concerns' methods themselves, and for an activity (which takes one
   request model) a plain-argument form that builds that request.
@@ -22,14 +22,14 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from activities.ledger_content import ContentLedger
-from activities.ledger_fence import FenceLedger
-from activities.ledger_journal import Journal
-from activities.ledger_reports import AuditRow, LedgerReports, OutboxRow
-from activities.ledger_sessions import SessionLedger
-from activities.ledger_store import LedgerStore
-from activities.meters import NO_METERS, Meters
-from workflows.records import (
+from mcpsync.activities.ledger_content import ContentLedger
+from mcpsync.activities.ledger_fence import FenceLedger
+from mcpsync.activities.ledger_journal import Journal
+from mcpsync.activities.ledger_reports import AuditRow, LedgerReports, OutboxRow
+from mcpsync.activities.ledger_sessions import SessionLedger
+from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.activities.meters import NO_METERS, Meters
+from mcpsync.workflows.records import (
     BeginSubscriptionRequest,
     CloseReceipt,
     FenceSnapshot,

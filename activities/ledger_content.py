@@ -3,7 +3,7 @@
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
   served to another. Nothing here logs a body; ``get_content`` and ``current_content`` are the
-  only ways out (``activities.content.released_content`` adds the release rules).
+  only ways out (``mcpsync.activities.content.released_content`` adds the release rules).
 - ``current_content`` serves the current version only while the subscription is ACTIVE and its
   body is still stored: never after a revocation.
 - ``purge_withdrawn`` runs inside a revocation's transaction: it deletes the subject's bodies
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from activities.ledger_store import LedgerStore
-from workflows.records import SubscriptionKey, SubscriptionState
+from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionState
 
 __all__ = ["ContentLedger"]
 

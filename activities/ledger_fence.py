@@ -6,10 +6,10 @@ Contract:
   against it, so a workflow whose history was reset or rolled back can ask, but never move
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
 - accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
-  ``workflows.fence`` and the pure planner in ``workflows.write_plan``, and ``_apply`` that plan
-  in the same transaction: receipt, outbox row (``activities.ledger_journal``), fence update,
+  ``mcpsync.workflows.fence`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply`` that plan
+  in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence update,
   audit row, ``read_requests`` completion, revocation (with the purge of
-  ``activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
+  ``mcpsync.activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
 - Rows are found by key (``ledger_store.fence_row``), never by ``key.workflow_id``: the row
@@ -18,8 +18,8 @@ Contract:
   workflow for one key is audited ``WORKFLOW_ID_MISMATCH``. Reads, receipts, outbox, audit and
   revocation rows carry that recorded id, and ``workflow_id_of`` / ``note_notification`` hand
   it to everything that routes to the workflow.
-- Activities (names in ``workflows.names.Act``) are these methods themselves, each taking one
-  request model of ``workflows.records``; ``accept`` reports its verdict through ``Meters``.
+- Activities (names in ``mcpsync.workflows.names.Act``) are these methods themselves, each taking one
+  request model of ``mcpsync.workflows.records``; ``accept`` reports its verdict through ``Meters``.
 """
 
 from __future__ import annotations
@@ -31,13 +31,20 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from activities.ledger_content import ContentLedger
-from activities.ledger_journal import Journal
-from activities.ledger_store import BY_KEY, LedgerStore, fence_row, key_params, recorded_workflow_id, snapshot
-from activities.meters import NO_METERS, Meters
-from workflows.fence import IssuedRead, allocate_ordinal, judge_read
-from workflows.names import Act
-from workflows.records import (
+from mcpsync.activities.ledger_content import ContentLedger
+from mcpsync.activities.ledger_journal import Journal
+from mcpsync.activities.ledger_store import (
+    BY_KEY,
+    LedgerStore,
+    fence_row,
+    key_params,
+    recorded_workflow_id,
+    snapshot,
+)
+from mcpsync.activities.meters import NO_METERS, Meters
+from mcpsync.workflows.fence import IssuedRead, allocate_ordinal, judge_read
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
     TERMINAL_STATES,
     AcceptRequest,
     AcceptResult,
@@ -60,8 +67,8 @@ from workflows.records import (
     SubscriptionState,
     TombstoneRequest,
 )
-from workflows.uris import normalize_uri
-from workflows.write_plan import (
+from mcpsync.workflows.uris import normalize_uri
+from mcpsync.workflows.write_plan import (
     RevokeSource,
     WritePlan,
     accept_result,
@@ -175,7 +182,7 @@ class FenceLedger:
 
     async def normalized_siblings(self, subject: str, server: str, uri: str) -> list[tuple[str, str]]:
         """(workflow_id, uri) of the non-terminal subscriptions of (subject, server) whose URI differs
-        from ``uri`` but normalizes alike (``workflows.uris.normalize_uri``): one indexed query.
+        from ``uri`` but normalizes alike (``mcpsync.workflows.uris.normalize_uri``): one indexed query.
         Never a route: a caller may only invalidate or flag them."""
         async with self.store.pool.connection() as conn:
             cur = await conn.execute(
@@ -258,7 +265,7 @@ class FenceLedger:
 
     @activity.defn(name=Act.ALLOCATE_READ)
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """CAS the next ordinal (``workflows.fence.allocate_ordinal`` on the locked row)."""
+        """CAS the next ordinal (``mcpsync.workflows.fence.allocate_ordinal`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)

@@ -3,13 +3,13 @@
 Contract:
 - ``audit`` appends one row (kind, the subscription it concerns, a JSON detail); activity
   ``ledger_audit`` is the workflow's way to it. Audit rows never hold a body.
-- The outbox is written only inside a fenced transaction of ``activities.ledger_fence`` (the
+- The outbox is written only inside a fenced transaction of ``mcpsync.activities.ledger_fence`` (the
   write plan's ``OutboxPlan``): ``insert_outbox`` and ``insert_audit`` take that transaction's
   cursor. ``withdrawn`` lists what a tombstone or a revocation withdraws (every receipt of the
   subscription and the digests they name, ``outboxEvent.v1`` ``invalidates``).
-- A staged rollout (``rollout_policies``; no row means ALL, ``workflows.catalog.refresh_enabled``)
+- A staged rollout (``rollout_policies``; no row means ALL, ``mcpsync.workflows.catalog.refresh_enabled``)
   decides whether a gated invalidation is published; a held one leaves an audit row instead.
-- Consumers read the outbox through ``activities.outbox`` (positions, not ids; docs/outbox.md).
+- Consumers read the outbox through ``mcpsync.activities.outbox`` (positions, not ids; docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -21,10 +21,16 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from activities.ledger_store import LedgerStore, recorded_workflow_id
-from workflows.catalog import refresh_enabled
-from workflows.names import Act
-from workflows.records import AuditRequest, OutboxEventType, RolloutMode, RolloutPolicy, SubscriptionKey
+from mcpsync.activities.ledger_store import LedgerStore, recorded_workflow_id
+from mcpsync.workflows.catalog import refresh_enabled
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
+    AuditRequest,
+    OutboxEventType,
+    RolloutMode,
+    RolloutPolicy,
+    SubscriptionKey,
+)
 
 __all__ = ["Journal"]
 
@@ -114,7 +120,7 @@ class Journal:
 
     @staticmethod
     async def rollout_allows(cur: Any, key: SubscriptionKey) -> bool:
-        """The staged rollout (``workflows.catalog.refresh_enabled``); no policy row means ALL."""
+        """The staged rollout (``mcpsync.workflows.catalog.refresh_enabled``); no policy row means ALL."""
         await cur.execute("SELECT mode, percent FROM rollout_policies WHERE server=%s", (key.server,))
         row = await cur.fetchone()
         if row is None:

@@ -2,7 +2,7 @@
 
 Contract: queries only, never a write, never a body. Not for consumers: ``outbox_after`` pages by
 id, and id order is not commit order (a row can be skipped for good); consumers use
-``activities.outbox`` (positions; docs/outbox.md).
+``mcpsync.activities.outbox`` (positions; docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from activities.ledger_store import BY_KEY, LedgerStore, jsonable, key_params
-from workflows.records import AcceptVerdict, CacheScope, ResourceVersionV1, SubscriptionKey, TriggerReason
+from mcpsync.activities.ledger_store import BY_KEY, LedgerStore, jsonable, key_params
+from mcpsync.workflows.records import (
+    AcceptVerdict,
+    CacheScope,
+    ResourceVersionV1,
+    SubscriptionKey,
+    TriggerReason,
+)
 
 __all__ = ["LedgerReports", "OutboxRow", "AuditRow"]
 

@@ -17,9 +17,9 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from activities.ledger_store import LedgerStore
-from workflows.names import Act
-from workflows.records import SessionInfo, SessionQuery
+from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import SessionInfo, SessionQuery
 
 __all__ = ["SessionLedger"]
 

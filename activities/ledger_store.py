@@ -22,7 +22,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from workflows.records import FenceSnapshot, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records import FenceSnapshot, SubscriptionKey, SubscriptionState
 
 __all__ = ["LedgerStore", "BY_KEY", "key_params", "snapshot", "fence_row", "recorded_workflow_id", "jsonable"]
 

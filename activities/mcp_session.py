@@ -43,12 +43,12 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.guardrails import GuardrailChain, default_chain
-from activities.ledger import Ledger
-from activities.meters import NO_METERS, Meters
-from workflows.digest import ContentPart, content_digest
-from workflows.names import Act
-from workflows.records import (
+from mcpsync.activities.guardrails import GuardrailChain, default_chain
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.meters import NO_METERS, Meters
+from mcpsync.workflows.digest import ContentPart, content_digest
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
     CacheScope,
     ReadOutcome,
     ReadOutcomeKind,

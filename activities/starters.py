@@ -23,7 +23,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
-from workflows.names import (
+from mcpsync.workflows.names import (
     CATALOG_WORKFLOW_TYPE,
     SA_CATALOG_STATE,
     SA_SERVER,
@@ -32,7 +32,7 @@ from workflows.names import (
     SA_URI,
     WORKFLOW_TYPE,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogKey,
     CatalogPolicy,
     CatalogStart,

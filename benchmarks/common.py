@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
 
 __all__ = ["fetch_rows", "fetch_scalar", "gather_limited", "percentile", "until"]
 

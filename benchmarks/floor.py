@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.client import Client
     from temporalio.worker import Worker
 
-    from activities.mcp_session import read_digest
+    from mcpsync.activities.mcp_session import read_digest
 
 __all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "measure", "prepare_table"]
 

@@ -6,7 +6,7 @@ Contract:
 - Each (layout, S) runs in a fresh child process (its RSS is its own): a fresh Temporal dev
   server and database (``benchmarks.run.Postgres``), one fixture MCP server over streamable HTTP
   and S ``SessionHost``s of one ``ServerConfig`` listing S subjects, each with its own MCP session.
-  Layouts: ``process`` is production ``worker.runtime.run_services(..., with_main_worker=False)``:
+  Layouts: ``process`` is production ``mcpsync.worker.runtime.run_services(..., with_main_worker=False)``:
   one ``Ingress``, so one Temporal worker and one task queue for all S sessions. ``session`` is
   the layout before issue 12 item 5: every host an ingress of one (``SessionHost`` without an
   ingress), so S workers on S queues. No subscription is started: this is the cost of hosting
@@ -40,13 +40,13 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
 from benchmarks.common import until
-from worker.config import Config, ServerConfig, TemporalConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import open_ledger, run_services
-from worker.session_host import SessionHost
-from worker.stack import TemporalDevServer, state_dir
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import open_ledger, run_services
+from mcpsync.worker.session_host import SessionHost
+from mcpsync.worker.stack import TemporalDevServer, state_dir
 
 __all__ = ["Layout", "measure_one", "run_scale"]
 

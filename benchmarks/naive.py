@@ -21,8 +21,8 @@ import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from activities.mcp_session import read_digest
-from workflows.digest import ContentPart, content_digest
+from mcpsync.activities.mcp_session import read_digest
+from mcpsync.workflows.digest import ContentPart, content_digest
 
 __all__ = ["NaiveClient", "FloorSample", "measure_floor", "text_digest"]
 

@@ -6,7 +6,7 @@
 
 Per (transport, N): a fresh Temporal dev server (free ports) and a fresh PostgreSQL database
 (``MCPSYNC_DATABASE_URL``'s server, else an embedded one under the state dir); N subscriptions
-on one in-process worker (``worker.runtime.run_services``) against the fixture MCP server over
+on one in-process worker (``mcpsync.worker.runtime.run_services``) against the fixture MCP server over
 streamable HTTP or stdio. Side by side in the same run:
 
 - the **system** (mcpsync),
@@ -21,7 +21,7 @@ uniform in 1..5; one notification in every 100 is dropped through the fixture's
 ``drop_notifications`` fault) → drain (until everything converged, ``--drain-timeout`` after the
 last change, or only changes that lost notifications remain) → repair (one more edit on URIs left
 behind by a dropped notification) → burst (notifications without changes, as fast as the fixture
-sends them: sustained ingest rate) → revocation (``worker.runtime.revoke`` on a sample).
+sends them: sustained ingest rate) → revocation (``mcpsync.worker.runtime.revoke`` on a sample).
 
 Staleness (``benchmarks.staleness``), in the same run: right before the churn, two small sets of
 subscriptions start on fixture servers of their own: one without subscribe (it polls every
@@ -83,20 +83,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
-from activities.outbox import OutboxConsumer
 from benchmarks import cost, floor, ingress_scale, staleness
 from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
-from worker import metrics
-from worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
-from worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from worker.metrics import serve_metrics
-from worker.runtime import open_ledger, revoke, run_services, start_subscription
-from worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
-from workflows.names import Act
-from workflows.records import SubscriptionKey
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.outbox import OutboxConsumer
+from mcpsync.worker import metrics
+from mcpsync.worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
+from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from mcpsync.worker.metrics import serve_metrics
+from mcpsync.worker.runtime import open_ledger, revoke, run_services, start_subscription
+from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import SubscriptionKey
 
 __all__ = ["main", "run", "Options", "TARGETS"]
 
@@ -319,7 +319,7 @@ Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 class Probe:
-    """The benchmark's own ``worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per phase."""
+    """The benchmark's own ``mcpsync.worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per phase."""
 
     def __init__(self) -> None:
         self.server = serve_metrics(MetricsConfig(port=0), set_default_runtime=False)
@@ -345,7 +345,7 @@ class Probe:
     @staticmethod
     def mean_ms(d: Scrape, name: str, **labels: str) -> float | None:
         want = set(labels.items())
-        # The SDK's runtime exports durations in seconds with a unit suffix (worker.metrics: unit_suffix=True,
+        # The SDK's runtime exports durations in seconds with a unit suffix (mcpsync.worker.metrics: unit_suffix=True,
         # durations_as_seconds=True): temporal_request_latency is temporal_request_latency_seconds there.
         names = {name, f"{name}_seconds"}
         total = sum(v for (n, lab), v in d.items() if n.removesuffix("_sum") in names and n.endswith("_sum")
@@ -409,7 +409,7 @@ class Run:
 
 
 async def _session_queue(ledger: Ledger, server: str) -> str:
-    """The task queue of the ingress that holds the session (worker.ingress), from its session row."""
+    """The task queue of the ingress that holds the session (mcpsync.worker.ingress), from its session row."""
     session = await ledger.current_session(SUBJECT, server)
     return session.task_queue if session is not None else ""
 
@@ -956,7 +956,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         }
         r["consumer"] = {**summarize(consumer_lat), "not_received": consumer_missing,
                          "what": "outbox row written (created_at: its accept transaction) -> received by a durable consumer following "
-                                 "with LISTEN/NOTIFY (activities.outbox.OutboxConsumer.follow), churn events only"}
+                                 "with LISTEN/NOTIFY (mcpsync.activities.outbox.OutboxConsumer.follow), churn events only"}
         r["baseline"] = {
             "reads": base_reads,
             "reads_per_change": round(base_reads / len(changes), 3) if changes else None,

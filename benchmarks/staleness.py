@@ -9,7 +9,7 @@ Contract:
   loses every ``notifications/resources/updated``; only the safety re-read bounds staleness and
   the record publishes ``safety_read_seconds``.
 - :func:`start_profile` creates the profile's URIs on its fixture, starts the subscriptions with
-  the profile's options (production ``worker.runtime.start_subscription``) and waits until each
+  the profile's options (production ``mcpsync.worker.runtime.start_subscription``) and waits until each
   accepted its initial read.
 - :func:`drive` runs the window: every ``tick_seconds`` each profile gets one edit of a random
   URI (churn) and every subscription gets one catalog word (``catalog_reconciled``, listed=True),
@@ -36,12 +36,17 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
 from benchmarks.common import fetch_rows, fetch_scalar, percentile, until
-from worker.fixture import FixtureControl
-from worker.runtime import start_subscription
-from workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
-from workflows.records import CatalogObservation, ResourceSubscriptionV1, SubscriptionKey, SubscriptionOptions
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.fixture import FixtureControl
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.records import (
+    CatalogObservation,
+    ResourceSubscriptionV1,
+    SubscriptionKey,
+    SubscriptionOptions,
+)
 
 __all__ = ["DROP_ALL", "Profile", "ProfileRun", "StalenessPlan", "drive", "gaps_between_reads", "measure",
            "start_profile"]

@@ -1,7 +1,7 @@
 """The simulator's interpreter of the subscription program: a deterministic coroutine scheduler.
 
 Contract:
-- ``ProgramRun`` runs ``workflows.subscription_program.SubscriptionProgram`` (the code
+- ``ProgramRun`` runs ``mcpsync.workflows.subscription_program.SubscriptionProgram`` (the code
   production runs) as one Temporal run would: the main coroutine, read tasks and async
   handlers are coroutines it steps by hand. An activation runs every ready coroutine, then
   checks the wait conditions in the order they were registered (all that hold wake up),
@@ -29,8 +29,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from workflows.fence import SubscriptionFence, UpdateDisposition
-from workflows.records import (
+from mcpsync.workflows.fence import SubscriptionFence, UpdateDisposition
+from mcpsync.workflows.records import (
     CatalogObservation,
     CloseRequest,
     IdentityConflict,
@@ -39,7 +39,7 @@ from workflows.records import (
     SessionChanged,
     SubscriptionStart,
 )
-from workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
 
 __all__ = ["ProgramRun", "RunStage", "Signal", "ScheduleActivity", "ContinueAsNew", "LOOP_BUDGET"]
 
@@ -57,7 +57,7 @@ class RunStage(StrEnum):
 
 
 class Signal(StrEnum):
-    """Signals and updates the simulation delivers (the wire names of ``workflows.names``)."""
+    """Signals and updates the simulation delivers (the wire names of ``mcpsync.workflows.names``)."""
 
     UPDATED = "updated"
     SESSION_CHANGED = "session_changed"

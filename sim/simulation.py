@@ -5,9 +5,9 @@ Contract:
   randomness only from ``random.Random`` seeded per schedule (``schedule_seed``). The same
   seed, config and code give the same events and the same result, byte for byte.
 - Drives the SAME code production runs, not a re-implementation: the workflow side is
-  ``workflows.subscription_program.SubscriptionProgram`` (the program ``ResourceSubscriptionWorkflow``
+  ``mcpsync.workflows.subscription_program.SubscriptionProgram`` (the program ``ResourceSubscriptionWorkflow``
   runs), interpreted by ``sim.runtime.ProgramRun``; the durable side is the fence rules
-  (``allocate_ordinal``, ``judge_read`` …) turned into write plans by ``workflows.write_plan``
+  (``allocate_ordinal``, ``judge_read`` …) turned into write plans by ``mcpsync.workflows.write_plan``
   and applied by ``MemoryLedger``, an in-memory model of the PostgreSQL tables
   (``subscriptions``, ``read_requests``, ``resource_versions``, ``outbox``, ``audit``,
   ``mcp_sessions``) that applies the same plans as ``activities/ledger_fence.py``, including
@@ -44,9 +44,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
-from workflows.digest import ContentPart, content_digest
-from workflows.fence import (
+from mcpsync.workflows.digest import ContentPart, content_digest
+from mcpsync.workflows.fence import (
     TERMINAL,
     IssuedRead,
     Judgement,
@@ -54,8 +53,8 @@ from workflows.fence import (
     allocate_ordinal,
     judge_read,
 )
-from workflows.names import Act
-from workflows.records import (
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptResult,
     AcceptVerdict,
@@ -83,14 +82,14 @@ from workflows.records import (
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
-from workflows.subscription_program import (
+from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
     WaitKind,
 )
-from workflows.write_plan import (
+from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,
     WritePlan,
@@ -101,6 +100,7 @@ from workflows.write_plan import (
     plan_revoke,
     plan_tombstone,
 )
+from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
 
 __all__ = [
     "Invariant",
@@ -382,7 +382,7 @@ SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PEN
 class MemoryLedger:
     """The PostgreSQL ledger (``activities/ledger_fence.py``) for one subscription row, in memory.
 
-    accept / close / tombstone / revoke apply the plan ``workflows.write_plan`` makes, the plan
+    accept / close / tombstone / revoke apply the plan ``mcpsync.workflows.write_plan`` makes, the plan
     the SQL ledger applies; the other statements are modelled one by one. Each method is one
     transaction: it either raises ``LedgerIntegrityError`` having written nothing, or commits
     and appends a ``LedgerWrite`` to ``log``. Not modelled: staged rollouts (no policy row: every

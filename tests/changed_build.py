@@ -13,11 +13,11 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.answer import AnswerWorkflow
-    from workflows.catalog import CatalogWorkflow
-    from workflows.names import WORKFLOW_TYPE
-    from workflows.records import ResourceSubscriptionV1, SubscriptionStart
-    from workflows.subscription import ResourceSubscriptionWorkflow
+    from mcpsync.workflows.answer import AnswerWorkflow
+    from mcpsync.workflows.catalog import CatalogWorkflow
+    from mcpsync.workflows.names import WORKFLOW_TYPE
+    from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionStart
+    from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 
 __all__ = ["V2_PATCH", "V2_WORKFLOWS", "ChangedSubscriptionWorkflow"]
 
@@ -35,4 +35,4 @@ class ChangedSubscriptionWorkflow(ResourceSubscriptionWorkflow):
 
 
 V2_WORKFLOWS = (ChangedSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow)
-"""Build v2's ``workflows=`` for ``worker.runtime.main_worker``: MAIN_WORKFLOWS with the change."""
+"""Build v2's ``workflows=`` for ``mcpsync.worker.runtime.main_worker``: MAIN_WORKFLOWS with the change."""

@@ -21,11 +21,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
-from worker.config import Config, ServerConfig, TemporalConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import open_ledger, run_services
-from worker.stack import EmbeddedPostgres, TemporalDevServer
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import open_ledger, run_services
+from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
 

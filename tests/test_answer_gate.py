@@ -1,6 +1,6 @@
 """The answer freshness gate (issue 5 item 4, seed 004).
 
-Fast unit tests drive the pure gate (``workflows.answer.judge_answer``) through every HOLD
+Fast unit tests drive the pure gate (``mcpsync.workflows.answer.judge_answer``) through every HOLD
 rule, the ACCEPT rule and the seed's escalation-policy timeline. Real-stack tests run the
 same scenario end to end (Temporal dev server, PostgreSQL, the fixture MCP server): the
 escalation policy, the list_changed / unrelated-update countercase (with the CLI), a failed
@@ -22,15 +22,13 @@ import pytest
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from activities.answer_ledger import AnswerLedger
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from tests.test_e2e_subscription import _wait_record
-from worker.answer_gate import AnswerGate, AnswerGateError, latest_receipts
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import revoke, start_subscription
-from workflows.answer import (
+from mcpsync.activities.answer_ledger import AnswerLedger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError, latest_receipts
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.workflows.answer import (
     AnswerBindingV1,
     AnswerDependency,
     AnswerState,
@@ -49,8 +47,10 @@ from workflows.answer import (
     answer_workflow_id,
     judge_answer,
 )
-from workflows.names import SIGNAL_CATALOG_RECONCILED
-from workflows.records import AcceptVerdict, CatalogObservation, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.records import AcceptVerdict, CatalogObservation, SubscriptionKey, SubscriptionState
+from tests.conftest import eventually, running_services, unique
+from tests.test_e2e_subscription import _wait_record
 
 R = GateReason
 S = SubscriptionState
@@ -444,7 +444,7 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
 
         async def cli(*args: str, rc: int = 0) -> dict[str, Any]:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "worker.cli", "--config", str(conf), "answer", *args, "--json",
+                sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "answer", *args, "--json",
                 cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"})
             out, err = await proc.communicate()

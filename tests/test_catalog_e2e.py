@@ -25,16 +25,15 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from activities.catalog_ledger import CatalogLedger
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from worker.completeness import CompletenessRefused, require_complete_catalog
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_catalog
-from workflows.catalog import CatalogView, set_digest
-from workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
-from workflows.records import (
+from mcpsync.activities.catalog_ledger import CatalogLedger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_catalog
+from mcpsync.workflows.catalog import CatalogView, set_digest
+from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
+from mcpsync.workflows.records import (
     CatalogKey,
     CatalogPolicy,
     CatalogSnapshot,
@@ -42,6 +41,7 @@ from workflows.records import (
     ScanStatus,
     SnapshotStatus,
 )
+from tests.conftest import eventually, running_services, unique
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -173,7 +173,7 @@ async def test_additions_beyond_the_first_page_boundary(temporal_client: Client,
         assert db_scan is not None and db_scan.page_cursor_digests == scans[-1].page_cursor_digests
         assert db_scan.status == ScanStatus.COMPLETE
         # New URIs under the policy's prefix were subscribed; the initial five were not.
-        from workflows.records import SubscriptionKey
+        from mcpsync.workflows.records import SubscriptionKey
 
         async def auto() -> CatalogView | None:
             v = await st.view()
@@ -395,9 +395,9 @@ async def test_missing_or_mismatched_snapshot_ids_leave_the_catalog_unproven(
 
 async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    from worker.runtime import start_subscription
-    from workflows.names import QUERY_SUBSCRIPTION
-    from workflows.records import (
+    from mcpsync.worker.runtime import start_subscription
+    from mcpsync.workflows.names import QUERY_SUBSCRIPTION
+    from mcpsync.workflows.records import (
         ResourceSubscriptionV1,
         RolloutMode,
         RolloutPolicy,
@@ -461,7 +461,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
 
         async def cli(*args: str) -> tuple[int, str, str]:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "worker.cli", "--config", str(cfg), *args,
+                sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), *args,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"})
             out, err = await proc.communicate()
@@ -485,7 +485,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
 async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from worker.stack import TemporalDevServer
+    from mcpsync.worker.stack import TemporalDevServer
 
     server = await TemporalDevServer.start(tmp_path / "temporal-can", port=0, ui_port=0,
                                            dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})

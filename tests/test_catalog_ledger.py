@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from activities.catalog_ledger import CatalogLedger, ScanItem
-from activities.ledger import Ledger
-from worker.completeness import CompletenessRefused, require_complete_catalog
-from workflows.catalog import (
+from mcpsync.activities.catalog_ledger import CatalogLedger, ScanItem
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
+from mcpsync.workflows.catalog import (
     SNAPSHOT_EXTENSION,
     PublishRequest,
     ScanAccumulator,
     descriptor_digest,
     set_digest,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogKey,
     ResourceDiscoveryScanV1,
     RolloutMode,

@@ -25,15 +25,20 @@ from typing import Any
 
 from temporalio.client import Client
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
+from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
+from mcpsync.workflows.records import (
+    IdentityConflict,
+    ResourceSubscriptionV1,
+    SubscriptionKey,
+    SubscriptionState,
+)
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_faults import MCPSYNC
 from tests.test_e2e_faults import _cli as _cli_with_env
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.stack import REPO_ROOT, TemporalDevServer, free_port
-from workflows.names import SIGNAL_IDENTITY_CONFLICT
-from workflows.records import IdentityConflict, ResourceSubscriptionV1, SubscriptionKey, SubscriptionState
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -75,7 +80,7 @@ def _one_error_line(r: CliRun | subprocess.CompletedProcess[str]) -> str:
 
 
 def test_freshness_is_shown_when_the_record_has_it() -> None:
-    from worker.cli_subscriptions import status_text, subscription_table
+    from mcpsync.worker.cli_subscriptions import status_text, subscription_table
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     rec = ResourceSubscriptionV1(
@@ -127,7 +132,7 @@ def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
 
     from temporalio import workflow
 
-    from workflows.subscription import ResourceSubscriptionWorkflow
+    from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 
     defn = workflow._Definition.from_class(ResourceSubscriptionWorkflow)
     assert defn is not None
@@ -147,7 +152,7 @@ def test_version_help_and_completion(tmp_path: Path) -> None:
     r = _cli("list", "--help")
     assert "(default: 2.0)" in r.stdout and "mcpsync list -o json" in r.stdout
 
-    from worker.cli import build_parser
+    from mcpsync.worker.cli import build_parser
 
     def walk(parser: Any, path: str) -> list[str]:
         missing = []

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from worker.fixture import FixtureProcess
+from mcpsync.worker.fixture import FixtureProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", ROOT / ".state" / "npm"))

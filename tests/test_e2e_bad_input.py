@@ -18,15 +18,15 @@ import pytest
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION
+from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import REPO_ROOT
-from workflows.names import QUERY_SUBSCRIPTION
-from workflows.records import ResourceSubscriptionV1, SubscriptionKey, SubscriptionState
 
 S = SubscriptionState
 LIAR = Path(__file__).parent / "servers" / "liar_server.py"
@@ -125,7 +125,7 @@ def test_unusable_uris_are_refused_clearly(uri: str, problem: str) -> None:
 def test_cli_refuses_control_characters_in_uri(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[servers]]\nname = "a"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
-    r = subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(cfg), "subscribe", "--server", "a",
+    r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), "subscribe", "--server", "a",
                         "--uri", "demo://x/\x07bell"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "control characters" in r.stderr and "Traceback" not in r.stderr
 

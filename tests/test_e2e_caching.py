@@ -26,24 +26,24 @@ import pytest
 from mcp import Client
 from temporalio.client import Client as TemporalClient
 
-from activities.content import ContentRefused, released_content
-from activities.ledger import Ledger
-from activities.mcp_session import LiveSession, StreamLoss
-from activities.outbox import latest_events
-from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.test_catalog_e2e import FAST, catalog_stack
-from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_catalog, start_subscription
-from worker.session_host import server_transport
-from worker.stack import REPO_ROOT
-from workflows.records import (
+from mcpsync.activities.content import ContentRefused, released_content
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.mcp_session import LiveSession, StreamLoss
+from mcpsync.activities.outbox import latest_events
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_catalog, start_subscription
+from mcpsync.worker.session_host import server_transport
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records import (
     CacheScope,
     StalenessBoundSource,
     SubscriptionKey,
     SubscriptionOptions,
 )
+from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.test_catalog_e2e import FAST, catalog_stack
+from tests.test_e2e_subscription import _wait_record
 
 TOKENS = {"alice": f"tok-alice-{uuid.uuid4().hex}", "bob": f"tok-bob-{uuid.uuid4().hex}"}
 
@@ -206,7 +206,7 @@ async def fx_auth(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
 
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
                           capture_output=True, timeout=120, env=env)
 
 

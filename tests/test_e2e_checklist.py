@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import free_port
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import free_port
-from workflows.records import SubscriptionKey, SubscriptionOptions
 
 
 def _server(url: str) -> ServerConfig:

@@ -19,25 +19,25 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
-from activities.ledger import Ledger
-from activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
-from activities.retention import prune
+from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
+from mcpsync.activities.retention import prune
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_subscription import _wait_record
 from tests.test_outbox import register, settled
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import revoke, start_subscription
-from worker.stack import REPO_ROOT
-from workflows.records import SubscriptionKey
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary \x00"
 
 
 def _cli(conf: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
                           capture_output=kw.pop("capture_output", True), timeout=120, env=env, **kw)
 
 

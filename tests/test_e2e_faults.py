@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.session_host import SessionHost, SessionOpenError
+from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION
+from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.session_host import SessionHost, SessionOpenError
-from worker.stack import REPO_ROOT, TemporalDevServer, free_port
-from workflows.names import QUERY_SUBSCRIPTION
-from workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
-MCPSYNC = [sys.executable, "-m", "worker.cli"]
+MCPSYNC = [sys.executable, "-m", "mcpsync.worker.cli"]
 
 
 

@@ -14,21 +14,19 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import TemporalDevServer, temporal_cli_path
-from workflows.names import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_RESOURCE_UPDATED,
     UPDATE_CLOSE,
     UPDATE_RESUME,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
@@ -39,6 +37,8 @@ from workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
+from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 
@@ -263,7 +263,7 @@ async def test_advertised_but_rejected_subscribe_falls_back_to_polling(temporal_
 
 async def test_server_restart_gives_new_session_generation_resubscribe_and_reread(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    from worker.stack import free_port
+    from mcpsync.worker.stack import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)
@@ -363,8 +363,8 @@ async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client:
 
 async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client, ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
-    from activities.catalog_ledger import CatalogLedger
-    from workflows.records import RolloutMode, RolloutPolicy
+    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.workflows.records import RolloutMode, RolloutPolicy
 
     server = _server(fx.mcp_url)
     rollout = CatalogLedger(ledger.pool)

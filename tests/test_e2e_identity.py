@@ -15,15 +15,20 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.records import (
+    CatalogObservation,
+    SubscriptionKey,
+    SubscriptionOptions,
+    SubscriptionState,
+)
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_fence import _audit_for
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from workflows.names import SIGNAL_CATALOG_RECONCILED
-from workflows.records import CatalogObservation, SubscriptionKey, SubscriptionOptions, SubscriptionState
 
 S = SubscriptionState
 READING = (S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING, S.VERSION_ACCEPTED)

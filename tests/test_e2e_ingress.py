@@ -18,15 +18,13 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.ingress import Ingress, ingress_task_queue
-from worker.runtime import start_subscription
-from worker.session_host import SessionHost
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.ingress import Ingress, ingress_task_queue
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.session_host import SessionHost
+from mcpsync.workflows.records import (
     AcceptVerdict,
     ReadOutcomeKind,
     ReadRequest,
@@ -34,6 +32,8 @@ from workflows.records import (
     SubscriptionKey,
     TriggerReason,
 )
+from tests.conftest import eventually, running_services, unique
+from tests.test_e2e_subscription import _wait_record
 
 SUBJECTS = [f"subject-{i}" for i in range(6)]
 TOKENS = {s: f"tok-{s}-{uuid.uuid4().hex}" for s in SUBJECTS}

@@ -14,13 +14,13 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import open_ledger, start_subscription
+from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
+from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import open_ledger, start_subscription
-from worker.stack import EmbeddedPostgres, TemporalDevServer
-from workflows.records import SubscriptionKey
 
 
 async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path) -> None:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer
+from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import eventually, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import REPO_ROOT, TemporalDevServer
-from workflows.records import SubscriptionKey
 
 LEASE_SECONDS = 2.0
 
@@ -32,7 +32,7 @@ LEASE_SECONDS = 2.0
 def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "worker.cli", "--config", str(config), "worker", "--role", role],
+        return subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(config), "worker", "--role", role],
                                 cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 

@@ -28,18 +28,23 @@ import pytest
 from mcp.client import Client as McpClient
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
 from benchmarks.staleness import gaps_between_reads
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.session_host import server_transport
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.records import (
+    CatalogObservation,
+    SubscriptionKey,
+    SubscriptionOptions,
+    SubscriptionState,
+)
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_fence import _record
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.session_host import server_transport
-from worker.stack import REPO_ROOT
-from workflows.names import SIGNAL_CATALOG_RECONCILED
-from workflows.records import CatalogObservation, SubscriptionKey, SubscriptionOptions, SubscriptionState
 
 S = SubscriptionState
 POLL_SECONDS = 4.0

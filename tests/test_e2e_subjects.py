@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import revoke, start_subscription
-from workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.records import (
     CatalogObservation,
     ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionState,
 )
+from tests.conftest import eventually, running_services, unique
+from tests.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 TOKENS = {"alice": f"tok-alice-{uuid.uuid4().hex}", "bob": f"tok-bob-{uuid.uuid4().hex}"}

@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from worker.config import ServerConfig
-from worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from worker.runtime import start_subscription
-from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
+from mcpsync.workflows.records import (
     CloseReceipt,
     CloseRequest,
     ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionState,
 )
+from tests.conftest import eventually, running_services, unique
 
 
 @dataclass

@@ -24,19 +24,25 @@ from temporalio.api.enums.v1 import VersioningBehavior as ProtoBehavior
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ConfigError, TemporalConfig, load_config
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import (
+    MAIN_WORKFLOWS,
+    deployment_version,
+    main_worker,
+    start_catalog,
+    start_subscription,
+)
+from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.workflows.catalog import CatalogView
+from mcpsync.workflows.fence import should_continue_as_new
+from mcpsync.workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
+from mcpsync.workflows.records import CatalogKey, SubscriptionKey
 from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.test_e2e_fence import _receipts, _record, _server
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ConfigError, TemporalConfig, load_config
-from worker.fixture import FixtureProcess
-from worker.runtime import MAIN_WORKFLOWS, deployment_version, main_worker, start_catalog, start_subscription
-from worker.stack import TemporalDevServer, temporal_cli_path
-from workflows.catalog import CatalogView
-from workflows.fence import should_continue_as_new
-from workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
-from workflows.records import CatalogKey, SubscriptionKey
 
 # --- pure parts: the trigger and the configuration -------------------------------------------------
 

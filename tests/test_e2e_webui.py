@@ -9,13 +9,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
 from tests.conftest import running_services, unique
 from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from workflows.records import SubscriptionKey, SubscriptionOptions
 
 
 async def test_static_details_activity_summaries_and_handler_descriptions(
@@ -55,9 +55,9 @@ async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: C
     # McpState is the subscription's vocabulary only; a catalog's status is McpCatalogState.
     from temporalio.common import SearchAttributeKey
 
+    from mcpsync.worker.runtime import start_catalog
+    from mcpsync.workflows.records import CatalogKey
     from tests.conftest import eventually
-    from worker.runtime import start_catalog
-    from workflows.records import CatalogKey
 
     server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
     async with running_services(temporal_client, ledger, [server]) as cfg:

@@ -20,17 +20,14 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from activities.catalog_ledger import CatalogLedger
-from activities.db import backfill_uri_normalized, migrate, open_pool
-from activities.ledger import Ledger
-from tests.conftest import eventually, fresh_database, ledger_rows, running_services, unique
-from tests.test_catalog_e2e import FAST
-from tests.test_e2e_subscription import _wait_record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import revoke, start_catalog, start_subscription
-from workflows.catalog import CatalogView
-from workflows.names import (
+from mcpsync.activities.catalog_ledger import CatalogLedger
+from mcpsync.activities.db import backfill_uri_normalized, migrate, open_pool
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
+from mcpsync.workflows.catalog import CatalogView
+from mcpsync.workflows.names import (
     QUERY_CATALOG,
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
@@ -38,7 +35,7 @@ from workflows.names import (
     SIGNAL_RESOURCE_UPDATED,
     UPDATE_RECONCILE,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogKey,
     CatalogObservation,
     CatalogSnapshot,
@@ -49,7 +46,10 @@ from workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
-from workflows.uris import normalize_uri
+from mcpsync.workflows.uris import normalize_uri
+from tests.conftest import eventually, fresh_database, ledger_rows, running_services, unique
+from tests.test_catalog_e2e import FAST
+from tests.test_e2e_subscription import _wait_record
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -320,7 +320,7 @@ async def _newer(items: Any, than: int) -> list[Any] | None:
 
 async def test_revoked_subscription_gets_no_signal_after_reconnect(temporal_client: Client, ledger: Ledger,
                                                                    tmp_path: Path) -> None:
-    from worker.stack import free_port
+    from mcpsync.worker.stack import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)

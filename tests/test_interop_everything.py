@@ -37,14 +37,13 @@ from mcp.shared.exceptions import MCPError
 from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowHandle
 
-from activities.ledger import Ledger
-from activities.mcp_session import classify_error, read_digest
-from tests.conftest import eventually, running_services, unique
-from worker.config import ServerConfig
-from worker.runtime import start_subscription
-from worker.session_host import SessionHost
-from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.mcp_session import classify_error, read_digest
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.session_host import SessionHost
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
+from mcpsync.workflows.records import (
     AcceptVerdict,
     CloseReceipt,
     CloseRequest,
@@ -54,6 +53,7 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from tests.conftest import eventually, running_services, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", ROOT / ".state" / "npm"))

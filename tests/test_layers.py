@@ -46,6 +46,6 @@ def _layer(module: str) -> str:
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from worker.runtime import start_subscription\n")
-    assert _imports(probe) == [(2, "worker.runtime")]
+    probe.write_text("def f():\n    from mcpsync.worker.runtime import start_subscription\n")
+    assert _imports(probe) == [(2, "mcpsync.worker.runtime")]
     assert [_layer(name) for _, name in _imports(probe)] == ["worker"]  # the folder, with or without mcpsync.

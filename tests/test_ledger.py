@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from activities.ledger import Ledger
-from tests.conftest import unique
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptVerdict,
     AllocateRequest,
@@ -16,6 +15,7 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from tests.conftest import unique
 
 
 async def _active(ledger: Ledger, uri: str = "demo://a") -> SubscriptionKey:

@@ -7,10 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from activities.ledger import Ledger
-from sim.simulation import MemoryLedger
-from tests.conftest import ledger_rows, unique
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptVerdict,
     AllocateRequest,
@@ -21,6 +19,8 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from sim.simulation import MemoryLedger
+from tests.conftest import ledger_rows, unique
 
 S = SubscriptionState
 V = AcceptVerdict

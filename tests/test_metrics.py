@@ -28,14 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, ledger_rows, running_services, unique
-from worker.config import MetricsConfig, ServerConfig, load_config
-from worker.fixture import FixtureProcess
-from worker.metrics import UNRESOLVED, MetricsServer, MetricsUnavailable, serve_metrics
-from worker.runtime import revoke, start_subscription
-from worker.stack import TemporalDevServer
-from workflows.records import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.metrics import UNRESOLVED, MetricsServer, MetricsUnavailable, serve_metrics
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptVerdict,
     AllocateRequest,
@@ -46,6 +45,7 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from tests.conftest import eventually, ledger_rows, running_services, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from activities.ledger import Ledger
-from activities.outbox import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.outbox import (
     ConsumerError,
     ConsumerNotFound,
     OutboxConsumer,
@@ -29,10 +29,10 @@ from activities.outbox import (
     events_after,
     stamp,
 )
-from activities.retention import prune
+from mcpsync.activities.retention import prune
+from mcpsync.worker.stack import REPO_ROOT
 from tests.conftest import eventually, ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
-from worker.stack import REPO_ROOT
 
 INSERT = ("INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest)"
           " VALUES ('version_accepted', 'wf-plain-sql', %s, 'srv', %s, 'sha256:x') RETURNING outbox_id")
@@ -301,7 +301,7 @@ async def test_envelope_schema_in_the_doc_is_the_models() -> None:
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI against the config's database (the environment's URL would win over the file)."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    return subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(conf), *args],
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -345,7 +345,7 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
 async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str, consumers: list[str]) -> None:
     from prometheus_client import generate_latest
 
-    from worker.metrics import REGISTRY, refresh_outbox_lag
+    from mcpsync.worker.metrics import REGISTRY, refresh_outbox_lag
 
     subject = unique("lag")
     consumer = await register(ledger, consumers, subject)
@@ -378,7 +378,7 @@ async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path,
     consumer = await register(ledger, consumers, subject)
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker.cli", "--config", str(conf), "outbox", "poll", "--consumer", consumer.name,
+        sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "outbox", "poll", "--consumer", consumer.name,
         "--follow", "--json", cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workflows.fence import BACKOFF_CAP, FenceState, SubscriptionFence, poll_period
-from workflows.records import (
+from mcpsync.workflows.fence import BACKOFF_CAP, FenceState, SubscriptionFence, poll_period
+from mcpsync.workflows.records import (
     CacheScope,
     FenceSnapshot,
     ReadOutcome,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.probe import CallableNudge, ProbeError, ProbeReport, probe_server
 from tests.conftest import unique
 from tests.test_interop_everything import everything_entry
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.probe import CallableNudge, ProbeError, ProbeReport, probe_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
 
     async def cli(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from worker.cli import main; main()", "--config", str(config), "probe", *args,
+            sys.executable, "-c", "from mcpsync.worker.cli import main; main()", "--config", str(config), "probe", *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT))
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode is not None

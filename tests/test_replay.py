@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
-from workflows.answer import ANSWER_WORKFLOW_TYPE
-from workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
-from workflows.subscription_program import (
+from mcpsync.workflows.answer import ANSWER_WORKFLOW_TYPE
+from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
+from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
 )
+from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 
 FILES = history_files()
 

@@ -12,14 +12,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from activities.ledger import Ledger
-from activities.retention import prune
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.retention import prune
+from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
+from mcpsync.worker.runtime import run_services
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records import CloseReceipt, SubscriptionState
 from tests.conftest import eventually, ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
-from worker.config import Config, RetentionConfig, TemporalConfig
-from worker.runtime import run_services
-from worker.stack import REPO_ROOT
-from workflows.records import CloseReceipt, SubscriptionState
 
 S = SubscriptionState
 OLD = "now() - interval '30 days'"
@@ -107,7 +107,7 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "worker.cli", "--config", str(conf), "prune", *args],
+        return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "prune", *args],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
     dry = cli("--dry-run", "--json")

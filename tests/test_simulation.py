@@ -20,6 +20,13 @@ from typing import Any
 
 import pytest
 
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.fence import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.records import (
+    FenceSnapshot,
+    ReadOutcome,
+    SubscriptionState,
+)
 from sim.simulation import (
     ALL_FAULTS,
     SAFETY_INVARIANTS,
@@ -37,13 +44,6 @@ from sim.simulation import (
     schedule_seed,
     shrink,
     summary_json,
-)
-from worker.stack import REPO_ROOT
-from workflows.fence import IssuedRead, Judgement, judge_read
-from workflows.records import (
-    FenceSnapshot,
-    ReadOutcome,
-    SubscriptionState,
 )
 
 S = SubscriptionState
@@ -214,7 +214,7 @@ def test_continue_as_new_and_reset_keep_the_fence() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "worker.cli", "simulate", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "simulate", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
 
 

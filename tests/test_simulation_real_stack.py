@@ -40,15 +40,12 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from activities.ledger import Ledger
-from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
-from tests.conftest import ledger_rows, running_services, unique
-from tests.test_e2e_fence import _record
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import TemporalDevServer, temporal_cli_path
-from workflows.names import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.workflows.names import (
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_CLOSE,
     SIGNAL_IDENTITY_CONFLICT,
@@ -57,7 +54,7 @@ from workflows.names import (
     UPDATE_CLOSE,
     UPDATE_RESUME,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
@@ -70,6 +67,9 @@ from workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
+from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
+from tests.conftest import ledger_rows, running_services, unique
+from tests.test_e2e_fence import _record
 
 S = SubscriptionState
 SCHEDULES = int(os.environ.get("MCPSYNC_CROSSCHECK_SCHEDULES", "50"))

@@ -23,9 +23,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, running_services, unique
-from worker.stack import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.stack import (
     REPO_ROOT,
     SEARCH_ATTRIBUTE_TYPES,
     EmbeddedPostgres,
@@ -39,6 +38,7 @@ from worker.stack import (
     temporal_cli_path,
     temporal_test_server_path,
 )
+from tests.conftest import eventually, running_services, unique
 
 EXPECTED_ATTRIBUTES = {
     "McpServer": "Keyword",
@@ -147,7 +147,7 @@ async def test_orphaned_dev_server_is_replaced(tmp_path: Path) -> None:
         f"""
         import asyncio, sys, time
         from pathlib import Path
-        from worker.stack import TemporalDevServer
+        from mcpsync.worker.stack import TemporalDevServer
         async def main():
             s = await TemporalDevServer.start(Path({str(tmp_path)!r}), port=0, ui_port=0)
             print(s.pid, flush=True)

@@ -17,14 +17,14 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.ledger import Ledger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, TriggerReason
+from mcpsync.workflows.uris import MAX_URI_LENGTH, SLUG_MAX_LENGTH, uri_slug
 from tests.conftest import eventually, ledger_rows
 from tests.test_cli import CliStack, cli_stack
-from worker.fixture import FixtureProcess
-from worker.runtime import start_subscription
-from worker.stack import TemporalDevServer
-from workflows.records import AcceptVerdict, SubscriptionKey, TriggerReason
-from workflows.uris import MAX_URI_LENGTH, SLUG_MAX_LENGTH, uri_slug
 
 SAFE = re.compile(r"^[a-z0-9](?:[a-z0-9-]|\.(?!\.))*[a-z0-9]$|^[a-z0-9]$")
 

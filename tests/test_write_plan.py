@@ -5,8 +5,8 @@ simulator's in-memory ledger and compares the two."""
 
 from __future__ import annotations
 
-from workflows.fence import IssuedRead, judge_read
-from workflows.records import (
+from mcpsync.workflows.fence import IssuedRead, judge_read
+from mcpsync.workflows.records import (
     AcceptVerdict,
     FenceSnapshot,
     OutboxEventType,
@@ -16,7 +16,7 @@ from workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
-from workflows.write_plan import (
+from mcpsync.workflows.write_plan import (
     FenceUpdate,
     PlanKind,
     RevokeSource,

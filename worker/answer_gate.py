@@ -28,9 +28,9 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.answer_ledger import AnswerLedger
-from activities.ledger import Ledger
-from workflows.answer import (
+from mcpsync.activities.answer_ledger import AnswerLedger
+from mcpsync.activities.ledger import Ledger
+from mcpsync.workflows.answer import (
     ANSWER_WORKFLOW_TYPE,
     QUERY_ANSWER,
     UPDATE_BIND,

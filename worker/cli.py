@@ -4,7 +4,7 @@
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (``worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
+- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
   or configuration error (bad flags, bad config, unknown server or subject, unusable URI,
   a stack already running on the state dir); 3 refused by a gate (answer HOLD,
   ``scan --require-proven``); 4 not found (subscription, receipt, consumer); 5 access
@@ -17,8 +17,8 @@ Contract:
 - Every flag has help text and shows its default; ``--version`` comes from the installed
   package metadata; shell completion through argcomplete
   (``eval "$(register-python-argcomplete mcpsync)"``).
-- The subscription commands live in ``worker.cli_subscriptions``; the helpers every
-  command shares in ``worker.cli_common``.
+- The subscription commands live in ``mcpsync.worker.cli_subscriptions``; the helpers every
+  command shares in ``mcpsync.worker.cli_common``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any, Literal
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.db import DatabaseUnavailable
-from worker.cli_common import (
+from mcpsync.activities.db import DatabaseUnavailable
+from mcpsync.worker.cli_common import (
     EXIT_HOLD,
     CliError,
     ExitCode,
@@ -50,19 +50,19 @@ from worker.cli_common import (
     resolve_config,
     subscription_key,
 )
-from worker.cli_subscriptions import register as register_subscription_commands
-from worker.config import ConfigError
-from worker.runtime import (
+from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
+from mcpsync.worker.config import ConfigError
+from mcpsync.worker.runtime import (
     TemporalUnavailable,
     connect_temporal,
     open_ledger,
     run_services,
     start_catalog,
 )
-from worker.runtime import (
+from mcpsync.worker.runtime import (
     revoke as revoke_subscriptions,
 )
-from worker.stack import PortInUseError, StackAlreadyRunning, StackError
+from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError
 
 __all__ = ["main", "build_parser", "CliError", "ExitCode", "ExitStatus"]
 
@@ -85,7 +85,7 @@ _print = print_out
 
 async def cmd_migrate(args: argparse.Namespace) -> None:
     config, _ = _resolve_config(args)
-    from activities.db import migrate, open_pool
+    from mcpsync.activities.db import migrate, open_pool
 
     pool = await open_pool(_database_url(config))
     try:
@@ -110,7 +110,7 @@ async def cmd_revoke(args: argparse.Namespace) -> None:
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
     """``outbox tail``: for humans. Events in position order; ``--after P`` starts after P (0: oldest)."""
-    from activities.outbox import events_after, latest_events, listen, wait_for_events
+    from mcpsync.activities.outbox import events_after, latest_events, listen, wait_for_events
 
     _positive("--limit", args.limit)
     if args.after is not None and args.after < 0:
@@ -154,7 +154,7 @@ def _emit_events(events: list[Any], as_json: bool) -> None:
 
 
 async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitable[None]]) -> None:
-    from activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
+    from mcpsync.activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
 
     config, _ = _resolve_config(args)
     ledger = await open_ledger(_database_url(config), max_size=2)
@@ -226,7 +226,7 @@ async def cmd_outbox_resync(args: argparse.Namespace) -> None:
 
 
 async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
-    from activities.outbox import consumer_infos
+    from mcpsync.activities.outbox import consumer_infos
 
     config, _ = _resolve_config(args)
     ledger = await open_ledger(_database_url(config), max_size=2)
@@ -246,7 +246,7 @@ async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
 
 
 async def cmd_outbox_drop(args: argparse.Namespace) -> None:
-    from activities.outbox import ConsumerNotFound, drop_consumer
+    from mcpsync.activities.outbox import ConsumerNotFound, drop_consumer
 
     config, _ = _resolve_config(args)
     ledger = await open_ledger(_database_url(config), max_size=2)
@@ -261,7 +261,7 @@ async def cmd_outbox_drop(args: argparse.Namespace) -> None:
 
 async def cmd_content_get(args: argparse.Namespace) -> None:
     """The accepted body of a receipt, exactly as read; refusals exit 5, unknown/pruned 4."""
-    from activities.content import ContentNotFound, ContentRefused, released_content
+    from mcpsync.activities.content import ContentNotFound, ContentRefused, released_content
 
     config, _ = _resolve_config(args)
     ledger = await open_ledger(_database_url(config), max_size=2)
@@ -291,7 +291,7 @@ async def cmd_content_get(args: argparse.Namespace) -> None:
 async def cmd_prune(args: argparse.Namespace) -> None:
     from datetime import timedelta
 
-    from activities.retention import prune
+    from mcpsync.activities.retention import prune
 
     if args.keep_days < 0:
         raise CliError("--keep-days must not be negative")
@@ -317,7 +317,7 @@ async def cmd_prune(args: argparse.Namespace) -> None:
 
 
 async def cmd_worker(args: argparse.Namespace) -> None:
-    from worker.metrics import serve_metrics
+    from mcpsync.worker.metrics import serve_metrics
 
     config, _ = _resolve_config(args)
     metrics = serve_metrics(config.metrics)  # before the Temporal client: it installs the SDK runtime
@@ -328,7 +328,7 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     with_main = args.role in ("all", "main")
     if with_main:
         # Catalog reconciliation is part of the service: start (or join) it for every configured view.
-        from worker.runtime import start_catalogs
+        from mcpsync.worker.runtime import start_catalogs
 
         await start_catalogs(client, config)
     if args.role == "main":
@@ -345,7 +345,7 @@ async def cmd_worker(args: argparse.Namespace) -> None:
 
 
 async def cmd_probe(args: argparse.Namespace) -> None:
-    from worker.probe import Nudge, ProbeError, ToolNudge, probe_server, render_text
+    from mcpsync.worker.probe import Nudge, ProbeError, ToolNudge, probe_server, render_text
 
     config, _ = _resolve_config(args)
     server = config.server(args.server)
@@ -365,10 +365,10 @@ async def cmd_probe(args: argparse.Namespace) -> None:
 
 async def cmd_scan(args: argparse.Namespace) -> None:
     """The reconciled catalog of (subject, server); ``--require-proven`` goes through the completeness gate."""
-    from activities.catalog_ledger import CatalogLedger
-    from worker.completeness import CompletenessRefused, describe_catalog, require_complete_catalog
-    from workflows.names import UPDATE_RECONCILE
-    from workflows.records import CatalogKey, CatalogSnapshot
+    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.worker.completeness import CompletenessRefused, describe_catalog, require_complete_catalog
+    from mcpsync.workflows.names import UPDATE_RECONCILE
+    from mcpsync.workflows.records import CatalogKey, CatalogSnapshot
 
     config, _ = _resolve_config(args)
     config.server(args.server)
@@ -411,7 +411,7 @@ async def cmd_scan(args: argparse.Namespace) -> None:
 
 
 async def cmd_catalog_start(args: argparse.Namespace) -> None:
-    from workflows.records import CatalogKey, CatalogPolicy
+    from mcpsync.workflows.records import CatalogKey, CatalogPolicy
 
     config, _ = _resolve_config(args)
     config.server(args.server)
@@ -426,8 +426,8 @@ async def cmd_catalog_start(args: argparse.Namespace) -> None:
 
 
 async def cmd_rollout(args: argparse.Namespace) -> None:
-    from activities.catalog_ledger import CatalogLedger
-    from workflows.records import RolloutMode, RolloutPolicy
+    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.workflows.records import RolloutMode, RolloutPolicy
 
     # --percent alone means --mode percent; with another mode it would be ignored: refused.
     if args.percent is not None and args.mode not in (None, RolloutMode.PERCENT.value):
@@ -456,7 +456,7 @@ def _simulator() -> Any:
     """``sim.simulation`` from the source checkout this CLI runs from (an editable install)."""
     import importlib
 
-    from worker.stack import REPO_ROOT, SOURCE_CHECKOUT
+    from mcpsync.worker.stack import REPO_ROOT, SOURCE_CHECKOUT
 
     if SOURCE_CHECKOUT and str(REPO_ROOT) not in sys.path:
         # The console script's sys.path has the installed packages only; the dev-only simulator
@@ -525,7 +525,7 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
 
 
 async def cmd_up(args: argparse.Namespace) -> None:
-    from worker.up import run_up
+    from mcpsync.worker.up import run_up
 
     await run_up(args)
 
@@ -534,7 +534,7 @@ async def cmd_up(args: argparse.Namespace) -> None:
 
 
 async def _answer_env(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from worker.answer_gate import AnswerGate
+    from mcpsync.worker.answer_gate import AnswerGate
 
     config, _ = _resolve_config(args)
     client = await connect_temporal(config.temporal)
@@ -544,7 +544,7 @@ async def _answer_env(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 async def _answer_receipt(ledger: Any, subject: str, server: str, uri: str, receipt: str) -> int:
     """A receipt id, or ``latest``: the dependency's latest accepted receipt from the ledger."""
-    from worker.answer_gate import latest_receipts
+    from mcpsync.worker.answer_gate import latest_receipts
 
     if receipt != "latest":
         try:
@@ -559,7 +559,7 @@ async def _answer_receipt(ledger: Any, subject: str, server: str, uri: str, rece
 
 
 def _answer_text(obj: Any) -> str:
-    from workflows.answer import Disposition
+    from mcpsync.workflows.answer import Disposition
 
     d = obj if isinstance(obj, Disposition) else obj.disposition
     lines = [] if isinstance(obj, Disposition) else [
@@ -580,9 +580,9 @@ def _answer_text(obj: Any) -> str:
 async def cmd_answer(args: argparse.Namespace) -> None:
     from pydantic import ValidationError
 
-    from activities.answer_ledger import AnswerLedger
-    from worker.answer_gate import AnswerGateError
-    from workflows.answer import AnswerBindingV1, AnswerDependency, FreshnessPolicy
+    from mcpsync.activities.answer_ledger import AnswerLedger
+    from mcpsync.worker.answer_gate import AnswerGateError
+    from mcpsync.workflows.answer import AnswerBindingV1, AnswerDependency, FreshnessPolicy
 
     config, gate, ledger = await _answer_env(args)
     try:

@@ -1,7 +1,7 @@
 """What every ``mcpsync`` command shares: exit codes, the one-line error, finding the stack.
 
 Contract:
-- ``CliError(message, ExitCode.X)`` is an expected failure: ``worker.cli.main`` prints it as
+- ``CliError(message, ExitCode.X)`` is an expected failure: ``mcpsync.worker.cli.main`` prints it as
   one ``mcpsync: error: ...`` line and exits with the code. ``ExitStatus`` carries a verdict
   exit code after the command printed its result.
 - ``resolve_config(args)`` finds the configuration: ``--config``, else ``$MCPSYNC_CONFIG``,
@@ -30,9 +30,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.config import Config, load_config
-from worker.runtime import RuntimeInfo
-from workflows.records import SubscriptionKey
+from mcpsync.worker.config import Config, load_config
+from mcpsync.worker.runtime import RuntimeInfo
+from mcpsync.workflows.records import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "check_target", "database_url",
            "key_for", "print_error", "print_out", "resolve_config", "runtime_file", "subscription_key"]
@@ -77,7 +77,7 @@ class AddressSources:
 
 
 def runtime_file() -> Path:
-    from worker.stack import state_dir
+    from mcpsync.worker.stack import state_dir
 
     return state_dir() / "runtime.json"
 

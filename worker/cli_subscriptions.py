@@ -46,9 +46,9 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.ledger import Ledger
-from activities.subscription_views import list_subscriptions, subscription_history
-from worker.cli_common import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
+from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
     ExitStatus,
@@ -60,10 +60,10 @@ from worker.cli_common import (
     resolve_config,
     subscription_key,
 )
-from worker.config import Config
-from worker.runtime import connect_temporal, open_ledger, start_subscription
-from workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
-from workflows.records import (
+from mcpsync.worker.config import Config
+from mcpsync.worker.runtime import connect_temporal, open_ledger, start_subscription
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
+from mcpsync.workflows.records import (
     CloseReceipt,
     CloseRequest,
     ResourceSubscriptionV1,

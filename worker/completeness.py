@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from activities.catalog_ledger import CatalogLedger
-from workflows.records import CatalogSnapshot, SnapshotStatus
+from mcpsync.activities.catalog_ledger import CatalogLedger
+from mcpsync.workflows.records import CatalogSnapshot, SnapshotStatus
 
 __all__ = ["CompleteCatalog", "CompletenessRefused", "describe_catalog", "require_complete_catalog"]
 

@@ -30,11 +30,11 @@ from typing import Protocol
 from temporalio.client import Client as TemporalClient
 from temporalio.worker import Worker
 
-from activities.catalog_ledger import CatalogLedger
-from activities.catalog_scan import CatalogScanActivities
-from activities.ledger import Ledger
-from activities.mcp_session import LiveSession, McpSessionActivities
-from worker import metrics
+from mcpsync.activities.catalog_ledger import CatalogLedger
+from mcpsync.activities.catalog_scan import CatalogScanActivities
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
+from mcpsync.worker import metrics
 
 __all__ = ["Ingress", "ingress_task_queue"]
 
@@ -49,7 +49,7 @@ def ingress_task_queue(identity: str) -> str:
 
 
 class _Hosted(Protocol):
-    """What the ingress asks of a session host (``worker.session_host.SessionHost``)."""
+    """What the ingress asks of a session host (``mcpsync.worker.session_host.SessionHost``)."""
 
     live: LiveSession | None
 

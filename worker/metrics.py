@@ -77,8 +77,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from worker.config import ConfigError, MetricsConfig
-from workflows.records import (
+from mcpsync.worker.config import ConfigError, MetricsConfig
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptResult,
     AcceptVerdict,
@@ -87,7 +87,7 @@ from workflows.records import (
 )
 
 if TYPE_CHECKING:
-    from activities.ledger import Ledger
+    from mcpsync.activities.ledger import Ledger
 
 __all__ = [
     "FINISHED",
@@ -173,7 +173,7 @@ class MetricsUnavailable(ConfigError):
 
 
 class _Host(Protocol):
-    """What the collector reads from a session host (``worker.session_host.SessionHost``)."""
+    """What the collector reads from a session host (``mcpsync.worker.session_host.SessionHost``)."""
 
     subject: str
     notifications_received: int
@@ -242,7 +242,7 @@ def receipt_judged(req: AcceptRequest, result: AcceptResult) -> None:
 
 
 class PrometheusMeters:
-    """``activities.meters.Meters`` on this module's Prometheus registry (what the worker passes)."""
+    """``mcpsync.activities.meters.Meters`` on this module's Prometheus registry (what the worker passes)."""
 
     def read_timer(self, server: str, request_id: str) -> AbstractContextManager[None]:
         return read_timer(server, request_id)
@@ -517,7 +517,7 @@ async def _last_revocation_id(ledger: Ledger) -> int:
     return int(row[0]) if row else 0
 
 
-# --- outbox consumer lag (activities.outbox, docs/outbox.md) ----------------------------------
+# --- outbox consumer lag (mcpsync.activities.outbox, docs/outbox.md) ----------------------------------
 
 
 class _OutboxLagCollector(Collector):
@@ -546,9 +546,9 @@ REGISTRY.register(_OUTBOX_LAG)
 
 
 async def refresh_outbox_lag(ledger: Ledger) -> None:
-    """Feed the lag gauges from ``activities.outbox.consumer_infos`` (consumer names are operator-chosen
+    """Feed the lag gauges from ``mcpsync.activities.outbox.consumer_infos`` (consumer names are operator-chosen
     and few: a bounded label)."""
-    from activities.outbox import consumer_infos
+    from mcpsync.activities.outbox import consumer_infos
 
     infos = await consumer_infos(ledger.pool)
     _OUTBOX_LAG.lags = [(i.name, i.lag_events, i.lag_seconds) for i in infos]

@@ -15,7 +15,7 @@ Contract:
   (``nudge="auto"`` picks a known one by server identity, e.g. server-everything's
   ``toggle-subscriber-updates`` tool, called again afterwards to switch it back off).
 - Resource bodies never appear in the report: reads are reduced to digests
-  (``workflows.digest.content_digest``), cursors to digests of the cursor strings.
+  (``mcpsync.workflows.digest.content_digest``), cursors to digests of the cursor strings.
 - A server that cannot be started, reached or initialized raises ``ProbeError`` with the
   reason; every other failure is recorded in the report, never raised.
 """
@@ -39,11 +39,11 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities.db import redact_url
-from activities.mcp_session import classify_error, content_parts
-from worker.config import ServerConfig
-from worker.session_host import server_transport
-from workflows.digest import content_digest
+from mcpsync.activities.db import redact_url
+from mcpsync.activities.mcp_session import classify_error, content_parts
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.session_host import server_transport
+from mcpsync.workflows.digest import content_digest
 
 __all__ = [
     "KNOWN_NUDGES",
@@ -151,7 +151,7 @@ class NotFoundProbe(_Frozen):
     uri: str
     code: int | None  # None: the read did not fail
     message: str | None = None
-    classified_as: str | None = None  # activities.mcp_session.classify_error: not_found / malformed / ...
+    classified_as: str | None = None  # mcpsync.activities.mcp_session.classify_error: not_found / malformed / ...
 
 
 SubscribeVerdict = Literal["verified", "ack_only", "no_update", "rejected", "not_advertised", "no_resource"]
@@ -405,7 +405,7 @@ async def _scan(client: Client, modern: bool, rec: _Recorder, timeout: float
 
 
 def _digest_read(result: types.ReadResourceResult) -> tuple[str, str | None, int, int]:
-    """(digest, mime type, parts, size) exactly as activities.mcp_session digests a read."""
+    """(digest, mime type, parts, size) exactly as mcpsync.activities.mcp_session digests a read."""
     parts = content_parts(result)
     if not parts:
         raise ValueError("read returned no contents")

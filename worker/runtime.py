@@ -38,27 +38,27 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
-from activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
-from activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
-from activities.db import migrate, open_pool
-from activities.ledger import Ledger
-from activities.starters import start_catalog, start_subscription
-from worker import metrics
-from worker.config import Config, RetentionConfig, TemporalConfig
-from worker.stack import ensure_search_attributes
-from workflows.answer import AnswerWorkflow
-from workflows.catalog import CatalogWorkflow
-from workflows.names import (
+from mcpsync.activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
+from mcpsync.activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
+from mcpsync.activities.db import migrate, open_pool
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_catalog, start_subscription
+from mcpsync.worker import metrics
+from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
+from mcpsync.worker.stack import ensure_search_attributes
+from mcpsync.workflows.answer import AnswerWorkflow
+from mcpsync.workflows.catalog import CatalogWorkflow
+from mcpsync.workflows.names import (
     SIGNAL_REVOKE,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     TERMINAL_STATES,
     CatalogKey,
     RevokeRequest,
     SubscriptionKey,
 )
-from workflows.subscription import ResourceSubscriptionWorkflow
-from workflows.versioning import MAIN_WORKER_BEHAVIOR
+from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
+from mcpsync.workflows.versioning import MAIN_WORKER_BEHAVIOR
 
 __all__ = [
     "MAIN_WORKFLOWS",
@@ -111,9 +111,9 @@ class RuntimeInfo:
         """Whether the ``mcpsync up`` that wrote this file still runs (a file without a pid: assumed)."""
         if self.pid is None:
             return True
-        from worker.stack import process_alive
+        from mcpsync.worker.stack import process_alive
 
-        return process_alive(self.pid, expect_in_cmdline=("mcpsync", "worker.cli"))
+        return process_alive(self.pid, expect_in_cmdline=("mcpsync", "mcpsync.worker.cli"))
 
 
 async def connect_temporal(cfg: TemporalConfig) -> Client:
@@ -155,7 +155,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
                 deployment: WorkerDeploymentVersion | None = None,
                 workflows: Sequence[type] = MAIN_WORKFLOWS) -> Worker:
     """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
-    every workflow PINNED (``workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
+    every workflow PINNED (``mcpsync.workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
     outside tests of a changed build."""
     return Worker(
         client,
@@ -192,8 +192,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     """Run the main worker and the session hosts until cancelled."""
     # Imported here: the MCP client library is most of the CLI's start-up time, and only the
     # processes that host sessions need it.
-    from worker.ingress import Ingress
-    from worker.session_host import SessionHost
+    from mcpsync.worker.ingress import Ingress
+    from mcpsync.worker.session_host import SessionHost
 
     ingress = Ingress(client, ledger)
     hosts = [
@@ -232,7 +232,7 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
 
 async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
     """``[retention]``: prune every interval; a failed run is logged and retried next interval."""
-    from activities.retention import prune
+    from mcpsync.activities.retention import prune
 
     while True:
         await asyncio.sleep(cfg.interval_seconds)

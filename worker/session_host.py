@@ -4,7 +4,7 @@ Contract:
 - Holds at most one live MCP session per (subject, server). Each successful
   initialize is recorded in the ledger and gets a session generation one above
   any before it; the negotiated edition and capabilities go with it.
-- Belongs to one ``worker.ingress.Ingress`` (its process), whose identity is this host's lease
+- Belongs to one ``mcpsync.worker.ingress.Ingress`` (its process), whose identity is this host's lease
   holder name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session.
   A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
@@ -51,21 +51,21 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.db import redact_url
-from activities.guardrails import GuardrailChain, default_chain
-from activities.ledger import Ledger
-from activities.mcp_session import LiveSession, StreamLoss
-from worker import metrics
-from worker.config import ServerConfig
-from worker.ingress import Ingress
-from workflows.names import (
+from mcpsync.activities.db import redact_url
+from mcpsync.activities.guardrails import GuardrailChain, default_chain
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.mcp_session import LiveSession, StreamLoss
+from mcpsync.worker import metrics
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.ingress import Ingress
+from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
     SIGNAL_RECONCILE,
     SIGNAL_RESOURCE_UPDATED,
     SIGNAL_SESSION_CHANGED,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     TERMINAL_STATES,
     CatalogKey,
     IdentityConflict,

@@ -22,9 +22,9 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from urllib.parse import quote
 
-from worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
-from worker.metrics import serve_metrics
-from worker.runtime import (
+from mcpsync.worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
+from mcpsync.worker.metrics import serve_metrics
+from mcpsync.worker.runtime import (
     RuntimeInfo,
     connect_temporal,
     open_ledger,
@@ -32,9 +32,9 @@ from worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from worker.stack import EmbeddedPostgres, StackAlreadyRunning, TemporalDevServer, state_dir
-from workflows.names import QUERY_SUBSCRIPTION
-from workflows.records import ResourceSubscriptionV1, SubscriptionKey
+from mcpsync.worker.stack import EmbeddedPostgres, StackAlreadyRunning, TemporalDevServer, state_dir
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION
+from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
 __all__ = ["run_up", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
 
@@ -58,7 +58,7 @@ def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> s
 
 
 async def run_up(args: argparse.Namespace) -> None:
-    from worker.fixture import FixtureProcess
+    from mcpsync.worker.fixture import FixtureProcess
 
     t0 = time.monotonic()
     root = state_dir()
@@ -85,7 +85,7 @@ async def run_up(args: argparse.Namespace) -> None:
             db_url = pg.url
             print(f"  postgresql (embedded) {pg.pgdata} ({pg.startup_seconds:.1f}s)", flush=True)
         else:
-            from activities.db import redact_url
+            from mcpsync.activities.db import redact_url
 
             print(f"  postgresql           {redact_url(db_url)}", flush=True)
         ledger = await open_ledger(db_url)

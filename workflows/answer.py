@@ -47,8 +47,8 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.names import SA_ANSWER_STATE
-    from workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+    from mcpsync.workflows.names import SA_ANSWER_STATE
+    from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 
 __all__ = [
     "ANSWER_WORKFLOW_TYPE",
@@ -98,7 +98,7 @@ QUERY_ANSWER = "answer"  # -> AnswerBindingV1
 
 
 class AnswerAct:
-    """Activity names (main task queue, ``activities.answer_ledger``)."""
+    """Activity names (main task queue, ``mcpsync.activities.answer_ledger``)."""
 
     LOAD = "answer_load"
     BIND = "answer_bind"

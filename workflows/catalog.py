@@ -21,7 +21,7 @@ Contract:
 - ``CatalogWorkflow`` (one per subject+server) is a thin driver: it turns the reconciler's
   decisions into activities (scans on the session host's queue, ledger on the main queue),
   timers with deterministic jitter (``workflow.random``) and signals.
-- Under worker versioning ``CatalogWorkflow`` runs PINNED to its build (``workflows.versioning``)
+- Under worker versioning ``CatalogWorkflow`` runs PINNED to its build (``mcpsync.workflows.versioning``)
   and continues-as-new onto the deployment's current build when that changes, between
   reconciliations only.
 """
@@ -42,7 +42,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.names import (
+    from mcpsync.workflows.names import (
         CATALOG_WORKFLOW_TYPE,
         QUERY_CATALOG,
         QUERY_SCANS,
@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
         Act,
         CatalogAct,
     )
-    from workflows.records import (
+    from mcpsync.workflows.records import (
         CatalogKey,
         CatalogPolicy,
         CatalogSnapshot,
@@ -68,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotEvidence,
         SnapshotStatus,
     )
-    from workflows.versioning import target_version_changed, upgrade_behavior
+    from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = [
     "SNAPSHOT_EXTENSION",

@@ -42,7 +42,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from workflows.records import (
+from mcpsync.workflows.records import (
     TERMINAL_STATES,
     AcceptResult,
     AcceptVerdict,

@@ -7,7 +7,7 @@ Contract: these strings are stable. Any Temporal client may start
 
 from __future__ import annotations
 
-from workflows.records import DEFAULT_TASK_QUEUE
+from mcpsync.workflows.records import DEFAULT_TASK_QUEUE
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
@@ -94,7 +94,7 @@ CATALOG_WORKFLOW_TYPE = "CatalogWorkflow"
 SIGNAL_LIST_CHANGED = "list_changed"  # payload: ListChanged (from the session host; never starts it)
 SIGNAL_RECONCILE = "reconcile"  # payload: str reason; a new A/B reconciliation (coalesced)
 UPDATE_RECONCILE = "reconcile"  # payload: str reason -> CatalogSnapshot | None (the next published one)
-QUERY_CATALOG = "catalog"  # -> workflows.catalog.CatalogView
+QUERY_CATALOG = "catalog"  # -> mcpsync.workflows.catalog.CatalogView
 QUERY_SCANS = "scans"  # -> list[ResourceDiscoveryScanV1], newest last
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
+from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
 __all__ = [
     "TERMINAL_STATES",
@@ -150,9 +150,9 @@ class SubscriptionKey(_Frozen):
 
         Computed only for a key the ledger has no row for: once a subscription runs, its row
         records the id it runs under (older ones: ``legacy_workflow_id``) and everything that
-        routes to it reads that (``activities.ledger.Ledger.workflow_id_of``; docs/upgrades.md,
+        routes to it reads that (``mcpsync.activities.ledger.Ledger.workflow_id_of``; docs/upgrades.md,
         "Workflow ids").
-        The URI can be long and contain anything: the slug (``workflows.uris.uri_slug``) is a
+        The URI can be long and contain anything: the slug (``mcpsync.workflows.uris.uri_slug``) is a
         bounded readable label, the hash keeps ids unique. The exact URI is in the memo and
         search attributes."""
         return f"mcpsync-sub/{self.server}/{self.subject}/{uri_slug(self.uri)}-{self._hash()}"

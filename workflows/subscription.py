@@ -1,8 +1,8 @@
 """ResourceSubscriptionWorkflow: one long-lived workflow per (subject, server, URI).
 
 Contract:
-- Temporal's interpreter of ``workflows.subscription_program.SubscriptionProgram``, where every
-  decision is made (every safety rule in ``workflows.fence``); this module declares the wire
+- Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where every
+  decision is made (every safety rule in ``mcpsync.workflows.fence``); this module declares the wire
   surface (signals, updates, query, run) and turns the program's runtime calls into activities,
   timers, patches and search attributes. The simulator runs the same program (``sim/``).
 - Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
@@ -27,8 +27,8 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.fence import UpdateDisposition
-    from workflows.names import (
+    from mcpsync.workflows.fence import UpdateDisposition
+    from mcpsync.workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
         SA_STATE,
@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_RESUME,
         WORKFLOW_TYPE,
     )
-    from workflows.records import (
+    from mcpsync.workflows.records import (
         CatalogObservation,
         CloseReceipt,
         CloseRequest,
@@ -57,14 +57,14 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionKey,
         SubscriptionStart,
     )
-    from workflows.subscription_program import (
+    from mcpsync.workflows.subscription_program import (
         PATCH_LEAN_HISTORY,
         ActivityFailed,
         Publication,
         SubscriptionProgram,
         WaitKind,
     )
-    from workflows.versioning import target_version_changed, upgrade_behavior
+    from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
 

@@ -5,7 +5,7 @@ Contract:
   main loop, read cycle, catalog verdicts, session loss, close, revocation, identity
   reconciliation, continue-as-new timing, the Web UI's detail text), written once as async
   code over a narrow ``Runtime``. It imports nothing from temporalio and does no I/O.
-- Two interpreters run it: ``workflows.subscription`` (Temporal: activities, timers,
+- Two interpreters run it: ``mcpsync.workflows.subscription`` (Temporal: activities, timers,
   ``workflow.patched``, search attributes) and the simulator (``sim/``: an in-memory world
   under seeded adversarial schedules, resets by replaying its inputs). So the simulator's
   verdict is about the program production runs, not a copy of it.
@@ -13,7 +13,7 @@ Contract:
   (``now``, ``random``, ``uuid4``, ``patched``, ``continue_as_new_suggested`` …), in the
   order the code asks. Changing the order of runtime calls changes the commands a
   Temporal run emits: recorded histories (tests/histories) must still replay.
-- The fence (``workflows.fence``) decides what is safe; this module sequences it. A read
+- The fence (``mcpsync.workflows.fence``) decides what is safe; this module sequences it. A read
   is allocated (CAS), read over the live session, then accepted (CAS); at most
   ``max_concurrent_reads`` in flight; updates meanwhile coalesce into one follow-up.
 - Staleness promise: the next poll / safety read is ``FenceState.read_due_at``, armed when a
@@ -28,9 +28,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
-from workflows.names import Act
-from workflows.records import (
+from mcpsync.workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptResult,
     AllocateRequest,
@@ -149,7 +149,7 @@ class Publication:
 
 
 class Runtime(Protocol):
-    """What the program needs from its interpreter. Temporal's is ``workflows.subscription``."""
+    """What the program needs from its interpreter. Temporal's is ``mcpsync.workflows.subscription``."""
 
     def now(self) -> datetime: ...
     def patched(self, patch_id: str) -> bool: ...

@@ -2,7 +2,7 @@
 
 Contract:
 - Pure and deterministic: no I/O, no clock. Each function takes the fence row the ledger holds
-  locked (``FenceSnapshot``) and the answer of the matching rule in ``workflows.fence``
+  locked (``FenceSnapshot``) and the answer of the matching rule in ``mcpsync.workflows.fence``
   (``judge_read``, ``close_rule``, ``tombstone_rule``, ``revoke_rule``) and returns one
   ``WritePlan``: the receipt, the fence-row update, the outbox row, the audit row, the
   ``read_requests`` completion and the revocation that transaction writes, or nothing.
@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
-from workflows.records import (
+from mcpsync.workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
+from mcpsync.workflows.records import (
     AcceptResult,
     AcceptVerdict,
     CloseReceipt,

@@ -16,9 +16,9 @@ import sqlite3
 
 from psycopg_pool import AsyncConnectionPool
 
-from activities.content import ContentNotFound, ContentRefused, released_content
-from activities.db import open_pool
-from activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
+from mcpsync.activities.content import ContentNotFound, ContentRefused, released_content
+from mcpsync.activities.db import open_pool
+from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (subject TEXT, server TEXT, uri TEXT, read_ordinal INTEGER, receipt_id INTEGER,

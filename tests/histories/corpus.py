@@ -4,7 +4,7 @@ Contract:
 - ``HISTORY_DIR`` holds one ``<path-it-covers>.json`` per recorded run (``WorkflowHistory.to_json()``),
   written by ``tests/histories/record.py`` (``scripts/record-histories``) and never edited by hand.
 - ``replayer()`` replays with exactly the main worker's workflows, runner and data converter
-  (``worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
+  (``mcpsync.worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
 - ``traits()`` says what a history exercises (workflow type, continue-as-new, reset, a build
   upgrade under Worker Deployment Versioning) so the
   coverage test can refuse a corpus that silently lost a path.
@@ -21,8 +21,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from mcpsync.worker.runtime import MAIN_WORKFLOWS
 from tests.test_e2e_faults import _decoded_payloads
-from worker.runtime import MAIN_WORKFLOWS
 
 HISTORY_DIR = Path(__file__).resolve().parent
 MAX_HISTORY_BYTES = 512 * 1024  # "well under 1 MB": a bigger file means a scenario grew by accident

@@ -35,24 +35,19 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.ledger import Ledger
-from tests.conftest import eventually, fresh_database, running_services
-from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
-from tests.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
-from tests.test_catalog_e2e import catalog_stack
-from tests.test_e2e_subscription import _wait_record
-from worker.answer_gate import AnswerGate, answer_workflow_id
-from worker.config import ServerConfig
-from worker.fixture import FixtureProcess
-from worker.runtime import open_ledger, revoke, start_subscription
-from worker.stack import TemporalDevServer, free_port, state_dir, temporal_cli_path
-from workflows.names import (
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.answer_gate import AnswerGate, answer_workflow_id
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
+from mcpsync.worker.stack import TemporalDevServer, free_port, state_dir, temporal_cli_path
+from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
     UPDATE_CLOSE,
     UPDATE_RESUME,
 )
-from workflows.records import (
+from mcpsync.workflows.records import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
@@ -62,6 +57,11 @@ from workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
+from tests.conftest import eventually, fresh_database, running_services
+from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
+from tests.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
+from tests.test_catalog_e2e import catalog_stack
+from tests.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 SUBJECT = "alice"
