@@ -49,7 +49,8 @@ def test_nothing_left_to_rename() -> None:
 
 
 def _expected_wheel_files() -> set[str]:
-    """``mcpsync/...`` paths the wheel must hold, from pyproject's package-dir and package-data."""
+    """``mcpsync/...`` paths the wheel must hold: every module under the mapped folders (so a new
+    subpackage missing from pyproject's ``packages`` list is caught) and the package data."""
     package_dir: dict[str, str] = SETUPTOOLS["package-dir"]
 
     def folder(package: str) -> Path:
@@ -57,8 +58,11 @@ def _expected_wheel_files() -> set[str]:
         return REPO_ROOT / package_dir[base] / Path(*package[len(base):].split(".")[1:])
 
     files = set()
-    for package in SETUPTOOLS["packages"]:
-        patterns = ["*.py", *SETUPTOOLS["package-data"].get(package, [])]
+    for package in package_dir:
+        root = folder(package)
+        files |= {f"{package.replace('.', '/')}/{p.relative_to(root).as_posix()}" for p in root.rglob("*.py")
+                  if "__pycache__" not in p.parts}
+    for package, patterns in SETUPTOOLS["package-data"].items():
         files |= {f"{package.replace('.', '/')}/{p.name}" for pattern in patterns for p in folder(package).glob(pattern)}
     return files
 
@@ -79,7 +83,10 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path) -> 
     (wheel,) = (tmp_path / "dist").glob("mcpsync-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = {n for n in zf.namelist() if ".dist-info/" not in n}
-    assert names == _expected_wheel_files()
+    expected = _expected_wheel_files()
+    assert not expected - names, f"not in the wheel (a subpackage missing from pyproject's packages?): " \
+                                 f"{sorted(expected - names)}"
+    assert not names - expected, f"in the wheel but not from the mapped folders: {sorted(names - expected)}"
 
     # 2. A fresh venv outside the repo (pip of this venv installs into it: no ensurepip, ~10 s saved).
     venv = tmp_path / "venv"
