@@ -460,7 +460,7 @@ class FenceLedger:
             """,
             (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
              o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
-             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id, r.trigger,
+             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id, r.trigger.value,
              r.status.value, o.ttl_ms if o else None,
              o.cache_scope.value if o is not None and o.cache_scope is not None else None),
         )
@@ -478,7 +478,7 @@ def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: da
     if ob.withdraws:
         detail |= {"receipt_ids": receipt_ids, "digests": digests}
     if plan.receipt is not None and accepted_at is not None:
-        detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger}
+        detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger.value}
     if ob.event == OutboxEventType.VERSION_ACCEPTED and outcome is not None:
         o = outcome
         detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition, "server_name": o.server_name,

@@ -113,6 +113,9 @@ async def test_reads_a_tombstone_and_a_replay_write_alike(ledger: Ledger) -> Non
     both.mem.confirm_tombstone(False, "c1", False)
     await both.same()
     assert both.mem.row.state == S.TOMBSTONED and both.mem.outbox[-1].event_type == "tombstoned"
+    # The catalog's receipt reads back (its trigger was once a string no TriggerReason knew).
+    receipts = await ledger.receipts(both.key)
+    assert receipts[-1].status == V.TOMBSTONED and receipts[-1].trigger == TriggerReason.CATALOG
 
 
 async def test_close_fences_late_reads_alike(ledger: Ledger) -> None:

@@ -109,6 +109,7 @@ class TriggerReason(StrEnum):
     FOLLOW_UP = "follow_up"  # an update arrived while a read was in flight
     POLL = "poll"  # no subscribe capability: periodic read with jitter
     RESUBSCRIBE = "resubscribe"  # new session generation
+    CATALOG = "catalog"  # no read: a reconciled catalog confirmed a deletion (the TOMBSTONED receipt's trigger)
 
 
 class CacheScope(StrEnum):

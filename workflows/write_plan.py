@@ -31,6 +31,7 @@ from mcpsync.workflows.records import (
     ReadOutcome,
     ReadOutcomeKind,
     SubscriptionState,
+    TriggerReason,
 )
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
 S = SubscriptionState
 V = AcceptVerdict
 
-CATALOG_TRIGGER = "catalog"
+CATALOG_TRIGGER = TriggerReason.CATALOG
 """``resource_versions.trigger_reason`` of a receipt a reconciled catalog wrote (not a read's trigger)."""
 
 
@@ -94,7 +95,7 @@ class ReceiptPlan(_Plan):
     ordinal: int
     status: AcceptVerdict
     request_id: str
-    trigger: str  # a ``TriggerReason`` value, or ``CATALOG_TRIGGER``
+    trigger: TriggerReason  # the read's, or ``CATALOG_TRIGGER``
     session_generation: int
     subscription_generation: int
     content_digest: str | None = None
@@ -201,7 +202,7 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
     plan = WritePlan(kind=PlanKind.ACCEPT, judgement=j, audit=audit, read_request_outcome=rr_outcome)
     if not j.write_receipt:
         return plan
-    receipt = ReceiptPlan(ordinal=o.ordinal, status=j.verdict, request_id=o.request_id, trigger=o.trigger.value,
+    receipt = ReceiptPlan(ordinal=o.ordinal, status=j.verdict, request_id=o.request_id, trigger=o.trigger,
                           session_generation=o.session_generation,
                           subscription_generation=o.subscription_generation, content_digest=o.content_digest)
     if j.advance_ordinal_only:
