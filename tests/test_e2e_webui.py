@@ -35,7 +35,9 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
 
         summaries = []
         async for event in handle.fetch_history_events():
-            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and event.HasField("user_metadata"):
+            # Ledger calls are local activities (lean-history): their summary is on the marker.
+            if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_MARKER_RECORDED) \
+                    and event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
                 summaries.append(pydantic_data_converter.payload_converter.from_payload(
                     event.user_metadata.summary, str))
         assert f"read {key.uri} ordinal 1" in summaries, summaries

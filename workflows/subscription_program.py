@@ -528,10 +528,10 @@ class SubscriptionProgram:
         try:
             await self._read(trigger, placeholder)
         finally:
-            self.reads_running -= 1
-            if not self._has_work():
-                # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
-                self._flush_search_attributes()
+            self.reads_running -= 1  # also when the run's coroutines are closed (no runtime calls here)
+        if not self._has_work():
+            # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
+            self._flush_search_attributes()
 
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
         s = self.fence.s
