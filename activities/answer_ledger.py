@@ -26,8 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from mcpsync.workflows.answer import (
-    AnswerAct,
+from mcpsync.workflows.answer_rules import (
     AnswerDependency,
     AnswerKeyRequest,
     BindLedgerRequest,
@@ -44,6 +43,7 @@ from mcpsync.workflows.answer import (
     RecordDispositionRequest,
     SelectLedgerRequest,
 )
+from mcpsync.workflows.names import AnswerAct
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
 
 __all__ = ["AnswerLedger", "AnswerLedgerActivities"]

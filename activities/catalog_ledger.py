@@ -4,7 +4,7 @@ Contract:
 - ``record_scan`` stores one ``resourceDiscoveryScan.v1`` row and the descriptors it
   listed (retries replace both). No cursor is ever stored; the row holds keyed digests.
 - ``publish`` is the only way a catalog comes into being. In one transaction it loads the
-  two scans, re-judges them with ``mcpsync.workflows.catalog.judge_pair`` (so a caller cannot talk
+  two scans, re-judges them with ``mcpsync.workflows.catalog_rules.judge_pair`` (so a caller cannot talk
   it into an unreconciled catalog), refuses one older than the latest catalog of the view,
   writes the ``resourceCatalog.v1`` row, diffs scan B against the known set of
   (subject, server) and records every added / removed / changed URI. A refusal counts in
@@ -44,7 +44,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.starters import start_subscription
-from mcpsync.workflows.catalog import (
+from mcpsync.workflows.catalog_rules import (
     AutoSubscribeRequest,
     NotifyRequest,
     NotifyResult,

@@ -4,7 +4,7 @@ Contract:
 - ``catalog_scan`` lists every page of ``resources/list`` and then of
   ``resources/templates/list`` on the session generation the workflow named, following
   every cursor (on 2026-07-28 an empty-string cursor is a cursor, not the end), and feeds
-  the pages into ``mcpsync.workflows.catalog.ScanAccumulator``, which detects cursor loops, the
+  the pages into ``mcpsync.workflows.catalog_rules.ScanAccumulator``, which detects cursor loops, the
   page cap, duplicate URIs and descriptors that change between pages.
 - An invalid cursor (-32602 on a continuation request) ends the scan as INVALID_CURSOR:
   the workflow restarts the reconciliation with a fresh scan. A lost connection or a
@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError
 
 from mcpsync.activities.catalog_ledger import CatalogLedger, ScanItem
 from mcpsync.activities.mcp_session import CONNECTION_CLOSED, REQUEST_TIMEOUT, LiveSession, SessionLookup
-from mcpsync.workflows.catalog import (
+from mcpsync.workflows.catalog_rules import (
     MAX_CURSOR_DIGESTS_IN_HISTORY,
     ListKind,
     ScanAccumulator,

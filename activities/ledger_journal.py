@@ -7,7 +7,7 @@ Contract:
   write plan's ``OutboxPlan``): ``insert_outbox`` and ``insert_audit`` take that transaction's
   cursor. ``withdrawn`` lists what a tombstone or a revocation withdraws (every receipt of the
   subscription and the digests they name, ``outboxEvent.v1`` ``invalidates``).
-- A staged rollout (``rollout_policies``; no row means ALL, ``mcpsync.workflows.catalog.refresh_enabled``)
+- A staged rollout (``rollout_policies``; no row means ALL, ``mcpsync.workflows.catalog_rules.refresh_enabled``)
   decides whether a gated invalidation is published; a held one leaves an audit row instead.
 - Consumers read the outbox through ``mcpsync.activities.outbox`` (positions, not ids; docs/outbox.md).
 """
@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from temporalio import activity
 
 from mcpsync.activities.ledger_store import LedgerStore, recorded_workflow_id
-from mcpsync.workflows.catalog import refresh_enabled
+from mcpsync.workflows.catalog_rules import refresh_enabled
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     AuditRequest,
@@ -120,7 +120,7 @@ class Journal:
 
     @staticmethod
     async def rollout_allows(cur: Any, key: SubscriptionKey) -> bool:
-        """The staged rollout (``mcpsync.workflows.catalog.refresh_enabled``); no policy row means ALL."""
+        """The staged rollout (``mcpsync.workflows.catalog_rules.refresh_enabled``); no policy row means ALL."""
         await cur.execute("SELECT mode, percent FROM rollout_policies WHERE server=%s", (key.server,))
         row = await cur.fetchone()
         if row is None:

@@ -1,6 +1,6 @@
 """The answer freshness gate (issue 5 item 4, seed 004).
 
-Fast unit tests drive the pure gate (``mcpsync.workflows.answer.judge_answer``) through every HOLD
+Fast unit tests drive the pure gate (``mcpsync.workflows.answer_rules.judge_answer``) through every HOLD
 rule, the ACCEPT rule and the seed's escalation-policy timeline. Real-stack tests run the
 same scenario end to end (Temporal dev server, PostgreSQL, the fixture MCP server): the
 escalation policy, the list_changed / unrelated-update countercase (with the CLI), a failed
@@ -28,7 +28,7 @@ from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError, latest_recei
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.workflows.answer import (
+from mcpsync.workflows.answer_rules import (
     AnswerBindingV1,
     AnswerDependency,
     AnswerState,
@@ -44,10 +44,9 @@ from mcpsync.workflows.answer import (
     ReadObservation,
     ReceiptObservation,
     Verdict,
-    answer_workflow_id,
     judge_answer,
 )
-from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED, answer_workflow_id
 from mcpsync.workflows.records import AcceptVerdict, CatalogObservation, SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.test_e2e_subscription import _wait_record

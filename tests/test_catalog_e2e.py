@@ -31,7 +31,7 @@ from mcpsync.worker.completeness import CompletenessRefused, require_complete_ca
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog
-from mcpsync.workflows.catalog import CatalogView, set_digest
+from mcpsync.workflows.catalog_rules import CatalogView, set_digest
 from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
 from mcpsync.workflows.records import (
     CatalogKey,

@@ -12,7 +12,7 @@ import pytest
 from mcpsync.activities.catalog_ledger import CatalogLedger, ScanItem
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
-from mcpsync.workflows.catalog import (
+from mcpsync.workflows.catalog_rules import (
     SNAPSHOT_EXTENSION,
     PublishRequest,
     ScanAccumulator,

@@ -1,6 +1,6 @@
 """Pure catalog logic, no I/O: scan accumulation, A/B judgement, snapshot proofs, the reconciler.
 
-These drive ``mcpsync.workflows.catalog`` the way the scan activity and the workflow do, with
+These drive ``mcpsync.workflows.catalog_rules`` the way the scan activity and the workflow do, with
 synthetic pages, so every rule has a fast test besides the real-stack ones.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mcpsync.workflows.catalog import (
+from mcpsync.workflows.catalog_rules import (
     SNAPSHOT_EXTENSION,
     CatalogPhase,
     CatalogReconciler,

@@ -35,7 +35,7 @@ from mcpsync.worker.runtime import (
     start_subscription,
 )
 from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
-from mcpsync.workflows.catalog import CatalogView
+from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.fence import should_continue_as_new
 from mcpsync.workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
 from mcpsync.workflows.records import CatalogKey, SubscriptionKey

@@ -26,7 +26,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
-from mcpsync.workflows.catalog import CatalogView
+from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import (
     QUERY_CATALOG,
     QUERY_SUBSCRIPTION,

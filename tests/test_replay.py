@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpsync.workflows.answer import ANSWER_WORKFLOW_TYPE
-from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
+from mcpsync.workflows.names import ANSWER_WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,

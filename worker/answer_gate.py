@@ -30,12 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
-from mcpsync.workflows.answer import (
-    ANSWER_WORKFLOW_TYPE,
-    QUERY_ANSWER,
-    UPDATE_BIND,
-    UPDATE_CHECK,
-    UPDATE_SELECT_INPUT,
+from mcpsync.workflows.answer_rules import (
     AnswerBindingV1,
     AnswerDependency,
     AnswerStart,
@@ -45,6 +40,13 @@ from mcpsync.workflows.answer import (
     FreshnessPolicy,
     LatestReceipt,
     SelectInputRequest,
+)
+from mcpsync.workflows.names import (
+    ANSWER_WORKFLOW_TYPE,
+    QUERY_ANSWER,
+    UPDATE_BIND,
+    UPDATE_CHECK,
+    UPDATE_SELECT_INPUT,
     answer_workflow_id,
 )
 

@@ -559,7 +559,7 @@ async def _answer_receipt(ledger: Any, subject: str, server: str, uri: str, rece
 
 
 def _answer_text(obj: Any) -> str:
-    from mcpsync.workflows.answer import Disposition
+    from mcpsync.workflows.answer_rules import Disposition
 
     d = obj if isinstance(obj, Disposition) else obj.disposition
     lines = [] if isinstance(obj, Disposition) else [
@@ -582,7 +582,7 @@ async def cmd_answer(args: argparse.Namespace) -> None:
 
     from mcpsync.activities.answer_ledger import AnswerLedger
     from mcpsync.worker.answer_gate import AnswerGateError
-    from mcpsync.workflows.answer import AnswerBindingV1, AnswerDependency, FreshnessPolicy
+    from mcpsync.workflows.answer_rules import AnswerBindingV1, AnswerDependency, FreshnessPolicy
 
     config, gate, ledger = await _answer_env(args)
     try:

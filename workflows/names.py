@@ -7,6 +7,8 @@ Contract: these strings are stable. Any Temporal client may start
 
 from __future__ import annotations
 
+import hashlib
+
 from mcpsync.workflows.records import DEFAULT_TASK_QUEUE
 
 __all__ = [
@@ -94,7 +96,7 @@ CATALOG_WORKFLOW_TYPE = "CatalogWorkflow"
 SIGNAL_LIST_CHANGED = "list_changed"  # payload: ListChanged (from the session host; never starts it)
 SIGNAL_RECONCILE = "reconcile"  # payload: str reason; a new A/B reconciliation (coalesced)
 UPDATE_RECONCILE = "reconcile"  # payload: str reason -> CatalogSnapshot | None (the next published one)
-QUERY_CATALOG = "catalog"  # -> mcpsync.workflows.catalog.CatalogView
+QUERY_CATALOG = "catalog"  # -> mcpsync.workflows.catalog_rules.CatalogView
 QUERY_SCANS = "scans"  # -> list[ResourceDiscoveryScanV1], newest last
 
 
@@ -106,3 +108,37 @@ class CatalogAct:
     PUBLISH = "catalog_publish"
     NOTIFY = "catalog_notify_subscriptions"
     AUTO_SUBSCRIBE = "catalog_auto_subscribe"
+
+
+# --- AnswerWorkflow (one per answer id) -------------------------------------------------
+
+__all__ += [
+    "ANSWER_WORKFLOW_TYPE",
+    "UPDATE_BIND",
+    "UPDATE_SELECT_INPUT",
+    "UPDATE_CHECK",
+    "QUERY_ANSWER",
+    "AnswerAct",
+    "answer_workflow_id",
+]
+
+ANSWER_WORKFLOW_TYPE = "AnswerWorkflow"
+UPDATE_BIND = "bind"  # BindRequest -> AnswerBindingV1
+UPDATE_SELECT_INPUT = "select_input"  # SelectInputRequest -> AnswerBindingV1
+UPDATE_CHECK = "check"  # CheckRequest -> Disposition
+QUERY_ANSWER = "answer"  # -> AnswerBindingV1
+
+
+class AnswerAct:
+    """Activity names (main task queue, ``mcpsync.activities.answer_ledger``)."""
+
+    LOAD = "answer_load"
+    BIND = "answer_bind"
+    SELECT = "answer_select"
+    OBSERVE = "answer_observe"
+    RECORD = "answer_record_disposition"
+
+
+def answer_workflow_id(answer_id: str) -> str:
+    """Deterministic workflow id of one answer (the answer id itself is in the memo and records)."""
+    return f"mcpsync-answer/{hashlib.sha256(answer_id.encode()).hexdigest()[:32]}"

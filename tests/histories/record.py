@@ -36,7 +36,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.answer_gate import AnswerGate, answer_workflow_id
+from mcpsync.worker.answer_gate import AnswerGate
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
@@ -46,6 +46,7 @@ from mcpsync.workflows.names import (
     SIGNAL_CATALOG_RECONCILED,
     UPDATE_CLOSE,
     UPDATE_RESUME,
+    answer_workflow_id,
 )
 from mcpsync.workflows.records import (
     CatalogObservation,
