@@ -363,7 +363,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         try:
             handle, record = await asyncio.wait_for(start_subscription_first_read(
                 client, key, task_queue=config.temporal.task_queue, workflow_id=workflow_id), args.timeout)
-        except TimeoutError:
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the SDK's word for a cancelled wait
             raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} (no live "
                            "session or no worker? see 'mcpsync status')", ExitCode.UNAVAILABLE) from None
         except WorkflowUpdateFailedError as err:
