@@ -10,11 +10,20 @@ worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger
 (the id a subscription of the key already runs or ran under, so an older one is joined or
 reopened under its own id); without it, ``key.workflow_id``, right only for a key the ledger has
 never seen (docs/upgrades.md, "Workflow ids").
+
+``start_subscription_first_read`` is the same start (same id, policies, memo and attributes) as
+one Update-with-Start of the ``first_read`` update: one call starts or joins the workflow and
+answers its record once the first read was judged (the first receipt), or once no read will come
+(TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended). A running subscription just answers
+the update (at once if its first read was already judged). It waits as long as that takes: the
+caller bounds it (``asyncio.wait_for``).
 """
 
 from __future__ import annotations
 
-from temporalio.client import Client, WorkflowHandle
+from typing import Any
+
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
 from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
@@ -30,18 +39,20 @@ from mcpsync.workflows.names import (
     SA_STATE,
     SA_SUBJECT,
     SA_URI,
+    UPDATE_FIRST_READ,
     WORKFLOW_TYPE,
 )
 from mcpsync.workflows.records import (
     CatalogKey,
     CatalogPolicy,
     CatalogStart,
+    ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionStart,
 )
 
-__all__ = ["start_subscription", "start_catalog", "subscription_contract", "sa_uri"]
+__all__ = ["start_subscription", "start_subscription_first_read", "start_catalog", "subscription_contract", "sa_uri"]
 
 
 def sa_uri(uri: str) -> str:
@@ -49,47 +60,61 @@ def sa_uri(uri: str) -> str:
     return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
 
 
-async def _start_once(client: Client, workflow: str, arg: object, *, id: str, task_queue: str, memo: dict[str, str],
-                      attributes: list[SearchAttributePair[str]], summary: str,
-                      details: str | None = None) -> WorkflowHandle:
-    """Start, or join the run already going: USE_EXISTING on conflict, ALLOW_DUPLICATE after it ended."""
-    return await client.start_workflow(
-        workflow, arg, id=id, task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo=memo, search_attributes=TypedSearchAttributes(attributes),
-        static_summary=summary, static_details=details,
-    )
+def _start_options(*, id: str, task_queue: str, memo: dict[str, str], attributes: list[SearchAttributePair[str]],
+                   summary: str, details: str | None = None) -> dict[str, Any]:
+    """How every mcpsync workflow starts: USE_EXISTING on conflict (join the run going),
+    ALLOW_DUPLICATE after it ended (a new incarnation)."""
+    return {"id": id, "task_queue": task_queue, "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+            "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE, "memo": memo,
+            "search_attributes": TypedSearchAttributes(attributes), "static_summary": summary,
+            "static_details": details}
 
 
 def _keyword(name: str, value: str) -> SearchAttributePair[str]:
     return SearchAttributePair(SearchAttributeKey.for_keyword(name), value)
 
 
-async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
-                             options: SubscriptionOptions | None = None,
-                             workflow_id: str | None = None) -> WorkflowHandle:
-    """Start (or join) the subscription workflow of ``key`` under ``workflow_id``; idempotent."""
+def _subscription_options(key: SubscriptionKey, options: SubscriptionOptions | None, *, task_queue: str,
+                          workflow_id: str | None) -> tuple[SubscriptionStart, dict[str, Any]]:
     options = options or SubscriptionOptions()
     workflow_id = workflow_id or key.workflow_id
-    return await _start_once(
-        client, WORKFLOW_TYPE, SubscriptionStart(key=key, options=options), id=workflow_id,
-        task_queue=task_queue, memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+    return SubscriptionStart(key=key, options=options), _start_options(
+        id=workflow_id, task_queue=task_queue, memo={"subject": key.subject, "server": key.server, "uri": key.uri},
         attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_URI, sa_uri(key.uri)),
                     _keyword(SA_SUBJECT, key.subject), _keyword(SA_STATE, "DISCOVERED")],
         summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",
         details=subscription_contract(key, options, workflow_id=workflow_id))
 
 
+async def start_subscription(client: Client, key: SubscriptionKey, *, task_queue: str,
+                             options: SubscriptionOptions | None = None,
+                             workflow_id: str | None = None) -> WorkflowHandle:
+    """Start (or join) the subscription workflow of ``key`` under ``workflow_id``; idempotent."""
+    start, kwargs = _subscription_options(key, options, task_queue=task_queue, workflow_id=workflow_id)
+    return await client.start_workflow(WORKFLOW_TYPE, start, **kwargs)
+
+
+async def start_subscription_first_read(
+        client: Client, key: SubscriptionKey, *, task_queue: str, options: SubscriptionOptions | None = None,
+        workflow_id: str | None = None) -> tuple[WorkflowHandle, ResourceSubscriptionV1]:
+    """``start_subscription`` and the ``first_read`` update in one Update-with-Start: the workflow's
+    handle and its record with the first receipt (``last_receipt_id``, ``last_verdict``)."""
+    start, kwargs = _subscription_options(key, options, task_queue=task_queue, workflow_id=workflow_id)
+    operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(WORKFLOW_TYPE, start, **kwargs)
+    record: ResourceSubscriptionV1 = await client.execute_update_with_start_workflow(
+        UPDATE_FIRST_READ, start_workflow_operation=operation, result_type=ResourceSubscriptionV1)
+    return await operation.workflow_handle(), record
+
+
 async def start_catalog(client: Client, key: CatalogKey, *, task_queue: str,
                         policy: CatalogPolicy | None = None) -> WorkflowHandle:
     """Start (or join) the CatalogWorkflow of (subject, server); idempotent. Nothing else starts it."""
-    return await _start_once(
-        client, CATALOG_WORKFLOW_TYPE, CatalogStart(key=key, policy=policy or CatalogPolicy()), id=key.workflow_id,
-        task_queue=task_queue, memo={"subject": key.subject, "server": key.server},
-        attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_SUBJECT, key.subject),
-                    _keyword(SA_CATALOG_STATE, "STARTING")],
-        summary=f"catalog {key.server} {key.subject}")
+    return await client.start_workflow(
+        CATALOG_WORKFLOW_TYPE, CatalogStart(key=key, policy=policy or CatalogPolicy()), **_start_options(
+            id=key.workflow_id, task_queue=task_queue, memo={"subject": key.subject, "server": key.server},
+            attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_SUBJECT, key.subject),
+                        _keyword(SA_CATALOG_STATE, "STARTING")],
+            summary=f"catalog {key.server} {key.subject}"))
 
 
 def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *, workflow_id: str) -> str:
@@ -106,6 +131,6 @@ def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *,
         f"| max concurrent reads | {o.max_concurrent_reads} |\n"
         f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
         "Signals: `resource_updated`, `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, "
-        "`close`; updates: `close`, `resume`; query: `subscription`. The negotiated edition and the live "
+        "`close`; updates: `close`, `resume`, `first_read`; query: `subscription`. The negotiated edition and the live "
         "ledger are in the current details."
     )

@@ -67,6 +67,7 @@ class Signal(StrEnum):
     RESUME = "resume"  # update (validated)
     CLOSE_SIGNAL = "close_signal"
     CLOSE = "close"  # update
+    FIRST_READ = "first_read"  # update: the record once the first read was judged
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +254,8 @@ class ProgramRun:
             close = CloseRequest(reason="simulated close")
             p.validate_close(close)
             self._handler(kind, p.on_close(close))
+        elif kind == Signal.FIRST_READ:
+            self._handler(kind, p.on_first_read())
         return True
 
     def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:

@@ -233,6 +233,7 @@ class Op(StrEnum):
     RESTART = "restart"  # start the key again after its chain finished
     REVOKE = "revoke"  # the platform's revoke signal
     FINAL_NOTE = "final_note"  # drain: one final invalidation from the live session
+    FIRST_READ = "first_read"  # the first_read update (Update-with-Start's); in written traces only
 
 
 @dataclass(frozen=True, slots=True)
@@ -1045,6 +1046,11 @@ class Simulation:
                 return False
             self._signal(Signal.RESUME, None)
             return True
+        if op == Op.FIRST_READ:
+            if not self.chain_running:
+                return False
+            self._signal(Signal.FIRST_READ, None)
+            return True
         if op == Op.REVOKE:
             if not self.chain_running:
                 return False
@@ -1380,6 +1386,10 @@ class Simulation:
             return
         if wf.fence.s.state != row.state:
             self._violate(Invariant.NO_CONVERGENCE, f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
+            return
+        if wf.handlers_running(Signal.FIRST_READ):
+            # Converged means a read was judged (or none will come): the update must have answered.
+            self._violate(Invariant.NO_CONVERGENCE, f"first_read update still waiting in {wf.fence.s.state}")
 
     def result(self) -> ScheduleResult:
         converged_after = None

@@ -235,3 +235,16 @@ def test_the_program_before_lean_history_still_keeps_every_invariant() -> None:
     # until their next continue-as-new: that program stays checked too.
     before = run_schedules("pre-lean", 0, 500, SimConfig(faults=GATE_CONFIG.faults, lean_history=False))
     assert before.schedules == 500 and not any(before.violations.values()), before.violations
+
+
+@pytest.mark.parametrize("events", [
+    (Event(Op.FIRST_READ), Event(Op.MUTATE, n=1)),  # delivered with the start (Update-with-Start)
+    (Event(Op.MUTATE, n=1), Event(Op.FIRST_READ), Event(Op.MUTATE, n=1)),  # to a running subscription
+    (Event(Op.FIRST_READ), Event(Op.DELETE, n=1)),  # the URI is gone: TOMBSTONE_PENDING answers it
+    (Event(Op.FIRST_READ), Event(Op.CONFLICT), Event(Op.FIRST_READ), Event(Op.RESUME)),
+    (Event(Op.FIRST_READ), Event(Op.CLOSE)),
+])
+def test_first_read_update_answers_once_a_read_was_judged(events: tuple[Event, ...]) -> None:
+    # The verdict flags a first_read update still waiting once the subscription converged.
+    result = replay(Trace("first-read", Profile(), events), GATE_CONFIG)
+    assert not result.violations, result.violations

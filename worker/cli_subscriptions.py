@@ -26,6 +26,11 @@ Contract:
   ``mcpsync: error: <uri>: ...`` line on stderr and the others are still subscribed; the exit
   code is then the first failure's (2 unusable URI, 6 unavailable), 0 when all succeeded. A
   wrong ``--server``/``--subject`` fails the whole command before any URI (exit 2).
+- ``subscribe --wait`` starts each URI with Update-with-Start (``start_subscription_first_read``)
+  and prints, one line per URI, the first read's verdict, receipt and digest, or the state in
+  which no read comes (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, ended). The URIs wait
+  concurrently, each bounded by ``--timeout``: a URI without an answer by then is exit 6 (its
+  subscription keeps running). Exit 0 whatever the verdict: it is printed, not judged here.
 """
 
 from __future__ import annotations
@@ -61,7 +66,12 @@ from mcpsync.worker.cli_common import (
     subscription_key,
 )
 from mcpsync.worker.config import Config
-from mcpsync.worker.runtime import connect_temporal, open_ledger, start_subscription
+from mcpsync.worker.runtime import (
+    connect_temporal,
+    open_ledger,
+    start_subscription,
+    start_subscription_first_read,
+)
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
 from mcpsync.workflows.records import (
     CloseReceipt,
@@ -311,6 +321,14 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
 # --- commands ----------------------------------------------------------------------------
 
 
+def first_read_text(record: ResourceSubscriptionV1) -> str:
+    """``subscribe --wait``'s line for one URI: the first receipt's verdict and digest, or why no read came."""
+    if record.last_verdict is None:
+        return f"{record.uri}: {record.state.value}, no receipt" + (f" ({record.detail})" if record.detail else "")
+    return (f"{record.uri}: {record.last_verdict.value} receipt {_dash(record.last_receipt_id)} "
+            f"digest {_dash(record.last_accepted_digest)} state {record.state.value}")
+
+
 async def cmd_subscribe(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     check_target(args, config, configured_subject=True)
@@ -333,27 +351,58 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         failures.append(code)
         print_error(f"{uri}: {message}")
 
+    async def subscribe(key: SubscriptionKey) -> tuple[dict[str, Any], str]:
+        assert client is not None
+        # An existing subscription (whatever id scheme started it) is joined or reopened under its id.
+        workflow_id = await _workflow_id_in(ledger, key)
+        if not args.wait:
+            handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
+                                              workflow_id=workflow_id)
+            doc = {"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}
+            return doc, f"subscribed: workflow {handle.id}" + (f" for {key.uri}" if len(uris) > 1 else "")
+        try:
+            handle, record = await asyncio.wait_for(start_subscription_first_read(
+                client, key, task_queue=config.temporal.task_queue, workflow_id=workflow_id), args.timeout)
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the SDK's word for a cancelled wait
+            raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} (no live "
+                           "session or no worker? see 'mcpsync status')", ExitCode.UNAVAILABLE) from None
+        except WorkflowUpdateFailedError as err:
+            raise CliError(f"first_read failed in workflow {workflow_id}: {_cause(err)}",
+                           ExitCode.UNAVAILABLE) from None
+        return {"workflow_id": handle.id, **record.model_dump(mode="json")}, first_read_text(record)
+
+    async def settle(key: SubscriptionKey) -> tuple[dict[str, Any], str] | RPCError | CliError:
+        try:
+            return await subscribe(key)
+        except (RPCError, CliError) as exc:
+            return exc
+
+    # --wait: every URI's first read at once (each bounded by --timeout), printed in the given order.
+    waited = iter(await asyncio.gather(*(settle(k) for k in keys if isinstance(k, SubscriptionKey)))
+                  if args.wait else [])
     try:
         for uri, key in zip(uris, keys, strict=True):
             if isinstance(key, CliError):
                 failed(uri, str(key), key.code)
                 continue
-            assert client is not None
-            try:
-                # An existing subscription (whatever id scheme started it) is joined or reopened under its id.
-                handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
-                                                  workflow_id=await _workflow_id_in(ledger, key))
-            except RPCError as exc:
-                if len(uris) == 1 or exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-                    raise
-                failed(uri, f"Temporal did not answer ({exc.status.name}: {exc.message[:200]})", ExitCode.UNAVAILABLE)
+            outcome = next(waited) if args.wait else await settle(key)
+            if isinstance(outcome, RPCError):
+                if len(uris) == 1 or outcome.status not in (RPCStatusCode.UNAVAILABLE,
+                                                            RPCStatusCode.DEADLINE_EXCEEDED):
+                    raise outcome
+                failed(uri, f"Temporal did not answer ({outcome.status.name}: {outcome.message[:200]})",
+                       ExitCode.UNAVAILABLE)
                 continue
-            doc = {"workflow_id": handle.id, "run_id": handle.result_run_id, **key.model_dump()}
+            if isinstance(outcome, CliError):
+                if len(uris) == 1:
+                    raise outcome
+                failed(uri, str(outcome), outcome.code)
+                continue
+            doc, text = outcome
             if len(uris) == 1:
-                print_out(doc, args.json, f"subscribed: workflow {handle.id}")
+                print_out(doc, args.json, text)
             else:  # one line per URI
-                print(json.dumps(doc, default=str) if args.json else f"subscribed: workflow {handle.id} for {uri}",
-                      flush=True)
+                print(json.dumps(doc, default=str) if args.json else text, flush=True)
     finally:
         if ledger is not None:
             await ledger.pool.close()
@@ -562,10 +611,17 @@ def register(sub: Any) -> None:
               many=True,
               epilog="examples:\n  mcpsync subscribe --server demo --uri demo://policy/escalation\n"
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --uri demo://c\n"
-                     "one line per URI; exit 0 if all were subscribed, else the first failure's code\n"
-                     "(2 unusable URI, 6 Temporal unavailable), each failure one 'mcpsync: error:' line")
+                     "  mcpsync subscribe --server demo --uri demo://a demo://b --wait --timeout 30\n"
+                     "one line per URI; exit 0 if all were subscribed (--wait: whatever the verdict), else the\n"
+                     "first failure's code (2 unusable URI, 6 Temporal unavailable or --wait timed out), each\n"
+                     "failure one 'mcpsync: error:' line")
     s.add_argument("--json", action="store_true",
                    help="print JSON: one document; with several URIs one JSON object a line, one a URI")
+    s.add_argument("--wait", action="store_true",
+                   help="start with Update-with-Start and wait for each URI's first read: print its verdict, receipt "
+                        "and digest (or the state in which no read comes, e.g. TOMBSTONE_PENDING)")
+    s.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --wait: give up on a URI after this long (exit 6; the subscription keeps running)")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
     query_timeout(s)

@@ -42,7 +42,7 @@ from mcpsync.activities.answer_ledger import AnswerLedger, AnswerLedgerActivitie
 from mcpsync.activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from mcpsync.activities.db import migrate, open_pool
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.starters import start_catalog, start_subscription
+from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
 from mcpsync.worker.stack import ensure_search_attributes
@@ -72,6 +72,7 @@ __all__ = [
     "start_catalogs",
     "run_services",
     "start_subscription",
+    "start_subscription_first_read",
     "start_catalog",
 ]
 

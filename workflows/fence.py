@@ -639,6 +639,7 @@ class SubscriptionFence:
             last_accepted_ordinal=s.last_accepted_ordinal,
             last_accepted_digest=s.last_accepted_digest,
             last_receipt_id=s.last_receipt_id,
+            last_verdict=s.last_verdict,
             watermark=s.watermark,
             close_epoch=s.close_epoch,
             close_ordinal=s.close_ordinal,

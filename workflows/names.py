@@ -20,6 +20,7 @@ __all__ = [
     "SIGNAL_CATALOG_RECONCILED",
     "UPDATE_CLOSE",
     "UPDATE_RESUME",
+    "UPDATE_FIRST_READ",
     "SIGNAL_IDENTITY_CONFLICT",
     "SIGNAL_REVOKE",
     "QUERY_SUBSCRIPTION",
@@ -45,6 +46,7 @@ SIGNAL_IDENTITY_CONFLICT = "identity_conflict"  # payload: IdentityConflict
 SIGNAL_REVOKE = "revoke"  # payload: RevokeRequest
 UPDATE_CLOSE = "close"  # payload: CloseRequest -> CloseReceipt
 UPDATE_RESUME = "resume"  # payload: ResumeRequest -> ResourceSubscriptionV1
+UPDATE_FIRST_READ = "first_read"  # no payload -> ResourceSubscriptionV1 once the first read was judged
 QUERY_SUBSCRIPTION = "subscription"  # -> ResourceSubscriptionV1
 
 # Search attributes registered by setup (temporal/search_attributes.toml).

@@ -541,6 +541,7 @@ class ResourceSubscriptionV1(_Frozen):
     last_accepted_ordinal: int = 0
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
+    last_verdict: AcceptVerdict | None = None  # the ledger's verdict on the newest judged read (this chain)
     watermark: int = 0
     close_epoch: int = 0
     close_ordinal: int | None = None

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_REVOKE,
         SIGNAL_SESSION_CHANGED,
         UPDATE_CLOSE,
+        UPDATE_FIRST_READ,
         UPDATE_RESUME,
         WORKFLOW_TYPE,
     )
@@ -72,12 +73,8 @@ T = TypeVar("T")
 
 _LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 _LEDGER_TIMEOUT = timedelta(seconds=30)
-_MCP_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
-    non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"],
-)
+_MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(seconds=10),
+                         maximum_attempts=5, non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"])
 _MCP_TIMEOUT = timedelta(seconds=60)
 
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
@@ -124,10 +121,8 @@ class TemporalRuntime:
         # ledger activities, so the call skips a task queue round trip and leaves one marker in history.
         execute = workflow.execute_local_activity if self.patches.get(PATCH_LEAN_HISTORY) \
             else workflow.execute_activity
-        result: T | None = await execute(
-            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY,
-            summary=self._summary(name, arg),
-        )
+        result: T | None = await execute(name, arg, result_type=result_type, retry_policy=_LEDGER_RETRY,
+                                         start_to_close_timeout=_LEDGER_TIMEOUT, summary=self._summary(name, arg))
         return result
 
     async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
@@ -225,6 +220,12 @@ class ResourceSubscriptionWorkflow:
     @resume.validator
     def _validate_resume(self, req: ResumeRequest) -> None:
         self.program.validate_resume(req)
+
+    @workflow.update(name=UPDATE_FIRST_READ,
+                     description="The record once the first read was judged (its receipt), or once no read will "
+                                 "come (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended).")
+    async def first_read(self) -> ResourceSubscriptionV1:
+        return await self.program.on_first_read()
 
     @workflow.signal(name=SIGNAL_CLOSE, description="Fire-and-forget close (see the close update).")
     def close_signal(self, req: CloseRequest) -> None:

@@ -122,6 +122,7 @@ class WaitKind(StrEnum):
     RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
     CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
+    FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or no read to come)
     DEADLINE = "deadline"  # lean: the deadline keeper waits for a deadline to apply, or for it to pass
 
 
@@ -260,6 +261,25 @@ class SubscriptionProgram:
         # A close or revocation handled first finishes the workflow: the resume is then moot.
         await self._wait(lambda: self.resume_requested is None or self.fence.finished, None,
                          WaitKind.RESUME_UPDATE)
+        return self.record()
+
+    def first_read_judged(self) -> bool:
+        """The first read has been judged, or none will come: the record can answer ``first_read``.
+
+        Judged: the fence holds a verdict (this chain's; a new incarnation starts without one, so an
+        earlier incarnation's receipt in the ledger row never answers). No read will come: the
+        subscription waits for a catalog (TOMBSTONE_PENDING) or an operator
+        (RECONCILIATION_REQUIRED), is closing or has finished. Only after the run loaded the
+        durable fence, so the record reflects the ledger."""
+        s = self.fence.s
+        return self.reloaded and (
+            s.last_verdict is not None or s.close_requested or self.fence.finished
+            or s.state in (S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED, S.UNSUBSCRIBING))
+
+    async def on_first_read(self) -> ResourceSubscriptionV1:
+        """The record once ``first_read_judged`` (at once if it already is). Platform callers start a
+        subscription with this update (Update-with-Start) and get the first receipt in one round trip."""
+        await self._wait(self.first_read_judged, None, WaitKind.FIRST_READ_UPDATE)
         return self.record()
 
     def on_close_signal(self, req: CloseRequest) -> None:
