@@ -37,13 +37,14 @@ from typing import Any, Literal, Protocol
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.mcp_session import classify_error, content_parts
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
 from mcpsync.workflows.digest import content_digest
+from mcpsync.workflows.records import FrozenRecord
 
 __all__ = [
     "KNOWN_NUDGES",
@@ -74,20 +75,17 @@ class ProbeError(RuntimeError):
     """The server could not be started, reached or initialized: nothing could be probed."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
 
 # --- report ---------------------------------------------------------------------------------
 
 
-class ErrorSeen(_Frozen):
+class ErrorSeen(FrozenRecord):
     method: str
     code: int
     message: str
 
 
-class EditionProbe(_Frozen):
+class EditionProbe(FrozenRecord):
     """What one negotiation mode got: ``legacy`` (initialize) or ``auto`` (server/discover first)."""
 
     mode: Literal["legacy", "auto"]
@@ -95,7 +93,7 @@ class EditionProbe(_Frozen):
     error: str | None = None
 
 
-class ProbeCapabilities(_Frozen):
+class ProbeCapabilities(FrozenRecord):
     resources: bool
     subscribe: bool
     list_changed: bool
@@ -109,7 +107,7 @@ class ProbeCapabilities(_Frozen):
         return self.snapshot_extension is not None
 
 
-class ScanProbe(_Frozen):
+class ScanProbe(FrozenRecord):
     """One full ``resources/list`` scan."""
 
     pages: int
@@ -122,7 +120,7 @@ class ScanProbe(_Frozen):
     elapsed_ms: float
 
 
-class ListingProbe(_Frozen):
+class ListingProbe(FrozenRecord):
     scans: list[ScanProbe]
     paginated: bool
     page_size: int | None  # the size of a non-final page; None when one page held everything
@@ -135,7 +133,7 @@ class ListingProbe(_Frozen):
     template_uris: list[str] = Field(default_factory=list)
 
 
-class ReadProbe(_Frozen):
+class ReadProbe(FrozenRecord):
     """``resources/read`` of one listed resource, as mcpsync would digest it."""
 
     uri: str
@@ -147,7 +145,7 @@ class ReadProbe(_Frozen):
     error_code: int | None = None
 
 
-class NotFoundProbe(_Frozen):
+class NotFoundProbe(FrozenRecord):
     uri: str
     code: int | None  # None: the read did not fail
     message: str | None = None
@@ -157,7 +155,7 @@ class NotFoundProbe(_Frozen):
 SubscribeVerdict = Literal["verified", "ack_only", "no_update", "rejected", "not_advertised", "no_resource"]
 
 
-class SubscribeProbe(_Frozen):
+class SubscribeProbe(FrozenRecord):
     """Whether subscribe really works: ack, and (when nudged) an update within the bound."""
 
     uri: str | None
@@ -177,7 +175,7 @@ class SubscribeProbe(_Frozen):
     detail: str = ""
 
 
-class ProbeReport(_Frozen):
+class ProbeReport(FrozenRecord):
     """``serverProbe.v1``: one probe of one server for one subject."""
 
     record: Literal["serverProbe.v1"] = "serverProbe.v1"

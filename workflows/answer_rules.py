@@ -39,9 +39,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records import AcceptVerdict, FrozenRecord, SubscriptionKey, SubscriptionState
 
 __all__ = [
     "AnswerDependency",
@@ -76,14 +76,11 @@ __all__ = [
     "iso_ms",
 ]
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
 
 # --- what the host says ----------------------------------------------------------------------
 
 
-class AnswerDependency(_Frozen):
+class AnswerDependency(FrozenRecord):
     """One observation an answer depends on: a receipt of (subject, server, exact URI)."""
 
     subject: str = Field(min_length=1, max_length=200)
@@ -96,7 +93,7 @@ class AnswerDependency(_Frozen):
         return SubscriptionKey(subject=self.subject, server=self.server, uri=self.uri)
 
 
-class BindRequest(_Frozen):
+class BindRequest(FrozenRecord):
     """Update ``bind``: the draft's question and the observations it used. Rebinding makes a new revision."""
 
     answer_id: str = Field(min_length=1, max_length=200)
@@ -111,7 +108,7 @@ class BindRequest(_Frozen):
         return self
 
 
-class SelectInputRequest(_Frozen):
+class SelectInputRequest(FrozenRecord):
     """Update ``select_input``: the observation the host's next answering step actually uses for ``uri``."""
 
     answer_id: str = Field(min_length=1, max_length=200)
@@ -119,7 +116,7 @@ class SelectInputRequest(_Frozen):
     receipt_id: int = Field(ge=1)
 
 
-class FreshnessPolicy(_Frozen):
+class FreshnessPolicy(FrozenRecord):
     """How to treat a dependency whose server sends no per-URI updates (polling, subscribe refused).
 
     ``None``: such a dependency always HOLDs (UNWATCHED): silence is not a check. A number: its
@@ -128,12 +125,12 @@ class FreshnessPolicy(_Frozen):
     max_unwatched_age_seconds: float | None = Field(default=None, gt=0)
 
 
-class CheckRequest(_Frozen):
+class CheckRequest(FrozenRecord):
     answer_id: str = Field(min_length=1, max_length=200)
     policy: FreshnessPolicy = FreshnessPolicy()
 
 
-class InputSelection(_Frozen):
+class InputSelection(FrozenRecord):
     """Which receipt the next answering step uses for one dependency, and who said so."""
 
     uri: str
@@ -179,7 +176,7 @@ REASON_PRECEDENCE: tuple[GateReason, ...] = tuple(GateReason)
 """The disposition's ``reason_code`` is the first of its conditions in this order."""
 
 
-class DependencyDisposition(_Frozen):
+class DependencyDisposition(FrozenRecord):
     """The gate's word on one dependency; ``conditions`` empty means it is current."""
 
     subject: str
@@ -203,7 +200,7 @@ class DependencyDisposition(_Frozen):
         return not self.conditions
 
 
-class Disposition(_Frozen):
+class Disposition(FrozenRecord):
     """``answerDisposition.v1``: one check of one answer revision."""
 
     record: Literal["answerDisposition.v1"] = "answerDisposition.v1"
@@ -221,7 +218,7 @@ class Disposition(_Frozen):
     reopened: bool = False  # HOLD right after an ACCEPT of the same revision
 
 
-class AnswerBindingV1(_Frozen):
+class AnswerBindingV1(FrozenRecord):
     """``answerBinding.v1``: an answer, the observations it is bound to, the host's selections, the latest word."""
 
     record: Literal["answerBinding.v1"] = "answerBinding.v1"
@@ -239,7 +236,7 @@ class AnswerBindingV1(_Frozen):
 # --- what the ledger observed (ObservationSnapshot) -------------------------------------------
 
 
-class ReceiptObservation(_Frozen):
+class ReceiptObservation(FrozenRecord):
     """One ``resource_versions`` receipt, by id and digest only."""
 
     receipt_id: int
@@ -255,7 +252,7 @@ class ReceiptObservation(_Frozen):
     accepted_at: datetime
 
 
-class ReadObservation(_Frozen):
+class ReadObservation(FrozenRecord):
     """The latest completed ``read_requests`` row: its outcome is a verdict or a failed read's kind."""
 
     ordinal: int
@@ -265,7 +262,7 @@ class ReadObservation(_Frozen):
     error_code: int | None = None
 
 
-class DependencyObservation(_Frozen):
+class DependencyObservation(FrozenRecord):
     """Everything the gate needs about one dependency, read in one database snapshot."""
 
     subject: str
@@ -289,12 +286,12 @@ class DependencyObservation(_Frozen):
     latest_read: ReadObservation | None = None
 
 
-class ObservationSnapshot(_Frozen):
+class ObservationSnapshot(FrozenRecord):
     checked_at: datetime  # database time of the snapshot
     dependencies: list[DependencyObservation]
 
 
-class LatestReceipt(_Frozen):
+class LatestReceipt(FrozenRecord):
     """What a host should select for one URI: its latest accepted receipt (ledger read, no workflow)."""
 
     subject: str
@@ -307,40 +304,40 @@ class LatestReceipt(_Frozen):
 # --- activity contracts -----------------------------------------------------------------------
 
 
-class AnswerKeyRequest(_Frozen):
+class AnswerKeyRequest(FrozenRecord):
     answer_id: str
 
 
-class BindLedgerRequest(_Frozen):
+class BindLedgerRequest(FrozenRecord):
     request_id: str  # idempotency key (workflow uuid4)
     workflow_id: str
     bind: BindRequest
 
 
-class BoundAnswer(_Frozen):
+class BoundAnswer(FrozenRecord):
     revision: int
     bound_at: datetime
     selections: list[InputSelection]
 
 
-class SelectLedgerRequest(_Frozen):
+class SelectLedgerRequest(FrozenRecord):
     request_id: str
     answer_id: str
     revision: int
     dependency: AnswerDependency  # receipt_id: the selected receipt
 
 
-class ObserveRequest(_Frozen):
+class ObserveRequest(FrozenRecord):
     dependencies: list[AnswerDependency]  # receipt_id: the bound receipt
     selections: dict[str, int]  # uri -> selected receipt id
 
 
-class RecordDispositionRequest(_Frozen):
+class RecordDispositionRequest(FrozenRecord):
     request_id: str
     disposition: Disposition
 
 
-class LoadedAnswer(_Frozen):
+class LoadedAnswer(FrozenRecord):
     """An answer as PostgreSQL holds it: the latest binding revision, its selections, the latest word."""
 
     answer_id: str
@@ -643,7 +640,7 @@ class AnswerTracker:
 # --- workflow input ---------------------------------------------------------------------------------
 
 
-class AnswerStart(_Frozen):
+class AnswerStart(FrozenRecord):
     """Workflow input. ``carried_state`` (a dumped ``AnswerState``) is set only by continue-as-new."""
 
     answer_id: str = Field(min_length=1, max_length=200)

@@ -31,12 +31,13 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from mcpsync.workflows.records import (
     CatalogKey,
     CatalogPolicy,
     CatalogSnapshot,
+    FrozenRecord,
     ListChanged,
     ResourceDiscoveryScanV1,
     RolloutMode,
@@ -103,9 +104,6 @@ ListKind = Literal["resources", "templates"]
 _ID_FIELD: dict[str, str] = {"resources": "uri", "templates": "uriTemplate"}
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
 
 # --- canonical forms and digests ------------------------------------------------------
 
@@ -168,7 +166,7 @@ def snapshot_negotiated(experimental: Mapping[str, Any] | None) -> bool:
     return isinstance(entry, Mapping) and entry.get("version") == SNAPSHOT_EXTENSION_VERSION
 
 
-class _Stamp(_Frozen):
+class _Stamp(FrozenRecord):
     id: str
     set_digest: str | None = None
     count: int | None = None
@@ -306,7 +304,7 @@ class ScanAccumulator:
 # --- two scans ------------------------------------------------------------------------
 
 
-class PairVerdict(_Frozen):
+class PairVerdict(FrozenRecord):
     match: bool
     status: SnapshotStatus | None = None
     snapshot_id: str | None = None
@@ -371,7 +369,7 @@ def refresh_enabled(policy: RolloutPolicy, subject: str, server: str, uri: str) 
 # --- activity contracts ---------------------------------------------------------------
 
 
-class ScanRequest(_Frozen):
+class ScanRequest(FrozenRecord):
     key: CatalogKey
     reconciliation_id: str
     scan_id: str
@@ -380,7 +378,7 @@ class ScanRequest(_Frozen):
     page_cap: int
 
 
-class PublishRequest(_Frozen):
+class PublishRequest(FrozenRecord):
     key: CatalogKey
     reconciliation_id: str
     scan_a: str
@@ -390,18 +388,18 @@ class PublishRequest(_Frozen):
     rollout_mode: RolloutMode
 
 
-class PublishOutcome(_Frozen):
+class PublishOutcome(FrozenRecord):
     published: bool
     catalog: CatalogSnapshot | None = None
     reason: str = ""
 
 
-class NotifyRequest(_Frozen):
+class NotifyRequest(FrozenRecord):
     catalog: CatalogSnapshot
     rollout: RolloutPolicy
 
 
-class NotifyResult(_Frozen):
+class NotifyResult(FrozenRecord):
     signalled: int = 0
     unlisted: int = 0  # of those signalled: URIs the catalog no longer lists
     held_by_rollout: int = 0  # would have been signalled, but the rollout mode holds them back
@@ -409,7 +407,7 @@ class NotifyResult(_Frozen):
     too_new: int = 0  # subscriptions created after the catalog's window began: not told
 
 
-class AutoSubscribeRequest(_Frozen):
+class AutoSubscribeRequest(FrozenRecord):
     catalog: CatalogSnapshot
     rollout: RolloutPolicy
     prefixes: tuple[str, ...]
@@ -459,7 +457,7 @@ class CatalogState(BaseModel):
     detail: str = ""
 
 
-class CatalogView(_Frozen):
+class CatalogView(FrozenRecord):
     """Query ``catalog``: the workflow's status for operators and tests."""
 
     key: CatalogKey

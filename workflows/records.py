@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
 __all__ = [
+    "FrozenRecord",
     "TERMINAL_STATES",
     "OutboxEventType",
     "DEFAULT_TASK_QUEUE",
@@ -74,7 +75,9 @@ DEFAULT_TASK_QUEUE = "mcpsync"
 """Task queue of the main worker: workflows and ledger activities."""
 
 
-class _Frozen(BaseModel):
+class FrozenRecord(BaseModel):
+    """The base of every mcpsync record: immutable, and unknown fields are an error, not ignored."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -130,7 +133,7 @@ class StalenessBoundSource(StrEnum):
     BACKOFF = "backoff"  # consecutive failed reads stretched the period
 
 
-class SubscriptionKey(_Frozen):
+class SubscriptionKey(FrozenRecord):
     """Identity of one subscription: the URI is the exact string as listed, never normalized."""
 
     subject: str = Field(min_length=1, max_length=200)
@@ -169,7 +172,7 @@ class SubscriptionKey(_Frozen):
         return hashlib.sha256(f"{self.subject}\0{self.server}\0{self.uri}".encode()).hexdigest()[:24]
 
 
-class SubscriptionOptions(_Frozen):
+class SubscriptionOptions(FrozenRecord):
     """Per-subscription knobs; the defaults suit production."""
 
     poll_interval_seconds: float = Field(default=30.0, gt=0)  # read period without usable subscribe
@@ -184,7 +187,7 @@ class SubscriptionOptions(_Frozen):
     reconciliation_max_seconds: float = Field(default=900.0, gt=0)
 
 
-class SubscriptionStart(_Frozen):
+class SubscriptionStart(FrozenRecord):
     """Workflow input. ``carried_state`` (a dumped ``FenceState``) is set only by continue-as-new."""
 
     key: SubscriptionKey
@@ -193,7 +196,7 @@ class SubscriptionStart(_Frozen):
     seen_signal_ids: list[str] = Field(default_factory=list)
 
 
-class SessionInfo(_Frozen):
+class SessionInfo(FrozenRecord):
     """The live session of one (subject, server) as the session host recorded it."""
 
     subject: str
@@ -211,7 +214,7 @@ class SessionInfo(_Frozen):
 # --- messages into the workflow -------------------------------------------------
 
 
-class ResourceUpdated(_Frozen):
+class ResourceUpdated(FrozenRecord):
     """Signal ``resource_updated``: an invalidation, never content."""
 
     uri: str
@@ -221,13 +224,13 @@ class ResourceUpdated(_Frozen):
     sequence: int | None = None  # the ledger's update counter for this URI once this one was recorded
 
 
-class SessionChanged(_Frozen):
+class SessionChanged(FrozenRecord):
     """Signal ``session_changed``: the session host opened a new session generation."""
 
     session_generation: int
 
 
-class IdentityConflict(_Frozen):
+class IdentityConflict(FrozenRecord):
     """Signal ``identity_conflict``: a notification or listing matched this URI only after
     normalization (or two listed URIs normalize alike). The subscription stops accepting
     until ``resume``; nothing is routed to a different resource."""
@@ -237,40 +240,40 @@ class IdentityConflict(_Frozen):
     session_generation: int = 0
 
 
-class ResumeRequest(_Frozen):
+class ResumeRequest(FrozenRecord):
     """Update ``resume``: an operator or a catalog reconciliation cleared RECONCILIATION_REQUIRED."""
 
     reason: str = "resolved"
 
 
-class TombstoneRequest(_Frozen):
+class TombstoneRequest(FrozenRecord):
     key: SubscriptionKey
     listed: bool
     scan_id: str
     proven: bool = False
 
 
-class RevokeRequest(_Frozen):
+class RevokeRequest(FrozenRecord):
     """Signal ``revoke``: the platform withdrew the subject's access to this URI (or to all)."""
 
     reason: str = "revoked by platform"
     effective_at: datetime | None = None  # when access ended; revocation latency counts from here
 
 
-class RevokeLedgerRequest(_Frozen):
+class RevokeLedgerRequest(FrozenRecord):
     key: SubscriptionKey
     reason: str
     source: str  # platform | read_denied | catalog
     effective_at: datetime
 
 
-class CloseRequest(_Frozen):
+class CloseRequest(FrozenRecord):
     """Update/signal ``close``."""
 
     reason: str = "requested"
 
 
-class CatalogObservation(_Frozen):
+class CatalogObservation(FrozenRecord):
     """Signal ``catalog_reconciled``: what a reconciled catalog says about one subscribed URI.
 
     Sent by CatalogWorkflow after an A/B reconciliation. ``listed`` False confirms a
@@ -287,7 +290,7 @@ class CatalogObservation(_Frozen):
     variants: list[str] = Field(default_factory=list)
 
 
-class CloseReceipt(_Frozen):
+class CloseReceipt(FrozenRecord):
     state: SubscriptionState
     close_epoch: int
     close_ordinal: int
@@ -297,29 +300,29 @@ class CloseReceipt(_Frozen):
 # --- activity contracts ----------------------------------------------------------
 
 
-class SubscribeRequest(_Frozen):
+class SubscribeRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
 
 
-class SubscribeOutcome(_Frozen):
+class SubscribeOutcome(FrozenRecord):
     ok: bool
     session_generation: int
     error_code: int | None = None
     error: str | None = None
 
 
-class UnsubscribeRequest(_Frozen):
+class UnsubscribeRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
 
 
-class UnsubscribeOutcome(_Frozen):
+class UnsubscribeOutcome(FrozenRecord):
     acked: bool
     error: str | None = None
 
 
-class AllocateRequest(_Frozen):
+class AllocateRequest(FrozenRecord):
     """Ask the ledger for the next read ordinal (CAS against the durable fence)."""
 
     key: SubscriptionKey
@@ -330,7 +333,7 @@ class AllocateRequest(_Frozen):
     trigger: TriggerReason
 
 
-class ReadTicket(_Frozen):
+class ReadTicket(FrozenRecord):
     """A read the fence issued: ordinal and request id are on record before dispatch."""
 
     granted: bool
@@ -340,7 +343,7 @@ class ReadTicket(_Frozen):
     notifications_seen: int = 0  # the ledger's update counter when the read was allocated
 
 
-class ReadRequest(_Frozen):
+class ReadRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
     subscription_generation: int
@@ -359,7 +362,7 @@ class ReadOutcomeKind(StrEnum):
     SESSION_LOST = "session_lost"  # the session generation is gone: nothing was read
 
 
-class ReadOutcome(_Frozen):
+class ReadOutcome(FrozenRecord):
     """What a read returned: digest and metadata only, never the body."""
 
     kind: ReadOutcomeKind
@@ -407,13 +410,13 @@ class OutboxEventType(StrEnum):
     VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
 
 
-class AcceptRequest(_Frozen):
+class AcceptRequest(FrozenRecord):
     outcome: ReadOutcome
     expected_state: SubscriptionState  # the workflow's view; the ledger re-checks it in SQL
     close_epoch: int
 
 
-class AcceptResult(_Frozen):
+class AcceptResult(FrozenRecord):
     verdict: AcceptVerdict
     receipt_id: int | None = None
     outbox_id: int | None = None
@@ -422,7 +425,7 @@ class AcceptResult(_Frozen):
     reason: str = ""
 
 
-class FenceSnapshot(_Frozen):
+class FenceSnapshot(FrozenRecord):
     """The durable fence row as PostgreSQL holds it (reloaded after reset/rollback)."""
 
     exists: bool
@@ -439,7 +442,7 @@ class FenceSnapshot(_Frozen):
     notifications_seen: int = 0
 
 
-class NotedNotification(_Frozen):
+class NotedNotification(FrozenRecord):
     """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the
     ingress signals, and the row's update counter after this notification."""
 
@@ -447,7 +450,7 @@ class NotedNotification(_Frozen):
     fence: FenceSnapshot
 
 
-class EnsureRequest(_Frozen):
+class EnsureRequest(FrozenRecord):
     """Create the fence row; ``incarnation`` is the workflow chain's first run id.
 
     A CLOSED row is reopened (as a new incarnation, ordinals kept) only by a chain
@@ -457,38 +460,38 @@ class EnsureRequest(_Frozen):
     incarnation: str
 
 
-class SetStateRequest(_Frozen):
+class SetStateRequest(FrozenRecord):
     key: SubscriptionKey
     state: SubscriptionState
     allowed_from: list[SubscriptionState]
 
 
-class KeyRequest(_Frozen):
+class KeyRequest(FrozenRecord):
     key: SubscriptionKey
 
 
-class SessionQuery(_Frozen):
+class SessionQuery(FrozenRecord):
     subject: str
     server: str
 
 
-class BeginSubscriptionRequest(_Frozen):
+class BeginSubscriptionRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
 
 
-class MarkActiveRequest(_Frozen):
+class MarkActiveRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
     subscription_generation: int
 
 
-class FinishUnsubscribeRequest(_Frozen):
+class FinishUnsubscribeRequest(FrozenRecord):
     key: SubscriptionKey
     acked: bool
 
 
-class AuditRequest(_Frozen):
+class AuditRequest(FrozenRecord):
     kind: str
     key: SubscriptionKey
     session_generation: int | None = None
@@ -498,7 +501,7 @@ class AuditRequest(_Frozen):
 # --- records ----------------------------------------------------------------------
 
 
-class ResourceVersionV1(_Frozen):
+class ResourceVersionV1(FrozenRecord):
     """``resourceVersion.v1``: one accepted (or stale) read, as stored in the ledger."""
 
     record: Literal["resourceVersion.v1"] = "resourceVersion.v1"
@@ -522,7 +525,7 @@ class ResourceVersionV1(_Frozen):
     cache_scope: CacheScope | None = None  # the read result's cacheScope
 
 
-class ResourceSubscriptionV1(_Frozen):
+class ResourceSubscriptionV1(FrozenRecord):
     """``resourceSubscription.v1``: the workflow's view of one subscription."""
 
     record: Literal["resourceSubscription.v1"] = "resourceSubscription.v1"
@@ -598,7 +601,7 @@ class RolloutMode(StrEnum):
     ALL = "all"
 
 
-class CatalogKey(_Frozen):
+class CatalogKey(FrozenRecord):
     """Identity of one catalog view: everything discovered is per (subject, server)."""
 
     subject: str = Field(min_length=1, max_length=200)
@@ -610,7 +613,7 @@ class CatalogKey(_Frozen):
         return f"mcpsync-catalog/{self.server}/{self.subject}/{h}"
 
 
-class CatalogPolicy(_Frozen):
+class CatalogPolicy(FrozenRecord):
     """Refresh and action policy of one CatalogWorkflow (its input; tests shorten the intervals)."""
 
     rescan_seconds: float = Field(default=300.0, gt=0)  # no listChanged: the only freshness source
@@ -626,7 +629,7 @@ class CatalogPolicy(_Frozen):
     auto_subscribe_prefixes: tuple[str, ...] = ()  # new URIs starting with one of these get subscribed
 
 
-class CatalogStart(_Frozen):
+class CatalogStart(FrozenRecord):
     """CatalogWorkflow input. ``carried_state`` (a dumped ``CatalogState``) only via continue-as-new."""
 
     key: CatalogKey
@@ -634,7 +637,7 @@ class CatalogStart(_Frozen):
     carried_state: dict[str, Any] | None = None
 
 
-class ListChanged(_Frozen):
+class ListChanged(FrozenRecord):
     """Signal ``list_changed``: the session host received resources list_changed.
 
     ``count`` is the number of list_changed notifications that session generation has
@@ -645,7 +648,7 @@ class ListChanged(_Frozen):
     received_at: datetime | None = None
 
 
-class SnapshotEvidence(_Frozen):
+class SnapshotEvidence(FrozenRecord):
     """What the pages of one scan say about the ``io.mcpsync/snapshot`` extension."""
 
     negotiated: bool = False
@@ -657,7 +660,7 @@ class SnapshotEvidence(_Frozen):
     reason: str = ""
 
 
-class ResourceDiscoveryScanV1(_Frozen):
+class ResourceDiscoveryScanV1(FrozenRecord):
     """``resourceDiscoveryScan.v1``: one full scan of resources/list + resources/templates/list.
 
     Cursors are never stored: ``page_cursor_digests`` holds a keyed digest per page
@@ -692,7 +695,7 @@ class ResourceDiscoveryScanV1(_Frozen):
     list_cache_scope: CacheScope | None = None
 
 
-class CatalogSnapshot(_Frozen):
+class CatalogSnapshot(FrozenRecord):
     """``resourceCatalog.v1``: a reconciled catalog (two matching scans) as the ledger published it."""
 
     record: Literal["resourceCatalog.v1"] = "resourceCatalog.v1"
@@ -723,7 +726,7 @@ class CatalogSnapshot(_Frozen):
     published_at: datetime | None = None
 
 
-class RolloutPolicy(_Frozen):
+class RolloutPolicy(FrozenRecord):
     """Staged rollout of one server (PostgreSQL ``rollout_policies``; absent = ALL)."""
 
     server: str
