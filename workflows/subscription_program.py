@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -134,19 +135,16 @@ class ActivityFailed(Exception):
         self.cause = cause
 
 
+@dataclass(frozen=True, slots=True)
 class Publication:
     """What the run shows operators: search attributes and the Web UI's current-details text."""
 
-    __slots__ = ("phase", "session_generation", "subscription_generation", "watermark", "details", "upsert")
-
-    def __init__(self, phase: SubscriptionState, session_generation: int, subscription_generation: int,
-                 watermark: int, details: str | None, *, upsert: bool = True) -> None:
-        self.phase = phase
-        self.session_generation = session_generation
-        self.subscription_generation = subscription_generation
-        self.watermark = watermark
-        self.details = details  # None: unchanged
-        self.upsert = upsert  # the search attributes changed (a history event); else only the details
+    phase: SubscriptionState
+    session_generation: int
+    subscription_generation: int
+    watermark: int
+    details: str | None  # None: unchanged
+    upsert: bool = True  # the search attributes changed (a history event); else only the details
 
 
 class Runtime(Protocol):
@@ -366,7 +364,7 @@ class SubscriptionProgram:
                 await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
                 continue
             timeout = self._wait_timeout()
-            if not await self._wait(self._idle_wait_over(timeout), timeout, WaitKind.IDLE):
+            if not await self._wait(self._idle_wait_over(), timeout, WaitKind.IDLE):
                 self.fence.poll_due()
 
         self.fence.finish(rt.now())
@@ -392,7 +390,7 @@ class SubscriptionProgram:
             or self._continue_as_new_due()
         )
 
-    def _idle_wait_over(self, timeout: timedelta | None) -> Callable[[], bool]:
+    def _idle_wait_over(self) -> Callable[[], bool]:
         """The idle wait's condition (before PATCH_LEAN_HISTORY): work, or (with deadlines) a read
         grant re-armed the deadline the wait's timeout was computed from."""
         if not self.deadlines:
