@@ -269,6 +269,15 @@ class FenceLedger:
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)
+            if req.cycle_id is not None:
+                # A retry of the read cycle that already allocated: the same ticket (its accept, if it
+                # committed, replays), never a second ordinal for one scheduled read.
+                await cur.execute("SELECT ordinal, request_id, notifications_seen FROM read_requests"
+                                  " WHERE cycle_id=%s", (req.cycle_id,))
+                held = await cur.fetchone()
+                if held is not None:
+                    return ReadTicket(granted=True, ordinal=held["ordinal"], request_id=held["request_id"],
+                                      notifications_seen=held["notifications_seen"])
             request_id = req.request_id
             while True:
                 await cur.execute("SELECT ordinal, completed_at, notifications_seen FROM read_requests"
@@ -298,11 +307,11 @@ class FenceLedger:
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
-                    subscription_generation, trigger_reason, notifications_seen)
-                VALUES (%s, %s, %s, %s, %s, %s, %s)
+                    subscription_generation, trigger_reason, notifications_seen, cycle_id)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
                 """,
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
-                 req.trigger.value, row["notifications_seen"]),
+                 req.trigger.value, row["notifications_seen"], req.cycle_id),
             )
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=row["notifications_seen"])
@@ -326,6 +335,7 @@ class FenceLedger:
                 session_generation=issued_row["session_generation"],
                 subscription_generation=issued_row["subscription_generation"],
                 completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
+                in_cycle=issued_row["cycle_id"] is not None,
             )
             plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None))
             if plan.replay:

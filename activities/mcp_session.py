@@ -49,7 +49,11 @@ from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
+    AcceptRequest,
     CacheScope,
+    KeyRequest,
+    ReadCycleRequest,
+    ReadCycleResult,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -267,7 +271,7 @@ class McpSessionActivities:
         self.meters = meters
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.subscribe, self.unsubscribe, self.read]
+        return [self.subscribe, self.unsubscribe, self.read, self.read_cycle]
 
     def _session(self, key: SubscriptionKey, generation: int) -> LiveSession | None:
         live = self.current(key.subject, key.server)
@@ -355,6 +359,32 @@ class McpSessionActivities:
         return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
                            content_count=len(parts), guardrail_rejection=rejection,
                            completed_at=datetime.now(UTC), **base)
+
+    @activity.defn(name=Act.MCP_READ_CYCLE)
+    async def read_cycle(self, req: ReadCycleRequest) -> ReadCycleResult:
+        """One round trip per read: allocate the ordinal (CAS, committed before the request is sent),
+        ``resources/read`` on the live session, judge and accept (CAS): the fence rules of
+        ``allocate_read`` / ``mcp_read`` / ``accept``, called as they are, in this order.
+
+        Idempotent on retry: the allocation is keyed by this scheduled activity (``cycle_id``), so a
+        retry gets the same ordinal, reads again, and an accept that already committed replays its
+        verdict. Refused: the durable fence comes back for the workflow to adopt. A read that
+        found its session gone is returned unjudged (the workflow resubscribes)."""
+        info = activity.info()
+        alloc = req.allocate.model_copy(update={"cycle_id": f"{info.workflow_run_id}/{info.activity_id}"})
+        ticket = await self.ledger.allocate_read(alloc)
+        if not ticket.granted:
+            return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
+        outcome = await self.read(ReadRequest(
+            key=alloc.key, session_generation=alloc.session_generation,
+            subscription_generation=alloc.subscription_generation, ordinal=ticket.ordinal,
+            request_id=ticket.request_id, trigger=alloc.trigger))
+        if outcome.kind == ReadOutcomeKind.SESSION_LOST:
+            return ReadCycleResult(ticket=ticket, outcome=outcome)
+        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch)
+        result = await self.ledger.accept(accept_req)
+        self.meters.receipt_judged(accept_req, result)
+        return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)
 
     @staticmethod
     def _parts(result: types.ReadResourceResult, limit: int) -> tuple[list[ContentPart], bytes, str | None]:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -65,6 +65,8 @@ from mcpsync.workflows.records import (
     FenceSnapshot,
     IdentityConflict,
     NotedNotification,
+    ReadCycleRequest,
+    ReadCycleResult,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -85,6 +87,7 @@ from mcpsync.workflows.records import (
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
+    PATCH_READ_CYCLE,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
     WaitKind,
@@ -139,7 +142,7 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
-MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ})  # on the session queue
+MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ, Act.MCP_READ_CYCLE})  # on the session queue
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
 
 
@@ -287,16 +290,19 @@ class Trace:
     profile: Profile
     events: tuple[Event, ...]
     violations: tuple[str, ...] = ()
+    # Recorded with PATCH_READ_CYCLE (its events name ``mcp_read_cycle``, not the three read
+    # activities). A trace file without the field predates the patch: it replays without it.
+    read_cycle: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "profile": self.profile.to_json(),
+        return {"seed": self.seed, "profile": self.profile.to_json(), "read_cycle": self.read_cycle,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Trace:
         return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
                    events=tuple(Event.from_json(e) for e in obj["events"]),
-                   violations=tuple(obj.get("violations", ())))
+                   violations=tuple(obj.get("violations", ())), read_cycle=bool(obj.get("read_cycle", False)))
 
 
 JudgeFn = Callable[..., Judgement]
@@ -318,6 +324,9 @@ class SimConfig:
     # PATCH_LEAN_HISTORY: a later deadline does not wake the idle wait, an early timer earns no read.
     # False: the program as runs recorded before that patch execute it.
     lean_history: bool = True
+    # PATCH_READ_CYCLE: allocate, read and accept in one activity (three steps other events may
+    # interleave with). False: three activities, as runs recorded before that patch execute them.
+    read_cycle: bool = True
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -341,6 +350,7 @@ class ReadRequestRow:
     outcome: str | None = None
     completed: bool = False  # completed_at IS NOT NULL
     notifications_seen: int = 0  # the row's update counter at allocation
+    in_cycle: bool = False  # read_requests.cycle_id IS NOT NULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +407,7 @@ class MemoryLedger:
         self.workflow_id = ""  # subscriptions.workflow_id: recorded by the ensure that creates the row
         self.read_requests: dict[int, ReadRequestRow] = {}
         self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
+        self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
         self.outbox: list[OutboxEntry] = []
@@ -500,6 +511,11 @@ class MemoryLedger:
 
     def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         row = self.row
+        if req.cycle_id is not None and (held := self.cycle_ids.get(req.cycle_id)) is not None:
+            # A retry of the read cycle that already allocated: the same ticket (``allocate_read``).
+            rr = self.read_requests[held]
+            return ReadTicket(granted=True, ordinal=held, request_id=rr.request_id,
+                              notifications_seen=rr.notifications_seen)
         request_id = req.request_id
         while (prior := self.request_ids.get(request_id)) is not None:
             if not self.read_requests[prior].completed:
@@ -519,8 +535,11 @@ class MemoryLedger:
         self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger,
-                                                     notifications_seen=row.notifications_seen)
+                                                     notifications_seen=row.notifications_seen,
+                                                     in_cycle=req.cycle_id is not None)
         self.request_ids[request_id] = ordinal
+        if req.cycle_id is not None:
+            self.cycle_ids[req.cycle_id] = ordinal
         self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=row.notifications_seen)
@@ -541,6 +560,7 @@ class MemoryLedger:
             ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
             subscription_generation=rr.subscription_generation,
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
+            in_cycle=rr.in_cycle,
         )
         plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None))
         if plan.replay:
@@ -706,6 +726,12 @@ class Activity:
     executed: bool = False
     result: Any = None
     poisoned: bool = False  # PostgreSQL rejects it every time: it never completes
+    # The read cycle (Act.MCP_READ_CYCLE) runs in three steps, each its own event: allocate, read,
+    # accept. ``step`` is the next one; a lost attempt starts again at 0 (the ledger's cycle id
+    # hands the retry the same ticket, and a committed accept replays).
+    step: int = 0
+    ticket: ReadTicket | None = None
+    outcome: ReadOutcome | None = None
 
 
 @dataclass(slots=True)
@@ -730,6 +756,7 @@ class ScheduleResult:
     duplicate_deliveries: int = 0
     covered_updates: int = 0  # updates that skipped their read as COVERED
     coverage: dict[str, int] = field(default_factory=dict)
+    read_cycle: bool = True  # the program ran with PATCH_READ_CYCLE
 
     @property
     def failed(self) -> bool:
@@ -737,7 +764,8 @@ class ScheduleResult:
 
     def trace(self) -> Trace:
         return Trace(seed=self.seed, profile=self.profile, events=tuple(self.events),
-                     violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations))
+                     violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations),
+                     read_cycle=self.read_cycle)
 
 
 class Simulation:
@@ -749,7 +777,8 @@ class Simulation:
         self.profile = profile
         self.config = config
         self._patches = {PATCH_READ_DEADLINES: config.read_deadlines, PATCH_TTL_POLL_PERIOD: True,
-                         PATCH_IDENTITY_RECONCILIATION: True, PATCH_LEAN_HISTORY: config.lean_history}
+                         PATCH_IDENTITY_RECONCILIATION: True, PATCH_LEAN_HISTORY: config.lean_history,
+                         PATCH_READ_CYCLE: config.read_cycle}
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = SessionHost(profile.capability, self.ledger)
@@ -1107,6 +1136,14 @@ class Simulation:
                     self._cover("unsubscribe_ack_lost")
             elif name == Act.MCP_READ:
                 result = self.host.read(arg, self.oracle, fault=fault)
+            elif name == Act.MCP_READ_CYCLE:
+                done, result = self._read_cycle_step(act, fault)
+                if fault == "lost":
+                    act.step = 0  # the attempt died after this step's effect: the retry starts over
+                if not done:
+                    if fault == "lost":
+                        self._cover("lost_response.read_cycle_step")
+                    return
             else:
                 raise ValueError(f"unknown activity {name}")
         except LedgerIntegrityError as err:
@@ -1121,6 +1158,38 @@ class Simulation:
             self._cover("orphan_landed")
             return
         act.executed, act.result = True, result
+
+    def _read_cycle_step(self, act: Activity, fault: str) -> tuple[bool, Any]:
+        """One step of ``McpSessionActivities.read_cycle`` (the same calls, in the same order);
+        (done, result). Other events may run between the steps, as between its awaits."""
+        req: ReadCycleRequest = act.arg
+        led = self.ledger
+        if act.step == 0:
+            granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": f"run{act.run}/a{act.aid}"}))
+            if not granted.granted:
+                return True, ReadCycleResult(ticket=granted, fence=led.load_fence())
+            act.ticket, act.step = granted, 1
+            return False, None
+        ticket = act.ticket
+        assert ticket is not None
+        if act.step == 1:
+            a = req.allocate
+            outcome = self.host.read(ReadRequest(key=a.key, session_generation=a.session_generation,
+                                                 subscription_generation=a.subscription_generation,
+                                                 ordinal=ticket.ordinal, request_id=ticket.request_id,
+                                                 trigger=a.trigger), self.oracle, fault=fault)
+            if outcome is None:
+                return True, None  # retries exhausted: the program sees ActivityFailed
+            if outcome.kind == ReadOutcomeKind.SESSION_LOST:
+                return True, ReadCycleResult(ticket=ticket, outcome=outcome)
+            act.outcome, act.step = outcome, 2
+            return False, None
+        assert act.outcome is not None
+        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
+                                          close_epoch=req.close_epoch))
+        self._cover("read_cycle")
+        self._cover(f"verdict.{result.verdict.value}")
+        return True, ReadCycleResult(ticket=ticket, outcome=act.outcome, accept=result)
 
     def _checkpoint(self) -> None:
         wf = self.wf
@@ -1400,7 +1469,8 @@ class Simulation:
                               violations=list(self.violations), steps=self.step, converged_after=converged_after,
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
-                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage))
+                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
+                              read_cycle=self.config.read_cycle)
 
 
 # --- schedule generation ----------------------------------------------------------------------------------
@@ -1447,14 +1517,17 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     scheduled = [a for a in sim.activities if not a.executed and not a.poisoned]
     executed = [a for a in sim.activities if a.executed and a.run == sim.run]
 
+    def reads(a: Activity) -> bool:  # the step that sends resources/read
+        return a.name == Act.MCP_READ or (a.name == Act.MCP_READ_CYCLE and a.step == 1)
+
     def exec_event() -> Event:
         a = rng.choice(scheduled)
         fault = ""
         if a.name == Act.MCP_UNSUBSCRIBE and Fault.LOST_ACK in F and rng.random() < 0.3:
             fault = "ack_lost"
-        elif a.name == Act.MCP_READ and Fault.READ_FAILURE in F and rng.random() < 0.05:
+        elif reads(a) and Fault.READ_FAILURE in F and rng.random() < 0.05:
             fault = rng.choice(["error", "malformed"])
-        elif a.name == Act.MCP_READ and Fault.REVOKE in F and rng.random() < 0.01:
+        elif reads(a) and Fault.REVOKE in F and rng.random() < 0.01:
             fault = "denied"
         elif Fault.RETRY in F and rng.random() < 0.05:
             fault = "lost"
@@ -1549,7 +1622,9 @@ def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
 
 
 def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
-    """Re-run a trace's events (inapplicable ones are skipped), then the same drain."""
+    """Re-run a trace's events (inapplicable ones are skipped), then the same drain, with the
+    program the trace was recorded with (a trace from before PATCH_READ_CYCLE runs without it)."""
+    config = replace(config, read_cycle=config.read_cycle and trace.read_cycle)
     sim = Simulation(trace.seed, trace.profile, config)
     for event in trace.events:
         sim.apply(event)

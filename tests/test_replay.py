@@ -17,6 +17,7 @@ from mcpsync.workflows.names import ANSWER_WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE,
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
+    PATCH_READ_CYCLE,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
 )
@@ -67,7 +68,7 @@ def _patches(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
-                                   PATCH_LEAN_HISTORY])
+                                   PATCH_LEAN_HISTORY, PATCH_READ_CYCLE])
 def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None:
     # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
     # runs recorded after it (marker present): a corpus with only one side would not notice either

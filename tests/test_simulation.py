@@ -70,7 +70,8 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "close_fenced", "verdict.ACCEPTED", "verdict.UNCHANGED", "verdict.STALE",
                  "verdict.STALE_AFTER_CLOSE", "verdict.TOMBSTONE_PENDING", "verdict.GUARDRAIL_REJECTED",
                  "verdict.REVOKED", "update.old_session", "update.coalesced", "update.future_session",
-                 "op.recreate", "op.restart", "op.catalog", "op.resume", "lost_response.ledger_accept",
+                 "op.recreate", "op.restart", "op.catalog", "op.resume", "read_cycle",
+                 "lost_response.mcp_read_cycle", "lost_response.read_cycle_step",
                  "timer.poll", "timer.safety", "timer.reconcile"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
@@ -120,7 +121,8 @@ def test_fixed_finding_trace_replays_clean(path: Path) -> None:
 def test_staleness_bound_is_found_by_random_schedules_of_the_old_program() -> None:
     # Not only the stored traces: the generator itself finds the restarted timer within a few
     # hundred schedules, so the gate would have caught it.
-    old = run_schedules("legacy-timers", 0, 300, SimConfig(faults=GATE_CONFIG.faults, read_deadlines=False))
+    old = run_schedules("legacy-timers", 0, 300, SimConfig(faults=GATE_CONFIG.faults, read_deadlines=False,
+                                                             read_cycle=False))
     assert old.violations[Invariant.STALENESS_BOUND.value] > 0
     assert {k for k, v in old.violations.items() if v} == {Invariant.STALENESS_BOUND.value}
 
@@ -151,7 +153,8 @@ def judge_ignoring_close(row: FenceSnapshot, issued: IssuedRead | None, outcome:
 def judge_without_ordinal_fence(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
                                 row_uri: str | None) -> Judgement:
     """A broken acceptance point that forgot readOrdinal > lastAcceptedOrdinal."""
-    return judge_read(row.model_copy(update={"last_accepted_ordinal": 0}), issued, outcome, row_uri=row_uri)
+    return judge_read(row.model_copy(update={"last_accepted_ordinal": 0, "last_issued_ordinal": 0}), issued, outcome,
+                      row_uri=row_uri)
 
 
 @pytest.mark.parametrize(("judge", "faults", "caught"), [
@@ -233,7 +236,15 @@ def test_simulate_command_gates_and_replays(tmp_path: Path) -> None:
 def test_the_program_before_lean_history_still_keeps_every_invariant() -> None:
     # Runs recorded before PATCH_LEAN_HISTORY keep the restarted idle timer and per-publish upserts
     # until their next continue-as-new: that program stays checked too.
-    before = run_schedules("pre-lean", 0, 500, SimConfig(faults=GATE_CONFIG.faults, lean_history=False))
+    before = run_schedules("pre-lean", 0, 500, SimConfig(faults=GATE_CONFIG.faults, lean_history=False,
+                                                         read_cycle=False))
+    assert before.schedules == 500 and not any(before.violations.values()), before.violations
+
+
+def test_the_program_before_the_read_cycle_still_keeps_every_invariant() -> None:
+    # Runs recorded with PATCH_LEAN_HISTORY and before PATCH_READ_CYCLE allocate, read and accept in
+    # three activities until their next continue-as-new: that program stays checked too.
+    before = run_schedules("pre-cycle", 0, 500, SimConfig(faults=GATE_CONFIG.faults, read_cycle=False))
     assert before.schedules == 500 and not any(before.violations.values()), before.violations
 
 

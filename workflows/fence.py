@@ -150,6 +150,11 @@ class FenceState(BaseModel):
     covering_ordinal: int = 0  # that read: updates up to covered_sequence ride on it
     confirmed_sequence: int = 0  # covered_sequence of the newest covering read that observed content
     covered_unconfirmed: bool = False  # an update was covered by a read still in flight
+    # Updates coalesced while an allocation was on its way (``allocating``): the highest ledger
+    # sequence among them, and whether one came without a sequence. A one-round-trip read learns its
+    # ordinal only when it returns; these tell which of them it already covered (``issued``).
+    allocating_update_sequence: int = 0
+    allocating_update_unsequenced: bool = False
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
@@ -267,6 +272,11 @@ class SubscriptionFence:
         if s.pending_trigger is not None or s.in_flight or s.state != S.ACTIVE:
             if s.pending_trigger is None:
                 s.pending_trigger = TriggerReason.FOLLOW_UP
+            if self.allocating:
+                if sig.sequence is None:
+                    s.allocating_update_unsequenced = True
+                else:
+                    s.allocating_update_sequence = max(s.allocating_update_sequence, sig.sequence)
             s.updates_coalesced += 1
             return UpdateDisposition.COALESCED
         s.pending_trigger = TriggerReason.UPDATED
@@ -376,6 +386,9 @@ class SubscriptionFence:
         trigger = self.read_wanted(max_in_flight)
         assert trigger is not None, "reserve_read without a wanted read"
         self.s.pending_trigger = None
+        if not self.allocating:  # overlapping allocations (max_in_flight > 1) keep accumulating
+            self.s.allocating_update_sequence = 0
+            self.s.allocating_update_unsequenced = False
         self._placeholders += 1
         placeholder = -self._placeholders
         self.s.in_flight.append(placeholder)
@@ -398,6 +411,11 @@ class SubscriptionFence:
         self.read_abandoned(ordinal)
         self.s.pending_trigger = TriggerReason.RESUBSCRIBE
 
+    def read_lost_unissued(self) -> None:
+        """A read cycle failed for good before telling its ordinal: resubscribe (its initial read
+        covers the trigger); an ordinal it may have burned stays burned."""
+        self.s.pending_trigger = TriggerReason.RESUBSCRIBE
+
     def future_session_seen(self) -> None:
         """A notification from a newer session generation than ours: resubscribe on it."""
         self.s.pending_trigger = self.s.pending_trigger or TriggerReason.RESUBSCRIBE
@@ -405,8 +423,14 @@ class SubscriptionFence:
     def next_ordinal_floor(self) -> int:
         return self.s.last_issued_ordinal + 1
 
-    def issued(self, ticket: ReadTicket) -> bool:
-        """The ledger allocated (or refused) an ordinal for the pending trigger."""
+    def issued(self, ticket: ReadTicket, *, after_read: bool = False) -> bool:
+        """The ledger allocated (or refused) an ordinal for the pending trigger.
+
+        ``after_read``: a one-round-trip read (allocated, read and judged in one activity) tells
+        its ordinal only once it is over, so updates that arrived meanwhile were coalesced into a
+        FOLLOW_UP. The ledger's update counter at the allocation tells which of them the read
+        covered (recorded before it was allocated: the read saw their change). The follow-up stays
+        if any came later or without a sequence; any other trigger set meanwhile stays too."""
         s = self.s
         if not ticket.granted:
             return False
@@ -415,7 +439,11 @@ class SubscriptionFence:
             s.covered_sequence = ticket.notifications_seen
             s.covering_ordinal = ticket.ordinal
         s.in_flight.append(ticket.ordinal)
-        s.pending_trigger = None
+        if not after_read:
+            s.pending_trigger = None
+        elif s.pending_trigger == TriggerReason.FOLLOW_UP and not s.allocating_update_unsequenced \
+                and s.allocating_update_sequence <= ticket.notifications_seen:
+            s.pending_trigger = None
         s.reads_issued += 1
         return True
 
@@ -685,6 +713,9 @@ class IssuedRead(BaseModel):
     session_generation: int
     subscription_generation: int
     completed_verdict: AcceptVerdict | None = None
+    # Allocated by a read cycle (allocate + read + accept in one activity): its accept runs whether
+    # or not the run that scheduled it still lives (an orphan of a reset run accepts too).
+    in_cycle: bool = False
 
 
 class Judgement(BaseModel):
@@ -730,6 +761,11 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
             or issued.session_generation != outcome.session_generation
             or issued.subscription_generation != outcome.subscription_generation):
         return Judgement(verdict=V.STALE, reason="generation superseded", write_receipt=True)
+    if issued.in_cycle and outcome.ordinal < row.last_issued_ordinal:
+        # A newer read was allocated after this one and may have been served first (an orphan of a
+        # reset run, or concurrent reads): accepting this one after it could go back a version.
+        return Judgement(verdict=V.STALE, reason=f"ordinal {outcome.ordinal} superseded by issued "
+                                                 f"{row.last_issued_ordinal}", write_receipt=True)
     if outcome.ordinal <= row.last_accepted_ordinal:
         return Judgement(verdict=V.STALE, reason=f"ordinal {outcome.ordinal} <= lastAccepted "
                                                  f"{row.last_accepted_ordinal}", write_receipt=True)

@@ -80,6 +80,7 @@ class Act:
     MCP_SUBSCRIBE = "mcp_subscribe"
     MCP_UNSUBSCRIBE = "mcp_unsubscribe"
     MCP_READ = "mcp_read"
+    MCP_READ_CYCLE = "mcp_read_cycle"  # allocate + read + judge in one activity (PATCH_READ_CYCLE)
 
 
 # --- CatalogWorkflow (one per subject+server) ------------------------------------------

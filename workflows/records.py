@@ -40,6 +40,8 @@ __all__ = [
     "ReadOutcomeKind",
     "ReadRequest",
     "ReadTicket",
+    "ReadCycleRequest",
+    "ReadCycleResult",
     "AcceptRequest",
     "AcceptResult",
     "AcceptVerdict",
@@ -331,6 +333,10 @@ class AllocateRequest(FrozenRecord):
     min_ordinal: int  # the workflow's own lastIssuedOrdinal + 1; the ledger may go higher
     request_id: str
     trigger: TriggerReason
+    # Set by the one-round-trip read activity, never by the workflow: the scheduled activity's
+    # identity (run id / activity id), the same on every retry. The ledger answers a retry with
+    # the ticket that activity already holds, so a retry after a committed accept replays it.
+    cycle_id: str | None = None
 
 
 class ReadTicket(FrozenRecord):
@@ -441,6 +447,24 @@ class FenceSnapshot(FrozenRecord):
     last_receipt_id: int | None = None
     notifications_seen: int = 0
 
+
+class ReadCycleRequest(FrozenRecord):
+    """One round trip per read (``Act.MCP_READ_CYCLE`` on the session host's queue): allocate the
+    ordinal (CAS, committed before the request is sent), ``resources/read``, judge and accept (CAS)."""
+
+    allocate: AllocateRequest
+    expected_state: SubscriptionState
+    close_epoch: int
+
+
+class ReadCycleResult(FrozenRecord):
+    """What the read cycle did: the ticket; when refused, the durable fence; when read, the
+    outcome (digest and metadata only); when judged, the ledger's verdict."""
+
+    ticket: ReadTicket
+    fence: FenceSnapshot | None = None
+    outcome: ReadOutcome | None = None
+    accept: AcceptResult | None = None
 
 class NotedNotification(FrozenRecord):
     """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the

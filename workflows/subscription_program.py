@@ -46,6 +46,8 @@ from mcpsync.workflows.records import (
     IdentityConflict,
     KeyRequest,
     MarkActiveRequest,
+    ReadCycleRequest,
+    ReadCycleResult,
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
@@ -79,6 +81,7 @@ __all__ = [
     "PATCH_IDENTITY_RECONCILIATION",
     "PATCH_TTL_POLL_PERIOD",
     "PATCH_LEAN_HISTORY",
+    "PATCH_READ_CYCLE",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
@@ -100,6 +103,12 @@ queue); search attributes are upserted when a coroutine blocks, and only if one 
 (the details panel is not history); the read deadline has its own timer task, armed once per
 deadline (a wake-up of the main loop no longer cancels and restarts it), and its firing only makes
 the loop check ``poll_if_due``: a deadline moved later by a read meanwhile earns no extra read."""
+
+PATCH_READ_CYCLE = "read-cycle"
+"""Patch id: one round trip per read. Allocation, ``resources/read`` and the accept run as one
+activity on the session host's queue (``Act.MCP_READ_CYCLE``), with the same fence rules, and the
+run mirrors its result; the receipt is committed before the workflow hears of it. Updates that
+arrive while it runs are judged by the ledger's update counter at the allocation (``issued``)."""
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -211,6 +220,7 @@ class SubscriptionProgram:
         self.deadlines = False  # set in run(): patched(PATCH_READ_DEADLINES)
         self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
         self.lean = False  # set in run(): patched(PATCH_LEAN_HISTORY)
+        self.read_cycle = False  # set in run(): patched(PATCH_READ_CYCLE)
         self.deadline_ticks = 0  # lean: how often the deadline keeper's timer fired
 
     # --- handlers -------------------------------------------------------------------
@@ -306,6 +316,7 @@ class SubscriptionProgram:
         self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
         adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
         self.lean = rt.patched(PATCH_LEAN_HISTORY)
+        self.read_cycle = rt.patched(PATCH_READ_CYCLE)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -552,6 +563,9 @@ class SubscriptionProgram:
             self._flush_search_attributes()
 
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
+        if self.read_cycle:
+            await self._read_cycle(trigger, placeholder)
+            return
         s = self.fence.s
         session = self.session
         requested_at = self.rt.now()
@@ -598,6 +612,56 @@ class SubscriptionProgram:
         self.fence.observed(result, allocated_at=allocated_at, now=self.rt.now())
         self.fence.read_judged(ticket.ordinal, outcome, result)
         self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
+        self._publish()
+
+    async def _read_cycle(self, trigger: TriggerReason, placeholder: int) -> None:
+        """PATCH_READ_CYCLE: one activity allocates, reads and judges; the run mirrors what it did,
+        in the order the separate calls would have (issued, deadline, applied, judged)."""
+        s = self.fence.s
+        session = self.session
+        requested_at = self.rt.now()
+        assert session is not None
+        allocate = AllocateRequest(key=self.key, session_generation=s.session_generation,
+                                   subscription_generation=s.subscription_generation,
+                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
+                                   trigger=trigger)
+        try:
+            cycle = await self._mcp(session, Act.MCP_READ_CYCLE,
+                                    ReadCycleRequest(allocate=allocate, expected_state=s.state,
+                                                     close_epoch=s.close_epoch), ReadCycleResult)
+        finally:
+            self.fence.release_placeholder(placeholder)
+        if cycle is None:
+            # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
+            # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
+            self.fence.read_lost_unissued()
+            self.session = None
+            self._publish()
+            return
+        if not self.fence.issued(cycle.ticket, after_read=True):
+            assert cycle.fence is not None
+            self.fence.refused(cycle.fence, trigger)
+            self._publish()
+            return
+        ticket = cycle.ticket
+        if self.deadlines:
+            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                         jitter=self.rt.random())
+        outcome, result = cycle.outcome, cycle.accept
+        if outcome is None or result is None:  # the session was gone: nothing was judged
+            self.fence.session_lost(ticket.ordinal)
+            self.session = None
+            self._publish()
+            return
+        self.fence.applied(ticket.ordinal, result)
+        self.fence.accepted_digest(outcome.content_digest, result)
+        # Content time: the read saw it somewhere between ``requested_at`` and now. The later bound is
+        # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
+        # earns a verification read instead of being believed.
+        now = self.rt.now()
+        self.fence.observed(result, allocated_at=now, now=now)
+        self.fence.read_judged(ticket.ordinal, outcome, result)
+        self.fence.read_directives(outcome)
         self._publish()
 
     # --- revocation --------------------------------------------------------------------------
