@@ -225,6 +225,16 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
     await first.ack(rest.position)
     empty = await first.poll()
     assert empty.events == [] and empty.position > empty.acked
+    # A position from another consumer, beyond what this one was delivered: refused, nothing moves.
+    neighbour = await register(ledger, consumers, other)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await _insert(conn, other, "demo://other/2")
+    await settled(ledger, other)
+    theirs = await neighbour.poll()
+    assert theirs.position > empty.position
+    with pytest.raises(ConsumerError, match="beyond what"):
+        await first.ack(theirs.position)
+    assert (await consumer_infos(ledger.pool, first.name))[0].position == empty.acked
 
 
 async def test_follow_wakes_on_notify_from_a_plain_sql_insert(ledger: Ledger, database_url: str,
