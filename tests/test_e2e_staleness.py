@@ -16,6 +16,7 @@ has no subscribe capability and negotiates edition 2024-11-05 although 2025-11-2
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -123,7 +124,7 @@ async def _scratch_database(database_url: str) -> AsyncIterator[str]:
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js (scripts/install-npm-servers)")
 async def test_server_postgres_polls_within_the_bound_and_says_its_edition(
-        temporal_client: Client, ledger: Ledger, database_url: str) -> None:
+        temporal_client: Client, ledger: Ledger, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
     assert SERVER_POSTGRES.exists(), "scripts/install-npm-servers installs server-postgres"
     async with _scratch_database(database_url) as pg_url:
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -143,6 +144,9 @@ async def test_server_postgres_polls_within_the_bound_and_says_its_edition(
             mismatch = await ledger_rows(
                 ledger, "SELECT detail FROM audit WHERE kind='EDITION_MISMATCH' AND server=%s", server.name)
             assert mismatch and mismatch[0][0] == {"configured": "2025-11-25", "negotiated": "2024-11-05"}
+            warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                      and r.name == "mcpsync.ingress" and "negotiated 2024-11-05" in r.getMessage()]
+            assert warned and "configured edition 2025-11-25" in warned[0], "and a warning line says so"
             # A real change on that server is read within the published bound (plus a dispatch).
             before = rec.last_accepted_digest
             with psycopg.connect(pg_url, autocommit=True) as conn:

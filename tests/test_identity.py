@@ -303,9 +303,18 @@ async def test_variant_notification_asks_the_catalog_whose_observation_carries_v
             assert after[-1].scan_id == view.last_catalog.scan_b  # type: ignore[union-attr]
             # Once the variant is listed too, the observation names it.
             await fx.create(variant, text="variant")
-            await _reconcile(catalog)
+            second = await _reconcile(catalog)
             latest = await _signals(temporal_client, handle, SIGNAL_CATALOG_RECONCILED, CatalogObservation)
             assert latest[-1].variants == [variant]
+            # The catalog's evidence (measured after the conflict, the exact URI listed) freed the
+            # subscription by itself: no resume, audited with the scan. The conflict catalog usually
+            # does it; if it was measured before the conflict began, the second one does.
+            reconciled = await eventually(lambda: _audit(ledger, "IDENTITY_RECONCILED", workflow_id=key.workflow_id),
+                                          timeout=30, what="IDENTITY_RECONCILED by the catalog")
+            assert reconciled[0]["detail"]["scan_id"] in {view.last_catalog.scan_b, second.scan_b}  # type: ignore[union-attr]
+            change = await fx.edit(exact, text="exact v2")
+            await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                               "a change read after the catalog reconciled the identity")
         finally:
             await catalog.terminate("test over")
 

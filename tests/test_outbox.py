@@ -31,6 +31,7 @@ from mcpsync.activities.outbox import (
 )
 from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records import ReadOutcomeKind
 from tests.conftest import eventually, ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
 
@@ -225,6 +226,16 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
     await first.ack(rest.position)
     empty = await first.poll()
     assert empty.events == [] and empty.position > empty.acked
+    # A position from another consumer, beyond what this one was delivered: refused, nothing moves.
+    neighbour = await register(ledger, consumers, other)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await _insert(conn, other, "demo://other/2")
+    await settled(ledger, other)
+    theirs = await neighbour.poll()
+    assert theirs.position > empty.position
+    with pytest.raises(ConsumerError, match="beyond what"):
+        await first.ack(theirs.position)
+    assert (await consumer_infos(ledger.pool, first.name))[0].position == empty.acked
 
 
 async def test_follow_wakes_on_notify_from_a_plain_sql_insert(ledger: Ledger, database_url: str,
@@ -289,6 +300,23 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await settled(ledger, subject)
     live = await consumer.poll()
     assert [(e.content_digest, e.previous_digest) for e in live.events] == [("sha256:o3", "sha256:o2")]
+
+
+async def test_a_tombstoned_event_names_every_receipt_and_digest_it_withdraws(
+        ledger: Ledger, consumers: list[str]) -> None:
+    key = await _active(ledger, uri="demo://outbox/tombstone")
+    consumer = await register(ledger, consumers, key.subject)
+    for digest in ("sha256:t1", "sha256:t2"):
+        assert await _accept(ledger, key, await _issue(ledger, key), digest) == "ACCEPTED"
+    gone = await _accept(ledger, key, await _issue(ledger, key), None, ReadOutcomeKind.NOT_FOUND)
+    assert gone == "TOMBSTONE_PENDING"
+    await ledger.confirm_tombstone(key, listed=False, scan_id="scan-gone")
+    await settled(ledger, key.subject)
+    tombs = [e for e in await _drain(consumer) if e.event_type == OutboxEventType.TOMBSTONED]
+    assert len(tombs) == 1 and tombs[0].invalidates is not None and tombs[0].previous_digest == "sha256:t2"
+    receipts = await ledger.receipts(key)
+    assert sorted(tombs[0].invalidates.receipt_ids) == sorted(r.receipt_id for r in receipts)
+    assert tombs[0].invalidates.digests == ["sha256:t1", "sha256:t2"]
 
 
 async def test_envelope_schema_in_the_doc_is_the_models() -> None:
