@@ -20,6 +20,8 @@ Contract:
   2025-11-25 and one ``subscriptions/listen`` stream per URI on 2026-07-28.
 - A listen stream that ends under us (backlog overflow, dropped without the graceful close,
   or closed by the server) is a gap: ``on_stream_lost`` is told why, then the session is lost.
+  Overflow is either backlog: the SDK's (unconsumed events on the stream) or the consumer's
+  (``on_uri_updated`` raised ``BacklogOverflow``: it cannot hold one more notification).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from mcpsync.workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
+__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -80,10 +82,15 @@ SessionLookup = Callable[[str, str], "LiveSession | None"]  # (subject, server) 
 LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]  # (uri or None: list_changed, why, detail)
 
 
+class BacklogOverflow(RuntimeError):
+    """Raised by an ``on_uri_updated`` handler whose backlog is full: the notification it was given
+    is not kept, so the listen stream that carried it is lost to overflow (a gap)."""
+
+
 class StreamLoss(StrEnum):
     """Why a 2026-07-28 listen stream ended under us (audit ``LISTEN_STREAM_LOST``)."""
 
-    OVERFLOW = "overflow"  # the client's backlog cap: more unconsumed distinct events than it keeps
+    OVERFLOW = "overflow"  # a backlog cap: the SDK's unconsumed events, or the consumer's (BacklogOverflow)
     DROPPED = "dropped"  # ended without the server's graceful close (an error, the connection)
     ENDED = "ended"  # the server closed it gracefully: still no more notifications on it
 
@@ -159,6 +166,9 @@ class LiveSession:
                 # The server closed it gracefully: no error, but no notification will come on it
                 # either, so it is a gap like any other (unlisten cancels this task instead).
                 await self._stream_lost(uri, StreamLoss.ENDED, "the server closed the listen stream")
+            except BacklogOverflow as exc:
+                # The consumer could not keep this event: lost like an overflow of the SDK's backlog.
+                await self._stream_lost(uri, StreamLoss.OVERFLOW, str(exc))
             except SubscriptionLost as exc:
                 # No replay on 2026-07-28: a lost stream (backlog overflow, a drop) is a gap.
                 await self._stream_lost(uri, _loss_reason(exc), str(exc.__cause__ or exc))

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mcp_types as types
 import pytest
@@ -28,12 +28,12 @@ from temporalio.client import Client as TemporalClient
 
 from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.mcp_session import LiveSession, StreamLoss
+from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
 from mcpsync.activities.outbox import latest_events
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog, start_subscription
-from mcpsync.worker.session_host import server_transport
+from mcpsync.worker.session_host import SessionHost, server_transport
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import (
     CacheScope,
@@ -54,11 +54,13 @@ async def _initial_reads_after(ledger: Ledger, key: SubscriptionKey, generation:
                 " AND trigger_reason='initial' AND session_generation > %s", key.workflow_id, generation)
 
 
-@pytest.mark.parametrize("fault", ["dropped", "ended", "list_changed"])
+@pytest.mark.parametrize("fault", ["overflow", "dropped", "ended", "list_changed"])
 async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         temporal_client: TemporalClient, ledger: Ledger, fx: FixtureProcess, fault: str) -> None:
+    # overflow: a session host backlog of 4 unrouted notifications (the real knob, default 4096),
+    # flooded with far more distinct sub-resource events than the router can signal meanwhile.
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2026-07-28",
-                          subjects=["alice"])
+                          subjects=["alice"], max_pending_notifications=4 if fault == "overflow" else 4096)
     uris = [f"demo://loss/{uuid.uuid4().hex}/{i}" for i in range(4)]
     created = [await fx.create(uri, text=f"v1 of {i}", mime_type="text/plain") for i, uri in enumerate(uris)]
     keys = [SubscriptionKey(subject="alice", server=server.name, uri=uri) for uri in uris]
@@ -72,9 +74,12 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         generation = rec.session_generation
         await fx.wait_subscribed(uris[0])
 
-        # dropped: an error ends the stream (no graceful close); ended: the server closes it gracefully;
-        # list_changed: the session's list_changed stream drops (it may have swallowed updates too).
-        if fault == "list_changed":
+        # overflow: more distinct events than the backlog holds; dropped: an error ends the stream (no
+        # graceful close); ended: the server closes it gracefully; list_changed: the session's
+        # list_changed stream drops (it may have swallowed updates too).
+        if fault == "overflow":
+            assert (await fx.flood_listen(uris[0], count=300))["streams"] == 1
+        elif fault == "list_changed":
             assert (await fx.drop_listen(list_changed=True))["streams"] == 1
         else:
             assert (await fx.drop_listen(uris[0], graceful=fault == "ended"))["streams"] == 1
@@ -91,6 +96,8 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         else:
             assert lost[0][0] == uris[0] and lost[0][2]["stream"] == "resource"
             assert lost[0][2]["reason"] == fault, lost[0][2]
+        if fault == "overflow":
+            assert "session host backlog exceeded 4" in lost[0][2]["error"], lost[0][2]
         for key in keys:
             rows = await eventually(lambda k=key: _initial_reads_after(ledger, k, generation), timeout=60,
                                     what=f"a re-read of {key.uri} on the next session")
@@ -107,8 +114,8 @@ async def test_listen_backlog_overflow_loses_the_session(fx: FixtureProcess) -> 
     """A consumer that falls more than 1024 distinct events behind (here: stalled on purpose while
     the fixture floods sub-resource events) loses the stream to the SDK's backlog cap; LiveSession
     reports OVERFLOW and marks the session lost. The session host's own consumer never waits (it
-    queues and routes elsewhere), so on the full stack this needs a starved event loop; the drop
-    and graceful-close faults above cover the re-read path end to end."""
+    queues and routes elsewhere), so on the full stack its bounded queue overflows first (the
+    ``overflow`` case above covers the re-read path end to end); this is the SDK's cap."""
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2026-07-28",
                           subjects=["alice"])
     uri = f"demo://flood/{uuid.uuid4().hex}"
@@ -152,6 +159,35 @@ async def test_listen_backlog_overflow_loses_the_session(fx: FixtureProcess) -> 
         await live.close_listens()
     assert [(u, why) for u, why, _ in losses] == [(uri, StreamLoss.OVERFLOW)]
     assert "backlog exceeded" in losses[0][2]
+
+
+async def test_the_session_host_backlog_is_bounded_per_generation(temporal_client: TemporalClient,
+                                                                  ledger: Ledger) -> None:
+    """``max_pending_notifications`` distinct unrouted notifications per session generation; one
+    more raises BacklogOverflow (LiveSession loses the stream that carried it: OVERFLOW). Repeats
+    coalesce and do not count, another generation has its own bound, and on 2025-11-25 (no stream
+    to lose) the session itself is lost. The router is not running: nothing drains the queue."""
+    server = ServerConfig(name=unique("fx"), transport="http", url="http://127.0.0.1:9/mcp",
+                          subjects=["alice"], max_pending_notifications=2)
+    host = SessionHost(server, "alice", ledger, temporal_client)
+    await host._enqueue("demo://a", 1)
+    await host._enqueue("demo://b", 1)
+    await host._enqueue("demo://a", 1)  # coalesced into the queued one
+    with pytest.raises(BacklogOverflow, match="exceeded 2"):
+        await host._enqueue("demo://c", 1)
+    await host._enqueue("demo://c", 2)  # the next generation is not held back by the lost one
+    assert host.notifications_coalesced == 1 and host._queue.qsize() == 3
+
+    async def never(_uri: str, _generation: int) -> None:
+        raise AssertionError("not a listen stream")
+
+    legacy = LiveSession(subject="alice", server=server.name, generation=1, client=cast(Client, None),
+                         edition="2025-11-25", server_name="fx", server_version="0", max_content_bytes=1,
+                         on_uri_updated=never)
+    host.live = legacy
+    await host._on_message(types.ResourceUpdatedNotification(
+        params=types.ResourceUpdatedNotificationParams(uri="demo://d")))
+    assert legacy.lost.is_set()
 
 
 async def test_ttl_sets_the_poll_period_and_directives_are_recorded(

@@ -86,6 +86,10 @@ class ServerConfig(_Model):
     ping_timeout_seconds: float = Field(default=5.0, gt=0)
     read_timeout_seconds: float = Field(default=30.0, gt=0)
     max_content_bytes: int = Field(default=32 * 1024 * 1024, gt=0)  # larger reads are malformed input
+    # Distinct notifications of one session waiting to be routed (signalled). One more is a backlog
+    # overflow: the listen stream that carried it is lost (a gap, docs/caching.md), the session is
+    # replaced and every subscription of it re-reads. Bounds memory against a flooding server.
+    max_pending_notifications: int = Field(default=4096, ge=1)
     release_max_bytes: int = Field(default=1024 * 1024, gt=0)  # guardrail: largest body released to a model
     mime_allow: list[str] | None = None  # guardrail: MIME patterns released to a model (None: defaults)
 

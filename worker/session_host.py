@@ -31,6 +31,10 @@ Contract:
   overflow, dropped or closed: audit ``LISTEN_STREAM_LOST`` with the reason) is
   reopened with exponential backoff; every non-terminal subscription is then
   signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
+- Notifications wait for routing in one queue, coalesced per (URI, generation) and bounded per
+  generation by ``max_pending_notifications``: one more distinct notification is a backlog
+  overflow (the listen stream that carried it is lost, reason ``overflow``; on 2025-11-25 the
+  session is lost), never an unbounded queue or a silently dropped notification.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import logging
 import os
 import uuid
 import warnings
+from collections import Counter
 from contextlib import suppress
 from datetime import UTC, datetime
 
@@ -54,7 +59,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.mcp_session import LiveSession, StreamLoss
+from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
@@ -109,6 +114,7 @@ class SessionHost:
         self.notifications_lost = 0
         self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
         self._queued: set[tuple[str, int]] = set()
+        self._pending: Counter[int] = Counter()  # queued notifications per session generation
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         self.leases_acquired = 0
@@ -357,7 +363,16 @@ class SessionHost:
             return
         generation = live.generation if live is not None else 0
         if isinstance(message, types.ResourceUpdatedNotification):
-            await self._enqueue(str(message.params.uri), generation)
+            try:
+                await self._enqueue(str(message.params.uri), generation)
+            except BacklogOverflow as exc:
+                # 2026-07-28: this is the SDK's tee of a listen event; the stream that carried it
+                # meets the same full backlog and is lost to overflow. 2025-11-25: no stream to
+                # lose, so the session goes (a gap: every subscription re-reads on the next one).
+                if live is not None and not live.modern and not live.lost.is_set():
+                    log.warning("session %s/%s generation %d lost: %s", self.server.name, self.subject,
+                                generation, exc)
+                    live.lost.set()
         elif isinstance(message, types.ResourceListChangedNotification):
             self._note_list_changed(generation)
         elif isinstance(message, Exception):
@@ -400,13 +415,19 @@ class SessionHost:
         # The receive loop must never wait on PostgreSQL or Temporal: route from a queue.
         # Pulses for a URI already waiting in the queue coalesce into that one signal: it is
         # sent after every one of them arrived, so it invalidates no less than they would.
+        # The queue is bounded per generation (``max_pending_notifications``): a full one raises
+        # BacklogOverflow, and the listen stream that carried the notification is lost (a gap).
         item = (uri, generation)
         metrics.note_notification(self, uri)
         self.notifications_received += 1
         if item in self._queued:
             self.notifications_coalesced += 1
             return
+        if self._pending[generation] >= self.server.max_pending_notifications:
+            raise BacklogOverflow(f"session host backlog exceeded {self.server.max_pending_notifications}"
+                                  " unrouted notifications")
         self._queued.add(item)
+        self._pending[generation] += 1
         self._queue.put_nowait(item)
 
     async def _route_loop(self) -> None:
@@ -414,6 +435,9 @@ class SessionHost:
             uri, generation = await self._queue.get()
             # Leave the queued set before signalling: a pulse arriving meanwhile queues anew.
             self._queued.discard((uri, generation))
+            self._pending[generation] -= 1
+            if self._pending[generation] <= 0:
+                del self._pending[generation]
             await self._route_with_retry(uri, generation)
 
     async def _route_with_retry(self, uri: str, generation: int) -> None:
