@@ -42,7 +42,7 @@ from mcpsync.activities.ledger_store import (
     snapshot,
 )
 from mcpsync.activities.meters import NO_METERS, Meters
-from mcpsync.workflows.fence import IssuedRead, allocate_ordinal, judge_read
+from mcpsync.workflows.fence import IssuedRead, allocate_ordinal, judge_read, update_already_signalled
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
@@ -63,6 +63,7 @@ from mcpsync.workflows.records import (
     ReadTicket,
     RevokeLedgerRequest,
     SetStateRequest,
+    SignalMark,
     SubscriptionKey,
     SubscriptionState,
     TombstoneRequest,
@@ -210,7 +211,25 @@ class FenceLedger:
                 (generation, subject, server, uri),
             )
             row = await cur.fetchone()
-        return None if row is None else NotedNotification(workflow_id=row["workflow_id"], fence=snapshot(row))
+        if row is None:
+            return None
+        mark = SignalMark(signalled_sequence=row["signalled_sequence"], signalled_generation=row["signalled_generation"],
+                          signalled_at=row["signalled_at"], allocated_sequence=row["allocated_sequence"],
+                          allocated_in_cycle=row["allocated_in_cycle"])
+        fence = snapshot(row)
+        return NotedNotification(workflow_id=row["workflow_id"], fence=fence,
+                                 already_signalled=update_already_signalled(mark, fence, generation=generation,
+                                                                            now=row["last_notification_at"]))
+
+    async def mark_signalled(self, workflow_id: str, sequence: int, generation: int) -> None:
+        """Temporal accepted the ``resource_updated`` signal carrying update ``sequence``: from now
+        on it may stand for later updates (``update_already_signalled``). Never moves back."""
+        async with self.store.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE subscriptions SET signalled_sequence=%s, signalled_generation=%s, signalled_at=now()"
+                " WHERE workflow_id=%s AND signalled_sequence < %s",
+                (sequence, generation, workflow_id, sequence),
+            )
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -301,8 +320,9 @@ class FenceLedger:
             assert row is not None  # allocate_ordinal grants nothing without a row
             wf = row["workflow_id"]
             await cur.execute(
-                "UPDATE subscriptions SET last_issued_ordinal=%s, updated_at=now() WHERE workflow_id=%s",
-                (ordinal, wf),
+                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, allocated_in_cycle=%s,"
+                " updated_at=now() WHERE workflow_id=%s",
+                (ordinal, row["notifications_seen"], req.cycle_id is not None, wf),
             )
             await cur.execute(
                 """

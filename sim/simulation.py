@@ -46,12 +46,14 @@ from typing import Any
 
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.fence import (
+    SIGNAL_HOLD_SECONDS,
     TERMINAL,
     IssuedRead,
     Judgement,
     UpdateDisposition,
     allocate_ordinal,
     judge_read,
+    update_already_signalled,
 )
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
@@ -74,6 +76,7 @@ from mcpsync.workflows.records import (
     ResourceUpdated,
     RevokeRequest,
     SessionInfo,
+    SignalMark,
     SubscribeOutcome,
     SubscribeRequest,
     SubscriptionKey,
@@ -327,6 +330,9 @@ class SimConfig:
     # PATCH_READ_CYCLE: allocate, read and accept in one activity (three steps other events may
     # interleave with). False: three activities, as runs recorded before that patch execute them.
     read_cycle: bool = True
+    # The ingress sends no signal for an update while one it signalled still stands for it
+    # (``fence.update_already_signalled``). False: every update is signalled.
+    ingress_coalescing: bool = True
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -408,6 +414,7 @@ class MemoryLedger:
         self.read_requests: dict[int, ReadRequestRow] = {}
         self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
         self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
+        self.mark = SignalMark()  # subscriptions.signalled_* / allocated_sequence
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
         self.outbox: list[OutboxEntry] = []
@@ -533,6 +540,8 @@ class MemoryLedger:
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
+        self.mark = self.mark.model_copy(update={"allocated_sequence": row.notifications_seen,
+                                                 "allocated_in_cycle": req.cycle_id is not None})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger,
                                                      notifications_seen=row.notifications_seen,
@@ -544,13 +553,21 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=row.notifications_seen)
 
-    def note_notification(self) -> NotedNotification | None:
-        """``FenceLedger.note_notification``: the row's update counter + 1 and the workflow id the row
-        recorded (where the ingress signals); None without a row."""
+    def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
+        """``FenceLedger.note_notification``: the row's update counter + 1, the workflow id the row
+        recorded (where the ingress signals) and ``update_already_signalled``; None without a row."""
         if not self.row.exists:
             return None
         self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
-        return NotedNotification(workflow_id=self.workflow_id, fence=self.row)
+        return NotedNotification(workflow_id=self.workflow_id, fence=self.row,
+                                 already_signalled=update_already_signalled(self.mark, self.row, generation=generation,
+                                                                            now=now))
+
+    def mark_signalled(self, sequence: int, generation: int, now: datetime) -> None:
+        """``FenceLedger.mark_signalled``: Temporal accepted the signal carrying ``sequence``."""
+        if self.mark.signalled_sequence < sequence:
+            self.mark = self.mark.model_copy(update={"signalled_sequence": sequence,
+                                                     "signalled_generation": generation, "signalled_at": now})
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
         o = req.outcome
@@ -805,6 +822,8 @@ class Simulation:
         self._close_fences: list[int] = []
         self._flagged: set[Invariant] = set()
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
+        self.signals_erased = False  # a reset without reapply dropped delivered signals
+        self.now = EPOCH  # the time of the event being applied
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._note_change: dict[str, int] = {}  # notification id -> the oracle version that emitted it
         self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
@@ -899,17 +918,29 @@ class Simulation:
         timer_at = self.wf.timer_at
         if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
             at = timer_at
+        if event.op == Op.FINAL_NOTE and self.signals_erased and self.config.ingress_coalescing:
+            # A reset without reapply erased signals the ingress had marked: they stand for later
+            # updates until the hold runs out (the documented bound), so the final one comes after it.
+            self._cover("final_note_after_hold")
+            at += timedelta(seconds=SIGNAL_HOLD_SECONDS)
         return at
 
-    def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message:
+    def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message | None:
         """MIRROR(worker/session_host.py: _route): ``note_notification`` bumps the row's update counter
         (the URI has a fence row), then the signal carries the counter as ``sequence``. Stamped when
-        the notification reaches the ingress; the queue models Temporal's delivery after that."""
+        the notification reaches the ingress; the queue models Temporal's delivery after that. None:
+        the ingress sent no signal (``update_already_signalled``: one it signalled still stands for it)."""
         sequence = None
         if uri == KEY.uri:
-            noted = self.ledger.note_notification()
+            now = self.now  # the ingress's clock: this event's time
+            noted = self.ledger.note_notification(generation, now)
             if noted is not None and self.config.sequence_coverage:
                 sequence = noted.fence.notifications_seen
+                if noted.already_signalled and self.config.ingress_coalescing:
+                    self._cover("update.ingress_coalesced")
+                    return None
+                # Temporal accepts the signal here; the queue is its delivery to the workflow.
+                self.ledger.mark_signalled(sequence, generation, now)
         if change:
             self._note_change[nid] = change
         return Message("updated", generation, nid, uri, change, sequence)
@@ -926,7 +957,8 @@ class Simulation:
                 continue
             nid = f"n{self._note_id}" if i == 0 else f"n{self._note_id}.{i}"
             first = self._route(live.generation, nid, change=self.oracle.version)
-            self.queue.append(first)
+            if first is not None:
+                self.queue.append(first)
 
     def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
         matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
@@ -938,7 +970,7 @@ class Simulation:
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
         at = self._next_time(event)
-        self.wf.clock = at
+        self.wf.clock = self.now = at
         applied = self._apply(event)
         if applied:
             self.step += 1
@@ -983,20 +1015,23 @@ class Simulation:
                 return False
             self._note_id += 1
             gen = max(1, live - 1 - e.n)
-            self.queue.append(self._route(gen, f"old{self._note_id}"))
+            if (old := self._route(gen, f"old{self._note_id}")) is not None:
+                self.queue.append(old)
             return True
         if op == Op.WRONG_URI:
             gen = self.host.live.generation if self.host.live else self.host.generation
             self._note_id += 1
             # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
             # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
-            self.queue.append(self._route(gen, f"w{self._note_id}", WRONG_URI))
+            if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
+                self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
             gen = self.host.live.generation if self.host.live else self.host.generation
-            msg = self._route(gen, "final")
-            self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen, sequence=msg.sequence),
-                         log=False)
+            final = self._route(gen, "final")
+            if final is not None:  # else an update already signalled stands for it: its read must cover it
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen,
+                                                             sequence=final.sequence), log=False)
             return True
         if op == Op.CLOSE:
             if not self.chain_running:
@@ -1216,6 +1251,8 @@ class Simulation:
         self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
         self.activities = [a for a in self.activities if a.run == self.run - 1 and not a.executed]
+        if later and not reapply:
+            self.signals_erased = True
         if reapply:
             self._cover("reset_reapply")
             for kind, payload in later:

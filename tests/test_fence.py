@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from mcpsync.workflows.fence import (
+    SIGNAL_HOLD_SECONDS,
     FenceState,
     IssuedRead,
     SubscriptionFence,
@@ -10,6 +13,7 @@ from mcpsync.workflows.fence import (
     allocate_ordinal,
     close_rule,
     judge_read,
+    update_already_signalled,
 )
 from mcpsync.workflows.records import (
     AcceptResult,
@@ -19,6 +23,7 @@ from mcpsync.workflows.records import (
     ReadOutcomeKind,
     ReadTicket,
     ResourceUpdated,
+    SignalMark,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
@@ -280,3 +285,19 @@ def test_a_verification_read_clears_the_catalog_detail_and_not_found_says_why() 
     f.s.state = S.CLOSED
     f.finish(datetime(2026, 1, 1, tzinfo=UTC))
     assert f.record().ended_at == datetime(2026, 1, 1, tzinfo=UTC) and f.record().next_read_due_at is None
+
+
+def test_a_signalled_update_stands_for_later_ones_only_within_the_hold() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    mark = SignalMark(signalled_sequence=3, signalled_generation=1, signalled_at=at, allocated_sequence=2,
+                      allocated_in_cycle=True)
+    active = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
+    assert update_already_signalled(mark, active, generation=1, now=at + timedelta(seconds=1))
+    # The hold bounds a signal that a reset without reapply erased.
+    assert not update_already_signalled(mark, active, generation=1,
+                                        now=at + timedelta(seconds=SIGNAL_HOLD_SECONDS))
+    # Covered by an allocation since; never marked; another generation; a pre-cycle allocation.
+    for other in (mark.model_copy(update={"allocated_sequence": 3}), mark.model_copy(update={"signalled_at": None}),
+                  mark.model_copy(update={"allocated_in_cycle": False})):
+        assert not update_already_signalled(other, active, generation=1, now=at)
+    assert not update_already_signalled(mark, active, generation=2, now=at)

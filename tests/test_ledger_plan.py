@@ -44,9 +44,10 @@ class Both:
         self.mem.mark_active(1, 1)
         await self.same()
 
-    async def allocate(self, name: str) -> tuple[int, str]:
+    async def allocate(self, name: str, cycle_id: str | None = None) -> tuple[int, str]:
         req = AllocateRequest(key=self.key, session_generation=1, subscription_generation=1, min_ordinal=1,
-                              request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED)
+                              request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED,
+                              cycle_id=cycle_id)
         ticket = await self.sql.allocate_read(req)
         assert ticket == self.mem.allocate_read(req) and ticket.granted
         return ticket.ordinal, ticket.request_id
@@ -157,7 +158,7 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
     assert await ledger.read_count(both.key) == len(both.mem.read_requests) == 1
     sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
-    mem = both.mem.note_notification()
+    mem = both.mem.note_notification(1, datetime.now(UTC))
     assert sql is not None and mem is not None
     assert (sql.workflow_id, sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
         (both.key.legacy_workflow_id, 1)
@@ -168,3 +169,48 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
                                    " AND subject=%s", both.key.subject)
     assert mismatches[0][0] == both.mem.audit.count("WORKFLOW_ID_MISMATCH") == 1
     await both.same()
+
+
+async def test_the_ingress_coalescing_rule_alike(ledger: Ledger) -> None:
+    """``note_notification``'s ``already_signalled`` (``fence.update_already_signalled``) in both
+    ledgers: an update needs no signal of its own only while one Temporal accepted after the newest
+    allocation stands for it, that allocation was a read cycle's, on the same generation, ACTIVE."""
+    both = Both(ledger)
+    await both.start()
+    k = both.key
+
+    async def note(generation: int = 1) -> bool:
+        sql = await ledger.note_notification(k.subject, k.server, k.uri, generation)
+        assert sql is not None
+        # The ledger's own clock stamped the SQL answer; the model is given the same instant.
+        mem = both.mem.note_notification(generation, datetime.now(UTC))
+        assert mem is not None and sql.fence.notifications_seen == mem.fence.notifications_seen
+        assert sql.already_signalled == mem.already_signalled
+        return sql.already_signalled
+
+    async def signalled(sequence: int, generation: int = 1) -> None:
+        await ledger.mark_signalled(both.workflow_id, sequence, generation)
+        both.mem.mark_signalled(sequence, generation, datetime.now(UTC))
+
+    # A pre-cycle allocation: every update is signalled, marked or not.
+    await both.allocate("plain")
+    assert not await note()
+    await signalled(1)
+    assert not await note()
+    # A read cycle's allocation (counter 2): the next update has nothing standing for it ...
+    first = await both.allocate("cycle-1", cycle_id="run/1")
+    assert await both.allocate("cycle-1", cycle_id="run/1") == first  # a retry holds the same ticket
+    assert not await note()  # 3
+    await signalled(3)
+    # ... then the one signalled (3 > 2) stands for later updates of its generation, not others.
+    assert await note()  # 4
+    assert not await note(generation=2)  # 5
+    # A newer cycle allocation (counter 5) covers them all: the next update is signalled again.
+    await both.allocate("cycle-2", cycle_id="run/2")
+    assert not await note()  # 6
+    await signalled(6)
+    assert await note()  # 7
+    # Not ACTIVE: always signalled (the workflow learns the state from the read it then tries).
+    await ledger.set_state(k, S.TOMBSTONE_PENDING, allowed_from=[S.ACTIVE])
+    both.mem.set_state(S.TOMBSTONE_PENDING, [S.ACTIVE])
+    assert not await note()

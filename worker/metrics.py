@@ -270,7 +270,8 @@ class _HostCollector(Collector):
         received = CounterMetricFamily("mcpsync_notifications_received",
                                        "resources/updated notifications received by ingress", labels=["server"])
         coalesced = CounterMetricFamily("mcpsync_notifications_coalesced",
-                                        "Notifications folded into one already queued at ingress",
+                                        "Notifications folded at ingress: into one already queued, or standing on an "
+                                        "update already signalled whose read is not allocated yet",
                                         labels=["server"])
         for server, (r, c) in sorted(host_totals().items()):
             received.add_metric([server], r)

@@ -75,6 +75,7 @@ from mcpsync.workflows.records import (
     CatalogKey,
     IdentityConflict,
     ListChanged,
+    NotedNotification,
     ResourceUpdated,
     SessionChanged,
 )
@@ -500,7 +501,7 @@ class SessionHost:
         if noted is None:
             await self._unknown_uri(uri, generation)
             return
-        await self._signal_updated(noted.workflow_id, uri, generation, noted.fence.notifications_seen)
+        await self._signal_updated(noted, uri, generation)
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
         # so both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
@@ -509,11 +510,19 @@ class SessionHost:
                                     detail={"observed_uri": uri, "sibling_uri": sibling_uri})
             sibling = await self.ledger.note_notification(self.subject, self.server.name, sibling_uri, generation)
             if sibling is not None:
-                await self._signal_updated(sibling.workflow_id, sibling_uri, generation, sibling.fence.notifications_seen)
+                await self._signal_updated(sibling, sibling_uri, generation)
 
-    async def _signal_updated(self, workflow_id: str, uri: str, generation: int, sequence: int) -> None:
+    async def _signal_updated(self, noted: NotedNotification, uri: str, generation: int) -> None:
         """``resource_updated`` to the workflow of the exact (subject, server, ``uri``): the id its
-        ledger row recorded (a subscription started under an older id scheme keeps that id)."""
+        ledger row recorded (a subscription started under an older id scheme keeps that id).
+        Not sent when an update signalled earlier still stands for this one (the read it owes is
+        not allocated yet, and will cover this one: ``fence.update_already_signalled``); once
+        Temporal accepted a signal, the ledger marks it so (never before: a lost signal stands
+        for nothing)."""
+        if noted.already_signalled:
+            self.notifications_coalesced += 1
+            return
+        workflow_id, sequence = noted.workflow_id, noted.fence.notifications_seen
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
                               notification_id=uuid.uuid4().hex, sequence=sequence)
         try:
@@ -524,6 +533,11 @@ class SessionHost:
                 raise
             await self.ledger.audit("NOTIFICATION_NO_WORKFLOW", subject=self.subject, server=self.server.name,
                                     uri=uri, workflow_id=workflow_id, session_generation=generation)
+            return
+        try:
+            await self.ledger.mark_signalled(workflow_id, sequence, generation)
+        except Exception as exc:  # noqa: BLE001 - an unmarked signal only means the next update is signalled too
+            log.warning("marking a signalled update failed (server=%s): %s", self.server.name, type(exc).__name__)
 
 
 def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:

@@ -54,6 +54,7 @@ from mcpsync.workflows.records import (
     ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
+    SignalMark,
     StalenessBoundSource,
     SubscriptionKey,
     SubscriptionState,
@@ -70,6 +71,8 @@ __all__ = [
     "IssuedRead",
     "Judgement",
     "allocate_ordinal",
+    "update_already_signalled",
+    "SIGNAL_HOLD_SECONDS",
     "judge_read",
     "close_rule",
     "tombstone_rule",
@@ -731,6 +734,31 @@ class Judgement(BaseModel):
     outbox: bool = False  # an invalidation outbox row
     new_state: SubscriptionState | None = None
     audit_kind: str | None = None
+
+
+SIGNAL_HOLD_SECONDS = 30.0
+"""How long a signalled update may stand in for later ones (``update_already_signalled``)."""
+
+
+def update_already_signalled(mark: SignalMark, row: FenceSnapshot, *, generation: int, now: datetime,
+                             hold_seconds: float = SIGNAL_HOLD_SECONDS) -> bool:
+    """The ingress's coalescing rule, judged on the locked row after it recorded an update: True
+    when it need not signal this update because one it signalled earlier still stands for it.
+
+    That earlier update (same session generation) was recorded after the newest read allocation,
+    so the workflow owes a read that is not allocated yet; when it is, the ledger's update counter
+    at that allocation includes this update too, which the read then observes (allocation and
+    recording serialize on the row). A signal is marked only once Temporal accepted it, so a
+    signal that failed or a process that died never stands for anything. ``hold_seconds`` bounds
+    the rest: a signal a reset erased (without reapply) stops standing for updates after it.
+
+    Only for a subscription whose newest read was a read cycle's: that program (``issued`` with
+    ``after_read``) keeps a follow-up the ledger's counter does not cover; runs from before
+    PATCH_READ_CYCLE drop a follow-up set while their allocation was on its way, so every update
+    is signalled to them. A row that is not ACTIVE gets every signal: the workflow learns its
+    state from the read it then tries."""
+    return (row.state == S.ACTIVE and mark.allocated_in_cycle and mark.signalled_sequence > mark.allocated_sequence and mark.signalled_generation == generation
+            and mark.signalled_at is not None and now - mark.signalled_at < timedelta(seconds=hold_seconds))
 
 
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -42,6 +42,7 @@ __all__ = [
     "ReadTicket",
     "ReadCycleRequest",
     "ReadCycleResult",
+    "SignalMark",
     "AcceptRequest",
     "AcceptResult",
     "AcceptVerdict",
@@ -466,12 +467,26 @@ class ReadCycleResult(FrozenRecord):
     outcome: ReadOutcome | None = None
     accept: AcceptResult | None = None
 
+class SignalMark(FrozenRecord):
+    """What the ingress's coalescing rule (``fence.update_already_signalled``) reads from a row: the
+    newest update it signalled (accepted by Temporal) and the update counter at the newest read
+    allocation."""
+
+    signalled_sequence: int = 0
+    signalled_generation: int = 0
+    signalled_at: datetime | None = None
+    allocated_sequence: int = 0
+    allocated_in_cycle: bool = False  # that allocation was a read cycle's (PATCH_READ_CYCLE)
+
+
 class NotedNotification(FrozenRecord):
     """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the
-    ingress signals, and the row's update counter after this notification."""
+    ingress signals, the row's update counter after this notification, and whether an update it
+    signalled earlier already stands for this one (no signal needed)."""
 
     workflow_id: str  # the id the subscription's workflow runs under (its ledger row's record)
     fence: FenceSnapshot
+    already_signalled: bool = False
 
 
 class EnsureRequest(FrozenRecord):
