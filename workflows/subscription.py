@@ -112,6 +112,9 @@ class TemporalRuntime:
     def _summary(self, name: str, arg: object) -> str:
         """The Web UI's activity summary: "read demo://x ordinal 12" (metadata only, never content)."""
         what = name.removeprefix("ledger_").removeprefix("mcp_").replace("_", " ")
+        allocate = getattr(arg, "allocate", None)
+        if allocate is not None:  # the read cycle: its ordinal is allocated inside it
+            return f"read {self.key.uri[:160]} ({allocate.trigger.value}: allocate, read, accept)"
         outcome = getattr(arg, "outcome", None)
         ordinal = getattr(arg, "ordinal", None) if outcome is None else outcome.ordinal
         return f"{what} {self.key.uri[:160]}" + (f" ordinal {ordinal}" if ordinal is not None else "")
@@ -163,7 +166,7 @@ class TemporalRuntime:
     def publish(self, publication: Publication) -> None:
         if publication.upsert:
             workflow.upsert_search_attributes([
-                KEY_STATE.value_set(publication.phase.value),
+                KEY_STATE.value_set(publication.state.value),
                 KEY_SESSION_GEN.value_set(publication.session_generation),
                 KEY_SUB_GEN.value_set(publication.subscription_generation),
                 KEY_WATERMARK.value_set(publication.watermark),

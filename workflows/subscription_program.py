@@ -148,7 +148,7 @@ class ActivityFailed(Exception):
 class Publication:
     """What the run shows operators: search attributes and the Web UI's current-details text."""
 
-    phase: SubscriptionState
+    state: SubscriptionState  # McpState: the read phase before PATCH_READ_CYCLE, the state since
     session_generation: int
     subscription_generation: int
     watermark: int
@@ -883,7 +883,11 @@ class SubscriptionProgram:
         if not self.lean:
             return
         s = self.fence.s
-        values = (self.fence.phase, s.session_generation, s.subscription_generation, s.watermark)
+        # PATCH_READ_CYCLE: McpState is the subscription's state, not the read phase, so it stays
+        # ACTIVE through a read (a list filtered on ACTIVE keeps a subscription mid-read) and a change
+        # costs one upsert, not two; the phase stays in the details panel and the query.
+        state = s.state if self.read_cycle else self.fence.phase
+        values = (state, s.session_generation, s.subscription_generation, s.watermark)
         if values == self.last_search_attributes:
             return
         self.last_search_attributes = values
