@@ -20,6 +20,7 @@ from mcpsync.workflows.subscription_program import (
     PATCH_READ_CYCLE,
     PATCH_READ_DEADLINES,
     PATCH_TTL_POLL_PERIOD,
+    PATCHES_BEFORE_READ_CYCLE,
 )
 from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 
@@ -76,3 +77,9 @@ def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None
     subs = [p for p in FILES if traits(load(p)).workflow_type == WORKFLOW_TYPE]
     marked = {p.name for p in subs if patch in _patches(p)}
     assert marked and len(marked) < len(subs), f"{len(marked)} of {len(subs)} carry {patch}"
+
+
+def test_patches_before_read_cycle_are_the_older_patches() -> None:
+    # A read-cycle run asks for no older patch and takes them all: the list must name every one.
+    assert set(PATCHES_BEFORE_READ_CYCLE) == {PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION,
+                                              PATCH_TTL_POLL_PERIOD, PATCH_LEAN_HISTORY}

@@ -60,6 +60,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from mcpsync.workflows.subscription_program import (
         PATCH_LEAN_HISTORY,
+        PATCH_READ_CYCLE,
+        PATCHES_BEFORE_READ_CYCLE,
         ActivityFailed,
         Publication,
         SubscriptionProgram,
@@ -95,6 +97,8 @@ class TemporalRuntime:
 
     def patched(self, patch_id: str) -> bool:
         self.patches[patch_id] = workflow.patched(patch_id)
+        if patch_id == PATCH_READ_CYCLE and self.patches[patch_id]:
+            self.patches.update(dict.fromkeys(PATCHES_BEFORE_READ_CYCLE, True))  # implied, never asked
         return self.patches[patch_id]
 
     def uuid4(self) -> str:

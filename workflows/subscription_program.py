@@ -82,6 +82,7 @@ __all__ = [
     "PATCH_TTL_POLL_PERIOD",
     "PATCH_LEAN_HISTORY",
     "PATCH_READ_CYCLE",
+    "PATCHES_BEFORE_READ_CYCLE",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
@@ -103,6 +104,10 @@ queue); search attributes are upserted when a coroutine blocks, and only if one 
 (the details panel is not history); the read deadline has its own timer task, armed once per
 deadline (a wake-up of the main loop no longer cancels and restarts it), and its firing only makes
 the loop check ``poll_if_due``: a deadline moved later by a read meanwhile earns no extra read."""
+
+PATCHES_BEFORE_READ_CYCLE = ("read-deadlines", "identity-reconciliation", "ttl-poll-period", "lean-history")
+"""Taken by every run that takes PATCH_READ_CYCLE (it started on code that has them all), which is
+therefore the only patch such a run asks for: one marker and one TemporalChangeVersion upsert."""
 
 PATCH_READ_CYCLE = "read-cycle"
 """Patch id: one round trip per read. Allocation, ``resources/read`` and the accept run as one
@@ -312,11 +317,16 @@ class SubscriptionProgram:
     async def run(self) -> ResourceSubscriptionV1:
         rt, start = self.rt, self.start
         # Memoized for the run: histories recorded before deadlines keep their restarted timer.
-        self.deadlines = rt.patched(PATCH_READ_DEADLINES)
-        self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
-        adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
-        self.lean = rt.patched(PATCH_LEAN_HISTORY)
+        # The newest patch is asked first: a run that takes it started on code that has every older
+        # one, whose markers (each with a TemporalChangeVersion upsert) would say nothing more.
         self.read_cycle = rt.patched(PATCH_READ_CYCLE)
+        if self.read_cycle:
+            self.deadlines = self.bounded_reconciliation = adaptive_poll_period = self.lean = True
+        else:
+            self.deadlines = rt.patched(PATCH_READ_DEADLINES)
+            self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
+            adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
+            self.lean = rt.patched(PATCH_LEAN_HISTORY)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
