@@ -1,0 +1,73 @@
+"""Coalescing at the ingress and the one-round-trip read on the real stack (issue 12).
+
+Temporal dev server, PostgreSQL and the fixture MCP server over streamable HTTP: a server that
+sends every change five times costs fewer signals than notifications (the ingress stands an
+update it already signalled for the later ones), yet every change converges, and each read is
+one ``mcp_read_cycle`` activity whose receipt the ledger holds before the workflow hears of it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.names import SIGNAL_RESOURCE_UPDATED, Act
+from mcpsync.workflows.records import SubscriptionKey
+from tests.conftest import ledger_rows, running_services, unique
+from tests.test_e2e_subscription import _wait_record
+
+COPIES = 5
+CHANGES = 4
+
+
+async def test_duplicate_notifications_cost_fewer_signals_and_every_change_converges(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2025-11-25",
+                          subjects=["alice"])
+    uri = f"demo://coalesce/{uuid.uuid4().hex}"
+    key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
+    await fx.create(uri, text="version 0", mime_type="text/plain")
+    # Every edit is announced COPIES times at once; a read takes 300 ms, so copies arrive while the
+    # read the first one caused is still on its way.
+    await fx.faults(notify_copies={uri: COPIES}, read_delay_ms={uri: 300})
+    try:
+        async with running_services(temporal_client, ledger, [server]) as cfg:
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+            await _wait_record(handle, lambda r: r.watermark >= 1, "initial read accepted")
+            await fx.wait_subscribed(uri)
+            noted_before = (await ledger.load_fence(key)).notifications_seen
+            for i in range(1, CHANGES + 1):
+                edit = await fx.edit(uri, text=f"version {i}")
+                digest = edit["committed"]["digest"]
+                await _wait_record(handle, lambda r, d=digest: r.last_accepted_digest == d,
+                                   f"change {i} accepted", timeout=30)
+            noted = (await ledger.load_fence(key)).notifications_seen - noted_before
+
+            signals = reads = 0
+            async for event in handle.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED \
+                        and event.workflow_execution_signaled_event_attributes.signal_name == SIGNAL_RESOURCE_UPDATED:
+                    signals += 1
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    name = event.activity_task_scheduled_event_attributes.activity_type.name
+                    assert name != Act.MCP_READ, "a read-cycle run never schedules the separate read"
+                    reads += name == Act.MCP_READ_CYCLE
+    finally:
+        await fx.faults(reset=True)
+
+    # Copies that arrive while one is queued merge in the session host; the rest are recorded in
+    # the ledger (``noted``), and of those only updates nothing stands for become signals.
+    print(f"noted {noted}, signals {signals}, read cycles {reads}")
+    assert noted > CHANGES, noted
+    assert signals < noted, (signals, noted)
+    # One read cycle per change (plus the initial read and at most one follow-up per change).
+    assert CHANGES + 1 <= reads <= 2 * CHANGES + 1, reads
+    receipts = await ledger_rows(ledger, "SELECT rv.status FROM resource_versions rv JOIN subscriptions s"
+                                         " ON s.workflow_id = rv.workflow_id WHERE s.uri = %s", uri)
+    assert sum(1 for (status,) in receipts if status == "ACCEPTED") == CHANGES + 1
