@@ -105,7 +105,8 @@ queue); search attributes are upserted when a coroutine blocks, and only if one 
 deadline (a wake-up of the main loop no longer cancels and restarts it), and its firing only makes
 the loop check ``poll_if_due``: a deadline moved later by a read meanwhile earns no extra read."""
 
-PATCHES_BEFORE_READ_CYCLE = ("read-deadlines", "identity-reconciliation", "ttl-poll-period", "lean-history")
+PATCHES_BEFORE_READ_CYCLE = (PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
+                             PATCH_LEAN_HISTORY)
 """Taken by every run that takes PATCH_READ_CYCLE (it started on code that has them all), which is
 therefore the only patch such a run asks for: one marker and one TemporalChangeVersion upsert."""
 
@@ -609,18 +610,25 @@ class SubscriptionProgram:
                           request_id=ticket.request_id, trigger=trigger)
         outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
         if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
-            self.fence.session_lost(ticket.ordinal)
-            self.session = None  # re-bind: the session host has (or will have) a new generation
-            self._publish()
+            self._read_lost_session(ticket.ordinal)
             return
         result = await self._ledger(
             Act.ACCEPT, AcceptRequest(outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch),
             AcceptResult,
         )
-        self.fence.applied(ticket.ordinal, result)
+        self._read_judged(ticket.ordinal, outcome, result, seen_at=allocated_at)
+
+    def _read_lost_session(self, ordinal: int) -> None:
+        self.fence.session_lost(ordinal)
+        self.session = None  # re-bind: the session host has (or will have) a new generation
+        self._publish()
+
+    def _read_judged(self, ordinal: int, outcome: ReadOutcome, result: AcceptResult, *, seen_at: datetime) -> None:
+        """The ledger judged read ``ordinal``; ``seen_at``: when its content counts as observed."""
+        self.fence.applied(ordinal, result)
         self.fence.accepted_digest(outcome.content_digest, result)
-        self.fence.observed(result, allocated_at=allocated_at, now=self.rt.now())
-        self.fence.read_judged(ticket.ordinal, outcome, result)
+        self.fence.observed(result, allocated_at=seen_at, now=self.rt.now())
+        self.fence.read_judged(ordinal, outcome, result)
         self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
         self._publish()
 
@@ -659,20 +667,12 @@ class SubscriptionProgram:
                                          jitter=self.rt.random())
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
-            self.fence.session_lost(ticket.ordinal)
-            self.session = None
-            self._publish()
+            self._read_lost_session(ticket.ordinal)
             return
-        self.fence.applied(ticket.ordinal, result)
-        self.fence.accepted_digest(outcome.content_digest, result)
         # Content time: the read saw it somewhere between ``requested_at`` and now. The later bound is
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
-        now = self.rt.now()
-        self.fence.observed(result, allocated_at=now, now=now)
-        self.fence.read_judged(ticket.ordinal, outcome, result)
-        self.fence.read_directives(outcome)
-        self._publish()
+        self._read_judged(ticket.ordinal, outcome, result, seen_at=self.rt.now())
 
     # --- revocation --------------------------------------------------------------------------
 
