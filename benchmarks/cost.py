@@ -2,8 +2,10 @@
 
 Contract:
 - :func:`run_processes` names the processes of one benchmark run from /proc: this process (the
-  mcpsync worker, the driver and the naive baseline share it), the Temporal dev server (and its
-  children), the fixture servers (every other descendant of this process) and the PostgreSQL
+  driver and the naive baseline; in the in-process layout also mcpsync's worker and ingress), the
+  processes named by the caller (the split layout's worker and ingress), the Temporal dev server
+  (and its children), the fixture servers (every other descendant of this process, e.g. a stdio
+  fixture the ingress spawned) and the PostgreSQL
   server holding ``database``: its postmaster (the parent of a backend connected to that
   database, embedded or system), the postmaster's auxiliary processes (shared with every other
   database on that server) and the backends connected to ``database`` (other databases'
@@ -40,6 +42,8 @@ _BACKEND = re.compile(r"^postgres: (?:\S+: )?(\S+) (\S+) (\S+\(\d+\)|\[local\])"
 
 class Role(StrEnum):
     BENCHMARK_PROCESS = "benchmark_process"
+    MCPSYNC_WORKER = "mcpsync_worker"  # split layout only (benchmarks.services): workflows, ledger activities
+    MCPSYNC_INGRESS = "mcpsync_ingress"  # split layout only: session hosts, the read cycle
     TEMPORAL_DEV_SERVER = "temporal_dev_server"
     FIXTURES = "fixtures"
     POSTGRESQL = "postgresql"
@@ -80,8 +84,10 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def run_processes(temporal_pid: int | None, database: str) -> tuple[dict[int, Role], list[str]]:
-    """pid -> role for the run's processes, and notes on what could not be found."""
+def run_processes(temporal_pid: int | None, database: str,
+                  named: dict[int, Role] | None = None) -> tuple[dict[int, Role], list[str]]:
+    """pid -> role for the run's processes, and notes on what could not be found. ``named``: child
+    processes whose role the caller knows (their own descendants stay fixtures)."""
     procs, _ = _read_procs()
     children: dict[int, list[int]] = {}
     for pid, p in procs.items():
@@ -102,8 +108,10 @@ def run_processes(temporal_pid: int | None, database: str) -> tuple[dict[int, Ro
     temporal = tree(temporal_pid) if temporal_pid and temporal_pid in procs else set()
     for pid in temporal:
         roles[pid] = Role.TEMPORAL_DEV_SERVER
-    for pid in tree(me) - {me} - temporal:
+    known = {pid: role for pid, role in (named or {}).items() if pid in procs}
+    for pid in tree(me) - {me} - temporal - set(known):
         roles[pid] = Role.FIXTURES
+    roles.update(known)
     notes: list[str] = []
     if not temporal:
         notes.append("the Temporal dev server's pid was not found")

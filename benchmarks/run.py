@@ -87,13 +87,13 @@ from benchmarks import cost, floor, ingress_scale, staleness
 from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
+from benchmarks.services import Layout, Services, start_services
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import OutboxConsumer
-from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
 from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.metrics import serve_metrics
-from mcpsync.worker.runtime import open_ledger, revoke, run_services, start_subscription
+from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
 from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import SubscriptionKey
@@ -131,6 +131,7 @@ class Options:
     staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
     ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
+    layout: Layout = Layout.SPLIT  # --layout: mcpsync's worker and ingress in processes of their own, or in this one
     idle_seconds: float = 10.0
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
@@ -324,18 +325,21 @@ class Probe:
     def __init__(self) -> None:
         self.server = serve_metrics(MetricsConfig(port=0), set_default_runtime=False)
         self.runtime = self.server.runtime
+        self.also: list[str] = []  # the split layout's worker and ingress endpoints (benchmarks.services)
 
     async def scrape(self) -> Scrape:
-        url = self.server.url or ""
-
-        def get() -> str:
+        """Every endpoint's samples, summed by (name, labels): counters and histogram sums/counts of
+        the worker and the ingress add up as if one process had served them."""
+        def get(url: str) -> str:
             with urllib.request.urlopen(url, timeout=10) as resp:
                 return str(resp.read().decode())
 
         out: Scrape = {}
-        for family in text_string_to_metric_families(await asyncio.to_thread(get)):
-            for sample in family.samples:
-                out[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
+        for url in [self.server.url or "", *self.also]:
+            for family in text_string_to_metric_families(await asyncio.to_thread(get, url)):
+                for sample in family.samples:
+                    key = (sample.name, frozenset(sample.labels.items()))
+                    out[key] = out.get(key, 0.0) + float(sample.value)
         return out
 
     @staticmethod
@@ -597,13 +601,25 @@ def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[st
     def per(v: float | None, digits: int = 2) -> float | None:
         return None if v is None or not changes else round(v / changes, digits)
 
+    byp = proc_cpu["by_process_ms_per_change"]
+    split = r["layout"] == Layout.SPLIT.value
+    mcpsync_roles = (cost.Role.MCPSYNC_WORKER, cost.Role.MCPSYNC_INGRESS, cost.Role.TEMPORAL_DEV_SERVER,
+                     cost.Role.POSTGRESQL)
     return {
         **proc_cpu,
+        # Split layout: what mcpsync's own processes and the servers it needs spent, without the driver and the
+        # naive baseline (benchmark_process) and without the fixtures (which also serve the baseline's reads).
+        "mcpsync_processes_ms_per_change": round(sum(byp[k.value] or 0.0 for k in mcpsync_roles), 1)
+        if split and changes else None,
         "whole_machine_busy_ms_per_change": per(None if busy is None else 1000 * busy, 1),
         "cpu_window": "the churn (the same window as churn.cpu), divided by the churn's changes",
         "notes": [*notes,
-                  "benchmark_process is the mcpsync worker AND the driver and the naive baseline client (one "
-                  "process); fixtures are the system's, the baseline's twin (stdio) and the staleness profiles'",
+                  ("benchmark_process is the driver, the naive baseline client and the Temporal floor's worker; "
+                   "mcpsync_worker and mcpsync_ingress are mcpsync's own processes; mcpsync_processes_ms_per_change "
+                   "= those two + temporal_dev_server + postgresql" if split else
+                   "benchmark_process is the mcpsync worker AND the driver and the naive baseline client (one "
+                   "process, --layout in-process)"),
+                  "fixtures are the system's, the baseline's twin (stdio) and the staleness profiles'",
                   "postgresql: the postmaster serving the run's database, its auxiliary processes (shared with any "
                   "other database on that server) and the backends connected to the run's database"],
         "history": {
@@ -630,6 +646,7 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
         "convergence_over_temporal_floor": {"p50": ratio(delivered["p50_ms"], tf["p50_ms"]),
                                             "p99": ratio(delivered["p99_ms"], tf["p99_ms"])},
         "cpu_ms_per_change": c["cpu_ms_per_change"],
+        "mcpsync_cpu_ms_per_change": c["mcpsync_processes_ms_per_change"],
         "history_events_per_change": c["history"]["events_per_change"],
         "workflow_tasks_per_change": c["history"]["workflow_tasks_per_change"],
         "burst_reads_per_s": r["burst"]["reads_per_second"],
@@ -642,6 +659,8 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
 ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"], "~1.8", "<= 1.25"),
     ("CPU per change, run's processes (ms)", lambda r: r["cpu_ms_per_change"], "~118 (whole box)", "<= 45"),
+    (" of which mcpsync + Temporal + PostgreSQL", lambda r: r.get("mcpsync_cpu_ms_per_change"), "-",
+     "(split layout)"),
     ("burst reads/s", lambda r: r["burst_reads_per_s"], "~29", ">= 75"),
     ("initial subscriptions/s", lambda r: r["initial_subscriptions_per_s"], "~10", ">= 40"),
     ("history events per change", lambda r: r["history_events_per_change"], "16-27", "<= 8"),
@@ -653,7 +672,7 @@ ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
 async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Path, probe: Probe) -> Run:
     run = Run(transport, n, opts)
     r = run.result
-    r.update(transport=transport, subscriptions=n)
+    r.update(transport=transport, subscriptions=n, layout=opts.layout.value)
     rng = random.Random(f"{opts.seed}/{transport}/{n}")
     server = f"bench-{transport}-{n}"  # unique per run: host counters are looked up by server name
     db_name = f"mcpsync_bench_{os.getpid()}_{transport}_{n}_{uuid.uuid4().hex[:6]}"
@@ -692,21 +711,16 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                     for p in staleness.Profile if opts.staleness_subscriptions > 0}
         config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
-        services = asyncio.create_task(run_services(config, client, ledger), name="bench-services")
-
-        async def stop_services() -> None:
-            services.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await services
-
-        stack.push_async_callback(stop_services)
+        services: Services = await start_services(opts.layout, config, client, ledger, db_url, work / "services")
+        stack.push_async_callback(services.stop)
+        probe.also = services.metrics_urls
+        stack.callback(setattr, probe, "also", [])
 
         sys_ctl = await system_fx.control(stack)
         await gather_limited([sys_ctl.create(u, text=initial[u], mime_type="text/plain") for u in uris], 16)
 
         async def session_open() -> bool:
-            if services.done():
-                services.result()
+            await services.check()
             return await ledger.current_session(SUBJECT, server) is not None
 
         if not await until(session_open, 60):
@@ -739,11 +753,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         await subscribe(uris[:warm])
         await asyncio.sleep(1.0)
         gc.collect()
-        rss0, trss0 = rss_bytes(), rss_bytes(temporal.pid)
+        rss0, trss0 = rss_bytes(services.worker_pid), rss_bytes(temporal.pid)
         started, converged = await subscribe(uris[warm:]) if n > warm else (0.0, 1e-9)
         await asyncio.sleep(1.0)  # let the last workflow tasks finish before measuring memory
         gc.collect()
-        rss1, trss1 = rss_bytes(), rss_bytes(temporal.pid)
+        rss1, trss1 = rss_bytes(services.worker_pid), rss_bytes(temporal.pid)
         measured = max(1, n - warm)
         r["startup"] = {
             "subscriptions_measured": n - warm,
@@ -759,8 +773,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "temporal_server_rss_after_bytes": trss1,
             "temporal_server_bytes_per_subscription": round((trss1 - trss0) / measured),
             "note": "RSS growth while the last N - N/10 subscriptions started and accepted their initial read, "
-                    "divided by their number; the worker runs in this process (the baseline client is not started "
-                    "yet)",
+                    "divided by their number; the worker is the main worker's process (split layout) or this "
+                    "process (in-process layout; the baseline client is not started yet)",
         }
         say(f"initial convergence of {n - warm}: {converged:.1f}s, worker "
             f"{(rss1 - rss0) / measured / 1024:.1f} KiB/subscription")
@@ -829,11 +843,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         controls = [sys_ctl] if base_ctl is sys_ctl else [sys_ctl, base_ctl]
         reads0, base_reads0, base_notes0 = await _sys_reads(ledger, server), base.reads, base.notifications
         verdicts0 = await _verdicts(ledger, server)
-        host0 = metrics.host_totals().get(server, (0, 0))
+        host0 = await services.host_totals(server)
         completions0 = len(base.completions)
         subscription_runs = await cost.start_runs(
             client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
-        roles, role_notes = cost.run_processes(temporal.pid, db_name)
+        roles, role_notes = cost.run_processes(temporal.pid, db_name, services.named_processes)
         scrape0 = await probe.scrape()
         cpu0 = cpu_snapshot()
         proc_cpu0 = cost.cpu_sample(roles)
@@ -913,7 +927,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         base_reads = base.reads - base_reads0
         verdicts1 = await _verdicts(ledger, server)
         verdicts = {k: v - verdicts0.get(k, 0) for k, v in verdicts1.items() if v - verdicts0.get(k, 0)}
-        host1 = metrics.host_totals().get(server, (0, 0))
+        host1 = await services.host_totals(server)
         stats = await sys_ctl.stats()
         dropped_total = sum(stats["notifications_dropped"].values())
         churn_seconds = t_churn1 - t_churn0
@@ -1013,7 +1027,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         per = max(1, min(opts.burst_per_subscription, opts.burst_cap // n))
         targets = uris[: max(1, min(n, opts.burst_cap // per))]  # above the cap: a subset of the URIs
         burst_total = per * len(targets)
-        reads_b0, host_b0 = await _sys_reads(ledger, server), metrics.host_totals().get(server, (0, 0))[0]
+        reads_b0, host_b0 = await _sys_reads(ledger, server), (await services.host_totals(server))[0]
         t_b0 = time.time()
         await gather_limited([sys_ctl.notify(u, times=per) for u in targets], 8)
         t_sent = time.time()
@@ -1021,7 +1035,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         async def settled() -> bool:
             nonlocal got_all_at
-            got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
+            got = (await services.host_totals(server))[0] - host_b0
             if got >= burst_total and got_all_at is None:
                 got_all_at = time.time()
             pending = await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
@@ -1033,7 +1047,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         last_read = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
                                           " JOIN subscriptions s USING (workflow_id) WHERE s.server=%s", (server,))
         burst_reads = await _sys_reads(ledger, server) - reads_b0
-        got = metrics.host_totals().get(server, (0, 0))[0] - host_b0
+        got = (await services.host_totals(server))[0] - host_b0
         settle = max((last_read or t_b0) - t_b0, (got_all_at or t_b0) - t_b0, 1e-6)
         r["burst"] = {
             "notifications": burst_total,
@@ -1415,6 +1429,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--ingress-scale", type=_ints, default=None, metavar="S,S,...",
                    help="instead of the run: one ingress process hosting S subjects of one server per level (e.g. "
                         "1,50,200): pollers, RSS, idle CPU (benchmarks.ingress_scale)")
+    p.add_argument("--layout", choices=[x.value for x in Layout], default=Layout.SPLIT.value,
+                   help="split (default): mcpsync's main worker and ingress in processes of their own, as deployed; "
+                        "in-process: both in the benchmark's process with the driver and the naive baseline")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
@@ -1443,6 +1460,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
         ingress_scale=a.ingress_scale,
         idle_seconds=a.idle_seconds,
+        layout=Layout(a.layout),
         single=a.single,
         result=a.result,
     )
