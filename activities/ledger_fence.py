@@ -80,12 +80,20 @@ from mcpsync.workflows.write_plan import (
     plan_tombstone,
 )
 
-__all__ = ["FenceLedger"]
+__all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger"]
 
 S = SubscriptionState
 CLOSING_STATES = [S.UNSUBSCRIBING.value, S.CLOSED.value, S.UNSUBSCRIBE_UNKNOWN.value]
 # ``records.TERMINAL_STATES`` as SQL parameters (sorted: one statement text, one plan).
 TERMINAL_STATE_VALUES = sorted(state.value for state in TERMINAL_STATES)
+# The other live subscriptions of (subject, server) whose URI normalizes alike. It names the
+# expression of index subscriptions_identity (migration 012) and no bare subject/server column, so
+# no planner, with or without statistics, reads it through the (subject, server, uri) key.
+NORMALIZED_SIBLINGS_SQL = """
+SELECT workflow_id, uri FROM subscriptions
+WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri <> %s AND NOT (state = ANY(%s))
+ORDER BY uri
+"""
 # States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
 SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
                        S.RECONCILIATION_REQUIRED.value]
@@ -186,14 +194,8 @@ class FenceLedger:
         from ``uri`` but normalizes alike (``mcpsync.workflows.uris.normalize_uri``): one indexed query.
         Never a route: a caller may only invalidate or flag them."""
         async with self.store.pool.connection() as conn:
-            cur = await conn.execute(
-                """
-                SELECT workflow_id, uri FROM subscriptions
-                WHERE subject=%s AND server=%s AND uri_normalized=%s AND uri <> %s AND NOT (state = ANY(%s))
-                ORDER BY uri
-                """,
-                (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES),
-            )
+            cur = await conn.execute(NORMALIZED_SIBLINGS_SQL,
+                                     (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES))
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
     async def note_notification(self, subject: str, server: str, uri: str,

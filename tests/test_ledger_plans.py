@@ -1,0 +1,108 @@
+"""Ledger query plans on real PostgreSQL, on a table the planner knows nothing about.
+
+Contract: the ingress and the read cycle look a subscription up by its key (subject, server, uri)
+on every notification, allocation and accept, and the ingress asks for its normalized siblings on
+every routed notification. Each must read about one row of ``subscriptions`` whatever the
+statistics say: here a never-analyzed table (autovacuum off, as on this project's CI machines)
+with 3,000 subscriptions of one (subject, server), with custom and with generic plans (psycopg
+prepares a statement after five executions). Before migration 012 the key lookup read all 3,000
+rows through the normalized index's (subject, server) prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from mcpsync.activities.ledger_fence import NORMALIZED_SIBLINGS_SQL, TERMINAL_STATE_VALUES
+from mcpsync.activities.ledger_store import BY_KEY
+from mcpsync.activities.outbox import CONSUMER_LAG_SQL, consumer_infos
+from mcpsync.worker.runtime import open_ledger
+from tests.conftest import fresh_database
+
+ROWS = 3000
+
+
+def _scans(node: dict[str, Any], table: str = "subscriptions") -> list[dict[str, Any]]:
+    here = [node] if node.get("Relation Name") == table else []
+    return here + [s for child in node.get("Plans", []) for s in _scans(child, table)]
+
+
+def _numbered(sql: str) -> str:
+    """psycopg's %s placeholders as PREPARE's $1, $2, ..."""
+    counter = iter(range(1, 100))
+    return re.sub(r"%s", lambda _: f"${next(counter)}", sql)
+
+
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan_mode: str) -> None:
+    queries: dict[str, tuple[str, str, tuple[Any, ...]]] = {
+        # fence_row, note_notification's UPDATE and every other key lookup share this predicate.
+        "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
+                       ("alice", "docs", "demo://doc/1234")),
+        "normalized siblings": (NORMALIZED_SIBLINGS_SQL, "text, text, text, text, text[]",
+                                ("alice", "docs", "demo://doc/1234", "demo://doc/1234", TERMINAL_STATE_VALUES)),
+    }
+    async with fresh_database(tmp_state) as url:
+        ledger = await open_ledger(url, max_size=1)
+        try:
+            async with ledger.pool.connection() as conn:
+                await conn.execute("ALTER TABLE subscriptions SET (autovacuum_enabled = false)")
+                await conn.execute(
+                    "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state)"
+                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE'"
+                    " FROM generate_series(1, %s) i", (ROWS,))
+                stats = await (await conn.execute(
+                    "SELECT count(*) FROM pg_stats WHERE tablename = 'subscriptions'")).fetchone()
+                assert stats == (0,), "the table must be without statistics for this test to mean anything"
+                await conn.execute(f"SET plan_cache_mode = {plan_mode}")
+                for name, (text, types, params) in queries.items():
+                    await conn.execute(f"PREPARE q ({types}) AS {_numbered(text)}")
+                    # EXPLAIN takes no bind parameters: the values go in as literals.
+                    args = sql.SQL(", ").join(sql.Literal(p) for p in params)
+                    row = await (await conn.execute(
+                        sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q({})").format(args))).fetchone()
+                    await conn.execute("DEALLOCATE q")
+                    assert row is not None
+                    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+                    scans = _scans(plan[0]["Plan"])
+                    assert scans, f"{name}: no scan of subscriptions in {plan}"
+                    read = sum(s.get("Actual Rows", 0) + s.get("Rows Removed by Filter", 0) for s in scans)
+                    assert all(s["Node Type"] != "Seq Scan" for s in scans), f"{name}: {scans}"
+                    # The row itself (the siblings query filters it out by uri <> ...), nothing more.
+                    assert read <= 1, f"{name} read {read} of {ROWS} rows ({plan_mode}): {scans}"
+        finally:
+            await ledger.pool.close()
+
+
+async def test_consumer_lag_reads_the_lag_not_the_outbox(tmp_state: Path) -> None:
+    """The metrics refresher's lag query (every 15 s, every process): a consumer 10 events behind
+    on a 3,000-event outbox reads about those 10 events, and its lag is right."""
+    async with fresh_database(tmp_state) as url:
+        ledger = await open_ledger(url, max_size=1)
+        try:
+            async with ledger.pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, position)"
+                    " SELECT 'accepted', 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, i"
+                    " FROM generate_series(1, %s) i", (ROWS,))
+                await conn.execute("INSERT INTO outbox_consumers (name, position, delivered_up_to)"
+                                   " VALUES ('indexer', %s, %s)", (ROWS - 10, ROWS - 10))
+                await conn.execute("ANALYZE outbox")
+                row = await (await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {CONSUMER_LAG_SQL}")).fetchone()
+            assert row is not None
+            plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+            scans = _scans(plan[0]["Plan"], "outbox")
+            read = sum(s.get("Actual Rows", 0) * s.get("Actual Loops", 1) + s.get("Rows Removed by Filter", 0)
+                       for s in scans)
+            assert scans and all(s["Node Type"] != "Seq Scan" for s in scans), scans
+            assert read <= 40, f"the lag query read {read} outbox rows for a lag of 10: {scans}"
+            (info,) = await consumer_infos(ledger.pool)
+            assert (info.name, info.lag_events) == ("indexer", 10)
+        finally:
+            await ledger.pool.close()
