@@ -39,6 +39,15 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Every ledger connection: no JIT. The ledger's statements are short lookups and a few
+    aggregates over small tables; PostgreSQL's JIT compiles any plan whose *estimated* cost passes
+    ``jit_above_cost``, and a table without statistics (autovacuum off, or grown faster than
+    autoanalyze) estimates high: the metrics refresher's consumer-lag query spent 320 ms compiling
+    for 0.4 ms of work (tests/test_ledger_plans.py)."""
+    await conn.execute("SET jit = off")
+
+
 async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> AsyncConnectionPool:
     try:
         # One direct attempt first: a refused or misaddressed server fails now, not after the pool's timeout.
@@ -46,7 +55,8 @@ async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: 
         await probe.close()
     except Exception as exc:
         raise DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {str(exc).strip()[:300]}") from None
-    pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True})
+    pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True},
+                               configure=_configure)
     try:
         await pool.open(wait=True, timeout=timeout)
     except Exception as exc:  # psycopg_pool.PoolTimeout, OperationalError, bad URL

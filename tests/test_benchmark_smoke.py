@@ -169,6 +169,12 @@ def _check_cost_of_a_change(r: dict[str, Any]) -> None:
     assert cost["processes"]["fixtures"] >= 1
     by = cost["by_process_ms_per_change"]
     assert by["benchmark_process"] > 0 and by["temporal_dev_server"] > 0
+    # The default layout: mcpsync's main worker and ingress are processes of their own, and both worked.
+    assert r["layout"] == "split"
+    assert cost["processes"]["mcpsync_worker"] == 1 and cost["processes"]["mcpsync_ingress"] == 1
+    assert by["mcpsync_worker"] > 0 and by["mcpsync_ingress"] > 0
+    assert r["mcpsync_cpu_ms_per_change"] == pytest.approx(
+        by["mcpsync_worker"] + by["mcpsync_ingress"] + by["temporal_dev_server"] + by["postgresql"], abs=0.5)
     assert r["cpu_ms_per_change"] == cost["cpu_ms_per_change"] == pytest.approx(sum(by.values()), abs=0.5)
     assert cost["cpu_seconds"] > 0
 

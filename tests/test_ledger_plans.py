@@ -26,6 +26,7 @@ from mcpsync.worker.runtime import open_ledger
 from tests.conftest import fresh_database
 
 ROWS = 3000
+OUTBOX_ROWS = 12000
 
 
 def _scans(node: dict[str, Any], table: str = "subscriptions") -> list[dict[str, Any]]:
@@ -82,18 +83,20 @@ async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan
 
 async def test_consumer_lag_reads_the_lag_not_the_outbox(tmp_state: Path) -> None:
     """The metrics refresher's lag query (every 15 s, every process): a consumer 10 events behind
-    on a 3,000-event outbox reads about those 10 events, and its lag is right."""
+    on a 12,000-event outbox without statistics reads about those 10 events, is not JIT-compiled,
+    and its lag is right."""
     async with fresh_database(tmp_state) as url:
         ledger = await open_ledger(url, max_size=1)
         try:
             async with ledger.pool.connection() as conn:
+                # Inserted, then stamped (as outbox_stamp does): the shape of a real outbox.
                 await conn.execute(
-                    "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, position)"
-                    " SELECT 'accepted', 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, i"
-                    " FROM generate_series(1, %s) i", (ROWS,))
+                    "INSERT INTO outbox (event_type, workflow_id, subject, server, uri)"
+                    " SELECT 'accepted', 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i"
+                    " FROM generate_series(1, %s) i", (OUTBOX_ROWS,))
+                await conn.execute("UPDATE outbox SET position = outbox_id")
                 await conn.execute("INSERT INTO outbox_consumers (name, position, delivered_up_to)"
-                                   " VALUES ('indexer', %s, %s)", (ROWS - 10, ROWS - 10))
-                await conn.execute("ANALYZE outbox")
+                                   " VALUES ('indexer', %s, %s)", (OUTBOX_ROWS - 10, OUTBOX_ROWS - 10))
                 row = await (await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {CONSUMER_LAG_SQL}")).fetchone()
             assert row is not None
             plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
@@ -101,6 +104,9 @@ async def test_consumer_lag_reads_the_lag_not_the_outbox(tmp_state: Path) -> Non
             read = sum(s.get("Actual Rows", 0) * s.get("Actual Loops", 1) + s.get("Rows Removed by Filter", 0)
                        for s in scans)
             assert scans and all(s["Node Type"] != "Seq Scan" for s in scans), scans
+            # Estimated high without statistics, so PostgreSQL would JIT-compile it (~0.3 s) where
+            # the ledger's connections did not turn JIT off (mcpsync.activities.db).
+            assert "JIT" not in plan[0], plan[0]["JIT"]
             assert read <= 40, f"the lag query read {read} outbox rows for a lag of 10: {scans}"
             (info,) = await consumer_infos(ledger.pool)
             assert (info.name, info.lag_events) == ("indexer", 10)
