@@ -10,6 +10,8 @@ Contract:
   ingress queue (the read cycle runs there). Catalog workflows are not started, as in-process.
   Each child serves its own ``/metrics`` (port 0) and says where in a ready file; a child that
   exits early fails :meth:`Services.check` with the tail of its stderr.
+- :func:`scrape` reads one ``/metrics`` endpoint into ``{(sample name, labels): value}`` (the
+  benchmark's probe sums several).
 - Both expose the same narrow surface: :meth:`check`, :meth:`host_totals` (notifications received
   and coalesced by the session hosts, per server), ``metrics_urls`` (endpoints to scrape besides
   the benchmark's own), ``named_processes`` (pid -> cost role), ``worker_pid`` (whose RSS is the
@@ -42,7 +44,9 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, MetricsConfig
 
-__all__ = ["InProcessServices", "Layout", "Services", "SplitServices", "start_services"]
+__all__ = ["InProcessServices", "Layout", "Scrape", "Services", "SplitServices", "scrape", "start_services"]
+
+Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 _READY_TIMEOUT = 60.0
 _REPO = Path(__file__).resolve().parents[1]
@@ -126,16 +130,14 @@ class SplitServices:
                 raise RuntimeError(f"the {child.role} process exited with {child.proc.returncode}:\n{child.tail()}")
 
     async def host_totals(self, server: str) -> tuple[int, int]:
-        text = await asyncio.to_thread(_get, self.ingress.metrics_url)
         received = coalesced = 0.0
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.labels.get("server") != server:
-                    continue
-                if s.name.startswith("mcpsync_notifications_received"):
-                    received += s.value
-                elif s.name.startswith("mcpsync_notifications_coalesced"):
-                    coalesced += s.value
+        for (name, labels), value in (await scrape(self.ingress.metrics_url)).items():
+            if ("server", server) not in labels:
+                continue
+            if name.startswith("mcpsync_notifications_received"):
+                received += value
+            elif name.startswith("mcpsync_notifications_coalesced"):
+                coalesced += value
         return int(received), int(coalesced)
 
     async def stop(self) -> None:
@@ -159,6 +161,13 @@ def _write(path: Path, text: str) -> None:
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return str(resp.read().decode())
+
+
+async def scrape(url: str) -> Scrape:
+    """One ``/metrics`` endpoint's samples by (name, labels)."""
+    return {(sample.name, frozenset(sample.labels.items())): float(sample.value)
+            for family in text_string_to_metric_families(await asyncio.to_thread(_get, url))
+            for sample in family.samples}
 
 
 async def _spawn(role: str, cfg: Path, database_url: str, work: Path) -> _Child:
