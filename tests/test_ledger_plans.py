@@ -34,6 +34,15 @@ def _scans(node: dict[str, Any], table: str = "subscriptions") -> list[dict[str,
     return here + [s for child in node.get("Plans", []) for s in _scans(child, table)]
 
 
+async def _explain(conn: Any, statement: str | sql.Composable) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, FORMAT JSON)`` of ``statement``: its top object (``Plan``, ``JIT``, ...)."""
+    row = await (await conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(
+        sql.SQL(statement) if isinstance(statement, str) else statement))).fetchone()
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(plan[0])
+
+
 def _numbered(sql: str) -> str:
     """psycopg's %s placeholders as PREPARE's $1, $2, ..."""
     counter = iter(range(1, 100))
@@ -66,12 +75,9 @@ async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan
                     await conn.execute(f"PREPARE q ({types}) AS {_numbered(text)}")
                     # EXPLAIN takes no bind parameters: the values go in as literals.
                     args = sql.SQL(", ").join(sql.Literal(p) for p in params)
-                    row = await (await conn.execute(
-                        sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q({})").format(args))).fetchone()
+                    plan = await _explain(conn, sql.SQL("EXECUTE q({})").format(args))
                     await conn.execute("DEALLOCATE q")
-                    assert row is not None
-                    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-                    scans = _scans(plan[0]["Plan"])
+                    scans = _scans(plan["Plan"])
                     assert scans, f"{name}: no scan of subscriptions in {plan}"
                     read = sum(s.get("Actual Rows", 0) + s.get("Rows Removed by Filter", 0) for s in scans)
                     assert all(s["Node Type"] != "Seq Scan" for s in scans), f"{name}: {scans}"
@@ -97,16 +103,14 @@ async def test_consumer_lag_reads_the_lag_not_the_outbox(tmp_state: Path) -> Non
                 await conn.execute("UPDATE outbox SET position = outbox_id")
                 await conn.execute("INSERT INTO outbox_consumers (name, position, delivered_up_to)"
                                    " VALUES ('indexer', %s, %s)", (OUTBOX_ROWS - 10, OUTBOX_ROWS - 10))
-                row = await (await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {CONSUMER_LAG_SQL}")).fetchone()
-            assert row is not None
-            plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-            scans = _scans(plan[0]["Plan"], "outbox")
+                plan = await _explain(conn, CONSUMER_LAG_SQL)
+            scans = _scans(plan["Plan"], "outbox")
             read = sum(s.get("Actual Rows", 0) * s.get("Actual Loops", 1) + s.get("Rows Removed by Filter", 0)
                        for s in scans)
             assert scans and all(s["Node Type"] != "Seq Scan" for s in scans), scans
             # Estimated high without statistics, so PostgreSQL would JIT-compile it (~0.3 s) where
             # the ledger's connections did not turn JIT off (mcpsync.activities.db).
-            assert "JIT" not in plan[0], plan[0]["JIT"]
+            assert "JIT" not in plan, plan["JIT"]
             assert read <= 40, f"the lag query read {read} outbox rows for a lag of 10: {scans}"
             (info,) = await consumer_infos(ledger.pool)
             assert (info.name, info.lag_events) == ("indexer", 10)
