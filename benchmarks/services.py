@@ -17,8 +17,9 @@ Contract:
   the benchmark's own), ``named_processes`` (pid -> cost role), ``worker_pid`` (whose RSS is the
   worker's memory) and :meth:`stop`.
 
-Child entry (internal): ``python -m benchmarks.services --config FILE --role main|ingress
---database-url URL --ready FILE``.
+Child entry (internal): ``python -m benchmarks.services --config FILE --role main|ingress --ready
+FILE``, the database URL in ``MCPSYNC_DATABASE_URL`` (never on a command line, where ``ps`` shows
+a password).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 _READY_TIMEOUT = 60.0
 _REPO = Path(__file__).resolve().parents[1]
+_DATABASE_URL_ENV = "MCPSYNC_DATABASE_URL"
 
 
 class Layout(StrEnum):
@@ -177,7 +179,7 @@ async def _spawn(role: str, cfg: Path, database_url: str, work: Path) -> _Child:
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.services", "--config", str(cfg), "--role", role,
-            "--database-url", database_url, "--ready", str(ready),
+            "--ready", str(ready), env={**os.environ, _DATABASE_URL_ENV: database_url},
             stdout=asyncio.subprocess.DEVNULL, stderr=err, cwd=_REPO)
     finally:
         err.close()
@@ -244,11 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.services")
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--role", choices=["main", "ingress"], required=True)
-    p.add_argument("--database-url", required=True)
     p.add_argument("--ready", type=Path, required=True)
     args = p.parse_args(argv)
     config = Config.model_validate_json(args.config.read_text())
-    asyncio.run(_child(config, args.role, args.database_url, args.ready))
+    database_url = os.environ.get(_DATABASE_URL_ENV)
+    if not database_url:
+        p.error(f"{_DATABASE_URL_ENV} is not set")
+    asyncio.run(_child(config, args.role, database_url, args.ready))
 
 
 if __name__ == "__main__":
