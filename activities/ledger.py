@@ -105,9 +105,10 @@ class Ledger:
             BeginSubscriptionRequest(key=key, session_generation=session_generation))
 
     async def mark_active(self, key: SubscriptionKey, session_generation: int,
-                          subscription_generation: int) -> FenceSnapshot:
+                          subscription_generation: int, *, read_reports: bool = False) -> FenceSnapshot:
         return await self.fence.mark_active(MarkActiveRequest(
-            key=key, session_generation=session_generation, subscription_generation=subscription_generation))
+            key=key, session_generation=session_generation, subscription_generation=subscription_generation,
+            read_reports=read_reports))
 
     async def set_state(self, key: SubscriptionKey, state: SubscriptionState, *,
                         allowed_from: Sequence[str]) -> FenceSnapshot:

@@ -254,10 +254,10 @@ class FenceLedger:
     async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
         return await self._transition(
             req.key,
-            "UPDATE subscriptions SET state=%s, updated_at=now()"
+            "UPDATE subscriptions SET state=%s, read_reports=%s, updated_at=now()"
             f" WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s"
             " RETURNING *",
-            (S.ACTIVE.value, *key_params(req.key), S.SUBSCRIBING.value, req.session_generation,
+            (S.ACTIVE.value, req.read_reports, *key_params(req.key), S.SUBSCRIBING.value, req.session_generation,
              req.subscription_generation))
 
     @activity.defn(name=Act.SET_STATE)

@@ -52,6 +52,7 @@ def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
         last_accepted_digest=row["last_accepted_digest"],
         last_receipt_id=row["last_receipt_id"],
         notifications_seen=row["notifications_seen"],
+        read_reports=row.get("read_reports", False),
     )
 
 

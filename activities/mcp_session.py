@@ -381,7 +381,15 @@ class McpSessionActivities:
         verdict. Refused: the durable fence comes back for the workflow to adopt. A read that
         found its session gone is returned unjudged (the workflow resubscribes)."""
         info = activity.info()
-        alloc = req.allocate.model_copy(update={"cycle_id": f"{info.workflow_run_id}/{info.activity_id}"})
+        return await self.run_cycle(req, cycle_id=f"{info.workflow_run_id}/{info.activity_id}")
+
+    async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str) -> ReadCycleResult:
+        """The read cycle itself, for the activity and for the ingress, which reads a notified change
+        without a Temporal hop (``fence.ingress_read_request``) and reports it to the workflow.
+        ``cycle_id`` keys the allocation (a retry under the same id gets the same ordinal). No lock
+        against a concurrent cycle of the same subscription: both are cycle allocations, so only the
+        newest allocation can become current (``judge_read``: an older one is STALE)."""
+        alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         ticket = await self.ledger.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))

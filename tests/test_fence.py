@@ -12,6 +12,7 @@ from mcpsync.workflows.fence import (
     UpdateDisposition,
     allocate_ordinal,
     close_rule,
+    ingress_read_request,
     judge_read,
     update_already_signalled,
 )
@@ -19,6 +20,7 @@ from mcpsync.workflows.records import (
     AcceptResult,
     AcceptVerdict,
     FenceSnapshot,
+    NotedNotification,
     ReadOutcome,
     ReadOutcomeKind,
     ReadTicket,
@@ -301,3 +303,45 @@ def test_a_signalled_update_stands_for_later_ones_only_within_the_hold() -> None
                   mark.model_copy(update={"allocated_in_cycle": False})):
         assert not update_already_signalled(other, active, generation=1, now=at)
     assert not update_already_signalled(mark, active, generation=2, now=at)
+
+
+def test_the_ingress_reads_only_for_an_active_row_whose_run_mirrors_reports() -> None:
+    """``ingress_read_request``: a read-cycle request on the row's own fence, only for an ACTIVE row on
+    the notification's generation whose run takes reports, and never when a signal already stands."""
+    ready = row(read_reports=True, last_issued_ordinal=7, close_epoch=2, subscription_generation=3,
+                notifications_seen=9)
+    noted = NotedNotification(workflow_id="wf", fence=ready)
+    req = ingress_read_request(noted, KEY, generation=1, request_id="r1")
+    assert req is not None
+    assert (req.allocate.session_generation, req.allocate.subscription_generation, req.allocate.min_ordinal) == (1, 3, 8)
+    assert req.allocate.trigger == TriggerReason.UPDATED and req.allocate.cycle_id is None
+    assert req.expected_state == S.ACTIVE and req.close_epoch == 2
+    refused = [noted.model_copy(update={"already_signalled": True}),
+               NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"read_reports": False})),
+               NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.SUBSCRIBING})),
+               NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.TOMBSTONE_PENDING}))]
+    for n in refused:
+        assert ingress_read_request(n, KEY, generation=1, request_id="r1") is None
+    assert ingress_read_request(noted, KEY, generation=2, request_id="r1") is None  # another session
+
+
+def test_a_reported_read_covers_the_update_it_was_made_for_and_never_moves_the_deadline_back() -> None:
+    f = SubscriptionFence(FenceState(key=KEY, state=S.ACTIVE, session_generation=1, subscription_generation=1,
+                                     last_issued_ordinal=4, covered_sequence=2))
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    f.arm_read_deadline(requested_at=at, period_seconds=60, jitter=0.5)
+    ticket = ReadTicket(granted=True, ordinal=6, request_id="r", notifications_seen=5)
+    assert f.reported(ticket)
+    assert (f.s.last_issued_ordinal, f.s.covered_sequence, f.s.covering_ordinal) == (6, 5, 6)
+    assert f.s.in_flight == [] and f.s.reads_issued == 1
+    assert not f.reported(ReadTicket(granted=False))
+    f.applied(6, AcceptResult(verdict=AcceptVerdict.ACCEPTED, reason="new digest", watermark=6,
+                              last_accepted_ordinal=6))
+    assert f.s.confirmed_sequence == 5
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=5)) == UpdateDisposition.COVERED
+    # A newer update (recorded after that allocation) still earns a read.
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=6)) \
+        == UpdateDisposition.READ_REQUESTED
+    assert f.report_deadline(at + timedelta(seconds=1)) and not f.report_deadline(at)
+    f.s.state = S.TOMBSTONE_PENDING
+    assert not f.report_deadline(at + timedelta(seconds=1))

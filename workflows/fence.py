@@ -46,9 +46,12 @@ from mcpsync.workflows.records import (
     TERMINAL_STATES,
     AcceptResult,
     AcceptVerdict,
+    AllocateRequest,
     CacheScope,
     CloseReceipt,
     FenceSnapshot,
+    NotedNotification,
+    ReadCycleRequest,
     ReadOutcome,
     ReadOutcomeKind,
     ReadTicket,
@@ -71,6 +74,7 @@ __all__ = [
     "IssuedRead",
     "Judgement",
     "allocate_ordinal",
+    "ingress_read_request",
     "update_already_signalled",
     "SIGNAL_HOLD_SECONDS",
     "judge_read",
@@ -450,6 +454,28 @@ class SubscriptionFence:
         s.reads_issued += 1
         return True
 
+    def reported(self, ticket: ReadTicket) -> bool:
+        """The ingress read a notified change itself (``resource_read``): mirror its allocation as
+        ``issued`` would, but it never was in flight here (its verdict follows at once). Updates the
+        ledger counted before it was allocated ride on it. A trigger pending here stays pending: the
+        report does not say which of the updates behind it the read covered."""
+        s = self.s
+        if not ticket.granted:
+            return False
+        s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
+        if ticket.notifications_seen >= s.covered_sequence:
+            s.covered_sequence = ticket.notifications_seen
+            s.covering_ordinal = ticket.ordinal
+        s.reads_issued += 1
+        return True
+
+    def report_deadline(self, requested_at: datetime) -> bool:
+        """Whether a reported read, requested at ``requested_at``, re-arms the read deadline: only
+        when ACTIVE and newer than the read the deadline was armed from (a late report never moves
+        it back)."""
+        s = self.s
+        return s.state == S.ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
+
     def applied(self, ordinal: int, result: AcceptResult) -> None:
         """The ledger judged a completed read."""
         s = self.s
@@ -483,7 +509,11 @@ class SubscriptionFence:
             s.stale_after_close += 1
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
+        """After ``applied``: the digest of the newest accepted read. A report the ingress made can
+        arrive after a newer read of the run's own was judged (simulator): its older digest is not
+        taken (the ledger's current version is the newer one)."""
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) \
+                and result.last_accepted_ordinal >= self.s.last_accepted_ordinal:
             self.s.last_accepted_digest = digest
 
     def observed(self, result: AcceptResult, *, allocated_at: datetime, now: datetime) -> None:
@@ -759,6 +789,25 @@ def update_already_signalled(mark: SignalMark, row: FenceSnapshot, *, generation
     state from the read it then tries."""
     return (row.state == S.ACTIVE and mark.allocated_in_cycle and mark.signalled_sequence > mark.allocated_sequence and mark.signalled_generation == generation
             and mark.signalled_at is not None and now - mark.signalled_at < timedelta(seconds=hold_seconds))
+
+
+def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, generation: int,
+                         request_id: str) -> ReadCycleRequest | None:
+    """The read cycle the ingress makes itself for a notification it just recorded, or None when the
+    workflow must be signalled instead (``resource_updated``): its run does not mirror reports
+    (``read_reports``: a run from before PATCH_READ_CYCLE), the row is not ACTIVE, the notification
+    came on another session generation than the row's, or an update signalled earlier still stands
+    for this one. The request carries the row's fence as the workflow's own read would; the
+    allocation then applies the same CAS (refused if the row moved meanwhile)."""
+    row = noted.fence
+    if noted.already_signalled or not row.exists or not row.read_reports or row.state != S.ACTIVE \
+            or row.session_generation != generation:
+        return None
+    allocate = AllocateRequest(key=key, session_generation=row.session_generation,
+                               subscription_generation=row.subscription_generation,
+                               min_ordinal=row.last_issued_ordinal + 1, request_id=request_id,
+                               trigger=TriggerReason.UPDATED)
+    return ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=row.close_epoch)
 
 
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "WORKFLOW_TYPE",
     "SIGNAL_RESOURCE_UPDATED",
+    "SIGNAL_RESOURCE_READ",
     "SIGNAL_SESSION_CHANGED",
     "SIGNAL_CLOSE",
     "SIGNAL_CATALOG_RECONCILED",
@@ -39,6 +40,7 @@ __all__ = [
 WORKFLOW_TYPE = "ResourceSubscriptionWorkflow"
 
 SIGNAL_RESOURCE_UPDATED = "resource_updated"  # payload: ResourceUpdated
+SIGNAL_RESOURCE_READ = "resource_read"  # payload: ReadReport (the ingress read the update itself)
 SIGNAL_SESSION_CHANGED = "session_changed"  # payload: SessionChanged
 SIGNAL_CLOSE = "close"  # payload: CloseRequest (fire-and-forget form of the update)
 SIGNAL_CATALOG_RECONCILED = "catalog_reconciled"  # payload: CatalogObservation (from CatalogWorkflow)

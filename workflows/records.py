@@ -42,6 +42,7 @@ __all__ = [
     "ReadTicket",
     "ReadCycleRequest",
     "ReadCycleResult",
+    "ReadReport",
     "SignalMark",
     "AcceptRequest",
     "AcceptResult",
@@ -447,6 +448,9 @@ class FenceSnapshot(FrozenRecord):
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
     notifications_seen: int = 0
+    # The run that made it ACTIVE mirrors reads the ingress makes (``resource_read``): set by
+    # ``mark_active`` from runs that took PATCH_READ_CYCLE, cleared by any other.
+    read_reports: bool = False
 
 
 class ReadCycleRequest(FrozenRecord):
@@ -466,6 +470,25 @@ class ReadCycleResult(FrozenRecord):
     fence: FenceSnapshot | None = None
     outcome: ReadOutcome | None = None
     accept: AcceptResult | None = None
+
+    @property
+    def judged(self) -> bool:
+        """The ledger judged the read (a verdict to mirror); else it was refused or lost its session."""
+        return self.ticket.granted and self.outcome is not None and self.accept is not None
+
+
+class ReadReport(FrozenRecord):
+    """Signal ``resource_read``: the ingress read a notified change itself (one read cycle, the
+    fence rules of ``McpSessionActivities.run_cycle``) and reports it: digest and verdict, never content.
+
+    ``update`` is the notification it read for (the workflow notes it after mirroring the read,
+    which covers it); ``requested_at``: when the ingress asked for the allocation (the read's
+    deadline is armed from it, as from a read of the workflow's own)."""
+
+    update: ResourceUpdated
+    requested_at: datetime
+    cycle: ReadCycleResult
+
 
 class SignalMark(FrozenRecord):
     """What the ingress's coalescing rule (``fence.update_already_signalled``) reads from a row: the
@@ -523,6 +546,7 @@ class MarkActiveRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
     subscription_generation: int
+    read_reports: bool = False  # the run mirrors ingress reads (``resource_read``): it took PATCH_READ_CYCLE
 
 
 class FinishUnsubscribeRequest(FrozenRecord):

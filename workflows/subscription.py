@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_CATALOG_RECONCILED,
         SIGNAL_CLOSE,
         SIGNAL_IDENTITY_CONFLICT,
+        SIGNAL_RESOURCE_READ,
         SIGNAL_RESOURCE_UPDATED,
         SIGNAL_REVOKE,
         SIGNAL_SESSION_CHANGED,
@@ -50,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         CloseReceipt,
         CloseRequest,
         IdentityConflict,
+        ReadReport,
         ResourceSubscriptionV1,
         ResourceUpdated,
         ResumeRequest,
@@ -197,6 +199,12 @@ class ResourceSubscriptionWorkflow:
                                  "follow-up read; from an older session: audited, ignored.")
     async def resource_updated(self, sig: ResourceUpdated) -> None:
         await self.program.on_resource_updated(sig)
+
+    @workflow.signal(name=SIGNAL_RESOURCE_READ, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+                     description="The ingress read a notified change itself (digest and verdict, never content): "
+                                 "mirrored into the fence; the update is then noted, covered by that read.")
+    async def resource_read(self, report: ReadReport) -> None:
+        await self.program.on_read_reported(report)
 
     @workflow.signal(name=SIGNAL_SESSION_CHANGED,
                      description="The session host opened a new session generation: resubscribe and re-read.")

@@ -50,6 +50,7 @@ from mcpsync.workflows.records import (
     ReadCycleResult,
     ReadOutcome,
     ReadOutcomeKind,
+    ReadReport,
     ReadRequest,
     ReadTicket,
     ResourceSubscriptionV1,
@@ -232,13 +233,45 @@ class SubscriptionProgram:
     # --- handlers -------------------------------------------------------------------
 
     async def on_resource_updated(self, sig: ResourceUpdated) -> None:
+        if not await self._first_sight(sig):
+            return
+        await self._note_update(sig)
+
+    async def on_read_reported(self, report: ReadReport) -> None:
+        """The ingress read ``report.update``'s change itself (``resource_read``): mirror the ledger's
+        verdict (as ``_read_cycle`` mirrors the workflow's own read cycle), then note the update,
+        which that read covers when it observed content. A read the ledger did not judge, or one
+        from another session generation than this run's, is not mirrored: the update is noted as a
+        plain ``resource_updated`` (and earns this run's own read when nothing covers it)."""
+        sig = report.update
+        if not await self._first_sight(sig):
+            return
+        cycle = report.cycle
+        if cycle.judged and sig.session_generation == self.fence.s.session_generation \
+                and self.fence.reported(cycle.ticket):
+            assert cycle.outcome is not None and cycle.accept is not None
+            if self.deadlines and self.fence.report_deadline(report.requested_at):
+                self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
+                                             jitter=self.rt.random())
+            self._read_judged(cycle.ticket.ordinal, cycle.outcome, cycle.accept, seen_at=self.rt.now())
+        await self._note_update(sig)
+        if not self._has_work():
+            # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
+            self._flush_search_attributes()
+
+    async def _first_sight(self, sig: ResourceUpdated) -> bool:
+        """Dedupe by notification id, then wait for the run to have reloaded the durable fence.
+        False: this notification was handled already."""
         if sig.notification_id is not None:
             if sig.notification_id in self.seen_ids:
-                return
+                return False
             self.seen_ids = (self.seen_ids + [sig.notification_id])[-MAX_DEDUPE_IDS:]
         if not self.reloaded:
             # Signals can be delivered before run() reloaded the fence; let it finish first.
             await self._wait(lambda: self.reloaded, None, WaitKind.RELOAD)
+        return True
+
+    async def _note_update(self, sig: ResourceUpdated) -> None:
         disposition = self.fence.note_update(sig)
         self.rt.update_noted(sig.notification_id, disposition)
         if disposition == UpdateDisposition.FUTURE_SESSION:
@@ -550,7 +583,8 @@ class SubscriptionProgram:
             poll = self.options.poll_interval_seconds
         snap = await self._ledger(Act.MARK_ACTIVE,
                                   MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                                    subscription_generation=snap.subscription_generation),
+                                                    subscription_generation=snap.subscription_generation,
+                                                    read_reports=self.read_cycle),
                                   FenceSnapshot)
         self.fence.subscribed(snap, poll_interval_seconds=poll)
         self.fence.explain("polling: server has no usable subscribe" if poll else "")
