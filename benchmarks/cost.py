@@ -171,6 +171,7 @@ class WindowHistory:
     events: int = 0
     workflow_tasks_completed: int = 0
     activities_scheduled: int = 0
+    signals: int = 0  # resource_updated / resource_read and every other signal the runs received
 
 
 async def start_runs(client: Client, workflow_ids: Sequence[str]) -> dict[str, str]:
@@ -186,8 +187,8 @@ async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1
     """Events stamped within [t0, t1] (wall clock, seconds) over each workflow's runs from ``runs``."""
     out = WindowHistory(workflows=len(runs))
 
-    async def one(wid: str, run_id: str) -> tuple[int, int, int, int]:
-        runs_seen = events = tasks = acts = 0
+    async def one(wid: str, run_id: str) -> tuple[int, int, int, int, int]:
+        runs_seen = events = tasks = acts = signals = 0
         next_run: str | None = run_id
         while next_run:
             history = await client.get_workflow_handle(wid, run_id=next_run).fetch_history()
@@ -199,13 +200,15 @@ async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1
                     events += 1
                     tasks += ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
                     acts += ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                    signals += ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
                 if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
                     next_run = ev.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-        return runs_seen, events, tasks, acts
+        return runs_seen, events, tasks, acts, signals
 
-    for r, e, t, a in await gather_limited([one(w, rid) for w, rid in runs.items()], 16):
+    for r, e, t, a, sg in await gather_limited([one(w, rid) for w, rid in runs.items()], 16):
         out.runs += r
         out.events += e
         out.workflow_tasks_completed += t
         out.activities_scheduled += a
+        out.signals += sg
     return out

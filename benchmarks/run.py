@@ -620,9 +620,11 @@ def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[st
             "events": wh.events,
             "workflow_tasks_completed": wh.workflow_tasks_completed,
             "activities_scheduled": wh.activities_scheduled,
+            "signals": wh.signals,
             "events_per_change": per(wh.events),
             "workflow_tasks_per_change": per(wh.workflow_tasks_completed),
             "activities_per_change": per(wh.activities_scheduled),
+            "signals_per_change": per(wh.signals),
         },
     }
 

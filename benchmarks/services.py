@@ -44,6 +44,7 @@ from benchmarks.cost import Role
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, MetricsConfig
+from mcpsync.worker.metrics import HostTotals
 
 __all__ = ["InProcessServices", "Layout", "Scrape", "Services", "SplitServices", "scrape", "start_services"]
 
@@ -67,8 +68,8 @@ class Services(Protocol):
     async def check(self) -> None:
         """Raise if the services died."""
 
-    async def host_totals(self, server: str) -> tuple[int, int]:
-        """(notifications received, coalesced) by the session hosts of ``server`` so far."""
+    async def host_totals(self, server: str) -> HostTotals:
+        """Notifications received, coalesced and read at the ingress by the session hosts of ``server`` so far."""
 
     async def stop(self) -> None: ...
 
@@ -85,8 +86,8 @@ class InProcessServices:
             self.task.result()
             raise RuntimeError("the in-process services stopped")
 
-    async def host_totals(self, server: str) -> tuple[int, int]:
-        return metrics.host_totals().get(server, (0, 0))
+    async def host_totals(self, server: str) -> HostTotals:
+        return metrics.host_totals().get(server, HostTotals())
 
     async def stop(self) -> None:
         self.task.cancel()
@@ -131,8 +132,8 @@ class SplitServices:
             if child.proc.returncode is not None:
                 raise RuntimeError(f"the {child.role} process exited with {child.proc.returncode}:\n{child.tail()}")
 
-    async def host_totals(self, server: str) -> tuple[int, int]:
-        received = coalesced = 0.0
+    async def host_totals(self, server: str) -> HostTotals:
+        received = coalesced = read = 0.0
         for (name, labels), value in (await scrape(self.ingress.metrics_url)).items():
             if ("server", server) not in labels:
                 continue
@@ -140,7 +141,9 @@ class SplitServices:
                 received += value
             elif name.startswith("mcpsync_notifications_coalesced"):
                 coalesced += value
-        return int(received), int(coalesced)
+            elif name.startswith("mcpsync_notifications_read_at_ingress"):
+                read += value
+        return HostTotals(int(received), int(coalesced), int(read))
 
     async def stop(self) -> None:
         await asyncio.gather(_terminate(self.ingress.proc), _terminate(self.main.proc))

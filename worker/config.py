@@ -90,6 +90,11 @@ class ServerConfig(_Model):
     # overflow: the listen stream that carried it is lost (a gap, docs/caching.md), the session is
     # replaced and every subscription of it re-reads. Bounds memory against a flooding server.
     max_pending_notifications: int = Field(default=4096, ge=1)
+    # Reads at the ingress (docs/architecture.md): a notified change is read right here (one read
+    # cycle, no Temporal hop) and reported to the workflow; off, every change is signalled for the
+    # workflow to read. ``route_concurrency``: notifications routed at once (one at a time per URI).
+    read_on_notification: bool = True
+    route_concurrency: int = Field(default=8, ge=1, le=256)
     release_max_bytes: int = Field(default=1024 * 1024, gt=0)  # guardrail: largest body released to a model
     mime_allow: list[str] | None = None  # guardrail: MIME patterns released to a model (None: defaults)
 

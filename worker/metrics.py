@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import psycopg
 from prometheus_client import (
@@ -179,6 +179,7 @@ class _Host(Protocol):
     subject: str
     notifications_received: int
     notifications_coalesced: int
+    notifications_read: int
 
     @property
     def server(self) -> Any: ...
@@ -255,14 +256,23 @@ class PrometheusMeters:
 PROMETHEUS = PrometheusMeters()
 
 
-def host_totals() -> dict[str, tuple[int, int]]:
-    """``{server: (notifications received, coalesced)}`` over the session hosts seen in this process."""
+class HostTotals(NamedTuple):
+    """Notifications of one server's session hosts in this process."""
+
+    received: int = 0
+    coalesced: int = 0
+    read: int = 0  # read at the ingress and reported (``resource_read``), no signal to read
+
+
+def host_totals() -> dict[str, HostTotals]:
+    """``{server: HostTotals}`` over the session hosts seen in this process."""
     with _lock:
         hosts = list(_hosts)
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, HostTotals] = {}
     for h in hosts:
-        received, coalesced = out.get(h.server.name, (0, 0))
-        out[h.server.name] = (received + h.notifications_received, coalesced + h.notifications_coalesced)
+        t = out.get(h.server.name, HostTotals())
+        out[h.server.name] = HostTotals(t.received + h.notifications_received, t.coalesced + h.notifications_coalesced,
+                                        t.read + h.notifications_read)
     return out
 
 
@@ -274,11 +284,16 @@ class _HostCollector(Collector):
                                         "Notifications folded at ingress: into one already queued, or standing on an "
                                         "update already signalled whose read is not allocated yet",
                                         labels=["server"])
-        for server, (r, c) in sorted(host_totals().items()):
-            received.add_metric([server], r)
-            coalesced.add_metric([server], c)
+        read = CounterMetricFamily("mcpsync_notifications_read_at_ingress",
+                                   "Notifications whose change the ingress read itself and reported to the workflow "
+                                   "(resource_read: no Temporal hop before the read)", labels=["server"])
+        for server, t in sorted(host_totals().items()):
+            received.add_metric([server], t.received)
+            coalesced.add_metric([server], t.coalesced)
+            read.add_metric([server], t.read)
         yield received
         yield coalesced
+        yield read
 
 
 REGISTRY.register(_HostCollector())

@@ -8,7 +8,12 @@ Contract:
   holder name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session.
   A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
-- Notifications only become ``resource_updated`` signals, stamped with the
+- Reads at the ingress: a notified change of an ACTIVE subscription whose run mirrors reports
+  (``fence.ingress_read_request``) is read right here, one read cycle on the live session
+  (``McpSessionActivities.run_cycle``: the same allocation, fence rules and accept as the
+  workflow's own read), and reported to its workflow (``resource_read``: digest and verdict,
+  never content). Anything else, or a read that was not judged, falls back to the signal below.
+- Notifications otherwise become ``resource_updated`` signals, stamped with the
   generation of the session that received them, to the workflow of the exact
   (subject, server, URI), under the id its ledger row recorded (``Ledger.note_notification``
   answers it: a subscription started under an older id scheme is found all the same). A URI with no subscription gets an audit row; a
@@ -63,21 +68,28 @@ from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamL
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
+from mcpsync.workflows.fence import ingress_read_request
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
     SIGNAL_RECONCILE,
+    SIGNAL_RESOURCE_READ,
     SIGNAL_RESOURCE_UPDATED,
     SIGNAL_SESSION_CHANGED,
 )
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
+    AcceptVerdict,
     CatalogKey,
     IdentityConflict,
     ListChanged,
     NotedNotification,
+    ReadCycleRequest,
+    ReadCycleResult,
+    ReadReport,
     ResourceUpdated,
     SessionChanged,
+    SubscriptionKey,
 )
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
@@ -113,8 +125,15 @@ class SessionHost:
         self.notifications_received = 0
         self.notifications_coalesced = 0
         self.notifications_lost = 0
+        self.notifications_read = 0  # read here and reported (resource_read)
         self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
-        self._queued: set[tuple[str, int]] = set()
+        # (URI, generation) waiting for a router -> loop time its newest pulse arrived. An item is in
+        # the queue at most once and never while a router routes it (``_routing``): one at a time per URI.
+        self._queued: dict[tuple[str, int], float] = {}
+        self._routing: set[tuple[str, int]] = set()
+        # (URI, generation) -> loop time the newest read made here that the ledger made (or kept)
+        # current asked for its allocation: pulses that arrived before it are covered by that read.
+        self._read_asked: dict[tuple[str, int], float] = {}
         self._pending: Counter[int] = Counter()  # queued notifications per session generation
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
@@ -131,8 +150,9 @@ class SessionHost:
         lease, the session and the reconnect loop. Several hosts (in several ingress processes)
         may run for one (subject, server); exactly one owns the session at a time."""
         self.ingress.attach(self.subject, self.server.name, self)
-        tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}"),
-                 asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}")]
+        tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}:{n}")
+                 for n in range(self.server.route_concurrency)]
+        tasks.append(asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}"))
         if self._own_ingress:
             worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
             # A worker that fails stops the host; ``run`` then raises its error (the finally below).
@@ -337,6 +357,7 @@ class SessionHost:
                 await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
+        self._read_asked = {item: t for item, t in self._read_asked.items() if item[1] >= generation}
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
             if state in TERMINAL_STATES:
                 continue
@@ -421,25 +442,43 @@ class SessionHost:
         item = (uri, generation)
         metrics.note_notification(self, uri)
         self.notifications_received += 1
+        now = asyncio.get_running_loop().time()
         if item in self._queued:
+            self._queued[item] = now
             self.notifications_coalesced += 1
             return
         if self._pending[generation] >= self.server.max_pending_notifications:
             raise BacklogOverflow(f"session host backlog exceeded {self.server.max_pending_notifications}"
                                   " unrouted notifications")
-        self._queued.add(item)
+        self._queued[item] = now
         self._pending[generation] += 1
-        self._queue.put_nowait(item)
+        if item not in self._routing:  # else its router queues it again when done
+            self._queue.put_nowait(item)
 
     async def _route_loop(self) -> None:
+        """One of ``route_concurrency`` routers. A pulse arriving while its (URI, generation) is routed
+        waits for that routing to end (one read at a time per URI), then is routed on its own, unless
+        a read made here since asked for its allocation after the pulse arrived: that read, sent after
+        the notification, observed its change (``_read_asked``)."""
         while True:
-            uri, generation = await self._queue.get()
-            # Leave the queued set before signalling: a pulse arriving meanwhile queues anew.
-            self._queued.discard((uri, generation))
+            item = await self._queue.get()
+            # Leave the queued set before routing: a pulse arriving meanwhile queues anew.
+            arrived = self._queued.pop(item)
+            uri, generation = item
             self._pending[generation] -= 1
             if self._pending[generation] <= 0:
                 del self._pending[generation]
-            await self._route_with_retry(uri, generation)
+            self._routing.add(item)
+            try:
+                asked = self._read_asked.get(item)
+                if asked is not None and arrived < asked:
+                    self.notifications_coalesced += 1
+                else:
+                    await self._route_with_retry(uri, generation)
+            finally:
+                self._routing.discard(item)
+                if item in self._queued:
+                    self._queue.put_nowait(item)
 
     async def _route_with_retry(self, uri: str, generation: int) -> None:
         """PostgreSQL or Temporal briefly away must not lose an invalidation: retry with backoff,
@@ -501,7 +540,7 @@ class SessionHost:
         if noted is None:
             await self._unknown_uri(uri, generation)
             return
-        await self._signal_updated(noted, uri, generation)
+        await self._deliver(noted, uri, generation)
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
         # so both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
@@ -510,30 +549,69 @@ class SessionHost:
                                     detail={"observed_uri": uri, "sibling_uri": sibling_uri})
             sibling = await self.ledger.note_notification(self.subject, self.server.name, sibling_uri, generation)
             if sibling is not None:
-                await self._signal_updated(sibling, sibling_uri, generation)
+                await self._deliver(sibling, sibling_uri, generation)
 
-    async def _signal_updated(self, noted: NotedNotification, uri: str, generation: int) -> None:
-        """``resource_updated`` to the workflow of the exact (subject, server, ``uri``): the id its
-        ledger row recorded (a subscription started under an older id scheme keeps that id).
-        Not sent when an update signalled earlier still stands for this one (the read it owes is
-        not allocated yet, and will cover this one: ``fence.update_already_signalled``); once
-        Temporal accepted a signal, the ledger marks it so (never before: a lost signal stands
-        for nothing)."""
+    async def _deliver(self, noted: NotedNotification, uri: str, generation: int) -> None:
+        """The update the ledger just recorded for the exact (subject, server, ``uri``), to its workflow
+        under the id its ledger row recorded (a subscription started under an older id scheme keeps
+        that id). Read here and reported (``resource_read``) when the fence allows it
+        (``fence.ingress_read_request``) and the read was judged; else signalled ``resource_updated``
+        for the workflow to read. Nothing is sent when an update signalled earlier still stands for
+        this one (``fence.update_already_signalled``)."""
         if noted.already_signalled:
             self.notifications_coalesced += 1
             return
-        workflow_id, sequence = noted.workflow_id, noted.fence.notifications_seen
-        sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=datetime.now(UTC),
-                              notification_id=uuid.uuid4().hex, sequence=sequence)
+        item = (uri, generation)
+        asked, requested_at = asyncio.get_running_loop().time(), datetime.now(UTC)
+        sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=requested_at,
+                              notification_id=uuid.uuid4().hex, sequence=noted.fence.notifications_seen)
+        live = self.live
+        req = None
+        if self.server.read_on_notification and live is not None and live.generation == generation:
+            req = ingress_read_request(noted, SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri),
+                                       generation=generation, request_id=uuid.uuid4().hex)
+        cycle = await self._read_here(req, sig) if req is not None else None
+        if cycle is None:
+            await self._signal_updated(noted, sig)
+            return
+        assert cycle.accept is not None
+        if cycle.accept.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
+            self._read_asked[item] = max(asked, self._read_asked.get(item, asked))
+        report = ReadReport(update=sig, requested_at=requested_at, cycle=cycle)
+        if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
+            self.notifications_read += 1
+
+    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated) -> ReadCycleResult | None:
+        """The read cycle for ``sig`` on this ingress's live session; None when it was not judged
+        (refused, session gone, or it failed: the workflow is then signalled and reads itself; an
+        ordinal this one burned stays burned)."""
         try:
-            await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_RESOURCE_UPDATED, sig)
-            self.notifications_routed += 1
+            cycle = await self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}")
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
+            log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",
+                        self.server.name, type(exc).__name__)
+            return None
+        return cycle if cycle.judged else None
+
+    async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
+        """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not running."""
+        try:
+            await self.temporal.get_workflow_handle(workflow_id).signal(name, payload)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             await self.ledger.audit("NOTIFICATION_NO_WORKFLOW", subject=self.subject, server=self.server.name,
                                     uri=uri, workflow_id=workflow_id, session_generation=generation)
+            return False
+        return True
+
+    async def _signal_updated(self, noted: NotedNotification, sig: ResourceUpdated) -> None:
+        """``resource_updated``: the workflow reads. Once Temporal accepted the signal, the ledger marks
+        it so it may stand for later updates (never before: a lost signal stands for nothing)."""
+        workflow_id, sequence, generation = noted.workflow_id, noted.fence.notifications_seen, sig.session_generation
+        if not await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, generation):
             return
+        self.notifications_routed += 1
         try:
             await self.ledger.mark_signalled(workflow_id, sequence, generation)
         except Exception as exc:  # noqa: BLE001 - an unmarked signal only means the next update is signalled too
