@@ -34,6 +34,7 @@ from mcpsync.workflows.records import (
     CatalogObservation,
     CloseRequest,
     IdentityConflict,
+    ReadReport,
     ResumeRequest,
     RevokeRequest,
     SessionChanged,
@@ -68,6 +69,7 @@ class Signal(StrEnum):
     CLOSE_SIGNAL = "close_signal"
     CLOSE = "close"  # update
     FIRST_READ = "first_read"  # update: the record once the first read was judged
+    READ_REPORTED = "read_reported"  # resource_read: the ingress read a notified change itself (ReadReport)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +232,9 @@ class ProgramRun:
         p = self.program
         if kind == Signal.UPDATED:
             self._handler(kind, p.on_resource_updated(payload))
+        elif kind == Signal.READ_REPORTED:
+            assert isinstance(payload, ReadReport)
+            self._handler(kind, p.on_read_reported(payload))
         elif kind == Signal.SESSION_CHANGED:
             p.on_session_changed(SessionChanged(session_generation=payload))
         elif kind == Signal.CATALOG:

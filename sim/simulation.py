@@ -15,7 +15,9 @@ Contract:
   never silently applied).
 - The session host's ingress (``worker/session_host.py: _route``: ``Ledger.note_notification``
   bumps the row's update counter, then the signal carries it as ``ResourceUpdated.sequence``)
-  is modelled by ``Simulation._route``.
+  is modelled by ``Simulation._route``; its reads at the ingress (``_deliver``: ``fence.ingress_read_request``,
+  ``run_cycle``, the ``resource_read`` report or the fallback signal, pulses queued behind a read and
+  skipped as covered) by ``Simulation._read_at_ingress`` and the ``INGRESS_READ`` pseudo-activity.
 - The environment is adversarial and seeded: an oracle server (committed content
   versions, mutations, deletes, recreates; a read is answered with the content current
   when it is *served*), notifications (dropped, duplicated, delayed, reordered, from old
@@ -52,6 +54,7 @@ from mcpsync.workflows.fence import (
     Judgement,
     UpdateDisposition,
     allocate_ordinal,
+    ingress_read_request,
     judge_read,
     update_already_signalled,
 )
@@ -71,6 +74,7 @@ from mcpsync.workflows.records import (
     ReadCycleResult,
     ReadOutcome,
     ReadOutcomeKind,
+    ReadReport,
     ReadRequest,
     ReadTicket,
     ResourceUpdated,
@@ -120,6 +124,9 @@ __all__ = [
     "Trace",
     "SimConfig",
     "JudgeFn",
+    "CoverFn",
+    "INGRESS_READ",
+    "covered_at_ingress",
     "LedgerIntegrityError",
     "MemoryLedger",
     "Oracle",
@@ -147,6 +154,10 @@ ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reop
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
 MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ, Act.MCP_READ_CYCLE})  # on the session queue
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
+# A read the ingress makes itself (``worker/session_host.py: _deliver`` -> ``McpSessionActivities.run_cycle``):
+# a pseudo-activity of the session host, not of any run (a workflow reset does not touch it), executed in
+# the read cycle's three steps. Its verdict is reported (``resource_read``) or it falls back to a signal.
+INGRESS_READ = "ingress_read_cycle"
 
 
 # --- invariants and violations ---------------------------------------------------------------
@@ -296,20 +307,35 @@ class Trace:
     # Recorded with PATCH_READ_CYCLE (its events name ``mcp_read_cycle``, not the three read
     # activities). A trace file without the field predates the patch: it replays without it.
     read_cycle: bool = True
+    # Recorded with reads at the ingress (``SimConfig.ingress_reads``; its events may name
+    # ``ingress_read_cycle``). A trace file without the field predates them: it replays without.
+    ingress_reads: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "profile": self.profile.to_json(), "read_cycle": self.read_cycle,
+                "ingress_reads": self.ingress_reads,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Trace:
         return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
                    events=tuple(Event.from_json(e) for e in obj["events"]),
-                   violations=tuple(obj.get("violations", ())), read_cycle=bool(obj.get("read_cycle", False)))
+                   violations=tuple(obj.get("violations", ())), read_cycle=bool(obj.get("read_cycle", False)),
+                   ingress_reads=bool(obj.get("ingress_reads", False)))
 
 
 JudgeFn = Callable[..., Judgement]
 """``judge_read``'s signature: ``(row, issued, outcome, *, row_uri) -> Judgement`` (a seam for tests)."""
+
+CoverFn = Callable[[datetime, datetime | None], bool]
+"""The ingress's skip rule: ``(newest pulse arrived, asked) -> covered`` (a seam for tests, like ``JudgeFn``)."""
+
+
+def covered_at_ingress(arrived: datetime, asked: datetime | None) -> bool:
+    """MIRROR(worker/session_host.py: _route_loop): a queued (URI, generation) is skipped when its newest
+    pulse arrived before the newest read made at the ingress for it, judged ACCEPTED or UNCHANGED,
+    asked for its allocation (``_read_asked``): that read was sent after those notifications arrived."""
+    return asked is not None and arrived < asked
 
 
 @dataclass(frozen=True)
@@ -333,6 +359,14 @@ class SimConfig:
     # The ingress sends no signal for an update while one it signalled still stands for it
     # (``fence.update_already_signalled``). False: every update is signalled.
     ingress_coalescing: bool = True
+    # Reads at the ingress (``ServerConfig.read_on_notification``): a notified change of a row whose run
+    # mirrors reports (``fence.ingress_read_request``) is read by the session host and reported
+    # (``resource_read``); pulses for that (URI, generation) queue behind the read. False: every update
+    # is signalled for the workflow to read, as before reads at the ingress (old traces replay so).
+    ingress_reads: bool = True
+    # Whether a queued pulse group is covered by the ingress's newest ACCEPTED/UNCHANGED read (a seam
+    # for tests: a broken rule must be caught by ``covered_unread``).
+    ingress_covers: CoverFn = covered_at_ingress
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -503,11 +537,14 @@ class MemoryLedger:
                                          "subscription_generation": row.subscription_generation + 1})
         return self._set("state", row)
 
-    def mark_active(self, session_generation: int, subscription_generation: int) -> FenceSnapshot:
+    def mark_active(self, session_generation: int, subscription_generation: int, *,
+                    read_reports: bool = False) -> FenceSnapshot:
+        """``read_reports``: the run mirrors reads the ingress makes (it took PATCH_READ_CYCLE); set or
+        cleared with the transition, like ``subscriptions.read_reports`` (migration 013)."""
         row = self.row
         if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
                 and row.subscription_generation == subscription_generation):
-            row = row.model_copy(update={"state": S.ACTIVE})
+            row = row.model_copy(update={"state": S.ACTIVE, "read_reports": read_reports})
         return self._set("state", row)
 
     def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
@@ -648,12 +685,13 @@ class Oracle:
 class Message:
     """A signal on its way to the workflow (the network + ingress + Temporal frontend)."""
 
-    kind: str  # updated | session_changed
+    kind: str  # updated | session_changed | read_reported
     generation: int
     notification_id: str | None = None
     uri: str = KEY.uri
     change: int = 0  # the oracle version that emitted it (0: not a change notification)
     sequence: int | None = None  # ResourceUpdated.sequence the ingress stamped (None: no fence row)
+    report: ReadReport | None = None  # read_reported: what the ingress read
 
 
 class SessionHost:
@@ -749,6 +787,29 @@ class Activity:
     step: int = 0
     ticket: ReadTicket | None = None
     outcome: ReadOutcome | None = None
+    ingress: IngressRoute | None = None  # INGRESS_READ: the routing it belongs to
+
+
+@dataclass(slots=True)
+class IngressRoute:
+    """MIRROR(worker/session_host.py: _deliver): one routing of (KEY.uri, ``generation``) that reads at
+    the ingress. ``sig`` is the update it reads for (the ``resource_read`` report's, or the fallback
+    ``resource_updated``'s); ``asked``: when it asked for the allocation (``requested_at``, ``_read_asked``)."""
+
+    generation: int
+    sig: ResourceUpdated
+    change: int
+    asked: datetime | None = None
+
+
+@dataclass(slots=True)
+class PulseGroup:
+    """Pulses for one (URI, generation) that arrived while it was routed (``SessionHost._queued``)."""
+
+    arrived: datetime  # the newest pulse's arrival
+    nid: str  # the newest pulse's ingress id (the group is routed once, as that notification)
+    change: int  # the newest change any of them announced
+    pulses: int = 1
 
 
 @dataclass(slots=True)
@@ -774,6 +835,7 @@ class ScheduleResult:
     covered_updates: int = 0  # updates that skipped their read as COVERED
     coverage: dict[str, int] = field(default_factory=dict)
     read_cycle: bool = True  # the program ran with PATCH_READ_CYCLE
+    ingress_reads: bool = True  # the ingress read notified changes itself
 
     @property
     def failed(self) -> bool:
@@ -782,7 +844,7 @@ class ScheduleResult:
     def trace(self) -> Trace:
         return Trace(seed=self.seed, profile=self.profile, events=tuple(self.events),
                      violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations),
-                     read_cycle=self.read_cycle)
+                     read_cycle=self.read_cycle, ingress_reads=self.ingress_reads)
 
 
 class Simulation:
@@ -829,6 +891,15 @@ class Simulation:
         self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
         self._covered_by = 0  # the read that covered it (covering_ordinal then)
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
+        # the session host's reads at the ingress (``SimConfig.ingress_reads``), per session generation of
+        # KEY.uri: the read routing it now, pulses queued behind it, the newest ACCEPTED/UNCHANGED read's
+        # (asked, ordinal) (``SessionHost._read_asked``)
+        self._ingress_routing: dict[int, Activity] = {}
+        self._ingress_queued: dict[int, PulseGroup] = {}
+        self._read_asked: dict[int, tuple[datetime, int]] = {}
+        # checker: newest change of a pulse group skipped at the ingress, and the ingress read that covered it
+        # (the ingress's, not the workflow's: a workflow reset does not undo it)
+        self._ingress_covered: tuple[int, int] = (0, 0)
         # metrics
         self.last_change_step = 0
         self.converged_since: int | None = 0
@@ -929,21 +1000,124 @@ class Simulation:
         """MIRROR(worker/session_host.py: _route): ``note_notification`` bumps the row's update counter
         (the URI has a fence row), then the signal carries the counter as ``sequence``. Stamped when
         the notification reaches the ingress; the queue models Temporal's delivery after that. None:
-        the ingress sent no signal (``update_already_signalled``: one it signalled still stands for it)."""
+        the ingress sent no signal (``update_already_signalled``: one it signalled still stands for it),
+        it reads the change itself (``_read_at_ingress``), or a read it makes for this (URI, generation)
+        is under way and the pulse queues behind it (one routing at a time per item)."""
         sequence = None
         if uri == KEY.uri:
             now = self.now  # the ingress's clock: this event's time
+            if generation in self._ingress_routing:
+                self._queue_pulse(generation, nid, change)
+                return None
             noted = self.ledger.note_notification(generation, now)
             if noted is not None and self.config.sequence_coverage:
                 sequence = noted.fence.notifications_seen
                 if noted.already_signalled and self.config.ingress_coalescing:
                     self._cover("update.ingress_coalesced")
                     return None
+                if self._read_at_ingress(noted, generation, nid, change):
+                    if change:
+                        self._note_change[nid] = change
+                    return None
                 # Temporal accepts the signal here; the queue is its delivery to the workflow.
                 self.ledger.mark_signalled(sequence, generation, now)
         if change:
             self._note_change[nid] = change
         return Message("updated", generation, nid, uri, change, sequence)
+
+    # --- reads at the ingress ------------------------------------------------------------------------
+
+    def _read_at_ingress(self, noted: NotedNotification, generation: int, nid: str, change: int) -> bool:
+        """MIRROR(worker/session_host.py: _deliver): on the live session of ``generation``, the production
+        rule (``fence.ingress_read_request``) decides whether the ingress reads the change itself. If so the
+        read becomes an ``INGRESS_READ`` pseudo-activity (allocate / read / accept, each its own step)."""
+        live = self.host.live
+        if not self.config.ingress_reads or live is None or live.generation != generation:
+            return False
+        req = ingress_read_request(noted, KEY, generation=generation, request_id=f"ingress-{self._aid + 1}")
+        if req is None:
+            self._cover("ingress.no_request")
+            return False
+        self._aid += 1
+        sig = ResourceUpdated(uri=KEY.uri, session_generation=generation, received_at=self.now,
+                              notification_id=nid, sequence=noted.fence.notifications_seen)
+        act = Activity(self._aid, 0, 0, INGRESS_READ, req, ingress=IngressRoute(generation, sig, change))
+        self.activities.append(act)
+        self._ingress_routing[generation] = act
+        self._cover("ingress.read")
+        return True
+
+    def _queue_pulse(self, generation: int, nid: str, change: int) -> None:
+        """MIRROR(SessionHost._route_loop): a pulse for an item being routed waits (coalesced with the others)."""
+        self._cover("ingress.queued")
+        group = self._ingress_queued.get(generation)
+        if group is None:
+            self._ingress_queued[generation] = PulseGroup(self.now, nid, change)
+        else:
+            group.arrived, group.nid, group.change = self.now, nid, max(group.change, change)
+            group.pulses += 1
+
+    def _ingress_step(self, act: Activity, fault: str) -> None:
+        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``_read_cycle_step``).
+        No retry: a step whose answer is lost (``lost``: it took effect) or a read that failed makes
+        ``run_cycle`` raise, and the ingress falls back to ``resource_updated``."""
+        route = act.ingress
+        assert route is not None
+        if act.step == 0:
+            # ``asked`` / ``requested_at``: production takes it in ``_deliver`` just before the allocation
+            # (after the note); the simulator at the allocation step, which only skips more pulses.
+            route.asked = self.now
+        try:
+            done, result = self._read_cycle_step(act, fault)
+        except LedgerIntegrityError as err:
+            self._violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
+            done, result = True, None
+        if fault == "lost":
+            self._cover("ingress.lost_response")
+            done, result = True, None
+        if done:
+            self._ingress_done(act, result)
+
+    def _ingress_done(self, act: Activity, result: Any) -> None:
+        """MIRROR(SessionHost._deliver): judged: remember ``asked`` when the ledger made (or kept) the read
+        current, report it (``resource_read``). Else: ``mark_signalled`` + ``resource_updated``, as without
+        a read. Then the routing ends and pulses queued behind it are routed, or skipped as covered."""
+        route = act.ingress
+        assert route is not None
+        self.activities.remove(act)
+        gen, sig = route.generation, route.sig
+        del self._ingress_routing[gen]
+        if isinstance(result, ReadCycleResult) and result.judged:
+            assert result.accept is not None and route.asked is not None
+            verdict = result.accept.verdict
+            self._cover(f"ingress.verdict.{verdict.value}")
+            if verdict in (V.ACCEPTED, V.UNCHANGED):
+                prior = self._read_asked.get(gen)
+                if prior is None or route.asked >= prior[0]:
+                    self._read_asked[gen] = (route.asked, result.ticket.ordinal)
+            self._cover("ingress.report")
+            report = ReadReport(update=sig, requested_at=route.asked, cycle=result)
+            self.queue.append(Message("read_reported", gen, sig.notification_id, KEY.uri, route.change,
+                                      sig.sequence, report=report))
+        else:
+            self._cover("ingress.fallback")
+            assert sig.sequence is not None
+            self.ledger.mark_signalled(sig.sequence, gen, self.now)
+            self.queue.append(Message("updated", gen, sig.notification_id, KEY.uri, route.change, sig.sequence))
+        group = self._ingress_queued.pop(gen, None)
+        if group is None:
+            return
+        asked = self._read_asked.get(gen)
+        if self.config.ingress_covers(group.arrived, asked[0] if asked is not None else None):
+            # Never noted, never signalled: the checker holds the read that must have observed the change.
+            self._cover("ingress.covered_skip")
+            self.coverage["ingress.covered_pulses"] = self.coverage.get("ingress.covered_pulses", 0) + group.pulses
+            if group.change >= self._ingress_covered[0]:
+                self._ingress_covered = (group.change, asked[1] if asked is not None else 0)
+            return
+        self._cover("ingress.queued_routed")
+        if (msg := self._route(gen, group.nid, change=group.change)) is not None:
+            self.queue.append(msg)
 
     def _notify(self, copies: int, same_id: bool) -> None:
         live = self.host.live
@@ -1002,6 +1176,22 @@ class Simulation:
             msg = self.queue.pop(e.n % len(self.queue))
             if msg.kind == "session_changed":
                 self._signal(Signal.SESSION_CHANGED, msg.generation)
+            elif msg.kind == "read_reported":
+                assert msg.report is not None
+                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+                    self.duplicate_deliveries += 1
+                if self.chain_running and not self.wf.patched(PATCH_READ_CYCLE):
+                    # ``ingress_read_request`` reads ``read_reports``, which only PATCH_READ_CYCLE runs set.
+                    self._violate(Invariant.WORKFLOW_ERROR, "resource_read reached a run from before "
+                                                            "PATCH_READ_CYCLE (its issued() drops follow-ups)")
+                self._cover("ingress.report_delivered")
+                cycle = msg.report.cycle
+                if self.chain_running and cycle.accept is not None and cycle.ticket.ordinal < \
+                        self.wf.fence.s.last_accepted_ordinal and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                    # A report older than a verdict the run already holds: ``_read_judged`` still takes its
+                    # digest (the run's view of the digest goes back until the next read; not an invariant).
+                    self._cover("ingress.report_older_than_view")
+                self._signal(Signal.READ_REPORTED, msg.report)
             else:
                 if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                     self.duplicate_deliveries += 1
@@ -1130,6 +1320,9 @@ class Simulation:
     def _execute(self, act: Activity, fault: str) -> None:
         """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
         Temporal runs it again later (at-least-once)."""
+        if act.ingress is not None:
+            self._ingress_step(act, fault)
+            return
         name, arg, led = act.name, act.arg, self.ledger
         result: Any
         try:
@@ -1142,7 +1335,8 @@ class Simulation:
             elif name == Act.BEGIN_SUBSCRIPTION:
                 result = led.begin_subscription(arg.session_generation)
             elif name == Act.MARK_ACTIVE:
-                result = led.mark_active(arg.session_generation, arg.subscription_generation)
+                result = led.mark_active(arg.session_generation, arg.subscription_generation,
+                                         read_reports=arg.read_reports)
             elif name == Act.ALLOCATE_READ:
                 result = led.allocate_read(arg)
             elif name == Act.ACCEPT:
@@ -1200,7 +1394,8 @@ class Simulation:
         req: ReadCycleRequest = act.arg
         led = self.ledger
         if act.step == 0:
-            granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": f"run{act.run}/a{act.aid}"}))
+            cycle_id = f"ingress/a{act.aid}" if act.ingress is not None else f"run{act.run}/a{act.aid}"
+            granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": cycle_id}))
             if not granted.granted:
                 return True, ReadCycleResult(ticket=granted, fence=led.load_fence())
             act.ticket, act.step = granted, 1
@@ -1250,7 +1445,9 @@ class Simulation:
         # with reapply they are delivered again below and judged afresh (F14: a checker artifact).
         self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
-        self.activities = [a for a in self.activities if a.run == self.run - 1 and not a.executed]
+        # The ingress's reads are no run's: they go on.
+        self.activities = [a for a in self.activities
+                           if (a.run == self.run - 1 and not a.executed) or a.ingress is not None]
         if later and not reapply:
             self.signals_erased = True
         if reapply:
@@ -1403,7 +1600,7 @@ class Simulation:
                 continue
             # The current run first; activities of a reset run land last, as a slow old worker would.
             runnable = [a for a in self.activities if not a.executed and not a.poisoned]
-            current = [a for a in runnable if a.run == self.run]
+            current = [a for a in runnable if a.run == self.run or a.ingress is not None]
             if current:
                 self.apply(Event(Op.EXEC, act=current[0].name, n=self._index_of(current[0], executed=False)))
                 continue
@@ -1471,6 +1668,14 @@ class Simulation:
                           f"an update for oracle v{self._covered_change} was skipped as COVERED (covered sequence "
                           f"{s.covered_sequence}), but the newest read accepted served v{self._accepted_version}; "
                           f"last verdict {s.last_verdict}")
+            return
+        # Pulses the ingress skipped as covered by a read it made (``covered_at_ingress``): that read, or
+        # one allocated after it, must have observed their change.
+        change, covering = self._ingress_covered
+        if change > self._accepted_version and row.last_issued_ordinal <= covering:
+            self._violate(Invariant.COVERED_UNREAD,
+                          f"pulses for oracle v{change} were skipped at the ingress as covered by its read "
+                          f"{covering}, but the newest read accepted served v{self._accepted_version}")
 
     def _verdict(self) -> None:
         wf, row = self.wf, self.ledger.row
@@ -1507,7 +1712,7 @@ class Simulation:
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
                               covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
-                              read_cycle=self.config.read_cycle)
+                              read_cycle=self.config.read_cycle, ingress_reads=self.config.ingress_reads)
 
 
 # --- schedule generation ----------------------------------------------------------------------------------
@@ -1555,7 +1760,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     executed = [a for a in sim.activities if a.executed and a.run == sim.run]
 
     def reads(a: Activity) -> bool:  # the step that sends resources/read
-        return a.name == Act.MCP_READ or (a.name == Act.MCP_READ_CYCLE and a.step == 1)
+        return a.name == Act.MCP_READ or (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1)
 
     def exec_event() -> Event:
         a = rng.choice(scheduled)
@@ -1661,7 +1866,8 @@ def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
 def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
     """Re-run a trace's events (inapplicable ones are skipped), then the same drain, with the
     program the trace was recorded with (a trace from before PATCH_READ_CYCLE runs without it)."""
-    config = replace(config, read_cycle=config.read_cycle and trace.read_cycle)
+    config = replace(config, read_cycle=config.read_cycle and trace.read_cycle,
+                     ingress_reads=config.ingress_reads and trace.ingress_reads)
     sim = Simulation(trace.seed, trace.profile, config)
     for event in trace.events:
         sim.apply(event)

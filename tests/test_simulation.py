@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,16 @@ from mcpsync.workflows.records import (
 )
 from sim.simulation import (
     ALL_FAULTS,
+    INGRESS_READ,
     SAFETY_INVARIANTS,
     Event,
     Fault,
     Invariant,
+    MemoryLedger,
     Op,
     Profile,
     SimConfig,
+    Simulation,
     Summary,
     Trace,
     replay,
@@ -72,7 +76,10 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "verdict.REVOKED", "update.old_session", "update.coalesced", "update.future_session",
                  "op.recreate", "op.restart", "op.catalog", "op.resume", "read_cycle",
                  "lost_response.mcp_read_cycle", "lost_response.read_cycle_step",
-                 "timer.poll", "timer.safety", "timer.reconcile"):
+                 "timer.poll", "timer.safety", "timer.reconcile",
+                 # reads at the ingress: reported, fallen back, queued pulses routed or skipped as covered
+                 "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.covered_skip",
+                 "ingress.queued_routed", "ingress.verdict.ACCEPTED", "ingress.verdict.STALE"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
 
@@ -259,3 +266,119 @@ def test_first_read_update_answers_once_a_read_was_judged(events: tuple[Event, .
     # The verdict flags a first_read update still waiting once the subscription converged.
     result = replay(Trace("first-read", Profile(), events), GATE_CONFIG)
     assert not result.violations, result.violations
+
+
+# --- reads at the ingress ----------------------------------------------------------------------------
+
+def _settled(config: SimConfig = SimConfig()) -> Simulation:
+    """A subscription ACTIVE and idle after its initial read (every event recorded in ``sim.events``)."""
+    sim = Simulation("ingress", Profile(), config)
+    sim._flush()
+    assert sim.ledger.row.state == S.ACTIVE and sim.ledger.row.read_reports == config.read_cycle
+    return sim
+
+
+def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
+    # A notified change is read by the session host (allocate / read / accept, three steps) and
+    # reported (resource_read); the workflow mirrors the verdict, notes the update as COVERED and
+    # schedules no read activity of its own for it.
+    sim = _settled()
+    first_new = sim._aid + 1
+    sim.apply(Event(Op.MUTATE, n=1))
+    assert [a.name for a in sim.activities] == [INGRESS_READ]
+    for _ in range(3):
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))
+    assert sim.queue and sim.queue[0].kind == "read_reported"
+    sim.apply(Event(Op.DELIVER))
+    scheduled = {a.name for a in sim.activities if a.aid >= first_new}
+    assert not scheduled, scheduled
+    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest and sim._converged()
+    assert sim.wf.fence.s.last_accepted_digest == sim.oracle.digest
+    cov = sim.coverage
+    assert cov["ingress.report_delivered"] == 1 and cov["update.covered"] == 1 and "ingress.fallback" not in cov
+    # The same events as a trace replay to the same end, clean, with nothing scheduled after the change.
+    trace = Trace("ingress", Profile(), tuple(sim.events))
+    again = replay(_trace(trace.to_json()))
+    assert not again.violations and again.coverage.get("ingress.report", 0) >= 1
+
+
+def _covered_skip_prefix() -> list[Event]:
+    """A change notified three times: the first pulse starts a read at the ingress, the copies queue
+    behind it; the read allocates (``asked``) and serves the change."""
+    sim = _settled()
+    sim.apply(Event(Op.MUTATE, n=3))
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))
+    return list(sim.events)
+
+
+def test_pulses_queued_before_the_ingress_read_asked_are_skipped_as_covered() -> None:
+    events = (*_covered_skip_prefix(), Event(Op.EXEC, act=INGRESS_READ))
+    result = replay(Trace("ingress-skip", Profile(), events))
+    assert not result.violations, result.violations
+    assert result.coverage.get("ingress.covered_skip") == 1 and result.coverage.get("ingress.covered_pulses") == 2
+
+
+def _late_pulse() -> tuple[Event, ...]:
+    """The ingress's read served v2; a deletion is notified while it is still under way (after it asked)."""
+    return (*_covered_skip_prefix(), Event(Op.DELETE, n=1))
+
+
+def _covers_any_after_a_read(arrived: Any, asked: Any) -> bool:
+    """A broken skip rule: any queued pulse is covered once the ingress made a read current."""
+    return asked is not None
+
+
+def test_a_pulse_that_arrived_after_the_ingress_read_asked_is_routed() -> None:
+    result = replay(Trace("ingress-late", Profile(), _late_pulse()))
+    assert not result.violations, result.violations
+    assert result.coverage.get("ingress.queued_routed") == 1 and "ingress.covered_skip" not in result.coverage
+    assert result.converged_after is None and result.coverage.get("verdict.TOMBSTONE_PENDING")
+
+
+def test_a_wrong_skip_at_the_ingress_is_caught() -> None:
+    # Skipping the group (its newest pulse arrived after the read asked) leaves the deletion unread:
+    # the checker knows which ingress read covered the skipped change and reports covered_unread.
+    broken = SimConfig(ingress_covers=_covers_any_after_a_read)
+    result = replay(Trace("ingress-late", Profile(), _late_pulse()), broken)
+    assert [v.invariant for v in result.violations][:1] == [Invariant.COVERED_UNREAD], result.violations
+    assert "skipped at the ingress" in result.violations[0].detail
+    # Random schedules find it too, and shrink it to a short trace.
+    config = replace(GATE_CONFIG, ingress_covers=_covers_any_after_a_read)
+    for index in range(2000):
+        found = run_schedule(schedule_seed("broken-skip", index), config)
+        if any(v.invariant == Invariant.COVERED_UNREAD for v in found.violations):
+            break
+    else:
+        pytest.fail("the checker never noticed the wrong skip")
+    small = shrink(found, config, target=Invariant.COVERED_UNREAD)
+    assert len(small.events) <= 25
+    assert not replay(_trace(small.trace().to_json()), GATE_CONFIG).violations
+
+
+def test_runs_from_before_the_read_cycle_never_get_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Their issued() drops a follow-up set while an allocation is on its way: mark_active stores
+    # read_reports=False for them, and the ingress (fence.ingress_read_request) signals instead.
+    config = SimConfig(faults=GATE_CONFIG.faults, read_cycle=False)
+    before = run_schedules("pre-cycle-reports", 0, 300, config)
+    assert not any(before.violations.values()), before.violations
+    assert before.coverage.get("ingress.no_request", 0) > 0
+    assert not {k for k in before.coverage if k in ("ingress.read", "ingress.report", "ingress.report_delivered")}
+    # A ledger that ignored the flag would report to them: the simulator flags it.
+    mark_active = MemoryLedger.mark_active
+
+    def always_reports(self: MemoryLedger, session_generation: int, subscription_generation: int, *,
+                       read_reports: bool = False) -> FenceSnapshot:
+        return mark_active(self, session_generation, subscription_generation, read_reports=True)
+
+    monkeypatch.setattr(MemoryLedger, "mark_active", always_reports)
+    broken = run_schedules("pre-cycle-reports", 0, 100, config)
+    assert broken.violations[Invariant.WORKFLOW_ERROR.value] > 0
+
+
+def test_old_traces_replay_without_ingress_reads() -> None:
+    # Trace files recorded before reads at the ingress have no "ingress_reads": they replay as recorded.
+    doc = json.loads((TRACES / "finding-F7-covering-read-failed.json").read_text())
+    assert "ingress_reads" not in doc and not Trace.from_json(doc).ingress_reads
+    result = replay(Trace.from_json(doc))
+    assert not result.violations and not {k for k in result.coverage if k.startswith("ingress.")}
