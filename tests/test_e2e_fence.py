@@ -77,7 +77,9 @@ async def _started(client: Client, ledger: Ledger, fx: FixtureProcess, server: S
 
 async def test_read_a_slower_than_b_leaves_only_a_stale_receipt(temporal_client: Client, ledger: Ledger,
                                                                 fx: FixtureProcess) -> None:
-    server = _server(fx.mcp_url)
+    # Two of the workflow's own reads in flight at once: the ingress must not read (it reads one
+    # change of a URI at a time, so B's read would wait for A's instead of overtaking it).
+    server = _server(fx.mcp_url).model_copy(update={"read_on_notification": False})
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key, handle, _ = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue,
                                         max_concurrent_reads=2)
@@ -125,14 +127,20 @@ async def test_close_racing_a_read_late_content_and_late_404_only_audit(temporal
             assert receipt.state == S.CLOSED
         for h in (handle, handle2):
             await h.result()
+
+        async def stale_after_close() -> list[dict[str, Any]]:
+            rows = [r for r in await ledger.audit_rows("STALE_AFTER_CLOSE", limit=500)
+                    if r["workflow_id"] in (key.workflow_id, key2.workflow_id)]
+            return rows if {r["workflow_id"] for r in rows} == {key.workflow_id, key2.workflow_id} else []
+
+        # The reads in flight are the ingress's (reads at the ingress): the run closes without waiting
+        # for them, and they are judged after it, against the closed row.
+        stale = await eventually(stale_after_close, timeout=15, what="both late reads judged after the close")
     for k in (key, key2):
         assert await _receipts(ledger, k) == receipts_before[k.workflow_id], "no receipt after close"
         assert await _outbox(ledger, k) == outbox_before[k.workflow_id], "no outbox row after close"
         fence = await ledger.load_fence(k)
         assert fence.state == S.CLOSED and fence.last_accepted_digest is not None
-    stale = [r for r in await ledger.audit_rows("STALE_AFTER_CLOSE", limit=500)
-             if r["workflow_id"] in (key.workflow_id, key2.workflow_id)]
-    assert {r["workflow_id"] for r in stale} == {key.workflow_id, key2.workflow_id}
     assert {r["detail"]["outcome"] for r in stale} == {"content", "not_found"}
     assert first["committed"]["digest"] == (await ledger.load_fence(key)).last_accepted_digest
 
@@ -328,7 +336,7 @@ async def test_continue_as_new_keeps_state(temporal_client: Client, ledger: Ledg
         await fx.wait_subscribed(key.uri)
         first_run = (await handle.describe()).run_id
         last = None
-        for i in range(12):
+        for i in range(24):  # about 5 history events per change read at the ingress
             last = await fx.edit(key.uri, text=f"can {i}")
             await _wait_record(handle, lambda r, d=last["committed"]["digest"]: r.last_accepted_digest == d,
                                f"edit {i}")

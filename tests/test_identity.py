@@ -32,6 +32,7 @@ from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_IDENTITY_CONFLICT,
+    SIGNAL_RESOURCE_READ,
     SIGNAL_RESOURCE_UPDATED,
     UPDATE_RECONCILE,
 )
@@ -40,6 +41,7 @@ from mcpsync.workflows.records import (
     CatalogObservation,
     CatalogSnapshot,
     IdentityConflict,
+    ReadReport,
     ResourceSubscriptionV1,
     ResourceUpdated,
     SubscriptionKey,
@@ -209,8 +211,12 @@ async def test_listed_ambiguous_pair_both_read_on_either_spelling_and_flagged_on
             rows = await _audit(ledger, "AMBIGUOUS_SIBLING_INVALIDATED", workflow_id=k_sib.workflow_id)
             assert {"observed_uri": edited, "sibling_uri": k_sib.uri} in [r["detail"] for r in rows]
             # Each workflow was signalled with its OWN exact URI, never the observed spelling.
+            # Read at the ingress: the report's update and the read itself name the sibling's URI too.
             updates = await _signals(temporal_client, h_sib, SIGNAL_RESOURCE_UPDATED, ResourceUpdated)
-            assert updates and {u.uri for u in updates} == {k_sib.uri}
+            reports = await _signals(temporal_client, h_sib, SIGNAL_RESOURCE_READ, ReadReport)
+            assert updates or reports
+            assert {u.uri for u in updates} | {r.update.uri for r in reports} == {k_sib.uri}
+            assert all(r.cycle.outcome is None or r.cycle.outcome.key.uri == k_sib.uri for r in reports)
         assert (await _record(h_tilde)).state in (S.ACTIVE, S.READ_PENDING, S.UPDATE_SEEN)
 
         # The catalog flags the listed pair once, however many catalogs list it.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpsync.workflows.names import ANSWER_WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
+from mcpsync.workflows.names import ANSWER_WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, SIGNAL_RESOURCE_READ, WORKFLOW_TYPE
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
@@ -83,3 +83,16 @@ def test_patches_before_read_cycle_are_the_older_patches() -> None:
     # A read-cycle run asks for no older patch and takes them all: the list must name every one.
     assert set(PATCHES_BEFORE_READ_CYCLE) == {PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION,
                                               PATCH_TTL_POLL_PERIOD, PATCH_LEAN_HISTORY}
+
+
+def test_corpus_replays_runs_that_mirrored_reads_made_at_the_ingress() -> None:
+    # The resource_read handler (reads at the ingress) runs in recorded histories: churn, a reset,
+    # a session change and continue-as-new (generation `*@read-at-ingress.json`).
+    def reports(path: Path) -> int:
+        return sum(1 for e in load(path).events
+                   if e.HasField("workflow_execution_signaled_event_attributes")
+                   and e.workflow_execution_signaled_event_attributes.signal_name == SIGNAL_RESOURCE_READ)
+
+    with_reports = {p.stem for p in FILES if reports(p)}
+    assert {"subscription-updates-churn-and-close@read-at-ingress", "subscription-reset@read-at-ingress",
+            "subscription-continue-as-new@read-at-ingress"} <= with_reports, with_reports
