@@ -439,26 +439,19 @@ class SubscriptionFence:
         covered (recorded before it was allocated: the read saw their change). The follow-up stays
         if any came later or without a sequence; any other trigger set meanwhile stays too."""
         s = self.s
-        if not ticket.granted:
+        if not self._allocated(ticket):
             return False
-        s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
-        if ticket.notifications_seen >= s.covered_sequence:
-            s.covered_sequence = ticket.notifications_seen
-            s.covering_ordinal = ticket.ordinal
         s.in_flight.append(ticket.ordinal)
         if not after_read:
             s.pending_trigger = None
         elif s.pending_trigger == TriggerReason.FOLLOW_UP and not s.allocating_update_unsequenced \
                 and s.allocating_update_sequence <= ticket.notifications_seen:
             s.pending_trigger = None
-        s.reads_issued += 1
         return True
 
-    def reported(self, ticket: ReadTicket) -> bool:
-        """The ingress read a notified change itself (``resource_read``): mirror its allocation as
-        ``issued`` would, but it never was in flight here (its verdict follows at once). Updates the
-        ledger counted before it was allocated ride on it. A trigger pending here stays pending: the
-        report does not say which of the updates behind it the read covered."""
+    def _allocated(self, ticket: ReadTicket) -> bool:
+        """A granted ticket: the ordinal is issued, and updates the ledger counted before the
+        allocation ride on that read (``covered_sequence``). False for a refusal."""
         s = self.s
         if not ticket.granted:
             return False
@@ -468,6 +461,13 @@ class SubscriptionFence:
             s.covering_ordinal = ticket.ordinal
         s.reads_issued += 1
         return True
+
+    def reported(self, ticket: ReadTicket) -> bool:
+        """The ingress read a notified change itself (``resource_read``): mirror its allocation as
+        ``issued`` would, but it never was in flight here (its verdict follows at once). Updates the
+        ledger counted before it was allocated ride on it. A trigger pending here stays pending: the
+        report does not say which of the updates behind it the read covered."""
+        return self._allocated(ticket)
 
     def report_deadline(self, requested_at: datetime) -> bool:
         """Whether a reported read, requested at ``requested_at``, re-arms the read deadline: only
