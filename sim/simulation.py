@@ -56,6 +56,7 @@ from mcpsync.workflows.fence import (
     allocate_ordinal,
     ingress_read_request,
     judge_read,
+    pulses_covered,
     update_already_signalled,
 )
 from mcpsync.workflows.names import Act
@@ -332,10 +333,10 @@ CoverFn = Callable[[datetime, datetime | None], bool]
 
 
 def covered_at_ingress(arrived: datetime, asked: datetime | None) -> bool:
-    """MIRROR(worker/session_host.py: _route_loop): a queued (URI, generation) is skipped when its newest
-    pulse arrived before the newest read made at the ingress for it, judged ACCEPTED or UNCHANGED,
-    asked for its allocation (``_read_asked``): that read was sent after those notifications arrived."""
-    return asked is not None and arrived < asked
+    """The session host's rule (``fence.pulses_covered``, called by ``SessionHost._route_loop``) on the
+    simulator's clock: a queued (URI, generation) is skipped when its newest pulse arrived before the
+    newest read made at the ingress for it, judged ACCEPTED or UNCHANGED, asked for its allocation."""
+    return pulses_covered(arrived.timestamp(), asked.timestamp() if asked is not None else None)
 
 
 @dataclass(frozen=True)
@@ -1188,8 +1189,8 @@ class Simulation:
                 cycle = msg.report.cycle
                 if self.chain_running and cycle.accept is not None and cycle.ticket.ordinal < \
                         self.wf.fence.s.last_accepted_ordinal and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
-                    # A report older than a verdict the run already holds: ``_read_judged`` still takes its
-                    # digest (the run's view of the digest goes back until the next read; not an invariant).
+                    # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
+                    # the newer digest (it once took the older one back until the next read).
                     self._cover("ingress.report_older_than_view")
                 self._signal(Signal.READ_REPORTED, msg.report)
             else:

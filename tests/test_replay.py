@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mcpsync.workflows.names import ANSWER_WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, SIGNAL_RESOURCE_READ, WORKFLOW_TYPE
+from mcpsync.workflows.names import (
+    ANSWER_WORKFLOW_TYPE,
+    CATALOG_WORKFLOW_TYPE,
+    SIGNAL_RESOURCE_READ,
+    WORKFLOW_TYPE,
+)
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,

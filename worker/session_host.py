@@ -68,7 +68,7 @@ from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamL
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
-from mcpsync.workflows.fence import ingress_read_request
+from mcpsync.workflows.fence import ingress_read_request, pulses_covered
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
@@ -470,8 +470,7 @@ class SessionHost:
                 del self._pending[generation]
             self._routing.add(item)
             try:
-                asked = self._read_asked.get(item)
-                if asked is not None and arrived < asked:
+                if pulses_covered(arrived, self._read_asked.get(item)):
                     self.notifications_coalesced += 1
                 else:
                     await self._route_with_retry(uri, generation)

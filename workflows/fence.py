@@ -75,6 +75,7 @@ __all__ = [
     "Judgement",
     "allocate_ordinal",
     "ingress_read_request",
+    "pulses_covered",
     "update_already_signalled",
     "SIGNAL_HOLD_SECONDS",
     "judge_read",
@@ -808,6 +809,14 @@ def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, gene
                                min_ordinal=row.last_issued_ordinal + 1, request_id=request_id,
                                trigger=TriggerReason.UPDATED)
     return ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=row.close_epoch)
+
+
+def pulses_covered(newest_arrival: float, read_asked: float | None) -> bool:
+    """The ingress's skip rule for notifications of one (URI, generation) that queued while it was
+    routed: covered when the newest of them arrived (a clock's seconds) before a read made at the
+    ingress, which the ledger made or kept current, asked for its allocation (``read_asked``): that
+    read was sent after they arrived, so it observed their change. Never noted, never signalled."""
+    return read_asked is not None and newest_arrival < read_asked
 
 
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
