@@ -925,7 +925,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         dropped_total = sum(stats["notifications_dropped"].values())
         churn_seconds = t_churn1 - t_churn0
         offered = sum(ch.k for ch in changes)
-        received = host1[0] - host0[0]
+        received = host1.received - host0.received
         sys_conv = convergence_report(sys_lat, [ch.lost(0) for ch in changes])
         base_conv = convergence_report(base_lat, [ch.lost(1) for ch in changes])
         run.curves["system"] = [x for x in sys_lat if x is not None]
@@ -953,7 +953,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "reads_per_accepted_receipt": round(sys_reads / accepted_new, 3) if accepted_new else None,
             "verdicts": verdicts,
             "notifications_received": received,
-            "notifications_coalesced_at_ingress": host1[1] - host0[1],
+            "notifications_coalesced_at_ingress": host1.coalesced - host0.coalesced,
+            "notifications_read_at_ingress": host1.read - host0.read,
             "notifications_per_second": round(received / churn_seconds, 1),
             "convergence": sys_conv,
             "uris_behind_at_end": len(sys_left),
@@ -1020,7 +1021,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         per = max(1, min(opts.burst_per_subscription, opts.burst_cap // n))
         targets = uris[: max(1, min(n, opts.burst_cap // per))]  # above the cap: a subset of the URIs
         burst_total = per * len(targets)
-        reads_b0, host_b0 = await _sys_reads(ledger, server), (await services.host_totals(server))[0]
+        reads_b0, host_b0 = await _sys_reads(ledger, server), (await services.host_totals(server)).received
         t_b0 = time.time()
         await gather_limited([sys_ctl.notify(u, times=per) for u in targets], 8)
         t_sent = time.time()
@@ -1030,7 +1031,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             nonlocal got_all_at
             # Polled every 50 ms: once every notification arrived, stop scraping the ingress (a scrape
             # costs the ingress CPU in the split layout, while it is the thing being measured).
-            if got_all_at is None and (await services.host_totals(server))[0] - host_b0 >= burst_total:
+            if got_all_at is None and (await services.host_totals(server)).received - host_b0 >= burst_total:
                 got_all_at = time.time()
             pending = await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
                                             " (workflow_id) WHERE s.server=%s AND r.completed_at IS NULL", (server,))
@@ -1041,7 +1042,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         last_read = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
                                           " JOIN subscriptions s USING (workflow_id) WHERE s.server=%s", (server,))
         burst_reads = await _sys_reads(ledger, server) - reads_b0
-        got = (await services.host_totals(server))[0] - host_b0
+        got = (await services.host_totals(server)).received - host_b0
         settle = max((last_read or t_b0) - t_b0, (got_all_at or t_b0) - t_b0, 1e-6)
         r["burst"] = {
             "notifications": burst_total,
