@@ -275,6 +275,11 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
             await _make_current(temporal_server, deployment, "v1")
+            # The routing change reaches the server's matching asynchronously: a workflow task that
+            # starts before it does not see the target change. A change read at the ingress costs one
+            # workflow task, so a nudge sent at once can land in that window and move nothing (the
+            # next wake-up would); give it the second the upgrade above also waits.
+            await asyncio.sleep(1.0)
             v1_runs = await _move_all(client, ledger, fx, subs, "v1", "rollback")
             for key, _ in subs:
                 assert not any(V2_PATCH in m for m in await _markers(client, key.workflow_id, v1_runs[key.workflow_id]))
