@@ -121,3 +121,38 @@ async def test_a_read_that_fails_at_the_ingress_is_reported_and_the_workflow_rea
     assert reads == [Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ], order
     audits = await ledger_rows(ledger, "SELECT kind FROM audit WHERE uri = %s AND kind = 'READ_FAILED'", uri)
     assert len(audits) >= 2, audits  # the ingress's read and the workflow's
+
+
+async def test_a_read_slower_than_the_ingress_timeout_falls_back_to_the_workflow(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    """A server slower than ``ingress_read_timeout_seconds``: the ingress abandons its read (the
+    routers must not wait on it) and signals ``resource_updated``; the workflow reads with its own
+    timeout and the change is accepted."""
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2025-11-25",
+                          subjects=["alice"], ingress_read_timeout_seconds=0.3)
+    uri = f"demo://coalesce/{uuid.uuid4().hex}"
+    key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
+    await fx.create(uri, text="version 0", mime_type="text/plain")
+    try:
+        async with running_services(temporal_client, ledger, [server]) as cfg:
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+            await _wait_record(handle, lambda r: r.watermark >= 1, "initial read accepted")
+            await fx.wait_subscribed(uri)
+            await fx.faults(read_delay_ms={uri: 1000})
+            edit = await fx.edit(uri, text="version 1")
+            digest = edit["committed"]["digest"]
+            await _wait_record(handle, lambda r: r.last_accepted_digest == digest, "version 1 accepted", timeout=30)
+            signals: list[str] = []
+            reads = 0
+            async for event in handle.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                    signals.append(event.workflow_execution_signaled_event_attributes.signal_name)
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    reads += event.activity_task_scheduled_event_attributes.activity_type.name == Act.MCP_READ_CYCLE
+    finally:
+        await fx.faults(reset=True)
+    assert SIGNAL_RESOURCE_UPDATED in signals and SIGNAL_RESOURCE_READ not in signals, signals
+    assert reads == 2, reads  # the initial read and the one the fallback signal earned
+    receipts = await ledger_rows(ledger, "SELECT rv.status, rv.content_digest FROM resource_versions rv JOIN"
+                                         " subscriptions s ON s.workflow_id = rv.workflow_id WHERE s.uri = %s", uri)
+    assert ("ACCEPTED", digest) in receipts, receipts

@@ -95,6 +95,9 @@ class ServerConfig(_Model):
     # workflow to read. ``route_concurrency``: notifications routed at once (one at a time per URI).
     read_on_notification: bool = True
     route_concurrency: int = Field(default=8, ge=1, le=256)
+    # A read at the ingress slower than this is abandoned and the workflow is signalled to read
+    # (with ``read_timeout_seconds`` and retries): a slow server must not hold the routers.
+    ingress_read_timeout_seconds: float = Field(default=5.0, gt=0)
     release_max_bytes: int = Field(default=1024 * 1024, gt=0)  # guardrail: largest body released to a model
     mime_allow: list[str] | None = None  # guardrail: MIME patterns released to a model (None: defaults)
 

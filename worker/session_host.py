@@ -582,10 +582,13 @@ class SessionHost:
 
     async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated) -> ReadCycleResult | None:
         """The read cycle for ``sig`` on this ingress's live session; None when it was not judged
-        (refused, session gone, or it failed: the workflow is then signalled and reads itself; an
-        ordinal this one burned stays burned)."""
+        (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
+        workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
+        accept that committed unseen is superseded by that read's newer allocation)."""
         try:
-            cycle = await self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}")
+            cycle = await asyncio.wait_for(
+                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}"),
+                self.server.ingress_read_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",
                         self.server.name, type(exc).__name__)
