@@ -49,6 +49,7 @@ from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
+from mcpsync.workflows.fence import marked_active
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     AcceptRequest,
@@ -59,6 +60,8 @@ from mcpsync.workflows.records import (
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
+    SubscribeCycleRequest,
+    SubscribeCycleResult,
     SubscribeOutcome,
     SubscribeRequest,
     SubscriptionKey,
@@ -281,7 +284,7 @@ class McpSessionActivities:
         self.meters = meters
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.subscribe, self.unsubscribe, self.read, self.read_cycle]
+        return [self.subscribe, self.unsubscribe, self.read, self.read_cycle, self.subscribe_cycle]
 
     def _session(self, key: SubscriptionKey, generation: int) -> LiveSession | None:
         live = self.current(key.subject, key.server)
@@ -403,6 +406,31 @@ class McpSessionActivities:
         result = await self.ledger.accept(accept_req)
         self.meters.receipt_judged(accept_req, result)
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)
+
+    @activity.defn(name=Act.MCP_SUBSCRIBE_CYCLE)
+    async def subscribe_cycle(self, req: SubscribeCycleRequest) -> SubscribeCycleResult:
+        """A subscription's start in one round trip: ``subscribe``, then ``mark_active`` (CAS:
+        SUBSCRIBING on both generations → ACTIVE), then the initial read cycle (``run_cycle``), each
+        called as it is on its own, in this order. It stops after the first step that did not go
+        through: a subscribe the server refused comes back unmarked (the workflow decides: poll or
+        resubscribe); a row that is not ACTIVE on these generations comes back unread.
+
+        Idempotent on retry: subscribing twice on one session is harmless, ``mark_active`` on a
+        row it already marked returns that row (ACTIVE, same generations), and the read cycle is
+        keyed by this scheduled activity as ``mcp_read_cycle`` is."""
+        info = activity.info()
+        return await self.run_subscribe_cycle(req, cycle_id=f"{info.workflow_run_id}/{info.activity_id}")
+
+    async def run_subscribe_cycle(self, req: SubscribeCycleRequest, *, cycle_id: str) -> SubscribeCycleResult:
+        subscribed = await self.subscribe(req.subscribe)
+        if not subscribed.ok:
+            return SubscribeCycleResult(subscribe=subscribed)
+        active = await self.ledger.fence.mark_active(req.mark)
+        if not marked_active(active, session_generation=req.mark.session_generation,
+                             subscription_generation=req.mark.subscription_generation):
+            return SubscribeCycleResult(subscribe=subscribed, active=active)
+        cycle = await self.run_cycle(req.read, cycle_id=cycle_id)
+        return SubscribeCycleResult(subscribe=subscribed, active=active, cycle=cycle)
 
     @staticmethod
     def _parts(result: types.ReadResourceResult, limit: int) -> tuple[list[ContentPart], bytes, str | None]:

@@ -56,6 +56,7 @@ from mcpsync.workflows.fence import (
     allocate_ordinal,
     ingress_read_request,
     judge_read,
+    marked_active,
     pulses_covered,
     update_already_signalled,
 )
@@ -82,6 +83,8 @@ from mcpsync.workflows.records import (
     RevokeRequest,
     SessionInfo,
     SignalMark,
+    SubscribeCycleRequest,
+    SubscribeCycleResult,
     SubscribeOutcome,
     SubscribeRequest,
     SubscriptionKey,
@@ -97,6 +100,7 @@ from mcpsync.workflows.subscription_program import (
     PATCH_LEAN_HISTORY,
     PATCH_READ_CYCLE,
     PATCH_READ_DEADLINES,
+    PATCH_START_CYCLE,
     PATCH_TTL_POLL_PERIOD,
     WaitKind,
 )
@@ -153,12 +157,14 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
-MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ, Act.MCP_READ_CYCLE})  # on the session queue
+MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ, Act.MCP_READ_CYCLE,
+                            Act.MCP_SUBSCRIBE_CYCLE})  # on the session queue
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
 # A read the ingress makes itself (``worker/session_host.py: _deliver`` -> ``McpSessionActivities.run_cycle``):
 # a pseudo-activity of the session host, not of any run (a workflow reset does not touch it), executed in
 # the read cycle's three steps. Its verdict is reported (``resource_read``) or it falls back to a signal.
 INGRESS_READ = "ingress_read_cycle"
+SUBSCRIBE_CYCLE_READ = 2  # MCP_SUBSCRIBE_CYCLE: subscribe (step 0), mark (1), then the read cycle's three steps
 
 
 # --- invariants and violations ---------------------------------------------------------------
@@ -311,10 +317,13 @@ class Trace:
     # Recorded with reads at the ingress (``SimConfig.ingress_reads``; its events may name
     # ``ingress_read_cycle``). A trace file without the field predates them: it replays without.
     ingress_reads: bool = True
+    # Recorded with PATCH_START_CYCLE (its events may name ``mcp_subscribe_cycle``). A trace file
+    # without the field predates the patch: it replays without it.
+    start_cycle: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "profile": self.profile.to_json(), "read_cycle": self.read_cycle,
-                "ingress_reads": self.ingress_reads,
+                "ingress_reads": self.ingress_reads, "start_cycle": self.start_cycle,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod
@@ -322,7 +331,8 @@ class Trace:
         return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
                    events=tuple(Event.from_json(e) for e in obj["events"]),
                    violations=tuple(obj.get("violations", ())), read_cycle=bool(obj.get("read_cycle", False)),
-                   ingress_reads=bool(obj.get("ingress_reads", False)))
+                   ingress_reads=bool(obj.get("ingress_reads", False)),
+                   start_cycle=bool(obj.get("start_cycle", False)))
 
 
 JudgeFn = Callable[..., Judgement]
@@ -357,6 +367,9 @@ class SimConfig:
     # PATCH_READ_CYCLE: allocate, read and accept in one activity (three steps other events may
     # interleave with). False: three activities, as runs recorded before that patch execute them.
     read_cycle: bool = True
+    # PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read cycle in one activity (five steps
+    # other events may interleave with). False: the subscribe activity, then the mark and the read.
+    start_cycle: bool = True
     # The ingress sends no signal for an update while one it signalled still stands for it
     # (``fence.update_already_signalled``). False: every update is signalled.
     ingress_coalescing: bool = True
@@ -789,6 +802,7 @@ class Activity:
     ticket: ReadTicket | None = None
     outcome: ReadOutcome | None = None
     ingress: IngressRoute | None = None  # INGRESS_READ: the routing it belongs to
+    active: FenceSnapshot | None = None  # MCP_SUBSCRIBE_CYCLE: the row its mark answered
 
 
 @dataclass(slots=True)
@@ -837,6 +851,7 @@ class ScheduleResult:
     coverage: dict[str, int] = field(default_factory=dict)
     read_cycle: bool = True  # the program ran with PATCH_READ_CYCLE
     ingress_reads: bool = True  # the ingress read notified changes itself
+    start_cycle: bool = True  # the program ran with PATCH_START_CYCLE
 
     @property
     def failed(self) -> bool:
@@ -845,7 +860,7 @@ class ScheduleResult:
     def trace(self) -> Trace:
         return Trace(seed=self.seed, profile=self.profile, events=tuple(self.events),
                      violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations),
-                     read_cycle=self.read_cycle, ingress_reads=self.ingress_reads)
+                     read_cycle=self.read_cycle, ingress_reads=self.ingress_reads, start_cycle=self.start_cycle)
 
 
 class Simulation:
@@ -858,7 +873,8 @@ class Simulation:
         self.config = config
         self._patches = {PATCH_READ_DEADLINES: config.read_deadlines, PATCH_TTL_POLL_PERIOD: True,
                          PATCH_IDENTITY_RECONCILIATION: True, PATCH_LEAN_HISTORY: config.lean_history,
-                         PATCH_READ_CYCLE: config.read_cycle}
+                         PATCH_READ_CYCLE: config.read_cycle,
+                         PATCH_START_CYCLE: config.read_cycle and config.start_cycle}
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = SessionHost(profile.capability, self.ledger)
@@ -1366,8 +1382,9 @@ class Simulation:
                     self._cover("unsubscribe_ack_lost")
             elif name == Act.MCP_READ:
                 result = self.host.read(arg, self.oracle, fault=fault)
-            elif name == Act.MCP_READ_CYCLE:
-                done, result = self._read_cycle_step(act, fault)
+            elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
+                done, result = (self._read_cycle_step(act, fault) if name == Act.MCP_READ_CYCLE
+                                else self._subscribe_cycle_step(act, fault))
                 if fault == "lost":
                     act.step = 0  # the attempt died after this step's effect: the retry starts over
                 if not done:
@@ -1389,21 +1406,54 @@ class Simulation:
             return
         act.executed, act.result = True, result
 
-    def _read_cycle_step(self, act: Activity, fault: str) -> tuple[bool, Any]:
-        """One step of ``McpSessionActivities.read_cycle`` (the same calls, in the same order);
-        (done, result). Other events may run between the steps, as between its awaits."""
-        req: ReadCycleRequest = act.arg
-        led = self.ledger
+    def _subscribe_cycle_step(self, act: Activity, fault: str) -> tuple[bool, Any]:
+        """One step of ``McpSessionActivities.subscribe_cycle``: subscribe, mark (``marked_active``
+        decides whether to read), then the three steps of the read cycle; (done, result)."""
+        req: SubscribeCycleRequest = act.arg
         if act.step == 0:
+            out = self.host.subscribe(req.subscribe)
+            if not out.ok:
+                return True, SubscribeCycleResult(subscribe=out)
+            act.step = 1
+            return False, None
+        ok = SubscribeOutcome(ok=True, session_generation=req.subscribe.session_generation)
+        if act.step == 1:
+            m = req.mark
+            active = self.ledger.mark_active(m.session_generation, m.subscription_generation,
+                                             read_reports=m.read_reports)
+            if not marked_active(active, session_generation=m.session_generation,
+                                 subscription_generation=m.subscription_generation):
+                self._cover("start_cycle.not_marked")
+                return True, SubscribeCycleResult(subscribe=ok, active=active)
+            act.active, act.step = active, SUBSCRIBE_CYCLE_READ
+            return False, None
+        done, cycle = self._read_cycle_step(act, fault, req.read, base=SUBSCRIBE_CYCLE_READ)
+        if not done:
+            return False, None
+        if cycle is None:
+            return True, None  # retries exhausted: the program sees ActivityFailed
+        self._cover("start_cycle")
+        return True, SubscribeCycleResult(subscribe=ok, active=act.active, cycle=cycle)
+
+    def _read_cycle_step(self, act: Activity, fault: str, req: ReadCycleRequest | None = None, *,
+                         base: int = 0) -> tuple[bool, Any]:
+        """One step of ``McpSessionActivities.read_cycle`` (the same calls, in the same order);
+        (done, result). Other events may run between the steps, as between its awaits. ``req`` and
+        ``base``: the read cycle inside a start (``_subscribe_cycle_step``), from its step ``base``."""
+        req = req if req is not None else act.arg
+        assert isinstance(req, ReadCycleRequest)
+        led = self.ledger
+        step = act.step - base
+        if step == 0:
             cycle_id = f"ingress/a{act.aid}" if act.ingress is not None else f"run{act.run}/a{act.aid}"
             granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": cycle_id}))
             if not granted.granted:
                 return True, ReadCycleResult(ticket=granted, fence=led.load_fence())
-            act.ticket, act.step = granted, 1
+            act.ticket, act.step = granted, base + 1
             return False, None
         ticket = act.ticket
         assert ticket is not None
-        if act.step == 1:
+        if step == 1:
             a = req.allocate
             outcome = self.host.read(ReadRequest(key=a.key, session_generation=a.session_generation,
                                                  subscription_generation=a.subscription_generation,
@@ -1413,7 +1463,7 @@ class Simulation:
                 return True, None  # retries exhausted: the program sees ActivityFailed
             if outcome.kind == ReadOutcomeKind.SESSION_LOST:
                 return True, ReadCycleResult(ticket=ticket, outcome=outcome)
-            act.outcome, act.step = outcome, 2
+            act.outcome, act.step = outcome, base + 2
             return False, None
         assert act.outcome is not None
         result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
@@ -1713,7 +1763,8 @@ class Simulation:
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
                               covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
-                              read_cycle=self.config.read_cycle, ingress_reads=self.config.ingress_reads)
+                              read_cycle=self.config.read_cycle, ingress_reads=self.config.ingress_reads,
+                              start_cycle=self.config.read_cycle and self.config.start_cycle)
 
 
 # --- schedule generation ----------------------------------------------------------------------------------
@@ -1761,7 +1812,8 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     executed = [a for a in sim.activities if a.executed and a.run == sim.run]
 
     def reads(a: Activity) -> bool:  # the step that sends resources/read
-        return a.name == Act.MCP_READ or (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1)
+        return a.name == Act.MCP_READ or (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
+            or (a.name == Act.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
 
     def exec_event() -> Event:
         a = rng.choice(scheduled)
@@ -1868,7 +1920,8 @@ def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
     """Re-run a trace's events (inapplicable ones are skipped), then the same drain, with the
     program the trace was recorded with (a trace from before PATCH_READ_CYCLE runs without it)."""
     config = replace(config, read_cycle=config.read_cycle and trace.read_cycle,
-                     ingress_reads=config.ingress_reads and trace.ingress_reads)
+                     ingress_reads=config.ingress_reads and trace.ingress_reads,
+                     start_cycle=config.start_cycle and trace.start_cycle)
     sim = Simulation(trace.seed, trace.profile, config)
     for event in trace.events:
         sim.apply(event)

@@ -54,7 +54,7 @@ async def test_duplicate_notifications_cost_fewer_signals_and_every_change_conve
                                    f"change {i} accepted", timeout=30)
             noted = (await ledger.load_fence(key)).notifications_seen - noted_before
 
-            signals = reports = reads = 0
+            signals = reports = reads = starts = 0
             async for event in handle.fetch_history_events():
                 if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
                     name = event.workflow_execution_signaled_event_attributes.signal_name
@@ -62,25 +62,27 @@ async def test_duplicate_notifications_cost_fewer_signals_and_every_change_conve
                     reports += name == SIGNAL_RESOURCE_READ
                 elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                     name = event.activity_task_scheduled_event_attributes.activity_type.name
-                    assert name != Act.MCP_READ, "a read-cycle run never schedules the separate read"
+                    assert name not in (Act.MCP_READ, Act.MCP_SUBSCRIBE), "one round trip each: start, read"
                     reads += name == Act.MCP_READ_CYCLE
+                    starts += name == Act.MCP_SUBSCRIBE_CYCLE
     finally:
         await fx.faults(reset=True)
 
     # Copies that arrive while one is queued merge in the session host; the rest are recorded in
     # the ledger (``noted``), and of those only updates nothing stands for become signals.
-    print(f"noted {noted}, signals {signals}, reports {reports}, read cycles {reads}")
+    print(f"noted {noted}, signals {signals}, reports {reports}, read cycles {reads}, start cycles {starts}")
+    assert starts == 1, starts  # subscribe, mark active and the initial read: one activity
     if read_at_ingress:
         # Each change is read where it arrived; copies that arrived before that read asked for its
         # ordinal are covered by it and never reach the ledger or the workflow.
         assert signals == 0, signals
         assert CHANGES <= reports <= noted, (reports, noted)
-        assert reads == 1, reads  # the initial read only
+        assert reads == 0, reads  # the initial read was the start's
     else:
         assert noted > CHANGES, noted
         assert reports == 0 and signals < noted, (reports, signals, noted)
-        # One read cycle per change (plus the initial read and at most one follow-up per change).
-        assert CHANGES + 1 <= reads <= 2 * CHANGES + 1, reads
+        # One read cycle per change (and at most one follow-up per change); the initial read was the start's.
+        assert CHANGES <= reads <= 2 * CHANGES, reads
     receipts = await ledger_rows(ledger, "SELECT rv.status FROM resource_versions rv JOIN subscriptions s"
                                          " ON s.workflow_id = rv.workflow_id WHERE s.uri = %s", uri)
     assert sum(1 for (status,) in receipts if status == "ACCEPTED") == CHANGES + 1
@@ -116,9 +118,9 @@ async def test_a_read_that_fails_at_the_ingress_is_reported_and_the_workflow_rea
                     order.append(event.activity_task_scheduled_event_attributes.activity_type.name)
     finally:
         await fx.faults(reset=True)
-    reads = [name for name in order if name in (Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ)]
-    # initial read; the failed report and the workflow's own read it earned; version 2's report
-    assert reads == [Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ], order
+    reads = [name for name in order if name in (Act.MCP_SUBSCRIBE_CYCLE, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ)]
+    # the start's initial read; the failed report and the workflow's own read it earned; version 2's report
+    assert reads == [Act.MCP_SUBSCRIBE_CYCLE, SIGNAL_RESOURCE_READ, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ], order
     audits = await ledger_rows(ledger, "SELECT kind FROM audit WHERE uri = %s AND kind = 'READ_FAILED'", uri)
     assert len(audits) >= 2, audits  # the ingress's read and the workflow's
 
@@ -148,7 +150,8 @@ async def test_a_read_slower_than_the_ingress_timeout_falls_back_to_the_workflow
                 if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
                     signals.append(event.workflow_execution_signaled_event_attributes.signal_name)
                 elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-                    reads += event.activity_task_scheduled_event_attributes.activity_type.name == Act.MCP_READ_CYCLE
+                    reads += event.activity_task_scheduled_event_attributes.activity_type.name in (
+                        Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE)
     finally:
         await fx.faults(reset=True)
     assert SIGNAL_RESOURCE_UPDATED in signals and SIGNAL_RESOURCE_READ not in signals, signals

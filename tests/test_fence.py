@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from mcpsync.workflows.fence import (
     SIGNAL_HOLD_SECONDS,
     FenceState,
@@ -14,6 +16,7 @@ from mcpsync.workflows.fence import (
     close_rule,
     ingress_read_request,
     judge_read,
+    marked_active,
     update_already_signalled,
 )
 from mcpsync.workflows.records import (
@@ -345,3 +348,57 @@ def test_a_reported_read_covers_the_update_it_was_made_for_and_never_moves_the_d
     assert f.report_deadline(at + timedelta(seconds=1)) and not f.report_deadline(at)
     f.s.state = S.TOMBSTONE_PENDING
     assert not f.report_deadline(at + timedelta(seconds=1))
+
+
+def _start_window(*updates: int | None) -> SubscriptionFence:
+    """A start cycle in flight (``start_cycle_reserve`` after ``subscribing``), with updates of these
+    sequences noted meanwhile (None: unsequenced)."""
+    f = SubscriptionFence(FenceState(key=KEY, pending_trigger=TriggerReason.RESUBSCRIBE))
+    subscribing = FenceSnapshot(exists=True, state=S.SUBSCRIBING, session_generation=1, subscription_generation=1)
+    assert f.subscribing(subscribing, "2025-11-25", {"subscribe": True})
+    f.start_cycle_reserve()
+    assert f.s.pending_trigger is None and f.allocating  # the initial read serves what was pending
+    for sequence in updates:
+        assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=sequence)) \
+            == UpdateDisposition.COALESCED
+    return f
+
+
+ACTIVE_1 = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
+
+
+@pytest.mark.parametrize("updates, seen, follow_up", [
+    ((), 0, False),
+    ((3,), 3, False),  # recorded before the read was allocated: the read observed it
+    ((3, 4), 3, True),  # one came after the allocation: it earns a read of its own
+    ((None,), 9, True),  # unsequenced: nothing says the read covered it
+])
+def test_a_start_cycle_keeps_the_follow_up_of_updates_its_read_did_not_cover(
+        updates: tuple[int | None, ...], seen: int, follow_up: bool) -> None:
+    f = _start_window(*updates)
+    placeholder = f.s.in_flight[0]
+    assert f.start_cycle_subscribed(ACTIVE_1, placeholder, read=True) == TriggerReason.INITIAL
+    assert f.s.state == S.ACTIVE and placeholder not in f.s.in_flight
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r", notifications_seen=seen), after_read=True)
+    assert f.s.pending_trigger == (TriggerReason.FOLLOW_UP if follow_up else None)
+
+
+def test_a_start_cycle_that_did_not_read_leaves_the_initial_read_owed() -> None:
+    # Marked ACTIVE but not on this start's generations (no read was made): exactly ``subscribed``.
+    f = _start_window(5)
+    assert f.start_cycle_subscribed(ACTIVE_1, f.s.in_flight[0], read=False) is None
+    assert f.s.pending_trigger == TriggerReason.INITIAL and f.s.in_flight == []
+    # Not ACTIVE (closed meanwhile): no read, nothing owed by the start.
+    g = _start_window()
+    closed = ACTIVE_1.model_copy(update={"state": S.UNSUBSCRIBING})
+    assert g.start_cycle_subscribed(closed, g.s.in_flight[0], read=True) is None
+    assert g.s.state == S.UNSUBSCRIBING and g.s.in_flight == []
+
+
+def test_marked_active_is_this_starts_row_only() -> None:
+    assert marked_active(ACTIVE_1, session_generation=1, subscription_generation=1)
+    assert not marked_active(ACTIVE_1, session_generation=1, subscription_generation=2)
+    assert not marked_active(ACTIVE_1, session_generation=2, subscription_generation=1)
+    assert not marked_active(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), session_generation=1,
+                             subscription_generation=1)
+    assert not marked_active(FenceSnapshot(exists=False), session_generation=1, subscription_generation=1)

@@ -18,12 +18,14 @@ from mcpsync.workflows.names import (
     CATALOG_WORKFLOW_TYPE,
     SIGNAL_RESOURCE_READ,
     WORKFLOW_TYPE,
+    Act,
 )
 from mcpsync.workflows.subscription_program import (
     PATCH_IDENTITY_RECONCILIATION,
     PATCH_LEAN_HISTORY,
     PATCH_READ_CYCLE,
     PATCH_READ_DEADLINES,
+    PATCH_START_CYCLE,
     PATCH_TTL_POLL_PERIOD,
     PATCHES_BEFORE_READ_CYCLE,
 )
@@ -74,7 +76,7 @@ def _patches(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
-                                   PATCH_LEAN_HISTORY, PATCH_READ_CYCLE])
+                                   PATCH_LEAN_HISTORY, PATCH_READ_CYCLE, PATCH_START_CYCLE])
 def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None:
     # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
     # runs recorded after it (marker present): a corpus with only one side would not notice either
@@ -101,3 +103,16 @@ def test_corpus_replays_runs_that_mirrored_reads_made_at_the_ingress() -> None:
     with_reports = {p.stem for p in FILES if reports(p)}
     assert {"subscription-updates-churn-and-close@read-at-ingress", "subscription-reset@read-at-ingress",
             "subscription-continue-as-new@read-at-ingress"} <= with_reports, with_reports
+
+
+def test_corpus_replays_starts_made_in_one_round_trip() -> None:
+    # PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read as one activity
+    # (generation `*@start-cycle.json`: churn, a reset, a session change, continue-as-new).
+    def starts(path: Path) -> int:
+        return sum(1 for e in load(path).events
+                   if e.HasField("activity_task_scheduled_event_attributes")
+                   and e.activity_task_scheduled_event_attributes.activity_type.name == Act.MCP_SUBSCRIBE_CYCLE)
+    with_starts = {p.stem for p in FILES if starts(p) and PATCH_START_CYCLE in _patches(p)}
+    assert {"subscription-updates-churn-and-close@start-cycle", "subscription-reset@start-cycle",
+            "subscription-session-change@start-cycle", "subscription-continue-as-new@start-cycle"} <= with_starts, \
+        with_starts

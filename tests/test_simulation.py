@@ -23,6 +23,7 @@ import pytest
 
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.fence import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     FenceSnapshot,
     ReadOutcome,
@@ -382,3 +383,41 @@ def test_old_traces_replay_without_ingress_reads() -> None:
     assert "ingress_reads" not in doc and not Trace.from_json(doc).ingress_reads
     result = replay(Trace.from_json(doc))
     assert not result.violations and not {k for k in result.coverage if k.startswith("ingress.")}
+
+
+# --- the start in one round trip (PATCH_START_CYCLE) ------------------------------------------------
+
+def test_a_start_is_one_activity_that_subscribes_marks_and_reads() -> None:
+    # A new subscription's start schedules one session-queue activity (five steps: subscribe, mark,
+    # allocate, read, accept) and nothing else before it is ACTIVE with its initial read judged.
+    sim = Simulation("start", Profile(), SimConfig())
+    sim._flush()
+    assert sim.ledger.row.state == S.ACTIVE and sim.ledger.row.read_reports
+    names = [e.act for e in sim.events if e.op == Op.EXEC]
+    assert names.count(Act.MCP_SUBSCRIBE_CYCLE) == 5 and Act.MCP_SUBSCRIBE not in names, names
+    assert Act.MCP_READ_CYCLE not in names and Act.MARK_ACTIVE not in names, names
+    assert sim.wf.fence.s.last_accepted_digest == sim.oracle.digest and sim.coverage["start_cycle"] == 1
+
+
+def test_the_program_before_the_start_cycle_still_keeps_every_invariant() -> None:
+    # Runs recorded before PATCH_START_CYCLE subscribe, mark and read in three calls until their next
+    # continue-as-new: that program stays checked too.
+    before = run_schedules("pre-start-cycle", 0, 500, SimConfig(faults=GATE_CONFIG.faults, start_cycle=False))
+    assert before.schedules == 500 and not any(before.violations.values()), before.violations
+    assert "start_cycle" not in before.coverage
+
+
+def test_updates_noted_during_a_start_are_judged_without_reads_at_the_ingress() -> None:
+    # Without reads at the ingress every update during a start reaches the run as a signal: a follow-up
+    # the start's read did not cover must be kept (dropping it left changes unread: no_convergence).
+    summary = run_schedules("start-window", 0, 1000, SimConfig(faults=GATE_CONFIG.faults, ingress_reads=False))
+    assert not any(summary.violations.values()), summary.violations
+    assert summary.coverage["start_cycle"] > 500 and summary.coverage["lost_response.mcp_subscribe_cycle"] > 0
+
+
+def test_old_traces_replay_without_the_start_cycle() -> None:
+    doc = json.loads((TRACES / "finding-F7-covering-read-failed.json").read_text())
+    assert "start_cycle" not in doc and not Trace.from_json(doc).start_cycle
+    result = replay(Trace.from_json(doc))
+    assert not result.violations and "start_cycle" not in result.coverage
+    assert Trace.from_json(replay(Trace.from_json(doc)).trace().to_json()).start_cycle is False

@@ -101,7 +101,8 @@ def real_actions(events: Iterable[Event]) -> list[Action]:
         op = e.op
         if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
             out.append(Action(op.value, n=e.n))
-        elif op == Op.EXEC and e.act in (Act.MCP_READ, Act.MCP_READ_CYCLE) and e.fault in ("error", "malformed", "denied"):
+        elif op == Op.EXEC and e.act in (Act.MCP_READ, Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE) \
+                and e.fault in ("error", "malformed", "denied"):
             out.append(Action("read_fault", detail="denied" if e.fault == "denied" else "error"))
         elif op == Op.CLOSE:
             out.append(Action("close", detail="signal" if e.fault == "signal" else "update"))

@@ -16,9 +16,10 @@ Contract:
   ``notifications_received`` / ``notifications_coalesced`` counters a collector exports),
   ``read_timer`` (the ``resources/read`` activity: ``mcpsync_reads_total``, read latency) and
   ``receipt_judged`` (the accept: receipts by verdict, ``mcpsync_changes_total``, convergence
-  latency; read-cycle runs accept inside ``mcp_read_cycle``, in the ingress process, older runs
-  in the main worker's ledger activity). Read amplification = ``rate(mcpsync_reads_total) /
-  rate(mcpsync_changes_total)``; with several processes, ``sum`` the counters first.
+  latency; read-cycle runs accept inside ``mcp_read_cycle`` (a start's initial read inside
+  ``mcp_subscribe_cycle``), in the ingress process, older runs in the main worker's ledger
+  activity). Read amplification = ``rate(mcpsync_reads_total) / rate(mcpsync_changes_total)``;
+  with several processes, ``sum`` the counters first.
 - Convergence latency = a notification received by this process's ingress → the first
   receipt (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING) of a read that started after it, one
   observation per receipt (its oldest satisfied notification). It needs ingress and the

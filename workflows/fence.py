@@ -74,6 +74,7 @@ __all__ = [
     "IssuedRead",
     "Judgement",
     "allocate_ordinal",
+    "marked_active",
     "ingress_read_request",
     "pulses_covered",
     "update_already_signalled",
@@ -256,6 +257,36 @@ class SubscriptionFence:
             self.s.staleness_bound_seconds = None
             self.s.staleness_bound_source = None
             self._publish_poll_period()
+
+    def start_cycle_reserve(self) -> int:
+        """PATCH_START_CYCLE, after ``subscribing``: one activity subscribes, marks ACTIVE and makes
+        the initial read, whose allocation may come at any point of it. Its read slot is held from
+        now as ``reserve_read`` holds one (a placeholder), so every update noted meanwhile counts
+        as arriving while allocating (``issued(after_read=True)`` keeps the follow-up it earns unless
+        the read's allocation covered it). A trigger pending before is the initial read's to serve,
+        as ``subscribed`` would have replaced it."""
+        s = self.s
+        s.pending_trigger = None
+        s.allocating_update_sequence = 0
+        s.allocating_update_unsequenced = False
+        self._placeholders += 1
+        placeholder = -self._placeholders
+        s.in_flight.append(placeholder)
+        return placeholder
+
+    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool) -> TriggerReason | None:
+        """The start activity marked the row (``snap``, ``subscribed``'s answer) and, if ``read``,
+        made the initial read: that read is the INITIAL trigger, taken as ``reserve_read`` takes it,
+        and what the updates noted meanwhile set stays pending for ``issued`` to judge; returns
+        INITIAL. Without a read (the row was not ACTIVE on these generations), exactly
+        ``subscribed``: the slot is released and None."""
+        window = self.s.pending_trigger
+        self.release_placeholder(placeholder)
+        self.subscribed(snap, poll_interval_seconds=None)
+        if self.s.state != S.ACTIVE or not read:
+            return None
+        self.s.pending_trigger = window
+        return TriggerReason.INITIAL
 
     # --- updates and reads ------------------------------------------------------------
 
@@ -817,6 +848,14 @@ def pulses_covered(newest_arrival: float, read_asked: float | None) -> bool:
     ingress, which the ledger made or kept current, asked for its allocation (``read_asked``): that
     read was sent after they arrived, so it observed their change. Never noted, never signalled."""
     return read_asked is not None and newest_arrival < read_asked
+
+
+def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_generation: int) -> bool:
+    """``mark_active`` answered ``row``: ACTIVE on these generations, marked by this start (now, or by
+    an earlier attempt of it). Anything else (closing, revoked, another subscription generation) is
+    another writer's row, on which the start must not read."""
+    return (row.exists and row.state == S.ACTIVE and row.session_generation == session_generation
+            and row.subscription_generation == subscription_generation)
 
 
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -71,6 +71,8 @@ __all__ = [
     "SessionQuery",
     "BeginSubscriptionRequest",
     "MarkActiveRequest",
+    "SubscribeCycleRequest",
+    "SubscribeCycleResult",
     "FinishUnsubscribeRequest",
     "AuditRequest",
 ]
@@ -547,6 +549,26 @@ class MarkActiveRequest(FrozenRecord):
     session_generation: int
     subscription_generation: int
     read_reports: bool = False  # the run mirrors ingress reads (``resource_read``): it took PATCH_READ_CYCLE
+
+
+class SubscribeCycleRequest(FrozenRecord):
+    """A subscription's start in one round trip (``Act.MCP_SUBSCRIBE_CYCLE`` on the session host's
+    queue): ``subscribe`` on the live session; once the server took it, ``mark`` (SUBSCRIBING →
+    ACTIVE, CAS on both generations); once ACTIVE, the initial ``read`` cycle."""
+
+    subscribe: SubscribeRequest
+    mark: MarkActiveRequest
+    read: ReadCycleRequest
+
+
+class SubscribeCycleResult(FrozenRecord):
+    """What the start did: the subscribe outcome; ``active``: the row after ``mark`` (None: the
+    server did not take the subscription, so nothing was marked); ``cycle``: the initial read cycle
+    (None: the row was not ACTIVE on these generations, so nothing was read)."""
+
+    subscribe: SubscribeOutcome
+    active: FenceSnapshot | None = None
+    cycle: ReadCycleResult | None = None
 
 
 class FinishUnsubscribeRequest(FrozenRecord):

@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_FIRST_READ,
         UPDATE_RESUME,
         WORKFLOW_TYPE,
+        Act,
     )
     from mcpsync.workflows.records import (
         CatalogObservation,
@@ -63,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from mcpsync.workflows.subscription_program import (
         PATCH_LEAN_HISTORY,
         PATCH_READ_CYCLE,
+        PATCH_START_CYCLE,
         PATCHES_BEFORE_READ_CYCLE,
         ActivityFailed,
         Publication,
@@ -99,8 +101,9 @@ class TemporalRuntime:
 
     def patched(self, patch_id: str) -> bool:
         self.patches[patch_id] = workflow.patched(patch_id)
-        if patch_id == PATCH_READ_CYCLE and self.patches[patch_id]:
-            self.patches.update(dict.fromkeys(PATCHES_BEFORE_READ_CYCLE, True))  # implied, never asked
+        if patch_id in (PATCH_READ_CYCLE, PATCH_START_CYCLE) and self.patches[patch_id]:
+            # Implied, never asked: a run that takes a newer patch started on code that has the older ones.
+            self.patches.update(dict.fromkeys((*PATCHES_BEFORE_READ_CYCLE, PATCH_READ_CYCLE), True))
         return self.patches[patch_id]
 
     def uuid4(self) -> str:
@@ -118,6 +121,8 @@ class TemporalRuntime:
     def _summary(self, name: str, arg: object) -> str:
         """The Web UI's activity summary: "read demo://x ordinal 12" (metadata only, never content)."""
         what = name.removeprefix("ledger_").removeprefix("mcp_").replace("_", " ")
+        if name == Act.MCP_SUBSCRIBE_CYCLE:
+            return f"subscribe {self.key.uri[:160]} (subscribe, mark active, initial read)"
         allocate = getattr(arg, "allocate", None)
         if allocate is not None:  # the read cycle: its ordinal is allocated inside it
             return f"read {self.key.uri[:160]} ({allocate.trigger.value}: allocate, read, accept)"

@@ -62,6 +62,8 @@ from mcpsync.workflows.records import (
     SessionInfo,
     SessionQuery,
     SetStateRequest,
+    SubscribeCycleRequest,
+    SubscribeCycleResult,
     SubscribeOutcome,
     SubscribeRequest,
     SubscriptionStart,
@@ -83,6 +85,7 @@ __all__ = [
     "PATCH_TTL_POLL_PERIOD",
     "PATCH_LEAN_HISTORY",
     "PATCH_READ_CYCLE",
+    "PATCH_START_CYCLE",
     "PATCHES_BEFORE_READ_CYCLE",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
@@ -116,6 +119,13 @@ PATCH_READ_CYCLE = "read-cycle"
 activity on the session host's queue (``Act.MCP_READ_CYCLE``), with the same fence rules, and the
 run mirrors its result; the receipt is committed before the workflow hears of it. Updates that
 arrive while it runs are judged by the ledger's update counter at the allocation (``issued``)."""
+
+PATCH_START_CYCLE = "start-cycle"
+"""Patch id: a subscription starts in one round trip. Where the server advertises subscribe,
+``subscribe``, the mark SUBSCRIBING → ACTIVE and the initial read cycle run as one activity on the
+session host's queue (``Act.MCP_SUBSCRIBE_CYCLE``), and the run mirrors what it did. Taken by a run
+on code that has every earlier patch (it implies ``read-cycle`` and those before it). Updates noted
+while it runs are judged as those noted during a read cycle (``fence.start_cycle_reserve``)."""
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -228,6 +238,7 @@ class SubscriptionProgram:
         self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
         self.lean = False  # set in run(): patched(PATCH_LEAN_HISTORY)
         self.read_cycle = False  # set in run(): patched(PATCH_READ_CYCLE)
+        self.start_cycle = False  # set in run(): patched(PATCH_START_CYCLE)
         self.deadline_ticks = 0  # lean: how often the deadline keeper's timer fired
 
     # --- handlers -------------------------------------------------------------------
@@ -353,7 +364,8 @@ class SubscriptionProgram:
         # Memoized for the run: histories recorded before deadlines keep their restarted timer.
         # The newest patch is asked first: a run that takes it started on code that has every older
         # one, whose markers (each with a TemporalChangeVersion upsert) would say nothing more.
-        self.read_cycle = rt.patched(PATCH_READ_CYCLE)
+        self.start_cycle = rt.patched(PATCH_START_CYCLE)
+        self.read_cycle = self.start_cycle or rt.patched(PATCH_READ_CYCLE)
         if self.read_cycle:
             self.deadlines = self.bounded_reconciliation = adaptive_poll_period = self.lean = True
         else:
@@ -567,10 +579,16 @@ class SubscriptionProgram:
             return False
         self._publish()
         poll: float | None = None
-        if session.subscribe:
+        if session.subscribe and self.start_cycle:
+            started = await self._start_cycle(session, snap)
+            if started is not None and started.active is not None:
+                return True  # the server took the subscription: the row was marked (and read) there
+            out = started.subscribe if started is not None else None
+        elif session.subscribe:
             out = await self._mcp(session, Act.MCP_SUBSCRIBE,
                                   SubscribeRequest(key=self.key, session_generation=session.generation),
                                   SubscribeOutcome)
+        if session.subscribe:
             if out is None or (not out.ok and out.session_generation != session.generation):
                 self.session = None
                 return False
@@ -590,6 +608,35 @@ class SubscriptionProgram:
         self.fence.explain("polling: server has no usable subscribe" if poll else "")
         self._publish()
         return True
+
+    async def _start_cycle(self, session: SessionInfo, snap: FenceSnapshot) -> SubscribeCycleResult | None:
+        """PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read in one activity; mirror the
+        mark as ``subscribed`` and the read as ``_read_cycle`` would have. None: the activity failed
+        for good (what it did is unknown: the row stays SUBSCRIBING here and the next pass
+        resubscribes). A result without ``active``: the server did not take the subscription, and
+        nothing was marked (the caller decides as for ``mcp_subscribe``)."""
+        s = self.fence.s
+        placeholder = self.fence.start_cycle_reserve()
+        requested_at = self.rt.now()
+        allocate = AllocateRequest(key=self.key, session_generation=session.generation,
+                                   subscription_generation=snap.subscription_generation,
+                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
+                                   trigger=TriggerReason.INITIAL)
+        req = SubscribeCycleRequest(
+            subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
+            mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
+                                   subscription_generation=snap.subscription_generation, read_reports=True),
+            read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
+        started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
+        if started is None or started.active is None:
+            self.fence.release_placeholder(placeholder)
+            return started
+        trigger = self.fence.start_cycle_subscribed(started.active, placeholder, read=started.cycle is not None)
+        self.fence.explain("")
+        self._publish()
+        if trigger is not None:
+            self._cycle_done(started.cycle, trigger, requested_at)
+        return started
 
     # --- reads -------------------------------------------------------------------------
 
@@ -683,6 +730,11 @@ class SubscriptionProgram:
                                                      close_epoch=s.close_epoch), ReadCycleResult)
         finally:
             self.fence.release_placeholder(placeholder)
+        self._cycle_done(cycle, trigger, requested_at)
+
+    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime) -> None:
+        """Mirror a read cycle's result (None: it failed for good), in the order the separate calls
+        would have: issued, deadline, applied, judged."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
