@@ -402,3 +402,23 @@ def test_marked_active_is_this_starts_row_only() -> None:
     assert not marked_active(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), session_generation=1,
                              subscription_generation=1)
     assert not marked_active(FenceSnapshot(exists=False), session_generation=1, subscription_generation=1)
+
+
+def test_a_report_during_a_start_cycle_covers_the_updates_it_read() -> None:
+    # The ingress read the row the start marked ACTIVE before this run heard of it: the updates that
+    # read covered are COVERED here too, and earn no follow-up; a later one still does.
+    f = _start_window()
+    assert f.reported(ReadTicket(granted=True, ordinal=2, request_id="r", notifications_seen=4))
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=4)) == UpdateDisposition.COVERED
+    assert f.s.pending_trigger is None
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=5)) \
+        == UpdateDisposition.COALESCED
+    assert f.start_cycle_subscribed(ACTIVE_1, f.s.in_flight[0], read=True) == TriggerReason.INITIAL
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="s", notifications_seen=3), after_read=True)
+    assert f.s.pending_trigger == TriggerReason.FOLLOW_UP
+    # Outside a start cycle a SUBSCRIBING run covers nothing (its initial read will).
+    g = SubscriptionFence(FenceState(key=KEY))
+    assert g.subscribing(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), "2025-11-25", {"subscribe": True})
+    assert g.reported(ReadTicket(granted=True, ordinal=2, request_id="r", notifications_seen=4))
+    assert g.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=4)) \
+        == UpdateDisposition.COALESCED

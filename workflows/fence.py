@@ -196,6 +196,7 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
+        self._start_slot: int | None = None  # the placeholder of a start cycle under way (PATCH_START_CYCLE)
 
     def explain(self, detail: str) -> None:
         """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
@@ -272,6 +273,7 @@ class SubscriptionFence:
         self._placeholders += 1
         placeholder = -self._placeholders
         s.in_flight.append(placeholder)
+        self._start_slot = placeholder
         return placeholder
 
     def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool) -> TriggerReason | None:
@@ -301,9 +303,13 @@ class SubscriptionFence:
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
         s.updates_seen += 1
-        if sig.sequence is not None and sig.sequence <= s.covered_sequence and s.state == S.ACTIVE:
+        if sig.sequence is not None and sig.sequence <= s.covered_sequence and (
+                s.state == S.ACTIVE or self._start_slot is not None):
             # The ledger recorded this update before a read was allocated: that read (issued after
             # the server sent it, so after the change) already observes the change. No clocks involved.
+            # During a start cycle the row is ACTIVE in the ledger before this run hears of it: a
+            # read the ingress reported meanwhile (judged, made on the row the start marked) covers
+            # as it would once ACTIVE here; nothing of this run's is in flight to be unconfirmed.
             s.updates_covered += 1
             if s.covering_ordinal in s.in_flight:
                 s.covered_unconfirmed = True  # if that read fails, the update earns its own read
@@ -435,6 +441,8 @@ class SubscriptionFence:
 
     def release_placeholder(self, placeholder: int) -> None:
         """The allocation answered (or failed); a session change may already have cleared the slot."""
+        if placeholder == self._start_slot:
+            self._start_slot = None
         if placeholder in self.s.in_flight:
             self.s.in_flight.remove(placeholder)
 
