@@ -15,6 +15,20 @@ Contract:
   (``WORKFLOW_TASK_COMPLETED`` after the sample's ``ACTIVITY_TASK_COMPLETED`` in the fetched
   history, server clock on the same host). The workers run in the calling process, on the run's
   client (and so its metrics runtime), and stop when :func:`measure` returns.
+- :class:`StartFloorWorkflow` (the Temporal START floor, issue 12's "initial subscriptions/s") is
+  the least a started subscription can be: its run executes ONE activity on the second task queue,
+  :meth:`FloorActivities.touch_own_row` (``touch`` on a row of its own, upserted, so concurrent
+  workflows do not queue on one row lock), and returns the digest. That is one workflow start, two
+  workflow tasks and one cross-queue activity, then the close.
+- :func:`measure_starts` first runs a warm-up tenth (not timed), then starts ``n`` of them through
+  a semaphore of ``concurrency`` start calls in flight (32: the benchmark's ``subscribe()`` starts
+  subscriptions with ``gather_limited(..., 32)``) and waits for every one to complete (the result
+  of each, awaited as soon as its start returned). ``subscriptions_per_second`` = ``n`` ÷ wall
+  seconds from the first start call to the last completion observed (this process's monotonic
+  clock). With ``roles`` (:func:`benchmarks.cost.run_processes`) it also diffs the processes' CPU
+  (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
+  ``benchmarks.run.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
+  :func:`measure`: in the calling process, on the run's client, stopped when it returns.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """
 
@@ -23,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,13 +50,17 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.client import Client
     from temporalio.worker import Worker
 
+    from benchmarks import cost
     from mcpsync.activities.mcp_session import read_digest
 
-__all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "measure", "prepare_table"]
+__all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "StartFloorResult", "StartFloorWorkflow", "measure",
+           "measure_starts", "prepare_table"]
 
 SIGNAL_GO = "go"
 SIGNAL_STOP = "stop"
 ACTIVITY_TOUCH = "bench_floor_touch"
+ACTIVITY_TOUCH_OWN_ROW = "bench_start_floor_touch"
+START_ROW0 = 1000  # the start floor's rows: START_ROW0 + sample
 TABLE = "bench_temporal_floor"
 
 
@@ -74,6 +93,17 @@ class FloorWorkflow:
         self._stop = True
 
 
+@workflow.defn(name="BenchTemporalStartFloor")
+class StartFloorWorkflow:
+    """Started → one activity on another task queue → completed with the read's digest."""
+
+    @workflow.run
+    async def run(self, activity_queue: str, sample: int) -> str:
+        digest: str = await workflow.execute_activity(ACTIVITY_TOUCH_OWN_ROW, sample, task_queue=activity_queue,
+                                                      start_to_close_timeout=timedelta(seconds=30))
+        return digest
+
+
 @dataclass
 class FloorActivities:
     pool: AsyncConnectionPool[Any]
@@ -89,10 +119,21 @@ class FloorActivities:
 
     @activity.defn(name=ACTIVITY_TOUCH)
     async def touch(self, sample: int) -> str:
+        return await self._touch(sample, f"UPDATE {TABLE} SET sample = %s, touched_at = clock_timestamp() WHERE id = 1",
+                                 (sample,))
+
+    @activity.defn(name=ACTIVITY_TOUCH_OWN_ROW)
+    async def touch_own_row(self, sample: int) -> str:
+        """:meth:`touch` on a row of the sample's own (``START_ROW0 + sample``, upserted): concurrent workflows do
+        not queue on one row lock, as subscriptions write rows of their own."""
+        return await self._touch(sample, f"INSERT INTO {TABLE} (id, sample, touched_at) VALUES (%s, %s, "
+                                         "clock_timestamp()) ON CONFLICT (id) DO UPDATE SET sample = excluded.sample,"
+                                         " touched_at = excluded.touched_at", (START_ROW0 + sample, sample))
+
+    async def _touch(self, sample: int, sql: str, args: tuple[int, ...]) -> str:
         t0 = time.perf_counter()
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(f"UPDATE {TABLE} SET sample = %s, touched_at = clock_timestamp() WHERE id = 1",
-                               (sample,))
+            await conn.execute(sql, args)
         t1 = time.perf_counter()
         digest = read_digest(await self.mcp.read_resource(self.uri))
         t2 = time.perf_counter()
@@ -181,4 +222,68 @@ async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri:
         workflow_tasks=tasks,
         missing=samples - len(totals),
         breakdown=breakdown,
+    )
+
+
+@dataclass
+class StartFloorResult:
+    n: int  # timed workflows
+    concurrency: int  # start calls in flight at most
+    warmup: int  # workflows run before the window (not timed)
+    start_seconds: float  # first start call -> every start call returned
+    seconds: float  # first start call -> last completion observed
+    subscriptions_per_second: float  # n / seconds
+    postgres: list[float]  # the activities' transactions (timed workflows)
+    read: list[float]  # the activities' resources/read (timed workflows)
+    cpu: dict[str, Any] | None  # benchmarks.cost.cpu_delta over the window, per start (with ``roles``)
+    machine: tuple[Any, Any] | None  # ``snapshot()`` at the window's start and end (with ``snapshot``)
+
+
+async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, n: int, *,
+                         concurrency: int = 32, roles: dict[int, cost.Role] | None = None,
+                         snapshot: Callable[[], Any] | None = None, timeout: float = 120.0) -> StartFloorResult:
+    """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract."""
+    tag = uuid.uuid4().hex[:8]
+    wf_queue, act_queue = f"bench-start-floor-wf-{tag}", f"bench-start-floor-act-{tag}"
+    acts = FloorActivities(pool, mcp, uri)
+    await prepare_table(pool)
+    gate = asyncio.Semaphore(concurrency)
+    warmup = max(1, n // 10)
+
+    async def one(i: int) -> float:
+        async with gate:
+            handle = await client.start_workflow(StartFloorWorkflow.run, args=[act_queue, i],
+                                                 id=f"bench-temporal-start-floor-{tag}-{i}", task_queue=wf_queue)
+        started[i] = time.monotonic()
+        await handle.result()
+        return time.monotonic()
+
+    started: dict[int, float] = {}
+    async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow]), \
+            Worker(client, task_queue=act_queue, activities=[acts.touch_own_row]):
+        # One-time costs (the workflow sandbox, pollers, pool connections) are not per start: a warm-up tenth
+        # first, as the benchmark's subscribe() does.
+        await asyncio.wait_for(asyncio.gather(*(one(n + i) for i in range(warmup))), timeout)
+        acts.postgres_s.clear()
+        acts.read_s.clear()
+        started.clear()
+        cpu0 = cost.cpu_sample(roles) if roles else None
+        machine0 = snapshot() if snapshot else None
+        t0 = time.monotonic()
+        done = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), timeout)
+        t1 = max(done)
+        cpu = cost.cpu_delta(cpu0, cost.cpu_sample(roles), n) if cpu0 is not None and roles else None
+        machine = (machine0, snapshot()) if snapshot else None
+    seconds = max(t1 - t0, 1e-9)
+    return StartFloorResult(
+        n=n,
+        concurrency=concurrency,
+        warmup=warmup,
+        start_seconds=round(max(started.values()) - t0, 3) if started else 0.0,
+        seconds=seconds,
+        subscriptions_per_second=n / seconds,
+        postgres=list(acts.postgres_s),
+        read=list(acts.read_s),
+        cpu=cpu,
+        machine=machine,
     )

@@ -35,7 +35,12 @@ The **Temporal floor** (``benchmarks.floor``), in the same run, right after the 
 workflow (not mcpsync's) where a signal runs ONE activity on a second task queue doing one PostgreSQL
 transaction and one MCP ``resources/read`` (own session, ``cache=None``) against the run's fixture;
 signal sent → workflow task that took the result completed. mcpsync's convergence of changes with
-a delivered notification is divided by it (``convergence_over_temporal_floor``).
+a delivered notification is divided by it (``convergence_over_temporal_floor``). Right after it, the
+**Temporal start floor** (``benchmarks.floor.measure_starts``): n minimal workflows (n = the startup
+phase's measured subscriptions, at most 200; a warm-up tenth first) whose run is that same ONE
+activity, started with at most 32 start calls in flight as ``subscribe()`` starts subscriptions;
+n ÷ (first start → last completion) is ``temporal_start_floor.subscriptions_per_s``, and the startup
+phase's subscriptions/s is divided by it (``initial_subscriptions_over_start_floor``).
 
 **Cost of a change** (``benchmarks.cost``): CPU of the run's processes (this process, the dev server,
 the fixtures, PostgreSQL's postmaster, auxiliaries and the run's backends) from /proc over the churn,
@@ -65,8 +70,8 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from contextlib import AsyncExitStack, suppress
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -543,10 +548,11 @@ async def staleness_section(ledger: Ledger, stale_runs: Sequence[staleness.Profi
 TEMPORAL_FLOOR_URI = "bench://temporal-floor"
 
 
-async def measure_temporal_floor(client: Client, ledger: Ledger, fixture: FixtureProcess | None, work: Path,
-                                 samples: int) -> dict[str, Any]:
-    """``benchmarks.floor`` on the run's dev server and database, reading from the run's fixture: over HTTP the
-    system's fixture process, over stdio a twin fixture process of its own (a stdio server has one client)."""
+@asynccontextmanager
+async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> AsyncIterator[Any]:
+    """The Temporal floors' own MCP client session (``cache=None``) on the run's fixture, holding
+    ``TEMPORAL_FLOOR_URI``: over HTTP the system's fixture process, over stdio a twin fixture process of its own
+    (a stdio server has one client)."""
     ready = work / "ready-temporal-floor.json"
     target: Any
     if fixture is not None:
@@ -564,10 +570,16 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, fixture: Fixtur
                 await ctl.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
             finally:
                 await ctl.aclose()
-        res = await floor.measure(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, samples)
+        yield mcp
     finally:
         with suppress(BaseException):  # a transport torn down mid-close must not fail the report
             await asyncio.wait_for(mcp.__aexit__(None, None, None), 10)
+
+
+async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, samples: int) -> dict[str, Any]:
+    """``benchmarks.floor.measure`` on the run's dev server and database, reading ``TEMPORAL_FLOOR_URI`` on
+    ``mcp`` (:func:`temporal_floor_session`)."""
+    res = await floor.measure(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, samples)
     ms = summarize(res.totals)
     return {
         **ms,
@@ -583,6 +595,50 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, fixture: Fixtur
                 "task queue completed (server's event time); sequential, idle, same dev server, database, fixture",
         "_totals": res.totals,
     }
+
+
+async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any, n: int,
+                                       roles: dict[int, cost.Role] | None) -> dict[str, Any]:
+    """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
+    like ``subscribe()`` starts subscriptions; CPU of ``roles`` over the window."""
+    res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32, roles=roles,
+                                     snapshot=cpu_snapshot)
+    out: dict[str, Any] = {
+        "subscriptions_per_s": round(res.subscriptions_per_second, 1),
+        "n": res.n,
+        "concurrency": res.concurrency,
+        "warmup": res.warmup,
+        "start_seconds": round(res.start_seconds, 3),
+        "seconds": round(res.seconds, 3),
+        "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
+        "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "cpu_ms_per_start": None,
+        "by_process_ms_per_start": None,
+        "machine_busy_pct": None,
+        "other_processes_pct_of_machine": None,
+        "what": "benchmarks.floor.measure_starts: after a warm-up tenth, n workflows (BenchTemporalStartFloor: ONE "
+                "activity = one PostgreSQL transaction upserting a row of its own + one MCP resources/read, own "
+                "session, cache=None, on a second task queue, then return) started with at most 32 start calls in "
+                "flight, as subscribe() starts subscriptions; n / (first start call -> last completion observed); "
+                "n = startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers in "
+                "the benchmark process (one interpreter)",
+    }
+    if res.machine is not None:
+        box = cpu_report(*res.machine)
+        out["machine_busy_pct"] = box["machine_busy_pct"]
+        out["other_processes_pct_of_machine"] = box["other_processes_pct_of_machine"]
+        out["machine_note"] = ("the whole box over the same window (cpu_report): other processes = busy minus this "
+                               "process tree and PostgreSQL, i.e. other agents competing for the same cores")
+    if res.cpu is not None:
+        by = res.cpu["by_process_ms_per_change"]
+        mine = (cost.Role.BENCHMARK_PROCESS.value, cost.Role.TEMPORAL_DEV_SERVER.value)
+        out["cpu_ms_per_start"] = round(sum(by[k] or 0.0 for k in mine), 1)
+        out["by_process_ms_per_start"] = by
+        out["cpu_note"] = ("cpu_ms_per_start = benchmark_process (the floor's workers and client; the idle naive "
+                           "baseline) + temporal_dev_server, utime+stime from /proc over the window / n "
+                           "(benchmarks.cost); by_process_ms_per_start has every role, the floor's PostgreSQL "
+                           "transactions and fixture reads and the idle mcpsync processes included")
+    return out
 
 
 def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[str], wh: cost.WindowHistory,
@@ -644,6 +700,9 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
         "workflow_tasks_per_change": c["history"]["workflow_tasks_per_change"],
         "burst_reads_per_s": r["burst"]["reads_per_second"],
         "initial_subscriptions_per_s": r["startup"]["subscriptions_per_second"],
+        "temporal_start_floor_per_s": r["temporal_start_floor"]["subscriptions_per_s"],
+        "initial_subscriptions_over_start_floor": ratio(r["startup"]["subscriptions_per_second"],
+                                                        r["temporal_start_floor"]["subscriptions_per_s"]),
         "reads_per_change_vs_naive": r["comparison"]["amplification_vs_baseline"],
     }
 
@@ -656,6 +715,8 @@ ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
      "(split layout)"),
     ("burst reads/s", lambda r: r["burst_reads_per_s"], "~29", ">= 75"),
     ("initial subscriptions/s", lambda r: r["initial_subscriptions_per_s"], "~10", ">= 40"),
+    (" temporal start floor /s", lambda r: r["temporal_start_floor_per_s"], "-", "-"),
+    (" initial subscriptions / start floor", lambda r: r["initial_subscriptions_over_start_floor"], "-", "-"),
     ("history events per change", lambda r: r["history_events_per_change"], "16-27", "<= 8"),
     ("workflow tasks per change", lambda r: r["workflow_tasks_per_change"], "~5", "-"),
     ("reads per change vs naive", lambda r: r["reads_per_change_vs_naive"], "0.34x", "<= 0.4x"),
@@ -810,8 +871,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         # --- the Temporal floor: signal -> one activity (one transaction + one read) on a second task queue ------
         say(f"measuring the Temporal floor ({opts.temporal_floor_samples} samples)")
-        r["temporal_floor"] = await measure_temporal_floor(client, ledger, fixture, work, opts.temporal_floor_samples)
-        run.curves["temporal_floor"] = r["temporal_floor"].pop("_totals")
+        # --- and the Temporal start floor: n minimal one-activity workflows started like the subscriptions ---
+        start_n = max(1, min(200, r["startup"]["subscriptions_measured"]))
+        async with temporal_floor_session(fixture, work) as floor_mcp:
+            r["temporal_floor"] = await measure_temporal_floor(client, ledger, floor_mcp, opts.temporal_floor_samples)
+            run.curves["temporal_floor"] = r["temporal_floor"].pop("_totals")
+            say(f"measuring the Temporal start floor ({start_n} workflows, 32 starts in flight)")
+            start_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
+            r["temporal_start_floor"] = await measure_temporal_start_floor(client, ledger, floor_mcp, start_n,
+                                                                           start_roles)
 
         # --- staleness profiles: subscribed now, measured over a window that starts with the churn --------
         plan = opts.staleness_plan()
@@ -1298,6 +1366,12 @@ def print_summary(report: dict[str, Any]) -> None:
         print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; signal -> 1 "
               f"activity on a 2nd queue: txn {f(tf['activity_postgres_p50_ms'])} ms + read "
               f"{f(tf['activity_read_p50_ms'])} ms -> workflow ack)")
+        sf = r["temporal_start_floor"]
+        print(f"  temporal start floor {f(sf['subscriptions_per_s'])}/s  (n={sf['n']}, {sf['concurrency']} starts in "
+              f"flight, {f(sf['seconds'])} s; 1 activity per workflow: txn {f(sf['activity_postgres_p50_ms'])} ms + "
+              f"read {f(sf['activity_read_p50_ms'])} ms; CPU {f(sf['cpu_ms_per_start'])} ms/start, benchmark "
+              f"process + dev server; machine busy {f(sf['machine_busy_pct'], '%')}, other processes "
+              f"{f(sf['other_processes_pct_of_machine'], '%')})")
         byp = cc["by_process_ms_per_change"]
         print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = " + " + ".join(f"{k} {f(v)}" for k, v in byp.items())
               + f"   (whole machine {f(cc['whole_machine_busy_ms_per_change'])}; unreadable pids "

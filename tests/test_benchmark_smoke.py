@@ -113,6 +113,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
 
     assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
     assert "temporal floor ms" in proc.stdout and "history events per change" in proc.stdout
+    assert "temporal start floor /s" in proc.stdout and "initial subscriptions / start floor" in proc.stdout
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
@@ -190,3 +191,19 @@ def _check_cost_of_a_change(r: dict[str, Any]) -> None:
     assert r["burst_reads_per_s"] == r["burst"]["reads_per_second"] > 0
     assert r["initial_subscriptions_per_s"] == r["startup"]["subscriptions_per_second"] > 0
     assert r["reads_per_change_vs_naive"] == r["comparison"]["amplification_vs_baseline"]
+
+    # The Temporal start floor: as many one-activity workflows as the startup phase timed, 32 starts in flight.
+    sf = r["temporal_start_floor"]
+    assert sf["n"] == r["startup"]["subscriptions_measured"] == 5 and sf["concurrency"] == 32 and sf["warmup"] == 1
+    assert _num(sf["subscriptions_per_s"]) and sf["subscriptions_per_s"] > 0
+    assert 0 < sf["start_seconds"] <= sf["seconds"]
+    assert sf["subscriptions_per_s"] == pytest.approx(sf["n"] / sf["seconds"], rel=0.05, abs=0.1)
+    assert sf["activity_postgres_p50_ms"] > 0 and sf["activity_read_p50_ms"] > 0
+    assert _num(sf["cpu_ms_per_start"]) and sf["cpu_ms_per_start"] > 0
+    assert _num(sf["machine_busy_pct"]) and _num(sf["other_processes_pct_of_machine"])
+    by_start = sf["by_process_ms_per_start"]
+    assert sf["cpu_ms_per_start"] == pytest.approx(by_start["benchmark_process"] + by_start["temporal_dev_server"],
+                                                   abs=0.2)
+    assert r["temporal_start_floor_per_s"] == sf["subscriptions_per_s"]
+    assert r["initial_subscriptions_over_start_floor"] == pytest.approx(
+        r["initial_subscriptions_per_s"] / sf["subscriptions_per_s"], abs=1e-3)
