@@ -40,10 +40,11 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
                     and event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
                 summaries.append(pydantic_data_converter.payload_converter.from_payload(
                     event.user_metadata.summary, str))
-        # One activity allocates, reads and accepts (read-cycle): the ordinal is not known when it is
-        # scheduled, so its summary names the trigger; the ordinal is in the details panel.
-        assert f"read {key.uri} (initial: allocate, read, accept)" in summaries, summaries
-        assert f"ensure subscription {key.uri}" in summaries and f"mark active {key.uri}" in summaries
+        # One activity subscribes, marks ACTIVE and makes the initial read (start-cycle): the ordinal is
+        # not known when it is scheduled, so its summary names the steps; the ordinal is in the details panel.
+        assert f"subscribe {key.uri} (subscribe, mark active, initial read)" in summaries, summaries
+        assert f"ensure subscription {key.uri}" in summaries and f"begin subscription {key.uri}" in summaries
+        assert not any(s.startswith(("mark active", "read ")) for s in summaries), summaries
 
         meta = await handle.query("__temporal_workflow_metadata")
         definition = meta.definition
