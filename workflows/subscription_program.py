@@ -483,8 +483,7 @@ class SubscriptionProgram:
         while not fence.finished:
             wait = fence.until_read_due(rt.now())
             if wait is None:  # not ACTIVE, a read requested or being allocated: wait for a deadline
-                await self._wait(lambda: fence.finished or fence.until_read_due(rt.now()) is not None, None,
-                                 WaitKind.DEADLINE)
+                await self._keeper_wait(lambda: fence.finished or fence.until_read_due(rt.now()) is not None, None)
                 continue
             due = fence.s.read_due_at
             fire_at = rt.now() + wait
@@ -495,11 +494,19 @@ class SubscriptionProgram:
                 promised = fence.read_promised_by()
                 return promised is not None and promised < fire_at
 
-            if await self._wait(broken_promise, wait, WaitKind.DEADLINE):
+            if await self._keeper_wait(broken_promise, wait):
                 continue
             self.deadline_ticks += 1
             # Until the main loop has acted on it (a read requested) or the deadline moved: no spinning.
-            await self._wait(self._deadline_acted_on(due), None, WaitKind.DEADLINE)
+            await self._keeper_wait(self._deadline_acted_on(due), None)
+
+    async def _keeper_wait(self, condition: Callable[[], bool], timeout: timedelta | None) -> bool:
+        """The deadline keeper blocks without upserting (PATCH_START_CYCLE): it changes no search
+        attribute itself, and the coroutines that do upsert when they block, so a workflow task (a
+        start's first one: the keeper blocks right after the reload) writes one upsert, not two."""
+        if self.start_cycle:
+            return await self.rt.wait(condition, timeout, WaitKind.DEADLINE)
+        return await self._wait(condition, timeout, WaitKind.DEADLINE)
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
