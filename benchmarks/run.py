@@ -808,7 +808,12 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         await asyncio.sleep(1.0)
         gc.collect()
         rss0, trss0 = rss_bytes(services.worker_pid), rss_bytes(temporal.pid)
+        # CPU per subscription over the same window, by process (the dev server, PostgreSQL, mcpsync's
+        # processes, this one: the start calls and the ledger polling that finds the end).
+        startup_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
+        startup_cpu0 = cost.cpu_sample(startup_roles)
         started, converged = await subscribe(uris[warm:]) if n > warm else (0.0, 1e-9)
+        startup_cpu = cost.cpu_delta(startup_cpu0, cost.cpu_sample(startup_roles), n - warm)
         await asyncio.sleep(1.0)  # let the last workflow tasks finish before measuring memory
         gc.collect()
         rss1, trss1 = rss_bytes(services.worker_pid), rss_bytes(temporal.pid)
@@ -818,6 +823,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "start_seconds": round(started, 2),
             "initial_convergence_seconds": round(converged, 2),
             "subscriptions_per_second": round((n - warm) / converged, 1),
+            "cpu_ms_per_subscription": startup_cpu["cpu_ms_per_change"],
+            "by_process_ms_per_subscription": startup_cpu["by_process_ms_per_change"],
         }
         r["memory"] = {
             "worker_rss_before_bytes": rss0,
@@ -830,8 +837,10 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                     "divided by their number; the worker is the main worker's process (split layout) or this "
                     "process (in-process layout; the baseline client is not started yet)",
         }
+        by_start = " + ".join(f"{k} {v}" for k, v in startup_cpu["by_process_ms_per_change"].items() if v)
         say(f"initial convergence of {n - warm}: {converged:.1f}s, worker "
-            f"{(rss1 - rss0) / measured / 1024:.1f} KiB/subscription")
+            f"{(rss1 - rss0) / measured / 1024:.1f} KiB/subscription, CPU {startup_cpu['cpu_ms_per_change']} "
+            f"ms/subscription = {by_start}")
 
         # --- baseline client and the floor --------------------------------------------------------
         base = NaiveClient(base_target)

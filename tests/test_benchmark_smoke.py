@@ -99,6 +99,10 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert _num(r["comparison"]["convergence_p50_vs_floor"])
         assert r["memory"]["worker_rss_after_bytes"] > 0 and _num(r["memory"]["worker_bytes_per_subscription"])
         assert r["startup"]["subscriptions_per_second"] > 0
+        # The dev server and mcpsync's worker did work for every start (the ingress too, split layout).
+        by_start = r["startup"]["by_process_ms_per_subscription"]
+        assert by_start["temporal_dev_server"] > 0 and r["startup"]["cpu_ms_per_subscription"] >= \
+            by_start["temporal_dev_server"], by_start
         assert r["burst"]["received"] == r["burst"]["notifications"] > 0
         assert r["burst"]["notifications_per_second"] > 0
         assert r["revocation"]["samples"] == r["revocation"]["sample"] == 2
