@@ -339,14 +339,14 @@ JudgeFn = Callable[..., Judgement]
 """``judge_read``'s signature: ``(row, issued, outcome, *, row_uri) -> Judgement`` (a seam for tests)."""
 
 CoverFn = Callable[[datetime, datetime | None], bool]
-"""The ingress's skip rule: ``(newest pulse arrived, asked) -> covered`` (a seam for tests, like ``JudgeFn``)."""
+"""The ingress's skip rule: ``(newest pulse arrived, read sent) -> covered`` (a seam for tests, like ``JudgeFn``)."""
 
 
-def covered_at_ingress(arrived: datetime, asked: datetime | None) -> bool:
+def covered_at_ingress(arrived: datetime, sent: datetime | None) -> bool:
     """The session host's rule (``fence.pulses_covered``, called by ``SessionHost._route_loop``) on the
     simulator's clock: a queued (URI, generation) is skipped when its newest pulse arrived before the
-    newest read made at the ingress for it, judged ACCEPTED or UNCHANGED, asked for its allocation."""
-    return pulses_covered(arrived.timestamp(), asked.timestamp() if asked is not None else None)
+    newest read made at the ingress for it, judged ACCEPTED or UNCHANGED, was sent (``sent``)."""
+    return pulses_covered(arrived.timestamp(), sent.timestamp() if sent is not None else None)
 
 
 @dataclass(frozen=True)
@@ -809,12 +809,14 @@ class Activity:
 class IngressRoute:
     """MIRROR(worker/session_host.py: _deliver): one routing of (KEY.uri, ``generation``) that reads at
     the ingress. ``sig`` is the update it reads for (the ``resource_read`` report's, or the fallback
-    ``resource_updated``'s); ``asked``: when it asked for the allocation (``requested_at``, ``_read_asked``)."""
+    ``resource_updated``'s); ``asked``: when it asked for the allocation (``requested_at``); ``sent``:
+    when the read was sent, its allocation granted (``_read_sent``)."""
 
     generation: int
     sig: ResourceUpdated
     change: int
     asked: datetime | None = None
+    sent: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -910,10 +912,10 @@ class Simulation:
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
         # the session host's reads at the ingress (``SimConfig.ingress_reads``), per session generation of
         # KEY.uri: the read routing it now, pulses queued behind it, the newest ACCEPTED/UNCHANGED read's
-        # (asked, ordinal) (``SessionHost._read_asked``)
+        # (sent, ordinal) (``SessionHost._read_sent``)
         self._ingress_routing: dict[int, Activity] = {}
         self._ingress_queued: dict[int, PulseGroup] = {}
-        self._read_asked: dict[int, tuple[datetime, int]] = {}
+        self._read_sent: dict[int, tuple[datetime, int]] = {}
         # checker: newest change of a pulse group skipped at the ingress, and the ingress read that covered it
         # (the ingress's, not the workflow's: a workflow reset does not undo it)
         self._ingress_covered: tuple[int, int] = (0, 0)
@@ -1082,8 +1084,12 @@ class Simulation:
         assert route is not None
         if act.step == 0:
             # ``asked`` / ``requested_at``: production takes it in ``_deliver`` just before the allocation
-            # (after the note); the simulator at the allocation step, which only skips more pulses.
+            # (after the note); the simulator at the allocation step.
             route.asked = self.now
+        elif act.step == 1:
+            # ``sent``: production takes it once the allocation was granted, before the MCP request goes
+            # out (``run_cycle(before_read=)``); the simulator at the read step, before the oracle answers.
+            route.sent = self.now
         try:
             done, result = self._read_cycle_step(act, fault)
         except LedgerIntegrityError as err:
@@ -1096,7 +1102,7 @@ class Simulation:
             self._ingress_done(act, result)
 
     def _ingress_done(self, act: Activity, result: Any) -> None:
-        """MIRROR(SessionHost._deliver): judged: remember ``asked`` when the ledger made (or kept) the read
+        """MIRROR(SessionHost._deliver): judged: remember ``sent`` when the ledger made (or kept) the read
         current, report it (``resource_read``). Else: ``mark_signalled`` + ``resource_updated``, as without
         a read. Then the routing ends and pulses queued behind it are routed, or skipped as covered."""
         route = act.ingress
@@ -1105,13 +1111,13 @@ class Simulation:
         gen, sig = route.generation, route.sig
         del self._ingress_routing[gen]
         if isinstance(result, ReadCycleResult) and result.judged:
-            assert result.accept is not None and route.asked is not None
+            assert result.accept is not None and route.asked is not None and route.sent is not None
             verdict = result.accept.verdict
             self._cover(f"ingress.verdict.{verdict.value}")
             if verdict in (V.ACCEPTED, V.UNCHANGED):
-                prior = self._read_asked.get(gen)
-                if prior is None or route.asked >= prior[0]:
-                    self._read_asked[gen] = (route.asked, result.ticket.ordinal)
+                prior = self._read_sent.get(gen)
+                if prior is None or route.sent >= prior[0]:
+                    self._read_sent[gen] = (route.sent, result.ticket.ordinal)
             self._cover("ingress.report")
             report = ReadReport(update=sig, requested_at=route.asked, cycle=result)
             self.queue.append(Message("read_reported", gen, sig.notification_id, KEY.uri, route.change,
@@ -1124,13 +1130,13 @@ class Simulation:
         group = self._ingress_queued.pop(gen, None)
         if group is None:
             return
-        asked = self._read_asked.get(gen)
-        if self.config.ingress_covers(group.arrived, asked[0] if asked is not None else None):
+        sent = self._read_sent.get(gen)
+        if self.config.ingress_covers(group.arrived, sent[0] if sent is not None else None):
             # Never noted, never signalled: the checker holds the read that must have observed the change.
             self._cover("ingress.covered_skip")
             self.coverage["ingress.covered_pulses"] = self.coverage.get("ingress.covered_pulses", 0) + group.pulses
             if group.change >= self._ingress_covered[0]:
-                self._ingress_covered = (group.change, asked[1] if asked is not None else 0)
+                self._ingress_covered = (group.change, sent[1] if sent is not None else 0)
             return
         self._cover("ingress.queued_routed")
         if (msg := self._route(gen, group.nid, change=group.change)) is not None:

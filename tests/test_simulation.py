@@ -305,7 +305,7 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
 
 def _covered_skip_prefix() -> list[Event]:
     """A change notified three times: the first pulse starts a read at the ingress, the copies queue
-    behind it; the read allocates (``asked``) and serves the change."""
+    behind it; the read allocates, is sent (``sent``) and serves the change."""
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=3))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))
@@ -313,24 +313,39 @@ def _covered_skip_prefix() -> list[Event]:
     return list(sim.events)
 
 
-def test_pulses_queued_before_the_ingress_read_asked_are_skipped_as_covered() -> None:
+def test_pulses_queued_before_the_ingress_read_was_sent_are_skipped_as_covered() -> None:
     events = (*_covered_skip_prefix(), Event(Op.EXEC, act=INGRESS_READ))
     result = replay(Trace("ingress-skip", Profile(), events))
     assert not result.violations, result.violations
     assert result.coverage.get("ingress.covered_skip") == 1 and result.coverage.get("ingress.covered_pulses") == 2
 
 
+def test_a_change_notified_between_the_allocation_and_the_send_is_covered_by_that_read() -> None:
+    # The read at the ingress is allocated, then a second change is committed and notified before the
+    # read is sent: the read observes it, so its pulse is skipped, and the ledger holds the newest content.
+    sim = _settled()
+    sim.apply(Event(Op.MUTATE, n=1))
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
+    sim.apply(Event(Op.MUTATE, n=1))  # queued behind the routing, arrived before the send
+    for _ in range(2):
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (sent now), accept
+    assert sim.coverage.get("ingress.covered_skip") == 1 and "ingress.queued_routed" not in sim.coverage
+    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest
+    result = replay(Trace("ingress-between", Profile(), tuple(sim.events)))
+    assert not result.violations, result.violations
+
+
 def _late_pulse() -> tuple[Event, ...]:
-    """The ingress's read served v2; a deletion is notified while it is still under way (after it asked)."""
+    """The ingress's read served v2; a deletion is notified while it is still under way (after it was sent)."""
     return (*_covered_skip_prefix(), Event(Op.DELETE, n=1))
 
 
-def _covers_any_after_a_read(arrived: Any, asked: Any) -> bool:
+def _covers_any_after_a_read(arrived: Any, sent: Any) -> bool:
     """A broken skip rule: any queued pulse is covered once the ingress made a read current."""
-    return asked is not None
+    return sent is not None
 
 
-def test_a_pulse_that_arrived_after_the_ingress_read_asked_is_routed() -> None:
+def test_a_pulse_that_arrived_after_the_ingress_read_was_sent_is_routed() -> None:
     result = replay(Trace("ingress-late", Profile(), _late_pulse()))
     assert not result.violations, result.violations
     assert result.coverage.get("ingress.queued_routed") == 1 and "ingress.covered_skip" not in result.coverage
@@ -338,7 +353,7 @@ def test_a_pulse_that_arrived_after_the_ingress_read_asked_is_routed() -> None:
 
 
 def test_a_wrong_skip_at_the_ingress_is_caught() -> None:
-    # Skipping the group (its newest pulse arrived after the read asked) leaves the deletion unread:
+    # Skipping the group (its newest pulse arrived after the read was sent) leaves the deletion unread:
     # the checker knows which ingress read covered the skipped change and reports covered_unread.
     broken = SimConfig(ingress_covers=_covers_any_after_a_read)
     result = replay(Trace("ingress-late", Profile(), _late_pulse()), broken)

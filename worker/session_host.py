@@ -134,7 +134,7 @@ class SessionHost:
         self._routing: set[tuple[str, int]] = set()
         # (URI, generation) -> loop time the newest read made here that the ledger made (or kept)
         # current asked for its allocation: pulses that arrived before it are covered by that read.
-        self._read_asked: dict[tuple[str, int], float] = {}
+        self._read_sent: dict[tuple[str, int], float] = {}
         self._pending: Counter[int] = Counter()  # queued notifications per session generation
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
@@ -358,7 +358,7 @@ class SessionHost:
                 await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
-        self._read_asked = {item: t for item, t in self._read_asked.items() if item[1] >= generation}
+        self._read_sent = {item: t for item, t in self._read_sent.items() if item[1] >= generation}
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
             if state in TERMINAL_STATES:
                 continue
@@ -459,8 +459,8 @@ class SessionHost:
     async def _route_loop(self) -> None:
         """One of ``route_concurrency`` routers. A pulse arriving while its (URI, generation) is routed
         waits for that routing to end (one read at a time per URI), then is routed on its own, unless
-        a read made here since asked for its allocation after the pulse arrived: that read, sent after
-        the notification, observed its change (``_read_asked``)."""
+        a read made here since (judged ACCEPTED or UNCHANGED) was sent after the pulse arrived: it
+        observed the pulse's change (``_read_sent``: taken once its allocation was granted)."""
         while True:
             item = await self._queue.get()
             # Leave the queued set before routing: a pulse arriving meanwhile queues anew.
@@ -471,7 +471,7 @@ class SessionHost:
                 del self._pending[generation]
             self._routing.add(item)
             try:
-                if pulses_covered(arrived, self._read_asked.get(item)):
+                if pulses_covered(arrived, self._read_sent.get(item)):
                     self.notifications_coalesced += 1
                 else:
                     await self._route_with_retry(uri, generation)
@@ -562,7 +562,7 @@ class SessionHost:
             self.notifications_coalesced += 1
             return
         item = (uri, generation)
-        asked, requested_at = asyncio.get_running_loop().time(), datetime.now(UTC)
+        requested_at = datetime.now(UTC)
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=requested_at,
                               notification_id=uuid.uuid4().hex, sequence=noted.fence.notifications_seen)
         live = self.live
@@ -570,25 +570,31 @@ class SessionHost:
         if self.server.read_on_notification and live is not None and live.generation == generation:
             req = ingress_read_request(noted, SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri),
                                        generation=generation, request_id=uuid.uuid4().hex)
-        cycle = await self._read_here(req, sig) if req is not None else None
+        sent: list[float] = []  # when the read was about to be sent (after its allocation)
+        cycle = await self._read_here(req, sig, sent) if req is not None else None
         if cycle is None:
             await self._signal_updated(noted, sig)
             return
-        assert cycle.accept is not None
+        assert cycle.accept is not None and sent
         if cycle.accept.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
-            self._read_asked[item] = max(asked, self._read_asked.get(item, asked))
+            self._read_sent[item] = max(sent[0], self._read_sent.get(item, sent[0]))
         report = ReadReport(update=sig, requested_at=requested_at, cycle=cycle)
         if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
             self.notifications_read += 1
 
-    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated) -> ReadCycleResult | None:
+    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated,
+                         sent: list[float]) -> ReadCycleResult | None:
         """The read cycle for ``sig`` on this ingress's live session; None when it was not judged
         (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
         workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
-        accept that committed unseen is superseded by that read's newer allocation)."""
+        accept that committed unseen is superseded by that read's newer allocation). Appends to
+        ``sent`` the loop's time once the allocation was granted, before the MCP request goes out:
+        a pulse that arrived before it, that read observes (``fence.pulses_covered``)."""
+        loop = asyncio.get_running_loop()
         try:
             cycle = await asyncio.wait_for(
-                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}"),
+                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
+                                           before_read=lambda: sent.append(loop.time())),
                 self.server.ingress_read_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",

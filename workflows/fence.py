@@ -850,12 +850,13 @@ def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, gene
     return ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=row.close_epoch)
 
 
-def pulses_covered(newest_arrival: float, read_asked: float | None) -> bool:
+def pulses_covered(newest_arrival: float, read_sent: float | None) -> bool:
     """The ingress's skip rule for notifications of one (URI, generation) that queued while it was
     routed: covered when the newest of them arrived (a clock's seconds) before a read made at the
-    ingress, which the ledger made or kept current, asked for its allocation (``read_asked``): that
-    read was sent after they arrived, so it observed their change. Never noted, never signalled."""
-    return read_asked is not None and newest_arrival < read_asked
+    ingress, which the ledger made or kept current, was sent (``read_sent``: taken after its
+    allocation was granted, before the request went out): that read was sent after they arrived, so
+    it observed their change. Never noted, never signalled."""
+    return read_sent is not None and newest_arrival < read_sent
 
 
 def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_generation: int) -> bool:
