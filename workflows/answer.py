@@ -12,10 +12,11 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -48,12 +49,12 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_SELECT_INPUT,
         AnswerAct,
     )
+    from mcpsync.workflows.retries import LEDGER_RETRY
 
 __all__ = ["AnswerWorkflow"]
 
 
-_LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10),
-                            non_retryable_error_types=["InvalidBinding", "InvalidSelection"])
+_LEDGER_RETRY = replace(LEDGER_RETRY, non_retryable_error_types=["InvalidBinding", "InvalidSelection"])
 _LEDGER_TIMEOUT = timedelta(seconds=30)
 KEY_STATE = SearchAttributeKey.for_keyword(SA_ANSWER_STATE)
 

@@ -55,12 +55,12 @@ with workflow.unsafe.imports_passed_through():
         SessionInfo,
         SessionQuery,
     )
+    from mcpsync.workflows.retries import LEDGER_RETRY
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["CatalogWorkflow"]
 
 
-_LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 _LEDGER_TIMEOUT = timedelta(seconds=60)
 _SCAN_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(seconds=5),
                           maximum_attempts=3)
@@ -220,7 +220,7 @@ class CatalogWorkflow:
 
     async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
         result = await workflow.execute_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY
+            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=LEDGER_RETRY
         )
         if result is None and not allow_none:
             raise RuntimeError(f"{name} returned nothing")

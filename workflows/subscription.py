@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionKey,
         SubscriptionStart,
     )
+    from mcpsync.workflows.retries import LEDGER_RETRY
     from mcpsync.workflows.subscription_program import (
         PATCH_LEAN_HISTORY,
         PATCH_READ_CYCLE,
@@ -77,7 +78,6 @@ __all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
 
 T = TypeVar("T")
 
-_LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 _LEDGER_TIMEOUT = timedelta(seconds=30)
 _MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(seconds=10),
                          maximum_attempts=5, non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"])
@@ -135,7 +135,7 @@ class TemporalRuntime:
         # ledger activities, so the call skips a task queue round trip and leaves one marker in history.
         execute = workflow.execute_local_activity if self.patches.get(PATCH_LEAN_HISTORY) \
             else workflow.execute_activity
-        result: T | None = await execute(name, arg, result_type=result_type, retry_policy=_LEDGER_RETRY,
+        result: T | None = await execute(name, arg, result_type=result_type, retry_policy=LEDGER_RETRY,
                                          start_to_close_timeout=_LEDGER_TIMEOUT, summary=self._summary(name, arg))
         return result
 
