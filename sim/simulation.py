@@ -39,8 +39,11 @@ Contract:
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -2027,6 +2030,25 @@ def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = Si
             if len(summary.failing_indices) < keep_failures:
                 summary.failing_indices.append(index)
     return summary
+
+
+def run_schedules_in_processes(seed: int | str, start: int, stop: int, config: SimConfig = SimConfig(), *,
+                               workers: int = 0, keep_failures: int = 3) -> Summary:
+    """``run_schedules`` over ``workers`` processes (0: one per CPU), merged: the same summary as one
+    process gives. Four chunks per worker, so a chunk of long schedules does not leave the others
+    idle. Processes are spawned, not forked: the caller may hold threads (a Temporal runtime, a
+    test session's servers) whose locks a forked child would inherit. ``config`` is pickled: its
+    seams must be module-level functions."""
+    n = stop - start
+    workers = max(1, min(workers or os.cpu_count() or 1, n))
+    if workers == 1:
+        return run_schedules(seed, start, stop, config, keep_failures=keep_failures)
+    bounds = [start + n * i // (workers * 4) for i in range(workers * 4 + 1)]
+    chunks = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(run_schedules, [seed] * len(chunks), [a for a, _ in chunks], [b for _, b in chunks],
+                              [config] * len(chunks)))
+    return merge_summaries(parts, keep_failures=keep_failures)
 
 
 def shrink_failures(summary: Summary, config: SimConfig = SimConfig(), *, limit: int = 3) -> Summary:

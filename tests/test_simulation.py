@@ -46,6 +46,7 @@ from sim.simulation import (
     replay,
     run_schedule,
     run_schedules,
+    run_schedules_in_processes,
     schedule_seed,
     shrink,
     summary_json,
@@ -61,7 +62,7 @@ CLEAN_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS, Fault.RETR
 
 @pytest.fixture(scope="module")
 def gate() -> Summary:
-    return run_schedules("ci-gate", 0, GATE_SCHEDULES, GATE_CONFIG, keep_failures=1)
+    return run_schedules_in_processes("ci-gate", 0, GATE_SCHEDULES, GATE_CONFIG, keep_failures=1)
 
 
 def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
@@ -425,7 +426,7 @@ def test_the_program_before_the_start_cycle_still_keeps_every_invariant() -> Non
 def test_updates_noted_during_a_start_are_judged_without_reads_at_the_ingress() -> None:
     # Without reads at the ingress every update during a start reaches the run as a signal: a follow-up
     # the start's read did not cover must be kept (dropping it left changes unread: no_convergence).
-    summary = run_schedules("start-window", 0, 1000, SimConfig(faults=GATE_CONFIG.faults, ingress_reads=False))
+    summary = run_schedules_in_processes("start-window", 0, 1000, SimConfig(faults=GATE_CONFIG.faults, ingress_reads=False))
     assert not any(summary.violations.values()), summary.violations
     assert summary.coverage["start_cycle"] > 500 and summary.coverage["lost_response.mcp_subscribe_cycle"] > 0
 

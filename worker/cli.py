@@ -476,7 +476,6 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
     carries shrunk, replayable traces of the first failures. The simulator is a development
     tool that lives in the source tree (``sim/``), not in the installed package."""
     import time
-    from concurrent.futures import ProcessPoolExecutor
 
     sim = _simulator()
 
@@ -503,13 +502,9 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
     if args.schedules < 1:
         raise CliError("--schedules must be at least 1")
     workers = max(1, min(args.workers or os.cpu_count() or 1, args.schedules))
-    bounds = [args.schedules * i // (workers * 4) for i in range(workers * 4 + 1)]
-    chunks = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-    loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        parts = await asyncio.gather(*(loop.run_in_executor(pool, sim.run_schedules, args.seed, a, b, config)
-                                       for a, b in chunks))
-    report = sim.summary_json(sim.shrink_failures(sim.merge_summaries(parts), config), config)
+    summary = await asyncio.to_thread(sim.run_schedules_in_processes, args.seed, 0, args.schedules, config,
+                                      workers=workers)
+    report = sim.summary_json(sim.shrink_failures(summary, config), config)
     report["runtime_seconds"] = round(time.perf_counter() - started, 3)
     report["workers"] = workers
     amp, conv = report["read_amplification"], report["convergence_steps"]
