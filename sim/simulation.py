@@ -2032,6 +2032,11 @@ def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = Si
     return summary
 
 
+def worker_count(requested: int, schedules: int) -> int:
+    """Processes for ``schedules`` schedules: ``requested`` (0: one per CPU), at most one per schedule."""
+    return max(1, min(requested or os.cpu_count() or 1, schedules))
+
+
 def run_schedules_in_processes(seed: int | str, start: int, stop: int, config: SimConfig = SimConfig(), *,
                                workers: int = 0, keep_failures: int = 3) -> Summary:
     """``run_schedules`` over ``workers`` processes (0: one per CPU), merged: the same summary as one
@@ -2040,7 +2045,7 @@ def run_schedules_in_processes(seed: int | str, start: int, stop: int, config: S
     test session's servers) whose locks a forked child would inherit. ``config`` is pickled: its
     seams must be module-level functions."""
     n = stop - start
-    workers = max(1, min(workers or os.cpu_count() or 1, n))
+    workers = worker_count(workers, n)
     if workers == 1:
         return run_schedules(seed, start, stop, config, keep_failures=keep_failures)
     bounds = [start + n * i // (workers * 4) for i in range(workers * 4 + 1)]

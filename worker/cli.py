@@ -501,7 +501,7 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
         return
     if args.schedules < 1:
         raise CliError("--schedules must be at least 1")
-    workers = max(1, min(args.workers or os.cpu_count() or 1, args.schedules))
+    workers = sim.worker_count(args.workers, args.schedules)
     summary = await asyncio.to_thread(sim.run_schedules_in_processes, args.seed, 0, args.schedules, config,
                                       workers=workers)
     report = sim.summary_json(sim.shrink_failures(summary, config), config)

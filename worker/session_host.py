@@ -133,7 +133,7 @@ class SessionHost:
         self._queued: dict[tuple[str, int], float] = {}
         self._routing: set[tuple[str, int]] = set()
         # (URI, generation) -> loop time the newest read made here that the ledger made (or kept)
-        # current asked for its allocation: pulses that arrived before it are covered by that read.
+        # current was sent (its allocation granted): pulses that arrived before it are covered by it.
         self._read_sent: dict[tuple[str, int], float] = {}
         self._pending: Counter[int] = Counter()  # queued notifications per session generation
         self._stopping = asyncio.Event()
@@ -570,27 +570,28 @@ class SessionHost:
         if self.server.read_on_notification and live is not None and live.generation == generation:
             req = ingress_read_request(noted, SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri),
                                        generation=generation, request_id=uuid.uuid4().hex)
-        sent: list[float] = []  # when the read was about to be sent (after its allocation)
-        cycle = await self._read_here(req, sig, sent) if req is not None else None
-        if cycle is None:
+        read = await self._read_here(req, sig) if req is not None else None
+        if read is None:
             await self._signal_updated(noted, sig)
             return
-        assert cycle.accept is not None and sent
+        cycle, sent = read
+        assert cycle.accept is not None
         if cycle.accept.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
-            self._read_sent[item] = max(sent[0], self._read_sent.get(item, sent[0]))
+            self._read_sent[item] = max(sent, self._read_sent.get(item, sent))
         report = ReadReport(update=sig, requested_at=requested_at, cycle=cycle)
         if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
             self.notifications_read += 1
 
-    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated,
-                         sent: list[float]) -> ReadCycleResult | None:
-        """The read cycle for ``sig`` on this ingress's live session; None when it was not judged
-        (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
-        workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
-        accept that committed unseen is superseded by that read's newer allocation). Appends to
-        ``sent`` the loop's time once the allocation was granted, before the MCP request goes out:
-        a pulse that arrived before it, that read observes (``fence.pulses_covered``)."""
+    async def _read_here(self, req: ReadCycleRequest,
+                         sig: ResourceUpdated) -> tuple[ReadCycleResult, float] | None:
+        """The read cycle for ``sig`` on this ingress's live session, and the loop's time once its
+        allocation was granted, before the MCP request went out (a pulse that arrived before it, that
+        read observes: ``fence.pulses_covered``). None when it was not judged (refused, session gone,
+        it failed or took longer than ``ingress_read_timeout_seconds``: the workflow is then signalled
+        and reads itself; an ordinal this one burned stays burned, and an accept that committed unseen
+        is superseded by that read's newer allocation)."""
         loop = asyncio.get_running_loop()
+        sent: list[float] = []
         try:
             cycle = await asyncio.wait_for(
                 self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
@@ -600,7 +601,8 @@ class SessionHost:
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",
                         self.server.name, type(exc).__name__)
             return None
-        return cycle if cycle.judged else None
+        # A judged cycle was read, so ``before_read`` ran.
+        return (cycle, sent[0]) if cycle.judged else None
 
     async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
         """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not running."""
