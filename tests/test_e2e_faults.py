@@ -184,8 +184,10 @@ async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client, t
         cur = await conn.execute("SELECT ordinal, request_id FROM read_requests WHERE workflow_id=%s ORDER BY ordinal",
                                  (key.workflow_id,))
         issued = await cur.fetchall()
-        cur = await conn.execute("SELECT read_ordinal, status FROM resource_versions WHERE workflow_id=%s",
-                                 (key.workflow_id,))
+        # In accept order: receipt ids are drawn under the subscription's row lock. Without ORDER BY the
+        # rows came back in heap order, which follows each backend's insert page, not the accepts.
+        cur = await conn.execute("SELECT read_ordinal, status FROM resource_versions WHERE workflow_id=%s"
+                                 " ORDER BY receipt_id", (key.workflow_id,))
         receipts = await cur.fetchall()
     ordinals = [r[0] for r in issued]
     assert ordinals == sorted(set(ordinals)), "an ordinal was reused"
