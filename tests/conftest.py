@@ -42,16 +42,34 @@ def tmp_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @asynccontextmanager
-async def fresh_database(state_dir: Path) -> AsyncIterator[str]:
-    """A new, empty database (dropped afterwards) on ``MCPSYNC_DATABASE_URL``, else on an embedded
-    server under ``state_dir``; yields its URL."""
+async def postgres_server(state_dir: Path) -> AsyncIterator[str]:
+    """A PostgreSQL server for the duration of the block; yields its admin URL.
+
+    ``MCPSYNC_DATABASE_URL``'s server when set (never stopped here), else an embedded server on
+    ``state_dir`` that this block owns: it starts it and it alone stops it. A state dir has one
+    owner: the embedded wheel reuses a running server on the same data dir, and its ``stop()``
+    stops it for every holder, so a second owner would stop the server under the first.
+    """
     base = os.environ.get("MCPSYNC_DATABASE_URL")
-    embedded = None
-    if not base:
-        embedded = await EmbeddedPostgres.start(state_dir)
-        base = embedded.admin_url
+    if base:
+        yield base
+        return
+    embedded = await EmbeddedPostgres.start(state_dir)
+    try:
+        yield embedded.admin_url
+    finally:
+        await embedded.stop()
+
+
+@asynccontextmanager
+async def fresh_database(server_url: str) -> AsyncIterator[str]:
+    """A new, empty database (dropped afterwards) on the server at ``server_url``; yields its URL.
+
+    Starts and stops no server: take ``server_url`` from the ``postgres_url`` fixture (the
+    session's server) or from a ``postgres_server`` block of the test's own.
+    """
     name = f"mcpsync_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin, url = _admin_and_db(base, name)
+    admin, url = _admin_and_db(server_url, name)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
@@ -59,13 +77,18 @@ async def fresh_database(state_dir: Path) -> AsyncIterator[str]:
     finally:
         with suppress(Exception), psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if embedded is not None:
-            await embedded.stop()
 
 
 @pytest.fixture(scope="session")
-async def database_url(tmp_state: Path) -> AsyncIterator[str]:
-    async with fresh_database(tmp_state) as url:
+async def postgres_url(tmp_state: Path) -> AsyncIterator[str]:
+    """The session's PostgreSQL server (admin URL), started once and stopped once, by this fixture."""
+    async with postgres_server(tmp_state) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_url: str) -> AsyncIterator[str]:
+    async with fresh_database(postgres_url) as url:
         yield url
 
 

@@ -164,8 +164,8 @@ async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempote
                              key.workflow_id) == [(normalize_uri(uris[1]),)]
 
 
-async def test_upgrade_to_008_backfills_rows_written_before_it(tmp_path: Path) -> None:
-    async with fresh_database(tmp_path) as url:
+async def test_upgrade_to_008_backfills_rows_written_before_it(postgres_url: str) -> None:
+    async with fresh_database(postgres_url) as url:
         pool = await open_pool(url, max_size=2)
         try:
             await migrate(pool)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +49,7 @@ def _numbered(sql: str) -> str:
 
 
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
-async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan_mode: str) -> None:
+async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, plan_mode: str) -> None:
     queries: dict[str, tuple[str, str, tuple[Any, ...]]] = {
         # fence_row, note_notification's UPDATE and every other key lookup share this predicate.
         "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
@@ -58,7 +57,7 @@ async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan
         "normalized siblings": (NORMALIZED_SIBLINGS_SQL, "text, text, text, text, text[]",
                                 ("alice", "docs", "demo://doc/1234", "demo://doc/1234", TERMINAL_STATE_VALUES)),
     }
-    async with fresh_database(tmp_state) as url:
+    async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)
         try:
             async with ledger.pool.connection() as conn:
@@ -87,11 +86,11 @@ async def test_key_lookups_read_one_row_without_statistics(tmp_state: Path, plan
             await ledger.pool.close()
 
 
-async def test_consumer_lag_reads_the_lag_not_the_outbox(tmp_state: Path) -> None:
+async def test_consumer_lag_reads_the_lag_not_the_outbox(postgres_url: str) -> None:
     """The metrics refresher's lag query (every 15 s, every process): a consumer 10 events behind
     on a 12,000-event outbox without statistics reads about those 10 events, is not JIT-compiled,
     and its lag is right."""
-    async with fresh_database(tmp_state) as url:
+    async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)
         try:
             async with ledger.pool.connection() as conn:

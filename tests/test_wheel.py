@@ -73,7 +73,7 @@ def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
 
 
 @pytest.mark.slow
-async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path) -> None:
+async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, postgres_url: str) -> None:
     # 1. The wheel, from a copy of the working tree: setuptools' in-tree build/ keeps deleted modules.
     src = tmp_path / "src"
     await asyncio.to_thread(shutil.copytree, REPO_ROOT, src, ignore=_NOT_SOURCE)
@@ -128,7 +128,7 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path) -> 
         assert sim.returncode == 0, sim.stderr
 
     # 5. The demo converges from the wheel: every version 'up' printed is a receipt in its ledger.
-    async with fresh_database(tmp_path / "pg") as db_url:
+    async with fresh_database(postgres_url) as db_url:
         up = await asyncio.to_thread(
             _run, bindir / "mcpsync", "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
             "--churn", "3", "--exit-after", "20", cwd=work, timeout=180,

@@ -58,7 +58,7 @@ from mcpsync.workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
-from tests.conftest import eventually, fresh_database, running_services
+from tests.conftest import eventually, fresh_database, postgres_server, running_services
 from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
 from tests.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
 from tests.test_catalog_e2e import catalog_stack
@@ -352,7 +352,7 @@ async def record(only: set[str] | None, tag: str = "") -> list[Path]:
         work = Path(tmp)
         temporal = await TemporalDevServer.start(work / "temporal", port=0, ui_port=0)
         try:
-            async with fresh_database(work / "pg") as url:
+            async with postgres_server(work / "pg") as server_url, fresh_database(server_url) as url:
                 ledger = await open_ledger(url)
                 try:
                     client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
