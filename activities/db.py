@@ -44,7 +44,7 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     aggregates over small tables; PostgreSQL's JIT compiles any plan whose *estimated* cost passes
     ``jit_above_cost``, and a table without statistics (autovacuum off, or grown faster than
     autoanalyze) estimates high: the metrics refresher's consumer-lag query spent 320 ms compiling
-    for 0.4 ms of work (tests/test_ledger_plans.py)."""
+    for 0.4 ms of work (tests/integration/test_ledger_plans.py)."""
     await conn.execute("SET jit = off")
 
 

@@ -1,4 +1,4 @@
-"""A changed build of the main worker's workflows for tests/test_e2e_versioning.py.
+"""A changed build of the main worker's workflows for tests/e2e/test_e2e_versioning.py.
 
 Contract:
 - ``ChangedSubscriptionWorkflow`` is the production ``ResourceSubscriptionWorkflow`` plus one

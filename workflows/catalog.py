@@ -5,7 +5,7 @@ Contract:
   ``judge_pair``); this module turns them into activities (scans on the session host's queue,
   ledger on the main queue), timers with deterministic jitter (``workflow.random``), signals,
   the ``reconcile`` update, the ``catalog`` / ``scans`` queries and the McpCatalogState search
-  attribute. Activities never import this module (tests/test_layers.py).
+  attribute. Activities never import this module (tests/unit/test_layers.py).
 - Under worker versioning ``CatalogWorkflow`` runs PINNED to its build (``mcpsync.workflows.versioning``)
   and continues-as-new onto the deployment's current build when that changes, between
   reconciliations only.

@@ -13,7 +13,7 @@ Contract:
   task goes to the current build and is pinned there. A rollback is the same move backwards.
 - Both are deterministic (the flag and the build travel in the workflow task's history
   events) and inert on an unversioned worker: no deployment version, never a target change,
-  continue-as-new exactly as before. Replay of the corpus (tests/test_replay.py) is unaffected.
+  continue-as-new exactly as before. Replay of the corpus (tests/unit/test_replay.py) is unaffected.
 - Only workflow-sandbox-safe calls; no I/O.
 """
 

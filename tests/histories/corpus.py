@@ -22,7 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from mcpsync.worker.runtime import MAIN_WORKFLOWS
-from tests.test_e2e_faults import _decoded_payloads
+from tests.e2e.test_e2e_faults import _decoded_payloads
 
 HISTORY_DIR = Path(__file__).resolve().parent
 MAX_HISTORY_BYTES = 512 * 1024  # "well under 1 MB": a bigger file means a scenario grew by accident

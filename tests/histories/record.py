@@ -14,7 +14,7 @@ When to run it (and when not):
 - To ADD a path to the corpus (new scenario), or after a deliberately incompatible workflow
   change has shipped AND every workflow started by the old code has been drained (closed or
   continued-as-new onto the new code). Then commit the regenerated files with that change.
-- NEVER to make a failing ``tests/test_replay.py`` pass: a replay failure means the change would
+- NEVER to make a failing ``tests/unit/test_replay.py`` pass: a replay failure means the change would
   break running subscriptions; guard it with ``workflow.patched(...)`` instead (docs/upgrades.md).
 """
 
@@ -59,10 +59,10 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from tests.conftest import eventually, fresh_database, postgres_server, running_services
+from tests.e2e.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
+from tests.e2e.test_catalog_e2e import catalog_stack
+from tests.e2e.test_e2e_subscription import _wait_record
 from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
-from tests.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
-from tests.test_catalog_e2e import catalog_stack
-from tests.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 SUBJECT = "alice"
@@ -73,7 +73,7 @@ def body(label: str) -> str:
 
 
 def _server(name: str, url: str) -> ServerConfig:
-    # Fast pings so a restarted fixture is noticed at once (as in tests/test_e2e_fence.py).
+    # Fast pings so a restarted fixture is noticed at once (as in tests/e2e/test_e2e_fence.py).
     return ServerConfig(name=name, transport="http", url=url, subjects=[SUBJECT],
                         ping_interval_seconds=0.5, ping_timeout_seconds=2)
 
@@ -204,7 +204,7 @@ class Recorder:
         await fx.wait_subscribed(key.uri)
         for i in range(2, 4):
             await self.edit(fx, handle, key, f"reset v{i}")
-        # As tests/test_e2e_fence.py: back to the first workflow task, later signals not reapplied.
+        # As tests/e2e/test_e2e_fence.py: back to the first workflow task, later signals not reapplied.
         proc = await asyncio.to_thread(subprocess.run, [
             str(temporal_cli_path()), "workflow", "reset", "--address", self.temporal.address,
             "--workflow-id", key.workflow_id, "--type", "FirstWorkflowTask", "--reason", "recorded reset",
@@ -320,7 +320,7 @@ class Recorder:
     async def version_upgrade(self) -> None:
         """Worker Deployment Versioning: a run pinned to build v1 sees v2 made current and
         continues-as-new onto v2 (AUTO_UPGRADE) at its next notification; the v2 run reads, closes."""
-        from tests.test_e2e_versioning import _main_worker, _make_current, _moved
+        from tests.e2e.test_e2e_versioning import _main_worker, _make_current, _moved
 
         deployment = f"mcpsync-replay-{uuid.uuid4().hex[:8]}"
         async with await FixtureProcess.start_http(self.work / "fx-versioning", seed="none") as fx:

@@ -1,0 +1,213 @@
+"""Smoke test of the benchmark command: a tiny ``--quick`` run over both transports.
+
+Checks the shape and sanity of the JSON and that a real PNG was written; no timing
+thresholds (the targets are reported by the benchmark, never asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.png import Canvas, encode_png
+from benchmarks.staleness import gaps_between_reads
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_png_writer_round_trips() -> None:
+    c = Canvas(7, 3)
+    c.set(1, 1, (255, 0, 0))
+    data = c.png()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (7, 3)
+    idat_len = struct.unpack(">I", data[33:37])[0]
+    raw = zlib.decompress(data[41:41 + idat_len])
+    assert len(raw) == 3 * (1 + 7 * 3) and raw[1 + 21 + 1 + 3:1 + 21 + 1 + 6] == b"\xff\x00\x00"
+    with pytest.raises(ValueError):
+        encode_png(2, 2, b"\x00")
+
+
+def test_gaps_between_reads_start_at_the_held_read_and_count_the_open_gap() -> None:
+    t0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=s) for s in (0.0, 3.0, 8.0, 9.5, 30.0)]
+    # Window [5, 20]: from the read at 3 s (held when the window opened) to 8, 9.5, then open until 20;
+    # the read at 30 s is after the window, the one at 0 s before the held one.
+    assert gaps_between_reads(at, t0 + timedelta(seconds=5), t0 + timedelta(seconds=20)) == [5.0, 1.5, 10.5]
+    # No read at all in or before the window: the whole window is one gap.
+    assert gaps_between_reads([], t0, t0 + timedelta(seconds=7)) == [7.0]
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: str) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
+         "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
+         "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "== mcpsync benchmark ==" in proc.stdout
+
+    report = json.loads((out / "results.json").read_text())
+    assert report["targets"] == {"amplification_max": 1.05, "convergence_p999_max_seconds": 1.0,
+                                 "revocation_p99_max_seconds": 2.0}
+    assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [("http", 6), ("stdio", 6)]
+    for r in report["runs"]:
+        for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair", "burst",
+                        "revocation", "consumer", "targets_met"):
+            assert section in r, f"{r['transport']}: no {section}"
+        churn, system, baseline = r["churn"], r["system"], r["baseline"]
+        assert churn["changes"] > 0 and churn["notifications_offered"] >= churn["changes"]
+        assert 1 <= churn["notifications_per_change_mean"] <= 5
+        assert 0 <= churn["notifications_dropped"] <= churn["notifications_offered"]
+        assert _num(churn["cpu"]["machine_busy_pct"])
+        for side in (system, baseline):
+            conv = side["convergence"]
+            assert conv["changes"] == churn["changes"]
+            assert 0 <= conv["unconverged"] <= conv["changes"]
+            assert 0 <= conv["converged_within_60s_pct"] <= 100
+            if conv["samples"]:
+                assert 0 <= conv["p50_ms"] <= conv["p99_ms"] <= conv["p999_ms"] <= conv["max_ms"]
+            delivered, lost = conv["with_a_delivered_notification"], conv["all_notifications_dropped"]
+            assert delivered["changes"] + lost["changes"] == conv["changes"]
+            assert len(lost["latencies_ms"]) == lost["changes"] >= lost["converged_later"]
+            assert side["reads"] > 0 and side["reads_per_change"] > 0
+        assert system["regressions"] == 0, "the fence let an older version replace a newer one"
+        assert system["notifications_received"] > 0
+        assert _num(system["read_cycle"]["p50_ms"])
+        assert "workflow_task_schedule_to_start" in system["where_time_goes_ms"]
+        assert r["floor"]["samples"] > 0 and r["floor"]["p50_ms"] > 0
+        assert _num(r["comparison"]["amplification_vs_baseline"])
+        assert _num(r["comparison"]["convergence_p50_vs_floor"])
+        assert r["memory"]["worker_rss_after_bytes"] > 0 and _num(r["memory"]["worker_bytes_per_subscription"])
+        assert r["startup"]["subscriptions_per_second"] > 0
+        # The dev server and mcpsync's worker did work for every start (the ingress too, split layout).
+        by_start = r["startup"]["by_process_ms_per_subscription"]
+        assert by_start["temporal_dev_server"] > 0 and r["startup"]["cpu_ms_per_subscription"] >= \
+            by_start["temporal_dev_server"], by_start
+        assert r["burst"]["received"] == r["burst"]["notifications"] > 0
+        assert r["burst"]["notifications_per_second"] > 0
+        assert r["revocation"]["samples"] == r["revocation"]["sample"] == 2
+        assert 0 <= r["revocation"]["p50_ms"] <= r["revocation"]["p99_ms"]
+        assert r["repair"]["repaired_by_one_more_change"] <= r["repair"]["uris_behind"]
+        consumer = r["consumer"]
+        assert consumer["samples"] > 0 and consumer["not_received"] == 0, "every churn event reached the consumer"
+        assert 0 <= consumer["p50_ms"] <= consumer["p99_ms"]
+        assert all(isinstance(v, bool) for v in r["targets_met"].values())
+        _check_staleness(r["staleness"])
+        _check_cost_of_a_change(r)
+
+    assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
+    assert "temporal floor ms" in proc.stdout and "history events per change" in proc.stdout
+    assert "temporal start floor /s" in proc.stdout and "initial subscriptions / start floor" in proc.stdout
+    png = (out / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 640 and height >= 380
+
+
+def _check_staleness(section: dict[str, Any]) -> None:
+    """Both profiles measured from real read_requests rows against the bound their records publish
+    (no timing threshold: the ratio is printed, not asserted)."""
+    assert section["window_seconds"] >= 8 and section["window_overlaps_churn_seconds"] > 0
+    assert all(_num(v) and v >= 0 for v in section["added_wall_seconds"].values())
+    expected = {"polling": ("staleness_bound_seconds", 2.0, False),
+                "subscribe_lost_notifications": ("safety_read_seconds", 2.5, True)}
+    for profile, (field, bound, subscribe) in expected.items():
+        st = section[profile]
+        assert st["bound_field"] == field and st["published_bound_s"] == bound, profile
+        assert st["server_subscribe_capability"] is subscribe
+        assert st["subscriptions"] == 2 and st["catalog_words"] > 0 and st["edits"] > 0
+        assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], "one more gap than reads each"
+        gap = st["max_gap_between_reads_s"]
+        assert _num(gap) and gap > 0 and 0 < st["gap_p50_s"] <= st["gap_p99_s"] <= gap
+        where = st["max_gap_where"]
+        assert _num(where["began_s_into_window"]) and isinstance(where["open_at_window_end"], bool)
+        ratio = st["max_gap_over_bound"]
+        assert _num(ratio) and math.isfinite(ratio) and ratio == pytest.approx(gap / bound, abs=1e-3)
+    lost = section["subscribe_lost_notifications"]
+    assert lost["notifications_dropped"] > 0, "the lost-notifications profile lost nothing"
+    assert lost["reads_by_trigger"].get("poll", 0) > 0, "no safety read in the window"
+    assert not {"updated", "follow_up"} & set(lost["reads_by_trigger"]), "a notification got through"
+
+
+def _check_cost_of_a_change(r: dict[str, Any]) -> None:
+    """Issue 12's figures exist and come from real data: floor samples from a real history, CPU read from
+    /proc for every process of the run, history events counted in the subscriptions' histories."""
+    tf = r["temporal_floor"]
+    assert tf["samples"] == 5 and tf["missing"] == 0
+    assert 0 < tf["p50_ms"] <= tf["p99_ms"] and 0 < tf["signal_to_activity_done_p50_ms"]
+    assert tf["activity_postgres_p50_ms"] > 0 and tf["activity_read_p50_ms"] > 0
+    assert set(tf["steps_p50_ms"]) == {"sent_to_signaled", "signaled_to_scheduled", "scheduled_to_started",
+                                       "started_to_completed", "completed_to_ack"}
+    assert all(_num(v) and v >= 0 for v in tf["steps_p50_ms"].values())
+    # Per sample: signaled, 3 workflow-task events, 3 activity events, 3 more workflow-task events.
+    assert tf["history_events"] >= 10 * tf["samples"] and tf["workflow_tasks_completed"] >= 2 * tf["samples"]
+    assert r["temporal_floor_ms"] == {"p50": tf["p50_ms"], "p99": tf["p99_ms"]}
+    delivered = r["system"]["convergence"]["with_a_delivered_notification"]
+    over = r["convergence_over_temporal_floor"]
+    assert over["p50"] == pytest.approx(delivered["p50_ms"] / tf["p50_ms"], abs=1e-3)
+    assert over["p99"] == pytest.approx(delivered["p99_ms"] / tf["p99_ms"], abs=1e-3)
+
+    cost = r["cost_of_a_change"]
+    assert cost["unreadable"] == [], "a process of the run could not be read"
+    assert cost["processes"]["benchmark_process"] == 1 and cost["processes"]["temporal_dev_server"] >= 1
+    assert cost["processes"]["postgresql"] >= 2, "the postmaster and a backend of the run's database"
+    assert cost["processes"]["fixtures"] >= 1
+    by = cost["by_process_ms_per_change"]
+    assert by["benchmark_process"] > 0 and by["temporal_dev_server"] > 0
+    # The default layout: mcpsync's main worker and ingress are processes of their own, and both worked.
+    assert r["layout"] == "split"
+    assert cost["processes"]["mcpsync_worker"] == 1 and cost["processes"]["mcpsync_ingress"] == 1
+    assert by["mcpsync_worker"] > 0 and by["mcpsync_ingress"] > 0
+    assert r["mcpsync_cpu_ms_per_change"] == pytest.approx(
+        by["mcpsync_worker"] + by["mcpsync_ingress"] + by["temporal_dev_server"] + by["postgresql"], abs=0.5)
+    assert r["cpu_ms_per_change"] == cost["cpu_ms_per_change"] == pytest.approx(sum(by.values()), abs=0.5)
+    assert cost["cpu_seconds"] > 0
+
+    history = cost["history"]
+    assert history["workflows"] == r["subscriptions"] and history["runs"] >= history["workflows"]
+    assert history["events"] > 0 and history["workflow_tasks_completed"] > 0 and history["signals"] > 0
+    # Reads at the ingress: a change reaches its workflow as a report, not as a read it schedules.
+    assert history["activities_scheduled"] < history["signals"], history
+    assert r["history_events_per_change"] == history["events_per_change"] > 0
+    assert r["workflow_tasks_per_change"] == history["workflow_tasks_per_change"] > 0
+    assert history["events"] >= 3 * history["workflow_tasks_completed"], "each task is scheduled, started, completed"
+
+    assert r["burst_reads_per_s"] == r["burst"]["reads_per_second"] > 0
+    assert r["initial_subscriptions_per_s"] == r["startup"]["subscriptions_per_second"] > 0
+    assert r["reads_per_change_vs_naive"] == r["comparison"]["amplification_vs_baseline"]
+
+    # The Temporal start floor: as many one-activity workflows as the startup phase timed, 32 starts in flight.
+    sf = r["temporal_start_floor"]
+    assert sf["n"] == r["startup"]["subscriptions_measured"] == 5 and sf["concurrency"] == 32 and sf["warmup"] == 1
+    assert _num(sf["subscriptions_per_s"]) and sf["subscriptions_per_s"] > 0
+    assert 0 < sf["start_seconds"] <= sf["seconds"]
+    assert sf["subscriptions_per_s"] == pytest.approx(sf["n"] / sf["seconds"], rel=0.05, abs=0.1)
+    assert sf["activity_postgres_p50_ms"] > 0 and sf["activity_read_p50_ms"] > 0
+    assert _num(sf["cpu_ms_per_start"]) and sf["cpu_ms_per_start"] > 0
+    assert _num(sf["machine_busy_pct"]) and _num(sf["other_processes_pct_of_machine"])
+    by_start = sf["by_process_ms_per_start"]
+    assert sf["cpu_ms_per_start"] == pytest.approx(by_start["benchmark_process"] + by_start["temporal_dev_server"],
+                                                   abs=0.2)
+    assert r["temporal_start_floor_per_s"] == sf["subscriptions_per_s"]
+    assert r["initial_subscriptions_over_start_floor"] == pytest.approx(
+        r["initial_subscriptions_per_s"] / sf["subscriptions_per_s"], abs=1e-3)

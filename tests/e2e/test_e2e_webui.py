@@ -1,0 +1,82 @@
+"""What an operator sees in the Temporal Web UI for one subscription (issue 13), on the real stack:
+static details with the contract, a summary on every activity, a description on every handler."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
+from tests.conftest import running_services, unique
+from tests.e2e.test_e2e_subscription import _wait_record
+
+
+async def test_static_details_activity_summaries_and_handler_descriptions(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://ui/{uuid.uuid4().hex}")
+        first = await fx.create(key.uri, text="v1")
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
+                                          options=SubscriptionOptions(safety_read_seconds=120))
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial read")
+
+        desc = await handle.describe()
+        details = await desc.static_details()
+        assert details is not None and key.uri in details and "safety re-read (with subscribe) | 120 s" in details
+        assert await desc.static_summary() == f"{key.server} {key.subject} {key.uri}"
+
+        summaries = []
+        async for event in handle.fetch_history_events():
+            # Ledger calls are local activities (lean-history): their summary is on the marker.
+            if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_MARKER_RECORDED) \
+                    and event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
+                summaries.append(pydantic_data_converter.payload_converter.from_payload(
+                    event.user_metadata.summary, str))
+        # One activity subscribes, marks ACTIVE and makes the initial read (start-cycle): the ordinal is
+        # not known when it is scheduled, so its summary names the steps; the ordinal is in the details panel.
+        assert f"subscribe {key.uri} (subscribe, mark active, initial read)" in summaries, summaries
+        assert f"ensure subscription {key.uri}" in summaries and f"begin subscription {key.uri}" in summaries
+        assert not any(s.startswith(("mark active", "read ")) for s in summaries), summaries
+
+        meta = await handle.query("__temporal_workflow_metadata")
+        definition = meta.definition
+        described = {d.name: d.description for d in [*definition.signal_definitions, *definition.query_definitions,
+                                                     *definition.update_definitions]}
+        for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke", "identity_conflict",
+                     "close", "resume", "subscription"):
+            assert described.get(name), f"{name} has no description: {described}"
+
+
+async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: Client, ledger: Ledger,
+                                                              fx: FixtureProcess) -> None:
+    # McpState is the subscription's vocabulary only; a catalog's status is McpCatalogState.
+    from temporalio.common import SearchAttributeKey
+
+    from mcpsync.worker.runtime import start_catalog
+    from mcpsync.workflows.records import CatalogKey
+    from tests.conftest import eventually
+
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_catalog(temporal_client, CatalogKey(subject="alice", server=server.name),
+                                     task_queue=cfg.temporal.task_queue)
+
+        async def upserted_by_the_workflow() -> str | None:
+            attrs = (await handle.describe()).typed_search_attributes
+            value = attrs.get(SearchAttributeKey.for_keyword("McpCatalogState"))
+            return value if value not in (None, "STARTING") else None  # STARTING is the starter's
+
+        state = await eventually(upserted_by_the_workflow, what="McpCatalogState upserted")
+        assert state in ("NO_SESSION", "SCANNING_A", "SCANNING_B", "PUBLISHING", "SNAPSHOT_UNPROVEN",
+                         "SNAPSHOT_PROVEN", "BACKOFF"), state
+        attrs = (await handle.describe()).typed_search_attributes
+        assert attrs.get(SearchAttributeKey.for_keyword("McpState")) is None
+        await handle.terminate("test over")

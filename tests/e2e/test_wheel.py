@@ -1,0 +1,152 @@
+"""The installable package (issue 11 item 7): one namespace, ``mcpsync``, that works outside the repo.
+
+- Nothing in the tree still names the old top-level packages (``scripts/dev/rename-imports --check``):
+  a stale ``from worker.x import`` would pass in a checkout (pytest puts the repo root on
+  ``sys.path``) and break only in the wheel.
+- The wheel, built from a copy of the working tree (no stale ``build/``), holds exactly the
+  ``mcpsync`` package: every module of the mapped folders and their package data, nothing else.
+  Installed into a fresh venv in a temporary directory, ``import mcpsync`` works, no top-level
+  ``workflows``/``activities``/``worker``/``benchmarks``... exists, the default state dir is not in
+  the package, ``mcpsync simulate`` behaves as the layout says (dev-only once the simulator lives
+  in ``sim/``), and ``mcpsync up --exit-after`` converges the demo: each version it printed is a
+  receipt in the ledger, and the demo subscription is ACTIVE past its first version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import mcpsync
+from mcpsync.worker.runtime import open_ledger
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionState
+from tests.conftest import fresh_database
+from tests.e2e.test_cli import _one_error_line
+
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
+OLD_TOP_LEVEL = ("workflows", "activities", "worker", "temporal", "benchmarks", "examples", "tests", "sim")
+_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".state", "build", "dist", "node_modules", "__pycache__",
+                                     ".*_cache", "*.egg-info", "out")
+
+
+def test_nothing_left_to_rename() -> None:
+    r = subprocess.run([sys.executable, str(REPO_ROOT / "scripts/dev/rename-imports"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stdout, r.stdout + r.stderr
+
+
+def _expected_wheel_files() -> set[str]:
+    """``mcpsync/...`` paths the wheel must hold: every module under the mapped folders (so a new
+    subpackage missing from pyproject's ``packages`` list is caught) and the package data."""
+    package_dir: dict[str, str] = SETUPTOOLS["package-dir"]
+
+    def folder(package: str) -> Path:
+        base = max((p for p in package_dir if package == p or package.startswith(p + ".")), key=len)
+        return REPO_ROOT / package_dir[base] / Path(*package[len(base):].split(".")[1:])
+
+    files = set()
+    for package in package_dir:
+        root = folder(package)
+        files |= {f"{package.replace('.', '/')}/{p.relative_to(root).as_posix()}" for p in root.rglob("*.py")
+                  if "__pycache__" not in p.parts}
+    for package, patterns in SETUPTOOLS["package-data"].items():
+        files |= {f"{package.replace('.', '/')}/{p.name}" for pattern in patterns for p in folder(package).glob(pattern)}
+    return files
+
+
+def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
+         timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, postgres_url: str) -> None:
+    # 1. The wheel, from a copy of the working tree: setuptools' in-tree build/ keeps deleted modules.
+    src = tmp_path / "src"
+    await asyncio.to_thread(shutil.copytree, REPO_ROOT, src, ignore=_NOT_SOURCE)
+    built = await asyncio.to_thread(_run, sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                                    tmp_path / "dist", src, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("mcpsync-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = {n for n in zf.namelist() if ".dist-info/" not in n}
+    expected = _expected_wheel_files()
+    assert not expected - names, f"not in the wheel (a subpackage missing from pyproject's packages?): " \
+                                 f"{sorted(expected - names)}"
+    assert not names - expected, f"in the wheel but not from the mapped folders: {sorted(names - expected)}"
+
+    # 2. A fresh venv outside the repo (pip of this venv installs into it: no ensurepip, ~10 s saved).
+    venv = tmp_path / "venv"
+    made = await asyncio.to_thread(_run, sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    python, bindir = venv / "bin" / "python", venv / "bin"
+    installed = await asyncio.to_thread(_run, sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                                        "--disable-pip-version-check", wheel, cwd=tmp_path, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("MCPSYNC_")}
+    env["PATH"] = os.pathsep.join([str(bindir), *(p for p in env.get("PATH", "").split(os.pathsep)
+                                                  if p and not p.startswith(str(REPO_ROOT)))])
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+
+    probe = await asyncio.to_thread(_run, python, "-c", (
+        "import importlib.util, json, mcpsync\n"
+        f"print(json.dumps({{'file': mcpsync.__file__, 'version': mcpsync.__version__, 'top_level': "
+        f"[n for n in {OLD_TOP_LEVEL!r} if importlib.util.find_spec(n)]}}))"), cwd=work, env=env)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert Path(found["file"]).is_relative_to(venv) and found["version"] == mcpsync.__version__
+    assert found["top_level"] == []
+
+    # 3. The default state dir of an installed wheel is the user's, never the package folder.
+    no_stack = await asyncio.to_thread(_run, bindir / "mcpsync", "list", cwd=work,
+                                       env={**env, "XDG_STATE_HOME": str(tmp_path / "xdg")})
+    assert no_stack.returncode == 2
+    assert f"no runtime file {tmp_path / 'xdg' / 'mcpsync' / 'runtime.json'}" in _one_error_line(no_stack)
+
+    # 4. The simulator: dev-only once it lives in sim/ (one line, exit 2); before that it ships.
+    sim = await asyncio.to_thread(_run, bindir / "mcpsync", "simulate", "--schedules", "2", "--workers", "1",
+                                  cwd=work, env=env)
+    if (REPO_ROOT / "sim").is_dir():
+        assert sim.returncode == 2
+        assert _one_error_line(sim).startswith("mcpsync: error: simulate: the simulator is dev-only")
+    else:
+        assert sim.returncode == 0, sim.stderr
+
+    # 5. The demo converges from the wheel: every version 'up' printed is a receipt in its ledger.
+    async with fresh_database(postgres_url) as db_url:
+        up = await asyncio.to_thread(
+            _run, bindir / "mcpsync", "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
+            "--churn", "3", "--exit-after", "20", cwd=work, timeout=180,
+            env={**env, "MCPSYNC_STATE_DIR": str(tmp_path / "state"), "MCPSYNC_DATABASE_URL": db_url})
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert f"mcpsync up: state dir {tmp_path / 'state'}" in up.stdout
+        printed = re.findall(r"ACTIVE\s+watermark=(\d+) receipt=(\d+) digest=(\S+)", up.stdout)
+        assert printed, up.stdout
+        ledger = await open_ledger(db_url)
+        try:
+            key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
+            row = await ledger.find_subscription(key.subject, key.server, key.uri)
+            receipts = {r.receipt_id: r.content_digest for r in await ledger.receipts(key)}
+        finally:
+            await ledger.pool.close()
+    assert row is not None and row.state == SubscriptionState.ACTIVE
+    assert row.watermark >= max(int(w) for w, _, _ in printed) >= 2  # past the first version: a change converged
+    for _, receipt, digest in printed:
+        assert receipts[int(receipt)].startswith(digest)
+    assert not (tmp_path / "state" / "runtime.json").exists()  # a clean stop
+    assert not any((venv / "lib").rglob(".state"))
