@@ -122,6 +122,13 @@ async def _scratch_database(database_url: str) -> AsyncIterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _for_node(url: str) -> str:
+    """The URL as server-postgres can take it: Node's URL parser refuses an empty host, which a Unix
+    socket URL has (``postgresql://postgres:@/db?host=/dir``, the embedded default); node-postgres
+    takes the socket from the ``host`` query parameter whatever host the URL names."""
+    return url.replace(":@/", "@localhost/", 1) if "?host=" in url else url
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js (scripts/install-npm-servers)")
 async def test_server_postgres_polls_within_the_bound_and_says_its_edition(
         temporal_client: Client, ledger: Ledger, database_url: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -130,7 +137,8 @@ async def test_server_postgres_polls_within_the_bound_and_says_its_edition(
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("CREATE TABLE escalation_policy (id int)")
         server = ServerConfig(name=unique("pgmcp"), transport="stdio", edition="2025-11-25",
-                              command=["node", str(SERVER_POSTGRES), pg_url], subjects=["alice"], catalog=False)
+                              command=["node", str(SERVER_POSTGRES), _for_node(pg_url)], subjects=["alice"],
+                              catalog=False)
         async with McpClient(server_transport(server, "alice"), mode="legacy", cache=None) as probe:
             listed = [r.uri for r in (await probe.list_resources()).resources]
         uri = next(u for u in listed if u.endswith("/escalation_policy/schema"))
