@@ -544,10 +544,10 @@ class MemoryLedger:
         request_id = req.request_id
         while (prior := self.request_ids.get(request_id)) is not None:
             if not self.read_requests[prior].completed:
-                # The same allocation asked again (a retry after a lost response): same ticket (F1).
+                # The same allocation asked again (a retry after a lost response): same ticket.
                 return ReadTicket(granted=True, ordinal=prior, request_id=request_id,
                                   notifications_seen=self.read_requests[prior].notifications_seen)
-            # A reset run re-derived a request id already used and finished: a new read, own id (F6).
+            # A reset run re-derived a request id already used and finished: a new read, own id.
             request_id = f"{request_id}/{prior}"
         ordinal = allocate_ordinal(row, session_generation=req.session_generation,
                                    subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
@@ -1168,7 +1168,7 @@ class Simulation:
                 if self.chain_running and cycle.accept is not None and cycle.ticket.ordinal < \
                         self.wf.fence.s.last_accepted_ordinal and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
-                    # the newer digest (it once took the older one back until the next read).
+                    # the newer digest.
                     self._cover("ingress.report_older_than_view")
                 self._signal(Signal.READ_REPORTED, msg.report)
             else:
@@ -1446,7 +1446,7 @@ class Simulation:
         self.wf = wf
         # What the reset-away run skipped as COVERED is history the new run never saw: without
         # reapply those notifications are dropped (a lost notification, bounded by the safety read);
-        # with reapply they are delivered again below and judged afresh (F14: a checker artifact).
+        # with reapply they are delivered again below and judged afresh.
         self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
         # The ingress's reads are no run's: they go on.

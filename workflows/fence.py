@@ -518,7 +518,7 @@ class SubscriptionFence:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
             s.last_receipt_id = result.receipt_id
-        # A verdict judged before a close or revocation can land after it: never leave those (F10).
+        # A verdict judged before a close or revocation can land after it: never leave those.
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             if s.state == S.ACTIVE:
                 s.state = S.TOMBSTONE_PENDING

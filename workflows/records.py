@@ -646,7 +646,7 @@ class ResourceSubscriptionV1(FrozenRecord):
 
 
 
-# --- catalog reconciliation (CatalogWorkflow, issue 4) ------------------------------
+# --- catalog reconciliation (CatalogWorkflow) ---------------------------------------
 
 __all__ += [
     "CatalogKey",
