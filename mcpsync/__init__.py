@@ -8,4 +8,4 @@ sandbox re-imports it for every workflow run. ``__version__`` is the project's v
 here once (pyproject reads it).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -147,7 +147,6 @@ class ProgramRun:
     start_args: SubscriptionStart
     incarnation: str
     id_prefix: str
-    patches: dict[str, bool]
     started_at: datetime
     clock: datetime  # workflow.now(): the simulation sets it before each input
     program: SubscriptionProgram = field(init=False)
@@ -320,7 +319,7 @@ class ProgramRun:
         """A reset run: a fresh run replays ``source``'s first ``inputs`` inputs (with its first
         ``draws`` random draws), then draws afresh under ``id_prefix``. Its ``commands`` are the
         activities pending at that point."""
-        run = cls(source.start_args, source.incarnation, id_prefix, source.patches, source.started_at, source.clock)
+        run = cls(source.start_args, source.incarnation, id_prefix, source.started_at, source.clock)
         run._replay_draws = deque(source.draws[:draws])
         run.can_suggested = False
         for entry in source.log[:inputs]:
@@ -395,9 +394,6 @@ class ProgramRun:
 
     def now(self) -> datetime:
         return self.clock
-
-    def patched(self, patch_id: str) -> bool:
-        return self.patches.get(patch_id, True)
 
     def uuid4(self) -> str:
         return str(self._draw(self._fresh_uuid))

@@ -98,15 +98,7 @@ from mcpsync.workflows.records import (
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
-from mcpsync.workflows.subscription_program import (
-    PATCH_IDENTITY_RECONCILIATION,
-    PATCH_LEAN_HISTORY,
-    PATCH_READ_CYCLE,
-    PATCH_READ_DEADLINES,
-    PATCH_START_CYCLE,
-    PATCH_TTL_POLL_PERIOD,
-    WaitKind,
-)
+from mcpsync.workflows.subscription_program import WaitKind
 from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,
@@ -160,8 +152,7 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
-MCP_ACTIVITIES = frozenset({Act.MCP_SUBSCRIBE, Act.MCP_UNSUBSCRIBE, Act.MCP_READ, Act.MCP_READ_CYCLE,
-                            Act.MCP_SUBSCRIBE_CYCLE})  # on the session queue
+MCP_ACTIVITIES = frozenset({Act.MCP_UNSUBSCRIBE, Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})  # on the session queue
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
 # A read the ingress makes itself (``worker/session_host.py: _deliver`` -> ``McpSessionActivities.run_cycle``):
 # a pseudo-activity of the session host, not of any run (a workflow reset does not touch it), executed in
@@ -314,28 +305,19 @@ class Trace:
     profile: Profile
     events: tuple[Event, ...]
     violations: tuple[str, ...] = ()
-    # Recorded with PATCH_READ_CYCLE (its events name ``mcp_read_cycle``, not the three read
-    # activities). A trace file without the field predates the patch: it replays without it.
-    read_cycle: bool = True
-    # Recorded with reads at the ingress (``SimConfig.ingress_reads``; its events may name
-    # ``ingress_read_cycle``). A trace file without the field predates them: it replays without.
-    ingress_reads: bool = True
-    # Recorded with PATCH_START_CYCLE (its events may name ``mcp_subscribe_cycle``). A trace file
-    # without the field predates the patch: it replays without it.
-    start_cycle: bool = True
+    # The session host's ``read_on_notification`` setting the trace ran with (``SimConfig``).
+    read_on_notification: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "profile": self.profile.to_json(), "read_cycle": self.read_cycle,
-                "ingress_reads": self.ingress_reads, "start_cycle": self.start_cycle,
+        return {"seed": self.seed, "profile": self.profile.to_json(), "read_on_notification": self.read_on_notification,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Trace:
         return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
                    events=tuple(Event.from_json(e) for e in obj["events"]),
-                   violations=tuple(obj.get("violations", ())), read_cycle=bool(obj.get("read_cycle", False)),
-                   ingress_reads=bool(obj.get("ingress_reads", False)),
-                   start_cycle=bool(obj.get("start_cycle", False)))
+                   violations=tuple(obj.get("violations", ())),
+                   read_on_notification=bool(obj.get("read_on_notification", True)))
 
 
 JudgeFn = Callable[..., Judgement]
@@ -358,29 +340,11 @@ class SimConfig:
     faults: frozenset[Fault] = ALL_FAULTS
     judge: JudgeFn = judge_read
     shrink_budget: int = 3000  # replays the shrinker may spend on one failing schedule
-    # The ingress stamps ResourceUpdated.sequence (covered updates skip their read). False: it
-    # stamps nothing, as before sequence coverage existed (to measure what coverage saves).
-    sequence_coverage: bool = True
-    # The periodic read is a deadline (PATCH_READ_DEADLINES). False: the timer restarted on every
-    # wake-up, as runs recorded before the patch still do (issue 15's finding, kept checkable).
-    read_deadlines: bool = True
-    # PATCH_LEAN_HISTORY: a later deadline does not wake the idle wait, an early timer earns no read.
-    # False: the program as runs recorded before that patch execute it.
-    lean_history: bool = True
-    # PATCH_READ_CYCLE: allocate, read and accept in one activity (three steps other events may
-    # interleave with). False: three activities, as runs recorded before that patch execute them.
-    read_cycle: bool = True
-    # PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read cycle in one activity (five steps
-    # other events may interleave with). False: the subscribe activity, then the mark and the read.
-    start_cycle: bool = True
-    # The ingress sends no signal for an update while one it signalled still stands for it
-    # (``fence.update_already_signalled``). False: every update is signalled.
-    ingress_coalescing: bool = True
-    # Reads at the ingress (``ServerConfig.read_on_notification``): a notified change of a row whose run
+    # The session host's ``ServerConfig.read_on_notification``: a notified change of a row whose run
     # mirrors reports (``fence.ingress_read_request``) is read by the session host and reported
     # (``resource_read``); pulses for that (URI, generation) queue behind the read. False: every update
-    # is signalled for the workflow to read, as before reads at the ingress (old traces replay so).
-    ingress_reads: bool = True
+    # is signalled for the workflow to read.
+    read_on_notification: bool = True
     # Whether a queued pulse group is covered by the ingress's newest ACCEPTED/UNCHANGED read (a seam
     # for tests: a broken rule must be caught by ``covered_unread``).
     ingress_covers: CoverFn = covered_at_ingress
@@ -556,8 +520,8 @@ class MemoryLedger:
 
     def mark_active(self, session_generation: int, subscription_generation: int, *,
                     read_reports: bool = False) -> FenceSnapshot:
-        """``read_reports``: the run mirrors reads the ingress makes (it took PATCH_READ_CYCLE); set or
-        cleared with the transition, like ``subscriptions.read_reports`` (migration 013)."""
+        """``read_reports``: the run mirrors reads the ingress makes; set or cleared with the
+        transition, like ``subscriptions.read_reports``."""
         row = self.row
         if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
                 and row.subscription_generation == subscription_generation):
@@ -580,10 +544,10 @@ class MemoryLedger:
         request_id = req.request_id
         while (prior := self.request_ids.get(request_id)) is not None:
             if not self.read_requests[prior].completed:
-                # The same allocation asked again (a retry after a lost response): same ticket (F1).
+                # The same allocation asked again (a retry after a lost response): same ticket.
                 return ReadTicket(granted=True, ordinal=prior, request_id=request_id,
                                   notifications_seen=self.read_requests[prior].notifications_seen)
-            # A reset run re-derived a request id already used and finished: a new read, own id (F6).
+            # A reset run re-derived a request id already used and finished: a new read, own id.
             request_id = f"{request_id}/{prior}"
         ordinal = allocate_ordinal(row, session_generation=req.session_generation,
                                    subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
@@ -854,9 +818,7 @@ class ScheduleResult:
     duplicate_deliveries: int = 0
     covered_updates: int = 0  # updates that skipped their read as COVERED
     coverage: dict[str, int] = field(default_factory=dict)
-    read_cycle: bool = True  # the program ran with PATCH_READ_CYCLE
-    ingress_reads: bool = True  # the ingress read notified changes itself
-    start_cycle: bool = True  # the program ran with PATCH_START_CYCLE
+    read_on_notification: bool = True  # the ingress read notified changes itself
 
     @property
     def failed(self) -> bool:
@@ -865,7 +827,7 @@ class ScheduleResult:
     def trace(self) -> Trace:
         return Trace(seed=self.seed, profile=self.profile, events=tuple(self.events),
                      violations=tuple(f"{v.invariant.value}@{v.step}: {v.detail}" for v in self.violations),
-                     read_cycle=self.read_cycle, ingress_reads=self.ingress_reads, start_cycle=self.start_cycle)
+                     read_on_notification=self.read_on_notification)
 
 
 class Simulation:
@@ -876,10 +838,6 @@ class Simulation:
         self.seed = seed
         self.profile = profile
         self.config = config
-        self._patches = {PATCH_READ_DEADLINES: config.read_deadlines, PATCH_TTL_POLL_PERIOD: True,
-                         PATCH_IDENTITY_RECONCILIATION: True, PATCH_LEAN_HISTORY: config.lean_history,
-                         PATCH_READ_CYCLE: config.read_cycle,
-                         PATCH_START_CYCLE: config.read_cycle and config.start_cycle}
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = SessionHost(profile.capability, self.ledger)
@@ -913,7 +871,7 @@ class Simulation:
         self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
         self._covered_by = 0  # the read that covered it (covering_ordinal then)
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
-        # the session host's reads at the ingress (``SimConfig.ingress_reads``), per session generation of
+        # the session host's reads at the ingress (``SimConfig.read_on_notification``), per session generation of
         # KEY.uri: the read routing it now, pulses queued behind it, the newest ACCEPTED/UNCHANGED read's
         # (sent, ordinal) (``SessionHost._read_sent``)
         self._ingress_routing: dict[int, Activity] = {}
@@ -943,8 +901,7 @@ class Simulation:
         self.coverage[name] = self.coverage.get(name, 0) + 1
 
     def _program_run(self, start: SubscriptionStart, incarnation: str) -> ProgramRun:
-        wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", self._patches, EPOCH,
-                        self.times[self.step])
+        wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", EPOCH, self.times[self.step])
         wf.start()
         return wf
 
@@ -1011,7 +968,7 @@ class Simulation:
         timer_at = self.wf.timer_at
         if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
             at = timer_at
-        if event.op == Op.FINAL_NOTE and self.signals_erased and self.config.ingress_coalescing:
+        if event.op == Op.FINAL_NOTE and self.signals_erased:
             # A reset without reapply erased signals the ingress had marked: they stand for later
             # updates until the hold runs out (the documented bound), so the final one comes after it.
             self._cover("final_note_after_hold")
@@ -1032,9 +989,9 @@ class Simulation:
                 self._queue_pulse(generation, nid, change)
                 return None
             noted = self.ledger.note_notification(generation, now)
-            if noted is not None and self.config.sequence_coverage:
+            if noted is not None:
                 sequence = noted.fence.notifications_seen
-                if noted.already_signalled and self.config.ingress_coalescing:
+                if noted.already_signalled:
                     self._cover("update.ingress_coalesced")
                     return None
                 if self._read_at_ingress(noted, generation, nid, change):
@@ -1054,7 +1011,7 @@ class Simulation:
         rule (``fence.ingress_read_request``) decides whether the ingress reads the change itself. If so the
         read becomes an ``INGRESS_READ`` pseudo-activity (allocate / read / accept, each its own step)."""
         live = self.host.live
-        if not self.config.ingress_reads or live is None or live.generation != generation:
+        if not self.config.read_on_notification or live is None or live.generation != generation:
             return False
         req = ingress_read_request(noted, KEY, generation=generation, request_id=f"ingress-{self._aid + 1}")
         if req is None:
@@ -1206,16 +1163,12 @@ class Simulation:
                 assert msg.report is not None
                 if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                     self.duplicate_deliveries += 1
-                if self.chain_running and not self.wf.patched(PATCH_READ_CYCLE):
-                    # ``ingress_read_request`` reads ``read_reports``, which only PATCH_READ_CYCLE runs set.
-                    self._violate(Invariant.WORKFLOW_ERROR, "resource_read reached a run from before "
-                                                            "PATCH_READ_CYCLE (its issued() drops follow-ups)")
                 self._cover("ingress.report_delivered")
                 cycle = msg.report.cycle
                 if self.chain_running and cycle.accept is not None and cycle.ticket.ordinal < \
                         self.wf.fence.s.last_accepted_ordinal and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
-                    # the newer digest (it once took the older one back until the next read).
+                    # the newer digest.
                     self._cover("ingress.report_older_than_view")
                 self._signal(Signal.READ_REPORTED, msg.report)
             else:
@@ -1363,11 +1316,6 @@ class Simulation:
             elif name == Act.MARK_ACTIVE:
                 result = led.mark_active(arg.session_generation, arg.subscription_generation,
                                          read_reports=arg.read_reports)
-            elif name == Act.ALLOCATE_READ:
-                result = led.allocate_read(arg)
-            elif name == Act.ACCEPT:
-                result = led.accept(arg)
-                self._cover(f"verdict.{result.verdict.value}")
             elif name == Act.BEGIN_UNSUBSCRIBE:
                 result = led.begin_unsubscribe()
             elif name == Act.FINISH_UNSUBSCRIBE:
@@ -1383,14 +1331,10 @@ class Simulation:
                     self._cover("catalog_revoked_existing")  # a late proven word revoked a resource that exists
             elif name == Act.REVOKE:
                 result = led.revoke()
-            elif name == Act.MCP_SUBSCRIBE:
-                result = self.host.subscribe(arg)
             elif name == Act.MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
                     self._cover("unsubscribe_ack_lost")
-            elif name == Act.MCP_READ:
-                result = self.host.read(arg, self.oracle, fault=fault)
             elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
                 done, result = (self._read_cycle_step(act, fault) if name == Act.MCP_READ_CYCLE
                                 else self._subscribe_cycle_step(act, fault))
@@ -1502,7 +1446,7 @@ class Simulation:
         self.wf = wf
         # What the reset-away run skipped as COVERED is history the new run never saw: without
         # reapply those notifications are dropped (a lost notification, bounded by the safety read);
-        # with reapply they are delivered again below and judged afresh (F14: a checker artifact).
+        # with reapply they are delivered again below and judged afresh.
         self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
         # The ingress's reads are no run's: they go on.
@@ -1772,8 +1716,7 @@ class Simulation:
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
                               covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
-                              read_cycle=self.config.read_cycle, ingress_reads=self.config.ingress_reads,
-                              start_cycle=self.config.read_cycle and self.config.start_cycle)
+                              read_on_notification=self.config.read_on_notification)
 
 
 # --- schedule generation ----------------------------------------------------------------------------------
@@ -1821,7 +1764,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     executed = [a for a in sim.activities if a.executed and a.run == sim.run]
 
     def reads(a: Activity) -> bool:  # the step that sends resources/read
-        return a.name == Act.MCP_READ or (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
+        return (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
             or (a.name == Act.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
 
     def exec_event() -> Event:
@@ -1927,10 +1870,8 @@ def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
 
 def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
     """Re-run a trace's events (inapplicable ones are skipped), then the same drain, with the
-    program the trace was recorded with (a trace from before PATCH_READ_CYCLE runs without it)."""
-    config = replace(config, read_cycle=config.read_cycle and trace.read_cycle,
-                     ingress_reads=config.ingress_reads and trace.ingress_reads,
-                     start_cycle=config.start_cycle and trace.start_cycle)
+    session host's setting the trace ran with."""
+    config = replace(config, read_on_notification=config.read_on_notification and trace.read_on_notification)
     sim = Simulation(trace.seed, trace.profile, config)
     for event in trace.events:
         sim.apply(event)
@@ -2105,7 +2046,7 @@ def summary_json(s: Summary, config: SimConfig = SimConfig()) -> dict[str, Any]:
             "reads_that_saw_a_new_version": s.fresh_reads,
             "duplicate_deliveries_deduped": s.duplicate_deliveries,
             "updates_covered_without_a_read": s.covered_updates,
-            "sequence_coverage": config.sequence_coverage,
+            "read_on_notification": config.read_on_notification,
         },
         "convergence_steps": {"schedules": len(conv), "p50": _percentile(conv, 0.5), "p99": _percentile(conv, 0.99),
                               "p999": _percentile(conv, 0.999), "max": conv[-1] if conv else 0},

@@ -17,8 +17,8 @@ Contract:
 - Every flag has help text and shows its default; ``--version`` comes from the installed
   package metadata; shell completion through argcomplete
   (``eval "$(register-python-argcomplete mcpsync)"``).
-- The subscription commands live in ``mcpsync.worker.cli_subscriptions``; the helpers every
-  command shares in ``mcpsync.worker.cli_common``.
+- The subscription commands live in ``mcpsync.worker.cli_subscriptions``, ``upgrades`` in
+  ``mcpsync.worker.cli_upgrades``; the helpers every command shares in ``mcpsync.worker.cli_common``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from mcpsync.worker.cli_common import (
     subscription_key,
 )
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
+from mcpsync.worker.cli_upgrades import register as register_upgrade_commands
 from mcpsync.worker.config import ConfigError
 from mcpsync.worker.runtime import (
     TemporalUnavailable,
@@ -733,6 +734,7 @@ def _parser() -> argparse.ArgumentParser:
     _answer_parser(sub)
 
     register_subscription_commands(sub)
+    register_upgrade_commands(sub)
 
     pr = sub.add_parser("probe", help="characterize a configured MCP server without changing it")
     pr.add_argument("--server", required=True)

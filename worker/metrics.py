@@ -16,15 +16,13 @@ Contract:
   ``notifications_received`` / ``notifications_coalesced`` counters a collector exports),
   ``read_timer`` (the ``resources/read`` activity: ``mcpsync_reads_total``, read latency) and
   ``receipt_judged`` (the accept: receipts by verdict, ``mcpsync_changes_total``, convergence
-  latency; read-cycle runs accept inside ``mcp_read_cycle`` (a start's initial read inside
-  ``mcp_subscribe_cycle``), in the ingress process, older runs in the main worker's ledger
-  activity). Read amplification = ``rate(mcpsync_reads_total) / rate(mcpsync_changes_total)``;
+  latency; the accept runs inside ``mcp_read_cycle`` (a start's initial read inside
+  ``mcp_subscribe_cycle``), in the ingress process). Read amplification = ``rate(mcpsync_reads_total) / rate(mcpsync_changes_total)``;
   with several processes, ``sum`` the counters first.
 - Convergence latency = a notification received by this process's ingress → the first
   receipt (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING) of a read that started after it, one
   observation per receipt (its oldest satisfied notification). It needs ingress and the
-  accept in one process: always for read-cycle runs (the ingress process accepts); for runs
-  from before it, only with ``mcpsync worker --role all`` or ``mcpsync up``.
+  accept in one process: the ingress process accepts.
 - Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
   freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, revocation
   latency) are read from PostgreSQL every ``cfg.refresh_seconds`` by a background task on

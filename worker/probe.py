@@ -39,6 +39,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import Field
 
+from mcpsync import __version__
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.mcp_session import classify_error, content_parts
 from mcpsync.worker.config import ServerConfig
@@ -299,7 +300,7 @@ def _client(cfg: ServerConfig, subject: str, mode: Literal["legacy", "auto"], re
     server = server_transport(cfg, subject)
     return Client(server, mode=mode, cache=None, message_handler=recorder.on_message,  # type: ignore[arg-type]
                   read_timeout_seconds=timeout,
-                  client_info=types.Implementation(name="mcpsync-probe", version="0.1.0"))
+                  client_info=types.Implementation(name="mcpsync-probe", version=__version__))
 
 
 @asynccontextmanager

@@ -62,6 +62,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
 
+from mcpsync import __version__
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
@@ -253,7 +254,7 @@ class SessionHost:
         mode = "legacy" if cfg.edition == "2025-11-25" else "auto"
         return Client(server, mode=mode, cache=None, message_handler=self._on_message,  # type: ignore[arg-type]
                       read_timeout_seconds=cfg.read_timeout_seconds,
-                      client_info=types.Implementation(name="mcpsync", version="0.1.0"))
+                      client_info=types.Implementation(name="mcpsync", version=__version__))
 
     async def _one_session(self) -> None:
         client = await self._enter(self._client())

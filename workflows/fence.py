@@ -178,9 +178,6 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
-    # The poll period follows ttl and backoff (workflow.patched PATCH_TTL_POLL_PERIOD, set by each run):
-    # off, the period is the configured interval, exactly as runs recorded before the rule computed it.
-    adaptive_poll_period: bool = False
     tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
@@ -196,15 +193,11 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
-        self._start_slot: int | None = None  # the placeholder of a start cycle under way (PATCH_START_CYCLE)
+        self._start_slot: int | None = None  # the placeholder of a start cycle under way
 
     def explain(self, detail: str) -> None:
         """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
         self.s.detail = detail
-
-    def configure(self, *, adaptive_poll_period: bool) -> None:
-        """Per-run switches a patch decides (histories recorded before it keep the old rule)."""
-        self.s.adaptive_poll_period = adaptive_poll_period
 
     # --- durable fence ----------------------------------------------------------------
 
@@ -260,11 +253,11 @@ class SubscriptionFence:
             self._publish_poll_period()
 
     def start_cycle_reserve(self) -> int:
-        """PATCH_START_CYCLE, after ``subscribing``: one activity subscribes, marks ACTIVE and makes
-        the initial read, whose allocation may come at any point of it. Its read slot is held from
-        now as ``reserve_read`` holds one (a placeholder), so every update noted meanwhile counts
-        as arriving while allocating (``issued(after_read=True)`` keeps the follow-up it earns unless
-        the read's allocation covered it). A trigger pending before is the initial read's to serve,
+        """After ``subscribing``: one activity subscribes, marks ACTIVE and makes the initial read,
+        whose allocation may come at any point of it. Its read slot is held from now as
+        ``reserve_read`` holds one (a placeholder), so every update noted meanwhile counts as
+        arriving while allocating (``issued`` keeps the follow-up it earns unless the read's
+        allocation covered it). A trigger pending before is the initial read's to serve,
         as ``subscribed`` would have replaced it."""
         s = self.s
         s.pending_trigger = None
@@ -374,26 +367,22 @@ class SubscriptionFence:
 
     def _publish_poll_period(self) -> None:
         s = self.s
-        base = s.poll_interval_seconds or s.staleness_bound_seconds  # carried from a run before ttl rules
+        base = s.poll_interval_seconds
         if not base:
             return
         before = s.staleness_bound_seconds
-        if s.adaptive_poll_period:
-            period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
-        else:
-            period, source = base, StalenessBoundSource.CONFIG
+        period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
         if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
             # The period changed after the deadline was armed (the read that just came back told a
             # ttl, failed, or saw content again): re-arm it from the same allocation with the same
             # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
-            # No new random draw: the sequence stays the one recorded histories replay with.
+            # No new random draw: the run's sequence of random draws depends only on its reads.
             self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period, jitter=s.read_jitter)
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
-        a period but no deadline (state carried from a run before deadlines existed) arms one
-        from ``now``. True when a read was requested here."""
+        a period but no deadline armed yet arms one from ``now``. True when a read was requested here."""
         s = self.s
         if s.state != S.ACTIVE or not period_seconds or self.allocating:
             return False  # an allocation on its way re-arms the deadline when granted
@@ -470,21 +459,18 @@ class SubscriptionFence:
     def next_ordinal_floor(self) -> int:
         return self.s.last_issued_ordinal + 1
 
-    def issued(self, ticket: ReadTicket, *, after_read: bool = False) -> bool:
+    def issued(self, ticket: ReadTicket) -> bool:
         """The ledger allocated (or refused) an ordinal for the pending trigger.
 
-        ``after_read``: a one-round-trip read (allocated, read and judged in one activity) tells
-        its ordinal only once it is over, so updates that arrived meanwhile were coalesced into a
-        FOLLOW_UP. The ledger's update counter at the allocation tells which of them the read
+        A read (allocated, read and judged in one activity) tells its ordinal only once it is over,
+        so updates that arrived meanwhile were coalesced into a FOLLOW_UP. The ledger's update counter at the allocation tells which of them the read
         covered (recorded before it was allocated: the read saw their change). The follow-up stays
         if any came later or without a sequence; any other trigger set meanwhile stays too."""
         s = self.s
         if not self._allocated(ticket):
             return False
         s.in_flight.append(ticket.ordinal)
-        if not after_read:
-            s.pending_trigger = None
-        elif s.pending_trigger == TriggerReason.FOLLOW_UP and not s.allocating_update_unsequenced \
+        if s.pending_trigger == TriggerReason.FOLLOW_UP and not s.allocating_update_unsequenced \
                 and s.allocating_update_sequence <= ticket.notifications_seen:
             s.pending_trigger = None
         return True
@@ -532,7 +518,7 @@ class SubscriptionFence:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
             s.last_receipt_id = result.receipt_id
-        # A verdict judged before a close or revocation can land after it: never leave those (F10).
+        # A verdict judged before a close or revocation can land after it: never leave those.
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             if s.state == S.ACTIVE:
                 s.state = S.TOMBSTONE_PENDING
@@ -822,11 +808,10 @@ def update_already_signalled(mark: SignalMark, row: FenceSnapshot, *, generation
     signal that failed or a process that died never stands for anything. ``hold_seconds`` bounds
     the rest: a signal a reset erased (without reapply) stops standing for updates after it.
 
-    Only for a subscription whose newest read was a read cycle's: that program (``issued`` with
-    ``after_read``) keeps a follow-up the ledger's counter does not cover; runs from before
-    PATCH_READ_CYCLE drop a follow-up set while their allocation was on its way, so every update
-    is signalled to them. A row that is not ACTIVE gets every signal: the workflow learns its
-    state from the read it then tries."""
+    Only once the row's newest allocation was a read cycle's (``allocated_in_cycle``; a row with no
+    allocation yet gets every signal): the run (``issued``) keeps a follow-up the ledger's counter
+    at that allocation does not cover. A row that is not ACTIVE gets every signal: the workflow
+    learns its state from the read it then tries."""
     return (row.state == S.ACTIVE and mark.allocated_in_cycle and mark.signalled_sequence > mark.allocated_sequence and mark.signalled_generation == generation
             and mark.signalled_at is not None and now - mark.signalled_at < timedelta(seconds=hold_seconds))
 
@@ -834,8 +819,8 @@ def update_already_signalled(mark: SignalMark, row: FenceSnapshot, *, generation
 def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, generation: int,
                          request_id: str) -> ReadCycleRequest | None:
     """The read cycle the ingress makes itself for a notification it just recorded, or None when the
-    workflow must be signalled instead (``resource_updated``): its run does not mirror reports
-    (``read_reports``: a run from before PATCH_READ_CYCLE), the row is not ACTIVE, the notification
+    workflow must be signalled instead (``resource_updated``): the row was not marked ACTIVE by
+    ``mark_active`` (``read_reports``: its run mirrors reports), the row is not ACTIVE, the notification
     came on another session generation than the row's, or an update signalled earlier still stands
     for this one. The request carries the row's fence as the workflow's own read would; the
     allocation then applies the same CAS (refused if the row moved meanwhile)."""

@@ -82,8 +82,8 @@ class Act:
     MCP_SUBSCRIBE = "mcp_subscribe"
     MCP_UNSUBSCRIBE = "mcp_unsubscribe"
     MCP_READ = "mcp_read"
-    MCP_READ_CYCLE = "mcp_read_cycle"  # allocate + read + judge in one activity (PATCH_READ_CYCLE)
-    MCP_SUBSCRIBE_CYCLE = "mcp_subscribe_cycle"  # subscribe + mark ACTIVE + the initial read cycle (PATCH_START_CYCLE)
+    MCP_READ_CYCLE = "mcp_read_cycle"  # allocate + read + judge in one activity
+    MCP_SUBSCRIBE_CYCLE = "mcp_subscribe_cycle"  # subscribe + mark ACTIVE + the initial read cycle
 
 
 # --- CatalogWorkflow (one per subject+server) ------------------------------------------

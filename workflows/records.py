@@ -450,8 +450,8 @@ class FenceSnapshot(FrozenRecord):
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
     notifications_seen: int = 0
-    # The run that made it ACTIVE mirrors reads the ingress makes (``resource_read``): set by
-    # ``mark_active`` from runs that took PATCH_READ_CYCLE, cleared by any other.
+    # The run that made it ACTIVE mirrors reads the ingress makes (``resource_read``): set or
+    # cleared by ``mark_active`` with the request's ``read_reports``.
     read_reports: bool = False
 
 
@@ -501,7 +501,7 @@ class SignalMark(FrozenRecord):
     signalled_generation: int = 0
     signalled_at: datetime | None = None
     allocated_sequence: int = 0
-    allocated_in_cycle: bool = False  # that allocation was a read cycle's (PATCH_READ_CYCLE)
+    allocated_in_cycle: bool = False  # that allocation was a read cycle's
 
 
 class NotedNotification(FrozenRecord):
@@ -548,7 +548,7 @@ class MarkActiveRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
     subscription_generation: int
-    read_reports: bool = False  # the run mirrors ingress reads (``resource_read``): it took PATCH_READ_CYCLE
+    read_reports: bool = False  # the run mirrors ingress reads (``resource_read``); every run does
 
 
 class SubscribeCycleRequest(FrozenRecord):
@@ -646,7 +646,7 @@ class ResourceSubscriptionV1(FrozenRecord):
 
 
 
-# --- catalog reconciliation (CatalogWorkflow, issue 4) ------------------------------
+# --- catalog reconciliation (CatalogWorkflow) ---------------------------------------
 
 __all__ += [
     "CatalogKey",

@@ -4,11 +4,12 @@ Contract:
 - Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where every
   decision is made (every safety rule in ``mcpsync.workflows.fence``); this module declares the wire
   surface (signals, updates, query, run) and turns the program's runtime calls into activities,
-  timers, patches and search attributes. The simulator runs the same program (``sim/``).
+  timers and search attributes. The simulator runs the same program (``sim/``).
 - Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
   reuse an ordinal. Notifications only invalidate; every read goes through ``resources/read`` on
   the live session (the ingress process's queue). No resource body ever enters this history.
-- Ledger calls retry until they succeed (local activities in lean runs); MCP activities have
+- Ledger calls are local activities (the main worker hosts the ledger activities) and retry until
+  they succeed; MCP activities have
   bounded retries, and their final failure reaches the program as ``ActivityFailed`` (the cause's
   type name, never its message: it may quote content).
 - Upgrades (docs/upgrades.md): a versioned main worker runs it PINNED to its build and it
@@ -63,10 +64,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from mcpsync.workflows.retries import LEDGER_RETRY
     from mcpsync.workflows.subscription_program import (
-        PATCH_LEAN_HISTORY,
-        PATCH_READ_CYCLE,
-        PATCH_START_CYCLE,
-        PATCHES_BEFORE_READ_CYCLE,
         ActivityFailed,
         Publication,
         SubscriptionProgram,
@@ -94,17 +91,9 @@ class TemporalRuntime:
 
     def __init__(self, key: SubscriptionKey) -> None:
         self.key = key
-        self.patches: dict[str, bool] = {}
 
     def now(self) -> datetime:
         return workflow.now()
-
-    def patched(self, patch_id: str) -> bool:
-        self.patches[patch_id] = workflow.patched(patch_id)
-        if patch_id in (PATCH_READ_CYCLE, PATCH_START_CYCLE) and self.patches[patch_id]:
-            # Implied, never asked: a run that takes a newer patch started on code that has the older ones.
-            self.patches.update(dict.fromkeys((*PATCHES_BEFORE_READ_CYCLE, PATCH_READ_CYCLE), True))
-        return self.patches[patch_id]
 
     def uuid4(self) -> str:
         return str(workflow.uuid4())
@@ -131,12 +120,11 @@ class TemporalRuntime:
         return f"{what} {self.key.uri[:160]}" + (f" ordinal {ordinal}" if ordinal is not None else "")
 
     async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
-        # Lean runs call the ledger as local activities: the main worker hosts both the workflow and the
-        # ledger activities, so the call skips a task queue round trip and leaves one marker in history.
-        execute = workflow.execute_local_activity if self.patches.get(PATCH_LEAN_HISTORY) \
-            else workflow.execute_activity
-        result: T | None = await execute(name, arg, result_type=result_type, retry_policy=LEDGER_RETRY,
-                                         start_to_close_timeout=_LEDGER_TIMEOUT, summary=self._summary(name, arg))
+        # A local activity: the main worker hosts both the workflow and the ledger activities, so the
+        # call skips a task queue round trip and leaves one marker in history.
+        result: T | None = await workflow.execute_local_activity(
+            name, arg, result_type=result_type, retry_policy=LEDGER_RETRY,
+            start_to_close_timeout=_LEDGER_TIMEOUT, summary=self._summary(name, arg))
         return result
 
     async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:

@@ -6,19 +6,26 @@ Contract:
   reconciliation, continue-as-new timing, the Web UI's detail text), written once as async
   code over a narrow ``Runtime``. It imports nothing from temporalio and does no I/O.
 - Two interpreters run it: ``mcpsync.workflows.subscription`` (Temporal: activities, timers,
-  ``workflow.patched``, search attributes) and the simulator (``sim/``: an in-memory world
+  search attributes) and the simulator (``sim/``: an in-memory world
   under seeded adversarial schedules, resets by replaying its inputs). So the simulator's
   verdict is about the program production runs, not a copy of it.
 - Determinism: everything time-, random- or history-dependent comes from the runtime
-  (``now``, ``random``, ``uuid4``, ``patched``, ``continue_as_new_suggested`` …), in the
-  order the code asks. Changing the order of runtime calls changes the commands a
-  Temporal run emits: recorded histories (tests/histories) must still replay.
+  (``now``, ``random``, ``uuid4``, ``continue_as_new_suggested`` …), in the order the code
+  asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
+  released corpus (tests/histories/<version>/) must still replay, and a change to released
+  code that alters them is patched (docs/upgrades.md).
 - The fence (``mcpsync.workflows.fence``) decides what is safe; this module sequences it. A read
-  is allocated (CAS), read over the live session, then accepted (CAS); at most
-  ``max_concurrent_reads`` in flight; updates meanwhile coalesce into one follow-up.
+  is one activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
+  the live session, accept (CAS); the run mirrors its result. At most ``max_concurrent_reads`` in
+  flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
+  the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
+  ACTIVE, the initial read cycle) where the server advertises subscribe.
+- Ledger calls are local activities (one marker each); search attributes are upserted when a
+  coroutine blocks, and only if one changed (the details panel is not history).
 - Staleness promise: the next poll / safety read is ``FenceState.read_due_at``, armed when a
-  read is granted; the idle wait never outlasts it. Runs without the ``PATCH_READ_DEADLINES``
-  marker keep the old restarted timer until their next continue-as-new.
+  read is granted; its own timer (the deadline keeper) wakes the main loop, which never waits
+  past it. The poll period follows the last read's ttlMs and backs off after failed reads.
+- RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from mcpsync.workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
-    AcceptRequest,
     AcceptResult,
     AllocateRequest,
     AuditRequest,
@@ -49,10 +55,7 @@ from mcpsync.workflows.records import (
     ReadCycleRequest,
     ReadCycleResult,
     ReadOutcome,
-    ReadOutcomeKind,
     ReadReport,
-    ReadRequest,
-    ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
@@ -64,7 +67,6 @@ from mcpsync.workflows.records import (
     SetStateRequest,
     SubscribeCycleRequest,
     SubscribeCycleResult,
-    SubscribeOutcome,
     SubscribeRequest,
     SubscriptionStart,
     SubscriptionState,
@@ -80,52 +82,9 @@ __all__ = [
     "WaitKind",
     "ActivityFailed",
     "Publication",
-    "PATCH_READ_DEADLINES",
-    "PATCH_IDENTITY_RECONCILIATION",
-    "PATCH_TTL_POLL_PERIOD",
-    "PATCH_LEAN_HISTORY",
-    "PATCH_READ_CYCLE",
-    "PATCH_START_CYCLE",
-    "PATCHES_BEFORE_READ_CYCLE",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
-
-PATCH_READ_DEADLINES = "read-deadlines"
-"""Patch id: the periodic read is an absolute deadline, not a timer restarted on every wake-up."""
-
-PATCH_TTL_POLL_PERIOD = "ttl-poll-period"
-"""Patch id: the poll period follows the last read's ttlMs and backs off after failed reads
-(docs/caching.md). It moves deadlines, and so timers: histories recorded before it keep the plain interval."""
-
-PATCH_IDENTITY_RECONCILIATION = "identity-reconciliation"
-"""Patch id: RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``."""
-
-PATCH_LEAN_HISTORY = "lean-history"
-"""Patch id: fewer history events and server round trips per change. Ledger calls run as local
-activities (a marker, in the same workflow task, instead of three events and a trip through a task
-queue); search attributes are upserted when a coroutine blocks, and only if one of them changed
-(the details panel is not history); the read deadline has its own timer task, armed once per
-deadline (a wake-up of the main loop no longer cancels and restarts it), and its firing only makes
-the loop check ``poll_if_due``: a deadline moved later by a read meanwhile earns no extra read."""
-
-PATCHES_BEFORE_READ_CYCLE = (PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
-                             PATCH_LEAN_HISTORY)
-"""Taken by every run that takes PATCH_READ_CYCLE (it started on code that has them all), which is
-therefore the only patch such a run asks for: one marker and one TemporalChangeVersion upsert."""
-
-PATCH_READ_CYCLE = "read-cycle"
-"""Patch id: one round trip per read. Allocation, ``resources/read`` and the accept run as one
-activity on the session host's queue (``Act.MCP_READ_CYCLE``), with the same fence rules, and the
-run mirrors its result; the receipt is committed before the workflow hears of it. Updates that
-arrive while it runs are judged by the ledger's update counter at the allocation (``issued``)."""
-
-PATCH_START_CYCLE = "start-cycle"
-"""Patch id: a subscription starts in one round trip. Where the server advertises subscribe,
-``subscribe``, the mark SUBSCRIBING → ACTIVE and the initial read cycle run as one activity on the
-session host's queue (``Act.MCP_SUBSCRIBE_CYCLE``), and the run mirrors what it did. Taken by a run
-on code that has every earlier patch (it implies ``read-cycle`` and those before it). Updates noted
-while it runs are judged as those noted during a read cycle (``fence.start_cycle_reserve``)."""
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -150,7 +109,7 @@ class WaitKind(StrEnum):
     CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
     FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or no read to come)
-    DEADLINE = "deadline"  # lean: the deadline keeper waits for a deadline to apply, or for it to pass
+    DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
 
 
 class ActivityFailed(Exception):
@@ -165,7 +124,7 @@ class ActivityFailed(Exception):
 class Publication:
     """What the run shows operators: search attributes and the Web UI's current-details text."""
 
-    state: SubscriptionState  # McpState: the read phase before PATCH_READ_CYCLE, the state since
+    state: SubscriptionState  # McpState: the subscription's state (the read phase is in the details)
     session_generation: int
     subscription_generation: int
     watermark: int
@@ -177,7 +136,6 @@ class Runtime(Protocol):
     """What the program needs from its interpreter. Temporal's is ``mcpsync.workflows.subscription``."""
 
     def now(self) -> datetime: ...
-    def patched(self, patch_id: str) -> bool: ...
     def uuid4(self) -> str: ...
     def random(self) -> float: ...
     def start_time(self) -> datetime | None: ...
@@ -234,12 +192,7 @@ class SubscriptionProgram:
         self.reloaded = False
         self.last_published: tuple[object, ...] = ()
         self.last_search_attributes: tuple[object, ...] = ()
-        self.deadlines = False  # set in run(): patched(PATCH_READ_DEADLINES)
-        self.bounded_reconciliation = False  # set in run(): patched(PATCH_IDENTITY_RECONCILIATION)
-        self.lean = False  # set in run(): patched(PATCH_LEAN_HISTORY)
-        self.read_cycle = False  # set in run(): patched(PATCH_READ_CYCLE)
-        self.start_cycle = False  # set in run(): patched(PATCH_START_CYCLE)
-        self.deadline_ticks = 0  # lean: how often the deadline keeper's timer fired
+        self.deadline_ticks = 0  # how often the deadline keeper's timer fired
 
     # --- handlers -------------------------------------------------------------------
 
@@ -250,7 +203,7 @@ class SubscriptionProgram:
 
     async def on_read_reported(self, report: ReadReport) -> None:
         """The ingress read ``report.update``'s change itself (``resource_read``): mirror the ledger's
-        verdict (as ``_read_cycle`` mirrors the workflow's own read cycle), then note the update,
+        verdict (as ``_read`` mirrors the workflow's own read cycle), then note the update,
         which that read covers when it observed content. A read the ledger did not judge, or one
         from another session generation than this run's, is not mirrored: the update is noted as a
         plain ``resource_updated`` (and earns this run's own read when nothing covers it)."""
@@ -261,7 +214,7 @@ class SubscriptionProgram:
         if cycle.judged and sig.session_generation == self.fence.s.session_generation \
                 and self.fence.reported(cycle.ticket):
             assert cycle.outcome is not None and cycle.accept is not None
-            if self.deadlines and self.fence.report_deadline(report.requested_at):
+            if self.fence.report_deadline(report.requested_at):
                 self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
                                              jitter=self.rt.random())
             self._read_judged(cycle.ticket.ordinal, cycle.outcome, cycle.accept, seen_at=self.rt.now())
@@ -361,18 +314,6 @@ class SubscriptionProgram:
 
     async def run(self) -> ResourceSubscriptionV1:
         rt, start = self.rt, self.start
-        # Memoized for the run: histories recorded before deadlines keep their restarted timer.
-        # The newest patch is asked first: a run that takes it started on code that has every older
-        # one, whose markers (each with a TemporalChangeVersion upsert) would say nothing more.
-        self.start_cycle = rt.patched(PATCH_START_CYCLE)
-        self.read_cycle = self.start_cycle or rt.patched(PATCH_READ_CYCLE)
-        if self.read_cycle:
-            self.deadlines = self.bounded_reconciliation = adaptive_poll_period = self.lean = True
-        else:
-            self.deadlines = rt.patched(PATCH_READ_DEADLINES)
-            self.bounded_reconciliation = rt.patched(PATCH_IDENTITY_RECONCILIATION)
-            adaptive_poll_period = rt.patched(PATCH_TTL_POLL_PERIOD)
-            self.lean = rt.patched(PATCH_LEAN_HISTORY)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -381,12 +322,10 @@ class SubscriptionProgram:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
         self.fence.adopt(snap)
-        self.fence.configure(adaptive_poll_period=adaptive_poll_period)
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
-        if self.lean and self.deadlines:
-            rt.spawn(self._keep_deadline())
+        rt.spawn(self._keep_deadline())
 
         while not self.fence.finished:
             rt.loop_iteration()
@@ -419,20 +358,14 @@ class SubscriptionProgram:
                 if not await self._ensure_subscribed():
                     await self._wait_for_session()
                 continue
-            if self.deadlines:
-                self.fence.poll_if_due(rt.now(), period_seconds=self._read_period())
+            self.fence.poll_if_due(rt.now(), period_seconds=self._read_period())
             if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
                 self._start_read()
                 continue
             if self._continue_as_new_due():
                 await self._continue_as_new()
-            if self.lean and self.deadlines:
-                # The deadline keeper owns the timer; its firing is work like any other.
-                await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
-                continue
-            timeout = self._wait_timeout()
-            if not await self._wait(self._idle_wait_over(), timeout, WaitKind.IDLE):
-                self.fence.poll_due()
+            # The deadline keeper owns the timer; its firing is work like any other.
+            await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
 
         self.fence.finish(rt.now())
         await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
@@ -457,16 +390,8 @@ class SubscriptionProgram:
             or self._continue_as_new_due()
         )
 
-    def _idle_wait_over(self) -> Callable[[], bool]:
-        """The idle wait's condition (before PATCH_LEAN_HISTORY): work, or (with deadlines) a read
-        grant re-armed the deadline the wait's timeout was computed from."""
-        if not self.deadlines:
-            return self._has_work
-        due = self.fence.s.read_due_at
-        return lambda: self._has_work() or self.fence.s.read_due_at != due
-
     def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
-        """Lean idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
+        """The idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
         return lambda: self._has_work() or self.deadline_ticks != ticks
 
     def _deadline_acted_on(self, due: datetime | None) -> Callable[[], bool]:
@@ -475,7 +400,7 @@ class SubscriptionProgram:
         return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
 
     async def _keep_deadline(self) -> None:
-        """Lean: the read deadline's own timer. Armed when a deadline applies, for that deadline;
+        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
         re-armed only if it would fire after the newest read's promised bound. Its firing wakes the
         main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
         meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
@@ -501,12 +426,10 @@ class SubscriptionProgram:
             await self._keeper_wait(self._deadline_acted_on(due), None)
 
     async def _keeper_wait(self, condition: Callable[[], bool], timeout: timedelta | None) -> bool:
-        """The deadline keeper blocks without upserting (PATCH_START_CYCLE): it changes no search
-        attribute itself, and the coroutines that do upsert when they block, so a workflow task (a
-        start's first one: the keeper blocks right after the reload) writes one upsert, not two."""
-        if self.start_cycle:
-            return await self.rt.wait(condition, timeout, WaitKind.DEADLINE)
-        return await self._wait(condition, timeout, WaitKind.DEADLINE)
+        """The deadline keeper blocks without upserting: it changes no search attribute itself, and
+        the coroutines that do upsert when they block, so a workflow task (a start's first one: the
+        keeper blocks right after the reload) writes one upsert, not two."""
+        return await self.rt.wait(condition, timeout, WaitKind.DEADLINE)
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
@@ -525,20 +448,6 @@ class SubscriptionProgram:
 
     def _read_period(self) -> float | None:
         return self.fence.read_period(self.options.safety_read_seconds)
-
-    def _wait_timeout(self) -> timedelta | None:
-        """How long the idle loop waits for work: until the read deadline (never moved by a wake-up)."""
-        if self.deadlines:
-            return self.fence.until_read_due(self.rt.now())
-        # Before PATCH_READ_DEADLINES: a timer restarted on every wake-up (the bug of issue 15); kept
-        # byte for byte, including its random draws, so runs recorded with it replay.
-        if self.fence.s.staleness_bound_seconds is not None:
-            base = self.fence.s.staleness_bound_seconds or self.options.poll_interval_seconds
-            return timedelta(seconds=base * (0.8 + 0.2 * self.rt.random()))
-        period = self.options.safety_read_seconds
-        if not period:
-            return None
-        return timedelta(seconds=period * (0.8 + 0.2 * self.rt.random()))
 
     async def _wait_for_session(self) -> None:
         """Back off before asking again: a newer generation announced, a close, or the timer."""
@@ -577,25 +486,19 @@ class SubscriptionProgram:
                                   FenceSnapshot)
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
-            if self.deadlines:
-                # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
-                # not subscribed. Without a binding the next pass subscribes on the live session and
-                # publishes its bound, instead of rebinding to a subscription an older run made.
-                self.session = None
+            # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
+            # not subscribed. Without a binding the next pass subscribes on the live session and
+            # publishes its bound, instead of rebinding to a subscription an older run made.
+            self.session = None
             self._publish()
             return False
         self._publish()
         poll: float | None = None
-        if session.subscribe and self.start_cycle:
+        if session.subscribe:
             started = await self._start_cycle(session, snap)
             if started is not None and started.active is not None:
                 return True  # the server took the subscription: the row was marked (and read) there
             out = started.subscribe if started is not None else None
-        elif session.subscribe:
-            out = await self._mcp(session, Act.MCP_SUBSCRIBE,
-                                  SubscribeRequest(key=self.key, session_generation=session.generation),
-                                  SubscribeOutcome)
-        if session.subscribe:
             if out is None or (not out.ok and out.session_generation != session.generation):
                 self.session = None
                 return False
@@ -609,7 +512,7 @@ class SubscriptionProgram:
         snap = await self._ledger(Act.MARK_ACTIVE,
                                   MarkActiveRequest(key=self.key, session_generation=session.generation,
                                                     subscription_generation=snap.subscription_generation,
-                                                    read_reports=self.read_cycle),
+                                                    read_reports=True),
                                   FenceSnapshot)
         self.fence.subscribed(snap, poll_interval_seconds=poll)
         self.fence.explain("polling: server has no usable subscribe" if poll else "")
@@ -617,8 +520,8 @@ class SubscriptionProgram:
         return True
 
     async def _start_cycle(self, session: SessionInfo, snap: FenceSnapshot) -> SubscribeCycleResult | None:
-        """PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read in one activity; mirror the
-        mark as ``subscribed`` and the read as ``_read_cycle`` would have. None: the activity failed
+        """Subscribe, mark ACTIVE and the initial read in one activity; mirror the
+        mark as ``subscribed`` and the read as ``_read`` would have. None: the activity failed
         for good (what it did is unknown: the row stays SUBSCRIBING here and the next pass
         resubscribes). A result without ``active``: the server did not take the subscription, and
         nothing was marked (the caller decides as for ``mcp_subscribe``)."""
@@ -661,51 +564,6 @@ class SubscriptionProgram:
             # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
             self._flush_search_attributes()
 
-    async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
-        if self.read_cycle:
-            await self._read_cycle(trigger, placeholder)
-            return
-        s = self.fence.s
-        session = self.session
-        requested_at = self.rt.now()
-        try:
-            assert session is not None
-            request_id = self.rt.uuid4()
-            ticket = await self._ledger(
-                Act.ALLOCATE_READ,
-                AllocateRequest(key=self.key, session_generation=s.session_generation,
-                                subscription_generation=s.subscription_generation,
-                                min_ordinal=self.fence.next_ordinal_floor(), request_id=request_id, trigger=trigger),
-                ReadTicket,
-            )
-        finally:
-            self.fence.release_placeholder(placeholder)
-        allocated_at = self.rt.now()
-        if not self.fence.issued(ticket):
-            # Refused: closed meanwhile, or our view is behind the durable fence (reset/rollback).
-            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-            self.fence.refused(snap, trigger)
-            self._publish()
-            return
-        if self.deadlines:
-            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
-            # never later than one period after the read the ledger records.
-            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                         jitter=self.rt.random())
-        self._publish()
-        req = ReadRequest(key=self.key, session_generation=s.session_generation,
-                          subscription_generation=s.subscription_generation, ordinal=ticket.ordinal,
-                          request_id=ticket.request_id, trigger=trigger)
-        outcome = await self._mcp(session, Act.MCP_READ, req, ReadOutcome)
-        if outcome is None or outcome.kind == ReadOutcomeKind.SESSION_LOST:
-            self._read_lost_session(ticket.ordinal)
-            return
-        result = await self._ledger(
-            Act.ACCEPT, AcceptRequest(outcome=outcome, expected_state=s.state, close_epoch=s.close_epoch),
-            AcceptResult,
-        )
-        self._read_judged(ticket.ordinal, outcome, result, seen_at=allocated_at)
-
     def _read_lost_session(self, ordinal: int) -> None:
         self.fence.session_lost(ordinal)
         self.session = None  # re-bind: the session host has (or will have) a new generation
@@ -720,9 +578,9 @@ class SubscriptionProgram:
         self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
         self._publish()
 
-    async def _read_cycle(self, trigger: TriggerReason, placeholder: int) -> None:
-        """PATCH_READ_CYCLE: one activity allocates, reads and judges; the run mirrors what it did,
-        in the order the separate calls would have (issued, deadline, applied, judged)."""
+    async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
+        """One activity allocates, reads and judges (``Act.MCP_READ_CYCLE``); the run mirrors what it
+        did: issued, deadline, applied, judged."""
         s = self.fence.s
         session = self.session
         requested_at = self.rt.now()
@@ -740,8 +598,7 @@ class SubscriptionProgram:
         self._cycle_done(cycle, trigger, requested_at)
 
     def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime) -> None:
-        """Mirror a read cycle's result (None: it failed for good), in the order the separate calls
-        would have: issued, deadline, applied, judged."""
+        """Mirror a read cycle's result (None: it failed for good): issued, deadline, applied, judged."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
@@ -749,15 +606,16 @@ class SubscriptionProgram:
             self.session = None
             self._publish()
             return
-        if not self.fence.issued(cycle.ticket, after_read=True):
+        if not self.fence.issued(cycle.ticket):
             assert cycle.fence is not None
             self.fence.refused(cycle.fence, trigger)
             self._publish()
             return
         ticket = cycle.ticket
-        if self.deadlines:
-            self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                         jitter=self.rt.random())
+        # From the request, not the grant: the ledger allocated no earlier, so the deadline is never
+        # later than one period after the read the ledger records.
+        self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                     jitter=self.rt.random())
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
             self._read_lost_session(ticket.ordinal)
@@ -794,7 +652,7 @@ class SubscriptionProgram:
         obs, self.catalog = self.catalog, None
         assert obs is not None
         before = self.fence.s.state
-        if before == S.RECONCILIATION_REQUIRED and self.bounded_reconciliation:
+        if before == S.RECONCILIATION_REQUIRED:
             if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
                 await self._resume("IDENTITY_RECONCILED", {
                     "scan_id": obs.scan_id, "snapshot_status": obs.snapshot_status,
@@ -830,7 +688,7 @@ class SubscriptionProgram:
     async def _enter_reconciliation(self) -> None:
         conflict, self.conflict = self.conflict, None
         assert conflict is not None
-        if self.bounded_reconciliation and self.fence.variant_already_reconciled(conflict.observed_uri):
+        if self.fence.variant_already_reconciled(conflict.observed_uri):
             await self._audit("NORMALIZED_URI_MATCH_ALREADY_RECONCILED", conflict.session_generation,
                               {"observed_uri": conflict.observed_uri[:500]})
             self._publish()
@@ -848,17 +706,15 @@ class SubscriptionProgram:
 
     async def _await_reconciliation(self) -> None:
         """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
-        the loop's catalog step) or, with bounded reconciliation, its time bound: then resume."""
+        the loop's catalog step) or its time bound: then resume."""
         def over() -> bool:
             return (self.resume_requested is not None or self.fence.s.close_requested or self.revocation is not None
                     or self.fence.s.state != S.RECONCILIATION_REQUIRED
-                    or (self.bounded_reconciliation and self.catalog is not None))
+                    or self.catalog is not None)
 
-        timeout = None
-        if self.bounded_reconciliation:
-            due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
-            timeout = due - self.rt.now()
-        if timeout is None or timeout > timedelta(0):
+        due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
+        timeout = due - self.rt.now()
+        if timeout > timedelta(0):
             timed_out = not await self._wait(over, timeout, WaitKind.RECONCILIATION)
         else:
             timed_out = not over()
@@ -914,10 +770,10 @@ class SubscriptionProgram:
             return not self.reads_running and rt.all_handlers_finished()
 
         # A close update waits for the workflow to finish, so it never "finishes" here: serve a close,
-        # revocation or conflict first and try again later (simulator finding F9). A resume update
-        # waits for the loop likewise, and a reload may have left ACTIVE meanwhile (F13).
+        # revocation or conflict first and try again later. A resume update waits for the loop
+        # likewise, and a reload may have left ACTIVE meanwhile.
         await self._wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
-                         or self.conflict is not None or (self.bounded_reconciliation and self._loop_must_serve()),
+                         or self.conflict is not None or self._loop_must_serve(),
                          None, WaitKind.CONTINUE_AS_NEW)
         if not drained():
             return
@@ -976,21 +832,18 @@ class SubscriptionProgram:
                if s.staleness_bound_seconds else "")
             + (f"\n{s.detail}\n" if s.detail else "")
         )
-        # Lean: the details now (not history), the search attributes when this coroutine blocks.
+        # The details now (not history), the search attributes when this coroutine blocks.
         self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
-                                    upsert=not self.lean))
+                                    upsert=False))
 
     def _flush_search_attributes(self) -> None:
-        """Lean: upsert the search attributes if one changed since the last upsert. Called where a
-        coroutine blocks or ends, so one workflow task writes at most one upsert per coroutine."""
-        if not self.lean:
-            return
+        """Upsert the search attributes if one changed since the last upsert. Called where a coroutine
+        blocks or ends, so one workflow task writes at most one upsert per coroutine."""
         s = self.fence.s
-        # PATCH_READ_CYCLE: McpState is the subscription's state, not the read phase, so it stays
-        # ACTIVE through a read (a list filtered on ACTIVE keeps a subscription mid-read) and a change
-        # costs one upsert, not two; the phase stays in the details panel and the query.
-        state = s.state if self.read_cycle else self.fence.phase
-        values = (state, s.session_generation, s.subscription_generation, s.watermark)
+        # McpState is the subscription's state, not the read phase, so it stays ACTIVE through a read
+        # (a list filtered on ACTIVE keeps a subscription mid-read) and a change costs one upsert, not
+        # two; the phase stays in the details panel and the query.
+        values = (s.state, s.session_generation, s.subscription_generation, s.watermark)
         if values == self.last_search_attributes:
             return
         self.last_search_attributes = values

@@ -192,7 +192,7 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
         "digest": o.content_digest, "error_code": o.error_code})
     rr_outcome = None
     if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
-        # Every final verdict is stored so a retried accept replays it (F5); a failed read keeps its
+        # Every final verdict is stored so a retried accept replays it; a failed read keeps its
         # outcome kind (denied, malformed, ...) for the answer gate and the audit.
         rr_outcome = o.kind.value if j.verdict == V.REJECTED else j.verdict.value
     if j.verdict == V.REVOKED:

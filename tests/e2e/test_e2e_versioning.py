@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.cli_upgrades import open_runs, runs_without
 from mcpsync.worker.config import ConfigError, TemporalConfig, load_config
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import (
@@ -37,7 +38,7 @@ from mcpsync.worker.runtime import (
 from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.fence import should_continue_as_new
-from mcpsync.workflows.names import QUERY_CATALOG, SIGNAL_RECONCILE
+from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
 from mcpsync.workflows.records import CatalogKey, SubscriptionKey
 from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique
@@ -218,6 +219,11 @@ async def _counts(client: Client, deployment: str, queue: str, want: dict[str, i
     return all([await _running_on(client, deployment, b, queue) == n for b, n in want.items()])
 
 
+async def _upgrades_show(client: Client, queue: str, want: set[tuple[str, str, tuple[str, ...], int]]) -> bool:
+    runs = await open_runs(client, task_queue=queue)
+    return {(r.workflow_type, r.build, r.patches, r.count) for r in runs} == want
+
+
 async def _published_once(handle: WorkflowHandle) -> bool:
     return (await _catalog_view(handle)).catalogs_published >= 1
 
@@ -272,6 +278,12 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             await _move_catalog(catalog, "v2")
             await eventually(lambda: _counts(client, deployment, queue, {"v1": 0, "v2": len(subs) + 1}), timeout=15,
                              what="visibility: no run pinned to v1 (drained), every run on v2")
+            # `mcpsync upgrades`: every open subscription run is on v2 and carries the v2 marker, so
+            # V2_PATCH could be deprecated; the catalog's runs never ask for it.
+            await eventually(lambda: _upgrades_show(client, queue, {
+                (WORKFLOW_TYPE, f"{deployment}:v2", (V2_PATCH,), len(subs)),
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades on v2")
+            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == 0
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
             await _make_current(temporal_server, deployment, "v1")
@@ -286,3 +298,9 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             await _move_catalog(catalog, "v1")
             await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs) + 1, "v2": 0}), timeout=15,
                              what="visibility: every run back on v1, none on v2")
+            # Back on v1: continue-as-new does not carry the marker (each run records the patches its
+            # own code asked for), so every open run is older than V2_PATCH again.
+            await eventually(lambda: _upgrades_show(client, queue, {
+                (WORKFLOW_TYPE, f"{deployment}:v1", (), len(subs)),
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades on v1")
+            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == len(subs)

@@ -35,12 +35,12 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
 
         summaries = []
         async for event in handle.fetch_history_events():
-            # Ledger calls are local activities (lean-history): their summary is on the marker.
+            # Ledger calls are local activities: their summary is on the marker.
             if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_MARKER_RECORDED) \
                     and event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
                 summaries.append(pydantic_data_converter.payload_converter.from_payload(
                     event.user_metadata.summary, str))
-        # One activity subscribes, marks ACTIVE and makes the initial read (start-cycle): the ordinal is
+        # One activity subscribes, marks ACTIVE and makes the initial read: the ordinal is
         # not known when it is scheduled, so its summary names the steps; the ordinal is in the details panel.
         assert f"subscribe {key.uri} (subscribe, mark active, initial read)" in summaries, summaries
         assert f"ensure subscription {key.uri}" in summaries and f"begin subscription {key.uri}" in summaries

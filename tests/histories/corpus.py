@@ -1,8 +1,11 @@
 """The replay corpus: recorded workflow histories and how to replay them offline.
 
 Contract:
-- ``HISTORY_DIR`` holds one ``<path-it-covers>.json`` per recorded run (``WorkflowHistory.to_json()``),
-  written by ``tests/histories/record.py`` (``scripts/record-histories``) and never edited by hand.
+- ``HISTORY_DIR/<version>/`` is the corpus of one release: one ``<path-it-covers>.json`` per
+  recorded run (``WorkflowHistory.to_json()``) and ``SHA256SUMS`` over them, written once by
+  ``tests/histories/record.py`` (``scripts/record-histories``) with that version's workflow code
+  and never edited by hand. A released corpus is frozen: CI replays every release's corpus
+  against the current code and checks each against its ``SHA256SUMS`` (tests/unit/test_replay.py).
 - ``replayer()`` replays with exactly the main worker's workflows, runner and data converter
   (``mcpsync.worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
 - ``traits()`` says what a history exercises (workflow type, continue-as-new, reset, a build
@@ -12,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from mcpsync import __version__
 from mcpsync.worker.runtime import MAIN_WORKFLOWS
 from tests.e2e.test_e2e_faults import _decoded_payloads
 
@@ -34,8 +39,33 @@ SECRET_MARKER = "tok-"
 """Prefix of every bearer token the recorder's fixtures accept; no history may contain one."""
 
 
-def history_files() -> list[Path]:
-    return sorted(HISTORY_DIR.glob("*.json"))
+SUMS = "SHA256SUMS"
+
+
+def version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.split("."))
+
+
+def release_dirs() -> list[Path]:
+    """Every release's corpus directory (``<major>.<minor>.<patch>``), oldest first."""
+    found = [d for d in HISTORY_DIR.iterdir() if d.is_dir() and all(p.isdigit() for p in d.name.split("."))]
+    return sorted(found, key=lambda d: version_key(d.name))
+
+
+def current_dir() -> Path:
+    """Where ``record.py`` writes: the corpus of the version this tree is (``mcpsync.__version__``)."""
+    return HISTORY_DIR / __version__
+
+
+def history_files(release: Path | None = None) -> list[Path]:
+    """The histories of one release's corpus, or of every release's."""
+    dirs = [release] if release is not None else release_dirs()
+    return [p for d in dirs for p in sorted(d.glob("*.json"))]
+
+
+def sha256sums(files: list[Path]) -> str:
+    """``sha256sum`` format, one line per file, sorted by name."""
+    return "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(files))
 
 
 def load(path: Path) -> WorkflowHistory:

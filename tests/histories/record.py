@@ -1,21 +1,22 @@
 """Record the replay corpus from real runs: Temporal dev server, PostgreSQL, the fixture MCP server.
 
 Contract:
-- ``python -m tests.histories.record [--only NAME ...]`` (``scripts/record-histories``) starts its
-  own Temporal dev server(s), a fresh database (``MCPSYNC_DATABASE_URL``, else embedded PostgreSQL)
-  and fixture servers, drives each scenario below with the CURRENT workflow code and writes one
-  ``tests/histories/<name>.json`` per recorded run. Every run is finished (closed, revoked,
+- ``python -m tests.histories.record [--only NAME ...] [--replace]`` (``scripts/record-histories``)
+  starts its own Temporal dev server(s), a fresh database (``MCPSYNC_DATABASE_URL``, else embedded
+  PostgreSQL) and fixture servers, drives each scenario below with the CURRENT workflow code and
+  writes one ``tests/histories/<version>/<name>.json`` per recorded run (``mcpsync.__version__``),
+  then that directory's ``SHA256SUMS``. Every run is finished (closed, revoked,
   tombstoned, idle or terminated) before its history is fetched, so a rerun records the same
   paths (ids and timestamps differ).
 - Each file is checked before it is written: it replays with ``corpus.replayer()``, is smaller
   than ``MAX_HISTORY_BYTES`` and contains no resource body (``BODY_MARKER``) and no token.
 
-When to run it (and when not):
-- To ADD a path to the corpus (new scenario), or after a deliberately incompatible workflow
-  change has shipped AND every workflow started by the old code has been drained (closed or
-  continued-as-new onto the new code). Then commit the regenerated files with that change.
+When to run it (and when not), docs/upgrades.md:
+- Once per release, for the version about to be released: its corpus is then frozen. A directory
+  that already has ``SHA256SUMS`` is refused unless ``--replace`` is given, which is only for a
+  version that has not been released (e.g. adding a scenario before the release).
 - NEVER to make a failing ``tests/unit/test_replay.py`` pass: a replay failure means the change would
-  break running subscriptions; guard it with ``workflow.patched(...)`` instead (docs/upgrades.md).
+  break running subscriptions; guard it with ``workflow.patched(...)`` instead.
 """
 
 from __future__ import annotations
@@ -62,7 +63,17 @@ from tests.conftest import eventually, fresh_database, postgres_server, running_
 from tests.e2e.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
 from tests.e2e.test_catalog_e2e import catalog_stack
 from tests.e2e.test_e2e_subscription import _wait_record
-from tests.histories.corpus import BODY_MARKER, HISTORY_DIR, MAX_HISTORY_BYTES, leaks, replayer, traits
+from tests.histories.corpus import (
+    BODY_MARKER,
+    MAX_HISTORY_BYTES,
+    SUMS,
+    current_dir,
+    history_files,
+    leaks,
+    replayer,
+    sha256sums,
+    traits,
+)
 
 S = SubscriptionState
 SUBJECT = "alice"
@@ -79,10 +90,8 @@ def _server(name: str, url: str) -> ServerConfig:
 
 
 class Recorder:
-    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path, out: Path,
-                 tag: str = "") -> None:
+    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path, out: Path) -> None:
         self.client, self.ledger, self.temporal, self.work, self.out = client, ledger, temporal, work, out
-        self.tag = tag  # "": <name>.json; else <name>@<tag>.json beside the older generation
         self.written: list[Path] = []
 
     async def save(self, name: str, workflow_id: str, run_id: str, client: Client | None = None) -> None:
@@ -94,7 +103,7 @@ class Recorder:
         if len(text.encode()) > MAX_HISTORY_BYTES:
             raise RuntimeError(f"{name}: history is {len(text.encode())} bytes (limit {MAX_HISTORY_BYTES})")
         await replayer().replay_workflow(history)  # raises on nondeterminism: never commit such a file
-        path = self.out / (f"{name}@{self.tag}.json" if self.tag else f"{name}.json")
+        path = self.out / f"{name}.json"
         path.write_text(text)
         self.written.append(path)
         t = traits(history)
@@ -337,6 +346,9 @@ class Recorder:
                 first_run = (await current.describe()).run_id
                 async with _main_worker(self.client, self.ledger, queue, deployment, "v2"):
                     await _make_current(self.temporal, deployment, "v2")
+                    # The new current build reaches the server's matching asynchronously: a workflow task
+                    # started within about a second of the change may not see it (docs/upgrades.md).
+                    await asyncio.sleep(1.0)
                     await self.edit(fx, current, key, "nudge to v2")
                     await eventually(lambda: _moved(current, first_run, "v2"), timeout=40, what="run on v2")
                     await self.edit(fx, current, key, "on v2")
@@ -345,7 +357,7 @@ class Recorder:
         await self.save("subscription-version-upgraded-run-close", key.workflow_id, last_run)
 
 
-async def record(only: set[str] | None, tag: str = "") -> list[Path]:
+async def record(only: set[str] | None, out: Path) -> list[Path]:
     # Under the project's state dir: embedded PostgreSQL opens up every parent of its data dir.
     state_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="record-histories-", dir=state_dir()) as tmp:
@@ -356,7 +368,7 @@ async def record(only: set[str] | None, tag: str = "") -> list[Path]:
                 ledger = await open_ledger(url)
                 try:
                     client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
-                    rec = Recorder(client, ledger, temporal, work, HISTORY_DIR, tag)
+                    rec = Recorder(client, ledger, temporal, work, out)
                     await _run_all(rec, only)
                     return rec.written
                 finally:
@@ -396,14 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/record-histories", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", metavar="SCENARIO",
                         help="record only this scenario (a Recorder method name); repeatable")
-    parser.add_argument("--tag", default="", metavar="TAG",
-                        help="write <scenario>@TAG.json beside the existing files instead of replacing them: "
-                             "a new generation of the corpus after a workflow.patched change (e.g. the patch id), "
-                             "so histories from before and after the patch are both replayed")
+    parser.add_argument("--replace", action="store_true",
+                        help="record into a corpus that already has SHA256SUMS: only for a version not released yet")
     args = parser.parse_args(argv)
+    out = current_dir()
+    if (out / SUMS).exists() and not args.replace:
+        print(f"{out} is recorded (a released corpus is frozen): bump mcpsync.__version__ for the next "
+              "release, or pass --replace if this version has not been released", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    written = asyncio.run(record(set(args.only) if args.only else None, args.tag))
-    print(f"wrote {len(written)} histories to {HISTORY_DIR} in {time.monotonic() - t0:.0f} s", flush=True)
+    written = asyncio.run(record(set(args.only) if args.only else None, out))
+    (out / SUMS).write_text(sha256sums(history_files(out)))
+    print(f"wrote {len(written)} histories to {out} in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
 

@@ -103,18 +103,27 @@ def test_close_rule_freezes_last_issued_and_is_idempotent() -> None:
     assert close_rule(row(state=S.CLOSED)) is None
 
 
+def read_cycle(f: SubscriptionFence, ticket: ReadTicket) -> bool:
+    """As the program runs one: the slot is reserved, the cycle returns, then ``issued``."""
+    _, placeholder = f.reserve_read(1)
+    f.release_placeholder(placeholder)
+    return f.issued(ticket)
+
+
 def test_duplicates_coalesce_into_one_follow_up_read() -> None:
     f = active_fence()
     sig = ResourceUpdated(uri=KEY.uri, session_generation=1)
     assert f.note_update(sig) == UpdateDisposition.READ_REQUESTED
     assert f.read_wanted() == TriggerReason.UPDATED
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
+    _, placeholder = f.reserve_read(1)
     for _ in range(20):
         assert f.note_update(sig) == UpdateDisposition.COALESCED
     assert f.read_wanted() is None  # one in flight
+    f.release_placeholder(placeholder)
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
     f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
-    assert f.issued(ReadTicket(granted=True, ordinal=2, request_id="r2"))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=2, request_id="r2"))
     f.applied(2, AcceptResult(verdict=AcceptVerdict.UNCHANGED, watermark=2, last_accepted_ordinal=2))
     assert f.read_wanted() is None and f.s.reads_issued == 2
 
@@ -143,7 +152,7 @@ def test_update_covered_by_a_read_allocated_after_it_needs_no_read_of_its_own() 
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
     # The ingress recorded updates 1 and 2 before this read was allocated: the read observes them.
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=2))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=2))
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=2)) == UpdateDisposition.COVERED
     f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
     assert f.read_wanted() is None
@@ -156,7 +165,7 @@ def test_covered_updates_get_a_read_when_the_covering_read_fails() -> None:
     # Simulator finding F7: the covering read came back malformed; the change went unread.
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=1))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=1))
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=1)) == UpdateDisposition.COVERED
     f.applied(1, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed"))
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
@@ -167,7 +176,7 @@ def test_covered_updates_get_a_read_when_the_covering_read_fails() -> None:
 def test_covered_updates_get_a_read_when_the_covering_read_is_abandoned() -> None:
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
-    assert f.issued(ReadTicket(granted=True, ordinal=4, request_id="r4", notifications_seen=7))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=4, request_id="r4", notifications_seen=7))
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=6)) == UpdateDisposition.COVERED
     f.read_abandoned(4)
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
@@ -177,7 +186,7 @@ def test_a_finished_fence_never_leaves_its_terminal_state() -> None:
     # Simulator finding F10: a verdict judged before the revocation lands after it.
     f = active_fence()
     f.s.pending_trigger = TriggerReason.UPDATED
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=1, request_id="r1"))
     f.adopt(row(state=S.REVOKED))
     f.applied(1, AcceptResult(verdict=AcceptVerdict.TOMBSTONE_PENDING, watermark=1, last_accepted_ordinal=1))
     assert f.s.state == S.REVOKED and f.finished
@@ -301,7 +310,7 @@ def test_a_signalled_update_stands_for_later_ones_only_within_the_hold() -> None
     # The hold bounds a signal that a reset without reapply erased.
     assert not update_already_signalled(mark, active, generation=1,
                                         now=at + timedelta(seconds=SIGNAL_HOLD_SECONDS))
-    # Covered by an allocation since; never marked; another generation; a pre-cycle allocation.
+    # Covered by an allocation since; never marked; another generation; no read-cycle allocation yet.
     for other in (mark.model_copy(update={"allocated_sequence": 3}), mark.model_copy(update={"signalled_at": None}),
                   mark.model_copy(update={"allocated_in_cycle": False})):
         assert not update_already_signalled(other, active, generation=1, now=at)
@@ -379,7 +388,7 @@ def test_a_start_cycle_keeps_the_follow_up_of_updates_its_read_did_not_cover(
     placeholder = f.s.in_flight[0]
     assert f.start_cycle_subscribed(ACTIVE_1, placeholder, read=True) == TriggerReason.INITIAL
     assert f.s.state == S.ACTIVE and placeholder not in f.s.in_flight
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r", notifications_seen=seen), after_read=True)
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r", notifications_seen=seen))
     assert f.s.pending_trigger == (TriggerReason.FOLLOW_UP if follow_up else None)
 
 
@@ -414,7 +423,7 @@ def test_a_report_during_a_start_cycle_covers_the_updates_it_read() -> None:
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=5)) \
         == UpdateDisposition.COALESCED
     assert f.start_cycle_subscribed(ACTIVE_1, f.s.in_flight[0], read=True) == TriggerReason.INITIAL
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="s", notifications_seen=3), after_read=True)
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="s", notifications_seen=3))
     assert f.s.pending_trigger == TriggerReason.FOLLOW_UP
     # Outside a start cycle a SUBSCRIBING run covers nothing (its initial read will).
     g = SubscriptionFence(FenceState(key=KEY))

@@ -41,7 +41,7 @@ def test_poll_period_rules(ttl_ms: int | None, failed: int, expected: tuple[floa
 
 
 def _polling_fence() -> SubscriptionFence:
-    fence = SubscriptionFence(FenceState(key=KEY, adaptive_poll_period=True))
+    fence = SubscriptionFence(FenceState(key=KEY))
     snap = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
                          subscription_generation=1)
     fence.subscribed(snap, poll_interval_seconds=30.0)
@@ -99,28 +99,3 @@ def test_with_subscribe_no_bound_is_published_whatever_the_ttl() -> None:
     assert rec.staleness_bound_seconds is None and rec.staleness_bound_source is None
     assert rec.safety_read_seconds == 300.0  # notifications, not the ttl, drive reads; safety reads stay
     assert rec.last_read_ttl_ms == 600_000
-
-
-def test_state_carried_from_before_the_ttl_rules_keeps_its_interval() -> None:
-    """A FenceState dumped by an older run (no poll_interval_seconds) still polls at its bound."""
-    old = FenceState(key=KEY, state=SubscriptionState.ACTIVE, staleness_bound_seconds=30.0).model_dump(
-        exclude={"poll_interval_seconds", "staleness_bound_source", "read_jitter", "read_armed_from",
-                 "failed_reads", "last_read_ttl_ms", "last_read_cache_scope", "adaptive_poll_period"})
-    fence = SubscriptionFence(FenceState.model_validate(old))
-    fence.s.adaptive_poll_period = True  # a new run after continue-as-new: patched
-    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 0, CacheScope.PRIVATE))
-    assert (fence.s.staleness_bound_seconds, fence.s.staleness_bound_source) == (30.0, SRC.CONFIG)
-
-
-def test_without_the_patch_the_period_stays_the_interval() -> None:
-    """Replaying a history recorded before PATCH_TTL_POLL_PERIOD: the same timers as then."""
-    fence = _polling_fence()
-    fence.s.adaptive_poll_period = False
-    fence.arm_read_deadline(requested_at=T0, period_seconds=fence.read_period(None), jitter=0.5)
-    due = fence.s.read_due_at
-    fence.read_directives(_outcome(ReadOutcomeKind.CONTENT, 120_000, CacheScope.PUBLIC))
-    for _ in range(3):
-        fence.read_directives(_outcome(ReadOutcomeKind.TRANSIENT))
-    assert (fence.s.staleness_bound_seconds, fence.s.staleness_bound_source) == (30.0, SRC.CONFIG)
-    assert fence.s.read_due_at == due
-    assert fence.s.last_read_ttl_ms == 120_000  # still recorded

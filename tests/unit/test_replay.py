@@ -1,8 +1,9 @@
-"""Replay every recorded history (tests/histories/*.json) against the current workflow code.
+"""Replay every released corpus (tests/histories/<version>/*.json) against the current workflow code.
 
 A failure here means a workflow change is not replay-compatible: running subscriptions
 (which live for months) would fail their next workflow task after the deploy. Fix the change
-with ``workflow.patched(...)``; never regenerate the corpus to make this pass (docs/upgrades.md).
+with ``workflow.patched(...)``; never regenerate a corpus to make this pass (docs/upgrades.md).
+Each release's corpus is frozen: its files must match its ``SHA256SUMS``.
 Offline: ``Replayer`` needs no Temporal server.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mcpsync import __version__
 from mcpsync.workflows.names import (
     ANSWER_WORKFLOW_TYPE,
     CATALOG_WORKFLOW_TYPE,
@@ -20,31 +22,54 @@ from mcpsync.workflows.names import (
     WORKFLOW_TYPE,
     Act,
 )
-from mcpsync.workflows.subscription_program import (
-    PATCH_IDENTITY_RECONCILIATION,
-    PATCH_LEAN_HISTORY,
-    PATCH_READ_CYCLE,
-    PATCH_READ_DEADLINES,
-    PATCH_START_CYCLE,
-    PATCH_TTL_POLL_PERIOD,
-    PATCHES_BEFORE_READ_CYCLE,
+from tests.histories.corpus import (
+    MAX_HISTORY_BYTES,
+    SUMS,
+    history_files,
+    leaks,
+    load,
+    release_dirs,
+    replayer,
+    sha256sums,
+    traits,
+    version_key,
 )
-from tests.histories.corpus import MAX_HISTORY_BYTES, history_files, leaks, load, replayer, traits
 
+RELEASES = release_dirs()
 FILES = history_files()
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def _id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
 async def test_recorded_history_replays(path: Path) -> None:
     history = load(path)
     result = await replayer().replay_workflow(history, raise_on_replay_failure=False)
     failure = result.replay_failure
-    assert failure is None, f"{path.name} no longer replays: {type(failure).__name__}: {str(failure)[:300]}"
+    assert failure is None, f"{_id(path)} no longer replays: {type(failure).__name__}: {str(failure)[:300]}"
 
 
-def test_corpus_covers_every_workflow_and_the_long_life_paths() -> None:
-    assert len(FILES) >= 12, f"the corpus shrank to {len(FILES)} files"
-    seen = {p.stem: traits(load(p)) for p in FILES}
+def test_a_released_corpus_exists_and_none_is_newer_than_this_version() -> None:
+    names = [d.name for d in RELEASES]
+    assert names, "no released corpus under tests/histories/<version>/"
+    assert all(version_key(n) <= version_key(__version__) for n in names), (names, __version__)
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[d.name for d in RELEASES])
+def test_a_released_corpus_is_frozen(release: Path) -> None:
+    # Re-recording or editing a released corpus would silently drop the runs it stands for.
+    assert (release / SUMS).read_text() == sha256sums(history_files(release)), \
+        f"{release.name}: the corpus differs from its {SUMS}; a released corpus is never re-recorded"
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[d.name for d in RELEASES])
+def test_a_corpus_has_one_generation_per_scenario_and_every_long_life_path(release: Path) -> None:
+    files = history_files(release)
+    assert len(files) >= 12, f"{release.name}: the corpus shrank to {len(files)} files"
+    assert not [p.name for p in files if "@" in p.name], "one history generation per scenario"
+    seen = {p.stem: traits(load(p)) for p in files}
     types = {t.workflow_type for t in seen.values()}
     assert {WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, ANSWER_WORKFLOW_TYPE} <= types, types
     subscription = [t for t in seen.values() if t.workflow_type == WORKFLOW_TYPE]
@@ -57,14 +82,14 @@ def test_corpus_covers_every_workflow_and_the_long_life_paths() -> None:
     assert any(t.continued_as_new for t in seen.values() if t.workflow_type == CATALOG_WORKFLOW_TYPE)
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
 def test_recorded_history_is_small_and_holds_no_body_or_token(path: Path) -> None:
     text = path.read_text()
     assert len(text.encode()) <= MAX_HISTORY_BYTES
     assert leaks(text) == []
 
 
-def _patches(path: Path) -> set[str]:
+def patch_markers(path: Path) -> set[str]:
     """The workflow.patched ids a recorded run took (its ``core_patch`` markers)."""
     found = set()
     for event in load(path).events:
@@ -75,44 +100,38 @@ def _patches(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("patch", [PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION, PATCH_TTL_POLL_PERIOD,
-                                   PATCH_LEAN_HISTORY, PATCH_READ_CYCLE, PATCH_START_CYCLE])
-def test_corpus_holds_both_sides_of_every_subscription_patch(patch: str) -> None:
-    # A workflow.patched change must keep replaying the runs recorded before it (no marker) and the
-    # runs recorded after it (marker present): a corpus with only one side would not notice either
-    # breaking. Add a generation with `scripts/record-histories --tag <patch-id>` after each patch.
-    subs = [p for p in FILES if traits(load(p)).workflow_type == WORKFLOW_TYPE]
-    marked = {p.name for p in subs if patch in _patches(p)}
-    assert marked and len(marked) < len(subs), f"{len(marked)} of {len(subs)} carry {patch}"
+def test_the_baseline_corpus_carries_no_patch_marker() -> None:
+    # 0.2.0 is the first release: its workflows ask no workflow.patched id (docs/upgrades.md).
+    baseline = [p for d in RELEASES if d.name == "0.2.0" for p in history_files(d)]
+    if not baseline:
+        pytest.skip("the 0.2.0 corpus has retired (docs/upgrades.md, 'Patch lifecycle')")
+    assert not {p.name: patch_markers(p) for p in baseline if patch_markers(p)}
 
 
-def test_patches_before_read_cycle_are_the_older_patches() -> None:
-    # A read-cycle run asks for no older patch and takes them all: the list must name every one.
-    assert set(PATCHES_BEFORE_READ_CYCLE) == {PATCH_READ_DEADLINES, PATCH_IDENTITY_RECONCILIATION,
-                                              PATCH_TTL_POLL_PERIOD, PATCH_LEAN_HISTORY}
+def _newest_subscriptions() -> list[Path]:
+    """The subscription histories of the newest release's corpus."""
+    return [p for p in history_files(RELEASES[-1]) if traits(load(p)).workflow_type == WORKFLOW_TYPE]
 
 
-def test_corpus_replays_runs_that_mirrored_reads_made_at_the_ingress() -> None:
-    # The resource_read handler (reads at the ingress) runs in recorded histories: churn, a reset,
-    # a session change and continue-as-new (generation `*@read-at-ingress.json`).
+def test_the_newest_corpus_replays_runs_that_mirrored_reads_made_at_the_ingress() -> None:
+    # The resource_read handler (reads at the ingress) runs in recorded histories.
     def reports(path: Path) -> int:
         return sum(1 for e in load(path).events
                    if e.HasField("workflow_execution_signaled_event_attributes")
                    and e.workflow_execution_signaled_event_attributes.signal_name == SIGNAL_RESOURCE_READ)
 
-    with_reports = {p.stem for p in FILES if reports(p)}
-    assert {"subscription-updates-churn-and-close@read-at-ingress", "subscription-reset@read-at-ingress",
-            "subscription-continue-as-new@read-at-ingress"} <= with_reports, with_reports
+    with_reports = {p.stem for p in _newest_subscriptions() if reports(p)}
+    assert {"subscription-updates-churn-and-close", "subscription-reset",
+            "subscription-continue-as-new"} <= with_reports, with_reports
 
 
-def test_corpus_replays_starts_made_in_one_round_trip() -> None:
-    # PATCH_START_CYCLE: subscribe, mark ACTIVE and the initial read as one activity
-    # (generation `*@start-cycle.json`: churn, a reset, a session change, continue-as-new).
+def test_the_newest_corpus_replays_starts_made_in_one_round_trip() -> None:
+    # Subscribe, mark ACTIVE and the initial read as one activity.
     def starts(path: Path) -> int:
         return sum(1 for e in load(path).events
                    if e.HasField("activity_task_scheduled_event_attributes")
                    and e.activity_task_scheduled_event_attributes.activity_type.name == Act.MCP_SUBSCRIBE_CYCLE)
-    with_starts = {p.stem for p in FILES if starts(p) and PATCH_START_CYCLE in _patches(p)}
-    assert {"subscription-updates-churn-and-close@start-cycle", "subscription-reset@start-cycle",
-            "subscription-session-change@start-cycle", "subscription-continue-as-new@start-cycle"} <= with_starts, \
-        with_starts
+
+    with_starts = {p.stem for p in _newest_subscriptions() if starts(p)}
+    assert {"subscription-updates-churn-and-close", "subscription-reset", "subscription-session-change",
+            "subscription-continue-as-new"} <= with_starts, with_starts
