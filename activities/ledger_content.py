@@ -8,6 +8,9 @@ Contract:
   body is still stored: never after a revocation.
 - ``purge_withdrawn`` runs inside a revocation's transaction: it deletes the subject's bodies
   the revoked subscription named, except those another live subscription of the subject uses.
+- ``purge_subject`` runs inside a subject revocation's transaction (``revoke_subject``): it deletes
+  every body the covered subscriptions' receipts name, whatever their state, except a body a
+  receipt outside the revocation may still release.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcpsync.activities.ledger_store import LedgerStore
-from mcpsync.workflows.records import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 
 __all__ = ["ContentLedger"]
 
@@ -75,5 +78,28 @@ class ContentLedger:
                   AND s.workflow_id <> %s AND s.state <> %s)
             """,
             (subject, list(digests), workflow_id, SubscriptionState.REVOKED.value),
+        )
+        return int(cur.rowcount)
+
+    @staticmethod
+    async def purge_subject(cur: Any, *, subject: str, workflow_ids: Sequence[str]) -> int:
+        """Delete every body of ``subject`` that a receipt of ``workflow_ids`` names, finished
+        subscriptions included, except one that a released receipt (ACCEPTED / UNCHANGED) of another,
+        not revoked subscription of the subject still names; how many were deleted. In the caller's
+        transaction, with the covered rows locked."""
+        await cur.execute(
+            """
+            DELETE FROM content_store c WHERE c.subject=%s AND c.content_digest IN (
+                SELECT rv.content_digest FROM resource_versions rv
+                WHERE rv.workflow_id = ANY(%s) AND rv.content_digest IS NOT NULL)
+              AND NOT EXISTS (
+                SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
+                WHERE rv.content_digest = c.content_digest AND rv.subject = c.subject
+                  AND NOT (rv.workflow_id = ANY(%s)) AND s.state <> %s AND rv.status = ANY(%s)
+                  AND NOT EXISTS (SELECT 1 FROM revocations r
+                                  WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at))
+            """,
+            (subject, list(workflow_ids), list(workflow_ids), SubscriptionState.REVOKED.value,
+             [AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value]),
         )
         return int(cur.rowcount)

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.rows import dict_row
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
 from mcpsync.activities.ledger_content import ContentLedger
@@ -80,7 +81,7 @@ from mcpsync.workflows.write_plan import (
     plan_tombstone,
 )
 
-__all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger"]
+__all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger", "SubjectRevocation"]
 
 S = SubscriptionState
 CLOSING_STATES = [S.UNSUBSCRIBING.value, S.CLOSED.value, S.UNSUBSCRIBE_UNKNOWN.value]
@@ -98,6 +99,22 @@ ORDER BY uri
 SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
                        S.RECONCILIATION_REQUIRED.value]
 _VERDICTS = {v.value for v in AcceptVerdict}
+
+
+class SubjectRevocation(BaseModel):
+    """What one ``revoke_subject`` committed (``subject_revocations``, migration 014)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    subject_revocation_id: int
+    subject: str
+    server: str
+    uri: str | None  # None: every URI of the subject on the server
+    revoked: list[str]  # workflow ids this call moved to REVOKED (their workflows are signalled)
+    covered: list[str]  # every subscription it covers, finished ones included
+    receipt_ids: list[int]  # every receipt of those subscriptions: none is released again
+    purged_bodies: int
+    outbox_ids: list[int]  # the ``revoked`` rows it wrote
 
 
 class FenceLedger:
@@ -402,6 +419,76 @@ class FenceLedger:
         one outbox ``revoked`` row naming every receipt derived from it, latency recorded."""
         return await self._planned(req.key, lambda fence: plan_revoke(
             fence, source=RevokeSource(req.source), reason=req.reason), effective_at=req.effective_at)
+
+    async def revoke_subject(self, subject: str, server: str, uri: str | None, *, reason: str,
+                             effective_at: datetime, source: str = RevokeSource.PLATFORM.value) -> SubjectRevocation:
+        """revoke(subject, server, uri|*) in one transaction, before any workflow hears of it.
+
+        Every subscription of ``subject`` on ``server`` (``uri``: that one; None: all), whatever
+        its state, is covered: a live one is revoked as the ``revoke`` activity would (REVOKED,
+        ``revocations`` row, outbox ``revoked``); a finished one (CLOSED, UNSUBSCRIBE_UNKNOWN,
+        TOMBSTONED) keeps its state but gets a ``revocations`` row and an outbox ``revoked`` row
+        naming its receipts, when it has receipts no earlier revocation withdrew. Then every body
+        those receipts name is purged from the subject's store (and every body still pending an
+        accept), except one a receipt outside this revocation still releases, and one
+        ``subject_revocations`` row records it all: ``released_content`` refuses every receipt of
+        the scope accepted at or before it. The rows are locked in workflow id order, so an accept
+        in flight either commits first (and its body is purged here) or sees REVOKED."""
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND (%s::text IS NULL OR uri=%s)"
+                " ORDER BY workflow_id FOR UPDATE", (subject, server, uri, uri))
+            rows = await cur.fetchall()
+            revoked: list[str] = []
+            outbox_ids: list[int] = []
+            for row in rows:
+                key = SubscriptionKey(subject=subject, server=server, uri=row["uri"])
+                fence, wf = snapshot(row), row["workflow_id"]
+                plan = plan_revoke(fence, source=RevokeSource(source), reason=reason)
+                if plan.writes:
+                    revoked.append(wf)
+                elif row["state"] != S.REVOKED.value and await self._unwithdrawn_receipts(cur, wf):
+                    # Finished: the state stays (it never reopens), the revocation is recorded for it.
+                    plan = plan_revoke(fence, source=RevokeSource(source), reason=reason,
+                                       unchecked=True).model_copy(update={"fence": None})
+                else:
+                    continue
+                _, outbox_id = await self._apply(cur, key, wf, fence, plan, effective_at=effective_at)
+                if outbox_id is not None:
+                    outbox_ids.append(outbox_id)
+            covered = [r["workflow_id"] for r in rows]
+            await cur.execute("SELECT receipt_id FROM resource_versions WHERE workflow_id = ANY(%s)"
+                              " ORDER BY receipt_id", (covered,))
+            receipt_ids = [int(r["receipt_id"]) for r in await cur.fetchall()]
+            purged = await self.content.purge_subject(cur, subject=subject, workflow_ids=covered)
+            await cur.execute(
+                """
+                INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at, receipt_ids,
+                    workflow_ids, purged_bodies)
+                VALUES (%s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s, %s)
+                RETURNING subject_revocation_id
+                """,
+                (subject, server, uri, source, reason[:300], effective_at, receipt_ids, covered, purged))
+            got = await cur.fetchone()
+            assert got is not None
+            rid = int(got["subject_revocation_id"])
+            if outbox_ids:
+                await cur.execute("UPDATE outbox SET detail = detail || jsonb_build_object('subject_revocation_id', %s)"
+                                  " WHERE outbox_id = ANY(%s)", (rid, outbox_ids))
+        return SubjectRevocation(subject_revocation_id=rid, subject=subject, server=server, uri=uri, revoked=revoked,
+                                 covered=covered, receipt_ids=receipt_ids, purged_bodies=purged, outbox_ids=outbox_ids)
+
+    @staticmethod
+    async def _unwithdrawn_receipts(cur: Any, workflow_id: str) -> int:
+        """How many receipts of the subscription no revocation recorded since has withdrawn."""
+        await cur.execute(
+            """
+            SELECT count(*) AS n FROM resource_versions rv WHERE rv.workflow_id=%s AND NOT EXISTS (
+                SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at)
+            """, (workflow_id,))
+        row = await cur.fetchone()
+        return int(row["n"]) if row else 0
 
     async def _planned(self, key: SubscriptionKey, plan: Callable[[FenceSnapshot], WritePlan], *,
                        effective_at: datetime) -> FenceSnapshot:

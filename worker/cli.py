@@ -56,11 +56,9 @@ from mcpsync.worker.runtime import (
     TemporalUnavailable,
     connect_temporal,
     open_ledger,
+    revoke_subject,
     run_services,
     start_catalog,
-)
-from mcpsync.worker.runtime import (
-    revoke as revoke_subscriptions,
 )
 from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError
 
@@ -96,16 +94,30 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
 
 
 async def cmd_revoke(args: argparse.Namespace) -> None:
+    """The ledger revokes first (one transaction: records, purge, outbox), then the workflows are
+    told; ``--wait`` waits for each of them to mirror it (exit 6 if one has not in time)."""
     config, _ = _resolve_config(args)
     config.server(args.server)
     client = await connect_temporal(config.temporal)
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        ids = await revoke_subscriptions(client, ledger, subject=args.subject, server=args.server,
-                                         uri=None if args.uri == "*" else args.uri, reason=args.reason)
+        done = await revoke_subject(client, ledger, subject=args.subject, server=args.server,
+                                    uri=None if args.uri == "*" else args.uri, reason=args.reason,
+                                    wait=args.wait)
     finally:
         await ledger.pool.close()
-    _print({"revoked": ids}, args.json, f"revocation sent to {len(ids)} subscription(s)")
+    rec = done.ledger
+    result = {"subject_revocation_id": rec.subject_revocation_id, "revoked": rec.revoked, "covered": rec.covered,
+              "receipt_ids": rec.receipt_ids, "purged_bodies": rec.purged_bodies, "signalled": done.signalled}
+    text = (f"revoked in the ledger: {len(rec.covered)} subscription(s) ({len(rec.revoked)} live), "
+            f"{len(rec.receipt_ids)} receipt(s) withdrawn, {rec.purged_bodies} body(ies) purged; "
+            f"{len(done.signalled)} workflow(s) signalled")
+    if done.pending is not None:
+        result |= {"mirrored": done.mirrored, "pending": done.pending}
+        text += f"; mirrored by {len(done.mirrored or [])}, pending {len(done.pending)}"
+    _print(result, args.json, text)
+    if done.pending:
+        raise ExitStatus(ExitCode.UNAVAILABLE)
 
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
@@ -754,6 +766,8 @@ def _parser() -> argparse.ArgumentParser:
     rv.add_argument("--subject", required=True)
     rv.add_argument("--uri", default="*", help="one exact URI, or * for every subscription of the subject")
     rv.add_argument("--reason", default="revoked by CLI", help="recorded with the revocation")
+    rv.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="SECONDS",
+                    help="wait until every live workflow has mirrored the revocation (default 60 s; exit 6 if not)")
     rv.add_argument("--json", action="store_true")
     rv.set_defaults(func=cmd_revoke)
 

@@ -43,6 +43,7 @@ from mcpsync.activities.answer_ledger import AnswerLedger, AnswerLedgerActivitie
 from mcpsync.activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from mcpsync.activities.db import migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
@@ -53,10 +54,10 @@ from mcpsync.workflows.names import (
     SIGNAL_REVOKE,
 )
 from mcpsync.workflows.records import (
-    TERMINAL_STATES,
     CatalogKey,
+    ResourceSubscriptionV1,
     RevokeRequest,
-    SubscriptionKey,
+    SubscriptionState,
 )
 from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 from mcpsync.workflows.versioning import MAIN_WORKER_BEHAVIOR
@@ -69,7 +70,9 @@ __all__ = [
     "deployment_version",
     "main_worker",
     "open_ledger",
+    "Revocation",
     "revoke",
+    "revoke_subject",
     "start_catalogs",
     "run_services",
     "start_subscription",
@@ -255,27 +258,68 @@ async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
         log.info("retention: %s", report.model_dump_json(exclude={"dry_run"}))
 
 
-async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
-                 reason: str = "revoked by platform", effective_at: datetime | None = None) -> list[str]:
-    """revoke(subject, server, uri|*): signal every matching live subscription; returns workflow ids.
+@dataclass(frozen=True)
+class Revocation:
+    """What ``revoke_subject`` did: the ledger's record, and which workflows mirrored it."""
 
-    A subscription whose workflow is gone is revoked in the ledger directly, so no body of it
-    stays servable."""
+    ledger: SubjectRevocation
+    signalled: list[str]  # live workflows told (the ledger had already revoked them)
+    mirrored: list[str] | None = None  # with ``wait``: the signalled workflows that finished REVOKED
+    pending: list[str] | None = None  # with ``wait``: those that had not when the wait ran out
+
+
+async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
+                         reason: str = "revoked by platform", effective_at: datetime | None = None,
+                         wait: float | None = None) -> Revocation:
+    """revoke(subject, server, uri|*): the ledger first, then the workflows.
+
+    One ledger transaction (``FenceLedger.revoke_subject``) covers every subscription of the
+    subject on that server, finished ones included: from its commit on no body of them is released
+    or stored, whether or not a worker runs. Then each subscription it moved to REVOKED is signalled
+    so its workflow mirrors the state (a workflow that is gone needs nothing). ``wait``: seconds to
+    wait for every signalled workflow to finish REVOKED (``mirrored`` / ``pending``)."""
     effective = effective_at or datetime.now(UTC)
-    done: list[str] = []
-    for workflow_id, sub_uri, state in await ledger.subscriptions_for(subject, server):
-        if (uri is not None and sub_uri != uri) or state in TERMINAL_STATES:
-            continue
+    record = await ledger.fence.revoke_subject(subject, server, uri, reason=reason, effective_at=effective)
+    signalled: list[str] = []
+    for workflow_id in record.revoked:
         try:
             await client.get_workflow_handle(workflow_id).signal(
                 SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            key = SubscriptionKey(subject=subject, server=server, uri=sub_uri)
-            await ledger.revoke(key, reason=reason, source="platform", effective_at=effective)
-        done.append(workflow_id)
-    return done
+            continue  # no workflow: the ledger's word is all there is
+        signalled.append(workflow_id)
+    if wait is None:
+        return Revocation(ledger=record, signalled=signalled)
+    mirrored, pending = await _wait_mirrored(client, signalled, timeout=wait)
+    return Revocation(ledger=record, signalled=signalled, mirrored=mirrored, pending=pending)
+
+
+async def _wait_mirrored(client: Client, workflow_ids: Sequence[str], *, timeout: float) -> tuple[list[str], list[str]]:
+    """(finished REVOKED, not yet) among ``workflow_ids`` after at most ``timeout`` seconds. A
+    subscription workflow returns its record once it has adopted a finished state."""
+    async def one(workflow_id: str) -> bool:
+        try:
+            record = await client.get_workflow_handle(workflow_id, result_type=ResourceSubscriptionV1).result()
+        except Exception:  # failed, terminated, cancelled: it mirrored nothing
+            return False
+        return record.state == SubscriptionState.REVOKED
+
+    tasks = {workflow_id: asyncio.create_task(one(workflow_id)) for workflow_id in workflow_ids}
+    if tasks:
+        await asyncio.wait(tasks.values(), timeout=timeout)
+    mirrored = [w for w, t in tasks.items() if t.done() and not t.cancelled() and t.result()]
+    for t in tasks.values():
+        t.cancel()
+    return mirrored, [w for w in workflow_ids if w not in mirrored]
+
+
+async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
+                 reason: str = "revoked by platform", effective_at: datetime | None = None) -> list[str]:
+    """``revoke_subject`` without waiting; the ids of the workflows it signalled."""
+    return (await revoke_subject(client, ledger, subject=subject, server=server, uri=uri, reason=reason,
+                                 effective_at=effective_at)).signalled
 
 
 async def start_catalogs(client: Client, config: Config) -> list[str]:
