@@ -2,7 +2,10 @@
 
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
-  served to another. Nothing here logs a body; ``get_content`` and ``current_content`` are the
+  served to another. A read's body enters it only in its accept's transaction, and only when the
+  verdict releases it (``store_accepted``): a read in flight across a revocation stores nothing.
+  ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same process) in
+  ``content_pending`` until its accept takes it (``take_staged``); nothing there is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
   only ways out (``mcpsync.activities.content.released_content`` adds the release rules).
 - ``current_content`` serves the current version only while the subscription is ACTIVE and its
   body is still stored: never after a revocation.
@@ -16,12 +19,29 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcpsync.activities.ledger_store import LedgerStore
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 
-__all__ = ["ContentLedger"]
+__all__ = ["ContentLedger", "ReadBody"]
+
+STORE_SQL = """
+INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
+VALUES (%s, %s, %s, %s, %s, %s)
+ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
+"""  # a body read again is young again: retention never races its acceptance
+
+
+@dataclass(frozen=True)
+class ReadBody:
+    """A read's body on its way to the accept (never logged: no repr of the bytes)."""
+
+    digest: str
+    mime_type: str | None
+    kind: str | None  # text | blob | multipart
+    body: bytes = field(repr=False)
 
 
 class ContentLedger:
@@ -32,14 +52,43 @@ class ContentLedger:
                           kind: str | None = None) -> None:
         """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
         async with self.store.pool.connection() as conn:
+            await conn.execute(STORE_SQL, (subject, digest, mime_type, len(body), body, kind))
+
+    @staticmethod
+    async def store_accepted(cur: Any, subject: str, body: ReadBody) -> None:
+        """Store an accepted read's body, in the accept's transaction (its row locked)."""
+        await cur.execute(STORE_SQL, (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
+
+    async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
+        """Park a standalone read's body until its accept (a retried read replaces it)."""
+        async with self.store.pool.connection() as conn:
             await conn.execute(
                 """
-                INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
-                VALUES (%s, %s, %s, %s, %s, %s)
-                ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
-                """,  # a body read again is young again: retention never races its acceptance
-                (subject, digest, mime_type, len(body), body, kind),
-            )
+                INSERT INTO content_pending (subject, server, uri, read_ordinal, content_digest, mime_type, kind, body)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT (subject, server, uri, read_ordinal) DO UPDATE SET content_digest = EXCLUDED.content_digest,
+                    mime_type = EXCLUDED.mime_type, kind = EXCLUDED.kind, body = EXCLUDED.body, staged_at = now()
+                """,
+                (key.subject, key.server, key.uri, ordinal, body.digest, body.mime_type, body.kind, body.body))
+
+    @staticmethod
+    async def take_staged(cur: Any, key: SubscriptionKey, ordinal: int) -> ReadBody | None:
+        """Remove the body ``stage`` parked for read ``ordinal`` (in the accept's transaction); it."""
+        await cur.execute(
+            "DELETE FROM content_pending WHERE subject=%s AND server=%s AND uri=%s AND read_ordinal=%s"
+            " RETURNING content_digest, mime_type, kind, body", (key.subject, key.server, key.uri, ordinal))
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        return ReadBody(digest=row["content_digest"], mime_type=row["mime_type"], kind=row["kind"],
+                        body=bytes(row["body"]))
+
+    @staticmethod
+    async def purge_staged(cur: Any, *, subject: str, server: str, uri: str | None) -> int:
+        """Delete the parked bodies of the subject on ``server`` (``uri``, or all): a revocation's."""
+        await cur.execute("DELETE FROM content_pending WHERE subject=%s AND server=%s"
+                          " AND (%s::text IS NULL OR uri=%s)", (subject, server, uri, uri))
+        return int(cur.rowcount)
 
     async def get_content(self, subject: str, digest: str) -> bytes | None:
         async with self.store.pool.connection() as conn:

@@ -32,7 +32,7 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
-from mcpsync.activities.ledger_content import ContentLedger
+from mcpsync.activities.ledger_content import ContentLedger, ReadBody
 from mcpsync.activities.ledger_journal import Journal
 from mcpsync.activities.ledger_store import (
     BY_KEY,
@@ -61,6 +61,7 @@ from mcpsync.workflows.records import (
     NotedNotification,
     OutboxEventType,
     ReadOutcome,
+    ReadOutcomeKind,
     ReadTicket,
     RevokeLedgerRequest,
     SetStateRequest,
@@ -99,6 +100,8 @@ ORDER BY uri
 SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
                        S.RECONCILIATION_REQUIRED.value]
 _VERDICTS = {v.value for v in AcceptVerdict}
+# The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
+KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 
 
 class SubjectRevocation(BaseModel):
@@ -357,7 +360,16 @@ class FenceLedger:
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
-        """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes."""
+        """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes. The
+        read's body is the one ``mcp_read`` staged (``ContentLedger.stage``)."""
+        return await self.accept_read(req)
+
+    async def accept_read(self, req: AcceptRequest, body: ReadBody | None = None) -> AcceptResult:
+        """``accept`` with the read's body in hand (the read cycle's; None: take the staged one).
+        The body enters the subject's store in this transaction, only when the verdict releases it
+        (ACCEPTED / UNCHANGED with no guardrail rejection): a row revoked, closed or fenced off
+        meanwhile judges the read otherwise, and its body is dropped. A staged body leaves
+        ``content_pending`` here whatever the verdict."""
         o = req.outcome
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
@@ -388,6 +400,12 @@ class FenceLedger:
                 receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
                                                           effective_at=o.completed_at or datetime.now(UTC))
                 result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
+            if o.kind == ReadOutcomeKind.CONTENT:
+                staged = await self.content.take_staged(cur, o.key, o.ordinal) if body is None else None
+                kept = body or staged
+                if kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None \
+                        and result.verdict in KEEPS_BODY and not plan.replay:
+                    await self.content.store_accepted(cur, o.key.subject, kept)
         self.meters.receipt_judged(req, result)
         return result
 
@@ -462,6 +480,7 @@ class FenceLedger:
                               " ORDER BY receipt_id", (covered,))
             receipt_ids = [int(r["receipt_id"]) for r in await cur.fetchall()]
             purged = await self.content.purge_subject(cur, subject=subject, workflow_ids=covered)
+            await self.content.purge_staged(cur, subject=subject, server=server, uri=uri)
             await cur.execute(
                 """
                 INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at, receipt_ids,
@@ -552,6 +571,7 @@ class FenceLedger:
             )
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf, digests=digests)
+            await self.content.purge_staged(cur, subject=key.subject, server=key.server, uri=key.uri)
             await cur.execute(
                 """
                 INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at, outbox_id,

@@ -15,6 +15,7 @@ Contract:
     subscriptions) and that no outbox event still held for a consumer names. ``current_content`` only ever serves the current version of an ACTIVE
     subscription, so nothing servable is removed; a host that wants an older body for longer
     copies it out.
+  - bodies parked in ``content_pending`` for an accept that never came (``pending_bodies``);
   - audit rows;
   - outbox rows, but only those every registered outbox consumer has acknowledged (and never
     one a revocation points at, nor one not yet given a position). A consumer whose last ack
@@ -51,6 +52,7 @@ class PruneReport(BaseModel):
     outbox_rows: int
     read_requests: int
     discovery_scans: int
+    pending_bodies: int = 0  # content_pending rows whose accept never came
     outbox_pruned_through: int = 0  # the highest outbox position ever deleted
     consumers_ignored: list[str] = []  # consumers beyond consumer_max_lag whose rows were not kept
 
@@ -66,6 +68,7 @@ WHERE c.stored_at < %(cutoff)s
                     AND (o.position IS NULL OR o.position > %(floor)s)))
 RETURNING c.size
 """
+_PENDING = "DELETE FROM content_pending WHERE staged_at < %(cutoff)s RETURNING 1"
 _AUDIT = "DELETE FROM audit WHERE created_at < %(cutoff)s RETURNING 1"
 # With live consumers (held): only positioned rows every one of them acknowledged. Without: by
 # age alone. Revocations keep the row they point at.
@@ -124,7 +127,8 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
         row = await cur.fetchone()
         assert row is not None
         pruned_through = int(row[0])
-        for name, sql in (("audit_rows", _AUDIT), ("read_requests", _READS), ("discovery_scans", _SCANS)):
+        for name, sql in (("audit_rows", _AUDIT), ("read_requests", _READS), ("discovery_scans", _SCANS),
+                          ("pending_bodies", _PENDING)):
             cur = await conn.execute(sql, args)
             counts[name] = len(await cur.fetchall())
     return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run, outbox_pruned_through=pruned_through,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -150,13 +151,12 @@ async def test_revoke_with_the_worker_stopped_refuses_at_once(
     assert len(await _revoked_events(ledger, key.workflow_id)) == 1
     # The worker comes back: the workflow mirrors the ledger's revocation and finishes REVOKED.
     async with running_services(temporal_client, ledger, [server], task_queue=q):
-        final = await temporal_client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
-        assert final.state == S.REVOKED
+        await _wait_record(temporal_client.get_workflow_handle(key.workflow_id), lambda r: r.state == S.REVOKED,
+                           "the workflow mirrors the ledger's revocation")
     assert len(await _revoked_events(ledger, key.workflow_id)) == 1, "the workflow's own revoke writes nothing twice"
     await _assert_refused(ledger, "alice", receipts)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 2: the read stores its body before the accept")
 async def test_read_in_flight_across_a_revoke_leaves_no_body(
         temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
     server = _server(fx)
@@ -192,3 +192,39 @@ async def test_read_in_flight_across_a_revoke_leaves_no_body(
     # The late read reached the ledger after the purge: no body of it, nor of v1, is stored.
     assert await _bodies(ledger, "alice", [v1["committed"]["digest"], v2["committed"]["digest"]]) == 0
     assert [r.content_digest for r in await ledger.receipts(key)] == [v1["committed"]["digest"]]
+
+
+async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger) -> None:
+    """The standalone ``mcp_read`` path: its body waits in ``content_pending``; the accept stores
+    it when it releases the read, drops it otherwise; a revocation drops what is still waiting."""
+    from mcpsync.activities.ledger_content import ReadBody
+    from tests.test_ledger import _accept, _active, _issue
+
+    key = await _active(ledger, f"demo://sec/staged/{uuid.uuid4().hex}")
+    ok = ReadBody(digest="sha256:staged-ok", mime_type="text/plain", kind="text", body=b"ok")
+    first = await _issue(ledger, key)
+    await ledger.content.stage(key, first, ok)
+    assert await _bodies(ledger, key.subject, [ok.digest]) == 0, "nothing is stored before the accept"
+    assert await _accept(ledger, key, first, ok.digest) == "ACCEPTED"
+    assert await ledger.get_content(key.subject, ok.digest) == b"ok"
+    # A read older than the current version: STALE, its staged body is dropped, not stored.
+    late, newer = await _issue(ledger, key), await _issue(ledger, key)
+    stale = ReadBody(digest="sha256:staged-stale", mime_type="text/plain", kind="text", body=b"stale")
+    assert await _accept(ledger, key, newer, ok.digest) == "UNCHANGED"
+    await ledger.content.stage(key, late, stale)
+    assert await _accept(ledger, key, late, stale.digest) == "STALE"
+    assert await _bodies(ledger, key.subject, [stale.digest]) == 0
+    # A read in flight across a revocation: staged after the purge, judged after it; nothing stays.
+    held = await _issue(ledger, key)
+    await ledger.fence.revoke_subject(key.subject, key.server, None, reason="test", effective_at=datetime.now(UTC))
+    late_body = ReadBody(digest="sha256:staged-late", mime_type="text/plain", kind="text", body=b"late")
+    await ledger.content.stage(key, held, late_body)
+    assert await _accept(ledger, key, held, late_body.digest) not in ("ACCEPTED", "UNCHANGED")
+    assert await _bodies(ledger, key.subject, [ok.digest, late_body.digest]) == 0
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM content_pending WHERE subject=%s", key.subject)
+    assert rows[0][0] == 0
+    # And a body parked before a revocation is purged by it.
+    await ledger.content.stage(key, held + 1, late_body)
+    await ledger.fence.revoke_subject(key.subject, key.server, key.uri, reason="again", effective_at=datetime.now(UTC))
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM content_pending WHERE subject=%s", key.subject)
+    assert rows[0][0] == 0

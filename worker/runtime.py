@@ -51,6 +51,7 @@ from mcpsync.worker.stack import ensure_search_attributes
 from mcpsync.workflows.answer import AnswerWorkflow
 from mcpsync.workflows.catalog import CatalogWorkflow
 from mcpsync.workflows.names import (
+    QUERY_SUBSCRIPTION,
     SIGNAL_REVOKE,
 )
 from mcpsync.workflows.records import (
@@ -264,7 +265,7 @@ class Revocation:
 
     ledger: SubjectRevocation
     signalled: list[str]  # live workflows told (the ledger had already revoked them)
-    mirrored: list[str] | None = None  # with ``wait``: the signalled workflows that finished REVOKED
+    mirrored: list[str] | None = None  # with ``wait``: the signalled workflows whose record says REVOKED
     pending: list[str] | None = None  # with ``wait``: those that had not when the wait ran out
 
 
@@ -277,7 +278,7 @@ async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server
     subject on that server, finished ones included: from its commit on no body of them is released
     or stored, whether or not a worker runs. Then each subscription it moved to REVOKED is signalled
     so its workflow mirrors the state (a workflow that is gone needs nothing). ``wait``: seconds to
-    wait for every signalled workflow to finish REVOKED (``mirrored`` / ``pending``)."""
+    wait for every signalled workflow's record to say REVOKED (``mirrored`` / ``pending``)."""
     effective = effective_at or datetime.now(UTC)
     record = await ledger.fence.revoke_subject(subject, server, uri, reason=reason, effective_at=effective)
     signalled: list[str] = []
@@ -297,21 +298,27 @@ async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server
 
 
 async def _wait_mirrored(client: Client, workflow_ids: Sequence[str], *, timeout: float) -> tuple[list[str], list[str]]:
-    """(finished REVOKED, not yet) among ``workflow_ids`` after at most ``timeout`` seconds. A
-    subscription workflow returns its record once it has adopted a finished state."""
-    async def one(workflow_id: str) -> bool:
-        try:
-            record = await client.get_workflow_handle(workflow_id, result_type=ResourceSubscriptionV1).result()
-        except Exception:  # failed, terminated, cancelled: it mirrored nothing
-            return False
-        return record.state == SubscriptionState.REVOKED
+    """(mirrored, not yet) among ``workflow_ids`` after at most ``timeout`` seconds: a workflow has
+    mirrored the revocation once its record (query ``subscription``) says REVOKED. A workflow that
+    cannot answer (no worker) is asked again until the time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
 
-    tasks = {workflow_id: asyncio.create_task(one(workflow_id)) for workflow_id in workflow_ids}
-    if tasks:
-        await asyncio.wait(tasks.values(), timeout=timeout)
-    mirrored = [w for w, t in tasks.items() if t.done() and not t.cancelled() and t.result()]
-    for t in tasks.values():
-        t.cancel()
+    async def one(workflow_id: str) -> bool:
+        handle = client.get_workflow_handle(workflow_id)
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with suppress(Exception):  # no worker polling, or a query that timed out: ask again
+                record = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1,
+                                            rpc_timeout=timedelta(seconds=max(0.5, min(5.0, left))))
+                if record.state == SubscriptionState.REVOKED:
+                    return True
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+
+    results = await asyncio.gather(*(one(w) for w in workflow_ids))
+    mirrored = [w for w, ok in zip(workflow_ids, results, strict=True) if ok]
     return mirrored, [w for w in workflow_ids if w not in mirrored]
 
 
