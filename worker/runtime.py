@@ -47,7 +47,7 @@ from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
-from mcpsync.worker.stack import ensure_search_attributes
+from mcpsync.worker.stack import ensure_search_attributes, write_private
 from mcpsync.workflows.answer import AnswerWorkflow
 from mcpsync.workflows.catalog import CatalogWorkflow
 from mcpsync.workflows.names import (
@@ -104,7 +104,8 @@ class RuntimeInfo:
     pid: int | None = None  # the ``mcpsync up`` process; the file is stale once it is gone
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.__dict__, indent=2))
+        """0600: ``database_url`` may carry a password."""
+        write_private(path, json.dumps(self.__dict__, indent=2))
 
     @classmethod
     def load(cls, path: Path) -> RuntimeInfo | None:

@@ -122,6 +122,33 @@ class StackAlreadyRunning(StackError):
 # --------------------------------------------------------------------------- helpers
 
 
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` 0700 (parents as the umask says); an existing one loses group/other read and
+    write (its listing and its files' names), keeping any traverse bit the embedded PostgreSQL's
+    system user needs to reach its data dir (docs/security.md). Returns ``path``."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = path.stat().st_mode & 0o7777
+    if mode & 0o066 and path.stat().st_uid == os.geteuid():
+        path.chmod(mode & ~0o066)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), atomically: a secret (a database
+    URL with its password) is never, even briefly, in a file others can read."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def state_dir() -> Path:
     """The project's state directory (absolute): ``$MCPSYNC_STATE_DIR``, else ``<repo>/.state`` in a
     source checkout, else ``$XDG_STATE_HOME/mcpsync`` (``~/.local/state/mcpsync``) for an installed
