@@ -49,6 +49,7 @@ from mcpsync.worker.cli_common import (
     print_out,
     resolve_config,
     subscription_key,
+    terminal_safe,
 )
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
 from mcpsync.worker.config import ConfigError
@@ -290,12 +291,18 @@ async def cmd_content_get(args: argparse.Namespace) -> None:
             await asyncio.to_thread(Path(args.output).write_bytes, content.body)
         except OSError as exc:
             raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
-        print(f"receipt {content.receipt_id}: {content.size} bytes {content.mime_type or '-'} "
+        # The MIME type is the server's string: never raw on a line a terminal may show.
+        print(f"receipt {content.receipt_id}: {content.size} bytes {terminal_safe(content.mime_type or '-')} "
               f"({content.kind.value}) {content.content_digest} -> {args.output}", file=sys.stderr)
         return
-    if not content.is_text and sys.stdout.isatty():
-        raise CliError(f"receipt {content.receipt_id} is binary ({content.mime_type or 'no MIME type'}): "
-                       "pass -o FILE or redirect stdout")
+    if sys.stdout.isatty():
+        if not content.is_text:
+            raise CliError(f"receipt {content.receipt_id} is binary "
+                           f"({terminal_safe(content.mime_type or 'no MIME type')}): pass -o FILE or redirect stdout")
+        # A terminal acts on escape sequences: show them, do not run them (a pipe or -o gets the bytes).
+        sys.stdout.write(terminal_safe(content.body.decode("utf-8", errors="backslashreplace")))
+        sys.stdout.flush()
+        return
     sys.stdout.buffer.write(content.body)
     sys.stdout.buffer.flush()
 
