@@ -18,8 +18,9 @@ Contract:
   - bodies parked in ``content_pending`` for an accept that never came (``pending_bodies``);
   - audit rows;
   - outbox rows, but only those every registered outbox consumer has acknowledged (and never
-    one a revocation points at, nor one not yet given a position). A consumer whose last ack
-    (or registration) is older than ``consumer_max_lag`` no longer holds rows back: rows it had
+    one a revocation points at, nor one not yet given a position). A consumer whose oldest
+    unacknowledged row (counted from its registration at the earliest) is older than
+    ``consumer_max_lag`` no longer holds rows back, however often it re-acks: rows it had
     not acknowledged may go, and its next poll reports the lost positions as a GAP and it
     resyncs (docs/outbox.md). Without live consumers, rows go by age alone (positioned or not),
     and anyone registering later starts with a gap;
@@ -78,10 +79,17 @@ WHERE o.created_at < %(cutoff)s AND (NOT %(held)s OR (o.position IS NOT NULL AND
   AND NOT EXISTS (SELECT 1 FROM revocations r WHERE r.outbox_id = o.outbox_id)
 RETURNING o.position
 """
-# Consumers that still hold rows back, and those past the bound.
+# Consumers that still hold rows back, and those past the bound. A consumer's lag is the age of the
+# oldest row it holds back (the first positioned row above its acknowledged position, any subject:
+# a filtered consumer's poll moves it past the rows of other subjects), counted from when the
+# consumer was registered at the earliest. Not its last ack: acking a position that does not move
+# (ack(0)) would otherwise keep a stuck consumer alive forever. Holding nothing back: live.
 _CONSUMERS = """
-SELECT name, position, COALESCE(last_ack_at, created_at) >= now() - %(max_lag)s::interval AS live
-FROM outbox_consumers
+SELECT c.name, c.position,
+       (held.oldest IS NULL OR GREATEST(held.oldest, c.created_at) >= now() - %(max_lag)s::interval) AS live
+FROM outbox_consumers c
+LEFT JOIN LATERAL (SELECT o.created_at AS oldest FROM outbox o WHERE o.position > c.position
+                   ORDER BY o.position LIMIT 1) held ON true
 """
 _READS = "DELETE FROM read_requests WHERE completed_at IS NOT NULL AND completed_at < %(cutoff)s RETURNING 1"
 _SCANS = """
