@@ -52,7 +52,7 @@ async def register(ledger: Ledger, names: list[str], subject: str, name: str | N
     rows starts with a GAP (docs/outbox.md), which a resync (an empty relist here) closes."""
     name = name or unique("c")
     names.append(name)
-    consumer = OutboxConsumer(ledger.pool, name, [subject])
+    consumer = OutboxConsumer(ledger.pool, name, [subject], register=True)
     batch = await consumer.poll()
     if batch.gap is not None:
         relist = await consumer.resync()
@@ -353,7 +353,7 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
         "--after 0 starts at the oldest"
     bad = _cli(conf, "outbox", "tail", "--limit", "-1")
     assert bad.returncode == 2 and bad.stderr.startswith("mcpsync: error:") and "Traceback" not in bad.stderr
-    polled = _cli(conf, "outbox", "poll", "--consumer", name, "--subject", subject, "--json")
+    polled = _cli(conf, "outbox", "poll", "--consumer", name, "--register", "--subject", subject, "--json")
     assert polled.returncode == 0, polled.stderr
     batch = json.loads(polled.stdout)
     assert [e["uri"] for e in batch["events"]] == [f"demo://cli/{i}" for i in range(3)]
@@ -449,5 +449,5 @@ async def test_without_live_consumers_prune_goes_by_age_and_later_consumers_star
         await holder.close()
     name = unique("late")
     consumers.append(name)
-    batch = await OutboxConsumer(ledger.pool, name, [subject]).poll()
+    batch = await OutboxConsumer(ledger.pool, name, [subject], register=True).poll()
     assert batch.gap is not None and batch.gap.first == 1 and batch.gap.last >= top

@@ -1,13 +1,17 @@
-"""A stuck outbox consumer cannot keep itself alive by re-acking (issue 29 item 7): retention
-judges its lag by the age of the oldest row it holds back, not by when it last acked."""
+"""Outbox consumers (issue 29 item 7): a stuck consumer cannot keep itself alive by re-acking
+(retention judges its lag by the age of the oldest row it holds back, not by when it last acked),
+and consumer names are registered explicitly, their number capped."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
 from mcpsync.activities.retention import prune
-from tests.conftest import ledger_rows
+from tests.conftest import ledger_rows, unique
 from tests.test_ledger import _accept, _active, _issue
 from tests.test_outbox import consumers, register, settled
 
@@ -51,3 +55,26 @@ async def test_a_new_consumer_is_judged_from_its_registration(ledger: Ledger, co
     await ledger_rows(ledger, "UPDATE outbox_consumers SET position = 0 WHERE name = %s", fresh.name)
     report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30), dry_run=True)
     assert fresh.name not in report.consumers_ignored, "registered just now: not 90 days behind"
+
+
+async def test_registration_is_explicit_and_capped(ledger: Ledger, consumers: list[str]) -> None:
+    subject = unique("reg")
+    stray = unique("stray")
+    with pytest.raises(ConsumerNotFound, match="register it first"):
+        await OutboxConsumer(ledger.pool, stray, [subject]).poll()
+    with pytest.raises(ConsumerNotFound):
+        await OutboxConsumer(ledger.pool, stray).resync()
+    assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers WHERE name = %s", stray), \
+        "a poll of an unknown name registers nothing"
+    registered = int((await ledger_rows(ledger, "SELECT count(*) FROM outbox_consumers"))[0][0])
+    cap = registered + 2
+    names = [unique("cap") for _ in range(3)]
+    consumers.extend(names)
+    for name in names[:2]:
+        batch = await OutboxConsumer(ledger.pool, name, [subject], register=True, max_consumers=cap).poll()
+        assert batch.gap is None or batch.gap.first >= 1
+    with pytest.raises(ConsumerError, match="the most allowed"):
+        await OutboxConsumer(ledger.pool, names[2], [subject], register=True, max_consumers=cap).poll()
+    assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers WHERE name = %s", names[2])
+    # An existing name is never refused by the cap.
+    await OutboxConsumer(ledger.pool, names[0], [subject], register=True, max_consumers=cap).poll()

@@ -173,7 +173,8 @@ async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitab
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
         try:
-            consumer = OutboxConsumer(ledger.pool, args.consumer, getattr(args, "subject", None))
+            consumer = OutboxConsumer(ledger.pool, args.consumer, getattr(args, "subject", None),
+                                      register=getattr(args, "register", False))
             await body(consumer)
         except ConsumerNotFound as exc:
             raise CliError(str(exc), ExitCode.NOT_FOUND) from None
@@ -852,8 +853,11 @@ def _parser() -> argparse.ArgumentParser:
         c.set_defaults(func=func)
         return c
 
-    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (registers a new "
+    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (--register: a new "
                                 "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
+    poll.add_argument("--register", action="store_true",
+                      help="register the name if it is new (consumers are capped: activities/outbox.py "
+                           "MAX_CONSUMERS); without it a new name exits 4")
     poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
     poll.add_argument("--limit", type=int, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
@@ -862,6 +866,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="the batch position a poll printed: everything up to it is processed")
     rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
                                 "subjects, then ack its position", cmd_outbox_resync)
+    rs.add_argument("--register", action="store_true", help="register the name if it is new")
     rs.add_argument("--subject", action="append", help="register a new consumer for these subjects only")
     consumer_cmd("drop", "forget a consumer (retention stops keeping rows for it)", cmd_outbox_drop)
     oc = ob_sub.add_parser("consumers", help="every consumer: position, lag (events, seconds), last ack")
