@@ -80,6 +80,7 @@ MULTIPART_MIME = "application/vnd.mcpsync.contents+json"
 NOT_FOUND_CODES = {-32002}
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
+PARSE_ERROR = -32700
 PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
@@ -115,9 +116,10 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
     data = err.data if isinstance(err.data, dict) else {}
     if err.code in NOT_FOUND_CODES or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
         return ReadOutcomeKind.NOT_FOUND
-    if err.code == CONNECTION_CLOSED and "byte limit" in msg:
-        # Streamable HTTP: one response larger than the SSE event cap. That request failed, the
-        # session did not; counting it as lost would reconnect and re-read it forever.
+    if "byte limit" in msg and err.code in (CONNECTION_CLOSED, PARSE_ERROR):
+        # One response larger than the transport's bound (the SSE event cap, the JSON response
+        # or stdio line bound of worker/transport_bounds.py). That request failed, the session did
+        # not; counting it as lost would reconnect and re-read it forever.
         return ReadOutcomeKind.MALFORMED
     if err.code == CONNECTION_CLOSED:
         return ReadOutcomeKind.SESSION_LOST

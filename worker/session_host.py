@@ -69,6 +69,7 @@ from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamL
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
+from mcpsync.worker.transport_bounds import bounded_http_transport, install, stdio_line_limit, transport_limit
 from mcpsync.workflows.fence import ingress_read_request, pulses_covered
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
@@ -96,6 +97,7 @@ from mcpsync.workflows.records import (
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
 log = logging.getLogger("mcpsync.ingress")
+install()  # the SDK's stdio reader holds no line longer than the session's limit (transport_bounds)
 
 ROUTE_RETRY_SECONDS = 120.0
 RECONCILE_REASON_URI_CHARS = 200  # the catalog keeps reasons short; a URI can be 8 KiB
@@ -224,7 +226,9 @@ class SessionHost:
 
     async def _enter(self, client: Client) -> Client:
         try:
-            await asyncio.wait_for(client.__aenter__(), timeout=30)
+            # The stdio reader task starts in here and keeps the line limit in effect now.
+            with stdio_line_limit(transport_limit(self.server.max_content_bytes)):
+                await asyncio.wait_for(client.__aenter__(), timeout=30)
         except Exception as exc:
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
@@ -644,9 +648,10 @@ def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters |
     assert cfg.url is not None
     headers = {"Authorization": f"Bearer {token}"} if token else None
     # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
-    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves.
-    return streamable_http_client(cfg.url, http_client=_http_client(headers),
-                                  max_sse_event_size=2 * cfg.max_content_bytes + 65536)
+    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
+    # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
+    limit = transport_limit(cfg.max_content_bytes)
+    return streamable_http_client(cfg.url, http_client=_http_client(headers, limit), max_sse_event_size=limit)
 
 
 HTTP_CONNECTIONS = 100
@@ -657,13 +662,14 @@ With 20 kept, a start-up burst opened a new TCP connection for most requests and
 one use (6 % of the ingress's CPU in a profile of 540 starts)."""
 
 
-def _http_client(headers: dict[str, str] | None) -> httpx2.AsyncClient:
+def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClient:
     """``create_mcp_http_client`` (the SDK's timeouts: 30 s, 300 s for a held stream) with a pool
-    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``)."""
+    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``), and JSON responses
+    bounded to ``limit`` bytes (``transport_bounds``)."""
+    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS)
     return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT,
                                                                        read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-                              limits=httpx2.Limits(max_connections=HTTP_CONNECTIONS,
-                                                   max_keepalive_connections=HTTP_CONNECTIONS))
+                              transport=bounded_http_transport(limit, limits=limits))
 
 
 def _describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
