@@ -72,7 +72,8 @@ from mcpsync.workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
+__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME",
+           "metadata_text", "MAX_METADATA_CHARS"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -251,6 +252,17 @@ class LiveSession:
         return await acked
 
 
+MAX_METADATA_CHARS = 256
+"""Server-supplied metadata strings (a content's MIME type, serverInfo name and version) are kept to
+this many characters: they travel in activity results, signals, receipts and outbox rows, and a
+multi-megabyte one would make every one of them fail (docs/security.md)."""
+
+
+def metadata_text(value: str | None) -> str | None:
+    """``value`` cut to ``MAX_METADATA_CHARS`` (None stays None)."""
+    return value if value is None or len(value) <= MAX_METADATA_CHARS else value[:MAX_METADATA_CHARS]
+
+
 def content_parts(result: types.ReadResourceResult, limit: int | None = None) -> list[ContentPart]:
     """The parts of a read as mcpsync digests them (text as UTF-8, blobs base64-decoded).
 
@@ -260,13 +272,13 @@ def content_parts(result: types.ReadResourceResult, limit: int | None = None) ->
     for c in result.contents:
         if isinstance(c, types.TextResourceContents):
             data = c.text.encode("utf-8")
-            parts.append(ContentPart("text", c.mime_type, data))
+            parts.append(ContentPart("text", metadata_text(c.mime_type), data))
         elif isinstance(c, types.BlobResourceContents):
             try:
                 data = base64.b64decode(c.blob, validate=True)
             except (binascii.Error, ValueError):
                 raise ValueError("blob content is not valid base64") from None
-            parts.append(ContentPart("blob", c.mime_type, data))
+            parts.append(ContentPart("blob", metadata_text(c.mime_type), data))
         else:
             raise ValueError(f"unsupported content type {type(c).__name__}")
         total += len(data)

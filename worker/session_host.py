@@ -45,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import uuid
@@ -65,7 +66,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
+from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss, metadata_text
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
@@ -93,6 +94,7 @@ from mcpsync.workflows.records import (
     SessionChanged,
     SubscriptionKey,
 )
+from mcpsync.workflows.uris import MAX_URI_LENGTH
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
@@ -101,6 +103,11 @@ install()  # the SDK's stdio reader holds no line longer than the session's limi
 
 ROUTE_RETRY_SECONDS = 120.0
 RECONCILE_REASON_URI_CHARS = 200  # the catalog keeps reasons short; a URI can be 8 KiB
+AUDIT_ROWS_PER_SESSION = 50
+"""UNKNOWN_URI and NOTIFICATION_URI_REJECTED audit rows one session generation may cause, per kind;
+past it one ``<kind>_SUPPRESSED`` row says so and the rest are only counted (a server naming
+100,000 URIs nobody subscribed to must not write 100,000 rows)."""
+AUDIT_URI_CHARS = 256  # of a rejected URI, the audit row keeps this much and the SHA-256 of the rest
 
 
 class SessionOpenError(RuntimeError):
@@ -145,6 +152,10 @@ class SessionHost:
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
         self._list_changed_pending = asyncio.Event()
+        self.uris_rejected = 0  # notifications whose URI no subscription can have (too long, control characters)
+        self.audits_suppressed = 0
+        self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
+        self._audit_tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -277,8 +288,9 @@ class SessionHost:
             impl = client.server_info
             info = await self.ledger.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
-                capabilities=capabilities, server_name=impl.name if impl else "",
-                server_version=impl.version if impl else "", task_queue=self.task_queue, host_id=self.host_id,
+                capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
+                server_version=metadata_text(impl.version if impl else "") or "", task_queue=self.task_queue,
+                host_id=self.host_id,
             )
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
@@ -444,6 +456,15 @@ class SessionHost:
         # sent after every one of them arrived, so it invalidates no less than they would.
         # The queue is bounded per generation (``max_pending_notifications``): a full one raises
         # BacklogOverflow, and the listen stream that carried the notification is lost (a gap).
+        problem = ingress_uri_problem(uri)
+        if problem is not None:
+            # No subscription can have this URI: it goes nowhere (not the queue, not the metrics),
+            # and costs at most one bounded audit row.
+            self.uris_rejected += 1
+            self._audit_later("NOTIFICATION_URI_REJECTED", generation, uri=uri[:AUDIT_URI_CHARS],
+                              detail={"reason": problem, "uri_length": len(uri),
+                                      "uri_sha256": hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
+            return
         item = (uri, generation)
         metrics.note_notification(self, uri)
         self.notifications_received += 1
@@ -507,12 +528,43 @@ class SessionHost:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def _audit_budget(self, kind: str, generation: int) -> str | None:
+        """The audit kind to write for one more ``kind`` row of this session generation: ``kind``
+        itself within ``AUDIT_ROWS_PER_SESSION``, ``<kind>_SUPPRESSED`` once at the limit, then None."""
+        n = self._audits[(kind, generation)]
+        self._audits[(kind, generation)] = n + 1
+        if n < AUDIT_ROWS_PER_SESSION:
+            return kind
+        self.audits_suppressed += 1
+        return f"{kind}_SUPPRESSED" if n == AUDIT_ROWS_PER_SESSION else None
+
+    def _audit_later(self, kind: str, generation: int, *, uri: str, detail: dict[str, object]) -> None:
+        """A budgeted audit row, written off the receive loop (which never waits on PostgreSQL)."""
+        written = self._audit_budget(kind, generation)
+        if written is None:
+            return
+        if written != kind:
+            detail = {"after_rows": AUDIT_ROWS_PER_SESSION, "first_suppressed": detail}
+
+        async def write() -> None:
+            with suppress(Exception):
+                await self.ledger.audit(written, subject=self.subject, server=self.server.name, uri=uri,
+                                        session_generation=generation, detail=detail)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._audit_tasks.add(task)
+        task.add_done_callback(self._audit_tasks.discard)
+
     async def _unknown_uri(self, uri: str, generation: int) -> None:
         """No exact match. A match after RFC 3986 normalization is an identity conflict for that
         subscription (it stops accepting until the conflict is resolved); it is never routed as if
-        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed)."""
-        await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
-                                session_generation=generation)
+        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed).
+        UNKNOWN_URI rows are budgeted per session generation (``AUDIT_ROWS_PER_SESSION``)."""
+        kind = self._audit_budget("UNKNOWN_URI", generation)
+        if kind is not None:
+            await self.ledger.audit(kind, subject=self.subject, server=self.server.name, uri=uri,
+                                    session_generation=generation,
+                                    detail={} if kind == "UNKNOWN_URI" else {"after_rows": AUDIT_ROWS_PER_SESSION})
         siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
         for workflow_id, subscribed in siblings:
             await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name, uri=uri,
@@ -631,6 +683,17 @@ class SessionHost:
             await self.ledger.mark_signalled(workflow_id, sequence, generation)
         except Exception as exc:  # noqa: BLE001 - an unmarked signal only means the next update is signalled too
             log.warning("marking a signalled update failed (server=%s): %s", self.server.name, type(exc).__name__)
+
+
+def ingress_uri_problem(uri: str) -> str | None:
+    """Why a notified URI cannot be any subscription's (the ``uri_problem`` rules a subscription's
+    URI passed that need no parsing: length, control characters), or None. Checked at the ingress
+    before the URI is queued, counted in metrics or written anywhere."""
+    if len(uri) > MAX_URI_LENGTH:
+        return f"URI longer than {MAX_URI_LENGTH} characters"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        return "URI contains control characters"
+    return None
 
 
 def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
