@@ -12,6 +12,8 @@ Contract:
   Temporal retries the whole scan (scans are idempotent: same scan id, row replaced).
 - The session host's list_changed counter for the (subject, server) generation is read before the first
   request and after the last response; the difference is ``notifications_observed``.
+- A scan stops as PAGE_CAP past ``MAX_SCAN_ITEMS`` descriptors or ``MAX_SCAN_BYTES`` of them (compact
+  JSON), as past the page cap: an absurd listing proves nothing (docs/security.md).
 - The resources/list pages' ``ttlMs`` / ``cacheScope`` (2026-07-28) are recorded: the shortest
   ttl, and private if any page was (metadata; rescans keep their own period).
 - Cursors never leave this process: the record holds keyed digests (a random key per
@@ -22,6 +24,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -46,7 +49,12 @@ from mcpsync.workflows.catalog_rules import (
 from mcpsync.workflows.names import CatalogAct
 from mcpsync.workflows.records import CacheScope, CatalogKey, ResourceDiscoveryScanV1, ScanStatus
 
-__all__ = ["CatalogScanActivities"]
+__all__ = ["CatalogScanActivities", "MAX_SCAN_BYTES", "MAX_SCAN_ITEMS"]
+
+# One scan keeps every descriptor it listed (its set digest, the scan items in PostgreSQL): bounded
+# here, beside the page cap (a page itself is bounded by the transport, worker/transport_bounds.py).
+MAX_SCAN_ITEMS = 100_000
+MAX_SCAN_BYTES = 64 * 1024 * 1024  # descriptors as compact JSON
 
 
 class CatalogScanActivities:
@@ -92,6 +100,7 @@ class CatalogScanActivities:
         kinds: tuple[ListKind, ...] = ("resources", "templates")
         ttls: list[int] = []
         scopes: set[str] = set()
+        scanned_items = scanned_bytes = 0
         for kind in kinds:
             cursor: str | None = None
             while not acc.stopped:
@@ -110,6 +119,14 @@ class CatalogScanActivities:
                         page = await live.client.list_resource_templates(cursor=cursor, cache_mode="bypass")
                         listed = list(page.resource_templates)
                     items = [d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in listed]
+                    scanned_items += len(items)
+                    scanned_bytes += sum(len(json.dumps(d, separators=(",", ":"))) for d in items)
+                    if scanned_items > MAX_SCAN_ITEMS or scanned_bytes > MAX_SCAN_BYTES:
+                        # An endless (or absurd) listing, like one past the page cap: this scan proves nothing.
+                        acc.fail(ScanStatus.PAGE_CAP, f"{kind}: scan cap reached after page {acc.pages + 1}: "
+                                                      f"{scanned_items} descriptors (cap {MAX_SCAN_ITEMS}), "
+                                                      f"{scanned_bytes} bytes (cap {MAX_SCAN_BYTES})")
+                        break
                 except MCPError as err:
                     if err.code == REQUEST_TIMEOUT:
                         raise ApplicationError(f"list timed out: {err.message[:200]}", type="ListTimeout") from None

@@ -69,7 +69,11 @@ async def released_content(pool: AsyncConnectionPool, *, receipt_id: int, subjec
             """
             SELECT rv.*, s.state,
                    EXISTS (SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id
-                           AND r.recorded_at >= rv.accepted_at) AS revoked_since
+                           AND r.recorded_at >= rv.accepted_at)
+                   OR EXISTS (SELECT 1 FROM subject_revocations sr
+                              WHERE sr.subject = rv.subject AND sr.server = rv.server
+                                AND (sr.uri IS NULL OR sr.uri = rv.uri) AND sr.recorded_at >= rv.accepted_at)
+                   AS revoked_since
             FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
             WHERE rv.receipt_id = %s
             """, (receipt_id,))

@@ -1,8 +1,8 @@
 """PostgreSQL connection and schema migrations.
 
 Contract: ``open_pool(url)`` returns an open psycopg 3 async pool or raises
-``DatabaseUnavailable`` with a message an operator can act on (never the
-password). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet
+``DatabaseUnavailable`` with a message an operator can act on (never a
+password: ``redact_url`` / ``redact_text`` parse the string as libpq does). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet
 recorded in ``schema_migrations``, each in its own transaction, under an
 advisory lock so concurrent processes do not race. Then it runs the data steps
 SQL cannot do by itself (``backfill_uri_normalized``: the Python URI normalizer), each
@@ -12,16 +12,18 @@ idempotent, so every ``migrate`` call also repairs rows written by an older bina
 from __future__ import annotations
 
 import re
+from contextlib import suppress
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync.workflows.uris import normalize_uri
 
-__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_url"]
+__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_text", "redact_url"]
 
 _MIGRATION_LOCK = 0x6D637073  # "mcps"
 
@@ -30,13 +32,60 @@ class DatabaseUnavailable(RuntimeError):
     """PostgreSQL could not be reached or refused the connection."""
 
 
+REDACTED = "***"
+_URI_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _passwords(url: str) -> list[str]:
+    """Every password ``url`` carries (keyword ``password=``, a URI's ``user:pw@`` and ``?password=``)."""
+    found = []
+    with suppress(Exception):
+        found.append(str(conninfo_to_dict(url).get("password") or ""))
+    if url.startswith(_URI_SCHEMES):
+        with suppress(ValueError):
+            found.append(unquote(urlsplit(url).password or ""))
+            found.append(urlsplit(url).password or "")  # as written (percent-encoded), as an error may echo it
+        found += [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k == "password"]
+    return sorted({p for p in found if p}, key=len, reverse=True)
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The connection string with every password replaced, safe for logs, errors and files others
+    read. Parsed by psycopg's conninfo parser (libpq's rules): keyword conninfo (``host=… password=…``)
+    and URIs (``user:pw@`` and ``?password=``) alike. A string the parser refuses is not shown at all:
+    nothing says where its password would be."""
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:
+        return "(unparseable connection string, not shown)"
+    if not _passwords(url):
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    if not url.startswith(_URI_SCHEMES):
+        return make_conninfo(**{k: REDACTED if k == "password" else str(v) for k, v in params.items() if v is not None})
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{hostport}"
+    query = urlencode([(k, REDACTED if k == "password" else v)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="/*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver error, a log line) with every password of ``url`` replaced."""
+    for password in _passwords(url):
+        text = text.replace(password, REDACTED)
+    return text
+
+
+def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
+    try:
+        conninfo_to_dict(url)
+    except Exception:  # libpq echoes fragments of a string it cannot parse: say nothing of it
+        return DatabaseUnavailable("PostgreSQL connection string is invalid (not shown: it may hold a password)")
+    detail = redact_text(str(exc).strip()[:300], url)
+    return DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {detail}")
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -54,14 +103,14 @@ async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: 
         probe = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
         await probe.close()
     except Exception as exc:
-        raise DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {str(exc).strip()[:300]}") from None
+        raise _unavailable(url, exc) from None
     pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True},
                                configure=_configure)
     try:
         await pool.open(wait=True, timeout=timeout)
     except Exception as exc:  # psycopg_pool.PoolTimeout, OperationalError, bad URL
         await pool.close()
-        raise DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {exc}") from None
+        raise _unavailable(url, exc) from None
     return pool
 
 

@@ -29,9 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.rows import dict_row
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
-from mcpsync.activities.ledger_content import ContentLedger
+from mcpsync.activities.ledger_content import ContentLedger, ReadBody
 from mcpsync.activities.ledger_journal import Journal
 from mcpsync.activities.ledger_store import (
     BY_KEY,
@@ -60,6 +61,7 @@ from mcpsync.workflows.records import (
     NotedNotification,
     OutboxEventType,
     ReadOutcome,
+    ReadOutcomeKind,
     ReadTicket,
     RevokeLedgerRequest,
     SetStateRequest,
@@ -80,7 +82,7 @@ from mcpsync.workflows.write_plan import (
     plan_tombstone,
 )
 
-__all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger"]
+__all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger", "SubjectRevocation"]
 
 S = SubscriptionState
 CLOSING_STATES = [S.UNSUBSCRIBING.value, S.CLOSED.value, S.UNSUBSCRIBE_UNKNOWN.value]
@@ -98,6 +100,24 @@ ORDER BY uri
 SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
                        S.RECONCILIATION_REQUIRED.value]
 _VERDICTS = {v.value for v in AcceptVerdict}
+# The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
+KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
+
+
+class SubjectRevocation(BaseModel):
+    """What one ``revoke_subject`` committed (``subject_revocations``, migration 014)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    subject_revocation_id: int
+    subject: str
+    server: str
+    uri: str | None  # None: every URI of the subject on the server
+    revoked: list[str]  # workflow ids this call moved to REVOKED (their workflows are signalled)
+    covered: list[str]  # every subscription it covers, finished ones included
+    receipt_ids: list[int]  # every receipt of those subscriptions: none is released again
+    purged_bodies: int
+    outbox_ids: list[int]  # the ``revoked`` rows it wrote
 
 
 class FenceLedger:
@@ -340,7 +360,16 @@ class FenceLedger:
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
-        """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes."""
+        """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes. The
+        read's body is the one ``mcp_read`` staged (``ContentLedger.stage``)."""
+        return await self.accept_read(req)
+
+    async def accept_read(self, req: AcceptRequest, body: ReadBody | None = None) -> AcceptResult:
+        """``accept`` with the read's body in hand (the read cycle's; None: take the staged one).
+        The body enters the subject's store in this transaction, only when the verdict releases it
+        (ACCEPTED / UNCHANGED with no guardrail rejection): a row revoked, closed or fenced off
+        meanwhile judges the read otherwise, and its body is dropped. A staged body leaves
+        ``content_pending`` here whatever the verdict."""
         o = req.outcome
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
@@ -371,6 +400,12 @@ class FenceLedger:
                 receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
                                                           effective_at=o.completed_at or datetime.now(UTC))
                 result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
+            if o.kind == ReadOutcomeKind.CONTENT:
+                staged = await self.content.take_staged(cur, o.key, o.ordinal) if body is None else None
+                kept = body or staged
+                if kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None \
+                        and result.verdict in KEEPS_BODY and not plan.replay:
+                    await self.content.store_accepted(cur, o.key.subject, kept)
         self.meters.receipt_judged(req, result)
         return result
 
@@ -402,6 +437,77 @@ class FenceLedger:
         one outbox ``revoked`` row naming every receipt derived from it, latency recorded."""
         return await self._planned(req.key, lambda fence: plan_revoke(
             fence, source=RevokeSource(req.source), reason=req.reason), effective_at=req.effective_at)
+
+    async def revoke_subject(self, subject: str, server: str, uri: str | None, *, reason: str,
+                             effective_at: datetime, source: str = RevokeSource.PLATFORM.value) -> SubjectRevocation:
+        """revoke(subject, server, uri|*) in one transaction, before any workflow hears of it.
+
+        Every subscription of ``subject`` on ``server`` (``uri``: that one; None: all), whatever
+        its state, is covered: a live one is revoked as the ``revoke`` activity would (REVOKED,
+        ``revocations`` row, outbox ``revoked``); a finished one (CLOSED, UNSUBSCRIBE_UNKNOWN,
+        TOMBSTONED) keeps its state but gets a ``revocations`` row and an outbox ``revoked`` row
+        naming its receipts, when it has receipts no earlier revocation withdrew. Then every body
+        those receipts name is purged from the subject's store (and every body still pending an
+        accept), except one a receipt outside this revocation still releases, and one
+        ``subject_revocations`` row records it all: ``released_content`` refuses every receipt of
+        the scope accepted at or before it. The rows are locked in workflow id order, so an accept
+        in flight either commits first (and its body is purged here) or sees REVOKED."""
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND (%s::text IS NULL OR uri=%s)"
+                " ORDER BY workflow_id FOR UPDATE", (subject, server, uri, uri))
+            rows = await cur.fetchall()
+            revoked: list[str] = []
+            outbox_ids: list[int] = []
+            for row in rows:
+                key = SubscriptionKey(subject=subject, server=server, uri=row["uri"])
+                fence, wf = snapshot(row), row["workflow_id"]
+                plan = plan_revoke(fence, source=RevokeSource(source), reason=reason)
+                if plan.writes:
+                    revoked.append(wf)
+                elif row["state"] != S.REVOKED.value and await self._unwithdrawn_receipts(cur, wf):
+                    # Finished: the state stays (it never reopens), the revocation is recorded for it.
+                    plan = plan_revoke(fence, source=RevokeSource(source), reason=reason,
+                                       unchecked=True).model_copy(update={"fence": None})
+                else:
+                    continue
+                _, outbox_id = await self._apply(cur, key, wf, fence, plan, effective_at=effective_at)
+                if outbox_id is not None:
+                    outbox_ids.append(outbox_id)
+            covered = [r["workflow_id"] for r in rows]
+            await cur.execute("SELECT receipt_id FROM resource_versions WHERE workflow_id = ANY(%s)"
+                              " ORDER BY receipt_id", (covered,))
+            receipt_ids = [int(r["receipt_id"]) for r in await cur.fetchall()]
+            purged = await self.content.purge_subject(cur, subject=subject, workflow_ids=covered)
+            await self.content.purge_staged(cur, subject=subject, server=server, uri=uri)
+            await cur.execute(
+                """
+                INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at, receipt_ids,
+                    workflow_ids, purged_bodies)
+                VALUES (%s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s, %s)
+                RETURNING subject_revocation_id
+                """,
+                (subject, server, uri, source, reason[:300], effective_at, receipt_ids, covered, purged))
+            got = await cur.fetchone()
+            assert got is not None
+            rid = int(got["subject_revocation_id"])
+            if outbox_ids:
+                await cur.execute("UPDATE outbox SET detail = detail || jsonb_build_object('subject_revocation_id', %s)"
+                                  " WHERE outbox_id = ANY(%s)", (rid, outbox_ids))
+        return SubjectRevocation(subject_revocation_id=rid, subject=subject, server=server, uri=uri, revoked=revoked,
+                                 covered=covered, receipt_ids=receipt_ids, purged_bodies=purged, outbox_ids=outbox_ids)
+
+    @staticmethod
+    async def _unwithdrawn_receipts(cur: Any, workflow_id: str) -> int:
+        """How many receipts of the subscription no revocation recorded since has withdrawn."""
+        await cur.execute(
+            """
+            SELECT count(*) AS n FROM resource_versions rv WHERE rv.workflow_id=%s AND NOT EXISTS (
+                SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at)
+            """, (workflow_id,))
+        row = await cur.fetchone()
+        return int(row["n"]) if row else 0
 
     async def _planned(self, key: SubscriptionKey, plan: Callable[[FenceSnapshot], WritePlan], *,
                        effective_at: datetime) -> FenceSnapshot:
@@ -465,6 +571,7 @@ class FenceLedger:
             )
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf, digests=digests)
+            await self.content.purge_staged(cur, subject=key.subject, server=key.server, uri=key.uri)
             await cur.execute(
                 """
                 INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at, outbox_id,

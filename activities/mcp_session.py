@@ -8,8 +8,10 @@ Contract:
   SESSION_LOST / "session generation is gone", nothing sent to any server.
 - ``mcp_read`` calls ``resources/read`` on the *current* session and only if its
   generation is the one the workflow allocated the read for; otherwise it answers
-  SESSION_LOST and reads nothing. The body goes to the content store keyed by
-  (subject, digest); the activity returns digest and metadata only.
+  SESSION_LOST and reads nothing. The body enters the content store, keyed by (subject, digest),
+  only in the accept's transaction and only when the verdict releases it (``FenceLedger.accept_read``:
+  the read cycle hands it over in memory; a standalone ``mcp_read`` parks it in ``content_pending``
+  for its accept). The activity returns digest and metadata only.
 - Errors are classified, never guessed: not found (-32002, or -32602 naming the
   URI / saying "not found"), denied (auth-like codes), malformed content (bad
   base64, wrong types, over the size limit), session lost (connection closed).
@@ -47,6 +49,7 @@ from temporalio.exceptions import ApplicationError
 
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.fence import marked_active
@@ -69,7 +72,8 @@ from mcpsync.workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME"]
+__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME",
+           "metadata_text", "MAX_METADATA_CHARS"]
 
 log = logging.getLogger("mcpsync.session")
 
@@ -77,6 +81,7 @@ MULTIPART_MIME = "application/vnd.mcpsync.contents+json"
 NOT_FOUND_CODES = {-32002}
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
+PARSE_ERROR = -32700
 PROTOCOL_CODES = {-32700, -32600, -32601}
 DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not authorized")
 
@@ -112,9 +117,10 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
     data = err.data if isinstance(err.data, dict) else {}
     if err.code in NOT_FOUND_CODES or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
         return ReadOutcomeKind.NOT_FOUND
-    if err.code == CONNECTION_CLOSED and "byte limit" in msg:
-        # Streamable HTTP: one response larger than the SSE event cap. That request failed, the
-        # session did not; counting it as lost would reconnect and re-read it forever.
+    if "byte limit" in msg and err.code in (CONNECTION_CLOSED, PARSE_ERROR):
+        # One response larger than the transport's bound (the SSE event cap, the JSON response
+        # or stdio line bound of worker/transport_bounds.py). That request failed, the session did
+        # not; counting it as lost would reconnect and re-read it forever.
         return ReadOutcomeKind.MALFORMED
     if err.code == CONNECTION_CLOSED:
         return ReadOutcomeKind.SESSION_LOST
@@ -246,6 +252,17 @@ class LiveSession:
         return await acked
 
 
+MAX_METADATA_CHARS = 256
+"""Server-supplied metadata strings (a content's MIME type, serverInfo name and version) are kept to
+this many characters: they travel in activity results, signals, receipts and outbox rows, and a
+multi-megabyte one would make every one of them fail (docs/security.md)."""
+
+
+def metadata_text(value: str | None) -> str | None:
+    """``value`` cut to ``MAX_METADATA_CHARS`` (None stays None)."""
+    return value if value is None or len(value) <= MAX_METADATA_CHARS else value[:MAX_METADATA_CHARS]
+
+
 def content_parts(result: types.ReadResourceResult, limit: int | None = None) -> list[ContentPart]:
     """The parts of a read as mcpsync digests them (text as UTF-8, blobs base64-decoded).
 
@@ -255,13 +272,13 @@ def content_parts(result: types.ReadResourceResult, limit: int | None = None) ->
     for c in result.contents:
         if isinstance(c, types.TextResourceContents):
             data = c.text.encode("utf-8")
-            parts.append(ContentPart("text", c.mime_type, data))
+            parts.append(ContentPart("text", metadata_text(c.mime_type), data))
         elif isinstance(c, types.BlobResourceContents):
             try:
                 data = base64.b64decode(c.blob, validate=True)
             except (binascii.Error, ValueError):
                 raise ValueError("blob content is not valid base64") from None
-            parts.append(ContentPart("blob", c.mime_type, data))
+            parts.append(ContentPart("blob", metadata_text(c.mime_type), data))
         else:
             raise ValueError(f"unsupported content type {type(c).__name__}")
         total += len(data)
@@ -334,6 +351,16 @@ class McpSessionActivities:
 
     @activity.defn(name=Act.MCP_READ)
     async def read(self, req: ReadRequest) -> ReadOutcome:
+        """The standalone read (runs from before the read cycle): its accept is another activity,
+        so a releasable body waits in ``content_pending`` for it (``ContentLedger.stage``)."""
+        outcome, body = await self._read(req)
+        if body is not None:
+            await self.ledger.content.stage(req.key, req.ordinal, body)
+        return outcome
+
+    async def _read(self, req: ReadRequest) -> tuple[ReadOutcome, ReadBody | None]:
+        """``resources/read`` on the live session: the outcome (digest and metadata) and, when the
+        guardrail releases it, the body for the accept to store. Nothing is stored here."""
         base: dict[str, Any] = {
             "key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
             "session_generation": req.session_generation, "subscription_generation": req.subscription_generation,
@@ -341,7 +368,7 @@ class McpSessionActivities:
         }
         live = self._session(req.key, req.session_generation)
         if live is None:
-            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base), None
         base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
         try:
             with self.meters.read_timer(req.key.server, req.request_id):
@@ -353,25 +380,24 @@ class McpSessionActivities:
             if kind == ReadOutcomeKind.SESSION_LOST:
                 live.lost.set()
             return ReadOutcome(kind=kind, error_code=err.code, error=err.message[:300], **base,
-                               completed_at=datetime.now(UTC))
+                               completed_at=datetime.now(UTC)), None
         except ValidationError as err:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=f"invalid result: {err.error_count()} errors",
-                               **base, completed_at=datetime.now(UTC))
+                               **base, completed_at=datetime.now(UTC)), None
         try:
             parts, body, mime = self._parts(result, live.max_content_bytes)
         except ValueError as err:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=str(err)[:300], **base,
-                               completed_at=datetime.now(UTC))
+                               completed_at=datetime.now(UTC)), None
         digest = content_digest(parts)
         base.update(ttl_ms=result.ttl_ms, cache_scope=CacheScope(result.cache_scope))
         rejection = live.guardrails.check(parts)
-        if rejection is None:
-            # Only releasable content is kept: a rejected body never reaches the store.
-            await self.ledger.put_content(req.key.subject, digest, mime, body,
-                                          kind=parts[0].kind if len(parts) == 1 else "multipart")
+        # Only releasable content goes on to the accept: a rejected body never reaches the store.
+        kept = None if rejection is not None else ReadBody(
+            digest=digest, mime_type=mime, kind=parts[0].kind if len(parts) == 1 else "multipart", body=body)
         return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
                            content_count=len(parts), guardrail_rejection=rejection,
-                           completed_at=datetime.now(UTC), **base)
+                           completed_at=datetime.now(UTC), **base), kept
 
     @activity.defn(name=Act.MCP_READ_CYCLE)
     async def read_cycle(self, req: ReadCycleRequest) -> ReadCycleResult:
@@ -401,14 +427,14 @@ class McpSessionActivities:
             return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
         if before_read is not None:
             before_read()
-        outcome = await self.read(ReadRequest(
+        outcome, body = await self._read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,
             subscription_generation=alloc.subscription_generation, ordinal=ticket.ordinal,
             request_id=ticket.request_id, trigger=alloc.trigger))
         if outcome.kind == ReadOutcomeKind.SESSION_LOST:
             return ReadCycleResult(ticket=ticket, outcome=outcome)
         accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch)
-        result = await self.ledger.accept(accept_req)
+        result = await self.ledger.fence.accept_read(accept_req, body)  # the body enters the store only here
         self.meters.receipt_judged(accept_req, result)
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)
 

@@ -57,6 +57,10 @@ __all__ = [
 NOTIFY_CHANNEL = "mcpsync_outbox"
 _RETRY_FIRST, _RETRY_MAX = 0.01, 0.1  # seconds between polls while committed rows wait for a position
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/-]{1,128}$")
+# Registered consumers at most: each holds outbox rows back and is a label of the lag gauges. A new
+# name beyond it is refused (drop one first: ``drop_consumer`` / ``mcpsync outbox drop``).
+MAX_CONSUMERS = 256
+_REGISTRATION_LOCK = 0x6D63726B  # serializes registrations, so the cap holds under concurrency
 
 
 class ConsumerNotFound(LookupError):
@@ -316,24 +320,39 @@ ORDER BY s.subject, s.server, s.uri
 class OutboxConsumer:
     """A named durable consumer over the ledger pool. ``subjects`` None: every subject.
 
-    The filter is fixed at registration (the first poll or resync); asking with another
-    filter later is a ``ConsumerError``."""
+    Registration is explicit: ``register=True`` lets the first poll or resync register a new
+    name (at most ``max_consumers`` names in all, else ``ConsumerError``); without it an unknown
+    name is ``ConsumerNotFound``, so a typo or a stray client cannot grow the consumer table (each
+    name holds rows back and is a metric label). The filter is fixed at registration; asking with
+    another filter later is a ``ConsumerError``."""
 
-    def __init__(self, pool: AsyncConnectionPool, name: str, subjects: Sequence[str] | None = None) -> None:
+    def __init__(self, pool: AsyncConnectionPool, name: str, subjects: Sequence[str] | None = None, *,
+                 register: bool = False, max_consumers: int = MAX_CONSUMERS) -> None:
         _check_name(name)
         self.pool = pool
         self.name = name
         self.subjects = sorted(set(subjects)) if subjects else None
+        self.register = register
+        self.max_consumers = max_consumers
 
     async def _row(self, cur: Any, *, create: bool) -> dict[str, Any]:
-        if create:
+        await cur.execute("SELECT * FROM outbox_consumers WHERE name = %s FOR UPDATE", (self.name,))
+        row = await cur.fetchone()
+        if row is None and create and self.register:
+            await cur.execute("SELECT pg_advisory_xact_lock(%s)", (_REGISTRATION_LOCK,))
+            await cur.execute("SELECT count(*) AS n FROM outbox_consumers")
+            counted = await cur.fetchone()
+            if counted is not None and int(counted["n"]) >= self.max_consumers:
+                raise ConsumerError(f"cannot register consumer {self.name!r}: {counted['n']} consumers are registered, "
+                                    f"the most allowed is {self.max_consumers} (drop one: mcpsync outbox drop)")
             await cur.execute(
                 "INSERT INTO outbox_consumers (name, subjects) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING",
                 (self.name, self.subjects))
-        await cur.execute("SELECT * FROM outbox_consumers WHERE name = %s FOR UPDATE", (self.name,))
-        row = await cur.fetchone()
+            await cur.execute("SELECT * FROM outbox_consumers WHERE name = %s FOR UPDATE", (self.name,))
+            row = await cur.fetchone()
         if row is None:
-            raise ConsumerNotFound(f"no outbox consumer {self.name!r}")
+            hint = ": register it first (mcpsync outbox poll --register)" if create else ""
+            raise ConsumerNotFound(f"no outbox consumer {self.name!r}{hint}")
         registered = sorted(row["subjects"]) if row["subjects"] is not None else None
         if self.subjects is not None and registered != self.subjects:
             raise ConsumerError(f"consumer {self.name!r} is registered for subjects {registered or 'all'}, "
@@ -342,7 +361,7 @@ class OutboxConsumer:
         return dict(row)
 
     async def poll(self, limit: int = 100) -> OutboxBatch:
-        """The next events after the acknowledged position (registers the name if new)."""
+        """The next events after the acknowledged position (registers the name if new and ``register``)."""
         if limit < 1:
             raise ConsumerError("limit must be at least 1")
         async with self.pool.connection() as conn, conn.transaction():

@@ -15,10 +15,12 @@ Contract:
     subscriptions) and that no outbox event still held for a consumer names. ``current_content`` only ever serves the current version of an ACTIVE
     subscription, so nothing servable is removed; a host that wants an older body for longer
     copies it out.
+  - bodies parked in ``content_pending`` for an accept that never came (``pending_bodies``);
   - audit rows;
   - outbox rows, but only those every registered outbox consumer has acknowledged (and never
-    one a revocation points at, nor one not yet given a position). A consumer whose last ack
-    (or registration) is older than ``consumer_max_lag`` no longer holds rows back: rows it had
+    one a revocation points at, nor one not yet given a position). A consumer whose oldest
+    unacknowledged row (counted from its registration at the earliest) is older than
+    ``consumer_max_lag`` no longer holds rows back, however often it re-acks: rows it had
     not acknowledged may go, and its next poll reports the lost positions as a GAP and it
     resyncs (docs/outbox.md). Without live consumers, rows go by age alone (positioned or not),
     and anyone registering later starts with a gap;
@@ -51,6 +53,7 @@ class PruneReport(BaseModel):
     outbox_rows: int
     read_requests: int
     discovery_scans: int
+    pending_bodies: int = 0  # content_pending rows whose accept never came
     outbox_pruned_through: int = 0  # the highest outbox position ever deleted
     consumers_ignored: list[str] = []  # consumers beyond consumer_max_lag whose rows were not kept
 
@@ -66,6 +69,7 @@ WHERE c.stored_at < %(cutoff)s
                     AND (o.position IS NULL OR o.position > %(floor)s)))
 RETURNING c.size
 """
+_PENDING = "DELETE FROM content_pending WHERE staged_at < %(cutoff)s RETURNING 1"
 _AUDIT = "DELETE FROM audit WHERE created_at < %(cutoff)s RETURNING 1"
 # With live consumers (held): only positioned rows every one of them acknowledged. Without: by
 # age alone. Revocations keep the row they point at.
@@ -75,10 +79,17 @@ WHERE o.created_at < %(cutoff)s AND (NOT %(held)s OR (o.position IS NOT NULL AND
   AND NOT EXISTS (SELECT 1 FROM revocations r WHERE r.outbox_id = o.outbox_id)
 RETURNING o.position
 """
-# Consumers that still hold rows back, and those past the bound.
+# Consumers that still hold rows back, and those past the bound. A consumer's lag is the age of the
+# oldest row it holds back (the first positioned row above its acknowledged position, any subject:
+# a filtered consumer's poll moves it past the rows of other subjects), counted from when the
+# consumer was registered at the earliest. Not its last ack: acking a position that does not move
+# (ack(0)) would otherwise keep a stuck consumer alive forever. Holding nothing back: live.
 _CONSUMERS = """
-SELECT name, position, COALESCE(last_ack_at, created_at) >= now() - %(max_lag)s::interval AS live
-FROM outbox_consumers
+SELECT c.name, c.position,
+       (held.oldest IS NULL OR GREATEST(held.oldest, c.created_at) >= now() - %(max_lag)s::interval) AS live
+FROM outbox_consumers c
+LEFT JOIN LATERAL (SELECT o.created_at AS oldest FROM outbox o WHERE o.position > c.position
+                   ORDER BY o.position LIMIT 1) held ON true
 """
 _READS = "DELETE FROM read_requests WHERE completed_at IS NOT NULL AND completed_at < %(cutoff)s RETURNING 1"
 _SCANS = """
@@ -124,7 +135,8 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
         row = await cur.fetchone()
         assert row is not None
         pruned_through = int(row[0])
-        for name, sql in (("audit_rows", _AUDIT), ("read_requests", _READS), ("discovery_scans", _SCANS)):
+        for name, sql in (("audit_rows", _AUDIT), ("read_requests", _READS), ("discovery_scans", _SCANS),
+                          ("pending_bodies", _PENDING)):
             cur = await conn.execute(sql, args)
             counts[name] = len(await cur.fetchall())
     return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run, outbox_pruned_through=pruned_through,

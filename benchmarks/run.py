@@ -237,7 +237,7 @@ class OutboxFollower:
     @classmethod
     async def start(cls, ledger: Ledger) -> OutboxFollower:
         self = cls(ledger)
-        consumer = OutboxConsumer(ledger.pool, f"bench-{uuid.uuid4().hex[:8]}")
+        consumer = OutboxConsumer(ledger.pool, f"bench-{uuid.uuid4().hex[:8]}", register=True)
         while (batch := await consumer.poll(limit=1000)).events:  # what came before the churn
             await consumer.ack(batch.position)
         await consumer.ack(batch.position)

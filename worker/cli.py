@@ -49,6 +49,7 @@ from mcpsync.worker.cli_common import (
     print_out,
     resolve_config,
     subscription_key,
+    terminal_safe,
 )
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
 from mcpsync.worker.cli_upgrades import register as register_upgrade_commands
@@ -57,11 +58,9 @@ from mcpsync.worker.runtime import (
     TemporalUnavailable,
     connect_temporal,
     open_ledger,
+    revoke_subject,
     run_services,
     start_catalog,
-)
-from mcpsync.worker.runtime import (
-    revoke as revoke_subscriptions,
 )
 from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError
 
@@ -97,16 +96,30 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
 
 
 async def cmd_revoke(args: argparse.Namespace) -> None:
+    """The ledger revokes first (one transaction: records, purge, outbox), then the workflows are
+    told; ``--wait`` waits for each of them to mirror it (exit 6 if one has not in time)."""
     config, _ = _resolve_config(args)
     config.server(args.server)
     client = await connect_temporal(config.temporal)
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        ids = await revoke_subscriptions(client, ledger, subject=args.subject, server=args.server,
-                                         uri=None if args.uri == "*" else args.uri, reason=args.reason)
+        done = await revoke_subject(client, ledger, subject=args.subject, server=args.server,
+                                    uri=None if args.uri == "*" else args.uri, reason=args.reason,
+                                    wait=args.wait)
     finally:
         await ledger.pool.close()
-    _print({"revoked": ids}, args.json, f"revocation sent to {len(ids)} subscription(s)")
+    rec = done.ledger
+    result = {"subject_revocation_id": rec.subject_revocation_id, "revoked": rec.revoked, "covered": rec.covered,
+              "receipt_ids": rec.receipt_ids, "purged_bodies": rec.purged_bodies, "signalled": done.signalled}
+    text = (f"revoked in the ledger: {len(rec.covered)} subscription(s) ({len(rec.revoked)} live), "
+            f"{len(rec.receipt_ids)} receipt(s) withdrawn, {rec.purged_bodies} body(ies) purged; "
+            f"{len(done.signalled)} workflow(s) signalled")
+    if done.pending is not None:
+        result |= {"mirrored": done.mirrored, "pending": done.pending}
+        text += f"; mirrored by {len(done.mirrored or [])}, pending {len(done.pending)}"
+    _print(result, args.json, text)
+    if done.pending:
+        raise ExitStatus(ExitCode.UNAVAILABLE)
 
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
@@ -161,7 +174,8 @@ async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitab
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
         try:
-            consumer = OutboxConsumer(ledger.pool, args.consumer, getattr(args, "subject", None))
+            consumer = OutboxConsumer(ledger.pool, args.consumer, getattr(args, "subject", None),
+                                      register=getattr(args, "register", False))
             await body(consumer)
         except ConsumerNotFound as exc:
             raise CliError(str(exc), ExitCode.NOT_FOUND) from None
@@ -279,12 +293,18 @@ async def cmd_content_get(args: argparse.Namespace) -> None:
             await asyncio.to_thread(Path(args.output).write_bytes, content.body)
         except OSError as exc:
             raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
-        print(f"receipt {content.receipt_id}: {content.size} bytes {content.mime_type or '-'} "
+        # The MIME type is the server's string: never raw on a line a terminal may show.
+        print(f"receipt {content.receipt_id}: {content.size} bytes {terminal_safe(content.mime_type or '-')} "
               f"({content.kind.value}) {content.content_digest} -> {args.output}", file=sys.stderr)
         return
-    if not content.is_text and sys.stdout.isatty():
-        raise CliError(f"receipt {content.receipt_id} is binary ({content.mime_type or 'no MIME type'}): "
-                       "pass -o FILE or redirect stdout")
+    if sys.stdout.isatty():
+        if not content.is_text:
+            raise CliError(f"receipt {content.receipt_id} is binary "
+                           f"({terminal_safe(content.mime_type or 'no MIME type')}): pass -o FILE or redirect stdout")
+        # A terminal acts on escape sequences: show them, do not run them (a pipe or -o gets the bytes).
+        sys.stdout.write(terminal_safe(content.body.decode("utf-8", errors="backslashreplace")))
+        sys.stdout.flush()
+        return
     sys.stdout.buffer.write(content.body)
     sys.stdout.buffer.flush()
 
@@ -756,6 +776,8 @@ def _parser() -> argparse.ArgumentParser:
     rv.add_argument("--subject", required=True)
     rv.add_argument("--uri", default="*", help="one exact URI, or * for every subscription of the subject")
     rv.add_argument("--reason", default="revoked by CLI", help="recorded with the revocation")
+    rv.add_argument("--wait", type=float, nargs="?", const=60.0, default=None, metavar="SECONDS",
+                    help="wait until every live workflow has mirrored the revocation (default 60 s; exit 6 if not)")
     rv.add_argument("--json", action="store_true")
     rv.set_defaults(func=cmd_revoke)
 
@@ -833,8 +855,11 @@ def _parser() -> argparse.ArgumentParser:
         c.set_defaults(func=func)
         return c
 
-    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (registers a new "
+    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (--register: a new "
                                 "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
+    poll.add_argument("--register", action="store_true",
+                      help="register the name if it is new (consumers are capped: activities/outbox.py "
+                           "MAX_CONSUMERS); without it a new name exits 4")
     poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
     poll.add_argument("--limit", type=int, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
@@ -843,6 +868,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="the batch position a poll printed: everything up to it is processed")
     rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
                                 "subjects, then ack its position", cmd_outbox_resync)
+    rs.add_argument("--register", action="store_true", help="register the name if it is new")
     rs.add_argument("--subject", action="append", help="register a new consumer for these subjects only")
     consumer_cmd("drop", "forget a consumer (retention stops keeping rows for it)", cmd_outbox_drop)
     oc = ob_sub.add_parser("consumers", help="every consumer: position, lag (events, seconds), last ack")

@@ -34,7 +34,7 @@ from mcpsync.worker.config import Config, load_config
 from mcpsync.worker.runtime import RuntimeInfo
 from mcpsync.workflows.records import SubscriptionKey
 
-__all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "check_target", "database_url",
+__all__ = ["terminal_safe", "AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "check_target", "database_url",
            "key_for", "print_error", "print_out", "resolve_config", "runtime_file", "subscription_key"]
 
 
@@ -159,6 +159,24 @@ def key_for(args: argparse.Namespace, uri: str) -> SubscriptionKey:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise CliError(f"invalid subscription key: {problems}") from None
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every character a terminal would act on escaped (ESC and every other C0/C1
+    control but newline and tab, DEL, and the invisible format characters such as bidi overrides),
+    as ``\\xNN`` / ``\\uNNNN``: what a server chose cannot retitle, recolour, rewrite or hide
+    anything on the operator's terminal. Only for output to a terminal: files and pipes get bytes
+    exactly as read."""
+    if text.isprintable() and "\x1b" not in text:
+        return text
+    out = []
+    for c in text:
+        if c in "\n\t" or c.isprintable():
+            out.append(c)
+        else:
+            n = ord(c)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+    return "".join(out)
 
 
 def print_error(message: str) -> None:

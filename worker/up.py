@@ -32,7 +32,14 @@ from mcpsync.worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from mcpsync.worker.stack import EmbeddedPostgres, StackAlreadyRunning, TemporalDevServer, state_dir
+from mcpsync.worker.stack import (
+    EmbeddedPostgres,
+    StackAlreadyRunning,
+    TemporalDevServer,
+    ensure_private_dir,
+    state_dir,
+    write_private,
+)
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
@@ -62,7 +69,7 @@ async def run_up(args: argparse.Namespace) -> None:
 
     t0 = time.monotonic()
     root = state_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(root)  # 0700: it holds the runtime file and the configuration (a database URL)
     runtime_file = root / "runtime.json"
     running = RuntimeInfo.load(runtime_file)
     if running is not None and running.pid is not None and running.pid != os.getpid() and running.stack_alive():
@@ -100,7 +107,7 @@ async def run_up(args: argparse.Namespace) -> None:
 
         temporal_cfg = TemporalConfig(address=temporal_server.address, ui_url=temporal_server.ui_url)
         config_path = root / "mcpsync.toml"
-        config_path.write_text(_config_toml(temporal_cfg, db_url, fixture.mcp_url))
+        write_private(config_path, _config_toml(temporal_cfg, db_url, fixture.mcp_url))  # 0600: the URL
         RuntimeInfo(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
                     database_url=db_url, ui_url=temporal_server.ui_url,
                     config_path=str(config_path), pid=os.getpid()).save(runtime_file)

@@ -58,7 +58,7 @@ async def run(args: argparse.Namespace) -> None:
     pool = await open_pool(args.database_url, max_size=2)
     db = sqlite3.connect(args.index)
     db.executescript(SCHEMA)
-    consumer = OutboxConsumer(pool, args.consumer, args.subject)
+    consumer = OutboxConsumer(pool, args.consumer, args.subject, register=True)  # the indexer owns its name
     try:
         async for batch in consumer.follow(limit=args.batch):
             if batch.gap is not None:

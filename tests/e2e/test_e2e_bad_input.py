@@ -143,9 +143,17 @@ async def test_notification_with_odd_uri_is_audited_not_routed(temporal_client: 
             handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
             await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "w")
             await fx.notify(odd, unsolicited=True)
-            rows = await eventually(lambda: _unknown(ledger, odd), what="audit of the odd URI")
-            assert rows
+            # Longer than any subscription's URI may be (MAX_URI_LENGTH): rejected at the ingress,
+            # audited with its head, length, digest and why (issue 29 item 10), never routed.
+            rows = await eventually(lambda: _rejected(ledger, server.name), what="audit of the odd URI")
+            assert rows[0]["uri"] == odd[:256] and rows[0]["detail"]["uri_length"] == len(odd)
+            assert "longer than" in rows[0]["detail"]["reason"]
+            assert not await _unknown(ledger, odd)
             assert (await handle.query("subscription"))["reads_issued"] == 1
+
+
+async def _rejected(ledger: Ledger, server: str) -> list[Any]:
+    return [r for r in await ledger.audit_rows("NOTIFICATION_URI_REJECTED", limit=500) if r["server"] == server]
 
 
 async def _unknown(ledger: Ledger, uri: str) -> list[object]:

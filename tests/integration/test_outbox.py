@@ -52,7 +52,7 @@ async def register(ledger: Ledger, names: list[str], subject: str, name: str | N
     rows starts with a GAP (docs/outbox.md), which a resync (an empty relist here) closes."""
     name = name or unique("c")
     names.append(name)
-    consumer = OutboxConsumer(ledger.pool, name, [subject])
+    consumer = OutboxConsumer(ledger.pool, name, [subject], register=True)
     batch = await consumer.poll()
     if batch.gap is not None:
         relist = await consumer.resync()
@@ -271,19 +271,22 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s", subject)
     await ledger_rows(ledger, "UPDATE content_store SET stored_at = now() - interval '30 days' WHERE subject = %s",
                       subject)
-    # Unacknowledged: kept, and so is the superseded body the unacknowledged event names.
-    await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=1))
+    # Unacknowledged: kept, and so is the superseded body the unacknowledged event names. (Lag is
+    # the age of the oldest unacknowledged row, 30 days here: within a 60-day bound.)
+    await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=60))
     assert len(await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s", subject)) == 2
     assert len(await ledger_rows(ledger, "SELECT 1 FROM content_store WHERE subject = %s", subject)) == 2
     await consumer.ack(first.position)  # o1 consumed: its row and its superseded body may go
-    await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=1))
+    await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=60))
     assert [r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM outbox WHERE subject = %s",
                                             subject)] == ["sha256:o2"]
     assert [r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM content_store WHERE subject = %s",
                                             subject)] == ["sha256:o2"]
-    # The consumer goes silent past the bound: its rows go and its next poll names the gap.
-    await ledger_rows(ledger, "UPDATE outbox_consumers SET last_ack_at = now() - interval '2 days' WHERE name = %s",
+    # The consumer lags past the bound (o2, unacknowledged, is 30 days old; the bound 1 day), however
+    # recently it acked: its rows go and its next poll names the gap.
+    await ledger_rows(ledger, "UPDATE outbox_consumers SET created_at = now() - interval '40 days' WHERE name = %s",
                       consumer.name)
+    await consumer.ack(first.position)  # a re-ack that does not move keeps nothing alive
     report = await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=1))
     assert consumer.name in report.consumers_ignored and report.outbox_rows >= 1
     gap = await consumer.poll()
@@ -350,7 +353,7 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
         "--after 0 starts at the oldest"
     bad = _cli(conf, "outbox", "tail", "--limit", "-1")
     assert bad.returncode == 2 and bad.stderr.startswith("mcpsync: error:") and "Traceback" not in bad.stderr
-    polled = _cli(conf, "outbox", "poll", "--consumer", name, "--subject", subject, "--json")
+    polled = _cli(conf, "outbox", "poll", "--consumer", name, "--register", "--subject", subject, "--json")
     assert polled.returncode == 0, polled.stderr
     batch = json.loads(polled.stdout)
     assert [e["uri"] for e in batch["events"]] == [f"demo://cli/{i}" for i in range(3)]
@@ -446,5 +449,5 @@ async def test_without_live_consumers_prune_goes_by_age_and_later_consumers_star
         await holder.close()
     name = unique("late")
     consumers.append(name)
-    batch = await OutboxConsumer(ledger.pool, name, [subject]).poll()
+    batch = await OutboxConsumer(ledger.pool, name, [subject], register=True).poll()
     assert batch.gap is not None and batch.gap.first == 1 and batch.gap.last >= top

@@ -1,0 +1,101 @@
+"""Server-supplied strings are bounded (issue 29 item 10), on the real stack: notification URIs
+are checked at the ingress before they are queued, counted or written; UNKNOWN_URI audit rows are
+budgeted per session; a 5 MB MIME type is cut to a documented length; a catalog scan has an item
+and byte cap besides its page cap. Nothing is lost for the subscriptions that behave."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from mcpsync.activities import catalog_scan
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.mcp_session import MAX_METADATA_CHARS
+from mcpsync.worker import metrics
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import start_catalog, start_subscription
+from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
+from mcpsync.workflows.records import ScanStatus, SubscriptionKey
+from mcpsync.workflows.uris import MAX_URI_LENGTH
+from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.test_catalog_e2e import FAST, catalog_stack
+from tests.test_e2e_subscription import _wait_record
+
+
+async def _audit(ledger: Ledger, server: str, kind: str) -> list[tuple[str, dict[str, object]]]:
+    rows = await ledger_rows(ledger, "SELECT uri, detail FROM audit WHERE server = %s AND kind = %s", server, kind)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def test_hostile_notification_uris_are_bounded_and_budgeted(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"])
+    uri = f"demo://sec/strings/{uuid.uuid4().hex}"
+    v1 = await fx.create(uri, text="v1")
+    key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
+    floods = AUDIT_ROWS_PER_SESSION + 30
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        await _wait_record(handle, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        tag = uuid.uuid4().hex
+        for i in range(floods):  # unique, 100 KB each: no subscription can have them
+            await fx.notify(f"demo://huge/{tag}/{i}/" + "a" * 100_000, unsolicited=True)
+        await fx.notify(f"demo://ctl/{tag}\x1b[2J", unsolicited=True)
+        for i in range(floods):  # well-formed, nobody subscribed
+            await fx.notify(f"demo://nobody/{tag}/{i}", unsolicited=True)
+
+        async def audited() -> bool:
+            rejected = await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED")
+            unknown = await _audit(ledger, server.name, "UNKNOWN_URI")
+            return len(rejected) == AUDIT_ROWS_PER_SESSION and len(unknown) == AUDIT_ROWS_PER_SESSION and bool(
+                await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED")) and bool(
+                await _audit(ledger, server.name, "UNKNOWN_URI_SUPPRESSED"))
+
+        await eventually(audited, timeout=60, what="the budgeted audit rows")
+        # The subscription that behaves is unharmed: its next change converges.
+        v2 = await fx.edit(uri, text="v2 after the flood")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == v2["committed"]["digest"], "v2")
+    rejected = await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED")
+    assert all(len(u) <= AUDIT_URI_CHARS for u, _ in rejected)
+    reasons = {str(d["reason"]) for _, d in rejected}
+    assert f"URI longer than {MAX_URI_LENGTH} characters" in reasons
+    assert all(len(str(d["uri_sha256"])) == 64 for _, d in rejected)
+    for kind in ("NOTIFICATION_URI_REJECTED_SUPPRESSED", "UNKNOWN_URI_SUPPRESSED"):
+        assert len(await _audit(ledger, server.name, kind)) == 1, "one row says the rest were suppressed"
+    assert not [k for k in list(metrics._pending) if k[1] == server.name and len(k[2]) > MAX_URI_LENGTH], \
+        "an oversize URI never became a metrics key"
+
+
+async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"])
+    uri = f"demo://sec/mime/{uuid.uuid4().hex}"
+    mime = "text/plain; x=" + "m" * (5 * 1024 * 1024)
+    await fx.create(uri, text="hello", mime_type=mime)
+    key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "accepted")
+    receipts = await ledger.receipts(key)
+    assert receipts and all(r.mime_type is not None and len(r.mime_type) == MAX_METADATA_CHARS for r in receipts)
+    assert receipts[-1].mime_type == mime[:MAX_METADATA_CHARS]
+
+
+async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, ledger: Ledger, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog_scan, "MAX_SCAN_ITEMS", 4)  # the activity runs in this process
+    async with catalog_stack(temporal_client, ledger, tmp_path, resources=7, start=False) as st:
+        st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue, policy=FAST)
+
+        async def capped() -> list[object] | None:
+            scans = [s for s in await st.catalogs.scans_for("alice", st.server.name, 50)
+                     if s.status == ScanStatus.PAGE_CAP]
+            return scans or None
+
+        scans = await eventually(capped, timeout=20, what="a scan stopped by the item cap")
+        assert "scan cap reached" in " ".join(scans[0].problems)  # type: ignore[attr-defined]
+        assert await st.catalogs.catalogs_for("alice", st.server.name) == [], "a capped scan publishes nothing"

@@ -1,0 +1,162 @@
+"""Byte bounds at the MCP transports, before anything is parsed (issue 29 item 9; docs/security.md).
+
+Contract:
+- Streamable HTTP: ``bounded_http_transport(limit)`` is an httpx transport whose
+  ``application/json`` responses stop at ``limit`` bytes (a larger Content-Length fails at once,
+  a longer body as soon as it passes the limit) with ``ResponseTooLarge``, an ``httpx.StreamError``:
+  the SDK turns it into a JSON-RPC error (-32700) for that one request, whose message says
+  "byte limit", and ``classify_error`` makes the read MALFORMED with that reason. The session
+  stays up. (SSE events are bounded by the SDK's ``max_sse_event_size``.)
+- stdio: the SDK splits the server's stdout into lines in an unbounded buffer. ``install()``
+  replaces the text stream its reader uses with ``BoundedLines``: no line longer than the
+  limit in effect when the transport was opened (``stdio_line_limit``, a context variable the
+  session host sets) is ever held; the rest of such a line is read and dropped, and in its place
+  the reader gets a JSON-RPC error (-32700, "byte limit") for the request id found at the start
+  of the line (none found: nothing, the request times out). Memory: one limit per session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import httpx2
+from anyio.streams.text import TextReceiveStream
+
+__all__ = ["BoundedLines", "ResponseTooLarge", "bounded_http_transport", "install", "stdio_line_limit",
+           "transport_limit"]
+
+PARSE_ERROR = -32700
+_DEFAULT_LIMIT = 2 * 32 * 1024 * 1024 + 65536  # the default max_content_bytes' transport limit
+_ID = r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
+_ID_FIRST = re.compile(r'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)  # Python servers: id before result
+_ID_LAST = re.compile(_ID + r'\s*\}\s*$')  # TypeScript servers: {result, jsonrpc, id}
+_HEAD = _TAIL = 256  # characters of an oversize line kept to find its request id
+_LIMIT: ContextVar[int] = ContextVar("mcpsync_stdio_line_limit", default=_DEFAULT_LIMIT)
+
+
+def transport_limit(max_content_bytes: int) -> int:
+    """The bytes one response may take on the wire for a body of ``max_content_bytes``: JSON
+    escaping and base64 need up to about twice the body, plus the envelope."""
+    return 2 * max_content_bytes + 65536
+
+
+class ResponseTooLarge(httpx2.StreamError):
+    """A JSON response passed the transport's byte limit."""
+
+
+def _too_large(limit: int) -> str:
+    return f"response over the byte limit of {limit} bytes (max_content_bytes)"
+
+
+class _LimitedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, declared: int | None) -> None:
+        self.inner, self.limit, self.declared = inner, limit, declared
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.declared is not None and self.declared > self.limit:
+            raise ResponseTooLarge(_too_large(self.limit))
+        seen = 0
+        async for chunk in self.inner:
+            seen += len(chunk)
+            if seen > self.limit:
+                raise ResponseTooLarge(_too_large(self.limit))
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _BoundedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+        self.inner, self.limit = inner, limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        if response.headers.get("content-type", "").lower().startswith("application/json"):
+            declared = response.headers.get("content-length")
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            response.stream = _LimitedStream(response.stream, self.limit,
+                                             int(declared) if declared and declared.isdigit() else None)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def bounded_http_transport(limit: int, **kwargs: Any) -> httpx2.AsyncBaseTransport:
+    """``httpx.AsyncHTTPTransport(**kwargs)`` whose JSON responses stop at ``limit`` bytes."""
+    return _BoundedTransport(httpx2.AsyncHTTPTransport(**kwargs), limit)
+
+
+@contextmanager
+def stdio_line_limit(limit: int) -> Any:
+    """The line limit for stdio transports opened inside this block (their reader task copies it)."""
+    token = _LIMIT.set(limit)
+    try:
+        yield
+    finally:
+        _LIMIT.reset(token)
+
+
+class BoundedLines(TextReceiveStream):
+    """``TextReceiveStream`` that only ever hands out whole lines of at most the limit in effect
+    when it was created; an oversize line becomes one JSON-RPC error line for its request id."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = _LIMIT.get()
+        self.line = ""  # the current line so far, never longer than the limit
+        self.dropping = False  # inside an oversize line: its head and tail are kept, the rest dropped
+        self.head = self.tail = ""
+
+    async def receive(self) -> str:
+        while True:
+            out = self._feed(await super().receive())
+            if out:
+                return out
+
+    def _feed(self, chunk: str) -> str:
+        out: list[str] = []
+        parts = chunk.split("\n")
+        for i, part in enumerate(parts):
+            ended = i < len(parts) - 1
+            if self.dropping:
+                self.tail = (self.tail + part)[-_TAIL:]
+                if ended:
+                    out.append(self._error_line())
+                    self.dropping, self.head, self.tail = False, "", ""
+                continue
+            if len(self.line) + len(part) > self.limit:
+                whole = self.line + part
+                self.head, self.tail = whole[:_HEAD], whole[-_TAIL:]
+                self.line = ""
+                if ended:
+                    out.append(self._error_line())
+                    self.head = self.tail = ""
+                else:
+                    self.dropping = True
+                continue
+            self.line += part
+            if ended:
+                out.append(self.line + "\n")
+                self.line = ""
+        return "".join(out)
+
+    def _error_line(self) -> str:
+        found = _ID_FIRST.search(self.head) or _ID_LAST.search(self.tail)
+        if found is None:
+            return ""  # no request to fail: the caller's timeout will
+        error = {"code": PARSE_ERROR, "message": _too_large(self.limit)}
+        return json.dumps({"jsonrpc": "2.0", "id": json.loads(found.group(1)), "error": error}) + "\n"
+
+
+def install() -> None:
+    """Make the SDK's stdio reader use ``BoundedLines`` (it looks the name up at call time)."""
+    import mcp.client.stdio as stdio
+
+    stdio.TextReceiveStream = BoundedLines  # type: ignore[misc]
