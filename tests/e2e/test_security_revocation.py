@@ -31,7 +31,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.test_e2e_subscription import _wait_record
+from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 
@@ -198,7 +198,7 @@ async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger
     """The standalone ``mcp_read`` path: its body waits in ``content_pending``; the accept stores
     it when it releases the read, drops it otherwise; a revocation drops what is still waiting."""
     from mcpsync.activities.ledger_content import ReadBody
-    from tests.test_ledger import _accept, _active, _issue
+    from tests.integration.test_ledger import _accept, _active, _issue
 
     key = await _active(ledger, f"demo://sec/staged/{uuid.uuid4().hex}")
     ok = ReadBody(digest="sha256:staged-ok", mime_type="text/plain", kind="text", body=b"ok")

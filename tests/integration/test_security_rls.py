@@ -16,7 +16,7 @@ from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import ledger_rows, unique
-from tests.test_ledger import _accept, _active, _issue
+from tests.integration.test_ledger import _accept, _active, _issue
 
 
 async def _accepted(ledger: Ledger, text: str) -> tuple[SubscriptionKey, int, str]:

@@ -13,9 +13,9 @@ from pathlib import Path
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
-from tests.test_ledger import _accept, _active, _issue
+from tests.integration.test_ledger import _accept, _active, _issue
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "title\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m \u202eevil\r\nsecond line\té\n" + "padding " * 20
 
 

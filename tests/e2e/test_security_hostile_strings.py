@@ -22,8 +22,8 @@ from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
 from mcpsync.workflows.records import ScanStatus, SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.test_catalog_e2e import FAST, catalog_stack
-from tests.test_e2e_subscription import _wait_record
+from tests.e2e.test_catalog_e2e import FAST, catalog_stack
+from tests.e2e.test_e2e_subscription import _wait_record
 
 
 async def _audit(ledger: Ledger, server: str, kind: str) -> list[tuple[str, dict[str, object]]]:

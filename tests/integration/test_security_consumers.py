@@ -12,8 +12,8 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
 from mcpsync.activities.retention import prune
 from tests.conftest import ledger_rows, unique
-from tests.test_ledger import _accept, _active, _issue
-from tests.test_outbox import consumers, register, settled
+from tests.integration.test_ledger import _accept, _active, _issue
+from tests.integration.test_outbox import consumers, register, settled
 
 __all__ = ["consumers"]  # the fixture, used by name below
 
