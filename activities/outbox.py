@@ -8,7 +8,9 @@ Contract (docs/outbox.md):
   it, oldest first, with the batch's position; ``ack`` moves the position (never backwards).
   Nothing moves without an ack: delivery is at least once. Two pollers under one name both
   get the same batch; the higher ack wins.
-- ``poll`` of an unknown name registers it (with the given subject filter) at position 0.
+- ``poll`` of an unknown name registers it (with the given subject filter) at position 0;
+  ``resync`` registers one only when asked (``create=True``), ``ack`` never: otherwise an
+  unknown name is ``ConsumerNotFound``.
 - When retention deleted events the consumer had not acknowledged (only possible once it
   lagged more than ``[retention] consumer_max_lag_days``), ``poll`` answers a ``Gap`` instead
   of events, until ``resync`` hands over the current version of every ACTIVE subscription of
@@ -316,7 +318,7 @@ ORDER BY s.subject, s.server, s.uri
 class OutboxConsumer:
     """A named durable consumer over the ledger pool. ``subjects`` None: every subject.
 
-    The filter is fixed at registration (the first poll or resync); asking with another
+    The filter is fixed at registration (the first poll, or a resync with ``create``); asking with another
     filter later is a ``ConsumerError``."""
 
     def __init__(self, pool: AsyncConnectionPool, name: str, subjects: Sequence[str] | None = None) -> None:
@@ -385,12 +387,14 @@ class OutboxConsumer:
             assert row is not None
             return int(row["position"])
 
-    async def resync(self) -> ResyncBatch:
+    async def resync(self, *, create: bool = False) -> ResyncBatch:
         """Relist: the current version of every ACTIVE subscription of the consumer's subjects,
-        at a position the consumer then acks; poll continues from there."""
+        at a position the consumer then acks; poll continues from there. An unknown name is
+        ``ConsumerNotFound`` unless ``create`` registers it (a typo must not become a consumer
+        that holds retention back)."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await self._row(cur, create=True)
+            await self._row(cur, create=create)
             # Stamp first: every event at or below ``top`` committed before the relist statement
             # starts, so its effect is in the relist; later events come after ``top``.
             top = await _stamp(conn)

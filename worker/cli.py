@@ -5,11 +5,12 @@ Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
 - Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
-  or configuration error (bad flags, bad config, unknown server or subject, unusable URI,
-  a stack already running on the state dir); 3 refused by a gate (answer HOLD,
-  ``scan --require-proven``); 4 not found (subscription, receipt, consumer); 5 access
-  refused (content for another subject, revoked, not released by the guardrail); 6
-  unavailable (Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
+  or configuration error (bad flags or flag values, a wrong config file, unknown server or
+  subject, unusable URI, a stack already running on the state dir); 3 refused by a gate
+  (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt, consumer, a
+  subject with nothing to revoke); 5 access refused (content for another subject, revoked, not
+  released by the guardrail); 6 unavailable (nothing running here: no runtime file and no
+  configuration; Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
   1 is left to bugs (an unexpected exception).
 - Without ``--config`` (or ``MCPSYNC_CONFIG``) the commands talk to the stack that
   ``mcpsync up`` started, found through ``<state dir>/runtime.json`` (refused when that
@@ -44,10 +45,17 @@ from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
     ExitStatus,
+    OneLineParser,
+    amount,
+    count,
     database_url,
+    non_negative,
+    port,
     print_error,
     print_out,
     resolve_config,
+    seconds,
+    shorten,
     subscription_key,
 )
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
@@ -96,16 +104,37 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
 
 
 async def cmd_revoke(args: argparse.Namespace) -> None:
+    """Revoke one URI or (``--uri *``, the default) every subscription of the subject, and name them.
+
+    A subject (or URI) without any subscription in the ledger is exit 4: nothing was revoked, and a
+    typo must not look like a done revocation. The subject need not be configured any more: revoking
+    is what an operator does once it lost access. Subscriptions that already ended are named too."""
+    from mcpsync.workflows.records import TERMINAL_STATES
+
     config, _ = _resolve_config(args)
     config.server(args.server)
-    client = await connect_temporal(config.temporal)
+    one = None if args.uri == "*" else args.uri
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        ids = await revoke_subscriptions(client, ledger, subject=args.subject, server=args.server,
-                                         uri=None if args.uri == "*" else args.uri, reason=args.reason)
+        rows = [r for r in await ledger.subscriptions_for(args.subject, args.server) if one is None or r[1] == one]
+        if not rows:
+            what = f"subject {args.subject!r} on server {args.server!r}" + (f" for {one}" if one else "")
+            raise CliError(f"no subscription of {what}: nothing revoked (see 'mcpsync list --server {args.server}')",
+                           ExitCode.NOT_FOUND)
+        client = await connect_temporal(config.temporal)
+        ids = set(await revoke_subscriptions(client, ledger, subject=args.subject, server=args.server, uri=one,
+                                             reason=args.reason))
     finally:
         await ledger.pool.close()
-    _print({"revoked": ids}, args.json, f"revocation sent to {len(ids)} subscription(s)")
+    revoked = sorted((uri, wid) for wid, uri, _ in rows if wid in ids)
+    ended = sorted((uri, state) for wid, uri, state in rows if wid not in ids and state in TERMINAL_STATES)
+    scope = "every URI (--uri *)" if one is None else one
+    lines = [f"revoked {len(revoked)} subscription(s) of {args.subject}/{args.server}, {scope}:"]
+    lines += [f"  {uri} (workflow {wid})" for uri, wid in revoked]
+    lines += [f"  {uri}: already {state}, nothing to revoke" for uri, state in ended]
+    _print({"subject": args.subject, "server": args.server, "uri": args.uri,
+            "revoked": [{"uri": u, "workflow_id": w} for u, w in revoked],
+            "already_ended": [{"uri": u, "state": st} for u, st in ended]}, args.json, "\n".join(lines))
 
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
@@ -213,7 +242,7 @@ async def cmd_outbox_ack(args: argparse.Namespace) -> None:
 
 async def cmd_outbox_resync(args: argparse.Namespace) -> None:
     async def body(consumer: Any) -> None:
-        batch = await consumer.resync()
+        batch = await consumer.resync(create=args.create)
         if args.json:
             print(batch.model_dump_json(), flush=True)
             return
@@ -638,7 +667,7 @@ def _answer_parser(sub: Any) -> None:
     s.add_argument("--uri", required=True)
     s.add_argument("--receipt", required=True, help="receipt id, or 'latest'")
     c = cmd("check", "HOLD or ACCEPT, with the reason (persisted); exit 0 on ACCEPT, 3 on HOLD")
-    c.add_argument("--max-unwatched-age", type=float, default=None, metavar="SECONDS",
+    c.add_argument("--max-unwatched-age", type=amount, default=None, metavar="SECONDS",
                    help="accept dependencies without per-URI updates if read at most this long ago")
     sh = cmd("show", "print the answerBinding.v1 record from the ledger")
     sh.add_argument("--history", action="store_true", help="every disposition, oldest first")
@@ -680,7 +709,8 @@ EPILOG = """examples:
   mcpsync close --server demo --uri demo://policy/escalation
 
 exit codes: 0 ok, 2 usage or configuration error, 3 refused by a gate, 4 not found,
-5 access refused, 6 unavailable (Temporal/PostgreSQL unreachable, stale runtime file, timeout).
+5 access refused, 6 unavailable (nothing running here, Temporal/PostgreSQL unreachable, stale
+runtime file, timeout).
 shell completion (bash/zsh): eval "$(register-python-argcomplete mcpsync)"
 """
 
@@ -706,7 +736,7 @@ def _finish_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
+    p = OneLineParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
                                 epilog=EPILOG)
     p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the runtime file of the "
                                     "running 'mcpsync up' stack)")
@@ -715,11 +745,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker")
-    up.add_argument("--port", type=int, default=7233, help="Temporal frontend port (0: pick a free one)")
-    up.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI port (0: pick a free one)")
-    up.add_argument("--churn", type=float, default=15.0, help="seconds between demo edits (0: none)")
-    up.add_argument("--metrics-port", type=int, default=9464, help="Prometheus endpoint port (0: none)")
-    up.add_argument("--exit-after", type=float, default=None, help=argparse.SUPPRESS)
+    up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")
+    up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
+    up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
+    up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
+    up.add_argument("--exit-after", type=seconds, default=None, help=argparse.SUPPRESS)
     up.set_defaults(func=cmd_up)
 
     w = sub.add_parser("worker", help="run the main worker and/or the session hosts (ingress)")
@@ -743,9 +773,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="prove updates with a known server-specific nudge (CHANGES server state)")
     pr.add_argument("--nudge-tool", metavar="TOOL", help="nudge by calling this tool (no arguments); implies --nudge")
     pr.add_argument("--nudge-toggle", action="store_true", help="call --nudge-tool again afterwards to undo it")
-    pr.add_argument("--update-bound", type=float, default=10.0, metavar="SECONDS",
+    pr.add_argument("--update-bound", type=seconds, default=10.0, metavar="SECONDS",
                     help="how long to wait for an update after the nudge")
-    pr.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per-request timeout")
+    pr.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS", help="per-request timeout")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_probe)
 
@@ -764,7 +794,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="completeness gate: fail unless the catalog is SNAPSHOT_PROVEN (records the consumption)")
     sc.add_argument("--task", default="cli", help="completeness task name recorded with --require-proven")
     sc.add_argument("--now", action="store_true", help="reconcile first and wait for the new catalog")
-    sc.add_argument("--timeout", type=float, default=60.0, help="seconds to wait with --now")
+    sc.add_argument("--timeout", type=seconds, default=60.0, help="seconds to wait with --now")
     sc.add_argument("--json", action="store_true")
     sc.set_defaults(func=cmd_scan)
 
@@ -773,8 +803,8 @@ def _parser() -> argparse.ArgumentParser:
     cs = cat_sub.add_parser("start", help="start (or join) the CatalogWorkflow of (subject, server)")
     cs.add_argument("--server", required=True)
     cs.add_argument("--subject", default="anonymous")
-    cs.add_argument("--rescan-seconds", type=float, default=300.0, help="period without listChanged")
-    cs.add_argument("--rescan-seconds-with-list-changed", type=float, default=1800.0,
+    cs.add_argument("--rescan-seconds", type=seconds, default=300.0, help="period without listChanged")
+    cs.add_argument("--rescan-seconds-with-list-changed", type=seconds, default=1800.0,
                     help="safety rescan period when the server sends list_changed")
     cs.add_argument("--auto-subscribe", action="append", metavar="URI_PREFIX",
                     help="subscribe to new URIs starting with this prefix (repeatable)")
@@ -791,21 +821,21 @@ def _parser() -> argparse.ArgumentParser:
     ro.set_defaults(func=cmd_rollout)
 
     simu = sub.add_parser("simulate", help="deterministic simulator: seeded adversarial schedules, invariant gate")
-    simu.add_argument("--schedules", type=int, default=5000, help="number of seeded schedules")
+    simu.add_argument("--schedules", type=count, default=5000, help="number of seeded schedules")
     simu.add_argument("--seed", default="0", help="seed of the schedule generator")
-    simu.add_argument("--events", type=int, default=50, help="mean events per schedule before the drain")
+    simu.add_argument("--events", type=non_negative, default=50, help="mean events per schedule before the drain")
     simu.add_argument("--without", metavar="FAULT,...", default="concurrent_reads",
                       help="fault classes to leave out (default: concurrent_reads, the documented F4 limit of "
                            "max_concurrent_reads > 1; --without '' includes every class)")
-    simu.add_argument("--workers", type=int, default=0, help="processes (default: CPU count)")
+    simu.add_argument("--workers", type=non_negative, default=0, help="processes (default: CPU count)")
     simu.add_argument("--replay", metavar="FILE", help="replay one trace (JSON from a failure) instead")
     simu.add_argument("--json", action="store_true")
     simu.set_defaults(func=cmd_simulate)
 
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged reads "
                                       "(receipts and fences are kept; see activities/retention.py)")
-    pr.add_argument("--keep-days", type=float, default=7.0, help="forget rows older than this many days")
-    pr.add_argument("--consumer-max-lag-days", type=float, default=None,
+    pr.add_argument("--keep-days", type=amount, default=7.0, help="forget rows older than this many days")
+    pr.add_argument("--consumer-max-lag-days", type=amount, default=None,
                     help="outbox consumers silent this long stop holding rows back (default: [retention] "
                          "consumer_max_lag_days, else 30)")
     pr.add_argument("--dry-run", action="store_true", help="count only")
@@ -818,8 +848,8 @@ def _parser() -> argparse.ArgumentParser:
                                           "(0: from the oldest); -f follows")
     tail.add_argument("--json", action="store_true", help="one outboxEvent.v1 per line")
     tail.add_argument("-f", "--follow", action="store_true")
-    tail.add_argument("--after", type=int, default=None, metavar="POSITION")
-    tail.add_argument("--limit", type=int, default=20)
+    tail.add_argument("--after", type=non_negative, default=None, metavar="POSITION")
+    tail.add_argument("--limit", type=count, default=20)
     tail.set_defaults(func=cmd_outbox)
 
     def consumer_cmd(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]],
@@ -834,14 +864,16 @@ def _parser() -> argparse.ArgumentParser:
     poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (registers a new "
                                 "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
     poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
-    poll.add_argument("--limit", type=int, default=100, help="events per batch at most")
+    poll.add_argument("--limit", type=count, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
     ack = consumer_cmd("ack", "acknowledge everything up to a batch position", cmd_outbox_ack)
-    ack.add_argument("--position", type=int, required=True,
+    ack.add_argument("--position", type=non_negative, required=True,
                      help="the batch position a poll printed: everything up to it is processed")
     rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
                                 "subjects, then ack its position", cmd_outbox_resync)
-    rs.add_argument("--subject", action="append", help="register a new consumer for these subjects only")
+    rs.add_argument("--create", action="store_true",
+                    help="register the consumer if the name is new (else an unknown name is exit 4)")
+    rs.add_argument("--subject", action="append", help="with --create: register it for these subjects only")
     consumer_cmd("drop", "forget a consumer (retention stops keeping rows for it)", cmd_outbox_drop)
     oc = ob_sub.add_parser("consumers", help="every consumer: position, lag (events, seconds), last ack")
     oc.add_argument("--json", action="store_true")
@@ -850,7 +882,7 @@ def _parser() -> argparse.ArgumentParser:
     ct = sub.add_parser("content", help="accepted bodies, for the subject they were read for")
     ct_sub = ct.add_subparsers(dest="content_command", required=True)
     cg = ct_sub.add_parser("get", help="the body of a receipt exactly as read (exit 5 refused, 4 unknown/pruned)")
-    cg.add_argument("--receipt", type=int, required=True, help="the receipt id (outboxEvent.v1 receipt_id)")
+    cg.add_argument("--receipt", type=count, required=True, help="the receipt id (outboxEvent.v1 receipt_id)")
     cg.add_argument("--subject", required=True, help="the subject asking: only its own receipts are released")
     cg.add_argument("-o", "--output", metavar="FILE", help="write the body here (default: stdout; binary only "
                                                            "when stdout is not a terminal)")
@@ -904,7 +936,7 @@ def main(argv: list[str] | None = None) -> None:
             raise  # anything else is a bug: exit 1 with the traceback
         sources = getattr(args, "address_sources", None)
         origin = "" if sources is None else f"; address from {sources.temporal}"
-        print_error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
+        print_error(f"Temporal did not answer ({exc.status.name}: {shorten(exc.message)}){origin}")
         code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code
