@@ -4,7 +4,14 @@ stack where one is needed (Temporal dev server, PostgreSQL, the fixture MCP serv
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -13,9 +20,10 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.fixture import FixtureProcess
-from mcpsync.worker.stack import TemporalDevServer, free_port
+from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port, process_alive
 from tests.conftest import eventually, ledger_rows
-from tests.test_cli import _one_error_line, _subscribed, cli_stack, run_cli
+from tests.test_cli import VENV_BIN, _one_error_line, _subscribed, _table, cli_stack, run_cli
+from tests.test_e2e_faults import MCPSYNC
 
 # --- no stack needed -------------------------------------------------------------------------
 
@@ -202,3 +210,143 @@ async def test_subscribe_unlisted_uri_warns_and_a_wrong_answer_selection_is_one_
         for uri in (listed, unlisted):
             closed = await st.cli("close", *st.key_args(uri))
             assert closed.code == 0, closed.err
+
+
+# --- the stack: 'up' for a bounded time or in the background, 'down', a SIGKILLed 'up' ------------
+
+
+def _up(state: Path, database_url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
+    with log.open("wb") as out:
+        return subprocess.Popen([*MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0",
+                                 *extra], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+
+async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path, database_url: str) -> None:
+    state = tmp_path / "state"
+    env = {"MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
+    # A taken metrics port names the flag 'up' has, not a config table it does not read.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port", str(taken.getsockname()[1]),
+                          env=env)
+    assert r.code == 2 and "(pass --metrics-port N, or --metrics-port 0 for none)" in _one_error_line(r)
+    r = await run_cli("down", env=env)
+    assert r.code == 6 and "nothing is running here" in _one_error_line(r)
+
+    first = _up(state, database_url, tmp_path / "up1.log", "--exit-after", "300")
+    second: subprocess.Popen[bytes] | None = None
+    demo_pid = 0
+    try:
+        log = await eventually(lambda: _ready(tmp_path / "up1.log"), timeout=90, what="first 'up' ready")
+        assert "stops after 300s (--exit-after)" in log
+        hint = log.split("Try: ", 1)[1].split(" status ", 1)[0]
+        assert (REPO_ROOT / hint).is_file() or shutil.which(hint), f"the hint's command {hint!r} exists"
+        demo_pid = json.loads((state / "demo-server" / "owner.json").read_text())["pid"]
+        first.send_signal(signal.SIGKILL)  # no cleanup at all
+        first.wait(timeout=10)
+        assert process_alive(demo_pid), "the SIGKILLed up left its demo server running"
+        second = _up(state, database_url, tmp_path / "up2.log")
+        log = await eventually(lambda: _ready(tmp_path / "up2.log"), timeout=90, what="second 'up' ready")
+        assert f"reclaimed the demo MCP server pid {demo_pid} left by mcpsync up pid {first.pid}" in log
+        assert not process_alive(demo_pid, expect_in_cmdline=("fixture",))
+        assert "'mcpsync down' from another terminal" in log
+        r = await run_cli("down", env=env, timeout=90)
+        assert r.code == 0, r.err
+        assert r.out.startswith(f"stopped mcpsync up pid {second.pid} (state dir {state}")
+        assert second.wait(timeout=10) == 0 and not (state / "runtime.json").exists()
+        assert not (state / "demo-server" / "owner.json").exists()
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        if demo_pid and process_alive(demo_pid, expect_in_cmdline=("fixture",)):
+            os.kill(demo_pid, signal.SIGKILL)
+        # The SIGKILLed first stack's dev server is reclaimed by the second 'up'; nothing else is left.
+
+
+def _ready(log: Path) -> str | None:
+    text = log.read_text()
+    return text if "ready in" in text and "stops" in text else None
+
+
+# --- outputs: list -o wide, status --json, poll --follow, examples, completion -------------------
+
+
+def test_every_command_shows_examples_and_completion_offers_configured_names(tmp_path: Path) -> None:
+    import argparse
+
+    from mcpsync.worker.cli import build_parser
+
+    def leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    sub = leaves(child)
+                    found += sub or [child]
+        return found
+
+    missing = [p.prog for p in leaves(build_parser()) if "example" not in (p.epilog or "")]
+    assert missing == []
+    config = tmp_path / "c.toml"
+    config.write_text('[[servers]]\nname = "docs"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n'
+                      'subjects = ["alice", "bob"]\n[[servers]]\nname = "demo"\ntransport = "http"\n'
+                      'url = "http://127.0.0.1:1/mcp"\n')
+    answer = tmp_path / "completions"
+    for line, expected in ((f"mcpsync --config {config} status --server ", ["docs", "demo"]),
+                           (f"mcpsync --config {config} get --server docs --subject ", ["alice", "bob"]),
+                           (f"mcpsync --config {config} list --subject ", ["alice", "anonymous", "bob"]),
+                           ("mcpsync list --state RE", ["READ_PENDING", "RECONCILIATION_REQUIRED", "REVOKED"])):
+        subprocess.run([str(VENV_BIN / "mcpsync")], env={**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line,
+                                                         "COMP_POINT": str(len(line)), "_ARGCOMPLETE_IFS": "\n",
+                                                         "_ARGCOMPLETE_STDOUT_FILENAME": str(answer),
+                                                         "MCPSYNC_STATE_DIR": str(tmp_path / "none")},
+                       capture_output=True, timeout=30, check=False)
+        assert sorted(answer.read_text().split()) == sorted(expected), line
+
+
+async def test_wide_list_json_bound_and_follow_say_what_is_true(
+        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, fx: FixtureProcess,
+        database_url: str, tmp_path: Path) -> None:
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        uri = f"demo://newcomer/{uuid.uuid4().hex[:8]}"
+        await _subscribed(st, uri, "v1")
+        r = await st.cli("list", "--server", st.server.name, "-o", "wide")
+        assert r.code == 0, r.err
+        [cells] = _table(r.out)
+        assert cells["LAST_VERIFIED"].endswith(" ago") and cells["NEXT_READ_DUE"].startswith("in ")
+        assert cells["STALENESS_BOUND"] == "300s" and cells["LAST_ACCEPTED"].endswith(" ago")
+        r = await st.cli("status", *st.key_args(uri), "--json")
+        assert r.code == 0, r.err
+        assert (r.json()["staleness_bound_seconds"], r.json()["staleness_bound_source"]) == (300.0, "safety_read")
+        assert "staleness bound: 300 s" in (await st.cli("status", *st.key_args(uri))).out
+
+        # poll --follow acknowledges by itself: it says so instead of printing an ack command.
+        name = f"follow-{uuid.uuid4().hex[:6]}"
+        first = await st.cli("outbox", "poll", "--consumer", name, "--subject", "alice", "--json")
+        assert first.code == 0, first.err
+        if first.json()["gap"] is not None:  # earlier tests pruned: a new name starts with a relist
+            relist = await st.cli("outbox", "resync", "--consumer", name, "--json")
+            assert (await st.cli("outbox", "ack", "--consumer", name, "--position",
+                                 str(relist.json()["position"]))).code == 0
+        follow = await asyncio.create_subprocess_exec(
+            *MCPSYNC, "--config", str(st.config), "outbox", "poll", "--consumer", name, "--follow", cwd=REPO_ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", "MCPSYNC_DATABASE_URL": ""})
+        assert follow.stdout is not None
+        try:
+            await fx.edit(uri, text="v2 for the follower")
+            while True:
+                line = (await asyncio.wait_for(follow.stdout.readline(), 30)).decode()
+                if line.startswith("position "):
+                    break
+            assert line.rstrip().endswith("acked by --follow once printed)") and "mcpsync outbox ack" not in line
+        finally:
+            follow.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(follow.wait(), 30)
+        await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = %s", name)
+        assert (await st.cli("close", *st.key_args(uri))).code == 0

@@ -199,7 +199,7 @@ async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitab
         await ledger.pool.close()
 
 
-def _emit_batch(batch: Any, as_json: bool) -> None:
+def _emit_batch(batch: Any, as_json: bool, *, following: bool = False) -> None:
     if as_json:
         print(batch.model_dump_json(), flush=True)
         return
@@ -209,8 +209,9 @@ def _emit_batch(batch: Any, as_json: bool) -> None:
         return
     for e in batch.events:
         print(_event_line(e), flush=True)
-    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; "
-          f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})", flush=True)
+    then = ("acked by --follow once printed" if following else
+            f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position}")
+    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; {then})", flush=True)
 
 
 async def cmd_outbox_poll(args: argparse.Namespace) -> None:
@@ -223,7 +224,7 @@ async def cmd_outbox_poll(args: argparse.Namespace) -> None:
             _emit_batch(await consumer.poll(args.limit), args.json)
             return
         async for batch in consumer.follow(args.limit):
-            _emit_batch(batch, args.json)
+            _emit_batch(batch, args.json, following=True)
             if batch.gap is not None:
                 return
             await consumer.ack(batch.position)
@@ -554,6 +555,49 @@ async def cmd_up(args: argparse.Namespace) -> None:
     await run_up(args)
 
 
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent (``/proc/<pid>/stat`` state Z): stopped, for ``down``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+async def cmd_down(args: argparse.Namespace) -> None:
+    """Stop the ``mcpsync up`` of this state dir, started in another terminal or in the background:
+    SIGTERM to the pid its runtime file records (a clean stop: it stops its children and removes
+    the file), then wait for it. No runtime file: exit 6; a stale one is removed."""
+    import time
+
+    from mcpsync.worker.cli_common import runtime_file
+    from mcpsync.worker.runtime import RuntimeInfo
+    from mcpsync.worker.stack import process_alive
+
+    path = runtime_file()
+    if not path.exists():
+        raise CliError(f"nothing is running here: no runtime file {path}", ExitCode.UNAVAILABLE)
+    info = RuntimeInfo.load(path)
+    if info is None or info.pid is None:
+        raise CliError(f"runtime file {path} names no 'mcpsync up' pid: stop that stack where it runs")
+    if not info.stack_alive():
+        from mcpsync.worker.up import reclaim_demo_server
+
+        reclaim_demo_server(path.parent / "demo-server")
+        path.unlink(missing_ok=True)
+        print(f"no stack running on {path.parent} (mcpsync up pid {info.pid} is gone); removed the stale "
+              "runtime file (the next 'mcpsync up' reclaims the dev server and PostgreSQL it left)")
+        return
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while process_alive(info.pid, expect_in_cmdline=("mcpsync",)) and not _zombie(info.pid):
+        if time.monotonic() > deadline:
+            raise CliError(f"mcpsync up pid {info.pid} did not stop within {args.timeout:g} s (it was sent SIGTERM; "
+                           f"kill -9 {info.pid} and the next 'mcpsync up' reclaims its children)", ExitCode.UNAVAILABLE)
+        await asyncio.sleep(0.2)
+    print(f"stopped mcpsync up pid {info.pid} (state dir {path.parent}, Temporal {info.temporal_address})")
+
+
 # --- answer freshness gate (issue 5, seed 004) -------------------------------------------
 
 
@@ -724,9 +768,85 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+# Examples for the commands whose parser does not bring its own (every command's --help shows some;
+# tests/test_cli_newcomer.py checks it).
+_EXAMPLES = {
+    "mcpsync worker": ["mcpsync --config mcpsync.toml worker",
+                       "mcpsync --config mcpsync.toml worker --role main",
+                       "mcpsync --config mcpsync.toml worker --role ingress --server docs"],
+    "mcpsync migrate": ["mcpsync --config mcpsync.toml migrate"],
+    "mcpsync answer bind": ["mcpsync answer bind --answer-id a1 --question 'who is on call?' "
+                            "--dep demo demo://policy/escalation latest"],
+    "mcpsync answer select": ["mcpsync answer select --answer-id a1 --uri demo://policy/escalation --receipt latest"],
+    "mcpsync answer check": ["mcpsync answer check --answer-id a1 && publish-the-answer",
+                             "mcpsync answer check --answer-id a1 --max-unwatched-age 60 --json"],
+    "mcpsync answer show": ["mcpsync answer show --answer-id a1 --history"],
+    "mcpsync probe": ["mcpsync probe --server docs", "mcpsync probe --server demo --nudge --json"],
+    "mcpsync revoke": ["mcpsync revoke --server demo --subject alice                 # every URI of alice",
+                       "mcpsync revoke --server demo --subject alice --uri demo://policy/escalation"],
+    "mcpsync scan": ["mcpsync scan --server demo", "mcpsync scan --server demo --now --timeout 30",
+                     "mcpsync scan --server demo --require-proven --task cleanup   # exit 3 unless proven"],
+    "mcpsync catalog start": ["mcpsync catalog start --server demo --subject alice",
+                              "mcpsync catalog start --server demo --auto-subscribe demo://policy/"],
+    "mcpsync rollout": ["mcpsync rollout --server demo", "mcpsync rollout --server demo --percent 25",
+                        "mcpsync rollout --server demo --mode all"],
+    "mcpsync simulate": ["mcpsync simulate --schedules 500 --seed 7", "mcpsync simulate --replay failure.json"],
+    "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
+    "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
+                            "mcpsync outbox tail --after 0 --limit 100"],
+    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --subject alice   # registers a new name",
+                            "mcpsync outbox poll --consumer indexer --follow --json"],
+    "mcpsync outbox ack": ["mcpsync outbox ack --consumer indexer --position 1234"],
+    "mcpsync outbox resync": ["mcpsync outbox resync --consumer indexer --json",
+                              "mcpsync outbox resync --consumer new-indexer --create --subject alice"],
+    "mcpsync outbox drop": ["mcpsync outbox drop --consumer old-indexer"],
+    "mcpsync outbox consumers": ["mcpsync outbox consumers", "mcpsync outbox consumers --json"],
+    "mcpsync content get": ["mcpsync content get --receipt 42 --subject alice",
+                            "mcpsync content get --receipt 42 --subject alice -o body.png"],
+}
+
+
+def _configured(parsed_args: argparse.Namespace) -> Any:
+    """The configuration the command would use, for shell completion; None when there is none."""
+    try:
+        probe = argparse.Namespace(config=getattr(parsed_args, "config", None))
+        return resolve_config(probe)[0]
+    except Exception:  # completion never fails loudly: no configuration, no candidates
+        return None
+
+
+def _complete_servers(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    config = _configured(parsed_args)
+    return [s.name for s in config.servers if s.name.startswith(prefix)] if config else []
+
+
+def _complete_subjects(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    config = _configured(parsed_args)
+    if config is None:
+        return []
+    server = getattr(parsed_args, "server", None)
+    servers = [s for s in config.servers if s.name == server] or config.servers
+    return sorted({subject for s in servers for subject in s.subjects if subject.startswith(prefix)})
+
+
+def _complete_states(prefix: str, **_: Any) -> list[str]:
+    from mcpsync.workflows.records import SubscriptionState
+
+    return [s for s in SubscriptionState.__members__ if s.startswith(prefix.upper())]
+
+
+_COMPLETERS = {"server": _complete_servers, "subject": _complete_subjects, "state": _complete_states}
+
+
 def _finish_parser(parser: argparse.ArgumentParser) -> None:
-    """Every (sub)command: the help formatter with defaults, and help text on every flag."""
+    """Every (sub)command: the help formatter with defaults, help text on every flag, examples, and
+    shell completion of configured servers and subjects and of state names (not file names)."""
     parser.formatter_class = _HelpFormatter
+    if parser.epilog is None and parser.prog in _EXAMPLES:
+        parser.epilog = "examples:\n" + "".join(f"  {line}\n" for line in _EXAMPLES[parser.prog])
+    for action in parser._actions:
+        if action.option_strings and action.dest in _COMPLETERS:
+            action.completer = _COMPLETERS[action.dest]  # type: ignore[attr-defined]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
@@ -744,13 +864,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker")
+    up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker",
+                        description="Start the embedded stack in the foreground: Temporal dev server, PostgreSQL, "
+                                    "the demo MCP server, the worker. State: $MCPSYNC_STATE_DIR (default .state in a "
+                                    "checkout). Ctrl-C, 'mcpsync down' or --exit-after stops it.",
+                        epilog="examples:\n  mcpsync up\n  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0\n"
+                               "  mcpsync up --exit-after 600 > up.log 2>&1 &    # in the background, for 10 minutes\n"
+                               "  mcpsync down                                   # stop it from another terminal")
     up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")
     up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
     up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
     up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
-    up.add_argument("--exit-after", type=seconds, default=None, help=argparse.SUPPRESS)
+    up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
+                    help="stop cleanly after this long (default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
     up.set_defaults(func=cmd_up)
+
+    dn = sub.add_parser("down", help="stop the 'mcpsync up' of this state dir (started elsewhere or in the background)",
+                        epilog="example: MCPSYNC_STATE_DIR=/tmp/demo mcpsync down")
+    dn.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
+                    help="wait this long for it to stop (exit 6 after)")
+    dn.set_defaults(func=cmd_down)
 
     w = sub.add_parser("worker", help="run the main worker and/or the session hosts (ingress)")
     w.add_argument("--role", choices=["all", "main", "ingress"], default="all",

@@ -90,7 +90,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 
-__all__ = ["register", "freshness_lines", "staleness_bound_text", "status_text", "subscription_table"]
+__all__ = ["register", "freshness_lines", "record_doc", "staleness_bound_text", "status_text", "subscription_table"]
 
 T = TypeVar("T")
 
@@ -132,6 +132,17 @@ def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
     if record.safety_read_seconds:
         return f"{record.safety_read_seconds:g} s (safety read period; a notification is read sooner)"
     return "-"
+
+
+def record_doc(record: ResourceSubscriptionV1) -> dict[str, Any]:
+    """The record as JSON, with the staleness bound the text shows: with subscribe the record leaves
+    ``staleness_bound_seconds`` null (the safety read period bounds it), and the JSON says so
+    (``staleness_bound_source``: ``safety_read``) instead of a null the text contradicts."""
+    doc = record.model_dump(mode="json")
+    if record.staleness_bound_seconds is None and record.safety_read_seconds:
+        doc["staleness_bound_seconds"] = record.safety_read_seconds
+        doc["staleness_bound_source"] = "safety_read"
+    return doc
 
 
 def freshness_lines(record: ResourceSubscriptionV1, now: datetime) -> list[tuple[str, str]]:
@@ -393,7 +404,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         except WorkflowUpdateFailedError as err:
             raise CliError(f"first_read failed in workflow {workflow_id}: {_cause(err)}",
                            ExitCode.UNAVAILABLE) from None
-        return {"workflow_id": handle.id, **record.model_dump(mode="json")}, first_read_text(record)
+        return {"workflow_id": handle.id, **record_doc(record)}, first_read_text(record)
 
     async def settle(key: SubscriptionKey) -> tuple[dict[str, Any], str] | RPCError | CliError:
         try:
@@ -443,7 +454,7 @@ async def cmd_status(args: argparse.Namespace) -> None:
     record = await _query_record(client, await _workflow_id(config, key), args.timeout)
     if record is None:
         raise _not_found(key)
-    print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
+    print_out(record_doc(record), args.json, status_text(record, datetime.now(UTC)))
 
 
 async def cmd_close(args: argparse.Namespace) -> None:
@@ -524,16 +535,38 @@ async def cmd_list(args: argparse.Namespace) -> None:
         if s not in SubscriptionState.__members__:
             raise CliError(f"--state {s}: not a state (one of {', '.join(SubscriptionState.__members__)})")
 
+    wide = _output(args) == "wide"
+    client = await connect_temporal(config.temporal) if wide else None
+
     async def body(pool: Any) -> None:
         async def render() -> tuple[Any, str]:
             rows = await list_subscriptions(pool, server=args.server, subject=args.subject, states=states)
-            text = (subscription_table(rows, wide=_output(args) == "wide", now=datetime.now(UTC))
+            records = await _live_records(client, rows) if client is not None else None
+            text = (subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
                     if rows else "no subscriptions")
             return rows, text
 
         await _watch(args, render)
 
     await _with_ledger(config, body)
+
+
+async def _live_records(client: Client, rows: Sequence[dict[str, Any]], *, timeout: float = 5.0,
+                        concurrency: int = 16) -> dict[str, ResourceSubscriptionV1]:
+    """``list -o wide``'s freshness: the record of every row's workflow that has not ended (an ended
+    one publishes none), queried concurrently; a row whose workflow does not answer in ``timeout``
+    keeps ``-`` (the table is the ledger's; the freshness columns are best effort)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(workflow_id: str) -> tuple[str, ResourceSubscriptionV1 | None]:
+        async with gate:
+            try:
+                return workflow_id, await _query_record(client, workflow_id, timeout)
+            except (CliError, RPCError):
+                return workflow_id, None
+
+    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}]
+    return {wid: rec for wid, rec in await asyncio.gather(*(one(w) for w in live)) if rec is not None}
 
 
 async def cmd_get(args: argparse.Namespace) -> None:
@@ -550,7 +583,7 @@ async def cmd_get(args: argparse.Namespace) -> None:
             if not rows:
                 raise _not_found(key)
             records = {rows[0]["workflow_id"]: record} if record is not None else None
-            doc = {**rows[0], "record": record.model_dump(mode="json") if record else None}
+            doc = {**rows[0], "record": record_doc(record) if record else None}
             return doc, subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
 
         await _watch(args, render)
@@ -573,7 +606,7 @@ async def cmd_describe(args: argparse.Namespace) -> None:
                                             server=key.server, uri=key.uri, limit=args.limit)
         receipts = [e for e in events if e["kind"] == "receipt"]
         audits = [e for e in events if e["kind"] == "audit"]
-        doc = {"subscription": rows[0] if rows else None, "record": record.model_dump(mode="json") if record else None,
+        doc = {"subscription": rows[0] if rows else None, "record": record_doc(record) if record else None,
                "receipts": receipts, "audit": audits}
         now = datetime.now(UTC)
         ledger_state = rows[0]["state"] if rows else "-"
