@@ -173,8 +173,10 @@ def _positive(flag: str, value: int) -> None:
 
 
 def _event_line(e: Any) -> str:
+    withdrawn = (f" withdraws {len(e.invalidates.receipt_ids)} receipt(s) (was {e.previous_digest or '-'})"
+                 if e.invalidates is not None else "")
     return (f"@{e.position} {e.created_at.isoformat()} {e.event_type.value} {e.subject}/{e.server} {e.uri} "
-            f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}")
+            f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}{withdrawn}")
 
 
 def _emit_events(events: list[Any], as_json: bool) -> None:

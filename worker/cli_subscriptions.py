@@ -565,8 +565,13 @@ async def _live_records(client: Client, rows: Sequence[dict[str, Any]], *, timeo
             except (CliError, RPCError):
                 return workflow_id, None
 
-    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}]
+    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}][:WIDE_QUERY_LIMIT]
     return {wid: rec for wid, rec in await asyncio.gather(*(one(w) for w in live)) if rec is not None}
+
+
+WIDE_QUERY_LIMIT = 500
+"""``list -o wide`` queries at most this many workflows (one query each); narrow the list with
+``--server``/``--subject``/``--state`` to see the freshness of the rest (their columns say ``-``)."""
 
 
 async def cmd_get(args: argparse.Namespace) -> None:
