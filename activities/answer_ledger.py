@@ -18,13 +18,14 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from mcpsync.workflows.answer_rules import (
     AnswerDependency,
@@ -55,6 +56,8 @@ _RECEIPT_SQL = """
     LEFT JOIN read_requests rr ON rr.workflow_id = rv.workflow_id AND rr.ordinal = rv.read_ordinal
                               AND rv.status <> 'TOMBSTONED'
 """
+log = logging.getLogger("mcpsync.answer")
+
 _ACCEPTED = [AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value]
 
 
@@ -67,6 +70,15 @@ def _receipt(row: dict[str, Any] | None) -> ReceiptObservation | None:
         session_generation=row["session_generation"], subscription_generation=row["subscription_generation"],
         read_issued_at=row["read_issued_at"], accepted_at=row["accepted_at"],
     )
+
+
+def _rejected(message: str, error_type: str) -> ApplicationError:
+    """A caller's mistake (an unknown receipt, another URI's receipt): one log line here, and a
+    BENIGN non-retryable error, which the SDK logs without a traceback (at DEBUG); the update that
+    asked fails with ``message``."""
+    log.info("answer gate: %s rejected: %s", error_type, message)
+    return ApplicationError(message, type=error_type, non_retryable=True,
+                            category=ApplicationErrorCategory.BENIGN)
 
 
 class AnswerLedger:
@@ -182,10 +194,10 @@ class AnswerLedger:
         await cur.execute("SELECT subject, server, uri FROM resource_versions WHERE receipt_id=%s", (dep.receipt_id,))
         row = await cur.fetchone()
         if row is None:
-            raise ApplicationError(f"receipt {dep.receipt_id} does not exist", type=error_type, non_retryable=True)
+            raise _rejected(f"receipt {dep.receipt_id} does not exist", error_type)
         if (row["subject"], row["server"], row["uri"]) != (dep.subject, dep.server, dep.uri):
-            raise ApplicationError(f"receipt {dep.receipt_id} is not a receipt of {dep.subject}/{dep.server} "
-                                   f"{dep.uri!r}", type=error_type, non_retryable=True)
+            raise _rejected(f"receipt {dep.receipt_id} is not a receipt of {dep.subject}/{dep.server} "
+                            f"{dep.uri!r}", error_type)
 
     async def bind(self, req: BindLedgerRequest) -> BoundAnswer:
         b = req.bind

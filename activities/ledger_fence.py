@@ -150,7 +150,10 @@ class FenceLedger:
         never changes it: a row that already names another id keeps it (audited as
         ``WORKFLOW_ID_MISMATCH``: a second workflow for one key, started by something that did not
         ask ``workflow_id_of``). A closed row is reopened to DISCOVERED (ordinals and epochs kept)
-        only for a new incarnation: the chain that closed it, reset or not, finds it closed.
+        only for a new incarnation: the chain that closed it, reset or not, finds it closed. The
+        reopened row has no current digest: consumers were told ``closed`` (or ``tombstoned``,
+        ``revoked``), so the new incarnation's first read publishes ``version_accepted`` again,
+        even for the same bytes.
         """
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
@@ -166,7 +169,8 @@ class FenceLedger:
             )
             await cur.execute(
                 f"""
-                UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, updated_at=now()
+                UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, last_accepted_digest=NULL,
+                    updated_at=now()
                 WHERE {BY_KEY} AND incarnation <> %s AND state = ANY(%s)
                 """,
                 (S.DISCOVERED.value, incarnation, *key_params(key), incarnation, TERMINAL_STATE_VALUES),

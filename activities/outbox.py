@@ -8,11 +8,14 @@ Contract (docs/outbox.md):
   it, oldest first, with the batch's position; ``ack`` moves the position (never backwards).
   Nothing moves without an ack: delivery is at least once. Two pollers under one name both
   get the same batch; the higher ack wins.
-- ``poll`` of an unknown name registers it (with the given subject filter) at position 0.
+- A consumer made with ``register=True`` registers its unknown name (with the given subject
+  filter) at position 0 on its first ``poll`` or ``resync``; ``ack`` never does, and without it
+  an unknown name is ``ConsumerNotFound``.
 - When retention deleted events the consumer had not acknowledged (only possible once it
   lagged more than ``[retention] consumer_max_lag_days``), ``poll`` answers a ``Gap`` instead
   of events, until ``resync`` hands over the current version of every ACTIVE subscription of
-  its subjects (a relist) and the consumer acks the resync position.
+  its subjects and a ``closed`` item for every one no longer tracked (a relist) and the consumer
+  acks the resync position.
 - Events are ``outboxEvent.v1`` (``OutboxEventV1``), built from the row alone.
 """
 
@@ -36,6 +39,7 @@ __all__ = [
     "ConsumerError",
     "ConsumerInfo",
     "ConsumerNotFound",
+    "WITHDRAWING",
     "Gap",
     "Invalidation",
     "NOTIFY_CHANNEL",
@@ -71,8 +75,12 @@ class ConsumerError(ValueError):
     """A request the consumer's state refuses (ack beyond delivery, another subject filter)."""
 
 
+WITHDRAWING = frozenset({OutboxEventType.TOMBSTONED, OutboxEventType.REVOKED, OutboxEventType.CLOSED})
+"""Events that withdraw (``invalidates``): deleted, access lost, no longer tracked."""
+
+
 class Invalidation(BaseModel):
-    """What a ``tombstoned`` or ``revoked`` event withdraws: these receipts and these digests."""
+    """What a ``tombstoned``, ``revoked`` or ``closed`` event withdraws: these receipts and these digests."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -110,7 +118,8 @@ class OutboxEventV1(BaseModel):
     cache_scope: Literal["public", "private"] | None = Field(
         default=None, description="the read result's cacheScope; bodies are released only to the event's subject "
                                   "either way (docs/caching.md)")
-    invalidates: Invalidation | None = Field(description="tombstoned / revoked: exactly what is withdrawn")
+    invalidates: Invalidation | None = Field(description="tombstoned / revoked / closed: exactly what is withdrawn "
+                                                         "(closed: no longer tracked, so no longer known fresh)")
     reason: str | None
     created_at: datetime
 
@@ -137,8 +146,10 @@ class OutboxBatch(BaseModel):
 
 
 class ResyncBatch(BaseModel):
-    """A relist: the current version of every ACTIVE subscription of the consumer's subjects.
-    Anything not listed is not current any more. Ack ``position`` once applied."""
+    """A relist: the current version of every ACTIVE subscription of the consumer's subjects
+    (``version_current``), then a ``closed`` item for every subscription that stopped being
+    tracked (closing, CLOSED, UNSUBSCRIBE_UNKNOWN) naming its last receipt and digest. Anything not
+    listed as current is not current any more. Ack ``position`` once applied."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -165,7 +176,7 @@ class ConsumerInfo(BaseModel):
 def event_from_row(row: dict[str, Any]) -> OutboxEventV1:
     detail = row.get("detail") or {}
     invalidates = None
-    if row["event_type"] in (OutboxEventType.TOMBSTONED, OutboxEventType.REVOKED):
+    if row["event_type"] in WITHDRAWING:
         invalidates = Invalidation(receipt_ids=list(detail.get("receipt_ids", [])),
                                    digests=list(detail.get("digests", [])))
     return OutboxEventV1(
@@ -316,6 +327,16 @@ WHERE s.state = 'ACTIVE' AND s.last_accepted_digest IS NOT NULL AND rv.content_d
 ORDER BY s.subject, s.server, s.uri
 """
 
+_CLOSED = """
+SELECT s.workflow_id, s.subject, s.server, s.uri, s.last_receipt_id, s.last_accepted_ordinal,
+       s.last_accepted_digest, s.state
+FROM subscriptions s
+WHERE s.state = ANY (%(states)s::text[]) AND s.last_receipt_id IS NOT NULL
+  AND (%(subjects)s::text[] IS NULL OR s.subject = ANY (%(subjects)s::text[]))
+ORDER BY s.subject, s.server, s.uri
+"""
+_UNTRACKED = ["UNSUBSCRIBING", "CLOSED", "UNSUBSCRIBE_UNKNOWN"]
+
 
 class OutboxConsumer:
     """A named durable consumer over the ledger pool. ``subjects`` None: every subject.
@@ -406,7 +427,9 @@ class OutboxConsumer:
 
     async def resync(self) -> ResyncBatch:
         """Relist: the current version of every ACTIVE subscription of the consumer's subjects,
-        at a position the consumer then acks; poll continues from there."""
+        at a position the consumer then acks; poll continues from there. An unknown name is
+        ``ConsumerNotFound`` unless the consumer was made with ``register=True`` (a typo must not
+        become a consumer that holds retention back)."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await self._row(cur, create=True)
@@ -415,6 +438,8 @@ class OutboxConsumer:
             top = await _stamp(conn)
             await cur.execute(_CURRENT, {"subjects": self.subjects})
             rows = await cur.fetchall()
+            await cur.execute(_CLOSED, {"subjects": self.subjects, "states": _UNTRACKED})
+            closed = await cur.fetchall()
             await cur.execute(
                 "UPDATE outbox_consumers SET delivered_up_to = GREATEST(delivered_up_to, %s),"
                 " last_resync_at = now() WHERE name = %s", (top, self.name))
@@ -428,6 +453,15 @@ class OutboxConsumer:
             accepted_at=r["accepted_at"], trigger=r["trigger_reason"], ttl_ms=r["ttl_ms"],
             cache_scope=r["cache_scope"], invalidates=None, reason=None,
             created_at=now) for r in rows]
+        events += [OutboxEventV1(
+            event_type=OutboxEventType.CLOSED, position=top, outbox_id=None, subject=r["subject"], server=r["server"],
+            uri=r["uri"], workflow_id=r["workflow_id"], receipt_id=r["last_receipt_id"],
+            read_ordinal=r["last_accepted_ordinal"], content_digest=None, previous_digest=r["last_accepted_digest"],
+            mime_type=None, size=None, edition=None, server_name=None, server_version=None, accepted_at=None,
+            trigger=None, invalidates=Invalidation(receipt_ids=[r["last_receipt_id"]],
+                                                   digests=[r["last_accepted_digest"]] if r["last_accepted_digest"]
+                                                   else []),
+            reason=f"{r['state']}: no longer tracked", created_at=now) for r in closed]
         return ResyncBatch(consumer=self.name, position=top, events=events)
 
     async def follow(self, limit: int = 100, *, idle_timeout: float = 30.0) -> AsyncIterator[OutboxBatch]:

@@ -130,7 +130,8 @@ def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *,
         f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
         f"| max concurrent reads | {o.max_concurrent_reads} |\n"
         f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
-        "Signals: `resource_updated`, `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, "
-        "`close`; updates: `close`, `resume`, `first_read`; query: `subscription`. The negotiated edition and the live "
-        "ledger are in the current details."
+        "Signals: `resource_updated` (a notification), `resource_read` (the ingress read the change itself: most "
+        "of the timeline), `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, `close`; updates: "
+        "`close`, `resume`, `first_read`; query: `subscription`. The negotiated edition, the live ledger and the "
+        "freshness (last verified, next read due, staleness bound) are in the current details."
     )

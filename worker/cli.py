@@ -5,11 +5,12 @@ Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
 - Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
-  or configuration error (bad flags, bad config, unknown server or subject, unusable URI,
-  a stack already running on the state dir); 3 refused by a gate (answer HOLD,
-  ``scan --require-proven``); 4 not found (subscription, receipt, consumer); 5 access
-  refused (content for another subject, revoked, not released by the guardrail); 6
-  unavailable (Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
+  or configuration error (bad flags or flag values, a wrong config file, unknown server or
+  subject, unusable URI, a stack already running on the state dir); 3 refused by a gate
+  (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt, consumer, a
+  subject with nothing to revoke); 5 access refused (content for another subject, revoked, not
+  released by the guardrail); 6 unavailable (nothing running here: no runtime file and no
+  configuration; Temporal or PostgreSQL unreachable, a stale runtime file, timed out).
   1 is left to bugs (an unexpected exception).
 - Without ``--config`` (or ``MCPSYNC_CONFIG``) the commands talk to the stack that
   ``mcpsync up`` started, found through ``<state dir>/runtime.json`` (refused when that
@@ -44,10 +45,17 @@ from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
     ExitStatus,
+    OneLineParser,
+    amount,
+    count,
     database_url,
+    non_negative,
+    port,
     print_error,
     print_out,
     resolve_config,
+    seconds,
+    shorten,
     subscription_key,
     terminal_safe,
 )
@@ -97,27 +105,46 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
 
 async def cmd_revoke(args: argparse.Namespace) -> None:
     """The ledger revokes first (one transaction: records, purge, outbox), then the workflows are
-    told; ``--wait`` waits for each of them to mirror it (exit 6 if one has not in time)."""
+    told; ``--wait`` waits for each of them to mirror it (exit 6 if one has not in time).
+
+    ``--uri *`` (the default) is every subscription of the subject on the server, finished ones
+    included, and the output names each. A subject (or URI) without any subscription in the ledger
+    is exit 4: nothing was revoked, and a typo must not look like a done revocation. The subject
+    need not be configured any more: revoking is what an operator does once it lost access."""
     config, _ = _resolve_config(args)
     config.server(args.server)
-    client = await connect_temporal(config.temporal)
+    one = None if args.uri == "*" else args.uri
     ledger = await open_ledger(_database_url(config), max_size=2)
     try:
-        done = await revoke_subject(client, ledger, subject=args.subject, server=args.server,
-                                    uri=None if args.uri == "*" else args.uri, reason=args.reason,
-                                    wait=args.wait)
+        rows = [r for r in await ledger.subscriptions_for(args.subject, args.server) if one is None or r[1] == one]
+        if not rows:
+            what = f"subject {args.subject!r} on server {args.server!r}" + (f" for {one}" if one else "")
+            raise CliError(f"no subscription of {what}: nothing revoked (see 'mcpsync list --server {args.server}')",
+                           ExitCode.NOT_FOUND)
+        client = await connect_temporal(config.temporal)
+        done = await revoke_subject(client, ledger, subject=args.subject, server=args.server, uri=one,
+                                    reason=args.reason, wait=args.wait)
     finally:
         await ledger.pool.close()
     rec = done.ledger
-    result = {"subject_revocation_id": rec.subject_revocation_id, "revoked": rec.revoked, "covered": rec.covered,
-              "receipt_ids": rec.receipt_ids, "purged_bodies": rec.purged_bodies, "signalled": done.signalled}
-    text = (f"revoked in the ledger: {len(rec.covered)} subscription(s) ({len(rec.revoked)} live), "
-            f"{len(rec.receipt_ids)} receipt(s) withdrawn, {rec.purged_bodies} body(ies) purged; "
-            f"{len(done.signalled)} workflow(s) signalled")
+    states = {wid: (uri, state) for wid, uri, state in rows}
+    covered = sorted((states[w][0], w, states[w][1]) for w in rec.covered if w in states)
+    live = set(rec.revoked)
+    result = {"subject": args.subject, "server": args.server, "uri": args.uri,
+              "subject_revocation_id": rec.subject_revocation_id, "revoked": rec.revoked, "covered": rec.covered,
+              "receipt_ids": rec.receipt_ids, "purged_bodies": rec.purged_bodies, "signalled": done.signalled,
+              "subscriptions": [{"uri": u, "workflow_id": w, "state_before": st, "live": w in live}
+                                for u, w, st in covered]}
+    scope = "every URI (--uri *)" if one is None else one
+    lines = [f"revoked in the ledger: {len(rec.covered)} subscription(s) of {args.subject}/{args.server}, {scope} "
+             f"({len(rec.revoked)} live), {len(rec.receipt_ids)} receipt(s) withdrawn, "
+             f"{rec.purged_bodies} body(ies) purged; {len(done.signalled)} workflow(s) signalled"]
+    lines += [f"  {u} (workflow {w})" + ("" if w in live else f": already {st}, its content refused and purged")
+              for u, w, st in covered]
     if done.pending is not None:
         result |= {"mirrored": done.mirrored, "pending": done.pending}
-        text += f"; mirrored by {len(done.mirrored or [])}, pending {len(done.pending)}"
-    _print(result, args.json, text)
+        lines.append(f"mirrored by {len(done.mirrored or [])}, pending {len(done.pending)}")
+    _print(result, args.json, "\n".join(lines))
     if done.pending:
         raise ExitStatus(ExitCode.UNAVAILABLE)
 
@@ -158,8 +185,10 @@ def _positive(flag: str, value: int) -> None:
 
 
 def _event_line(e: Any) -> str:
+    withdrawn = (f" withdraws {len(e.invalidates.receipt_ids)} receipt(s) (was {e.previous_digest or '-'})"
+                 if e.invalidates is not None else "")
     return (f"@{e.position} {e.created_at.isoformat()} {e.event_type.value} {e.subject}/{e.server} {e.uri} "
-            f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}")
+            f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}{withdrawn}")
 
 
 def _emit_events(events: list[Any], as_json: bool) -> None:
@@ -185,7 +214,7 @@ async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitab
         await ledger.pool.close()
 
 
-def _emit_batch(batch: Any, as_json: bool) -> None:
+def _emit_batch(batch: Any, as_json: bool, *, following: bool = False) -> None:
     if as_json:
         print(batch.model_dump_json(), flush=True)
         return
@@ -195,8 +224,9 @@ def _emit_batch(batch: Any, as_json: bool) -> None:
         return
     for e in batch.events:
         print(_event_line(e), flush=True)
-    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; "
-          f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})", flush=True)
+    then = ("acked by --follow once printed" if following else
+            f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position}")
+    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; {then})", flush=True)
 
 
 async def cmd_outbox_poll(args: argparse.Namespace) -> None:
@@ -209,7 +239,7 @@ async def cmd_outbox_poll(args: argparse.Namespace) -> None:
             _emit_batch(await consumer.poll(args.limit), args.json)
             return
         async for batch in consumer.follow(args.limit):
-            _emit_batch(batch, args.json)
+            _emit_batch(batch, args.json, following=True)
             if batch.gap is not None:
                 return
             await consumer.ack(batch.position)
@@ -546,6 +576,49 @@ async def cmd_up(args: argparse.Namespace) -> None:
     await run_up(args)
 
 
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent (``/proc/<pid>/stat`` state Z): stopped, for ``down``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+async def cmd_down(args: argparse.Namespace) -> None:
+    """Stop the ``mcpsync up`` of this state dir, started in another terminal or in the background:
+    SIGTERM to the pid its runtime file records (a clean stop: it stops its children and removes
+    the file), then wait for it. No runtime file: exit 6; a stale one is removed."""
+    import time
+
+    from mcpsync.worker.cli_common import runtime_file
+    from mcpsync.worker.runtime import RuntimeInfo
+    from mcpsync.worker.stack import process_alive
+
+    path = runtime_file()
+    if not path.exists():
+        raise CliError(f"nothing is running here: no runtime file {path}", ExitCode.UNAVAILABLE)
+    info = RuntimeInfo.load(path)
+    if info is None or info.pid is None:
+        raise CliError(f"runtime file {path} names no 'mcpsync up' pid: stop that stack where it runs")
+    if not info.stack_alive():
+        from mcpsync.worker.up import reclaim_demo_server
+
+        reclaim_demo_server(path.parent / "demo-server")
+        path.unlink(missing_ok=True)
+        print(f"no stack running on {path.parent} (mcpsync up pid {info.pid} is gone); removed the stale "
+              "runtime file (the next 'mcpsync up' reclaims the dev server and PostgreSQL it left)")
+        return
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while process_alive(info.pid, expect_in_cmdline=("mcpsync",)) and not _zombie(info.pid):
+        if time.monotonic() > deadline:
+            raise CliError(f"mcpsync up pid {info.pid} did not stop within {args.timeout:g} s (it was sent SIGTERM; "
+                           f"kill -9 {info.pid} and the next 'mcpsync up' reclaims its children)", ExitCode.UNAVAILABLE)
+        await asyncio.sleep(0.2)
+    print(f"stopped mcpsync up pid {info.pid} (state dir {path.parent}, Temporal {info.temporal_address})")
+
+
 # --- answer freshness gate (issue 5, seed 004) -------------------------------------------
 
 
@@ -659,7 +732,7 @@ def _answer_parser(sub: Any) -> None:
     s.add_argument("--uri", required=True)
     s.add_argument("--receipt", required=True, help="receipt id, or 'latest'")
     c = cmd("check", "HOLD or ACCEPT, with the reason (persisted); exit 0 on ACCEPT, 3 on HOLD")
-    c.add_argument("--max-unwatched-age", type=float, default=None, metavar="SECONDS",
+    c.add_argument("--max-unwatched-age", type=amount, default=None, metavar="SECONDS",
                    help="accept dependencies without per-URI updates if read at most this long ago")
     sh = cmd("show", "print the answerBinding.v1 record from the ledger")
     sh.add_argument("--history", action="store_true", help="every disposition, oldest first")
@@ -701,7 +774,8 @@ EPILOG = """examples:
   mcpsync close --server demo --uri demo://policy/escalation
 
 exit codes: 0 ok, 2 usage or configuration error, 3 refused by a gate, 4 not found,
-5 access refused, 6 unavailable (Temporal/PostgreSQL unreachable, stale runtime file, timeout).
+5 access refused, 6 unavailable (nothing running here, Temporal/PostgreSQL unreachable, stale
+runtime file, timeout).
 shell completion (bash/zsh): eval "$(register-python-argcomplete mcpsync)"
 """
 
@@ -715,9 +789,85 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+# Examples for the commands whose parser does not bring its own (every command's --help shows some;
+# tests/e2e/test_cli_newcomer.py checks it).
+_EXAMPLES = {
+    "mcpsync worker": ["mcpsync --config mcpsync.toml worker",
+                       "mcpsync --config mcpsync.toml worker --role main",
+                       "mcpsync --config mcpsync.toml worker --role ingress --server docs"],
+    "mcpsync migrate": ["mcpsync --config mcpsync.toml migrate"],
+    "mcpsync answer bind": ["mcpsync answer bind --answer-id a1 --question 'who is on call?' "
+                            "--dep demo demo://policy/escalation latest"],
+    "mcpsync answer select": ["mcpsync answer select --answer-id a1 --uri demo://policy/escalation --receipt latest"],
+    "mcpsync answer check": ["mcpsync answer check --answer-id a1 && publish-the-answer",
+                             "mcpsync answer check --answer-id a1 --max-unwatched-age 60 --json"],
+    "mcpsync answer show": ["mcpsync answer show --answer-id a1 --history"],
+    "mcpsync probe": ["mcpsync probe --server docs", "mcpsync probe --server demo --nudge --json"],
+    "mcpsync revoke": ["mcpsync revoke --server demo --subject alice                 # every URI of alice",
+                       "mcpsync revoke --server demo --subject alice --uri demo://policy/escalation"],
+    "mcpsync scan": ["mcpsync scan --server demo", "mcpsync scan --server demo --now --timeout 30",
+                     "mcpsync scan --server demo --require-proven --task cleanup   # exit 3 unless proven"],
+    "mcpsync catalog start": ["mcpsync catalog start --server demo --subject alice",
+                              "mcpsync catalog start --server demo --auto-subscribe demo://policy/"],
+    "mcpsync rollout": ["mcpsync rollout --server demo", "mcpsync rollout --server demo --percent 25",
+                        "mcpsync rollout --server demo --mode all"],
+    "mcpsync simulate": ["mcpsync simulate --schedules 500 --seed 7", "mcpsync simulate --replay failure.json"],
+    "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
+    "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
+                            "mcpsync outbox tail --after 0 --limit 100"],
+    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --subject alice   # registers a new name",
+                            "mcpsync outbox poll --consumer indexer --follow --json"],
+    "mcpsync outbox ack": ["mcpsync outbox ack --consumer indexer --position 1234"],
+    "mcpsync outbox resync": ["mcpsync outbox resync --consumer indexer --json",
+                              "mcpsync outbox resync --consumer new-indexer --register --subject alice"],
+    "mcpsync outbox drop": ["mcpsync outbox drop --consumer old-indexer"],
+    "mcpsync outbox consumers": ["mcpsync outbox consumers", "mcpsync outbox consumers --json"],
+    "mcpsync content get": ["mcpsync content get --receipt 42 --subject alice",
+                            "mcpsync content get --receipt 42 --subject alice -o body.png"],
+}
+
+
+def _configured(parsed_args: argparse.Namespace) -> Any:
+    """The configuration the command would use, for shell completion; None when there is none."""
+    try:
+        probe = argparse.Namespace(config=getattr(parsed_args, "config", None))
+        return resolve_config(probe)[0]
+    except Exception:  # completion never fails loudly: no configuration, no candidates
+        return None
+
+
+def _complete_servers(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    config = _configured(parsed_args)
+    return [s.name for s in config.servers if s.name.startswith(prefix)] if config else []
+
+
+def _complete_subjects(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    config = _configured(parsed_args)
+    if config is None:
+        return []
+    server = getattr(parsed_args, "server", None)
+    servers = [s for s in config.servers if s.name == server] or config.servers
+    return sorted({subject for s in servers for subject in s.subjects if subject.startswith(prefix)})
+
+
+def _complete_states(prefix: str, **_: Any) -> list[str]:
+    from mcpsync.workflows.records import SubscriptionState
+
+    return [s for s in SubscriptionState.__members__ if s.startswith(prefix.upper())]
+
+
+_COMPLETERS = {"server": _complete_servers, "subject": _complete_subjects, "state": _complete_states}
+
+
 def _finish_parser(parser: argparse.ArgumentParser) -> None:
-    """Every (sub)command: the help formatter with defaults, and help text on every flag."""
+    """Every (sub)command: the help formatter with defaults, help text on every flag, examples, and
+    shell completion of configured servers and subjects and of state names (not file names)."""
     parser.formatter_class = _HelpFormatter
+    if parser.epilog is None and parser.prog in _EXAMPLES:
+        parser.epilog = "examples:\n" + "".join(f"  {line}\n" for line in _EXAMPLES[parser.prog])
+    for action in parser._actions:
+        if action.option_strings and action.dest in _COMPLETERS:
+            action.completer = _COMPLETERS[action.dest]  # type: ignore[attr-defined]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
@@ -727,7 +877,7 @@ def _finish_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
+    p = OneLineParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
                                 epilog=EPILOG)
     p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the runtime file of the "
                                     "running 'mcpsync up' stack)")
@@ -735,13 +885,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker")
-    up.add_argument("--port", type=int, default=7233, help="Temporal frontend port (0: pick a free one)")
-    up.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI port (0: pick a free one)")
-    up.add_argument("--churn", type=float, default=15.0, help="seconds between demo edits (0: none)")
-    up.add_argument("--metrics-port", type=int, default=9464, help="Prometheus endpoint port (0: none)")
-    up.add_argument("--exit-after", type=float, default=None, help=argparse.SUPPRESS)
+    up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker",
+                        description="Start the embedded stack in the foreground: Temporal dev server, PostgreSQL, "
+                                    "the demo MCP server, the worker. State: $MCPSYNC_STATE_DIR (default .state in a "
+                                    "checkout). Ctrl-C, 'mcpsync down' or --exit-after stops it.",
+                        epilog="examples:\n  mcpsync up\n  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0\n"
+                               "  mcpsync up --exit-after 600 > up.log 2>&1 &    # in the background, for 10 minutes\n"
+                               "  mcpsync down                                   # stop it from another terminal")
+    up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")
+    up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
+    up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
+    up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
+    up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
+                    help="stop cleanly after this long (default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
     up.set_defaults(func=cmd_up)
+
+    dn = sub.add_parser("down", help="stop the 'mcpsync up' of this state dir (started elsewhere or in the background)",
+                        epilog="example: MCPSYNC_STATE_DIR=/tmp/demo mcpsync down")
+    dn.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
+                    help="wait this long for it to stop (exit 6 after)")
+    dn.set_defaults(func=cmd_down)
 
     w = sub.add_parser("worker", help="run the main worker and/or the session hosts (ingress)")
     w.add_argument("--role", choices=["all", "main", "ingress"], default="all",
@@ -765,9 +928,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="prove updates with a known server-specific nudge (CHANGES server state)")
     pr.add_argument("--nudge-tool", metavar="TOOL", help="nudge by calling this tool (no arguments); implies --nudge")
     pr.add_argument("--nudge-toggle", action="store_true", help="call --nudge-tool again afterwards to undo it")
-    pr.add_argument("--update-bound", type=float, default=10.0, metavar="SECONDS",
+    pr.add_argument("--update-bound", type=seconds, default=10.0, metavar="SECONDS",
                     help="how long to wait for an update after the nudge")
-    pr.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per-request timeout")
+    pr.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS", help="per-request timeout")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_probe)
 
@@ -788,7 +951,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="completeness gate: fail unless the catalog is SNAPSHOT_PROVEN (records the consumption)")
     sc.add_argument("--task", default="cli", help="completeness task name recorded with --require-proven")
     sc.add_argument("--now", action="store_true", help="reconcile first and wait for the new catalog")
-    sc.add_argument("--timeout", type=float, default=60.0, help="seconds to wait with --now")
+    sc.add_argument("--timeout", type=seconds, default=60.0, help="seconds to wait with --now")
     sc.add_argument("--json", action="store_true")
     sc.set_defaults(func=cmd_scan)
 
@@ -797,8 +960,8 @@ def _parser() -> argparse.ArgumentParser:
     cs = cat_sub.add_parser("start", help="start (or join) the CatalogWorkflow of (subject, server)")
     cs.add_argument("--server", required=True)
     cs.add_argument("--subject", default="anonymous")
-    cs.add_argument("--rescan-seconds", type=float, default=300.0, help="period without listChanged")
-    cs.add_argument("--rescan-seconds-with-list-changed", type=float, default=1800.0,
+    cs.add_argument("--rescan-seconds", type=seconds, default=300.0, help="period without listChanged")
+    cs.add_argument("--rescan-seconds-with-list-changed", type=seconds, default=1800.0,
                     help="safety rescan period when the server sends list_changed")
     cs.add_argument("--auto-subscribe", action="append", metavar="URI_PREFIX",
                     help="subscribe to new URIs starting with this prefix (repeatable)")
@@ -815,21 +978,21 @@ def _parser() -> argparse.ArgumentParser:
     ro.set_defaults(func=cmd_rollout)
 
     simu = sub.add_parser("simulate", help="deterministic simulator: seeded adversarial schedules, invariant gate")
-    simu.add_argument("--schedules", type=int, default=5000, help="number of seeded schedules")
+    simu.add_argument("--schedules", type=count, default=5000, help="number of seeded schedules")
     simu.add_argument("--seed", default="0", help="seed of the schedule generator")
-    simu.add_argument("--events", type=int, default=50, help="mean events per schedule before the drain")
+    simu.add_argument("--events", type=non_negative, default=50, help="mean events per schedule before the drain")
     simu.add_argument("--without", metavar="FAULT,...", default="concurrent_reads",
                       help="fault classes to leave out (default: concurrent_reads, the documented F4 limit of "
                            "max_concurrent_reads > 1; --without '' includes every class)")
-    simu.add_argument("--workers", type=int, default=0, help="processes (default: CPU count)")
+    simu.add_argument("--workers", type=non_negative, default=0, help="processes (default: CPU count)")
     simu.add_argument("--replay", metavar="FILE", help="replay one trace (JSON from a failure) instead")
     simu.add_argument("--json", action="store_true")
     simu.set_defaults(func=cmd_simulate)
 
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged reads "
                                       "(receipts and fences are kept; see activities/retention.py)")
-    pr.add_argument("--keep-days", type=float, default=7.0, help="forget rows older than this many days")
-    pr.add_argument("--consumer-max-lag-days", type=float, default=None,
+    pr.add_argument("--keep-days", type=amount, default=7.0, help="forget rows older than this many days")
+    pr.add_argument("--consumer-max-lag-days", type=amount, default=None,
                     help="outbox consumers silent this long stop holding rows back (default: [retention] "
                          "consumer_max_lag_days, else 30)")
     pr.add_argument("--dry-run", action="store_true", help="count only")
@@ -842,8 +1005,8 @@ def _parser() -> argparse.ArgumentParser:
                                           "(0: from the oldest); -f follows")
     tail.add_argument("--json", action="store_true", help="one outboxEvent.v1 per line")
     tail.add_argument("-f", "--follow", action="store_true")
-    tail.add_argument("--after", type=int, default=None, metavar="POSITION")
-    tail.add_argument("--limit", type=int, default=20)
+    tail.add_argument("--after", type=non_negative, default=None, metavar="POSITION")
+    tail.add_argument("--limit", type=count, default=20)
     tail.set_defaults(func=cmd_outbox)
 
     def consumer_cmd(name: str, help_: str, func: Callable[[argparse.Namespace], Awaitable[None]],
@@ -861,10 +1024,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="register the name if it is new (consumers are capped: activities/outbox.py "
                            "MAX_CONSUMERS); without it a new name exits 4")
     poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
-    poll.add_argument("--limit", type=int, default=100, help="events per batch at most")
+    poll.add_argument("--limit", type=count, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
     ack = consumer_cmd("ack", "acknowledge everything up to a batch position", cmd_outbox_ack)
-    ack.add_argument("--position", type=int, required=True,
+    ack.add_argument("--position", type=non_negative, required=True,
                      help="the batch position a poll printed: everything up to it is processed")
     rs = consumer_cmd("resync", "relist: the current version of every ACTIVE subscription of the consumer's "
                                 "subjects, then ack its position", cmd_outbox_resync)
@@ -878,7 +1041,7 @@ def _parser() -> argparse.ArgumentParser:
     ct = sub.add_parser("content", help="accepted bodies, for the subject they were read for")
     ct_sub = ct.add_subparsers(dest="content_command", required=True)
     cg = ct_sub.add_parser("get", help="the body of a receipt exactly as read (exit 5 refused, 4 unknown/pruned)")
-    cg.add_argument("--receipt", type=int, required=True, help="the receipt id (outboxEvent.v1 receipt_id)")
+    cg.add_argument("--receipt", type=count, required=True, help="the receipt id (outboxEvent.v1 receipt_id)")
     cg.add_argument("--subject", required=True, help="the subject asking: only its own receipts are released")
     cg.add_argument("-o", "--output", metavar="FILE", help="write the body here (default: stdout; binary only "
                                                            "when stdout is not a terminal)")
@@ -932,7 +1095,7 @@ def main(argv: list[str] | None = None) -> None:
             raise  # anything else is a bug: exit 1 with the traceback
         sources = getattr(args, "address_sources", None)
         origin = "" if sources is None else f"; address from {sources.temporal}"
-        print_error(f"Temporal did not answer ({exc.status.name}: {exc.message[:200]}){origin}")
+        print_error(f"Temporal did not answer ({exc.status.name}: {shorten(exc.message)}){origin}")
         code = ExitCode.UNAVAILABLE
     except ExitStatus as status:
         code = status.code

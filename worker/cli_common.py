@@ -5,15 +5,21 @@ Contract:
   one ``mcpsync: error: ...`` line and exits with the code. ``ExitStatus`` carries a verdict
   exit code after the command printed its result.
 - ``resolve_config(args)`` finds the configuration: ``--config``, else ``$MCPSYNC_CONFIG``,
-  else ``<state dir>/runtime.json`` written by a running ``mcpsync up``. A runtime file whose
-  ``mcpsync up`` process no longer runs is stale: refused (exit 6) rather than trusted, so a
-  command never talks to a half-dead stack. It records in ``args.address_sources`` where the
+  else ``<state dir>/runtime.json`` written by a running ``mcpsync up``. No runtime file (and no
+  configuration) is "nothing is running here", exit 6; a runtime file whose ``mcpsync up``
+  process no longer runs is stale: refused (exit 6) rather than trusted, so a command never talks
+  to a half-dead stack. A configuration file that is wrong is exit 2. It records in ``args.address_sources`` where the
   Temporal address and the database URL came from, so every connection error names it.
 - ``subscription_key`` validates (server, subject, uri) against the configuration: an
   unknown server is a usage error; with ``configured_subject`` so is a subject the server
   does not list (it would never get a session, so the subscription would never start).
   ``check_target`` and ``key_for`` are its two halves, for commands taking many URIs.
 - ``print_error`` is the one place the ``mcpsync: error:`` line is written.
+- Flag values are checked when the command line is parsed, before anything is contacted:
+  ``count`` (an integer of at least 1: a limit, a batch size, a receipt id), ``non_negative`` /
+  ``port`` (integers of at least 0), ``seconds`` (a timeout or interval: more than 0), ``amount`` (at least 0: a
+  period where 0 means "none", days to keep). A bad value is one ``mcpsync: error:`` line naming
+  the flag, exit 2 (``OneLineParser``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import tomllib
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -34,8 +40,9 @@ from mcpsync.worker.config import Config, load_config
 from mcpsync.worker.runtime import RuntimeInfo
 from mcpsync.workflows.records import SubscriptionKey
 
-__all__ = ["terminal_safe", "AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "check_target", "database_url",
-           "key_for", "print_error", "print_out", "resolve_config", "runtime_file", "subscription_key"]
+__all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
+           "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error", "print_out",
+           "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key", "terminal_safe"]
 
 
 class ExitCode(IntEnum):
@@ -98,10 +105,14 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
     runtime_path = runtime_file()
     runtime = None
     if path is None:
+        if not runtime_path.exists():
+            # No stack, no configuration: the command has nothing to talk to (unavailable, not a usage error).
+            raise CliError(f"nothing is running here: no runtime file {runtime_path} (start the stack with "
+                           "'mcpsync up', or pass --config FILE / set MCPSYNC_CONFIG)", ExitCode.UNAVAILABLE)
         runtime = RuntimeInfo.load(runtime_path)
         if runtime is None:
-            raise CliError(f"no configuration: pass --config FILE, set MCPSYNC_CONFIG, or start the stack with "
-                           f"'mcpsync up' (no runtime file {runtime_path})")
+            raise CliError(f"runtime file {runtime_path} is unreadable (not the JSON 'mcpsync up' writes): remove "
+                           "it, or pass --config FILE")
         if not runtime.stack_alive():
             raise CliError(f"runtime file {runtime_path} is stale (stack pid {runtime.pid} not running): "
                            "start 'mcpsync up' or pass --config FILE", ExitCode.UNAVAILABLE)
@@ -184,8 +195,76 @@ def print_error(message: str) -> None:
     print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
 
 
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut at a word boundary (never mid-word) when longer than ``limit``."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def print_out(obj: Any, as_json: bool, text: str) -> None:
     if as_json:
         print(json.dumps(obj, indent=2, default=str))
     else:
         print(text)
+
+
+# --- flag types: bad values are refused at parse time (exit 2, one line) ---------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (a bad flag value, a missing required flag) as the CLI's one
+    ``mcpsync: error:`` line, exit 2, with where to look instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print_error(f"{self.prog}: {message} (see '{self.prog} --help')")
+        sys.exit(ExitCode.USAGE)
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if value != value or value in (float("inf"), float("-inf")):  # nan, inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def count(text: str) -> int:
+    """A limit or batch size: an integer of at least 1."""
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An outbox position or an id: an integer of at least 0."""
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port: 0 (pick a free one, or none where the flag says so) to 65535."""
+    value = int(_number(text, int))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port between 0 and 65535, not {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A timeout or an interval: more than 0 seconds."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {value:g}")
+    return value
+
+
+def amount(text: str) -> float:
+    """A period where 0 means none, or a number of days: at least 0."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {value:g}")
+    return value

@@ -16,8 +16,10 @@ Contract:
 - ``close`` is idempotent: a subscription already closed (or otherwise ended) answers its
   close receipt from the ledger with exit 0. ``resume`` clears RECONCILIATION_REQUIRED.
 - A subscription that does not exist is exit 4; a workflow query or update without an answer
-  within ``--timeout`` (no worker) is exit 6; ``subscribe`` for a subject the server does not
-  list is exit 2.
+  within ``--timeout`` (no worker) is exit 6; a subject the server does not list is exit 2 for
+  every command naming one subscription (a configuration error, whatever the ledger holds).
+  ``resume`` of a subscription in any state but RECONCILIATION_REQUIRED, an ended one included,
+  is exit 2.
 - Every command reaches a subscription's workflow under the id its ledger row recorded
   (``Ledger.workflow_id_of``): one started under an older id scheme is found all the same. Only
   a CLI configured without a database computes the id (``SubscriptionKey.workflow_id``).
@@ -26,6 +28,8 @@ Contract:
   ``mcpsync: error: <uri>: ...`` line on stderr and the others are still subscribed; the exit
   code is then the first failure's (2 unusable URI, 6 unavailable), 0 when all succeeded. A
   wrong ``--server``/``--subject`` fails the whole command before any URI (exit 2).
+- ``subscribe`` of a URI that the view's latest reconciled catalog does not list still starts it
+  (exit 0) and prints one ``mcpsync: warning:`` line on stderr for it.
 - ``subscribe --wait`` starts each URI with Update-with-Start (``start_subscription_first_read``)
   and prints, one line per URI, the first read's verdict, receipt and digest, or the state in
   which no read comes (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, ended). The URIs wait
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -58,11 +63,14 @@ from mcpsync.worker.cli_common import (
     ExitCode,
     ExitStatus,
     check_target,
+    count,
     database_url,
     key_for,
     print_error,
     print_out,
     resolve_config,
+    seconds,
+    shorten,
     subscription_key,
 )
 from mcpsync.worker.config import Config
@@ -82,7 +90,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 
-__all__ = ["register", "freshness_lines", "staleness_bound_text", "status_text", "subscription_table"]
+__all__ = ["register", "freshness_lines", "record_doc", "staleness_bound_text", "status_text", "subscription_table"]
 
 T = TypeVar("T")
 
@@ -124,6 +132,17 @@ def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
     if record.safety_read_seconds:
         return f"{record.safety_read_seconds:g} s (safety read period; a notification is read sooner)"
     return "-"
+
+
+def record_doc(record: ResourceSubscriptionV1) -> dict[str, Any]:
+    """The record as JSON, with the staleness bound the text shows: with subscribe the record leaves
+    ``staleness_bound_seconds`` null (the safety read period bounds it), and the JSON says so
+    (``staleness_bound_source``: ``safety_read``) instead of a null the text contradicts."""
+    doc = record.model_dump(mode="json")
+    if record.staleness_bound_seconds is None and record.safety_read_seconds:
+        doc["staleness_bound_seconds"] = record.safety_read_seconds
+        doc["staleness_bound_source"] = "safety_read"
+    return doc
 
 
 def freshness_lines(record: ResourceSubscriptionV1, now: datetime) -> list[tuple[str, str]]:
@@ -329,6 +348,22 @@ def first_read_text(record: ResourceSubscriptionV1) -> str:
             f"digest {_dash(record.last_accepted_digest)} state {record.state.value}")
 
 
+async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
+    """A URI the view's latest reconciled catalog does not list: one warning line on stderr (the
+    subscription is started all the same: the catalog may predate the resource). Without a catalog
+    nothing is known, and nothing is said; ``subscribe --wait`` shows what the first read found."""
+    from mcpsync.activities.catalog_ledger import CatalogLedger
+
+    catalogs = CatalogLedger(ledger.pool)
+    catalog = await catalogs.latest_catalog(key.subject, key.server)
+    if catalog is None or key.uri in await catalogs.known_uris(key.subject, key.server):
+        return
+    print(f"mcpsync: warning: {key.uri} is not listed by {key.server} for {key.subject} (catalog "
+          f"#{catalog.catalog_id}, measured {_when(catalog.measured_at, datetime.now(UTC))}): if it does not exist, "
+          "the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the first read)",
+          file=sys.stderr, flush=True)
+
+
 async def cmd_subscribe(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     check_target(args, config, configured_subject=True)
@@ -369,7 +404,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         except WorkflowUpdateFailedError as err:
             raise CliError(f"first_read failed in workflow {workflow_id}: {_cause(err)}",
                            ExitCode.UNAVAILABLE) from None
-        return {"workflow_id": handle.id, **record.model_dump(mode="json")}, first_read_text(record)
+        return {"workflow_id": handle.id, **record_doc(record)}, first_read_text(record)
 
     async def settle(key: SubscriptionKey) -> tuple[dict[str, Any], str] | RPCError | CliError:
         try:
@@ -390,7 +425,7 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
                 if len(uris) == 1 or outcome.status not in (RPCStatusCode.UNAVAILABLE,
                                                             RPCStatusCode.DEADLINE_EXCEEDED):
                     raise outcome
-                failed(uri, f"Temporal did not answer ({outcome.status.name}: {outcome.message[:200]})",
+                failed(uri, f"Temporal did not answer ({outcome.status.name}: {shorten(outcome.message)})",
                        ExitCode.UNAVAILABLE)
                 continue
             if isinstance(outcome, CliError):
@@ -403,6 +438,8 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
                 print_out(doc, args.json, text)
             else:  # one line per URI
                 print(json.dumps(doc, default=str) if args.json else text, flush=True)
+            if not args.wait and ledger is not None:
+                await _warn_unlisted(ledger, key)
     finally:
         if ledger is not None:
             await ledger.pool.close()
@@ -412,17 +449,17 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
 
 async def cmd_status(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
     client = await connect_temporal(config.temporal)
     record = await _query_record(client, await _workflow_id(config, key), args.timeout)
     if record is None:
         raise _not_found(key)
-    print_out(record.model_dump(mode="json"), args.json, status_text(record, datetime.now(UTC)))
+    print_out(record_doc(record), args.json, status_text(record, datetime.now(UTC)))
 
 
 async def cmd_close(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
     client = await connect_temporal(config.temporal)
     workflow_id = await _workflow_id(config, key)
     try:
@@ -456,7 +493,7 @@ async def cmd_close(args: argparse.Namespace) -> None:
 
 async def cmd_resume(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
     client = await connect_temporal(config.temporal)
     workflow_id = await _workflow_id(config, key)
     try:
@@ -465,6 +502,17 @@ async def cmd_resume(args: argparse.Namespace) -> None:
     except WorkflowUpdateFailedError as err:
         raise CliError(f"resume refused: {_cause(err)}") from None  # e.g. nothing to resume: ACTIVE
     if record is None:
+        # No running workflow: an ended subscription is there all the same (``list`` shows it).
+        ledger = await _open_ledger(config)
+        try:
+            fence = await ledger.find_subscription(key.subject, key.server, key.uri) if ledger else None
+        finally:
+            if ledger is not None:
+                await ledger.pool.close()
+        if fence is not None and fence.state is not None:
+            raise CliError(f"resume refused: subscription {key.subject}/{key.server} {key.uri} is "
+                           f"{fence.state.value}, not RECONCILIATION_REQUIRED (an ended subscription is not resumed: "
+                           "'mcpsync subscribe' starts it again)")
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json,
               f"resumed: {record.state.value} (watermark {record.watermark}, last receipt "
@@ -487,10 +535,14 @@ async def cmd_list(args: argparse.Namespace) -> None:
         if s not in SubscriptionState.__members__:
             raise CliError(f"--state {s}: not a state (one of {', '.join(SubscriptionState.__members__)})")
 
+    wide = _output(args) == "wide"
+    client = await connect_temporal(config.temporal) if wide else None
+
     async def body(pool: Any) -> None:
         async def render() -> tuple[Any, str]:
             rows = await list_subscriptions(pool, server=args.server, subject=args.subject, states=states)
-            text = (subscription_table(rows, wide=_output(args) == "wide", now=datetime.now(UTC))
+            records = await _live_records(client, rows) if client is not None else None
+            text = (subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
                     if rows else "no subscriptions")
             return rows, text
 
@@ -499,9 +551,32 @@ async def cmd_list(args: argparse.Namespace) -> None:
     await _with_ledger(config, body)
 
 
+async def _live_records(client: Client, rows: Sequence[dict[str, Any]], *, timeout: float = 5.0,
+                        concurrency: int = 16) -> dict[str, ResourceSubscriptionV1]:
+    """``list -o wide``'s freshness: the record of every row's workflow that has not ended (an ended
+    one publishes none), queried concurrently; a row whose workflow does not answer in ``timeout``
+    keeps ``-`` (the table is the ledger's; the freshness columns are best effort)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(workflow_id: str) -> tuple[str, ResourceSubscriptionV1 | None]:
+        async with gate:
+            try:
+                return workflow_id, await _query_record(client, workflow_id, timeout)
+            except (CliError, RPCError):
+                return workflow_id, None
+
+    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}][:WIDE_QUERY_LIMIT]
+    return {wid: rec for wid, rec in await asyncio.gather(*(one(w) for w in live)) if rec is not None}
+
+
+WIDE_QUERY_LIMIT = 500
+"""``list -o wide`` queries at most this many workflows (one query each); narrow the list with
+``--server``/``--subject``/``--state`` to see the freshness of the rest (their columns say ``-``)."""
+
+
 async def cmd_get(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
     wide = _output(args) == "wide"
     client = await connect_temporal(config.temporal) if wide or _output(args) == "json" else None
 
@@ -513,7 +588,7 @@ async def cmd_get(args: argparse.Namespace) -> None:
             if not rows:
                 raise _not_found(key)
             records = {rows[0]["workflow_id"]: record} if record is not None else None
-            doc = {**rows[0], "record": record.model_dump(mode="json") if record else None}
+            doc = {**rows[0], "record": record_doc(record) if record else None}
             return doc, subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
 
         await _watch(args, render)
@@ -523,7 +598,7 @@ async def cmd_get(args: argparse.Namespace) -> None:
 
 async def cmd_describe(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
     client = await connect_temporal(config.temporal)
 
     async def body(pool: Any) -> None:
@@ -536,7 +611,7 @@ async def cmd_describe(args: argparse.Namespace) -> None:
                                             server=key.server, uri=key.uri, limit=args.limit)
         receipts = [e for e in events if e["kind"] == "receipt"]
         audits = [e for e in events if e["kind"] == "audit"]
-        doc = {"subscription": rows[0] if rows else None, "record": record.model_dump(mode="json") if record else None,
+        doc = {"subscription": rows[0] if rows else None, "record": record_doc(record) if record else None,
                "receipts": receipts, "audit": audits}
         now = datetime.now(UTC)
         ledger_state = rows[0]["state"] if rows else "-"
@@ -559,7 +634,7 @@ async def cmd_describe(args: argparse.Namespace) -> None:
 
 async def cmd_history(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    key = subscription_key(args, config)
+    key = subscription_key(args, config, configured_subject=True)
 
     async def body(pool: Any) -> None:
         rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
@@ -592,7 +667,7 @@ def register(sub: Any) -> None:
         return c
 
     def query_timeout(c: argparse.ArgumentParser) -> None:
-        c.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+        c.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
                        help="wait this long for the workflow to answer its query (a worker answers it)")
 
     def json_flag(c: argparse.ArgumentParser) -> None:
@@ -605,7 +680,7 @@ def register(sub: Any) -> None:
         if watch:
             c.add_argument("-w", "--watch", action="store_true",
                            help="keep running; print again whenever the output changes (polls the ledger)")
-            c.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="poll interval of --watch")
+            c.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS", help="poll interval of --watch")
 
     s = keyed("subscribe", "start (or join) the subscription workflow of one or more URIs", cmd_subscribe,
               many=True,
@@ -620,7 +695,7 @@ def register(sub: Any) -> None:
     s.add_argument("--wait", action="store_true",
                    help="start with Update-with-Start and wait for each URI's first read: print its verdict, receipt "
                         "and digest (or the state in which no read comes, e.g. TOMBSTONE_PENDING)")
-    s.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+    s.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
                    help="with --wait: give up on a URI after this long (exit 6; the subscription keeps running)")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
@@ -629,13 +704,13 @@ def register(sub: Any) -> None:
     c = keyed("close", "close a subscription (Temporal update; idempotent: an ended one answers its receipt)",
               cmd_close, epilog="example: mcpsync close --server demo --uri demo://policy/escalation")
     c.add_argument("--reason", default="requested by CLI", help="recorded with the close")
-    c.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="wait this long for the receipt")
+    c.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS", help="wait this long for the receipt")
     json_flag(c)
     r = keyed("resume", "clear RECONCILIATION_REQUIRED (Temporal update 'resume') and accept reads again",
               cmd_resume, epilog="example: mcpsync resume --server demo --uri demo://policy/escalation "
                                  "--reason 'identity conflict checked'")
     r.add_argument("--reason", default="resolved by CLI", help="recorded with the resume")
-    r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="wait this long for the answer")
+    r.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS", help="wait this long for the answer")
     json_flag(r)
 
     ls = sub.add_parser("list", help="list subscriptions from the ledger (kubectl-style table)",
@@ -656,10 +731,10 @@ def register(sub: Any) -> None:
     query_timeout(g)
     d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription", cmd_describe,
               epilog="example: mcpsync describe --server demo --uri demo://policy/escalation --limit 5")
-    d.add_argument("--limit", type=int, default=10, help="newest receipts and audit rows shown")
+    d.add_argument("--limit", type=count, default=10, help="newest receipts and audit rows shown")
     output_flags(d, watch=False)
     query_timeout(d)
     h = keyed("history", "one subscription's receipts and audit rows, oldest first", cmd_history,
               epilog="example: mcpsync history --server demo --uri demo://policy/escalation --limit 50")
-    h.add_argument("--limit", type=int, default=20, help="newest receipts and newest audit rows shown")
+    h.add_argument("--limit", type=count, default=20, help="newest receipts and newest audit rows shown")
     json_flag(h)

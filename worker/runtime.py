@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -140,9 +141,24 @@ async def connect_temporal(cfg: TemporalConfig) -> Client:
         )
     except Exception as exc:
         raise TemporalUnavailable(
-            f"Temporal unreachable at {cfg.address} (namespace {cfg.namespace}): {type(exc).__name__}: "
-            f"{str(exc)[:200]}"
+            f"Temporal unreachable at {cfg.address} (namespace {cfg.namespace}): "
+            f"{connect_error_reason(exc, cfg.connect_timeout_seconds)}"
         ) from None
+
+
+def connect_error_reason(exc: BaseException, timeout: float) -> str:
+    """Why a connection failed, whole: the OS's words when the driver nests them (``tcp connect
+    error: Connection refused``), else the message on one line, shortened at a word boundary."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    text = " ".join(str(exc).split())
+    os_message = re.search(r'message: "([^"]+)"', text)
+    if os_message:
+        what = re.search(r'ConnectError\("([^"]+)"', text)
+        return f"{what.group(1) + ': ' if what else ''}{os_message.group(1)}"
+    if len(text) > 300:
+        text = text[:300].rsplit(" ", 1)[0] + " …"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def open_ledger(url: str, *, max_size: int = 16) -> Ledger:

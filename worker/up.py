@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
 import time
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from urllib.parse import quote
 
 from mcpsync.worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
-from mcpsync.worker.metrics import serve_metrics
+from mcpsync.worker.metrics import MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import (
     RuntimeInfo,
     connect_temporal,
@@ -43,7 +45,7 @@ from mcpsync.worker.stack import (
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
-__all__ = ["run_up", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
+__all__ = ["run_up", "reclaim_demo_server", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
 
 DEMO_SERVER = "demo"
 DEMO_URI = "demo://policy/escalation"
@@ -79,7 +81,12 @@ async def run_up(args: argparse.Namespace) -> None:
                                   "MCPSYNC_STATE_DIR")
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
-        metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
+        try:
+            metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
+        except MetricsUnavailable as exc:
+            # 'up' has no config file: name its flag, not the [metrics] table.
+            raise MetricsUnavailable(str(exc).replace("(change [metrics] port)",
+                                                      "(pass --metrics-port N, or --metrics-port 0 for none)")) from None
         stack.push_async_callback(metrics.aclose)
         temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port, ui_port=args.ui_port)
         stack.push_async_callback(temporal_server.stop)
@@ -101,8 +108,11 @@ async def run_up(args: argparse.Namespace) -> None:
         if metrics.url:
             print(f"  metrics (Prometheus) {metrics.url}", flush=True)
 
+        reclaim_demo_server(root / "demo-server")
         fixture = await FixtureProcess.start_http(root / "demo-server", seed="demo", demo_churn=args.churn)
         stack.push_async_callback(fixture.stop)
+        _record_child(root / "demo-server", fixture.pid)
+        stack.callback(_forget_child, root / "demo-server")
         print(f"  demo MCP server      {fixture.mcp_url} (control plane {fixture.control_url})", flush=True)
 
         temporal_cfg = TemporalConfig(address=temporal_server.address, ui_url=temporal_server.ui_url)
@@ -130,9 +140,12 @@ async def run_up(args: argparse.Namespace) -> None:
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
         print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)
         print(f"  demo subscription: {link}", flush=True)
-        print(f"  ready in {time.monotonic() - t0:.1f}s; the demo resource changes every {args.churn:g}s. "
-              "Try: .venv/bin/mcpsync status --server demo --uri demo://policy/escalation", flush=True)
-        print("  Ctrl-C stops the stack.\n", flush=True)
+        churn = f"changes every {args.churn:g}s" if args.churn else "does not change (--churn 0)"
+        print(f"  ready in {time.monotonic() - t0:.1f}s; the demo resource {churn}. "
+              f"Try: {_mcpsync_command()} status --server demo --uri demo://policy/escalation", flush=True)
+        stop = (f"stops after {args.exit_after:g}s (--exit-after)" if args.exit_after is not None
+                else "Ctrl-C (or 'mcpsync down' from another terminal) stops the stack")
+        print(f"  {stop}.\n", flush=True)
 
         deadline = None if args.exit_after is None else time.monotonic() + args.exit_after
         last = None
@@ -148,6 +161,67 @@ async def run_up(args: argparse.Namespace) -> None:
                           f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
                           flush=True)
             await asyncio.sleep(1.0)
+
+
+def _mcpsync_command() -> str:
+    """How this user runs ``mcpsync`` for the hint: plain ``mcpsync`` when that is the one on PATH
+    (a wheel install), the running script's path otherwise; under ``python -m`` in a checkout, its
+    ``.venv/bin/mcpsync``. Never a path that does not exist."""
+    import shutil
+    import sys
+
+    from mcpsync.worker.stack import REPO_ROOT, SOURCE_CHECKOUT
+
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    on_path = shutil.which("mcpsync")
+    if script is not None and script.name == "mcpsync":
+        if on_path and Path(on_path).resolve() == script:
+            return "mcpsync"
+        try:
+            return str(script.relative_to(Path.cwd().resolve()))
+        except ValueError:
+            return str(script)
+    venv_script = REPO_ROOT / ".venv" / "bin" / "mcpsync"
+    if SOURCE_CHECKOUT and venv_script.exists():
+        return ".venv/bin/mcpsync" if Path.cwd().resolve() == REPO_ROOT.resolve() else str(venv_script)
+    return "mcpsync" if on_path else f"{sys.executable} -m mcpsync.worker.cli"
+
+
+OWNER_RECORD = "owner.json"
+
+
+def _record_child(folder: Path, pid: int) -> None:
+    """Record the demo server's pid and ours, so that an ``up`` killed with SIGKILL (no cleanup)
+    does not leave it running for good: the next ``up`` on this state dir reclaims it."""
+    (folder / OWNER_RECORD).write_text(json.dumps({"pid": pid, "owner_pid": os.getpid()}))
+
+
+def _forget_child(folder: Path) -> None:
+    (folder / OWNER_RECORD).unlink(missing_ok=True)
+
+
+def reclaim_demo_server(folder: Path) -> None:
+    """Stop a demo server an earlier ``up`` of this state dir recorded and left behind (its owner is
+    gone: killed with SIGKILL). Only a live process whose command line is the fixture's is touched."""
+    from mcpsync.worker.stack import process_alive
+
+    record_file = folder / OWNER_RECORD
+    try:
+        record = json.loads(record_file.read_text())
+        pid, owner = int(record["pid"]), int(record["owner_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if owner != os.getpid() and not process_alive(owner, expect_in_cmdline=("mcpsync",)) and process_alive(
+            pid, expect_in_cmdline=("fixture",)):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while process_alive(pid, expect_in_cmdline=("fixture",)):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        print(f"  reclaimed the demo MCP server pid {pid} left by mcpsync up pid {owner}", flush=True)
+    record_file.unlink(missing_ok=True)
 
 
 def _forget_runtime(path: Path) -> None:

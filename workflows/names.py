@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from mcpsync.workflows.records import DEFAULT_TASK_QUEUE
+from mcpsync.workflows.uris import uri_slug
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
@@ -146,5 +147,11 @@ class AnswerAct:
 
 
 def answer_workflow_id(answer_id: str) -> str:
-    """Deterministic workflow id of one answer (the answer id itself is in the memo and records)."""
-    return f"mcpsync-answer/{hashlib.sha256(answer_id.encode()).hexdigest()[:32]}"
+    """Deterministic workflow id of one answer: ``mcpsync-answer/<slug of the answer id>-<hash>``, readable
+    in the Web UI's list like a subscription's (the slug is a bounded label, ``uri_slug``; the hash keeps
+    ids unique; the exact answer id is in the memo and records). An answer started under the older
+    bare-hash id (``mcpsync-answer/<sha256[:32]>``) idles out; the next request starts this one, which
+    reloads the answer from PostgreSQL."""
+    digest = hashlib.sha256(answer_id.encode()).hexdigest()
+    slug = uri_slug(answer_id)
+    return f"mcpsync-answer/{slug}-{digest[:24]}" if slug else f"mcpsync-answer/{digest[:32]}"

@@ -417,6 +417,8 @@ class OutboxEventType(StrEnum):
     VERSION_ACCEPTED = "version_accepted"  # a new digest became current
     TOMBSTONED = "tombstoned"  # a reconciled catalog confirmed the deletion
     REVOKED = "revoked"  # the subject lost access: drop everything named in ``invalidates``
+    CLOSED = "closed"  # the subscription stopped being tracked (closed / unsubscribed): nothing named in
+    # ``invalidates`` is kept fresh any more; drop it or mark it untracked
     VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
 
 

@@ -96,6 +96,11 @@ T = TypeVar("T")
 S = SubscriptionState
 
 
+def _stamp(at: datetime | None) -> str:
+    """A details-panel time: UTC to the second; ``-`` for none."""
+    return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 class WaitKind(StrEnum):
     """What a ``Runtime.wait`` waits for: names the wait for the simulator's scheduler and checker."""
 
@@ -813,25 +818,35 @@ class SubscriptionProgram:
             return
         self.last_published = snapshot
         digest = s.last_accepted_digest or "-"
-        details = (
-            f"**{phase.value}** `{self.key.uri}`\n\n"
-            f"| ledger | value |\n|---|---|\n"
-            f"| subject / server | {self.key.subject} / {self.key.server} |\n"
-            f"| session gen / subscription gen | {s.session_generation} / {s.subscription_generation} |\n"
-            f"| edition | {s.edition or '-'} |\n"
-            f"| last issued / accepted ordinal | {s.last_issued_ordinal} / {s.last_accepted_ordinal} |\n"
-            f"| watermark | {s.watermark} |\n"
-            f"| last receipt | {s.last_receipt_id or '-'} |\n"
-            f"| last digest | `{digest[:23]}` |\n"
-            f"| close epoch / ordinal | {s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'} |\n"
-            f"| updates seen / coalesced / covered / reads | {s.updates_seen} / {s.updates_coalesced} / "
-            f"{s.updates_covered} / {s.reads_issued} |\n"
-            f"| stale receipts / stale after close | {s.stale_receipts} / {s.stale_after_close} |\n"
-            + (f"| staleness bound | {s.staleness_bound_seconds:.0f} s (polling; set by "
-               f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'}) |\n"
-               if s.staleness_bound_seconds else "")
-            + (f"\n{s.detail}\n" if s.detail else "")
-        )
+        # A list, not a table: the Web UI draws a table cell against its label. Freshness is what the
+        # page is for; it changes with the read ordinal, so the snapshot above covers it. The current
+        # details write no history event.
+        if s.staleness_bound_seconds:
+            bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
+                     f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
+        elif self.options.safety_read_seconds:
+            bound = f"{self.options.safety_read_seconds:.0f} s (safety read period; a notification is read sooner)"
+        else:
+            bound = "-"
+        rows = [
+            ("subject / server", f"{self.key.subject} / {self.key.server}"),
+            ("last accepted at", _stamp(s.last_accepted_at)),
+            ("last verified at", _stamp(s.content_seen_at)),
+            ("next read due", _stamp(s.read_due_at if s.state == S.ACTIVE else None)),
+            ("staleness bound", bound),
+            ("session gen / subscription gen", f"{s.session_generation} / {s.subscription_generation}"),
+            ("edition", s.edition or "-"),
+            ("last issued / accepted ordinal", f"{s.last_issued_ordinal} / {s.last_accepted_ordinal}"),
+            ("watermark", str(s.watermark)),
+            ("last receipt", str(s.last_receipt_id or "-")),
+            ("last digest", f"`{digest[:23]}`"),
+            ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
+            ("updates seen / coalesced / covered", f"{s.updates_seen} / {s.updates_coalesced} / {s.updates_covered}"),
+            ("reads issued", str(s.reads_issued)),
+            ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
+        ]
+        details = (f"**{phase.value}** `{self.key.uri}`\n\n" + "".join(f"- {k}: **{v}**\n" for k, v in rows)
+                   + (f"\n{s.detail}\n" if s.detail else ""))
         # The details now (not history), the search attributes when this coroutine blocks.
         self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
                                     upsert=False))

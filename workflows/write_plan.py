@@ -38,6 +38,7 @@ __all__ = [
     "PlanKind",
     "RevokeSource",
     "CATALOG_TRIGGER",
+    "CLOSED_REASON",
     "AuditPlan",
     "ReceiptPlan",
     "FenceUpdate",
@@ -237,13 +238,24 @@ def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None
     )
 
 
+CLOSED_REASON = "closed: the subscription is no longer tracked (no later version will be accepted)"
+
+
 def plan_close(row: FenceSnapshot) -> WritePlan:
-    """beginUnsubscribe (``close_rule``): UNSUBSCRIBING, a new close epoch, the close ordinal frozen."""
+    """beginUnsubscribe (``close_rule``): UNSUBSCRIBING, a new close epoch, the close ordinal frozen,
+    and, when a version was ever current, one ``closed`` outbox row naming every receipt (what
+    consumers must stop treating as fresh):
+    from here no read is allocated and no version accepted, whether the unsubscribe then ends CLOSED
+    or UNSUBSCRIBE_UNKNOWN. Never held by a rollout: it withdraws, it publishes nothing new."""
     rule = close_rule(row)
     if rule is None:
         return WritePlan(kind=PlanKind.CLOSE)
     state, epoch, ordinal = rule
-    return WritePlan(kind=PlanKind.CLOSE, fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal))
+    closed = None if row.last_accepted_digest is None else OutboxPlan(  # never a version: nothing to withdraw
+        event=OutboxEventType.CLOSED, ordinal=row.last_accepted_ordinal, of_receipt=False,
+        previous_digest=row.last_accepted_digest, withdraws=True, reason=CLOSED_REASON)
+    return WritePlan(kind=PlanKind.CLOSE, fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal),
+                     outbox=closed)
 
 
 def close_receipt(row: FenceSnapshot) -> CloseReceipt:

@@ -5,20 +5,36 @@ resync) and ``released_content``. At least once: the index is written in one SQL
 transaction per batch, then the batch is acknowledged; a crash in between replays the batch,
 which is harmless because an entry is replaced only by a higher read ordinal.
 
-    python -m examples.indexer --database-url URL --consumer NAME --index index.sqlite [--subject S ...]
+Events: ``version_accepted`` / ``version_current`` replace an entry (higher read ordinal only);
+``tombstoned``, ``revoked`` and ``closed`` (the subscription is no longer tracked, so its body is
+no longer known fresh) drop it. A later ``subscribe`` of a closed key brings it back with higher
+read ordinals.
+
+    python -m examples.indexer --consumer NAME --index index.sqlite [--subject S ...] [--database-url URL]
+
+The database URL: ``--database-url``, else ``$MCPSYNC_DATABASE_URL``, else the stack's
+configuration as ``mcpsync`` finds it (``--config``, ``$MCPSYNC_CONFIG``, or the runtime file of
+the running ``mcpsync up``). One progress line per batch on stdout; a failure is one
+``indexer: error:`` line on stderr (exit 6 unreachable database, 2 bad configuration); Ctrl-C
+stops it cleanly (exit 130, the last acknowledged position printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sqlite3
+import sys
+from contextlib import suppress
 
-from psycopg_pool import AsyncConnectionPool
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mcpsync.activities.content import ContentNotFound, ContentRefused, released_content
-from mcpsync.activities.db import open_pool
-from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
+from mcpsync.activities.db import DatabaseUnavailable, open_pool
+from mcpsync.activities.outbox import WITHDRAWING, ConsumerError, OutboxConsumer, OutboxEventV1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (subject TEXT, server TEXT, uri TEXT, read_ordinal INTEGER, receipt_id INTEGER,
@@ -38,52 +54,117 @@ async def _body(pool: AsyncConnectionPool, e: OutboxEventV1) -> tuple[str | None
     return content.mime_type, content.body
 
 
-async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection, events: list[OutboxEventV1]) -> None:
+async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection, events: list[OutboxEventV1]) -> tuple[int, int]:
+    """Apply ``events`` to the index (not committed); (entries written, entries dropped)."""
+    written = dropped = 0
     for e in events:
         key = (e.subject, e.server, e.uri)
         db.execute("INSERT INTO deliveries VALUES (?, ?)", (e.position, e.outbox_id))
-        if e.event_type in (OutboxEventType.TOMBSTONED, OutboxEventType.REVOKED):
-            db.execute("DELETE FROM entries WHERE subject=? AND server=? AND uri=?", key)
-            continue
         held = db.execute("SELECT read_ordinal FROM entries WHERE subject=? AND server=? AND uri=?", key).fetchone()
+        if e.event_type in WITHDRAWING:  # tombstoned, revoked, closed: not current (or not known fresh) any more
+            # It withdraws what was current up to its read ordinal; a higher one is a later incarnation's.
+            if held is not None and (e.read_ordinal is None or held[0] <= e.read_ordinal):
+                db.execute("DELETE FROM entries WHERE subject=? AND server=? AND uri=?", key)
+                dropped += 1
+            continue
         if held is not None and held[0] >= (e.read_ordinal or 0):
             continue  # per-URI order is the read ordinal, not the position
         body = await _body(pool, e)
         if body is not None:
             db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (*key, e.read_ordinal, e.receipt_id, e.content_digest, body[0], body[1]))
+            written += 1
+    return written, dropped
 
 
-async def run(args: argparse.Namespace) -> None:
-    pool = await open_pool(args.database_url, max_size=2)
+def _progress(name: str, db: sqlite3.Connection, what: str, position: int, events: int, counts: tuple[int, int]) -> None:
+    (entries,) = db.execute("SELECT count(*) FROM entries").fetchone()
+    print(f"indexer {name}: {what} position {position}: {events} events, {counts[0]} written, {counts[1]} dropped; "
+          f"{entries} entries", flush=True)
+
+
+async def run(args: argparse.Namespace, url: str) -> None:
+    pool = await open_pool(url, max_size=2)
     db = sqlite3.connect(args.index)
     db.executescript(SCHEMA)
     consumer = OutboxConsumer(pool, args.consumer, args.subject, register=True)  # the indexer owns its name
+    print(f"indexer {args.consumer}: following the outbox into {args.index}", flush=True)
     try:
         async for batch in consumer.follow(limit=args.batch):
             if batch.gap is not None:
                 relist = await consumer.resync()  # informer-style relist: replace the whole view
                 db.execute("DELETE FROM entries")
-                await apply(pool, db, relist.events)
+                counts = await apply(pool, db, relist.events)
                 db.commit()
                 await consumer.ack(relist.position)
+                _progress(args.consumer, db, f"gap {batch.gap.first}..{batch.gap.last}, resynced at", relist.position,
+                          len(relist.events), counts)
                 continue
-            await apply(pool, db, batch.events)
+            counts = await apply(pool, db, batch.events)
             db.commit()
             await consumer.ack(batch.position)
+            if batch.events:
+                _progress(args.consumer, db, "acked", batch.position, len(batch.events), counts)
     finally:
         db.close()
         await pool.close()
 
 
+def database_url(args: argparse.Namespace) -> str:
+    """``--database-url``, ``$MCPSYNC_DATABASE_URL``, else the stack's configuration (as ``mcpsync`` finds it)."""
+    if args.database_url:
+        return str(args.database_url)
+    if os.environ.get("MCPSYNC_DATABASE_URL"):
+        return os.environ["MCPSYNC_DATABASE_URL"]
+    from mcpsync.worker.cli_common import database_url as configured_url
+    from mcpsync.worker.cli_common import resolve_config
+
+    config, _ = resolve_config(argparse.Namespace(config=args.config))
+    return configured_url(config)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m examples.indexer")
-    p.add_argument("--database-url", required=True)
-    p.add_argument("--consumer", required=True)
+    from mcpsync.worker.cli_common import CliError, ExitCode, count
+    from mcpsync.worker.config import ConfigError
+
+    p = argparse.ArgumentParser(prog="python -m examples.indexer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", help="the ledger (default: $MCPSYNC_DATABASE_URL, else the stack's config)")
+    p.add_argument("--config", help="mcpsync config file for the database URL (default: $MCPSYNC_CONFIG, else the "
+                                    "running 'mcpsync up' stack's)")
+    p.add_argument("--consumer", required=True, help="the durable consumer name")
     p.add_argument("--index", required=True, help="SQLite file")
     p.add_argument("--subject", action="append", help="only these subjects (repeatable)")
-    p.add_argument("--batch", type=int, default=50)
-    asyncio.run(run(p.parse_args()))
+    p.add_argument("--batch", type=count, default=50, help="events per batch at most")
+    args = p.parse_args()
+    code = 0
+    try:
+        task_run = run(args, database_url(args))
+        with asyncio.Runner() as runner:
+            task = runner.get_loop().create_task(task_run)
+            runner.get_loop().add_signal_handler(signal.SIGINT, task.cancel)
+            runner.get_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+            with suppress(asyncio.CancelledError):
+                runner.run(_wait(task))
+            if task.cancelled():
+                print(f"indexer {args.consumer}: stopped", flush=True)
+                code = 130
+    except DatabaseUnavailable as exc:
+        print(f"indexer: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        code = ExitCode.UNAVAILABLE
+    except (psycopg.OperationalError, PoolTimeout) as exc:  # the database went away while following
+        print(f"indexer: error: PostgreSQL connection lost: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        code = ExitCode.UNAVAILABLE
+    except CliError as exc:
+        print(f"indexer: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        code = exc.code
+    except (ConfigError, ConsumerError) as exc:
+        print(f"indexer: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        code = ExitCode.USAGE
+    sys.exit(code)
+
+
+async def _wait(task: asyncio.Task[None]) -> None:
+    await task
 
 
 if __name__ == "__main__":

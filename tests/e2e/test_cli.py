@@ -237,7 +237,7 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
     assert r.returncode == 6 and "PostgreSQL unreachable" in r.stderr
     assert _one_error_line(r).endswith(f"address from config file {config} (--config {config})")
     env_addr = f"127.0.0.1:{free_port()}"
-    r = _cli("--config", str(config), "status", "--server", "docs", "--uri", "demo://x",
+    r = _cli("--config", str(config), "status", "--server", "docs", "--uri", "demo://x", "--subject", "alice",
              env={"MCPSYNC_TEMPORAL_ADDRESS": env_addr})
     assert r.returncode == 6 and env_addr in r.stderr
     assert _one_error_line(r).endswith("address from environment variable MCPSYNC_TEMPORAL_ADDRESS")
@@ -288,7 +288,7 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
         log.close()
     assert not (state / "runtime.json").exists()
     r = await run_cli("list", env={"MCPSYNC_STATE_DIR": str(state)})
-    assert r.code == 2 and f"no runtime file {state / 'runtime.json'}" in _one_error_line(r)
+    assert r.code == 6 and f"nothing is running here: no runtime file {state / 'runtime.json'}" in _one_error_line(r)
 
 
 # --- subscription commands against the real stack -------------------------------------------

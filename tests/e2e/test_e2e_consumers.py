@@ -5,6 +5,7 @@ under churn, two SIGKILLs, a prune and a revocation (docs/outbox.md)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pty
 import random
@@ -27,7 +28,8 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.names import UPDATE_CLOSE
+from mcpsync.workflows.records import CloseReceipt, CloseRequest, SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled
@@ -253,3 +255,86 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = %s", name)
+
+
+# --- a subscription that stops being tracked: the ``closed`` event (issue 26) ------------------
+
+
+def _indexer_from_config(conf: Path, name: str, index: Path, subject: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "examples.indexer", "--config", str(conf), "--consumer", name,
+                             "--index", str(index), "--subject", subject], cwd=REPO_ROOT,
+                            env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_the_indexer(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("calice")
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    kept, closed = f"demo://closing/{unique('kept')}", f"demo://closing/{unique('closed')}"
+    first = {uri: await fx.create(uri, text=f"{uri} v1") for uri in (kept, closed)}
+    consumer = await register(ledger, [], alice)
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    name, index = unique("cindexer"), tmp_path / "index.sqlite"
+    # The indexer finds the database through the config (no --database-url) and says what it does.
+    proc = _indexer_from_config(conf, name, index, alice)
+    try:
+        async with running_services(temporal_client, ledger, [server]) as cfg:
+            keys = {uri: SubscriptionKey(subject=alice, server=server.name, uri=uri) for uri in (kept, closed)}
+            handles = {uri: await start_subscription(temporal_client, k, task_queue=cfg.temporal.task_queue)
+                       for uri, k in keys.items()}
+            for uri, h in handles.items():
+                await _wait_record(h, lambda r, u=uri: r.last_accepted_digest == first[u]["committed"]["digest"], uri)
+            await eventually(lambda: set(_index(index)) == {(alice, kept), (alice, closed)}, timeout=30,
+                             what="both indexed")
+
+            receipt = await handles[closed].execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
+                                                           result_type=CloseReceipt)
+            assert receipt.state == SubscriptionState.CLOSED
+            await settled(ledger, alice)
+            events = [e for e in await _drain(consumer) if e.uri == closed]
+            assert [e.event_type for e in events] == [OutboxEventType.VERSION_ACCEPTED, OutboxEventType.CLOSED]
+            gone = events[-1]
+            assert gone.invalidates is not None and gone.reason and "no longer tracked" in gone.reason
+            assert gone.invalidates.receipt_ids == [r.receipt_id for r in await ledger.receipts(keys[closed])]
+            assert gone.invalidates.digests == [first[closed]["committed"]["digest"]]
+            assert gone.previous_digest == first[closed]["committed"]["digest"] and gone.read_ordinal == 1
+
+            # The reference indexer drops it; the relist names it closed, the other one current.
+            await eventually(lambda: set(_index(index)) == {(alice, kept)}, timeout=30, what="closed one dropped")
+            relist = _cli(conf, "outbox", "resync", "--consumer", consumer.name, "--json")
+            assert relist.returncode == 0, relist.stderr
+            items = {e["uri"]: e for e in json.loads(relist.stdout)["events"]}
+            assert items[kept]["event_type"] == "version_current"
+            assert items[closed]["event_type"] == "closed"
+            assert items[closed]["invalidates"]["digests"] == [first[closed]["committed"]["digest"]]
+
+            # Subscribing the key again: a new incarnation, higher read ordinals, indexed again.
+            again = await start_subscription(temporal_client, keys[closed], task_queue=cfg.temporal.task_queue)
+            await _wait_record(again, lambda r: r.state == SubscriptionState.ACTIVE and r.last_receipt_id is not None,
+                               "reopened")
+            await eventually(lambda: set(_index(index)) == {(alice, kept), (alice, closed)}, timeout=30,
+                             what="reopened one indexed again")
+        assert proc.poll() is None, "the indexer kept running"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop, no traceback
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and b"Traceback" not in err and err == b"", err
+        lines = out.decode().splitlines()
+        assert lines[0] == f"indexer {name}: following the outbox into {index}"
+        assert any(" 1 dropped; " in line for line in lines), lines  # a progress line per batch
+        assert lines[-1] == f"indexer {name}: stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = ANY(%s)", [name, consumer.name])
+
+
+def test_indexer_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "examples.indexer", "--database-url", "postgresql://u@127.0.0.1:1/x",
+                        "--consumer", "c", "--index", str(tmp_path / "i.sqlite")], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 6 and "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith("indexer: error: PostgreSQL unreachable at postgresql://u@127.0.0.1:1/x")

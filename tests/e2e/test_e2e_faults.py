@@ -235,4 +235,4 @@ def test_cli_bad_input_is_one_clear_line(tmp_path: Path) -> None:
     r = _cli("--config", str(good), "outbox", "tail", env={"MCPSYNC_DATABASE_URL": f"postgresql://u@127.0.0.1:{free_port()}/x"})
     assert r.returncode == 6 and "PostgreSQL unreachable" in r.stderr and "Traceback" not in r.stderr
     r = _cli("status", "--server", "a", "--uri", "demo://x")
-    assert r.returncode == 2 and "no configuration" in r.stderr
+    assert r.returncode == 6 and "nothing is running here" in r.stderr  # no stack, no config: unavailable

@@ -84,7 +84,9 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         await control.edit(uri, text="version three after close")
         await asyncio.sleep(1.0)
         assert await ledger.read_count(key) == reads_before, "no read after CLOSED"
-        assert len(await _outbox_for(ledger, key)) == 2
+        # The close told consumers once ('closed'); nothing after it.
+        assert [r["event_type"] for r in await _outbox_for(ledger, key)] == ["version_accepted", "version_accepted",
+                                                                             "closed"]
         stats = await control.stats()
         assert json.dumps(stats)  # the oracle answered
 
@@ -121,4 +123,5 @@ async def test_stdio_subscription_converges_and_closes(temporal_client: Client, 
             assert rec.edition == edition
             receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
             assert receipt.state == SubscriptionState.CLOSED
-    assert len(await _outbox_for(ledger, key)) == 2
+    assert [r["event_type"] for r in await _outbox_for(ledger, key)] == ["version_accepted", "version_accepted",
+                                                                         "closed"]

@@ -31,6 +31,10 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
         desc = await handle.describe()
         details = await desc.static_details()
         assert details is not None and key.uri in details and "safety re-read (with subscribe) | 120 s" in details
+        # The signals the static details list include resource_read (most of the timeline: ingress reads).
+        for name in ("resource_updated", "resource_read", "session_changed", "catalog_reconciled", "revoke",
+                     "identity_conflict", "close", "resume", "first_read", "subscription"):
+            assert f"`{name}`" in details, name
         assert await desc.static_summary() == f"{key.server} {key.subject} {key.uri}"
 
         summaries = []
@@ -53,6 +57,36 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
         for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke", "identity_conflict",
                      "close", "resume", "subscription"):
             assert described.get(name), f"{name} has no description: {described}"
+
+        # The current details: freshness first (what the page is for), one "label: **value**" a line
+        # (a table's cells ran into their labels: "reads39").
+        current = meta.current_details
+        lines = dict(line[2:].split(": ", 1) for line in current.splitlines() if line.startswith("- "))
+        assert lines["staleness bound"] == "**120 s (safety read period; a notification is read sooner)**"
+        for label in ("last accepted at", "last verified at", "next read due"):
+            assert lines[label].endswith(" UTC**") and lines[label] != "**-**", (label, current)
+        assert lines["reads issued"] == "**1**" and lines["last receipt"] != "**-**"
+        assert "|" not in current
+
+
+async def test_answer_gate_workflow_ids_are_readable(temporal_client: Client, ledger: Ledger) -> None:
+    import pytest
+
+    from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError
+    from mcpsync.workflows.answer_rules import AnswerDependency
+    from mcpsync.workflows.names import answer_workflow_id
+
+    answer_id = f"Escalation answer #{uuid.uuid4().hex[:6]}"
+    async with running_services(temporal_client, ledger, []) as cfg:
+        gate = AnswerGate(temporal_client, cfg.temporal.task_queue)
+        with pytest.raises(AnswerGateError, match="does not exist"):  # the workflow runs; the bind is refused
+            await gate.bind(answer_id, "who is on call?", [AnswerDependency(subject="a", server="s", uri="demo://x",
+                                                                            receipt_id=10**9)])
+        desc = await temporal_client.get_workflow_handle(answer_workflow_id(answer_id)).describe()
+        assert desc.id.startswith(f"mcpsync-answer/escalation-answer-{answer_id[-6:]}-")
+    assert answer_workflow_id("Escalation answer #7").startswith("mcpsync-answer/escalation-answer-7-")
+    assert answer_workflow_id("a") != answer_workflow_id("b") and answer_workflow_id("a") == answer_workflow_id("a")
+    assert answer_workflow_id("???").startswith("mcpsync-answer/") and "--" not in answer_workflow_id("???")
 
 
 async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: Client, ledger: Ledger,

@@ -115,8 +115,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
     # 3. The default state dir of an installed wheel is the user's, never the package folder.
     no_stack = await asyncio.to_thread(_run, bindir / "mcpsync", "list", cwd=work,
                                        env={**env, "XDG_STATE_HOME": str(tmp_path / "xdg")})
-    assert no_stack.returncode == 2
-    assert f"no runtime file {tmp_path / 'xdg' / 'mcpsync' / 'runtime.json'}" in _one_error_line(no_stack)
+    assert no_stack.returncode == 6  # nothing is running here
+    assert f"nothing is running here: no runtime file {tmp_path / 'xdg' / 'mcpsync' / 'runtime.json'}" in _one_error_line(no_stack)
 
     # 4. The simulator: dev-only once it lives in sim/ (one line, exit 2); before that it ships.
     sim = await asyncio.to_thread(_run, bindir / "mcpsync", "simulate", "--schedules", "2", "--workers", "1",
@@ -135,6 +135,9 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
             env={**env, "MCPSYNC_STATE_DIR": str(tmp_path / "state"), "MCPSYNC_DATABASE_URL": db_url})
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert f"mcpsync up: state dir {tmp_path / 'state'}" in up.stdout
+        # The hint names a command that exists from this install (no checkout's .venv/bin here).
+        hint = up.stdout.split("Try: ", 1)[1].split(" status ", 1)[0]
+        assert (work / hint).is_file() or Path(hint).is_file() or hint == "mcpsync", hint
         printed = re.findall(r"ACTIVE\s+watermark=(\d+) receipt=(\d+) digest=(\S+)", up.stdout)
         assert printed, up.stdout
         ledger = await open_ledger(db_url)

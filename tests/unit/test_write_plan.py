@@ -117,6 +117,12 @@ def test_close_freezes_the_last_issued_ordinal_once() -> None:
     closed = plan.fence.applied(ROW, None)
     assert close_receipt(closed).close_ordinal == 3
     assert not plan_close(closed).writes
+    # Consumers hear of it once: one ``closed`` row withdrawing every receipt, never held by a rollout.
+    assert plan.outbox is not None and plan.outbox.event == OutboxEventType.CLOSED and plan.outbox.withdraws
+    assert not plan.outbox.rollout_gated and not plan.outbox.of_receipt and plan.receipt is None
+    assert plan.outbox.previous_digest == ROW.last_accepted_digest
+    never = plan_close(ROW.model_copy(update={"last_accepted_digest": None}))
+    assert never.fence is not None and never.outbox is None, "no version was ever current: nothing to withdraw"
 
 
 def test_tombstone_revocation_and_recreation() -> None:
