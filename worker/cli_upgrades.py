@@ -119,7 +119,10 @@ def register(sub: Any) -> None:
     help_ = "open workflow runs by build and workflow.patched marker (when a patch may be deprecated)"
     c = sub.add_parser("upgrades", help=help_, description=help_,
                        epilog="With --patch ID: exit 0 when no open run lacks the marker (deprecate_patch is "
-                              "safe), 3 otherwise. docs/upgrades.md, 'Patch lifecycle'.")
+                              "safe), 3 otherwise. docs/upgrades.md, 'Patch lifecycle'.\n\nexamples:\n"
+                              "  mcpsync upgrades\n"
+                              "  mcpsync upgrades --patch my-patch-id --workflow-type ResourceSubscriptionWorkflow\n"
+                              "  mcpsync upgrades --task-queue mcpsync --json\n")
     c.add_argument("--patch", metavar="ID", help="count the open runs without this workflow.patched marker")
     c.add_argument("--workflow-type", choices=WORKFLOW_TYPES, default=None,
                    help="with --patch: only runs of this workflow type (default: every type)")

@@ -330,7 +330,7 @@ async def test_wide_list_json_bound_and_follow_say_what_is_true(
 
         # poll --follow acknowledges by itself: it says so instead of printing an ack command.
         name = f"follow-{uuid.uuid4().hex[:6]}"
-        first = await st.cli("outbox", "poll", "--consumer", name, "--subject", "alice", "--json")
+        first = await st.cli("outbox", "poll", "--consumer", name, "--register", "--subject", "alice", "--json")
         assert first.code == 0, first.err
         if first.json()["gap"] is not None:  # earlier tests pruned: a new name starts with a relist
             relist = await st.cli("outbox", "resync", "--consumer", name, "--json")
