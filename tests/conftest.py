@@ -133,6 +133,18 @@ async def ledger(database_url: str) -> AsyncIterator[Ledger]:
         await led.pool.close()
 
 
+@pytest.fixture
+async def private_ledger(postgres_url: str) -> AsyncIterator[Ledger]:
+    """A ledger on a database of its own, for a test whose assertions count rows across the whole
+    ledger (retention, say): other tests' rows in the session's database would move its counts."""
+    async with fresh_database(postgres_url) as url:
+        led = await open_ledger(url)
+        try:
+            yield led
+        finally:
+            await led.pool.close()
+
+
 async def ledger_rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:
     """Run one SQL statement on the ledger; its rows (none for a statement without a result)."""
     async with ledger.pool.connection() as conn:

@@ -229,7 +229,9 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
                 if step == N_SUBSCRIPTIONS:  # prune while consuming: only acknowledged rows may go
                     ids_before_prune = {r[0] for r in await ledger_rows(
                         ledger, "SELECT outbox_id FROM outbox WHERE subject = ANY(%s)", [alice, bob])}
-                    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days'"
+                    # Older than retention's 7 days, younger than the lag limit (30 days): the indexer
+                    # is a live consumer whose acknowledged rows go and whose unacknowledged rows stay.
+                    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '8 days'"
                                               " WHERE subject = ANY(%s)", [alice, bob])
                     report = await prune(ledger.pool, keep=timedelta(days=7))
                     assert report.outbox_rows > 0, "the indexer had acknowledged some rows: they go"
