@@ -251,7 +251,9 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
             rows = await outbox_for(ledger, keys[uri])
             assert [r["content_digest"] for r in rows] == [expected[uri]]
         await wait_record(handles[dynamic], lambda r: r.last_accepted_digest is not None, "dynamic resource read")
-        await asyncio.sleep(1.1)  # the next read of the dynamic resource falls in a later second of its clock
+        # Models the server's clock, which ticks in whole seconds (the dynamic resource's content is
+        # that clock): after 1.1 s its next read falls in a later second, so it is a new version.
+        await asyncio.sleep(1.1)
 
         # Nudge: server-everything notifies only the session that toggled, so toggle on the host's session.
         live = host.live

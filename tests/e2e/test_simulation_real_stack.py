@@ -227,6 +227,9 @@ class Driver:
         uri = run.key.uri
         finished = run.closed_at is not None or run.revoked_at is not None or run.ended
         if a.kind == "pause":
+            # Models the simulator's scheduling steps (activity completions, signal deliveries, timers)
+            # that the real stack performs by itself: a short gap (at most 5 x 0.03 s) lets real
+            # scheduling supply the interleaving. Not a wait for an outcome: nothing is asserted here.
             await asyncio.sleep(PAUSE_S * a.n)
         elif a.kind == "mutate" and run.exists or a.kind == "recreate" and not run.exists:
             await self.commit(run, "edit", a.n)
