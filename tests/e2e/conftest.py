@@ -11,8 +11,12 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.metrics import HostTotals, host_totals
 from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.workflows.records import SubscriptionKey
+from tests.conftest import ledger_rows
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +41,26 @@ async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
         yield proc
     finally:
         await proc.stop()
+
+
+# --- witnesses: what a test that shows nothing happened waits for before asserting the absence ---
+
+
+async def notifications_seen(ledger: Ledger, key: SubscriptionKey) -> int:
+    """Updates naming ``key``'s URI that the ingress recorded on its ledger row (``note_notification``
+    counts them whatever the row's state), 0 without a row."""
+    rows = await ledger_rows(ledger, "SELECT notifications_seen FROM subscriptions WHERE subject=%s AND server=%s"
+                             " AND uri=%s", key.subject, key.server, key.uri)
+    return int(rows[0][0]) if rows else 0
+
+
+async def audited(ledger: Ledger, kind: str, workflow_id: str) -> int:
+    """Audit rows of ``kind`` for ``workflow_id``."""
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind=%s AND workflow_id=%s", kind, workflow_id)
+    return int(rows[0][0])
+
+
+def ingress_received(server: str) -> int:
+    """resources/updated notifications the session hosts of ``server`` in this process received (before
+    any coalescing): a notification counted here demonstrably reached the ingress."""
+    return host_totals().get(server, HostTotals()).received
