@@ -64,3 +64,30 @@ def ingress_received(server: str) -> int:
     """resources/updated notifications the session hosts of ``server`` in this process received (before
     any coalescing): a notification counted here demonstrably reached the ingress."""
     return host_totals().get(server, HostTotals()).received
+
+
+def ingress_settled(server: str) -> bool:
+    """Every notification the session hosts of ``server`` in this process received has been folded,
+    read at the ingress or signalled: none waits in their queues or is being routed. (Only for a test
+    whose notifications all name subscribed URIs with running workflows: the others are audited and
+    counted in none of these.)"""
+    t = host_totals().get(server, HostTotals())
+    return t.received == t.coalesced + t.read + t.routed
+
+
+async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:
+    """No read of ``key`` owed: none allocated and not yet judged on the current generations, and the
+    newest judged read's allocation covered every update the ingress recorded on the row."""
+    rows = await ledger_rows(ledger, """
+        SELECT s.notifications_seen,
+               (SELECT max(r.notifications_seen) FROM read_requests r
+                 WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NOT NULL),
+               (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NULL
+                  AND r.ordinal > s.last_accepted_ordinal AND r.session_generation = s.session_generation
+                  AND r.subscription_generation = s.subscription_generation)
+        FROM subscriptions s WHERE s.subject = %s AND s.server = %s AND s.uri = %s""",
+                             key.subject, key.server, key.uri)
+    if not rows:
+        return False
+    seen, covered, pending = rows[0]
+    return pending == 0 and covered is not None and seen <= covered
