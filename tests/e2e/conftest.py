@@ -12,7 +12,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.fixture import FixtureControl, FixtureProcess
 from mcpsync.worker.metrics import HostTotals, host_totals
 from mcpsync.worker.stack import TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
@@ -66,13 +66,27 @@ def ingress_received(server: str) -> int:
     return host_totals().get(server, HostTotals()).received
 
 
-def ingress_settled(server: str) -> bool:
+# Audit kinds that end the routing of one notification (no signal, no read at the ingress).
+ROUTING_AUDITS = ["NOTIFICATION_NO_WORKFLOW", "UNKNOWN_URI", "NOTIFICATION_NOT_ROUTED"]
+
+
+async def ingress_settled(ledger: Ledger, server: str) -> bool:
     """Every notification the session hosts of ``server`` in this process received has been folded,
-    read at the ingress or signalled: none waits in their queues or is being routed. (Only for a test
-    whose notifications all name subscribed URIs with running workflows: the others are audited and
-    counted in none of these.)"""
+    read at the ingress, signalled, or audited as unroutable: none waits in their queues or is being
+    routed."""
     t = host_totals().get(server, HostTotals())
-    return t.received == t.coalesced + t.read + t.routed
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE server=%s AND kind = ANY(%s)", server,
+                             ROUTING_AUDITS)
+    return t.received == t.coalesced + t.read + t.routed + int(rows[0][0])
+
+
+async def ingress_idle(ledger: Ledger, fx: FixtureControl, server: str) -> bool:
+    """The fixture's notifier has nothing queued, every update notification it sent reached the
+    ingress of ``server`` (the only server on ``fx``), and the ingress has settled all of them."""
+    stats = await fx.stats()
+    sent = sum(stats["notifications_sent"].values())
+    return stats["notifications_pending"] == 0 and ingress_received(server) >= sent \
+        and await ingress_settled(ledger, server)
 
 
 async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:

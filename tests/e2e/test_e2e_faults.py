@@ -26,7 +26,7 @@ from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 from tests.conftest import eventually, running_services, unique
-from tests.e2e.conftest import ingress_received, ingress_settled, reads_settled
+from tests.e2e.conftest import ingress_idle, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record
 
 MCPSYNC = [sys.executable, "-m", "mcpsync.worker.cli"]
@@ -63,8 +63,7 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
 
 async def _idle(handle: WorkflowHandle, ledger: Ledger, key: SubscriptionKey, fx: FixtureProcess,
                 server: str) -> bool:
-    sent = (await fx.stats())["notifications_sent"].get(key.uri, 0)
-    if ingress_received(server) < sent or not ingress_settled(server) or not await reads_settled(ledger, key):
+    if not await ingress_idle(ledger, fx, server) or not await reads_settled(ledger, key):
         return False
     rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
     return rec.state.value == "ACTIVE"
