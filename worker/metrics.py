@@ -179,6 +179,7 @@ class _Host(Protocol):
     notifications_received: int
     notifications_coalesced: int
     notifications_read: int
+    notifications_routed: int
 
     @property
     def server(self) -> Any: ...
@@ -261,6 +262,7 @@ class HostTotals(NamedTuple):
     received: int = 0
     coalesced: int = 0
     read: int = 0  # read at the ingress and reported (``resource_read``), no signal to read
+    routed: int = 0  # signalled ``resource_updated`` for the workflow to read (in-process hosts only)
 
 
 def host_totals() -> dict[str, HostTotals]:
@@ -271,7 +273,7 @@ def host_totals() -> dict[str, HostTotals]:
     for h in hosts:
         t = out.get(h.server.name, HostTotals())
         out[h.server.name] = HostTotals(t.received + h.notifications_received, t.coalesced + h.notifications_coalesced,
-                                        t.read + h.notifications_read)
+                                        t.read + h.notifications_read, t.routed + h.notifications_routed)
     return out
 
 

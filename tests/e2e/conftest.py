@@ -11,8 +11,12 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.fixture import FixtureControl, FixtureProcess
+from mcpsync.worker.metrics import HostTotals, host_totals
 from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.workflows.records import SubscriptionKey
+from tests.conftest import ledger_rows
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +41,67 @@ async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
         yield proc
     finally:
         await proc.stop()
+
+
+# --- witnesses: what a test that shows nothing happened waits for before asserting the absence ---
+
+
+async def notifications_seen(ledger: Ledger, key: SubscriptionKey) -> int:
+    """Updates naming ``key``'s URI that the ingress recorded on its ledger row (``note_notification``
+    counts them whatever the row's state), 0 without a row."""
+    rows = await ledger_rows(ledger, "SELECT notifications_seen FROM subscriptions WHERE subject=%s AND server=%s"
+                             " AND uri=%s", key.subject, key.server, key.uri)
+    return int(rows[0][0]) if rows else 0
+
+
+async def audited(ledger: Ledger, kind: str, workflow_id: str) -> int:
+    """Audit rows of ``kind`` for ``workflow_id``."""
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind=%s AND workflow_id=%s", kind, workflow_id)
+    return int(rows[0][0])
+
+
+def ingress_received(server: str) -> int:
+    """resources/updated notifications the session hosts of ``server`` in this process received (before
+    any coalescing): a notification counted here demonstrably reached the ingress."""
+    return host_totals().get(server, HostTotals()).received
+
+
+# Audit kinds that end the routing of one notification (no signal, no read at the ingress).
+ROUTING_AUDITS = ["NOTIFICATION_NO_WORKFLOW", "UNKNOWN_URI", "NOTIFICATION_NOT_ROUTED"]
+
+
+async def ingress_settled(ledger: Ledger, server: str) -> bool:
+    """Every notification the session hosts of ``server`` in this process received has been folded,
+    read at the ingress, signalled, or audited as unroutable: none waits in their queues or is being
+    routed."""
+    t = host_totals().get(server, HostTotals())
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE server=%s AND kind = ANY(%s)", server,
+                             ROUTING_AUDITS)
+    return t.received == t.coalesced + t.read + t.routed + int(rows[0][0])
+
+
+async def ingress_idle(ledger: Ledger, fx: FixtureControl, server: str) -> bool:
+    """The fixture's notifier has nothing queued, every update notification it sent reached the
+    ingress of ``server`` (the only server on ``fx``), and the ingress has settled all of them."""
+    stats = await fx.stats()
+    sent = sum(stats["notifications_sent"].values())
+    return stats["notifications_pending"] == 0 and ingress_received(server) >= sent \
+        and await ingress_settled(ledger, server)
+
+
+async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:
+    """No read of ``key`` owed: none allocated and not yet judged on the current generations, and the
+    newest judged read's allocation covered every update the ingress recorded on the row."""
+    rows = await ledger_rows(ledger, """
+        SELECT s.notifications_seen,
+               (SELECT max(r.notifications_seen) FROM read_requests r
+                 WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NOT NULL),
+               (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NULL
+                  AND r.ordinal > s.last_accepted_ordinal AND r.session_generation = s.session_generation
+                  AND r.subscription_generation = s.subscription_generation)
+        FROM subscriptions s WHERE s.subject = %s AND s.server = %s AND s.uri = %s""",
+                             key.subject, key.server, key.uri)
+    if not rows:
+        return False
+    seen, covered, pending = rows[0]
+    return pending == 0 and covered is not None and seen <= covered

@@ -4,7 +4,6 @@ cross-URI writes, reconnects at four points, and a half-open connection.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import uuid
@@ -19,7 +18,7 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import free_port
-from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -154,7 +153,14 @@ async def test_half_open_connection_is_detected_by_ping_and_recovered(temporal_c
                                  what="ping timeout noticed")
             finally:
                 os.kill(fx.pid, signal.SIGCONT)
-            await asyncio.sleep(0.5)
+            # Witness of the recovery before the change: a new session is recorded, the subscription is
+            # ACTIVE on it, and the fixture, answering again, holds the URI's subscription.
+            session = await eventually(lambda: ledger.current_session("anonymous", server.name), timeout=45,
+                                       what="a new session after the half-open one")
+            assert session.generation >= 2
+            await _wait_record(handle, lambda r: r.state == SubscriptionState.ACTIVE and r.session_generation >= session.generation,
+                               "subscribed again on the new session", timeout=45)
+            await fx.wait_subscribed(uri, timeout=45)
             change = await fx.edit(uri, text="after half-open")
             rec = await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
                                      "recovered", timeout=45)

@@ -15,7 +15,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import ServerConfig
@@ -26,6 +26,7 @@ from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import ingress_idle, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record
 
 MCPSYNC = [sys.executable, "-m", "mcpsync.worker.cli"]
@@ -52,15 +53,18 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
         rec = await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
                                  "change accepted")
         await fx.wait_notified()
-        # Let any coalesced follow-up read finish before counting.
-        await eventually(lambda: _idle(handle), what="no read in flight")
+        # Count only once no read can follow: every duplicate the server sent reached the ingress and
+        # left its queue, no read is in flight or owed on the ledger row, and the workflow is ACTIVE.
+        await eventually(lambda: _idle(handle, ledger, key, fx, server.name), what="no read in flight or owed")
         reads = await ledger.read_count(key) - reads_before
         assert 1 <= reads <= 2, f"20 duplicates caused {reads} reads"
         assert rec.last_notification_seq >= 1
 
 
-async def _idle(handle) -> bool:  # type: ignore[no-untyped-def]
-    await asyncio.sleep(0.5)
+async def _idle(handle: WorkflowHandle, ledger: Ledger, key: SubscriptionKey, fx: FixtureProcess,
+                server: str) -> bool:
+    if not await ingress_idle(ledger, fx, server) or not await reads_settled(ledger, key):
+        return False
     rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
     return rec.state.value == "ACTIVE"
 

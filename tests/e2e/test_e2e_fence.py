@@ -6,7 +6,6 @@ Common assertion: no accepted version, tombstone or outbox row from a non-ACTIVE
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import uuid
 from pathlib import Path
@@ -38,6 +37,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.e2e.conftest import audited, ingress_idle, notifications_seen
 from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
@@ -157,11 +157,18 @@ async def test_lost_unsubscribe_ack_is_unsubscribe_unknown_and_never_reopens(tem
         await fx.faults(reject_unsubscribe=True)
         receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
         assert receipt.state == S.UNSUBSCRIBE_UNKNOWN
-        reads = await ledger.read_count(key)
+        reads, served = await ledger.read_count(key), (await fx.stats())["reads"].get(key.uri, 0)
+        seen = await notifications_seen(ledger, key)
         await fx.edit(key.uri, text="after close")
         await fx.notify(key.uri, times=3)
-        await asyncio.sleep(1.0)
+        # Witness before the absence: the unsubscribe was never acknowledged, so the server still
+        # notifies; every notification reached the ingress, was recorded on the row and settled (the
+        # ended run's audited NOTIFICATION_NO_WORKFLOW).
+        await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
+        assert await notifications_seen(ledger, key) > seen
+        assert await audited(ledger, "NOTIFICATION_NO_WORKFLOW", key.workflow_id) >= 1
         assert await ledger.read_count(key) == reads
+        assert (await fx.stats())["reads"].get(key.uri, 0) == served, "no resources/read after the close"
         assert (await ledger.load_fence(key)).state == S.UNSUBSCRIBE_UNKNOWN
         closed = await ledger.load_fence(key)
         # An explicit new start is a new incarnation: it subscribes afresh, ordinals continue above.

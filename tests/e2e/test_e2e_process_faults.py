@@ -7,7 +7,6 @@ activities are retried by Temporal: every change still converges and nothing reg
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, start_subscription
 from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
-from tests.conftest import running_services, unique
+from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import ingress_received
 from tests.e2e.test_e2e_subscription import _wait_record
 
 
@@ -41,16 +41,22 @@ async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_s
 
             # Temporal killed (SIGKILL) while a change is notified; restarted on the same file.
             await temporal.kill()
+            received = ingress_received(server.name)
             v2 = await fx.edit(uri, text="v2 while Temporal is down")
-            await asyncio.sleep(1.0)
+            # Witness that the change was notified while Temporal was down: the ingress received it.
+            await eventually(lambda: ingress_received(server.name) > received, timeout=30,
+                             what="v2's notification received by the ingress while Temporal is down")
             await temporal.restart()
             await _wait_record(handle, lambda r: r.last_accepted_digest == v2["committed"]["digest"],
                                "v2 after the Temporal restart", timeout=60)
 
             # PostgreSQL stopped while a change is notified; started again on the same data dir.
             await pg.stop()
+            received = ingress_received(server.name)
             v3 = await fx.edit(uri, text="v3 while PostgreSQL is down")
-            await asyncio.sleep(1.0)
+            # Witness that the change was notified while PostgreSQL was down: the ingress received it.
+            await eventually(lambda: ingress_received(server.name) > received, timeout=30,
+                             what="v3's notification received by the ingress while PostgreSQL is down")
             pg = await EmbeddedPostgres.start(own_state_dir, database="faults")
             rec = await _wait_record(handle, lambda r: r.last_accepted_digest == v3["committed"]["digest"],
                                      "v3 after the PostgreSQL restart", timeout=90)

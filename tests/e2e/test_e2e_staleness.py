@@ -64,6 +64,8 @@ async def _catalog_burst(handle: WorkflowHandle, key: SubscriptionKey, seconds: 
         await handle.signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
             uri=key.uri, listed=True, scan_id=f"burst-{sent}", snapshot_status="SNAPSHOT_UNPROVEN",
             session_generation=0))
+        # Models the real-world cadence of the wake-ups: a catalog word every 0.7 s, more often than
+        # the 4 s poll period, so a poll timer restarted by each wake-up would never fire.
         await asyncio.sleep(0.7)
     return sent
 

@@ -7,9 +7,9 @@ in Temporal history.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,6 +30,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import audited, ingress_idle, notifications_seen, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
@@ -85,13 +86,17 @@ async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, 
         await _wait_record(ha_bobs, lambda r: r.state == S.TOMBSTONE_PENDING, "hidden from alice")
         assert await _outbox(ledger, a_bobs) == []
         assert await ledger.get_content("alice", b1["committed"]["digest"]) is None
-        alice_reads = await ledger.read_count(a_bobs)
+        alice_reads, alice_seen = await ledger.read_count(a_bobs), await notifications_seen(ledger, a_bobs)
         # An update of bob's resource reaches bob's session only and causes no read for alice.
         await fx.wait_subscribed(bobs)
         b2 = await fx.edit(bobs, text="bob only, v2")
         await _wait_record(hb_bobs, lambda r: r.last_accepted_digest == b2["committed"]["digest"], "bob v2")
-        await asyncio.sleep(0.5)
+        # Witness before the absence: every notification the server sent (to either subject's session)
+        # reached the ingress and was settled, and no read of alice's subscription is in flight or owed.
+        await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
+        await eventually(lambda: reads_settled(ledger, a_bobs), what="no read owed to alice")
         assert await ledger.read_count(a_bobs) == alice_reads
+        assert await notifications_seen(ledger, a_bobs) == alice_seen, "bob's update never named alice's row"
         history = (await ha_shared.fetch_history()).to_json() + (await hb_bobs.fetch_history()).to_json()
     for token in TOKENS.values():
         assert token not in history, "credentials never enter Temporal history"
@@ -136,6 +141,7 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         for k, _ in subs.values():
             assert await ledger.current_content(k) is not None
 
+        revoking_since = time.monotonic()
         # 1. the server denies the next read
         await fx.faults(deny_reads={uris["denied"]: ["alice"]})
         await fx.notify(uris["denied"])
@@ -159,18 +165,30 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
 
         for way, (k, h) in subs.items():
             await _wait_record(h, lambda r: r.state == S.REVOKED, f"revoked via {way}")
+            # effective_at (when access ended) -> its outbox row, as the revocation metric measures it:
+            # after the revocation began and no longer than the test has waited for it since.
+            latency, waited = await _revocation_latency(ledger, k), time.monotonic() - revoking_since
+            assert 0 < latency <= waited, f"{way}: revocation latency {latency:.3f} s, {waited:.3f} s since it began"
             event = await eventually(lambda k=k: _revoked(ledger, k), what=f"revoked outbox row ({way})")
             receipts = [r.receipt_id for r in await ledger.receipts(k)]
             detail = event["detail"] if isinstance(event["detail"], dict) else json.loads(event["detail"])
             assert set(detail["receipt_ids"]) == set(receipts) and len(receipts) >= 2
             assert await ledger.current_content(k) is None, "nothing is served after revocation"
             assert await ledger.get_content("alice", digests[way] or "") is None, "cached body purged"
-            assert await _revocation_latency(ledger, k) >= 0
         # After revocation nothing new is accepted for it, whatever the server says.
-        reads = await ledger.read_count(subs["platform"][0])
+        platform = subs["platform"][0]
+        reads, served = await ledger.read_count(platform), (await fx.stats())["reads"].get(uris["platform"], 0)
+        seen = await notifications_seen(ledger, platform)
         await fx.edit(uris["platform"], text="after revocation")
-        await asyncio.sleep(0.8)
-        assert await ledger.read_count(subs["platform"][0]) == reads
+        # Witness that an update after the revocation reached the reconciler and was dealt with: pushed
+        # at alice's session whether or not it is still subscribed, recorded on the ledger row, and
+        # every notification settled (the one for the ended run audited NOTIFICATION_NO_WORKFLOW).
+        await fx.notify(uris["platform"], unsolicited=True)
+        await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
+        assert await notifications_seen(ledger, platform) > seen
+        assert await audited(ledger, "NOTIFICATION_NO_WORKFLOW", platform.workflow_id) >= 1
+        assert await ledger.read_count(platform) == reads
+        assert (await fx.stats())["reads"].get(uris["platform"], 0) == served, "no resources/read after revocation"
 
 
 async def test_guardrails_reject_oversize_and_binary_declared_as_text(

@@ -6,7 +6,6 @@ whose digest equals the committed one → one outbox row per change; close → C
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import audited, notifications_seen
 
 
 @dataclass
@@ -81,9 +81,27 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert final.ended_at is not None and final.started_at is not None and final.ended_at >= final.started_at
         assert final.next_read_due_at is None and final.last_accepted_at is not None
         reads_before = await ledger.read_count(key)
+        stats = await control.stats()
+        served_before, sent_before = stats["reads"].get(uri, 0), stats["notifications_sent"].get(uri, 0)
+        seen_before = await notifications_seen(ledger, key)
         await control.edit(uri, text="version three after close")
-        await asyncio.sleep(1.0)
+        # Witnesses before the absence: the server's notifier handled the change (nothing queued), and
+        # the run has ended (result above), so nothing but a notification could still cause a read.
+        await control.wait_notified(timeout=30)
+        if expect_edition == "2025-11-25":
+            # An update after the close demonstrably reaches the reconciler: the session unsubscribed,
+            # so push one at it anyway; the ingress records it on the ledger row and, the run having
+            # ended, audits it NOTIFICATION_NO_WORKFLOW (the last step of its routing).
+            await control.notify(uri, unsolicited=True)
+            await eventually(lambda: audited(ledger, "NOTIFICATION_NO_WORKFLOW", key.workflow_id), timeout=30,
+                             what="the update after the close routed to the ended run")
+            assert await notifications_seen(ledger, key) > seen_before
+        else:
+            # 2026-07-28 has no unsolicited updates: the listen stream closed with the subscription,
+            # so the drained notifier sent the change to no stream of ours.
+            assert (await control.stats())["notifications_sent"].get(uri, 0) == sent_before
         assert await ledger.read_count(key) == reads_before, "no read after CLOSED"
+        assert (await control.stats())["reads"].get(uri, 0) == served_before, "no resources/read after CLOSED"
         # The close told consumers once ('closed'); nothing after it.
         assert [r["event_type"] for r in await _outbox_for(ledger, key)] == ["version_accepted", "version_accepted",
                                                                              "closed"]

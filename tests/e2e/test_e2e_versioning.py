@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import ContinueAsNewVersioningBehavior as ProtoCanBehavior
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueKind, TaskQueueType
 from temporalio.api.enums.v1 import VersioningBehavior as ProtoBehavior
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
 
@@ -92,6 +94,20 @@ async def _make_current(server: TemporalDevServer, deployment: str, build_id: st
         return True
 
     await eventually(attempt, timeout=30, interval=0.5, what=f"set-current-version {build_id}")
+
+
+async def _routing_propagated(client: Client, deployment: str, queue: str, build_id: str) -> bool:
+    """The server reports ``build_id`` current for ``deployment``, and the matching of ``queue``'s
+    workflow tasks routes to it (its versioning info): from then on a workflow task on ``queue`` sees the
+    change (docs/upgrades.md: one that starts before may not)."""
+    resp = await client.workflow_service.describe_worker_deployment(DescribeWorkerDeploymentRequest(
+        namespace=client.namespace, deployment_name=deployment))
+    if resp.worker_deployment_info.routing_config.current_deployment_version.build_id != build_id:
+        return False
+    tq = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+    return tq.versioning_info.current_deployment_version.build_id == build_id
 
 
 @asynccontextmanager
@@ -262,8 +278,10 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
 
         async with _main_worker(client, ledger, queue, deployment, "v2", workflows=V2_WORKFLOWS):
             await _make_current(temporal_server, deployment, "v2")
-            # Pinned: a new current build alone moves nothing (no wake-up, no continue-as-new yet).
-            await asyncio.sleep(1.0)
+            # Pinned: a new current build alone moves nothing (no wake-up, no continue-as-new yet). Checked
+            # once the queue's matching routes to v2 (a task from then on would see it).
+            await eventually(lambda: _routing_propagated(client, deployment, queue, "v2"), timeout=30,
+                             what="v2's routing propagated")
             for handle in [h for _, h in subs] + [catalog]:
                 assert (await _build_of(handle))[:2] == (first_runs[handle.id], "v1")
 
@@ -290,8 +308,9 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             # The routing change reaches the server's matching asynchronously: a workflow task that
             # starts before it does not see the target change. A change read at the ingress costs one
             # workflow task, so a nudge sent at once can land in that window and move nothing (the
-            # next wake-up would); give it the second the upgrade above also waits.
-            await asyncio.sleep(1.0)
+            # next wake-up would); nudge once the queue's matching routes to v1, as above.
+            await eventually(lambda: _routing_propagated(client, deployment, queue, "v1"), timeout=30,
+                             what="v1's routing propagated")
             v1_runs = await _move_all(client, ledger, fx, subs, "v1", "rollback")
             for key, _ in subs:
                 assert not any(V2_PATCH in m for m in await _markers(client, key.workflow_id, v1_runs[key.workflow_id]))

@@ -54,6 +54,7 @@ from mcpsync.workflows.records import (
     TriggerReason,
 )
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import ingress_settled, notifications_seen
 
 ROOT = Path(__file__).resolve().parents[2]
 NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", ROOT / ".state" / "npm"))
@@ -251,7 +252,9 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
             rows = await outbox_for(ledger, keys[uri])
             assert [r["content_digest"] for r in rows] == [expected[uri]]
         await wait_record(handles[dynamic], lambda r: r.last_accepted_digest is not None, "dynamic resource read")
-        await asyncio.sleep(1.1)  # the next read of the dynamic resource falls in a later second of its clock
+        # Models the server's clock, which ticks in whole seconds (the dynamic resource's content is
+        # that clock): after 1.1 s its next read falls in a later second, so it is a new version.
+        await asyncio.sleep(1.1)
 
         # Nudge: server-everything notifies only the session that toggled, so toggle on the host's session.
         live = host.live
@@ -334,6 +337,10 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         assert (await close(mhandle)).state in (SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN)
 
 
+async def _more_seen(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
+    return await notifications_seen(ledger, key) > before
+
+
 async def _has_receipt(ledger: Ledger, key: SubscriptionKey, status: AcceptVerdict, trigger: TriggerReason) -> bool:
     return any(r.status == status and r.trigger == trigger for r in await ledger.receipts(key))
 
@@ -373,6 +380,13 @@ async def bump(ctx: Context) -> str:
     """Append a mark and publish a resource-updated event (a nudge with no arguments)."""
     state["text"] += "+"
     await ctx.notify_resource_updated(URI)
+    return "ok"
+
+
+@app.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Publish a resource-updated event for any URI, changing nothing (a marker event)."""
+    await ctx.notify_resource_updated(uri)
     return "ok"
 
 
@@ -470,10 +484,16 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             assert await outbox_for(ledger, mkey) == []
 
             assert (await close(handle)).state == SubscriptionState.CLOSED
+            reads, seen = await ledger.read_count(key), await notifications_seen(ledger, key)
+            marks = await notifications_seen(ledger, mkey)
             await direct.call_tool("edit", {"text": "revision 3, after close"})
-            reads = await ledger.read_count(key)
-            await asyncio.sleep(0.5)
+            # Witness: a later event from the same server, for the URI still subscribed, reached the
+            # ingress (recorded on its row), and the ingress settled every notification it received.
+            assert not (await direct.call_tool("touch", {"uri": mkey.uri})).is_error
+            await eventually(lambda: _more_seen(ledger, mkey, marks), what="the later marker event recorded")
+            await eventually(lambda: ingress_settled(ledger, server.name), what="every notification routed")
             assert await ledger.read_count(key) == reads, "no read after CLOSED"
+            assert await notifications_seen(ledger, key) == seen, "the listen stream ended with the close"
             await close(mhandle)
 
 

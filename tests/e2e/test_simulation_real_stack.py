@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,7 +70,8 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
-from tests.conftest import ledger_rows, running_services, unique
+from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.e2e.conftest import notifications_seen, reads_settled
 from tests.e2e.test_e2e_fence import _record
 
 S = SubscriptionState
@@ -80,6 +82,7 @@ CROSSCHECK_CONFIG = SimConfig(faults=ALL_FAULTS - {
     Fault.LOST_ACK})
 PAUSE_S = 0.03
 TERMINAL = {S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED}
+READING = {S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING, S.VERSION_ACCEPTED}  # a notification makes these read
 ADVANCING = ("ACCEPTED", "UNCHANGED", "TOMBSTONE_PENDING", "GUARDRAIL_REJECTED")
 
 
@@ -227,6 +230,9 @@ class Driver:
         uri = run.key.uri
         finished = run.closed_at is not None or run.revoked_at is not None or run.ended
         if a.kind == "pause":
+            # Models the simulator's scheduling steps (activity completions, signal deliveries, timers)
+            # that the real stack performs by itself: a short gap (at most 5 x 0.03 s) lets real
+            # scheduling supply the interleaving. Not a wait for an outcome: nothing is asserted here.
             await asyncio.sleep(PAUSE_S * a.n)
         elif a.kind == "mutate" and run.exists or a.kind == "recreate" and not run.exists:
             await self.commit(run, "edit", a.n)
@@ -238,8 +244,12 @@ class Driver:
             if a.detail == "denied":
                 run.reasons.add("denied")
             await self.board.set("notify_copies", uri, 1)
+            served = (await self.fx.stats())["reads"].get(uri, 0)
             await self.fx.notify(uri)  # make the workflow read while the switch is on
-            await asyncio.sleep(0.4)
+            # Witness instead of a pause: the server served a read of the URI after the notification
+            # (under the switch), unless the subscription is in no state to read on a notification.
+            await eventually(lambda: self.read_or_not_reading(h, uri, served), timeout=30, interval=0.05,
+                             what=f"schedule {run.index}: the read the faulted notification causes")
             await self.board.set(switch, uri, None)
         elif finished or a.kind in ("mutate", "recreate", "delete"):
             return  # nothing to change; or the subscription already ended: only the oracle moves on
@@ -284,6 +294,28 @@ class Driver:
             run.revoked_at = datetime.now(UTC)
         elif a.kind == "reset":
             await self.reset(run, first=a.n == 0, reapply=a.detail == "reapply")
+
+    async def read_or_not_reading(self, h: WorkflowHandle, uri: str, served: int) -> bool:
+        """A read of ``uri`` was served since the server's count was ``served``, or the run cannot
+        read on a notification now (it ended, is being reset, or is not watching)."""
+        if (await self.fx.stats())["reads"].get(uri, 0) > served:
+            return True
+        try:
+            rec = await _record(h)
+        except Exception:  # the run completed, or a reset in progress: no read to wait for
+            return True
+        return rec.state not in READING
+
+    async def final_read_done(self, run: Run, h: WorkflowHandle, seen: int) -> bool:
+        """The final invalidation was recorded on the ledger row and no read is owed for it any more,
+        or the run cannot read on it (see ``read_or_not_reading``)."""
+        if await notifications_seen(self.ledger, run.key) > seen and await reads_settled(self.ledger, run.key):
+            return True
+        try:
+            rec = await _record(h)
+        except Exception:
+            return True
+        return rec.state not in READING
 
     async def resume(self, h: WorkflowHandle) -> None:
         try:
@@ -347,8 +379,11 @@ class Driver:
                     measured_at=datetime.now(UTC)))
             else:
                 final_sent = True
+                seen = await notifications_seen(self.ledger, run.key)
                 await self.fx.notify(run.key.uri)  # the final invalidation
-            await asyncio.sleep(0.3)
+                # Witness instead of a pause: the ingress recorded it and the read it owes was judged.
+                with suppress(AssertionError):  # not there in time: the checks below say what is wrong
+                    await eventually(lambda s=seen: self.final_read_done(run, h, s), timeout=15, interval=0.05)
             await _until(h, lambda r: r.state in TERMINAL or self.converged(run, r), 15)
         rec = await _until(h, lambda r: True, 10)
         if rec is not None and rec.state in TERMINAL:

@@ -151,6 +151,8 @@ async def test_orphaned_dev_server_is_replaced(tmp_path: Path) -> None:
         async def main():
             s = await TemporalDevServer.start(Path({str(tmp_path)!r}), port=0, ui_port=0)
             print(s.pid, flush=True)
+            # Models a long-lived owner process: it keeps running until the test SIGKILLs it (the
+            # test kills it within seconds; 120 s only bounds a leak if the test itself dies).
             await asyncio.sleep(120)
         asyncio.run(main())
         """

@@ -11,15 +11,17 @@ import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from mcpsync.activities import outbox as outbox_module
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import (
+    NOTIFY_CHANNEL,
     ConsumerError,
     ConsumerNotFound,
     OutboxConsumer,
@@ -29,6 +31,7 @@ from mcpsync.activities.outbox import (
     events_after,
     stamp,
 )
+from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
 from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import ReadOutcomeKind
@@ -239,13 +242,21 @@ async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: st
 
 
 async def test_follow_wakes_on_notify_from_a_plain_sql_insert(ledger: Ledger, database_url: str,
-                                                              consumers: list[str]) -> None:
+                                                              consumers: list[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     subject = unique("follow")
     consumer = await register(ledger, consumers, subject)
+    parked = asyncio.Event()  # witness: follow polled, found nothing and went to wait on LISTEN
+
+    async def wait_for_events(listener: psycopg.AsyncConnection[Any], timeout: float) -> None:
+        parked.set()
+        await outbox_wait_for_events(listener, timeout)
+
+    monkeypatch.setattr(outbox_module, "wait_for_events", wait_for_events)
     stream = consumer.follow(idle_timeout=60)  # a sleep loop would take a minute
     nxt = asyncio.ensure_future(stream.__anext__())
-    await asyncio.sleep(0.5)
-    assert not nxt.done()
+    await eventually(parked.is_set, timeout=10, interval=0.01, what="follow waiting on LISTEN")
+    assert not nxt.done(), "an idle follow yields nothing"
     loop = asyncio.get_running_loop()
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         started = loop.time()
@@ -401,19 +412,34 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     assert (gauge("mcpsync_outbox_consumer_lag_events"), gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
 
 
+async def _following(ledger: Ledger, name: str, app: str, polled_before: datetime | None) -> bool:
+    """A backend of application ``app`` sits idle on ``LISTEN mcpsync_outbox`` and consumer ``name``
+    polled after ``polled_before``."""
+    listening = await ledger_rows(
+        ledger, "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'"
+        " AND query = %s", app, f"LISTEN {NOTIFY_CHANNEL}")
+    polled = (await consumer_infos(ledger.pool, name))[0].last_poll_at
+    return bool(listening) and polled is not None and (polled_before is None or polled > polled_before)
+
+
 async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path, ledger: Ledger, database_url: str,
                                                                  consumers: list[str]) -> None:
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     subject = unique("pf")
     consumer = await register(ledger, consumers, subject)
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+    app = unique("pf-follow")
+    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"} | {"PGAPPNAME": app}
+    polled_before = (await consumer_infos(ledger.pool, consumer.name))[0].last_poll_at
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "outbox", "poll", "--consumer", consumer.name,
         "--follow", "--json", cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        await asyncio.sleep(2.0)  # started and waiting on LISTEN
+        # Witness that it started and waits on LISTEN: its listening backend (tagged by PGAPPNAME) is
+        # idle after the LISTEN, and it polled since (last_poll_at moved: follow LISTENs before polling).
+        await eventually(lambda: _following(ledger, consumer.name, app, polled_before), timeout=30,
+                         what="outbox poll --follow listening and past its first poll")
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             first = await _insert(conn, subject, "demo://pf/1")
         batch = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
