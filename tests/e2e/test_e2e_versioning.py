@@ -25,6 +25,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkerDeploymentVersion
+from temporalio.service import RPCError
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.cli_upgrades import open_runs, runs_without
@@ -100,13 +101,16 @@ async def _routing_propagated(client: Client, deployment: str, queue: str, build
     """The server reports ``build_id`` current for ``deployment``, and the matching of ``queue``'s
     workflow tasks routes to it (its versioning info): from then on a workflow task on ``queue`` sees the
     change (docs/upgrades.md: one that starts before may not)."""
-    resp = await client.workflow_service.describe_worker_deployment(DescribeWorkerDeploymentRequest(
-        namespace=client.namespace, deployment_name=deployment))
-    if resp.worker_deployment_info.routing_config.current_deployment_version.build_id != build_id:
+    try:
+        resp = await client.workflow_service.describe_worker_deployment(DescribeWorkerDeploymentRequest(
+            namespace=client.namespace, deployment_name=deployment))
+        if resp.worker_deployment_info.routing_config.current_deployment_version.build_id != build_id:
+            return False
+        tq = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+    except RPCError:  # a describe the dev server cancels under load ("operation was canceled"): ask again
         return False
-    tq = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-        namespace=client.namespace, task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
     return tq.versioning_info.current_deployment_version.build_id == build_id
 
 
