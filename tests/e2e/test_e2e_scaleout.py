@@ -200,6 +200,7 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
                 if r == LOAD_ROUNDS - 1:  # the last change of every URI comes after the kills
                     await kills_done.wait()
 
+        rss = {name: _rss_mib(proc.pid) for name, proc in procs.items()}  # for docs/deploy.md's base RSS
         writers = asyncio.gather(*(changes(u) for u in uris))
         await eventually(lambda: _at_least(done, KILL_AFTER_CHANGES), timeout=120, what="changes flowing")
         procs[owner].send_signal(signal.SIGKILL)
@@ -217,7 +218,8 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
             assert procs[name].wait(timeout=10) == -signal.SIGKILL
         print(f"scale-out: killed {owner} (leases {moving}) and main1 after {changes_at_kill} changes; "
               f"lease handoff {', '.join(f'{s} {t:.2f} s' for s, t in handoffs.items())} "
-              f"(lease_seconds {LOAD_LEASE_SECONDS}); {done[0]} changes x {len(subjects)} subscriptions")
+              f"(lease_seconds {LOAD_LEASE_SECONDS}); {done[0]} changes x {len(subjects)} subscriptions; "
+              f"RSS before the kills (MiB, {len(keys)} subscriptions): {rss}")
 
         # 0 lost: every committed version of every URI has an ACCEPTED receipt in every subscription,
         # in commit order, nothing else accepted, and the record ends at the last version.
@@ -271,6 +273,13 @@ async def _workflow_task_workers(client: Client, workflow_ids: list[str],
     for t, who in completed:
         out[who]["before" if t <= killed else "after"] += 1
     return out
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return -1.0
 
 
 async def _at_least(counter: list[int], n: int) -> bool | None:
