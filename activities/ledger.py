@@ -64,6 +64,7 @@ class Ledger:
         self.acquire_lease = self.sessions.acquire_lease
         self.release_lease = self.sessions.release_lease
         self.lease_holder = self.sessions.lease_holder
+        self.lease_remaining = self.sessions.lease_remaining
         self.find_subscription = self.fence.find_subscription
         self.subscriptions_for = self.fence.subscriptions_for
         self.normalized_siblings = self.fence.normalized_siblings

@@ -5,6 +5,7 @@ Contract:
   before it for that (subject, server), and a history row keeps every generation.
 - ``acquire_lease`` takes or renews the (subject, server) lease: one host at a time holds it
   until it lapses (the database clock decides); a new holder bumps the lease epoch.
+  ``lease_remaining``: seconds until the live lease lapses (a standby's wake-up time).
 - Activity ``ledger_current_session``: the open session of a (subject, server), or None.
 """
 
@@ -115,6 +116,15 @@ class SessionLedger:
             await conn.execute(
                 "DELETE FROM session_leases WHERE subject=%s AND server=%s AND holder=%s", (subject, server, holder)
             )
+
+    async def lease_remaining(self, subject: str, server: str) -> float | None:
+        """Seconds until the (subject, server) lease runs out by the database clock (None: no live lease)."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT EXTRACT(EPOCH FROM lease_until - clock_timestamp())::float8 FROM session_leases"
+                " WHERE subject=%s AND server=%s AND lease_until >= clock_timestamp()", (subject, server))
+            row = await cur.fetchone()
+        return None if row is None else max(0.0, float(row[0]))
 
     async def lease_holder(self, subject: str, server: str) -> tuple[str, int] | None:
         async with self.store.pool.connection() as conn:

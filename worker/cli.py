@@ -375,6 +375,9 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     client = await connect_temporal(config.temporal)
     ledger = await open_ledger(_database_url(config))
     metrics.watch_ledger(ledger)
+    metrics.watch_loop()
+    polling: list[Callable[[], bool]] = []  # /readyz: every Temporal worker of this process polls
+    metrics.ready_when(lambda: bool(polling) and all(check() for check in polling))
     servers = args.server or None
     with_main = args.role in ("all", "main")
     if with_main:
@@ -389,7 +392,7 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     print(f"mcpsync worker: role={args.role} task_queue={config.temporal.task_queue} "
           f"servers={[s.name for s in config.servers]}{versioning}", flush=True)
     try:
-        await run_services(config, client, ledger, servers=servers, with_main_worker=with_main)
+        await run_services(config, client, ledger, servers=servers, with_main_worker=with_main, polling=polling)
     finally:
         await metrics.aclose()
         await ledger.pool.close()

@@ -63,6 +63,7 @@ class Ingress:
         self.identity = identity or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.task_queue = ingress_task_queue(self.identity)
         self._hosts: dict[tuple[str, str], _Hosted] = {}
+        self._worker: Worker | None = None  # run()'s, for ``polling``
         # What the worker runs (tests call them directly to see the dispatch by key).
         self.mcp = McpSessionActivities(self.live, ledger, metrics.PROMETHEUS)
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
@@ -90,4 +91,10 @@ class Ingress:
 
     async def run(self) -> None:
         """Poll the ingress queue until cancelled."""
-        await self.worker().run()
+        self._worker = self.worker()
+        await self._worker.run()
+
+    @property
+    def polling(self) -> bool:
+        """True once ``run``'s worker polls (past the SDK's namespace check) and until it stops."""
+        return self._worker is not None and self._worker.is_running

@@ -37,6 +37,11 @@ Contract:
 - ``mcpsync_unresolved_subscriptions`` counts every state but ACTIVE and the finished ones
   (CLOSED, REVOKED, TOMBSTONED: ``FINISHED``). UNSUBSCRIBE_UNKNOWN is counted: the server
   may still send for it, an operator should see it.
+- Health (the same port, for Kubernetes probes, docs/deploy.md): ``GET /healthz`` answers 200 while
+  the process's event loop turns (a tick every second; 503 once it is ``LIVENESS_STALE_SECONDS``
+  old: a wedged loop) and ``GET /readyz`` 200 once every Temporal worker of the process polls
+  (``ready_when``: the main worker and/or the ingress worker started, past the SDK's namespace
+  check), 503 before and after. Neither touches PostgreSQL or Temporal: a probe is never load.
 - Labels are bounded: ``server`` (configured servers), ``subject`` (configured subjects,
   only on ``mcpsync_session_up``), ``verdict``, ``state``, ``outcome``, ``mode``. No URI or
   content ever becomes a label.
@@ -54,7 +59,7 @@ import time
 import urllib.request
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -107,6 +112,7 @@ __all__ = [
     "freshness_bounds",
     "refresh_outbox_lag",
     "serve_metrics",
+    "LIVENESS_STALE_SECONDS",
 ]
 
 log = logging.getLogger("mcpsync.metrics")
@@ -575,8 +581,12 @@ async def refresh_outbox_lag(ledger: Ledger) -> None:
 # --- the endpoint --------------------------------------------------------------------------
 
 
+LIVENESS_STALE_SECONDS = 30.0  # /healthz: an event loop that has not ticked for this long is wedged
+
+
 class MetricsServer:
-    """The ``/metrics`` endpoint, the Temporal runtime behind it and the ledger refresher."""
+    """The ``/metrics`` endpoint (with ``/healthz``, ``/readyz``), the Temporal runtime behind it and the
+    ledger refresher."""
 
     def __init__(self, cfg: MetricsConfig | None, *, set_default_runtime: bool = True) -> None:
         self.cfg = cfg
@@ -586,6 +596,9 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._revocation_cursor: int | None = None
+        self._ready: Callable[[], bool] | None = None
+        self._tick: float | None = None  # monotonic time of the event loop's last heartbeat
+        self._heartbeat: asyncio.Task[None] | None = None
         if cfg is None:
             return
         temporal_port = _free_loopback_port()
@@ -632,6 +645,32 @@ class MetricsServer:
                 body += f"# temporal runtime metrics unavailable: {type(exc).__name__}\n".encode()
         return body
 
+    def ready_when(self, check: Callable[[], bool]) -> None:
+        """``/readyz`` answers 200 while ``check()`` is true (called from the HTTP thread: cheap, no I/O)."""
+        self._ready = check
+
+    def is_ready(self) -> bool:
+        try:
+            return self._ready is not None and bool(self._ready())
+        except Exception:  # a check that fails is not ready
+            return False
+
+    def watch_loop(self) -> None:
+        """Start the event-loop heartbeat ``/healthz`` reads (call from the event loop)."""
+        if self.cfg is None or self._heartbeat is not None:
+            return
+        self._tick = time.monotonic()
+        self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="metrics-heartbeat")
+
+    def is_live(self) -> bool:
+        """No heartbeat started: live while the endpoint serves; else the loop ticked recently."""
+        return self._tick is None or time.monotonic() - self._tick < LIVENESS_STALE_SECONDS
+
+    async def _beat(self) -> None:
+        while True:
+            self._tick = time.monotonic()
+            await asyncio.sleep(1.0)
+
     def watch_ledger(self, ledger: Ledger) -> None:
         """Refresh the ledger-derived gauges every ``refresh_seconds`` (call from the event loop)."""
         if self.cfg is None or self._refresher is not None:
@@ -671,6 +710,12 @@ class MetricsServer:
             await asyncio.sleep(self.cfg.refresh_seconds)
 
     async def aclose(self) -> None:
+        self._ready = None  # shutting down: no longer ready
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
         if self._refresher is not None:
             self._refresher.cancel()
             with suppress(asyncio.CancelledError):
@@ -698,7 +743,17 @@ def _free_loopback_port() -> int:
 def _handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            path = self.path.split("?", 1)[0]
+            if path in ("/healthz", "/readyz"):
+                ok = server.is_live() if path == "/healthz" else server.is_ready()
+                body = b"ok\n" if ok else (b"event loop stalled\n" if path == "/healthz" else b"not polling\n")
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            if path not in ("/metrics", "/"):
                 self.send_error(404)
                 return
             body = server.render()

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -219,8 +219,12 @@ async def _register_search_attributes(client: Client, namespace: str) -> None:
 
 async def run_services(config: Config, client: Client, ledger: Ledger, *,
                        servers: Sequence[str] | None = None, with_main_worker: bool = True,
-                       ready: asyncio.Event | None = None) -> None:
-    """Run the main worker and the session hosts until cancelled."""
+                       ready: asyncio.Event | None = None,
+                       polling: list[Callable[[], bool]] | None = None) -> None:
+    """Run the main worker and the session hosts until cancelled.
+
+    ``polling``: gets one check per Temporal worker this process runs (main, ingress), each true
+    once that worker polls (``MetricsServer.ready_when``: ``/readyz``)."""
     # Imported here: the MCP client library is most of the CLI's start-up time, and only the
     # processes that host sessions need it.
     from mcpsync.worker.ingress import Ingress
@@ -241,6 +245,12 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     worker = main_worker(client, ledger, config.temporal.task_queue,
                          max_cached_workflows=config.temporal.max_cached_workflows,
                          deployment=deployment_version(config.temporal)) if with_main_worker else None
+    if polling is not None:
+        if hosts:
+            polling.append(lambda: ingress.polling)
+        if worker is not None:
+            main = worker
+            polling.append(lambda: main.is_running)
     try:
         if worker is not None:
             tasks.append(asyncio.create_task(worker.run(), name="main-worker"))

@@ -103,6 +103,15 @@ log = logging.getLogger("mcpsync.ingress")
 install()  # the SDK's stdio reader holds no line longer than the session's limit (transport_bounds)
 
 ROUTE_RETRY_SECONDS = 120.0
+# The (subject, server) lease is granted for this fraction of ``lease_seconds`` and renewed every
+# LEASE_RENEW_FRACTION of it (a renewal may be 0.65 x lease_seconds late before the lease lapses, as
+# with the former ttl-long lease renewed every third); a standby retries when the holder's lease runs
+# out (plus the slack). A holder that dies is then replaced within lease_seconds: at most 0.85 of it
+# for the lease to lapse, the rest for the standby to wake and take it (docs/deploy.md;
+# tests/e2e/test_e2e_scaleout.py measures it).
+LEASE_HOLD_FRACTION = 0.85
+LEASE_RENEW_FRACTION = 0.2
+LEASE_WAKE_SLACK_SECONDS = 0.02
 RECONCILE_REASON_URI_CHARS = 200  # the catalog keeps reasons short; a URI can be 8 KiB
 AUDIT_ROWS_PER_SESSION = 50
 """UNKNOWN_URI and NOTIFICATION_URI_REJECTED audit rows one session generation may cause, per kind;
@@ -197,21 +206,29 @@ class SessionHost:
 
     async def _acquire_lease(self) -> bool:
         ttl = self.server.lease_seconds
-        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl):
+        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl * LEASE_HOLD_FRACTION):
             self._lease_lost.clear()
             self.leases_acquired += 1
             log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
             return True
+        # A standby: try again when the holder's lease would run out (it renews it while it lives), at
+        # most ttl/3 from now. With leases granted for LEASE_HOLD_FRACTION of lease_seconds
+        # this keeps a dead holder's handoff within lease_seconds of its death.
+        wait = ttl / 3
+        with suppress(Exception):
+            remaining = await self.ledger.lease_remaining(self.subject, self.server.name)
+            wait = min(wait, (remaining or 0.0) + LEASE_WAKE_SLACK_SECONDS)
         with suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), ttl / 3)
+            await asyncio.wait_for(self._stopping.wait(), wait)
         return False
 
     async def _renew_lease(self) -> None:
         ttl = self.server.lease_seconds
         while True:
-            await asyncio.sleep(ttl / 3)
+            await asyncio.sleep(ttl * LEASE_RENEW_FRACTION)
             try:
-                held = await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl)
+                held = await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
+                                                       ttl * LEASE_HOLD_FRACTION)
             except Exception:  # PostgreSQL away: keep serving until the lease would have run out
                 log.warning("lease %s/%s: renewal failed", self.server.name, self.subject)
                 continue

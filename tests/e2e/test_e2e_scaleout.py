@@ -3,16 +3,26 @@
 Exactly one ingress owns the (subject, server) session through the PostgreSQL lease. Killing the
 owner with SIGKILL hands the session to the other within a bounded time; the new session
 generation is higher and the subscription resubscribes and re-reads.
+
+``test_two_main_two_ingress_kill_one_of_each_under_load`` (issue 28 item 5, docs/deploy.md): two
+``--role main`` and two ``--role ingress`` subprocesses, 20 subscriptions over two leases (two
+subjects) and one task queue, a change after another on every URI while one main and the lease
+owner of one subject are SIGKILLed: every change gets its ACCEPTED receipt, in commit order, and
+the lease moves within ``lease_seconds`` of the kill.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -23,7 +33,7 @@ from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
-from tests.conftest import eventually, unique
+from tests.conftest import eventually, ledger_rows, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
 LEASE_SECONDS = 2.0
@@ -101,3 +111,182 @@ async def _session_after(ledger: Ledger, server: str, generation: int):  # type:
     await asyncio.sleep(0)
     s = await ledger.current_session("alice", server)
     return s if s is not None and s.generation > generation else None
+
+
+# --- two of each, one of each killed under load ----------------------------------------------
+
+LOAD_LEASE_SECONDS = 3.0
+LOAD_URIS = 10  # x 2 subjects = 20 subscriptions
+LOAD_ROUNDS = 6  # changes per URI after its creation
+KILL_AFTER_CHANGES = 20  # changes accepted by every subscription of the URI before the kills
+CHANGE_TIMEOUT = 90.0  # one change to its receipts, a handoff included (2 shared cores)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _probe(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+async def _all_ready(ports: dict[str, int]) -> bool | None:
+    codes = await asyncio.gather(*(asyncio.to_thread(_probe, port, "/readyz") for port in ports.values()))
+    return True if all(c == 200 for c in codes) else None
+
+
+async def test_two_main_two_ingress_kill_one_of_each_under_load(
+        temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
+        tmp_path: Path) -> None:
+    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    server, queue = unique("fx"), unique("scaleq")
+    subjects = ("alice", "bob")  # two (subject, server) leases for the two ingress processes
+    names = {"main1": "main", "main2": "main", "in1": "ingress", "in2": "ingress"}
+    ports = {name: _free_port() for name in names}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for name, role in names.items():
+        config = tmp_path / f"{name}.toml"
+        config.write_text(
+            f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n\n'
+            f'[database]\nurl = "{database_url}"\n\n[metrics]\nport = {ports[name]}\nrefresh_seconds = 60\n\n'
+            f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
+            f'subjects = {json.dumps(list(subjects))}\ncatalog = false\n'
+            f'lease_seconds = {LOAD_LEASE_SECONDS}\nping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
+        procs[name] = _spawn(config, role, tmp_path / f"{name}.log")
+    tag = uuid.uuid4().hex[:8]
+    uris = [f"demo://scale/{tag}/{i}" for i in range(LOAD_URIS)]
+    committed: dict[str, list[str]] = {}
+    try:
+        # Positive witness, no sleep: every process says it polls (/readyz) before any work starts.
+        await eventually(lambda: _all_ready(ports), timeout=90, what="all four workers polling (/readyz)")
+        for uri in uris:
+            committed[uri] = [(await fx.create(uri, text=f"{uri} v0"))["committed"]["digest"]]
+        keys = [SubscriptionKey(subject=s, server=server, uri=u) for u in uris for s in subjects]
+        await asyncio.gather(*(start_subscription(temporal_client, k, task_queue=queue) for k in keys))
+
+        async def accepted_by_all(uri: str, digest: str) -> bool | None:
+            for subject in subjects:
+                fence = await ledger.find_subscription(subject, server, uri)
+                if fence is None or fence.last_accepted_digest != digest:
+                    return None
+            return True
+
+        await asyncio.gather(*(eventually(lambda u=u: accepted_by_all(u, committed[u][0]), timeout=120,  # type: ignore[misc]
+                                          what=f"initial read of {u}") for u in uris))
+        holders = {s: await ledger.lease_holder(s, server) for s in subjects}
+        ingress_of = {procs[n].pid: n for n in ("in1", "in2")}
+        assert all(h is not None and int(h[0].split(":")[1]) in ingress_of for h in holders.values()), holders
+        owner = ingress_of[int(holders["alice"][0].split(":")[1])]  # type: ignore[index]
+        moving = [s for s, h in holders.items() if ingress_of[int(h[0].split(":")[1])] == owner]  # type: ignore[index]
+
+        done = [0]
+        kills_done = asyncio.Event()
+
+        async def changes(uri: str) -> None:
+            for r in range(1, LOAD_ROUNDS + 1):
+                digest = (await fx.edit(uri, text=f"{uri} v{r}"))["committed"]["digest"]
+                committed[uri].append(digest)
+                await eventually(lambda d=digest: accepted_by_all(uri, d), timeout=CHANGE_TIMEOUT,  # type: ignore[misc]
+                                 what=f"{uri} v{r} accepted by {subjects}")
+                done[0] += 1
+                if r == LOAD_ROUNDS - 1:  # the last change of every URI comes after the kills
+                    await kills_done.wait()
+
+        rss = {name: _rss_mib(proc.pid) for name, proc in procs.items()}  # for docs/deploy.md's base RSS
+        writers = asyncio.gather(*(changes(u) for u in uris))
+        await eventually(lambda: _at_least(done, KILL_AFTER_CHANGES), timeout=120, what="changes flowing")
+        procs[owner].send_signal(signal.SIGKILL)
+        procs["main1"].send_signal(signal.SIGKILL)
+        killed_at, killed_wall = time.monotonic(), time.time()
+        kills_done.set()
+        handoffs: dict[str, float] = {}
+        for subject in moving:
+            await eventually(lambda s=subject: _holder_other_than(ledger, s, server, procs[owner].pid),  # type: ignore[misc]
+                             timeout=LOAD_LEASE_SECONDS * 5, interval=0.02, what=f"lease of {subject} moved")
+            handoffs[subject] = time.monotonic() - killed_at
+        changes_at_kill = done[0]
+        await writers
+        for name in (owner, "main1"):
+            assert procs[name].wait(timeout=10) == -signal.SIGKILL
+        print(f"scale-out: killed {owner} (leases {moving}) and main1 after {changes_at_kill} changes; "
+              f"lease handoff {', '.join(f'{s} {t:.2f} s' for s, t in handoffs.items())} "
+              f"(lease_seconds {LOAD_LEASE_SECONDS}); {done[0]} changes x {len(subjects)} subscriptions; "
+              f"RSS before the kills (MiB, {len(keys)} subscriptions): {rss}")
+
+        # 0 lost: every committed version of every URI has an ACCEPTED receipt in every subscription,
+        # in commit order, nothing else accepted, and the record ends at the last version.
+        for uri in uris:
+            for subject in subjects:
+                rows = await ledger_rows(
+                    ledger, "SELECT rv.content_digest FROM resource_versions rv JOIN subscriptions s"
+                    " ON s.workflow_id = rv.workflow_id WHERE s.subject = %s AND s.server = %s AND s.uri = %s"
+                    " AND rv.status = 'ACCEPTED' ORDER BY rv.receipt_id", subject, server, uri)
+                assert [r[0] for r in rows] == committed[uri], f"{subject} {uri}: receipts out of order or lost"
+        assert done[0] == LOAD_URIS * LOAD_ROUNDS
+        assert set(handoffs) == set(moving) and all(t < LOAD_LEASE_SECONDS for t in handoffs.values()), handoffs
+        # The survivors carry on: the other main polls the shared queue, the other ingress holds every lease.
+        survivor = "in2" if owner == "in1" else "in1"
+        assert all(int(h[0].split(":")[1]) == procs[survivor].pid
+                   for h in [await ledger.lease_holder(s, server) for s in moving] if h is not None)
+        assert _probe(ports["main2"], "/readyz") == 200 and _probe(ports[survivor], "/readyz") == 200
+        # The task queue spread the workflows over both mains; the survivor took over main1's.
+        served = await _workflow_task_workers(temporal_client, [await ledger.workflow_id_of(k) for k in keys],
+                                              {procs["main1"].pid: "main1", procs["main2"].pid: "main2"}, killed_wall)
+        print(f"scale-out: workflow tasks completed per main: {served}")
+        assert served["main1"]["before"] > 0 and served["main2"]["before"] > 0, served
+        assert served["main2"]["after"] > 0 and served["main1"]["after"] == 0, served
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await fx.stop()
+
+
+async def _workflow_task_workers(client: Client, workflow_ids: list[str],
+                                 mains: dict[int, str], killed: float) -> dict[str, dict[str, int]]:
+    """Workflow tasks completed per main worker (identity ``pid@host``), before and after the kill
+    (``killed``: wall-clock seconds; the dev server runs on this box's clock)."""
+    from temporalio.api.enums.v1 import EventType
+
+    completed: list[tuple[float, str]] = []
+    for wf in workflow_ids:
+        async for event in client.get_workflow_handle(wf).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                ident = event.workflow_task_completed_event_attributes.identity
+                pid = int(ident.split("@", 1)[0]) if ident.split("@", 1)[0].isdigit() else -1
+                if pid in mains:
+                    completed.append((event.event_time.ToDatetime().timestamp(), mains[pid]))
+    out = {name: {"before": 0, "after": 0} for name in mains.values()}
+    for t, who in completed:
+        out[who]["before" if t <= killed else "after"] += 1
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return -1.0
+
+
+async def _at_least(counter: list[int], n: int) -> bool | None:
+    await asyncio.sleep(0)
+    return True if counter[0] >= n else None
+
+
+async def _holder_other_than(ledger: Ledger, subject: str, server: str, old_pid: int) -> tuple[str, int] | None:
+    holder = await ledger.lease_holder(subject, server)
+    return holder if holder is not None and int(holder[0].split(":")[1]) != old_pid else None
