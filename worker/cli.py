@@ -59,6 +59,7 @@ from mcpsync.worker.cli_common import (
     subscription_key,
     terminal_safe,
 )
+from mcpsync.worker.cli_serve import register as register_serve_command
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
 from mcpsync.worker.cli_upgrades import register as register_upgrade_commands
 from mcpsync.worker.config import ConfigError
@@ -918,6 +919,7 @@ def _parser() -> argparse.ArgumentParser:
 
     register_subscription_commands(sub)
     register_upgrade_commands(sub)
+    register_serve_command(sub)
 
     pr = sub.add_parser("probe", help="characterize a configured MCP server without changing it")
     pr.add_argument("--server", required=True)

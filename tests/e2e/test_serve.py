@@ -1,0 +1,194 @@
+"""``mcpsync serve`` on the real stack (Temporal, PostgreSQL, the fixture upstream), with the ``mcp``
+Python SDK client on both editions: an upstream change reaches the downstream client as a
+notification and the read returns the new bytes with the matching digest; subject B cannot list
+or read A's resources; a revocation removes them; bad input gets one clear error each; the
+Events extension resumes across a SIGKILL of serve (docs/serve.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+from temporalio.client import Client
+
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.workflows.records import SubscriptionKey
+from tests.conftest import eventually, running_services, unique
+from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client
+from tests.e2e.test_e2e_subscription import _wait_record
+
+FRESH = "io.mcpsync/freshness"
+
+
+def _conf(tmp_path: Path, database_url: str) -> Path:
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    return conf
+
+
+def _updated(inbox: list[Any], uri: str) -> int:
+    return sum(1 for m in inbox if isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri)
+
+
+def _list_changed(inbox: list[Any]) -> int:
+    return sum(1 for m in inbox if isinstance(m, types.ResourceListChangedNotification))
+
+
+async def test_both_editions_notify_read_isolate_and_revoke(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice, bob = unique("alice"), unique("bob")
+    tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
+    uri_a, uri_b = f"demo://serve/{unique('a')}.md", f"demo://serve/{unique('b')}.md"
+    v1 = await fx.create(uri_a, text="# alice one", mime_type="text/markdown")
+    b1 = await fx.create(uri_b, text="# bob one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        q = cfg.temporal.task_queue
+        ha = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri_a),
+                                      task_queue=q)
+        hb = await start_subscription(temporal_client, SubscriptionKey(subject=bob, server=server.name, uri=uri_b),
+                                      task_queue=q)
+        await _wait_record(ha, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "alice v1")
+        await _wait_record(hb, lambda r: r.last_accepted_digest == b1["committed"]["digest"], "bob v1")
+        await fx.wait_subscribed(uri_a)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        legacy_inbox: list[Any] = []
+        try:
+            # No token or an unknown one: 401, nothing listed.
+            async with httpx2.AsyncClient() as raw:
+                body = {"jsonrpc": "2.0", "id": 1, "method": "resources/list", "params": {}}
+                assert (await raw.post(serve.url, json=body)).status_code == 401
+                bad = await raw.post(serve.url, json=body, headers={"Authorization": "Bearer nope"})
+                assert bad.status_code == 401 and b"alice" not in bad.content
+            async with serve_client(serve.url, tokens[alice], "legacy", legacy_inbox) as legacy, \
+                    serve_client(serve.url, tokens[alice], "auto") as modern, \
+                    serve_client(serve.url, tokens[bob], "auto") as bob_modern, \
+                    serve_client(serve.url, tokens[bob], "legacy") as bob_legacy:
+                assert legacy.protocol_version == "2025-11-25" and modern.protocol_version == "2026-07-28"
+                listed = await modern.list_resources()
+                assert [str(r.uri) for r in listed.resources] == [uri_a]
+                fresh = (listed.resources[0].meta or {})[FRESH]
+                assert fresh["digest"] == v1["committed"]["digest"] and fresh["state"] == "ACTIVE"
+                assert fresh["receiptId"] >= 1 and fresh["acceptedAt"] and fresh["verifiedAt"]
+                assert listed.ttl_ms == 0 and listed.cache_scope == "private"
+                first = await legacy.read_resource(uri_a)
+                assert isinstance(first.contents[0], types.TextResourceContents)
+                assert first.contents[0].text == "# alice one"
+
+                # Subject B sees nothing of A's: not listed, not readable on either edition.
+                assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
+                with pytest.raises(MCPError) as modern_nf:
+                    await bob_modern.read_resource(uri_a)
+                assert modern_nf.value.code == -32602
+                with pytest.raises(MCPError) as legacy_nf:
+                    await bob_legacy.read_resource(uri_a)
+                assert legacy_nf.value.code == -32002
+
+                # Bad input: forged cursor, A's cursor presented by B, unknown method.
+                with pytest.raises(MCPError) as forged:
+                    await modern.list_resources(cursor="L.0-1~0.AAAAAAAAAAAAAAAAAAAAAA")
+                assert forged.value.code == -32602 and "cursor" in forged.value.message
+                start = await events_poll(modern, None)
+                with pytest.raises(MCPError) as foreign:
+                    await events_poll(bob_modern, start["cursor"])
+                assert foreign.value.code == -32602
+
+                # An upstream change reaches both editions as a notification; the read has the new bytes.
+                with pytest.warns(Warning):
+                    await legacy.subscribe_resource(uri_a)
+                async with modern.listen(resource_subscriptions=[uri_a]) as sub:
+                    v2 = await fx.edit(uri_a, text="# alice two", mime_type="text/markdown")
+                    event = await asyncio.wait_for(sub.__anext__(), 30)
+                    assert str(getattr(event, "uri", "")) == uri_a
+                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 1, what="legacy updated")
+                    for client in (modern, legacy):
+                        read = await client.read_resource(uri_a, meta={"io.mcpsync/requireFresh": True})
+                        part = read.contents[0]
+                        assert isinstance(part, types.TextResourceContents) and part.text == "# alice two"
+                        assert (read.meta or {})[FRESH]["digest"] == v2["committed"]["digest"]
+                    polled = await events_poll(modern, start["cursor"])
+                    digests = [e["data"]["content_digest"] for e in polled["events"]]
+                    assert v2["committed"]["digest"] in digests and polled["truncated"] is False
+                    assert all(e["data"]["subject"] == alice for e in polled["events"])
+
+                    # Revocation: listed no more, reads refused, a notification sent.
+                    before = _list_changed(legacy_inbox)
+                    await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=None)
+                    assert (await modern.list_resources()).resources == []
+                    with pytest.raises(MCPError) as gone:
+                        await modern.read_resource(uri_a)
+                    assert gone.value.code == -32602
+                    await eventually(lambda: _list_changed(legacy_inbox) > before, what="list_changed on revoke")
+                # B is untouched by A's revocation.
+                assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
+        finally:
+            await serve.stop()
+
+
+async def test_events_resume_across_sigkill_of_serve(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('k')}.png"
+    blob = b"\x89PNG\r\n\x1a\n\x00binary"
+    v1 = await fx.create(uri, blob=blob, mime_type="image/png")
+    conf = _conf(tmp_path, database_url)
+    consumer = unique("serve")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(conf, tokens, consumer=consumer)
+        try:
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                read = await client.read_resource(uri)
+                part = read.contents[0]
+                assert isinstance(part, types.BlobResourceContents) and base64.b64decode(part.blob) == blob
+                cursor = (await events_poll(client, None))["cursor"]
+            expected: list[str] = []
+            for i in range(6):
+                edit = await fx.edit(uri, blob=blob + bytes([i]) * (i + 1), mime_type="image/png")
+                expected.append(edit["committed"]["digest"])
+                if i == 2:
+                    await serve.kill()  # SIGKILL while changes flow
+                await asyncio.sleep(0.3)
+            await _wait_record(h, lambda r: r.last_accepted_digest == expected[-1], "last version", timeout=60)
+            serve = await ServeProcess.start(conf, tokens, consumer=consumer)
+            seen: list[str] = []
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                while True:
+                    got = await events_poll(client, cursor, max_events=2)
+                    assert got["truncated"] is False
+                    seen += [e["data"]["content_digest"] for e in got["events"]]
+                    cursor = got["cursor"]
+                    if not got["hasMore"]:
+                        break
+                latest = await client.read_resource(uri)
+                body = base64.b64decode(latest.contents[0].blob)  # type: ignore[union-attr]
+                assert body == blob + bytes([5]) * 6
+                assert (latest.meta or {})[FRESH]["digest"] == expected[-1]
+            # Every accepted version is in the resumed stream (coalescing may skip an intermediate
+            # upstream edit the reconciler never read; the last one is always there).
+            accepted = set(await _accepted_digests(ledger, alice, uri)) - {v1["committed"]["digest"]}
+            assert accepted and accepted <= set(seen) and expected[-1] in seen
+            assert len(accepted) >= 2, "changes flowed while serve was down" 
+        finally:
+            await serve.stop()
+
+
+async def _accepted_digests(ledger: Ledger, subject: str, uri: str) -> list[str]:
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute("SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
+                                 " AND content_digest IS NOT NULL ORDER BY outbox_id", (subject, uri))
+        return [r[0] for r in await cur.fetchall()]

@@ -1,0 +1,104 @@
+"""The draft Events extension (``io.modelcontextprotocol/events``, SEP-3415) on ``mcpsync serve``: EXPERIMENTAL.
+
+Contract (docs/serve.md, "Events extension"):
+- One event type, ``resource.changed``: every outbox event of the caller's subject (new version,
+  tombstone, revocation, close), ``data`` being the ``outboxEvent.v1`` envelope (JSON) without bodies.
+- ``events/list`` names it (delivery ``["poll"]``). ``events/poll {name, cursor, maxEvents,
+  maxAgeMs}`` answers ``{events, cursor, truncated, hasMore, nextPollMs}``. ``cursor: null``
+  starts from now (no events, a fresh cursor). A cursor is the outbox position, signed for the
+  subject: a forged one, or another subject's, is -32602. Events come from the outbox table, not
+  from memory, so a client resuming with its last cursor gets every event after it, across serve
+  restarts. A cursor below what retention pruned answers ``truncated: true`` with the events from
+  the oldest kept position: the client must list again (``resources/list``), as ``outbox resync``.
+- Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
+  (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, RequestParams
+from pydantic import ConfigDict, Field
+
+from mcpsync.activities.outbox import event_from_row
+from mcpsync.worker.serve_cursors import BadCursor
+from mcpsync.worker.serve_ledger import outbox_top, subject_events
+
+if TYPE_CHECKING:
+    from mcpsync.worker.serve import ServeHub, ServeServer
+
+__all__ = ["EVENT_NAME", "EXTENSION", "register_events"]
+
+EXTENSION = "io.modelcontextprotocol/events"
+EVENT_NAME = "resource.changed"
+NOT_FOUND = -32011  # the draft's NotFound
+MAX_EVENTS = 500
+NEXT_POLL_MS = 1000
+
+
+class EventsPollParams(RequestParams):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str
+    arguments: dict[str, Any] | None = None
+    cursor: str | None = None
+    max_events: int | None = Field(default=None, alias="maxEvents")
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
+
+
+class EventsListParams(RequestParams):
+    model_config = ConfigDict(extra="allow")
+
+    cursor: str | None = None
+
+
+def register_events(server: ServeServer, hub: ServeHub) -> None:
+    async def events_list(ctx: ServerRequestContext[Any, Any], params: EventsListParams) -> dict[str, Any]:
+        hub.subject_of(ctx)
+        return {"events": [{
+            "name": EVENT_NAME,
+            "description": "A subscribed resource changed for this subject: a new accepted version, a tombstone, "
+                           "a revocation or a close (data: mcpsync outboxEvent.v1, no body). Experimental.",
+            "delivery": ["poll"],
+            "inputSchema": {"type": "object", "properties": {}},
+            "payloadSchema": {"type": "object", "description": "mcpsync outboxEvent.v1 (docs/outbox.md)"},
+        }]}
+
+    async def events_poll(ctx: ServerRequestContext[Any, Any], params: EventsPollParams) -> dict[str, Any]:
+        subject = hub.subject_of(ctx)
+        if params.name != EVENT_NAME:
+            raise MCPError(code=NOT_FOUND, message=f"Unknown event: {params.name}", data={"kind": "event"})
+        limit = params.max_events or 100
+        if not 1 <= limit <= MAX_EVENTS:
+            raise MCPError(code=INVALID_PARAMS, message=f"maxEvents must be between 1 and {MAX_EVENTS}")
+        top, pruned = await outbox_top(hub.pool)
+        if params.cursor is None:
+            return {"events": [], "cursor": hub.signer.sign("E", str(top), subject), "truncated": False,
+                    "hasMore": False, "nextPollMs": NEXT_POLL_MS}
+        try:
+            after = int(hub.signer.verify("E", params.cursor, subject))
+        except (BadCursor, ValueError) as exc:
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}",
+                           data={"reason": "invalid_cursor"}) from None
+        truncated = after < pruned
+        rows = await subject_events(hub.pool, subject, max(after, pruned), limit)
+        events = []
+        for row in rows:
+            envelope = event_from_row(row)
+            events.append({
+                "eventId": f"outbox:{envelope.position}", "name": EVENT_NAME,
+                "timestamp": envelope.created_at.isoformat(),
+                "data": json.loads(envelope.model_dump_json()),
+                "cursor": hub.signer.sign("E", str(envelope.position), subject),
+            })
+        has_more = len(rows) == limit
+        position = rows[-1]["position"] if has_more else max(top, after)
+        return {"events": events, "cursor": hub.signer.sign("E", str(position), subject), "truncated": truncated,
+                "hasMore": has_more, "nextPollMs": 0 if has_more else NEXT_POLL_MS}
+
+    server.add_request_handler("events/list", EventsListParams, events_list)  # type: ignore[arg-type]
+    server.add_request_handler("events/poll", EventsPollParams, events_poll)  # type: ignore[arg-type]
