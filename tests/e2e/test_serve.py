@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client
@@ -192,3 +195,85 @@ async def _accepted_digests(ledger: Ledger, subject: str, uri: str) -> list[str]
         cur = await conn.execute("SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
                                  " AND content_digest IS NOT NULL ORDER BY outbox_id", (subject, uri))
         return [r[0] for r in await cur.fetchall()]
+
+
+NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", REPO_ROOT / ".state" / "npm"))
+TS_CLIENT = Path(__file__).parent / "js" / "serve_client.mjs"
+INSPECTOR = NPM_PREFIX / "node_modules" / "@modelcontextprotocol" / "inspector-cli" / "build" / "index.js"
+
+
+async def _node(*args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        "node", *args, env={**os.environ, "MCPSYNC_NPM_PREFIX": str(NPM_PREFIX)}, cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def _inspector(url: str, token: str, method: str, *extra: str) -> tuple[int, str]:
+    proc = await _node(str(INSPECTOR), url, "--transport", "http", "--header", f"Authorization: Bearer {token}",
+                       "--method", method, *extra, cwd=INSPECTOR.parent)  # it finds its package.json from the cwd
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode() + err.decode()
+
+
+async def _ts_lines(proc: asyncio.subprocess.Process, until: str) -> list[dict[str, Any]]:
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    while True:
+        raw = await asyncio.wait_for(proc.stdout.readline(), 90)
+        assert raw, f"TS client ended early: {lines}"
+        lines.append(json.loads(raw))
+        if lines[-1]["step"] in (until, "error"):
+            return lines
+
+
+@pytest.mark.skipif(not INSPECTOR.exists(), reason="scripts/install-npm-servers installs the npm clients")
+async def test_typescript_sdk_and_inspector_cli(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice, bob = unique("alice"), unique("bob")
+    tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
+    uri = f"demo://serve/{unique('ts')}.md"
+    v1 = await fx.create(uri, text="# ts one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        try:
+            # The TypeScript SDK client (2025-11-25): list, read, subscribe, get the update, read the new bytes.
+            ts = await _node(str(TS_CLIENT), serve.url, tokens[alice], uri)
+            lines = await _ts_lines(ts, "subscribed")
+            assert [ln["step"] for ln in lines] == ["listed", "read", "subscribed"], lines
+            assert [r["uri"] for r in lines[0]["resources"]] == [uri]
+            assert lines[1]["text"] == "# ts one" and lines[1]["digest"] == v1["committed"]["digest"]
+            v2 = await fx.edit(uri, text="# ts two", mime_type="text/markdown")
+            lines = await _ts_lines(ts, "reread")
+            assert [ln["step"] for ln in lines] == ["updated", "reread"], lines
+            assert lines[1]["text"] == "# ts two" and lines[1]["digest"] == v2["committed"]["digest"]
+            assert await ts.wait() == 0
+            # Subject B through the TypeScript SDK: not listed, not readable.
+            ts_b = await _node(str(TS_CLIENT), serve.url, tokens[bob], uri)
+            lines_b = await _ts_lines(ts_b, "error")
+            assert lines_b[0]["resources"] == [] and lines_b[1]["step"] == "error", lines_b
+            assert "not found" in lines_b[1]["message"].lower()
+            await ts_b.wait()
+
+            # The Inspector CLI: list and read as A; B sees nothing of A's.
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/list")
+            assert rc == 0 and uri in out and v2["committed"]["digest"] in out, out
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/read", "--uri", uri)
+            assert rc == 0 and "# ts two" in out and v2["committed"]["digest"] in out, out
+            rc, out = await _inspector(serve.url, tokens[bob], "resources/list")
+            assert rc == 0 and uri not in out, out
+            rc, out = await _inspector(serve.url, tokens[bob], "resources/read", "--uri", uri)
+            assert rc != 0 and "# ts two" not in out, out
+
+            # Revocation removes it for the Inspector too.
+            await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=None)
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/list")
+            assert rc == 0 and uri not in out, out
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/read", "--uri", uri)
+            assert rc != 0 and "# ts two" not in out, out
+        finally:
+            await serve.stop()
