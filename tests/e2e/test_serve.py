@@ -10,13 +10,17 @@ import asyncio
 import base64
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import mcp_types as types
 import pytest
+from mcp import Client as McpClient
+from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from pydantic import TypeAdapter
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
@@ -277,3 +281,63 @@ async def test_typescript_sdk_and_inspector_cli(
             assert rc != 0 and "# ts two" not in out, out
         finally:
             await serve.stop()
+
+
+async def test_stdio_and_bad_input(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('bad')}.md"
+    v1 = await fx.create(uri, text="# stdio one", mime_type="text/markdown")
+    conf = _conf(tmp_path, database_url)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        # stdio: one configured subject, both editions.
+        env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+        params = StdioServerParameters(command=sys.executable, cwd=str(REPO_ROOT), env=env, args=[
+            "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--stdio", alice,
+            "--consumer", unique("serve-stdio")])
+        for mode in ("legacy", "auto"):
+            async with McpClient(params, mode=mode, cache=None) as stdio:  # type: ignore[arg-type]
+                listed = await stdio.list_resources()
+                assert [str(r.uri) for r in listed.resources] == [uri]
+                read = await stdio.read_resource(uri)
+                assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
+
+        serve = await ServeProcess.start(conf, tokens, consumer=unique("serve"), extra=("--page-size", "1"))
+        auth = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json"}
+        try:
+            async with httpx2.AsyncClient(timeout=30) as raw:
+                malformed = await raw.post(serve.url, content=b"{not json", headers=auth)
+                assert malformed.status_code in (400, 200) and b"-32700" in malformed.content, malformed.content
+                huge = await raw.post(serve.url, content=b"[" + b" " * 2_000_000 + b"]", headers=auth)
+                assert huge.status_code == 413, huge.status_code
+            async with serve_client(serve.url, tokens[alice], "legacy") as client:
+                with pytest.raises(MCPError) as unknown:
+                    await client.session.send_request(
+                        _Unknown(params={}), TypeAdapter(dict[str, Any]))
+                assert unknown.value.code == -32601
+                with pytest.warns(Warning):
+                    for _ in range(300):  # subscribe/unsubscribe in a loop: nothing piles up
+                        await client.subscribe_resource(uri)
+                        await client.unsubscribe_resource(uri)
+                with pytest.raises(MCPError) as nf:
+                    with pytest.warns(Warning):
+                        await client.subscribe_resource("demo://serve/not-mine")
+                assert nf.value.code == -32002
+                page = await client.list_resources()
+                assert [str(r.uri) for r in page.resources] == [uri] and page.next_cursor is None
+                # A client after all of it still reads.
+                read = await client.read_resource(uri)
+                assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
+        finally:
+            await serve.stop()
+
+
+class _Unknown(types.Request[dict[str, Any], Literal["nothing/here"]]):
+    method: Literal["nothing/here"] = "nothing/here"
+    params: dict[str, Any]
