@@ -897,6 +897,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
     up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
     up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
+    up.add_argument("--serve-port", type=int, default=0, metavar="PORT",
+                    help="port of 'mcpsync serve' for the demo subject (default 0: a free one, printed; -1: none)")
     up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
                     help="stop cleanly after this long (default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
     up.set_defaults(func=cmd_up)

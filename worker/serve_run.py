@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.stdio import stdio_server
@@ -124,7 +125,10 @@ async def follow_outbox(hub: ServeHub) -> None:
             await asyncio.sleep(1.0)
 
 
-async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url: str) -> None:
+async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url: str,
+                    on_listening: Callable[[str], None] | None = None) -> None:
+    """Serve until cancelled (HTTP) or until stdin closes (stdio). ``on_listening`` gets the HTTP URL
+    instead of the line on stdout (``mcpsync up`` prints it among its own)."""
     import uvicorn
 
     hub = ServeHub(config, pool, CursorSigner.from_environment(database_url))
@@ -150,8 +154,11 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
                 task.result()
                 raise RuntimeError("serve exited before it started")
             await asyncio.sleep(0.01)
-        port = sock.getsockname()[1]
-        print(f"mcpsync serve: listening on http://{config.host}:{port}/mcp", flush=True)
+        url = f"http://{config.host}:{sock.getsockname()[1]}/mcp"
+        if on_listening is not None:
+            on_listening(url)
+        else:
+            print(f"mcpsync serve: listening on {url}", flush=True)
         try:
             await task
         finally:
