@@ -139,7 +139,10 @@ class ServeHub:
             return None
         key = connection.state.get("serve_session_key")
         if isinstance(key, int) and key in self.sessions:
-            return self.sessions[key]
+            session = self.sessions[key]
+            if self.subject_of(ctx) != session.subject:  # another subject's token on this session's id
+                raise MCPError(code=DENIED, message="Forbidden: this session belongs to another subject")
+            return session
         key = next(self._keys)
         connection.state["serve_session_key"] = key
         session = _Session(key, connection, self.subject_of(ctx),

@@ -288,8 +288,8 @@ async def test_typescript_sdk_and_inspector_cli(
 
 async def test_stdio_and_bad_input(
         temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
-    alice = unique("alice")
-    tokens = {alice: unique("tok")}
+    alice, mallory = unique("alice"), unique("mallory")
+    tokens = {alice: unique("tok"), mallory: unique("tok-m")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
     uri = f"demo://serve/{unique('bad')}.md"
     v1 = await fx.create(uri, text="# stdio one", mime_type="text/markdown")
@@ -319,6 +319,18 @@ async def test_stdio_and_bad_input(
                 assert malformed.status_code in (400, 200) and b"-32700" in malformed.content, malformed.content
                 huge = await raw.post(serve.url, content=b"[" + b" " * 2_000_000 + b"]", headers=auth)
                 assert huge.status_code == 413, huge.status_code
+                # Another subject's token on this session's id: refused, nothing of the session's leaks.
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "0"}}}
+                opened = await raw.post(serve.url, json=init, headers=auth)
+                session_id = opened.headers["mcp-session-id"]
+                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers={**auth, "mcp-session-id": session_id})
+                other = {**auth, "Authorization": f"Bearer {tokens[mallory]}", "mcp-session-id": session_id}
+                hijack = await raw.post(serve.url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"},
+                                        headers=other)
+                assert b"another subject" in hijack.content and uri.encode() not in hijack.content, hijack.content
             async with serve_client(serve.url, tokens[alice], "legacy") as client:
                 with pytest.raises(MCPError) as unknown:
                     await client.session.send_request(
