@@ -31,7 +31,7 @@ from mcpsync.worker.serve_ledger import outbox_top, subject_events
 if TYPE_CHECKING:
     from mcpsync.worker.serve import ServeHub, ServeServer
 
-__all__ = ["EVENT_NAME", "EXTENSION", "register_events"]
+__all__ = ["EVENT_NAME", "EXTENSION", "EventsPollParams", "poll_events", "register_events"]
 
 EXTENSION = "io.modelcontextprotocol/events"
 EVENT_NAME = "resource.changed"
@@ -56,6 +56,39 @@ class EventsListParams(RequestParams):
     cursor: str | None = None
 
 
+async def poll_events(hub: ServeHub, subject: str, params: EventsPollParams) -> dict[str, Any]:
+    """``events/poll`` for ``subject`` (the handler's body; see the module contract)."""
+    if params.name != EVENT_NAME:
+        raise MCPError(code=NOT_FOUND, message=f"Unknown event: {params.name}", data={"kind": "event"})
+    limit = params.max_events or 100
+    if not 1 <= limit <= MAX_EVENTS:
+        raise MCPError(code=INVALID_PARAMS, message=f"maxEvents must be between 1 and {MAX_EVENTS}")
+    top, pruned = await outbox_top(hub.pool)
+    if params.cursor is None:
+        return {"events": [], "cursor": hub.signer.sign("E", str(top), subject), "truncated": False,
+                "hasMore": False, "nextPollMs": NEXT_POLL_MS}
+    try:
+        after = int(hub.signer.verify("E", params.cursor, subject))
+    except (BadCursor, ValueError) as exc:
+        raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}",
+                       data={"reason": "invalid_cursor"}) from None
+    truncated = after < pruned
+    rows = await subject_events(hub.pool, subject, max(after, pruned), limit)
+    events = []
+    for row in rows:
+        envelope = event_from_row(row)
+        events.append({
+            "eventId": f"outbox:{envelope.position}", "name": EVENT_NAME,
+            "timestamp": envelope.created_at.isoformat(),
+            "data": json.loads(envelope.model_dump_json()),
+            "cursor": hub.signer.sign("E", str(envelope.position), subject),
+        })
+    has_more = len(rows) == limit
+    position = rows[-1]["position"] if has_more else max([top, after, *(r["position"] for r in rows[-1:])])
+    return {"events": events, "cursor": hub.signer.sign("E", str(position), subject), "truncated": truncated,
+            "hasMore": has_more, "nextPollMs": 0 if has_more else NEXT_POLL_MS}
+
+
 def register_events(server: ServeServer, hub: ServeHub) -> None:
     async def events_list(ctx: ServerRequestContext[Any, Any], params: EventsListParams) -> dict[str, Any]:
         hub.subject_of(ctx)
@@ -69,36 +102,7 @@ def register_events(server: ServeServer, hub: ServeHub) -> None:
         }]}
 
     async def events_poll(ctx: ServerRequestContext[Any, Any], params: EventsPollParams) -> dict[str, Any]:
-        subject = hub.subject_of(ctx)
-        if params.name != EVENT_NAME:
-            raise MCPError(code=NOT_FOUND, message=f"Unknown event: {params.name}", data={"kind": "event"})
-        limit = params.max_events or 100
-        if not 1 <= limit <= MAX_EVENTS:
-            raise MCPError(code=INVALID_PARAMS, message=f"maxEvents must be between 1 and {MAX_EVENTS}")
-        top, pruned = await outbox_top(hub.pool)
-        if params.cursor is None:
-            return {"events": [], "cursor": hub.signer.sign("E", str(top), subject), "truncated": False,
-                    "hasMore": False, "nextPollMs": NEXT_POLL_MS}
-        try:
-            after = int(hub.signer.verify("E", params.cursor, subject))
-        except (BadCursor, ValueError) as exc:
-            raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}",
-                           data={"reason": "invalid_cursor"}) from None
-        truncated = after < pruned
-        rows = await subject_events(hub.pool, subject, max(after, pruned), limit)
-        events = []
-        for row in rows:
-            envelope = event_from_row(row)
-            events.append({
-                "eventId": f"outbox:{envelope.position}", "name": EVENT_NAME,
-                "timestamp": envelope.created_at.isoformat(),
-                "data": json.loads(envelope.model_dump_json()),
-                "cursor": hub.signer.sign("E", str(envelope.position), subject),
-            })
-        has_more = len(rows) == limit
-        position = rows[-1]["position"] if has_more else max(top, after)
-        return {"events": events, "cursor": hub.signer.sign("E", str(position), subject), "truncated": truncated,
-                "hasMore": has_more, "nextPollMs": 0 if has_more else NEXT_POLL_MS}
+        return await poll_events(hub, hub.subject_of(ctx), params)
 
     server.add_request_handler("events/list", EventsListParams, events_list)  # type: ignore[arg-type]
     server.add_request_handler("events/poll", EventsPollParams, events_poll)  # type: ignore[arg-type]
