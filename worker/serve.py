@@ -321,6 +321,10 @@ def build_server(hub: ServeHub) -> ServeServer:
         if served is None:
             raise _not_found(params.uri, ctx.protocol_version)
         meta = freshness_meta(served, max_age)
+        if served.guardrail_rejected:
+            raise MCPError(code=DENIED, message="Forbidden: the newest version was not released by the guardrail "
+                           "(GUARDRAIL_REJECTED); the older accepted version is not current",
+                           data={"uri": params.uri, FRESHNESS_META: meta})
         if params.meta is not None and params.meta.get(REQUIRE_FRESH) is True and not meta["fresh"]:
             raise MCPError(code=NOT_FRESH, message=f"Not fresh: {meta.get('notFreshBecause')}",
                            data={"uri": params.uri, FRESHNESS_META: meta})

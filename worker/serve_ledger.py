@@ -11,7 +11,9 @@ Contract:
   verified at (the newest released receipt with the current digest), the published staleness
   bound (``serve --max-age``; null: push-driven, no age limit), whether an update is unread
   (dirty), and whether the resource is fresh by the answer gate's read-time rule: ACTIVE, no
-  update newer than the latest judged read, verified within the bound.
+  update newer than the latest judged read, the newest read released by the guardrail, verified
+  within the bound. ``guardrailRejected``: the newest read was not released (its body is never
+  served, and the older accepted version is not current: reads are refused).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ SELECT DISTINCT ON (s.uri)
        rv.accepted_at, rv.mime_type, rv.size,
        (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
           AND v.status IN ('ACCEPTED', 'UNCHANGED') AND v.content_digest = s.last_accepted_digest) AS verified_at,
+       (SELECT v.status FROM resource_versions v WHERE v.workflow_id = s.workflow_id
+          ORDER BY v.receipt_id DESC LIMIT 1) AS newest_status,
        COALESCE((SELECT max(rr.notifications_seen) FROM read_requests rr
                  WHERE rr.workflow_id = s.workflow_id AND rr.completed_at IS NOT NULL), 0) AS covered,
        ck.descriptor->>'name' AS upstream_name, ck.descriptor->>'title' AS upstream_title,
@@ -63,11 +67,14 @@ class ServedResource:
     name: str
     title: str | None
     dirty: bool
+    guardrail_rejected: bool = False  # the newest read was not released: the accepted version is not current
 
     def fresh(self, max_age_seconds: float | None, now: datetime | None = None) -> tuple[bool, str]:
         """The answer gate's rule at read time: (fresh, why not)."""
         if self.state != "ACTIVE":
             return False, f"subscription is {self.state}"
+        if self.guardrail_rejected:
+            return False, "the newest read was not released by the guardrail (GUARDRAIL_REJECTED)"
         if self.dirty:
             return False, "an update arrived after the latest judged read (UPDATE_SEEN)"
         if max_age_seconds is not None:
@@ -85,7 +92,8 @@ def _row(r: dict[str, Any]) -> ServedResource:
         accepted_at=r["accepted_at"], verified_at=r["verified_at"],
         mime_type=r["mime_type"] or r["catalog_mime_type"], size=int(r["size"] or 0),
         name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"], title=r["upstream_title"],
-        dirty=int(r["notifications_seen"]) > int(r["covered"]))
+        dirty=int(r["notifications_seen"]) > int(r["covered"]),
+        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED")
 
 
 async def list_served(pool: AsyncConnectionPool, subject: str) -> tuple[int, list[ServedResource]]:
@@ -119,7 +127,8 @@ def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str
     return {
         "state": r.state, "receiptId": r.receipt_id, "digest": r.digest, "ordinal": r.ordinal,
         "acceptedAt": _iso(r.accepted_at), "verifiedAt": _iso(r.verified_at), "server": r.server,
-        "stalenessBoundSeconds": max_age_seconds, "dirty": r.dirty, "fresh": fresh,
+        "stalenessBoundSeconds": max_age_seconds, "dirty": r.dirty,
+        "guardrailRejected": r.guardrail_rejected, "fresh": fresh,
         **({"notFreshBecause": why} if why else {}),
     }
 

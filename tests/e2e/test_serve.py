@@ -395,3 +395,37 @@ async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, dat
             up.kill()
             await up.wait()
         log.close()
+
+
+async def test_guardrail_rejected_is_refused_never_the_body(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice],
+                          release_max_bytes=2000)
+    uri = f"demo://serve/{unique('g')}.md"
+    v1 = await fx.create(uri, text="# small", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        try:
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                ok = await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
+                assert ok.contents[0].text == "# small"  # type: ignore[union-attr]
+                await fx.edit(uri, text="x" * 5000, mime_type="text/markdown")
+                await _wait_record(h, lambda r: "guardrail" in r.detail, "guardrail rejection")
+
+                async def flagged() -> bool:
+                    listed = await client.list_resources()
+                    return bool(listed.resources) and (listed.resources[0].meta or {})[FRESH]["guardrailRejected"]
+
+                await eventually(flagged, what="guardrailRejected in the listing")
+                with pytest.raises(MCPError) as refused:
+                    await client.read_resource(uri)
+                assert refused.value.code == -32003 and "guardrail" in refused.value.message
+                assert "x" * 100 not in str(refused.value.data)
+        finally:
+            await serve.stop()
