@@ -310,7 +310,7 @@ async def test_stdio_and_bad_input(
                 read = await stdio.read_resource(uri)
                 assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
 
-        serve = await ServeProcess.start(conf, tokens, consumer=unique("serve"), extra=("--page-size", "1"))
+        serve = await ServeProcess.start(conf, tokens, consumer=unique("serve"), extra=("--page-size", "1", "--max-age", "1"))
         auth = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream",
                 "Content-Type": "application/json"}
         try:
@@ -349,6 +349,12 @@ async def test_stdio_and_bad_input(
                 # A client after all of it still reads.
                 read = await client.read_resource(uri)
                 assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
+                # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale bytes.
+                await asyncio.sleep(1.5)
+                with pytest.raises(MCPError) as stale:
+                    await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
+                assert stale.value.code == -32004 and "staleness bound" in stale.value.message
+                assert (await client.read_resource(uri)).contents[0].text == "# stdio one"  # type: ignore[union-attr]
         finally:
             await serve.stop()
 
