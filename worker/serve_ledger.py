@@ -9,7 +9,8 @@ Contract:
   first server by name wins (``ServedResource.server`` says which).
 - ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, receipt id, digest, accepted at,
   verified at (the newest released receipt with the current digest), the published staleness
-  bound (``serve --max-age``; null: push-driven, no age limit), whether an update is unread
+  bound (``serve --max-age``; null: push-driven, no age limit), the newest reconciled catalog's
+  status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog), whether an update is unread
   (dirty), and whether the resource is fresh by the answer gate's read-time rule: ACTIVE, no
   update newer than the latest judged read, the newest read released by the guardrail, verified
   within the bound. ``guardrailRejected``: the newest read was not released (its body is never
@@ -38,6 +39,8 @@ SELECT DISTINCT ON (s.uri)
           ORDER BY v.receipt_id DESC LIMIT 1) AS newest_status,
        COALESCE((SELECT max(rr.notifications_seen) FROM read_requests rr
                  WHERE rr.workflow_id = s.workflow_id AND rr.completed_at IS NOT NULL), 0) AS covered,
+       (SELECT rc.status FROM resource_catalogs rc WHERE rc.subject = s.subject AND rc.server = s.server
+          ORDER BY rc.catalog_id DESC LIMIT 1) AS catalog_status,
        ck.descriptor->>'name' AS upstream_name, ck.descriptor->>'title' AS upstream_title,
        COALESCE(ck.descriptor->>'mimeType', ck.descriptor->>'mime_type') AS catalog_mime_type
 FROM subscriptions s
@@ -68,6 +71,7 @@ class ServedResource:
     title: str | None
     dirty: bool
     guardrail_rejected: bool = False  # the newest read was not released: the accepted version is not current
+    catalog_status: str | None = None  # the newest reconciled catalog's status (None: no catalog for the server)
 
     def fresh(self, max_age_seconds: float | None, now: datetime | None = None) -> tuple[bool, str]:
         """The answer gate's rule at read time: (fresh, why not)."""
@@ -93,7 +97,7 @@ def _row(r: dict[str, Any]) -> ServedResource:
         mime_type=r["mime_type"] or r["catalog_mime_type"], size=int(r["size"] or 0),
         name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"], title=r["upstream_title"],
         dirty=int(r["notifications_seen"]) > int(r["covered"]),
-        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED")
+        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED", catalog_status=r["catalog_status"])
 
 
 async def list_served(pool: AsyncConnectionPool, subject: str) -> tuple[int, list[ServedResource]]:
@@ -128,7 +132,8 @@ def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str
         "state": r.state, "receiptId": r.receipt_id, "digest": r.digest, "ordinal": r.ordinal,
         "acceptedAt": _iso(r.accepted_at), "verifiedAt": _iso(r.verified_at), "server": r.server,
         "stalenessBoundSeconds": max_age_seconds, "dirty": r.dirty,
-        "guardrailRejected": r.guardrail_rejected, "fresh": fresh,
+        "guardrailRejected": r.guardrail_rejected,
+        "catalogStatus": r.catalog_status, "fresh": fresh,
         **({"notFreshBecause": why} if why else {}),
     }
 

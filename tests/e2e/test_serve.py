@@ -89,6 +89,7 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                 fresh = (listed.resources[0].meta or {})[FRESH]
                 assert fresh["digest"] == v1["committed"]["digest"] and fresh["state"] == "ACTIVE"
                 assert fresh["receiptId"] >= 1 and fresh["acceptedAt"] and fresh["verifiedAt"]
+                assert "catalogStatus" in fresh and fresh["guardrailRejected"] is False and fresh["fresh"] is True
                 assert listed.ttl_ms == 0 and listed.cache_scope == "private"
                 first = await legacy.read_resource(uri_a)
                 assert isinstance(first.contents[0], types.TextResourceContents)
