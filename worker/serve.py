@@ -107,6 +107,7 @@ class ServeHub:
         self._buses: dict[str, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
         self._snapshots: OrderedDict[str, tuple[str, list[ServedResource]]] = OrderedDict()
         self._keys = itertools.count(1)
+        self._ticks: dict[str, asyncio.Event] = {}
         self.stats = {"announced": 0, "sent": 0, "cut_off": 0, "reads": 0, "lists": 0}
 
     # -- subjects ----------------------------------------------------------------------
@@ -202,9 +203,19 @@ class ServeHub:
             handler.close()
 
     # -- outbox fan-out ----------------------------------------------------------------
+    def events_tick(self, subject: str) -> asyncio.Event:
+        """An event set at the subject's next outbox event (events/stream waits on it)."""
+        tick = self._ticks.get(subject)
+        if tick is None:
+            tick = self._ticks[subject] = asyncio.Event()
+        return tick
+
     async def announce(self, event: OutboxEventV1) -> None:
         """Fan one outbox event out to the subject's connected clients (never blocks on a client)."""
         self.stats["announced"] += 1
+        tick = self._ticks.pop(event.subject, None)
+        if tick is not None:
+            tick.set()
         catalog_changed = event.event_type in WITHDRAWING or event.previous_digest is None
         for session in list(self.sessions.values()):
             if session.subject != event.subject:
@@ -283,7 +294,7 @@ class ServeServer(Server[Any]):
         caps = super().get_capabilities(notification_options, experimental_capabilities, extensions,
                                         protocol_version=protocol_version)
         experimental = {**(caps.experimental or {}),
-                        "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll"]}}
+                        "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll", "push"]}}
         return caps.model_copy(update={"resources": types.ResourcesCapability(subscribe=True, list_changed=True),
                                        "experimental": experimental})
 

@@ -436,3 +436,64 @@ async def test_guardrail_rejected_is_refused_never_the_body(
                 assert "x" * 100 not in str(refused.value.data)
         finally:
             await serve.stop()
+
+
+async def test_events_push_stream_delivers_changes_with_cursors(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('push')}.md"
+    v1 = await fx.create(uri, text="# push one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        headers = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream"}
+        try:
+            async with httpx2.AsyncClient(timeout=60) as raw:
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+                opened = await raw.post(serve.url, json=init, headers=headers)
+                headers["mcp-session-id"] = opened.headers["mcp-session-id"]
+                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers=headers)
+                frames: list[dict[str, Any]] = []
+                got_v2 = asyncio.Event()
+                expect: dict[str, str] = {}
+
+                async def read_stream() -> None:
+                    body = {"jsonrpc": "2.0", "id": 7, "method": "events/stream",
+                            "params": {"name": "resource.changed", "cursor": None}}
+                    async with raw.stream("POST", serve.url, json=body, headers=headers) as resp:
+                        assert resp.status_code == 200
+                        async for line in resp.aiter_lines():
+                            if not line.startswith("data:"):
+                                continue
+                            frame = json.loads(line[5:])
+                            frames.append(frame)
+                            params = frame.get("params") or {}
+                            if frame.get("method") == "notifications/events/event" and \
+                                    params["data"]["content_digest"] == expect.get("v2"):
+                                got_v2.set()
+
+                reader = asyncio.create_task(read_stream())
+                await asyncio.sleep(1.0)  # the stream starts "from now"
+                v2 = await fx.edit(uri, text="# push two", mime_type="text/markdown")
+                expect["v2"] = v2["committed"]["digest"]
+                await asyncio.wait_for(got_v2.wait(), 30)
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            events = [f["params"] for f in frames if f.get("method") == "notifications/events/event"]
+            assert events and all(e["name"] == "resource.changed" and e["cursor"] and e["eventId"] for e in events)
+            assert all(e["_meta"]["subscriptionId"] == 7 for e in events)
+            assert v1["committed"]["digest"] not in [e["data"]["content_digest"] for e in events]  # from now on
+            # The pushed cursor resumes on poll: nothing after the last pushed event is lost.
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                after = await events_poll(client, events[-1]["cursor"])
+                assert after["truncated"] is False and all(
+                    e["data"]["content_digest"] != expect["v2"] for e in after["events"])
+        finally:
+            await serve.stop()
