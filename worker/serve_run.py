@@ -7,8 +7,8 @@ Contract:
   (nothing listed), a request body over ``max_request_bytes`` → 413; once listening, one line on
   stdout: ``mcpsync serve: listening on http://HOST:PORT/mcp``. stdio: the MCP session on
   stdin/stdout for ``stdio_subject`` (nothing else on stdout).
-- The follower is the durable outbox consumer ``config.consumer`` (registered on first use, no
-  subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so a
+- The follower is the durable outbox consumer ``config.consumer`` (registered on first use at the
+  outbox's end, no subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so a
   serve process killed between the two announces the batch again on restart (duplicates, never
   a loss). A gap (retention pruned unacknowledged events) is a resync: every connected client is
   told to list and read again.
@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpsync.activities.outbox import OutboxConsumer
+from mcpsync.activities.outbox import OutboxConsumer, consumer_infos
 from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_server
 from mcpsync.worker.serve_cursors import CursorSigner
 
@@ -106,6 +106,11 @@ class _TooLarge(Exception):
 async def follow_outbox(hub: ServeHub) -> None:
     """Fan the outbox out to connected clients, forever; acknowledge after each batch."""
     consumer = OutboxConsumer(hub.pool, hub.config.consumer, register=True)
+    if not await consumer_infos(hub.pool, hub.config.consumer):
+        # A new consumer starts at the outbox's end, not at position 0: history is in the ledger
+        # (clients list and read the current versions); replaying it would only announce old news.
+        start = await consumer.resync()
+        await consumer.ack(start.position)
     while True:
         try:
             async for batch in consumer.follow(idle_timeout=5.0):

@@ -338,7 +338,8 @@ async def test_stdio_and_bad_input(
                         _Unknown(params={}), TypeAdapter(dict[str, Any]))
                 assert unknown.value.code == -32601
                 with pytest.warns(Warning):
-                    for _ in range(300):  # subscribe/unsubscribe in a loop: nothing piles up
+                    # subscribe/unsubscribe in a loop: nothing piles up (MCPSYNC_SERVE_SUBSCRIBE_LOOP=10000 once)
+                    for _ in range(int(os.environ.get("MCPSYNC_SERVE_SUBSCRIBE_LOOP", "300"))):
                         await client.subscribe_resource(uri)
                         await client.unsubscribe_resource(uri)
                 with pytest.raises(MCPError) as nf:
