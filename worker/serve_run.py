@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from mcp.server.stdio import stdio_server
@@ -165,11 +166,13 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
         else:
             print(f"mcpsync serve: listening on {url}", flush=True)
         try:
-            await task
+            await asyncio.shield(task)  # a cancel (SIGTERM, Ctrl-C) stops uvicorn gracefully below
         finally:
             hub.close_all_streams()
             AppStatus.should_exit = True
             uv.should_exit = True
+            with suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)

@@ -22,19 +22,21 @@ from mcpsync.worker.stack import REPO_ROOT
 
 
 class ServeProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, url: str, log: Path) -> None:
         self.proc = proc
         self.url = url
+        self.log = log  # stderr (logs at INFO: -v)
 
     @classmethod
     async def start(cls, conf: Path, tokens: dict[str, str], *, consumer: str, port: int = 0,
                     extra: tuple[str, ...] = ()) -> ServeProcess:
         env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
         env["MCPSYNC_SERVE_TOKENS"] = json.dumps(tokens)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--port", str(port),
-            "--consumer", consumer, *extra, cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+        log = conf.parent / f"serve-{consumer}-{os.urandom(3).hex()}.log"
+        with log.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "mcpsync.worker.cli", "-v", "--config", str(conf), "serve", "--port", str(port),
+                "--consumer", consumer, *extra, cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=err)
         assert proc.stdout is not None
         try:
             line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -42,9 +44,8 @@ class ServeProcess:
             proc.kill()
             raise
         if "listening on" not in line:
-            err = (await proc.stderr.read()).decode() if proc.stderr else ""
-            raise RuntimeError(f"serve did not start: {line!r} {err[-2000:]}")
-        return cls(proc, line.rsplit(" ", 1)[-1].strip())
+            raise RuntimeError(f"serve did not start: {line!r} {log.read_text()[-2000:]}")
+        return cls(proc, line.rsplit(" ", 1)[-1].strip(), log)
 
     @property
     def port(self) -> int:

@@ -143,6 +143,10 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                 assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
         finally:
             await serve.stop()
+        # Logged at INFO (-v), yet no token and no body in the log.
+        logged = serve.log.read_text()
+        for secret in (*tokens.values(), "# alice one", "# alice two", "# bob one"):
+            assert secret not in logged
 
 
 async def test_events_resume_across_sigkill_of_serve(
