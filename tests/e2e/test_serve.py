@@ -502,3 +502,22 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                     e["data"]["content_digest"] != expect["v2"] for e in after["events"])
         finally:
             await serve.stop()
+
+
+def test_serve_without_tokens_is_one_error_line(tmp_path: Path, database_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPSYNC_DATABASE_URL", "MCPSYNC_SERVE_TOKENS")}
+    conf = _conf(tmp_path, database_url)
+    for tokens, expect in ((None, "no bearer tokens"), ("not json", "MCPSYNC_SERVE_TOKENS must be a JSON object")):
+        run_env = env if tokens is None else {**env, "MCPSYNC_SERVE_TOKENS": tokens}
+        r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve"],
+                           cwd=REPO_ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+        assert tokens is None or tokens not in r.stderr
+
+
+async def test_the_benchmark_runs_small() -> None:
+    from benchmarks.serve import run as bench
+
+    result = await bench(listeners=3, changes=2, interval=0.5)
+    assert result["listeners_missing_notifications"] == 0 and result["listener_notifications"] >= 6
+    assert result["serve_read_ms"]["n"] >= 1 and result["direct_read_ms"]["n"] >= 1
