@@ -59,6 +59,7 @@ from mcpsync.worker.cli_common import (
     subscription_key,
     terminal_safe,
 )
+from mcpsync.worker.cli_serve import register as register_serve_command
 from mcpsync.worker.cli_subscriptions import register as register_subscription_commands
 from mcpsync.worker.cli_upgrades import register as register_upgrade_commands
 from mcpsync.worker.config import ConfigError
@@ -899,6 +900,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
     up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
     up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
+    up.add_argument("--serve-port", type=int, default=0, metavar="PORT",
+                    help="port of 'mcpsync serve' for the demo subject (default 0: a free one, printed; -1: none)")
     up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
                     help="stop cleanly after this long (default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
     up.set_defaults(func=cmd_up)
@@ -921,6 +924,7 @@ def _parser() -> argparse.ArgumentParser:
 
     register_subscription_commands(sub)
     register_upgrade_commands(sub)
+    register_serve_command(sub)
 
     pr = sub.add_parser("probe", help="characterize a configured MCP server without changing it")
     pr.add_argument("--server", required=True)

@@ -4,7 +4,8 @@ Starts (under the state dir) the Temporal dev server with the search attributes
 registered, PostgreSQL (the configured URL, else the embedded server), applies
 the migrations, starts the demo MCP server (fixture, streamable HTTP, a demo
 resource edited every ``--churn`` seconds), runs the worker and the session host,
-subscribes the demo URI and prints the Web UI URL. Ctrl-C stops everything.
+subscribes the demo URI, starts ``mcpsync serve`` for the demo subject (``--serve-port``; URL and a
+demo bearer token printed) and prints the Web UI URL. Ctrl-C stops everything.
 The addresses and this process's pid are written to ``<state>/runtime.json`` so
 ``mcpsync status``, ``close``, ``outbox tail`` ... find this stack without a config
 file; a clean stop removes the file, and a file whose pid no longer runs is stale
@@ -22,8 +23,10 @@ import signal
 import time
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
 from mcpsync.worker.metrics import MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import (
@@ -137,6 +140,13 @@ async def run_up(args: argparse.Namespace) -> None:
         handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
                                           workflow_id=await ledger.workflow_id_of(key))
         await start_catalogs(client, config)
+        serve_port = getattr(args, "serve_port", -1)
+        if serve_port is not None and serve_port >= 0:
+            serve_url, token = await _start_serve(stack, ledger, db_url, serve_port)
+            print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; demo bearer token {token})",
+                  flush=True)
+            print(f"    connect the MCP Inspector: transport Streamable HTTP, URL {serve_url}, "
+                  f"header 'Authorization: Bearer {token}'", flush=True)
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
         print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)
         print(f"  demo subscription: {link}", flush=True)
@@ -161,6 +171,30 @@ async def run_up(args: argparse.Namespace) -> None:
                           f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
                           flush=True)
             await asyncio.sleep(1.0)
+
+
+async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str, port: int) -> tuple[str, str]:
+    """``mcpsync serve`` for the demo subject, in this process: (URL, bearer token). The token is
+    MCPSYNC_SERVE_TOKENS' for the demo subject when set, else a new random one per ``up``."""
+    import secrets
+
+    from mcpsync.worker.serve import ServeConfig
+    from mcpsync.worker.serve_run import run_serve, tokens_from_environment
+
+    tokens = tokens_from_environment()
+    token = next((t for t, subject in tokens if subject == DEMO_SUBJECT), None) or secrets.token_urlsafe(18)
+    config = ServeConfig(port=port, tokens=((token, DEMO_SUBJECT), *((t, s) for t, s in tokens if t != token)),
+                         consumer="serve-up")
+    listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_serve(config, ledger.pool, db_url, on_listening=listening.set_result))
+    stack.push_async_callback(_cancel, task)
+    waiters: set[asyncio.Future[Any]] = {task, listening}
+    done, _ = await asyncio.wait(waiters, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if listening not in done:
+        if task.done():
+            task.result()
+        raise RuntimeError("mcpsync serve did not start within 30 s")
+    return listening.result(), token
 
 
 def _mcpsync_command() -> str:

@@ -1,0 +1,523 @@
+"""``mcpsync serve`` on the real stack (Temporal, PostgreSQL, the fixture upstream), with the ``mcp``
+Python SDK client on both editions: an upstream change reaches the downstream client as a
+notification and the read returns the new bytes with the matching digest; subject B cannot list
+or read A's resources; a revocation removes them; bad input gets one clear error each; the
+Events extension resumes across a SIGKILL of serve (docs/serve.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client as McpClient
+from mcp import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+from pydantic import TypeAdapter
+from temporalio.client import Client
+
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records import SubscriptionKey
+from tests.conftest import eventually, running_services, unique
+from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client
+from tests.e2e.test_e2e_subscription import _wait_record
+
+FRESH = "io.mcpsync/freshness"
+
+
+def _conf(tmp_path: Path, database_url: str) -> Path:
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    return conf
+
+
+def _updated(inbox: list[Any], uri: str) -> int:
+    return sum(1 for m in inbox if isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri)
+
+
+def _list_changed(inbox: list[Any]) -> int:
+    return sum(1 for m in inbox if isinstance(m, types.ResourceListChangedNotification))
+
+
+async def test_both_editions_notify_read_isolate_and_revoke(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice, bob = unique("alice"), unique("bob")
+    tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
+    uri_a, uri_b = f"demo://serve/{unique('a')}.md", f"demo://serve/{unique('b')}.md"
+    v1 = await fx.create(uri_a, text="# alice one", mime_type="text/markdown")
+    b1 = await fx.create(uri_b, text="# bob one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        q = cfg.temporal.task_queue
+        ha = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri_a),
+                                      task_queue=q)
+        hb = await start_subscription(temporal_client, SubscriptionKey(subject=bob, server=server.name, uri=uri_b),
+                                      task_queue=q)
+        await _wait_record(ha, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "alice v1")
+        await _wait_record(hb, lambda r: r.last_accepted_digest == b1["committed"]["digest"], "bob v1")
+        await fx.wait_subscribed(uri_a)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        legacy_inbox: list[Any] = []
+        try:
+            # No token or an unknown one: 401, nothing listed.
+            async with httpx2.AsyncClient() as raw:
+                body = {"jsonrpc": "2.0", "id": 1, "method": "resources/list", "params": {}}
+                assert (await raw.post(serve.url, json=body)).status_code == 401
+                bad = await raw.post(serve.url, json=body, headers={"Authorization": "Bearer nope"})
+                assert bad.status_code == 401 and b"alice" not in bad.content
+            async with serve_client(serve.url, tokens[alice], "legacy", legacy_inbox) as legacy, \
+                    serve_client(serve.url, tokens[alice], "auto") as modern, \
+                    serve_client(serve.url, tokens[bob], "auto") as bob_modern, \
+                    serve_client(serve.url, tokens[bob], "legacy") as bob_legacy:
+                assert legacy.protocol_version == "2025-11-25" and modern.protocol_version == "2026-07-28"
+                listed = await modern.list_resources()
+                assert [str(r.uri) for r in listed.resources] == [uri_a]
+                fresh = (listed.resources[0].meta or {})[FRESH]
+                assert fresh["digest"] == v1["committed"]["digest"] and fresh["state"] == "ACTIVE"
+                assert fresh["receiptId"] >= 1 and fresh["acceptedAt"] and fresh["verifiedAt"]
+                assert "catalogStatus" in fresh and fresh["guardrailRejected"] is False and fresh["fresh"] is True
+                assert listed.ttl_ms == 0 and listed.cache_scope == "private"
+                first = await legacy.read_resource(uri_a)
+                assert isinstance(first.contents[0], types.TextResourceContents)
+                assert first.contents[0].text == "# alice one"
+
+                # Subject B sees nothing of A's: not listed, not readable on either edition.
+                assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
+                with pytest.raises(MCPError) as modern_nf:
+                    await bob_modern.read_resource(uri_a)
+                assert modern_nf.value.code == -32602
+                with pytest.raises(MCPError) as legacy_nf:
+                    await bob_legacy.read_resource(uri_a)
+                assert legacy_nf.value.code == -32002
+
+                # Bad input: forged cursor, A's cursor presented by B, unknown method.
+                with pytest.raises(MCPError) as forged:
+                    await modern.list_resources(cursor="L.0-1~0.AAAAAAAAAAAAAAAAAAAAAA")
+                assert forged.value.code == -32602 and "cursor" in forged.value.message
+                start = await events_poll(modern, None)
+                with pytest.raises(MCPError) as foreign:
+                    await events_poll(bob_modern, start["cursor"])
+                assert foreign.value.code == -32602
+
+                # An upstream change reaches both editions as a notification; the read has the new bytes.
+                with pytest.warns(Warning):
+                    await legacy.subscribe_resource(uri_a)
+                async with modern.listen(resource_subscriptions=[uri_a]) as sub:
+                    v2 = await fx.edit(uri_a, text="# alice two", mime_type="text/markdown")
+                    event = await asyncio.wait_for(sub.__anext__(), 30)
+                    assert str(getattr(event, "uri", "")) == uri_a
+                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 1, what="legacy updated")
+                    for client in (modern, legacy):
+                        read = await client.read_resource(uri_a, meta={"io.mcpsync/requireFresh": True})
+                        part = read.contents[0]
+                        assert isinstance(part, types.TextResourceContents) and part.text == "# alice two"
+                        assert (read.meta or {})[FRESH]["digest"] == v2["committed"]["digest"]
+                    polled = await events_poll(modern, start["cursor"])
+                    digests = [e["data"]["content_digest"] for e in polled["events"]]
+                    assert v2["committed"]["digest"] in digests and polled["truncated"] is False
+                    assert all(e["data"]["subject"] == alice for e in polled["events"])
+
+                    # Revocation: listed no more, reads refused, a notification sent.
+                    before = _list_changed(legacy_inbox)
+                    await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=None)
+                    assert (await modern.list_resources()).resources == []
+                    with pytest.raises(MCPError) as gone:
+                        await modern.read_resource(uri_a)
+                    assert gone.value.code == -32602
+                    await eventually(lambda: _list_changed(legacy_inbox) > before, what="list_changed on revoke")
+                # B is untouched by A's revocation.
+                assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
+        finally:
+            await serve.stop()
+        # Logged at INFO (-v), yet no token and no body in the log.
+        logged = serve.log.read_text()
+        for secret in (*tokens.values(), "# alice one", "# alice two", "# bob one"):
+            assert secret not in logged
+
+
+async def test_events_resume_across_sigkill_of_serve(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('k')}.png"
+    blob = b"\x89PNG\r\n\x1a\n\x00binary"
+    v1 = await fx.create(uri, blob=blob, mime_type="image/png")
+    conf = _conf(tmp_path, database_url)
+    consumer = unique("serve")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(conf, tokens, consumer=consumer)
+        try:
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                read = await client.read_resource(uri)
+                part = read.contents[0]
+                assert isinstance(part, types.BlobResourceContents) and base64.b64decode(part.blob) == blob
+                cursor = (await events_poll(client, None))["cursor"]
+            expected: list[str] = []
+            for i in range(6):
+                edit = await fx.edit(uri, blob=blob + bytes([i]) * (i + 1), mime_type="image/png")
+                expected.append(edit["committed"]["digest"])
+                if i == 2:
+                    await serve.kill()  # SIGKILL while changes flow
+                await asyncio.sleep(0.3)
+            await _wait_record(h, lambda r: r.last_accepted_digest == expected[-1], "last version", timeout=60)
+            serve = await ServeProcess.start(conf, tokens, consumer=consumer)
+            seen: list[str] = []
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                while True:
+                    got = await events_poll(client, cursor, max_events=2)
+                    assert got["truncated"] is False
+                    seen += [e["data"]["content_digest"] for e in got["events"]]
+                    cursor = got["cursor"]
+                    if not got["hasMore"]:
+                        break
+                latest = await client.read_resource(uri)
+                body = base64.b64decode(latest.contents[0].blob)  # type: ignore[union-attr]
+                assert body == blob + bytes([5]) * 6
+                assert (latest.meta or {})[FRESH]["digest"] == expected[-1]
+            # Every accepted version is in the resumed stream (coalescing may skip an intermediate
+            # upstream edit the reconciler never read; the last one is always there).
+            accepted = set(await _accepted_digests(ledger, alice, uri)) - {v1["committed"]["digest"]}
+            assert accepted and accepted <= set(seen) and expected[-1] in seen
+            assert len(accepted) >= 2, "changes flowed while serve was down" 
+        finally:
+            await serve.stop()
+
+
+async def _accepted_digests(ledger: Ledger, subject: str, uri: str) -> list[str]:
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute("SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
+                                 " AND content_digest IS NOT NULL ORDER BY outbox_id", (subject, uri))
+        return [r[0] for r in await cur.fetchall()]
+
+
+NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", REPO_ROOT / ".state" / "npm"))
+TS_CLIENT = Path(__file__).parent / "js" / "serve_client.mjs"
+INSPECTOR = NPM_PREFIX / "node_modules" / "@modelcontextprotocol" / "inspector-cli" / "build" / "index.js"
+
+
+async def _node(*args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        "node", *args, env={**os.environ, "MCPSYNC_NPM_PREFIX": str(NPM_PREFIX)}, cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def _inspector(url: str, token: str, method: str, *extra: str) -> tuple[int, str]:
+    proc = await _node(str(INSPECTOR), url, "--transport", "http", "--header", f"Authorization: Bearer {token}",
+                       "--method", method, *extra, cwd=INSPECTOR.parent)  # it finds its package.json from the cwd
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode() + err.decode()
+
+
+async def _ts_lines(proc: asyncio.subprocess.Process, until: str) -> list[dict[str, Any]]:
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    while True:
+        raw = await asyncio.wait_for(proc.stdout.readline(), 90)
+        assert raw, f"TS client ended early: {lines}"
+        lines.append(json.loads(raw))
+        if lines[-1]["step"] in (until, "error"):
+            return lines
+
+
+@pytest.mark.skipif(not INSPECTOR.exists(), reason="scripts/install-npm-servers installs the npm clients")
+async def test_typescript_sdk_and_inspector_cli(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice, bob = unique("alice"), unique("bob")
+    tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
+    uri = f"demo://serve/{unique('ts')}.md"
+    v1 = await fx.create(uri, text="# ts one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        try:
+            # The TypeScript SDK client (2025-11-25): list, read, subscribe, get the update, read the new bytes.
+            ts = await _node(str(TS_CLIENT), serve.url, tokens[alice], uri)
+            lines = await _ts_lines(ts, "subscribed")
+            assert [ln["step"] for ln in lines] == ["listed", "read", "subscribed"], lines
+            assert [r["uri"] for r in lines[0]["resources"]] == [uri]
+            assert lines[1]["text"] == "# ts one" and lines[1]["digest"] == v1["committed"]["digest"]
+            v2 = await fx.edit(uri, text="# ts two", mime_type="text/markdown")
+            lines = await _ts_lines(ts, "reread")
+            assert [ln["step"] for ln in lines] == ["updated", "reread"], lines
+            assert lines[1]["text"] == "# ts two" and lines[1]["digest"] == v2["committed"]["digest"]
+            assert await ts.wait() == 0
+            # Subject B through the TypeScript SDK: not listed, not readable.
+            ts_b = await _node(str(TS_CLIENT), serve.url, tokens[bob], uri)
+            lines_b = await _ts_lines(ts_b, "error")
+            assert lines_b[0]["resources"] == [] and lines_b[1]["step"] == "error", lines_b
+            assert "not found" in lines_b[1]["message"].lower()
+            await ts_b.wait()
+
+            # The Inspector CLI: list and read as A; B sees nothing of A's.
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/list")
+            assert rc == 0 and uri in out and v2["committed"]["digest"] in out, out
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/read", "--uri", uri)
+            assert rc == 0 and "# ts two" in out and v2["committed"]["digest"] in out, out
+            rc, out = await _inspector(serve.url, tokens[bob], "resources/list")
+            assert rc == 0 and uri not in out, out
+            rc, out = await _inspector(serve.url, tokens[bob], "resources/read", "--uri", uri)
+            assert rc != 0 and "# ts two" not in out, out
+
+            # Revocation removes it for the Inspector too.
+            await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=None)
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/list")
+            assert rc == 0 and uri not in out, out
+            rc, out = await _inspector(serve.url, tokens[alice], "resources/read", "--uri", uri)
+            assert rc != 0 and "# ts two" not in out, out
+        finally:
+            await serve.stop()
+
+
+async def test_stdio_and_bad_input(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice, mallory = unique("alice"), unique("mallory")
+    tokens = {alice: unique("tok"), mallory: unique("tok-m")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('bad')}.md"
+    v1 = await fx.create(uri, text="# stdio one", mime_type="text/markdown")
+    conf = _conf(tmp_path, database_url)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        # stdio: one configured subject, both editions.
+        env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+        params = StdioServerParameters(command=sys.executable, cwd=str(REPO_ROOT), env=env, args=[
+            "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--stdio", alice,
+            "--consumer", unique("serve-stdio")])
+        for mode in ("legacy", "auto"):
+            async with McpClient(params, mode=mode, cache=None) as stdio:  # type: ignore[arg-type]
+                listed = await stdio.list_resources()
+                assert [str(r.uri) for r in listed.resources] == [uri]
+                read = await stdio.read_resource(uri)
+                assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
+
+        serve = await ServeProcess.start(conf, tokens, consumer=unique("serve"), extra=("--page-size", "1", "--max-age", "1"))
+        auth = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json"}
+        try:
+            async with httpx2.AsyncClient(timeout=30) as raw:
+                malformed = await raw.post(serve.url, content=b"{not json", headers=auth)
+                assert malformed.status_code in (400, 200) and b"-32700" in malformed.content, malformed.content
+                huge = await raw.post(serve.url, content=b"[" + b" " * 2_000_000 + b"]", headers=auth)
+                assert huge.status_code == 413, huge.status_code
+                # Another subject's token on this session's id: refused, nothing of the session's leaks.
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "0"}}}
+                opened = await raw.post(serve.url, json=init, headers=auth)
+                session_id = opened.headers["mcp-session-id"]
+                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers={**auth, "mcp-session-id": session_id})
+                other = {**auth, "Authorization": f"Bearer {tokens[mallory]}", "mcp-session-id": session_id}
+                hijack = await raw.post(serve.url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"},
+                                        headers=other)
+                assert b"another subject" in hijack.content and uri.encode() not in hijack.content, hijack.content
+            async with serve_client(serve.url, tokens[alice], "legacy") as client:
+                with pytest.raises(MCPError) as unknown:
+                    await client.session.send_request(
+                        _Unknown(params={}), TypeAdapter(dict[str, Any]))
+                assert unknown.value.code == -32601
+                with pytest.warns(Warning):
+                    # subscribe/unsubscribe in a loop: nothing piles up (MCPSYNC_SERVE_SUBSCRIBE_LOOP=10000 once)
+                    for _ in range(int(os.environ.get("MCPSYNC_SERVE_SUBSCRIBE_LOOP", "300"))):
+                        await client.subscribe_resource(uri)
+                        await client.unsubscribe_resource(uri)
+                with pytest.raises(MCPError) as nf:
+                    with pytest.warns(Warning):
+                        await client.subscribe_resource("demo://serve/not-mine")
+                assert nf.value.code == -32002
+                page = await client.list_resources()
+                assert [str(r.uri) for r in page.resources] == [uri] and page.next_cursor is None
+                # A client after all of it still reads.
+                read = await client.read_resource(uri)
+                assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
+                # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale bytes.
+                await asyncio.sleep(1.5)
+                with pytest.raises(MCPError) as stale:
+                    await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
+                assert stale.value.code == -32004 and "staleness bound" in stale.value.message
+                assert (await client.read_resource(uri)).contents[0].text == "# stdio one"  # type: ignore[union-attr]
+        finally:
+            await serve.stop()
+
+
+class _Unknown(types.Request[dict[str, Any], Literal["nothing/here"]]):
+    method: Literal["nothing/here"] = "nothing/here"
+    params: dict[str, Any]
+
+
+async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, database_url: str) -> None:
+    state = tmp_path / "state"
+    env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
+    env.pop("MCPSYNC_SERVE_TOKENS", None)
+    log_path = tmp_path / "up.log"
+    log = log_path.open("wb")
+    up = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mcpsync.worker.cli", "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
+        "--churn", "0", "--exit-after", "120", cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
+    try:
+        line = await eventually(lambda: next((ln for ln in log_path.read_text().splitlines()
+                                              if "mcpsync serve " in ln), None), timeout=90, what="serve line")
+        match = re.search(r"(http://\S+/mcp) \(subject anonymous; demo bearer token (\S+)\)", line)
+        assert match, line
+        url, token = match.group(1), match.group(2)
+
+        async def demo_read() -> bool:
+            async with serve_client(url, token, "auto") as client:
+                uris = [str(r.uri) for r in (await client.list_resources()).resources]
+                if "demo://policy/escalation" not in uris:
+                    return False
+                read = await client.read_resource("demo://policy/escalation")
+                return bool(read.contents) and FRESH in (read.meta or {})
+
+        await eventually(demo_read, timeout=60, interval=1.0, what="the demo resource through serve")
+        async with httpx2.AsyncClient() as raw:
+            assert (await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})).status_code \
+                == 401
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(up.wait(), 30)
+        except TimeoutError:
+            up.kill()
+            await up.wait()
+        log.close()
+
+
+async def test_guardrail_rejected_is_refused_never_the_body(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice],
+                          release_max_bytes=2000)
+    uri = f"demo://serve/{unique('g')}.md"
+    v1 = await fx.create(uri, text="# small", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        try:
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                ok = await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
+                assert ok.contents[0].text == "# small"  # type: ignore[union-attr]
+                await fx.edit(uri, text="x" * 5000, mime_type="text/markdown")
+                await _wait_record(h, lambda r: "guardrail" in r.detail, "guardrail rejection")
+
+                async def flagged() -> bool:
+                    listed = await client.list_resources()
+                    return bool(listed.resources) and (listed.resources[0].meta or {})[FRESH]["guardrailRejected"]
+
+                await eventually(flagged, what="guardrailRejected in the listing")
+                with pytest.raises(MCPError) as refused:
+                    await client.read_resource(uri)
+                assert refused.value.code == -32003 and "guardrail" in refused.value.message
+                assert "x" * 100 not in str(refused.value.data)
+        finally:
+            await serve.stop()
+
+
+async def test_events_push_stream_delivers_changes_with_cursors(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('push')}.md"
+    v1 = await fx.create(uri, text="# push one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        headers = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream"}
+        try:
+            async with httpx2.AsyncClient(timeout=60) as raw:
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+                opened = await raw.post(serve.url, json=init, headers=headers)
+                headers["mcp-session-id"] = opened.headers["mcp-session-id"]
+                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers=headers)
+                frames: list[dict[str, Any]] = []
+                got_v2 = asyncio.Event()
+                expect: dict[str, str] = {}
+
+                async def read_stream() -> None:
+                    body = {"jsonrpc": "2.0", "id": 7, "method": "events/stream",
+                            "params": {"name": "resource.changed", "cursor": None}}
+                    async with raw.stream("POST", serve.url, json=body, headers=headers) as resp:
+                        assert resp.status_code == 200
+                        async for line in resp.aiter_lines():
+                            if not line.startswith("data:"):
+                                continue
+                            frame = json.loads(line[5:])
+                            frames.append(frame)
+                            params = frame.get("params") or {}
+                            if frame.get("method") == "notifications/events/event" and \
+                                    params["data"]["content_digest"] == expect.get("v2"):
+                                got_v2.set()
+
+                reader = asyncio.create_task(read_stream())
+                await asyncio.sleep(1.0)  # the stream starts "from now"
+                v2 = await fx.edit(uri, text="# push two", mime_type="text/markdown")
+                expect["v2"] = v2["committed"]["digest"]
+                await asyncio.wait_for(got_v2.wait(), 30)
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            events = [f["params"] for f in frames if f.get("method") == "notifications/events/event"]
+            assert events and all(e["name"] == "resource.changed" and e["cursor"] and e["eventId"] for e in events)
+            assert all(e["_meta"]["subscriptionId"] == 7 for e in events)
+            assert v1["committed"]["digest"] not in [e["data"]["content_digest"] for e in events]  # from now on
+            # The pushed cursor resumes on poll: nothing after the last pushed event is lost.
+            async with serve_client(serve.url, tokens[alice], "auto") as client:
+                after = await events_poll(client, events[-1]["cursor"])
+                assert after["truncated"] is False and all(
+                    e["data"]["content_digest"] != expect["v2"] for e in after["events"])
+        finally:
+            await serve.stop()
+
+
+def test_serve_without_tokens_is_one_error_line(tmp_path: Path, database_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPSYNC_DATABASE_URL", "MCPSYNC_SERVE_TOKENS")}
+    conf = _conf(tmp_path, database_url)
+    for tokens, expect in ((None, "no bearer tokens"), ("not json", "MCPSYNC_SERVE_TOKENS must be a JSON object")):
+        run_env = env if tokens is None else {**env, "MCPSYNC_SERVE_TOKENS": tokens}
+        r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve"],
+                           cwd=REPO_ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+        assert tokens is None or tokens not in r.stderr
+
+
+async def test_the_benchmark_runs_small() -> None:
+    from benchmarks.serve import run as bench
+
+    result = await bench(listeners=3, changes=2, interval=0.5)
+    assert result["listeners_missing_notifications"] == 0 and result["listener_notifications"] >= 6
+    assert result["serve_read_ms"]["n"] >= 1 and result["direct_read_ms"]["n"] >= 1

@@ -1,0 +1,72 @@
+"""The Events extension's poll on a real ledger (a fresh database: it moves retention's marker):
+cursor resume, hasMore paging, subject isolation, ``truncated: true`` below what retention pruned."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.runtime import open_ledger
+from mcpsync.worker.serve import ServeConfig, ServeHub
+from mcpsync.worker.serve_cursors import CursorSigner
+from mcpsync.worker.serve_events import EventsPollParams, poll_events
+from tests.conftest import fresh_database
+
+
+@pytest.fixture
+async def own_ledger(postgres_url: str) -> AsyncIterator[Ledger]:
+    async with fresh_database(postgres_url) as url:
+        led = await open_ledger(url, max_size=4)
+        try:
+            yield led
+        finally:
+            await led.pool.close()
+
+
+async def _emit(ledger: Ledger, subject: str, n: int) -> None:
+    async with ledger.pool.connection() as conn:
+        for i in range(n):
+            await conn.execute(
+                "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest, read_ordinal, detail)"
+                " VALUES ('version_accepted', %s, %s, 's', %s, %s, %s, '{}'::jsonb)",
+                (f"wf-{subject}", subject, f"demo://{subject}", f"sha256:{subject}{i}", i + 1))
+
+
+def _params(cursor: str | None, max_events: int = 100, name: str = "resource.changed") -> EventsPollParams:
+    return EventsPollParams.model_validate({"name": name, "cursor": cursor, "maxEvents": max_events})
+
+
+async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> None:
+    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+    start = await poll_events(hub, "alice", _params(None))
+    assert start["events"] == [] and start["truncated"] is False
+    await _emit(own_ledger, "alice", 5)
+    await _emit(own_ledger, "bob", 3)
+    got, cursor = [], start["cursor"]
+    while True:
+        page = await poll_events(hub, "alice", _params(cursor, max_events=2))
+        got += page["events"]
+        cursor = page["cursor"]
+        if not page["hasMore"]:
+            break
+    assert [e["data"]["content_digest"] for e in got] == [f"sha256:alice{i}" for i in range(5)]
+    assert len({e["eventId"] for e in got}) == 5 and all(e["data"]["subject"] == "alice" for e in got)
+    assert (await poll_events(hub, "alice", _params(cursor)))["events"] == []  # nothing twice
+    # Resume from an event's own cursor: exactly what came after it.
+    again = await poll_events(hub, "alice", _params(got[2]["cursor"]))
+    assert [e["eventId"] for e in again["events"]] == [e["eventId"] for e in got[3:]]
+    with pytest.raises(MCPError) as foreign:
+        await poll_events(hub, "bob", _params(cursor))
+    assert foreign.value.code == -32602
+    with pytest.raises(MCPError) as unknown:
+        await poll_events(hub, "alice", _params(None, name="nope"))
+    assert unknown.value.code == -32011
+    # Retention pruned beyond the client's cursor: truncated, then the events still kept.
+    async with own_ledger.pool.connection() as conn:
+        await conn.execute("UPDATE outbox_state SET pruned_through = %s", (got[3]["data"]["position"],))
+    late = await poll_events(hub, "alice", _params(start["cursor"]))
+    assert late["truncated"] is True
+    assert [e["eventId"] for e in late["events"]] == [got[4]["eventId"]]

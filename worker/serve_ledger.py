@@ -1,0 +1,158 @@
+"""What ``mcpsync serve`` reads from the ledger: a subject's subscribed resources and their freshness.
+
+Contract:
+- Read-only. One query per listing (one snapshot: a REPEATABLE READ transaction), one per
+  resource. Bodies come only through ``released_content`` (the content API's release check:
+  own subject, guardrail released, not revoked, digest verified).
+- A subject's resources are its subscriptions that have an accepted version and are not REVOKED
+  (a revoked subscription is listed no more). With the same URI on several upstream servers the
+  first server by name wins (``ServedResource.server`` says which).
+- ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, receipt id, digest, accepted at,
+  verified at (the newest released receipt with the current digest), the published staleness
+  bound (``serve --max-age``; null: push-driven, no age limit), the newest reconciled catalog's
+  status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog), whether an update is unread
+  (dirty), and whether the resource is fresh by the answer gate's read-time rule: ACTIVE, no
+  update newer than the latest judged read, the newest read released by the guardrail, verified
+  within the bound. ``guardrailRejected``: the newest read was not released (its body is never
+  served, and the older accepted version is not current: reads are refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["ServedResource", "freshness_meta", "list_served", "served_resource", "outbox_top", "subject_events"]
+
+_SELECT = """
+SELECT DISTINCT ON (s.uri)
+       s.workflow_id, s.subject, s.server, s.uri, s.state, s.last_receipt_id, s.last_accepted_digest,
+       s.last_accepted_ordinal, s.notifications_seen,
+       rv.accepted_at, rv.mime_type, rv.size,
+       (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
+          AND v.status IN ('ACCEPTED', 'UNCHANGED') AND v.content_digest = s.last_accepted_digest) AS verified_at,
+       (SELECT v.status FROM resource_versions v WHERE v.workflow_id = s.workflow_id
+          ORDER BY v.receipt_id DESC LIMIT 1) AS newest_status,
+       COALESCE((SELECT max(rr.notifications_seen) FROM read_requests rr
+                 WHERE rr.workflow_id = s.workflow_id AND rr.completed_at IS NOT NULL), 0) AS covered,
+       (SELECT rc.status FROM resource_catalogs rc WHERE rc.subject = s.subject AND rc.server = s.server
+          ORDER BY rc.catalog_id DESC LIMIT 1) AS catalog_status,
+       ck.descriptor->>'name' AS upstream_name, ck.descriptor->>'title' AS upstream_title,
+       COALESCE(ck.descriptor->>'mimeType', ck.descriptor->>'mime_type') AS catalog_mime_type
+FROM subscriptions s
+JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+LEFT JOIN catalog_known ck ON ck.subject = s.subject AND ck.server = s.server AND ck.uri = s.uri
+                          AND ck.gone_at IS NULL
+WHERE s.subject = %(subject)s AND s.state <> 'REVOKED' AND s.last_accepted_digest IS NOT NULL
+  AND (%(uri)s::text IS NULL OR s.uri = %(uri)s::text)
+ORDER BY s.uri, s.server
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ServedResource:
+    workflow_id: str
+    subject: str
+    server: str
+    uri: str
+    state: str
+    receipt_id: int
+    digest: str
+    ordinal: int
+    accepted_at: datetime
+    verified_at: datetime | None
+    mime_type: str | None
+    size: int
+    name: str
+    title: str | None
+    dirty: bool
+    guardrail_rejected: bool = False  # the newest read was not released: the accepted version is not current
+    catalog_status: str | None = None  # the newest reconciled catalog's status (None: no catalog for the server)
+
+    def fresh(self, max_age_seconds: float | None, now: datetime | None = None) -> tuple[bool, str]:
+        """The answer gate's rule at read time: (fresh, why not)."""
+        if self.state != "ACTIVE":
+            return False, f"subscription is {self.state}"
+        if self.guardrail_rejected:
+            return False, "the newest read was not released by the guardrail (GUARDRAIL_REJECTED)"
+        if self.dirty:
+            return False, "an update arrived after the latest judged read (UPDATE_SEEN)"
+        if max_age_seconds is not None:
+            verified = self.verified_at or self.accepted_at
+            age = ((now or datetime.now(UTC)) - verified).total_seconds()
+            if age > max_age_seconds:
+                return False, f"last verified {age:.1f} s ago, beyond the staleness bound of {max_age_seconds:g} s"
+        return True, ""
+
+
+def _row(r: dict[str, Any]) -> ServedResource:
+    return ServedResource(
+        workflow_id=r["workflow_id"], subject=r["subject"], server=r["server"], uri=r["uri"], state=r["state"],
+        receipt_id=int(r["last_receipt_id"]), digest=r["last_accepted_digest"], ordinal=int(r["last_accepted_ordinal"]),
+        accepted_at=r["accepted_at"], verified_at=r["verified_at"],
+        mime_type=r["mime_type"] or r["catalog_mime_type"], size=int(r["size"] or 0),
+        name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"], title=r["upstream_title"],
+        dirty=int(r["notifications_seen"]) > int(r["covered"]),
+        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED", catalog_status=r["catalog_status"])
+
+
+async def list_served(pool: AsyncConnectionPool, subject: str) -> tuple[int, list[ServedResource]]:
+    """One snapshot of the subject's resources, with the outbox position it was taken at."""
+    async with pool.connection() as conn:
+        await conn.set_autocommit(False)
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT COALESCE(max(position), 0) AS top FROM outbox")
+            top = await cur.fetchone()
+            await cur.execute(_SELECT, {"subject": subject, "uri": None})
+            rows = await cur.fetchall()
+    return int(top["top"]) if top else 0, [_row(r) for r in rows]
+
+
+async def served_resource(pool: AsyncConnectionPool, subject: str, uri: str) -> ServedResource | None:
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_SELECT, {"subject": subject, "uri": uri})
+        row = await cur.fetchone()
+    return _row(row) if row else None
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
+def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str, Any]:
+    fresh, why = r.fresh(max_age_seconds)
+    return {
+        "state": r.state, "receiptId": r.receipt_id, "digest": r.digest, "ordinal": r.ordinal,
+        "acceptedAt": _iso(r.accepted_at), "verifiedAt": _iso(r.verified_at), "server": r.server,
+        "stalenessBoundSeconds": max_age_seconds, "dirty": r.dirty,
+        "guardrailRejected": r.guardrail_rejected,
+        "catalogStatus": r.catalog_status, "fresh": fresh,
+        **({"notFreshBecause": why} if why else {}),
+    }
+
+
+async def outbox_top(pool: AsyncConnectionPool) -> tuple[int, int]:
+    """(highest stamped position, pruned_through): the events extension's cursor range."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT outbox_stamp()")
+        row = await cur.fetchone()
+        cur = await conn.execute("SELECT pruned_through FROM outbox_state")
+        pruned = await cur.fetchone()
+    return int(row[0]) if row else 0, int(pruned[0]) if pruned else 0
+
+
+async def subject_events(pool: AsyncConnectionPool, subject: str, after: int, limit: int) -> list[dict[str, Any]]:
+    """Stamped outbox rows of one subject after ``after``, oldest first."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT outbox_stamp()")
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute("SELECT * FROM outbox WHERE position > %s AND subject = %s ORDER BY position LIMIT %s",
+                          (after, subject, limit))
+        return list(await cur.fetchall())
