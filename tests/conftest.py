@@ -18,6 +18,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +134,28 @@ async def ledger(database_url: str) -> AsyncIterator[Ledger]:
         await led.pool.close()
 
 
+@dataclass(frozen=True)
+class PrivateDatabase:
+    url: str
+    ledger: Ledger
+
+
 @pytest.fixture
-async def private_ledger(postgres_url: str) -> AsyncIterator[Ledger]:
-    """A ledger on a database of its own, for a test whose assertions count rows across the whole
-    ledger (retention, say): other tests' rows in the session's database would move its counts."""
+async def private_database(postgres_url: str) -> AsyncIterator[PrivateDatabase]:
+    """A migrated ledger on a database of its own (dropped afterwards), for a test whose assertions
+    are about the whole ledger: retention, consumers holding rows back. In the session's database
+    other tests' rows and durable consumers (every serve process registers one) would move them."""
     async with fresh_database(postgres_url) as url:
         led = await open_ledger(url)
         try:
-            yield led
+            yield PrivateDatabase(url=url, ledger=led)
         finally:
             await led.pool.close()
+
+
+@pytest.fixture
+def private_ledger(private_database: PrivateDatabase) -> Ledger:
+    return private_database.ledger
 
 
 async def ledger_rows(ledger: Ledger, sql: str, *args: object) -> list[tuple[Any, ...]]:

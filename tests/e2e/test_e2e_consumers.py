@@ -30,7 +30,7 @@ from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records import CloseReceipt, CloseRequest, SubscriptionKey, SubscriptionState
-from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.conftest import PrivateDatabase, eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled
 
@@ -54,7 +54,10 @@ async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
 
 
 async def test_envelope_and_content_access_on_the_real_stack(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+        temporal_client: Client, fx: FixtureProcess, tmp_path: Path, private_database: PrivateDatabase) -> None:
+    # Whole-ledger assertions (retention, consumers): a database of its own.
+    ledger = private_database.ledger
+    database_url = private_database.url
     alice, bob = unique("alice"), unique("bob")
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob],
                           release_max_bytes=2000)
@@ -193,7 +196,10 @@ def _delivered(index: Path) -> set[int]:
 
 
 async def test_reference_indexer_converges_through_kills_prune_and_revocation(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+        temporal_client: Client, fx: FixtureProcess, tmp_path: Path, private_database: PrivateDatabase) -> None:
+    # Whole-ledger assertions (retention, consumers): a database of its own.
+    ledger = private_database.ledger
+    database_url = private_database.url
     alice, bob = unique("ialice"), unique("ibob")
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
     rng = random.Random(11)

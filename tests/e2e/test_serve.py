@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import SubscriptionKey
-from tests.conftest import eventually, running_services, unique
+from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -521,3 +522,11 @@ async def test_the_benchmark_runs_small() -> None:
     result = await bench(listeners=3, changes=2, interval=0.5)
     assert result["listeners_missing_notifications"] == 0 and result["listener_notifications"] >= 6
     assert result["serve_read_ms"]["n"] >= 1 and result["direct_read_ms"]["n"] >= 1
+
+
+@pytest.fixture(autouse=True)
+async def _serve_consumers_dropped(ledger: Ledger) -> AsyncIterator[None]:
+    """Each serve process registers a durable consumer, which holds outbox retention back for the
+    whole database: the test's serve consumers go when the test ends (serve names them serve-*)."""
+    yield
+    await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name LIKE %s", "serve-%")

@@ -35,7 +35,7 @@ from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
 from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import ReadOutcomeKind
-from tests.conftest import eventually, ledger_rows, unique
+from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 
 INSERT = ("INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest)"
@@ -267,7 +267,9 @@ async def test_follow_wakes_on_notify_from_a_plain_sql_insert(ledger: Ledger, da
 
 
 async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resyncs(
-        ledger: Ledger, consumers: list[str]) -> None:
+        consumers: list[str], private_database: PrivateDatabase) -> None:
+    # Whole-ledger assertions (retention, consumers): a database of its own.
+    ledger = private_database.ledger
     key = await _active(ledger, uri="demo://outbox/retention")
     subject = key.subject
     consumer = await register(ledger, consumers, subject)
@@ -456,9 +458,15 @@ async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path,
 
 
 async def test_without_live_consumers_prune_goes_by_age_and_later_consumers_start_with_a_gap(
-        ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+        consumers: list[str], private_database: PrivateDatabase) -> None:
+    # Whole-ledger assertions (retention, consumers): a database of its own.
+    ledger = private_database.ledger
+    database_url = private_database.url
     subject = unique("nolive")
-    assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers"), "other tests dropped theirs"
+    assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers"), "nobody holds rows back"
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await _insert(conn, unique("earlier"), "demo://earlier")  # positions have begun before this test's row
+    assert await stamp(ledger.pool) >= 1
     holder = await _connect(database_url)  # an open transaction with an xid holds positions back
     try:
         await holder.execute("SELECT pg_current_xact_id()")
