@@ -5,7 +5,14 @@ and byte cap besides its page cap. Nothing is lost for the subscriptions that be
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +31,35 @@ from mcpsync.workflows.uris import MAX_URI_LENGTH
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
 from tests.e2e.test_e2e_subscription import _wait_record
+
+HOSTILE = Path(__file__).parents[1] / "servers" / "hostile_server.py"
+MB = 1024 * 1024
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def rss_growth() -> Iterator[list[int]]:
+    """The peak growth of this process's RSS over the block (sampled every 5 ms from a thread, which
+    the event loop's work cannot starve for long); ``[peak_bytes]`` once the block ended."""
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _rss() - base)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    out: list[int] = []
+    try:
+        yield out
+    finally:
+        done.set()
+        thread.join()
+        out.append(max(peak[0], _rss() - base))
 
 
 async def _audit(ledger: Ledger, server: str, kind: str) -> list[tuple[str, dict[str, object]]]:
@@ -99,3 +135,60 @@ async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, 
         scans = await eventually(capped, timeout=20, what="a scan stopped by the item cap")
         assert "scan cap reached" in " ".join(scans[0].problems)  # type: ignore[attr-defined]
         assert await st.catalogs.catalogs_for("alice", st.server.name) == [], "a capped scan publishes nothing"
+
+
+async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client, ledger: Ledger,
+                                                         tmp_path: Path) -> None:
+    """The issue's scale: 10,000 unique notification URIs of 100 KB each (1 GB on the wire), generated
+    and streamed by a hostile stdio server on the session that also carries a well-behaved
+    subscription, whose resource changes halfway through the flood and once after it. Each hostile URI
+    is refused at the ingress before it is queued or counted; 50 audit rows with a reason, then one
+    ``_SUPPRESSED`` row; the ingress (this process) grows by less than 150 MB; both edits converge."""
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    server = ServerConfig(name=unique("hostile"), transport="stdio", ping_interval_seconds=5,
+                          command=[sys.executable, str(HOSTILE), str(ctl)])
+    key = SubscriptionKey(subject="anonymous", server=server.name, uri="hostile://ok")
+    count, size, unknown = 10_000, 100_000, AUDIT_ROWS_PER_SESSION + 30
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        v1 = await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "revision 1")
+        started = time.monotonic()
+        with rss_growth() as growth:
+            (ctl / "flood.json.tmp").write_text(json.dumps(
+                {"tag": uuid.uuid4().hex, "count": count, "size": size, "unknown": unknown}))
+            (ctl / "flood.json.tmp").rename(ctl / "flood.json")
+            await eventually(lambda: (ctl / "flood.done").exists(), timeout=60, what="the flood written")
+
+            host = next(h for h in list(metrics._hosts) if h.server.name == server.name)
+            await eventually(lambda: host.uris_rejected == count, timeout=60, what="every hostile URI refused")
+
+            async def all_audited() -> bool:
+                return await _audit_count(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED") == 1 and \
+                    await _audit_count(ledger, server.name, "UNKNOWN_URI_SUPPRESSED") == 1
+
+            await eventually(all_audited, timeout=60, what="the flood's audit rows, budgeted")
+        flooded = time.monotonic() - started
+        assert host.audits_suppressed == count - AUDIT_ROWS_PER_SESSION + unknown - AUDIT_ROWS_PER_SESSION
+        # The edit made during the flood converged.
+        v2 = await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest),
+                                "the edit during the flood")
+        (ctl / "bump").touch()  # and one after it
+        await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest,
+                                                                             v2.last_accepted_digest),
+                           "the edit after the flood")
+        session = await ledger.current_session("anonymous", server.name)
+        assert session is not None and session.generation == 1, "the flood cost no reconnect"
+    rejected = await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED")
+    assert len(rejected) == AUDIT_ROWS_PER_SESSION, "audited with a reason, within the budget"
+    assert all(len(u) <= AUDIT_URI_CHARS and d["reason"] == f"URI longer than {MAX_URI_LENGTH} characters"
+               and d["uri_length"] == size for u, d in rejected)
+    assert len({d["uri_sha256"] for _, d in rejected}) == AUDIT_ROWS_PER_SESSION, "unique URIs"
+    assert len(await _audit(ledger, server.name, "UNKNOWN_URI")) == AUDIT_ROWS_PER_SESSION
+    assert not [k for k in list(metrics._pending) if k[1] == server.name and len(k[2]) > MAX_URI_LENGTH]
+    print(f"10,000 x 100 KB URIs: read and refused in {flooded:.1f}s, RSS growth peak {growth[0] / MB:.1f} MB")
+    assert growth[0] < 150 * MB, f"the ingress grew by {growth[0] / MB:.0f} MB during a 1 GB flood"
+
+
+async def _audit_count(ledger: Ledger, server: str, kind: str) -> int:
+    return len(await _audit(ledger, server, kind))
