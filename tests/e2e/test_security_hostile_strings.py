@@ -19,6 +19,7 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities import catalog_scan
+from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import MAX_METADATA_CHARS
 from mcpsync.worker import metrics
@@ -26,7 +27,8 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
-from mcpsync.workflows.records import ScanStatus, SubscriptionKey
+from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS
+from mcpsync.workflows.records import CatalogKey, ResourceDiscoveryScanV1, ScanStatus, SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
@@ -192,3 +194,41 @@ async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client
 
 async def _audit_count(ledger: Ledger, server: str, kind: str) -> int:
     return len(await _audit(ledger, server, kind))
+
+
+async def test_a_page_of_a_million_resources(temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
+    """The issue's scale: one resources/list page of 1,000,000 descriptors (34 MB, under the default
+    transport byte limit of 64 MB), streamed by the hostile stdio server. It is refused before it is
+    parsed (``MAX_MESSAGE_URIS``: parsed, it would cost the ingress ~1 GB); the scan fails with that
+    reason and publishes nothing; the ingress grows by less than 150 MB; the subscription on the
+    same session keeps converging."""
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    server = ServerConfig(name=unique("hostile"), transport="stdio", ping_interval_seconds=5,
+                          command=[sys.executable, str(HOSTILE), str(ctl)])
+    key = SubscriptionKey(subject="anonymous", server=server.name, uri="hostile://ok")
+    catalogs = CatalogLedger(ledger.pool)
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        v1 = await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "revision 1")
+        started = time.monotonic()
+        with rss_growth() as growth:
+            catalog = await start_catalog(temporal_client, CatalogKey(subject="anonymous", server=server.name),
+                                          task_queue=cfg.temporal.task_queue, policy=FAST)
+
+            async def failed() -> list[ResourceDiscoveryScanV1] | None:
+                scans = [s for s in await catalogs.scans_for("anonymous", server.name, 50)
+                         if s.status == ScanStatus.FAILED]
+                return scans or None
+
+            scans = await eventually(failed, timeout=60, what="a scan refused its million-descriptor page")
+        refused = time.monotonic() - started
+        (ctl / "bump").touch()
+        await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest),
+                           "the edit after the page")
+        await catalog.terminate("test over")
+    problems = " ".join(scans[0].problems)
+    assert "resources: -32700" in problems and f"more than {MAX_MESSAGE_URIS} URIs" in problems, problems
+    assert await catalogs.catalogs_for("anonymous", server.name) == [], "a refused page publishes nothing"
+    print(f"1,000,000-descriptor page: refused in {refused:.1f}s, RSS growth peak {growth[0] / MB:.1f} MB")
+    assert growth[0] < 150 * MB, f"the ingress grew by {growth[0] / MB:.0f} MB for one page"
