@@ -116,11 +116,22 @@ async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger:
     await fx.create(uri, text="hello", mime_type=mime)
     key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "accepted")
+        with rss_growth() as growth:
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+            first = await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "accepted")
+            await fx.wait_subscribed(uri)
+            await fx.edit(uri, text="hello again", mime_type=mime)  # a second read: still one audit row
+            await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, first.last_accepted_digest),
+                               "the edit")
     receipts = await ledger.receipts(key)
-    assert receipts and all(r.mime_type is not None and len(r.mime_type) == MAX_METADATA_CHARS for r in receipts)
+    assert len(receipts) >= 2
+    assert all(r.mime_type is not None and len(r.mime_type) == MAX_METADATA_CHARS for r in receipts)
     assert receipts[-1].mime_type == mime[:MAX_METADATA_CHARS]
+    truncated = await _audit(ledger, server.name, "METADATA_TRUNCATED")
+    assert len(truncated) == 1, "audited once per session, with a reason"
+    assert truncated[0][1]["length"] == len(mime) and "longer than" in str(truncated[0][1]["reason"])
+    print(f"5 MB MIME type (two reads): RSS growth peak {growth[0] / MB:.1f} MB")
+    assert growth[0] < 150 * MB, f"the ingress grew by {growth[0] / MB:.0f} MB"
 
 
 async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, ledger: Ledger, tmp_path: Path,
