@@ -173,7 +173,8 @@ async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client
             (ctl / "flood.json.tmp").rename(ctl / "flood.json")
             await eventually(lambda: (ctl / "flood.done").exists(), timeout=60, what="the flood written")
 
-            host = next(h for h in list(metrics._hosts) if h.server.name == server.name)
+            host = await eventually(lambda: next((h for h in list(metrics._hosts) if h.server.name == server.name),
+                                                 None), what="the session host (seen by metrics once a URI passed)")
             await eventually(lambda: host.uris_rejected == count, timeout=60, what="every hostile URI refused")
 
             async def all_audited() -> bool:
