@@ -1,7 +1,11 @@
 """Server-supplied strings are bounded (issue 29 item 10), on the real stack: notification URIs
 are checked at the ingress before they are queued, counted or written; UNKNOWN_URI audit rows are
-budgeted per session; a 5 MB MIME type is cut to a documented length; a catalog scan has an item
-and byte cap besides its page cap. Nothing is lost for the subscriptions that behave."""
+budgeted per session; a 5 MB MIME type is cut to a documented length and audited once; a catalog
+scan has an item and byte cap besides its page cap, and a page of 1,000,000 descriptors is refused
+before it is parsed. The issue's scales (10,000 unique 100 KB URIs, a page of 1,000,000 resources)
+come from a hostile stdio server that generates and streams them (tests/servers/hostile_server.py);
+the ingress runs in this process, whose RSS growth is sampled and bounded. Nothing is lost for the
+subscriptions that behave."""
 
 from __future__ import annotations
 
