@@ -37,13 +37,17 @@ _ID_FIRST = re.compile(r'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)  # 
 _ID_LAST = re.compile(_ID + r'\s*\}\s*$')  # TypeScript servers: {result, jsonrpc, id}
 _HEAD = _TAIL = 256  # characters of an oversize line kept to find its request id
 MAX_MESSAGE_URIS = 100_000
-"""No message may name more URIs than this (``"uri"`` keys, counted on the raw line before it is
-parsed; inside a JSON string the quotes are escaped, so a body cannot fake one): a page of a million
-small descriptors fits in the byte limit but would cost the ingress about a gigabyte parsed. Equal to
+"""No message may name more URIs than this (``"uri"`` and ``"uriTemplate"`` keys, counted on the raw
+line or body before it is parsed; inside a JSON string the quotes are escaped, so a body cannot fake
+one): a page of a million small descriptors fits in the byte limit but would cost the ingress about a gigabyte parsed. Equal to
 the catalog scan's item cap (activities/catalog_scan.py ``MAX_SCAN_ITEMS``): a page past it would
 stop the scan anyway."""
-_URI_KEY = '"uri"'
-_URI_KEY_BYTES = _URI_KEY.encode()
+_URI_KEYS = ('"uri"', '"uriTemplate"')  # a resource's, a template's
+_URI_KEYS_BYTES = tuple(k.encode() for k in _URI_KEYS)
+
+
+def _uri_keys(text: str) -> int:
+    return sum(text.count(k) for k in _URI_KEYS)
 _LIMIT: ContextVar[int] = ContextVar("mcpsync_stdio_line_limit", default=_DEFAULT_LIMIT)
 
 
@@ -73,16 +77,20 @@ class _LimitedStream(httpx2.AsyncByteStream):
         if self.declared is not None and self.declared > self.limit:
             raise ResponseTooLarge(_too_large(self.limit))
         seen = uris = 0
-        carry = b""  # the previous chunk's last bytes: a "uri" key split between chunks is counted once
+        # Per key, the previous chunk's last len(key) - 1 bytes: a key split between chunks is
+        # counted once, and none fits wholly in its carry (so none is counted twice).
+        carries = [b""] * len(_URI_KEYS_BYTES)
         async for chunk in self.inner:
             seen += len(chunk)
             if seen > self.limit:
                 raise ResponseTooLarge(_too_large(self.limit))
-            window = carry + chunk
-            uris += window.count(_URI_KEY_BYTES)
+            for i, key in enumerate(_URI_KEYS_BYTES):
+                window = carries[i] + chunk[:len(key) - 1]
+                uris += window.count(key) + chunk.count(key)
+                tail = chunk if len(chunk) >= len(key) - 1 else carries[i] + chunk
+                carries[i] = tail[-(len(key) - 1):]
             if uris > MAX_MESSAGE_URIS:
                 raise ResponseTooLarge(_too_many_uris())
-            carry = window[-(len(_URI_KEY_BYTES) - 1):]
             yield chunk
 
     async def aclose(self) -> None:
@@ -165,7 +173,7 @@ class BoundedLines(TextReceiveStream):
             if ended:
                 line = "".join(self.parts)
                 self.parts, self.size = [], 0
-                if line.count(_URI_KEY) > MAX_MESSAGE_URIS:
+                if _uri_keys(line) > MAX_MESSAGE_URIS:
                     self.head, self.tail = line[:_HEAD], line[-_TAIL:]
                     out.append(self._error_line(_too_many_uris()))
                     self.head = self.tail = ""
