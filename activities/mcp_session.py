@@ -31,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -299,9 +301,26 @@ class McpSessionActivities:
         self.current = current
         self.ledger = ledger
         self.meters = meters
+        self._truncations_audited: set[tuple[str, str, int]] = set()  # (subject, server, session generation)
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.subscribe, self.unsubscribe, self.read, self.read_cycle, self.subscribe_cycle]
+
+    async def _audit_truncated_mime(self, live: LiveSession, uri: str, result: types.ReadResourceResult) -> None:
+        """A MIME type longer than ``MAX_METADATA_CHARS`` is cut (``metadata_text``); the first one of a
+        session generation (in this process) is audited ``METADATA_TRUNCATED`` with its length and digest."""
+        long = next((c.mime_type for c in result.contents
+                     if c.mime_type is not None and len(c.mime_type) > MAX_METADATA_CHARS), None)
+        seen = (live.subject, live.server, live.generation)
+        if long is None or seen in self._truncations_audited:
+            return
+        self._truncations_audited.add(seen)
+        with suppress(Exception):  # an audit row must not fail the read
+            await self.ledger.audit("METADATA_TRUNCATED", subject=live.subject, server=live.server, uri=uri,
+                                    session_generation=live.generation,
+                                    detail={"field": "mimeType", "reason": f"longer than {MAX_METADATA_CHARS} characters",
+                                            "length": len(long), "kept": MAX_METADATA_CHARS,
+                                            "sha256": hashlib.sha256(long.encode("utf-8", "surrogatepass")).hexdigest()})
 
     def _session(self, key: SubscriptionKey, generation: int) -> LiveSession | None:
         live = self.current(key.subject, key.server)
@@ -384,6 +403,7 @@ class McpSessionActivities:
         except ValidationError as err:
             return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=f"invalid result: {err.error_count()} errors",
                                **base, completed_at=datetime.now(UTC)), None
+        await self._audit_truncated_mime(live, req.key.uri, result)
         try:
             parts, body, mime = self._parts(result, live.max_content_bytes)
         except ValueError as err:

@@ -67,7 +67,13 @@ from mcpsync import __version__
 from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss, metadata_text
+from mcpsync.activities.mcp_session import (
+    MAX_METADATA_CHARS,
+    BacklogOverflow,
+    LiveSession,
+    StreamLoss,
+    metadata_text,
+)
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
@@ -310,6 +316,7 @@ class SessionHost:
                 server_version=metadata_text(impl.version if impl else "") or "", task_queue=self.task_queue,
                 host_id=self.host_id,
             )
+            await self._audit_truncated_info(impl, info.generation)
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
                 edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
@@ -340,6 +347,19 @@ class SessionHost:
                     await self.ledger.close_session(self.subject, self.server.name, live.generation)
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
+
+    async def _audit_truncated_info(self, impl: types.Implementation | None, generation: int) -> None:
+        """serverInfo name/version longer than ``MAX_METADATA_CHARS`` are cut (``metadata_text``): one
+        ``METADATA_TRUNCATED`` row per session generation says which and how long they were."""
+        long = {f: len(v) for f, v in (("serverInfo.name", impl.name if impl else ""),
+                                       ("serverInfo.version", impl.version if impl else ""))
+                if v and len(v) > MAX_METADATA_CHARS}
+        if long:
+            with suppress(Exception):  # an audit row must not keep the session from opening
+                await self.ledger.audit("METADATA_TRUNCATED", subject=self.subject, server=self.server.name,
+                                        session_generation=generation,
+                                        detail={"fields": long, "kept": MAX_METADATA_CHARS,
+                                                "reason": f"longer than {MAX_METADATA_CHARS} characters"})
 
     async def _stream_lost(self, generation: int, uri: str | None, why: StreamLoss, detail: str) -> None:
         """Audit ``LISTEN_STREAM_LOST`` (why: overflow / dropped / ended; no URI: the list_changed

@@ -36,6 +36,18 @@ _ID = r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
 _ID_FIRST = re.compile(r'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)  # Python servers: id before result
 _ID_LAST = re.compile(_ID + r'\s*\}\s*$')  # TypeScript servers: {result, jsonrpc, id}
 _HEAD = _TAIL = 256  # characters of an oversize line kept to find its request id
+MAX_MESSAGE_URIS = 100_000
+"""No message may name more URIs than this (``"uri"`` and ``"uriTemplate"`` keys, counted on the raw
+line or body before it is parsed; inside a JSON string the quotes are escaped, so a body cannot fake
+one): a page of a million small descriptors fits in the byte limit but would cost the ingress about a gigabyte parsed. Equal to
+the catalog scan's item cap (activities/catalog_scan.py ``MAX_SCAN_ITEMS``): a page past it would
+stop the scan anyway."""
+_URI_KEYS = ('"uri"', '"uriTemplate"')  # a resource's, a template's
+_URI_KEYS_BYTES = tuple(k.encode() for k in _URI_KEYS)
+
+
+def _uri_keys(text: str) -> int:
+    return sum(text.count(k) for k in _URI_KEYS)
 _LIMIT: ContextVar[int] = ContextVar("mcpsync_stdio_line_limit", default=_DEFAULT_LIMIT)
 
 
@@ -43,6 +55,10 @@ def transport_limit(max_content_bytes: int) -> int:
     """The bytes one response may take on the wire for a body of ``max_content_bytes``: JSON
     escaping and base64 need up to about twice the body, plus the envelope."""
     return 2 * max_content_bytes + 65536
+
+
+def _too_many_uris() -> str:
+    return f"response names more than {MAX_MESSAGE_URIS} URIs (the byte limit's item bound)"
 
 
 class ResponseTooLarge(httpx2.StreamError):
@@ -60,11 +76,21 @@ class _LimitedStream(httpx2.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self.declared is not None and self.declared > self.limit:
             raise ResponseTooLarge(_too_large(self.limit))
-        seen = 0
+        seen = uris = 0
+        # Per key, the previous chunk's last len(key) - 1 bytes: a key split between chunks is
+        # counted once, and none fits wholly in its carry (so none is counted twice).
+        carries = [b""] * len(_URI_KEYS_BYTES)
         async for chunk in self.inner:
             seen += len(chunk)
             if seen > self.limit:
                 raise ResponseTooLarge(_too_large(self.limit))
+            for i, key in enumerate(_URI_KEYS_BYTES):
+                window = carries[i] + chunk[:len(key) - 1]
+                uris += window.count(key) + chunk.count(key)
+                tail = chunk if len(chunk) >= len(key) - 1 else carries[i] + chunk
+                carries[i] = tail[-(len(key) - 1):]
+            if uris > MAX_MESSAGE_URIS:
+                raise ResponseTooLarge(_too_many_uris())
             yield chunk
 
     async def aclose(self) -> None:
@@ -110,7 +136,8 @@ class BoundedLines(TextReceiveStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limit = _LIMIT.get()
-        self.line = ""  # the current line so far, never longer than the limit
+        self.parts: list[str] = []  # the current line so far, never longer than the limit
+        self.size = 0  # characters in ``parts`` (a list, not ``+=``: a line of many chunks stays linear)
         self.dropping = False  # inside an oversize line: its head and tail are kept, the rest dropped
         self.head = self.tail = ""
 
@@ -131,27 +158,34 @@ class BoundedLines(TextReceiveStream):
                     out.append(self._error_line())
                     self.dropping, self.head, self.tail = False, "", ""
                 continue
-            if len(self.line) + len(part) > self.limit:
-                whole = self.line + part
+            if self.size + len(part) > self.limit:
+                whole = "".join(self.parts) + part
                 self.head, self.tail = whole[:_HEAD], whole[-_TAIL:]
-                self.line = ""
+                self.parts, self.size = [], 0
                 if ended:
                     out.append(self._error_line())
                     self.head = self.tail = ""
                 else:
                     self.dropping = True
                 continue
-            self.line += part
+            self.parts.append(part)
+            self.size += len(part)
             if ended:
-                out.append(self.line + "\n")
-                self.line = ""
+                line = "".join(self.parts)
+                self.parts, self.size = [], 0
+                if _uri_keys(line) > MAX_MESSAGE_URIS:
+                    self.head, self.tail = line[:_HEAD], line[-_TAIL:]
+                    out.append(self._error_line(_too_many_uris()))
+                    self.head = self.tail = ""
+                else:
+                    out.append(line + "\n")
         return "".join(out)
 
-    def _error_line(self) -> str:
+    def _error_line(self, message: str | None = None) -> str:
         found = _ID_FIRST.search(self.head) or _ID_LAST.search(self.tail)
         if found is None:
             return ""  # no request to fail: the caller's timeout will
-        error = {"code": PARSE_ERROR, "message": _too_large(self.limit)}
+        error = {"code": PARSE_ERROR, "message": message or _too_large(self.limit)}
         return json.dumps({"jsonrpc": "2.0", "id": json.loads(found.group(1)), "error": error}) + "\n"
 
 

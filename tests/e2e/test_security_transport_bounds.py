@@ -23,11 +23,12 @@ from mcp.shared.exceptions import MCPError
 from mcpsync.activities.mcp_session import classify_error
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
-from mcpsync.worker.transport_bounds import stdio_line_limit, transport_limit
+from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS, stdio_line_limit, transport_limit
 from mcpsync.workflows.records import ReadOutcomeKind
 
 MAX_CONTENT = 256 * 1024  # the transport limit is then ~576 KiB
 GB, MB = 1024**3, 1024**2
+PAGE_RESOURCES = 1_000_000
 INIT = {"protocolVersion": "2025-11-25", "capabilities": {"resources": {}},
         "serverInfo": {"name": "hostile", "version": "1"}}
 
@@ -66,6 +67,28 @@ async def _http_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
                 reply = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": INIT}).encode()
             elif msg["method"] == "resources/read" and uri == "demo://ok":
                 reply = _ok(msg["id"])
+            elif msg["method"] in ("resources/list", "resources/templates/list"):  # 1,000,000 descriptors
+                writer.write(base + b"transfer-encoding: chunked\r\n\r\n")  # (34 MB, under the byte limit)
+                field, key = (("resources", "uri") if msg["method"] == "resources/list"
+                              else ("resourceTemplates", "uriTemplate"))
+                slices = [(json.dumps({"jsonrpc": "2.0", "id": msg["id"]})[:-1]
+                           + f', "result": {{"{field}": [').encode()]
+                for start in range(0, PAGE_RESOURCES, 2000):  # generated as sent: this process is the ingress too
+                    slices.append(("," if start else "").encode() + ",".join(
+                        f'{{"{key}": "h://r/{i}", "name": "r"}}' for i in range(start, start + 2000)).encode())
+                    if start + 2000 >= PAGE_RESOURCES:
+                        slices.append(b"]}}")
+                    piece = b"".join(slices)
+                    for at in range(0, len(piece) - 65_537 + 1, 65_537):  # odd-sized: keys split between chunks
+                        writer.write(f"{65_537:x}\r\n".encode() + piece[at:at + 65_537] + b"\r\n")
+                    rest = piece[len(piece) - len(piece) % 65_537:]
+                    slices = [rest] if rest else []
+                    await writer.drain()
+                if slices:
+                    writer.write(f"{len(slices[0]):x}\r\n".encode() + slices[0] + b"\r\n")
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                continue
             elif msg["method"] == "resources/read":
                 prefix = (json.dumps({"jsonrpc": "2.0", "id": msg["id"]})[:-1]
                           + ', "result": {"contents": [{"uri": "x", "text": "').encode()
@@ -118,6 +141,23 @@ async def test_http_json_reply_of_a_gigabyte_is_bounded(hostile_http: str) -> No
             ok = await client.read_resource("demo://ok")
             assert ok.contents[0].text == "fine", "the session survives: nothing lost for the next read"  # type: ignore[union-attr]
     assert _peak_mb() - before < 200, "the reply was never held whole"
+
+
+async def test_http_json_pages_of_a_million_descriptors_are_bounded(hostile_http: str) -> None:
+    """A resources/list page and a templates/list page of 1,000,000 descriptors each within the default
+    byte limit (34 MB of 64 MB):
+    refused as the URI count passes ``MAX_MESSAGE_URIS``, before anything is parsed."""
+    cfg = ServerConfig(name="hostile", transport="http", url=hostile_http)  # the default max_content_bytes
+    before = _peak_mb()
+    async with Client(server_transport(cfg, "alice"), mode="legacy", cache=None,  # type: ignore[arg-type]
+                      read_timeout_seconds=20) as client:
+        for listing in (client.list_resources, client.list_resource_templates):
+            with pytest.raises(MCPError) as err:
+                await asyncio.wait_for(listing(), 30)
+            assert f"more than {MAX_MESSAGE_URIS} URIs" in err.value.message, err.value.message
+        ok = await client.read_resource("demo://ok")
+        assert ok.contents[0].text == "fine", "the session survives"  # type: ignore[union-attr]
+    assert _peak_mb() - before < 150, "the page was never parsed"
 
 
 HOSTILE_STDIO = r'''
