@@ -49,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.fence import (
     SIGNAL_HOLD_SECONDS,
@@ -56,7 +57,6 @@ from mcpsync.workflows.fence import (
     IssuedRead,
     Judgement,
     UpdateDisposition,
-    allocate_ordinal,
     ingress_read_request,
     judge_read,
     marked_active,
@@ -549,35 +549,37 @@ class MemoryLedger:
                                   notifications_seen=self.read_requests[prior].notifications_seen)
             # A reset run re-derived a request id already used and finished: a new read, own id.
             request_id = f"{request_id}/{prior}"
-        ordinal = allocate_ordinal(row, session_generation=req.session_generation,
-                                   subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
-        if ordinal is None:
+        plan = plan_allocate(row, session_generation=req.session_generation,
+                             subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+        if plan is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
         if request_id in self.request_ids:
             raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
+        ordinal = plan.ordinal
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
-        self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
-        self.mark = self.mark.model_copy(update={"allocated_sequence": row.notifications_seen,
+        self.row = row.model_copy(update={"last_issued_ordinal": ordinal, "allocated_sequence": plan.notified})
+        self.mark = self.mark.model_copy(update={"allocated_sequence": plan.notified,
                                                  "allocated_in_cycle": req.cycle_id is not None})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger,
-                                                     notifications_seen=row.notifications_seen,
+                                                     notifications_seen=plan.notified,
                                                      in_cycle=req.cycle_id is not None)
         self.request_ids[request_id] = ordinal
         if req.cycle_id is not None:
             self.cycle_ids[req.cycle_id] = ordinal
         self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
-                          notifications_seen=row.notifications_seen)
+                          notifications_seen=plan.notified)
 
     def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
         """``FenceLedger.note_notification``: the row's update counter + 1, the workflow id the row
         recorded (where the ingress signals) and ``update_already_signalled``; None without a row."""
         if not self.row.exists:
             return None
-        self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
-        return NotedNotification(workflow_id=self.workflow_id, fence=self.row,
+        plan = plan_note(self.row, generation=generation)
+        self.row = self.row.model_copy(update={"notifications_seen": plan.notified})
+        return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work,
                                  already_signalled=update_already_signalled(self.mark, self.row, generation=generation,
                                                                             now=now))
 
@@ -595,7 +597,7 @@ class MemoryLedger:
             ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
             subscription_generation=rr.subscription_generation,
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
-            in_cycle=rr.in_cycle,
+            in_cycle=rr.in_cycle, notified=rr.notifications_seen,
         )
         plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None))
         if plan.replay:

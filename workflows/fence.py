@@ -42,6 +42,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from mcpsync.workflows.coverage import plan_allocate
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
     AcceptResult,
@@ -772,6 +773,7 @@ class IssuedRead(BaseModel):
     session_generation: int
     subscription_generation: int
     completed_verdict: AcceptVerdict | None = None
+    notified: int = 0  # the row's notification count at this read's allocation (``coverage``)
     # Allocated by a read cycle (allocate + read + accept in one activity): its accept runs whether
     # or not the run that scheduled it still lives (an orphan of a reset run accepts too).
     in_cycle: bool = False
@@ -855,11 +857,9 @@ def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_g
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
                      min_ordinal: int) -> int | None:
     """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
-    if not row.exists or row.state != S.ACTIVE:
-        return None
-    if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
-        return None
-    return max(row.last_issued_ordinal + 1, min_ordinal)
+    plan = plan_allocate(row, session_generation=session_generation, subscription_generation=subscription_generation,
+                         min_ordinal=min_ordinal)
+    return None if plan is None else plan.ordinal
 
 
 def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *, row_uri: str | None) -> Judgement:

@@ -449,7 +449,9 @@ class FenceSnapshot(FrozenRecord):
     close_ordinal: int | None = None
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
-    notifications_seen: int = 0
+    notifications_seen: int = 0  # notifications the ingress recorded (*notified*, ``workflows/coverage.py``)
+    covered: int = 0  # ``notified`` at the allocation of the newest judged read that observed the resource
+    allocated_sequence: int = 0  # ``notified`` at the newest allocation
     # The run that made it ACTIVE mirrors reads the ingress makes (``resource_read``): set or
     # cleared by ``mark_active`` with the request's ``read_reports``.
     read_reports: bool = False
@@ -512,6 +514,7 @@ class NotedNotification(FrozenRecord):
     workflow_id: str  # the id the subscription's workflow runs under (its ledger row's record)
     fence: FenceSnapshot
     already_signalled: bool = False
+    work: bool = True  # the notification creates work (``coverage.plan_note``)
 
 
 class EnsureRequest(FrozenRecord):

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from mcpsync.workflows.coverage import covered_after
 from mcpsync.workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
 from mcpsync.workflows.records import (
     AcceptResult,
@@ -112,6 +113,7 @@ class FenceUpdate(_Plan):
     last_accepted_digest: str | None = None
     close_epoch: int | None = None
     close_ordinal: int | None = None
+    covered: int | None = None  # ``coverage.covered_after``
     link_receipt: bool = False  # last_receipt_id := the receipt this plan writes
 
     def columns(self, receipt_id: int | None) -> dict[str, Any]:
@@ -214,6 +216,8 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
                                 "state": j.new_state or S.ACTIVE, "link_receipt": True}
     if o.kind == ReadOutcomeKind.CONTENT:  # a not-found read keeps the digest it withdraws
         advanced["last_accepted_digest"] = o.content_digest
+    if issued is not None and (covered := covered_after(row, j.verdict, issued.notified)) is not None:
+        advanced["covered"] = covered
     fence = FenceUpdate(**advanced)
     outbox = None if not j.outbox else OutboxPlan(
         event=OutboxEventType.VERSION_ACCEPTED, ordinal=o.ordinal, content_digest=o.content_digest,

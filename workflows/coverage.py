@@ -1,0 +1,82 @@
+"""Level-based coverage, owned by the ledger row (docs/decisions/0002-level-based-coverage.md).
+
+The fence row counts notifications (``notifications_seen``, called *notified* here) and records
+``covered``: the ``notified`` value at the allocation of the newest judged read that observed the
+resource (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING). The row is **dirty** while
+``notified > covered``. A read allocated after a notification was recorded observes its change: the
+server sent the notification after the change, the ingress recorded it before the allocation, and
+the read is sent after the allocation. So the allocation's ``notified`` says exactly which
+notifications the read covers. A read that fails, is lost, refused or superseded sets nothing: the
+row stays dirty. No clock decides coverage.
+
+Pure write plans over the locked row (``FenceSnapshot``): the SQL ledger
+(``activities/ledger_fence.py``) and the simulator's in-memory ledger (``sim/``) both apply them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, SubscriptionState
+
+__all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after"]
+
+OBSERVED = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING})
+"""Verdicts of a read that observed the resource: only these advance ``covered``."""
+
+
+def dirty(row: FenceSnapshot) -> bool:
+    """A notification was recorded that no judged read observing the resource covers yet."""
+    return row.exists and row.notifications_seen > row.covered
+
+
+class NotePlan(BaseModel):
+    """``note_notification``'s write (``notifications_seen`` := ``notified``) and whether the
+    notification creates work: it made the row dirty, or a read allocated before it may be in
+    flight (``allocated_sequence > covered``: the newest allocation is not confirmed as covering),
+    or the row is not ACTIVE on the notification's session generation (its workflow learns that
+    from the read it then tries or the resubscribe). Otherwise the work is owned already: the
+    notification that made the row dirty created it, and the read it earns is allocated later,
+    so it covers this one too."""
+
+    model_config = {"frozen": True}
+
+    notified: int
+    work: bool
+
+
+def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
+    notified = row.notifications_seen + 1
+    was_clean = row.notifications_seen <= row.covered
+    in_flight = row.allocated_sequence > row.covered
+    elsewhere = row.state != SubscriptionState.ACTIVE or row.session_generation != generation
+    return NotePlan(notified=notified, work=was_clean or in_flight or elsewhere)
+
+
+class AllocatePlan(BaseModel):
+    """A granted allocation: the ordinal, and ``notified`` (the row's count now, stored with the
+    read request): the notifications that read covers if it observes the resource."""
+
+    model_config = {"frozen": True}
+
+    ordinal: int
+    notified: int
+
+
+def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
+                  min_ordinal: int) -> AllocatePlan | None:
+    """The allocation CAS (None: refused, the row is not ACTIVE on these generations). The row then
+    holds ``last_issued_ordinal`` := ``ordinal`` and ``allocated_sequence`` := ``notified``."""
+    if not row.exists or row.state != SubscriptionState.ACTIVE:
+        return None
+    if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
+        return None
+    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal), notified=row.notifications_seen)
+
+
+def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:
+    """The accept's write of ``covered`` for a read allocated at ``read_notified``: the larger of the
+    row's and the read's when the verdict observed the resource (it never moves back); None: no write."""
+    if verdict not in OBSERVED or read_notified <= row.covered:
+        return None
+    return read_notified
