@@ -43,7 +43,7 @@ from mcpsync.activities.ledger_store import (
 )
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.coverage import plan_allocate, plan_note
-from mcpsync.workflows.fence import IssuedRead, judge_read, update_already_signalled
+from mcpsync.workflows.fence import IssuedRead, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
@@ -64,7 +64,6 @@ from mcpsync.workflows.records import (
     ReadTicket,
     RevokeLedgerRequest,
     SetStateRequest,
-    SignalMark,
     SubscriptionKey,
     SubscriptionState,
     TombstoneRequest,
@@ -221,23 +220,7 @@ class FenceLedger:
             )
             row = await cur.fetchone()
             assert row is not None
-        mark = SignalMark(signalled_sequence=row["signalled_sequence"], signalled_generation=row["signalled_generation"],
-                          signalled_at=row["signalled_at"], allocated_sequence=row["allocated_sequence"],
-                          allocated_in_cycle=row["allocated_in_cycle"])
-        fence = snapshot(row)
-        return NotedNotification(workflow_id=row["workflow_id"], fence=fence, work=plan.work,
-                                 already_signalled=update_already_signalled(mark, fence, generation=generation,
-                                                                            now=row["last_notification_at"]))
-
-    async def mark_signalled(self, workflow_id: str, sequence: int, generation: int) -> None:
-        """Temporal accepted the ``resource_updated`` signal carrying update ``sequence``: from now
-        on it may stand for later updates (``update_already_signalled``). Never moves back."""
-        async with self.store.pool.connection() as conn:
-            await conn.execute(
-                "UPDATE subscriptions SET signalled_sequence=%s, signalled_generation=%s, signalled_at=now()"
-                " WHERE workflow_id=%s AND signalled_sequence < %s",
-                (sequence, generation, workflow_id, sequence),
-            )
+        return NotedNotification(workflow_id=row["workflow_id"], fence=snapshot(row), work=plan.work)
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -321,16 +304,17 @@ class FenceLedger:
                 # a new read, with a request id of its own (derived again after a second reset).
                 request_id = f"{request_id}/{prior['ordinal']}"
             plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
-                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal,
+                                 absorbed=req.absorbed)
             if plan is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
             await cur.execute(
-                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, allocated_in_cycle=%s,"
+                "UPDATE subscriptions SET last_issued_ordinal=%s, notifications_seen=%s, allocated_sequence=%s,"
                 " updated_at=now() WHERE workflow_id=%s",
-                (ordinal, plan.notified, req.cycle_id is not None, wf),
+                (ordinal, plan.notified, plan.notified, wf),
             )
             await cur.execute(
                 """
@@ -339,10 +323,9 @@ class FenceLedger:
                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
                 """,
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
-                 req.trigger.value, row["notifications_seen"], req.cycle_id),
+                 req.trigger.value, plan.notified, req.cycle_id),
             )
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
-                          notifications_seen=row["notifications_seen"])
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id, notifications_seen=plan.notified)
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:

@@ -386,21 +386,18 @@ class McpSessionActivities:
         info = activity.info()
         return await self.run_cycle(req, cycle_id=f"{info.workflow_run_id}/{info.activity_id}")
 
-    async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str,
-                        before_read: Callable[[], None] | None = None) -> ReadCycleResult:
+    async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str) -> ReadCycleResult:
         """The read cycle itself, for the activity and for the ingress, which reads a notified change
         without a Temporal hop (``fence.ingress_read_request``) and reports it to the workflow.
         ``cycle_id`` keys the allocation (a retry under the same id gets the same ordinal). No lock
         against a concurrent cycle of the same subscription: both are cycle allocations, so only the
-        newest allocation can become current (``judge_read``: an older one is STALE).
-        ``before_read`` is called once the allocation is granted, before the MCP request is sent:
-        whatever arrived before that call, the read observes (the ingress's ``_read_sent``)."""
+        newest allocation can become current (``judge_read``: an older one is STALE). The ticket's
+        ``notifications_seen`` is the row's count at the allocation: what the read covers if it
+        observes the resource (``workflows/coverage.py``)."""
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         ticket = await self.ledger.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
-        if before_read is not None:
-            before_read()
         outcome = await self.read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,
             subscription_generation=alloc.subscription_generation, ordinal=ticket.ordinal,

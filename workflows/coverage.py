@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, SubscriptionState
 
-__all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after"]
+__all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after",
+           "follow_up_owed"]
 
 OBSERVED = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING})
 """Verdicts of a read that observed the resource: only these advance ``covered``."""
@@ -35,7 +36,8 @@ class NotePlan(BaseModel):
     notification creates work: it made the row dirty, or a read allocated before it may be in
     flight (``allocated_sequence > covered``: the newest allocation is not confirmed as covering),
     or the row is not ACTIVE on the notification's session generation (its workflow learns that
-    from the read it then tries or the resubscribe). Otherwise the work is owned already: the
+    from the read it then tries or the resubscribe; a notification from an older session is not
+    counted). Otherwise the work is owned already: the
     notification that made the row dirty created it, and the read it earns is allocated later,
     so it covers this one too."""
 
@@ -46,6 +48,10 @@ class NotePlan(BaseModel):
 
 
 def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
+    if generation < row.session_generation:
+        # From a session the row has left: it says nothing about the current one and is not counted
+        # (a count nobody reads would leave the row dirty with no owner); the workflow audits it.
+        return NotePlan(notified=row.notifications_seen, work=True)
     notified = row.notifications_seen + 1
     was_clean = row.notifications_seen <= row.covered
     in_flight = row.allocated_sequence > row.covered
@@ -54,8 +60,9 @@ def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
 
 
 class AllocatePlan(BaseModel):
-    """A granted allocation: the ordinal, and ``notified`` (the row's count now, stored with the
-    read request): the notifications that read covers if it observes the resource."""
+    """A granted allocation: the ordinal, and ``notified`` (the row's count now, the ``absorbed``
+    notifications counted; stored with the read request): the notifications that read covers if it
+    observes the resource."""
 
     model_config = {"frozen": True}
 
@@ -64,14 +71,16 @@ class AllocatePlan(BaseModel):
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
-                  min_ordinal: int) -> AllocatePlan | None:
+                  min_ordinal: int, absorbed: int = 0) -> AllocatePlan | None:
     """The allocation CAS (None: refused, the row is not ACTIVE on these generations). The row then
-    holds ``last_issued_ordinal`` := ``ordinal`` and ``allocated_sequence`` := ``notified``."""
+    holds ``last_issued_ordinal`` := ``ordinal`` and ``notifications_seen`` = ``allocated_sequence``
+    := ``notified``."""
     if not row.exists or row.state != SubscriptionState.ACTIVE:
         return None
     if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
         return None
-    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal), notified=row.notifications_seen)
+    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal),
+                        notified=row.notifications_seen + max(absorbed, 0))
 
 
 def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:
@@ -80,3 +89,19 @@ def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int
     if verdict not in OBSERVED or read_notified <= row.covered:
         return None
     return read_notified
+
+
+def follow_up_owed(notified: int, covered: int, read_notified: int, *, handed_over: bool,
+                   for_notifications: bool) -> bool:
+    """After a judged read (allocated at ``read_notified``; the row now at ``notified`` / ``covered``),
+    whether the workflow owes a FOLLOW_UP read: the row is dirty and the work is the workflow's.
+    A read the ingress made and reported (``handed_over``) leaves whatever is dirty to the workflow.
+    The workflow's own read owes one for notifications recorded after its allocation: those it may
+    not have observed. One that observed nothing (failed, superseded) owes one read for the
+    notifications it covered only by the way; not when it was their own read
+    (``for_notifications``: triggered UPDATED or FOLLOW_UP), so a server that keeps failing is not
+    read in a loop: the next notification (the row stays dirty, so it creates work), poll or safety
+    read reads again."""
+    if notified <= covered:
+        return False
+    return handed_over or notified > read_notified or not for_notifications

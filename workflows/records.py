@@ -43,7 +43,6 @@ __all__ = [
     "ReadCycleRequest",
     "ReadCycleResult",
     "ReadReport",
-    "SignalMark",
     "AcceptRequest",
     "AcceptResult",
     "AcceptVerdict",
@@ -341,6 +340,10 @@ class AllocateRequest(FrozenRecord):
     # identity (run id / activity id), the same on every retry. The ledger answers a retry with
     # the ticket that activity already holds, so a retry after a committed accept replays it.
     cycle_id: str | None = None
+    # Set by the ingress: notifications it absorbed into this read (they arrived after its note,
+    # before the read was requested); the allocation counts them under the row lock
+    # (``coverage.plan_allocate``), so no read allocated before them can make the row clean.
+    absorbed: int = 0
 
 
 class ReadTicket(FrozenRecord):
@@ -433,6 +436,8 @@ class AcceptResult(FrozenRecord):
     watermark: int = 0
     last_accepted_ordinal: int = 0
     reason: str = ""
+    notified: int = 0  # the row's notification count after this accept (``workflows/coverage.py``)
+    covered: int = 0  # the row's ``covered`` after this accept: dirty while notified > covered
 
 
 class FenceSnapshot(FrozenRecord):
@@ -494,26 +499,12 @@ class ReadReport(FrozenRecord):
     cycle: ReadCycleResult
 
 
-class SignalMark(FrozenRecord):
-    """What the ingress's coalescing rule (``fence.update_already_signalled``) reads from a row: the
-    newest update it signalled (accepted by Temporal) and the update counter at the newest read
-    allocation."""
-
-    signalled_sequence: int = 0
-    signalled_generation: int = 0
-    signalled_at: datetime | None = None
-    allocated_sequence: int = 0
-    allocated_in_cycle: bool = False  # that allocation was a read cycle's
-
-
 class NotedNotification(FrozenRecord):
     """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the
-    ingress signals, the row's update counter after this notification, and whether an update it
-    signalled earlier already stands for this one (no signal needed)."""
+    ingress signals, the row after this notification, and whether it creates work."""
 
     workflow_id: str  # the id the subscription's workflow runs under (its ledger row's record)
     fence: FenceSnapshot
-    already_signalled: bool = False
     work: bool = True  # the notification creates work (``coverage.plan_note``)
 
 

@@ -185,7 +185,17 @@ def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
 
 
 def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
-    """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row."""
+    """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row, with the
+    row's ``covered`` moved by the judged read (``coverage.covered_after``) under the same lock."""
+    plan = _plan_accept(row, issued, outcome, j)
+    covered = None if plan.replay or issued is None else covered_after(row, j.verdict, issued.notified)
+    if covered is None:
+        return plan
+    fence = (plan.fence or FenceUpdate()).model_copy(update={"covered": covered})
+    return plan.model_copy(update={"fence": fence})
+
+
+def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
     o = outcome
     if j.reason == "replayed":
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
@@ -216,8 +226,6 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
                                 "state": j.new_state or S.ACTIVE, "link_receipt": True}
     if o.kind == ReadOutcomeKind.CONTENT:  # a not-found read keeps the digest it withdraws
         advanced["last_accepted_digest"] = o.content_digest
-    if issued is not None and (covered := covered_after(row, j.verdict, issued.notified)) is not None:
-        advanced["covered"] = covered
     fence = FenceUpdate(**advanced)
     outbox = None if not j.outbox else OutboxPlan(
         event=OutboxEventType.VERSION_ACCEPTED, ordinal=o.ordinal, content_digest=o.content_digest,
@@ -238,6 +246,8 @@ def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None
         watermark=fence.watermark if fence.watermark is not None else row.watermark,
         last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
                                else row.last_accepted_ordinal),
+        notified=row.notifications_seen,
+        covered=fence.covered if fence.covered is not None else row.covered,
     )
 
 
