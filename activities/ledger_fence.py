@@ -304,17 +304,16 @@ class FenceLedger:
                 # a new read, with a request id of its own (derived again after a second reset).
                 request_id = f"{request_id}/{prior['ordinal']}"
             plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
-                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal,
-                                 absorbed=req.absorbed)
+                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
             if plan is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
             await cur.execute(
-                "UPDATE subscriptions SET last_issued_ordinal=%s, notifications_seen=%s, allocated_sequence=%s,"
-                " updated_at=now() WHERE workflow_id=%s",
-                (ordinal, plan.notified, plan.notified, wf),
+                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, updated_at=now()"
+                " WHERE workflow_id=%s",
+                (ordinal, plan.notified, wf),
             )
             await cur.execute(
                 """
@@ -348,7 +347,8 @@ class FenceLedger:
                 completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
                 in_cycle=issued_row["cycle_id"] is not None, notified=issued_row["notifications_seen"],
             )
-            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None))
+            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None),
+                               absorbed=req.absorbed if row is not None else 0)
             if plan.replay:
                 # An activity retry after a committed accept: the same verdict, nothing written twice.
                 await cur.execute(

@@ -386,25 +386,31 @@ class McpSessionActivities:
         info = activity.info()
         return await self.run_cycle(req, cycle_id=f"{info.workflow_run_id}/{info.activity_id}")
 
-    async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str) -> ReadCycleResult:
+    async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str,
+                        absorb: Callable[[], int] | None = None) -> ReadCycleResult:
         """The read cycle itself, for the activity and for the ingress, which reads a notified change
         without a Temporal hop (``fence.ingress_read_request``) and reports it to the workflow.
         ``cycle_id`` keys the allocation (a retry under the same id gets the same ordinal). No lock
         against a concurrent cycle of the same subscription: both are cycle allocations, so only the
         newest allocation can become current (``judge_read``: an older one is STALE). The ticket's
         ``notifications_seen`` is the row's count at the allocation: what the read covers if it
-        observes the resource (``workflows/coverage.py``)."""
+        observes the resource (``workflows/coverage.py``). ``absorb`` (the ingress's) is called once
+        the allocation is granted, just before the request is sent: the notifications it returns
+        arrived before the send, so the read covers them, and its accept counts them
+        (``AcceptRequest.absorbed``)."""
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         ticket = await self.ledger.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
+        absorbed = absorb() if absorb is not None else 0
         outcome = await self.read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,
             subscription_generation=alloc.subscription_generation, ordinal=ticket.ordinal,
             request_id=ticket.request_id, trigger=alloc.trigger))
         if outcome.kind == ReadOutcomeKind.SESSION_LOST:
             return ReadCycleResult(ticket=ticket, outcome=outcome)
-        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch)
+        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch,
+                                   absorbed=absorbed)
         result = await self.ledger.accept(accept_req)
         self.meters.receipt_judged(accept_req, result)
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)

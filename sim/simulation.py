@@ -528,8 +528,7 @@ class MemoryLedger:
             # A reset run re-derived a request id already used and finished: a new read, own id.
             request_id = f"{request_id}/{prior}"
         plan = plan_allocate(row, session_generation=req.session_generation,
-                             subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal,
-                             absorbed=req.absorbed)
+                             subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
         if plan is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
         if request_id in self.request_ids:
@@ -537,8 +536,7 @@ class MemoryLedger:
         ordinal = plan.ordinal
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
-        self.row = row.model_copy(update={"last_issued_ordinal": ordinal, "notifications_seen": plan.notified,
-                                          "allocated_sequence": plan.notified})
+        self.row = row.model_copy(update={"last_issued_ordinal": ordinal, "allocated_sequence": plan.notified})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger,
                                                      notifications_seen=plan.notified,
@@ -570,7 +568,8 @@ class MemoryLedger:
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
             in_cycle=rr.in_cycle, notified=rr.notifications_seen,
         )
-        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None))
+        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None),
+                           absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
             prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
             return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
@@ -757,7 +756,8 @@ class IngressRoute:
     change: int
     notified: int  # the row's count after the note this processing made
     asked: datetime | None = None
-    absorbed: int = 0  # the newest change of pulses the allocation absorbed (until the checker holds it)
+    absorbed: int = 0  # pulses taken into the read (``AcceptRequest.absorbed``: 1 for a group)
+    absorbed_change: int = 0  # the newest change they announced
 
 
 @dataclass(slots=True)
@@ -1003,14 +1003,13 @@ class Simulation:
             # ``asked`` / ``requested_at``: production takes it in ``_deliver`` just before the allocation
             # (after the note); the simulator at the allocation step.
             route.asked = self.now
-            # ``WorkQueue.take`` just before the read is requested: pulses since the note are absorbed,
-            # counted by the allocation (``AllocateRequest.absorbed``): this read, allocated and sent
-            # after they arrived, observes their change, and no read allocated before can clean the row.
+        elif act.step == 1 and act.ticket is not None and act.ticket.granted:
+            # ``WorkQueue.take`` once the read is allocated, just before it is sent (``run_cycle(absorb=)``):
+            # pulses since the note are absorbed, and its accept counts them (``AcceptRequest.absorbed``):
+            # this read, sent after they arrived, observes their change.
             if (group := self._ingress_queued.pop(route.generation, None)) is not None:
                 self._cover("ingress.absorbed")
-                req = act.arg
-                act.arg = req.model_copy(update={"allocate": req.allocate.model_copy(update={"absorbed": 1})})
-                route.absorbed = group.change
+                route.absorbed, route.absorbed_change = 1, group.change
         try:
             done, result = self._read_cycle_step(act, fault)
         except LedgerIntegrityError as err:
@@ -1018,9 +1017,12 @@ class Simulation:
             done, result = True, None
         if act.ticket is not None and act.ticket.granted:
             self._ingress_ordinals.add(act.ticket.ordinal)
-            if route.absorbed:  # counted by the allocation: the checker holds the change to that count
-                n = act.ticket.notifications_seen
-                self._noted_change[n] = max(self._noted_change.get(n, 0), route.absorbed)
+            rr = self.ledger.read_requests.get(act.ticket.ordinal)
+            if route.absorbed and rr is not None and rr.completed:
+                # counted by the accept (a lost answer too: it took effect): the checker holds the
+                # change to that count
+                n = act.ticket.notifications_seen + route.absorbed
+                self._noted_change[n] = max(self._noted_change.get(n, 0), route.absorbed_change)
                 route.absorbed = 0
         if fault == "lost":
             self._cover("ingress.lost_response")
@@ -1376,7 +1378,8 @@ class Simulation:
             act.outcome, act.step = outcome, base + 2
             return False, None
         assert act.outcome is not None
-        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
+        absorbed = act.ingress.absorbed if act.ingress is not None else 0
+        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state, absorbed=absorbed,
                                           close_epoch=req.close_epoch))
         self._cover("read_cycle")
         self._cover(f"verdict.{result.verdict.value}")

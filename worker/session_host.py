@@ -50,6 +50,7 @@ import os
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import UTC, datetime
 
@@ -563,13 +564,7 @@ class SessionHost:
             else:
                 self.notifications_coalesced += 1
             return
-        if own and self._work.take((uri, generation)):
-            # Arrived after the note, before this read is requested: the read (allocated and sent
-            # later) observes their change. Its allocation counts them (``absorbed``): a read allocated
-            # before them cannot make the row clean, and if this one observes nothing it stays dirty.
-            self.notifications_coalesced += 1
-            req = req.model_copy(update={"allocate": req.allocate.model_copy(update={"absorbed": 1})})
-        cycle = await self._read_here(req, sig)
+        cycle = await self._read_here(req, sig, absorb=self._absorber(uri, generation) if own else None)
         if cycle is None:
             await self._signal_updated(noted, sig)
             return
@@ -577,14 +572,28 @@ class SessionHost:
         if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
             self.notifications_read += 1
 
-    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated) -> ReadCycleResult | None:
+    def _absorber(self, uri: str, generation: int) -> Callable[[], int]:
+        """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
+        note are taken (``WorkQueue.take``) once the read is allocated, just before it is sent. The
+        read observes their change; its accept counts them (whatever it judges, the row then says
+        which reads cover them)."""
+        def absorb() -> int:
+            if self._work.take((uri, generation)):
+                self.notifications_coalesced += 1
+                return 1
+            return 0
+        return absorb
+
+    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated,
+                         absorb: Callable[[], int] | None = None) -> ReadCycleResult | None:
         """The read cycle for ``sig`` on this ingress's live session. None when it was not judged
         (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
         workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
         accept that committed unseen is superseded by that read's newer allocation)."""
         try:
             cycle = await asyncio.wait_for(
-                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}"),
+                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
+                                           absorb=absorb),
                 self.server.ingress_read_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",

@@ -60,9 +60,8 @@ def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
 
 
 class AllocatePlan(BaseModel):
-    """A granted allocation: the ordinal, and ``notified`` (the row's count now, the ``absorbed``
-    notifications counted; stored with the read request): the notifications that read covers if it
-    observes the resource."""
+    """A granted allocation: the ordinal, and ``notified`` (the row's count now, stored with the
+    read request): the notifications that read covers if it observes the resource."""
 
     model_config = {"frozen": True}
 
@@ -71,21 +70,21 @@ class AllocatePlan(BaseModel):
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
-                  min_ordinal: int, absorbed: int = 0) -> AllocatePlan | None:
+                  min_ordinal: int) -> AllocatePlan | None:
     """The allocation CAS (None: refused, the row is not ACTIVE on these generations). The row then
-    holds ``last_issued_ordinal`` := ``ordinal`` and ``notifications_seen`` = ``allocated_sequence``
-    := ``notified``."""
+    holds ``last_issued_ordinal`` := ``ordinal`` and ``allocated_sequence`` := ``notified``."""
     if not row.exists or row.state != SubscriptionState.ACTIVE:
         return None
     if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
         return None
-    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal),
-                        notified=row.notifications_seen + max(absorbed, 0))
+    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal), notified=row.notifications_seen)
 
 
 def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:
-    """The accept's write of ``covered`` for a read allocated at ``read_notified``: the larger of the
-    row's and the read's when the verdict observed the resource (it never moves back); None: no write."""
+    """The accept's write of ``covered`` for a read that covers ``read_notified`` notifications (its
+    allocation's count, plus those the ingress absorbed into it, counted by this accept): the larger
+    of the row's and the read's when the verdict observed the resource (it never moves back); None:
+    no write."""
     if verdict not in OBSERVED or read_notified <= row.covered:
         return None
     return read_notified

@@ -472,10 +472,13 @@ class SubscriptionFence:
         woken = False
         if trigger is not None:  # the run's own read: a wake-up during its flight is its to serve
             woken, s.woken_in_flight = s.woken_in_flight, False
-        if s.state == S.ACTIVE and s.pending_trigger is None and (woken or follow_up_owed(
-                result.notified, result.covered, read_notified, handed_over=trigger is None,
-                for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP))):
-            s.pending_trigger = TriggerReason.FOLLOW_UP
+        owed = woken or follow_up_owed(result.notified, result.covered, read_notified, handed_over=trigger is None,
+                                       for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP))
+        if owed and s.pending_trigger is None:
+            if s.state == S.ACTIVE:
+                s.pending_trigger = TriggerReason.FOLLOW_UP
+            elif s.in_flight:  # a report during the start: the start's read, once judged, owes it
+                s.woken_in_flight = True
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
         """After ``applied``: the digest of the newest accepted read. A report the ingress made can

@@ -340,10 +340,6 @@ class AllocateRequest(FrozenRecord):
     # identity (run id / activity id), the same on every retry. The ledger answers a retry with
     # the ticket that activity already holds, so a retry after a committed accept replays it.
     cycle_id: str | None = None
-    # Set by the ingress: notifications it absorbed into this read (they arrived after its note,
-    # before the read was requested); the allocation counts them under the row lock
-    # (``coverage.plan_allocate``), so no read allocated before them can make the row clean.
-    absorbed: int = 0
 
 
 class ReadTicket(FrozenRecord):
@@ -427,6 +423,11 @@ class AcceptRequest(FrozenRecord):
     outcome: ReadOutcome
     expected_state: SubscriptionState  # the workflow's view; the ledger re-checks it in SQL
     close_epoch: int
+    # Set by the ingress: notifications it absorbed into this read (they arrived after the read was
+    # allocated, before it was sent, so it observes their change). The accept counts them under the
+    # row lock and the read covers them (``coverage.covered_after``): whatever it judges, no other
+    # read can make the row clean without having been allocated after them.
+    absorbed: int = 0
 
 
 class AcceptResult(FrozenRecord):

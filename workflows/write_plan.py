@@ -113,6 +113,7 @@ class FenceUpdate(_Plan):
     last_accepted_digest: str | None = None
     close_epoch: int | None = None
     close_ordinal: int | None = None
+    notifications_seen: int | None = None  # + the notifications the ingress absorbed into the read
     covered: int | None = None  # ``coverage.covered_after``
     link_receipt: bool = False  # last_receipt_id := the receipt this plan writes
 
@@ -184,14 +185,24 @@ def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
     )
 
 
-def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
+def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement, *,
+                absorbed: int = 0) -> WritePlan:
     """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row, with the
-    row's ``covered`` moved by the judged read (``coverage.covered_after``) under the same lock."""
+    row's coverage moved by the judged read under the same lock: ``absorbed`` notifications the
+    ingress took into this read are counted, and ``covered`` (``coverage.covered_after``) takes the
+    read's allocation count plus them when it observed the resource."""
     plan = _plan_accept(row, issued, outcome, j)
-    covered = None if plan.replay or issued is None else covered_after(row, j.verdict, issued.notified)
-    if covered is None:
+    if plan.replay or issued is None:
         return plan
-    fence = (plan.fence or FenceUpdate()).model_copy(update={"covered": covered})
+    update: dict[str, int] = {}
+    if absorbed > 0:
+        update["notifications_seen"] = row.notifications_seen + absorbed
+    covered = covered_after(row, j.verdict, issued.notified + max(absorbed, 0))
+    if covered is not None:
+        update["covered"] = covered
+    if not update:
+        return plan
+    fence = (plan.fence or FenceUpdate()).model_copy(update=update)
     return plan.model_copy(update={"fence": fence})
 
 
@@ -246,7 +257,7 @@ def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None
         watermark=fence.watermark if fence.watermark is not None else row.watermark,
         last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
                                else row.last_accepted_ordinal),
-        notified=row.notifications_seen,
+        notified=fence.notifications_seen if fence.notifications_seen is not None else row.notifications_seen,
         covered=fence.covered if fence.covered is not None else row.covered,
     )
 

@@ -57,6 +57,12 @@ async def _run(temporal_client: Client, ledger: Ledger, server: ServerConfig, ur
                              f"change {i} of {uri} accepted", timeout=60)
                 for h, e, uri in zip(handles, edits, uris, strict=True)))
         after = (await control.stats())["reads"]
+        async with ledger.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT rr.trigger_reason, rr.outcome, (rr.cycle_id LIKE 'ingress/%%') AS at_ingress, count(*)"
+                " FROM read_requests rr JOIN subscriptions s ON s.workflow_id = rr.workflow_id"
+                " WHERE s.server = %s GROUP BY 1, 2, 3 ORDER BY 4 DESC", (server.name,))
+            print(f"{server.transport}: reads by (trigger, verdict, at the ingress): {await cur.fetchall()}")
     per_uri = {uri: after.get(uri, 0) - before.get(uri, 0) for uri in uris}
     reads = sum(per_uri.values())
     ratio = reads / (URIS * CHANGES)

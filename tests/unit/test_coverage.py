@@ -103,3 +103,17 @@ def test_a_row_not_active_on_the_notifications_generation_always_gets_the_work()
     assert _note(row.model_copy(update={"state": S.TOMBSTONE_PENDING}))[1]
     assert plan_allocate(CLEAN.model_copy(update={"state": S.UNSUBSCRIBING}), session_generation=1,
                          subscription_generation=1, min_ordinal=1) is None
+
+
+def test_notifications_the_ingress_absorbed_are_counted_by_the_accept_and_covered_only_if_observed() -> None:
+    row, _ = _note(CLEAN)
+    row, ordinal, notified = _allocate(row)
+    issued = IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1, subscription_generation=1,
+                        notified=notified)
+    for kind, covered in ((ReadOutcomeKind.CONTENT, 7), (ReadOutcomeKind.TRANSIENT, 4)):
+        outcome = ReadOutcome(kind=kind, key=KEY, ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1,
+                              subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest="sha256:b")
+        plan = plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=KEY.uri), absorbed=2)
+        assert plan.fence is not None
+        after = plan.fence.applied(row, None)
+        assert (after.notifications_seen, after.covered) == (7, covered)

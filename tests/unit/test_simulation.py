@@ -248,7 +248,7 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
 
 def _absorbed_prefix() -> list[Event]:
     """A change notified three times: the first pulse is noted and starts a read at the ingress, the
-    copies mark the key dirty; the read's allocation takes them (``WorkQueue.take``) and is sent."""
+    copies mark the key dirty; the read is allocated, takes them (``WorkQueue.take``) and is sent."""
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=3))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))
@@ -263,21 +263,35 @@ def test_copies_that_arrived_before_the_ingress_read_was_requested_are_absorbed(
     assert result.coverage.get("ingress.absorbed") == 1 and "ingress.queued_routed" not in result.coverage
 
 
-def test_a_change_notified_after_the_allocation_is_noted_and_read_again() -> None:
-    # The read at the ingress is allocated, then a second change is committed and notified: the key is
-    # processed again once that read ends (noted: the row is dirty), and the ledger holds the newest content.
+def test_a_change_notified_between_the_allocation_and_the_send_is_absorbed_by_that_read() -> None:
+    # The read at the ingress is allocated, then a second change is committed and notified before the
+    # read is sent: the read observes it, its accept counts the pulse, and the key is not read again.
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=1))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
     sim.apply(Event(Op.MUTATE, n=1))  # the key is processing: marked dirty
     for _ in range(2):
-        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read, accept
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (takes the pulse), accept
+    assert sim.coverage.get("ingress.absorbed") == 1 and "ingress.queued_routed" not in sim.coverage
+    row = sim.ledger.row
+    assert row.last_accepted_digest == sim.oracle.digest and row.covered == row.notifications_seen
+    result = replay(Trace("ingress-between", Profile(), tuple(sim.events)))
+    assert not result.violations, result.violations
+
+
+def test_a_change_notified_after_the_send_is_noted_and_read_again() -> None:
+    sim = _settled()
+    sim.apply(Event(Op.MUTATE, n=1))
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (sent)
+    sim.apply(Event(Op.MUTATE, n=1))  # the key is processing: marked dirty
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # accept
     assert sim.coverage.get("ingress.queued_routed") == 1 and "ingress.absorbed" not in sim.coverage
     assert [a.name for a in sim.activities] == [INGRESS_READ]
     for _ in range(3):
         sim.apply(Event(Op.EXEC, act=INGRESS_READ))
     assert sim.ledger.row.last_accepted_digest == sim.oracle.digest
-    result = replay(Trace("ingress-between", Profile(), tuple(sim.events)))
+    result = replay(Trace("ingress-after-send", Profile(), tuple(sim.events)))
     assert not result.violations, result.violations
 
 
