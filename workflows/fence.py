@@ -14,8 +14,9 @@ Contract:
   identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
   cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight),
   VERSION_ACCEPTED (the last read made a version current).
-- Coalescing: at most one read in flight; an update signal is a wake-up. While a read is
-  pending or in flight it changes nothing here: the level decides.
+- Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
+  flight (allocated before the note, its accept may even precede it); nothing while a read is
+  requested and not allocated yet (allocated after the note, it covers it).
 - Coverage is level-based and owned by the ledger row (``mcpsync.workflows.coverage``): every
   judged read returns the row's ``notified`` and ``covered``, and a FOLLOW_UP is owed iff
   ``coverage.follow_up_owed`` says so. The run keeps no coverage counters.
@@ -147,9 +148,6 @@ class FenceState(BaseModel):
     pending_trigger: TriggerReason | None = None
     last_verdict: AcceptVerdict | None = None
     updates_seen: int = 0
-    # A wake-up arrived while a read was in flight: its note may postdate that read's accept (whose
-    # answer then shows the row clean), so the read owes a FOLLOW_UP whatever its answer says.
-    woken_in_flight: bool = False
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
@@ -224,7 +222,6 @@ class SubscriptionFence:
         # A session change invalidates whatever was in flight: those reads can only be stale now
         # (the subscribe's initial read covers what they would have).
         self.s.in_flight.clear()
-        self.s.woken_in_flight = False
         return snap.state == S.SUBSCRIBING
 
     def subscribed(self, snap: FenceSnapshot, *, poll_interval_seconds: float | None) -> None:
@@ -276,12 +273,12 @@ class SubscriptionFence:
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
         s.updates_seen += 1
-        if s.in_flight:
-            # The read in flight (or the start's) was allocated before this note was signalled: it
-            # owes a FOLLOW_UP once judged (``applied``); one that ends unjudged re-reads anyway
-            # (resubscribe, refusal).
-            s.woken_in_flight = True
-        elif s.state == S.ACTIVE and s.pending_trigger is None:
+        if s.pending_trigger is None and s.in_flight:
+            # The read in flight (or the start's) was allocated before this wake-up's note: it may not
+            # observe it, and its accept may even precede the note (answering clean), so one more read
+            # is owed (a concurrent one if ``max_concurrent_reads`` allows).
+            s.pending_trigger = TriggerReason.FOLLOW_UP
+        elif s.pending_trigger is None and s.state == S.ACTIVE:
             s.pending_trigger = TriggerReason.UPDATED
         # Else a read is requested and not allocated yet: it is allocated after this note, covering it.
         return UpdateDisposition.NOTED
@@ -469,16 +466,11 @@ class SubscriptionFence:
             s.stale_receipts += 1
         elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
             s.stale_after_close += 1
-        woken = False
-        if trigger is not None:  # the run's own read: a wake-up during its flight is its to serve
-            woken, s.woken_in_flight = s.woken_in_flight, False
-        owed = woken or follow_up_owed(result.notified, result.covered, read_notified, handed_over=trigger is None,
-                                       for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP))
-        if owed and s.pending_trigger is None:
-            if s.state == S.ACTIVE:
-                s.pending_trigger = TriggerReason.FOLLOW_UP
-            elif s.in_flight:  # a report during the start: the start's read, once judged, owes it
-                s.woken_in_flight = True
+        # A report during the start (not ACTIVE here yet, its slot in flight) is owed after it.
+        if s.pending_trigger is None and (s.state == S.ACTIVE or s.in_flight) and follow_up_owed(
+                result.notified, result.covered, read_notified, handed_over=trigger is None,
+                for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP)):
+            s.pending_trigger = TriggerReason.FOLLOW_UP
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
         """After ``applied``: the digest of the newest accepted read. A report the ingress made can
