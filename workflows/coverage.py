@@ -2,7 +2,7 @@
 
 The fence row counts notifications (``notifications_seen``, called *notified* here) and records
 ``covered``: the ``notified`` value at the allocation of the newest judged read that observed the
-resource (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING). The row is **dirty** while
+resource (ACCEPTED, UNCHANGED, TOMBSTONE_PENDING, GUARDRAIL_REJECTED). The row is **dirty** while
 ``notified > covered``. A read allocated after a notification was recorded observes its change: the
 server sent the notification after the change, the ingress recorded it before the allocation, and
 the read is sent after the allocation. So the allocation's ``notified`` says exactly which
@@ -22,8 +22,11 @@ from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, Subscription
 __all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after",
            "follow_up_owed"]
 
-OBSERVED = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING})
-"""Verdicts of a read that observed the resource: only these advance ``covered``."""
+OBSERVED = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING,
+                      AcceptVerdict.GUARDRAIL_REJECTED})
+"""Verdicts of a read that observed the resource: only these advance ``covered``. A guardrail
+rejection observed the content too (it moves the fence position; the previous version stays
+current): reading it again for the same notifications would be rejected the same way."""
 
 
 def dirty(row: FenceSnapshot) -> bool:
@@ -94,13 +97,14 @@ def follow_up_owed(notified: int, covered: int, read_notified: int, *, handed_ov
                    for_notifications: bool) -> bool:
     """After a judged read (allocated at ``read_notified``; the row now at ``notified`` / ``covered``),
     whether the workflow owes a FOLLOW_UP read: the row is dirty and the work is the workflow's.
-    A read the ingress made and reported (``handed_over``) leaves whatever is dirty to the workflow.
-    The workflow's own read owes one for notifications recorded after its allocation: those it may
-    not have observed. One that observed nothing (failed, superseded) owes one read for the
-    notifications it covered only by the way; not when it was their own read
-    (``for_notifications``: triggered UPDATED or FOLLOW_UP), so a server that keeps failing is not
-    read in a loop: the next notification (the row stays dirty, so it creates work), poll or safety
-    read reads again."""
+    - A read the ingress made and reported (``handed_over``) leaves whatever is dirty to the workflow.
+    - The workflow's own read owes one for notifications recorded after its allocation: it may not
+      have observed them (their wake-up may also have been set aside, e.g. during a resubscribe).
+    - The workflow's own read that observed nothing (failed, superseded) owes one read for the
+      notifications it covered only by the way; not when it was their own read
+      (``for_notifications``: triggered UPDATED or FOLLOW_UP), so a server that keeps failing is
+      not read in a loop: the next notification (the row stays dirty, so it creates work), poll or
+      safety read reads again."""
     if notified <= covered:
         return False
     return handed_over or notified > read_notified or not for_notifications

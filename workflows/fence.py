@@ -414,6 +414,10 @@ class SubscriptionFence:
         """A notification from a newer session generation than ours: resubscribe on it."""
         self.s.pending_trigger = self.s.pending_trigger or TriggerReason.RESUBSCRIBE
 
+    def update_reported(self) -> None:
+        """A report the ingress made was mirrored (``issued`` / ``applied``): its update was seen."""
+        self.s.updates_seen += 1
+
     def next_ordinal_floor(self) -> int:
         return self.s.last_issued_ordinal + 1
 

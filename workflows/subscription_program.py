@@ -218,6 +218,7 @@ class SubscriptionProgram:
             if self.fence.report_deadline(report.requested_at):
                 self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
                                              jitter=self.rt.random())
+            self.fence.update_reported()
             self._read_judged(cycle.ticket, cycle.outcome, cycle.accept, seen_at=self.rt.now(), trigger=None)
         else:
             await self._note_update(sig)

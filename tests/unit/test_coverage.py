@@ -91,9 +91,9 @@ def test_a_failed_or_superseded_read_sets_nothing() -> None:
 def test_covered_never_moves_back_and_only_observing_verdicts_move_it() -> None:
     assert covered_after(CLEAN, V.ACCEPTED, 3) is None
     assert covered_after(CLEAN, V.ACCEPTED, 6) == 6
-    for verdict in (V.UNCHANGED, V.TOMBSTONE_PENDING):
+    for verdict in (V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED):
         assert covered_after(CLEAN, verdict, 6) == 6
-    for verdict in (V.REJECTED, V.STALE, V.STALE_AFTER_CLOSE, V.REVOKED, V.GUARDRAIL_REJECTED):
+    for verdict in (V.REJECTED, V.STALE, V.STALE_AFTER_CLOSE, V.REVOKED):
         assert covered_after(CLEAN, verdict, 6) is None
 
 
