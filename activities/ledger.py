@@ -69,7 +69,6 @@ class Ledger:
         self.subscriptions_for = self.fence.subscriptions_for
         self.normalized_siblings = self.fence.normalized_siblings
         self.note_notification = self.fence.note_notification
-        self.mark_signalled = self.fence.mark_signalled
         self.workflow_id_of = self.fence.workflow_id_of
         self.allocate_read = self.fence.allocate_read  # activities that already take their request
         self.accept = self.fence.accept

@@ -43,7 +43,8 @@ from mcpsync.activities.ledger_store import (
     snapshot,
 )
 from mcpsync.activities.meters import NO_METERS, Meters
-from mcpsync.workflows.fence import IssuedRead, allocate_ordinal, judge_read, update_already_signalled
+from mcpsync.workflows.coverage import plan_allocate, plan_note
+from mcpsync.workflows.fence import IssuedRead, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
@@ -65,7 +66,6 @@ from mcpsync.workflows.records import (
     ReadTicket,
     RevokeLedgerRequest,
     SetStateRequest,
-    SignalMark,
     SubscriptionKey,
     SubscriptionState,
     TombstoneRequest,
@@ -226,36 +226,25 @@ class FenceLedger:
                                 generation: int) -> NotedNotification | None:
         """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it.
         The answer names the workflow id the row recorded: the ingress signals that, never a computed one."""
-        async with self.store.pool.connection() as conn:
+        async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
+            # By the raw triple: a notification's URI is whatever the server sent (no key validation).
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", (subject, server, uri))
+            before = await cur.fetchone()
+            if before is None:
+                return None
+            plan = plan_note(snapshot(before), generation=generation)
             await cur.execute(
                 """
-                UPDATE subscriptions SET notifications_seen = notifications_seen + 1, last_notification_at = now(),
+                UPDATE subscriptions SET notifications_seen = %s, last_notification_at = now(),
                     last_notification_generation = %s
-                WHERE subject=%s AND server=%s AND uri=%s RETURNING *
+                WHERE workflow_id=%s RETURNING *
                 """,
-                (generation, subject, server, uri),
+                (plan.notified, generation, before["workflow_id"]),
             )
             row = await cur.fetchone()
-        if row is None:
-            return None
-        mark = SignalMark(signalled_sequence=row["signalled_sequence"], signalled_generation=row["signalled_generation"],
-                          signalled_at=row["signalled_at"], allocated_sequence=row["allocated_sequence"],
-                          allocated_in_cycle=row["allocated_in_cycle"])
-        fence = snapshot(row)
-        return NotedNotification(workflow_id=row["workflow_id"], fence=fence,
-                                 already_signalled=update_already_signalled(mark, fence, generation=generation,
-                                                                            now=row["last_notification_at"]))
-
-    async def mark_signalled(self, workflow_id: str, sequence: int, generation: int) -> None:
-        """Temporal accepted the ``resource_updated`` signal carrying update ``sequence``: from now
-        on it may stand for later updates (``update_already_signalled``). Never moves back."""
-        async with self.store.pool.connection() as conn:
-            await conn.execute(
-                "UPDATE subscriptions SET signalled_sequence=%s, signalled_generation=%s, signalled_at=now()"
-                " WHERE workflow_id=%s AND signalled_sequence < %s",
-                (sequence, generation, workflow_id, sequence),
-            )
+            assert row is not None
+        return NotedNotification(workflow_id=row["workflow_id"], fence=snapshot(row), work=plan.work)
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -338,17 +327,17 @@ class FenceLedger:
                 # A reset run re-derived a request id that was already used and finished: this is
                 # a new read, with a request id of its own (derived again after a second reset).
                 request_id = f"{request_id}/{prior['ordinal']}"
-            ordinal = allocate_ordinal(snapshot(row), session_generation=req.session_generation,
-                                       subscription_generation=req.subscription_generation,
-                                       min_ordinal=req.min_ordinal)
-            if ordinal is None:
+            plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
+                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+            if plan is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
-            assert row is not None  # allocate_ordinal grants nothing without a row
+            assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
+            ordinal = plan.ordinal
             await cur.execute(
-                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, allocated_in_cycle=%s,"
-                " updated_at=now() WHERE workflow_id=%s",
-                (ordinal, row["notifications_seen"], req.cycle_id is not None, wf),
+                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, updated_at=now()"
+                " WHERE workflow_id=%s",
+                (ordinal, plan.notified, wf),
             )
             await cur.execute(
                 """
@@ -357,10 +346,9 @@ class FenceLedger:
                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
                 """,
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
-                 req.trigger.value, row["notifications_seen"], req.cycle_id),
+                 req.trigger.value, plan.notified, req.cycle_id),
             )
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
-                          notifications_seen=row["notifications_seen"])
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id, notifications_seen=plan.notified)
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
@@ -390,9 +378,10 @@ class FenceLedger:
                 session_generation=issued_row["session_generation"],
                 subscription_generation=issued_row["subscription_generation"],
                 completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
-                in_cycle=issued_row["cycle_id"] is not None,
+                in_cycle=issued_row["cycle_id"] is not None, notified=issued_row["notifications_seen"],
             )
-            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None))
+            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None),
+                               absorbed=req.absorbed if row is not None else 0)
             if plan.replay:
                 # An activity retry after a committed accept: the same verdict, nothing written twice.
                 await cur.execute(

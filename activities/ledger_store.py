@@ -52,6 +52,8 @@ def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
         last_accepted_digest=row["last_accepted_digest"],
         last_receipt_id=row["last_receipt_id"],
         notifications_seen=row["notifications_seen"],
+        covered=row.get("covered", 0),
+        allocated_sequence=row.get("allocated_sequence", 0),
         read_reports=row.get("read_reports", False),
     )
 

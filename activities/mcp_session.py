@@ -433,27 +433,30 @@ class McpSessionActivities:
         return await self.run_cycle(req, cycle_id=f"{info.workflow_run_id}/{info.activity_id}")
 
     async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str,
-                        before_read: Callable[[], None] | None = None) -> ReadCycleResult:
+                        absorb: Callable[[], int] | None = None) -> ReadCycleResult:
         """The read cycle itself, for the activity and for the ingress, which reads a notified change
         without a Temporal hop (``fence.ingress_read_request``) and reports it to the workflow.
         ``cycle_id`` keys the allocation (a retry under the same id gets the same ordinal). No lock
         against a concurrent cycle of the same subscription: both are cycle allocations, so only the
-        newest allocation can become current (``judge_read``: an older one is STALE).
-        ``before_read`` is called once the allocation is granted, before the MCP request is sent:
-        whatever arrived before that call, the read observes (the ingress's ``_read_sent``)."""
+        newest allocation can become current (``judge_read``: an older one is STALE). The ticket's
+        ``notifications_seen`` is the row's count at the allocation: what the read covers if it
+        observes the resource (``workflows/coverage.py``). ``absorb`` (the ingress's) is called once
+        the allocation is granted, just before the request is sent: the notifications it returns
+        arrived before the send, so the read covers them, and its accept counts them
+        (``AcceptRequest.absorbed``)."""
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         ticket = await self.ledger.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
-        if before_read is not None:
-            before_read()
+        absorbed = absorb() if absorb is not None else 0
         outcome, body = await self._read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,
             subscription_generation=alloc.subscription_generation, ordinal=ticket.ordinal,
             request_id=ticket.request_id, trigger=alloc.trigger))
         if outcome.kind == ReadOutcomeKind.SESSION_LOST:
             return ReadCycleResult(ticket=ticket, outcome=outcome)
-        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch)
+        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch,
+                                   absorbed=absorbed)
         result = await self.ledger.fence.accept_read(accept_req, body)  # the body enters the store only here
         self.meters.receipt_judged(accept_req, result)
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)

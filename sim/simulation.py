@@ -49,19 +49,15 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from mcpsync.workflows.coverage import dirty, plan_allocate, plan_note
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.fence import (
-    SIGNAL_HOLD_SECONDS,
     TERMINAL,
     IssuedRead,
     Judgement,
-    UpdateDisposition,
-    allocate_ordinal,
     ingress_read_request,
     judge_read,
     marked_active,
-    pulses_covered,
-    update_already_signalled,
 )
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
@@ -85,7 +81,6 @@ from mcpsync.workflows.records import (
     ResourceUpdated,
     RevokeRequest,
     SessionInfo,
-    SignalMark,
     SubscribeCycleRequest,
     SubscribeCycleResult,
     SubscribeOutcome,
@@ -124,9 +119,7 @@ __all__ = [
     "Trace",
     "SimConfig",
     "JudgeFn",
-    "CoverFn",
     "INGRESS_READ",
-    "covered_at_ingress",
     "LedgerIntegrityError",
     "MemoryLedger",
     "Oracle",
@@ -323,17 +316,6 @@ class Trace:
 JudgeFn = Callable[..., Judgement]
 """``judge_read``'s signature: ``(row, issued, outcome, *, row_uri) -> Judgement`` (a seam for tests)."""
 
-CoverFn = Callable[[datetime, datetime | None], bool]
-"""The ingress's skip rule: ``(newest pulse arrived, read sent) -> covered`` (a seam for tests, like ``JudgeFn``)."""
-
-
-def covered_at_ingress(arrived: datetime, sent: datetime | None) -> bool:
-    """The session host's rule (``fence.pulses_covered``, called by ``SessionHost._route_loop``) on the
-    simulator's clock: a queued (URI, generation) is skipped when its newest pulse arrived before the
-    newest read made at the ingress for it, judged ACCEPTED or UNCHANGED, was sent (``sent``)."""
-    return pulses_covered(arrived.timestamp(), sent.timestamp() if sent is not None else None)
-
-
 @dataclass(frozen=True)
 class SimConfig:
     mean_events: int = 50  # events per schedule before the drain (uniform in [10, 2*mean-10])
@@ -345,9 +327,6 @@ class SimConfig:
     # (``resource_read``); pulses for that (URI, generation) queue behind the read. False: every update
     # is signalled for the workflow to read.
     read_on_notification: bool = True
-    # Whether a queued pulse group is covered by the ingress's newest ACCEPTED/UNCHANGED read (a seam
-    # for tests: a broken rule must be caught by ``covered_unread``).
-    ingress_covers: CoverFn = covered_at_ingress
 
 
 def schedule_seed(seed: int | str, index: int) -> str:
@@ -429,7 +408,6 @@ class MemoryLedger:
         self.read_requests: dict[int, ReadRequestRow] = {}
         self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
         self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
-        self.mark = SignalMark()  # subscriptions.signalled_* / allocated_sequence
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
         self.outbox: list[OutboxEntry] = []
@@ -549,43 +527,36 @@ class MemoryLedger:
                                   notifications_seen=self.read_requests[prior].notifications_seen)
             # A reset run re-derived a request id already used and finished: a new read, own id.
             request_id = f"{request_id}/{prior}"
-        ordinal = allocate_ordinal(row, session_generation=req.session_generation,
-                                   subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
-        if ordinal is None:
+        plan = plan_allocate(row, session_generation=req.session_generation,
+                             subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+        if plan is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
         if request_id in self.request_ids:
             raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
+        ordinal = plan.ordinal
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
-        self.row = row.model_copy(update={"last_issued_ordinal": ordinal})
-        self.mark = self.mark.model_copy(update={"allocated_sequence": row.notifications_seen,
-                                                 "allocated_in_cycle": req.cycle_id is not None})
+        self.row = row.model_copy(update={"last_issued_ordinal": ordinal, "allocated_sequence": plan.notified})
         self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
                                                      req.subscription_generation, req.trigger,
-                                                     notifications_seen=row.notifications_seen,
+                                                     notifications_seen=plan.notified,
                                                      in_cycle=req.cycle_id is not None)
         self.request_ids[request_id] = ordinal
         if req.cycle_id is not None:
             self.cycle_ids[req.cycle_id] = ordinal
         self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
-                          notifications_seen=row.notifications_seen)
+                          notifications_seen=plan.notified)
 
     def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
-        """``FenceLedger.note_notification``: the row's update counter + 1, the workflow id the row
-        recorded (where the ingress signals) and ``update_already_signalled``; None without a row."""
+        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
+        workflow id the row recorded (where the ingress signals) and whether the note creates work;
+        None without a row."""
         if not self.row.exists:
             return None
-        self.row = self.row.model_copy(update={"notifications_seen": self.row.notifications_seen + 1})
-        return NotedNotification(workflow_id=self.workflow_id, fence=self.row,
-                                 already_signalled=update_already_signalled(self.mark, self.row, generation=generation,
-                                                                            now=now))
-
-    def mark_signalled(self, sequence: int, generation: int, now: datetime) -> None:
-        """``FenceLedger.mark_signalled``: Temporal accepted the signal carrying ``sequence``."""
-        if self.mark.signalled_sequence < sequence:
-            self.mark = self.mark.model_copy(update={"signalled_sequence": sequence,
-                                                     "signalled_generation": generation, "signalled_at": now})
+        plan = plan_note(self.row, generation=generation)
+        self.row = self.row.model_copy(update={"notifications_seen": plan.notified})
+        return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
         o = req.outcome
@@ -595,9 +566,10 @@ class MemoryLedger:
             ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
             subscription_generation=rr.subscription_generation,
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
-            in_cycle=rr.in_cycle,
+            in_cycle=rr.in_cycle, notified=rr.notifications_seen,
         )
-        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None))
+        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None),
+                           absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
             prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
             return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
@@ -774,24 +746,26 @@ class Activity:
 
 @dataclass(slots=True)
 class IngressRoute:
-    """MIRROR(worker/session_host.py: _deliver): one routing of (KEY.uri, ``generation``) that reads at
-    the ingress. ``sig`` is the update it reads for (the ``resource_read`` report's, or the fallback
-    ``resource_updated``'s); ``asked``: when it asked for the allocation (``requested_at``); ``sent``:
-    when the read was sent, its allocation granted (``_read_sent``)."""
+    """One processing of the ingress's work-queue key (KEY.uri, ``generation``) that reads at the
+    ingress (``SessionHost._deliver``). ``sig`` is the update it reads for (the ``resource_read``
+    report's, or the fallback ``resource_updated``'s); ``asked``: when it asked for the allocation
+    (``requested_at``)."""
 
     generation: int
     sig: ResourceUpdated
     change: int
+    notified: int  # the row's count after the note this processing made
     asked: datetime | None = None
-    sent: datetime | None = None
+    absorbed: int = 0  # pulses taken into the read (``AcceptRequest.absorbed``: 1 for a group)
+    absorbed_change: int = 0  # the newest change they announced
 
 
 @dataclass(slots=True)
 class PulseGroup:
-    """Pulses for one (URI, generation) that arrived while it was routed (``SessionHost._queued``)."""
+    """Pulses for the key (KEY.uri, generation) that arrived while it was processed (the work queue's
+    dirty mark): it is processed again, as the newest of them, once the processing ends."""
 
-    arrived: datetime  # the newest pulse's arrival
-    nid: str  # the newest pulse's ingress id (the group is routed once, as that notification)
+    nid: str  # the newest pulse's ingress id
     change: int  # the newest change any of them announced
     pulses: int = 1
 
@@ -802,7 +776,6 @@ class Checkpoint:
     inputs: int
     draws: int
     signal_index: int
-    covered: tuple[int, int] = (0, 0)  # the checker's (covered change, covering read) at this point
 
 
 @dataclass(slots=True)
@@ -868,18 +841,14 @@ class Simulation:
         self.now = EPOCH  # the time of the event being applied
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._note_change: dict[str, int] = {}  # notification id -> the oracle version that emitted it
-        self._covered_change = 0  # newest change whose update the workflow skipped as COVERED
-        self._covered_by = 0  # the read that covered it (covering_ordinal then)
+        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._clean_flagged: set[str] = set()
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
-        # the session host's reads at the ingress (``SimConfig.read_on_notification``), per session generation of
-        # KEY.uri: the read routing it now, pulses queued behind it, the newest ACCEPTED/UNCHANGED read's
-        # (sent, ordinal) (``SessionHost._read_sent``)
+        # the session host's work queue for KEY.uri, per session generation: the read processing the key
+        # now (``SimConfig.read_on_notification``), and pulses that arrived meanwhile (its dirty mark)
         self._ingress_routing: dict[int, Activity] = {}
         self._ingress_queued: dict[int, PulseGroup] = {}
-        self._read_sent: dict[int, tuple[datetime, int]] = {}
-        # checker: newest change of a pulse group skipped at the ingress, and the ingress read that covered it
-        # (the ingress's, not the workflow's: a workflow reset does not undo it)
-        self._ingress_covered: tuple[int, int] = (0, 0)
         # metrics
         self.last_change_step = 0
         self.converged_since: int | None = 0
@@ -888,7 +857,7 @@ class Simulation:
         self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
         self.observed: set[int] = set()
         self.duplicate_deliveries = 0
-        self.covered_reads_saved = 0  # updates that skipped their read as COVERED
+        self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
         if profile.session_at_start:
             self.host.open()
         self.wf = self._new_chain()
@@ -929,13 +898,8 @@ class Simulation:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
                 self._violate(invariant, err)
             wf.errors.clear()
-            for nid, disposition in wf.notes:
+            for _nid, disposition in wf.notes:
                 self._cover(f"update.{disposition.value}")
-                if disposition == UpdateDisposition.COVERED:
-                    self.covered_reads_saved += 1
-                    change = self._note_change.get(nid or "", 0)
-                    if change >= self._covered_change:
-                        self._covered_change, self._covered_by = change, wf.fence.s.covering_ordinal
             wf.notes.clear()
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
@@ -968,41 +932,33 @@ class Simulation:
         timer_at = self.wf.timer_at
         if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
             at = timer_at
-        if event.op == Op.FINAL_NOTE and self.signals_erased:
-            # A reset without reapply erased signals the ingress had marked: they stand for later
-            # updates until the hold runs out (the documented bound), so the final one comes after it.
-            self._cover("final_note_after_hold")
-            at += timedelta(seconds=SIGNAL_HOLD_SECONDS)
         return at
 
     def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message | None:
-        """MIRROR(worker/session_host.py: _route): ``note_notification`` bumps the row's update counter
-        (the URI has a fence row), then the signal carries the counter as ``sequence``. Stamped when
-        the notification reaches the ingress; the queue models Temporal's delivery after that. None:
-        the ingress sent no signal (``update_already_signalled``: one it signalled still stands for it),
-        it reads the change itself (``_read_at_ingress``), or a read it makes for this (URI, generation)
-        is under way and the pulse queues behind it (one routing at a time per item)."""
-        sequence = None
+        """The session host's processing of the work-queue key (``uri``, ``generation``)
+        (``SessionHost._enqueue`` / ``_route`` / ``_deliver``): while the key is processed, the pulse
+        marks it dirty (``_queue_pulse``); else ``note_notification`` (``coverage.plan_note``), then
+        the ingress reads the change itself (``_read_at_ingress``) or signals ``resource_updated`` when
+        the note created work. Stamped when the notification reaches the ingress; the queue models
+        Temporal's delivery after that. None: nothing is signalled now."""
         if uri == KEY.uri:
-            now = self.now  # the ingress's clock: this event's time
             if generation in self._ingress_routing:
                 self._queue_pulse(generation, nid, change)
                 return None
-            noted = self.ledger.note_notification(generation, now)
+            noted = self.ledger.note_notification(generation, self.now)
             if noted is not None:
-                sequence = noted.fence.notifications_seen
-                if noted.already_signalled:
-                    self._cover("update.ingress_coalesced")
-                    return None
+                self._noted_change[noted.fence.notifications_seen] = change
                 if self._read_at_ingress(noted, generation, nid, change):
                     if change:
                         self._note_change[nid] = change
                     return None
-                # Temporal accepts the signal here; the queue is its delivery to the workflow.
-                self.ledger.mark_signalled(sequence, generation, now)
+                if not noted.work:
+                    self._cover("update.ingress_no_work")
+                    self.covered_reads_saved += 1
+                    return None
         if change:
             self._note_change[nid] = change
-        return Message("updated", generation, nid, uri, change, sequence)
+        return Message("updated", generation, nid, uri, change)
 
     # --- reads at the ingress ------------------------------------------------------------------------
 
@@ -1019,21 +975,22 @@ class Simulation:
             return False
         self._aid += 1
         sig = ResourceUpdated(uri=KEY.uri, session_generation=generation, received_at=self.now,
-                              notification_id=nid, sequence=noted.fence.notifications_seen)
-        act = Activity(self._aid, 0, 0, INGRESS_READ, req, ingress=IngressRoute(generation, sig, change))
+                              notification_id=nid)
+        act = Activity(self._aid, 0, 0, INGRESS_READ, req,
+                       ingress=IngressRoute(generation, sig, change, noted.fence.notifications_seen))
         self.activities.append(act)
         self._ingress_routing[generation] = act
         self._cover("ingress.read")
         return True
 
     def _queue_pulse(self, generation: int, nid: str, change: int) -> None:
-        """MIRROR(SessionHost._route_loop): a pulse for an item being routed waits (coalesced with the others)."""
+        """``WorkQueue.add`` for a key being processed: it is marked dirty (merged with the others)."""
         self._cover("ingress.queued")
         group = self._ingress_queued.get(generation)
         if group is None:
-            self._ingress_queued[generation] = PulseGroup(self.now, nid, change)
+            self._ingress_queued[generation] = PulseGroup(nid, change)
         else:
-            group.arrived, group.nid, group.change = self.now, nid, max(group.change, change)
+            group.nid, group.change = nid, max(group.change, change)
             group.pulses += 1
 
     def _ingress_step(self, act: Activity, fault: str) -> None:
@@ -1046,15 +1003,27 @@ class Simulation:
             # ``asked`` / ``requested_at``: production takes it in ``_deliver`` just before the allocation
             # (after the note); the simulator at the allocation step.
             route.asked = self.now
-        elif act.step == 1:
-            # ``sent``: production takes it once the allocation was granted, before the MCP request goes
-            # out (``run_cycle(before_read=)``); the simulator at the read step, before the oracle answers.
-            route.sent = self.now
+        elif act.step == 1 and act.ticket is not None and act.ticket.granted:
+            # ``WorkQueue.take`` once the read is allocated, just before it is sent (``run_cycle(absorb=)``):
+            # pulses since the note are absorbed, and its accept counts them (``AcceptRequest.absorbed``):
+            # this read, sent after they arrived, observes their change.
+            if (group := self._ingress_queued.pop(route.generation, None)) is not None:
+                self._cover("ingress.absorbed")
+                route.absorbed, route.absorbed_change = 1, group.change
         try:
             done, result = self._read_cycle_step(act, fault)
         except LedgerIntegrityError as err:
             self._violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
             done, result = True, None
+        if act.ticket is not None and act.ticket.granted:
+            self._ingress_ordinals.add(act.ticket.ordinal)
+            rr = self.ledger.read_requests.get(act.ticket.ordinal)
+            if route.absorbed and rr is not None and rr.completed:
+                # counted by the accept (a lost answer too: it took effect): the checker holds the
+                # change to that count
+                n = act.ticket.notifications_seen + route.absorbed
+                self._noted_change[n] = max(self._noted_change.get(n, 0), route.absorbed_change)
+                route.absorbed = 0
         if fault == "lost":
             self._cover("ingress.lost_response")
             done, result = True, None
@@ -1062,41 +1031,26 @@ class Simulation:
             self._ingress_done(act, result)
 
     def _ingress_done(self, act: Activity, result: Any) -> None:
-        """MIRROR(SessionHost._deliver): judged: remember ``sent`` when the ledger made (or kept) the read
-        current, report it (``resource_read``). Else: ``mark_signalled`` + ``resource_updated``, as without
-        a read. Then the routing ends and pulses queued behind it are routed, or skipped as covered."""
+        """``SessionHost._deliver`` after its read: judged: report it (``resource_read``). Else
+        ``resource_updated`` (the row stays dirty: the workflow reads). Then the processing ends
+        (``WorkQueue.done``): a key marked dirty meanwhile is processed again."""
         route = act.ingress
         assert route is not None
         self.activities.remove(act)
         gen, sig = route.generation, route.sig
         del self._ingress_routing[gen]
         if isinstance(result, ReadCycleResult) and result.judged:
-            assert result.accept is not None and route.asked is not None and route.sent is not None
-            verdict = result.accept.verdict
-            self._cover(f"ingress.verdict.{verdict.value}")
-            if verdict in (V.ACCEPTED, V.UNCHANGED):
-                prior = self._read_sent.get(gen)
-                if prior is None or route.sent >= prior[0]:
-                    self._read_sent[gen] = (route.sent, result.ticket.ordinal)
+            assert result.accept is not None and route.asked is not None
+            self._cover(f"ingress.verdict.{result.accept.verdict.value}")
             self._cover("ingress.report")
             report = ReadReport(update=sig, requested_at=route.asked, cycle=result)
             self.queue.append(Message("read_reported", gen, sig.notification_id, KEY.uri, route.change,
-                                      sig.sequence, report=report))
+                                      report=report))
         else:
             self._cover("ingress.fallback")
-            assert sig.sequence is not None
-            self.ledger.mark_signalled(sig.sequence, gen, self.now)
-            self.queue.append(Message("updated", gen, sig.notification_id, KEY.uri, route.change, sig.sequence))
+            self.queue.append(Message("updated", gen, sig.notification_id, KEY.uri, route.change))
         group = self._ingress_queued.pop(gen, None)
         if group is None:
-            return
-        sent = self._read_sent.get(gen)
-        if self.config.ingress_covers(group.arrived, sent[0] if sent is not None else None):
-            # Never noted, never signalled: the checker holds the read that must have observed the change.
-            self._cover("ingress.covered_skip")
-            self.coverage["ingress.covered_pulses"] = self.coverage.get("ingress.covered_pulses", 0) + group.pulses
-            if group.change >= self._ingress_covered[0]:
-                self._ingress_covered = (group.change, sent[1] if sent is not None else 0)
             return
         self._cover("ingress.queued_routed")
         if (msg := self._route(gen, group.nid, change=group.change)) is not None:
@@ -1198,9 +1152,14 @@ class Simulation:
         if op == Op.FINAL_NOTE:
             gen = self.host.live.generation if self.host.live else self.host.generation
             final = self._route(gen, "final")
-            if final is not None:  # else an update already signalled stands for it: its read must cover it
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen,
-                                                             sequence=final.sequence), log=False)
+            if final is not None:  # else the work is owned already (a read in flight or owed)
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+            elif self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
+                # A reset without reapply erased the signal that owned the row's work: nothing else
+                # owns it, and a note on a dirty row creates none. The safety read repays it; the
+                # drain delivers the final note as the operator's re-signal would (docs/faults.md).
+                self._cover("final_note_after_erased_signals")
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
             return True
         if op == Op.CLOSE:
             if not self.chain_running:
@@ -1419,7 +1378,8 @@ class Simulation:
             act.outcome, act.step = outcome, base + 2
             return False, None
         assert act.outcome is not None
-        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
+        absorbed = act.ingress.absorbed if act.ingress is not None else 0
+        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state, absorbed=absorbed,
                                           close_epoch=req.close_epoch))
         self._cover("read_cycle")
         self._cover(f"verdict.{result.verdict.value}")
@@ -1427,8 +1387,7 @@ class Simulation:
 
     def _checkpoint(self) -> None:
         wf = self.wf
-        self.checkpoints.append(Checkpoint(wf, len(wf.log), len(wf.draws), len(self.signal_log),
-                                           (self._covered_change, self._covered_by)))
+        self.checkpoints.append(Checkpoint(wf, len(wf.log), len(wf.draws), len(self.signal_log)))
         if len(self.checkpoints) > 8:
             self.checkpoints.pop(0)
 
@@ -1444,10 +1403,6 @@ class Simulation:
         later = self.signal_log[cp.signal_index:]
         del self.signal_log[cp.signal_index:]
         self.wf = wf
-        # What the reset-away run skipped as COVERED is history the new run never saw: without
-        # reapply those notifications are dropped (a lost notification, bounded by the safety read);
-        # with reapply they are delivered again below and judged afresh.
-        self._covered_change, self._covered_by = cp.covered
         # Activities of older runs not yet started are dropped by the matching service.
         # The ingress's reads are no run's: they go on.
         self.activities = [a for a in self.activities
@@ -1483,6 +1438,7 @@ class Simulation:
         for w in log[self._log_seen:]:
             self._check_write(w)
         self._log_seen = len(log)
+        self._check_clean()
         self._check_read_deadline()
         if self._converged():
             if self.converged_since is None:
@@ -1656,30 +1612,43 @@ class Simulation:
             break
         self._verdict()
 
+    def _work_owned(self) -> bool:
+        """Someone will read KEY without a new notification: the workflow has a read pending or in
+        flight, or a signal or report is on its way to it, or the ingress is processing the key."""
+        s = self.wf.fence.s
+        return bool(s.pending_trigger is not None or s.in_flight or self._ingress_routing or self._ingress_queued
+                    or any(m.kind in ("updated", "read_reported") for m in self.queue))
+
+    def _check_clean(self) -> None:
+        """Every step: a clean ACTIVE row (``notified == covered``) says the read that set ``covered`` was
+        allocated after every note it counts was recorded, so an accepted read served the newest change
+        any of them announced (``COVERED_UNREAD`` otherwise)."""
+        row = self.ledger.row
+        if not row.exists or row.state != S.ACTIVE or dirty(row) or "covered_unread" in self._clean_flagged:
+            return
+        noted = max((c for n, c in self._noted_change.items() if n <= row.covered), default=0)
+        if noted > self._accepted_version:
+            self._clean_flagged.add("covered_unread")
+            self._violate(Invariant.COVERED_UNREAD,
+                          f"the row is clean (notified = covered = {row.covered}) but a note announced oracle "
+                          f"v{noted} and the newest read accepted served v{self._accepted_version}")
+
     def _check_covered(self) -> None:
-        """Everything delivered and completed, no timer fired yet: an update skipped as COVERED
-        promised that a read allocated after the ingress recorded it observes its change. If the
-        subscription sits ACTIVE and idle, some accepted read must have served that version."""
+        """Everything delivered and completed, no timer fired yet, the subscription ACTIVE and idle:
+        the row's work must be owned (``workflows/coverage.py``).
+        Dirty with notes recorded after the newest allocation, or the newest allocation the ingress's
+          (it hands over what it leaves dirty): work nobody owns was lost. (The workflow's own read
+          that observed nothing, with no later note, is the failed-read contract: no automatic retry.)"""
         wf, row = self.wf, self.ledger.row
         s = wf.fence.s
         if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE or s.state != S.ACTIVE
-                or s.pending_trigger is not None or s.in_flight):
+                or self._work_owned()):
             return
-        # A read allocated after the covering one took the update over; if that read failed, the
-        # failed-read contract applies (no automatic retry; next notification, poll or safety read).
-        if self._covered_change > self._accepted_version and row.last_issued_ordinal <= self._covered_by:
+        if dirty(row) and (row.notifications_seen > row.allocated_sequence or row.last_issued_ordinal in self._ingress_ordinals) \
+                and not self.signals_erased:
             self._violate(Invariant.COVERED_UNREAD,
-                          f"an update for oracle v{self._covered_change} was skipped as COVERED (covered sequence "
-                          f"{s.covered_sequence}), but the newest read accepted served v{self._accepted_version}; "
-                          f"last verdict {s.last_verdict}")
-            return
-        # Pulses the ingress skipped as covered by a read it made (``covered_at_ingress``): that read, or
-        # one allocated after it, must have observed their change.
-        change, covering = self._ingress_covered
-        if change > self._accepted_version and row.last_issued_ordinal <= covering:
-            self._violate(Invariant.COVERED_UNREAD,
-                          f"pulses for oracle v{change} were skipped at the ingress as covered by its read "
-                          f"{covering}, but the newest read accepted served v{self._accepted_version}")
+                          f"the row is dirty (notified {row.notifications_seen} > covered {row.covered}, newest "
+                          f"allocation at {row.allocated_sequence}) and nobody owns the work")
 
     def _verdict(self) -> None:
         wf, row = self.wf, self.ledger.row

@@ -288,8 +288,8 @@ class _HostCollector(Collector):
         received = CounterMetricFamily("mcpsync_notifications_received",
                                        "resources/updated notifications received by ingress", labels=["server"])
         coalesced = CounterMetricFamily("mcpsync_notifications_coalesced",
-                                        "Notifications folded at ingress: into one already queued, or standing on an "
-                                        "update already signalled whose read is not allocated yet",
+                                        "Notifications folded at ingress: merged into a key already queued, taken by the "
+                                        "read about to be requested, or noted on a dirty row with no work",
                                         labels=["server"])
         read = CounterMetricFamily("mcpsync_notifications_read_at_ingress",
                                    "Notifications whose change the ingress read itself and reported to the workflow "

@@ -51,6 +51,7 @@ import os
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import UTC, datetime
 
@@ -78,7 +79,7 @@ from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
 from mcpsync.worker.transport_bounds import bounded_http_transport, install, stdio_line_limit, transport_limit
-from mcpsync.workflows.fence import ingress_read_request, pulses_covered
+from mcpsync.workflows.fence import ingress_read_request
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
@@ -89,7 +90,6 @@ from mcpsync.workflows.names import (
 )
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
-    AcceptVerdict,
     CatalogKey,
     IdentityConflict,
     ListChanged,
@@ -102,6 +102,7 @@ from mcpsync.workflows.records import (
     SubscriptionKey,
 )
 from mcpsync.workflows.uris import MAX_URI_LENGTH
+from mcpsync.workflows.work_queue import WorkQueue
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
@@ -152,15 +153,11 @@ class SessionHost:
         self.notifications_coalesced = 0
         self.notifications_lost = 0
         self.notifications_read = 0  # read here and reported (resource_read)
-        self._queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
-        # (URI, generation) waiting for a router -> loop time its newest pulse arrived. An item is in
-        # the queue at most once and never while a router routes it (``_routing``): one at a time per URI.
-        self._queued: dict[tuple[str, int], float] = {}
-        self._routing: set[tuple[str, int]] = set()
-        # (URI, generation) -> loop time the newest read made here that the ledger made (or kept)
-        # current was sent (its allocation granted): pulses that arrived before it are covered by it.
-        self._read_sent: dict[tuple[str, int], float] = {}
-        self._pending: Counter[int] = Counter()  # queued notifications per session generation
+        # Keys (URI, generation) to look at: dirty and processing sets (``WorkQueue``); the routers
+        # wait on ``_queue`` (one token per ready key). One router at a time per key.
+        self._work: WorkQueue[tuple[str, int]] = WorkQueue()
+        self._queue: asyncio.Queue[None] = asyncio.Queue()
+        self._pending: Counter[int] = Counter()  # ready keys per session generation
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         self.leases_acquired = 0
@@ -412,7 +409,6 @@ class SessionHost:
                 await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
-        self._read_sent = {item: t for item, t in self._read_sent.items() if item[1] >= generation}
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
             if state in TERMINAL_STATES:
                 continue
@@ -489,10 +485,10 @@ class SessionHost:
                 log.exception("list_changed routing failed (server=%s)", self.server.name)
 
     async def _enqueue(self, uri: str, generation: int) -> None:
-        # The receive loop must never wait on PostgreSQL or Temporal: route from a queue.
-        # Pulses for a URI already waiting in the queue coalesce into that one signal: it is
-        # sent after every one of them arrived, so it invalidates no less than they would.
-        # The queue is bounded per generation (``max_pending_notifications``): a full one raises
+        # The receive loop must never wait on PostgreSQL or Temporal: route from the work queue.
+        # A key already waiting merges this pulse (it is looked at after every one of them arrived,
+        # so it invalidates no less than they would); a key being processed is looked at again after.
+        # Ready keys are bounded per generation (``max_pending_notifications``): a full queue raises
         # BacklogOverflow, and the listen stream that carried the notification is lost (a gap).
         problem = ingress_uri_problem(uri)
         if problem is not None:
@@ -506,42 +502,36 @@ class SessionHost:
         item = (uri, generation)
         metrics.note_notification(self, uri)
         self.notifications_received += 1
-        now = asyncio.get_running_loop().time()
-        if item in self._queued:
-            self._queued[item] = now
+        if item in self._work.dirty:
             self.notifications_coalesced += 1
             return
-        if self._pending[generation] >= self.server.max_pending_notifications:
+        if item not in self._work.processing and self._pending[generation] >= self.server.max_pending_notifications:
             raise BacklogOverflow(f"session host backlog exceeded {self.server.max_pending_notifications}"
                                   " unrouted notifications")
-        self._queued[item] = now
-        self._pending[generation] += 1
-        if item not in self._routing:  # else its router queues it again when done
-            self._queue.put_nowait(item)
+        if self._work.add(item):
+            self._make_ready(item)
+
+    def _make_ready(self, item: tuple[str, int]) -> None:
+        self._pending[item[1]] += 1
+        self._queue.put_nowait(None)
 
     async def _route_loop(self) -> None:
-        """One of ``route_concurrency`` routers. A pulse arriving while its (URI, generation) is routed
-        waits for that routing to end (one read at a time per URI), then is routed on its own, unless
-        a read made here since (judged ACCEPTED or UNCHANGED) was sent after the pulse arrived: it
-        observed the pulse's change (``_read_sent``: taken once its allocation was granted)."""
+        """One of ``route_concurrency`` routers: process one ready key (note it, then read here or
+        signal: ``_route``), then look at the key again if pulses came meanwhile (``WorkQueue.done``)."""
         while True:
-            item = await self._queue.get()
-            # Leave the queued set before routing: a pulse arriving meanwhile queues anew.
-            arrived = self._queued.pop(item)
+            await self._queue.get()
+            item = self._work.get()
+            if item is None:
+                continue
             uri, generation = item
             self._pending[generation] -= 1
             if self._pending[generation] <= 0:
                 del self._pending[generation]
-            self._routing.add(item)
             try:
-                if pulses_covered(arrived, self._read_sent.get(item)):
-                    self.notifications_coalesced += 1
-                else:
-                    await self._route_with_retry(uri, generation)
+                await self._route_with_retry(uri, generation)
             finally:
-                self._routing.discard(item)
-                if item in self._queued:
-                    self._queue.put_nowait(item)
+                if self._work.done(item):
+                    self._make_ready(item)
 
     async def _route_with_retry(self, uri: str, generation: int) -> None:
         """PostgreSQL or Temporal briefly away must not lose an invalidation: retry with backoff,
@@ -634,7 +624,7 @@ class SessionHost:
         if noted is None:
             await self._unknown_uri(uri, generation)
             return
-        await self._deliver(noted, uri, generation)
+        await self._deliver(noted, uri, generation, own=True)
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
         # so both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
@@ -645,58 +635,64 @@ class SessionHost:
             if sibling is not None:
                 await self._deliver(sibling, sibling_uri, generation)
 
-    async def _deliver(self, noted: NotedNotification, uri: str, generation: int) -> None:
+    async def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool = False) -> None:
         """The update the ledger just recorded for the exact (subject, server, ``uri``), to its workflow
         under the id its ledger row recorded (a subscription started under an older id scheme keeps
         that id). Read here and reported (``resource_read``) when the fence allows it
-        (``fence.ingress_read_request``) and the read was judged; else signalled ``resource_updated``
-        for the workflow to read. Nothing is sent when an update signalled earlier still stands for
-        this one (``fence.update_already_signalled``)."""
-        if noted.already_signalled:
-            self.notifications_coalesced += 1
-            return
-        item = (uri, generation)
+        (``fence.ingress_read_request``) and the read was judged; a read not judged is signalled
+        ``resource_updated`` (the row stays dirty: the workflow reads). Without a read here, signalled
+        only when the note created work (``coverage.plan_note``). ``own``: this router processes the
+        key (``uri``, ``generation``) and absorbs the pulses that arrived before the read is requested."""
         requested_at = datetime.now(UTC)
         sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=requested_at,
-                              notification_id=uuid.uuid4().hex, sequence=noted.fence.notifications_seen)
+                              notification_id=uuid.uuid4().hex)
         live = self.live
         req = None
         if self.server.read_on_notification and live is not None and live.generation == generation:
             req = ingress_read_request(noted, SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri),
                                        generation=generation, request_id=uuid.uuid4().hex)
-        read = await self._read_here(req, sig) if req is not None else None
-        if read is None:
+        if req is None:
+            if noted.work:
+                await self._signal_updated(noted, sig)
+            else:
+                self.notifications_coalesced += 1
+            return
+        cycle = await self._read_here(req, sig, absorb=self._absorber(uri, generation) if own else None)
+        if cycle is None:
             await self._signal_updated(noted, sig)
             return
-        cycle, sent = read
-        assert cycle.accept is not None
-        if cycle.accept.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED):
-            self._read_sent[item] = max(sent, self._read_sent.get(item, sent))
         report = ReadReport(update=sig, requested_at=requested_at, cycle=cycle)
         if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
             self.notifications_read += 1
 
-    async def _read_here(self, req: ReadCycleRequest,
-                         sig: ResourceUpdated) -> tuple[ReadCycleResult, float] | None:
-        """The read cycle for ``sig`` on this ingress's live session, and the loop's time once its
-        allocation was granted, before the MCP request went out (a pulse that arrived before it, that
-        read observes: ``fence.pulses_covered``). None when it was not judged (refused, session gone,
-        it failed or took longer than ``ingress_read_timeout_seconds``: the workflow is then signalled
-        and reads itself; an ordinal this one burned stays burned, and an accept that committed unseen
-        is superseded by that read's newer allocation)."""
-        loop = asyncio.get_running_loop()
-        sent: list[float] = []
+    def _absorber(self, uri: str, generation: int) -> Callable[[], int]:
+        """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
+        note are taken (``WorkQueue.take``) once the read is allocated, just before it is sent. The
+        read observes their change; its accept counts them (whatever it judges, the row then says
+        which reads cover them)."""
+        def absorb() -> int:
+            if self._work.take((uri, generation)):
+                self.notifications_coalesced += 1
+                return 1
+            return 0
+        return absorb
+
+    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated,
+                         absorb: Callable[[], int] | None = None) -> ReadCycleResult | None:
+        """The read cycle for ``sig`` on this ingress's live session. None when it was not judged
+        (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
+        workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
+        accept that committed unseen is superseded by that read's newer allocation)."""
         try:
             cycle = await asyncio.wait_for(
                 self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
-                                           before_read=lambda: sent.append(loop.time())),
+                                           absorb=absorb),
                 self.server.ingress_read_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",
                         self.server.name, type(exc).__name__)
             return None
-        # A judged cycle was read, so ``before_read`` ran.
-        return (cycle, sent[0]) if cycle.judged else None
+        return cycle if cycle.judged else None
 
     async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
         """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not running."""
@@ -711,16 +707,9 @@ class SessionHost:
         return True
 
     async def _signal_updated(self, noted: NotedNotification, sig: ResourceUpdated) -> None:
-        """``resource_updated``: the workflow reads. Once Temporal accepted the signal, the ledger marks
-        it so it may stand for later updates (never before: a lost signal stands for nothing)."""
-        workflow_id, sequence, generation = noted.workflow_id, noted.fence.notifications_seen, sig.session_generation
-        if not await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, generation):
-            return
-        self.notifications_routed += 1
-        try:
-            await self.ledger.mark_signalled(workflow_id, sequence, generation)
-        except Exception as exc:  # noqa: BLE001 - an unmarked signal only means the next update is signalled too
-            log.warning("marking a signalled update failed (server=%s): %s", self.server.name, type(exc).__name__)
+        """``resource_updated``: a wake-up; the workflow reads (its row is dirty)."""
+        if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, sig.session_generation):
+            self.notifications_routed += 1
 
 
 def ingress_uri_problem(uri: str) -> str | None:

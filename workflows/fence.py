@@ -14,12 +14,12 @@ Contract:
   identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
   cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight),
   VERSION_ACCEPTED (the last read made a version current).
-- Coalescing: at most one read in flight; every update that arrives meanwhile
-  collapses into one follow-up read.
-- Coverage: an update the ingress recorded (``ResourceUpdated.sequence``) before a read
-  was allocated (``ReadTicket.notifications_seen``) needs no read of its own. If that
-  covering read observes nothing (fails, is abandoned, judged stale), its covered
-  updates get a FOLLOW_UP read and coverage falls back to the last read that did.
+- Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
+  flight (allocated before the note, its accept may even precede it); nothing while a read is
+  requested and not allocated yet (allocated after the note, it covers it).
+- Coverage is level-based and owned by the ledger row (``mcpsync.workflows.coverage``): every
+  judged read returns the row's ``notified`` and ``covered``, and a FOLLOW_UP is owed iff
+  ``coverage.follow_up_owed`` says so. The run keeps no coverage counters.
 - Finished is final: a late verdict or a lagging ledger snapshot never moves a fence out
   of a terminal state; a closing one never reopens.
 - Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
@@ -42,6 +42,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from mcpsync.workflows.coverage import follow_up_owed, plan_allocate
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
     AcceptResult,
@@ -57,7 +58,6 @@ from mcpsync.workflows.records import (
     ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
-    SignalMark,
     StalenessBoundSource,
     SubscriptionKey,
     SubscriptionState,
@@ -76,9 +76,6 @@ __all__ = [
     "allocate_ordinal",
     "marked_active",
     "ingress_read_request",
-    "pulses_covered",
-    "update_already_signalled",
-    "SIGNAL_HOLD_SECONDS",
     "judge_read",
     "close_rule",
     "tombstone_rule",
@@ -124,9 +121,7 @@ def poll_period(interval_seconds: float, ttl_ms: int | None, failed_reads: int) 
 
 
 class UpdateDisposition(StrEnum):
-    READ_REQUESTED = "read_requested"  # no read pending: one will be allocated
-    COALESCED = "coalesced"  # folded into a read already requested or in flight
-    COVERED = "covered"  # a read allocated after this update was recorded already covers it
+    NOTED = "noted"  # a wake-up: a read is requested, or the read pending or in flight stands for it
     OLD_SESSION = "old_session"  # from a session generation before ours: audit, ignore
     FUTURE_SESSION = "future_session"  # from a generation we have not adopted yet: resubscribe first
     NOT_ACTIVE = "not_active"  # closing, closed, tombstoned: audit, ignore
@@ -153,17 +148,6 @@ class FenceState(BaseModel):
     pending_trigger: TriggerReason | None = None
     last_verdict: AcceptVerdict | None = None
     updates_seen: int = 0
-    updates_coalesced: int = 0
-    updates_covered: int = 0
-    covered_sequence: int = 0  # ledger update counter seen when the newest read was allocated
-    covering_ordinal: int = 0  # that read: updates up to covered_sequence ride on it
-    confirmed_sequence: int = 0  # covered_sequence of the newest covering read that observed content
-    covered_unconfirmed: bool = False  # an update was covered by a read still in flight
-    # Updates coalesced while an allocation was on its way (``allocating``): the highest ledger
-    # sequence among them, and whether one came without a sequence. A one-round-trip read learns its
-    # ordinal only when it returns; these tell which of them it already covered (``issued``).
-    allocating_update_sequence: int = 0
-    allocating_update_unsequenced: bool = False
     reads_issued: int = 0
     stale_receipts: int = 0
     stale_after_close: int = 0
@@ -193,7 +177,6 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
-        self._start_slot: int | None = None  # the placeholder of a start cycle under way
 
     def explain(self, detail: str) -> None:
         """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
@@ -236,9 +219,8 @@ class SubscriptionFence:
         self.adopt(snap)
         self.s.edition = edition
         self.s.capabilities = dict(capabilities)
-        # A session change invalidates whatever was in flight: those reads can only be stale now.
-        if self.s.covering_ordinal in self.s.in_flight:
-            self._covering_read_lost()
+        # A session change invalidates whatever was in flight: those reads can only be stale now
+        # (the subscribe's initial read covers what they would have).
         self.s.in_flight.clear()
         return snap.state == S.SUBSCRIBING
 
@@ -255,25 +237,20 @@ class SubscriptionFence:
     def start_cycle_reserve(self) -> int:
         """After ``subscribing``: one activity subscribes, marks ACTIVE and makes the initial read,
         whose allocation may come at any point of it. Its read slot is held from now as
-        ``reserve_read`` holds one (a placeholder), so every update noted meanwhile counts as
-        arriving while allocating (``issued`` keeps the follow-up it earns unless the read's
-        allocation covered it). A trigger pending before is the initial read's to serve,
-        as ``subscribed`` would have replaced it."""
+        ``reserve_read`` holds one (a placeholder): updates noted meanwhile are the level's to judge
+        after that read. A trigger pending before is the initial read's to serve, as ``subscribed``
+        would have replaced it."""
         s = self.s
         s.pending_trigger = None
-        s.allocating_update_sequence = 0
-        s.allocating_update_unsequenced = False
         self._placeholders += 1
         placeholder = -self._placeholders
         s.in_flight.append(placeholder)
-        self._start_slot = placeholder
         return placeholder
 
     def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool) -> TriggerReason | None:
         """The start activity marked the row (``snap``, ``subscribed``'s answer) and, if ``read``,
         made the initial read: that read is the INITIAL trigger, taken as ``reserve_read`` takes it,
-        and what the updates noted meanwhile set stays pending for ``issued`` to judge; returns
-        INITIAL. Without a read (the row was not ACTIVE on these generations), exactly
+        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not ACTIVE on these generations), exactly
         ``subscribed``: the slot is released and None."""
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
@@ -296,29 +273,15 @@ class SubscriptionFence:
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
         s.updates_seen += 1
-        if sig.sequence is not None and sig.sequence <= s.covered_sequence and (
-                s.state == S.ACTIVE or self._start_slot is not None):
-            # The ledger recorded this update before a read was allocated: that read (issued after
-            # the server sent it, so after the change) already observes the change. No clocks involved.
-            # During a start cycle the row is ACTIVE in the ledger before this run hears of it: a
-            # read the ingress reported meanwhile (judged, made on the row the start marked) covers
-            # as it would once ACTIVE here; nothing of this run's is in flight to be unconfirmed.
-            s.updates_covered += 1
-            if s.covering_ordinal in s.in_flight:
-                s.covered_unconfirmed = True  # if that read fails, the update earns its own read
-            return UpdateDisposition.COVERED
-        if s.pending_trigger is not None or s.in_flight or s.state != S.ACTIVE:
-            if s.pending_trigger is None:
-                s.pending_trigger = TriggerReason.FOLLOW_UP
-            if self.allocating:
-                if sig.sequence is None:
-                    s.allocating_update_unsequenced = True
-                else:
-                    s.allocating_update_sequence = max(s.allocating_update_sequence, sig.sequence)
-            s.updates_coalesced += 1
-            return UpdateDisposition.COALESCED
-        s.pending_trigger = TriggerReason.UPDATED
-        return UpdateDisposition.READ_REQUESTED
+        if s.pending_trigger is None and s.in_flight:
+            # The read in flight (or the start's) was allocated before this wake-up's note: it may not
+            # observe it, and its accept may even precede the note (answering clean), so one more read
+            # is owed (a concurrent one if ``max_concurrent_reads`` allows).
+            s.pending_trigger = TriggerReason.FOLLOW_UP
+        elif s.pending_trigger is None and s.state == S.ACTIVE:
+            s.pending_trigger = TriggerReason.UPDATED
+        # Else a read is requested and not allocated yet: it is allocated after this note, covering it.
+        return UpdateDisposition.NOTED
 
     def poll_due(self) -> None:
         """The poll / safety-read deadline passed (or a catalog word asks for a verification read)."""
@@ -420,9 +383,6 @@ class SubscriptionFence:
         trigger = self.read_wanted(max_in_flight)
         assert trigger is not None, "reserve_read without a wanted read"
         self.s.pending_trigger = None
-        if not self.allocating:  # overlapping allocations (max_in_flight > 1) keep accumulating
-            self.s.allocating_update_sequence = 0
-            self.s.allocating_update_unsequenced = False
         self._placeholders += 1
         placeholder = -self._placeholders
         self.s.in_flight.append(placeholder)
@@ -430,8 +390,6 @@ class SubscriptionFence:
 
     def release_placeholder(self, placeholder: int) -> None:
         """The allocation answered (or failed); a session change may already have cleared the slot."""
-        if placeholder == self._start_slot:
-            self._start_slot = None
         if placeholder in self.s.in_flight:
             self.s.in_flight.remove(placeholder)
 
@@ -456,44 +414,25 @@ class SubscriptionFence:
         """A notification from a newer session generation than ours: resubscribe on it."""
         self.s.pending_trigger = self.s.pending_trigger or TriggerReason.RESUBSCRIBE
 
+    def update_reported(self) -> None:
+        """A report the ingress made was mirrored (``issued`` / ``applied``): its update was seen."""
+        self.s.updates_seen += 1
+
     def next_ordinal_floor(self) -> int:
         return self.s.last_issued_ordinal + 1
 
-    def issued(self, ticket: ReadTicket) -> bool:
-        """The ledger allocated (or refused) an ordinal for the pending trigger.
-
-        A read (allocated, read and judged in one activity) tells its ordinal only once it is over,
-        so updates that arrived meanwhile were coalesced into a FOLLOW_UP. The ledger's update counter at the allocation tells which of them the read
-        covered (recorded before it was allocated: the read saw their change). The follow-up stays
-        if any came later or without a sequence; any other trigger set meanwhile stays too."""
-        s = self.s
-        if not self._allocated(ticket):
-            return False
-        s.in_flight.append(ticket.ordinal)
-        if s.pending_trigger == TriggerReason.FOLLOW_UP and not s.allocating_update_unsequenced \
-                and s.allocating_update_sequence <= ticket.notifications_seen:
-            s.pending_trigger = None
-        return True
-
-    def _allocated(self, ticket: ReadTicket) -> bool:
-        """A granted ticket: the ordinal is issued, and updates the ledger counted before the
-        allocation ride on that read (``covered_sequence``). False for a refusal."""
+    def issued(self, ticket: ReadTicket, *, in_flight: bool = True) -> bool:
+        """The ledger allocated (or refused) an ordinal: the ordinal is issued (False: refused).
+        ``in_flight``: the run's own read, judged later by ``applied``; a report the ingress made
+        (``resource_read``) was never in flight here, its verdict follows at once."""
         s = self.s
         if not ticket.granted:
             return False
         s.last_issued_ordinal = max(s.last_issued_ordinal, ticket.ordinal)
-        if ticket.notifications_seen >= s.covered_sequence:
-            s.covered_sequence = ticket.notifications_seen
-            s.covering_ordinal = ticket.ordinal
         s.reads_issued += 1
+        if in_flight:
+            s.in_flight.append(ticket.ordinal)
         return True
-
-    def reported(self, ticket: ReadTicket) -> bool:
-        """The ingress read a notified change itself (``resource_read``): mirror its allocation as
-        ``issued`` would, but it never was in flight here (its verdict follows at once). Updates the
-        ledger counted before it was allocated ride on it. A trigger pending here stays pending: the
-        report does not say which of the updates behind it the read covered."""
-        return self._allocated(ticket)
 
     def report_deadline(self, requested_at: datetime) -> bool:
         """Whether a reported read, requested at ``requested_at``, re-arms the read deadline: only
@@ -502,18 +441,16 @@ class SubscriptionFence:
         s = self.s
         return s.state == S.ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
 
-    def applied(self, ordinal: int, result: AcceptResult) -> None:
-        """The ledger judged a completed read."""
+    def applied(self, ordinal: int, result: AcceptResult, *, read_notified: int = 0,
+                trigger: TriggerReason | None = None) -> None:
+        """The ledger judged a completed read (allocated when the row had counted ``read_notified``
+        notifications, for ``trigger``; None: the ingress's read, reported, which hands over whatever
+        it leaves dirty).
+        Every judged read, whoever made it, goes through here: the one place coverage is decided."""
         s = self.s
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
         s.last_verdict = result.verdict
-        if ordinal == s.covering_ordinal:
-            if result.verdict in (AcceptVerdict.REJECTED, AcceptVerdict.STALE, AcceptVerdict.STALE_AFTER_CLOSE):
-                self._covering_read_lost()
-            else:
-                s.confirmed_sequence = s.covered_sequence
-                s.covered_unconfirmed = False
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
@@ -533,6 +470,11 @@ class SubscriptionFence:
             s.stale_receipts += 1
         elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
             s.stale_after_close += 1
+        # A report during the start (not ACTIVE here yet, its slot in flight) is owed after it.
+        if s.pending_trigger is None and (s.state == S.ACTIVE or s.in_flight) and follow_up_owed(
+                result.notified, result.covered, read_notified, handed_over=trigger is None,
+                for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP)):
+            s.pending_trigger = TriggerReason.FOLLOW_UP
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
         """After ``applied``: the digest of the newest accepted read. A report the ingress made can
@@ -589,17 +531,6 @@ class SubscriptionFence:
         """A read never reached the ledger (session gone); its ordinal stays burned."""
         if ordinal in self.s.in_flight:
             self.s.in_flight.remove(ordinal)
-        if ordinal == self.s.covering_ordinal:
-            self._covering_read_lost()
-
-    def _covering_read_lost(self) -> None:
-        """The read that covered updates observed nothing (failed, refused, abandoned): coverage
-        falls back to the last read that did, and updates it had covered get a read of their own."""
-        s = self.s
-        s.covered_sequence = s.confirmed_sequence
-        if s.covered_unconfirmed and s.state == S.ACTIVE and s.pending_trigger is None:
-            s.pending_trigger = TriggerReason.FOLLOW_UP
-        s.covered_unconfirmed = False
 
     # --- identity and catalog ------------------------------------------------------------
 
@@ -772,6 +703,7 @@ class IssuedRead(BaseModel):
     session_generation: int
     subscription_generation: int
     completed_verdict: AcceptVerdict | None = None
+    notified: int = 0  # the row's notification count at this read's allocation (``coverage``)
     # Allocated by a read cycle (allocate + read + accept in one activity): its accept runs whether
     # or not the run that scheduled it still lives (an orphan of a reset run accepts too).
     in_cycle: bool = False
@@ -792,40 +724,15 @@ class Judgement(BaseModel):
     audit_kind: str | None = None
 
 
-SIGNAL_HOLD_SECONDS = 30.0
-"""How long a signalled update may stand in for later ones (``update_already_signalled``)."""
-
-
-def update_already_signalled(mark: SignalMark, row: FenceSnapshot, *, generation: int, now: datetime,
-                             hold_seconds: float = SIGNAL_HOLD_SECONDS) -> bool:
-    """The ingress's coalescing rule, judged on the locked row after it recorded an update: True
-    when it need not signal this update because one it signalled earlier still stands for it.
-
-    That earlier update (same session generation) was recorded after the newest read allocation,
-    so the workflow owes a read that is not allocated yet; when it is, the ledger's update counter
-    at that allocation includes this update too, which the read then observes (allocation and
-    recording serialize on the row). A signal is marked only once Temporal accepted it, so a
-    signal that failed or a process that died never stands for anything. ``hold_seconds`` bounds
-    the rest: a signal a reset erased (without reapply) stops standing for updates after it.
-
-    Only once the row's newest allocation was a read cycle's (``allocated_in_cycle``; a row with no
-    allocation yet gets every signal): the run (``issued``) keeps a follow-up the ledger's counter
-    at that allocation does not cover. A row that is not ACTIVE gets every signal: the workflow
-    learns its state from the read it then tries."""
-    return (row.state == S.ACTIVE and mark.allocated_in_cycle and mark.signalled_sequence > mark.allocated_sequence and mark.signalled_generation == generation
-            and mark.signalled_at is not None and now - mark.signalled_at < timedelta(seconds=hold_seconds))
-
-
 def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, generation: int,
                          request_id: str) -> ReadCycleRequest | None:
     """The read cycle the ingress makes itself for a notification it just recorded, or None when the
     workflow must be signalled instead (``resource_updated``): the row was not marked ACTIVE by
     ``mark_active`` (``read_reports``: its run mirrors reports), the row is not ACTIVE, the notification
-    came on another session generation than the row's, or an update signalled earlier still stands
-    for this one. The request carries the row's fence as the workflow's own read would; the
+    came on another session generation than the row's. The request carries the row's fence as the workflow's own read would; the
     allocation then applies the same CAS (refused if the row moved meanwhile)."""
     row = noted.fence
-    if noted.already_signalled or not row.exists or not row.read_reports or row.state != S.ACTIVE \
+    if not row.exists or not row.read_reports or row.state != S.ACTIVE \
             or row.session_generation != generation:
         return None
     allocate = AllocateRequest(key=key, session_generation=row.session_generation,
@@ -833,15 +740,6 @@ def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, gene
                                min_ordinal=row.last_issued_ordinal + 1, request_id=request_id,
                                trigger=TriggerReason.UPDATED)
     return ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=row.close_epoch)
-
-
-def pulses_covered(newest_arrival: float, read_sent: float | None) -> bool:
-    """The ingress's skip rule for notifications of one (URI, generation) that queued while it was
-    routed: covered when the newest of them arrived (a clock's seconds) before a read made at the
-    ingress, which the ledger made or kept current, was sent (``read_sent``: taken after its
-    allocation was granted, before the request went out): that read was sent after they arrived, so
-    it observed their change. Never noted, never signalled."""
-    return read_sent is not None and newest_arrival < read_sent
 
 
 def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_generation: int) -> bool:
@@ -855,11 +753,9 @@ def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_g
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
                      min_ordinal: int) -> int | None:
     """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
-    if not row.exists or row.state != S.ACTIVE:
-        return None
-    if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
-        return None
-    return max(row.last_issued_ordinal + 1, min_ordinal)
+    plan = plan_allocate(row, session_generation=session_generation, subscription_generation=subscription_generation,
+                         min_ordinal=min_ordinal)
+    return None if plan is None else plan.ordinal
 
 
 def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *, row_uri: str | None) -> Judgement:

@@ -43,7 +43,6 @@ __all__ = [
     "ReadCycleRequest",
     "ReadCycleResult",
     "ReadReport",
-    "SignalMark",
     "AcceptRequest",
     "AcceptResult",
     "AcceptVerdict",
@@ -426,6 +425,11 @@ class AcceptRequest(FrozenRecord):
     outcome: ReadOutcome
     expected_state: SubscriptionState  # the workflow's view; the ledger re-checks it in SQL
     close_epoch: int
+    # Set by the ingress: notifications it absorbed into this read (they arrived after the read was
+    # allocated, before it was sent, so it observes their change). The accept counts them under the
+    # row lock and the read covers them (``coverage.covered_after``): whatever it judges, no other
+    # read can make the row clean without having been allocated after them.
+    absorbed: int = 0
 
 
 class AcceptResult(FrozenRecord):
@@ -435,6 +439,8 @@ class AcceptResult(FrozenRecord):
     watermark: int = 0
     last_accepted_ordinal: int = 0
     reason: str = ""
+    notified: int = 0  # the row's notification count after this accept (``workflows/coverage.py``)
+    covered: int = 0  # the row's ``covered`` after this accept: dirty while notified > covered
 
 
 class FenceSnapshot(FrozenRecord):
@@ -451,7 +457,9 @@ class FenceSnapshot(FrozenRecord):
     close_ordinal: int | None = None
     last_accepted_digest: str | None = None
     last_receipt_id: int | None = None
-    notifications_seen: int = 0
+    notifications_seen: int = 0  # notifications the ingress recorded (*notified*, ``workflows/coverage.py``)
+    covered: int = 0  # ``notified`` at the allocation of the newest judged read that observed the resource
+    allocated_sequence: int = 0  # ``notified`` at the newest allocation
     # The run that made it ACTIVE mirrors reads the ingress makes (``resource_read``): set or
     # cleared by ``mark_active`` with the request's ``read_reports``.
     read_reports: bool = False
@@ -494,26 +502,13 @@ class ReadReport(FrozenRecord):
     cycle: ReadCycleResult
 
 
-class SignalMark(FrozenRecord):
-    """What the ingress's coalescing rule (``fence.update_already_signalled``) reads from a row: the
-    newest update it signalled (accepted by Temporal) and the update counter at the newest read
-    allocation."""
-
-    signalled_sequence: int = 0
-    signalled_generation: int = 0
-    signalled_at: datetime | None = None
-    allocated_sequence: int = 0
-    allocated_in_cycle: bool = False  # that allocation was a read cycle's
-
-
 class NotedNotification(FrozenRecord):
     """``note_notification``'s answer (the ledger's, and the simulator's model of it): where the
-    ingress signals, the row's update counter after this notification, and whether an update it
-    signalled earlier already stands for this one (no signal needed)."""
+    ingress signals, the row after this notification, and whether it creates work."""
 
     workflow_id: str  # the id the subscription's workflow runs under (its ledger row's record)
     fence: FenceSnapshot
-    already_signalled: bool = False
+    work: bool = True  # the notification creates work (``coverage.plan_note``)
 
 
 class EnsureRequest(FrozenRecord):

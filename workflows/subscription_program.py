@@ -56,6 +56,7 @@ from mcpsync.workflows.records import (
     ReadCycleResult,
     ReadOutcome,
     ReadReport,
+    ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
@@ -208,22 +209,24 @@ class SubscriptionProgram:
 
     async def on_read_reported(self, report: ReadReport) -> None:
         """The ingress read ``report.update``'s change itself (``resource_read``): mirror the ledger's
-        verdict (as ``_read`` mirrors the workflow's own read cycle), then note the update,
-        which that read covers when it observed content. A read the ledger did not judge, or one
-        from another session generation than this run's, is not mirrored: the update is noted as a
-        plain ``resource_updated`` (and earns this run's own read when nothing covers it)."""
+        verdict as ``_read`` mirrors the workflow's own read cycle (``_read_judged``: whatever the
+        read left dirty is this run's to read). A read the ledger did not judge, or one from another
+        session generation than this run's, is not mirrored: the update is noted as a plain
+        ``resource_updated``."""
         sig = report.update
         if not await self._first_sight(sig):
             return
         cycle = report.cycle
         if cycle.judged and sig.session_generation == self.fence.s.session_generation \
-                and self.fence.reported(cycle.ticket):
+                and self.fence.issued(cycle.ticket, in_flight=False):
             assert cycle.outcome is not None and cycle.accept is not None
             if self.fence.report_deadline(report.requested_at):
                 self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
                                              jitter=self.rt.random())
-            self._read_judged(cycle.ticket.ordinal, cycle.outcome, cycle.accept, seen_at=self.rt.now())
-        await self._note_update(sig)
+            self.fence.update_reported()
+            self._read_judged(cycle.ticket, cycle.outcome, cycle.accept, seen_at=self.rt.now(), trigger=None)
+        else:
+            await self._note_update(sig)
         if not self._has_work():
             # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
             self._flush_search_attributes()
@@ -574,9 +577,12 @@ class SubscriptionProgram:
         self.session = None  # re-bind: the session host has (or will have) a new generation
         self._publish()
 
-    def _read_judged(self, ordinal: int, outcome: ReadOutcome, result: AcceptResult, *, seen_at: datetime) -> None:
-        """The ledger judged read ``ordinal``; ``seen_at``: when its content counts as observed."""
-        self.fence.applied(ordinal, result)
+    def _read_judged(self, ticket: ReadTicket, outcome: ReadOutcome, result: AcceptResult, *, seen_at: datetime,
+                     trigger: TriggerReason | None) -> None:
+        """The one place a judged read is applied, whoever read it: the run's own or its start's (for
+        ``trigger``) or the ingress's (None: reported); ``seen_at``: when its content counts as observed."""
+        ordinal = ticket.ordinal
+        self.fence.applied(ordinal, result, read_notified=ticket.notifications_seen, trigger=trigger)
         self.fence.accepted_digest(outcome.content_digest, result)
         self.fence.observed(result, allocated_at=seen_at, now=self.rt.now())
         self.fence.read_judged(ordinal, outcome, result)
@@ -628,7 +634,7 @@ class SubscriptionProgram:
         # Content time: the read saw it somewhere between ``requested_at`` and now. The later bound is
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
-        self._read_judged(ticket.ordinal, outcome, result, seen_at=self.rt.now())
+        self._read_judged(ticket, outcome, result, seen_at=self.rt.now(), trigger=trigger)
 
     # --- revocation --------------------------------------------------------------------------
 
@@ -841,8 +847,7 @@ class SubscriptionProgram:
             ("last receipt", str(s.last_receipt_id or "-")),
             ("last digest", f"`{digest[:23]}`"),
             ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
-            ("updates seen / coalesced / covered", f"{s.updates_seen} / {s.updates_coalesced} / {s.updates_covered}"),
-            ("reads issued", str(s.reads_issued)),
+            ("updates seen / reads issued", f"{s.updates_seen} / {s.reads_issued}"),
             ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
         ]
         details = (f"**{phase.value}** `{self.key.uri}`\n\n" + "".join(f"- {k}: **{v}**\n" for k, v in rows)

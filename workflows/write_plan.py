@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from mcpsync.workflows.coverage import covered_after
 from mcpsync.workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
 from mcpsync.workflows.records import (
     AcceptResult,
@@ -113,6 +114,8 @@ class FenceUpdate(_Plan):
     last_accepted_digest: str | None = None
     close_epoch: int | None = None
     close_ordinal: int | None = None
+    notifications_seen: int | None = None  # + the notifications the ingress absorbed into the read
+    covered: int | None = None  # ``coverage.covered_after``
     link_receipt: bool = False  # last_receipt_id := the receipt this plan writes
 
     def columns(self, receipt_id: int | None) -> dict[str, Any]:
@@ -183,8 +186,28 @@ def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
     )
 
 
-def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
-    """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row."""
+def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement, *,
+                absorbed: int = 0) -> WritePlan:
+    """acceptResourceVersion's writes for the judgement ``judge_read`` gave on the locked row, with the
+    row's coverage moved by the judged read under the same lock: ``absorbed`` notifications the
+    ingress took into this read are counted, and ``covered`` (``coverage.covered_after``) takes the
+    read's allocation count plus them when it observed the resource."""
+    plan = _plan_accept(row, issued, outcome, j)
+    if plan.replay or issued is None:
+        return plan
+    update: dict[str, int] = {}
+    if absorbed > 0:
+        update["notifications_seen"] = row.notifications_seen + absorbed
+    covered = covered_after(row, j.verdict, issued.notified + max(absorbed, 0))
+    if covered is not None:
+        update["covered"] = covered
+    if not update:
+        return plan
+    fence = (plan.fence or FenceUpdate()).model_copy(update=update)
+    return plan.model_copy(update={"fence": fence})
+
+
+def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
     o = outcome
     if j.reason == "replayed":
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
@@ -235,6 +258,8 @@ def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None
         watermark=fence.watermark if fence.watermark is not None else row.watermark,
         last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
                                else row.last_accepted_ordinal),
+        notified=fence.notifications_seen if fence.notifications_seen is not None else row.notifications_seen,
+        covered=fence.covered if fence.covered is not None else row.covered,
     )
 
 

@@ -4,8 +4,8 @@ Temporal dev server, PostgreSQL and the fixture MCP server over streamable HTTP:
 sends every change five times. Both ways every change converges:
 - reads at the ingress (the default): the ingress reads each change itself and reports it
   (``resource_read``); the workflow schedules no read for it and gets no ``resource_updated``;
-- signalled (``read_on_notification = false``): fewer signals than notifications (the ingress
-  stands an update it already signalled for the later ones), and each read is one
+- signalled (``read_on_notification = false``): fewer signals than notifications (a note on a row
+  already dirty, with no read allocated since, creates no work: ``coverage.plan_note``), and each read is one
   ``mcp_read_cycle`` activity whose receipt the ledger holds before the workflow hears of it.
 """
 
@@ -73,8 +73,8 @@ async def test_duplicate_notifications_cost_fewer_signals_and_every_change_conve
     print(f"noted {noted}, signals {signals}, reports {reports}, read cycles {reads}, start cycles {starts}")
     assert starts == 1, starts  # subscribe, mark active and the initial read: one activity
     if read_at_ingress:
-        # Each change is read where it arrived; copies that arrived before that read asked for its
-        # ordinal are covered by it and never reach the ledger or the workflow.
+        # Each change is read where it arrived; copies that arrived before that read was sent are
+        # covered by it (counted by its accept) and never reach the workflow.
         assert signals == 0, signals
         assert CHANGES <= reports <= noted, (reports, noted)
         assert reads == 0, reads  # the initial read was the start's

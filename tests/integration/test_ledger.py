@@ -226,3 +226,29 @@ async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) ->
     receipt = await ledger.begin_unsubscribe(key)
     assert receipt.state == SubscriptionState.UNSUBSCRIBING
     assert (await ledger.finish_unsubscribe(key, acked=True)).state == SubscriptionState.CLOSED
+
+
+async def test_the_row_records_coverage_by_level(ledger: Ledger) -> None:
+    """notified (notifications_seen) and covered (workflows/coverage.py), on the SQL row."""
+    key = await _active(ledger)
+
+    async def note() -> bool:
+        noted = await ledger.note_notification(key.subject, key.server, key.uri, 1)
+        assert noted is not None
+        return noted.work
+
+    assert await note()  # clean -> dirty
+    assert not await note()  # a copy: the read the first one earned covers it
+    first = await _issue(ledger, key)
+    assert await note()  # allocated before it: the read in flight may not observe it
+    assert await _accept(ledger, key, first, "sha256:a") == AcceptVerdict.ACCEPTED
+    fence = await ledger.load_fence(key)
+    assert (fence.notifications_seen, fence.covered, fence.allocated_sequence) == (3, 2, 2)
+    second = await _issue(ledger, key)
+    assert await _accept(ledger, key, second, None, ReadOutcomeKind.TRANSIENT) == AcceptVerdict.REJECTED
+    assert (await ledger.load_fence(key)).covered == 2  # a failed read covers nothing
+    third = await _issue(ledger, key)
+    assert await _accept(ledger, key, third, "sha256:a") == AcceptVerdict.UNCHANGED
+    fence = await ledger.load_fence(key)
+    assert (fence.notifications_seen, fence.covered) == (3, 3)
+    assert await note()  # clean again: the next notification is work

@@ -171,10 +171,9 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     await both.same()
 
 
-async def test_the_ingress_coalescing_rule_alike(ledger: Ledger) -> None:
-    """``note_notification``'s ``already_signalled`` (``fence.update_already_signalled``) in both
-    ledgers: an update needs no signal of its own only while one Temporal accepted after the newest
-    allocation stands for it, that allocation was a read cycle's, on the same generation, ACTIVE."""
+async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
+    """``coverage.plan_note`` / ``plan_allocate`` / ``covered_after`` in both ledgers: the note's
+    work and the row's notified / covered / allocated_sequence agree after every step."""
     both = Both(ledger)
     await both.start()
     k = both.key
@@ -182,35 +181,29 @@ async def test_the_ingress_coalescing_rule_alike(ledger: Ledger) -> None:
     async def note(generation: int = 1) -> bool:
         sql = await ledger.note_notification(k.subject, k.server, k.uri, generation)
         assert sql is not None
-        # The ledger's own clock stamped the SQL answer; the model is given the same instant.
         mem = both.mem.note_notification(generation, datetime.now(UTC))
-        assert mem is not None and sql.fence.notifications_seen == mem.fence.notifications_seen
-        assert sql.already_signalled == mem.already_signalled
-        return sql.already_signalled
+        assert mem is not None and sql.work == mem.work
+        assert (sql.fence.notifications_seen, sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
+        return sql.work
 
-    async def signalled(sequence: int, generation: int = 1) -> None:
-        await ledger.mark_signalled(both.workflow_id, sequence, generation)
-        both.mem.mark_signalled(sequence, generation, datetime.now(UTC))
-
-    # A pre-cycle allocation: every update is signalled, marked or not.
-    await both.allocate("plain")
-    assert not await note()
-    await signalled(1)
-    assert not await note()
-    # A read cycle's allocation (counter 2): the next update has nothing standing for it ...
+    assert await note()  # clean -> dirty: work
+    assert not await note()  # a copy: the read the first one earns covers it
     first = await both.allocate("cycle-1", cycle_id="run/1")
     assert await both.allocate("cycle-1", cycle_id="run/1") == first  # a retry holds the same ticket
-    assert not await note()  # 3
-    await signalled(3)
-    # ... then the one signalled (3 > 2) stands for later updates of its generation, not others.
-    assert await note()  # 4
-    assert not await note(generation=2)  # 5
-    # A newer cycle allocation (counter 5) covers them all: the next update is signalled again.
-    await both.allocate("cycle-2", cycle_id="run/2")
-    assert not await note()  # 6
-    await signalled(6)
-    assert await note()  # 7
-    # Not ACTIVE: always signalled (the workflow learns the state from the read it then tries).
+    assert await note()  # a read allocated before it may be in flight: work
+    assert await both.accept(first, ReadOutcomeKind.CONTENT, "sha256:a") == AcceptVerdict.ACCEPTED
+    await both.same()
+    row = await ledger.load_fence(k)
+    assert (row.notifications_seen, row.covered, row.allocated_sequence) == (3, 2, 2)
+    failed = await both.allocate("cycle-2", cycle_id="run/2")
+    assert await both.accept(failed, ReadOutcomeKind.TRANSIENT) == AcceptVerdict.REJECTED
+    assert (await ledger.load_fence(k)).covered == 2  # a failed read covers nothing
+    assert await note(generation=2)  # another session generation than the row's: work, counted
+    assert await note(generation=0)  # an older one: work (the workflow audits it), not counted
+    assert (await ledger.load_fence(k)).notifications_seen == 4
+    await both.same()
+    # Not ACTIVE: always work (the workflow learns the state from the read it then tries).
     await ledger.set_state(k, S.TOMBSTONE_PENDING, allowed_from=[S.ACTIVE])
     both.mem.set_state(S.TOMBSTONE_PENDING, [S.ACTIVE])
-    assert not await note()
+    assert await note()
+    await both.same()

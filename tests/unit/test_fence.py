@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mcpsync.workflows.fence import (
-    SIGNAL_HOLD_SECONDS,
     FenceState,
     IssuedRead,
     SubscriptionFence,
@@ -17,7 +16,6 @@ from mcpsync.workflows.fence import (
     ingress_read_request,
     judge_read,
     marked_active,
-    update_already_signalled,
 )
 from mcpsync.workflows.records import (
     AcceptResult,
@@ -28,7 +26,6 @@ from mcpsync.workflows.records import (
     ReadOutcomeKind,
     ReadTicket,
     ResourceUpdated,
-    SignalMark,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
@@ -110,21 +107,30 @@ def read_cycle(f: SubscriptionFence, ticket: ReadTicket) -> bool:
     return f.issued(ticket)
 
 
+def judged(verdict: AcceptVerdict, ordinal: int, *, notified: int, covered: int) -> AcceptResult:
+    """An accept's answer with the row's level after it."""
+    return AcceptResult(verdict=verdict, watermark=ordinal, last_accepted_ordinal=ordinal, notified=notified,
+                        covered=covered)
+
+
 def test_duplicates_coalesce_into_one_follow_up_read() -> None:
     f = active_fence()
     sig = ResourceUpdated(uri=KEY.uri, session_generation=1)
-    assert f.note_update(sig) == UpdateDisposition.READ_REQUESTED
+    assert f.note_update(sig) == UpdateDisposition.NOTED
     assert f.read_wanted() == TriggerReason.UPDATED
     _, placeholder = f.reserve_read(1)
     for _ in range(20):
-        assert f.note_update(sig) == UpdateDisposition.COALESCED
+        assert f.note_update(sig) == UpdateDisposition.NOTED
     assert f.read_wanted() is None  # one in flight
     f.release_placeholder(placeholder)
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1"))
-    f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=1))
+    # 20 notifications were recorded after the allocation: the row is dirty, one follow-up
+    f.applied(1, judged(AcceptVerdict.ACCEPTED, 1, notified=21, covered=1), read_notified=1,
+              trigger=TriggerReason.UPDATED)
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
-    assert read_cycle(f, ReadTicket(granted=True, ordinal=2, request_id="r2"))
-    f.applied(2, AcceptResult(verdict=AcceptVerdict.UNCHANGED, watermark=2, last_accepted_ordinal=2))
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=2, request_id="r2", notifications_seen=21))
+    f.applied(2, judged(AcceptVerdict.UNCHANGED, 2, notified=21, covered=21), read_notified=21,
+              trigger=TriggerReason.FOLLOW_UP)
     assert f.read_wanted() is None and f.s.reads_issued == 2
 
 
@@ -148,38 +154,46 @@ def test_adopt_never_moves_ordinals_back_and_closed_never_reopens() -> None:
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1)) == UpdateDisposition.NOT_ACTIVE
 
 
-def test_update_covered_by_a_read_allocated_after_it_needs_no_read_of_its_own() -> None:
+def test_updates_recorded_before_the_allocation_need_no_read_of_their_own() -> None:
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
     # The ingress recorded updates 1 and 2 before this read was allocated: the read observes them.
     assert read_cycle(f, ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=2))
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=2)) == UpdateDisposition.COVERED
-    f.applied(1, AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1))
+    f.applied(1, judged(AcceptVerdict.ACCEPTED, 1, notified=2, covered=2), read_notified=2,
+              trigger=TriggerReason.INITIAL)
     assert f.read_wanted() is None
-    # Update 3 was recorded after the allocation: it needs its own read.
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=3)) == \
-        UpdateDisposition.READ_REQUESTED
+    # A later update (the row was clean: the ingress signals it) earns its own read.
+    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1)) == UpdateDisposition.NOTED
+    assert f.read_wanted() == TriggerReason.UPDATED
 
 
-def test_covered_updates_get_a_read_when_the_covering_read_fails() -> None:
-    # Simulator finding F7: the covering read came back malformed; the change went unread.
+def test_updates_a_failed_read_covered_by_the_way_get_one_read() -> None:
+    # Simulator finding F7: the read covering an update came back malformed; the change went unread.
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
     assert read_cycle(f, ReadTicket(granted=True, ordinal=1, request_id="r1", notifications_seen=1))
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=1)) == UpdateDisposition.COVERED
-    f.applied(1, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed"))
+    f.applied(1, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed", notified=1, covered=0),
+              read_notified=1, trigger=TriggerReason.INITIAL)
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
-    # ... and coverage falls back: a late duplicate of update 1 is not covered by the failed read.
-    assert f.s.covered_sequence == 0
+    # That follow-up failing too is not retried (a failing server is not read in a loop) ...
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=2, request_id="r2", notifications_seen=1))
+    f.applied(2, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed", notified=1, covered=0),
+              read_notified=1, trigger=TriggerReason.FOLLOW_UP)
+    assert f.read_wanted() is None
+    # ... unless a notification was recorded after its allocation.
+    f.s.pending_trigger = TriggerReason.UPDATED
+    assert read_cycle(f, ReadTicket(granted=True, ordinal=3, request_id="r3", notifications_seen=2))
+    f.applied(3, AcceptResult(verdict=AcceptVerdict.REJECTED, reason="malformed", notified=3, covered=0),
+              read_notified=2, trigger=TriggerReason.UPDATED)
+    assert f.read_wanted() == TriggerReason.FOLLOW_UP
 
 
-def test_covered_updates_get_a_read_when_the_covering_read_is_abandoned() -> None:
+def test_a_read_that_is_abandoned_resubscribes() -> None:
     f = active_fence()
     f.s.pending_trigger = TriggerReason.INITIAL
     assert read_cycle(f, ReadTicket(granted=True, ordinal=4, request_id="r4", notifications_seen=7))
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=6)) == UpdateDisposition.COVERED
-    f.read_abandoned(4)
-    assert f.read_wanted() == TriggerReason.FOLLOW_UP
+    f.session_lost(4)
+    assert f.read_wanted() == TriggerReason.RESUBSCRIBE and f.s.in_flight == []
 
 
 def test_a_finished_fence_never_leaves_its_terminal_state() -> None:
@@ -301,25 +315,9 @@ def test_a_verification_read_clears_the_catalog_detail_and_not_found_says_why() 
     assert f.record().ended_at == datetime(2026, 1, 1, tzinfo=UTC) and f.record().next_read_due_at is None
 
 
-def test_a_signalled_update_stands_for_later_ones_only_within_the_hold() -> None:
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    mark = SignalMark(signalled_sequence=3, signalled_generation=1, signalled_at=at, allocated_sequence=2,
-                      allocated_in_cycle=True)
-    active = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
-    assert update_already_signalled(mark, active, generation=1, now=at + timedelta(seconds=1))
-    # The hold bounds a signal that a reset without reapply erased.
-    assert not update_already_signalled(mark, active, generation=1,
-                                        now=at + timedelta(seconds=SIGNAL_HOLD_SECONDS))
-    # Covered by an allocation since; never marked; another generation; no read-cycle allocation yet.
-    for other in (mark.model_copy(update={"allocated_sequence": 3}), mark.model_copy(update={"signalled_at": None}),
-                  mark.model_copy(update={"allocated_in_cycle": False})):
-        assert not update_already_signalled(other, active, generation=1, now=at)
-    assert not update_already_signalled(mark, active, generation=2, now=at)
-
-
 def test_the_ingress_reads_only_for_an_active_row_whose_run_mirrors_reports() -> None:
     """``ingress_read_request``: a read-cycle request on the row's own fence, only for an ACTIVE row on
-    the notification's generation whose run takes reports, and never when a signal already stands."""
+    the notification's generation whose run takes reports."""
     ready = row(read_reports=True, last_issued_ordinal=7, close_epoch=2, subscription_generation=3,
                 notifications_seen=9)
     noted = NotedNotification(workflow_id="wf", fence=ready)
@@ -328,8 +326,7 @@ def test_the_ingress_reads_only_for_an_active_row_whose_run_mirrors_reports() ->
     assert (req.allocate.session_generation, req.allocate.subscription_generation, req.allocate.min_ordinal) == (1, 3, 8)
     assert req.allocate.trigger == TriggerReason.UPDATED and req.allocate.cycle_id is None
     assert req.expected_state == S.ACTIVE and req.close_epoch == 2
-    refused = [noted.model_copy(update={"already_signalled": True}),
-               NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"read_reports": False})),
+    refused = [NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"read_reports": False})),
                NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.SUBSCRIBING})),
                NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.TOMBSTONE_PENDING}))]
     for n in refused:
@@ -337,64 +334,67 @@ def test_the_ingress_reads_only_for_an_active_row_whose_run_mirrors_reports() ->
     assert ingress_read_request(noted, KEY, generation=2, request_id="r1") is None  # another session
 
 
-def test_a_reported_read_covers_the_update_it_was_made_for_and_never_moves_the_deadline_back() -> None:
+def test_a_reported_read_hands_over_what_it_leaves_dirty_and_never_moves_the_deadline_back() -> None:
     f = SubscriptionFence(FenceState(key=KEY, state=S.ACTIVE, session_generation=1, subscription_generation=1,
-                                     last_issued_ordinal=4, covered_sequence=2))
+                                     last_issued_ordinal=4))
     at = datetime(2026, 1, 1, tzinfo=UTC)
     f.arm_read_deadline(requested_at=at, period_seconds=60, jitter=0.5)
     ticket = ReadTicket(granted=True, ordinal=6, request_id="r", notifications_seen=5)
-    assert f.reported(ticket)
-    assert (f.s.last_issued_ordinal, f.s.covered_sequence, f.s.covering_ordinal) == (6, 5, 6)
-    assert f.s.in_flight == [] and f.s.reads_issued == 1
-    assert not f.reported(ReadTicket(granted=False))
-    f.applied(6, AcceptResult(verdict=AcceptVerdict.ACCEPTED, reason="new digest", watermark=6,
-                              last_accepted_ordinal=6))
-    assert f.s.confirmed_sequence == 5
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=5)) == UpdateDisposition.COVERED
-    # A newer update (recorded after that allocation) still earns a read.
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=6)) \
-        == UpdateDisposition.READ_REQUESTED
+    assert f.issued(ticket, in_flight=False)
+    assert f.s.last_issued_ordinal == 6 and f.s.in_flight == [] and f.s.reads_issued == 1
+    assert not f.issued(ReadTicket(granted=False), in_flight=False)
+    f.applied(6, judged(AcceptVerdict.ACCEPTED, 6, notified=5, covered=5), read_notified=5)
+    assert f.read_wanted() is None  # clean: nothing owed
+    # A report the ledger judged but that observed nothing: the row stays dirty, the run reads.
+    assert f.issued(ReadTicket(granted=True, ordinal=7, request_id="s", notifications_seen=6), in_flight=False)
+    f.applied(7, AcceptResult(verdict=AcceptVerdict.REJECTED, notified=6, covered=5), read_notified=6)
+    assert f.read_wanted() == TriggerReason.FOLLOW_UP
     assert f.report_deadline(at + timedelta(seconds=1)) and not f.report_deadline(at)
     f.s.state = S.TOMBSTONE_PENDING
     assert not f.report_deadline(at + timedelta(seconds=1))
 
 
-def _start_window(*updates: int | None) -> SubscriptionFence:
-    """A start cycle in flight (``start_cycle_reserve`` after ``subscribing``), with updates of these
-    sequences noted meanwhile (None: unsequenced)."""
+def _start_window(updates: int = 0) -> SubscriptionFence:
+    """A start cycle in flight (``start_cycle_reserve`` after ``subscribing``), with ``updates``
+    noted meanwhile."""
     f = SubscriptionFence(FenceState(key=KEY, pending_trigger=TriggerReason.RESUBSCRIBE))
     subscribing = FenceSnapshot(exists=True, state=S.SUBSCRIBING, session_generation=1, subscription_generation=1)
     assert f.subscribing(subscribing, "2025-11-25", {"subscribe": True})
     f.start_cycle_reserve()
     assert f.s.pending_trigger is None and f.allocating  # the initial read serves what was pending
-    for sequence in updates:
-        assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=sequence)) \
-            == UpdateDisposition.COALESCED
+    for _ in range(updates):
+        assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1)) == UpdateDisposition.NOTED
     return f
 
 
 ACTIVE_1 = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
 
 
-@pytest.mark.parametrize("updates, seen, follow_up", [
-    ((), 0, False),
-    ((3,), 3, False),  # recorded before the read was allocated: the read observed it
-    ((3, 4), 3, True),  # one came after the allocation: it earns a read of its own
-    ((None,), 9, True),  # unsequenced: nothing says the read covered it
+@pytest.mark.parametrize("read_notified, notified, signals, follow_up", [
+    (0, 0, 0, False),
+    (3, 3, 0, False),  # recorded before the read was allocated: the read observed it
+    (3, 4, 0, True),  # one came after the allocation: it earns a read of its own
+    # A wake-up while the read was in flight: its note may postdate the accept (which then answered
+    # clean), so it earns one read whatever the answer says.
+    (3, 3, 1, True),
 ])
-def test_a_start_cycle_keeps_the_follow_up_of_updates_its_read_did_not_cover(
-        updates: tuple[int | None, ...], seen: int, follow_up: bool) -> None:
-    f = _start_window(*updates)
+def test_a_start_cycle_reads_again_only_for_notifications_after_its_allocation(
+        read_notified: int, notified: int, signals: int, follow_up: bool) -> None:
+    f = _start_window(signals)
     placeholder = f.s.in_flight[0]
     assert f.start_cycle_subscribed(ACTIVE_1, placeholder, read=True) == TriggerReason.INITIAL
     assert f.s.state == S.ACTIVE and placeholder not in f.s.in_flight
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r", notifications_seen=seen))
+    # a wake-up during the start owes one read after it; else the level decides after its read
+    assert f.s.pending_trigger == (TriggerReason.FOLLOW_UP if signals else None)
+    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="r", notifications_seen=read_notified))
+    f.applied(1, judged(AcceptVerdict.ACCEPTED, 1, notified=notified, covered=read_notified),
+              read_notified=read_notified, trigger=TriggerReason.INITIAL)
     assert f.s.pending_trigger == (TriggerReason.FOLLOW_UP if follow_up else None)
 
 
 def test_a_start_cycle_that_did_not_read_leaves_the_initial_read_owed() -> None:
     # Marked ACTIVE but not on this start's generations (no read was made): exactly ``subscribed``.
-    f = _start_window(5)
+    f = _start_window(1)
     assert f.start_cycle_subscribed(ACTIVE_1, f.s.in_flight[0], read=False) is None
     assert f.s.pending_trigger == TriggerReason.INITIAL and f.s.in_flight == []
     # Not ACTIVE (closed meanwhile): no read, nothing owed by the start.
@@ -411,23 +411,3 @@ def test_marked_active_is_this_starts_row_only() -> None:
     assert not marked_active(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), session_generation=1,
                              subscription_generation=1)
     assert not marked_active(FenceSnapshot(exists=False), session_generation=1, subscription_generation=1)
-
-
-def test_a_report_during_a_start_cycle_covers_the_updates_it_read() -> None:
-    # The ingress read the row the start marked ACTIVE before this run heard of it: the updates that
-    # read covered are COVERED here too, and earn no follow-up; a later one still does.
-    f = _start_window()
-    assert f.reported(ReadTicket(granted=True, ordinal=2, request_id="r", notifications_seen=4))
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=4)) == UpdateDisposition.COVERED
-    assert f.s.pending_trigger is None
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=5)) \
-        == UpdateDisposition.COALESCED
-    assert f.start_cycle_subscribed(ACTIVE_1, f.s.in_flight[0], read=True) == TriggerReason.INITIAL
-    assert f.issued(ReadTicket(granted=True, ordinal=1, request_id="s", notifications_seen=3))
-    assert f.s.pending_trigger == TriggerReason.FOLLOW_UP
-    # Outside a start cycle a SUBSCRIBING run covers nothing (its initial read will).
-    g = SubscriptionFence(FenceState(key=KEY))
-    assert g.subscribing(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), "2025-11-25", {"subscribe": True})
-    assert g.reported(ReadTicket(granted=True, ordinal=2, request_id="r", notifications_seen=4))
-    assert g.note_update(ResourceUpdated(uri=KEY.uri, session_generation=1, sequence=4)) \
-        == UpdateDisposition.COALESCED

@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,13 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
     for name in ("continue_as_new", "reset", "reset_reapply", "orphan_landed", "unsubscribe_ack_lost",
                  "close_fenced", "verdict.ACCEPTED", "verdict.UNCHANGED", "verdict.STALE",
                  "verdict.STALE_AFTER_CLOSE", "verdict.TOMBSTONE_PENDING", "verdict.GUARDRAIL_REJECTED",
-                 "verdict.REVOKED", "update.old_session", "update.coalesced", "update.future_session",
+                 "verdict.REVOKED", "update.old_session", "update.noted", "update.future_session",
                  "op.recreate", "op.restart", "op.catalog", "op.resume", "read_cycle",
                  "lost_response.mcp_read_cycle", "lost_response.read_cycle_step",
                  "timer.poll", "timer.safety", "timer.reconcile",
-                 # reads at the ingress: reported, fallen back, queued pulses routed or skipped as covered
-                 "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.covered_skip",
+                 # reads at the ingress: reported, fallen back, pulses absorbed by the read or processed again
+                 "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.absorbed",
+                 "update.ingress_no_work",
                  "ingress.queued_routed", "ingress.verdict.ACCEPTED", "ingress.verdict.STALE"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
@@ -222,7 +223,7 @@ def _settled(config: SimConfig = SimConfig()) -> Simulation:
 
 def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     # A notified change is read by the session host (allocate / read / accept, three steps) and
-    # reported (resource_read); the workflow mirrors the verdict, notes the update as COVERED and
+    # reported (resource_read); the workflow mirrors the verdict (the row is clean after it) and
     # schedules no read activity of its own for it.
     sim = _settled()
     first_new = sim._aid + 1
@@ -237,16 +238,17 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     assert sim.ledger.row.last_accepted_digest == sim.oracle.digest and sim._converged()
     assert sim.wf.fence.s.last_accepted_digest == sim.oracle.digest
     cov = sim.coverage
-    assert cov["ingress.report_delivered"] == 1 and cov["update.covered"] == 1 and "ingress.fallback" not in cov
+    assert cov["ingress.report_delivered"] == 1 and "ingress.fallback" not in cov
+    assert sim.ledger.row.covered == sim.ledger.row.notifications_seen and sim.wf.fence.s.pending_trigger is None
     # The same events as a trace replay to the same end, clean, with nothing scheduled after the change.
     trace = Trace("ingress", Profile(), tuple(sim.events))
     again = replay(_trace(trace.to_json()))
     assert not again.violations and again.coverage.get("ingress.report", 0) >= 1
 
 
-def _covered_skip_prefix() -> list[Event]:
-    """A change notified three times: the first pulse starts a read at the ingress, the copies queue
-    behind it; the read allocates, is sent (``sent``) and serves the change."""
+def _absorbed_prefix() -> list[Event]:
+    """A change notified three times: the first pulse is noted and starts a read at the ingress, the
+    copies mark the key dirty; the read is allocated, takes them (``WorkQueue.take``) and is sent."""
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=3))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))
@@ -254,63 +256,86 @@ def _covered_skip_prefix() -> list[Event]:
     return list(sim.events)
 
 
-def test_pulses_queued_before_the_ingress_read_was_sent_are_skipped_as_covered() -> None:
-    events = (*_covered_skip_prefix(), Event(Op.EXEC, act=INGRESS_READ))
-    result = replay(Trace("ingress-skip", Profile(), events))
+def test_copies_that_arrived_before_the_ingress_read_was_requested_are_absorbed() -> None:
+    events = (*_absorbed_prefix(), Event(Op.EXEC, act=INGRESS_READ))
+    result = replay(Trace("ingress-absorb", Profile(), events))
     assert not result.violations, result.violations
-    assert result.coverage.get("ingress.covered_skip") == 1 and result.coverage.get("ingress.covered_pulses") == 2
+    assert result.coverage.get("ingress.absorbed") == 1 and "ingress.queued_routed" not in result.coverage
 
 
-def test_a_change_notified_between_the_allocation_and_the_send_is_covered_by_that_read() -> None:
+def test_a_change_notified_between_the_allocation_and_the_send_is_absorbed_by_that_read() -> None:
     # The read at the ingress is allocated, then a second change is committed and notified before the
-    # read is sent: the read observes it, so its pulse is skipped, and the ledger holds the newest content.
+    # read is sent: the read observes it, its accept counts the pulse, and the key is not read again.
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=1))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
-    sim.apply(Event(Op.MUTATE, n=1))  # queued behind the routing, arrived before the send
+    sim.apply(Event(Op.MUTATE, n=1))  # the key is processing: marked dirty
     for _ in range(2):
-        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (sent now), accept
-    assert sim.coverage.get("ingress.covered_skip") == 1 and "ingress.queued_routed" not in sim.coverage
-    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (takes the pulse), accept
+    assert sim.coverage.get("ingress.absorbed") == 1 and "ingress.queued_routed" not in sim.coverage
+    row = sim.ledger.row
+    assert row.last_accepted_digest == sim.oracle.digest and row.covered == row.notifications_seen
     result = replay(Trace("ingress-between", Profile(), tuple(sim.events)))
     assert not result.violations, result.violations
 
 
-def _late_pulse() -> tuple[Event, ...]:
-    """The ingress's read served v2; a deletion is notified while it is still under way (after it was sent)."""
-    return (*_covered_skip_prefix(), Event(Op.DELETE, n=1))
-
-
-def _covers_any_after_a_read(arrived: Any, sent: Any) -> bool:
-    """A broken skip rule: any queued pulse is covered once the ingress made a read current."""
-    return sent is not None
-
-
-def test_a_pulse_that_arrived_after_the_ingress_read_was_sent_is_routed() -> None:
-    result = replay(Trace("ingress-late", Profile(), _late_pulse()))
+def test_a_change_notified_after_the_send_is_noted_and_read_again() -> None:
+    sim = _settled()
+    sim.apply(Event(Op.MUTATE, n=1))
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (sent)
+    sim.apply(Event(Op.MUTATE, n=1))  # the key is processing: marked dirty
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # accept
+    assert sim.coverage.get("ingress.queued_routed") == 1 and "ingress.absorbed" not in sim.coverage
+    assert [a.name for a in sim.activities] == [INGRESS_READ]
+    for _ in range(3):
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))
+    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest
+    result = replay(Trace("ingress-after-send", Profile(), tuple(sim.events)))
     assert not result.violations, result.violations
-    assert result.coverage.get("ingress.queued_routed") == 1 and "ingress.covered_skip" not in result.coverage
+
+
+def test_a_pulse_that_arrived_after_the_ingress_read_was_requested_is_processed_again() -> None:
+    result = replay(Trace("ingress-late", Profile(), (*_absorbed_prefix(), Event(Op.DELETE, n=1))))
+    assert not result.violations, result.violations
+    assert result.coverage.get("ingress.queued_routed") == 1 and result.coverage.get("ingress.absorbed") == 1
     assert result.converged_after is None and result.coverage.get("verdict.TOMBSTONE_PENDING")
 
 
-def test_a_wrong_skip_at_the_ingress_is_caught() -> None:
-    # Skipping the group (its newest pulse arrived after the read was sent) leaves the deletion unread:
-    # the checker knows which ingress read covered the skipped change and reports covered_unread.
-    broken = SimConfig(ingress_covers=_covers_any_after_a_read)
-    result = replay(Trace("ingress-late", Profile(), _late_pulse()), broken)
-    assert [v.invariant for v in result.violations][:1] == [Invariant.COVERED_UNREAD], result.violations
-    assert "skipped at the ingress" in result.violations[0].detail
-    # Random schedules find it too, and shrink it to a short trace.
-    config = replace(GATE_CONFIG, ingress_covers=_covers_any_after_a_read)
-    for index in range(2000):
-        found = run_schedule(schedule_seed("broken-skip", index), config)
-        if any(v.invariant == Invariant.COVERED_UNREAD for v in found.violations):
+# --- mutation checks: the production rule weakened, the simulator finds it ---------------------------
+
+def _dirty_as_clean(*_: Any, **__: Any) -> bool:
+    """``coverage.follow_up_owed`` weakened: a dirty row after a judged read is treated as clean."""
+    return False
+
+
+def _failed_reads_cover(row: FenceSnapshot, verdict: Any, read_notified: int) -> int | None:
+    """``coverage.covered_after`` weakened: any judged read covers its allocation, one that observed
+    nothing (failed, stale) included."""
+    return read_notified if read_notified > row.covered else None
+
+
+@pytest.mark.parametrize("module, name, broken, config", [
+    ("mcpsync.workflows.fence", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
+    ("mcpsync.workflows.write_plan", "covered_after", _failed_reads_cover, GATE_CONFIG),
+], ids=["dirty-as-clean", "failed-reads-cover"])
+def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str, name: str,
+                                                     broken: Any, config: SimConfig) -> None:
+    """The production module's rule, weakened in place (the SQL ledger and the simulator use the same
+    code): random schedules find a violation, shrunk to a short trace that is clean with the real rule."""
+    monkeypatch.setattr(importlib.import_module(module), name, broken)
+    for index in range(6000):  # found at 1,725 and 6 (2026-12-05); stops at the first
+        found = run_schedule(schedule_seed(f"mutant-{name}", index), config)
+        if found.violations:
             break
     else:
-        pytest.fail("the checker never noticed the wrong skip")
-    small = shrink(found, config, target=Invariant.COVERED_UNREAD)
-    assert len(small.events) <= 25
-    assert not replay(_trace(small.trace().to_json()), GATE_CONFIG).violations
+        pytest.fail(f"the simulator never noticed the weakened {name}")
+    target = found.violations[0].invariant
+    small = shrink(found, config, target=target)
+    assert len(small.events) <= 25, small.events
+    print(f"{name}: schedule {index}: {target.value}: {len(small.events)} events: {small.violations[0].detail}")
+    monkeypatch.undo()
+    assert not replay(_trace(small.trace().to_json()), config).violations
 
 
 # --- the start in one round trip -------------------------------------------------------------
