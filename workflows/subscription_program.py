@@ -847,7 +847,8 @@ class SubscriptionProgram:
             ("last receipt", str(s.last_receipt_id or "-")),
             ("last digest", f"`{digest[:23]}`"),
             ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
-            ("updates seen / reads issued", f"{s.updates_seen} / {s.reads_issued}"),
+            ("updates seen", str(s.updates_seen)),
+            ("reads issued", str(s.reads_issued)),
             ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
         ]
         details = (f"**{phase.value}** `{self.key.uri}`\n\n" + "".join(f"- {k}: **{v}**\n" for k, v in rows)

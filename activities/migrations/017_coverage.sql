@@ -1,4 +1,4 @@
--- mcpsync ledger, version 14: level-based coverage owned by the row (docs/decisions/0002).
+-- mcpsync ledger, version 17: level-based coverage owned by the row (docs/decisions/0002).
 -- notifications_seen is the row's notification count (notified); covered is the notified value at
 -- the allocation of the newest judged read that observed the resource, written by the accept under
 -- the row lock and never moved back. The row is dirty while notifications_seen > covered

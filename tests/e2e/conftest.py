@@ -91,11 +91,10 @@ async def ingress_idle(ledger: Ledger, fx: FixtureControl, server: str) -> bool:
 
 async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:
     """No read of ``key`` owed: none allocated and not yet judged on the current generations, and the
-    newest judged read's allocation covered every update the ingress recorded on the row."""
+    row is clean (the coverage rule: every notification recorded on it is covered by a judged read,
+    ``notifications_seen <= covered``)."""
     rows = await ledger_rows(ledger, """
-        SELECT s.notifications_seen,
-               (SELECT max(r.notifications_seen) FROM read_requests r
-                 WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NOT NULL),
+        SELECT s.notifications_seen, s.covered,
                (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NULL
                   AND r.ordinal > s.last_accepted_ordinal AND r.session_generation = s.session_generation
                   AND r.subscription_generation = s.subscription_generation)
@@ -104,4 +103,4 @@ async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:
     if not rows:
         return False
     seen, covered, pending = rows[0]
-    return pending == 0 and covered is not None and seen <= covered
+    return pending == 0 and seen <= covered
