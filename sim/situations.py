@@ -1,0 +1,223 @@
+"""Situations: named sequences of operations a trace drives the program through (issue 24).
+
+The simulator's fixed findings (docs/simulation.md, F1–F14) were each found by one trace. Their
+stored traces drove the development builds' activities and were removed with the 0.2.0 baseline;
+``observe`` names the same *situations* in today's program (a reset re-dispatching a finished
+allocation, a close arriving during the continue-as-new wait, ...), so a trace can be searched for
+(``search``: seeded schedules that contain the situation, shrunk to the shortest that still does and
+stays clean) and a stored trace can be checked to still reach its situation after the program changes.
+
+``python -m sim.situations SEED START STOP [NAME ...]`` prints the shrunk traces it finds as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.subscription_program import WaitKind
+from sim.runtime import Signal
+from sim.simulation import (
+    ALL_FAULTS,
+    SUBSCRIBE_CYCLE_READ,
+    Activity,
+    Event,
+    Fault,
+    Op,
+    SimConfig,
+    Simulation,
+    Trace,
+    run_schedule,
+    schedule_seed,
+)
+
+S = SubscriptionState
+V = AcceptVerdict
+CYCLES = (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE)
+CLOSING = (S.UNSUBSCRIBING, S.UNSUBSCRIBE_UNKNOWN, S.CLOSED)
+TERMINAL = (S.REVOKED, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN)
+SEARCH_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS})
+
+
+def _base(act: Activity) -> int:
+    """The step at which ``act`` allocates (its read cycle's first step)."""
+    return SUBSCRIBE_CYCLE_READ if act.name == Act.MCP_SUBSCRIBE_CYCLE else 0
+
+
+def _request_id(act: Activity) -> str:
+    arg = act.arg
+    return str(arg.read.allocate.request_id if act.name == Act.MCP_SUBSCRIBE_CYCLE else arg.allocate.request_id)
+
+
+def _target(sim: Simulation, e: Event) -> Activity | None:
+    if e.op == Op.EXEC:
+        return sim._find(e.act, e.n, executed=False)
+    if e.op == Op.COMPLETE:
+        return sim._find(e.act, e.n, executed=True)
+    return None
+
+
+def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bool]:
+    """Replay ``trace`` event by event (then the drain) and name the situations it reached;
+    also whether the replay was clean (no violation)."""
+    config = replace(config, read_on_notification=config.read_on_notification and trace.read_on_notification)
+    sim = Simulation(trace.seed, trace.profile, config)
+    tags: set[str] = set()
+    allocated: set[int] = set()  # activity ids whose read cycle allocated once already
+    covered_at_checkpoint: dict[int, int] = {}
+    for e in trace.events:
+        wf = sim.wf
+        running = sim.chain_running
+        wait = wf.main_wait if running else None
+        act = _target(sim, e)
+        state = wf.fence.s.state if running else None
+        row = sim.ledger.row
+        armed = running and wf.fence.s.read_due_at is not None
+        can_before = sim.coverage.get("continue_as_new", 0)
+        saved_before = sim.covered_reads_saved
+        erased: list[Signal] = []
+        cp = None
+        if e.op == Op.RESET and sim.checkpoints:
+            cp = sim.checkpoints[-1 - e.n % len(sim.checkpoints)]
+            erased = [kind for kind, _ in sim.signal_log[cp.signal_index:]]
+        msg_kind = sim.queue[e.n % len(sim.queue)].kind if e.op == Op.DELIVER and sim.queue else ""
+        # --- before: what the event meets
+        if act is not None and e.op == Op.EXEC and act.name in CYCLES and act.step == _base(act):
+            if act.aid in allocated:
+                tags.add("F1.retried_allocate")
+            rid = _request_id(act)
+            chain = 0
+            while (prior := sim.ledger.request_ids.get(rid)) is not None:
+                rr = sim.ledger.read_requests[prior]
+                if not rr.completed:
+                    if chain == 0 and act.aid not in allocated:  # another activity (a reset run's) asks again
+                        tags.add("F11.reset_reasks_pending")
+                        if row.notifications_seen > rr.notifications_seen:
+                            tags.add("F11.reasked_after_a_note")
+                    break
+                chain += 1
+                rid = f"{rid}/{prior}"
+            if chain >= 1:
+                tags.add("F1.reset_redispatch")
+            if chain >= 2:
+                tags.add("F6.second_reset_same_point")
+        if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
+            tags.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
+        if msg_kind == "session_changed" and running and (wf.fence.allocating or wf.program.reads_running):
+            tags.add("F3.session_change_while_reading")
+        if e.op == Op.EXEC and act is not None and act.ingress is None and act.name in CYCLES \
+                and act.step == _base(act) + 1 and e.fault in ("error", "malformed") and act.ticket is not None \
+                and act.ticket.notifications_seen > row.covered:
+            tags.add("F7.covering_read_failed")
+        if wait == WaitKind.CONTINUE_AS_NEW:
+            tags.add("continue_as_new_wait")
+        if e.op == Op.CLOSE and wait == WaitKind.CONTINUE_AS_NEW:
+            tags.add("F9.close_during_can_wait")
+        if e.op == Op.RESUME and wait == WaitKind.CONTINUE_AS_NEW:
+            tags.add("F13.resume_during_can_wait")
+        if e.op == Op.COMPLETE and act is not None and act.name in CYCLES and state in TERMINAL:
+            cycle = getattr(act.result, "cycle", act.result)
+            verdict = getattr(getattr(cycle, "accept", None), "verdict", None)
+            if verdict is not None and verdict != V.REVOKED:
+                tags.add("F10.verdict_after_terminal")
+                if verdict == V.TOMBSTONE_PENDING:
+                    tags.add("F10.tombstone_after_revoked")
+        if e.op == Op.RESET and e.fault != "reapply" and Signal.UPDATED in erased and cp is not None \
+                and saved_before > covered_at_checkpoint.get(id(cp), saved_before):
+            tags.add("F14.reset_drops_covered_updates")
+            tags.add("F14.reset_drops_covered_updates_" + ("safety" if trace.profile.safety_read_seconds
+                                                            else "no_safety"))
+        if e.op == Op.CATALOG and wait == WaitKind.IDLE and state == S.ACTIVE and armed \
+                and wf.fence.s.staleness_bound_seconds is not None:
+            tags.add("staleness.catalog_word_while_poll_armed")
+        stale_step = act is not None and e.op == Op.EXEC and act.ingress is None and act.name in CYCLES \
+            and act.step == _base(act) + 2 and act.ticket is not None
+        stale_covering = stale_step and act is not None and act.ticket is not None \
+            and act.ticket.notifications_seen > row.covered
+        runs_before = sim.run
+        stale_before = sim.coverage.get("verdict.STALE", 0)
+        # --- the event
+        applied = sim.apply(e)
+        if not applied:
+            continue
+        # --- after
+        if act is not None and act.name in CYCLES and act.ticket is not None:
+            allocated.add(act.aid)
+        if e.op == Op.CHECKPOINT and sim.checkpoints:
+            covered_at_checkpoint[id(sim.checkpoints[-1])] = sim.covered_reads_saved
+        if stale_covering and runs_before > 1 and sim.coverage.get("verdict.STALE", 0) > stale_before:
+            tags.add("F7.covering_read_stale_after_reset")
+        if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
+            if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING:
+                tags.add("F8.reset_past_close_in_reconciliation")
+        if sim.coverage.get("continue_as_new", 0) > can_before and armed and sim.profile.capability == "subscribe" \
+                and sim.profile.safety_read_seconds:
+            tags.add("staleness.continue_as_new_while_safety_armed")
+    if "staleness.catalog_word_while_poll_armed" in tags and not sim.coverage.get("timer.poll"):
+        tags.discard("staleness.catalog_word_while_poll_armed")
+    sim.drain()
+    result = sim.result()
+    return tags, not result.violations
+
+
+def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budget: int = 1500) -> Trace:
+    """The shortest event list (1-minimal within ``budget`` replays) that still reaches ``name`` cleanly."""
+    left = [budget]
+
+    def keeps(events: Sequence[Event]) -> bool:
+        if left[0] <= 0:
+            return False
+        left[0] -= 1
+        tags, clean = observe(replace(trace, events=tuple(events)), config)
+        return clean and name in tags
+
+    events = list(trace.events)
+    chunks = 2
+    while len(events) >= 2 and left[0] > 0:
+        size = max(1, len(events) // chunks)
+        reduced = False
+        for start in range(0, len(events), size):
+            candidate = events[:start] + events[start + size:]
+            if keeps(candidate):
+                events, reduced = candidate, True
+                chunks = max(chunks - 1, 2)
+                break
+        if not reduced:
+            if size == 1:
+                break
+            chunks = min(len(events), chunks * 2)
+    return replace(trace, events=tuple(events), violations=())
+
+
+def search(seed: str, start: int, stop: int, names: Iterable[str],
+           config: SimConfig = SEARCH_CONFIG) -> dict[str, Trace]:
+    """Seeded schedules ``start``..``stop-1``: for each wanted situation, the first clean schedule
+    that reaches it, shrunk."""
+    wanted = set(names)
+    found: dict[str, Trace] = {}
+    for index in range(start, stop):
+        if not wanted:
+            break
+        trace = run_schedule(schedule_seed(seed, index), config).trace()
+        tags, clean = observe(trace, config)
+        for name in sorted(tags & wanted):
+            if clean:
+                found[name] = shrink_to(trace, name, config)
+                wanted.discard(name)
+                print(f"{name}: {schedule_seed(seed, index)} -> {len(found[name].events)} events",
+                      file=sys.stderr)
+    return found
+
+
+def main(argv: Sequence[str]) -> None:
+    seed, start, stop, *names = argv
+    found = search(seed, int(start), int(stop), names)
+    print(json.dumps({name: t.to_json() for name, t in found.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
