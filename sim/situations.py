@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from mcpsync.workflows.names import Act
@@ -107,7 +107,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
                 tags.add("F6.second_reset_same_point")
         if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
             tags.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
-        if msg_kind == "session_changed" and running and (wf.fence.allocating or wf.program.reads_running):
+        if msg_kind == "session_changed" and running and wf.fence.allocating and wf.program.reads_running:
             tags.add("F3.session_change_while_reading")
         if e.op == Op.EXEC and act is not None and act.ingress is None and act.name in CYCLES \
                 and act.step == _base(act) + 1 and e.fault in ("error", "malformed") and act.ticket is not None \
@@ -164,16 +164,19 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
     return tags, not result.violations
 
 
-def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budget: int = 1500) -> Trace:
-    """The shortest event list (1-minimal within ``budget`` replays) that still reaches ``name`` cleanly."""
+def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budget: int = 1500,
+              bites: Callable[[Trace], bool] | None = None) -> Trace:
+    """The shortest event list (1-minimal within ``budget`` replays) that still reaches ``name`` cleanly
+    (and, with ``bites``, that a reverted rule still makes violate: a trace with teeth)."""
     left = [budget]
 
     def keeps(events: Sequence[Event]) -> bool:
         if left[0] <= 0:
             return False
         left[0] -= 1
-        tags, clean = observe(replace(trace, events=tuple(events)), config)
-        return clean and name in tags
+        candidate = replace(trace, events=tuple(events))
+        tags, clean = observe(candidate, config)
+        return clean and name in tags and (bites is None or bites(candidate))
 
     events = list(trace.events)
     chunks = 2
@@ -194,9 +197,9 @@ def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budge
 
 
 def search(seed: str, start: int, stop: int, names: Iterable[str],
-           config: SimConfig = SEARCH_CONFIG) -> dict[str, Trace]:
+           config: SimConfig = SEARCH_CONFIG, *, bites: Callable[[Trace], bool] | None = None) -> dict[str, Trace]:
     """Seeded schedules ``start``..``stop-1``: for each wanted situation, the first clean schedule
-    that reaches it, shrunk."""
+    that reaches it (and that ``bites``), shrunk."""
     wanted = set(names)
     found: dict[str, Trace] = {}
     for index in range(start, stop):
@@ -205,8 +208,8 @@ def search(seed: str, start: int, stop: int, names: Iterable[str],
         trace = run_schedule(schedule_seed(seed, index), config).trace()
         tags, clean = observe(trace, config)
         for name in sorted(tags & wanted):
-            if clean:
-                found[name] = shrink_to(trace, name, config)
+            if clean and (bites is None or bites(trace)):
+                found[name] = shrink_to(trace, name, config, bites=bites)
                 wanted.discard(name)
                 print(f"{name}: {schedule_seed(seed, index)} -> {len(found[name].events)} events",
                       file=sys.stderr)
@@ -214,8 +217,15 @@ def search(seed: str, start: int, stop: int, names: Iterable[str],
 
 
 def main(argv: Sequence[str]) -> None:
-    seed, start, stop, *names = argv
-    found = search(seed, int(start), int(stop), names)
+    """``SEED START STOP NAME...``; ``--faults a,b,c``: only those fault classes (a denser search)."""
+    args = list(argv)
+    config = SEARCH_CONFIG
+    if "--faults" in args:
+        at = args.index("--faults")
+        config = replace(config, faults=frozenset(Fault(f) for f in args[at + 1].split(",")))
+        del args[at:at + 2]
+    seed, start, stop, *names = args
+    found = search(seed, int(start), int(stop), names, config)
     print(json.dumps({name: t.to_json() for name, t in found.items()}, indent=1))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mcpsync.workflows.fence import SubscriptionFence
 from mcpsync.workflows.records import ResourceSubscriptionV1, ResumeRequest
 from mcpsync.workflows.subscription_program import SubscriptionProgram, WaitKind
 from sim.simulation import Invariant, Trace, replay
@@ -104,3 +105,15 @@ def test_resume_traces_catch_a_resume_update_that_ignores_the_finished_fence(
 
     monkeypatch.setattr(SubscriptionProgram, "on_resume", on_resume)
     assert _violated(trace)
+
+
+def test_placeholder_trace_catches_a_release_that_assumes_the_slot_is_still_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = _load("F3-placeholder-cleared")
+    assert not _violated(trace)
+
+    def release(self: SubscriptionFence, placeholder: int) -> None:  # before F3
+        self.s.in_flight.remove(placeholder)
+
+    monkeypatch.setattr(SubscriptionFence, "release_placeholder", release)
+    assert Invariant.WORKFLOW_ERROR in _violated(trace)
