@@ -1661,6 +1661,12 @@ class Simulation:
                                                         f"close updates {wf.handlers_running(Signal.CLOSE)}, resume "
                                                         f"updates {wf.handlers_running(Signal.RESUME)})")
             return
+        if wf.fence.s.close_requested or wf.handlers_running(Signal.CLOSE):
+            # A close the run took (or an update still waiting) must finish the chain by the quiet end,
+            # whatever the content: a close stuck behind a wait (F9) leaves an ACTIVE, converged row.
+            self._violate(Invariant.NO_CONVERGENCE, f"close requested, row {row.state}, workflow {wf.stage.value} "
+                                                    f"waiting for {wf.main_wait}")
+            return
         if not self._converged():
             self._violate(Invariant.NO_CONVERGENCE,
                           f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
