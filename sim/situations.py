@@ -118,7 +118,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if e.op == Op.CLOSE and wait == WaitKind.CONTINUE_AS_NEW:
             tags.add("F9.close_during_can_wait")
         if e.op == Op.RESUME and wait == WaitKind.CONTINUE_AS_NEW:
-            tags.add("F13.resume_during_can_wait")
+            tags.add("F13.resume_during_can_wait")  # unreachable since F13's fix: the wait steps aside first
         if e.op == Op.COMPLETE and act is not None and act.name in CYCLES and state in TERMINAL:
             cycle = getattr(act.result, "cycle", act.result)
             verdict = getattr(getattr(cycle, "accept", None), "verdict", None)
@@ -151,6 +151,11 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             covered_at_checkpoint[id(sim.checkpoints[-1])] = sim.covered_reads_saved
         if stale_covering and runs_before > 1 and sim.coverage.get("verdict.STALE", 0) > stale_before:
             tags.add("F7.covering_read_stale_after_reset")
+        if wait == WaitKind.CONTINUE_AS_NEW and sim.chain_running and sim.wf.fence.s.state != S.ACTIVE \
+                and sim.wf.fence.s.state not in TERMINAL:
+            tags.add("F13.left_active_during_can_wait")  # the state F13's resume update needs
+            if e.op not in (Op.CONFLICT, Op.CLOSE, Op.REVOKE):
+                tags.add("F13.adopted_during_can_wait")  # a reload adopted it, as in F13
         if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
             if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING:
                 tags.add("F8.reset_past_close_in_reconciliation")

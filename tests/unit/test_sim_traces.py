@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mcpsync.workflows.fence import SubscriptionFence
-from mcpsync.workflows.records import ResourceSubscriptionV1, ResumeRequest
+from mcpsync.workflows.records import ResourceSubscriptionV1, ResumeRequest, SubscriptionStart
 from mcpsync.workflows.subscription_program import SubscriptionProgram, WaitKind
 from sim.simulation import Invariant, Trace, replay
 from sim.situations import observe
@@ -35,7 +35,7 @@ def test_every_finding_has_its_trace() -> None:
     # What the tests check does not go down (issue 24): the findings whose situation the baseline
     # program can still reach each keep a trace (the others are explained in docs/simulation.md).
     stems = {p.stem for p in PATHS}
-    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F2-resume-then-close", "F2-resume-then-revoke",
+    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F2-resume-then-close", "F2-resume-then-revoke",
                    "F3-", "F6-", "F7-covering-read-failed", "F7-covering-read-stale-after-reset", "F8-",
                    "F10-verdict-lands-after-revocation", "F11-retried-allocation-keeps-its-counter", "F14-",
                    "staleness-catalog-word-restarts-poll-timer", "staleness-continue-as-new-restarts-safety-timer"):
@@ -117,3 +117,20 @@ def test_placeholder_trace_catches_a_release_that_assumes_the_slot_is_still_ther
 
     monkeypatch.setattr(SubscriptionFence, "release_placeholder", release)
     assert Invariant.WORKFLOW_ERROR in _violated(trace)
+
+
+def test_close_during_continue_as_new_wait_trace_catches_a_wait_only_for_handlers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = _load("F9-close-during-continue-as-new-wait")
+    assert not _violated(trace)
+
+    async def continue_as_new(self: SubscriptionProgram) -> None:  # before F9: only a drained run goes on
+        rt = self.rt
+        await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None,
+                         WaitKind.CONTINUE_AS_NEW)
+        rt.continue_as_new(SubscriptionStart(key=self.key, options=self.options,
+                                             carried_state=self.fence.s.model_dump(mode="json"),
+                                             seen_signal_ids=self.seen_ids))
+
+    monkeypatch.setattr(SubscriptionProgram, "_continue_as_new", continue_as_new)
+    assert Invariant.NO_CONVERGENCE in _violated(trace)
