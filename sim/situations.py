@@ -85,55 +85,56 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             cp = sim.checkpoints[-1 - e.n % len(sim.checkpoints)]
             erased = [kind for kind, _ in sim.signal_log[cp.signal_index:]]
         msg_kind = sim.queue[e.n % len(sim.queue)].kind if e.op == Op.DELIVER and sim.queue else ""
+        before: set[str] = set()  # kept only if the event applies
         # --- before: what the event meets
         if act is not None and e.op == Op.EXEC and act.name in CYCLES and act.step == _base(act):
             if act.aid in allocated:
-                tags.add("F1.retried_allocate")
+                before.add("F1.retried_allocate")
             rid = _request_id(act)
             chain = 0
             while (prior := sim.ledger.request_ids.get(rid)) is not None:
                 rr = sim.ledger.read_requests[prior]
                 if not rr.completed:
                     if chain == 0 and act.aid not in allocated:  # another activity (a reset run's) asks again
-                        tags.add("F11.reset_reasks_pending")
+                        before.add("F11.reset_reasks_pending")
                         if row.notifications_seen > rr.notifications_seen:
-                            tags.add("F11.reasked_after_a_note")
+                            before.add("F11.reasked_after_a_note")
                     break
                 chain += 1
                 rid = f"{rid}/{prior}"
             if chain >= 1:
-                tags.add("F1.reset_redispatch")
+                before.add("F1.reset_redispatch")
             if chain >= 2:
-                tags.add("F6.second_reset_same_point")
+                before.add("F6.second_reset_same_point")
         if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
-            tags.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
+            before.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
         if msg_kind == "session_changed" and running and wf.fence.allocating and wf.program.reads_running:
-            tags.add("F3.session_change_while_reading")
+            before.add("F3.session_change_while_reading")
         if e.op == Op.EXEC and act is not None and act.ingress is None and act.name in CYCLES \
                 and act.step == _base(act) + 1 and e.fault in ("error", "malformed") and act.ticket is not None \
                 and act.ticket.notifications_seen > row.covered:
-            tags.add("F7.covering_read_failed")
+            before.add("F7.covering_read_failed")
         if wait == WaitKind.CONTINUE_AS_NEW:
-            tags.add("continue_as_new_wait")
+            before.add("continue_as_new_wait")
         if e.op == Op.CLOSE and wait == WaitKind.CONTINUE_AS_NEW:
-            tags.add("F9.close_during_can_wait")
+            before.add("F9.close_during_can_wait")
         if e.op == Op.RESUME and wait == WaitKind.CONTINUE_AS_NEW:
-            tags.add("F13.resume_during_can_wait")  # unreachable since F13's fix: the wait steps aside first
+            before.add("F13.resume_during_can_wait")  # unreachable since F13's fix: the wait steps aside first
         if e.op == Op.COMPLETE and act is not None and act.name in CYCLES and state in TERMINAL:
             cycle = getattr(act.result, "cycle", act.result)
             verdict = getattr(getattr(cycle, "accept", None), "verdict", None)
             if verdict is not None and verdict != V.REVOKED:
-                tags.add("F10.verdict_after_terminal")
+                before.add("F10.verdict_after_terminal")
                 if verdict == V.TOMBSTONE_PENDING:
-                    tags.add("F10.tombstone_after_revoked")
+                    before.add("F10.tombstone_after_revoked")
         if e.op == Op.RESET and e.fault != "reapply" and Signal.UPDATED in erased and cp is not None \
                 and saved_before > covered_at_checkpoint.get(id(cp), saved_before):
-            tags.add("F14.reset_drops_covered_updates")
-            tags.add("F14.reset_drops_covered_updates_" + ("safety" if trace.profile.safety_read_seconds
+            before.add("F14.reset_drops_covered_updates")
+            before.add("F14.reset_drops_covered_updates_" + ("safety" if trace.profile.safety_read_seconds
                                                             else "no_safety"))
         if e.op == Op.CATALOG and wait == WaitKind.IDLE and state == S.ACTIVE and armed \
                 and wf.fence.s.staleness_bound_seconds is not None:
-            tags.add("staleness.catalog_word_while_poll_armed")
+            before.add("staleness.catalog_word_while_poll_armed")
         stale_step = act is not None and e.op == Op.EXEC and act.ingress is None and act.name in CYCLES \
             and act.step == _base(act) + 2 and act.ticket is not None
         stale_covering = stale_step and act is not None and act.ticket is not None \
@@ -144,6 +145,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         applied = sim.apply(e)
         if not applied:
             continue
+        tags |= before
         # --- after
         if act is not None and act.name in CYCLES and act.ticket is not None:
             allocated.add(act.aid)
