@@ -35,7 +35,7 @@ def test_every_finding_has_its_trace() -> None:
     # What the tests check does not go down (issue 24): the findings whose situation the baseline
     # program can still reach each keep a trace (the others are explained in docs/simulation.md).
     stems = {p.stem for p in PATHS}
-    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F2-resume-then-close", "F2-resume-then-revoke",
+    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F13-", "F2-resume-then-close", "F2-resume-then-revoke",
                    "F3-", "F6-", "F7-covering-read-failed", "F7-covering-read-stale-after-reset", "F8-",
                    "F10-verdict-lands-after-revocation", "F11-retried-allocation-keeps-its-counter", "F14-",
                    "staleness-catalog-word-restarts-poll-timer", "staleness-continue-as-new-restarts-safety-timer"):
