@@ -10,6 +10,7 @@ with the production rule they guard reverted (monkeypatched), the replay reports
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,15 @@ from typing import Any
 import pytest
 
 from mcpsync.workflows.fence import SubscriptionFence
-from mcpsync.workflows.records import ResourceSubscriptionV1, ResumeRequest, SubscriptionStart
+from mcpsync.workflows.records import (
+    AllocateRequest,
+    ReadTicket,
+    ResourceSubscriptionV1,
+    ResumeRequest,
+    SubscriptionStart,
+)
 from mcpsync.workflows.subscription_program import SubscriptionProgram, WaitKind
-from sim.simulation import Invariant, Trace, replay
+from sim.simulation import Invariant, LedgerIntegrityError, MemoryLedger, Trace, replay
 from sim.situations import observe
 
 TRACES = Path(__file__).parent / "sim_traces"
@@ -134,3 +141,40 @@ def test_close_during_continue_as_new_wait_trace_catches_a_wait_only_for_handler
 
     monkeypatch.setattr(SubscriptionProgram, "_continue_as_new", continue_as_new)
     assert Invariant.NO_CONVERGENCE in _violated(trace)
+
+
+# The allocation rules (F1, F6) live in the ledger's SQL; the simulator's MemoryLedger models them.
+# Reverting the model's rule shows the traces reach it (teeth for the model, not for ledger.py).
+
+def _unique_refuses(refuses: Callable[[MemoryLedger, AllocateRequest], bool]) -> Callable[..., ReadTicket]:
+    allocate = MemoryLedger.allocate_read
+
+    def allocate_read(self: MemoryLedger, req: AllocateRequest) -> ReadTicket:
+        if refuses(self, req):
+            raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {req.request_id}")
+        return allocate(self, req)
+
+    return allocate_read
+
+
+def _chain(ledger: MemoryLedger, request_id: str) -> int:
+    """How many finished allocations the request id's derivation chain holds."""
+    n = 0
+    while (prior := ledger.request_ids.get(request_id)) is not None and ledger.read_requests[prior].completed:
+        n, request_id = n + 1, f"{request_id}/{prior}"
+    return n
+
+
+@pytest.mark.parametrize(("name", "refuses"), [
+    # before F1: any id asked again is refused, a retry's (same cycle) or a reset run's
+    ("F1-retried-allocate", lambda led, req: req.request_id in led.request_ids or req.cycle_id in led.cycle_ids),
+    ("F1-reset-redispatch", lambda led, req: _chain(led, req.request_id) >= 1),
+    # before F6: the derivation does not follow the chain (a second reset re-derives the same id)
+    ("F6-second-reset-same-point", lambda led, req: _chain(led, req.request_id) >= 2),
+], ids=["F1-retried", "F1-reset", "F6"])
+def test_allocation_traces_catch_the_model_without_its_idempotence(
+        name: str, refuses: Callable[[MemoryLedger, AllocateRequest], bool], monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = _load(name)
+    assert not _violated(trace)
+    monkeypatch.setattr(MemoryLedger, "allocate_read", _unique_refuses(refuses))
+    assert Invariant.LEDGER_INTEGRITY in _violated(trace)
