@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
+from mcpsync.workflows import write_plan
 from mcpsync.workflows.fence import SubscriptionFence
 from mcpsync.workflows.records import (
+    AcceptVerdict,
     AllocateRequest,
+    FenceSnapshot,
     ReadTicket,
     ResourceSubscriptionV1,
     ResumeRequest,
@@ -178,3 +181,14 @@ def test_allocation_traces_catch_the_model_without_its_idempotence(
     assert not _violated(trace)
     monkeypatch.setattr(MemoryLedger, "allocate_read", _unique_refuses(refuses))
     assert Invariant.LEDGER_INTEGRITY in _violated(trace)
+
+
+def test_covering_read_failed_trace_catches_a_failed_read_that_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = _load("F7-covering-read-failed")
+    assert not _violated(trace)
+
+    def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:
+        return None if read_notified <= row.covered else read_notified  # before F7: any judged read covers
+
+    monkeypatch.setattr(write_plan, "covered_after", covered_after)
+    assert Invariant.COVERED_UNREAD in _violated(trace)
