@@ -183,8 +183,10 @@ def test_allocation_traces_catch_the_model_without_its_idempotence(
     assert Invariant.LEDGER_INTEGRITY in _violated(trace)
 
 
-def test_covering_read_failed_trace_catches_a_failed_read_that_covers(monkeypatch: pytest.MonkeyPatch) -> None:
-    trace, _ = _load("F7-covering-read-failed")
+@pytest.mark.parametrize("name", ["F7-covering-read-failed", "F7-covering-read-stale-after-reset"])
+def test_covering_read_traces_catch_a_read_that_covers_without_observing(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = _load(name)
     assert not _violated(trace)
 
     def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:
