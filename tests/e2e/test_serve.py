@@ -178,7 +178,7 @@ async def test_events_resume_across_sigkill_of_serve(
                 expected.append(edit["committed"]["digest"])
                 if i == 2:
                     await serve.kill()  # SIGKILL while changes flow
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # models an upstream that changes about three times a second
             await _wait_record(h, lambda r: r.last_accepted_digest == expected[-1], "last version", timeout=60)
             serve = await ServeProcess.start(conf, tokens, consumer=consumer)
             seen: list[str] = []
@@ -357,7 +357,7 @@ async def test_stdio_and_bad_input(
                 read = await client.read_resource(uri)
                 assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
                 # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale bytes.
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(1.5)  # real time past the 1 s bound: the bound is wall-clock age
                 with pytest.raises(MCPError) as stale:
                     await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
                 assert stale.value.code == -32004 and "staleness bound" in stale.value.message
@@ -469,10 +469,16 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                 frames: list[dict[str, Any]] = []
                 got_v2 = asyncio.Event()
                 expect: dict[str, str] = {}
+                # The stream resumes from a cursor taken before the edit, so the edit is delivered
+                # whenever the stream's first page is read (no race with its start).
+                polled = await raw.post(serve.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 6, "method": "events/poll",
+                    "params": {"name": "resource.changed", "cursor": None}})
+                start_cursor = _jsonrpc_result(polled)["cursor"]
 
                 async def read_stream() -> None:
                     body = {"jsonrpc": "2.0", "id": 7, "method": "events/stream",
-                            "params": {"name": "resource.changed", "cursor": None}}
+                            "params": {"name": "resource.changed", "cursor": start_cursor}}
                     async with raw.stream("POST", serve.url, json=body, headers=headers) as resp:
                         assert resp.status_code == 200
                         async for line in resp.aiter_lines():
@@ -486,7 +492,6 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                                 got_v2.set()
 
                 reader = asyncio.create_task(read_stream())
-                await asyncio.sleep(1.0)  # the stream starts "from now"
                 v2 = await fx.edit(uri, text="# push two", mime_type="text/markdown")
                 expect["v2"] = v2["committed"]["digest"]
                 await asyncio.wait_for(got_v2.wait(), 30)
@@ -522,6 +527,14 @@ async def test_the_benchmark_runs_small() -> None:
     result = await bench(listeners=3, changes=2, interval=0.5)
     assert result["listeners_missing_notifications"] == 0 and result["listener_notifications"] >= 6
     assert result["serve_read_ms"]["n"] >= 1 and result["direct_read_ms"]["n"] >= 1
+
+
+def _jsonrpc_result(resp: httpx2.Response) -> dict[str, Any]:
+    """The ``result`` of a JSON-RPC response sent as JSON or as one SSE ``data:`` frame."""
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return dict(resp.json()["result"])
+    frames = [json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")]
+    return dict(next(f for f in frames if "result" in f)["result"])
 
 
 @pytest.fixture(autouse=True)

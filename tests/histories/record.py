@@ -347,7 +347,8 @@ class Recorder:
                 async with _main_worker(self.client, self.ledger, queue, deployment, "v2"):
                     await _make_current(self.temporal, deployment, "v2")
                     # The new current build reaches the server's matching asynchronously: a workflow task
-                    # started within about a second of the change may not see it (docs/upgrades.md).
+                    # started within about a second of the change may not see it (docs/upgrades.md). The
+                    # recorder (not a test) waits that second of the server's real propagation time.
                     await asyncio.sleep(1.0)
                     await self.edit(fx, current, key, "nudge to v2")
                     await eventually(lambda: _moved(current, first_run, "v2"), timeout=40, what="run on v2")
