@@ -1857,38 +1857,49 @@ def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
     return result
 
 
-def shrink(result: ScheduleResult, config: SimConfig = SimConfig(), *,
-           target: Invariant | None = None) -> ScheduleResult:
-    """Delta-debugging: the shortest event list (1-minimal within the budget) that still
-    violates ``target`` (default: the first violated invariant)."""
-    target = target or result.violations[0].invariant
-    budget = [config.shrink_budget]
-
-    def fails(events: Sequence[Event]) -> ScheduleResult | None:
-        if budget[0] <= 0:
-            return None
-        budget[0] -= 1
-        r = replay(Trace(result.seed, result.profile, tuple(events)), config)
-        return r if any(v.invariant == target for v in r.violations) else None
-
-    best = result
-    events = list(result.events)
+def delta_debug(events: Sequence[Event], accept: Callable[[list[Event]], list[Event] | None],
+                budget: int) -> list[Event]:
+    """Delta-debugging (ddmin): drop chunks of ``events`` while ``accept`` keeps the candidate, until
+    the list is 1-minimal or ``budget`` calls of ``accept`` are spent. ``accept`` answers the events to
+    go on from (the candidate, or what replaying it kept) or None for a candidate that lost the property."""
+    left = budget
+    current = list(events)
     chunks = 2
-    while len(events) >= 2 and budget[0] > 0:
-        size = max(1, len(events) // chunks)
+    while len(current) >= 2 and left > 0:
+        size = max(1, len(current) // chunks)
         reduced = False
-        for start in range(0, len(events), size):
-            candidate = events[:start] + events[start + size:]
-            r = fails(candidate)
-            if r is not None:
-                events, best, reduced = r.events, r, True
+        for start in range(0, len(current), size):
+            if left <= 0:
+                break
+            left -= 1
+            kept = accept(current[:start] + current[start + size:])
+            if kept is not None:
+                current, reduced = list(kept), True
                 chunks = max(chunks - 1, 2)
                 break
         if not reduced:
             if size == 1:
                 break
-            chunks = min(len(events), chunks * 2)
-    return best
+            chunks = min(len(current), chunks * 2)
+    return current
+
+
+def shrink(result: ScheduleResult, config: SimConfig = SimConfig(), *,
+           target: Invariant | None = None) -> ScheduleResult:
+    """Delta-debugging: the shortest event list (1-minimal within the budget) that still
+    violates ``target`` (default: the first violated invariant)."""
+    target = target or result.violations[0].invariant
+    best = [result]
+
+    def fails(events: list[Event]) -> list[Event] | None:
+        r = replay(Trace(result.seed, result.profile, tuple(events)), config)
+        if not any(v.invariant == target for v in r.violations):
+            return None
+        best[0] = r
+        return list(r.events)
+
+    delta_debug(result.events, fails, config.shrink_budget)
+    return best[0]
 
 
 # --- many schedules --------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from sim.simulation import (
     SimConfig,
     Simulation,
     Trace,
+    delta_debug,
     run_schedule,
     schedule_seed,
 )
@@ -175,31 +176,12 @@ def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budge
               bites: Callable[[Trace], bool] | None = None) -> Trace:
     """The shortest event list (1-minimal within ``budget`` replays) that still reaches ``name`` cleanly
     (and, with ``bites``, that a reverted rule still makes violate: a trace with teeth)."""
-    left = [budget]
-
-    def keeps(events: Sequence[Event]) -> bool:
-        if left[0] <= 0:
-            return False
-        left[0] -= 1
+    def keeps(events: list[Event]) -> list[Event] | None:
         candidate = replace(trace, events=tuple(events))
         tags, clean = observe(candidate, config)
-        return clean and name in tags and (bites is None or bites(candidate))
+        return events if clean and name in tags and (bites is None or bites(candidate)) else None
 
-    events = list(trace.events)
-    chunks = 2
-    while len(events) >= 2 and left[0] > 0:
-        size = max(1, len(events) // chunks)
-        reduced = False
-        for start in range(0, len(events), size):
-            candidate = events[:start] + events[start + size:]
-            if keeps(candidate):
-                events, reduced = candidate, True
-                chunks = max(chunks - 1, 2)
-                break
-        if not reduced:
-            if size == 1:
-                break
-            chunks = min(len(events), chunks * 2)
+    events = delta_debug(trace.events, keeps, budget)
     return replace(trace, events=tuple(events), violations=())
 
 
