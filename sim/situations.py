@@ -1,4 +1,4 @@
-"""Situations: named sequences of operations a trace drives the program through (issue 24).
+"""Situations: named sequences of operations a trace drives the program through.
 
 The simulator's fixed findings (docs/simulation.md, F1–F14) were each found by one trace. Their
 stored traces drove the development builds' activities and were removed with the 0.2.0 baseline;

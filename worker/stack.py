@@ -669,7 +669,7 @@ _SOCKET_NAME = ".s.PGSQL.65535"  # the longest name PostgreSQL gives its socket
 def _check_socket_path(pgdata: Path) -> None:
     """Refuse a data dir whose Unix socket path would not fit. The wheel would fall back to a socket
     dir under ``/tmp/runtime-<uid>/`` that it makes 0777 when run as root, and with trust auth any
-    local user could then connect as superuser (issue 29 item 5): never let it."""
+    local user could then connect as superuser: never let it."""
     length = len(os.fsencode(pgdata / _SOCKET_NAME))
     if length > SOCKET_PATH_MAX:
         raise StackError(

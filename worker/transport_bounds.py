@@ -1,4 +1,4 @@
-"""Byte bounds at the MCP transports, before anything is parsed (issue 29 item 9; docs/security.md).
+"""Byte bounds at the MCP transports, before anything is parsed (docs/security.md).
 
 Contract:
 - Streamable HTTP: ``bounded_http_transport(limit)`` is an httpx transport whose

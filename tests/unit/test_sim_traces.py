@@ -1,4 +1,4 @@
-"""Regression traces of the simulator's fixed findings, re-derived on the 0.2.0 program (issue 24).
+"""Regression traces of the simulator's fixed findings, re-derived on the 0.2.0 program.
 
 Each trace in ``sim_traces/`` reproduces the *situation* of one finding of docs/simulation.md (the
 same sequence of operations: a reset at the point, a close during the continue-as-new wait, ...),
@@ -42,7 +42,7 @@ def _load(name: str) -> tuple[Trace, dict[str, Any]]:
 
 
 def test_every_finding_has_its_trace() -> None:
-    # What the tests check does not go down (issue 24): the findings whose situation the baseline
+    # Every finding whose situation the baseline
     # program can still reach each keep a trace (the others are explained in docs/simulation.md).
     stems = {p.stem for p in PATHS}
     for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F13-", "F2-resume-then-close", "F2-resume-then-revoke",
