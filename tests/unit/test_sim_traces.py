@@ -43,7 +43,7 @@ def _load(name: str) -> tuple[Trace, dict[str, Any]]:
 
 def test_every_finding_has_its_trace() -> None:
     # Every finding whose situation the baseline
-    # program can still reach each keep a trace (the others are explained in docs/simulation.md).
+    # program can still reach keeps a trace (the others are explained in docs/simulation.md).
     stems = {p.stem for p in PATHS}
     for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F13-", "F2-resume-then-close", "F2-resume-then-revoke",
                    "F3-", "F6-", "F7-covering-read-failed", "F7-covering-read-stale-after-reset", "F8-",
