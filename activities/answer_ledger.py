@@ -66,9 +66,10 @@ def _receipt(row: dict[str, Any] | None) -> ReceiptObservation | None:
         return None
     return ReceiptObservation(
         receipt_id=row["receipt_id"], subject=row["subject"], server=row["server"], uri=row["uri"],
-        status=AcceptVerdict(row["status"]), content_digest=row["content_digest"], read_ordinal=row["read_ordinal"],
-        session_generation=row["session_generation"], subscription_generation=row["subscription_generation"],
-        read_issued_at=row["read_issued_at"], accepted_at=row["accepted_at"],
+        status=AcceptVerdict(row["status"]), content_digest=row["content_digest"],
+        read_ordinal=row["read_ordinal"], session_generation=row["session_generation"],
+        subscription_generation=row["subscription_generation"], read_issued_at=row["read_issued_at"],
+        accepted_at=row["accepted_at"],
     )
 
 
@@ -105,10 +106,11 @@ class AnswerLedger:
         selected, bound = by_id.get(selected_id), by_id.get(dep.receipt_id)
         await cur.execute(
             """
-            SELECT s.workflow_id, s.state, s.session_generation, s.subscription_generation, s.notifications_seen,
-                   s.last_notification_at, s.last_notification_generation,
+            SELECT s.workflow_id, s.state, s.session_generation, s.subscription_generation,
+                   s.notifications_seen, s.last_notification_at, s.last_notification_generation,
                    m.generation AS live_generation, m.subscribe AS live_subscribe,
-                   EXISTS (SELECT 1 FROM audit a WHERE a.kind = 'SUBSCRIBE_REJECTED' AND a.workflow_id = s.workflow_id
+                   EXISTS (SELECT 1 FROM audit a WHERE a.kind = 'SUBSCRIBE_REJECTED'
+                       AND a.workflow_id = s.workflow_id
                            AND a.session_generation = s.session_generation) AS subscribe_rejected,
                    (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id
                       AND r.completed_at IS NULL AND r.ordinal > s.last_accepted_ordinal
@@ -122,8 +124,8 @@ class AnswerLedger:
         )
         sub = await cur.fetchone()
         if sub is None:
-            return DependencyObservation(subject=dep.subject, server=dep.server, uri=dep.uri, subscribed=False,
-                                         selected=selected, bound=bound)
+            return DependencyObservation(subject=dep.subject, server=dep.server, uri=dep.uri,
+                                         subscribed=False, selected=selected, bound=bound)
         wf = sub["workflow_id"]
         await cur.execute(_RECEIPT_SQL + " WHERE rv.workflow_id = %s AND rv.status = ANY(%s)"
                           " ORDER BY rv.read_ordinal DESC, rv.receipt_id DESC LIMIT 1", (wf, _ACCEPTED))
@@ -148,17 +150,20 @@ class AnswerLedger:
             error_code = None
             if lr["outcome"] not in ("ACCEPTED", "UNCHANGED", "STALE", "STALE_AFTER_CLOSE"):
                 await cur.execute(
-                    "SELECT detail FROM audit WHERE kind IN ('READ_FAILED', 'READ_DENIED') AND workflow_id = %s"
-                    " AND detail->>'request_id' = %s ORDER BY audit_id DESC LIMIT 1", (wf, lr["request_id"]))
+                    "SELECT detail FROM audit WHERE kind IN ('READ_FAILED', 'READ_DENIED')"
+                    " AND workflow_id = %s AND detail->>'request_id' = %s ORDER BY audit_id DESC LIMIT 1",
+                    (wf, lr["request_id"]))
                 audit = await cur.fetchone()
                 code = audit["detail"].get("error_code") if audit else None
                 error_code = int(code) if isinstance(code, int) else None
-            latest_read = ReadObservation(ordinal=lr["ordinal"], outcome=lr["outcome"], issued_at=lr["issued_at"],
-                                          completed_at=lr["completed_at"], error_code=error_code)
+            latest_read = ReadObservation(ordinal=lr["ordinal"], outcome=lr["outcome"],
+                                          issued_at=lr["issued_at"], completed_at=lr["completed_at"],
+                                          error_code=error_code)
         return DependencyObservation(
             subject=dep.subject, server=dep.server, uri=dep.uri, subscribed=True,
             state=SubscriptionState(sub["state"]), session_generation=sub["session_generation"],
-            subscription_generation=sub["subscription_generation"], live_session_generation=sub["live_generation"],
+            subscription_generation=sub["subscription_generation"],
+            live_session_generation=sub["live_generation"],
             updates_watched=bool(sub["live_subscribe"]) and not sub["subscribe_rejected"],
             bound=bound, selected=selected, latest_accepted=latest, newest_receipt=newest,
             changes_since_selected=changes, notifications_seen=sub["notifications_seen"],
@@ -167,7 +172,8 @@ class AnswerLedger:
             reads_pending=int(sub["reads_pending"]), latest_read=latest_read,
         )
 
-    async def latest_receipts(self, subject: str, server: str, uris: Sequence[str]) -> dict[str, LatestReceipt]:
+    async def latest_receipts(self, subject: str, server: str,
+                              uris: Sequence[str]) -> dict[str, LatestReceipt]:
         """Per URI: the subscription state and the latest ACCEPTED/UNCHANGED receipt (what to select)."""
         out: dict[str, LatestReceipt] = {}
         async with self.pool.connection() as conn:
@@ -184,14 +190,16 @@ class AnswerLedger:
                                       (sub["workflow_id"], _ACCEPTED))
                     receipt = _receipt(await cur.fetchone())
                 out[uri] = LatestReceipt(subject=subject, server=server, uri=uri,
-                                         state=SubscriptionState(sub["state"]) if sub else None, receipt=receipt)
+                                         state=SubscriptionState(sub["state"]) if sub else None,
+                                         receipt=receipt)
         return out
 
     # --- bindings, selections, dispositions ---------------------------------------------------
 
     @staticmethod
     async def _check_receipt(cur: Any, dep: AnswerDependency, error_type: str) -> None:
-        await cur.execute("SELECT subject, server, uri FROM resource_versions WHERE receipt_id=%s", (dep.receipt_id,))
+        await cur.execute("SELECT subject, server, uri FROM resource_versions WHERE receipt_id=%s",
+                          (dep.receipt_id,))
         row = await cur.fetchone()
         if row is None:
             raise _rejected(f"receipt {dep.receipt_id} does not exist", error_type)
@@ -204,15 +212,18 @@ class AnswerLedger:
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 4))", (b.answer_id,))
-            await cur.execute("SELECT revision, bound_at FROM answer_bindings WHERE request_id=%s", (req.request_id,))
+            await cur.execute("SELECT revision, bound_at FROM answer_bindings WHERE request_id=%s",
+                              (req.request_id,))
             row = await cur.fetchone()
             if row is None:
                 for dep in b.dependencies:
                     await self._check_receipt(cur, dep, "InvalidBinding")
                 await cur.execute(
                     """
-                    INSERT INTO answer_bindings (answer_id, revision, request_id, workflow_id, question, dependencies)
-                    SELECT %s, COALESCE(MAX(revision), 0) + 1, %s, %s, %s, %s FROM answer_bindings WHERE answer_id=%s
+                    INSERT INTO answer_bindings (answer_id, revision, request_id, workflow_id, question,
+                        dependencies)
+                    SELECT %s, COALESCE(MAX(revision), 0) + 1, %s, %s, %s, %s FROM answer_bindings
+                           WHERE answer_id=%s
                     RETURNING revision, bound_at
                     """,
                     (b.answer_id, req.request_id, req.workflow_id, b.question,
@@ -222,11 +233,13 @@ class AnswerLedger:
                 assert row is not None
                 for dep in b.dependencies:
                     await cur.execute(
-                        "INSERT INTO answer_selections (answer_id, revision, request_id, subject, server, uri,"
-                        " receipt_id, source, selected_at) VALUES (%s,%s,%s,%s,%s,%s,%s,'bound',%s)",
+                        "INSERT INTO answer_selections (answer_id, revision, request_id,"
+                        " subject, server, uri, receipt_id, source, selected_at)"
+                        " VALUES (%s,%s,%s,%s,%s,%s,%s,'bound',%s)",
                         (b.answer_id, row["revision"], req.request_id, dep.subject, dep.server, dep.uri,
                          dep.receipt_id, row["bound_at"]))
-            selections = [InputSelection(uri=d.uri, receipt_id=d.receipt_id, source="bound", selected_at=row["bound_at"])
+            selections = [InputSelection(uri=d.uri, receipt_id=d.receipt_id, source="bound",
+                                         selected_at=row["bound_at"])
                           for d in b.dependencies]
         return BoundAnswer(revision=row["revision"], bound_at=row["bound_at"], selections=selections)
 
@@ -234,18 +247,22 @@ class AnswerLedger:
         dep = req.dependency
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT receipt_id, selected_at FROM answer_selections WHERE request_id=%s AND uri=%s",
+            await cur.execute("SELECT receipt_id, selected_at FROM answer_selections WHERE request_id=%s"
+                              " AND uri=%s",
                               (req.request_id, dep.uri))
             row = await cur.fetchone()
             if row is None:
                 await self._check_receipt(cur, dep, "InvalidSelection")
                 await cur.execute(
-                    "INSERT INTO answer_selections (answer_id, revision, request_id, subject, server, uri, receipt_id,"
-                    " source) VALUES (%s,%s,%s,%s,%s,%s,%s,'host') RETURNING receipt_id, selected_at",
-                    (req.answer_id, req.revision, req.request_id, dep.subject, dep.server, dep.uri, dep.receipt_id))
+                    "INSERT INTO answer_selections (answer_id, revision, request_id, subject,"
+                    " server, uri, receipt_id, source) VALUES (%s,%s,%s,%s,%s,%s,%s,'host')"
+                    " RETURNING receipt_id, selected_at",
+                    (req.answer_id, req.revision, req.request_id, dep.subject, dep.server, dep.uri,
+                     dep.receipt_id))
                 row = await cur.fetchone()
                 assert row is not None
-        return InputSelection(uri=dep.uri, receipt_id=row["receipt_id"], source="host", selected_at=row["selected_at"])
+        return InputSelection(uri=dep.uri, receipt_id=row["receipt_id"], source="host",
+                              selected_at=row["selected_at"])
 
     async def record_disposition(self, req: RecordDispositionRequest) -> int:
         """Persist one disposition; returns its sequence (the next free one if the workflow's was taken)."""
@@ -253,7 +270,8 @@ class AnswerLedger:
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 4))", (d.answer_id,))
-            await cur.execute("SELECT sequence FROM answer_dispositions WHERE request_id=%s", (req.request_id,))
+            await cur.execute("SELECT sequence FROM answer_dispositions WHERE request_id=%s",
+                              (req.request_id,))
             row = await cur.fetchone()
             if row is not None:
                 return int(row["sequence"])
@@ -264,12 +282,13 @@ class AnswerLedger:
             d = d.model_copy(update={"sequence": sequence})
             await cur.execute(
                 """
-                INSERT INTO answer_dispositions (answer_id, revision, sequence, request_id, verdict, reason_code, reason,
-                    reopened, receipt_ids, evidence_from, evidence_to, checked_at, disposition)
+                INSERT INTO answer_dispositions (answer_id, revision, sequence, request_id, verdict,
+                    reason_code, reason, reopened, receipt_ids, evidence_from, evidence_to, checked_at,
+                    disposition)
                 VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)
                 """,
-                (d.answer_id, d.revision, sequence, req.request_id, d.verdict.value, d.reason_code.value, d.reason,
-                 d.reopened, d.receipt_ids, d.evidence_from, d.evidence_to, d.checked_at,
+                (d.answer_id, d.revision, sequence, req.request_id, d.verdict.value, d.reason_code.value,
+                 d.reason, d.reopened, d.receipt_ids, d.evidence_from, d.evidence_to, d.checked_at,
                  d.model_dump_json()),
             )
         return sequence
@@ -278,28 +297,31 @@ class AnswerLedger:
         """The latest binding revision with its current selections and the latest dispositions."""
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM answer_bindings WHERE answer_id=%s ORDER BY revision DESC LIMIT 1",
+            await cur.execute("SELECT * FROM answer_bindings WHERE answer_id=%s"
+                              " ORDER BY revision DESC LIMIT 1",
                               (answer_id,))
             b = await cur.fetchone()
             if b is None:
                 return None
             await cur.execute(
                 "SELECT DISTINCT ON (uri) uri, receipt_id, source, selected_at FROM answer_selections"
-                " WHERE answer_id=%s AND revision=%s ORDER BY uri, selection_id DESC", (answer_id, b["revision"]))
+                " WHERE answer_id=%s AND revision=%s ORDER BY uri, selection_id DESC",
+                (answer_id, b["revision"]))
             selections = [InputSelection(**r) for r in await cur.fetchall()]
-            await cur.execute("SELECT COALESCE(MAX(sequence), 0) AS n FROM answer_dispositions WHERE answer_id=%s",
+            await cur.execute("SELECT COALESCE(MAX(sequence), 0) AS n FROM answer_dispositions"
+                              " WHERE answer_id=%s",
                               (answer_id,))
             checks = await cur.fetchone()
             await cur.execute("SELECT disposition FROM answer_dispositions WHERE answer_id=%s"
                               " ORDER BY sequence DESC LIMIT 1", (answer_id,))
             last = await cur.fetchone()
-            await cur.execute("SELECT disposition FROM answer_dispositions WHERE answer_id=%s AND verdict='ACCEPT'"
-                              " ORDER BY sequence DESC LIMIT 1", (answer_id,))
+            await cur.execute("SELECT disposition FROM answer_dispositions WHERE answer_id=%s"
+                              " AND verdict='ACCEPT' ORDER BY sequence DESC LIMIT 1", (answer_id,))
             accept = await cur.fetchone()
         return LoadedAnswer(
             answer_id=answer_id, question=b["question"], revision=b["revision"], bound_at=b["bound_at"],
-            dependencies=[AnswerDependency.model_validate(d) for d in b["dependencies"]], selections=selections,
-            checks=int(checks["n"]) if checks else 0,
+            dependencies=[AnswerDependency.model_validate(d) for d in b["dependencies"]],
+            selections=selections, checks=int(checks["n"]) if checks else 0,
             disposition=Disposition.model_validate(last["disposition"]) if last else None,
             last_accept=Disposition.model_validate(accept["disposition"]) if accept else None,
         )
@@ -308,7 +330,8 @@ class AnswerLedger:
         """Every disposition of an answer, oldest first (the audit trail)."""
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT disposition FROM answer_dispositions WHERE answer_id=%s ORDER BY sequence",
+            await cur.execute("SELECT disposition FROM answer_dispositions WHERE answer_id=%s"
+                              " ORDER BY sequence",
                               (answer_id,))
             return [Disposition.model_validate(r["disposition"]) for r in await cur.fetchall()]
 

@@ -106,10 +106,11 @@ def _scan(row: Mapping[str, Any]) -> ResourceDiscoveryScanV1:
         subject=row["subject"], server=row["server"], session_generation=row["session_generation"],
         edition=row["edition"], status=ScanStatus(row["status"]), first_request_at=row["first_request_at"],
         completed_at=row["completed_at"], page_cursor_digests=list(row["page_cursor_digests"]),
-        page_count=row["page_count"], resource_count=row["resource_count"], template_count=row["template_count"],
-        uri_set_digest=row["uri_set_digest"], descriptor_set_digest=row["descriptor_set_digest"],
-        template_set_digest=row["template_set_digest"], list_changed_before=row["list_changed_before"],
-        list_changed_after=row["list_changed_after"], notifications_observed=row["notifications_observed"],
+        page_count=row["page_count"], resource_count=row["resource_count"],
+        template_count=row["template_count"], uri_set_digest=row["uri_set_digest"],
+        descriptor_set_digest=row["descriptor_set_digest"], template_set_digest=row["template_set_digest"],
+        list_changed_before=row["list_changed_before"], list_changed_after=row["list_changed_after"],
+        notifications_observed=row["notifications_observed"],
         snapshot=SnapshotEvidence.model_validate(row["snapshot"]), problems=list(row["problems"]),
         list_ttl_ms=row.get("list_ttl_ms"),
         list_cache_scope=CacheScope(row["list_cache_scope"]) if row.get("list_cache_scope") else None,
@@ -126,8 +127,9 @@ def _catalog(row: Mapping[str, Any]) -> CatalogSnapshot:
         staleness_bound_seconds=row["staleness_bound_seconds"], next_review_at=row["next_review_at"],
         uri_set_digest=row["uri_set_digest"], descriptor_set_digest=row["descriptor_set_digest"],
         template_set_digest=row["template_set_digest"], resource_count=row["resource_count"],
-        template_count=row["template_count"], added=row["added"], removed=row["removed"], changed=row["changed"],
-        initial=row["initial"], rollout_mode=RolloutMode(row["rollout_mode"]), published_at=row["published_at"],
+        template_count=row["template_count"], added=row["added"], removed=row["removed"],
+        changed=row["changed"], initial=row["initial"], rollout_mode=RolloutMode(row["rollout_mode"]),
+        published_at=row["published_at"],
     )
 
 
@@ -142,24 +144,25 @@ class CatalogLedger:
             await conn.execute("DELETE FROM discovery_scans WHERE scan_id=%s", (scan.scan_id,))  # a retry
             await conn.execute(
                 """
-                INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server, session_generation,
-                    edition, status, first_request_at, completed_at, page_count, resource_count, template_count,
-                    page_cursor_digests, uri_set_digest, descriptor_set_digest, template_set_digest,
-                    list_changed_before, list_changed_after, notifications_observed, snapshot, problems,
-                    list_ttl_ms, list_cache_scope)
+                INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server,
+                    session_generation, edition, status, first_request_at, completed_at, page_count,
+                    resource_count, template_count, page_cursor_digests, uri_set_digest,
+                    descriptor_set_digest, template_set_digest, list_changed_before, list_changed_after,
+                    notifications_observed, snapshot, problems, list_ttl_ms, list_cache_scope)
                 VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)
                 """,
                 (scan.scan_id, scan.reconciliation_id, scan.label, scan.subject, scan.server,
-                 scan.session_generation, scan.edition, scan.status.value, scan.first_request_at, scan.completed_at,
-                 scan.page_count, scan.resource_count, scan.template_count, json.dumps(scan.page_cursor_digests),
-                 scan.uri_set_digest, scan.descriptor_set_digest, scan.template_set_digest,
-                 scan.list_changed_before, scan.list_changed_after, scan.notifications_observed,
-                 scan.snapshot.model_dump_json(), json.dumps(scan.problems), scan.list_ttl_ms,
+                 scan.session_generation, scan.edition, scan.status.value, scan.first_request_at,
+                 scan.completed_at, scan.page_count, scan.resource_count, scan.template_count,
+                 json.dumps(scan.page_cursor_digests), scan.uri_set_digest, scan.descriptor_set_digest,
+                 scan.template_set_digest, scan.list_changed_before, scan.list_changed_after,
+                 scan.notifications_observed, scan.snapshot.model_dump_json(), json.dumps(scan.problems),
+                 scan.list_ttl_ms,
                  scan.list_cache_scope.value if scan.list_cache_scope is not None else None),
             )
             cur = conn.cursor()
-            async with cur.copy("COPY discovery_scan_items (scan_id, kind, ident, descriptor, descriptor_digest)"
-                                " FROM STDIN") as copy:
+            async with cur.copy("COPY discovery_scan_items (scan_id, kind, ident,"
+                                " descriptor, descriptor_digest) FROM STDIN") as copy:
                 for item in items:
                     await copy.write_row((scan.scan_id, item.kind, item.ident, json.dumps(item.descriptor),
                                           item.descriptor_digest))
@@ -176,7 +179,8 @@ class CatalogLedger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                "SELECT * FROM discovery_scans WHERE subject=%s AND server=%s ORDER BY recorded_at DESC LIMIT %s",
+                "SELECT * FROM discovery_scans WHERE subject=%s AND server=%s"
+                " ORDER BY recorded_at DESC LIMIT %s",
                 (subject, server, limit),
             )
             rows = await cur.fetchall()
@@ -185,7 +189,8 @@ class CatalogLedger:
     async def scan_items(self, scan_id: str, kind: str = "resource") -> list[str]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT ident FROM discovery_scan_items WHERE scan_id=%s AND kind=%s ORDER BY ident", (scan_id, kind)
+                "SELECT ident FROM discovery_scan_items WHERE scan_id=%s AND kind=%s ORDER BY ident",
+                (scan_id, kind)
             )
             return [r[0] for r in await cur.fetchall()]
 
@@ -197,16 +202,19 @@ class CatalogLedger:
             cur = conn.cursor(row_factory=dict_row)
             # One publisher per view at a time, whatever the workflow history says.
             await cur.execute("SELECT pg_advisory_xact_lock(%s)", (_view_lock(k),))
-            await cur.execute("SELECT * FROM resource_catalogs WHERE reconciliation_id=%s", (req.reconciliation_id,))
+            await cur.execute("SELECT * FROM resource_catalogs WHERE reconciliation_id=%s",
+                              (req.reconciliation_id,))
             row = await cur.fetchone()
             if row is not None:
                 return PublishOutcome(published=True, catalog=_catalog(row), reason="already published")
 
             async def refuse(reason: str) -> PublishOutcome:
-                await cur.execute("UPDATE catalog_counters SET value = value + 1 WHERE name='catalog_publish_refused'")
+                await cur.execute("UPDATE catalog_counters SET value = value + 1"
+                                  " WHERE name='catalog_publish_refused'")
                 return PublishOutcome(published=False, reason=reason)
 
-            await cur.execute("SELECT * FROM discovery_scans WHERE scan_id = ANY(%s)", ([req.scan_a, req.scan_b],))
+            await cur.execute("SELECT * FROM discovery_scans WHERE scan_id = ANY(%s)",
+                              ([req.scan_a, req.scan_b],))
             scans = {r["scan_id"]: _scan(r) for r in await cur.fetchall()}
             a, b = scans.get(req.scan_a), scans.get(req.scan_b)
             if a is None or b is None:
@@ -219,7 +227,8 @@ class CatalogLedger:
             assert a.first_request_at and b.completed_at and a.uri_set_digest and a.descriptor_set_digest \
                 and a.template_set_digest
             await cur.execute(
-                "SELECT max(measured_at) AS newest, count(*) AS n FROM resource_catalogs WHERE subject=%s AND server=%s",
+                "SELECT max(measured_at) AS newest, count(*) AS n FROM resource_catalogs WHERE subject=%s"
+                " AND server=%s",
                 (k.subject, k.server),
             )
             newest = await cur.fetchone()
@@ -237,9 +246,10 @@ class CatalogLedger:
                 RETURNING catalog_id
                 """,
                 (k.subject, k.server, req.reconciliation_id, a.scan_id, b.scan_id, verdict.status.value,
-                 verdict.reason, b.session_generation, verdict.snapshot_id, a.first_request_at, b.completed_at,
-                 req.staleness_bound_seconds, req.next_review_at, b.uri_set_digest, b.descriptor_set_digest,
-                 b.template_set_digest, b.resource_count, b.template_count, initial, req.rollout_mode.value),
+                 verdict.reason, b.session_generation, verdict.snapshot_id, a.first_request_at,
+                 b.completed_at, req.staleness_bound_seconds, req.next_review_at, b.uri_set_digest,
+                 b.descriptor_set_digest, b.template_set_digest, b.resource_count, b.template_count, initial,
+                 req.rollout_mode.value),
             )
             created = await cur.fetchone()
             assert created is not None
@@ -279,7 +289,8 @@ class CatalogLedger:
                 SELECT %(subject)s, %(server)s, ident, descriptor, descriptor_digest, %(cid)s, %(cid)s
                   FROM discovery_scan_items WHERE scan_id=%(scan)s AND kind='resource'
                 ON CONFLICT (subject, server, uri) DO UPDATE SET descriptor = EXCLUDED.descriptor,
-                    descriptor_digest = EXCLUDED.descriptor_digest, last_catalog_id = EXCLUDED.last_catalog_id,
+                    descriptor_digest = EXCLUDED.descriptor_digest,
+                    last_catalog_id = EXCLUDED.last_catalog_id,
                     gone_at = NULL, gone_catalog_id = NULL
                 """,
                 view,
@@ -287,9 +298,12 @@ class CatalogLedger:
             await cur.execute(
                 """
                 UPDATE resource_catalogs SET
-                    added = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s AND change='added'),
-                    removed = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s AND change='removed'),
-                    changed = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s AND change='changed')
+                    added = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s
+                        AND change='added'),
+                    removed = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s
+                        AND change='removed'),
+                    changed = (SELECT count(*) FROM catalog_changes WHERE catalog_id=%(cid)s
+                        AND change='changed')
                 WHERE catalog_id=%(cid)s RETURNING *
                 """,
                 view,
@@ -312,14 +326,16 @@ class CatalogLedger:
     async def _flag_ambiguous_pairs(cur: Any, k: CatalogKey, catalog_id: int, scan_id: str) -> None:
         """Listed pairs that normalize alike, each flagged once per view (inside ``publish``'s
         transaction): a row in ``ambiguous_uri_pairs`` and, only when new, one audit row."""
-        await cur.execute("SELECT ident FROM discovery_scan_items WHERE scan_id=%s AND kind='resource' ORDER BY ident",
+        await cur.execute("SELECT ident FROM discovery_scan_items WHERE scan_id=%s AND kind='resource'"
+                          " ORDER BY ident",
                           (scan_id,))
-        pairs = sorted({tuple(sorted(p)) for p in ambiguous_pairs([r["ident"] for r in await cur.fetchall()])})
+        pairs = sorted({tuple(sorted(p))
+                        for p in ambiguous_pairs([r["ident"] for r in await cur.fetchall()])})
         for uri_a, uri_b in pairs:
             await cur.execute(
                 """
-                INSERT INTO ambiguous_uri_pairs (subject, server, uri_a, uri_b, uri_normalized, first_catalog_id,
-                    first_scan_id)
+                INSERT INTO ambiguous_uri_pairs (subject, server, uri_a, uri_b, uri_normalized,
+                    first_catalog_id, first_scan_id)
                 VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING uri_a
                 """,
                 (k.subject, k.server, uri_a, uri_b, normalize_uri(uri_a), catalog_id, scan_id),
@@ -327,7 +343,8 @@ class CatalogLedger:
             if await cur.fetchone() is None:
                 continue  # flagged by an earlier catalog of this view
             await cur.execute(
-                "INSERT INTO audit (kind, subject, server, uri, detail) VALUES ('AMBIGUOUS_URI_LISTED', %s, %s, %s, %s)",
+                "INSERT INTO audit (kind, subject, server, uri, detail)"
+                " VALUES ('AMBIGUOUS_URI_LISTED', %s, %s, %s, %s)",
                 (k.subject, k.server, uri_a, json.dumps({"uri_a": uri_a, "uri_b": uri_b, "scan_id": scan_id,
                                                          "catalog_id": catalog_id})),
             )
@@ -336,7 +353,8 @@ class CatalogLedger:
         """The listed ambiguous pairs flagged for the view, (uri_a, uri_b) with uri_a < uri_b."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT uri_a, uri_b FROM ambiguous_uri_pairs WHERE subject=%s AND server=%s ORDER BY uri_a, uri_b",
+                "SELECT uri_a, uri_b FROM ambiguous_uri_pairs WHERE subject=%s AND server=%s"
+                " ORDER BY uri_a, uri_b",
                 (subject, server),
             )
             return [(r[0], r[1]) for r in await cur.fetchall()]
@@ -345,7 +363,8 @@ class CatalogLedger:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                "SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s ORDER BY catalog_id DESC LIMIT 1",
+                "SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s"
+                " ORDER BY catalog_id DESC LIMIT 1",
                 (subject, server),
             )
             row = await cur.fetchone()
@@ -354,7 +373,8 @@ class CatalogLedger:
     async def catalogs_for(self, subject: str, server: str) -> list[CatalogSnapshot]:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute("SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s ORDER BY catalog_id",
+            await cur.execute("SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s"
+                              " ORDER BY catalog_id",
                               (subject, server))
             return [_catalog(r) for r in await cur.fetchall()]
 
@@ -362,7 +382,8 @@ class CatalogLedger:
         """The URIs the latest catalog of the view lists, exact strings, sorted."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT uri FROM catalog_known WHERE subject=%s AND server=%s AND gone_at IS NULL ORDER BY uri",
+                "SELECT uri FROM catalog_known WHERE subject=%s AND server=%s AND gone_at IS NULL"
+                " ORDER BY uri",
                 (subject, server),
             )
             return [r[0] for r in await cur.fetchall()]
@@ -402,7 +423,8 @@ class CatalogLedger:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                "SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s ORDER BY catalog_id DESC LIMIT 1",
+                "SELECT * FROM resource_catalogs WHERE subject=%s AND server=%s"
+                " ORDER BY catalog_id DESC LIMIT 1",
                 (subject, server),
             )
             row = await cur.fetchone()
@@ -418,8 +440,8 @@ class CatalogLedger:
             granted = not reason
             await cur.execute(
                 """
-                INSERT INTO completeness_consumptions (task, subject, server, catalog_id, catalog_status, granted,
-                    reason) VALUES (%s,%s,%s,%s,%s,%s,%s) RETURNING consumption_id
+                INSERT INTO completeness_consumptions (task, subject, server, catalog_id, catalog_status,
+                    granted, reason) VALUES (%s,%s,%s,%s,%s,%s,%s) RETURNING consumption_id
                 """,
                 (task[:200], subject, server, catalog.catalog_id if catalog else None,
                  catalog.status.value if catalog else None, granted, reason),
@@ -427,10 +449,12 @@ class CatalogLedger:
             rid = await cur.fetchone()
             assert rid is not None
             if not granted:
-                await cur.execute("UPDATE catalog_counters SET value = value + 1 WHERE name='completeness_refused'")
+                await cur.execute("UPDATE catalog_counters SET value = value + 1"
+                                  " WHERE name='completeness_refused'")
                 return CompletenessDecision(False, reason, catalog, consumption_id=rid["consumption_id"])
             await cur.execute(
-                "SELECT uri FROM catalog_known WHERE subject=%s AND server=%s AND gone_at IS NULL ORDER BY uri",
+                "SELECT uri FROM catalog_known WHERE subject=%s AND server=%s AND gone_at IS NULL"
+                " ORDER BY uri",
                 (subject, server),
             )
             uris = tuple(r["uri"] for r in await cur.fetchall())
@@ -460,7 +484,8 @@ class CatalogLedger:
             await conn.execute(
                 """
                 INSERT INTO rollout_policies (server, mode, percent) VALUES (%s, %s, %s)
-                ON CONFLICT (server) DO UPDATE SET mode=EXCLUDED.mode, percent=EXCLUDED.percent, updated_at=now()
+                ON CONFLICT (server) DO UPDATE
+                    SET mode=EXCLUDED.mode, percent=EXCLUDED.percent, updated_at=now()
                 """,
                 (policy.server, policy.mode.value, policy.percent),
             )
@@ -506,9 +531,9 @@ class CatalogLedgerActivities:
             if not refresh_enabled(req.rollout, c.subject, c.server, uri):
                 held += 1
                 continue
-            obs = CatalogObservation(uri=uri, listed=uri in listed, scan_id=c.scan_b, snapshot_status=c.status.value,
-                                     session_generation=c.session_generation, measured_at=c.measured_at,
-                                     variants=variants_of(uri))
+            obs = CatalogObservation(uri=uri, listed=uri in listed, scan_id=c.scan_b,
+                                     snapshot_status=c.status.value, session_generation=c.session_generation,
+                                     measured_at=c.measured_at, variants=variants_of(uri))
             try:
                 await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_CATALOG_RECONCILED, obs)
             except RPCError as err:

@@ -84,12 +84,13 @@ class CatalogScanActivities:
     async def scan(self, req: ScanRequest) -> ResourceDiscoveryScanV1:
         base: dict[str, Any] = {
             "scan_id": req.scan_id, "reconciliation_id": req.reconciliation_id, "label": req.label,
-            "subject": req.key.subject, "server": req.key.server, "session_generation": req.session_generation,
+            "subject": req.key.subject, "server": req.key.server,
+            "session_generation": req.session_generation,
         }
         live = self._usable(req.key, req.session_generation)
         if live is None:
-            record = ResourceDiscoveryScanV1(status=ScanStatus.SESSION_LOST, problems=["session generation is gone"],
-                                             **base)
+            record = ResourceDiscoveryScanV1(status=ScanStatus.SESSION_LOST,
+                                             problems=["session generation is gone"], **base)
             await self.catalog.record_scan(record, [])
             return record
         negotiated = snapshot_negotiated(live.client.server_capabilities.experimental)
@@ -122,21 +123,24 @@ class CatalogScanActivities:
                     scanned_items += len(items)
                     scanned_bytes += sum(len(json.dumps(d, separators=(",", ":"))) for d in items)
                     if scanned_items > MAX_SCAN_ITEMS or scanned_bytes > MAX_SCAN_BYTES:
-                        # An endless (or absurd) listing, like one past the page cap: this scan proves nothing.
+                        # An endless (or absurd) listing, like one
+                        # past the page cap: this scan proves nothing.
                         acc.fail(ScanStatus.PAGE_CAP, f"{kind}: scan cap reached after page {acc.pages + 1}: "
                                                       f"{scanned_items} descriptors (cap {MAX_SCAN_ITEMS}), "
                                                       f"{scanned_bytes} bytes (cap {MAX_SCAN_BYTES})")
                         break
                 except MCPError as err:
                     if err.code == REQUEST_TIMEOUT:
-                        raise ApplicationError(f"list timed out: {err.message[:200]}", type="ListTimeout") from None
+                        raise ApplicationError(f"list timed out: {err.message[:200]}",
+                                               type="ListTimeout") from None
                     if err.code == types.METHOD_NOT_FOUND and kind == "templates" and cursor is None:
                         break  # no templates/list on this server: an empty template list
                     if err.code == CONNECTION_CLOSED:
                         live.lost.set()
                         acc.fail(ScanStatus.SESSION_LOST, "connection closed")
                     elif err.code == types.INVALID_PARAMS and cursor is not None:
-                        acc.fail(ScanStatus.INVALID_CURSOR, f"{kind}: page {acc.pages + 1}: the server rejected "
+                        acc.fail(ScanStatus.INVALID_CURSOR,
+                                 f"{kind}: page {acc.pages + 1}: the server rejected "
                                                             f"its cursor ({err.message[:120]})")
                     else:
                         acc.fail(ScanStatus.FAILED, f"{kind}: {err.code}: {err.message[:200]}")
@@ -157,15 +161,18 @@ class CatalogScanActivities:
             **base, edition=live.edition, status=acc.final_status(), first_request_at=first_request_at,
             completed_at=datetime.now(UTC), page_cursor_digests=list(acc.page_cursor_digests),
             page_count=acc.pages, resource_count=len(resources), template_count=len(templates),
-            uri_set_digest=digests[0] if digests else None, descriptor_set_digest=digests[1] if digests else None,
+            uri_set_digest=digests[0] if digests else None,
+            descriptor_set_digest=digests[1] if digests else None,
             template_set_digest=digests[2] if digests else None, list_changed_before=before,
             list_changed_after=after, notifications_observed=max(0, after - before),
             snapshot=acc.snapshot_evidence(), problems=list(acc.problems),
             list_ttl_ms=min(ttls) if ttls else None,
-            list_cache_scope=None if not scopes else CacheScope.PRIVATE if "private" in scopes else CacheScope.PUBLIC,
+            list_cache_scope=None if not scopes else CacheScope.PRIVATE if "private" in scopes
+                else CacheScope.PUBLIC,
         )
         items_out = [ScanItem("resource", u, d, descriptor_digest(d)) for u, d in resources.items()]
         items_out += [ScanItem("template", t, d, descriptor_digest(d)) for t, d in templates.items()]
         await self.catalog.record_scan(record, items_out)
         # PostgreSQL keeps every page's cursor digest; workflow history gets the first few.
-        return record.model_copy(update={"page_cursor_digests": record.page_cursor_digests[:MAX_CURSOR_DIGESTS_IN_HISTORY]})
+        return record.model_copy(
+            update={"page_cursor_digests": record.page_cursor_digests[:MAX_CURSOR_DIGESTS_IN_HISTORY]})

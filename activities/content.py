@@ -88,8 +88,10 @@ async def released_content(pool: AsyncConnectionPool, *, receipt_id: int, subjec
                 "not an accepted version"
             raise ContentRefused(f"receipt {receipt_id} is {rv['status']}: {why}")
         if rv["state"] == SubscriptionState.REVOKED.value or rv["revoked_since"]:
-            raise ContentRefused(f"receipt {receipt_id}: access of subject {subject!r} to {rv['uri']} was revoked")
-        await cur.execute("SELECT mime_type, kind, body FROM content_store WHERE subject = %s AND content_digest = %s",
+            raise ContentRefused(f"receipt {receipt_id}: access of subject {subject!r} to"
+                                 f" {rv['uri']} was revoked")
+        await cur.execute("SELECT mime_type, kind, body FROM content_store WHERE subject = %s"
+                          " AND content_digest = %s",
                           (subject, rv["content_digest"]))
         stored = await cur.fetchone()
     if stored is None:
@@ -100,6 +102,8 @@ async def released_content(pool: AsyncConnectionPool, *, receipt_id: int, subjec
     if kind in (ContentKind.TEXT, ContentKind.BLOB):
         part = ContentPart("text" if kind == ContentKind.TEXT else "blob", mime, body)
         if content_digest([part]) != rv["content_digest"]:
-            raise ContentNotFound(f"receipt {receipt_id}: the stored body does not match the receipt's digest")
+            raise ContentNotFound(f"receipt {receipt_id}: the stored body does not match"
+                                  " the receipt's digest")
     return ReleasedContent(receipt_id=receipt_id, subject=subject, server=rv["server"], uri=rv["uri"],
-                           content_digest=rv["content_digest"], mime_type=mime, kind=kind, size=len(body), body=body)
+                           content_digest=rv["content_digest"], mime_type=mime, kind=kind, size=len(body),
+                           body=body)

@@ -1,12 +1,11 @@
 """PostgreSQL connection and schema migrations.
 
-Contract: ``open_pool(url)`` returns an open psycopg 3 async pool or raises
-``DatabaseUnavailable`` with a message an operator can act on (never a
-password: ``redact_url`` / ``redact_text`` parse the string as libpq does). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet
-recorded in ``schema_migrations``, each in its own transaction, under an
-advisory lock so concurrent processes do not race. Then it runs the data steps
-SQL cannot do by itself (``backfill_uri_normalized``: the Python URI normalizer), each
-idempotent, so every ``migrate`` call also repairs rows written by an older binary.
+Contract: ``open_pool(url)`` returns an open psycopg 3 async pool or raises ``DatabaseUnavailable`` with
+a message an operator can act on (never a password: ``redact_url`` / ``redact_text`` parse the string as
+libpq does). ``migrate(pool)`` applies every ``migrations/NNN_*.sql`` not yet recorded in
+``schema_migrations``, each in its own transaction, under an advisory lock so concurrent processes do not
+race. Then it runs the data steps SQL cannot do by itself (``backfill_uri_normalized``: the Python URI
+normalizer), each idempotent, so every ``migrate`` call also repairs rows written by an older binary.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from mcpsync.workflows.uris import normalize_uri
 
-__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_text", "redact_url"]
+__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_text",
+           "redact_url"]
 
 _MIGRATION_LOCK = 0x6D637073  # "mcps"
 
@@ -44,7 +44,8 @@ def _passwords(url: str) -> list[str]:
     if url.startswith(_URI_SCHEMES):
         with suppress(ValueError):
             found.append(unquote(urlsplit(url).password or ""))
-            found.append(urlsplit(url).password or "")  # as written (percent-encoded), as an error may echo it
+            # as written (percent-encoded), as an error may echo it
+            found.append(urlsplit(url).password or "")
         found += [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k == "password"]
     return sorted({p for p in found if p}, key=len, reverse=True)
 
@@ -61,7 +62,8 @@ def redact_url(url: str) -> str:
     if not _passwords(url):
         return url
     if not url.startswith(_URI_SCHEMES):
-        return make_conninfo(**{k: REDACTED if k == "password" else str(v) for k, v in params.items() if v is not None})
+        return make_conninfo(**{k: REDACTED if k == "password" else str(v) for k, v in params.items()
+                                if v is not None})
     parts = urlsplit(url)
     netloc = parts.netloc
     if parts.password is not None:
@@ -83,7 +85,8 @@ def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
     try:
         conninfo_to_dict(url)
     except Exception:  # libpq echoes fragments of a string it cannot parse: say nothing of it
-        return DatabaseUnavailable("PostgreSQL connection string is invalid (not shown: it may hold a password)")
+        return DatabaseUnavailable("PostgreSQL connection string is invalid (not shown: it"
+                                   " may hold a password)")
     detail = redact_text(str(exc).strip()[:300], url)
     return DatabaseUnavailable(f"PostgreSQL unreachable at {redact_url(url)}: {detail}")
 
@@ -97,15 +100,16 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET jit = off")
 
 
-async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> AsyncConnectionPool:
+async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8,
+                    timeout: float = 10.0) -> AsyncConnectionPool:
     try:
         # One direct attempt first: a refused or misaddressed server fails now, not after the pool's timeout.
         probe = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout)))
         await probe.close()
     except Exception as exc:
         raise _unavailable(url, exc) from None
-    pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, kwargs={"autocommit": True},
-                               configure=_configure)
+    pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
+                               kwargs={"autocommit": True}, configure=_configure)
     try:
         await pool.open(wait=True, timeout=timeout)
     except Exception as exc:  # psycopg_pool.PoolTimeout, OperationalError, bad URL

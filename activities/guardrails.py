@@ -63,7 +63,9 @@ class SizeLimit:
 
     def check(self, parts: Sequence[ContentPart]) -> str | None:
         total = sum(len(p.data) for p in parts)
-        return f"content is {total} bytes, over the {self.max_bytes}-byte release limit" if total > self.max_bytes else None
+        if total > self.max_bytes:
+            return f"content is {total} bytes, over the {self.max_bytes}-byte release limit"
+        return None
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ class Ledger:
         return await self.fence.confirm_tombstone(TombstoneRequest(key=key, listed=listed, scan_id=scan_id,
                                                                    proven=proven))
 
-    async def revoke(self, key: SubscriptionKey, *, reason: str, source: str, effective_at: datetime) -> FenceSnapshot:
+    async def revoke(self, key: SubscriptionKey, *, reason: str, source: str,
+                     effective_at: datetime) -> FenceSnapshot:
         return await self.fence.revoke(RevokeLedgerRequest(key=key, reason=reason, source=source,
                                                            effective_at=effective_at))

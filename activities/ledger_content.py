@@ -2,10 +2,11 @@
 
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
-  served to another. A read's body enters it only in its accept's transaction, and only when the
-  verdict releases it (``store_accepted``): a read in flight across a revocation stores nothing.
-  ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same process) in
-  ``content_pending`` until its accept takes it (``take_staged``); nothing there is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
+  served to another. A read's body enters it only in its accept's transaction, and only when
+  the verdict releases it (``store_accepted``): a read in flight across a revocation stores
+  nothing. ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
+  process) in ``content_pending`` until its accept takes it (``take_staged``); nothing there
+  is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
   only ways out (``mcpsync.activities.content.released_content`` adds the release rules).
 - ``current_content`` serves the current version only while the subscription is ACTIVE and its
   body is still stored: never after a revocation.
@@ -57,19 +58,24 @@ class ContentLedger:
     @staticmethod
     async def store_accepted(cur: Any, subject: str, body: ReadBody) -> None:
         """Store an accepted read's body, in the accept's transaction (its row locked)."""
-        await cur.execute(STORE_SQL, (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
+        await cur.execute(STORE_SQL,
+                          (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
 
     async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
         """Park a standalone read's body until its accept (a retried read replaces it)."""
         async with self.store.pool.connection() as conn:
             await conn.execute(
                 """
-                INSERT INTO content_pending (subject, server, uri, read_ordinal, content_digest, mime_type, kind, body)
+                INSERT INTO content_pending (subject, server, uri, read_ordinal, content_digest, mime_type,
+                    kind, body)
                 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT (subject, server, uri, read_ordinal) DO UPDATE SET content_digest = EXCLUDED.content_digest,
-                    mime_type = EXCLUDED.mime_type, kind = EXCLUDED.kind, body = EXCLUDED.body, staged_at = now()
+                ON CONFLICT (subject, server, uri, read_ordinal) DO UPDATE
+                    SET content_digest = EXCLUDED.content_digest,
+                    mime_type = EXCLUDED.mime_type, kind = EXCLUDED.kind, body = EXCLUDED.body,
+                    staged_at = now()
                 """,
-                (key.subject, key.server, key.uri, ordinal, body.digest, body.mime_type, body.kind, body.body))
+                (key.subject, key.server, key.uri, ordinal, body.digest, body.mime_type, body.kind,
+                 body.body))
 
     @staticmethod
     async def take_staged(cur: Any, key: SubscriptionKey, ordinal: int) -> ReadBody | None:

@@ -7,8 +7,9 @@ Contract:
   write plan's ``OutboxPlan``): ``insert_outbox`` and ``insert_audit`` take that transaction's
   cursor. ``withdrawn`` lists what a tombstone or a revocation withdraws (every receipt of the
   subscription and the digests they name, ``outboxEvent.v1`` ``invalidates``).
-- A staged rollout (``rollout_policies``; no row means ALL, ``mcpsync.workflows.catalog_rules.refresh_enabled``)
-  decides whether a gated invalidation is published; a held one leaves an audit row instead.
+- A staged rollout (``rollout_policies``; no row means ALL,
+  ``mcpsync.workflows.catalog_rules.refresh_enabled``) decides whether a gated
+  invalidation is published; a held one leaves an audit row instead.
 - Consumers read the outbox through ``mcpsync.activities.outbox`` (positions, not ids; docs/outbox.md).
 """
 
@@ -64,7 +65,8 @@ class Journal:
         k = req.key
         async with self.store.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            # The id the subscription's row recorded (an older scheme's included), not one computed from the key.
+            # The id the subscription's row recorded (an older
+            # scheme's included), not one computed from the key.
             return await self.insert_audit(cur, req.kind, subject=k.subject, server=k.server, uri=k.uri,
                                            workflow_id=await recorded_workflow_id(cur, k),
                                            session_generation=req.session_generation, detail=dict(req.detail))
@@ -74,7 +76,8 @@ class Journal:
     @staticmethod
     async def insert_audit(cur: Any, kind: str, *, subject: str | None = None, server: str | None = None,
                            uri: str | None = None, workflow_id: str | None = None,
-                           session_generation: int | None = None, detail: dict[str, Any] | None = None) -> int:
+                           session_generation: int | None = None,
+                           detail: dict[str, Any] | None = None) -> int:
         await cur.execute(
             """
             INSERT INTO audit (kind, subject, server, uri, workflow_id, session_generation, detail)
@@ -112,7 +115,8 @@ class Journal:
         """Every receipt of a subscription and the digests they name: what a tombstone or a
         revocation withdraws (``outboxEvent.v1`` ``invalidates``)."""
         await cur.execute(
-            "SELECT receipt_id, content_digest FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id",
+            "SELECT receipt_id, content_digest FROM resource_versions WHERE workflow_id=%s"
+            " ORDER BY receipt_id",
             (workflow_id,))
         receipts = await cur.fetchall()
         return [r["receipt_id"] for r in receipts], sorted({r["content_digest"] for r in receipts
@@ -120,7 +124,8 @@ class Journal:
 
     @staticmethod
     async def rollout_allows(cur: Any, key: SubscriptionKey) -> bool:
-        """The staged rollout (``mcpsync.workflows.catalog_rules.refresh_enabled``); no policy row means ALL."""
+        """The staged rollout (``mcpsync.workflows.catalog_rules.refresh_enabled``); no policy row means
+        ALL."""
         await cur.execute("SELECT mode, percent FROM rollout_policies WHERE server=%s", (key.server,))
         row = await cur.fetchone()
         if row is None:

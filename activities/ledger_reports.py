@@ -63,7 +63,8 @@ class LedgerReports:
             # Receipts carry the id the subscription's row recorded (an older scheme's included).
             await cur.execute(
                 "SELECT * FROM resource_versions WHERE workflow_id ="
-                f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY}) ORDER BY receipt_id", key_params(key),
+                f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY}) ORDER BY receipt_id",
+                key_params(key),
             )
             rows = await cur.fetchall()
         return [
@@ -84,6 +85,7 @@ class LedgerReports:
         """How many reads the fence issued for one subscription."""
         async with self.store.pool.connection() as conn:
             cur = await conn.execute("SELECT count(*) FROM read_requests WHERE workflow_id ="
-                                     f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY})", key_params(key))
+                                     f" (SELECT workflow_id FROM subscriptions WHERE {BY_KEY})",
+                                     key_params(key))
             row = await cur.fetchone()
         return int(row[0]) if row else 0

@@ -99,7 +99,8 @@ class SessionLedger:
             cur = await conn.execute(
                 """
                 INSERT INTO session_leases AS l (subject, server, holder, lease_until)
-                VALUES (%(subject)s, %(server)s, %(holder)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+                VALUES (%(subject)s, %(server)s, %(holder)s,
+                    clock_timestamp() + make_interval(secs => %(ttl)s))
                 ON CONFLICT (subject, server) DO UPDATE SET
                     holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until,
                     epoch = l.epoch + CASE WHEN l.holder = EXCLUDED.holder THEN 0 ELSE 1 END
@@ -114,7 +115,8 @@ class SessionLedger:
     async def release_lease(self, subject: str, server: str, holder: str) -> None:
         async with self.store.pool.connection() as conn:
             await conn.execute(
-                "DELETE FROM session_leases WHERE subject=%s AND server=%s AND holder=%s", (subject, server, holder)
+                "DELETE FROM session_leases WHERE subject=%s AND server=%s AND holder=%s",
+                (subject, server, holder)
             )
 
     async def lease_remaining(self, subject: str, server: str) -> float | None:

@@ -74,7 +74,8 @@ from mcpsync.workflows.records import (
     UnsubscribeRequest,
 )
 
-__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities", "classify_error", "content_parts", "read_digest", "MULTIPART_MIME",
+__all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities",
+           "classify_error", "content_parts", "read_digest", "MULTIPART_MIME",
            "metadata_text", "MAX_METADATA_CHARS"]
 
 log = logging.getLogger("mcpsync.session")
@@ -89,7 +90,8 @@ DENIED_HINTS = ("unauthorized", "forbidden", "permission", "access denied", "not
 
 UriHandler = Callable[[str, int], Awaitable[None]]
 SessionLookup = Callable[[str, str], "LiveSession | None"]  # (subject, server) -> live session held here
-LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]  # (uri or None: list_changed, why, detail)
+# (uri or None: list_changed, why, detail)
+LossHandler = Callable[[str | None, "StreamLoss", str], Awaitable[None]]
 
 
 class BacklogOverflow(RuntimeError):
@@ -117,7 +119,8 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
     """Outcome kind for an MCP error; None means transient (retry)."""
     msg = (err.message or "").lower()
     data = err.data if isinstance(err.data, dict) else {}
-    if err.code in NOT_FOUND_CODES or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
+    if err.code in NOT_FOUND_CODES \
+        or (err.code == types.INVALID_PARAMS and ("uri" in data or "not found" in msg)):
         return ReadOutcomeKind.NOT_FOUND
     if "byte limit" in msg and err.code in (CONNECTION_CLOSED, PARSE_ERROR):
         # One response larger than the transport's bound (the SSE event cap, the JSON response
@@ -201,7 +204,8 @@ class LiveSession:
         resubscribes and re-reads). Audited first, unless the session is already going."""
         if self.lost.is_set():
             return
-        log.warning("listen stream lost (server=%s generation=%s): %s", self.server, self.generation, why.value)
+        log.warning("listen stream lost (server=%s generation=%s): %s", self.server, self.generation,
+                    why.value)
         if self.on_stream_lost is not None:
             try:
                 await self.on_stream_lost(uri, why, detail[:300])
@@ -306,7 +310,8 @@ class McpSessionActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.subscribe, self.unsubscribe, self.read, self.read_cycle, self.subscribe_cycle]
 
-    async def _audit_truncated_mime(self, live: LiveSession, uri: str, result: types.ReadResourceResult) -> None:
+    async def _audit_truncated_mime(self, live: LiveSession, uri: str,
+                                    result: types.ReadResourceResult) -> None:
         """A MIME type longer than ``MAX_METADATA_CHARS`` is cut (``metadata_text``); the first one of a
         session generation (in this process) is audited ``METADATA_TRUNCATED`` with its length and digest."""
         long = next((c.mime_type for c in result.contents
@@ -316,11 +321,13 @@ class McpSessionActivities:
             return
         self._truncations_audited.add(seen)
         with suppress(Exception):  # an audit row must not fail the read
+            digest = hashlib.sha256(long.encode("utf-8", "surrogatepass")).hexdigest()
             await self.ledger.audit("METADATA_TRUNCATED", subject=live.subject, server=live.server, uri=uri,
                                     session_generation=live.generation,
-                                    detail={"field": "mimeType", "reason": f"longer than {MAX_METADATA_CHARS} characters",
+                                    detail={"field": "mimeType",
+                                            "reason": f"longer than {MAX_METADATA_CHARS} characters",
                                             "length": len(long), "kept": MAX_METADATA_CHARS,
-                                            "sha256": hashlib.sha256(long.encode("utf-8", "surrogatepass")).hexdigest()})
+                                            "sha256": digest})
 
     def _session(self, key: SubscriptionKey, generation: int) -> LiveSession | None:
         live = self.current(key.subject, key.server)
@@ -345,7 +352,8 @@ class McpSessionActivities:
         except MCPError as err:
             if err.code == CONNECTION_CLOSED:
                 live.lost.set()
-                return SubscribeOutcome(ok=False, session_generation=0, error_code=err.code, error="connection closed")
+                return SubscribeOutcome(ok=False, session_generation=0, error_code=err.code,
+                                        error="connection closed")
             return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=err.code,
                                     error=err.message[:300])
         return SubscribeOutcome(ok=True, session_generation=live.generation)
@@ -382,12 +390,13 @@ class McpSessionActivities:
         guardrail releases it, the body for the accept to store. Nothing is stored here."""
         base: dict[str, Any] = {
             "key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
-            "session_generation": req.session_generation, "subscription_generation": req.subscription_generation,
-            "trigger": req.trigger,
+            "session_generation": req.session_generation,
+            "subscription_generation": req.subscription_generation, "trigger": req.trigger,
         }
         live = self._session(req.key, req.session_generation)
         if live is None:
-            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base), None
+            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone",
+                               **base), None
         base.update(server_name=live.server_name, server_version=live.server_version, edition=live.edition)
         try:
             with self.meters.read_timer(req.key.server, req.request_id):
@@ -401,7 +410,8 @@ class McpSessionActivities:
             return ReadOutcome(kind=kind, error_code=err.code, error=err.message[:300], **base,
                                completed_at=datetime.now(UTC)), None
         except ValidationError as err:
-            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error=f"invalid result: {err.error_count()} errors",
+            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED,
+                               error=f"invalid result: {err.error_count()} errors",
                                **base, completed_at=datetime.now(UTC)), None
         await self._audit_truncated_mime(live, req.key.uri, result)
         try:
@@ -415,8 +425,8 @@ class McpSessionActivities:
         # Only releasable content goes on to the accept: a rejected body never reaches the store.
         kept = None if rejection is not None else ReadBody(
             digest=digest, mime_type=mime, kind=parts[0].kind if len(parts) == 1 else "multipart", body=body)
-        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime, size=len(body),
-                           content_count=len(parts), guardrail_rejection=rejection,
+        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=digest, mime_type=mime,
+                           size=len(body), content_count=len(parts), guardrail_rejection=rejection,
                            completed_at=datetime.now(UTC), **base), kept
 
     @activity.defn(name=Act.MCP_READ_CYCLE)
@@ -447,7 +457,8 @@ class McpSessionActivities:
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         ticket = await self.ledger.allocate_read(alloc)
         if not ticket.granted:
-            return ReadCycleResult(ticket=ticket, fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
+            return ReadCycleResult(ticket=ticket,
+                                   fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
         absorbed = absorb() if absorb is not None else 0
         outcome, body = await self._read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,
@@ -455,8 +466,8 @@ class McpSessionActivities:
             request_id=ticket.request_id, trigger=alloc.trigger))
         if outcome.kind == ReadOutcomeKind.SESSION_LOST:
             return ReadCycleResult(ticket=ticket, outcome=outcome)
-        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state, close_epoch=req.close_epoch,
-                                   absorbed=absorbed)
+        accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state,
+                                   close_epoch=req.close_epoch, absorbed=absorbed)
         result = await self.ledger.fence.accept_read(accept_req, body)  # the body enters the store only here
         self.meters.receipt_judged(accept_req, result)
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)
@@ -496,6 +507,7 @@ class McpSessionActivities:
         import json
 
         envelope = json.dumps([
-            {"kind": p.kind, "mime_type": p.mime_type, "data_b64": base64.b64encode(p.data).decode()} for p in parts
+            {"kind": p.kind, "mime_type": p.mime_type, "data_b64": base64.b64encode(p.data).decode()}
+            for p in parts
         ]).encode()
         return parts, envelope, MULTIPART_MIME

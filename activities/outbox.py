@@ -113,13 +113,16 @@ class OutboxEventV1(BaseModel):
     accepted_at: datetime | None
     trigger: str | None = Field(description="why the read happened: initial, updated, follow_up, poll, "
                                             "resubscribe, catalog")
-    ttl_ms: int | None = Field(default=None, description="the read result's ttlMs (MCP 2026-07-28; 0 on older "
+    ttl_ms: int | None = Field(default=None,
+                               description="the read result's ttlMs (MCP 2026-07-28; 0 on older "
                                                           "editions): a freshness hint, not a poll interval")
     cache_scope: Literal["public", "private"] | None = Field(
-        default=None, description="the read result's cacheScope; bodies are released only to the event's subject "
+        default=None,
+        description="the read result's cacheScope; bodies are released only to the event's subject "
                                   "either way (docs/caching.md)")
-    invalidates: Invalidation | None = Field(description="tombstoned / revoked / closed: exactly what is withdrawn "
-                                                         "(closed: no longer tracked, so no longer known fresh)")
+    invalidates: Invalidation | None = Field(description="tombstoned / revoked / closed:"
+                                                         " exactly what is withdrawn (closed: no longer"
+                                                         " tracked, so no longer known fresh)")
     reason: str | None
     created_at: datetime
 
@@ -294,7 +297,8 @@ def _info(row: dict[str, Any]) -> ConsumerInfo:
         name=row["name"], subjects=row["subjects"], position=row["position"],
         delivered_up_to=row["delivered_up_to"], lag_events=int(row["lag_events"]),
         lag_seconds=max(0.0, float(row["lag_seconds"])), created_at=row["created_at"],
-        last_poll_at=row["last_poll_at"], last_ack_at=row["last_ack_at"], last_resync_at=row["last_resync_at"],
+        last_poll_at=row["last_poll_at"], last_ack_at=row["last_ack_at"],
+        last_resync_at=row["last_resync_at"],
     )
 
 
@@ -319,8 +323,8 @@ async def drop_consumer(pool: AsyncConnectionPool, name: str) -> None:
 
 _CURRENT = """
 SELECT s.workflow_id, s.subject, s.server, s.uri, rv.receipt_id, rv.read_ordinal, rv.content_digest,
-       rv.mime_type, rv.size, rv.edition, rv.server_name, rv.server_version, rv.accepted_at, rv.trigger_reason,
-       rv.ttl_ms, rv.cache_scope
+       rv.mime_type, rv.size, rv.edition, rv.server_name, rv.server_version, rv.accepted_at,
+       rv.trigger_reason, rv.ttl_ms, rv.cache_scope
 FROM subscriptions s JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
 WHERE s.state = 'ACTIVE' AND s.last_accepted_digest IS NOT NULL AND rv.content_digest IS NOT NULL
   AND (%(subjects)s::text[] IS NULL OR s.subject = ANY (%(subjects)s::text[]))
@@ -364,8 +368,9 @@ class OutboxConsumer:
             await cur.execute("SELECT count(*) AS n FROM outbox_consumers")
             counted = await cur.fetchone()
             if counted is not None and int(counted["n"]) >= self.max_consumers:
-                raise ConsumerError(f"cannot register consumer {self.name!r}: {counted['n']} consumers are registered, "
-                                    f"the most allowed is {self.max_consumers} (drop one: mcpsync outbox drop)")
+                raise ConsumerError(f"cannot register consumer {self.name!r}: {counted['n']}"
+                                    f" consumers are registered, the most allowed is {self.max_consumers}"
+                                    " (drop one: mcpsync outbox drop)")
             await cur.execute(
                 "INSERT INTO outbox_consumers (name, subjects) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING",
                 (self.name, self.subjects))
@@ -394,33 +399,37 @@ class OutboxConsumer:
             state = await cur.fetchone()
             assert state is not None
             if acked < state["pruned_through"]:
-                await cur.execute("UPDATE outbox_consumers SET last_poll_at = now() WHERE name = %s", (self.name,))
+                await cur.execute("UPDATE outbox_consumers SET last_poll_at = now() WHERE name = %s",
+                                  (self.name,))
                 return OutboxBatch(consumer=self.name, acked=acked, position=acked, events=[],
                                    gap=Gap(first=acked + 1, last=int(state["pruned_through"])))
             await cur.execute(
-                _SELECT + " AND (%s::text[] IS NULL OR subject = ANY (%s::text[])) ORDER BY position LIMIT %s",
+                _SELECT + " AND (%s::text[] IS NULL OR subject = ANY (%s::text[]))"
+                " ORDER BY position LIMIT %s",
                 (acked, top, self.subjects, self.subjects, limit))
             events = [event_from_row(r) for r in await cur.fetchall()]
             # A short batch saw every row up to ``top``: the filter skipped the rest.
             position = events[-1].position if len(events) == limit else top
             await cur.execute(
-                "UPDATE outbox_consumers SET delivered_up_to = GREATEST(delivered_up_to, %s), last_poll_at = now()"
-                " WHERE name = %s", (position, self.name))
+                "UPDATE outbox_consumers"
+                " SET delivered_up_to = GREATEST(delivered_up_to, %s), last_poll_at = now() WHERE name = %s",
+                (position, self.name))
         return OutboxBatch(consumer=self.name, acked=acked, position=position, events=events)
 
     async def ack(self, position: int) -> int:
-        """Acknowledge everything up to ``position``; returns the acknowledged position (max of old and new)."""
+        """Acknowledge everything up to ``position``; returns the acknowledged position (max of old and
+        new)."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             consumer = await self._row(cur, create=False)
             if position < 0:
                 raise ConsumerError("position must not be negative")
             if position > consumer["delivered_up_to"]:
-                raise ConsumerError(f"position {position} is beyond what consumer {self.name!r} was delivered "
-                                    f"({consumer['delivered_up_to']})")
+                raise ConsumerError(f"position {position} is beyond what consumer"
+                                    f" {self.name!r} was delivered ({consumer['delivered_up_to']})")
             await cur.execute(
-                "UPDATE outbox_consumers SET position = GREATEST(position, %s), last_ack_at = now() WHERE name = %s"
-                " RETURNING position", (position, self.name))
+                "UPDATE outbox_consumers SET position = GREATEST(position, %s), last_ack_at = now()"
+                " WHERE name = %s RETURNING position", (position, self.name))
             row = await cur.fetchone()
             assert row is not None
             return int(row["position"])
@@ -454,12 +463,14 @@ class OutboxConsumer:
             cache_scope=r["cache_scope"], invalidates=None, reason=None,
             created_at=now) for r in rows]
         events += [OutboxEventV1(
-            event_type=OutboxEventType.CLOSED, position=top, outbox_id=None, subject=r["subject"], server=r["server"],
-            uri=r["uri"], workflow_id=r["workflow_id"], receipt_id=r["last_receipt_id"],
-            read_ordinal=r["last_accepted_ordinal"], content_digest=None, previous_digest=r["last_accepted_digest"],
-            mime_type=None, size=None, edition=None, server_name=None, server_version=None, accepted_at=None,
-            trigger=None, invalidates=Invalidation(receipt_ids=[r["last_receipt_id"]],
-                                                   digests=[r["last_accepted_digest"]] if r["last_accepted_digest"]
+            event_type=OutboxEventType.CLOSED, position=top, outbox_id=None, subject=r["subject"],
+            server=r["server"], uri=r["uri"], workflow_id=r["workflow_id"], receipt_id=r["last_receipt_id"],
+            read_ordinal=r["last_accepted_ordinal"], content_digest=None,
+            previous_digest=r["last_accepted_digest"], mime_type=None, size=None, edition=None,
+            server_name=None, server_version=None, accepted_at=None, trigger=None,
+            invalidates=Invalidation(receipt_ids=[r["last_receipt_id"]],
+                                                   digests=[r["last_accepted_digest"]]
+                                         if r["last_accepted_digest"]
                                                    else []),
             reason=f"{r['state']}: no longer tracked", created_at=now) for r in closed]
         return ResyncBatch(consumer=self.name, position=top, events=events)

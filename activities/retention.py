@@ -10,11 +10,10 @@ Contract:
   gate re-verifies catalogs against them), completeness consumptions, the known set, sessions,
   leases, answer bindings and dispositions.
 - Forgotten once older than ``keep``:
-  - content bodies that are not the current version of an ACTIVE subscription of their subject
-    (superseded versions, stale and rejected reads, bodies of closed or tombstoned
-    subscriptions) and that no outbox event still held for a consumer names. ``current_content`` only ever serves the current version of an ACTIVE
-    subscription, so nothing servable is removed; a host that wants an older body for longer
-    copies it out.
+  - content bodies that are not the current version of an ACTIVE subscription of their subject (superseded
+    versions, stale and rejected reads, bodies of closed or tombstoned subscriptions) and that no outbox event
+    still held for a consumer names. ``current_content`` only ever serves the current version of an ACTIVE
+    subscription, so nothing servable is removed; a host that wants an older body for longer copies it out.
   - bodies parked in ``content_pending`` for an accept that never came (``pending_bodies``);
   - audit rows;
   - outbox rows, but only those every registered outbox consumer has acknowledged (and never
@@ -63,7 +62,8 @@ _CONTENT = """
 DELETE FROM content_store c
 WHERE c.stored_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM subscriptions s
-                  WHERE s.subject = c.subject AND s.last_accepted_digest = c.content_digest AND s.state = 'ACTIVE')
+                  WHERE s.subject = c.subject AND s.last_accepted_digest = c.content_digest
+                      AND s.state = 'ACTIVE')
   AND (NOT %(held)s OR NOT EXISTS (SELECT 1 FROM outbox o
                   WHERE o.subject = c.subject AND o.content_digest = c.content_digest
                     AND (o.position IS NULL OR o.position > %(floor)s)))
@@ -139,5 +139,5 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
                           ("pending_bodies", _PENDING)):
             cur = await conn.execute(sql, args)
             counts[name] = len(await cur.fetchall())
-    return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run, outbox_pruned_through=pruned_through,
-                       consumers_ignored=ignored, **counts)
+    return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run,
+                       outbox_pruned_through=pruned_through, consumers_ignored=ignored, **counts)

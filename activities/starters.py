@@ -52,7 +52,8 @@ from mcpsync.workflows.records import (
     SubscriptionStart,
 )
 
-__all__ = ["start_subscription", "start_subscription_first_read", "start_catalog", "subscription_contract", "sa_uri"]
+__all__ = ["start_subscription", "start_subscription_first_read", "start_catalog", "subscription_contract",
+           "sa_uri"]
 
 
 def sa_uri(uri: str) -> str:
@@ -60,7 +61,8 @@ def sa_uri(uri: str) -> str:
     return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
 
 
-def _start_options(*, id: str, task_queue: str, memo: dict[str, str], attributes: list[SearchAttributePair[str]],
+def _start_options(*, id: str, task_queue: str, memo: dict[str, str],
+                   attributes: list[SearchAttributePair[str]],
                    summary: str, details: str | None = None) -> dict[str, Any]:
     """How every mcpsync workflow starts: USE_EXISTING on conflict (join the run going),
     ALLOW_DUPLICATE after it ended (a new incarnation)."""
@@ -79,7 +81,8 @@ def _subscription_options(key: SubscriptionKey, options: SubscriptionOptions | N
     options = options or SubscriptionOptions()
     workflow_id = workflow_id or key.workflow_id
     return SubscriptionStart(key=key, options=options), _start_options(
-        id=workflow_id, task_queue=task_queue, memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+        id=workflow_id, task_queue=task_queue,
+        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
         attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_URI, sa_uri(key.uri)),
                     _keyword(SA_SUBJECT, key.subject), _keyword(SA_STATE, "DISCOVERED")],
         summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",
@@ -100,7 +103,8 @@ async def start_subscription_first_read(
     """``start_subscription`` and the ``first_read`` update in one Update-with-Start: the workflow's
     handle and its record with the first receipt (``last_receipt_id``, ``last_verdict``)."""
     start, kwargs = _subscription_options(key, options, task_queue=task_queue, workflow_id=workflow_id)
-    operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(WORKFLOW_TYPE, start, **kwargs)
+    operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        WORKFLOW_TYPE, start, **kwargs)
     record: ResourceSubscriptionV1 = await client.execute_update_with_start_workflow(
         UPDATE_FIRST_READ, start_workflow_operation=operation, result_type=ResourceSubscriptionV1)
     return await operation.workflow_handle(), record
@@ -127,11 +131,13 @@ def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *,
         f"| URI (exact, never normalized) | `{key.uri[:500]}` |\n"
         f"| workflow id | `{workflow_id}` |\n"
         f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
-        f"| safety re-read (with subscribe) | {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
+        "| safety re-read (with subscribe) |"
+        f" {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
         f"| max concurrent reads | {o.max_concurrent_reads} |\n"
         f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
-        "Signals: `resource_updated` (a notification), `resource_read` (the ingress read the change itself: most "
-        "of the timeline), `session_changed`, `catalog_reconciled`, `revoke`, `identity_conflict`, `close`; updates: "
-        "`close`, `resume`, `first_read`; query: `subscription`. The negotiated edition, the live ledger and the "
-        "freshness (last verified, next read due, staleness bound) are in the current details."
+        "Signals: `resource_updated` (a notification), `resource_read` (the ingress read the"
+        " change itself: most of the timeline), `session_changed`, `catalog_reconciled`, `revoke`,"
+        " `identity_conflict`, `close`; updates: `close`, `resume`, `first_read`; query: `subscription`. The"
+        " negotiated edition, the live ledger and the freshness (last verified, next read due, staleness"
+        " bound) are in the current details."
     )

@@ -33,7 +33,8 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
-async def list_subscriptions(pool: AsyncConnectionPool, *, server: str | None = None, subject: str | None = None,
+async def list_subscriptions(pool: AsyncConnectionPool, *, server: str | None = None,
+                             subject: str | None = None,
                              states: Sequence[str] = (), uri: str | None = None) -> list[dict[str, Any]]:
     """Fence rows matching every given selector (None / empty: any), with ``last_accepted_at``."""
     where: list[str] = []
@@ -55,8 +56,8 @@ async def list_subscriptions(pool: AsyncConnectionPool, *, server: str | None = 
         return [_jsonable(r) for r in await cur.fetchall()]
 
 
-async def subscription_history(pool: AsyncConnectionPool, *, workflow_id: str, subject: str, server: str, uri: str,
-                               limit: int = 20) -> list[dict[str, Any]]:
+async def subscription_history(pool: AsyncConnectionPool, *, workflow_id: str, subject: str, server: str,
+                               uri: str, limit: int = 20) -> list[dict[str, Any]]:
     """The newest ``limit`` receipts and ``limit`` audit rows of one subscription, merged oldest first.
 
     Audit rows written before a workflow existed (a notification for an unsubscribed URI) carry no
@@ -73,5 +74,6 @@ async def subscription_history(pool: AsyncConnectionPool, *, workflow_id: str, s
             " WHERE workflow_id = %s OR (workflow_id IS NULL AND subject = %s AND server = %s AND uri = %s)"
             " ORDER BY audit_id DESC LIMIT %s", (workflow_id, subject, server, uri, limit))
         audits = [{"kind": "audit", "at": r["created_at"], **r} for r in await cur.fetchall()]
-    merged = sorted(receipts + audits, key=lambda r: (r["at"], r.get("receipt_id") or 0, r.get("audit_id") or 0))
+    merged = sorted(receipts + audits,
+                    key=lambda r: (r["at"], r.get("receipt_id") or 0, r.get("audit_id") or 0))
     return [_jsonable(r) for r in merged]
