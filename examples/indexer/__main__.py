@@ -37,7 +37,8 @@ from mcpsync.activities.db import DatabaseUnavailable, open_pool
 from mcpsync.activities.outbox import WITHDRAWING, ConsumerError, OutboxConsumer, OutboxEventV1
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (subject TEXT, server TEXT, uri TEXT, read_ordinal INTEGER, receipt_id INTEGER,
+CREATE TABLE IF NOT EXISTS entries (subject TEXT, server TEXT, uri TEXT, read_ordinal INTEGER,
+    receipt_id INTEGER,
     digest TEXT, mime_type TEXT, body BLOB, PRIMARY KEY (subject, server, uri));
 CREATE TABLE IF NOT EXISTS deliveries (position INTEGER, outbox_id INTEGER);  -- what arrived, for audits
 """
@@ -54,14 +55,17 @@ async def _body(pool: AsyncConnectionPool, e: OutboxEventV1) -> tuple[str | None
     return content.mime_type, content.body
 
 
-async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection, events: list[OutboxEventV1]) -> tuple[int, int]:
+async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection,
+                events: list[OutboxEventV1]) -> tuple[int, int]:
     """Apply ``events`` to the index (not committed); (entries written, entries dropped)."""
     written = dropped = 0
     for e in events:
         key = (e.subject, e.server, e.uri)
         db.execute("INSERT INTO deliveries VALUES (?, ?)", (e.position, e.outbox_id))
-        held = db.execute("SELECT read_ordinal FROM entries WHERE subject=? AND server=? AND uri=?", key).fetchone()
-        if e.event_type in WITHDRAWING:  # tombstoned, revoked, closed: not current (or not known fresh) any more
+        held = db.execute("SELECT read_ordinal FROM entries WHERE subject=? AND server=? AND uri=?",
+                          key).fetchone()
+        # tombstoned, revoked, closed: not current (or not known fresh) any more
+        if e.event_type in WITHDRAWING:
             # It withdraws what was current up to its read ordinal; a higher one is a later incarnation's.
             if held is not None and (e.read_ordinal is None or held[0] <= e.read_ordinal):
                 db.execute("DELETE FROM entries WHERE subject=? AND server=? AND uri=?", key)
@@ -77,10 +81,11 @@ async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection, events: list[
     return written, dropped
 
 
-def _progress(name: str, db: sqlite3.Connection, what: str, position: int, events: int, counts: tuple[int, int]) -> None:
+def _progress(name: str, db: sqlite3.Connection, what: str, position: int, events: int,
+              counts: tuple[int, int]) -> None:
     (entries,) = db.execute("SELECT count(*) FROM entries").fetchone()
-    print(f"indexer {name}: {what} position {position}: {events} events, {counts[0]} written, {counts[1]} dropped; "
-          f"{entries} entries", flush=True)
+    print(f"indexer {name}: {what} position {position}: {events} events, {counts[0]} written,"
+          f" {counts[1]} dropped; {entries} entries", flush=True)
 
 
 async def run(args: argparse.Namespace, url: str) -> None:
@@ -97,8 +102,8 @@ async def run(args: argparse.Namespace, url: str) -> None:
                 counts = await apply(pool, db, relist.events)
                 db.commit()
                 await consumer.ack(relist.position)
-                _progress(args.consumer, db, f"gap {batch.gap.first}..{batch.gap.last}, resynced at", relist.position,
-                          len(relist.events), counts)
+                _progress(args.consumer, db, f"gap {batch.gap.first}..{batch.gap.last}, resynced at",
+                          relist.position, len(relist.events), counts)
                 continue
             counts = await apply(pool, db, batch.events)
             db.commit()
@@ -111,7 +116,8 @@ async def run(args: argparse.Namespace, url: str) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    """``--database-url``, ``$MCPSYNC_DATABASE_URL``, else the stack's configuration (as ``mcpsync`` finds it)."""
+    """``--database-url``, ``$MCPSYNC_DATABASE_URL``, else the stack's configuration (as ``mcpsync`` finds
+    it)."""
     if args.database_url:
         return str(args.database_url)
     if os.environ.get("MCPSYNC_DATABASE_URL"):
@@ -128,8 +134,10 @@ def main() -> None:
     from mcpsync.worker.config import ConfigError
 
     p = argparse.ArgumentParser(prog="python -m examples.indexer", description=__doc__.split("\n\n")[0])
-    p.add_argument("--database-url", help="the ledger (default: $MCPSYNC_DATABASE_URL, else the stack's config)")
-    p.add_argument("--config", help="mcpsync config file for the database URL (default: $MCPSYNC_CONFIG, else the "
+    p.add_argument("--database-url",
+                   help="the ledger (default: $MCPSYNC_DATABASE_URL, else the stack's config)")
+    p.add_argument("--config",
+                   help="mcpsync config file for the database URL (default: $MCPSYNC_CONFIG, else the "
                                     "running 'mcpsync up' stack's)")
     p.add_argument("--consumer", required=True, help="the durable consumer name")
     p.add_argument("--index", required=True, help="SQLite file")
@@ -152,7 +160,8 @@ def main() -> None:
         print(f"indexer: error: {' '.join(str(exc).split())}", file=sys.stderr)
         code = ExitCode.UNAVAILABLE
     except (psycopg.OperationalError, PoolTimeout) as exc:  # the database went away while following
-        print(f"indexer: error: PostgreSQL connection lost: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        print(f"indexer: error: PostgreSQL connection lost: {' '.join(str(exc).split())[:300]}",
+              file=sys.stderr)
         code = ExitCode.UNAVAILABLE
     except CliError as exc:
         print(f"indexer: error: {' '.join(str(exc).split())}", file=sys.stderr)
