@@ -213,7 +213,8 @@ def test_unwatched_dependency_needs_a_freshness_policy() -> None:
     assert judge(observed(updates_watched=False)).reason_code == R.UNWATCHED
     policy = FreshnessPolicy(max_unwatched_age_seconds=60)
     assert judge(observed(updates_watched=False), policy=policy, now=at(0.5)).verdict == Verdict.ACCEPT
-    assert judge(observed(updates_watched=False), policy=policy, now=at(5)).reason_code == R.OBSERVATION_TOO_OLD
+    assert judge(observed(updates_watched=False), policy=policy,
+                 now=at(5)).reason_code == R.OBSERVATION_TOO_OLD
 
 
 def test_no_accepted_version_holds() -> None:
@@ -234,7 +235,8 @@ def test_unrelated_uri_update_does_not_reopen_and_window_starts_at_the_latest_co
     other = "file:///demo/formatting-guide.txt"
     mine = observed()
     theirs = receipt(5, uri=other, minute=3)
-    unrelated = observed(uri=other, bound=theirs, selected=theirs, latest_accepted=theirs, newest_receipt=theirs)
+    unrelated = observed(uri=other, bound=theirs, selected=theirs, latest_accepted=theirs,
+                         newest_receipt=theirs)
     d = judge(mine, unrelated, deps=[dep(1), dep(5, other)])
     assert d.verdict == Verdict.ACCEPT and d.evidence_from == theirs.accepted_at
     # An update of a URI that is not a dependency is not even looked at.
@@ -259,7 +261,8 @@ def test_seed_escalation_policy_timeline() -> None:
     accepted = judge(selected_new, selections={URI: 2}, previous=stale_input, now=at(7))
     assert accepted.verdict == Verdict.ACCEPT and accepted.receipt_ids == [2]
     assert (accepted.evidence_from, accepted.evidence_to) == (new.accepted_at, at(7))
-    assert accepted.dependencies[0].update_after_bound and old.receipt_id == accepted.dependencies[0].bound_receipt_id
+    assert accepted.dependencies[0].update_after_bound \
+        and old.receipt_id == accepted.dependencies[0].bound_receipt_id
     later = judge(selected_new.model_copy(update={"last_notification_at": at(8)}), selections={URI: 2},
                   previous=accepted, now=at(8.5))
     assert later.verdict == Verdict.HOLD and later.reopened and later.reason_code == R.UPDATE_SEEN

@@ -70,13 +70,15 @@ def record(acc: ScanAccumulator, label: str, *, before: int = 0, after: int = 0,
            start: datetime = T0, rid: str = "r1") -> ResourceDiscoveryScanV1:
     digests = acc.digests()
     return ResourceDiscoveryScanV1(
-        scan_id=f"{rid}-{label}", reconciliation_id=rid, label=label, subject="alice", server="fx",  # type: ignore[arg-type]
+        scan_id=f"{rid}-{label}", reconciliation_id=rid, label=label, subject="alice",
+        server="fx",  # type: ignore[arg-type]
         session_generation=gen, status=acc.final_status(), first_request_at=start,
         completed_at=start + timedelta(seconds=1), page_count=acc.pages,
         resource_count=len(acc.descriptors["resources"]),
         uri_set_digest=digests[0] if digests else None, descriptor_set_digest=digests[1] if digests else None,
-        template_set_digest=digests[2] if digests else None, list_changed_before=before, list_changed_after=after,
-        notifications_observed=after - before, snapshot=acc.snapshot_evidence(), problems=acc.problems,
+        template_set_digest=digests[2] if digests else None, list_changed_before=before,
+        list_changed_after=after, notifications_observed=after - before, snapshot=acc.snapshot_evidence(),
+        problems=acc.problems,
     )
 
 
@@ -160,7 +162,8 @@ def snapshot_scan(metas: list[dict[str, Any] | None], *, negotiated: bool = True
                   template_meta: dict[str, Any] | None | str = "same") -> ScanAccumulator:
     pages = [([res(URIS[0]), res(URIS[1])], "c2", metas[0]), ([res(URIS[2])], None, metas[1])]
     tmeta = stamp("s1", ["a://{x}"]) if template_meta == "same" else template_meta
-    return run_scan(pages, negotiated=negotiated, templates=TEMPLATES, template_meta=tmeta)  # type: ignore[arg-type]
+    return run_scan(pages, negotiated=negotiated, templates=TEMPLATES,
+                    template_meta=tmeta)  # type: ignore[arg-type]
 
 
 def test_every_page_bound_to_one_id_is_a_proof() -> None:
@@ -243,9 +246,11 @@ def test_incomplete_scan_never_matches() -> None:
 
 def test_rollout_is_deterministic_and_monotonic_in_the_percentage() -> None:
     uris = [f"demo://r/{i}" for i in range(2000)]
-    five = {u for u in uris if refresh_enabled(RolloutPolicy(server="fx", mode=RolloutMode.PERCENT, percent=5),
+    five = {u for u in uris
+            if refresh_enabled(RolloutPolicy(server="fx", mode=RolloutMode.PERCENT, percent=5),
                                                "alice", "fx", u)}
-    twenty = {u for u in uris if refresh_enabled(RolloutPolicy(server="fx", mode=RolloutMode.PERCENT, percent=20),
+    twenty = {u for u in uris
+              if refresh_enabled(RolloutPolicy(server="fx", mode=RolloutMode.PERCENT, percent=20),
                                                  "alice", "fx", u)}
     assert five <= twenty and 50 < len(five) < 150 and 300 < len(twenty) < 500
     assert rollout_bucket("alice", "fx", uris[0]) == rollout_bucket("alice", "fx", uris[0])
@@ -258,7 +263,8 @@ def test_rollout_is_deterministic_and_monotonic_in_the_percentage() -> None:
 
 
 def reconciler(**policy: Any) -> CatalogReconciler:
-    return CatalogReconciler(CatalogState(key=CatalogKey(subject="alice", server="fx"), policy=CatalogPolicy(**policy)))
+    return CatalogReconciler(CatalogState(key=CatalogKey(subject="alice", server="fx"),
+                                          policy=CatalogPolicy(**policy)))
 
 
 def session(list_changed: bool) -> SessionInfo:
@@ -311,7 +317,8 @@ def test_restarts_back_off_after_the_immediate_ones() -> None:
 
 
 @pytest.mark.parametrize("list_changed, interval", [(False, 10.0), (True, 100.0)])
-def test_review_schedule_is_jittered_early_and_the_bound_covers_it(list_changed: bool, interval: float) -> None:
+def test_review_schedule_is_jittered_early_and_the_bound_covers_it(list_changed: bool,
+                                                                   interval: float) -> None:
     r = reconciler(rescan_seconds=10, rescan_seconds_with_list_changed=100, jitter_fraction=0.2)
     r.bind_session(session(list_changed))
     a = record(clean(), "A")

@@ -42,10 +42,10 @@ def _by_kind(kind: str) -> dict[str, dict[str, Any]]:
 
 def test_the_manifests_are_all_there() -> None:
     kinds = sorted((d["kind"], d["metadata"]["name"]) for _, d in DOCS)
-    assert kinds == [("ConfigMap", "mcpsync-config"), ("Deployment", "mcpsync-ingress"), ("Deployment", "mcpsync-main"),
-                     ("Namespace", "mcpsync"), ("PodDisruptionBudget", "mcpsync-ingress"),
-                     ("PodDisruptionBudget", "mcpsync-main"), ("Secret", "mcpsync-credentials"),
-                     ("Secret", "mcpsync-upstream-tokens")]
+    assert kinds == [("ConfigMap", "mcpsync-config"), ("Deployment", "mcpsync-ingress"),
+                     ("Deployment", "mcpsync-main"), ("Namespace", "mcpsync"),
+                     ("PodDisruptionBudget", "mcpsync-ingress"), ("PodDisruptionBudget", "mcpsync-main"),
+                     ("Secret", "mcpsync-credentials"), ("Secret", "mcpsync-upstream-tokens")]
 
 
 @pytest.mark.parametrize("doc", [d for _, d in DOCS], ids=[name for name, _ in DOCS])
@@ -54,7 +54,8 @@ def test_manifest_is_valid_against_the_kubernetes_schema(doc: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("mutate", [
-    lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].update(paht="/readyz"),
+    lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].update(
+        paht="/readyz"),
     lambda d: d["spec"]["template"]["spec"]["containers"][0]["resources"].update(request={"cpu": "1"}),
     lambda d: d["spec"].update(replicas="two"),
     lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("name"),

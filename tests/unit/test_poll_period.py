@@ -36,7 +36,8 @@ SRC = StalenessBoundSource
     (120_000, 2, (120.0, SRC.TTL)),  # backoff below the ttl: the ttl still sets it
     (120_000, 3, (240.0, SRC.BACKOFF)),
 ])
-def test_poll_period_rules(ttl_ms: int | None, failed: int, expected: tuple[float, StalenessBoundSource]) -> None:
+def test_poll_period_rules(ttl_ms: int | None, failed: int,
+                           expected: tuple[float, StalenessBoundSource]) -> None:
     assert poll_period(30.0, ttl_ms, failed) == expected
 
 
@@ -51,7 +52,8 @@ def _polling_fence() -> SubscriptionFence:
 def _outcome(kind: ReadOutcomeKind, ttl_ms: int | None = None,
              scope: CacheScope | None = None) -> ReadOutcome:
     return ReadOutcome(kind=kind, key=KEY, ordinal=1, request_id="r", session_generation=1,
-                       subscription_generation=1, trigger=TriggerReason.POLL, ttl_ms=ttl_ms, cache_scope=scope)
+                       subscription_generation=1, trigger=TriggerReason.POLL, ttl_ms=ttl_ms,
+                       cache_scope=scope)
 
 
 def test_the_deadline_follows_the_period_the_last_read_implies() -> None:

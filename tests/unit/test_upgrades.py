@@ -33,5 +33,6 @@ def test_the_report_says_whether_deprecate_patch_is_safe() -> None:
 def test_the_command_is_registered() -> None:
     args = build_parser().parse_args(["upgrades", "--patch", "read-slot", "--workflow-type", WORKFLOW_TYPE,
                                       "--task-queue", "mcpsync", "--json"])
-    assert (args.patch, args.workflow_type, args.task_queue, args.json) == ("read-slot", WORKFLOW_TYPE, "mcpsync",
+    assert (args.patch, args.workflow_type, args.task_queue,
+            args.json) == ("read-slot", WORKFLOW_TYPE, "mcpsync",
                                                                           True)

@@ -22,7 +22,7 @@ def _key(uri: str, *, subject: str = "alice", server: str = "demo") -> Subscript
 
 def test_the_scheme_is_pinned_and_keeps_the_legacy_hash() -> None:
     key = _key("demo://policy/escalation")
-    # The pre-readable id of this key, as the code before this change computed it.
+    # The legacy (pre-readable) id of this key: a pinned hash, so old runs keep their ids.
     assert key.legacy_workflow_id == "mcpsync-sub/demo/alice/9019e8982d17d7549faa58c4"
     assert key.workflow_id == "mcpsync-sub/demo/alice/demo-policy-escalation-9019e8982d17d7549faa58c4"
     assert _key("demo://policy/escalation").workflow_id == key.workflow_id  # pure: same key, same id
@@ -54,7 +54,8 @@ def test_a_huge_uri_gives_a_bounded_slug_that_keeps_its_end() -> None:
 
 
 @pytest.mark.parametrize("uri", [
-    "demo://docs/Read%20Me.md", "demo://café/日本語", "file:///" + "a/" * 4000, "demo:..", "demo:%", "demo:%zz%",
+    "demo://docs/Read%20Me.md", "demo://café/日本語", "file:///" + "a/" * 4000, "demo:..", "demo:%",
+    "demo:%zz%",
     "x:" + "é" * 8000, "demo://a/%2e%2e%2f%2e%2e%2fetc", "z:?#",
 ])
 def test_every_valid_uri_gives_a_valid_bounded_id(uri: str) -> None:

@@ -1,7 +1,7 @@
 """The write plan (workflows/write_plan.py): which rows accept / close / tombstone / revoke write.
 
-Pure tests of the planner; tests/integration/test_ledger_plan.py applies the same plans in PostgreSQL and in the
-simulator's in-memory ledger and compares the two."""
+Pure tests of the planner; tests/integration/test_ledger_plan.py applies the same plans in PostgreSQL and in
+the simulator's in-memory ledger and compares the two."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from mcpsync.workflows.write_plan import (
 S = SubscriptionState
 KEY = SubscriptionKey(subject="alice", server="s", uri="demo://doc")
 ROW = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1,
-                    last_issued_ordinal=3, last_accepted_ordinal=1, watermark=1, last_accepted_digest="sha256:a",
-                    last_receipt_id=7)
+                    last_issued_ordinal=3, last_accepted_ordinal=1, watermark=1,
+                    last_accepted_digest="sha256:a", last_receipt_id=7)
 ISSUED = IssuedRead(ordinal=2, request_id="r2", session_generation=1, subscription_generation=1)
 
 
@@ -42,7 +42,8 @@ def _outcome(kind: ReadOutcomeKind, digest: str | None = None, guardrail: str | 
                        guardrail_rejection=guardrail)
 
 
-def _plan(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome):  # type: ignore[no-untyped-def]
+def _plan(row: FenceSnapshot, issued: IssuedRead | None,
+          outcome: ReadOutcome):  # type: ignore[no-untyped-def]
     return plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=KEY.uri))
 
 
@@ -52,13 +53,16 @@ def test_a_new_digest_writes_receipt_outbox_and_advances() -> None:
     assert plan.kind == PlanKind.ACCEPT and plan.read_request_outcome == "ACCEPTED" and plan.audit is None
     assert plan.receipt is not None and plan.receipt.status == AcceptVerdict.ACCEPTED and plan.receipt.of_read
     assert plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
-    assert plan.outbox.previous_digest == "sha256:a" and plan.outbox.rollout_gated and not plan.outbox.withdraws
+    assert plan.outbox.previous_digest == "sha256:a" and plan.outbox.rollout_gated \
+        and not plan.outbox.withdraws
     assert plan.fence is not None
     after = plan.fence.applied(ROW, 9)
-    assert (after.last_accepted_ordinal, after.watermark, after.last_accepted_digest, after.last_receipt_id) == \
+    assert (after.last_accepted_ordinal, after.watermark, after.last_accepted_digest,
+            after.last_receipt_id) == \
         (2, 2, "sha256:b", 9)
     result = accept_result(plan, ROW, receipt_id=9, outbox_id=11)
-    assert (result.verdict, result.receipt_id, result.outbox_id, result.watermark) == (AcceptVerdict.ACCEPTED, 9, 11, 2)
+    assert (result.verdict, result.receipt_id, result.outbox_id,
+            result.watermark) == (AcceptVerdict.ACCEPTED, 9, 11, 2)
 
 
 def test_unchanged_and_not_found_advance_without_an_invalidation() -> None:
@@ -89,7 +93,7 @@ def test_stale_after_close_writes_only_audit_and_the_stored_verdict() -> None:
 
 def test_a_denied_read_revokes_and_its_verdict_is_stored() -> None:
     plan = _plan(ROW, ISSUED, _outcome(ReadOutcomeKind.DENIED))
-    # A denial's verdict (REVOKED) is stored, so a retried accept replays it (F5).
+    # A denial's verdict (REVOKED) is stored, so a retried accept replays it.
     assert plan.read_request_outcome == "REVOKED" and plan.receipt is None
     assert plan.fence == FenceUpdate(state=S.REVOKED)
     assert plan.outbox is not None and plan.outbox.event == OutboxEventType.REVOKED and plan.outbox.withdraws
@@ -122,18 +126,22 @@ def test_close_freezes_the_last_issued_ordinal_once() -> None:
     assert not plan.outbox.rollout_gated and not plan.outbox.of_receipt and plan.receipt is None
     assert plan.outbox.previous_digest == ROW.last_accepted_digest
     never = plan_close(ROW.model_copy(update={"last_accepted_digest": None}))
-    assert never.fence is not None and never.outbox is None, "no version was ever current: nothing to withdraw"
+    assert never.fence is not None and never.outbox is None, \
+        "no version was ever current: nothing to withdraw"
 
 
 def test_tombstone_revocation_and_recreation() -> None:
     pending = ROW.model_copy(update={"state": S.TOMBSTONE_PENDING})
     plan = plan_tombstone(pending, listed=False, proven=False, scan_id="c1")
     assert plan.kind == PlanKind.TOMBSTONE and plan.receipt is not None and not plan.receipt.of_read
-    assert (plan.receipt.ordinal, plan.receipt.status, plan.receipt.request_id) == (1, AcceptVerdict.TOMBSTONED,
+    assert (plan.receipt.ordinal, plan.receipt.status,
+            plan.receipt.request_id) == (1, AcceptVerdict.TOMBSTONED,
                                                                                   "catalog:c1")
-    assert plan.outbox is not None and plan.outbox.event == OutboxEventType.TOMBSTONED and plan.outbox.withdraws
+    assert plan.outbox is not None and plan.outbox.event == OutboxEventType.TOMBSTONED \
+        and plan.outbox.withdraws
     assert plan.fence is not None and plan.fence.applied(pending, 20).last_receipt_id == 20
-    assert plan_tombstone(pending, listed=True, proven=False, scan_id="c2").fence == FenceUpdate(state=S.ACTIVE)
+    assert plan_tombstone(pending, listed=True, proven=False,
+                          scan_id="c2").fence == FenceUpdate(state=S.ACTIVE)
     assert not plan_tombstone(ROW, listed=False, proven=False, scan_id="c3").writes  # unproven: no revocation
     revoked = plan_tombstone(ROW, listed=False, proven=True, scan_id="c4")
     assert revoked.kind == PlanKind.REVOKE and revoked.revocation is not None
