@@ -39,7 +39,8 @@ def view() -> CatalogKey:
 
 
 async def scan(cl: CatalogLedger, key: CatalogKey, rid: str, label: str, uris: list[str], *, start: datetime,
-               observed: int = 0, snapshot: str | None = None, descriptions: dict[str, str] | None = None) -> str:
+               observed: int = 0, snapshot: str | None = None,
+               descriptions: dict[str, str] | None = None) -> str:
     meta: dict[str, Any] | None = None
     if snapshot is not None:
         meta = {SNAPSHOT_EXTENSION: {"id": snapshot, "setDigest": set_digest(uris), "count": len(uris)}}
@@ -54,7 +55,8 @@ async def scan(cl: CatalogLedger, key: CatalogKey, rid: str, label: str, uris: l
     digests = acc.digests()
     assert digests is not None
     record = ResourceDiscoveryScanV1(
-        scan_id=f"{rid}-{label}-{uuid.uuid4().hex[:4]}", reconciliation_id=rid, label=label,  # type: ignore[arg-type]
+        scan_id=f"{rid}-{label}-{uuid.uuid4().hex[:4]}", reconciliation_id=rid,
+        label=label,  # type: ignore[arg-type]
         subject=key.subject, server=key.server, session_generation=1, status=acc.final_status(),
         first_request_at=start, completed_at=start + timedelta(milliseconds=100), page_count=acc.pages,
         resource_count=len(uris), uri_set_digest=digests[0], descriptor_set_digest=digests[1],
@@ -66,17 +68,17 @@ async def scan(cl: CatalogLedger, key: CatalogKey, rid: str, label: str, uris: l
     return record.scan_id
 
 
-async def publish(cl: CatalogLedger, key: CatalogKey, uris: list[str], *, at: datetime, b_uris: list[str] | None = None,
-                  observed: int = 0, snapshot: str | None = None, same_scan: bool = False,
-                  descriptions: dict[str, str] | None = None) -> Any:
+async def publish(cl: CatalogLedger, key: CatalogKey, uris: list[str], *, at: datetime,
+                  b_uris: list[str] | None = None, observed: int = 0, snapshot: str | None = None,
+                  same_scan: bool = False, descriptions: dict[str, str] | None = None) -> Any:
     rid = uuid.uuid4().hex
     a = await scan(cl, key, rid, "A", uris, start=at, snapshot=snapshot, descriptions=descriptions)
     b = a if same_scan else await scan(cl, key, rid, "B", b_uris if b_uris is not None else uris,
                                        start=at + timedelta(seconds=1), observed=observed, snapshot=snapshot,
                                        descriptions=descriptions)
     return await cl.publish(PublishRequest(key=key, reconciliation_id=rid, scan_a=a, scan_b=b,
-                                           next_review_at=at + timedelta(seconds=60), staleness_bound_seconds=3600,
-                                           rollout_mode=RolloutMode.ALL))
+                                           next_review_at=at + timedelta(seconds=60),
+                                           staleness_bound_seconds=3600, rollout_mode=RolloutMode.ALL))
 
 
 async def test_publish_refuses_anything_but_two_matching_scans(catalogs: CatalogLedger) -> None:
@@ -108,9 +110,10 @@ async def test_known_set_diff_and_idempotent_publish(catalogs: CatalogLedger) ->
                                                                        catalog_id=c.catalog_id)}
     assert changes == {("a://4", "added"), ("a://1", "removed"), ("a://3", "changed")}
     # The same reconciliation published again (an activity retry) answers the same row.
-    again = await catalogs.publish(PublishRequest(key=key, reconciliation_id=c.reconciliation_id, scan_a=c.scan_a,
-                                                  scan_b=c.scan_b, next_review_at=c.next_review_at,
-                                                  staleness_bound_seconds=1, rollout_mode=RolloutMode.ALL))
+    again = await catalogs.publish(PublishRequest(key=key, reconciliation_id=c.reconciliation_id,
+                                                  scan_a=c.scan_a, scan_b=c.scan_b,
+                                                  next_review_at=c.next_review_at, staleness_bound_seconds=1,
+                                                  rollout_mode=RolloutMode.ALL))
     assert again.published and again.catalog == c
     # An older measurement never overwrites a newer catalog.
     stale = await publish(catalogs, key, ["a://1"], at=T0 - timedelta(seconds=10))

@@ -81,20 +81,20 @@ async def test_allocation_is_idempotent_per_request_id_and_resets_derive_new_ids
     key = await _active(ledger)
 
     async def allocate(request_id: str) -> tuple[int, str]:
-        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1, subscription_generation=1,
-                                                       min_ordinal=1, request_id=request_id,
-                                                       trigger=TriggerReason.UPDATED))
+        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1,
+                                                       subscription_generation=1, min_ordinal=1,
+                                                       request_id=request_id, trigger=TriggerReason.UPDATED))
         assert t.granted
         return t.ordinal, t.request_id
 
-    # A retry after a lost response (not yet judged): the same ticket (simulator finding F1).
+    # A retry after a lost response (not yet judged): the same ticket.
     assert await allocate("run1-r1") == (1, "run1-r1")
     assert await allocate("run1-r1") == (1, "run1-r1")
     assert await _accept(ledger, key, 1, "sha256:a") == AcceptVerdict.ACCEPTED
     # A reset run re-dispatches the finished allocation: a new read with an id of its own...
     assert await allocate("run1-r1") == (2, "run1-r1/1")
     assert await _accept(ledger, key, 2, "sha256:a") == AcceptVerdict.UNCHANGED
-    # ... and a second reset to the same point derives again instead of hitting UNIQUE (F6).
+    # ... and a second reset to the same point derives again instead of hitting UNIQUE.
     assert await allocate("run1-r1") == (3, "run1-r1/1/2")
 
 
@@ -103,15 +103,15 @@ async def test_retried_allocation_answers_the_update_counter_it_saw(ledger: Ledg
     key = await _active(ledger)
 
     async def seen(request_id: str) -> int:
-        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1, subscription_generation=1,
-                                                       min_ordinal=1, request_id=request_id,
-                                                       trigger=TriggerReason.UPDATED))
+        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1,
+                                                       subscription_generation=1, min_ordinal=1,
+                                                       request_id=request_id, trigger=TriggerReason.UPDATED))
         return t.notifications_seen
 
     await ledger.note_notification(key.subject, key.server, key.uri, 1)
     assert await seen("r-a") == 1
     await ledger.note_notification(key.subject, key.server, key.uri, 1)  # after the allocation
-    # The retry is the same read: it saw 1 update, not 2 (simulator finding F11).
+    # The retry is the same read: it saw 1 update, not 2.
     assert await seen("r-a") == 1
 
 
@@ -207,20 +207,23 @@ async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) ->
                                  (key.legacy_workflow_id, ordinal))
         row = await cur.fetchone()
     assert row is not None
-    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, str(row[0]), "sha256:" + "a" * 64),
+    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, str(row[0]),
+                                                                "sha256:" + "a" * 64),
                                                expected_state=SubscriptionState.ACTIVE, close_epoch=0))
     assert result.verdict == AcceptVerdict.ACCEPTED
     assert [r.receipt_id for r in await ledger.receipts(key)] == [result.receipt_id]
     assert await ledger.read_count(key) == 1
     noted = await ledger.note_notification(key.subject, key.server, key.uri, 1)
-    assert noted is not None and noted.workflow_id == key.legacy_workflow_id and noted.fence.notifications_seen == 1
+    assert noted is not None and noted.workflow_id == key.legacy_workflow_id \
+        and noted.fence.notifications_seen == 1
     outbox = [r for r in await ledger.outbox_after(0, 100_000) if r["subject"] == key.subject]
     assert [r["workflow_id"] for r in outbox] == [key.legacy_workflow_id]
 
     # A second workflow for the key under another id does not take the row over: audited.
     await ledger.ensure_subscription(key, "inc-1", workflow_id=key.workflow_id)
     assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
-    mismatch = [a for a in await ledger.audit_rows("WORKFLOW_ID_MISMATCH", 1000) if a["subject"] == key.subject]
+    mismatch = [a for a in await ledger.audit_rows("WORKFLOW_ID_MISMATCH", 1000)
+                if a["subject"] == key.subject]
     assert [(a["workflow_id"], a["detail"]["running_as"]) for a in mismatch] == [(key.legacy_workflow_id,
                                                                                  key.workflow_id)]
     receipt = await ledger.begin_unsubscribe(key)

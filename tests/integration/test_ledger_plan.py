@@ -54,9 +54,10 @@ class Both:
 
     async def accept(self, read: tuple[int, str], kind: ReadOutcomeKind, digest: str | None = None,
                      guardrail: str | None = None) -> AcceptVerdict:
-        outcome = ReadOutcome(kind=kind, key=self.key, ordinal=read[0], request_id=read[1], session_generation=1,
-                              subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest,
-                              mime_type="text/plain", server_version="v1", guardrail_rejection=guardrail)
+        outcome = ReadOutcome(kind=kind, key=self.key, ordinal=read[0], request_id=read[1],
+                              session_generation=1, subscription_generation=1, trigger=TriggerReason.UPDATED,
+                              content_digest=digest, mime_type="text/plain", server_version="v1",
+                              guardrail_rejection=guardrail)
         req = AcceptRequest(outcome=outcome, expected_state=S.ACTIVE, close_epoch=0)
         sql, mem = await self.sql.accept(req), self.mem.accept(req)
         receipts = await self._receipt_ids()
@@ -79,9 +80,11 @@ class Both:
         assert [tuple(r) for r in sql_receipts] == \
             [(r.ordinal, r.status.value, r.digest, r.request_id) for r in self.mem.receipts]
         sql_outbox = await ledger_rows(self.sql, "SELECT event_type, read_ordinal, content_digest, receipt_id"
-                                       " FROM outbox WHERE workflow_id=%s ORDER BY outbox_id", self.workflow_id)
+                                       " FROM outbox WHERE workflow_id=%s ORDER BY outbox_id",
+                                       self.workflow_id)
         assert [(e, o, d, _position(receipt_ids, r)) for e, o, d, r in sql_outbox] == \
-            [(e.event_type, e.ordinal, e.digest, _position(mem_receipt_ids, e.receipt_id)) for e in self.mem.outbox]
+            [(e.event_type, e.ordinal, e.digest, _position(mem_receipt_ids, e.receipt_id))
+             for e in self.mem.outbox]
 
     async def _receipt_ids(self) -> list[int]:
         rows = await ledger_rows(self.sql, "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s"
@@ -160,7 +163,8 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
     mem = both.mem.note_notification(1, datetime.now(UTC))
     assert sql is not None and mem is not None
-    assert (sql.workflow_id, sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
+    assert (sql.workflow_id,
+            sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
         (both.key.legacy_workflow_id, 1)
     await ledger.ensure_subscription(both.key, "inc-1", workflow_id=both.key.workflow_id)
     both.mem.ensure_subscription("inc-1", workflow_id=both.key.workflow_id)
@@ -183,7 +187,8 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
         assert sql is not None
         mem = both.mem.note_notification(generation, datetime.now(UTC))
         assert mem is not None and sql.work == mem.work
-        assert (sql.fence.notifications_seen, sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
+        assert (sql.fence.notifications_seen,
+                sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
         return sql.work
 
     assert await note()  # clean -> dirty: work

@@ -55,7 +55,8 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
         "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
                        ("alice", "docs", "demo://doc/1234")),
         "normalized siblings": (NORMALIZED_SIBLINGS_SQL, "text, text, text, text, text[]",
-                                ("alice", "docs", "demo://doc/1234", "demo://doc/1234", TERMINAL_STATE_VALUES)),
+                                ("alice", "docs", "demo://doc/1234", "demo://doc/1234",
+                                 TERMINAL_STATE_VALUES)),
     }
     async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)

@@ -72,7 +72,8 @@ async def settled(ledger: Ledger, subject: str) -> None:
 
     async def positioned() -> bool:
         await stamp(ledger.pool)
-        return not await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s AND position IS NULL", subject)
+        return not await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s AND position IS NULL",
+                                     subject)
 
     await eventually(positioned, timeout=20, what=f"positions for {subject}")
 
@@ -120,7 +121,8 @@ async def test_reverse_commit_skips_a_row_with_id_paging_and_not_with_positions(
         assert old_seen == [id_b]
         old_cursor = old_seen[-1]  # the old consumer moves its cursor past B
         batch = await consumer.poll()
-        assert batch.events == [] and batch.position == batch.acked, "B is not positioned while A may commit below it"
+        assert batch.events == [] and batch.position == batch.acked, \
+            "B is not positioned while A may commit below it"
         await consumer.ack(batch.position)
         await a.commit()
     finally:
@@ -146,9 +148,12 @@ async def test_id_order_with_a_txid_filter_alone_still_skips(ledger: Ledger, dat
         id_a = await _insert(a, subject, "demo://a")
         await a.commit()
         filtered = await ledger_rows(
-            ledger, "SELECT outbox_id FROM outbox WHERE subject = %s AND txid < pg_snapshot_xmin(pg_current_snapshot())"
+            ledger,
+            "SELECT outbox_id FROM outbox WHERE subject = %s"
+            " AND txid < pg_snapshot_xmin(pg_current_snapshot())"
                     " ORDER BY outbox_id", subject)
-        assert [r[0] for r in filtered] == [id_a], "A is finished and below the horizon: a cursor moves to its id"
+        assert [r[0] for r in filtered] == [id_a], \
+            "A is finished and below the horizon: a cursor moves to its id"
         assert id_b < id_a
         await b.commit()
     finally:
@@ -191,12 +196,14 @@ async def test_concurrent_plain_sql_writers_committing_out_of_order_lose_nothing
     await settled(ledger, subject)
     seen += await _drain(consumer)
     ids = [e.outbox_id for e in seen]
-    assert sorted(ids) == sorted(committed) and len(ids) == len(set(ids)), "every committed row exactly once here"
+    assert sorted(ids) == sorted(committed) and len(ids) == len(set(ids)), \
+        "every committed row exactly once here"
     positions = [e.position for e in seen]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
 
 
-async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+async def test_consumer_semantics_and_bad_input(ledger: Ledger, database_url: str,
+                                                consumers: list[str]) -> None:
     subject = unique("sem")
     name = unique("c")
     with pytest.raises(ConsumerNotFound):
@@ -281,8 +288,10 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     assert [e.content_digest for e in first.events] == ["sha256:o1"]
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o2") == "ACCEPTED"
     await settled(ledger, subject)
-    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s", subject)
-    await ledger_rows(ledger, "UPDATE content_store SET stored_at = now() - interval '30 days' WHERE subject = %s",
+    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s",
+                      subject)
+    await ledger_rows(ledger,
+                      "UPDATE content_store SET stored_at = now() - interval '30 days' WHERE subject = %s",
                       subject)
     # Unacknowledged: kept, and so is the superseded body the unacknowledged event names. (Lag is
     # the age of the oldest unacknowledged row, 30 days here: within a 60-day bound.)
@@ -293,11 +302,13 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=60))
     assert [r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM outbox WHERE subject = %s",
                                             subject)] == ["sha256:o2"]
-    assert [r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM content_store WHERE subject = %s",
+    assert [r[0]
+            for r in await ledger_rows(ledger, "SELECT content_digest FROM content_store WHERE subject = %s",
                                             subject)] == ["sha256:o2"]
     # The consumer lags past the bound (o2, unacknowledged, is 30 days old; the bound 1 day), however
     # recently it acked: its rows go and its next poll names the gap.
-    await ledger_rows(ledger, "UPDATE outbox_consumers SET created_at = now() - interval '40 days' WHERE name = %s",
+    await ledger_rows(ledger,
+                      "UPDATE outbox_consumers SET created_at = now() - interval '40 days' WHERE name = %s",
                       consumer.name)
     await consumer.ack(first.position)  # a re-ack that does not move keeps nothing alive
     report = await prune(ledger.pool, keep=timedelta(days=7), consumer_max_lag=timedelta(days=1))
@@ -349,7 +360,8 @@ def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
-async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str,
+                               consumers: list[str]) -> None:
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     subject = unique("cli")
@@ -386,7 +398,8 @@ async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str
     assert _cli(conf, "outbox", "drop", "--consumer", name).returncode == 4
 
 
-async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str, consumers: list[str]) -> None:
+async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
+                                              consumers: list[str]) -> None:
     from prometheus_client import generate_latest
 
     from mcpsync.worker.metrics import REGISTRY, refresh_outbox_lag
@@ -396,7 +409,8 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for i in range(4):
             await _insert(conn, subject, f"demo://lag/{i}")
-    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE subject = %s",
+    await ledger_rows(ledger,
+                      "UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE subject = %s",
                       subject)
 
     def gauge(name: str) -> float:
@@ -411,7 +425,8 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
     await settled(ledger, subject)
     await _drain(consumer)
     await refresh_outbox_lag(ledger)
-    assert (gauge("mcpsync_outbox_consumer_lag_events"), gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
+    assert (gauge("mcpsync_outbox_consumer_lag_events"),
+            gauge("mcpsync_outbox_consumer_lag_seconds")) == (0, 0)
 
 
 async def _following(ledger: Ledger, name: str, app: str, polled_before: datetime | None) -> bool:
@@ -424,7 +439,8 @@ async def _following(ledger: Ledger, name: str, app: str, polled_before: datetim
     return bool(listening) and polled is not None and (polled_before is None or polled > polled_before)
 
 
-async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path, ledger: Ledger, database_url: str,
+async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path, ledger: Ledger,
+                                                                 database_url: str,
                                                                  consumers: list[str]) -> None:
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
@@ -434,8 +450,9 @@ async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path,
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"} | {"PGAPPNAME": app}
     polled_before = (await consumer_infos(ledger.pool, consumer.name))[0].last_poll_at
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "outbox", "poll", "--consumer", consumer.name,
-        "--follow", "--json", cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "outbox", "poll", "--consumer",
+        consumer.name, "--follow", "--json", cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
         # Witness that it started and waits on LISTEN: its listening backend (tagged by PGAPPNAME) is
@@ -465,14 +482,16 @@ async def test_without_live_consumers_prune_goes_by_age_and_later_consumers_star
     subject = unique("nolive")
     assert not await ledger_rows(ledger, "SELECT 1 FROM outbox_consumers"), "nobody holds rows back"
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await _insert(conn, unique("earlier"), "demo://earlier")  # positions have begun before this test's row
+        # positions have begun before this test's row
+        await _insert(conn, unique("earlier"), "demo://earlier")
     assert await stamp(ledger.pool) >= 1
     holder = await _connect(database_url)  # an open transaction with an xid holds positions back
     try:
         await holder.execute("SELECT pg_current_xact_id()")
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             await _insert(conn, subject, "demo://nolive")
-        await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s",
+        await ledger_rows(ledger,
+                          "UPDATE outbox SET created_at = now() - interval '30 days' WHERE subject = %s",
                           subject)
         report = await prune(ledger.pool, keep=timedelta(days=7))
         assert not await ledger_rows(ledger, "SELECT 1 FROM outbox WHERE subject = %s", subject), \

@@ -1,4 +1,4 @@
-"""Outbox consumers (issue 29 item 7): a stuck consumer cannot keep itself alive by re-acking
+"""Outbox consumers: a stuck consumer cannot keep itself alive by re-acking
 (retention judges its lag by the age of the oldest row it holds back, not by when it last acked),
 and consumer names are registered explicitly, their number capped."""
 
@@ -28,20 +28,24 @@ async def test_re_ack_does_not_keep_a_stuck_consumer_alive(ledger: Ledger, consu
     batch = await stuck.poll()
     assert len(batch.events) == 2
     # 90 days pass: the events wait unacknowledged; the consumer was registered before them.
-    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '90 days' WHERE subject = %s", subject)
+    await ledger_rows(ledger, "UPDATE outbox SET created_at = now() - interval '90 days' WHERE subject = %s",
+                      subject)
     await ledger_rows(ledger, "UPDATE outbox_consumers SET created_at = now() - interval '91 days',"
                       " last_ack_at = now() - interval '91 days' WHERE name = %s", stuck.name)
-    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30), dry_run=True)
+    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30),
+                         dry_run=True)
     assert stuck.name in report.consumers_ignored
     # It acks again without moving (the position it already had): still 90 days behind, still ignored.
     assert await stuck.ack(batch.acked) == batch.acked
     assert (await ledger_rows(ledger, "SELECT last_ack_at > now() - interval '1 minute' FROM outbox_consumers"
                               " WHERE name = %s", stuck.name))[0][0], "the re-ack was recorded"
-    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30), dry_run=True)
+    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30),
+                         dry_run=True)
     assert stuck.name in report.consumers_ignored, "a re-ack is not progress"
     # Progress is: acking what it was given. Nothing is held back any more: live.
     await stuck.ack(batch.position)
-    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30), dry_run=True)
+    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30),
+                         dry_run=True)
     assert stuck.name not in report.consumers_ignored
 
 
@@ -53,7 +57,8 @@ async def test_a_new_consumer_is_judged_from_its_registration(ledger: Ledger, co
                       key.subject)
     fresh = await register(ledger, consumers, key.subject)
     await ledger_rows(ledger, "UPDATE outbox_consumers SET position = 0 WHERE name = %s", fresh.name)
-    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30), dry_run=True)
+    report = await prune(ledger.pool, keep=timedelta(days=365), consumer_max_lag=timedelta(days=30),
+                         dry_run=True)
     assert fresh.name not in report.consumers_ignored, "registered just now: not 90 days behind"
 
 

@@ -1,4 +1,4 @@
-"""Embedded PostgreSQL stays private (issue 29 item 5): a data dir whose socket path would not fit
+"""Embedded PostgreSQL stays private: a data dir whose socket path would not fit
 is refused before anything starts (no shared 0777 socket fallback), and as root the parents of
 the data dir gain at most traverse (g+x, o+x), never a listing."""
 

@@ -1,4 +1,4 @@
-"""Row-level security by subject (issue 29 item 8): a member of ``mcpsync_consumer`` mapped to
+"""Row-level security by subject: a member of ``mcpsync_consumer`` mapped to
 subject A selects A's receipts, outbox rows and bodies, and none of B's; ``released_content``
 through such a role refuses B's receipt as unknown; other roles are unaffected."""
 
@@ -24,7 +24,8 @@ async def _accepted(ledger: Ledger, text: str) -> tuple[SubscriptionKey, int, st
     digest = content_digest([ContentPart("text", "text/plain", body)])
     key = await _active(ledger, f"demo://sec/rls/{unique('u')}")
     ordinal = await _issue(ledger, key)
-    await ledger.content.stage(key, ordinal, ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
+    await ledger.content.stage(key, ordinal,
+                               ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
     assert await _accept(ledger, key, ordinal, digest) == "ACCEPTED"
     return key, (await ledger.receipts(key))[-1].receipt_id, digest
 
@@ -52,7 +53,8 @@ async def test_a_consumer_of_a_sees_nothing_of_b(ledger: Ledger, database_url: s
     roles.extend([reader, app])
     await ledger_rows(ledger, f'CREATE ROLE "{reader}" NOLOGIN')
     await ledger_rows(ledger, f'GRANT mcpsync_consumer TO "{reader}"')
-    await ledger_rows(ledger, "INSERT INTO consumer_subjects (role_name, subject) VALUES (%s, %s)", reader, key_a.subject)
+    await ledger_rows(ledger, "INSERT INTO consumer_subjects (role_name, subject) VALUES (%s, %s)", reader,
+                      key_a.subject)
     # A role that is not a consumer (a worker role that does not own the tables): unaffected.
     await ledger_rows(ledger, f'CREATE ROLE "{app}" NOLOGIN')
     await ledger_rows(ledger, f'GRANT SELECT ON outbox, content_store, resource_versions TO "{app}"')
@@ -60,10 +62,14 @@ async def test_a_consumer_of_a_sees_nothing_of_b(ledger: Ledger, database_url: s
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await conn.execute(f'SET ROLE "{reader}"')
         for table in ("outbox", "content_store", "resource_versions", "subscriptions"):
-            assert await _count(conn, f"SELECT count(*) FROM {table} WHERE subject = %s", key_a.subject) >= 1, table
-            assert await _count(conn, f"SELECT count(*) FROM {table} WHERE subject = %s", key_b.subject) == 0, table
-        assert await _count(conn, "SELECT count(*) FROM content_store WHERE content_digest = %s", digest_b) == 0
-        assert await _count(conn, "SELECT count(DISTINCT subject) FROM resource_versions") == 1, "only A, whatever asked"
+            assert await _count(conn, f"SELECT count(*) FROM {table} WHERE subject = %s",
+                                key_a.subject) >= 1, table
+            assert await _count(conn, f"SELECT count(*) FROM {table} WHERE subject = %s",
+                                key_b.subject) == 0, table
+        assert await _count(conn, "SELECT count(*) FROM content_store WHERE content_digest = %s",
+                            digest_b) == 0
+        assert await _count(conn, "SELECT count(DISTINCT subject) FROM resource_versions") == 1, \
+            "only A, whatever asked"
         for forbidden in ("SELECT count(*) FROM consumer_subjects",
                           "UPDATE content_store SET body = 'x' WHERE subject = '-'"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

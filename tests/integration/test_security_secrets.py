@@ -1,4 +1,4 @@
-"""Secrets never leak (issue 29 item 4): database passwords are redacted through libpq's own
+"""Secrets never leak: database passwords are redacted through libpq's own
 conninfo parser in every error and printed line, and the files that carry the URL are 0600 in a
 0700 state dir."""
 
@@ -74,7 +74,8 @@ def test_runtime_file_and_config_are_private_in_a_private_state_dir(tmp_path: Pa
     os.chmod(toml, 0o644)
     write_private(toml, f'[database]\nurl = "postgresql://u:{SECRET}@db/x"\n')
     assert stat.S_IMODE(toml.stat().st_mode) == 0o600 and SECRET in toml.read_text()
-    assert sorted(p.name for p in root.iterdir()) == ["mcpsync.toml", "runtime.json"], "no temporary file left"
+    assert sorted(p.name for p in root.iterdir()) == ["mcpsync.toml", "runtime.json"], \
+        "no temporary file left"
     # An existing state dir that others could list loses group/other read and write, not traversal.
     wide = tmp_path / "wide"
     wide.mkdir(mode=0o755)

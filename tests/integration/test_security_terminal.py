@@ -1,4 +1,4 @@
-"""Terminal injection (issue 29 item 6): ``mcpsync content get`` escapes what a terminal would act
+"""Terminal injection: ``mcpsync content get`` escapes what a terminal would act
 on when stdout is a terminal, and writes the bytes exactly as read to a pipe or a file."""
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ async def test_content_get_escapes_controls_on_a_terminal_only(ledger: Ledger, d
     digest = content_digest([ContentPart("text", "text/plain", body)])
     key = await _active(ledger, "demo://sec/terminal")
     ordinal = await _issue(ledger, key)
-    await ledger.content.stage(key, ordinal, ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
+    await ledger.content.stage(key, ordinal,
+                               ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
     assert await _accept(ledger, key, ordinal, digest) == "ACCEPTED"
     receipt = (await ledger.receipts(key))[-1].receipt_id
     conf = tmp_path / "mcpsync.toml"
