@@ -1,4 +1,4 @@
-"""A hostile stdio MCP server (edition 2025-11-25) for issue 29 items 9-10 at full scale.
+"""A hostile stdio MCP server (edition 2025-11-25) for the transport and string bounds at full scale.
 
 Everything hostile is generated here and streamed to stdout, never built whole in either process.
 It serves one well-behaved resource, ``hostile://ok`` ("revision N"; subscribable), and takes its
@@ -37,7 +37,8 @@ def send(obj: object) -> None:
 
 
 def updated(uri: str) -> str:
-    return json.dumps({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}}) + "\n"
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                       "params": {"uri": uri}}) + "\n"
 
 
 def bump() -> None:
@@ -81,7 +82,8 @@ def page(rid: object) -> None:
         for start in range(0, PAGE_RESOURCES, 10_000):
             stop = min(start + 10_000, PAGE_RESOURCES)
             sep = "," if start else ""
-            sys.stdout.write(sep + ",".join(f'{{"uri": "hostile://r/{i}", "name": "r"}}' for i in range(start, stop)))
+            sys.stdout.write(sep + ",".join(f'{{"uri": "hostile://r/{i}", "name": "r"}}'
+                                            for i in range(start, stop)))
         sys.stdout.write("]}}\n")
         sys.stdout.flush()
 

@@ -58,7 +58,8 @@ for line in sys.stdin:
         uri = msg.get("params", {}).get("uri", "")
         if uri == "liar://bump":
             revision += 1
-            send({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "liar://ok"}})
+            send({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                  "params": {"uri": "liar://ok"}})
         garbage()
         send({"jsonrpc": "2.0", "id": rid, "result": read_result(uri)})
     elif method == "resources/list":
