@@ -49,14 +49,16 @@ async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
 async def notifications_seen(ledger: Ledger, key: SubscriptionKey) -> int:
     """Updates naming ``key``'s URI that the ingress recorded on its ledger row (``note_notification``
     counts them whatever the row's state), 0 without a row."""
-    rows = await ledger_rows(ledger, "SELECT notifications_seen FROM subscriptions WHERE subject=%s AND server=%s"
+    rows = await ledger_rows(ledger,
+                             "SELECT notifications_seen FROM subscriptions WHERE subject=%s AND server=%s"
                              " AND uri=%s", key.subject, key.server, key.uri)
     return int(rows[0][0]) if rows else 0
 
 
 async def audited(ledger: Ledger, kind: str, workflow_id: str) -> int:
     """Audit rows of ``kind`` for ``workflow_id``."""
-    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind=%s AND workflow_id=%s", kind, workflow_id)
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind=%s AND workflow_id=%s", kind,
+                             workflow_id)
     return int(rows[0][0])
 
 
@@ -95,7 +97,8 @@ async def reads_settled(ledger: Ledger, key: SubscriptionKey) -> bool:
     ``notifications_seen <= covered``)."""
     rows = await ledger_rows(ledger, """
         SELECT s.notifications_seen, s.covered,
-               (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id AND r.completed_at IS NULL
+               (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id
+                   AND r.completed_at IS NULL
                   AND r.ordinal > s.last_accepted_ordinal AND r.session_generation = s.session_generation
                   AND r.subscription_generation = s.subscription_generation)
         FROM subscriptions s WHERE s.subject = %s AND s.server = %s AND s.uri = %s""",

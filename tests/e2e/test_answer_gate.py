@@ -55,7 +55,8 @@ async def _subscribed(client: Client, ledger: Ledger, fx: FixtureProcess, server
     key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
     created = await fx.create(uri, text=text, mime_type="text/plain")
     handle = await start_subscription(client, key, task_queue=queue)
-    await _wait_record(handle, lambda r: r.last_accepted_digest == created["committed"]["digest"], f"{name} read")
+    await _wait_record(handle, lambda r: r.last_accepted_digest == created["committed"]["digest"],
+                       f"{name} read")
     await fx.wait_subscribed(uri)
     return key, handle, await _latest_id(ledger, key)
 
@@ -98,12 +99,14 @@ async def _wait_notified(ledger: Ledger, key: SubscriptionKey, before: int) -> N
     await eventually(seen, what="update recorded in the ledger")
 
 
-async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Ledger,
+                                            fx: FixtureProcess) -> None:
     server = _server(fx.mcp_url)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         queue = cfg.temporal.task_queue
         gate = AnswerGate(temporal_client, queue)
-        key, _, old_id = await _subscribed(temporal_client, ledger, fx, server, queue, "escalation-policy.txt",
+        key, _, old_id = await _subscribed(temporal_client, ledger, fx, server, queue,
+                                           "escalation-policy.txt",
                                            "Severity-2 incidents go to customer support.")
         answer_id = unique("sev2")
         question = "Which team should handle a severity-2 incident under the current policy?"
@@ -123,7 +126,8 @@ async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Led
         assert R.UPDATE_SEEN in held.dependencies[0].conditions
         # 09:05 New is read and accepted, but the host still selects Old.
         await fx.faults(read_delay_ms={})
-        new_receipt = await _wait_latest(ledger, key, lambda r: r.content_digest == new["committed"]["digest"],
+        new_receipt = await _wait_latest(ledger, key,
+                                         lambda r: r.content_digest == new["committed"]["digest"],
                                          "New accepted")
         stale = await gate.check(answer_id)
         assert (stale.verdict, stale.reason_code) == (Verdict.HOLD, R.SELECTED_NOT_LATEST)
@@ -137,14 +141,16 @@ async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Led
         assert accepted.receipt_ids == [new_receipt.receipt_id]
         assert accepted.evidence_from == new_receipt.accepted_at
         assert accepted.evidence_to == accepted.checked_at and accepted.evidence_to > accepted.evidence_from
-        assert accepted.dependencies[0].update_after_bound and "resolved" in accepted.dependencies[0].equality_reasoning
+        assert accepted.dependencies[0].update_after_bound \
+            and "resolved" in accepted.dependencies[0].equality_reasoning
         # A later relevant update reopens it; an UNCHANGED re-read with the same digest accepts again.
         await fx.faults(read_delay_ms={key.uri: 1500})
         seen = await _notifications(ledger, key)
         await fx.notify(key.uri)
         await _wait_notified(ledger, key, seen)
         reopened = await gate.check(answer_id)
-        assert reopened.verdict == Verdict.HOLD and reopened.reopened and reopened.reason.startswith("reopened")
+        assert reopened.verdict == Verdict.HOLD and reopened.reopened \
+            and reopened.reason.startswith("reopened")
         await fx.faults(read_delay_ms={})
         await _wait_latest(ledger, key, lambda r: r.receipt_id > new_receipt.receipt_id, "UNCHANGED re-read")
         again = await gate.check(answer_id)
@@ -155,7 +161,8 @@ async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Led
     history = await AnswerLedger(ledger.pool).dispositions(answer_id)
     assert [(h.sequence, h.verdict) for h in history] == list(enumerate(
         [Verdict.ACCEPT, Verdict.HOLD, Verdict.HOLD, Verdict.ACCEPT, Verdict.HOLD, Verdict.ACCEPT], start=1))
-    assert await _scalar(ledger, "SELECT count(*) FROM answer_dispositions WHERE answer_id=%s AND verdict='ACCEPT'"
+    assert await _scalar(ledger,
+                         "SELECT count(*) FROM answer_dispositions WHERE answer_id=%s AND verdict='ACCEPT'"
                                  " AND evidence_from IS NOT NULL", answer_id) == 3
     # No body anywhere in the answer tables: ids, digests and the question only.
     dumped = json.dumps([h.model_dump(mode="json") for h in history])
@@ -164,13 +171,15 @@ async def test_escalation_policy_end_to_end(temporal_client: Client, ledger: Led
 
 async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client: Client, ledger: Ledger,
                                                                 fx: FixtureProcess, tmp_path: Path,
-                                                                database_url: str, temporal_server: Any) -> None:
+                                                                database_url: str,
+                                                                temporal_server: Any) -> None:
     server = _server(fx.mcp_url)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         queue = cfg.temporal.task_queue
-        key, _, policy_id = await _subscribed(temporal_client, ledger, fx, server, queue, "escalation-policy.txt",
-                                              "Severity-2: duty engineer.")
-        other, _, other_id = await _subscribed(temporal_client, ledger, fx, server, queue, "oncall.txt", "rota v1")
+        key, _, policy_id = await _subscribed(temporal_client, ledger, fx, server, queue,
+                                              "escalation-policy.txt", "Severity-2: duty engineer.")
+        other, _, other_id = await _subscribed(temporal_client, ledger, fx, server, queue, "oncall.txt",
+                                               "rota v1")
         conf = tmp_path / "mcpsync.toml"
         conf.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n'
                         f'[database]\nurl = "{database_url}"\n'
@@ -188,8 +197,8 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
             return doc
 
         answer_id = unique("cli")
-        bound = await cli("bind", "--answer-id", answer_id, "--question", "Who handles sev-2?", "--subject", "alice",
-                          "--dep", server.name, key.uri, "latest")
+        bound = await cli("bind", "--answer-id", answer_id, "--question", "Who handles sev-2?", "--subject",
+                          "alice", "--dep", server.name, key.uri, "latest")
         assert bound["record"] == "answerBinding.v1" and bound["dependencies"][0]["receipt_id"] == policy_id
         gate = AnswerGate(temporal_client, queue, idle_seconds=1.0)
         first = await gate.check(answer_id)
@@ -209,7 +218,8 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
         assert after_list["verdict"] == "ACCEPT" and not after_list["reopened"]
         # An update of an unrelated (subscribed) URI does not reopen it either.
         edit = await fx.edit(other.uri, text="rota v2")
-        await _wait_latest(ledger, other, lambda r: r.content_digest == edit["committed"]["digest"], "other read")
+        await _wait_latest(ledger, other, lambda r: r.content_digest == edit["committed"]["digest"],
+                           "other read")
         after_other = await gate.check(answer_id)
         assert after_other.verdict == Verdict.ACCEPT and after_other.receipt_ids == [policy_id]
         history = await AnswerLedger(ledger.pool).dispositions(answer_id)
@@ -234,7 +244,8 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
         # The dependency itself changes: a new receipt exists, the old one is still selected. HOLD,
         # and the CLI says so in its exit code (3) too.
         changed = await fx.edit(key.uri, text="Severity-2: incident commander.")
-        await _wait_latest(ledger, key, lambda r: r.content_digest == changed["committed"]["digest"], "new policy")
+        await _wait_latest(ledger, key, lambda r: r.content_digest == changed["committed"]["digest"],
+                           "new policy")
         held = await cli("check", "--answer-id", answer_id, rc=3)
         assert held["verdict"] == "HOLD" and held["reopened"]
 
@@ -262,7 +273,8 @@ async def test_failed_read_holds_naming_the_unresolved_condition(temporal_client
         held = await gate.check(answer_id)
         assert (held.verdict, held.reason_code) == (Verdict.HOLD, R.READ_FAILED)
         assert held.dependencies[0].conditions[0] == R.READ_FAILED
-        assert "unresolved" in held.reason and "not an empty resource" in held.reason and "-32603" in held.reason
+        assert "unresolved" in held.reason and "not an empty resource" in held.reason \
+            and "-32603" in held.reason
         assert f"({outcome}, error -32603)" in held.dependencies[0].explanations[0]
         assert held.dependencies[0].latest_receipt_id == old_id  # the old version is not made current either
         # Once a read succeeds the failure is resolved; what remains is selecting the new observation.
@@ -280,8 +292,10 @@ async def test_tombstoned_and_revoked_dependencies_hold(temporal_client: Client,
     async with running_services(temporal_client, ledger, [server]) as cfg:
         queue = cfg.temporal.task_queue
         gate = AnswerGate(temporal_client, queue)
-        gone, h_gone, gone_id = await _subscribed(temporal_client, ledger, fx, server, queue, "policy.txt", "p")
-        lost, h_lost, lost_id = await _subscribed(temporal_client, ledger, fx, server, queue, "roster.txt", "r")
+        gone, h_gone, gone_id = await _subscribed(temporal_client, ledger, fx, server, queue, "policy.txt",
+                                                  "p")
+        lost, h_lost, lost_id = await _subscribed(temporal_client, ledger, fx, server, queue, "roster.txt",
+                                                  "r")
         answer_id = unique("gone")
         await gate.bind(answer_id, "Who is on call for sev-2?", [
             (gone.subject, gone.server, gone.uri, gone_id), (lost.subject, lost.server, lost.uri, lost_id)])

@@ -68,15 +68,18 @@ class Stack:
         return self.client.get_workflow_handle(self.key(subject).workflow_id)
 
     async def view(self, subject: str = "alice") -> CatalogView:
-        return await self.handle(subject).query(QUERY_CATALOG, result_type=CatalogView)  # type: ignore[no-any-return]
+        return await self.handle(subject).query(QUERY_CATALOG,
+                                                result_type=CatalogView)  # type: ignore[no-any-return]
 
     async def scans(self, subject: str = "alice") -> list[ResourceDiscoveryScanV1]:
-        return await self.handle(subject).query(QUERY_SCANS, result_type=list[ResourceDiscoveryScanV1])  # type: ignore[no-any-return]
+        return await self.handle(subject).query(QUERY_SCANS,
+                                                result_type=list[ResourceDiscoveryScanV1])  # type: ignore[no-any-return]
 
     async def reconcile(self, subject: str = "alice", timeout: float = 20.0) -> CatalogSnapshot:
         """Barrier: the first catalog published from a reconciliation started after this call."""
         out = await asyncio.wait_for(
-            self.handle(subject).execute_update(UPDATE_RECONCILE, "test", result_type=CatalogSnapshot), timeout)
+            self.handle(subject).execute_update(UPDATE_RECONCILE, "test", result_type=CatalogSnapshot),
+            timeout)
         assert out is not None
         return out  # type: ignore[no-any-return]
 
@@ -85,7 +88,8 @@ class Stack:
         async def check() -> CatalogView | None:
             v = await self.view(subject)
             return v if v.catalogs_published >= n else None
-        return await eventually(check, timeout=timeout, interval=0.05, what=f"{n} catalogs of {subject}")  # type: ignore[no-any-return]
+        return await eventually(check, timeout=timeout, interval=0.05,
+                                what=f"{n} catalogs of {subject}")  # type: ignore[no-any-return]
 
     async def listing(self, subject: str = "alice") -> list[str]:
         """The oracle: what the fixture lists for ``subject`` right now."""
@@ -99,7 +103,8 @@ class Stack:
         catalogs = await self.catalogs.catalogs_for(subject, self.server.name)
         assert catalogs, "no catalog published"
         for c in catalogs:
-            assert c.uri_set_digest in history, f"catalog #{c.catalog_id} matches no generation of the fixture"
+            assert c.uri_set_digest in history, \
+                f"catalog #{c.catalog_id} matches no generation of the fixture"
             assert c.scan_a != c.scan_b
         latest = catalogs[-1]
         current = await self.listing(subject)
@@ -116,7 +121,8 @@ async def catalog_stack(client: Client, ledger: Ledger, tmp_path: Path, *, editi
                         subjects: tuple[str, ...] = ("alice",), policy: CatalogPolicy = FAST,
                         resources: int = 5, page_size: int = 2, start: bool = True,
                         **fixture_opts: Any) -> AsyncIterator[Stack]:
-    fx = await FixtureProcess.start_http(tmp_path, seed="none", page_size=page_size, tokens=TOKENS, **fixture_opts)
+    fx = await FixtureProcess.start_http(tmp_path, seed="none", page_size=page_size, tokens=TOKENS,
+                                         **fixture_opts)
     try:
         for i in range(resources):
             await fx.create(f"demo://cat/{i:02d}", text=f"doc {i}", mime_type="text/plain")
@@ -125,14 +131,16 @@ async def catalog_stack(client: Client, ledger: Ledger, tmp_path: Path, *, editi
             var = f"MCPSYNC_TEST_TOKEN_{uuid.uuid4().hex[:8].upper()}"
             os.environ[var] = TOKENS[subject]
             token_env[subject] = var
-        server = ServerConfig(name=unique("cat"), transport="http", url=fx.mcp_url, edition=edition,  # type: ignore[arg-type]
+        server = ServerConfig(name=unique("cat"), transport="http", url=fx.mcp_url,
+                              edition=edition,  # type: ignore[arg-type]
                               subjects=list(subjects), token_env=token_env)
         async with running_services(client, ledger, [server]) as cfg:
             stack = Stack(fx, server, client, CatalogLedger(ledger.pool), cfg.temporal.task_queue, {})
             if start:
                 for subject in subjects:
                     stack.handles[subject] = await start_catalog(client, stack.key(subject),
-                                                                 task_queue=cfg.temporal.task_queue, policy=policy)
+                                                                 task_queue=cfg.temporal.task_queue,
+                                                                 policy=policy)
             try:
                 yield stack
             finally:
@@ -192,7 +200,8 @@ async def _restarted_by(st: Stack, text: str, subject: str = "alice") -> list[st
     async def check() -> list[str] | None:
         reasons = (await st.view(subject)).restart_reasons
         return reasons if any(text in r for r in reasons) else None
-    return await eventually(check, timeout=15, interval=0.05, what=f"a restart because of {text!r}")  # type: ignore[no-any-return]
+    return await eventually(check, timeout=15, interval=0.05,
+                            what=f"a restart because of {text!r}")  # type: ignore[no-any-return]
 
 
 async def test_removal_of_the_cursor_boundary_item_mid_scan(temporal_client: Client, ledger: Ledger,
@@ -234,8 +243,8 @@ async def test_visibility_change_mid_traversal_never_leaks(temporal_client: Clie
     async with catalog_stack(temporal_client, ledger, tmp_path, subjects=("alice", "bob"), start=False) as st:
         await st.fx.create("demo://cat/02-bob-only", text="secret", visible_to=["bob"])
         for subject in ("alice", "bob"):
-            st.handles[subject] = await start_catalog(temporal_client, st.key(subject), task_queue=st.task_queue,
-                                                      policy=FAST)
+            st.handles[subject] = await start_catalog(temporal_client, st.key(subject),
+                                                      task_queue=st.task_queue, policy=FAST)
         await st.published(1, "alice")
         await st.published(1, "bob")
         # While alice's scan is past page 1, 03 becomes bob's only.
@@ -255,7 +264,8 @@ async def test_visibility_change_mid_traversal_never_leaks(temporal_client: Clie
 
 @pytest.mark.parametrize("fault, status", [({"loop_cursor": True}, ScanStatus.CURSOR_LOOP),
                                            ({"endless_cursor": True}, ScanStatus.PAGE_CAP)])
-async def test_looping_or_endless_cursors_never_publish(temporal_client: Client, ledger: Ledger, tmp_path: Path,
+async def test_looping_or_endless_cursors_never_publish(temporal_client: Client, ledger: Ledger,
+                                                        tmp_path: Path,
                                                         fault: dict[str, bool], status: ScanStatus) -> None:
     async with catalog_stack(temporal_client, ledger, tmp_path, resources=7, start=False) as st:
         await st.fx.faults(**fault)
@@ -263,7 +273,8 @@ async def test_looping_or_endless_cursors_never_publish(temporal_client: Client,
                                                   policy=FAST.model_copy(update={"page_cap": 12}))
 
         async def failed_scans() -> list[ResourceDiscoveryScanV1] | None:
-            scans = [s for s in await st.catalogs.scans_for("alice", st.server.name, 50) if s.status == status]
+            scans = [s for s in await st.catalogs.scans_for("alice", st.server.name, 50)
+                     if s.status == status]
             return scans if len(scans) >= 3 else None
 
         await eventually(failed_scans, timeout=15, what=f"three {status.value} scans")
@@ -275,7 +286,8 @@ async def test_looping_or_endless_cursors_never_publish(temporal_client: Client,
         await st.check_invariants()
 
 
-async def test_invalid_cursor_restarts_the_scan(temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
+async def test_invalid_cursor_restarts_the_scan(temporal_client: Client, ledger: Ledger,
+                                                tmp_path: Path) -> None:
     async with catalog_stack(temporal_client, ledger, tmp_path) as st:
         await st.published(1)
         await st.fx.faults(invalidate_stale_cursors=True)
@@ -307,8 +319,8 @@ async def test_list_changed_during_a_scan_restarts_the_reconciliation(
         noisy = [s for s in await st.catalogs.scans_for("alice", st.server.name, 50)
                  if s.label == label and s.notifications_observed > 0]
         assert noisy, f"scan {label} recorded the notification it observed"
-        assert noisy[0].reconciliation_id not in {c.reconciliation_id
-                                                  for c in await st.catalogs.catalogs_for("alice", st.server.name)}
+        published = await st.catalogs.catalogs_for("alice", st.server.name)
+        assert noisy[0].reconciliation_id not in {c.reconciliation_id for c in published}
         for scan_id in (latest.scan_a, latest.scan_b):
             published_scan = await st.catalogs.get_scan(scan_id)
             assert published_scan is not None and published_scan.notifications_observed == 0
@@ -318,7 +330,8 @@ async def test_list_changed_during_a_scan_restarts_the_reconciliation(
 
 async def test_lost_list_changed_is_caught_by_the_periodic_rescan(temporal_client: Client, ledger: Ledger,
                                                                   tmp_path: Path) -> None:
-    policy = FAST.model_copy(update={"rescan_seconds_with_list_changed": 1.0, "reconcile_allowance_seconds": 5.0})
+    policy = FAST.model_copy(update={"rescan_seconds_with_list_changed": 1.0,
+                                     "reconcile_allowance_seconds": 5.0})
     async with catalog_stack(temporal_client, ledger, tmp_path, policy=policy) as st:
         first = (await st.published(1)).last_catalog
         assert first is not None and (await st.view()).list_changed_capable
@@ -344,7 +357,8 @@ async def test_server_without_list_changed_rescans_periodically(temporal_client:
         assert first is not None and not (await st.view()).list_changed_capable
         # The review comes after at least (1 - jitter) x interval, and within the published bound.
         assert (first.next_review_at - first.measured_at).total_seconds() >= 0.8
-        assert first.next_review_at <= first.window_started_at + timedelta(seconds=first.staleness_bound_seconds)
+        assert first.next_review_at <= first.window_started_at \
+            + timedelta(seconds=first.staleness_bound_seconds)
         await st.fx.create("demo://cat/08", text="silent")
         view = await st.published(2, timeout=15)
         assert view.published_reason == "periodic" and view.list_changed_signals == 0
@@ -356,7 +370,8 @@ async def test_server_without_list_changed_rescans_periodically(temporal_client:
 
 async def test_snapshot_ids_prove_the_catalog_and_forged_ids_do_not(temporal_client: Client, ledger: Ledger,
                                                                     tmp_path: Path) -> None:
-    async with catalog_stack(temporal_client, ledger, tmp_path, edition="2026-07-28", snapshot_ids=True) as st:
+    async with catalog_stack(temporal_client, ledger, tmp_path, edition="2026-07-28",
+                             snapshot_ids=True) as st:
         first = (await st.published(1)).last_catalog
         assert first is not None and first.status == SnapshotStatus.SNAPSHOT_PROVEN and first.snapshot_id
         grant = await require_complete_catalog(st.catalogs, "alice", st.server.name, task="cleanup")
@@ -416,10 +431,12 @@ async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
 
         await eventually(lambda: state(SubscriptionState.ACTIVE), timeout=20, what="subscription ACTIVE")
         await eventually(lambda: ledger.load_fence(key), what="fence")
-        st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue, policy=FAST)
+        st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue,
+                                                  policy=FAST)
         await st.published(1)
         await st.fx.delete("demo://cat/04")
-        await eventually(lambda: state(SubscriptionState.TOMBSTONE_PENDING), timeout=20, what="TOMBSTONE_PENDING")
+        await eventually(lambda: state(SubscriptionState.TOMBSTONE_PENDING), timeout=20,
+                         what="TOMBSTONE_PENDING")
         shadow = await st.reconcile()
         assert shadow.rollout_mode == RolloutMode.SHADOW and shadow.resource_count == 4
         view = await st.view()
@@ -434,10 +451,12 @@ async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
         live = await st.reconcile()
         assert live.rollout_mode == RolloutMode.ALL
         view = await st.view()
-        assert view.last_notify is not None and view.last_notify.signalled == 1 and view.last_notify.unlisted == 1
+        assert view.last_notify is not None and view.last_notify.signalled == 1 \
+            and view.last_notify.unlisted == 1
         await eventually(lambda: state(SubscriptionState.TOMBSTONED), timeout=20, what="TOMBSTONED")
         after = await ledger.load_fence(key)
-        assert after.watermark >= fence.watermark and after.last_accepted_ordinal >= fence.last_accepted_ordinal
+        assert after.watermark >= fence.watermark \
+            and after.last_accepted_ordinal >= fence.last_accepted_ordinal
         await st.check_invariants()
 
 
@@ -457,7 +476,8 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
         cfg = tmp_path / "mcpsync.toml"
         cfg.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{st.task_queue}"\n'
                        f'[database]\nurl = "{database_url}"\n'
-                       f'[[servers]]\nname = "{st.server.name}"\ntransport = "http"\nurl = "{st.fx.mcp_url}"\n')
+                       f'[[servers]]\nname = "{st.server.name}"\ntransport = "http"\nurl ='
+                       f' "{st.fx.mcp_url}"\n')
 
         async def cli(*args: str) -> tuple[int, str, str]:
             proc = await asyncio.create_subprocess_exec(
@@ -467,17 +487,19 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
             out, err = await proc.communicate()
             return proc.returncode or 0, out.decode(), err.decode()
 
-        code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--now", "--json")
+        code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--now",
+                                   "--json")
         assert code == 0, err
         doc = json.loads(out)
         assert doc["catalog"]["status"] == "SNAPSHOT_UNPROVEN" and not doc["complete"]
         assert doc["uris"] == await st.listing()
         assert doc["scans"][-1]["record"] == "resourceDiscoveryScan.v1"
         assert doc["release_gates"]["unreconciled_catalogs_accepted"] == 0
-        code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--require-proven",
-                                   "--json")
+        code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice",
+                                   "--require-proven", "--json")
         assert code == 3 and out == ""  # ExitCode.REFUSED: the completeness gate said no
-        assert err.startswith("mcpsync: error: completeness task 'cli' refused") and "SNAPSHOT_UNPROVEN" in err
+        assert err.startswith("mcpsync: error: completeness task 'cli' refused") \
+            and "SNAPSHOT_UNPROVEN" in err
         gates = await st.catalogs.release_gates()
         assert gates["completeness_consumed_unproven"] == 0 and gates["completeness_refused"] == refused + 1
 

@@ -33,7 +33,8 @@ async def pages(client: Client) -> list[tuple[list[str], dict | None, str | None
     cursor: str | None = None
     for _ in range(10):
         page = await client.list_resources(cursor=cursor)
-        out.append(([r.uri for r in page.resources], (page.meta or {}).get(SNAPSHOT_EXTENSION), page.next_cursor))
+        out.append(([r.uri for r in page.resources], (page.meta or {}).get(SNAPSHOT_EXTENSION),
+                    page.next_cursor))
         cursor = page.next_cursor
         if cursor is None:
             break
@@ -42,19 +43,23 @@ async def pages(client: Client) -> list[tuple[list[str], dict | None, str | None
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_snapshot_extension_is_negotiated_and_stamps_every_page(fx: FixtureProcess, mode: str) -> None:
-    async with Client(streamable_http_client(fx.mcp_url), mode=mode, cache=None) as client:  # type: ignore[arg-type]
+    async with Client(streamable_http_client(fx.mcp_url), mode=mode,
+                      cache=None) as client:  # type: ignore[arg-type]
         assert snapshot_negotiated(client.server_capabilities.experimental)
         got = await pages(client)
         assert [u for p in got for u in p[0]] == URIS
         stamps = [p[1] for p in got]
-        assert all(s is not None for s in stamps) and len({s["id"] for s in stamps}) == 1  # type: ignore[index]
-        assert all(s["setDigest"] == set_digest(URIS) and s["count"] == 5 for s in stamps)  # type: ignore[index]
+        assert all(s is not None for s in stamps) \
+            and len({s["id"] for s in stamps}) == 1  # type: ignore[index]
+        assert all(s["setDigest"] == set_digest(URIS) and s["count"] == 5
+                   for s in stamps)  # type: ignore[index]
         templates = await client.list_resource_templates()
         assert (templates.meta or {})[SNAPSHOT_EXTENSION]["id"] == stamps[0]["id"]  # type: ignore[index]
 
 
 async def test_mutation_between_pages_changes_the_id_and_forged_ids_do_not(fx: FixtureProcess) -> None:
-    async with Client(streamable_http_client(fx.mcp_url), mode="legacy", cache=None) as client:  # type: ignore[arg-type]
+    async with Client(streamable_http_client(fx.mcp_url), mode="legacy",
+                      cache=None) as client:  # type: ignore[arg-type]
         await fx.mutate_after_page(1, "delete", URIS[1])
         got = await pages(client)
         assert [u for p in got for u in p[0]] == [URIS[0], URIS[1], URIS[3], URIS[4]]  # torn: 2 skipped
@@ -73,7 +78,8 @@ async def test_mutation_between_pages_changes_the_id_and_forged_ids_do_not(fx: F
 
 
 async def test_listing_faults(fx: FixtureProcess) -> None:
-    async with Client(streamable_http_client(fx.mcp_url), mode="auto", cache=None) as client:  # type: ignore[arg-type]
+    async with Client(streamable_http_client(fx.mcp_url), mode="auto",
+                      cache=None) as client:  # type: ignore[arg-type]
         await fx.faults(loop_cursor=True)
         first = await client.list_resources()
         second = await client.list_resources(cursor=first.next_cursor)

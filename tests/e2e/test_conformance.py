@@ -80,7 +80,8 @@ def test_suite_runs_on_node_22() -> None:
     node, _ = _installed()
     import subprocess
 
-    version = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    version = subprocess.run([str(node), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
     assert version.startswith("v22."), version
 
 

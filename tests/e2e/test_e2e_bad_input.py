@@ -1,4 +1,4 @@
-"""Bad input gets a clear, classified error and loses nothing (issue 6, item 5).
+"""Bad input gets a clear, classified error and loses nothing.
 
 Malformed JSON-RPC frames and results with wrong types from a lying stdio server, a 10 MB
 text body, binary declared as text, URIs with control characters or 10 KB of length.
@@ -40,11 +40,13 @@ async def test_lying_server_malformed_frames_and_wrong_types(temporal_client: Cl
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handles = {u: await start_subscription(temporal_client, k, task_queue=cfg.temporal.task_queue)
                    for u, k in keys.items()}
-        ok = await _wait_record(handles["liar://ok"], lambda r: r.last_accepted_digest is not None, "honest read")
+        ok = await _wait_record(handles["liar://ok"], lambda r: r.last_accepted_digest is not None,
+                                "honest read")
         # Wrong types: a classified failure, audited; the subscription stays ACTIVE and nothing is accepted.
         await eventually(lambda: _audited(ledger, keys["liar://wrong-types"], "READ_FAILED"), what="audit")
         bad = await handles["liar://wrong-types"].query("subscription")
-        assert bad["state"] in ("ACTIVE", "UPDATE_SEEN", "READ_PENDING") and bad["last_accepted_digest"] is None
+        assert bad["state"] in ("ACTIVE", "UPDATE_SEEN", "READ_PENDING") \
+            and bad["last_accepted_digest"] is None
         # Binary declared as text: a guardrail rejection, never released.
         await _wait_record(handles["liar://binary-as-text"], lambda r: "guardrail" in r.detail, "guardrail")
         # The session survived the garbage: a later honest change still converges on it.
@@ -65,8 +67,9 @@ async def _audited(ledger: Ledger, key: SubscriptionKey, kind: str) -> bool:
 
 
 @asynccontextmanager
-async def _subscribed_small(client: Client, ledger: Ledger, tmp_path: Path,
-                            **server_options: Any) -> AsyncIterator[tuple[FixtureProcess, ServerConfig, WorkflowHandle]]:
+async def _subscribed_small(
+        client: Client, ledger: Ledger, tmp_path: Path,
+        **server_options: Any) -> AsyncIterator[tuple[FixtureProcess, ServerConfig, WorkflowHandle]]:
     """An HTTP fixture, one subscription to a small text resource, converged and subscribed."""
     async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
         server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, **server_options)
@@ -75,14 +78,16 @@ async def _subscribed_small(client: Client, ledger: Ledger, tmp_path: Path,
         key = SubscriptionKey(subject="anonymous", server=server.name, uri=uri)
         async with running_services(client, ledger, [server]) as cfg:
             handle = await start_subscription(client, key, task_queue=cfg.temporal.task_queue)
-            await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "small")
+            await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                               "small")
             await fx.wait_subscribed(uri)
             yield fx, server, handle
 
 
 async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_client: Client, ledger: Ledger,
                                                                      tmp_path: Path) -> None:
-    async with _subscribed_small(temporal_client, ledger, tmp_path, read_timeout_seconds=60) as (fx, _, handle):
+    async with _subscribed_small(temporal_client, ledger, tmp_path,
+                                 read_timeout_seconds=60) as (fx, _, handle):
         before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         key = SubscriptionKey(subject=before.subject, server=before.server, uri=before.uri)
         huge = await fx.edit(key.uri, text="y" * (10 * 1024 * 1024))
@@ -94,11 +99,13 @@ async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_cl
         assert len(history) < 1_000_000, "the body never entered history"
 
 
-async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(temporal_client: Client, ledger: Ledger,
+async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(temporal_client: Client,
+                                                                            ledger: Ledger,
                                                                              tmp_path: Path) -> None:
     # The session host caps one SSE event at 2 x max_content_bytes + 64 KiB: a larger read result
     # fails that request only. It must be classified, and the session must not reconnect over it.
-    async with _subscribed_small(temporal_client, ledger, tmp_path, max_content_bytes=64 * 1024) as (fx, server,
+    async with _subscribed_small(temporal_client, ledger, tmp_path,
+                                 max_content_bytes=64 * 1024) as (fx, server,
                                                                                                      handle):
         before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         await fx.edit(before.uri, text="z" * (400 * 1024))
@@ -125,8 +132,9 @@ def test_unusable_uris_are_refused_clearly(uri: str, problem: str) -> None:
 def test_cli_refuses_control_characters_in_uri(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[servers]]\nname = "a"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
-    r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), "subscribe", "--server", "a",
-                        "--uri", "demo://x/\x07bell"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), "subscribe",
+                        "--server", "a", "--uri", "demo://x/\x07bell"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 2 and "control characters" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -143,8 +151,8 @@ async def test_notification_with_odd_uri_is_audited_not_routed(temporal_client: 
             handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
             await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "w")
             await fx.notify(odd, unsolicited=True)
-            # Longer than any subscription's URI may be (MAX_URI_LENGTH): rejected at the ingress,
-            # audited with its head, length, digest and why (issue 29 item 10), never routed.
+            # Longer than any subscription's URI may be (MAX_URI_LENGTH): rejected at
+            # the ingress, audited with its head, length, digest and why, never routed.
             rows = await eventually(lambda: _rejected(ledger, server.name), what="audit of the odd URI")
             assert rows[0]["uri"] == odd[:256] and rows[0]["detail"]["uri_length"] == len(odd)
             assert "longer than" in rows[0]["detail"]["reason"]
@@ -153,7 +161,8 @@ async def test_notification_with_odd_uri_is_audited_not_routed(temporal_client: 
 
 
 async def _rejected(ledger: Ledger, server: str) -> list[Any]:
-    return [r for r in await ledger.audit_rows("NOTIFICATION_URI_REJECTED", limit=500) if r["server"] == server]
+    return [r for r in await ledger.audit_rows("NOTIFICATION_URI_REJECTED", limit=500)
+            if r["server"] == server]
 
 
 async def _unknown(ledger: Ledger, uri: str) -> list[object]:

@@ -48,7 +48,8 @@ from tests.e2e.test_e2e_subscription import _wait_record
 TOKENS = {"alice": f"tok-alice-{uuid.uuid4().hex}", "bob": f"tok-bob-{uuid.uuid4().hex}"}
 
 
-async def _initial_reads_after(ledger: Ledger, key: SubscriptionKey, generation: int) -> list[tuple[Any, ...]]:
+async def _initial_reads_after(ledger: Ledger, key: SubscriptionKey,
+                               generation: int) -> list[tuple[Any, ...]]:
     return await ledger_rows(
         ledger, "SELECT ordinal, session_generation FROM read_requests WHERE workflow_id=%s"
                 " AND trigger_reason='initial' AND session_generation > %s", key.workflow_id, generation)
@@ -68,7 +69,8 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         handles = [await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
                    for key in keys]
         for handle, made in zip(handles, created, strict=True):
-            rec = await _wait_record(handle, lambda r, d=made["committed"]["digest"]: r.last_accepted_digest == d,
+            rec = await _wait_record(handle,
+                                     lambda r, d=made["committed"]["digest"]: r.last_accepted_digest == d,
                                      "initial read accepted")
             assert rec.edition == "2026-07-28"
         generation = rec.session_generation
@@ -102,7 +104,8 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
             rows = await eventually(lambda k=key: _initial_reads_after(ledger, k, generation), timeout=60,
                                     what=f"a re-read of {key.uri} on the next session")
             assert all(g > generation for _o, g in rows)
-        rec = await _wait_record(handles[1], lambda r: r.last_accepted_digest == changed["committed"]["digest"],
+        rec = await _wait_record(handles[1],
+                                 lambda r: r.last_accepted_digest == changed["committed"]["digest"],
                                  "the change made during the gap accepted")
         assert rec.session_generation > generation
         # Every subscription is listening again on the new session.
@@ -224,7 +227,8 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
 
             # Failing reads back off: the bound doubles and says so.
             await proc.faults(fail_reads={uri: -32603}, ttl_ms=0)
-            rec = await _wait_record(handle, lambda r: r.staleness_bound_source == StalenessBoundSource.BACKOFF,
+            rec = await _wait_record(handle,
+                                     lambda r: r.staleness_bound_source == StalenessBoundSource.BACKOFF,
                                      "backoff after a failed read", timeout=30)
             assert rec.staleness_bound_seconds == 0.5 * 8  # the cap: 8 x the interval, above the 3 s ttl
     finally:
@@ -242,14 +246,14 @@ async def fx_auth(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
 
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
-                          capture_output=True, timeout=120, env=env)
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
+                          cwd=REPO_ROOT, capture_output=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("scope", ["private", "public"])
 async def test_a_body_is_released_only_to_its_subject_whatever_the_cache_scope(
-        temporal_client: TemporalClient, ledger: Ledger, fx_auth: FixtureProcess, tmp_path: Path, database_url: str,
-        monkeypatch: pytest.MonkeyPatch, scope: str) -> None:
+        temporal_client: TemporalClient, ledger: Ledger, fx_auth: FixtureProcess, tmp_path: Path,
+        database_url: str, monkeypatch: pytest.MonkeyPatch, scope: str) -> None:
     names = {subject: f"MCPSYNC_TEST_TOKEN_{subject.upper()}" for subject in TOKENS}
     for subject, var in names.items():
         monkeypatch.setenv(var, TOKENS[subject])
@@ -263,7 +267,8 @@ async def test_a_body_is_released_only_to_its_subject_whatever_the_cache_scope(
     alice = SubscriptionKey(subject="alice", server=server.name, uri=uri)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handle = await start_subscription(temporal_client, alice, task_queue=cfg.temporal.task_queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == made["committed"]["digest"], "alice read")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == made["committed"]["digest"],
+                           "alice read")
     receipt = (await ledger.receipts(alice))[0]
     assert receipt.cache_scope == CacheScope(scope) and receipt.subject == "alice"
     body = await released_content(ledger.pool, receipt_id=receipt.receipt_id, subject="alice")
@@ -283,7 +288,8 @@ async def test_catalog_scans_record_the_list_cache_directives(temporal_client: T
                                                   policy=FAST)
         await st.published(1)
         scans = await st.scans()
-        assert scans and all(s.list_ttl_ms == 60_000 and s.list_cache_scope == CacheScope.PUBLIC for s in scans)
+        assert scans \
+            and all(s.list_ttl_ms == 60_000 and s.list_cache_scope == CacheScope.PUBLIC for s in scans)
         stored = await st.catalogs.get_scan(scans[-1].scan_id)
         assert stored is not None and stored.list_ttl_ms == 60_000
         assert stored.list_cache_scope == CacheScope.PUBLIC

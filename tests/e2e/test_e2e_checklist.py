@@ -28,7 +28,8 @@ def _server(url: str) -> ServerConfig:
                         ping_timeout_seconds=1.5)
 
 
-@pytest.mark.parametrize("subscribe,list_changed", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("subscribe,list_changed",
+                         [(True, True), (True, False), (False, True), (False, False)])
 async def test_four_capability_combinations(temporal_client: Client, ledger: Ledger, tmp_path: Path,
                                             subscribe: bool, list_changed: bool) -> None:
     async with await FixtureProcess.start_http(tmp_path, seed="none", subscribe=subscribe,
@@ -40,18 +41,21 @@ async def test_four_capability_combinations(temporal_client: Client, ledger: Led
         async with running_services(temporal_client, ledger, [server]) as cfg:
             handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
                                               options=SubscriptionOptions(poll_interval_seconds=1.0))
-            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "v1")
+            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                                     "v1")
             assert rec.capabilities == {"subscribe": subscribe, "listChanged": list_changed}
             assert (rec.staleness_bound_seconds is None) == subscribe, "polling publishes its bound"
             change = await fx.edit(uri, text="v2")
-            await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "v2",
-                               timeout=15)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                               "v2", timeout=15)
             stats = await fx.stats()
             if not subscribe:
-                assert sum(stats.get("subscribe_calls", {}).values()) == 0, "no subscribe without the capability"
+                assert sum(stats.get("subscribe_calls", {}).values()) == 0, \
+                    "no subscribe without the capability"
 
 
-async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(temporal_client: Client, ledger: Ledger,
+async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(temporal_client: Client,
+                                                                         ledger: Ledger,
                                                                          tmp_path: Path) -> None:
     async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
         server = _server(fx.mcp_url)
@@ -60,7 +64,8 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
         for u in [*uris, quiet]:
             await fx.create(u, text="v0")
         async with running_services(temporal_client, ledger, [server]) as cfg:
-            keys = {u: SubscriptionKey(subject="anonymous", server=server.name, uri=u) for u in [*uris, quiet]}
+            keys = {u: SubscriptionKey(subject="anonymous", server=server.name, uri=u)
+                    for u in [*uris, quiet]}
             handles = {u: await start_subscription(temporal_client, k, task_queue=cfg.temporal.task_queue)
                        for u, k in keys.items()}
             for u in keys:
@@ -72,7 +77,8 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
                 for u in uris:
                     last[u] = await fx.edit(u, text=f"burst {round_}")
             for u in uris:
-                await _wait_record(handles[u], lambda r, d=last[u]["committed"]["digest"]: r.last_accepted_digest == d,
+                await _wait_record(handles[u],
+                                   lambda r, d=last[u]["committed"]["digest"]: r.last_accepted_digest == d,
                                    f"latest of {u}")
                 reads = await ledger.read_count(keys[u]) - 1
                 assert reads <= 10 + 1, f"{reads} reads for 10 writes: coalescing must bound refreshes"
@@ -86,7 +92,8 @@ async def _restart_fixture(fx: FixtureProcess, tmp: Path, port: int, uri: str, t
     return fresh, await fresh.create(uri, text=text)
 
 
-@pytest.mark.parametrize("point", ["before_subscribe_ack", "after_ack", "during_mutation", "after_event_before_refresh"])
+@pytest.mark.parametrize("point", ["before_subscribe_ack", "after_ack", "during_mutation",
+                                   "after_event_before_refresh"])
 async def test_reconnect_at_four_points_converges(temporal_client: Client, ledger: Ledger, tmp_path: Path,
                                                   point: str) -> None:
     port = free_port()
@@ -104,12 +111,14 @@ async def test_reconnect_at_four_points_converges(temporal_client: Client, ledge
                 fx, final = await _restart_fixture(fx, tmp_path / "1", port, uri, "after drop before ack")
             else:
                 handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-                await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "v1")
+                await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                                   "v1")
                 await fx.wait_subscribed(uri)
                 if point == "after_ack":
                     fx, final = await _restart_fixture(fx, tmp_path / "1", port, uri, "after drop after ack")
                 elif point == "during_mutation":
-                    await fx.faults(drop_notifications=1)  # the mutation's notification dies with the connection
+                    # the mutation's notification dies with the connection
+                    await fx.faults(drop_notifications=1)
                     await fx.edit(uri, text="mutated as the connection dropped")
                     fx, final = await _restart_fixture(fx, tmp_path / "1", port, uri,
                                                        "mutated as the connection dropped")
@@ -117,13 +126,15 @@ async def test_reconnect_at_four_points_converges(temporal_client: Client, ledge
                     await fx.faults(read_delay_ms={uri: 3000})
                     await fx.edit(uri, text="event received, refresh pending")
                     await eventually(lambda: _read_seen(fx, uri, 2), what="refresh in flight")
-                    fx, final = await _restart_fixture(fx, tmp_path / "1", port, uri, "after drop before refresh")
+                    fx, final = await _restart_fixture(fx, tmp_path / "1", port, uri,
+                                                       "after drop before refresh")
             rec = await _wait_record(handle, lambda r: r.last_accepted_digest == final["committed"]["digest"],
                                      f"converged after a drop {point}", timeout=45)
             assert rec.session_generation >= 2
             await fx.wait_subscribed(uri, timeout=15)
             after = await fx.edit(uri, text="notified on the new session")
-            await _wait_record(handle, lambda r: r.last_accepted_digest == after["committed"]["digest"], "after")
+            await _wait_record(handle, lambda r: r.last_accepted_digest == after["committed"]["digest"],
+                               "after")
     finally:
         await fx.stop()
 
@@ -158,11 +169,13 @@ async def test_half_open_connection_is_detected_by_ping_and_recovered(temporal_c
             session = await eventually(lambda: ledger.current_session("anonymous", server.name), timeout=45,
                                        what="a new session after the half-open one")
             assert session.generation >= 2
-            await _wait_record(handle, lambda r: r.state == SubscriptionState.ACTIVE and r.session_generation >= session.generation,
+            await _wait_record(handle, lambda r: r.state == SubscriptionState.ACTIVE
+                                   and r.session_generation >= session.generation,
                                "subscribed again on the new session", timeout=45)
             await fx.wait_subscribed(uri, timeout=45)
             change = await fx.edit(uri, text="after half-open")
-            rec = await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+            rec = await _wait_record(handle,
+                                     lambda r: r.last_accepted_digest == change["committed"]["digest"],
                                      "recovered", timeout=45)
             assert rec.session_generation >= 2
     finally:

@@ -39,8 +39,9 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary \x00"
 
 def _cli(conf: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args], cwd=REPO_ROOT,
-                          capture_output=kw.pop("capture_output", True), timeout=120, env=env, **kw)
+    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
+                          cwd=REPO_ROOT, capture_output=kw.pop("capture_output", True), timeout=120, env=env,
+                          **kw)
 
 
 async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
@@ -54,7 +55,8 @@ async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
 
 
 async def test_envelope_and_content_access_on_the_real_stack(
-        temporal_client: Client, fx: FixtureProcess, tmp_path: Path, private_database: PrivateDatabase) -> None:
+        temporal_client: Client, fx: FixtureProcess, tmp_path: Path,
+        private_database: PrivateDatabase) -> None:
     # Whole-ledger assertions (retention, consumers): a database of its own.
     ledger = private_database.ledger
     database_url = private_database.url
@@ -85,16 +87,20 @@ async def test_envelope_and_content_access_on_the_real_stack(
             await settled(ledger, alice)
             events = await _drain(consumer)
             by_digest = {e.content_digest: e for e in events}
-            assert set(by_digest) == {t1["committed"]["digest"], t2["committed"]["digest"], b1["committed"]["digest"]}
+            assert set(by_digest) == {t1["committed"]["digest"], t2["committed"]["digest"],
+                                      b1["committed"]["digest"]}
             e2 = by_digest[t2["committed"]["digest"]]
-            assert e2.event_type == OutboxEventType.VERSION_ACCEPTED and e2.previous_digest == t1["committed"]["digest"]
-            assert (e2.mime_type, e2.size, e2.edition) == ("text/markdown", len(b"# version two"), "2025-11-25")
+            assert e2.event_type == OutboxEventType.VERSION_ACCEPTED \
+                and e2.previous_digest == t1["committed"]["digest"]
+            assert (e2.mime_type, e2.size, e2.edition) == ("text/markdown", len(b"# version two"),
+                                                           "2025-11-25")
             assert e2.server_name and e2.accepted_at is not None and e2.trigger in ("updated", "follow_up")
             assert e2.receipt_id is not None and e2.read_ordinal and e2.subject == alice
 
             # Content: exactly as read, for the subject it was read for.
             text = await released_content(ledger.pool, receipt_id=e2.receipt_id, subject=alice)
-            assert (text.body, text.mime_type, text.kind) == (b"# version two", "text/markdown", ContentKind.TEXT)
+            assert (text.body, text.mime_type,
+                    text.kind) == (b"# version two", "text/markdown", ContentKind.TEXT)
             assert "version two" not in repr(text), "the body stays out of reprs (and so out of logs)"
             eb = by_digest[b1["committed"]["digest"]]
             assert eb.receipt_id is not None
@@ -102,7 +108,8 @@ async def test_envelope_and_content_access_on_the_real_stack(
             assert (blob.body, blob.kind) == (PNG, ContentKind.BLOB)
             with pytest.raises(ContentRefused, match="does not belong"):
                 await released_content(ledger.pool, receipt_id=e2.receipt_id, subject=bob)
-            rejected = [r for r in await ledger.receipts(kt) if r.content_digest == huge["committed"]["digest"]]
+            rejected = [r for r in await ledger.receipts(kt)
+                        if r.content_digest == huge["committed"]["digest"]]
             assert rejected and rejected[0].status == "GUARDRAIL_REJECTED"
             with pytest.raises(ContentRefused, match="guardrail"):
                 await released_content(ledger.pool, receipt_id=rejected[0].receipt_id, subject=alice)
@@ -140,10 +147,12 @@ async def test_envelope_and_content_access_on_the_real_stack(
             await prune(ledger.pool, keep=timedelta(days=7))
             with pytest.raises(ContentNotFound, match="pruned"):
                 await released_content(ledger.pool, receipt_id=e1.receipt_id, subject=alice)
-            assert _cli(conf, "content", "get", "--receipt", str(e1.receipt_id), "--subject", alice).returncode == 4
+            assert _cli(conf, "content", "get", "--receipt", str(e1.receipt_id), "--subject",
+                        alice).returncode == 4
 
             # Revocation: the event names what it withdraws; the body is refused from then on.
-            await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=text_uri, reason="test")
+            await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=text_uri,
+                         reason="test")
             revoked = await eventually(lambda: _revoked(consumer), what="revoked event")
             receipts = await ledger.receipts(kt)
             assert revoked.invalidates is not None
@@ -152,7 +161,8 @@ async def test_envelope_and_content_access_on_the_real_stack(
             assert revoked.previous_digest == t2["committed"]["digest"]
             with pytest.raises(ContentRefused, match="revoked"):
                 await released_content(ledger.pool, receipt_id=e2.receipt_id, subject=alice)
-            assert _cli(conf, "content", "get", "--receipt", str(e2.receipt_id), "--subject", alice).returncode == 5
+            assert _cli(conf, "content", "get", "--receipt", str(e2.receipt_id), "--subject",
+                        alice).returncode == 5
     finally:
         await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = %s", consumer.name)
 
@@ -180,7 +190,8 @@ def _indexer(database_url: str, name: str, index: Path, subjects: list[str]) -> 
 def _index(index: Path) -> dict[tuple[str, str], tuple[str, bytes]]:
     db = sqlite3.connect(index)
     try:
-        return {(r[0], r[1]): (r[2], r[3]) for r in db.execute("SELECT subject, uri, digest, body FROM entries")}
+        return {(r[0], r[1]): (r[2], r[3])
+                for r in db.execute("SELECT subject, uri, digest, body FROM entries")}
     except sqlite3.OperationalError:
         return {}
     finally:
@@ -196,7 +207,8 @@ def _delivered(index: Path) -> set[int]:
 
 
 async def test_reference_indexer_converges_through_kills_prune_and_revocation(
-        temporal_client: Client, fx: FixtureProcess, tmp_path: Path, private_database: PrivateDatabase) -> None:
+        temporal_client: Client, fx: FixtureProcess, tmp_path: Path,
+        private_database: PrivateDatabase) -> None:
     # Whole-ledger assertions (retention, consumers): a database of its own.
     ledger = private_database.ledger
     database_url = private_database.url
@@ -218,7 +230,8 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
             handles = {}
             for uri in uris:
                 key = SubscriptionKey(subject=owners[uri], server=server.name, uri=uri)
-                handles[uri] = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+                handles[uri] = await start_subscription(temporal_client, key,
+                                                        task_queue=cfg.temporal.task_queue)
             for uri in uris:
                 await fx.wait_subscribed(uri, timeout=60)
             ids_before_prune: set[int] = set()
@@ -246,37 +259,42 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
                     assert (ids_before_prune - kept) <= _delivered(index), "only delivered rows were pruned"
                 if step == 2 * N_SUBSCRIPTIONS + 5:  # bob loses access to everything
                     await eventually(lambda: any(s == bob for s, _ in _index(index)), what="bob indexed")
-                    await revoke(temporal_client, ledger, subject=bob, server=server.name, uri=None, reason="test")
+                    await revoke(temporal_client, ledger, subject=bob, server=server.name, uri=None,
+                                 reason="test")
             expected = {(alice, uri): committed[uri] for uri in uris if owners[uri] == alice}
 
             def converged() -> bool:
                 return _index(index) == expected
 
-            await eventually(converged, timeout=120, interval=0.5, what="the index equals the fixture's state")
+            await eventually(converged, timeout=120, interval=0.5,
+                             what="the index equals the fixture's state")
         assert kills == 2 and proc.poll() is None, "the indexer survived to the end"
         delivered = _delivered(index)
-        now_ids = {r[0] for r in await ledger_rows(ledger, "SELECT outbox_id FROM outbox WHERE subject = ANY(%s)",
+        now_ids = {r[0]
+                   for r in await ledger_rows(ledger, "SELECT outbox_id FROM outbox WHERE subject = ANY(%s)",
                                                    [alice, bob])}
         assert (ids_before_prune | now_ids) <= delivered, "no position skipped, none pruned unseen"
-        assert not any(subject == bob for subject, _ in _index(index)), "the revoked subject's bodies are gone"
+        assert not any(subject == bob for subject, _ in _index(index)), \
+            "the revoked subject's bodies are gone"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = %s", name)
 
 
-# --- a subscription that stops being tracked: the ``closed`` event (issue 26) ------------------
+# --- a subscription that stops being tracked: the ``closed`` event -----------------------------
 
 
 def _indexer_from_config(conf: Path, name: str, index: Path, subject: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "examples.indexer", "--config", str(conf), "--consumer", name,
-                             "--index", str(index), "--subject", subject], cwd=REPO_ROOT,
+    return subprocess.Popen([sys.executable, "-m", "examples.indexer", "--config", str(conf), "--consumer",
+                             name, "--index", str(index), "--subject", subject], cwd=REPO_ROOT,
                             env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_the_indexer(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str,
+        tmp_path: Path) -> None:
     alice = unique("calice")
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
     kept, closed = f"demo://closing/{unique('kept')}", f"demo://closing/{unique('closed')}"
@@ -289,11 +307,14 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
     proc = _indexer_from_config(conf, name, index, alice)
     try:
         async with running_services(temporal_client, ledger, [server]) as cfg:
-            keys = {uri: SubscriptionKey(subject=alice, server=server.name, uri=uri) for uri in (kept, closed)}
+            keys = {uri: SubscriptionKey(subject=alice, server=server.name, uri=uri)
+                    for uri in (kept, closed)}
             handles = {uri: await start_subscription(temporal_client, k, task_queue=cfg.temporal.task_queue)
                        for uri, k in keys.items()}
             for uri, h in handles.items():
-                await _wait_record(h, lambda r, u=uri: r.last_accepted_digest == first[u]["committed"]["digest"], uri)
+                await _wait_record(h,
+                                   lambda r, u=uri: r.last_accepted_digest == first[u]["committed"]["digest"],
+                                   uri)
             await eventually(lambda: set(_index(index)) == {(alice, kept), (alice, closed)}, timeout=30,
                              what="both indexed")
 
@@ -302,7 +323,8 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
             assert receipt.state == SubscriptionState.CLOSED
             await settled(ledger, alice)
             events = [e for e in await _drain(consumer) if e.uri == closed]
-            assert [e.event_type for e in events] == [OutboxEventType.VERSION_ACCEPTED, OutboxEventType.CLOSED]
+            assert [e.event_type for e in events] == [OutboxEventType.VERSION_ACCEPTED,
+                                                      OutboxEventType.CLOSED]
             gone = events[-1]
             assert gone.invalidates is not None and gone.reason and "no longer tracked" in gone.reason
             assert gone.invalidates.receipt_ids == [r.receipt_id for r in await ledger.receipts(keys[closed])]
@@ -310,7 +332,8 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
             assert gone.previous_digest == first[closed]["committed"]["digest"] and gone.read_ordinal == 1
 
             # The reference indexer drops it; the relist names it closed, the other one current.
-            await eventually(lambda: set(_index(index)) == {(alice, kept)}, timeout=30, what="closed one dropped")
+            await eventually(lambda: set(_index(index)) == {(alice, kept)}, timeout=30,
+                             what="closed one dropped")
             relist = _cli(conf, "outbox", "resync", "--consumer", consumer.name, "--json")
             assert relist.returncode == 0, relist.stderr
             items = {e["uri"]: e for e in json.loads(relist.stdout)["events"]}
@@ -319,8 +342,10 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
             assert items[closed]["invalidates"]["digests"] == [first[closed]["committed"]["digest"]]
 
             # Subscribing the key again: a new incarnation, higher read ordinals, indexed again.
-            again = await start_subscription(temporal_client, keys[closed], task_queue=cfg.temporal.task_queue)
-            await _wait_record(again, lambda r: r.state == SubscriptionState.ACTIVE and r.last_receipt_id is not None,
+            again = await start_subscription(temporal_client, keys[closed],
+                                             task_queue=cfg.temporal.task_queue)
+            await _wait_record(again, lambda r: r.state == SubscriptionState.ACTIVE
+                                   and r.last_receipt_id is not None,
                                "reopened")
             await eventually(lambda: set(_index(index)) == {(alice, kept), (alice, closed)}, timeout=30,
                              what="reopened one indexed again")
@@ -340,8 +365,9 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
 
 
 def test_indexer_unreachable_database_is_one_line(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "examples.indexer", "--database-url", "postgresql://u@127.0.0.1:1/x",
-                        "--consumer", "c", "--index", str(tmp_path / "i.sqlite")], cwd=REPO_ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "examples.indexer", "--database-url",
+                        "postgresql://u@127.0.0.1:1/x", "--consumer", "c", "--index",
+                        str(tmp_path / "i.sqlite")], cwd=REPO_ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 6 and "Traceback" not in r.stderr
     [line] = r.stderr.splitlines()

@@ -45,7 +45,8 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
     first = await fx.create(uri, text="v1")
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                           "initial")
         await fx.wait_subscribed(uri)
         reads_before = await ledger.read_count(key)
         await fx.faults(duplicate_notifications=20)
@@ -55,7 +56,8 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
         await fx.wait_notified()
         # Count only once no read can follow: every duplicate the server sent reached the ingress and
         # left its queue, no read is in flight or owed on the ledger row, and the workflow is ACTIVE.
-        await eventually(lambda: _idle(handle, ledger, key, fx, server.name), what="no read in flight or owed")
+        await eventually(lambda: _idle(handle, ledger, key, fx, server.name),
+                         what="no read in flight or owed")
         reads = await ledger.read_count(key) - reads_before
         assert 1 <= reads <= 2, f"20 duplicates caused {reads} reads"
         assert rec.last_notification_seq >= 1
@@ -69,7 +71,8 @@ async def _idle(handle: WorkflowHandle, ledger: Ledger, key: SubscriptionKey, fx
     return rec.state.value == "ACTIVE"
 
 
-async def test_notification_for_unsubscribed_uri_is_audited_never_routed(temporal_client: Client, ledger: Ledger,
+async def test_notification_for_unsubscribed_uri_is_audited_never_routed(temporal_client: Client,
+                                                                         ledger: Ledger,
                                                                          fx: FixtureProcess) -> None:
     server = _server(fx)
     watched, stranger = f"demo://w/{uuid.uuid4().hex}", f"demo://s/{uuid.uuid4().hex}"
@@ -78,7 +81,8 @@ async def test_notification_for_unsubscribed_uri_is_audited_never_routed(tempora
     await fx.create(stranger, text="s")
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                           "initial")
         # The host is subscribed to `watched` only; push an update for `stranger` at its session anyway.
         await fx.notify(stranger, times=1, unsolicited=True)
         await fx.notify(watched.upper(), times=1, unsolicited=True)  # differs from the subscribed URI
@@ -107,7 +111,8 @@ async def test_history_holds_digests_never_bodies(temporal_client: Client, ledge
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
         await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "text")
         blob_change = await fx.edit(uri, blob=blob, mime_type="application/octet-stream")
-        await _wait_record(handle, lambda r: r.last_accepted_digest == blob_change["committed"]["digest"], "blob")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == blob_change["committed"]["digest"],
+                           "blob")
         history = (await handle.fetch_history()).to_json()
     corpus = history + "\n".join(_decoded_payloads(json.loads(history)))
     for needle in (body, base64.b64encode(body.encode()).decode(), base64.b64encode(blob).decode()[:40]):
@@ -133,7 +138,8 @@ def _decoded_payloads(node: object) -> list[str]:
     return out
 
 
-def _write_config(path: Path, temporal: TemporalDevServer, db_url: str, server: ServerConfig, queue: str) -> None:
+def _write_config(path: Path, temporal: TemporalDevServer, db_url: str, server: ServerConfig,
+                  queue: str) -> None:
     path.write_text(
         f'[temporal]\naddress = "{temporal.address}"\ntask_queue = "{queue}"\n\n'
         f'[database]\nurl = "{db_url}"\n\n'
@@ -142,8 +148,9 @@ def _write_config(path: Path, temporal: TemporalDevServer, db_url: str, server: 
     )
 
 
-async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client, temporal_server: TemporalDevServer,
-                                                      ledger: Ledger, database_url: str, fx: FixtureProcess,
+async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client,
+                                                      temporal_server: TemporalDevServer, ledger: Ledger,
+                                                      database_url: str, fx: FixtureProcess,
                                                       tmp_path: Path) -> None:
     server = _server(fx)
     queue = unique("killq")
@@ -163,7 +170,8 @@ async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client, t
     proc = spawn()
     try:
         handle = await start_subscription(temporal_client, key, task_queue=queue)
-        await _wait_record(handle, lambda r: r.watermark >= 1, "initial read by the worker process", timeout=60)
+        await _wait_record(handle, lambda r: r.watermark >= 1, "initial read by the worker process",
+                           timeout=60)
         await fx.faults(read_delay_ms={uri: 300})  # reads slow enough that the kill lands mid-read
         last = None
         for i in range(1, 13):
@@ -185,7 +193,8 @@ async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client, t
             proc.kill()
         log.close()
     async with ledger.pool.connection() as conn:
-        cur = await conn.execute("SELECT ordinal, request_id FROM read_requests WHERE workflow_id=%s ORDER BY ordinal",
+        cur = await conn.execute("SELECT ordinal, request_id FROM read_requests WHERE workflow_id=%s"
+                                 " ORDER BY ordinal",
                                  (key.workflow_id,))
         issued = await cur.fetchall()
         # In accept order: receipt ids are drawn under the subscription's row lock. Without ORDER BY the
@@ -236,7 +245,8 @@ def test_cli_bad_input_is_one_clear_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown server 'nope'" in r.stderr
     r = _cli("--config", str(good), "subscribe", "--server", "a", "--uri", "demo://x")
     assert r.returncode == 6 and "Temporal unreachable" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("--config", str(good), "outbox", "tail", env={"MCPSYNC_DATABASE_URL": f"postgresql://u@127.0.0.1:{free_port()}/x"})
+    r = _cli("--config", str(good), "outbox", "tail",
+             env={"MCPSYNC_DATABASE_URL": f"postgresql://u@127.0.0.1:{free_port()}/x"})
     assert r.returncode == 6 and "PostgreSQL unreachable" in r.stderr and "Traceback" not in r.stderr
     r = _cli("status", "--server", "a", "--uri", "demo://x")
     assert r.returncode == 6 and "nothing is running here" in r.stderr  # no stack, no config: unavailable

@@ -66,12 +66,14 @@ async def _record(handle: WorkflowHandle) -> ResourceSubscriptionV1:
 
 
 async def _started(client: Client, ledger: Ledger, fx: FixtureProcess, server: ServerConfig, queue: str,
-                   text: str = "v1", **options: Any) -> tuple[SubscriptionKey, WorkflowHandle, dict[str, Any]]:
+                   text: str = "v1",
+                   **options: Any) -> tuple[SubscriptionKey, WorkflowHandle, dict[str, Any]]:
     uri = f"demo://fence/{uuid.uuid4().hex}"
     key = SubscriptionKey(subject=server.subjects[0], server=server.name, uri=uri)
     first = await fx.create(uri, text=text)
     handle = await start_subscription(client, key, task_queue=queue, options=SubscriptionOptions(**options))
-    await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial read")
+    await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                       "initial read")
     return key, handle, first
 
 
@@ -107,7 +109,8 @@ async def _has_stale(ledger: Ledger, key: SubscriptionKey) -> list[tuple[int, st
     return receipts if any(s == "STALE" for _, s, _ in receipts) else []
 
 
-async def test_close_racing_a_read_late_content_and_late_404_only_audit(temporal_client: Client, ledger: Ledger,
+async def test_close_racing_a_read_late_content_and_late_404_only_audit(temporal_client: Client,
+                                                                        ledger: Ledger,
                                                                         fx: FixtureProcess) -> None:
     server = _server(fx.mcp_url)
     async with running_services(temporal_client, ledger, [server]) as cfg:
@@ -173,7 +176,8 @@ async def test_lost_unsubscribe_ack_is_unsubscribe_unknown_and_never_reopens(tem
         closed = await ledger.load_fence(key)
         # An explicit new start is a new incarnation: it subscribes afresh, ordinals continue above.
         again = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-        rec = await _wait_record(again, lambda r: r.state == S.ACTIVE and r.watermark > closed.last_issued_ordinal,
+        rec = await _wait_record(again,
+                                 lambda r: r.state == S.ACTIVE and r.watermark > closed.last_issued_ordinal,
                                  "new incarnation active")
         assert rec.close_epoch == closed.close_epoch
 
@@ -206,7 +210,8 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         first = await fx.create(exact, text="exact")
         await fx.create(variant, text="variant")
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                           "initial")
         reads = await ledger.read_count(key)
         await fx.notify(variant, unsolicited=True)
         await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
@@ -217,7 +222,8 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         resumed = await handle.execute_update(UPDATE_RESUME, ResumeRequest(reason="operator checked"),
                                               result_type=ResourceSubscriptionV1)
         assert resumed.state in (S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "resumed")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                           "resumed")
     variant_digest = (await fx.resource(variant))["digest"]
     assert variant_digest not in [d for _, d in await _outbox(ledger, key)]
 
@@ -233,7 +239,8 @@ async def test_deleted_then_tombstoned_or_recreated_by_catalog_word(temporal_cli
             await fx.delete(k.uri)
         for h in (h_gone, h_back):
             await _wait_record(h, lambda r: r.state == S.TOMBSTONE_PENDING, "tombstone pending")
-        assert [e for e, _ in await _outbox(ledger, gone)] == ["version_accepted"], "pending is not a tombstone"
+        assert [e for e, _ in await _outbox(ledger, gone)] == ["version_accepted"], \
+            "pending is not a tombstone"
         recreated = await fx.create(back.uri, text="recreated")
         rec = await _record(h_gone)
         for k, h, listed in ((gone, h_gone, False), (back, h_back, True)):
@@ -261,10 +268,12 @@ async def test_server_without_subscribe_polls_and_publishes_staleness(temporal_c
             await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
                                "polled change", timeout=10)
             stats = await fx.stats()
-            assert sum(stats.get("subscribe_calls", {}).values()) == 0, "never subscribe without the capability"
+            assert sum(stats.get("subscribe_calls", {}).values()) == 0, \
+                "never subscribe without the capability"
 
 
-async def test_advertised_but_rejected_subscribe_falls_back_to_polling(temporal_client: Client, ledger: Ledger,
+async def test_advertised_but_rejected_subscribe_falls_back_to_polling(temporal_client: Client,
+                                                                       ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
     await fx.faults(reject_subscribe=True)
     server = _server(fx.mcp_url)
@@ -299,12 +308,14 @@ async def test_server_restart_gives_new_session_generation_resubscribe_and_rerea
             assert rec.subscription_generation > before.subscription_generation
             await fx.wait_subscribed(key.uri)
             change = await fx.edit(key.uri, text="notified on the new session")
-            await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "new")
+            await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                               "new")
     finally:
         await fx.stop()
 
 
-async def test_reset_to_first_task_after_five_versions_never_regresses(temporal_client: Client, ledger: Ledger,
+async def test_reset_to_first_task_after_five_versions_never_regresses(temporal_client: Client,
+                                                                       ledger: Ledger,
                                                                       temporal_server: TemporalDevServer,
                                                                       fx: FixtureProcess) -> None:
     server = _server(fx.mcp_url)
@@ -338,14 +349,16 @@ async def test_reset_to_first_task_after_five_versions_never_regresses(temporal_
             return (await _record(new)).watermark == (await ledger.load_fence(key)).watermark
 
         await eventually(view_matches_ledger, timeout=20, what="the run's watermark equals the ledger's")
-    ordinals = [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s"
+    ordinals = [r[0]
+                for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s"
                                                   " ORDER BY issued_at, ordinal", key.workflow_id)]
     assert ordinals == sorted(ordinals) and len(set(ordinals)) == len(ordinals), "ordinal reused after reset"
     accepted = [o for o, s, _ in await _receipts(ledger, key) if s in ("ACCEPTED", "UNCHANGED")]
     assert accepted == sorted(accepted), "watermark regressed"
 
 
-async def test_continue_as_new_keeps_state(temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+async def test_continue_as_new_keeps_state(temporal_client: Client, ledger: Ledger,
+                                           fx: FixtureProcess) -> None:
     server = _server(fx.mcp_url)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key, handle, _ = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue,
@@ -386,7 +399,8 @@ async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client:
         assert int(stats.get("notifications_dropped", {}).get(key.uri, 0)) == 1
 
 
-async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client, ledger: Ledger,
+async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client,
+                                                                       ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
     from mcpsync.activities.catalog_ledger import CatalogLedger
     from mcpsync.workflows.records import RolloutMode, RolloutPolicy
@@ -398,7 +412,8 @@ async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_
         key, handle, first = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue)
         await fx.wait_subscribed(key.uri)
         shadowed = await fx.edit(key.uri, text="computed in shadow")
-        await _wait_record(handle, lambda r: r.last_accepted_digest == shadowed["committed"]["digest"], "shadow")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == shadowed["committed"]["digest"],
+                           "shadow")
         assert await _outbox(ledger, key) == [], "shadow mode publishes nothing"
         assert len(await _audit_for(ledger, "OUTBOX_HELD_BY_ROLLOUT", key)) == 2
         watermark = (await ledger.load_fence(key)).watermark

@@ -1,5 +1,5 @@
 """Update-with-Start of ``first_read`` on real components (Temporal dev server, PostgreSQL, the
-fixture MCP server), issue 12 item 4: one call starts a subscription and answers its first receipt.
+fixture MCP server): one call starts a subscription and answers its first receipt.
 
 - A new subscription answers the record whose receipt is the ledger's and whose digest is the
   fixture's committed one; a second call joins the running workflow and answers from its state
@@ -35,12 +35,14 @@ async def test_update_with_start_answers_the_first_receipt(temporal_client: Clie
     key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
     created = await fx.create(uri, text="first version", mime_type="text/plain")
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        handle, record = await start_subscription_first_read(temporal_client, key, task_queue=cfg.temporal.task_queue)
+        handle, record = await start_subscription_first_read(temporal_client, key,
+                                                             task_queue=cfg.temporal.task_queue)
         assert handle.id == key.workflow_id
         assert record.state == SubscriptionState.ACTIVE and record.last_verdict == AcceptVerdict.ACCEPTED
         assert record.last_accepted_digest == created["committed"]["digest"]
         [receipt] = await ledger.receipts(key)
-        assert record.last_receipt_id == receipt.receipt_id and receipt.content_digest == record.last_accepted_digest
+        assert record.last_receipt_id == receipt.receipt_id \
+            and receipt.content_digest == record.last_accepted_digest
 
         # Running already: joined (same run), answered from its state without another read.
         reads = await ledger.read_count(key)
@@ -50,10 +52,13 @@ async def test_update_with_start_answers_the_first_receipt(temporal_client: Clie
         assert second.last_receipt_id == record.last_receipt_id and await ledger.read_count(key) == reads
 
         # A URI the server does not have: the first read is judged not-found, and nothing more comes.
-        gone = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://first-read/missing-{uuid.uuid4().hex[:8]}")
-        _, missing = await start_subscription_first_read(temporal_client, gone, task_queue=cfg.temporal.task_queue)
+        gone = SubscriptionKey(subject="alice", server=server.name,
+                               uri=f"demo://first-read/missing-{uuid.uuid4().hex[:8]}")
+        _, missing = await start_subscription_first_read(temporal_client, gone,
+                                                         task_queue=cfg.temporal.task_queue)
         assert missing.state == SubscriptionState.TOMBSTONE_PENDING
-        assert missing.last_verdict == AcceptVerdict.TOMBSTONE_PENDING and missing.last_accepted_digest is None
+        assert missing.last_verdict == AcceptVerdict.TOMBSTONE_PENDING \
+            and missing.last_accepted_digest is None
         for k in (key, gone):
             await temporal_client.get_workflow_handle(k.workflow_id).terminate("test done")
 
@@ -73,7 +78,8 @@ async def test_a_legacy_id_subscription_is_answered_under_its_id(temporal_client
 
         await eventually(recorded, timeout=30, what="the legacy id in the ledger row")
         handle, record = await start_subscription_first_read(
-            temporal_client, key, task_queue=cfg.temporal.task_queue, workflow_id=await ledger.workflow_id_of(key))
+            temporal_client, key, task_queue=cfg.temporal.task_queue,
+            workflow_id=await ledger.workflow_id_of(key))
         assert handle.id == key.legacy_workflow_id and handle.result_run_id == legacy.result_run_id
         assert record.last_accepted_digest == created["committed"]["digest"]
         try:
@@ -85,19 +91,22 @@ async def test_a_legacy_id_subscription_is_answered_under_its_id(temporal_client
 
 
 async def test_cli_subscribe_wait_prints_each_first_receipt(temporal_client: Client, ledger: Ledger,
-                                                            temporal_server: TemporalDevServer, fx: FixtureProcess,
+                                                            temporal_server: TemporalDevServer,
+                                                            fx: FixtureProcess,
                                                             database_url: str, tmp_path: Path) -> None:
     async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
         tag = uuid.uuid4().hex[:8]
         a, b, missing = f"demo://cli/wait-{tag}/a", f"demo://cli/wait-{tag}/b", f"demo://cli/wait-{tag}/none"
         digests = {u: (await fx.create(u, text=f"{u} v1"))["committed"]["digest"] for u in (a, b)}
-        r = await st.cli("subscribe", "--server", st.server.name, "--subject", "alice", "--uri", a, b, missing,
-                         "--wait", "--timeout", "45")
+        r = await st.cli("subscribe", "--server", st.server.name, "--subject", "alice", "--uri", a, b,
+                         missing, "--wait", "--timeout", "45")
         assert r.code == 0 and r.err == "", r.err
         lines = r.out.splitlines()
         for line, uri in zip(lines[:2], (a, b), strict=True):
-            assert line.startswith(f"{uri}: ACCEPTED receipt ") and f" digest {digests[uri]} state ACTIVE" in line
-        assert lines[2].startswith(f"{missing}: TOMBSTONE_PENDING receipt ") and "state TOMBSTONE_PENDING" in lines[2]
+            assert line.startswith(f"{uri}: ACCEPTED receipt ") \
+                and f" digest {digests[uri]} state ACTIVE" in line
+        assert lines[2].startswith(f"{missing}: TOMBSTONE_PENDING receipt ") \
+            and "state TOMBSTONE_PENDING" in lines[2]
         assert len(lines) == 3
 
         # One URI, JSON: the record, with the workflow id; a subscription running already answers at once.
@@ -106,7 +115,8 @@ async def test_cli_subscribe_wait_prints_each_first_receipt(temporal_client: Cli
         doc = r.json()
         key = SubscriptionKey(subject="alice", server=st.server.name, uri=a)
         assert doc["workflow_id"] == key.workflow_id and doc["last_accepted_digest"] == digests[a]
-        assert doc["last_verdict"] == "ACCEPTED" and doc["last_receipt_id"] == (await ledger.receipts(key))[-1].receipt_id
+        assert doc["last_verdict"] == "ACCEPTED" \
+            and doc["last_receipt_id"] == (await ledger.receipts(key))[-1].receipt_id
         for uri in (a, b, missing):
             closed = await st.cli("close", *st.key_args(uri))
             assert closed.code == 0, closed.err
@@ -116,7 +126,8 @@ async def test_cli_subscribe_wait_without_a_worker_is_exit_6(temporal_client: Cl
                                                               temporal_server: TemporalDevServer,
                                                               tmp_path: Path) -> None:
     config = tmp_path / "mcpsync.toml"
-    config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("no-worker")}"\n'
+    config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue ='
+                      f' "{unique("no-worker")}"\n'
                       '[[servers]]\nname = "docs"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
     uri = f"demo://cli/{uuid.uuid4().hex[:8]}"
     workflow_id = SubscriptionKey(subject="anonymous", server="docs", uri=uri).workflow_id

@@ -1,10 +1,10 @@
-"""Identity reconciliation that cannot be frozen (issue 14), the workflow's side, on the real stack.
+"""Identity reconciliation that cannot be frozen, the workflow's side, on the real stack.
 
 A notification for an encoding variant of a subscribed URI sends the subscription to
-RECONCILIATION_REQUIRED (it is never routed as if it were the exact URI). Before, only an
-operator's ``resume`` freed it. Now a reconciled catalog measured after the conflict that lists
-the exact URI resolves it at once (``IDENTITY_RECONCILED``, with the evidence), the same variant
-never freezes it again, and without evidence it resumes after ``reconciliation_max_seconds``
+RECONCILIATION_REQUIRED (it is never routed as if it were the exact URI). An operator's ``resume``
+frees it, and so does evidence: a reconciled catalog measured after the conflict that lists the
+exact URI resolves it at once (``IDENTITY_RECONCILED``, with the evidence), the same variant never
+freezes it again, and without evidence it resumes after ``reconciliation_max_seconds``
 (``RECONCILIATION_TIMED_OUT``): a stray or hostile notification cannot freeze a subscription.
 """
 
@@ -41,7 +41,8 @@ def _pair() -> tuple[str, str]:
 
 def _server(fx: FixtureProcess) -> ServerConfig:
     # No catalog workflow: the evidence is signalled by hand, so the test controls its timing.
-    return ServerConfig(name=unique("id"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    return ServerConfig(name=unique("id"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                        catalog=False)
 
 
 async def _conflicted(client: Client, fx: FixtureProcess, server: ServerConfig, task_queue: str, exact: str,
@@ -59,20 +60,24 @@ async def _conflicted(client: Client, fx: FixtureProcess, server: ServerConfig, 
     return key, handle
 
 
-async def test_a_stray_variant_notification_cannot_freeze_a_subscription(temporal_client: Client, ledger: Ledger,
+async def test_a_stray_variant_notification_cannot_freeze_a_subscription(temporal_client: Client,
+                                                                         ledger: Ledger,
                                                                          fx: FixtureProcess) -> None:
     exact, variant = _pair()
     server = _server(fx)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key, handle = await _conflicted(temporal_client, fx, server, cfg.temporal.task_queue, exact, variant,
                                         max_seconds=3)
-        rec = await _wait_record(handle, lambda r: r.state in READING, "resumed by the time bound", timeout=20)
+        rec = await _wait_record(handle, lambda r: r.state in READING, "resumed by the time bound",
+                                 timeout=20)
         assert "timed out" in rec.detail or rec.detail == ""
         # The audit row is written right after the state change the record shows: wait for it.
-        timed_out = await eventually(lambda: _audit_for(ledger, "RECONCILIATION_TIMED_OUT", key), what="audit")
+        timed_out = await eventually(lambda: _audit_for(ledger, "RECONCILIATION_TIMED_OUT", key),
+                                     what="audit")
         assert timed_out and timed_out[0]["detail"]["max_seconds"] == 3
         change = await fx.edit(exact, text="exact v2")  # real changes are read again
-        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "change read")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                           "change read")
 
 
 async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_freezes_again(
@@ -85,8 +90,9 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
         conflict_at = datetime.now(UTC)
 
         def word(scan: str, measured_at: datetime, listed: bool = True) -> CatalogObservation:
-            return CatalogObservation(uri=exact, listed=listed, scan_id=scan, snapshot_status="SNAPSHOT_UNPROVEN",
-                                      session_generation=0, measured_at=measured_at)
+            return CatalogObservation(uri=exact, listed=listed, scan_id=scan,
+                                      snapshot_status="SNAPSHOT_UNPROVEN", session_generation=0,
+                                      measured_at=measured_at)
 
         # No evidence: measured before the conflict, or the exact URI not listed.
         await handle.signal(SIGNAL_CATALOG_RECONCILED, word("before", conflict_at - timedelta(minutes=5)))
@@ -96,7 +102,8 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
         assert not await _audit_for(ledger, "IDENTITY_RECONCILED", key)
         # Evidence: a catalog measured after the conflict that lists the exact URI.
         await handle.signal(SIGNAL_CATALOG_RECONCILED, word("evidence", datetime.now(UTC)))
-        rec = await _wait_record(handle, lambda r: r.state in READING, "reconciled by the catalog", timeout=15)
+        rec = await _wait_record(handle, lambda r: r.state in READING, "reconciled by the catalog",
+                                 timeout=15)
         reconciled = await eventually(lambda: _audit_for(ledger, "IDENTITY_RECONCILED", key), what="audit")
         assert reconciled[0]["detail"]["scan_id"] == "evidence"
         # The same stray variant again: an invalidation of the exact URI, never another freeze.
@@ -108,7 +115,8 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
         rec = await _wait_record(handle, lambda r: r.state in READING, "still reading")
         assert rec.state != S.RECONCILIATION_REQUIRED
         change = await fx.edit(exact, text="exact v2")
-        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "change read")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                           "change read")
 
 
 async def _more_reads(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:

@@ -1,11 +1,10 @@
-"""The published staleness bound on the real stack (issue 15): wake-ups never postpone a read.
+"""The published staleness bound on the real stack: wake-ups never postpone a read.
 
-Before read deadlines, every pass of the subscription loop restarted the poll / safety timer,
-so catalog words arriving more often than the poll period starved a polling subscription of
-reads while its record still published the bound. Here catalog words arrive every 0.7 s and
-the gap between consecutive read allocations (``read_requests.issued_at``, the ledger's own
-clock) must stay within the published bound plus one dispatch. With the old timer there is
-no read at all during the burst.
+The poll / safety read has a deadline that a pass of the subscription loop does not move: a timer restarted
+on every wake-up would let catalog words arriving more often than the poll period starve a polling
+subscription of reads while its record still published the bound. Here catalog words arrive every 0.7 s and
+the gap between consecutive read allocations (``read_requests.issued_at``, the ledger's own clock) must stay
+within the published bound plus one dispatch; a restarting timer reads nothing at all during the burst.
 
 One test runs against our fixture server without subscribe; one against
 ``@modelcontextprotocol/server-postgres`` 0.6.2 over stdio, a server nobody here wrote, which
@@ -81,7 +80,8 @@ async def _max_gap(ledger: Ledger, key: SubscriptionKey, since_ordinal: int) -> 
 
 
 async def _burst_keeps_the_bound(ledger: Ledger, handle: WorkflowHandle, key: SubscriptionKey) -> None:
-    rec = await _wait_record(handle, lambda r: r.state == S.ACTIVE and r.last_issued_ordinal > 0, "first read")
+    rec = await _wait_record(handle, lambda r: r.state == S.ACTIVE and r.last_issued_ordinal > 0,
+                             "first read")
     assert rec.staleness_bound_seconds == POLL_SECONDS
     first = rec.last_issued_ordinal
     sent = await _catalog_burst(handle, key, BURST_SECONDS)
@@ -92,7 +92,8 @@ async def _burst_keeps_the_bound(ledger: Ledger, handle: WorkflowHandle, key: Su
     assert reads >= BURST_SECONDS // POLL_SECONDS
     rec = await _record(handle)  # the record publishes the deadline it keeps
     assert rec.next_read_due_at is not None and rec.last_verified_at is not None
-    assert rec.next_read_due_at <= rec.last_verified_at + timedelta(seconds=POLL_SECONDS) + timedelta(seconds=5)
+    assert rec.next_read_due_at <= rec.last_verified_at + timedelta(seconds=POLL_SECONDS) \
+        + timedelta(seconds=5)
 
 
 async def test_catalog_words_never_postpone_the_poll_deadline(temporal_client: Client, ledger: Ledger,

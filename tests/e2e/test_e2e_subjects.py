@@ -1,4 +1,4 @@
-"""Subjects, revocation and guardrails on the real stack (issue 5, items 1-3).
+"""Subjects, revocation and guardrails on the real stack.
 
 Two subjects (alice, bob) reach one fixture server with their own bearer tokens; routing,
 content and revocation stay per subject. Tokens come from the environment and never appear
@@ -130,12 +130,14 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         subs = {way: await _start(temporal_client, server, "alice", uri, cfg.temporal.task_queue)
                 for way, uri in uris.items()}
         for way, (_, h) in subs.items():
-            await _wait_record(h, lambda r, d=firsts[way]["committed"]["digest"]: r.last_accepted_digest == d, way)
+            await _wait_record(h, lambda r, d=firsts[way]["committed"]["digest"]: r.last_accepted_digest == d,
+                               way)
             await fx.wait_subscribed(uris[way])
         # Two versions each, so the revoked event must name several receipts.
         for way, uri in uris.items():
             v2 = await fx.edit(uri, text=f"{way} v2")
-            await _wait_record(subs[way][1], lambda r, d=v2["committed"]["digest"]: r.last_accepted_digest == d,
+            await _wait_record(subs[way][1],
+                               lambda r, d=v2["committed"]["digest"]: r.last_accepted_digest == d,
                                f"{way} v2")
         digests = {way: (await ledger.load_fence(k)).last_accepted_digest for way, (k, _) in subs.items()}
         for k, _ in subs.values():
@@ -153,7 +155,8 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
             uri=uris["catalog"], listed=False, scan_id="scan-u", snapshot_status="SNAPSHOT_UNPROVEN",
             session_generation=rec.session_generation))
         await eventually(lambda: _more_reads(ledger, subs["catalog"][0], reads), what="verification read")
-        assert (await subs["catalog"][1].query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)).state \
+        assert (await subs["catalog"][1].query(QUERY_SUBSCRIPTION,
+                                               result_type=ResourceSubscriptionV1)).state \
             in (S.ACTIVE, S.READ_PENDING, S.UPDATE_SEEN)
         await subs["catalog"][1].signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
             uri=uris["catalog"], listed=False, scan_id="scan-p", snapshot_status="SNAPSHOT_PROVEN",
@@ -168,7 +171,8 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
             # effective_at (when access ended) -> its outbox row, as the revocation metric measures it:
             # after the revocation began and no longer than the test has waited for it since.
             latency, waited = await _revocation_latency(ledger, k), time.monotonic() - revoking_since
-            assert 0 < latency <= waited, f"{way}: revocation latency {latency:.3f} s, {waited:.3f} s since it began"
+            assert 0 < latency <= waited, \
+                f"{way}: revocation latency {latency:.3f} s, {waited:.3f} s since it began"
             event = await eventually(lambda k=k: _revoked(ledger, k), what=f"revoked outbox row ({way})")
             receipts = [r.receipt_id for r in await ledger.receipts(k)]
             detail = event["detail"] if isinstance(event["detail"], dict) else json.loads(event["detail"])
@@ -177,7 +181,8 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
             assert await ledger.get_content("alice", digests[way] or "") is None, "cached body purged"
         # After revocation nothing new is accepted for it, whatever the server says.
         platform = subs["platform"][0]
-        reads, served = await ledger.read_count(platform), (await fx.stats())["reads"].get(uris["platform"], 0)
+        reads = await ledger.read_count(platform)
+        served = (await fx.stats())["reads"].get(uris["platform"], 0)
         seen = await notifications_seen(ledger, platform)
         await fx.edit(uris["platform"], text="after revocation")
         # Witness that an update after the revocation reached the reconciler and was dealt with: pushed
@@ -188,7 +193,8 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         assert await notifications_seen(ledger, platform) > seen
         assert await audited(ledger, "NOTIFICATION_NO_WORKFLOW", platform.workflow_id) >= 1
         assert await ledger.read_count(platform) == reads
-        assert (await fx.stats())["reads"].get(uris["platform"], 0) == served, "no resources/read after revocation"
+        assert (await fx.stats())["reads"].get(uris["platform"], 0) == served, \
+            "no resources/read after revocation"
 
 
 async def test_guardrails_reject_oversize_and_binary_declared_as_text(
@@ -214,12 +220,14 @@ async def test_guardrails_reject_oversize_and_binary_declared_as_text(
                 (f_big if k is k_big else f_bin)["committed"]["digest"]], "a rejection publishes nothing"
             assert rec.last_accepted_digest == (f_big if k is k_big else f_bin)["committed"]["digest"]
             assert await ledger.get_content("alice", rejected["committed"]["digest"]) is None
-        reasons = " ".join(r["detail"]["reason"] for r in await ledger.audit_rows("GUARDRAIL_REJECTED", limit=50)
+        reasons = " ".join(r["detail"]["reason"]
+                           for r in await ledger.audit_rows("GUARDRAIL_REJECTED", limit=50)
                            if r["workflow_id"] in (k_big.workflow_id, k_bin.workflow_id))
         assert "size_limit" in reasons and "text_decodes_as_declared" in reasons
         # A later good version is released again.
         good = await fx.edit(big, text="small again")
-        await _wait_record(h_big, lambda r: r.last_accepted_digest == good["committed"]["digest"], "recovered")
+        await _wait_record(h_big, lambda r: r.last_accepted_digest == good["committed"]["digest"],
+                           "recovered")
 
 
 def test_tokens_are_read_from_the_environment_only(token_env: dict[str, str]) -> None:

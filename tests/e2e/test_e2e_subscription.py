@@ -40,7 +40,8 @@ async def _outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, ob
     return [r for r in await ledger.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
 
 
-async def _wait_record(handle, pred, what: str, timeout: float = 30.0) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
+async def _wait_record(handle, pred, what: str,
+                       timeout: float = 30.0) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
     async def check() -> ResourceSubscriptionV1 | None:
         rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         return rec if pred(rec) else None
@@ -72,13 +73,15 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert fence.last_accepted_digest == mutation["committed"]["digest"]
         assert fence.watermark == rec.watermark and rec.watermark >= 2
 
-        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="test"), result_type=CloseReceipt)
+        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
+                                              result_type=CloseReceipt)
         assert receipt.state == SubscriptionState.CLOSED
         assert receipt.close_ordinal == fence.last_issued_ordinal
         final = await client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
         assert final.state == SubscriptionState.CLOSED
         # The record says when it ended (it stayed null before), and that no read is due any more.
-        assert final.ended_at is not None and final.started_at is not None and final.ended_at >= final.started_at
+        assert final.ended_at is not None and final.started_at is not None \
+            and final.ended_at >= final.started_at
         assert final.next_read_due_at is None and final.last_accepted_at is not None
         reads_before = await ledger.read_count(key)
         stats = await control.stats()
@@ -103,8 +106,8 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert await ledger.read_count(key) == reads_before, "no read after CLOSED"
         assert (await control.stats())["reads"].get(uri, 0) == served_before, "no resources/read after CLOSED"
         # The close told consumers once ('closed'); nothing after it.
-        assert [r["event_type"] for r in await _outbox_for(ledger, key)] == ["version_accepted", "version_accepted",
-                                                                             "closed"]
+        assert [r["event_type"] for r in await _outbox_for(ledger, key)] == \
+            ["version_accepted", "version_accepted", "closed"]
         stats = await control.stats()
         assert json.dumps(stats)  # the oracle answered
 
@@ -119,8 +122,8 @@ async def test_http_subscription_converges_and_closes(temporal_client: Client, l
 
 
 @pytest.mark.parametrize("edition", ["2025-11-25", "2026-07-28"])
-async def test_stdio_subscription_converges_and_closes(temporal_client: Client, ledger: Ledger, tmp_path: Path,
-                                                       edition: str) -> None:
+async def test_stdio_subscription_converges_and_closes(temporal_client: Client, ledger: Ledger,
+                                                       tmp_path: Path, edition: str) -> None:
     ready = tmp_path / "ready.json"
     command, env = stdio_command(ready_file=ready, seed="none")
     server = ServerConfig(name=unique("fx"), transport="stdio", command=command, env=env, edition=edition,
@@ -141,5 +144,5 @@ async def test_stdio_subscription_converges_and_closes(temporal_client: Client, 
             assert rec.edition == edition
             receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
             assert receipt.state == SubscriptionState.CLOSED
-    assert [r["event_type"] for r in await _outbox_for(ledger, key)] == ["version_accepted", "version_accepted",
-                                                                         "closed"]
+    assert [r["event_type"] for r in await _outbox_for(ledger, key)] == \
+        ["version_accepted", "version_accepted", "closed"]

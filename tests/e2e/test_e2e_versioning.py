@@ -59,7 +59,8 @@ def test_a_target_change_triggers_continue_as_new_only_between_reads() -> None:
                                       **{**base, "handlers_finished": False})
 
 
-def test_versioning_is_off_unless_both_fields_are_configured(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_versioning_is_off_unless_both_fields_are_configured(tmp_path: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert deployment_version(TemporalConfig()) is None and not TemporalConfig().versioned
     cfg = TemporalConfig(deployment_name="mcpsync", build_id="1.4.2+abc")
     assert deployment_version(cfg) == WorkerDeploymentVersion(deployment_name="mcpsync", build_id="1.4.2+abc")
@@ -107,7 +108,8 @@ async def _routing_propagated(client: Client, deployment: str, queue: str, build
         if resp.worker_deployment_info.routing_config.current_deployment_version.build_id != build_id:
             return False
         tq = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-            namespace=client.namespace, task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
     except RPCError:  # a describe the dev server cancels under load ("operation was canceled"): ask again
         return False
@@ -166,7 +168,8 @@ async def _fence_intact(ledger: Ledger, handle: WorkflowHandle, key: Subscriptio
     assert (rec.watermark, rec.last_accepted_ordinal, rec.last_accepted_digest) == (
         fence.watermark, fence.last_accepted_ordinal, digest)
     assert rec.subscription_generation == fence.subscription_generation
-    ordinals = [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
+    ordinals = [r[0]
+                for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
                                                 key.workflow_id)]
     assert len(set(ordinals)) == len(ordinals), "an ordinal was reused across builds"
     accepted = [o for o, s, _ in await _receipts(ledger, key) if s in ("ACCEPTED", "UNCHANGED")]
@@ -187,7 +190,8 @@ async def _move_all(client: Client, ledger: Ledger, fx: FixtureProcess, subs: li
             what=f"{key.uri} on {build_id}")
         assert behavior == ProtoBehavior.VERSIONING_BEHAVIOR_PINNED
         source, started_as = await _upgraded_from(client, key.workflow_id, run_id)
-        assert source != build_id and started_as == ProtoCanBehavior.CONTINUE_AS_NEW_VERSIONING_BEHAVIOR_AUTO_UPGRADE
+        assert source != build_id \
+            and started_as == ProtoCanBehavior.CONTINUE_AS_NEW_VERSIONING_BEHAVIOR_AUTO_UPGRADE
         digest = edits[key.workflow_id]["committed"]["digest"]
         await _wait_record(handle, lambda r, d=digest: r.last_accepted_digest == d, f"{label} nudge accepted")
         await _fence_intact(ledger, handle, key, fences[key.workflow_id], digest)
@@ -214,8 +218,8 @@ async def _move_catalog(handle: WorkflowHandle, build_id: str) -> str:
     run_before = (await _build_of(handle))[0]
     before = await _catalog_view(handle)
     await handle.signal(SIGNAL_RECONCILE, f"nudge to {build_id}")
-    run_id, _, behavior = await eventually(lambda: _moved(handle, run_before, build_id), timeout=40, interval=0.2,
-                                           what=f"catalog on {build_id}")
+    run_id, _, behavior = await eventually(lambda: _moved(handle, run_before, build_id), timeout=40,
+                                           interval=0.2, what=f"catalog on {build_id}")
     assert behavior == ProtoBehavior.VERSIONING_BEHAVIOR_PINNED
 
     async def published() -> CatalogView | None:
@@ -239,7 +243,8 @@ async def _counts(client: Client, deployment: str, queue: str, want: dict[str, i
     return all([await _running_on(client, deployment, b, queue) == n for b, n in want.items()])
 
 
-async def _upgrades_show(client: Client, queue: str, want: set[tuple[str, str, tuple[str, ...], int]]) -> bool:
+async def _upgrades_show(client: Client, queue: str,
+                         want: set[tuple[str, str, tuple[str, ...], int]]) -> bool:
     runs = await open_runs(client, task_queue=queue)
     return {(r.workflow_type, r.build, r.patches, r.count) for r in runs} == want
 
@@ -249,7 +254,8 @@ async def _published_once(handle: WorkflowHandle) -> bool:
 
 
 async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_as_new(
-        temporal_server: TemporalDevServer, temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+        temporal_server: TemporalDevServer, temporal_client: Client, ledger: Ledger,
+        fx: FixtureProcess) -> None:
     client = temporal_client
     deployment = f"mcpsync-test-{uuid.uuid4().hex[:12]}"
     queue = unique("mcpsync-test")
@@ -259,7 +265,8 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             _main_worker(client, ledger, queue, deployment, "v1"):
         await _make_current(temporal_server, deployment, "v1")
         for i in range(3):
-            key = SubscriptionKey(subject=server.subjects[0], server=server.name, uri=f"demo://upgrade/{i}/{uuid.uuid4().hex}")
+            key = SubscriptionKey(subject=server.subjects[0], server=server.name,
+                                  uri=f"demo://upgrade/{i}/{uuid.uuid4().hex}")
             first = await fx.create(key.uri, text=f"v1 content {i}")
             handle = await start_subscription(client, key, task_queue=queue)
             await _wait_record(handle, lambda r, d=first["committed"]["digest"]: r.last_accepted_digest == d,
@@ -269,7 +276,8 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
         for key, handle in subs:
             for n in range(2):
                 change = await fx.edit(key.uri, text=f"v1 edit {n} {key.uri}")
-                await _wait_record(handle, lambda r, d=change["committed"]["digest"]: r.last_accepted_digest == d,
+                await _wait_record(handle,
+                                   lambda r, d=change["committed"]["digest"]: r.last_accepted_digest == d,
                                    "edit on v1")
             assert (await ledger.load_fence(key)).watermark > 1
             _, build, behavior = await _build_of(handle)
@@ -298,13 +306,14 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
                                                                        first_runs[key.workflow_id]))
             # Subscriptions first: a catalog's reconciliation may signal them (a wake-up of its own).
             await _move_catalog(catalog, "v2")
-            await eventually(lambda: _counts(client, deployment, queue, {"v1": 0, "v2": len(subs) + 1}), timeout=15,
-                             what="visibility: no run pinned to v1 (drained), every run on v2")
+            await eventually(lambda: _counts(client, deployment, queue, {"v1": 0, "v2": len(subs) + 1}),
+                             timeout=15, what="visibility: no run pinned to v1 (drained), every run on v2")
             # `mcpsync upgrades`: every open subscription run is on v2 and carries the v2 marker, so
             # V2_PATCH could be deprecated; the catalog's runs never ask for it.
             await eventually(lambda: _upgrades_show(client, queue, {
                 (WORKFLOW_TYPE, f"{deployment}:v2", (V2_PATCH,), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades on v2")
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15,
+                             what="mcpsync upgrades on v2")
             assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == 0
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
@@ -317,13 +326,16 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
                              what="v1's routing propagated")
             v1_runs = await _move_all(client, ledger, fx, subs, "v1", "rollback")
             for key, _ in subs:
-                assert not any(V2_PATCH in m for m in await _markers(client, key.workflow_id, v1_runs[key.workflow_id]))
+                assert not any(V2_PATCH in m
+                               for m in await _markers(client, key.workflow_id, v1_runs[key.workflow_id]))
             await _move_catalog(catalog, "v1")
-            await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs) + 1, "v2": 0}), timeout=15,
-                             what="visibility: every run back on v1, none on v2")
+            await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs) + 1, "v2": 0}),
+                             timeout=15, what="visibility: every run back on v1, none on v2")
             # Back on v1: continue-as-new does not carry the marker (each run records the patches its
             # own code asked for), so every open run is older than V2_PATCH again.
             await eventually(lambda: _upgrades_show(client, queue, {
                 (WORKFLOW_TYPE, f"{deployment}:v1", (), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades on v1")
-            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == len(subs)
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15,
+                             what="mcpsync upgrades on v1")
+            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH,
+                                WORKFLOW_TYPE) == len(subs)

@@ -1,5 +1,5 @@
-"""What an operator sees in the Temporal Web UI for one subscription (issue 13), on the real stack:
-static details with the contract, a summary on every activity, a description on every handler."""
+"""What an operator sees in the Temporal Web UI for one subscription, on the real stack: static
+details with the contract, a summary on every activity, a description on every handler."""
 
 from __future__ import annotations
 
@@ -20,17 +20,20 @@ from tests.e2e.test_e2e_subscription import _wait_record
 
 async def test_static_details_activity_summaries_and_handler_descriptions(
         temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
-    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                          catalog=False)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://ui/{uuid.uuid4().hex}")
         first = await fx.create(key.uri, text="v1")
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
                                           options=SubscriptionOptions(safety_read_seconds=120))
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial read")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                           "initial read")
 
         desc = await handle.describe()
         details = await desc.static_details()
-        assert details is not None and key.uri in details and "safety re-read (with subscribe) | 120 s" in details
+        assert details is not None and key.uri in details \
+            and "safety re-read (with subscribe) | 120 s" in details
         # The signals the static details list include resource_read (most of the timeline: ingress reads).
         for name in ("resource_updated", "resource_read", "session_changed", "catalog_reconciled", "revoke",
                      "identity_conflict", "close", "resume", "first_read", "subscription"):
@@ -40,7 +43,8 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
         summaries = []
         async for event in handle.fetch_history_events():
             # Ledger calls are local activities: their summary is on the marker.
-            if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_MARKER_RECORDED) \
+            if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                                    EventType.EVENT_TYPE_MARKER_RECORDED) \
                     and event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
                 summaries.append(pydantic_data_converter.payload_converter.from_payload(
                     event.user_metadata.summary, str))
@@ -52,10 +56,11 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
 
         meta = await handle.query("__temporal_workflow_metadata")
         definition = meta.definition
-        described = {d.name: d.description for d in [*definition.signal_definitions, *definition.query_definitions,
+        described = {d.name: d.description
+                     for d in [*definition.signal_definitions, *definition.query_definitions,
                                                      *definition.update_definitions]}
-        for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke", "identity_conflict",
-                     "close", "resume", "subscription"):
+        for name in ("resource_updated", "session_changed", "catalog_reconciled", "revoke",
+                     "identity_conflict", "close", "resume", "subscription"):
             assert described.get(name), f"{name} has no description: {described}"
 
         # The current details: freshness first (what the page is for), one "label: **value**" a line
@@ -80,12 +85,14 @@ async def test_answer_gate_workflow_ids_are_readable(temporal_client: Client, le
     async with running_services(temporal_client, ledger, []) as cfg:
         gate = AnswerGate(temporal_client, cfg.temporal.task_queue)
         with pytest.raises(AnswerGateError, match="does not exist"):  # the workflow runs; the bind is refused
-            await gate.bind(answer_id, "who is on call?", [AnswerDependency(subject="a", server="s", uri="demo://x",
+            await gate.bind(answer_id, "who is on call?",
+                            [AnswerDependency(subject="a", server="s", uri="demo://x",
                                                                             receipt_id=10**9)])
         desc = await temporal_client.get_workflow_handle(answer_workflow_id(answer_id)).describe()
         assert desc.id.startswith(f"mcpsync-answer/escalation-answer-{answer_id[-6:]}-")
     assert answer_workflow_id("Escalation answer #7").startswith("mcpsync-answer/escalation-answer-7-")
-    assert answer_workflow_id("a") != answer_workflow_id("b") and answer_workflow_id("a") == answer_workflow_id("a")
+    assert answer_workflow_id("a") != answer_workflow_id("b") \
+        and answer_workflow_id("a") == answer_workflow_id("a")
     assert answer_workflow_id("???").startswith("mcpsync-answer/") and "--" not in answer_workflow_id("???")
 
 
@@ -98,7 +105,8 @@ async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: C
     from mcpsync.workflows.records import CatalogKey
     from tests.conftest import eventually
 
-    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"], catalog=False)
+    server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                          catalog=False)
     async with running_services(temporal_client, ledger, [server]) as cfg:
         handle = await start_catalog(temporal_client, CatalogKey(subject="alice", server=server.name),
                                      task_queue=cfg.temporal.task_queue)

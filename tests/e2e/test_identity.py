@@ -1,4 +1,4 @@
-"""URI identity on the ingress and catalog side (issue 14): real PostgreSQL, Temporal and fixture server.
+"""URI identity on the ingress and catalog side: real PostgreSQL, Temporal and fixture server.
 
 - Ledger: ``subscriptions.uri_normalized`` is written where rows are created and backfilled by
   ``migrate``; ``normalized_siblings`` finds the live subscriptions that normalize alike.
@@ -68,12 +68,14 @@ def _server(url: str, subject: str = "alice") -> ServerConfig:
 async def _audit(ledger: Ledger, kind: str, **match: str) -> list[dict[str, Any]]:
     where = " AND ".join(f"{col}=%s" for col in match)
     rows = await ledger_rows(ledger, f"SELECT workflow_id, uri, detail, server FROM audit WHERE kind=%s"
-                                     f"{' AND ' + where if where else ''} ORDER BY audit_id", kind, *match.values())
+                                     f"{' AND ' + where if where else ''} ORDER BY audit_id", kind,
+                             *match.values())
     return [{"workflow_id": r[0], "uri": r[1], "detail": r[2], "server": r[3]} for r in rows]
 
 
 async def _updated_reads(ledger: Ledger, key: SubscriptionKey) -> int:
-    rows = await ledger_rows(ledger, "SELECT count(*) FROM read_requests WHERE workflow_id=%s AND trigger_reason=%s",
+    rows = await ledger_rows(ledger,
+                             "SELECT count(*) FROM read_requests WHERE workflow_id=%s AND trigger_reason=%s",
                              key.workflow_id, "updated")
     return int(rows[0][0])
 
@@ -91,7 +93,8 @@ async def _signals(client: Client, handle: WorkflowHandle, name: str, result_typ
 
 
 async def _record(handle: WorkflowHandle) -> ResourceSubscriptionV1:
-    return await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)  # type: ignore[no-any-return]
+    return await handle.query(QUERY_SUBSCRIPTION,
+                              result_type=ResourceSubscriptionV1)  # type: ignore[no-any-return]
 
 
 async def _started(client: Client, fx: FixtureProcess, server: ServerConfig, queue: str,
@@ -99,7 +102,8 @@ async def _started(client: Client, fx: FixtureProcess, server: ServerConfig, que
     key = SubscriptionKey(subject=server.subjects[0], server=server.name, uri=uri)
     first = await fx.create(uri, text=text)
     handle = await start_subscription(client, key, task_queue=queue, options=NO_SAFETY_READ)
-    await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], f"initial {uri}")
+    await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                       f"initial {uri}")
     await fx.wait_subscribed(uri)
     return key, handle
 
@@ -110,12 +114,14 @@ async def _started(client: Client, fx: FixtureProcess, server: ServerConfig, que
 async def test_normalized_siblings_are_live_same_view_and_never_the_exact_uri(ledger: Ledger) -> None:
     server, tag = unique("sib"), uuid.uuid4().hex[:8]
     tilde, encoded, shouting = (f"demo://x/{tag}/~t", f"demo://x/{tag}/%7Et", f"DEMO://x/{tag}/%7et")
-    keys = {uri: SubscriptionKey(subject="alice", server=server, uri=uri) for uri in (tilde, encoded, shouting)}
+    keys = {uri: SubscriptionKey(subject="alice", server=server, uri=uri)
+            for uri in (tilde, encoded, shouting)}
     for key in keys.values():
         await ledger.ensure_subscription(key, "inc-1")
     other_subject = SubscriptionKey(subject="bob", server=server, uri=encoded)
     await ledger.ensure_subscription(other_subject, "inc-1")
-    await ledger.ensure_subscription(SubscriptionKey(subject="alice", server=server, uri=f"demo://x/{tag}/u"), "i")
+    await ledger.ensure_subscription(SubscriptionKey(subject="alice", server=server, uri=f"demo://x/{tag}/u"),
+                                     "i")
 
     siblings = await ledger.normalized_siblings("alice", server, tilde)
     assert siblings == sorted([(keys[encoded].workflow_id, encoded), (keys[shouting].workflow_id, shouting)],
@@ -137,7 +143,8 @@ async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempote
     uris = [f"HTTP://Example.COM/{tag}/a/./b/../%7e{i}" for i in range(7)]
     for uri in uris:
         await ledger.ensure_subscription(SubscriptionKey(subject="alice", server=server, uri=uri), "inc")
-    stored = await ledger_rows(ledger, "SELECT uri, uri_normalized FROM subscriptions WHERE server=%s", server)
+    stored = await ledger_rows(ledger, "SELECT uri, uri_normalized FROM subscriptions WHERE server=%s",
+                               server)
     assert {u: n for u, n in stored} == {u: normalize_uri(u) for u in uris}, "written where rows are created"
 
     # Rows from before migration 008 have no normalized URI.
@@ -145,20 +152,23 @@ async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempote
     async with ledger.pool.connection() as conn:
         assert await backfill_uri_normalized(conn, batch=3) == 7
         assert await backfill_uri_normalized(conn, batch=3) == 0
-    stored = await ledger_rows(ledger, "SELECT uri, uri_normalized FROM subscriptions WHERE server=%s", server)
+    stored = await ledger_rows(ledger, "SELECT uri, uri_normalized FROM subscriptions WHERE server=%s",
+                               server)
     assert {u: n for u, n in stored} == {u: normalize_uri(u) for u in uris}
     assert normalize_uri(uris[0]) == f"http://example.com/{tag}/a/~0"
 
     # migrate() runs the backfill on every call (it also repairs rows an older binary wrote).
     await ledger_rows(ledger, "UPDATE subscriptions SET uri_normalized = NULL WHERE server=%s", server)
     assert await migrate(ledger.pool) == []
-    assert await ledger_rows(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND uri_normalized IS NULL",
+    assert await ledger_rows(ledger,
+                             "SELECT count(*) FROM subscriptions WHERE server=%s AND uri_normalized IS NULL",
                              server) == [(0,)]
     assert len(await ledger.normalized_siblings("alice", server, f"http://example.com/{tag}/a/~3")) == 1
 
     # A row the backfill has not reached yet is filled when its workflow ensures it.
     key = SubscriptionKey(subject="alice", server=server, uri=uris[1])
-    await ledger_rows(ledger, "UPDATE subscriptions SET uri_normalized = NULL WHERE workflow_id=%s", key.workflow_id)
+    await ledger_rows(ledger, "UPDATE subscriptions SET uri_normalized = NULL WHERE workflow_id=%s",
+                      key.workflow_id)
     await ledger.ensure_subscription(key, "inc")
     assert await ledger_rows(ledger, "SELECT uri_normalized FROM subscriptions WHERE workflow_id=%s",
                              key.workflow_id) == [(normalize_uri(uris[1]),)]
@@ -178,7 +188,8 @@ async def test_upgrade_to_008_backfills_rows_written_before_it(postgres_url: str
                                        " VALUES (%s, 'alice', 'v7', %s, 'ACTIVE')", (f"wf-{i}", uri))
             assert await migrate(pool) == ["008_uri_identity.sql"]
             led = Ledger(pool)
-            assert await led.normalized_siblings("alice", "v7", "demo://v7/~a") == [("wf-1", "demo://v7/%7Ea")]
+            assert await led.normalized_siblings("alice", "v7",
+                                                 "demo://v7/~a") == [("wf-1", "demo://v7/%7Ea")]
             assert await led.normalized_siblings("alice", "v7", "demo://v7/b") == []
         finally:
             await pool.close()
@@ -203,7 +214,8 @@ async def test_listed_ambiguous_pair_both_read_on_either_spelling_and_flagged_on
             sibling_seen = (await ledger.load_fence(k_sib)).notifications_seen
             change = await fx.edit(edited, text=f"{edited} v2")
             # The server names only the edited spelling; the sibling is read too, at once.
-            await _wait_record(h_named, lambda r, d=change["committed"]["digest"]: r.last_accepted_digest == d,
+            await _wait_record(h_named,
+                               lambda r, d=change["committed"]["digest"]: r.last_accepted_digest == d,
                                f"{edited} v2")
             await eventually(lambda k=k_sib, n=sibling_reads: _more(_updated_reads(ledger, k), n), timeout=15,
                              what=f"an 'updated' read of the sibling of {edited}")
@@ -297,13 +309,15 @@ async def test_variant_notification_asks_the_catalog_whose_observation_carries_v
                 v: CatalogView = await catalog.query(QUERY_CATALOG, result_type=CatalogView)
                 return v if v.published_reason == f"identity conflict: {variant}" and v.last_notify else None
 
-            view = await eventually(conflict_catalog, timeout=30, what="a catalog reconciled for the conflict")
+            view = await eventually(conflict_catalog, timeout=30,
+                                    what="a catalog reconciled for the conflict")
             assert view.last_notify is not None and view.last_notify.signalled >= 1
             assert not await _audit(ledger, "IDENTITY_NO_CATALOG", server=server.name)
             conflicts = await _signals(temporal_client, handle, SIGNAL_IDENTITY_CONFLICT, IdentityConflict)
             assert [c.observed_uri for c in conflicts] == [variant]
             after = await eventually(
-                lambda: _newer(_signals(temporal_client, handle, SIGNAL_CATALOG_RECONCILED, CatalogObservation),
+                lambda: _newer(_signals(temporal_client, handle, SIGNAL_CATALOG_RECONCILED,
+                                        CatalogObservation),
                                len(before)), what="a catalog observation after the conflict")
             assert after[-1].uri == exact and after[-1].listed and after[-1].variants == []
             assert after[-1].scan_id == view.last_catalog.scan_b  # type: ignore[union-attr]
@@ -315,9 +329,11 @@ async def test_variant_notification_asks_the_catalog_whose_observation_carries_v
             # The catalog's evidence (measured after the conflict, the exact URI listed) freed the
             # subscription by itself: no resume, audited with the scan. The conflict catalog usually
             # does it; if it was measured before the conflict began, the second one does.
-            reconciled = await eventually(lambda: _audit(ledger, "IDENTITY_RECONCILED", workflow_id=key.workflow_id),
+            reconciled = await eventually(lambda: _audit(ledger, "IDENTITY_RECONCILED",
+                                                         workflow_id=key.workflow_id),
                                           timeout=30, what="IDENTITY_RECONCILED by the catalog")
-            assert reconciled[0]["detail"]["scan_id"] in {view.last_catalog.scan_b, second.scan_b}  # type: ignore[union-attr]
+            assert reconciled[0]["detail"]["scan_id"] in {view.last_catalog.scan_b,
+                                                          second.scan_b}  # type: ignore[union-attr]
             change = await fx.edit(exact, text="exact v2")
             await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
                                "a change read after the catalog reconciled the identity")

@@ -132,13 +132,15 @@ def stdio_children(marker: str) -> list[int]:
 
 
 @asynccontextmanager
-async def hosted(client: TemporalClient, ledger: Ledger, server: ServerConfig) -> AsyncIterator[tuple[str, SessionHost]]:
+async def hosted(client: TemporalClient, ledger: Ledger,
+                 server: ServerConfig) -> AsyncIterator[tuple[str, SessionHost]]:
     """The main worker (``running_services``) plus the session host of (SUBJECT, server), held by the test."""
     async with running_services(client, ledger, []) as cfg:
         host = SessionHost(server, SUBJECT, ledger, client)
         task = asyncio.create_task(host.run(), name=f"test-host:{server.name}")
         try:
-            await eventually(lambda: host.live is not None, timeout=30, what=f"a live session to {server.name}")
+            await eventually(lambda: host.live is not None, timeout=30,
+                             what=f"a live session to {server.name}")
             yield cfg.temporal.task_queue, host
         finally:
             host.stop()
@@ -176,11 +178,13 @@ async def close(handle: WorkflowHandle) -> CloseReceipt:
 
 
 @pytest.fixture(params=["stdio", "http"])
-async def everything(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[ServerConfig, Any]]:
+async def everything(request: pytest.FixtureRequest,
+                     tmp_path: Path) -> AsyncIterator[tuple[ServerConfig, Any]]:
     """(config, restart): the server config and an async callable that loses the host's session."""
     marker = uuid.uuid4().hex
     common: dict[str, Any] = dict(name=unique("everything"), edition="2025-11-25", subjects=[SUBJECT],
-                                  ping_interval_seconds=1.0, ping_timeout_seconds=3.0, read_timeout_seconds=10.0)
+                                  ping_interval_seconds=1.0, ping_timeout_seconds=3.0,
+                                  read_timeout_seconds=10.0)
     if request.param == "stdio":
         cfg = ServerConfig(transport="stdio", command=["node", str(everything_entry()), "stdio"],
                            env={"MCPSYNC_INTEROP_TAG": marker}, **common)
@@ -236,13 +240,15 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
     # a REJECTED read with a READ_FAILED audit; the next notification, poll or safety read tries again.
     assert internal.value.code == -32603 and classify_error(internal.value) == ReadOutcomeKind.TRANSIENT
     assert not_found.value.code == -32602
-    assert not_found.value.message.startswith("MCP error -32602: Resource ") and "not found" in not_found.value.message
+    assert not_found.value.message.startswith("MCP error -32602: Resource ") \
+        and "not found" in not_found.value.message
     assert classify_error(not_found.value) == ReadOutcomeKind.NOT_FOUND
 
     dynamic = "demo://resource/dynamic/text/7"  # content carries the server's clock (1 s resolution)
     async with hosted(temporal_client, ledger, server) as (task_queue, host):
         keys = {u: SubscriptionKey(subject=SUBJECT, server=server.name, uri=u) for u in [*docs, dynamic]}
-        handles = {u: await start_subscription(temporal_client, k, task_queue=task_queue) for u, k in keys.items()}
+        handles = {u: await start_subscription(temporal_client, k, task_queue=task_queue)
+                   for u, k in keys.items()}
         for uri in docs:
             rec = await wait_record(handles[uri], lambda r, u=uri: r.state == SubscriptionState.ACTIVE
                                     and r.last_accepted_digest == expected[u], f"{uri} converged")
@@ -251,7 +257,8 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
             assert rec.staleness_bound_seconds is None  # real subscriptions, no polling
             rows = await outbox_for(ledger, keys[uri])
             assert [r["content_digest"] for r in rows] == [expected[uri]]
-        await wait_record(handles[dynamic], lambda r: r.last_accepted_digest is not None, "dynamic resource read")
+        await wait_record(handles[dynamic], lambda r: r.last_accepted_digest is not None,
+                          "dynamic resource read")
         # Models the server's clock, which ticks in whole seconds (the dynamic resource's content is
         # that clock): after 1.1 s its next read falls in a later second, so it is a new version.
         await asyncio.sleep(1.1)
@@ -279,13 +286,15 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         # A URI the server never had: subscribe is acknowledged, the read says -32602 -> TOMBSTONE_PENDING.
         mkey = SubscriptionKey(subject=SUBJECT, server=server.name, uri=missing)
         mhandle = await start_subscription(temporal_client, mkey, task_queue=task_queue)
-        await wait_record(mhandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING, "missing URI tombstoned")
+        await wait_record(mhandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING,
+                          "missing URI tombstoned")
         assert await outbox_for(ledger, mkey) == []
         assert [r.status for r in await ledger.receipts(mkey)] == [AcceptVerdict.TOMBSTONE_PENDING]
 
         # A template URI with a bad id answers -32603 "Unknown resource": an internal error is no
         # proof of absence, so the read is rejected (READ_FAILED audit) and nothing is tombstoned.
-        bkey = SubscriptionKey(subject=SUBJECT, server=server.name, uri="demo://resource/dynamic/text/not-a-number")
+        bkey = SubscriptionKey(subject=SUBJECT, server=server.name,
+                               uri="demo://resource/dynamic/text/not-a-number")
         bhandle = await start_subscription(temporal_client, bkey, task_queue=task_queue)
 
         async def read_failed() -> list[dict[str, Any]]:
@@ -294,8 +303,8 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
 
         await eventually(read_failed, timeout=15, what="a READ_FAILED audit for the -32603 read")
         # The audit row commits inside the activity; the workflow mirrors the rejection one task later.
-        brec = await wait_record(bhandle, lambda r: r.state == SubscriptionState.ACTIVE, "rejected read judged",
-                                 timeout=15)
+        brec = await wait_record(bhandle, lambda r: r.state == SubscriptionState.ACTIVE,
+                                 "rejected read judged", timeout=15)
         assert brec.last_accepted_digest is None
         assert await ledger.receipts(bkey) == [] and await outbox_for(ledger, bkey) == []
         handles[bkey.uri], keys[bkey.uri] = bhandle, bkey  # closed with the others below
@@ -311,8 +320,8 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         # It was read (an application/gzip body: ACCEPTED, or GUARDRAIL_REJECTED where policy bars binaries).
         await eventually(lambda: ledger.receipts(skey), timeout=30, what="the session resource read")
         # The receipt commits inside the accept activity; the workflow mirrors it one task later.
-        srec = await wait_record(shandle, lambda r: r.state == SubscriptionState.ACTIVE, "session resource ACTIVE",
-                                 timeout=15)
+        srec = await wait_record(shandle, lambda r: r.state == SubscriptionState.ACTIVE,
+                                 "session resource ACTIVE", timeout=15)
         outbox_before = await outbox_for(ledger, skey)
         generation = live.generation
 
@@ -334,14 +343,16 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
                 keys[uri].workflow_id, result_type=ResourceSubscriptionV1).result()
             assert final.state == SubscriptionState.CLOSED
         # Tombstoned subscriptions close too (no unsubscribe owed to a resource that is gone).
-        assert (await close(mhandle)).state in (SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN)
+        assert (await close(mhandle)).state in (SubscriptionState.CLOSED,
+                                                SubscriptionState.UNSUBSCRIBE_UNKNOWN)
 
 
 async def _more_seen(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
     return await notifications_seen(ledger, key) > before
 
 
-async def _has_receipt(ledger: Ledger, key: SubscriptionKey, status: AcceptVerdict, trigger: TriggerReason) -> bool:
+async def _has_receipt(ledger: Ledger, key: SubscriptionKey, status: AcceptVerdict,
+                       trigger: TriggerReason) -> bool:
     return any(r.status == status and r.trigger == trigger for r in await ledger.receipts(key))
 
 
@@ -446,8 +457,8 @@ async def tiny_url(tmp_path: Path) -> AsyncIterator[str]:
         yield url
 
 
-async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client: TemporalClient, ledger: Ledger,
-                                                                 tiny_url: str) -> None:
+async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client: TemporalClient,
+                                                                 ledger: Ledger, tiny_url: str) -> None:
     server = ServerConfig(name=unique("tiny"), transport="http", url=tiny_url, edition="2026-07-28",
                           subjects=[SUBJECT])
     async with Client(tiny_url, mode="auto", cache=None) as direct:
@@ -480,7 +491,8 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             assert triggers[-1] == TriggerReason.UPDATED
 
             mhandle = await start_subscription(temporal_client, mkey, task_queue=tq)
-            await wait_record(mhandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING, "missing tombstoned")
+            await wait_record(mhandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING,
+                              "missing tombstoned")
             assert await outbox_for(ledger, mkey) == []
 
             assert (await close(handle)).state == SubscriptionState.CLOSED

@@ -115,7 +115,8 @@ async def test_probe_fixture_without_subscribe(tmp_path: Path) -> None:
 
 
 async def test_probe_server_everything_stdio() -> None:
-    server = ServerConfig(name="everything", transport="stdio", command=["node", str(everything_entry()), "stdio"])
+    server = ServerConfig(name="everything", transport="stdio",
+                          command=["node", str(everything_entry()), "stdio"])
     nudged, plain = await asyncio.gather(
         probe_server(server, nudge="auto", update_bound_seconds=8, other_edition=False),
         probe_server(server),
@@ -152,8 +153,8 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
 
     async def cli(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from mcpsync.worker.cli import main; main()", "--config", str(config), "probe", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT))
+            sys.executable, "-c", "from mcpsync.worker.cli import main; main()", "--config", str(config),
+            "probe", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT))
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()
@@ -172,4 +173,5 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
 
 async def test_probe_error_names_the_server() -> None:
     with pytest.raises(ProbeError, match="cannot open MCP server 'down'.*http"):
-        await probe_server(ServerConfig(name="down", transport="http", url="http://127.0.0.1:9/mcp"), timeout=3)
+        await probe_server(ServerConfig(name="down", transport="http", url="http://127.0.0.1:9/mcp"),
+                           timeout=3)

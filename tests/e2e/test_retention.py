@@ -27,9 +27,11 @@ OLD = "now() - interval '30 days'"
 
 async def _scan(ledger: Ledger, subject: str, label: str = "A") -> str:
     scan_id = f"scan-{uuid.uuid4().hex[:12]}"
-    await ledger_rows(ledger, "INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server,"
-                        " session_generation, status, recorded_at) VALUES (%s, %s, %s, %s, 'srv', 1, 'COMPLETE',"
-                        f" {OLD})", scan_id, f"rec-{scan_id}", label, subject)
+    await ledger_rows(ledger,
+                      "INSERT INTO discovery_scans (scan_id, reconciliation_id, label, subject, server,"
+                      " session_generation, status, recorded_at)"
+                      f" VALUES (%s, %s, %s, %s, 'srv', 1, 'COMPLETE', {OLD})",
+                      scan_id, f"rec-{scan_id}", label, subject)
     return scan_id
 
 
@@ -54,10 +56,11 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
     # A catalog built from two scans keeps them; a scan no catalog used goes.
     a, b, lone = await _scan(ledger, subject), await _scan(ledger, subject, "B"), await _scan(ledger, subject)
     await ledger_rows(ledger, """
-        INSERT INTO resource_catalogs (subject, server, reconciliation_id, scan_a, scan_b, status, session_generation,
-            window_started_at, measured_at, staleness_bound_seconds, next_review_at, uri_set_digest,
-            descriptor_set_digest, template_set_digest, resource_count, template_count)
-        VALUES (%s, 'srv', %s, %s, %s, 'SNAPSHOT_UNPROVEN', 1, now(), now(), 60, now(), 'u', 'd', 't', 0, 0)""",
+        INSERT INTO resource_catalogs (subject, server, reconciliation_id, scan_a, scan_b, status,
+            session_generation, window_started_at, measured_at, staleness_bound_seconds, next_review_at,
+            uri_set_digest, descriptor_set_digest, template_set_digest, resource_count, template_count)
+        VALUES (%s, 'srv', %s, %s, %s, 'SNAPSHOT_UNPROVEN', 1, now(), now(), 60, now(),
+            'u', 'd', 't', 0, 0)""",
                 subject, f"rec-cat-{a}", a, b)
     # Age everything of these two subscriptions (other tests' rows stay young and untouched).
     wfs = [key.workflow_id, closed.workflow_id]
@@ -74,21 +77,26 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
     dry = await prune(ledger.pool, keep=timedelta(days=7), dry_run=True)
     assert (dry.content_bodies, dry.content_bytes, dry.read_requests, dry.discovery_scans) == (3, 30, 3, 1)
     assert (dry.outbox_rows, dry.audit_rows) == (outbox_before, audit_before)
-    assert len(await ledger_rows(ledger, "SELECT 1 FROM content_store WHERE subject = ANY(%s)", subjects)) == 4
+    assert len(await ledger_rows(ledger, "SELECT 1 FROM content_store WHERE subject = ANY(%s)",
+                                 subjects)) == 4
 
     done = await prune(ledger.pool, keep=timedelta(days=7))
     assert done.model_dump(exclude={"dry_run"}) == dry.model_dump(exclude={"dry_run"}) and not done.dry_run
-    bodies = {r[0] for r in await ledger_rows(ledger, "SELECT content_digest FROM content_store WHERE subject = ANY(%s)",
+    bodies = {r[0]
+              for r in await ledger_rows(ledger,
+                                         "SELECT content_digest FROM content_store WHERE subject = ANY(%s)",
                                         subjects)}
     assert bodies == {"sha256:r2"}, "only the current version of an ACTIVE subscription is kept"
     assert (await ledger.current_content(key)) is not None
     assert [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
                                       key.workflow_id)] == [open_read]
-    receipts = await ledger_rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)", wfs)
+    receipts = await ledger_rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)",
+                                 wfs)
     assert receipts[0][0] == 3, "receipts are the proof: never pruned"
     fence = await ledger.load_fence(key)
     assert (fence.state, fence.last_accepted_digest, fence.last_issued_ordinal) == (S.ACTIVE, "sha256:r2", 3)
-    scans = {r[0] for r in await ledger_rows(ledger, "SELECT scan_id FROM discovery_scans WHERE scan_id = ANY(%s)",
+    scans = {r[0]
+             for r in await ledger_rows(ledger, "SELECT scan_id FROM discovery_scans WHERE scan_id = ANY(%s)",
                                        [a, b, lone])}
     assert scans == {a, b}
     # The fence still works after pruning: a new read is allocated past everything before.
@@ -108,7 +116,8 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "prune", *args],
+        return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "prune",
+                               *args],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
     dry = cli("--dry-run", "--json")

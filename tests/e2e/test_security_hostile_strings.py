@@ -1,10 +1,10 @@
-"""Server-supplied strings are bounded (issue 29 item 10), on the real stack: notification URIs
-are checked at the ingress before they are queued, counted or written; UNKNOWN_URI audit rows are
-budgeted per session; a 5 MB MIME type is cut to a documented length and audited once; a catalog
-scan has an item and byte cap besides its page cap, and a page of 1,000,000 descriptors is refused
-before it is parsed. The issue's scales (10,000 unique 100 KB URIs, a page of 1,000,000 resources)
-come from a hostile stdio server that generates and streams them (tests/servers/hostile_server.py);
-the ingress runs in this process, whose RSS growth is sampled and bounded. Nothing is lost for the
+"""Server-supplied strings are bounded, on the real stack: notification URIs are checked at the
+ingress before they are queued, counted or written; UNKNOWN_URI audit rows are budgeted per
+session; a 5 MB MIME type is cut to a documented length and audited once; a catalog scan has an
+item and byte cap besides its page cap, and a page of 1,000,000 descriptors is refused before it
+is parsed. The full scales (10,000 unique 100 KB URIs, a page of 1,000,000 resources) come from
+a hostile stdio server that generates and streams them (tests/servers/hostile_server.py); the
+ingress runs in this process, whose RSS growth is sampled and bounded. Nothing is lost for the
 subscriptions that behave."""
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def rss_growth() -> Iterator[list[int]]:
 
 
 async def _audit(ledger: Ledger, server: str, kind: str) -> list[tuple[str, dict[str, object]]]:
-    rows = await ledger_rows(ledger, "SELECT uri, detail FROM audit WHERE server = %s AND kind = %s", server, kind)
+    rows = await ledger_rows(ledger, "SELECT uri, detail FROM audit WHERE server = %s AND kind = %s", server,
+                             kind)
     return [(r[0], r[1]) for r in rows]
 
 
@@ -94,9 +95,9 @@ async def test_hostile_notification_uris_are_bounded_and_budgeted(
         async def audited() -> bool:
             rejected = await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED")
             unknown = await _audit(ledger, server.name, "UNKNOWN_URI")
-            return len(rejected) == AUDIT_ROWS_PER_SESSION and len(unknown) == AUDIT_ROWS_PER_SESSION and bool(
-                await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED")) and bool(
-                await _audit(ledger, server.name, "UNKNOWN_URI_SUPPRESSED"))
+            return len(rejected) == AUDIT_ROWS_PER_SESSION and len(unknown) == AUDIT_ROWS_PER_SESSION \
+                and bool(await _audit(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED")) \
+                and bool(await _audit(ledger, server.name, "UNKNOWN_URI_SUPPRESSED"))
 
         await eventually(audited, timeout=60, what="the budgeted audit rows")
         # The subscription that behaves is unharmed: its next change converges.
@@ -113,7 +114,8 @@ async def test_hostile_notification_uris_are_bounded_and_budgeted(
         "an oversize URI never became a metrics key"
 
 
-async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger: Ledger, fx: FixtureProcess) -> None:
+async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger: Ledger,
+                                                fx: FixtureProcess) -> None:
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"])
     uri = f"demo://sec/mime/{uuid.uuid4().hex}"
     mime = "text/plain; x=" + "m" * (5 * 1024 * 1024)
@@ -125,7 +127,8 @@ async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger:
             first = await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "accepted")
             await fx.wait_subscribed(uri)
             await fx.edit(uri, text="hello again", mime_type=mime)  # a second read: still one audit row
-            await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, first.last_accepted_digest),
+            await _wait_record(handle,
+                               lambda r: r.last_accepted_digest not in (None, first.last_accepted_digest),
                                "the edit")
     receipts = await ledger.receipts(key)
     assert len(receipts) >= 2
@@ -138,11 +141,13 @@ async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger:
     assert growth[0] < 150 * MB, f"the ingress grew by {growth[0] / MB:.0f} MB"
 
 
-async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, ledger: Ledger, tmp_path: Path,
+async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, ledger: Ledger,
+                                                       tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(catalog_scan, "MAX_SCAN_ITEMS", 4)  # the activity runs in this process
     async with catalog_stack(temporal_client, ledger, tmp_path, resources=7, start=False) as st:
-        st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue, policy=FAST)
+        st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue,
+                                                  policy=FAST)
 
         async def capped() -> list[object] | None:
             scans = [s for s in await st.catalogs.scans_for("alice", st.server.name, 50)
@@ -151,7 +156,8 @@ async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, 
 
         scans = await eventually(capped, timeout=20, what="a scan stopped by the item cap")
         assert "scan cap reached" in " ".join(scans[0].problems)  # type: ignore[attr-defined]
-        assert await st.catalogs.catalogs_for("alice", st.server.name) == [], "a capped scan publishes nothing"
+        assert await st.catalogs.catalogs_for("alice", st.server.name) == [], \
+            "a capped scan publishes nothing"
 
 
 async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client, ledger: Ledger,
@@ -177,13 +183,16 @@ async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client
             (ctl / "flood.json.tmp").rename(ctl / "flood.json")
             await eventually(lambda: (ctl / "flood.done").exists(), timeout=60, what="the flood written")
 
-            host = await eventually(lambda: next((h for h in list(metrics._hosts) if h.server.name == server.name),
-                                                 None), what="the session host (seen by metrics once a URI passed)")
-            await eventually(lambda: host.uris_rejected == count, timeout=60, what="every hostile URI refused")
+            host = await eventually(lambda: next((h for h in list(metrics._hosts)
+                                                  if h.server.name == server.name),
+                                                 None),
+                                    what="the session host (seen by metrics once a URI passed)")
+            await eventually(lambda: host.uris_rejected == count, timeout=60,
+                             what="every hostile URI refused")
 
             async def all_audited() -> bool:
-                return await _audit_count(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED") == 1 and \
-                    await _audit_count(ledger, server.name, "UNKNOWN_URI_SUPPRESSED") == 1
+                return await _audit_count(ledger, server.name, "NOTIFICATION_URI_REJECTED_SUPPRESSED") == 1 \
+                    and await _audit_count(ledger, server.name, "UNKNOWN_URI_SUPPRESSED") == 1
 
             await eventually(all_audited, timeout=60, what="the flood's audit rows, budgeted")
         flooded = time.monotonic() - started
@@ -192,7 +201,8 @@ async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client
         await eventually(lambda: host.audits_suppressed == suppressed, timeout=30,
                          what=f"{suppressed} audit rows suppressed (only counted)")
         # The edit made during the flood converged.
-        v2 = await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest),
+        v2 = await _wait_record(handle,
+                                lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest),
                                 "the edit during the flood")
         (ctl / "bump").touch()  # and one after it
         await _wait_record(handle, lambda r: r.last_accepted_digest not in (None, v1.last_accepted_digest,
@@ -207,7 +217,8 @@ async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client
     assert len({d["uri_sha256"] for _, d in rejected}) == AUDIT_ROWS_PER_SESSION, "unique URIs"
     assert len(await _audit(ledger, server.name, "UNKNOWN_URI")) == AUDIT_ROWS_PER_SESSION
     assert not [k for k in list(metrics._pending) if k[1] == server.name and len(k[2]) > MAX_URI_LENGTH]
-    print(f"10,000 x 100 KB URIs: read and refused in {flooded:.1f}s, RSS growth peak {growth[0] / MB:.1f} MB")
+    print(f"10,000 x 100 KB URIs: read and refused in {flooded:.1f}s,"
+          f" RSS growth peak {growth[0] / MB:.1f} MB")
     assert growth[0] < 150 * MB, f"the ingress grew by {growth[0] / MB:.0f} MB during a 1 GB flood"
 
 
@@ -232,7 +243,8 @@ async def test_a_page_of_a_million_resources(temporal_client: Client, ledger: Le
         v1 = await _wait_record(handle, lambda r: r.last_accepted_digest is not None, "revision 1")
         started = time.monotonic()
         with rss_growth() as growth:
-            catalog = await start_catalog(temporal_client, CatalogKey(subject="anonymous", server=server.name),
+            catalog = await start_catalog(temporal_client,
+                                          CatalogKey(subject="anonymous", server=server.name),
                                           task_queue=cfg.temporal.task_queue, policy=FAST)
 
             async def failed() -> list[ResourceDiscoveryScanV1] | None:

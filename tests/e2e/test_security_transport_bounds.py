@@ -1,5 +1,5 @@
-"""Byte bounds before parsing (issue 29 item 9): hostile MCP servers over the transports mcpsync
-really opens (``session_host.server_transport``), against real sockets and a real subprocess.
+"""Byte bounds before parsing: hostile MCP servers over the transports mcpsync really opens
+(``session_host.server_transport``), against real sockets and a real subprocess.
 
 - streamable HTTP, JSON (not SSE) responses: a 1 GB reply, streamed or declared, fails that one
   read as MALFORMED ("byte limit") after about the limit; the session answers the next read;
@@ -73,13 +73,16 @@ async def _http_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
                               else ("resourceTemplates", "uriTemplate"))
                 slices = [(json.dumps({"jsonrpc": "2.0", "id": msg["id"]})[:-1]
                            + f', "result": {{"{field}": [').encode()]
-                for start in range(0, PAGE_RESOURCES, 2000):  # generated as sent: this process is the ingress too
+                # generated as sent: this process is the ingress too
+                for start in range(0, PAGE_RESOURCES, 2000):
                     slices.append(("," if start else "").encode() + ",".join(
-                        f'{{"{key}": "h://r/{i}", "name": "r"}}' for i in range(start, start + 2000)).encode())
+                        f'{{"{key}": "h://r/{i}", "name": "r"}}'
+                        for i in range(start, start + 2000)).encode())
                     if start + 2000 >= PAGE_RESOURCES:
                         slices.append(b"]}}")
                     piece = b"".join(slices)
-                    for at in range(0, len(piece) - 65_537 + 1, 65_537):  # odd-sized: keys split between chunks
+                    # odd-sized: keys split between chunks
+                    for at in range(0, len(piece) - 65_537 + 1, 65_537):
                         writer.write(f"{65_537:x}\r\n".encode() + piece[at:at + 65_537] + b"\r\n")
                     rest = piece[len(piece) - len(piece) % 65_537:]
                     slices = [rest] if rest else []
@@ -139,7 +142,8 @@ async def test_http_json_reply_of_a_gigabyte_is_bounded(hostile_http: str) -> No
         for uri in ("demo://streamed", "demo://declared"):
             await asyncio.wait_for(_read_fails_malformed(client, uri), 30)
             ok = await client.read_resource("demo://ok")
-            assert ok.contents[0].text == "fine", "the session survives: nothing lost for the next read"  # type: ignore[union-attr]
+            assert ok.contents[0].text == "fine", (  # type: ignore[union-attr]
+                "the session survives: nothing lost for the next read")
     assert _peak_mb() - before < 200, "the reply was never held whole"
 
 
@@ -173,13 +177,15 @@ for line in sys.stdin:
         out.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"],
                               "result": {"contents": [{"uri": "demo://ok", "text": "fine"}]}}) + "\n")
     elif msg["method"] == "resources/read":
-        out.write('{"jsonrpc": "2.0", "id": %s, "result": {"contents": [{"uri": "x", "text": "' % json.dumps(msg["id"]))
+        out.write('{"jsonrpc": "2.0", "id": %s, "result": {"contents": [{"uri": "x", "text": "'
+                  % json.dumps(msg["id"]))
         chunk = "x" * (1024 * 1024)
         for _ in range(100):
             out.write(chunk)
         out.write('"}]}}\n')
     else:
-        out.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no"}}) + "\n")
+        out.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"],
+                              "error": {"code": -32601, "message": "no"}}) + "\n")
     out.flush()
 '''
 

@@ -1,8 +1,8 @@
-"""The installable package (issue 11 item 7): one namespace, ``mcpsync``, that works outside the repo.
+"""The installable package: one namespace, ``mcpsync``, that works outside the repo.
 
-- Nothing in the tree still names the old top-level packages (``scripts/dev/rename-imports --check``):
-  a stale ``from worker.x import`` would pass in a checkout (pytest puts the repo root on
-  ``sys.path``) and break only in the wheel.
+- Nothing in the tree imports a bare top-level package (``scripts/dev/rename-imports
+  --check``): a ``from worker.x import`` would pass in a checkout (pytest puts the repo
+  root on ``sys.path``) and break only in the wheel.
 - The wheel, built from a copy of the working tree (no stale ``build/``), holds exactly the
   ``mcpsync`` package: every module of the mapped folders and their package data, nothing else.
   Installed into a fresh venv in a temporary directory, ``import mcpsync`` works, no top-level
@@ -38,8 +38,8 @@ from tests.e2e.test_cli import _one_error_line
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 OLD_TOP_LEVEL = ("workflows", "activities", "worker", "temporal", "benchmarks", "examples", "tests", "sim")
-_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".state", "build", "dist", "node_modules", "__pycache__",
-                                     ".*_cache", "*.egg-info", "out")
+_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".state", "build", "dist", "node_modules",
+                                     "__pycache__", ".*_cache", "*.egg-info", "out")
 
 
 def test_nothing_left_to_rename() -> None:
@@ -63,13 +63,15 @@ def _expected_wheel_files() -> set[str]:
         files |= {f"{package.replace('.', '/')}/{p.relative_to(root).as_posix()}" for p in root.rglob("*.py")
                   if "__pycache__" not in p.parts}
     for package, patterns in SETUPTOOLS["package-data"].items():
-        files |= {f"{package.replace('.', '/')}/{p.name}" for pattern in patterns for p in folder(package).glob(pattern)}
+        files |= {f"{package.replace('.', '/')}/{p.name}" for pattern in patterns
+                  for p in folder(package).glob(pattern)}
     return files
 
 
 def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
          timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.mark.slow
@@ -93,8 +95,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
     made = await asyncio.to_thread(_run, sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     python, bindir = venv / "bin" / "python", venv / "bin"
-    installed = await asyncio.to_thread(_run, sys.executable, "-m", "pip", "--python", python, "install", "-q",
-                                        "--disable-pip-version-check", wheel, cwd=tmp_path, timeout=600)
+    installed = await asyncio.to_thread(_run, sys.executable, "-m", "pip", "--python", python, "install",
+                                        "-q", "--disable-pip-version-check", wheel, cwd=tmp_path, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("MCPSYNC_")}
@@ -116,7 +118,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
     no_stack = await asyncio.to_thread(_run, bindir / "mcpsync", "list", cwd=work,
                                        env={**env, "XDG_STATE_HOME": str(tmp_path / "xdg")})
     assert no_stack.returncode == 6  # nothing is running here
-    assert f"nothing is running here: no runtime file {tmp_path / 'xdg' / 'mcpsync' / 'runtime.json'}" in _one_error_line(no_stack)
+    runtime_file = tmp_path / "xdg" / "mcpsync" / "runtime.json"
+    assert f"nothing is running here: no runtime file {runtime_file}" in _one_error_line(no_stack)
 
     # 4. The simulator: dev-only once it lives in sim/ (one line, exit 2); before that it ships.
     sim = await asyncio.to_thread(_run, bindir / "mcpsync", "simulate", "--schedules", "2", "--workers", "1",
@@ -148,7 +151,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
         finally:
             await ledger.pool.close()
     assert row is not None and row.state == SubscriptionState.ACTIVE
-    assert row.watermark >= max(int(w) for w, _, _ in printed) >= 2  # past the first version: a change converged
+    # past the first version: a change converged
+    assert row.watermark >= max(int(w) for w, _, _ in printed) >= 2
     for _, receipt, digest in printed:
         assert receipts[int(receipt)].startswith(digest)
     assert not (tmp_path / "state" / "runtime.json").exists()  # a clean stop

@@ -1,4 +1,4 @@
-"""Readable subscription workflow ids (issue 13) and the compatibility rule for older ones.
+"""Readable subscription workflow ids and the compatibility rule for legacy ones.
 
 Unit: ``uri_slug`` and ``SubscriptionKey.workflow_id`` give a valid, bounded, deterministic id
 for any URI the key accepts (unicode, huge, percent-encoded, dot segments, empty path).
@@ -44,7 +44,8 @@ async def _describe_status(client: Client, workflow_id: str) -> WorkflowExecutio
 
 
 async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client, ledger: Ledger,
-                                                         temporal_server: TemporalDevServer, fx: FixtureProcess,
+                                                         temporal_server: TemporalDevServer,
+                                                         fx: FixtureProcess,
                                                          database_url: str, tmp_path: Path) -> None:
     async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
         uri = f"demo://ids/legacy-{uuid.uuid4().hex[:8]}"
@@ -58,9 +59,11 @@ async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client
         async def accepted(digest: str) -> bool:
             return (await ledger.load_fence(key)).last_accepted_digest == digest
 
-        await eventually(lambda: accepted(first["committed"]["digest"]), timeout=30, what="first version accepted")
+        await eventually(lambda: accepted(first["committed"]["digest"]), timeout=30,
+                         what="first version accepted")
         # The ledger recorded the id the workflow really runs under, once.
-        assert await ledger_rows(ledger, "SELECT workflow_id FROM subscriptions WHERE subject=%s AND server=%s"
+        assert await ledger_rows(ledger,
+                                 "SELECT workflow_id FROM subscriptions WHERE subject=%s AND server=%s"
                                  " AND uri=%s", "alice", st.server.name, uri) == [(key.legacy_workflow_id,)]
         assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
 
@@ -68,7 +71,8 @@ async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client
         second = await fx.edit(uri, text="v2")
         await eventually(lambda: accepted(second["committed"]["digest"]), timeout=30, what="notified version")
         receipts = await ledger.receipts(key)
-        assert [r.trigger for r in receipts if r.status == AcceptVerdict.ACCEPTED][-1] == TriggerReason.UPDATED
+        assert [r.trigger for r in receipts
+                if r.status == AcceptVerdict.ACCEPTED][-1] == TriggerReason.UPDATED
         assert not await ledger_rows(ledger, "SELECT 1 FROM audit WHERE kind IN ('NOTIFICATION_NO_WORKFLOW',"
                                      " 'WORKFLOW_ID_MISMATCH') AND uri=%s", uri)
 
@@ -76,7 +80,8 @@ async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client
         joined = await st.cli("subscribe", *st.key_args(uri), "--json")
         assert joined.code == 0, joined.err
         assert joined.json()["workflow_id"] == key.legacy_workflow_id
-        assert await _describe_status(temporal_client, key.workflow_id) is None, "no workflow under the new id"
+        assert await _describe_status(temporal_client, key.workflow_id) is None, \
+            "no workflow under the new id"
         status = await st.cli("status", *st.key_args(uri), "--json")
         assert status.code == 0 and status.json()["last_accepted_digest"] == second["committed"]["digest"]
         described = await st.cli("describe", *st.key_args(uri))
@@ -84,7 +89,8 @@ async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client
         closed = await st.cli("close", *st.key_args(uri), "--json")
         assert closed.code == 0, closed.err
         assert closed.json()["state"] == "CLOSED"
-        assert await _describe_status(temporal_client, key.legacy_workflow_id) == WorkflowExecutionStatus.COMPLETED
+        assert await _describe_status(temporal_client,
+                                      key.legacy_workflow_id) == WorkflowExecutionStatus.COMPLETED
 
 
 async def test_a_new_subscription_gets_the_readable_id(temporal_client: Client, ledger: Ledger,
