@@ -195,7 +195,7 @@ async def test_upgrade_to_008_backfills_rows_written_before_it(postgres_url: str
             await pool.close()
 
 
-# --- finding 1: a listed ambiguous pair -----------------------------------------------------------
+# --- a listed ambiguous pair ----------------------------------------------------------------------
 
 
 async def test_listed_ambiguous_pair_both_read_on_either_spelling_and_flagged_once(
@@ -264,7 +264,7 @@ async def _reconcile(handle: WorkflowHandle) -> CatalogSnapshot:
     return out  # type: ignore[no-any-return]
 
 
-# --- finding 2: a variant notification --------------------------------------------------------------
+# --- a variant notification -----------------------------------------------------------------------
 
 
 async def test_variant_notification_without_catalog_is_audited_for_the_time_bound(

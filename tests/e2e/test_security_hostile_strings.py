@@ -162,7 +162,7 @@ async def test_a_scan_past_its_item_cap_proves_nothing(temporal_client: Client, 
 
 async def test_ten_thousand_unique_hundred_kilobyte_uris(temporal_client: Client, ledger: Ledger,
                                                          tmp_path: Path) -> None:
-    """The issue's scale: 10,000 unique notification URIs of 100 KB each (1 GB on the wire), generated
+    """Full scale: 10,000 unique notification URIs of 100 KB each (1 GB on the wire), generated
     and streamed by a hostile stdio server on the session that also carries a well-behaved
     subscription, whose resource changes halfway through the flood and once after it. Each hostile URI
     is refused at the ingress before it is queued or counted; 50 audit rows with a reason, then one
@@ -227,7 +227,7 @@ async def _audit_count(ledger: Ledger, server: str, kind: str) -> int:
 
 
 async def test_a_page_of_a_million_resources(temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    """The issue's scale: one resources/list page of 1,000,000 descriptors (34 MB, under the default
+    """Full scale: one resources/list page of 1,000,000 descriptors (34 MB, under the default
     transport byte limit of 64 MB), streamed by the hostile stdio server. It is refused before it is
     parsed (``MAX_MESSAGE_URIS``: parsed, it would cost the ingress ~1 GB); the scan fails with that
     reason and publishes nothing; the ingress grows by less than 150 MB; the subscription on the
