@@ -124,8 +124,8 @@ class Journal:
 
     @staticmethod
     async def rollout_allows(cur: Any, key: SubscriptionKey) -> bool:
-        """The staged rollout (``mcpsync.workflows.catalog_rules.refresh_enabled``); no policy row means
-        ALL."""
+        """The staged rollout (``mcpsync.workflows.catalog_rules.refresh_enabled``);
+        no policy row means ALL."""
         await cur.execute("SELECT mode, percent FROM rollout_policies WHERE server=%s", (key.server,))
         row = await cur.fetchone()
         if row is None:

@@ -417,8 +417,8 @@ class OutboxConsumer:
         return OutboxBatch(consumer=self.name, acked=acked, position=position, events=events)
 
     async def ack(self, position: int) -> int:
-        """Acknowledge everything up to ``position``; returns the acknowledged position (max of old and
-        new)."""
+        """Acknowledge everything up to ``position``; returns the
+        acknowledged position (max of old and new)."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             consumer = await self._row(cur, create=False)
