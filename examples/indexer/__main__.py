@@ -116,8 +116,8 @@ async def run(args: argparse.Namespace, url: str) -> None:
 
 
 def database_url(args: argparse.Namespace) -> str:
-    """``--database-url``, ``$MCPSYNC_DATABASE_URL``, else the stack's configuration (as ``mcpsync`` finds
-    it)."""
+    """``--database-url``, ``$MCPSYNC_DATABASE_URL``, else the stack's
+    configuration (as ``mcpsync`` finds it)."""
     if args.database_url:
         return str(args.database_url)
     if os.environ.get("MCPSYNC_DATABASE_URL"):
