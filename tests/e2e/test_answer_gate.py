@@ -292,10 +292,10 @@ async def test_tombstoned_and_revoked_dependencies_hold(temporal_client: Client,
     async with running_services(temporal_client, ledger, [server]) as cfg:
         queue = cfg.temporal.task_queue
         gate = AnswerGate(temporal_client, queue)
-        gone, h_gone, gone_id = await _subscribed(temporal_client, ledger, fx, server, queue, "policy.txt",
-                                                  "p")
-        lost, h_lost, lost_id = await _subscribed(temporal_client, ledger, fx, server, queue, "roster.txt",
-                                                  "r")
+        gone, h_gone, gone_id = await _subscribed(temporal_client, ledger, fx, server, queue,
+                                                  "policy.txt", "p")
+        lost, h_lost, lost_id = await _subscribed(temporal_client, ledger, fx, server, queue,
+                                                  "roster.txt", "r")
         answer_id = unique("gone")
         await gate.bind(answer_id, "Who is on call for sev-2?", [
             (gone.subject, gone.server, gone.uri, gone_id), (lost.subject, lost.server, lost.uri, lost_id)])
