@@ -80,7 +80,7 @@ def _one_error_line(r: CliRun | subprocess.CompletedProcess[str]) -> str:
 
 
 def test_freshness_is_shown_when_the_record_has_it() -> None:
-    from mcpsync.worker.cli_subscriptions import status_text, subscription_table
+    from mcpsync.worker.cli_subscription_text import status_text, subscription_table
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     rec = ResourceSubscriptionV1(
