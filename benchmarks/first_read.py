@@ -30,8 +30,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile
 from benchmarks.run import Postgres
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import (
     open_ledger,
     run_services,

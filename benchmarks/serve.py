@@ -41,8 +41,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile, until
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, run_services, start_subscription
 from mcpsync.worker.stack import REPO_ROOT, EmbeddedPostgres, TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey

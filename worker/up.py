@@ -70,7 +70,7 @@ def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> s
 
 
 async def run_up(args: argparse.Namespace) -> None:
-    from mcpsync.worker.fixture import FixtureProcess
+    from mcpsync.fixture import FixtureProcess
 
     t0 = time.monotonic()
     root = state_dir()

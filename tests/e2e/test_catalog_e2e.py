@@ -27,9 +27,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog
 from mcpsync.workflows.catalog_rules import CatalogView, set_digest
 from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE

@@ -26,8 +26,8 @@ from typing import Any
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records import (

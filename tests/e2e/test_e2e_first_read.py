@@ -19,8 +19,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription, start_subscription_first_read
 from mcpsync.worker.stack import TemporalDevServer
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState

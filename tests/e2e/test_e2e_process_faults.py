@@ -13,8 +13,8 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, start_subscription
 from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey

@@ -29,7 +29,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey

@@ -28,9 +28,9 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.cli_upgrades import open_runs, runs_without
 from mcpsync.worker.config import ConfigError, TemporalConfig, load_config
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import (
     MAIN_WORKFLOWS,
     deployment_version,

@@ -29,8 +29,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.metrics import UNRESOLVED, MetricsServer, MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import TemporalDevServer
