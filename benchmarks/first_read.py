@@ -38,7 +38,7 @@ from mcpsync.worker.runtime import (
     start_subscription,
     start_subscription_first_read,
 )
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 

@@ -37,14 +37,9 @@ from mcpsync.worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from mcpsync.worker.stack import (
-    EmbeddedPostgres,
-    StackAlreadyRunning,
-    TemporalDevServer,
-    ensure_private_dir,
-    state_dir,
-    write_private,
-)
+from mcpsync.worker.stack import StackAlreadyRunning, ensure_private_dir, state_dir, write_private
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 

@@ -485,7 +485,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
 async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from mcpsync.worker.stack import TemporalDevServer
+    from mcpsync.worker.stack_temporal import TemporalDevServer
 
     server = await TemporalDevServer.start(tmp_path / "temporal-can", port=0, ui_port=0,
                                            dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})

@@ -28,7 +28,8 @@ from temporalio.client import Client
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
+from mcpsync.worker.stack import REPO_ROOT, free_port
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records import (
     IdentityConflict,

@@ -33,7 +33,7 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
 from mcpsync.worker.metrics import UNRESOLVED, MetricsServer, MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptVerdict,
