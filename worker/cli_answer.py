@@ -81,8 +81,9 @@ async def cmd_answer(args: argparse.Namespace) -> None:
     config, gate, ledger = await _answer_env(args)
     try:
         if args.answer_command == "bind":
-            deps = [AnswerDependency(subject=args.subject, server=server, uri=uri,
-                                     receipt_id=await _answer_receipt(ledger, args.subject, server, uri, receipt))
+            deps = [AnswerDependency(
+                        subject=args.subject, server=server, uri=uri,
+                        receipt_id=await _answer_receipt(ledger, args.subject, server, uri, receipt))
                     for server, uri, receipt in args.dep]
             result: Any = await gate.bind(args.answer_id, args.question, deps)
         elif args.answer_command == "select":
@@ -102,8 +103,8 @@ async def cmd_answer(args: argparse.Namespace) -> None:
             if args.history:
                 history = await AnswerLedger(ledger.pool).dispositions(args.answer_id)
                 print_out([h.model_dump(mode="json") for h in history], args.json,
-                       "\n".join(f"#{h.sequence} {h.checked_at.isoformat()} {h.verdict.value} {h.reason_code.value}"
-                                 for h in history))
+                          "\n".join(f"#{h.sequence} {h.checked_at.isoformat()} {h.verdict.value} "
+                                    f"{h.reason_code.value}" for h in history))
                 return
             result = AnswerBindingV1.model_validate(loaded.model_dump())
     except AnswerGateError as exc:
@@ -119,7 +120,8 @@ async def cmd_answer(args: argparse.Namespace) -> None:
 
 def register(sub: Any) -> None:
     """Add ``answer`` and its subcommands to the top-level subparsers ``sub``."""
-    an = sub.add_parser("answer", help="answer freshness gate: bind an answer, select inputs, HOLD/ACCEPT check")
+    an = sub.add_parser("answer",
+                        help="answer freshness gate: bind an answer, select inputs, HOLD/ACCEPT check")
     an_sub = an.add_subparsers(dest="answer_command", required=True)
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:

@@ -35,7 +35,8 @@ DEFAULT_ROLLOUT_PERCENT = 5.0
 
 
 async def cmd_scan(args: argparse.Namespace) -> None:
-    """The reconciled catalog of (subject, server); ``--require-proven`` goes through the completeness gate."""
+    """The reconciled catalog of (subject, server); ``--require-proven`` goes through the
+    completeness gate."""
     from mcpsync.activities.catalog_ledger import CatalogLedger
     from mcpsync.worker.completeness import CompletenessRefused, describe_catalog, require_complete_catalog
     from mcpsync.workflows.names import UPDATE_RECONCILE
@@ -73,7 +74,8 @@ async def cmd_scan(args: argparse.Namespace) -> None:
     c = out["catalog"]
     text = (f"{args.subject}/{args.server}: no reconciled catalog yet" if c is None else
             f"{args.subject}/{args.server}: catalog #{c['catalog_id']} {c['status']} ({c['status_reason']})\n"
-            f"  {c['resource_count']} resources, {c['template_count']} templates; measured {c['measured_at']}; "
+            f"  {c['resource_count']} resources, {c['template_count']} templates; "
+            f"measured {c['measured_at']}; "
             f"staleness bound {c['staleness_bound_seconds']:.0f} s; next review {c['next_review_at']}\n"
             + "".join(f"  {u}\n" for u in out["uris"])
             + "".join(f"  scan {x['label']} {x['scan_id'][:8]}: {x['status']}, {x['page_count']} pages, "
@@ -114,8 +116,8 @@ async def cmd_rollout(args: argparse.Namespace) -> None:
         if args.mode is None and args.percent is None:
             policy = await catalogs.rollout(args.server)
         else:
-            policy = await catalogs.set_rollout(RolloutPolicy(
-                server=args.server, mode=mode, percent=DEFAULT_ROLLOUT_PERCENT if args.percent is None else args.percent))
+            percent = DEFAULT_ROLLOUT_PERCENT if args.percent is None else args.percent
+            policy = await catalogs.set_rollout(RolloutPolicy(server=args.server, mode=mode, percent=percent))
     finally:
         await ledger.pool.close()
     print_out(policy.model_dump(mode="json"), args.json,
@@ -129,7 +131,8 @@ def register(sub: Any) -> None:
     sc.add_argument("--server", required=True)
     sc.add_argument("--subject", default="anonymous")
     sc.add_argument("--require-proven", action="store_true",
-                    help="completeness gate: fail unless the catalog is SNAPSHOT_PROVEN (records the consumption)")
+                    help="completeness gate: fail unless the catalog is SNAPSHOT_PROVEN "
+                         "(records the consumption)")
     sc.add_argument("--task", default="cli", help="completeness task name recorded with --require-proven")
     sc.add_argument("--now", action="store_true", help="reconcile first and wait for the new catalog")
     sc.add_argument("--timeout", type=seconds, default=60.0, help="seconds to wait with --now")
@@ -151,7 +154,8 @@ def register(sub: Any) -> None:
 
     ro = sub.add_parser("rollout", help="show or set the staged rollout of a server (shadow / percent / all)")
     ro.add_argument("--server", required=True)
-    ro.add_argument("--mode", choices=["shadow", "percent", "all"], help="set this mode (absent: show the policy)")
+    ro.add_argument("--mode", choices=["shadow", "percent", "all"],
+                    help="set this mode (absent: show the policy)")
     ro.add_argument("--percent", type=float, default=None,
                     help=f"share of URIs refreshed with --mode percent (alone: implies --mode percent; "
                          f"{DEFAULT_ROLLOUT_PERCENT:g} when --mode percent is given without it)")

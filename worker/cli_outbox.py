@@ -99,8 +99,9 @@ def _emit_batch(batch: Any, as_json: bool, *, following: bool = False) -> None:
         print(batch.model_dump_json(), flush=True)
         return
     if batch.gap is not None:
-        print(f"GAP: positions {batch.gap.first}..{batch.gap.last} were pruned before consumer {batch.consumer!r} "
-              f"acknowledged them; run: mcpsync outbox resync --consumer {batch.consumer}", flush=True)
+        print(f"GAP: positions {batch.gap.first}..{batch.gap.last} were pruned before consumer "
+              f"{batch.consumer!r} acknowledged them; run: mcpsync outbox resync --consumer {batch.consumer}",
+              flush=True)
         return
     for e in batch.events:
         print(_event_line(e), flush=True)
@@ -144,8 +145,9 @@ async def cmd_outbox_resync(args: argparse.Namespace) -> None:
             return
         for e in batch.events:
             print(_event_line(e), flush=True)
-        print(f"position {batch.position} ({len(batch.events)} current versions; anything else is not current; "
-              f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})", flush=True)
+        print(f"position {batch.position} ({len(batch.events)} current versions; anything else is not "
+              f"current; ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})",
+              flush=True)
 
     await _with_consumer(args, body)
 
@@ -206,12 +208,14 @@ def register(sub: Any) -> None:
         c.set_defaults(func=func)
         return c
 
-    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (--register: a new "
-                                "name); --follow waits for more and acks each batch once printed", cmd_outbox_poll)
+    poll = consumer_cmd("poll", "the next batch after the consumer's acknowledged position (--register: a "
+                                "new name); --follow waits for more and acks each batch once printed",
+                        cmd_outbox_poll)
     poll.add_argument("--register", action="store_true",
                       help="register the name if it is new (consumers are capped: activities/outbox.py "
                            "MAX_CONSUMERS); without it a new name exits 4")
-    poll.add_argument("--subject", action="append", help="register the consumer for these subjects only (repeatable)")
+    poll.add_argument("--subject", action="append",
+                      help="register the consumer for these subjects only (repeatable)")
     poll.add_argument("--limit", type=count, default=100, help="events per batch at most")
     poll.add_argument("-f", "--follow", action="store_true")
     ack = consumer_cmd("ack", "acknowledge everything up to a batch position", cmd_outbox_ack)

@@ -40,11 +40,14 @@ def register(sub: Any) -> None:
     pr.add_argument("--server", required=True)
     pr.add_argument("--subject", default="anonymous")
     pr.add_argument("--uri", help="resource to read and subscribe to (default: the first one listed)")
-    pr.add_argument("--edition", choices=["2025-11-25", "2026-07-28", "auto"], help="default: the server's config")
+    pr.add_argument("--edition", choices=["2025-11-25", "2026-07-28", "auto"],
+                    help="default: the server's config")
     pr.add_argument("--nudge", action="store_true",
                     help="prove updates with a known server-specific nudge (CHANGES server state)")
-    pr.add_argument("--nudge-tool", metavar="TOOL", help="nudge by calling this tool (no arguments); implies --nudge")
-    pr.add_argument("--nudge-toggle", action="store_true", help="call --nudge-tool again afterwards to undo it")
+    pr.add_argument("--nudge-tool", metavar="TOOL",
+                    help="nudge by calling this tool (no arguments); implies --nudge")
+    pr.add_argument("--nudge-toggle", action="store_true",
+                    help="call --nudge-tool again afterwards to undo it")
     pr.add_argument("--update-bound", type=seconds, default=10.0, metavar="SECONDS",
                     help="how long to wait for an update after the nudge")
     pr.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS", help="per-request timeout")

@@ -36,8 +36,8 @@ def _simulator() -> Any:
     try:
         return importlib.import_module("sim.simulation")
     except ImportError as exc:
-        raise CliError(f"simulate: the simulator is dev-only and not part of this installation; run it from a "
-                       f"source checkout ({exc})") from None
+        raise CliError(f"simulate: the simulator is dev-only and not part of this installation; run it "
+                       f"from a source checkout ({exc})") from None
 
 
 async def cmd_simulate(args: argparse.Namespace) -> None:
@@ -92,13 +92,15 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
 
 def register(sub: Any) -> None:
     """Add ``simulate`` to the top-level subparsers ``sub``."""
-    simu = sub.add_parser("simulate", help="deterministic simulator: seeded adversarial schedules, invariant gate")
+    simu = sub.add_parser("simulate",
+                          help="deterministic simulator: seeded adversarial schedules, invariant gate")
     simu.add_argument("--schedules", type=count, default=5000, help="number of seeded schedules")
     simu.add_argument("--seed", default="0", help="seed of the schedule generator")
-    simu.add_argument("--events", type=non_negative, default=50, help="mean events per schedule before the drain")
+    simu.add_argument("--events", type=non_negative, default=50,
+                      help="mean events per schedule before the drain")
     simu.add_argument("--without", metavar="FAULT,...", default="concurrent_reads",
-                      help="fault classes to leave out (default: concurrent_reads, the documented F4 limit of "
-                           "max_concurrent_reads > 1; --without '' includes every class)")
+                      help="fault classes to leave out (default: concurrent_reads, the documented F4 "
+                           "limit of max_concurrent_reads > 1; --without '' includes every class)")
     simu.add_argument("--workers", type=non_negative, default=0, help="processes (default: CPU count)")
     simu.add_argument("--replay", metavar="FILE", help="replay one trace (JSON from a failure) instead")
     simu.add_argument("--json", action="store_true")

@@ -78,8 +78,9 @@ async def cmd_down(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + args.timeout
     while process_alive(info.pid, expect_in_cmdline=("mcpsync",)) and not _zombie(info.pid):
         if time.monotonic() > deadline:
-            raise CliError(f"mcpsync up pid {info.pid} did not stop within {args.timeout:g} s (it was sent SIGTERM; "
-                           f"kill -9 {info.pid} and the next 'mcpsync up' reclaims its children)", ExitCode.UNAVAILABLE)
+            raise CliError(f"mcpsync up pid {info.pid} did not stop within {args.timeout:g} s (it was sent "
+                           f"SIGTERM; kill -9 {info.pid} and the next 'mcpsync up' reclaims its children)",
+                           ExitCode.UNAVAILABLE)
         await asyncio.sleep(0.2)
     print(f"stopped mcpsync up pid {info.pid} (state dir {path.parent}, Temporal {info.temporal_address})")
 
@@ -110,7 +111,8 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     print(f"mcpsync worker: role={args.role} task_queue={config.temporal.task_queue} "
           f"servers={[s.name for s in config.servers]}{versioning}", flush=True)
     try:
-        await run_services(config, client, ledger, servers=servers, with_main_worker=with_main, polling=polling)
+        await run_services(config, client, ledger, servers=servers, with_main_worker=with_main,
+                           polling=polling)
     finally:
         await metrics.aclose()
         await ledger.pool.close()
@@ -133,23 +135,31 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
 def register(sub: Any) -> None:
     """Add ``up``, ``down``, ``worker`` and ``migrate`` to the top-level subparsers ``sub``."""
     up = sub.add_parser("up", help="start the embedded stack, the demo server and the worker",
-                        description="Start the embedded stack in the foreground: Temporal dev server, PostgreSQL, "
-                                    "the demo MCP server, the worker. State: $MCPSYNC_STATE_DIR (default .state in a "
-                                    "checkout). Ctrl-C, 'mcpsync down' or --exit-after stops it.",
-                        epilog="examples:\n  mcpsync up\n  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0\n"
-                               "  mcpsync up --exit-after 600 > up.log 2>&1 &    # in the background, for 10 minutes\n"
-                               "  mcpsync down                                   # stop it from another terminal")
+                        description="Start the embedded stack in the foreground: Temporal dev server, "
+                                    "PostgreSQL, the demo MCP server, the worker. State: $MCPSYNC_STATE_DIR "
+                                    "(default .state in a checkout). Ctrl-C, 'mcpsync down' or --exit-after "
+                                    "stops it.",
+                        epilog="examples:\n  mcpsync up\n"
+                               "  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0\n"
+                               "  mcpsync up --exit-after 600 > up.log 2>&1 &"
+                               "    # in the background, for 10 minutes\n"
+                               "  mcpsync down                                   "
+                               "# stop it from another terminal")
     up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")
     up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
     up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
     up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
     up.add_argument("--serve-port", type=int, default=0, metavar="PORT",
-                    help="port of 'mcpsync serve' for the demo subject (default 0: a free one, printed; -1: none)")
+                    help="port of 'mcpsync serve' for the demo subject "
+                         "(default 0: a free one, printed; -1: none)")
     up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
-                    help="stop cleanly after this long (default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
+                    help="stop cleanly after this long "
+                         "(default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
     up.set_defaults(func=cmd_up)
 
-    dn = sub.add_parser("down", help="stop the 'mcpsync up' of this state dir (started elsewhere or in the background)",
+    dn = sub.add_parser("down",
+                        help="stop the 'mcpsync up' of this state dir "
+                             "(started elsewhere or in the background)",
                         epilog="example: MCPSYNC_STATE_DIR=/tmp/demo mcpsync down")
     dn.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
                     help="wait this long for it to stop (exit 6 after)")

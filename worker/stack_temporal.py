@@ -5,14 +5,15 @@ Contract
 * :class:`TemporalDevServer` runs ``temporal server start-dev`` bound to 127.0.0.1 with the
   custom search attributes of ``temporal/search_attributes.toml`` and the dynamic config of
   ``temporal/dynamic_config.toml`` (package data of ``mcpsync.temporal``, read through
-  ``importlib.resources``: the same files in a source checkout and in an installed wheel). ``start`` returns only once the frontend answers gRPC and
-  the namespace exists (timeout: :class:`StackError` with the log tail). A port already in
-  use raises :class:`PortInUseError`. Port 0 means "pick a free port". The server runs in
-  its own session (a terminal Ctrl-C does not reach it): the owner stops it with
-  :meth:`TemporalDevServer.stop`; an interpreter exit stops it too (atexit), but
-  ``os._exit`` does not, so call ``stop()`` first. A server orphaned by a killed owner is
-  detected through the pid record and terminated by the next ``start`` on the same state dir;
-  a server whose owner is still alive makes ``start`` fail instead.
+  ``importlib.resources``: the same files in a source checkout and in an installed wheel).
+  ``start`` returns only once the frontend answers gRPC and the namespace exists (timeout:
+  :class:`StackError` with the log tail). A port already in use raises :class:`PortInUseError`.
+  Port 0 means "pick a free port". The server runs in its own session (a terminal Ctrl-C does
+  not reach it): the owner stops it with :meth:`TemporalDevServer.stop`; an interpreter exit
+  stops it too (atexit), but ``os._exit`` does not, so call ``stop()`` first. A server
+  orphaned by a killed owner is detected through the pid record and terminated by the next
+  ``start`` on the same state dir; a server whose owner is still alive makes ``start`` fail
+  instead.
 * :func:`ensure_search_attributes` registers the same attributes on any other cluster
   (self-hosted, time-skipping test server) through the operator service, idempotently.
 """
