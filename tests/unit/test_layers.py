@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
     "workflows": ("activities", "worker", "fixture", "benchmarks", "sim"),  # deterministic: no I/O above it
-    "activities": ("worker", "fixture", "benchmarks", "sim"),  # all I/O, driven by the worker, never driving it
+    "activities": ("worker", "fixture", "benchmarks", "sim"),  # all I/O, driven by the worker
     "worker": ("sim",),  # the simulator is a development tool of the source tree (the CLI loads it by name)
     "sim": ("activities", "worker", "fixture", "benchmarks"),  # pure: it interprets the workflows' program
     # The demo and test MCP server: a server of its own, not a process of the product. It shares the
