@@ -30,15 +30,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile
 from benchmarks.run import Postgres
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import (
     open_ledger,
     run_services,
     start_subscription,
     start_subscription_first_read,
 )
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 

@@ -42,11 +42,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import until
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, run_services
 from mcpsync.worker.session_host import SessionHost
-from mcpsync.worker.stack import TemporalDevServer, state_dir
+from mcpsync.worker.stack import state_dir
+from mcpsync.worker.stack_temporal import TemporalDevServer
 
 __all__ = ["Layout", "measure_one", "run_scale"]
 

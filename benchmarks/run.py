@@ -93,11 +93,13 @@ from benchmarks.png import COLORS, Canvas, Panel, Series
 from benchmarks.services import Layout, Scrape, Services, scrape, start_services
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import OutboxConsumer
+from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.metrics import serve_metrics
 from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
-from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer, state_dir
+from mcpsync.worker.stack import state_dir
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import SubscriptionKey
 

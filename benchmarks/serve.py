@@ -41,10 +41,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile, until
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, run_services, start_subscription
-from mcpsync.worker.stack import REPO_ROOT, EmbeddedPostgres, TemporalDevServer
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
 
 SUBJECT = "bench"

@@ -38,7 +38,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from benchmarks.common import fetch_rows, fetch_scalar, percentile, until
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureControl
+from mcpsync.fixture import FixtureControl
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records import (

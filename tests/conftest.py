@@ -29,7 +29,7 @@ from temporalio.client import Client
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.runtime import open_ledger, run_services
-from mcpsync.worker.stack import EmbeddedPostgres
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
 REPO_ROOT = Path(__file__).resolve().parents[1]

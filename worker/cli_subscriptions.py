@@ -73,6 +73,16 @@ from mcpsync.worker.cli_common import (
     shorten,
     subscription_key,
 )
+from mcpsync.worker.cli_subscription_text import (
+    age_of,
+    dash,
+    first_read_text,
+    history_line,
+    record_doc,
+    status_text,
+    subscription_table,
+    when,
+)
 from mcpsync.worker.config import Config
 from mcpsync.worker.runtime import (
     connect_temporal,
@@ -90,150 +100,12 @@ from mcpsync.workflows.records import (
     SubscriptionState,
 )
 
-__all__ = ["register", "freshness_lines", "record_doc", "staleness_bound_text", "status_text", "subscription_table"]
+__all__ = ["register"]
 
 T = TypeVar("T")
 
 ENDED_STATES = (SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN, SubscriptionState.TOMBSTONED,
                 SubscriptionState.REVOKED)
-
-
-# --- rendering (pure: tested with records that have every field set) ---------------------
-
-
-def _when(value: datetime | str | None, now: datetime) -> str:
-    """``2026-12-03T12:00:05Z (12s ago)`` / ``(in 4m 48s)``; ``-`` for None."""
-    if value is None:
-        return "-"
-    at = datetime.fromisoformat(value) if isinstance(value, str) else value
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    delta = (now - at).total_seconds()
-    return f"{at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} ({_age(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
-
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
-    """The staleness bound the record publishes, and what it rests on."""
-    if record.staleness_bound_seconds is not None:
-        why = {"ttl": "the server's ttlMs", "backoff": "backoff after failed reads"}.get(
-            record.staleness_bound_source or "", "poll_interval_seconds")
-        return f"{record.staleness_bound_seconds:g} s (polling: no usable subscribe; set by {why})"
-    if record.safety_read_seconds:
-        return f"{record.safety_read_seconds:g} s (safety read period; a notification is read sooner)"
-    return "-"
-
-
-def record_doc(record: ResourceSubscriptionV1) -> dict[str, Any]:
-    """The record as JSON, with the staleness bound the text shows: with subscribe the record leaves
-    ``staleness_bound_seconds`` null (the safety read period bounds it), and the JSON says so
-    (``staleness_bound_source``: ``safety_read``) instead of a null the text contradicts."""
-    doc = record.model_dump(mode="json")
-    if record.staleness_bound_seconds is None and record.safety_read_seconds:
-        doc["staleness_bound_seconds"] = record.safety_read_seconds
-        doc["staleness_bound_source"] = "safety_read"
-    return doc
-
-
-def freshness_lines(record: ResourceSubscriptionV1, now: datetime) -> list[tuple[str, str]]:
-    return [
-        ("last accepted at", _when(record.last_accepted_at, now)),
-        ("last verified at", _when(record.last_verified_at, now)),
-        ("next read due", _when(record.next_read_due_at, now)),
-        ("staleness bound", staleness_bound_text(record)),
-    ]
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
-
-
-def status_text(record: ResourceSubscriptionV1, now: datetime) -> str:
-    caps = ", ".join(f"{k}={v}" for k, v in sorted(record.capabilities.items())) or "-"
-    edition = _dash(record.edition)  # negotiated; a mismatch with the config is an EDITION_MISMATCH audit row
-    rows = [
-        ("subscription", f"{record.subject}/{record.server} {record.uri}"),
-        ("state", record.state.value),
-        ("edition", edition),
-        ("capabilities", caps),
-        ("session / subscription gen", f"{record.session_generation} / {record.subscription_generation}"),
-        ("issued / accepted ordinal", f"{record.last_issued_ordinal} / {record.last_accepted_ordinal}"),
-        ("watermark", str(record.watermark)),
-        ("last receipt", f"{_dash(record.last_receipt_id)} {_dash(record.last_accepted_digest)}"),
-        ("notifications seen", str(record.last_notification_seq)),
-        ("reads issued", str(record.reads_issued)),
-        ("close epoch / ordinal", f"{record.close_epoch} / {_dash(record.close_ordinal)}"),
-        ("started / ended", f"{_when(record.started_at, now)} / {_when(record.ended_at, now)}"),
-        *freshness_lines(record, now),
-        ("safety read period", f"{record.safety_read_seconds:g} s" if record.safety_read_seconds else "-"),
-        ("detail", _dash(record.detail)),
-    ]
-    return "\n".join(f"{k:>26}: {v}" for k, v in rows)
-
-
-_COLUMNS = [("SERVER", "server"), ("SUBJECT", "subject"), ("URI", "uri"), ("STATE", "state"),
-            ("WATERMARK", "watermark"), ("RECEIPT", "last_receipt_id")]
-_WIDE = [("SESSION_GEN", "session_generation"), ("SUB_GEN", "subscription_generation"),
-         ("ACCEPTED_ORDINAL", "last_accepted_ordinal"), ("NOTIFICATIONS", "notifications_seen"),
-         ("DIGEST", "last_accepted_digest"), ("WORKFLOW_ID", "workflow_id")]
-
-
-def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datetime,
-                       records: dict[str, ResourceSubscriptionV1] | None = None) -> str:
-    """kubectl-style table of ledger rows; ``wide`` adds ledger detail and, for the rows in
-    ``records`` (workflow id -> the workflow's record), the freshness columns."""
-    headers = [h for h, _ in _COLUMNS] + ["UPDATED"]
-    if wide:
-        headers += [h for h, _ in _WIDE] + ["LAST_ACCEPTED", "LAST_VERIFIED", "NEXT_READ_DUE", "STALENESS_BOUND"]
-    table = [headers]
-    for r in rows:
-        line = [_dash(r.get(k)) for _, k in _COLUMNS]
-        line.append(_age_of(r.get("updated_at"), now))
-        if wide:
-            line += [_dash(r.get(k))[:23] if k == "last_accepted_digest" else _dash(r.get(k)) for _, k in _WIDE]
-            rec = (records or {}).get(r["workflow_id"])
-            line.append(_age_of((rec and rec.last_accepted_at) or r.get("last_accepted_at"), now))
-            line.append(_age_of(rec.last_verified_at, now) if rec else "-")
-            line.append(_age_of(rec.next_read_due_at, now) if rec else "-")
-            bound = rec and (rec.staleness_bound_seconds or rec.safety_read_seconds)
-            line.append(f"{bound:g}s" if bound else "-")
-        table.append(line)
-    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
-    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in table)
-
-
-def _age_of(value: datetime | str | None, now: datetime) -> str:
-    """Relative time for table cells: ``12s ago`` / ``in 4m48s``; ``-`` for None."""
-    if value is None:
-        return "-"
-    at = datetime.fromisoformat(value) if isinstance(value, str) else value
-    delta = (now - at).total_seconds()
-    return f"{_age(delta)} ago" if delta >= 0 else f"in {_age(-delta)}"
-
-
-def _stamp(value: str) -> str:
-    """``2026-12-03T12:12:50.858Z``: UTC, milliseconds."""
-    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def _history_line(e: dict[str, Any]) -> str:
-    if e["kind"] == "receipt":
-        return (f"{_stamp(e['at'])} receipt #{e['receipt_id']} {e['status']} ordinal={e['read_ordinal']} "
-                f"trigger={e['trigger_reason']} gen={e['session_generation']}/{e['subscription_generation']} "
-                f"{_dash(e['content_digest'])[:23]} {_dash(e['mime_type'])} {e['size']}B")
-    detail = json.dumps(e["detail"], sort_keys=True, default=str) if e["detail"] else ""
-    return f"{_stamp(e['at'])} audit   #{e['audit_id']} {e['audit_kind']} gen={_dash(e['session_generation'])} {detail}".rstrip()
 
 
 # --- shared plumbing ---------------------------------------------------------------------
@@ -284,8 +156,8 @@ async def _query_record(client: Client, workflow_id: str, timeout: float) -> Res
     except WorkflowQueryFailedError as err:
         raise CliError(f"query '{QUERY_SUBSCRIPTION}' failed in workflow {workflow_id}: {err}",
                        ExitCode.UNAVAILABLE) from None
-    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {workflow_id} within {timeout:g} s "
-                   "(is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
+    raise CliError(f"no answer to query '{QUERY_SUBSCRIPTION}' from workflow {workflow_id} within "
+                   f"{timeout:g} s (is a worker running on its task queue?)", ExitCode.UNAVAILABLE)
 
 
 def _not_found(key: SubscriptionKey) -> CliError:
@@ -340,14 +212,6 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
 # --- commands ----------------------------------------------------------------------------
 
 
-def first_read_text(record: ResourceSubscriptionV1) -> str:
-    """``subscribe --wait``'s line for one URI: the first receipt's verdict and digest, or why no read came."""
-    if record.last_verdict is None:
-        return f"{record.uri}: {record.state.value}, no receipt" + (f" ({record.detail})" if record.detail else "")
-    return (f"{record.uri}: {record.last_verdict.value} receipt {_dash(record.last_receipt_id)} "
-            f"digest {_dash(record.last_accepted_digest)} state {record.state.value}")
-
-
 async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
     """A URI the view's latest reconciled catalog does not list: one warning line on stderr (the
     subscription is started all the same: the catalog may predate the resource). Without a catalog
@@ -359,8 +223,9 @@ async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
     if catalog is None or key.uri in await catalogs.known_uris(key.subject, key.server):
         return
     print(f"mcpsync: warning: {key.uri} is not listed by {key.server} for {key.subject} (catalog "
-          f"#{catalog.catalog_id}, measured {_when(catalog.measured_at, datetime.now(UTC))}): if it does not exist, "
-          "the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the first read)",
+          f"#{catalog.catalog_id}, measured {when(catalog.measured_at, datetime.now(UTC))}): if it does not "
+          "exist, the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the "
+          "first read)",
           file=sys.stderr, flush=True)
 
 
@@ -398,9 +263,11 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         try:
             handle, record = await asyncio.wait_for(start_subscription_first_read(
                 client, key, task_queue=config.temporal.task_queue, workflow_id=workflow_id), args.timeout)
-        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the SDK's word for a cancelled wait
-            raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} (no live "
-                           "session or no worker? see 'mcpsync status')", ExitCode.UNAVAILABLE) from None
+        # WorkflowUpdateRPCTimeoutOrCancelledError: the SDK's word for a cancelled wait.
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            raise CliError(f"no first read judged within {args.timeout:g} s in workflow {workflow_id} "
+                           "(no live session or no worker? see 'mcpsync status')",
+                           ExitCode.UNAVAILABLE) from None
         except WorkflowUpdateFailedError as err:
             raise CliError(f"first_read failed in workflow {workflow_id}: {_cause(err)}",
                            ExitCode.UNAVAILABLE) from None
@@ -463,8 +330,8 @@ async def cmd_close(args: argparse.Namespace) -> None:
     client = await connect_temporal(config.temporal)
     workflow_id = await _workflow_id(config, key)
     try:
-        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason), CloseReceipt,
-                                args.timeout)
+        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason),
+                                CloseReceipt, args.timeout)
     except WorkflowUpdateFailedError as err:
         raise CliError(f"close refused: {_cause(err)}") from None
     already = ""
@@ -478,9 +345,9 @@ async def cmd_close(args: argparse.Namespace) -> None:
         if fence is None or fence.state is None:
             raise _not_found(key)
         if fence.state not in ENDED_STATES:
-            raise CliError(f"subscription {key.subject}/{key.server} {key.uri} is {fence.state.value} in the "
-                           "ledger but no workflow runs for it: start it again with 'mcpsync subscribe', then close",
-                           ExitCode.NOT_FOUND)
+            raise CliError(f"subscription {key.subject}/{key.server} {key.uri} is {fence.state.value} in "
+                           "the ledger but no workflow runs for it: start it again with 'mcpsync subscribe', "
+                           "then close", ExitCode.NOT_FOUND)
         receipt = CloseReceipt(state=fence.state, close_epoch=fence.close_epoch,
                                close_ordinal=fence.close_ordinal if fence.close_ordinal is not None
                                else fence.last_issued_ordinal,
@@ -511,12 +378,12 @@ async def cmd_resume(args: argparse.Namespace) -> None:
                 await ledger.pool.close()
         if fence is not None and fence.state is not None:
             raise CliError(f"resume refused: subscription {key.subject}/{key.server} {key.uri} is "
-                           f"{fence.state.value}, not RECONCILIATION_REQUIRED (an ended subscription is not resumed: "
-                           "'mcpsync subscribe' starts it again)")
+                           f"{fence.state.value}, not RECONCILIATION_REQUIRED (an ended subscription is not "
+                           "resumed: 'mcpsync subscribe' starts it again)")
         raise _not_found(key)
     print_out(record.model_dump(mode="json"), args.json,
               f"resumed: {record.state.value} (watermark {record.watermark}, last receipt "
-              f"{_dash(record.last_receipt_id)})")
+              f"{dash(record.last_receipt_id)})")
 
 
 async def _with_ledger(config: Config, body: Callable[[Any], Awaitable[None]]) -> None:
@@ -565,7 +432,8 @@ async def _live_records(client: Client, rows: Sequence[dict[str, Any]], *, timeo
             except (CliError, RPCError):
                 return workflow_id, None
 
-    live = [r["workflow_id"] for r in rows if r["state"] not in {s.value for s in ENDED_STATES}][:WIDE_QUERY_LIMIT]
+    ended = {s.value for s in ENDED_STATES}
+    live = [r["workflow_id"] for r in rows if r["state"] not in ended][:WIDE_QUERY_LIMIT]
     return {wid: rec for wid, rec in await asyncio.gather(*(one(w) for w in live)) if rec is not None}
 
 
@@ -617,16 +485,17 @@ async def cmd_describe(args: argparse.Namespace) -> None:
         ledger_state = rows[0]["state"] if rows else "-"
         if record is not None and record.last_accepted_at is None and rows and rows[0]["last_accepted_at"]:
             # The ledger made the current version current: its receipt time is the acceptance time.
-            record = record.model_copy(update={"last_accepted_at": datetime.fromisoformat(rows[0]["last_accepted_at"])})
+            accepted_at = datetime.fromisoformat(rows[0]["last_accepted_at"])
+            record = record.model_copy(update={"last_accepted_at": accepted_at})
         lines = [f"{'workflow':>26}: {workflow_id}",
                  f"{'ledger state':>26}: {ledger_state}"
-                 + (f" (updated {_age_of(rows[0]['updated_at'], now)})" if rows else "")]
+                 + (f" (updated {age_of(rows[0]['updated_at'], now)})" if rows else "")]
         lines.append(status_text(record, now) if record is not None
                      else f"{'record':>26}: - (no workflow for this key)")
         lines.append(f"receipts (newest {args.limit}):")
-        lines += [f"  {_history_line(e)}" for e in receipts] or ["  -"]
+        lines += [f"  {history_line(e)}" for e in receipts] or ["  -"]
         lines.append(f"audit (newest {args.limit}):")
-        lines += [f"  {_history_line(e)}" for e in audits] or ["  -"]
+        lines += [f"  {history_line(e)}" for e in audits] or ["  -"]
         print_out(doc, _output(args) == "json", "\n".join(lines))
 
     await _with_ledger(config, body)
@@ -640,9 +509,11 @@ async def cmd_history(args: argparse.Namespace) -> None:
         rows = await list_subscriptions(pool, server=key.server, subject=key.subject, uri=key.uri)
         if not rows:
             raise _not_found(key)
-        events = await subscription_history(pool, workflow_id=_row_workflow_id(rows, key), subject=key.subject,
-                                            server=key.server, uri=key.uri, limit=args.limit)
-        print_out(events, args.json, "\n".join(_history_line(e) for e in events) or "no receipts or audit rows")
+        events = await subscription_history(pool, workflow_id=_row_workflow_id(rows, key),
+                                            subject=key.subject, server=key.server, uri=key.uri,
+                                            limit=args.limit)
+        print_out(events, args.json,
+                  "\n".join(history_line(e) for e in events) or "no receipts or audit rows")
 
     await _with_ledger(config, body)
 
@@ -662,7 +533,8 @@ def register(sub: Any) -> None:
                            help="the resource URI, exactly as listed (several: --uri A B, or --uri repeated)")
         else:
             c.add_argument("--uri", required=True, help="the resource URI, exactly as listed")
-        c.add_argument("--subject", default="anonymous", help="the subject (identity) the subscription reads as")
+        c.add_argument("--subject", default="anonymous",
+                       help="the subject (identity) the subscription reads as")
         c.set_defaults(func=func)
         return c
 
@@ -680,23 +552,28 @@ def register(sub: Any) -> None:
         if watch:
             c.add_argument("-w", "--watch", action="store_true",
                            help="keep running; print again whenever the output changes (polls the ledger)")
-            c.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS", help="poll interval of --watch")
+            c.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS",
+                           help="poll interval of --watch")
 
     s = keyed("subscribe", "start (or join) the subscription workflow of one or more URIs", cmd_subscribe,
               many=True,
               epilog="examples:\n  mcpsync subscribe --server demo --uri demo://policy/escalation\n"
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --uri demo://c\n"
                      "  mcpsync subscribe --server demo --uri demo://a demo://b --wait --timeout 30\n"
-                     "one line per URI; exit 0 if all were subscribed (--wait: whatever the verdict), else the\n"
-                     "first failure's code (2 unusable URI, 6 Temporal unavailable or --wait timed out), each\n"
+                     "one line per URI; exit 0 if all were subscribed (--wait: whatever the verdict), "
+                     "else the\n"
+                     "first failure's code (2 unusable URI, 6 Temporal unavailable or --wait timed out), "
+                     "each\n"
                      "failure one 'mcpsync: error:' line")
     s.add_argument("--json", action="store_true",
                    help="print JSON: one document; with several URIs one JSON object a line, one a URI")
     s.add_argument("--wait", action="store_true",
-                   help="start with Update-with-Start and wait for each URI's first read: print its verdict, receipt "
-                        "and digest (or the state in which no read comes, e.g. TOMBSTONE_PENDING)")
+                   help="start with Update-with-Start and wait for each URI's first read: print its "
+                        "verdict, receipt and digest (or the state in which no read comes, e.g. "
+                        "TOMBSTONE_PENDING)")
     s.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
-                   help="with --wait: give up on a URI after this long (exit 6; the subscription keeps running)")
+                   help="with --wait: give up on a URI after this long "
+                        "(exit 6; the subscription keeps running)")
     s = keyed("status", "print the workflow's resourceSubscription.v1 record, with its freshness", cmd_status,
               epilog="example: mcpsync status --server demo --uri demo://policy/escalation --json")
     query_timeout(s)
@@ -704,18 +581,21 @@ def register(sub: Any) -> None:
     c = keyed("close", "close a subscription (Temporal update; idempotent: an ended one answers its receipt)",
               cmd_close, epilog="example: mcpsync close --server demo --uri demo://policy/escalation")
     c.add_argument("--reason", default="requested by CLI", help="recorded with the close")
-    c.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS", help="wait this long for the receipt")
+    c.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
+                   help="wait this long for the receipt")
     json_flag(c)
     r = keyed("resume", "clear RECONCILIATION_REQUIRED (Temporal update 'resume') and accept reads again",
               cmd_resume, epilog="example: mcpsync resume --server demo --uri demo://policy/escalation "
                                  "--reason 'identity conflict checked'")
     r.add_argument("--reason", default="resolved by CLI", help="recorded with the resume")
-    r.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS", help="wait this long for the answer")
+    r.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                   help="wait this long for the answer")
     json_flag(r)
 
     ls = sub.add_parser("list", help="list subscriptions from the ledger (kubectl-style table)",
                         description="List subscriptions from the ledger's subscriptions table.",
-                        epilog="examples:\n  mcpsync list\n  mcpsync list --server demo --state ACTIVE -o wide\n"
+                        epilog="examples:\n  mcpsync list\n"
+                               "  mcpsync list --server demo --state ACTIVE -o wide\n"
                                "  mcpsync list --state RECONCILIATION_REQUIRED --watch\n"
                                "  mcpsync list -o json | jq -r '.[].uri'")
     ls.add_argument("--server", help="only this server")
@@ -729,7 +609,8 @@ def register(sub: Any) -> None:
               epilog="example: mcpsync get --server demo --uri demo://policy/escalation -o wide --watch")
     output_flags(g, watch=True)
     query_timeout(g)
-    d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription", cmd_describe,
+    d = keyed("describe", "record, freshness, recent receipts and audit rows of one subscription",
+              cmd_describe,
               epilog="example: mcpsync describe --server demo --uri demo://policy/escalation --limit 5")
     d.add_argument("--limit", type=count, default=10, help="newest receipts and audit rows shown")
     output_flags(d, watch=False)

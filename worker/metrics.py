@@ -17,26 +17,22 @@ Contract:
   ``read_timer`` (the ``resources/read`` activity: ``mcpsync_reads_total``, read latency) and
   ``receipt_judged`` (the accept: receipts by verdict, ``mcpsync_changes_total``, convergence
   latency; the accept runs inside ``mcp_read_cycle`` (a start's initial read inside
-  ``mcp_subscribe_cycle``), in the ingress process). Read amplification = ``rate(mcpsync_reads_total) / rate(mcpsync_changes_total)``;
-  with several processes, ``sum`` the counters first.
+  ``mcp_subscribe_cycle``), in the ingress process). Read amplification =
+  ``rate(mcpsync_reads_total) / rate(mcpsync_changes_total)``; with several processes, ``sum``
+  the counters first.
 - Convergence latency = a notification received by this process's ingress → the first
   receipt (ACCEPTED, UNCHANGED or TOMBSTONE_PENDING) of a read that started after it, one
   observation per receipt (its oldest satisfied notification). It needs ingress and the
   accept in one process: the ingress process accepts.
 - Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
   freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, revocation
-  latency) are read from PostgreSQL every ``cfg.refresh_seconds`` by a background task on
-  the event loop (``watch_ledger``) and exported by a custom collector; a scrape only renders
-  the last snapshot and never touches the database. They describe the whole ledger: with
-  several processes serving metrics, aggregate them with ``max``, not ``sum``.
-- Freshness: a subscription's freshness age is the time since the allocation of its newest
-  read whose receipt saw content (ACCEPTED or UNCHANGED; since creation if none yet), over
-  the subscriptions that claim to watch (``WATCHING``). Its published bound is the safety
-  re-read period with a subscribing session, the poll interval without (label ``mode``), as
-  the ``SubscriptionOptions`` this process starts subscriptions with define them.
-- ``mcpsync_unresolved_subscriptions`` counts every state but ACTIVE and the finished ones
-  (CLOSED, REVOKED, TOMBSTONED: ``FINISHED``). UNSUBSCRIBE_UNKNOWN is counted: the server
-  may still send for it, an operator should see it.
+  latency) come from the ledger's read-only queries (``mcpsync.activities.ledger_metrics``,
+  whose contract defines freshness, its bound per ``mode`` and the unresolved states), run
+  every ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``) and
+  exported by a custom collector; a scrape only renders the last snapshot and never touches
+  the database. A query that fails counts in ``mcpsync_ledger_refresh_errors``. They describe
+  the whole ledger: with several processes serving metrics, aggregate them with ``max``, not
+  ``sum``.
 - Health (the same port, for Kubernetes probes, docs/deploy.md): ``GET /healthz`` answers 200 while
   the process's event loop turns (a tick every second; 503 once it is ``LIVENESS_STALE_SECONDS``
   old: a wedged loop) and ``GET /readyz`` 200 once every Temporal worker of the process polls
@@ -61,8 +57,6 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from dataclasses import dataclass, field
-from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -82,25 +76,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from mcpsync.activities.ledger_metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
 from mcpsync.worker.config import ConfigError, MetricsConfig
-from mcpsync.workflows.records import (
-    AcceptRequest,
-    AcceptResult,
-    AcceptVerdict,
-    SubscriptionOptions,
-    SubscriptionState,
-)
+from mcpsync.workflows.records import AcceptRequest, AcceptResult, AcceptVerdict
 
 if TYPE_CHECKING:
     from mcpsync.activities.ledger import Ledger
 
 __all__ = [
-    "FINISHED",
     "REGISTRY",
-    "FreshnessMode",
-    "UNRESOLVED",
-    "WATCHING",
-    "LedgerSnapshot",
     "MetricsServer",
     "MetricsUnavailable",
     "host_totals",
@@ -109,7 +93,6 @@ __all__ = [
     "receipt_judged",
     "PrometheusMeters",
     "PROMETHEUS",
-    "freshness_bounds",
     "refresh_outbox_lag",
     "serve_metrics",
     "LIVENESS_STALE_SECONDS",
@@ -144,9 +127,10 @@ _REVOCATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 READS = Counter("mcpsync_reads", "resources/read calls sent to MCP servers", ["server"], registry=REGISTRY)
 READ_LATENCY = Histogram("mcpsync_read_latency_seconds", "resources/read round trip (outcome ok|error)",
                          ["server", "outcome"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
-RECEIPTS = Counter("mcpsync_receipts", "Reads judged by the ledger's accept, by verdict", ["server", "verdict"],
-                   registry=REGISTRY)
-CHANGES = Counter("mcpsync_changes", "Distinct changes: reads the ledger accepted as a new version (ACCEPTED)",
+RECEIPTS = Counter("mcpsync_receipts", "Reads judged by the ledger's accept, by verdict",
+                   ["server", "verdict"], registry=REGISTRY)
+CHANGES = Counter("mcpsync_changes",
+                  "Distinct changes: reads the ledger accepted as a new version (ACCEPTED)",
                   ["server"], registry=REGISTRY)
 CONVERGENCE = Histogram("mcpsync_convergence_seconds",
                         "Notification received by ingress -> receipt accepted for a read started after it",
@@ -160,16 +144,6 @@ _CURRENT = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVer
 _MAX_PENDING_KEYS = 100_000
 _MAX_PENDING_PER_KEY = 64
 _MAX_READ_STARTS = 50_000
-
-FINISHED = frozenset({SubscriptionState.CLOSED, SubscriptionState.REVOKED, SubscriptionState.TOMBSTONED})
-"""Outcomes that are final and known: not counted as unresolved."""
-UNRESOLVED = tuple(s for s in SubscriptionState if s not in FINISHED and s != SubscriptionState.ACTIVE)
-"""States ``mcpsync_unresolved_subscriptions`` counts (UNSUBSCRIBE_UNKNOWN included: an operator should see it)."""
-WATCHING = (SubscriptionState.ACTIVE, SubscriptionState.UPDATE_SEEN, SubscriptionState.READ_PENDING,
-            SubscriptionState.VERSION_ACCEPTED)
-"""States in which a subscription claims freshness: the ones its freshness age is measured over."""
-_VERIFIED = (AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value)  # receipts of reads that saw content
-
 
 class MetricsUnavailable(ConfigError):
     """The metrics endpoint could not be started (port in use, bad address)."""
@@ -278,7 +252,8 @@ def host_totals() -> dict[str, HostTotals]:
     out: dict[str, HostTotals] = {}
     for h in hosts:
         t = out.get(h.server.name, HostTotals())
-        out[h.server.name] = HostTotals(t.received + h.notifications_received, t.coalesced + h.notifications_coalesced,
+        out[h.server.name] = HostTotals(t.received + h.notifications_received,
+                                        t.coalesced + h.notifications_coalesced,
                                         t.read + h.notifications_read, t.routed + h.notifications_routed)
     return out
 
@@ -286,14 +261,17 @@ def host_totals() -> dict[str, HostTotals]:
 class _HostCollector(Collector):
     def collect(self) -> Iterable[Any]:
         received = CounterMetricFamily("mcpsync_notifications_received",
-                                       "resources/updated notifications received by ingress", labels=["server"])
+                                       "resources/updated notifications received by ingress",
+                                       labels=["server"])
         coalesced = CounterMetricFamily("mcpsync_notifications_coalesced",
-                                        "Notifications folded at ingress: merged into a key already queued, taken by the "
-                                        "read about to be requested, or noted on a dirty row with no work",
+                                        "Notifications folded at ingress: merged into a key already queued, "
+                                        "taken by the read about to be requested, or noted on a dirty row "
+                                        "with no work",
                                         labels=["server"])
         read = CounterMetricFamily("mcpsync_notifications_read_at_ingress",
-                                   "Notifications whose change the ingress read itself and reported to the workflow "
-                                   "(resource_read: no Temporal hop before the read)", labels=["server"])
+                                   "Notifications whose change the ingress read itself and reported to the "
+                                   "workflow (resource_read: no Temporal hop before the read)",
+                                   labels=["server"])
         for server, t in sorted(host_totals().items()):
             received.add_metric([server], t.received)
             coalesced.add_metric([server], t.coalesced)
@@ -309,105 +287,6 @@ REGISTRY.register(_HostCollector())
 # --- ledger-derived gauges ---------------------------------------------------------------
 
 
-class FreshnessMode(StrEnum):
-    """Which published bound a subscription's freshness is held to (label ``mode``)."""
-
-    SUBSCRIBE = "subscribe"  # the session subscribes: the safety re-read period bounds a lost notification
-    POLL = "poll"  # no subscribe capability: the poll interval
-
-
-def freshness_bounds(options: SubscriptionOptions | None = None) -> dict[FreshnessMode, float]:
-    """The published staleness bound per mode for subscriptions started with ``options``.
-
-    A safety period of 0 disables safety reads: subscribing subscriptions then publish no bound."""
-    o = options or SubscriptionOptions()
-    out = {FreshnessMode.POLL: o.poll_interval_seconds}
-    if o.safety_read_seconds:
-        out[FreshnessMode.SUBSCRIBE] = o.safety_read_seconds
-    return out
-
-
-@dataclass(frozen=True)
-class Freshness:
-    """Freshness of the watching subscriptions of one (server, mode)."""
-
-    subscriptions: int
-    max_age: float
-    past_bound: int
-
-
-@dataclass(frozen=True)
-class LedgerSnapshot:
-    """What one refresh read from PostgreSQL."""
-
-    taken_at: float = 0.0
-    reads: dict[str, int] = field(default_factory=dict)  # server -> read_requests rows
-    receipts: dict[tuple[str, str], int] = field(default_factory=dict)  # (server, status) -> receipts
-    states: dict[tuple[str, str], int] = field(default_factory=dict)  # (server, state) -> subscriptions
-    state_oldest: dict[tuple[str, str], float] = field(default_factory=dict)  # (server, state) -> seconds in it
-    freshness: dict[tuple[str, str], Freshness] = field(default_factory=dict)  # (server, mode) -> freshness
-    bounds: dict[FreshnessMode, float] = field(default_factory=dict)  # mode -> published bound (seconds)
-    sessions: dict[tuple[str, str], bool] = field(default_factory=dict)  # (server, subject) -> up
-    stale_after_close: dict[str, int] = field(default_factory=dict)  # server -> audit rows
-    revocations: int = 0
-
-    def amplification(self, server: str) -> float | None:
-        changes = self.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0)
-        return self.reads.get(server, 0) / changes if changes else None
-
-
-_SNAPSHOT_QUERIES = {
-    "reads": "SELECT s.server, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
-             " GROUP BY s.server",
-    "receipts": "SELECT server, status, count(*) FROM resource_versions GROUP BY server, status",
-    "states": "SELECT server, state, count(*) FROM subscriptions GROUP BY server, state",
-    # state_changed_at: migration 007 (a trigger sets it whenever state changes).
-    "state_oldest": """
-        SELECT server, state, extract(epoch FROM now() - min(state_changed_at))::float8
-        FROM subscriptions WHERE state = ANY(%(unresolved)s) GROUP BY server, state""",
-    # Newest receipt that saw content per watching subscription, timed at its read's allocation
-    # (the receipt's own time once retention pruned the read_requests row).
-    "freshness": """
-        WITH w AS (
-            SELECT s.server,
-                   CASE WHEN coalesce(m.subscribe, true) THEN %(subscribe)s ELSE %(poll)s END AS mode,
-                   extract(epoch FROM now() - coalesce(v.verified_at, s.created_at))::float8 AS age
-            FROM subscriptions s
-            LEFT JOIN mcp_sessions m ON m.subject = s.subject AND m.server = s.server
-            LEFT JOIN LATERAL (
-                SELECT coalesce(r.issued_at, rv.accepted_at) AS verified_at
-                FROM resource_versions rv
-                LEFT JOIN read_requests r ON r.workflow_id = rv.workflow_id AND r.ordinal = rv.read_ordinal
-                WHERE rv.workflow_id = s.workflow_id AND rv.status = ANY(%(verified)s)
-                ORDER BY rv.receipt_id DESC LIMIT 1) v ON true
-            WHERE s.state = ANY(%(watching)s))
-        SELECT server, mode, count(*), max(age),
-               count(*) FILTER (WHERE age > CASE WHEN mode = %(poll)s THEN %(poll_bound)s::float8
-                                                  ELSE %(subscribe_bound)s::float8 END)
-        FROM w GROUP BY server, mode""",
-    # Every (server, subject) with an open session, a live lease or a subscription still in
-    # progress; up = an open session whose ingress still holds the lease.
-    "sessions": """
-        WITH pairs AS (
-            SELECT server, subject FROM mcp_sessions WHERE closed_at IS NULL
-            UNION SELECT server, subject FROM session_leases WHERE lease_until >= clock_timestamp()
-            UNION SELECT server, subject FROM subscriptions WHERE NOT (state = ANY(%(finished)s)))
-        SELECT p.server, p.subject,
-               EXISTS (SELECT 1 FROM mcp_sessions m
-                       WHERE m.server = p.server AND m.subject = p.subject AND m.closed_at IS NULL)
-               AND EXISTS (SELECT 1 FROM session_leases l
-                           WHERE l.server = p.server AND l.subject = p.subject
-                             AND l.lease_until >= clock_timestamp())
-        FROM pairs p""",
-    "stale_after_close": "SELECT server, count(*) FROM audit WHERE kind = 'STALE_AFTER_CLOSE' GROUP BY server",
-    "revocations": "SELECT count(*) FROM revocations",
-    "new_revocations": """
-        SELECT r.revocation_id, extract(epoch FROM o.created_at - r.effective_at)::float8
-        FROM revocations r JOIN outbox o ON o.outbox_id = r.outbox_id
-        WHERE r.revocation_id > %(after)s ORDER BY r.revocation_id LIMIT 10000""",
-}
-
-
 class _LedgerCollector(Collector):
     """Exports the last ``LedgerSnapshot`` (values read from the ledger, not counted in-process)."""
 
@@ -420,9 +299,11 @@ class _LedgerCollector(Collector):
             return
         g = GaugeMetricFamily
         amp = g("mcpsync_read_amplification", "Reads per distinct change: read_requests / ACCEPTED receipts "
-                "(ledger, all time; for a rate use mcpsync_reads_total / mcpsync_changes_total)", labels=["server"])
+                "(ledger, all time; for a rate use mcpsync_reads_total / mcpsync_changes_total)",
+                labels=["server"])
         reads = g("mcpsync_ledger_reads", "read_requests rows (ledger)", labels=["server"])
-        changes = g("mcpsync_ledger_distinct_changes", "ACCEPTED (new digest) receipts (ledger)", labels=["server"])
+        changes = g("mcpsync_ledger_distinct_changes", "ACCEPTED (new digest) receipts (ledger)",
+                    labels=["server"])
         stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
         sac = g("mcpsync_stale_after_close", "STALE_AFTER_CLOSE audit rows (ledger)", labels=["server"])
         servers = sorted(set(snap.reads) | {s for s, _ in snap.receipts} | set(snap.stale_after_close))
@@ -437,8 +318,9 @@ class _LedgerCollector(Collector):
         yield from (amp, reads, changes, stale, sac)
         yield from self._subscriptions(snap)
         yield from self._freshness(snap)
-        up = g("mcpsync_session_up", "1 if the (server, subject) has an open MCP session whose ingress holds the "
-               "lease, else 0; listed while it has a subscription in progress (ledger)", labels=["server", "subject"])
+        up = g("mcpsync_session_up", "1 if the (server, subject) has an open MCP session whose ingress holds "
+               "the lease, else 0; listed while it has a subscription in progress (ledger)",
+               labels=["server", "subject"])
         for (server, subject), is_up in sorted(snap.sessions.items()):
             up.add_metric([server, subject], 1.0 if is_up else 0.0)
         yield up
@@ -453,8 +335,8 @@ class _LedgerCollector(Collector):
         total = g("mcpsync_subscriptions", "Subscriptions per state (ledger)", labels=["server", "state"])
         unresolved = g("mcpsync_unresolved_subscriptions", "Subscriptions neither ACTIVE nor finished "
                        "(CLOSED, REVOKED, TOMBSTONED) per state (ledger)", labels=["server", "state"])
-        oldest = g("mcpsync_unresolved_oldest_age_seconds", "Seconds the longest-waiting subscription has been in "
-                   "this unresolved state (ledger; absent when none is)", labels=["server", "state"])
+        oldest = g("mcpsync_unresolved_oldest_age_seconds", "Seconds the longest-waiting subscription has "
+                   "been in this unresolved state (ledger; absent when none is)", labels=["server", "state"])
         for (server, state), n in sorted(snap.states.items()):
             total.add_metric([server, state], n)
         for server in sorted({server for server, _ in snap.states}):
@@ -467,19 +349,19 @@ class _LedgerCollector(Collector):
     @staticmethod
     def _freshness(snap: LedgerSnapshot) -> Iterator[GaugeMetricFamily]:
         g = GaugeMetricFamily
-        watched = g("mcpsync_freshness_subscriptions", "Subscriptions in a watching state (ACTIVE and the read "
-                    "cycle) per freshness mode (ledger)", labels=["server", "mode"])
-        age = g("mcpsync_freshness_age_max_seconds", "Oldest freshness age: seconds since the newest read that saw "
-                "content (ACCEPTED or UNCHANGED receipt), over watching subscriptions (ledger)",
+        watched = g("mcpsync_freshness_subscriptions", "Subscriptions in a watching state (ACTIVE and the "
+                    "read cycle) per freshness mode (ledger)", labels=["server", "mode"])
+        age = g("mcpsync_freshness_age_max_seconds", "Oldest freshness age: seconds since the newest read "
+                "that saw content (ACCEPTED or UNCHANGED receipt), over watching subscriptions (ledger)",
                 labels=["server", "mode"])
-        past = g("mcpsync_freshness_past_bound_subscriptions", "Watching subscriptions whose freshness age exceeds "
-                 "the published bound of their mode (ledger)", labels=["server", "mode"])
+        past = g("mcpsync_freshness_past_bound_subscriptions", "Watching subscriptions whose freshness age "
+                 "exceeds the published bound of their mode (ledger)", labels=["server", "mode"])
         for (server, mode), f in sorted(snap.freshness.items()):
             watched.add_metric([server, mode], f.subscriptions)
             age.add_metric([server, mode], max(0.0, f.max_age))
             past.add_metric([server, mode], f.past_bound)
-        bound = g("mcpsync_freshness_bound_seconds", "Published staleness bound per mode: safety re-read period "
-                  "(subscribe), poll interval (poll)", labels=["mode"])
+        bound = g("mcpsync_freshness_bound_seconds", "Published staleness bound per mode: safety re-read "
+                  "period (subscribe), poll interval (poll)", labels=["mode"])
         for mode, seconds in sorted(snap.bounds.items()):
             bound.add_metric([mode.value], seconds)
         yield from (watched, age, past, bound)
@@ -489,56 +371,6 @@ _LEDGER = _LedgerCollector()
 REGISTRY.register(_LEDGER)
 REFRESH_ERRORS = Counter("mcpsync_ledger_refresh_errors", "Failed refreshes of the ledger gauges",
                          registry=REGISTRY)
-
-
-async def read_snapshot(ledger: Ledger, after_revocation: int, *, options: SubscriptionOptions | None = None,
-                        ) -> tuple[LedgerSnapshot, list[tuple[int, float]]]:
-    """One consistent-enough read of the ledger (a few aggregate queries, one connection)."""
-    q = _SNAPSHOT_QUERIES
-    bounds = freshness_bounds(options)
-    params: dict[str, object] = {
-        "unresolved": [s.value for s in UNRESOLVED], "finished": [s.value for s in FINISHED],
-        "watching": [s.value for s in WATCHING], "verified": list(_VERIFIED),
-        "subscribe": FreshnessMode.SUBSCRIBE.value, "poll": FreshnessMode.POLL.value,
-        "subscribe_bound": bounds.get(FreshnessMode.SUBSCRIBE), "poll_bound": bounds.get(FreshnessMode.POLL),
-        "after": after_revocation,
-    }
-    async with ledger.pool.connection() as conn:
-
-        async def rows(name: str) -> list[Any]:
-            # Autocommit: one failing query (an older schema) costs only its own gauges.
-            try:
-                return list(await (await conn.execute(q[name], params if "%(" in q[name] else None)).fetchall())
-            except psycopg.Error as exc:
-                failures.append(f"{name}: {type(exc).__name__}")
-                return []
-
-        failures: list[str] = []
-        reads = {r[0]: int(r[1]) for r in await rows("reads")}
-        receipts = {(r[0], r[1]): int(r[2]) for r in await rows("receipts")}
-        states = {(r[0], r[1]): int(r[2]) for r in await rows("states")}
-        oldest = {(r[0], r[1]): float(r[2]) for r in await rows("state_oldest")}
-        freshness = {(r[0], r[1]): Freshness(int(r[2]), float(r[3]), int(r[4])) for r in await rows("freshness")}
-        sessions = {(r[0], r[1]): bool(r[2]) for r in await rows("sessions")}
-        sac = {r[0]: int(r[1]) for r in await rows("stale_after_close")}
-        total = await rows("revocations")
-        new = [(int(r[0]), float(r[1])) for r in await rows("new_revocations")]
-    if failures:
-        REFRESH_ERRORS.inc()
-        log.warning("metrics: ledger gauges partly unavailable: %s", "; ".join(failures))
-    snap = LedgerSnapshot(taken_at=time.time(), reads=reads, receipts=receipts, states=states, state_oldest=oldest,
-                          freshness=freshness, bounds=bounds, sessions=sessions, stale_after_close=sac,
-                          revocations=int(total[0][0]) if total else 0)
-    return snap, new
-
-
-async def _last_revocation_id(ledger: Ledger) -> int:
-    try:
-        async with ledger.pool.connection() as conn:
-            row = await (await conn.execute("SELECT coalesce(max(revocation_id), 0) FROM revocations")).fetchone()
-    except psycopg.Error:
-        return 0
-    return int(row[0]) if row else 0
 
 
 # --- outbox consumer lag (mcpsync.activities.outbox, docs/outbox.md) ----------------------------------
@@ -557,7 +389,8 @@ class _OutboxLagCollector(Collector):
                                    "Outbox events after the consumer's acknowledged position (ledger)",
                                    labels=["consumer"])
         seconds = GaugeMetricFamily("mcpsync_outbox_consumer_lag_seconds",
-                                    "Age of the oldest unacknowledged outbox event, 0 when caught up (ledger)",
+                                    "Age of the oldest unacknowledged outbox event, 0 when caught up "
+                                    "(ledger)",
                                     labels=["consumer"])
         for name, n, age in self.lags:
             events.add_metric([name], n)
@@ -570,8 +403,8 @@ REGISTRY.register(_OUTBOX_LAG)
 
 
 async def refresh_outbox_lag(ledger: Ledger) -> None:
-    """Feed the lag gauges from ``mcpsync.activities.outbox.consumer_infos`` (consumer names are operator-chosen
-    and few: a bounded label)."""
+    """Feed the lag gauges from ``mcpsync.activities.outbox.consumer_infos`` (consumer names are
+    operator-chosen and few: a bounded label)."""
     from mcpsync.activities.outbox import consumer_infos
 
     infos = await consumer_infos(ledger.pool)
@@ -681,10 +514,13 @@ class MetricsServer:
     async def refresh(self, ledger: Ledger) -> LedgerSnapshot:
         """Refresh once now (the loop calls this; tests may too)."""
         first = self._revocation_cursor is None
-        snap, new = await read_snapshot(ledger, self._revocation_cursor or 0)
+        snap, new = await read_snapshot(ledger.pool, self._revocation_cursor or 0)
+        if snap.failures:
+            REFRESH_ERRORS.inc()
+            log.warning("metrics: ledger gauges partly unavailable: %s", "; ".join(snap.failures))
         if first:
             # The histogram counts revocations recorded while this process runs (counter semantics).
-            self._revocation_cursor = await _last_revocation_id(ledger)
+            self._revocation_cursor = await last_revocation_id(ledger.pool)
             new = [(i, x) for i, x in new if i > self._revocation_cursor]
         for rid, seconds in new:
             REVOCATION.observe(max(0.0, seconds))
@@ -746,7 +582,8 @@ def _handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             if path in ("/healthz", "/readyz"):
                 ok = server.is_live() if path == "/healthz" else server.is_ready()
-                body = b"ok\n" if ok else (b"event loop stalled\n" if path == "/healthz" else b"not polling\n")
+                failing = b"event loop stalled\n" if path == "/healthz" else b"not polling\n"
+                body = b"ok\n" if ok else failing
                 self.send_response(200 if ok else 503)
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))

@@ -48,7 +48,8 @@ from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
-from mcpsync.worker.stack import ensure_search_attributes, write_private
+from mcpsync.worker.stack import write_private
+from mcpsync.worker.stack_temporal import ensure_search_attributes
 from mcpsync.workflows.answer import AnswerWorkflow
 from mcpsync.workflows.catalog import CatalogWorkflow
 from mcpsync.workflows.names import (

@@ -37,14 +37,9 @@ from mcpsync.worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from mcpsync.worker.stack import (
-    EmbeddedPostgres,
-    StackAlreadyRunning,
-    TemporalDevServer,
-    ensure_private_dir,
-    state_dir,
-    write_private,
-)
+from mcpsync.worker.stack import StackAlreadyRunning, ensure_private_dir, state_dir, write_private
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 
@@ -70,7 +65,7 @@ def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> s
 
 
 async def run_up(args: argparse.Namespace) -> None:
-    from mcpsync.worker.fixture import FixtureProcess
+    from mcpsync.fixture import FixtureProcess
 
     t0 = time.monotonic()
     root = state_dir()

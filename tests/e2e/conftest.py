@@ -12,9 +12,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureControl, FixtureProcess
+from mcpsync.fixture import FixtureControl, FixtureProcess
 from mcpsync.worker.metrics import HostTotals, host_totals
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import ledger_rows
 

@@ -18,9 +18,9 @@ from temporalio.client import Client
 
 from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError, latest_receipts
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.workflows.answer_rules import (
     GateReason,

@@ -27,9 +27,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog
 from mcpsync.workflows.catalog_rules import CatalogView, set_digest
 from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
@@ -507,7 +507,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
 async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from mcpsync.worker.stack import TemporalDevServer
+    from mcpsync.worker.stack_temporal import TemporalDevServer
 
     server = await TemporalDevServer.start(tmp_path / "temporal-can", port=0, ui_port=0,
                                            dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})

@@ -11,7 +11,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.fixture import FixtureProcess
 from mcpsync.workflows.catalog_rules import SNAPSHOT_EXTENSION, set_digest, snapshot_negotiated
 
 URIS = [f"demo://fx/{i}" for i in range(5)]

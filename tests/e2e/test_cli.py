@@ -26,9 +26,10 @@ from typing import Any
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
-from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
+from mcpsync.worker.stack import REPO_ROOT, free_port
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records import (
     IdentityConflict,
@@ -80,7 +81,7 @@ def _one_error_line(r: CliRun | subprocess.CompletedProcess[str]) -> str:
 
 
 def test_freshness_is_shown_when_the_record_has_it() -> None:
-    from mcpsync.worker.cli_subscriptions import status_text, subscription_table
+    from mcpsync.worker.cli_subscription_text import status_text, subscription_table
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     rec = ResourceSubscriptionV1(

@@ -19,8 +19,9 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureProcess
-from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port, process_alive
+from mcpsync.fixture import FixtureProcess
+from mcpsync.worker.stack import REPO_ROOT, free_port, process_alive
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from tests.conftest import eventually, ledger_rows
 from tests.e2e.test_cli import VENV_BIN, _one_error_line, _subscribed, _table, cli_stack, run_cli
 from tests.e2e.test_e2e_faults import MCPSYNC

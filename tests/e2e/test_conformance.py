@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.fixture import FixtureProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", ROOT / ".state" / "npm"))

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION

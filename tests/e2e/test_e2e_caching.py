@@ -30,8 +30,8 @@ from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
 from mcpsync.activities.outbox import latest_events
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import SessionHost, server_transport
 from mcpsync.worker.stack import REPO_ROOT

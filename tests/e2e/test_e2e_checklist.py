@@ -14,8 +14,8 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import free_port
 from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions, SubscriptionState

@@ -18,8 +18,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, SIGNAL_RESOURCE_UPDATED, Act
 from mcpsync.workflows.records import SubscriptionKey

@@ -24,8 +24,8 @@ from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefu
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
 from mcpsync.activities.retention import prune
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import UPDATE_CLOSE

@@ -19,8 +19,8 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import running_services, unique

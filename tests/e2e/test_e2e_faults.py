@@ -18,11 +18,12 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import SessionHost, SessionOpenError
-from mcpsync.worker.stack import REPO_ROOT, TemporalDevServer, free_port
+from mcpsync.worker.stack import REPO_ROOT, free_port
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
 from tests.conftest import eventually, running_services, unique

@@ -14,10 +14,10 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,

@@ -19,10 +19,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription, start_subscription_first_read
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_cli import _one_error_line, cli_stack, run_cli

@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records import (

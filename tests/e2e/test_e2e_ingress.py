@@ -19,8 +19,8 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.ingress import Ingress, ingress_task_queue
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import SessionHost

@@ -13,10 +13,11 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, start_subscription
-from mcpsync.worker.stack import EmbeddedPostgres, TemporalDevServer
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_received

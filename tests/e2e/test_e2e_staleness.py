@@ -30,8 +30,8 @@ from temporalio.client import Client, WorkflowHandle
 
 from benchmarks.staleness import gaps_between_reads
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import server_transport
 from mcpsync.worker.stack import REPO_ROOT

@@ -15,8 +15,8 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from mcpsync.workflows.records import (

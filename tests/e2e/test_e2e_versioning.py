@@ -28,9 +28,9 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.cli_upgrades import open_runs, runs_without
 from mcpsync.worker.config import ConfigError, TemporalConfig, load_config
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import (
     MAIN_WORKFLOWS,
     deployment_version,
@@ -38,7 +38,7 @@ from mcpsync.worker.runtime import (
     start_catalog,
     start_subscription,
 )
-from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.fence import should_continue_as_new
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE

@@ -10,8 +10,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
 from tests.conftest import running_services, unique

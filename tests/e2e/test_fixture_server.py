@@ -25,7 +25,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.activities.mcp_session import read_digest
-from mcpsync.worker.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 

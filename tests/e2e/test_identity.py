@@ -23,8 +23,8 @@ from temporalio.client import Client, WorkflowHandle
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.db import backfill_uri_normalized, migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import (

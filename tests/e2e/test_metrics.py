@@ -29,11 +29,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger_metrics import UNRESOLVED
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
-from mcpsync.worker.fixture import FixtureProcess
-from mcpsync.worker.metrics import UNRESOLVED, MetricsServer, MetricsUnavailable, serve_metrics
+from mcpsync.worker.metrics import MetricsServer, MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptVerdict,

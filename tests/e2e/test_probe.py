@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.probe import CallableNudge, ProbeError, ProbeReport, probe_server
 from tests.conftest import unique
 from tests.e2e.test_interop_everything import everything_entry

@@ -26,9 +26,9 @@ from mcpsync.activities import catalog_scan
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import MAX_METADATA_CHARS
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
 from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS

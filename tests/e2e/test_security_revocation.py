@@ -19,8 +19,8 @@ from temporalio.client import Client
 
 from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke_subject, start_subscription
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records import (

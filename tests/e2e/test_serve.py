@@ -28,8 +28,8 @@ from pydantic import TypeAdapter
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records import SubscriptionKey

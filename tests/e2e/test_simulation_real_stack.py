@@ -42,10 +42,10 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_CLOSE,

@@ -24,17 +24,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.stack import (
-    REPO_ROOT,
+from mcpsync.worker.stack import REPO_ROOT, PortInUseError, StackError, free_port, state_dir
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack_temporal import (
     SEARCH_ATTRIBUTE_TYPES,
-    EmbeddedPostgres,
-    PortInUseError,
-    StackError,
     TemporalDevServer,
     ensure_search_attributes,
-    free_port,
     load_search_attributes,
-    state_dir,
     temporal_cli_path,
     temporal_test_server_path,
 )
@@ -147,7 +143,7 @@ async def test_orphaned_dev_server_is_replaced(tmp_path: Path) -> None:
         f"""
         import asyncio, sys, time
         from pathlib import Path
-        from mcpsync.worker.stack import TemporalDevServer
+        from mcpsync.worker.stack_temporal import TemporalDevServer
         async def main():
             s = await TemporalDevServer.start(Path({str(tmp_path)!r}), port=0, ui_port=0)
             print(s.pid, flush=True)

@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.fixture import FixtureProcess
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import TemporalDevServer
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, TriggerReason
 from tests.conftest import eventually, ledger_rows
 from tests.e2e.test_cli import CliStack, cli_stack

@@ -37,11 +37,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.answer_gate import AnswerGate
 from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.fixture import FixtureProcess
 from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
-from mcpsync.worker.stack import TemporalDevServer, free_port, state_dir, temporal_cli_path
+from mcpsync.worker.stack import free_port, state_dir
+from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,

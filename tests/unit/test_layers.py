@@ -1,4 +1,4 @@
-"""Dependencies point one way: workflows <- activities <- worker (the design card's layout).
+"""Dependencies point one way: workflows <- activities <- worker, and workflows <- fixture <- worker.
 
 Read from the source with ``ast`` (every ``import`` and ``from ... import``, including the ones
 inside functions), so a lazy import cannot hide a cycle. Within ``workflows/``, activities use
@@ -15,10 +15,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
-    "workflows": ("activities", "worker", "benchmarks", "sim"),  # deterministic code: no I/O layer above it
-    "activities": ("worker", "benchmarks", "sim"),  # all I/O, driven by the worker, never driving it
+    "workflows": ("activities", "worker", "fixture", "benchmarks", "sim"),  # deterministic: no I/O above it
+    "activities": ("worker", "fixture", "benchmarks", "sim"),  # all I/O, driven by the worker
     "worker": ("sim",),  # the simulator is a development tool of the source tree (the CLI loads it by name)
-    "sim": ("activities", "worker", "benchmarks"),  # pure: it interprets the workflows' program in memory
+    "sim": ("activities", "worker", "fixture", "benchmarks"),  # pure: it interprets the workflows' program
+    # The demo and test MCP server: a server of its own, not a process of the product. It shares the
+    # catalog rules (workflows/) with the reconciler that checks it; `mcpsync up` (worker/) starts it.
+    "fixture": ("activities", "worker", "benchmarks", "sim"),
 }
 
 
