@@ -39,7 +39,6 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from mcpsync.workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
-    AcceptResult,
     AllocateRequest,
     AuditRequest,
     BeginSubscriptionRequest,
@@ -54,9 +53,7 @@ from mcpsync.workflows.records import (
     MarkActiveRequest,
     ReadCycleRequest,
     ReadCycleResult,
-    ReadOutcome,
     ReadReport,
-    ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
@@ -81,6 +78,7 @@ __all__ = [
     "SubscriptionProgram",
     "Runtime",
     "WaitKind",
+    "ReadBy",
     "ActivityFailed",
     "Publication",
     "SESSION_RECHECK",
@@ -116,6 +114,14 @@ class WaitKind(StrEnum):
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
     FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or no read to come)
     DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
+
+
+class ReadBy(StrEnum):
+    """Who made a read the run applies (``SubscriptionProgram._apply_judged``)."""
+
+    RUN = "run"  # the run's own read cycle (``mcp_read_cycle``): in flight here until judged
+    START = "start"  # the start cycle's initial read (``mcp_subscribe_cycle``): its slot held meanwhile
+    INGRESS = "ingress"  # the ingress's read cycle, reported (``resource_read``): never in flight here
 
 
 class ActivityFailed(Exception):
@@ -208,24 +214,16 @@ class SubscriptionProgram:
         await self._note_update(sig)
 
     async def on_read_reported(self, report: ReadReport) -> None:
-        """The ingress read ``report.update``'s change itself (``resource_read``): mirror the ledger's
-        verdict as ``_read`` mirrors the workflow's own read cycle (``_read_judged``: whatever the
-        read left dirty is this run's to read). A read the ledger did not judge, or one from another
-        session generation than this run's, is not mirrored: the update is noted as a plain
-        ``resource_updated``."""
+        """The ingress read ``report.update``'s change itself (``resource_read``): the ledger's verdict
+        is applied as the run's own reads are (``_apply_judged``: whatever the read left dirty is this
+        run's to read). A read the ledger did not judge or did not grant, or one from another session
+        generation than this run's, is not applied: the update is noted as a plain ``resource_updated``."""
         sig = report.update
         if not await self._first_sight(sig):
             return
         cycle = report.cycle
-        if cycle.judged and sig.session_generation == self.fence.s.session_generation \
-                and self.fence.issued(cycle.ticket, in_flight=False):
-            assert cycle.outcome is not None and cycle.accept is not None
-            if self.fence.report_deadline(report.requested_at):
-                self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
-                                             jitter=self.rt.random())
-            self.fence.update_reported()
-            self._read_judged(cycle.ticket, cycle.outcome, cycle.accept, seen_at=self.rt.now(), trigger=None)
-        else:
+        if not (cycle.judged and sig.session_generation == self.fence.s.session_generation
+                and self._apply_judged(cycle, by=ReadBy.INGRESS, requested_at=report.requested_at)):
             await self._note_update(sig)
         if not self._has_work():
             # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
@@ -553,7 +551,7 @@ class SubscriptionProgram:
         self.fence.explain("")
         self._publish()
         if trigger is not None:
-            self._cycle_done(started.cycle, trigger, requested_at)
+            self._cycle_done(started.cycle, trigger, requested_at, ReadBy.START)
         return started
 
     # --- reads -------------------------------------------------------------------------
@@ -577,21 +575,9 @@ class SubscriptionProgram:
         self.session = None  # re-bind: the session host has (or will have) a new generation
         self._publish()
 
-    def _read_judged(self, ticket: ReadTicket, outcome: ReadOutcome, result: AcceptResult, *, seen_at: datetime,
-                     trigger: TriggerReason | None) -> None:
-        """The one place a judged read is applied, whoever read it: the run's own or its start's (for
-        ``trigger``) or the ingress's (None: reported); ``seen_at``: when its content counts as observed."""
-        ordinal = ticket.ordinal
-        self.fence.applied(ordinal, result, read_notified=ticket.notifications_seen, trigger=trigger)
-        self.fence.accepted_digest(outcome.content_digest, result)
-        self.fence.observed(result, allocated_at=seen_at, now=self.rt.now())
-        self.fence.read_judged(ordinal, outcome, result)
-        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
-        self._publish()
-
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
-        """One activity allocates, reads and judges (``Act.MCP_READ_CYCLE``); the run mirrors what it
-        did: issued, deadline, applied, judged."""
+        """One activity allocates, reads and judges (``Act.MCP_READ_CYCLE``); the run applies what it
+        did (``_cycle_done``)."""
         s = self.fence.s
         session = self.session
         requested_at = self.rt.now()
@@ -606,10 +592,12 @@ class SubscriptionProgram:
                                                      close_epoch=s.close_epoch), ReadCycleResult)
         finally:
             self.fence.release_placeholder(placeholder)
-        self._cycle_done(cycle, trigger, requested_at)
+        self._cycle_done(cycle, trigger, requested_at, ReadBy.RUN)
 
-    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime) -> None:
-        """Mirror a read cycle's result (None: it failed for good): issued, deadline, applied, judged."""
+    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime,
+                    by: ReadBy) -> None:
+        """A cycle the run scheduled (its own read, or its start's) came back; None: it failed for
+        good. A granted read is applied by ``_apply_judged``; a refused one re-owes its trigger."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
@@ -617,24 +605,48 @@ class SubscriptionProgram:
             self.session = None
             self._publish()
             return
-        if not self.fence.issued(cycle.ticket):
+        if not self._apply_judged(cycle, by=by, requested_at=requested_at, trigger=trigger):
             assert cycle.fence is not None
             self.fence.refused(cycle.fence, trigger)
             self._publish()
-            return
+
+    def _apply_judged(self, cycle: ReadCycleResult, *, by: ReadBy, requested_at: datetime,
+                      trigger: TriggerReason | None = None) -> bool:
+        """The one place a read cycle's answer changes the run's state, whoever read: the run itself
+        (for ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: whatever it leaves
+        dirty is handed over to the run). In order: the ordinal is issued; the read deadline is armed
+        from ``requested_at`` (a report's only if newer than the one armed); the verdict is applied
+        (coverage, the follow-up owed), then the digest, the content time, the detail line and the
+        poll period the read's directives imply. False: the ledger did not grant the read, nothing
+        changed (the caller decides what the trigger is owed)."""
+        fence = self.fence
+        reported = by == ReadBy.INGRESS
         ticket = cycle.ticket
-        # From the request, not the grant: the ledger allocated no earlier, so the deadline is never
-        # later than one period after the read the ledger records.
-        self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                     jitter=self.rt.random())
+        if not fence.issued(ticket, in_flight=not reported):
+            return False
+        if not reported or fence.report_deadline(requested_at):
+            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
+            # never later than one period after the read the ledger records.
+            fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                    jitter=self.rt.random())
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
             self._read_lost_session(ticket.ordinal)
-            return
+            return True
+        if reported:
+            fence.update_reported()
         # Content time: the read saw it somewhere between ``requested_at`` and now. The later bound is
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
-        self._read_judged(ticket, outcome, result, seen_at=self.rt.now(), trigger=trigger)
+        seen_at = self.rt.now()
+        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen,
+                      trigger=None if reported else trigger)
+        fence.accepted_digest(outcome.content_digest, result)
+        fence.observed(result, allocated_at=seen_at, now=self.rt.now())
+        fence.read_judged(ticket.ordinal, outcome, result)
+        fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
+        self._publish()
+        return True
 
     # --- revocation --------------------------------------------------------------------------
 
