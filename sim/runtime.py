@@ -29,7 +29,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from mcpsync.workflows.fence import SubscriptionFence, UpdateDisposition
 from mcpsync.workflows.records import (
     CatalogObservation,
     CloseRequest,
@@ -41,6 +40,7 @@ from mcpsync.workflows.records import (
     SubscriptionStart,
 )
 from mcpsync.workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_state import SubscriptionFence, UpdateDisposition
 
 __all__ = ["ProgramRun", "RunStage", "Signal", "ScheduleActivity", "ContinueAsNew", "LOOP_BUDGET"]
 

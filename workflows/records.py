@@ -24,6 +24,7 @@ from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 __all__ = [
     "FrozenRecord",
     "TERMINAL_STATES",
+    "CLOSING_STATES",
     "OutboxEventType",
     "DEFAULT_TASK_QUEUE",
     "CatalogObservation",
@@ -109,6 +110,10 @@ TERMINAL_STATES = frozenset({SubscriptionState.CLOSED, SubscriptionState.UNSUBSC
                              SubscriptionState.TOMBSTONED, SubscriptionState.REVOKED})
 """The one definition of "finished": main states that never reopen (in this incarnation). A
 StrEnum set, so ledger rows' plain strings test against it too (``"REVOKED" in TERMINAL_STATES``)."""
+
+CLOSING_STATES = frozenset({SubscriptionState.UNSUBSCRIBING, SubscriptionState.CLOSED,
+                            SubscriptionState.UNSUBSCRIBE_UNKNOWN})
+"""Main states of a subscription that is closing or closed: a read is never accepted in them."""
 
 
 class TriggerReason(StrEnum):

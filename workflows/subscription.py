@@ -2,7 +2,7 @@
 
 Contract:
 - Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where every
-  decision is made (every safety rule in ``mcpsync.workflows.fence``); this module declares the wire
+  decision is made (every safety rule in ``mcpsync.workflows.subscription_state`` and ``ledger_rules``); this module declares the wire
   surface (signals, updates, query, run) and turns the program's runtime calls into activities,
   timers and search attributes. The simulator runs the same program (``sim/``).
 - Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
@@ -28,7 +28,6 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from mcpsync.workflows.fence import UpdateDisposition
     from mcpsync.workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -69,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionProgram,
         WaitKind,
     )
+    from mcpsync.workflows.subscription_state import UpdateDisposition
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]

@@ -14,7 +14,7 @@ Contract:
   asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
   released corpus (tests/histories/<version>/) must still replay, and a change to released
   code that alters them is patched (docs/upgrades.md).
-- The fence (``mcpsync.workflows.fence``) decides what is safe; this module sequences it. A read
+- The fence (``mcpsync.workflows.subscription_state``, over the rules of ``mcpsync.workflows.ledger_rules``) decides what is safe; this module sequences it. A read
   is one activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
   the live session, accept (CAS); the run mirrors its result. At most ``max_concurrent_reads`` in
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
@@ -36,7 +36,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from mcpsync.workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     AllocateRequest,
@@ -72,6 +71,12 @@ from mcpsync.workflows.records import (
     TriggerReason,
     UnsubscribeOutcome,
     UnsubscribeRequest,
+)
+from mcpsync.workflows.subscription_state import (
+    FenceState,
+    SubscriptionFence,
+    UpdateDisposition,
+    should_continue_as_new,
 )
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Contract:
 - Pure and deterministic: no I/O, no clock. Each function takes the fence row the ledger holds
-  locked (``FenceSnapshot``) and the answer of the matching rule in ``mcpsync.workflows.fence``
+  locked (``FenceSnapshot``) and the answer of the matching rule in ``mcpsync.workflows.ledger_rules``
   (``judge_read``, ``close_rule``, ``tombstone_rule``, ``revoke_rule``) and returns one
   ``WritePlan``: the receipt, the fence-row update, the outbox row, the audit row, the
   ``read_requests`` completion and the revocation that transaction writes, or nothing.
@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from mcpsync.workflows.coverage import covered_after
-from mcpsync.workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
 from mcpsync.workflows.records import (
     AcceptResult,
     AcceptVerdict,

@@ -40,9 +40,9 @@ from mcpsync.worker.runtime import (
 )
 from mcpsync.worker.stack import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
-from mcpsync.workflows.fence import should_continue_as_new
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
 from mcpsync.workflows.records import CatalogKey, SubscriptionKey
+from mcpsync.workflows.subscription_state import should_continue_as_new
 from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_fence import _receipts, _record, _server

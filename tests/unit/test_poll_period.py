@@ -1,4 +1,4 @@
-"""The poll period of a server without subscribe (workflows/fence.py, docs/caching.md): the
+"""The poll period of a server without subscribe (workflows/read_deadline.py, workflows/subscription_state.py, docs/caching.md): the
 configured interval, never faster than the last read's ttlMs, backed off after failed reads, and
 the published staleness bound saying which rule set it. Pure, deterministic code: no stack needed."""
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mcpsync.workflows.fence import BACKOFF_CAP, FenceState, SubscriptionFence, poll_period
+from mcpsync.workflows.read_deadline import BACKOFF_CAP, poll_period
 from mcpsync.workflows.records import (
     CacheScope,
     FenceSnapshot,
@@ -19,6 +19,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.subscription_state import FenceState, SubscriptionFence
 
 KEY = SubscriptionKey(subject="alice", server="fx", uri="demo://doc")
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from mcpsync.workflows import write_plan
-from mcpsync.workflows.fence import SubscriptionFence
 from mcpsync.workflows.records import (
     AcceptVerdict,
     AllocateRequest,
@@ -29,6 +28,7 @@ from mcpsync.workflows.records import (
     SubscriptionStart,
 )
 from mcpsync.workflows.subscription_program import SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.simulation import Invariant, LedgerIntegrityError, MemoryLedger, Trace, replay
 from sim.situations import observe
 
