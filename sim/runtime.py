@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
+from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
 from mcpsync.workflows.records import (
     CatalogObservation,
     CloseRequest,
@@ -39,7 +40,7 @@ from mcpsync.workflows.records import (
     SessionChanged,
     SubscriptionStart,
 )
-from mcpsync.workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence, UpdateDisposition
 
 __all__ = ["ProgramRun", "RunStage", "Signal", "ScheduleActivity", "ContinueAsNew", "LOOP_BUDGET"]

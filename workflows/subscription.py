@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         Act,
     )
+    from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
     from mcpsync.workflows.records import (
         CatalogObservation,
         CloseReceipt,
@@ -62,12 +63,7 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionStart,
     )
     from mcpsync.workflows.retries import LEDGER_RETRY
-    from mcpsync.workflows.subscription_program import (
-        ActivityFailed,
-        Publication,
-        SubscriptionProgram,
-        WaitKind,
-    )
+    from mcpsync.workflows.subscription_program import SubscriptionProgram
     from mcpsync.workflows.subscription_state import UpdateDisposition
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 

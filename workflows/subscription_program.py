@@ -30,13 +30,14 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
 from mcpsync.workflows.records import (
     AllocateRequest,
     AuditRequest,
@@ -72,6 +73,7 @@ from mcpsync.workflows.records import (
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
+from mcpsync.workflows.subscription_details import Publisher
 from mcpsync.workflows.subscription_state import (
     FenceState,
     SubscriptionFence,
@@ -81,11 +83,7 @@ from mcpsync.workflows.subscription_state import (
 
 __all__ = [
     "SubscriptionProgram",
-    "Runtime",
-    "WaitKind",
     "ReadBy",
-    "ActivityFailed",
-    "Publication",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
@@ -100,88 +98,12 @@ T = TypeVar("T")
 S = SubscriptionState
 
 
-def _stamp(at: datetime | None) -> str:
-    """A details-panel time: UTC to the second; ``-`` for none."""
-    return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-class WaitKind(StrEnum):
-    """What a ``Runtime.wait`` waits for: names the wait for the simulator's scheduler and checker."""
-
-    IDLE = "idle"  # the main loop has nothing to do until work or the read deadline
-    SESSION = "session"  # no usable session: back off until a new generation or the recheck timer
-    TOMBSTONE = "tombstone"  # TOMBSTONE_PENDING: only a catalog (or close/revocation) moves it
-    RECONCILIATION = "reconciliation"  # RECONCILIATION_REQUIRED: resume, evidence, or its time bound
-    CONTINUE_AS_NEW = "continue_as_new"  # reads and handlers drain before continue-as-new
-    DRAIN = "drain"  # after the loop: reads and handlers drain before the run returns
-    RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
-    CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
-    RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
-    FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or no read to come)
-    DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
-
-
 class ReadBy(StrEnum):
     """Who made a read the run applies (``SubscriptionProgram._apply_judged``)."""
 
     RUN = "run"  # the run's own read cycle (``mcp_read_cycle``): in flight here until judged
     START = "start"  # the start cycle's initial read (``mcp_subscribe_cycle``): its slot held meanwhile
     INGRESS = "ingress"  # the ingress's read cycle, reported (``resource_read``): never in flight here
-
-
-class ActivityFailed(Exception):
-    """An activity on the session queue failed for good (retries exhausted or non-retryable)."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
-
-
-@dataclass(frozen=True, slots=True)
-class Publication:
-    """What the run shows operators: search attributes and the Web UI's current-details text."""
-
-    state: SubscriptionState  # McpState: the subscription's state (the read phase is in the details)
-    session_generation: int
-    subscription_generation: int
-    watermark: int
-    details: str | None  # None: unchanged
-    upsert: bool = True  # the search attributes changed (a history event); else only the details
-
-
-class Runtime(Protocol):
-    """What the program needs from its interpreter. Temporal's is ``mcpsync.workflows.subscription``."""
-
-    def now(self) -> datetime: ...
-    def uuid4(self) -> str: ...
-    def random(self) -> float: ...
-    def start_time(self) -> datetime | None: ...
-    def first_execution_run_id(self) -> str: ...
-
-    async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
-        """A ledger activity on the main queue (retried until it succeeds)."""
-        ...
-
-    async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
-        """An activity on a session host's queue; raises ``ActivityFailed`` when it fails for good."""
-        ...
-
-    async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
-        """Until ``condition()`` holds (True) or ``timeout`` elapses (False)."""
-        ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-    def all_handlers_finished(self) -> bool: ...
-    def continue_as_new_suggested(self) -> bool: ...
-    def history_length(self) -> int: ...
-    def target_version_changed(self) -> bool: ...
-    def continue_as_new(self, start: SubscriptionStart) -> NoReturn: ...
-    def publish(self, publication: Publication) -> None: ...
-    def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None: ...
-
-    def loop_iteration(self) -> None:
-        """Called once per main-loop pass: an interpreter may bound passes without a wait (a livelock)."""
-        ...
 
 
 class SubscriptionProgram:
@@ -207,9 +129,8 @@ class SubscriptionProgram:
         self.seen_ids: list[str] = list(start.seen_signal_ids)
         self.reads_running = 0  # read cycles started and not yet returned
         self.reloaded = False
-        self.last_published: tuple[object, ...] = ()
-        self.last_search_attributes: tuple[object, ...] = ()
-        self.deadline_ticks = 0  # how often the deadline keeper's timer fired
+        self.publisher = Publisher(rt.publish, start.options)
+        self.keeper = DeadlineKeeper(self.fence, rt)  # the read deadline's own timer
 
     # --- handlers -------------------------------------------------------------------
 
@@ -336,7 +257,7 @@ class SubscriptionProgram:
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
-        rt.spawn(self._keep_deadline())
+        rt.spawn(self.keeper.run())
 
         while not self.fence.finished:
             rt.loop_iteration()
@@ -376,7 +297,7 @@ class SubscriptionProgram:
             if self._continue_as_new_due():
                 await self._continue_as_new()
             # The deadline keeper owns the timer; its firing is work like any other.
-            await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
+            await self._wait(self._idle_or_deadline(self.keeper.ticks), None, WaitKind.IDLE)
 
         self.fence.finish(rt.now())
         await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
@@ -403,44 +324,8 @@ class SubscriptionProgram:
 
     def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
         """The idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
-        return lambda: self._has_work() or self.deadline_ticks != ticks
+        return lambda: self._has_work() or self.keeper.ticks != ticks
 
-    def _deadline_acted_on(self, due: datetime | None) -> Callable[[], bool]:
-        """After the keeper's timer fired for ``due``: the loop requested a read, or the deadline moved."""
-        fence, rt = self.fence, self.rt
-        return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
-
-    async def _keep_deadline(self) -> None:
-        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
-        re-armed only if it would fire after the newest read's promised bound. Its firing wakes the
-        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
-        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
-        fence, rt = self.fence, self.rt
-        while not fence.finished:
-            wait = fence.until_read_due(rt.now())
-            if wait is None:  # not ACTIVE, a read requested or being allocated: wait for a deadline
-                await self._keeper_wait(lambda: fence.finished or fence.until_read_due(rt.now()) is not None, None)
-                continue
-            due = fence.s.read_due_at
-            fire_at = rt.now() + wait
-
-            def broken_promise(fire_at: datetime = fire_at) -> bool:
-                # A read granted meanwhile moves the deadline (usually later, by up to a period); the
-                # armed timer still keeps the promise unless it fires after the newest read's bound.
-                promised = fence.read_promised_by()
-                return promised is not None and promised < fire_at
-
-            if await self._keeper_wait(broken_promise, wait):
-                continue
-            self.deadline_ticks += 1
-            # Until the main loop has acted on it (a read requested) or the deadline moved: no spinning.
-            await self._keeper_wait(self._deadline_acted_on(due), None)
-
-    async def _keeper_wait(self, condition: Callable[[], bool], timeout: timedelta | None) -> bool:
-        """The deadline keeper blocks without upserting: it changes no search attribute itself, and
-        the coroutines that do upsert when they block, so a workflow task (a start's first one: the
-        keeper blocks right after the reload) writes one upsert, not two."""
-        return await self.rt.wait(condition, timeout, WaitKind.DEADLINE)
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
@@ -832,60 +717,10 @@ class SubscriptionProgram:
                                                    detail=detail), int)
 
     def _publish(self) -> None:
-        """Search attributes and the Web UI's current-details panel, only when they change."""
-        s = self.fence.s
-        phase = self.fence.phase
-        snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
-                    s.detail, s.last_issued_ordinal)
-        if snapshot == self.last_published:
-            return
-        self.last_published = snapshot
-        digest = s.last_accepted_digest or "-"
-        # A list, not a table: the Web UI draws a table cell against its label. Freshness is what the
-        # page is for; it changes with the read ordinal, so the snapshot above covers it. The current
-        # details write no history event.
-        if s.staleness_bound_seconds:
-            bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
-                     f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
-        elif self.options.safety_read_seconds:
-            bound = f"{self.options.safety_read_seconds:.0f} s (safety read period; a notification is read sooner)"
-        else:
-            bound = "-"
-        rows = [
-            ("subject / server", f"{self.key.subject} / {self.key.server}"),
-            ("last accepted at", _stamp(s.last_accepted_at)),
-            ("last verified at", _stamp(s.content_seen_at)),
-            ("next read due", _stamp(s.read_due_at if s.state == S.ACTIVE else None)),
-            ("staleness bound", bound),
-            ("session gen / subscription gen", f"{s.session_generation} / {s.subscription_generation}"),
-            ("edition", s.edition or "-"),
-            ("last issued / accepted ordinal", f"{s.last_issued_ordinal} / {s.last_accepted_ordinal}"),
-            ("watermark", str(s.watermark)),
-            ("last receipt", str(s.last_receipt_id or "-")),
-            ("last digest", f"`{digest[:23]}`"),
-            ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
-            ("updates seen", str(s.updates_seen)),
-            ("reads issued", str(s.reads_issued)),
-            ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
-        ]
-        details = (f"**{phase.value}** `{self.key.uri}`\n\n" + "".join(f"- {k}: **{v}**\n" for k, v in rows)
-                   + (f"\n{s.detail}\n" if s.detail else ""))
-        # The details now (not history), the search attributes when this coroutine blocks.
-        self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
-                                    upsert=False))
+        self.publisher.details(self.fence)
 
     def _flush_search_attributes(self) -> None:
-        """Upsert the search attributes if one changed since the last upsert. Called where a coroutine
-        blocks or ends, so one workflow task writes at most one upsert per coroutine."""
-        s = self.fence.s
-        # McpState is the subscription's state, not the read phase, so it stays ACTIVE through a read
-        # (a list filtered on ACTIVE keeps a subscription mid-read) and a change costs one upsert, not
-        # two; the phase stays in the details panel and the query.
-        values = (s.state, s.session_generation, s.subscription_generation, s.watermark)
-        if values == self.last_search_attributes:
-            return
-        self.last_search_attributes = values
-        self.rt.publish(Publication(*values, None))
+        self.publisher.search_attributes(self.fence)
 
     async def _wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
         self._flush_search_attributes()
