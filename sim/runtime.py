@@ -402,6 +402,9 @@ class ProgramRun:
     def random(self) -> float:
         return float(self._draw(self._fresh_random))
 
+    def patched(self, patch_id: str) -> bool:
+        return True  # the simulator runs the newest program: every run takes every patch
+
     def start_time(self) -> datetime | None:
         return self.started_at
 

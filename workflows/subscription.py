@@ -97,6 +97,9 @@ class TemporalRuntime:
     def random(self) -> float:
         return workflow.random().random()
 
+    def patched(self, patch_id: str) -> bool:
+        return workflow.patched(patch_id)
+
     def start_time(self) -> datetime | None:
         return workflow.info().start_time
 

@@ -43,7 +43,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from mcpsync.workflows.coverage import follow_up_owed
-from mcpsync.workflows.read_deadline import FAILED_READS, poll_period
+from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, poll_period
 from mcpsync.workflows.records import (
     CLOSING_STATES,
     TERMINAL_STATES,
@@ -141,6 +141,9 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
+        # Per run (the program asks ``read_deadline.DISPATCH_MARGIN_PATCH``): deadlines are armed a
+        # dispatch margin before the period ends, so the read is allocated within the bound.
+        self.dispatch_margin = False
 
     def explain(self, detail: str) -> None:
         """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
@@ -261,14 +264,21 @@ class SubscriptionFence:
 
     def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None, jitter: float) -> None:
         """A read was granted; its allocation was requested at ``requested_at``. The next
-        periodic read is due one period after that, jittered early (``jitter`` in [0, 1) maps
-        to 0.8–1.0 of the period): never later than the published bound."""
+        periodic read is due one period (less the dispatch margin) after that, jittered early
+        (``jitter`` in [0, 1) maps to 0.8–1.0 of it): its allocation falls within the published
+        bound."""
         if not period_seconds:
             self.s.read_due_at = None
             return
-        self.s.read_due_at = requested_at + timedelta(seconds=period_seconds * (0.8 + 0.2 * jitter))
+        period = self._requested_within(period_seconds)
+        self.s.read_due_at = requested_at + timedelta(seconds=period * (0.8 + 0.2 * jitter))
         self.s.read_armed_from = requested_at
         self.s.read_jitter = jitter
+
+    def _requested_within(self, period_seconds: float) -> float:
+        """How long after the last read the next one is requested at the latest: the period, less
+        the dispatch margin when this run takes it."""
+        return period_seconds - (dispatch_margin(period_seconds) if self.dispatch_margin else 0.0)
 
     def read_promised_by(self) -> datetime | None:
         """The latest time the next periodic read may be requested: one whole period after the read
@@ -314,7 +324,7 @@ class SubscriptionFence:
         if s.state != S.ACTIVE or not period_seconds or self.allocating:
             return False  # an allocation on its way re-arms the deadline when granted
         if s.read_due_at is None:
-            s.read_due_at = now + timedelta(seconds=period_seconds)
+            s.read_due_at = now + timedelta(seconds=self._requested_within(period_seconds))
         if now >= s.read_due_at and s.pending_trigger is None:
             s.pending_trigger = TriggerReason.POLL
             return True
