@@ -27,8 +27,9 @@ def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, gene
     """The read cycle the ingress makes itself for a notification it just recorded, or None when the
     workflow must be signalled instead (``resource_updated``): the row was not marked ACTIVE by
     ``mark_active`` (``read_reports``: its run mirrors reports), the row is not ACTIVE, the notification
-    came on another session generation than the row's. The request carries the row's fence as the workflow's own read would; the
-    allocation then applies the same CAS (refused if the row moved meanwhile)."""
+    came on another session generation than the row's. The request carries the row's fence as the
+    workflow's own read would; the allocation then applies the same CAS (refused if the row moved
+    meanwhile)."""
     row = noted.fence
     if not row.exists or not row.read_reports or row.state != S.ACTIVE \
             or row.session_generation != generation:

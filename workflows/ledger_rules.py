@@ -85,16 +85,23 @@ def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_g
 def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
                      min_ordinal: int) -> int | None:
     """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
-    plan = plan_allocate(row, session_generation=session_generation, subscription_generation=subscription_generation,
-                         min_ordinal=min_ordinal)
+    plan = plan_allocate(
+        row,
+        session_generation=session_generation,
+        subscription_generation=subscription_generation,
+        min_ordinal=min_ordinal,
+    )
     return None if plan is None else plan.ordinal
 
 
-def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *, row_uri: str | None) -> Judgement:
+def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
+               row_uri: str | None) -> Judgement:
     """acceptResourceVersion: the only rule that makes a version current."""
     V = AcceptVerdict
-    if not row.exists or issued is None or row_uri != outcome.key.uri or issued.request_id != outcome.request_id:
-        reason = "no fence row" if not row.exists else "read was never issued" if issued is None else "identity mismatch"
+    if not row.exists or issued is None or row_uri != outcome.key.uri \
+            or issued.request_id != outcome.request_id:
+        reason = ("no fence row" if not row.exists else "read was never issued" if issued is None
+                  else "identity mismatch")
         return Judgement(verdict=V.REJECTED, reason=reason, audit_kind="UNKNOWN_IDENTITY")
     if issued.completed_verdict is not None:
         return Judgement(verdict=issued.completed_verdict, reason="replayed")
@@ -121,7 +128,8 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
                          advance=True, new_state=S.TOMBSTONE_PENDING)
     if outcome.kind == ReadOutcomeKind.DENIED:
         # The server says this subject may no longer read it: revocation, not an empty resource.
-        return Judgement(verdict=V.REVOKED, reason="read denied", audit_kind="READ_DENIED", new_state=S.REVOKED)
+        return Judgement(verdict=V.REVOKED, reason="read denied", audit_kind="READ_DENIED",
+                         new_state=S.REVOKED)
     if outcome.kind != ReadOutcomeKind.CONTENT:
         return Judgement(verdict=V.REJECTED, reason=outcome.kind.value, audit_kind="READ_FAILED")
     if outcome.guardrail_rejection is not None:
@@ -155,7 +163,8 @@ def revoke_rule(row: FenceSnapshot) -> bool:
 
 
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:
-    """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already closing."""
+    """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already
+    closing."""
     if not row.exists or row.state in CLOSING_OR_TERMINAL:
         return None
     return S.UNSUBSCRIBING, row.close_epoch + 1, row.last_issued_ordinal

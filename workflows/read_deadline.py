@@ -32,7 +32,8 @@ FAILED_READS = frozenset({ReadOutcomeKind.MALFORMED, ReadOutcomeKind.PROTOCOL, R
 """Read outcomes that count towards the poll backoff: the server answered, but not with content."""
 
 
-def poll_period(interval_seconds: float, ttl_ms: int | None, failed_reads: int) -> tuple[float, StalenessBoundSource]:
+def poll_period(interval_seconds: float, ttl_ms: int | None,
+                failed_reads: int) -> tuple[float, StalenessBoundSource]:
     """The period a server without subscribe is polled at, and which rule set it.
 
     Never faster than the configured interval nor than the server's ``ttlMs`` allows (a freshness

@@ -54,7 +54,10 @@ def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str
         ("watermark", str(s.watermark)),
         ("last receipt", str(s.last_receipt_id or "-")),
         ("last digest", f"`{digest[:23]}`"),
-        ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
+        (
+            "close epoch / ordinal",
+            f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}",
+        ),
         ("updates seen", str(s.updates_seen)),
         ("reads issued", str(s.reads_issued)),
         ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),

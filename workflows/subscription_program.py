@@ -14,8 +14,9 @@ Contract:
   asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
   released corpus (tests/histories/<version>/) must still replay, and a change to released
   code that alters them is patched (docs/upgrades.md).
-- The fence (``mcpsync.workflows.subscription_state``, over the rules of ``mcpsync.workflows.ledger_rules``) decides what is safe; this module sequences it. A read
-  is one activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
+- The fence (``mcpsync.workflows.subscription_state``, over the rules of
+  ``mcpsync.workflows.ledger_rules``) decides what is safe; this module sequences it. A read is one
+  activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
   the live session, accept (CAS); the run mirrors its result. At most ``max_concurrent_reads`` in
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
   the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
@@ -353,16 +354,20 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.session_failures += 1
         delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
         await self._wait(
-            lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
-            timedelta(seconds=delay), WaitKind.SESSION,
+            lambda: (
+                self.live_generation > have or self.fence.s.close_requested or self.revocation is not None
+            ),
+            timedelta(seconds=delay),
+            WaitKind.SESSION,
         )
 
     # --- subscribe -------------------------------------------------------------------
 
     async def _ensure_subscribed(self) -> bool:
         """Bind to the live session and (re)subscribe. False when there is no usable session."""
-        session = await self.rt.ledger(Act.CURRENT_SESSION,
-                                       SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo)
+        session = await self.rt.ledger(
+            Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo
+        )
         if session is None:
             self.fence.explain("no live MCP session for this subject and server")
             self._publish()
@@ -379,9 +384,11 @@ class SubscriptionProgram(CatalogAndIdentity):
             return True
         self.session = session
         self.session_failures = 0
-        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
-                                  BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
-                                  FenceSnapshot)
+        snap = await self._ledger(
+            Act.BEGIN_SUBSCRIPTION,
+            BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
+            FenceSnapshot,
+        )
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
             # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
@@ -439,7 +446,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         if started is None or started.active is None:
             self.fence.release_placeholder(placeholder)
             return started
-        trigger = self.fence.start_cycle_subscribed(started.active, placeholder, read=started.cycle is not None)
+        trigger = self.fence.start_cycle_subscribed(started.active, placeholder,
+                                                    read=started.cycle is not None)
         self.fence.explain("")
         self._publish()
         if trigger is not None:
@@ -546,8 +554,11 @@ class SubscriptionProgram(CatalogAndIdentity):
         req, self.revocation = self.revocation, None
         assert req is not None
         effective = req.effective_at or self.rt.now()
-        snap = await self._ledger(Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
-                                                                  effective_at=effective), FenceSnapshot)
+        snap = await self._ledger(
+            Act.REVOKE,
+            RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform", effective_at=effective),
+            FenceSnapshot,
+        )
         self.fence.adopt(snap)
         if snap.state == S.REVOKED:
             self.fence.explain(f"revoked: {req.reason}")
@@ -576,8 +587,9 @@ class SubscriptionProgram(CatalogAndIdentity):
                                   UnsubscribeOutcome)
             acked = out is not None and out.acked
         if receipt.state == S.UNSUBSCRIBING:
-            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked),
-                                      FenceSnapshot)
+            snap = await self._ledger(
+                Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked), FenceSnapshot
+            )
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
         self.fence.unsubscribed(snap)
@@ -621,9 +633,13 @@ class SubscriptionProgram(CatalogAndIdentity):
             self.fence.explain(f"{name} failed: {err.cause}")
             return None
 
-    async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
-        await self._ledger(Act.AUDIT, AuditRequest(kind=kind, key=self.key, session_generation=session_generation,
-                                                   detail=detail), int)
+    async def _audit(self, kind: str, session_generation: int | None,
+                     detail: dict[str, str | int | None]) -> None:
+        await self._ledger(
+            Act.AUDIT,
+            AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail),
+            int,
+        )
 
     def _publish(self) -> None:
         self.publisher.details(self.fence)

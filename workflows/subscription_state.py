@@ -126,12 +126,15 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
-    tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
+    # when a read first saw not-found (catalog words older are stale)
+    tombstone_pending_at: datetime | None = None
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
-    reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound runs from here)
-    conflict_uris: list[str] = Field(default_factory=list)  # variants observed in this RECONCILIATION_REQUIRED
+    # when RECONCILIATION_REQUIRED began (its bound runs from here)
+    reconciliation_since: datetime | None = None
+    # variants observed in this RECONCILIATION_REQUIRED
+    conflict_uris: list[str] = Field(default_factory=list)
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
@@ -214,11 +217,12 @@ class SubscriptionFence:
         s.in_flight.append(placeholder)
         return placeholder
 
-    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool) -> TriggerReason | None:
+    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *,
+                               read: bool) -> TriggerReason | None:
         """The start activity marked the row (``snap``, ``subscribed``'s answer) and, if ``read``,
         made the initial read: that read is the INITIAL trigger, taken as ``reserve_read`` takes it,
-        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not ACTIVE on these generations), exactly
-        ``subscribed``: the slot is released and None."""
+        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not
+        ACTIVE on these generations), exactly ``subscribed``: the slot is released and None."""
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
         self.subscribed(snap, poll_interval_seconds=None)
@@ -262,7 +266,8 @@ class SubscriptionFence:
         polling, else the safety re-read period (None: no periodic read at all)."""
         return self.s.staleness_bound_seconds or safety_read_seconds or None
 
-    def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None, jitter: float) -> None:
+    def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None,
+                          jitter: float) -> None:
         """A read was granted; its allocation was requested at ``requested_at``. The next
         periodic read is due one period (less the dispatch margin) after that, jittered early
         (``jitter`` in [0, 1) maps to 0.8–1.0 of it): its allocation falls within the published
@@ -310,12 +315,18 @@ class SubscriptionFence:
         before = s.staleness_bound_seconds
         period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
-        if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
+        if (
+            before is not None
+            and period != before
+            and s.read_due_at is not None
+            and s.read_armed_from is not None
+        ):
             # The period changed after the deadline was armed (the read that just came back told a
             # ttl, failed, or saw content again): re-arm it from the same allocation with the same
             # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
             # No new random draw: the run's sequence of random draws depends only on its reads.
-            self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period, jitter=s.read_jitter)
+            self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
+                                   jitter=s.read_jitter)
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
@@ -425,7 +436,8 @@ class SubscriptionFence:
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
         s.last_verdict = result.verdict
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
+                              AcceptVerdict.TOMBSTONE_PENDING):
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
             s.last_receipt_id = result.receipt_id
@@ -462,8 +474,10 @@ class SubscriptionFence:
         """When a judged read (allocated at ``allocated_at``) saw content or not-found: the times
         ``catalog_word_is_stale`` compares catalog measurements with."""
         s = self.s
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.GUARDRAIL_REJECTED):
-            s.content_seen_at = allocated_at if s.content_seen_at is None else max(s.content_seen_at, allocated_at)
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
+                              AcceptVerdict.GUARDRAIL_REJECTED):
+            seen = s.content_seen_at
+            s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
             if result.verdict == AcceptVerdict.ACCEPTED:
                 s.last_accepted_at = now
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
@@ -508,7 +522,8 @@ class SubscriptionFence:
 
     # --- identity and catalog ------------------------------------------------------------
 
-    def identity_conflict(self, detail: str, *, now: datetime | None = None, observed_uri: str | None = None) -> bool:
+    def identity_conflict(self, detail: str, *, now: datetime | None = None,
+                          observed_uri: str | None = None) -> bool:
         """RECONCILIATION_REQUIRED: stop accepting until the identity is reconciled (catalog
         evidence, the time bound, or a resume). False if closing/terminal."""
         s = self.s
@@ -637,7 +652,9 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
-            staleness_bound_source=s.staleness_bound_source if s.staleness_bound_seconds is not None else None,
+            staleness_bound_source=s.staleness_bound_source
+            if s.staleness_bound_seconds is not None
+            else None,
             last_read_ttl_ms=s.last_read_ttl_ms,
             last_read_cache_scope=s.last_read_cache_scope,
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,

@@ -79,7 +79,8 @@ class TriggerReason(StrEnum):
     FOLLOW_UP = "follow_up"  # an update arrived while a read was in flight
     POLL = "poll"  # no subscribe capability: periodic read with jitter
     RESUBSCRIBE = "resubscribe"  # new session generation
-    CATALOG = "catalog"  # no read: a reconciled catalog confirmed a deletion (the TOMBSTONED receipt's trigger)
+    # no read: a reconciled catalog confirmed a deletion (the TOMBSTONED receipt's trigger)
+    CATALOG = "catalog"
 
 
 class CacheScope(StrEnum):
@@ -117,7 +118,8 @@ class SubscriptionKey(FrozenRecord):
 
     @property
     def workflow_id(self) -> str:
-        """The id a NEW subscription of this key starts under: ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
+        """The id a NEW subscription of this key starts under:
+        ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
 
         Computed only for a key the ledger has no row for: once a subscription runs, its row
         records the id it runs under (older ones: ``legacy_workflow_id``) and everything that
