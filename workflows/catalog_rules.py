@@ -119,7 +119,7 @@ def canonical_descriptor(wire: Mapping[str, Any]) -> dict[str, Any]:
     ``wire`` is the JSON form as listed (camelCase keys). Dropped: ``_meta`` (transport
     and server bookkeeping), ``size`` and ``annotations.lastModified`` (they move with
     content edits, which are the subscription's business, not the catalog's). The URI or
-    URI template is kept byte for byte."""
+    URI template stays exactly as the server wrote it."""
     out = {k: v for k, v in wire.items() if k not in ("_meta", "size")}
     annotations = out.get("annotations")
     if isinstance(annotations, Mapping):

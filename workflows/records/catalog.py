@@ -144,8 +144,8 @@ class ResourceDiscoveryScanV1(FrozenRecord):
     notifications_observed: int = 0  # list_changed during the scan (after - before)
     snapshot: SnapshotEvidence = SnapshotEvidence()
     problems: list[str] = Field(default_factory=list)
-    # MCP 2026-07-28 caching directives of the resources/list pages (None: no page answered, or a
-    # scan from before migration 009): the shortest ttlMs, and private if any page said private.
+    # MCP 2026-07-28 caching directives of the resources/list pages (None: no page answered, or the
+    # scan row records none): the shortest ttlMs, and private if any page said private.
     list_ttl_ms: int | None = None
     list_cache_scope: CacheScope | None = None
 

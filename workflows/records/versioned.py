@@ -47,7 +47,7 @@ class ResourceVersionV1(FrozenRecord):
     trigger: TriggerReason
     status: AcceptVerdict
     accepted_at: datetime
-    ttl_ms: int | None = None  # the read result's ttlMs (None: receipts from before migration 009)
+    ttl_ms: int | None = None  # the read result's ttlMs (None: the receipt records none)
     cache_scope: CacheScope | None = None  # the read result's cacheScope
 
 
