@@ -6,7 +6,7 @@ Contract:
   against it, so a workflow whose history was reset or rolled back can ask, but never move
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
 - accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
-  ``mcpsync.workflows.fence`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply`` that plan
+  ``mcpsync.workflows.ledger_rules`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply`` that plan
   in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence update,
   audit row, ``read_requests`` completion, revocation (with the purge of
   ``mcpsync.activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
@@ -44,7 +44,7 @@ from mcpsync.activities.ledger_store import (
 )
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.coverage import plan_allocate, plan_note
-from mcpsync.workflows.fence import IssuedRead, judge_read
+from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     TERMINAL_STATES,
@@ -299,7 +299,7 @@ class FenceLedger:
 
     @activity.defn(name=Act.ALLOCATE_READ)
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """CAS the next ordinal (``mcpsync.workflows.fence.allocate_ordinal`` on the locked row)."""
+        """CAS the next ordinal (``mcpsync.workflows.ledger_rules.allocate_ordinal`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)

@@ -54,7 +54,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.fence import marked_active
+from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     AcceptRequest,
@@ -445,7 +445,7 @@ class McpSessionActivities:
     async def run_cycle(self, req: ReadCycleRequest, *, cycle_id: str,
                         absorb: Callable[[], int] | None = None) -> ReadCycleResult:
         """The read cycle itself, for the activity and for the ingress, which reads a notified change
-        without a Temporal hop (``fence.ingress_read_request``) and reports it to the workflow.
+        without a Temporal hop (``ingress_rules.ingress_read_request``) and reports it to the workflow.
         ``cycle_id`` keys the allocation (a retry under the same id gets the same ordinal). No lock
         against a concurrent cycle of the same subscription: both are cycle allocations, so only the
         newest allocation can become current (``judge_read``: an older one is STALE). The ticket's

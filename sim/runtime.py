@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from mcpsync.workflows.fence import SubscriptionFence, UpdateDisposition
+from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
 from mcpsync.workflows.records import (
     CatalogObservation,
     CloseRequest,
@@ -40,7 +40,8 @@ from mcpsync.workflows.records import (
     SessionChanged,
     SubscriptionStart,
 )
-from mcpsync.workflows.subscription_program import ActivityFailed, Publication, SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_program import SubscriptionProgram
+from mcpsync.workflows.subscription_state import SubscriptionFence, UpdateDisposition
 
 __all__ = ["ProgramRun", "RunStage", "Signal", "ScheduleActivity", "ContinueAsNew", "LOOP_BUDGET"]
 
@@ -400,6 +401,9 @@ class ProgramRun:
 
     def random(self) -> float:
         return float(self._draw(self._fresh_random))
+
+    def patched(self, patch_id: str) -> bool:
+        return True  # the simulator runs the newest program: every run takes every patch
 
     def start_time(self) -> datetime | None:
         return self.started_at

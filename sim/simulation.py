@@ -51,15 +51,10 @@ from typing import Any
 
 from mcpsync.workflows.coverage import dirty, plan_allocate, plan_note
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.fence import (
-    TERMINAL,
-    IssuedRead,
-    Judgement,
-    ingress_read_request,
-    judge_read,
-    marked_active,
-)
+from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read, marked_active
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records import (
     AcceptRequest,
     AcceptResult,
@@ -93,7 +88,7 @@ from mcpsync.workflows.records import (
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
-from mcpsync.workflows.subscription_program import WaitKind
+from mcpsync.workflows.subscription_state import TERMINAL
 from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
-from mcpsync.workflows.subscription_program import WaitKind
 from sim.runtime import Signal
 from sim.simulation import (
     ALL_FAULTS,

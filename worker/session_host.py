@@ -79,7 +79,7 @@ from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
 from mcpsync.worker.transport_bounds import bounded_http_transport, install, stdio_line_limit, transport_limit
-from mcpsync.workflows.fence import ingress_read_request
+from mcpsync.workflows.ingress_rules import ingress_read_request
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,

@@ -78,8 +78,13 @@ class AnswerWorkflow:
     async def bind(self, req: BindRequest) -> AnswerBindingV1:
         async with self.lock:
             await self._ready()
-            result = await self._ledger(AnswerAct.BIND, BindLedgerRequest(
-                request_id=str(workflow.uuid4()), workflow_id=workflow.info().workflow_id, bind=req), BoundAnswer)
+            result = await self._ledger(
+                AnswerAct.BIND,
+                BindLedgerRequest(
+                    request_id=str(workflow.uuid4()), workflow_id=workflow.info().workflow_id, bind=req
+                ),
+                BoundAnswer,
+            )
             self.tracker.rebound(req, result)
             self._publish()
             return self.tracker.record()
@@ -113,7 +118,8 @@ class AnswerWorkflow:
         async with self.lock:
             await self._ready()
             self._require_bound()
-            snapshot = await self._ledger(AnswerAct.OBSERVE, self.tracker.observe_request(), ObservationSnapshot)
+            snapshot = await self._ledger(AnswerAct.OBSERVE, self.tracker.observe_request(),
+                                          ObservationSnapshot)
             disposition = self.tracker.judge(snapshot, req.policy)
             stored = await self._ledger(AnswerAct.RECORD, RecordDispositionRequest(
                 request_id=str(workflow.uuid4()), disposition=disposition), int)
@@ -134,8 +140,9 @@ class AnswerWorkflow:
     @workflow.run
     async def run(self, start: AnswerStart) -> AnswerBindingV1:
         if start.carried_state is None:
-            loaded = await self._ledger(AnswerAct.LOAD, AnswerKeyRequest(answer_id=self.answer_id), LoadedAnswer,
-                                        allow_none=True)
+            loaded = await self._ledger(
+                AnswerAct.LOAD, AnswerKeyRequest(answer_id=self.answer_id), LoadedAnswer, allow_none=True
+            )
             if loaded is not None:
                 self.tracker.adopt(loaded)
             self.loaded = True
@@ -147,16 +154,23 @@ class AnswerWorkflow:
                 break  # started by a select/check for an answer nobody bound: nothing to keep
             self.touched = False
             try:
-                await workflow.wait_condition(lambda: self.touched or self._continue_as_new_due(), timeout=idle)
+                await workflow.wait_condition(lambda: self.touched or self._continue_as_new_due(),
+                                              timeout=idle)
             except TimeoutError:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self.touched:
-                    break  # idle: everything is in PostgreSQL; the next update starts a new run that reloads it
+                    # idle: everything is in PostgreSQL; the next update starts a new run that reloads it
+                    break
                 continue
             if self._continue_as_new_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(AnswerStart(answer_id=self.answer_id, idle_seconds=start.idle_seconds,
-                                                     carried_state=self.tracker.s.model_dump(mode="json")))
+                workflow.continue_as_new(
+                    AnswerStart(
+                        answer_id=self.answer_id,
+                        idle_seconds=start.idle_seconds,
+                        carried_state=self.tracker.s.model_dump(mode="json"),
+                    )
+                )
         return self.tracker.record()
 
     # --- plumbing ----------------------------------------------------------------------------------
@@ -210,5 +224,6 @@ class AnswerWorkflow:
         if d is not None:
             lines += ["", f"check #{d.sequence} at {iso_ms(d.checked_at)}: {d.reason}"]
             if d.verdict == Verdict.ACCEPT:
-                lines.append(f"evidence window {iso_ms(d.evidence_from)} → {iso_ms(d.evidence_to)}, receipts {d.receipt_ids}")
+                lines.append(f"evidence window {iso_ms(d.evidence_from)} → {iso_ms(d.evidence_to)}, "
+                             f"receipts {d.receipt_ids}")
         workflow.set_current_details("\n".join(lines))

@@ -152,7 +152,8 @@ class GateReason(StrEnum):
 
     REVOKED = "REVOKED"  # the subject lost access: content purged, not usable
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog
-    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"  # the server said not-found; deletion unconfirmed, basis unresolved
+    # the server said not-found; deletion unconfirmed, basis unresolved
+    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"
     REPLACED = "REPLACED"  # deleted and listed again: the recreated resource is not read yet
     SUBSCRIPTION_CLOSED = "SUBSCRIPTION_CLOSED"  # no longer watched (closing, closed, unsubscribe unknown)
     RECONCILIATION_REQUIRED = "RECONCILIATION_REQUIRED"  # identity conflict: the subscription accepts nothing
@@ -160,7 +161,8 @@ class GateReason(StrEnum):
     INPUT_IDENTITY_MISMATCH = "INPUT_IDENTITY_MISMATCH"  # the selected receipt is not one of this dependency
     READ_DENIED = "READ_DENIED"  # the latest read was denied
     READ_FAILED = "READ_FAILED"  # the latest read failed: unresolved, not an empty resource
-    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # the newest read is not releasable; the older version is not current
+    # the newest read is not releasable; the older version is not current
+    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"
     READ_PENDING = "READ_PENDING"  # a read is in flight
     UPDATE_SEEN = "UPDATE_SEEN"  # an update naming the URI arrived after the latest accepted observation
     CONTINUITY_UNCERTAIN = "CONTINUITY_UNCERTAIN"  # no live session / resubscribing / not re-read since
@@ -219,7 +221,8 @@ class Disposition(FrozenRecord):
 
 
 class AnswerBindingV1(FrozenRecord):
-    """``answerBinding.v1``: an answer, the observations it is bound to, the host's selections, the latest word."""
+    """``answerBinding.v1``: an answer, the observations it is bound to, the host's selections, the latest
+    word."""
 
     record: Literal["answerBinding.v1"] = "answerBinding.v1"
     answer_id: str
@@ -278,7 +281,8 @@ class DependencyObservation(FrozenRecord):
     selected: ReceiptObservation | None = None
     latest_accepted: ReceiptObservation | None = None
     newest_receipt: ReceiptObservation | None = None  # newest non-STALE receipt of any status
-    changes_since_selected: int = 0  # receipts after the selected one up to the latest accepted, not UNCHANGED
+    # receipts after the selected one up to the latest accepted, not UNCHANGED
+    changes_since_selected: int = 0
     notifications_seen: int = 0
     last_notification_at: datetime | None = None
     last_notification_generation: int | None = None
@@ -387,7 +391,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         hold(GateReason.UNKNOWN_DEPENDENCY,
              "no subscription watches this subject, server and URI: nothing establishes its freshness")
     elif state == S.REVOKED:
-        hold(GateReason.REVOKED, "access was revoked for this subject: the content is purged and may not be used")
+        hold(GateReason.REVOKED,
+             "access was revoked for this subject: the content is purged and may not be used")
     elif state == S.TOMBSTONED:
         hold(GateReason.TOMBSTONED, "the resource was deleted (confirmed by a reconciled catalog): "
                                     "resolve the missing dependency")
@@ -395,14 +400,19 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         hold(GateReason.TOMBSTONE_PENDING, "the server answered not-found and no catalog has confirmed the "
                                            "deletion: the basis is unresolved, not an empty resource")
     elif state in _CLOSING:
-        hold(GateReason.SUBSCRIPTION_CLOSED, f"the subscription is {state.value if state else '-'}: updates are "
-                                             "no longer watched and silence proves nothing")
+        hold(
+            GateReason.SUBSCRIPTION_CLOSED,
+            f"the subscription is {state.value if state else '-'}: updates are "
+            "no longer watched and silence proves nothing",
+        )
     elif state == S.RECONCILIATION_REQUIRED:
         hold(GateReason.RECONCILIATION_REQUIRED, "an identity conflict stopped the subscription: nothing it "
                                                  "observes is accepted until it is resolved")
     elif state in _ESTABLISHING:
-        hold(GateReason.CONTINUITY_UNCERTAIN, f"the subscription is {state.value if state else '-'}: it is being "
-                                              "(re)established")
+        hold(
+            GateReason.CONTINUITY_UNCERTAIN,
+            f"the subscription is {state.value if state else '-'}: it is being (re)established",
+        )
 
     ident = (dep.subject, dep.server, dep.uri)
     if sel is None or (sel.subject, sel.server, sel.uri) != ident:
@@ -412,7 +422,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
 
     if obs.subscribed and state == S.ACTIVE:
         lr = obs.latest_read
-        if lr is not None and lr.completed_at is not None and (latest is None or lr.ordinal > latest.read_ordinal):
+        if lr is not None and lr.completed_at is not None \
+                and (latest is None or lr.ordinal > latest.read_ordinal):
             code = f", error {lr.error_code}" if lr.error_code is not None else ""
             if lr.outcome in _DENIED_OUTCOMES:
                 hold(GateReason.READ_DENIED, f"the latest read (ordinal {lr.ordinal}) was denied{code}: "
@@ -424,35 +435,50 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                                              "is not made current by it")
         if newest is not None and (latest is None or newest.read_ordinal > latest.read_ordinal):
             if newest.status == V.GUARDRAIL_REJECTED:
-                hold(GateReason.GUARDRAIL_REJECTED, f"the newest read (receipt {newest.receipt_id}) was "
-                                                    "rejected by the guardrails: the server's current content "
-                                                    "may not be released and the older version is not current")
+                hold(
+                    GateReason.GUARDRAIL_REJECTED,
+                    f"the newest read (receipt {newest.receipt_id}) was "
+                    "rejected by the guardrails: the server's current content "
+                    "may not be released and the older version is not current",
+                )
             elif newest.status in (V.TOMBSTONE_PENDING, V.TOMBSTONED):
                 hold(GateReason.REPLACED, "the resource was missing and is listed again: the recreated "
                                           "resource has not been read yet")
         if obs.reads_pending:
             hold(GateReason.READ_PENDING, f"{obs.reads_pending} read(s) in flight: wait for the outcome")
         if latest is not None and _update_after(obs, latest):
-            hold(GateReason.UPDATE_SEEN,
-                 f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the latest "
-                 f"accepted observation (receipt {latest.receipt_id}, read issued "
-                 f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before relying on it")
+            hold(
+                GateReason.UPDATE_SEEN,
+                f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the latest "
+                f"accepted observation (receipt {latest.receipt_id}, read issued "
+                f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before relying "
+                "on it",
+            )
         if obs.live_session_generation is None:
             hold(GateReason.CONTINUITY_UNCERTAIN, "no open MCP session for this subject and server: updates "
                                                   "cannot arrive, silence proves nothing")
         elif obs.live_session_generation != obs.session_generation:
-            hold(GateReason.CONTINUITY_UNCERTAIN, f"the session changed (generation {obs.session_generation} → "
-                                                  f"{obs.live_session_generation}) and the subscription has "
-                                                  "not been re-established on it")
+            hold(
+                GateReason.CONTINUITY_UNCERTAIN,
+                f"the session changed (generation {obs.session_generation} → "
+                f"{obs.live_session_generation}) and the subscription has "
+                "not been re-established on it",
+            )
         elif latest is not None and (latest.session_generation, latest.subscription_generation) != (
                 obs.session_generation, obs.subscription_generation):
-            hold(GateReason.CONTINUITY_UNCERTAIN, "the subscription was re-established and has not confirmed "
-                                                  "the content since: updates in between may have been missed")
+            hold(
+                GateReason.CONTINUITY_UNCERTAIN,
+                "the subscription was re-established and has not confirmed "
+                "the content since: updates in between may have been missed",
+            )
         if not obs.updates_watched:
             limit = policy.max_unwatched_age_seconds
             if limit is None:
-                hold(GateReason.UNWATCHED, "this server sends no per-URI updates for it (polling): silence is "
-                                           "not a check; pass a freshness policy to accept recent reads")
+                hold(
+                    GateReason.UNWATCHED,
+                    "this server sends no per-URI updates for it (polling): silence is "
+                    "not a check; pass a freshness policy to accept recent reads",
+                )
             elif latest is not None and (checked_at - latest.accepted_at).total_seconds() > limit:
                 age = (checked_at - latest.accepted_at).total_seconds()
                 hold(GateReason.OBSERVATION_TOO_OLD, f"unwatched, and the latest accepted observation is "
@@ -468,21 +494,28 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
             equal_by = "receipt"
             reasoning = f"the selected receipt {sel.receipt_id} is the latest accepted receipt"
         elif sel.status not in _ACCEPTED and sel.status != V.STALE:
-            hold(GateReason.INPUT_NOT_RELEASABLE, f"the selected receipt {sel.receipt_id} is {sel.status.value}, "
-                                                  "not an accepted version")
+            hold(
+                GateReason.INPUT_NOT_RELEASABLE,
+                f"the selected receipt {sel.receipt_id} is {sel.status.value}, not an accepted version",
+            )
         elif (sel.content_digest is not None and sel.content_digest == latest.content_digest
               and sel.status in _ACCEPTED and sel.read_ordinal <= latest.read_ordinal
               and obs.changes_since_selected == 0):
             equal_by = "unchanged_digest"
-            reasoning = (f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
-                         f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and every "
-                         "read since the selected one was UNCHANGED: the newer observation still supports the "
-                         "selected input")
+            reasoning = (
+                f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
+                f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and every "
+                "read since the selected one was UNCHANGED: the newer observation still supports the "
+                "selected input"
+            )
         else:
-            hold(GateReason.SELECTED_NOT_LATEST,
-                 f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) but the "
-                 f"latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a newer "
-                 "read is done and the old copy is still selected")
+            hold(
+                GateReason.SELECTED_NOT_LATEST,
+                f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) "
+                "but the "
+                f"latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a newer "
+                "read is done and the old copy is still selected",
+            )
 
     conditions = [c for c in REASON_PRECEDENCE if c in found]
     update_after_bound = bool(
@@ -490,8 +523,10 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         and obs.last_notification_at >= (bound.read_issued_at or bound.accepted_at))
     if update_after_bound and not conditions and latest is not None and bound is not None \
             and latest.receipt_id != bound.receipt_id:
-        reasoning += (f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved by "
-                      f"the read behind receipt {latest.receipt_id}")
+        reasoning += (
+            f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved by "
+            f"the read behind receipt {latest.receipt_id}"
+        )
     return DependencyDisposition(
         subject=dep.subject, server=dep.server, uri=dep.uri,
         conditions=conditions, explanations=[found[c] for c in conditions],
@@ -515,7 +550,8 @@ def _update_after(obs: DependencyObservation, latest: ReceiptObservation) -> boo
     at = obs.last_notification_at
     if at is None:
         return False
-    if obs.last_notification_generation is not None and obs.last_notification_generation < latest.session_generation:
+    if obs.last_notification_generation is not None \
+            and obs.last_notification_generation < latest.session_generation:
         return False
     return at >= (latest.read_issued_at or latest.accepted_at)
 
@@ -536,7 +572,8 @@ def judge_answer(*, answer_id: str, revision: int, sequence: int, dependencies: 
     if not holding:
         window_from = max(d.observed_at for d in judged if d.observed_at is not None)
         unchanged = [d for d in judged if d.equal_by == "unchanged_digest"]
-        reason = "every selected input is its dependency's latest accepted receipt and no newer update was seen"
+        reason = ("every selected input is its dependency's latest accepted receipt and no newer update "
+                  "was seen")
         if unchanged:
             reason += "; " + "; ".join(f"{d.uri}: {d.equality_reasoning}" for d in unchanged)
         return Disposition(

@@ -96,7 +96,8 @@ class CatalogWorkflow:
 
     @workflow.update(name=UPDATE_RECONCILE)
     async def reconcile(self, reason: str) -> CatalogSnapshot | None:
-        """Ask for a reconciliation; returns the first catalog published (and acted on) from one started after it."""
+        """Ask for a reconciliation; returns the first catalog published (and acted on) from one started
+        after it."""
         self.rec.request(reason or "requested")
         started = self.rec.s.reconciliations_started
         await workflow.wait_condition(lambda: self.rec.s.settled_from > started)
@@ -191,8 +192,9 @@ class CatalogWorkflow:
         self.rec.published(out.catalog, b)
         self._publish()
         if s.policy.signal_subscriptions:
-            s.last_notify = await self._ledger(CatalogAct.NOTIFY, NotifyRequest(catalog=out.catalog,
-                                                                                rollout=s.rollout), NotifyResult)
+            s.last_notify = await self._ledger(
+                CatalogAct.NOTIFY, NotifyRequest(catalog=out.catalog, rollout=s.rollout), NotifyResult
+            )
         if s.policy.auto_subscribe_prefixes and out.catalog.added:
             s.auto_subscribed += await self._ledger(CatalogAct.AUTO_SUBSCRIBE, AutoSubscribeRequest(
                 catalog=out.catalog, rollout=s.rollout, prefixes=s.policy.auto_subscribe_prefixes), int)
@@ -207,9 +209,14 @@ class CatalogWorkflow:
                           label=label, session_generation=session.generation, page_cap=s.policy.page_cap)
         try:
             result: ResourceDiscoveryScanV1 = await workflow.execute_activity(
-                CatalogAct.SCAN, req, result_type=ResourceDiscoveryScanV1, task_queue=session.task_queue,
-                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START, start_to_close_timeout=_SCAN_START_TO_CLOSE,
-                heartbeat_timeout=_SCAN_HEARTBEAT, retry_policy=_SCAN_RETRY,
+                CatalogAct.SCAN,
+                req,
+                result_type=ResourceDiscoveryScanV1,
+                task_queue=session.task_queue,
+                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START,
+                start_to_close_timeout=_SCAN_START_TO_CLOSE,
+                heartbeat_timeout=_SCAN_HEARTBEAT,
+                retry_policy=_SCAN_RETRY,
             )
         except ActivityError as err:
             s.detail = f"scan {label} failed: {type(err.cause).__name__}"
@@ -220,7 +227,11 @@ class CatalogWorkflow:
 
     async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
         result = await workflow.execute_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=LEDGER_RETRY
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=_LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
         )
         if result is None and not allow_none:
             raise RuntimeError(f"{name} returned nothing")
@@ -263,8 +274,10 @@ class CatalogWorkflow:
             f"{f' {s.rollout.percent:g}%' if s.rollout and s.rollout.mode == RolloutMode.PERCENT else ''} |",
         ]
         for scan in s.recent_scans[-2:]:
-            lines.append(f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, {scan.page_count} pages,"
-                         f" {scan.resource_count} URIs, list_changed {scan.notifications_observed} |")
+            lines.append(
+                f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, {scan.page_count} pages,"
+                f" {scan.resource_count} URIs, list_changed {scan.notifications_observed} |"
+            )
         if s.restart_reasons:
             lines.append(f"| last restart | {s.restart_reasons[-1][:120]} |")
         if s.detail:

@@ -119,7 +119,7 @@ def canonical_descriptor(wire: Mapping[str, Any]) -> dict[str, Any]:
     ``wire`` is the JSON form as listed (camelCase keys). Dropped: ``_meta`` (transport
     and server bookkeeping), ``size`` and ``annotations.lastModified`` (they move with
     content edits, which are the subscription's business, not the catalog's). The URI or
-    URI template is kept byte for byte."""
+    URI template stays exactly as the server wrote it."""
     out = {k: v for k, v in wire.items() if k not in ("_meta", "size")}
     annotations = out.get("annotations")
     if isinstance(annotations, Mapping):
@@ -280,9 +280,15 @@ class ScanAccumulator:
         ids = {s.id for s in with_id}
 
         def evidence(reason: str, snapshot_id: str | None = None) -> SnapshotEvidence:
-            return SnapshotEvidence(negotiated=self.negotiated, pages=pages, pages_with_id=len(with_id),
-                                    distinct_ids=len(ids), snapshot_id=snapshot_id, bound=snapshot_id is not None,
-                                    reason=reason)
+            return SnapshotEvidence(
+                negotiated=self.negotiated,
+                pages=pages,
+                pages_with_id=len(with_id),
+                distinct_ids=len(ids),
+                snapshot_id=snapshot_id,
+                bound=snapshot_id is not None,
+                reason=reason,
+            )
 
         if self.final_status() != ScanStatus.COMPLETE:
             return evidence("scan not complete")
@@ -296,7 +302,8 @@ class ScanAccumulator:
         for kind in ("resources", "templates"):
             stamps = [s for k, s in self.stamps if k == kind and s is not None]
             assembled = self.descriptors[kind]
-            if stamps and {(s.set_digest, s.count) for s in stamps} != {(set_digest(assembled), len(assembled))}:
+            whole = {(set_digest(assembled), len(assembled))}
+            if stamps and {(s.set_digest, s.count) for s in stamps} != whole:
                 return evidence(f"the snapshot id claims a {kind} set its pages do not hold (forged or torn)")
         return evidence("every page bound to one snapshot id", snapshot_id=next(iter(ids)))
 
@@ -339,8 +346,12 @@ def judge_pair(a: ResourceDiscoveryScanV1, b: ResourceDiscoveryScanV1) -> PairVe
             b.uri_set_digest, b.descriptor_set_digest, b.template_set_digest) or a.uri_set_digest is None:
         return restart("scan digests differ")
     if a.snapshot.bound and b.snapshot.bound and a.snapshot.snapshot_id == b.snapshot.snapshot_id:
-        return PairVerdict(match=True, status=SnapshotStatus.SNAPSHOT_PROVEN, snapshot_id=a.snapshot.snapshot_id,
-                           reason="both scans bound to one snapshot id")
+        return PairVerdict(
+            match=True,
+            status=SnapshotStatus.SNAPSHOT_PROVEN,
+            snapshot_id=a.snapshot.snapshot_id,
+            reason="both scans bound to one snapshot id",
+        )
     if a.snapshot.bound and b.snapshot.bound:
         reason = "scans bound to different snapshot ids"
     else:
@@ -522,10 +533,12 @@ class CatalogReconciler:
     def scan_finished(self, scan: ResourceDiscoveryScanV1) -> str | None:
         """Record a scan; a reason to restart, or None to go on."""
         s = self.s
-        slim = scan.model_copy(update={"page_cursor_digests": scan.page_cursor_digests[:MAX_CURSOR_DIGESTS_IN_HISTORY]})
+        kept = scan.page_cursor_digests[:MAX_CURSOR_DIGESTS_IN_HISTORY]
+        slim = scan.model_copy(update={"page_cursor_digests": kept})
         s.recent_scans = (s.recent_scans + [slim])[-MAX_RECENT_SCANS:]
         if scan.status != ScanStatus.COMPLETE:
-            return f"scan {scan.label} {scan.status.value}" + (f": {scan.problems[0]}" if scan.problems else "")
+            problem = f": {scan.problems[0]}" if scan.problems else ""
+            return f"scan {scan.label} {scan.status.value}{problem}"
         if scan.notifications_observed:
             return f"list_changed during scan {scan.label}"
         s.phase = CatalogPhase.SCANNING_B if scan.label == "A" else CatalogPhase.PUBLISHING

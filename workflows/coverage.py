@@ -80,7 +80,8 @@ def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_g
         return None
     if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
         return None
-    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal), notified=row.notifications_seen)
+    return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal),
+                        notified=row.notifications_seen)
 
 
 def covered_after(row: FenceSnapshot, verdict: AcceptVerdict, read_notified: int) -> int | None:

@@ -3,7 +3,7 @@
 Contract: ``content_digest`` is a pure function of the ``resources/read`` contents
 (kind, MIME type and bytes of each part, in order). The fixture server's control
 plane and the read activity both call it, so an oracle's committed digest and an
-accepted receipt's digest are comparable byte for byte.
+accepted receipt's digest are equal exactly when the content is.
 """
 
 from __future__ import annotations

@@ -8,5 +8,6 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200),
+                           maximum_interval=timedelta(seconds=10))
 """PostgreSQL briefly away: retry without a limit (the activity's timeout bounds each attempt)."""

@@ -1,10 +1,11 @@
 """ResourceSubscriptionWorkflow: one long-lived workflow per (subject, server, URI).
 
 Contract:
-- Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where every
-  decision is made (every safety rule in ``mcpsync.workflows.fence``); this module declares the wire
-  surface (signals, updates, query, run) and turns the program's runtime calls into activities,
-  timers and search attributes. The simulator runs the same program (``sim/``).
+- Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where
+  every decision is made (every safety rule in ``mcpsync.workflows.subscription_state`` and
+  ``ledger_rules``); this module declares the wire surface (signals, updates, query, run) and
+  turns the program's runtime calls into activities, timers and search attributes. The
+  simulator runs the same program (``sim/``).
 - Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
   reuse an ordinal. Notifications only invalidate; every read goes through ``resources/read`` on
   the live session (the ingress process's queue). No resource body ever enters this history.
@@ -28,7 +29,6 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from mcpsync.workflows.fence import UpdateDisposition
     from mcpsync.workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         Act,
     )
+    from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
     from mcpsync.workflows.records import (
         CatalogObservation,
         CloseReceipt,
@@ -63,12 +64,8 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionStart,
     )
     from mcpsync.workflows.retries import LEDGER_RETRY
-    from mcpsync.workflows.subscription_program import (
-        ActivityFailed,
-        Publication,
-        SubscriptionProgram,
-        WaitKind,
-    )
+    from mcpsync.workflows.subscription_program import SubscriptionProgram
+    from mcpsync.workflows.subscription_state import UpdateDisposition
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
 __all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
@@ -76,8 +73,12 @@ __all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
 T = TypeVar("T")
 
 _LEDGER_TIMEOUT = timedelta(seconds=30)
-_MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(seconds=10),
-                         maximum_attempts=5, non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"])
+_MCP_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+    non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"],
+)
 _MCP_TIMEOUT = timedelta(seconds=60)
 
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
@@ -100,6 +101,9 @@ class TemporalRuntime:
 
     def random(self) -> float:
         return workflow.random().random()
+
+    def patched(self, patch_id: str) -> bool:
+        return workflow.patched(patch_id)
 
     def start_time(self) -> datetime | None:
         return workflow.info().start_time
@@ -130,8 +134,13 @@ class TemporalRuntime:
     async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
         try:
             result: T = await workflow.execute_activity(
-                name, arg, result_type=result_type, task_queue=task_queue,
-                schedule_to_close_timeout=_MCP_TIMEOUT, retry_policy=_MCP_RETRY, summary=self._summary(name, arg),
+                name,
+                arg,
+                result_type=result_type,
+                task_queue=task_queue,
+                schedule_to_close_timeout=_MCP_TIMEOUT,
+                retry_policy=_MCP_RETRY,
+                summary=self._summary(name, arg),
             )
         except ActivityError as err:
             raise ActivityFailed(type(err.cause).__name__) from None
@@ -187,15 +196,21 @@ class ResourceSubscriptionWorkflow:
         self.program = SubscriptionProgram(start, TemporalRuntime(start.key))
 
     # A notification that arrives as the run ends only has an audit row left to write: abandon it.
-    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
-                     description="An invalidation from the ingress (never content): coalesced into at most one "
-                                 "follow-up read; from an older session: audited, ignored.")
+    @workflow.signal(
+        name=SIGNAL_RESOURCE_UPDATED,
+        unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+        description="An invalidation from the ingress (never content): coalesced into at most one "
+        "follow-up read; from an older session: audited, ignored.",
+    )
     async def resource_updated(self, sig: ResourceUpdated) -> None:
         await self.program.on_resource_updated(sig)
 
-    @workflow.signal(name=SIGNAL_RESOURCE_READ, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
-                     description="The ingress read a notified change itself (digest and verdict, never content): "
-                                 "mirrored into the fence; the update is then noted, covered by that read.")
+    @workflow.signal(
+        name=SIGNAL_RESOURCE_READ,
+        unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+        description="The ingress read a notified change itself (digest and verdict, never content): "
+        "mirrored into the fence; the update is then noted, covered by that read.",
+    )
     async def resource_read(self, report: ReadReport) -> None:
         await self.program.on_read_reported(report)
 
@@ -220,8 +235,10 @@ class ResourceSubscriptionWorkflow:
     def identity_conflict(self, conflict: IdentityConflict) -> None:
         self.program.on_identity_conflict(conflict)
 
-    @workflow.update(name=UPDATE_RESUME,
-                     description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.")
+    @workflow.update(
+        name=UPDATE_RESUME,
+        description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.",
+    )
     async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
         return await self.program.on_resume(req)
 
@@ -229,9 +246,11 @@ class ResourceSubscriptionWorkflow:
     def _validate_resume(self, req: ResumeRequest) -> None:
         self.program.validate_resume(req)
 
-    @workflow.update(name=UPDATE_FIRST_READ,
-                     description="The record once the first read was judged (its receipt), or once no read will "
-                                 "come (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended).")
+    @workflow.update(
+        name=UPDATE_FIRST_READ,
+        description="The record once the first read was judged (its receipt), or once no read will "
+        "come (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended).",
+    )
     async def first_read(self) -> ResourceSubscriptionV1:
         return await self.program.on_first_read()
 
@@ -239,9 +258,11 @@ class ResourceSubscriptionWorkflow:
     def close_signal(self, req: CloseRequest) -> None:
         self.program.on_close_signal(req)
 
-    @workflow.update(name=UPDATE_CLOSE,
-                     description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
-                                 "returns the close receipt.")
+    @workflow.update(
+        name=UPDATE_CLOSE,
+        description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
+        "returns the close receipt.",
+    )
     async def close(self, req: CloseRequest) -> CloseReceipt:
         return await self.program.on_close(req)
 
@@ -249,7 +270,9 @@ class ResourceSubscriptionWorkflow:
     def _validate_close(self, req: CloseRequest) -> None:
         self.program.validate_close(req)
 
-    @workflow.query(name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record.")
+    @workflow.query(
+        name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record."
+    )
     def subscription(self) -> ResourceSubscriptionV1:
         return self.program.record()
 

@@ -14,8 +14,9 @@ Contract:
   asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
   released corpus (tests/histories/<version>/) must still replay, and a change to released
   code that alters them is patched (docs/upgrades.md).
-- The fence (``mcpsync.workflows.fence``) decides what is safe; this module sequences it. A read
-  is one activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
+- The fence (``mcpsync.workflows.subscription_state``, over the rules of
+  ``mcpsync.workflows.ledger_rules``) decides what is safe; this module sequences it. A read is one
+  activity on the session host's queue (``Act.MCP_READ_CYCLE``): allocate (CAS), read over
   the live session, accept (CAS); the run mirrors its result. At most ``max_concurrent_reads`` in
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
   the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
@@ -30,16 +31,16 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from mcpsync.workflows.fence import FenceState, SubscriptionFence, UpdateDisposition, should_continue_as_new
+from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
+from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
 from mcpsync.workflows.records import (
-    AcceptResult,
     AllocateRequest,
     AuditRequest,
     BeginSubscriptionRequest,
@@ -54,9 +55,7 @@ from mcpsync.workflows.records import (
     MarkActiveRequest,
     ReadCycleRequest,
     ReadCycleResult,
-    ReadOutcome,
     ReadReport,
-    ReadTicket,
     ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
@@ -65,24 +64,27 @@ from mcpsync.workflows.records import (
     SessionChanged,
     SessionInfo,
     SessionQuery,
-    SetStateRequest,
     SubscribeCycleRequest,
     SubscribeCycleResult,
     SubscribeRequest,
     SubscriptionStart,
     SubscriptionState,
-    TombstoneRequest,
     TriggerReason,
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
+from mcpsync.workflows.subscription_details import Publisher
+from mcpsync.workflows.subscription_identity import CatalogAndIdentity
+from mcpsync.workflows.subscription_state import (
+    FenceState,
+    SubscriptionFence,
+    UpdateDisposition,
+    should_continue_as_new,
+)
 
 __all__ = [
     "SubscriptionProgram",
-    "Runtime",
-    "WaitKind",
-    "ActivityFailed",
-    "Publication",
+    "ReadBy",
     "SESSION_RECHECK",
     "MAX_DEDUPE_IDS",
 ]
@@ -97,83 +99,15 @@ T = TypeVar("T")
 S = SubscriptionState
 
 
-def _stamp(at: datetime | None) -> str:
-    """A details-panel time: UTC to the second; ``-`` for none."""
-    return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S UTC")
+class ReadBy(StrEnum):
+    """Who made a read the run applies (``SubscriptionProgram._apply_judged``)."""
+
+    RUN = "run"  # the run's own read cycle (``mcp_read_cycle``): in flight here until judged
+    START = "start"  # the start cycle's initial read (``mcp_subscribe_cycle``): its slot held meanwhile
+    INGRESS = "ingress"  # the ingress's read cycle, reported (``resource_read``): never in flight here
 
 
-class WaitKind(StrEnum):
-    """What a ``Runtime.wait`` waits for: names the wait for the simulator's scheduler and checker."""
-
-    IDLE = "idle"  # the main loop has nothing to do until work or the read deadline
-    SESSION = "session"  # no usable session: back off until a new generation or the recheck timer
-    TOMBSTONE = "tombstone"  # TOMBSTONE_PENDING: only a catalog (or close/revocation) moves it
-    RECONCILIATION = "reconciliation"  # RECONCILIATION_REQUIRED: resume, evidence, or its time bound
-    CONTINUE_AS_NEW = "continue_as_new"  # reads and handlers drain before continue-as-new
-    DRAIN = "drain"  # after the loop: reads and handlers drain before the run returns
-    RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
-    CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
-    RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
-    FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or no read to come)
-    DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
-
-
-class ActivityFailed(Exception):
-    """An activity on the session queue failed for good (retries exhausted or non-retryable)."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
-
-
-@dataclass(frozen=True, slots=True)
-class Publication:
-    """What the run shows operators: search attributes and the Web UI's current-details text."""
-
-    state: SubscriptionState  # McpState: the subscription's state (the read phase is in the details)
-    session_generation: int
-    subscription_generation: int
-    watermark: int
-    details: str | None  # None: unchanged
-    upsert: bool = True  # the search attributes changed (a history event); else only the details
-
-
-class Runtime(Protocol):
-    """What the program needs from its interpreter. Temporal's is ``mcpsync.workflows.subscription``."""
-
-    def now(self) -> datetime: ...
-    def uuid4(self) -> str: ...
-    def random(self) -> float: ...
-    def start_time(self) -> datetime | None: ...
-    def first_execution_run_id(self) -> str: ...
-
-    async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
-        """A ledger activity on the main queue (retried until it succeeds)."""
-        ...
-
-    async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
-        """An activity on a session host's queue; raises ``ActivityFailed`` when it fails for good."""
-        ...
-
-    async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
-        """Until ``condition()`` holds (True) or ``timeout`` elapses (False)."""
-        ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-    def all_handlers_finished(self) -> bool: ...
-    def continue_as_new_suggested(self) -> bool: ...
-    def history_length(self) -> int: ...
-    def target_version_changed(self) -> bool: ...
-    def continue_as_new(self, start: SubscriptionStart) -> NoReturn: ...
-    def publish(self, publication: Publication) -> None: ...
-    def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None: ...
-
-    def loop_iteration(self) -> None:
-        """Called once per main-loop pass: an interpreter may bound passes without a wait (a livelock)."""
-        ...
-
-
-class SubscriptionProgram:
+class SubscriptionProgram(CatalogAndIdentity):
     """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
 
     def __init__(self, start: SubscriptionStart, rt: Runtime) -> None:
@@ -196,9 +130,8 @@ class SubscriptionProgram:
         self.seen_ids: list[str] = list(start.seen_signal_ids)
         self.reads_running = 0  # read cycles started and not yet returned
         self.reloaded = False
-        self.last_published: tuple[object, ...] = ()
-        self.last_search_attributes: tuple[object, ...] = ()
-        self.deadline_ticks = 0  # how often the deadline keeper's timer fired
+        self.publisher = Publisher(rt.publish, start.options)
+        self.keeper = DeadlineKeeper(self.fence, rt)  # the read deadline's own timer
 
     # --- handlers -------------------------------------------------------------------
 
@@ -208,24 +141,16 @@ class SubscriptionProgram:
         await self._note_update(sig)
 
     async def on_read_reported(self, report: ReadReport) -> None:
-        """The ingress read ``report.update``'s change itself (``resource_read``): mirror the ledger's
-        verdict as ``_read`` mirrors the workflow's own read cycle (``_read_judged``: whatever the
-        read left dirty is this run's to read). A read the ledger did not judge, or one from another
-        session generation than this run's, is not mirrored: the update is noted as a plain
-        ``resource_updated``."""
+        """The ingress read ``report.update``'s change itself (``resource_read``): the ledger's verdict
+        is applied as the run's own reads are (``_apply_judged``: whatever the read left dirty is this
+        run's to read). A read the ledger did not judge or did not grant, or one from another session
+        generation than this run's, is not applied: the update is noted as a plain ``resource_updated``."""
         sig = report.update
         if not await self._first_sight(sig):
             return
         cycle = report.cycle
-        if cycle.judged and sig.session_generation == self.fence.s.session_generation \
-                and self.fence.issued(cycle.ticket, in_flight=False):
-            assert cycle.outcome is not None and cycle.accept is not None
-            if self.fence.report_deadline(report.requested_at):
-                self.fence.arm_read_deadline(requested_at=report.requested_at, period_seconds=self._read_period(),
-                                             jitter=self.rt.random())
-            self.fence.update_reported()
-            self._read_judged(cycle.ticket, cycle.outcome, cycle.accept, seen_at=self.rt.now(), trigger=None)
-        else:
+        if not (cycle.judged and sig.session_generation == self.fence.s.session_generation
+                and self._apply_judged(cycle, by=ReadBy.INGRESS, requested_at=report.requested_at)):
             await self._note_update(sig)
         if not self._has_work():
             # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
@@ -322,6 +247,8 @@ class SubscriptionProgram:
 
     async def run(self) -> ResourceSubscriptionV1:
         rt, start = self.rt, self.start
+        # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
+        self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -333,7 +260,7 @@ class SubscriptionProgram:
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
-        rt.spawn(self._keep_deadline())
+        rt.spawn(self.keeper.run())
 
         while not self.fence.finished:
             rt.loop_iteration()
@@ -373,7 +300,7 @@ class SubscriptionProgram:
             if self._continue_as_new_due():
                 await self._continue_as_new()
             # The deadline keeper owns the timer; its firing is work like any other.
-            await self._wait(self._idle_or_deadline(self.deadline_ticks), None, WaitKind.IDLE)
+            await self._wait(self._idle_or_deadline(self.keeper.ticks), None, WaitKind.IDLE)
 
         self.fence.finish(rt.now())
         await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
@@ -400,44 +327,8 @@ class SubscriptionProgram:
 
     def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
         """The idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
-        return lambda: self._has_work() or self.deadline_ticks != ticks
+        return lambda: self._has_work() or self.keeper.ticks != ticks
 
-    def _deadline_acted_on(self, due: datetime | None) -> Callable[[], bool]:
-        """After the keeper's timer fired for ``due``: the loop requested a read, or the deadline moved."""
-        fence, rt = self.fence, self.rt
-        return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
-
-    async def _keep_deadline(self) -> None:
-        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
-        re-armed only if it would fire after the newest read's promised bound. Its firing wakes the
-        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
-        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
-        fence, rt = self.fence, self.rt
-        while not fence.finished:
-            wait = fence.until_read_due(rt.now())
-            if wait is None:  # not ACTIVE, a read requested or being allocated: wait for a deadline
-                await self._keeper_wait(lambda: fence.finished or fence.until_read_due(rt.now()) is not None, None)
-                continue
-            due = fence.s.read_due_at
-            fire_at = rt.now() + wait
-
-            def broken_promise(fire_at: datetime = fire_at) -> bool:
-                # A read granted meanwhile moves the deadline (usually later, by up to a period); the
-                # armed timer still keeps the promise unless it fires after the newest read's bound.
-                promised = fence.read_promised_by()
-                return promised is not None and promised < fire_at
-
-            if await self._keeper_wait(broken_promise, wait):
-                continue
-            self.deadline_ticks += 1
-            # Until the main loop has acted on it (a read requested) or the deadline moved: no spinning.
-            await self._keeper_wait(self._deadline_acted_on(due), None)
-
-    async def _keeper_wait(self, condition: Callable[[], bool], timeout: timedelta | None) -> bool:
-        """The deadline keeper blocks without upserting: it changes no search attribute itself, and
-        the coroutines that do upsert when they block, so a workflow task (a start's first one: the
-        keeper blocks right after the reload) writes one upsert, not two."""
-        return await self.rt.wait(condition, timeout, WaitKind.DEADLINE)
 
     def _loop_must_serve(self) -> bool:
         """Work only the main loop can do, for which the continue-as-new wait must step aside."""
@@ -463,16 +354,20 @@ class SubscriptionProgram:
         self.session_failures += 1
         delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
         await self._wait(
-            lambda: self.live_generation > have or self.fence.s.close_requested or self.revocation is not None,
-            timedelta(seconds=delay), WaitKind.SESSION,
+            lambda: (
+                self.live_generation > have or self.fence.s.close_requested or self.revocation is not None
+            ),
+            timedelta(seconds=delay),
+            WaitKind.SESSION,
         )
 
     # --- subscribe -------------------------------------------------------------------
 
     async def _ensure_subscribed(self) -> bool:
         """Bind to the live session and (re)subscribe. False when there is no usable session."""
-        session = await self.rt.ledger(Act.CURRENT_SESSION,
-                                       SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo)
+        session = await self.rt.ledger(
+            Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo
+        )
         if session is None:
             self.fence.explain("no live MCP session for this subject and server")
             self._publish()
@@ -489,9 +384,11 @@ class SubscriptionProgram:
             return True
         self.session = session
         self.session_failures = 0
-        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION,
-                                  BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
-                                  FenceSnapshot)
+        snap = await self._ledger(
+            Act.BEGIN_SUBSCRIPTION,
+            BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
+            FenceSnapshot,
+        )
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
             # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
@@ -549,11 +446,12 @@ class SubscriptionProgram:
         if started is None or started.active is None:
             self.fence.release_placeholder(placeholder)
             return started
-        trigger = self.fence.start_cycle_subscribed(started.active, placeholder, read=started.cycle is not None)
+        trigger = self.fence.start_cycle_subscribed(started.active, placeholder,
+                                                    read=started.cycle is not None)
         self.fence.explain("")
         self._publish()
         if trigger is not None:
-            self._cycle_done(started.cycle, trigger, requested_at)
+            self._cycle_done(started.cycle, trigger, requested_at, ReadBy.START)
         return started
 
     # --- reads -------------------------------------------------------------------------
@@ -577,21 +475,9 @@ class SubscriptionProgram:
         self.session = None  # re-bind: the session host has (or will have) a new generation
         self._publish()
 
-    def _read_judged(self, ticket: ReadTicket, outcome: ReadOutcome, result: AcceptResult, *, seen_at: datetime,
-                     trigger: TriggerReason | None) -> None:
-        """The one place a judged read is applied, whoever read it: the run's own or its start's (for
-        ``trigger``) or the ingress's (None: reported); ``seen_at``: when its content counts as observed."""
-        ordinal = ticket.ordinal
-        self.fence.applied(ordinal, result, read_notified=ticket.notifications_seen, trigger=trigger)
-        self.fence.accepted_digest(outcome.content_digest, result)
-        self.fence.observed(result, allocated_at=seen_at, now=self.rt.now())
-        self.fence.read_judged(ordinal, outcome, result)
-        self.fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
-        self._publish()
-
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
-        """One activity allocates, reads and judges (``Act.MCP_READ_CYCLE``); the run mirrors what it
-        did: issued, deadline, applied, judged."""
+        """One activity allocates, reads and judges (``Act.MCP_READ_CYCLE``); the run applies what it
+        did (``_cycle_done``)."""
         s = self.fence.s
         session = self.session
         requested_at = self.rt.now()
@@ -606,10 +492,12 @@ class SubscriptionProgram:
                                                      close_epoch=s.close_epoch), ReadCycleResult)
         finally:
             self.fence.release_placeholder(placeholder)
-        self._cycle_done(cycle, trigger, requested_at)
+        self._cycle_done(cycle, trigger, requested_at, ReadBy.RUN)
 
-    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime) -> None:
-        """Mirror a read cycle's result (None: it failed for good): issued, deadline, applied, judged."""
+    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime,
+                    by: ReadBy) -> None:
+        """A cycle the run scheduled (its own read, or its start's) came back; None: it failed for
+        good. A granted read is applied by ``_apply_judged``; a refused one re-owes its trigger."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
@@ -617,24 +505,48 @@ class SubscriptionProgram:
             self.session = None
             self._publish()
             return
-        if not self.fence.issued(cycle.ticket):
+        if not self._apply_judged(cycle, by=by, requested_at=requested_at, trigger=trigger):
             assert cycle.fence is not None
             self.fence.refused(cycle.fence, trigger)
             self._publish()
-            return
+
+    def _apply_judged(self, cycle: ReadCycleResult, *, by: ReadBy, requested_at: datetime,
+                      trigger: TriggerReason | None = None) -> bool:
+        """The one place a read cycle's answer changes the run's state, whoever read: the run itself
+        (for ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: whatever it leaves
+        dirty is handed over to the run). In order: the ordinal is issued; the read deadline is armed
+        from ``requested_at`` (a report's only if newer than the one armed); the verdict is applied
+        (coverage, the follow-up owed), then the digest, the content time, the detail line and the
+        poll period the read's directives imply. False: the ledger did not grant the read, nothing
+        changed (the caller decides what the trigger is owed)."""
+        fence = self.fence
+        reported = by == ReadBy.INGRESS
         ticket = cycle.ticket
-        # From the request, not the grant: the ledger allocated no earlier, so the deadline is never
-        # later than one period after the read the ledger records.
-        self.fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                     jitter=self.rt.random())
+        if not fence.issued(ticket, in_flight=not reported):
+            return False
+        if not reported or fence.report_deadline(requested_at):
+            # From the request, not the grant: the ledger allocated no earlier, so the deadline is
+            # never later than one period after the read the ledger records.
+            fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
+                                    jitter=self.rt.random())
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
             self._read_lost_session(ticket.ordinal)
-            return
+            return True
+        if reported:
+            fence.update_reported()
         # Content time: the read saw it somewhere between ``requested_at`` and now. The later bound is
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
-        self._read_judged(ticket, outcome, result, seen_at=self.rt.now(), trigger=trigger)
+        seen_at = self.rt.now()
+        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen,
+                      trigger=None if reported else trigger)
+        fence.accepted_digest(outcome.content_digest, result)
+        fence.observed(result, allocated_at=seen_at, now=self.rt.now())
+        fence.read_judged(ticket.ordinal, outcome, result)
+        fence.read_directives(outcome)  # ttlMs / cacheScope / backoff: the next poll period
+        self._publish()
+        return True
 
     # --- revocation --------------------------------------------------------------------------
 
@@ -642,8 +554,11 @@ class SubscriptionProgram:
         req, self.revocation = self.revocation, None
         assert req is not None
         effective = req.effective_at or self.rt.now()
-        snap = await self._ledger(Act.REVOKE, RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
-                                                                  effective_at=effective), FenceSnapshot)
+        snap = await self._ledger(
+            Act.REVOKE,
+            RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform", effective_at=effective),
+            FenceSnapshot,
+        )
         self.fence.adopt(snap)
         if snap.state == S.REVOKED:
             self.fence.explain(f"revoked: {req.reason}")
@@ -656,99 +571,6 @@ class SubscriptionProgram:
             await self._mcp(session, Act.MCP_UNSUBSCRIBE,
                             UnsubscribeRequest(key=self.key, session_generation=session.generation),
                             UnsubscribeOutcome)
-
-    # --- tombstones and identity ------------------------------------------------------------
-
-    async def _apply_catalog(self) -> None:
-        obs, self.catalog = self.catalog, None
-        assert obs is not None
-        before = self.fence.s.state
-        if before == S.RECONCILIATION_REQUIRED:
-            if self.fence.identity_evidence(listed=obs.listed, measured_at=obs.measured_at):
-                await self._resume("IDENTITY_RECONCILED", {
-                    "scan_id": obs.scan_id, "snapshot_status": obs.snapshot_status,
-                    "measured_at": str(obs.measured_at), "variants": ", ".join(obs.variants)[:500]},
-                    detail=f"identity reconciled by catalog {obs.scan_id}"
-                           + (f" (ambiguous listed pair: {obs.variants[0][:200]})" if obs.variants else ""))
-            return
-        proven = obs.snapshot_status == "SNAPSHOT_PROVEN"
-        stale = self.fence.catalog_word_is_stale(listed=obs.listed, measured_at=obs.measured_at)
-        if before == S.ACTIVE and not obs.listed and (not proven or stale):
-            # An unproven catalog cannot revoke, nor can one measured before a read of ours saw
-            # content: either earns a read of the exact URI, which will tell.
-            self.fence.poll_due()
-            why = "measured before our last read saw content" if stale else "unproven"
-            self.fence.explain(f"not listed in catalog {obs.scan_id} ({why}): verifying by read")
-            self._publish()
-            return
-        if not (before == S.TOMBSTONE_PENDING or (before == S.ACTIVE and not obs.listed)):
-            return  # the catalog agrees with us: nothing to confirm, no read to spend
-        if stale:
-            return  # measured before our read saw not-found: it cannot say the URI came back
-        snap = await self._ledger(Act.CONFIRM_TOMBSTONE,
-                                  TombstoneRequest(key=self.key, listed=obs.listed, scan_id=obs.scan_id,
-                                                   proven=proven),
-                                  FenceSnapshot)
-        if before == S.TOMBSTONE_PENDING and snap.state == S.ACTIVE:
-            self.fence.resumed(snap)  # deleted and recreated: read it again before trusting anything
-        else:
-            self.fence.adopt(snap)
-        self.fence.explain(f"catalog {obs.snapshot_status} scan {obs.scan_id}: listed={obs.listed}")
-        self._publish()
-
-    async def _enter_reconciliation(self) -> None:
-        conflict, self.conflict = self.conflict, None
-        assert conflict is not None
-        if self.fence.variant_already_reconciled(conflict.observed_uri):
-            await self._audit("NORMALIZED_URI_MATCH_ALREADY_RECONCILED", conflict.session_generation,
-                              {"observed_uri": conflict.observed_uri[:500]})
-            self._publish()
-            return
-        if not self.fence.identity_conflict(f"identity conflict: {conflict.reason}", now=self.rt.now(),
-                                            observed_uri=conflict.observed_uri[:2048]):
-            return
-        allowed = [S.ACTIVE, S.SUBSCRIBING, S.DISCOVERED, S.TOMBSTONE_PENDING]
-        snap = await self._ledger(Act.SET_STATE, SetStateRequest(key=self.key, state=S.RECONCILIATION_REQUIRED,
-                                                                 allowed_from=allowed), FenceSnapshot)
-        self.fence.adopt(snap)
-        await self._audit("RECONCILIATION_REQUIRED", conflict.session_generation,
-                          {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
-        self._publish()
-
-    async def _await_reconciliation(self) -> None:
-        """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
-        the loop's catalog step) or its time bound: then resume."""
-        def over() -> bool:
-            return (self.resume_requested is not None or self.fence.s.close_requested or self.revocation is not None
-                    or self.fence.s.state != S.RECONCILIATION_REQUIRED
-                    or self.catalog is not None)
-
-        due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
-        timeout = due - self.rt.now()
-        if timeout > timedelta(0):
-            timed_out = not await self._wait(over, timeout, WaitKind.RECONCILIATION)
-        else:
-            timed_out = not over()
-        if timed_out:
-            await self._resume("RECONCILIATION_TIMED_OUT", {
-                "since": str(self.fence.s.reconciliation_since),
-                "max_seconds": int(self.options.reconciliation_max_seconds)},
-                detail=f"reconciliation timed out after {self.options.reconciliation_max_seconds:.0f} s without "
-                       "catalog evidence: resumed, re-reading the exact URI")
-            return
-        if self.resume_requested is not None:
-            await self._resume()
-
-    async def _resume(self, audit_kind: str | None = None, evidence: dict[str, str | int | None] | None = None,
-                      *, detail: str = "") -> None:
-        """Back to ACTIVE (a fresh read first); ``audit_kind`` records why, with its evidence."""
-        snap = await self._ledger(Act.SET_STATE, SetStateRequest(
-            key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]), FenceSnapshot)
-        self.fence.resumed(snap, detail)
-        self.resume_requested = None
-        if audit_kind is not None:
-            await self._audit(audit_kind, self.fence.s.session_generation, evidence or {})
-        self._publish()
 
     # --- close ---------------------------------------------------------------------------
 
@@ -765,8 +587,9 @@ class SubscriptionProgram:
                                   UnsubscribeOutcome)
             acked = out is not None and out.acked
         if receipt.state == S.UNSUBSCRIBING:
-            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked),
-                                      FenceSnapshot)
+            snap = await self._ledger(
+                Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked), FenceSnapshot
+            )
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
         self.fence.unsubscribed(snap)
@@ -810,65 +633,19 @@ class SubscriptionProgram:
             self.fence.explain(f"{name} failed: {err.cause}")
             return None
 
-    async def _audit(self, kind: str, session_generation: int | None, detail: dict[str, str | int | None]) -> None:
-        await self._ledger(Act.AUDIT, AuditRequest(kind=kind, key=self.key, session_generation=session_generation,
-                                                   detail=detail), int)
+    async def _audit(self, kind: str, session_generation: int | None,
+                     detail: dict[str, str | int | None]) -> None:
+        await self._ledger(
+            Act.AUDIT,
+            AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail),
+            int,
+        )
 
     def _publish(self) -> None:
-        """Search attributes and the Web UI's current-details panel, only when they change."""
-        s = self.fence.s
-        phase = self.fence.phase
-        snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
-                    s.detail, s.last_issued_ordinal)
-        if snapshot == self.last_published:
-            return
-        self.last_published = snapshot
-        digest = s.last_accepted_digest or "-"
-        # A list, not a table: the Web UI draws a table cell against its label. Freshness is what the
-        # page is for; it changes with the read ordinal, so the snapshot above covers it. The current
-        # details write no history event.
-        if s.staleness_bound_seconds:
-            bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
-                     f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
-        elif self.options.safety_read_seconds:
-            bound = f"{self.options.safety_read_seconds:.0f} s (safety read period; a notification is read sooner)"
-        else:
-            bound = "-"
-        rows = [
-            ("subject / server", f"{self.key.subject} / {self.key.server}"),
-            ("last accepted at", _stamp(s.last_accepted_at)),
-            ("last verified at", _stamp(s.content_seen_at)),
-            ("next read due", _stamp(s.read_due_at if s.state == S.ACTIVE else None)),
-            ("staleness bound", bound),
-            ("session gen / subscription gen", f"{s.session_generation} / {s.subscription_generation}"),
-            ("edition", s.edition or "-"),
-            ("last issued / accepted ordinal", f"{s.last_issued_ordinal} / {s.last_accepted_ordinal}"),
-            ("watermark", str(s.watermark)),
-            ("last receipt", str(s.last_receipt_id or "-")),
-            ("last digest", f"`{digest[:23]}`"),
-            ("close epoch / ordinal", f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}"),
-            ("updates seen", str(s.updates_seen)),
-            ("reads issued", str(s.reads_issued)),
-            ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
-        ]
-        details = (f"**{phase.value}** `{self.key.uri}`\n\n" + "".join(f"- {k}: **{v}**\n" for k, v in rows)
-                   + (f"\n{s.detail}\n" if s.detail else ""))
-        # The details now (not history), the search attributes when this coroutine blocks.
-        self.rt.publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark, details,
-                                    upsert=False))
+        self.publisher.details(self.fence)
 
     def _flush_search_attributes(self) -> None:
-        """Upsert the search attributes if one changed since the last upsert. Called where a coroutine
-        blocks or ends, so one workflow task writes at most one upsert per coroutine."""
-        s = self.fence.s
-        # McpState is the subscription's state, not the read phase, so it stays ACTIVE through a read
-        # (a list filtered on ACTIVE keeps a subscription mid-read) and a change costs one upsert, not
-        # two; the phase stays in the details panel and the query.
-        values = (s.state, s.session_generation, s.subscription_generation, s.watermark)
-        if values == self.last_search_attributes:
-            return
-        self.last_search_attributes = values
-        self.rt.publish(Publication(*values, None))
+        self.publisher.search_attributes(self.fence)
 
     async def _wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
         self._flush_search_attributes()

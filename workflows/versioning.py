@@ -31,7 +31,8 @@ MAIN_WORKER_BEHAVIOR = VersioningBehavior.PINNED
 def target_version_changed() -> bool:
     """True when this run is pinned to a build that is no longer its deployment's target."""
     info = workflow.info()
-    return info.get_current_deployment_version() is not None and info.is_target_worker_deployment_version_changed()
+    return (info.get_current_deployment_version() is not None
+            and info.is_target_worker_deployment_version_changed())
 
 
 def upgrade_behavior() -> workflow.ContinueAsNewVersioningBehavior | None:

@@ -2,7 +2,7 @@
 
 Contract:
 - Pure and deterministic: no I/O, no clock. Each function takes the fence row the ledger holds
-  locked (``FenceSnapshot``) and the answer of the matching rule in ``mcpsync.workflows.fence``
+  locked (``FenceSnapshot``) and the answer of the matching rule in ``mcpsync.workflows.ledger_rules``
   (``judge_read``, ``close_rule``, ``tombstone_rule``, ``revoke_rule``) and returns one
   ``WritePlan``: the receipt, the fence-row update, the outbox row, the audit row, the
   ``read_requests`` completion and the revocation that transaction writes, or nothing.
@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from mcpsync.workflows.coverage import covered_after
-from mcpsync.workflows.fence import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
 from mcpsync.workflows.records import (
     AcceptResult,
     AcceptVerdict,
@@ -207,7 +207,8 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
     return plan.model_copy(update={"fence": fence})
 
 
-def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement) -> WritePlan:
+def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome,
+                 j: Judgement) -> WritePlan:
     o = outcome
     if j.reason == "replayed":
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
@@ -231,7 +232,8 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
                           subscription_generation=o.subscription_generation, content_digest=o.content_digest)
     if j.advance_ordinal_only:
         # The fence position moves (an older read must not land after it); the current version stays.
-        return plan.model_copy(update={"receipt": receipt, "fence": FenceUpdate(last_accepted_ordinal=o.ordinal)})
+        fence = FenceUpdate(last_accepted_ordinal=o.ordinal)
+        return plan.model_copy(update={"receipt": receipt, "fence": fence})
     if not j.advance:
         return plan.model_copy(update={"receipt": receipt})
     advanced: dict[str, Any] = {"last_accepted_ordinal": o.ordinal, "watermark": o.ordinal,
@@ -279,15 +281,21 @@ def plan_close(row: FenceSnapshot) -> WritePlan:
     closed = None if row.last_accepted_digest is None else OutboxPlan(  # never a version: nothing to withdraw
         event=OutboxEventType.CLOSED, ordinal=row.last_accepted_ordinal, of_receipt=False,
         previous_digest=row.last_accepted_digest, withdraws=True, reason=CLOSED_REASON)
-    return WritePlan(kind=PlanKind.CLOSE, fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal),
-                     outbox=closed)
+    return WritePlan(
+        kind=PlanKind.CLOSE,
+        fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal),
+        outbox=closed,
+    )
 
 
 def close_receipt(row: FenceSnapshot) -> CloseReceipt:
     """The close receipt a row answers (a row not closing yet: its would-be close ordinal)."""
-    return CloseReceipt(state=row.state or S.UNSUBSCRIBING, close_epoch=row.close_epoch,
-                        close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
-                        last_accepted_ordinal=row.last_accepted_ordinal)
+    return CloseReceipt(
+        state=row.state or S.UNSUBSCRIBING,
+        close_epoch=row.close_epoch,
+        close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
+        last_accepted_ordinal=row.last_accepted_ordinal,
+    )
 
 
 def plan_tombstone(row: FenceSnapshot, *, listed: bool, proven: bool, scan_id: str) -> WritePlan:
@@ -298,17 +306,32 @@ def plan_tombstone(row: FenceSnapshot, *, listed: bool, proven: bool, scan_id: s
     if target is None:
         return WritePlan(kind=PlanKind.STATE)
     if target == S.REVOKED:
-        return plan_revoke(row, source=RevokeSource.CATALOG, reason=f"not listed for this subject in catalog {scan_id}",
-                           unchecked=True)
+        return plan_revoke(
+            row,
+            source=RevokeSource.CATALOG,
+            reason=f"not listed for this subject in catalog {scan_id}",
+            unchecked=True,
+        )
     if target != S.TOMBSTONED:
         return WritePlan(kind=PlanKind.STATE, fence=FenceUpdate(state=target))
     return WritePlan(
         kind=PlanKind.TOMBSTONE,
-        receipt=ReceiptPlan(ordinal=row.last_accepted_ordinal, status=V.TOMBSTONED, request_id=f"catalog:{scan_id}",
-                            trigger=CATALOG_TRIGGER, session_generation=row.session_generation,
-                            subscription_generation=row.subscription_generation, of_read=False),
+        receipt=ReceiptPlan(
+            ordinal=row.last_accepted_ordinal,
+            status=V.TOMBSTONED,
+            request_id=f"catalog:{scan_id}",
+            trigger=CATALOG_TRIGGER,
+            session_generation=row.session_generation,
+            subscription_generation=row.subscription_generation,
+            of_read=False,
+        ),
         fence=FenceUpdate(state=target, link_receipt=True),
-        outbox=OutboxPlan(event=OutboxEventType.TOMBSTONED, ordinal=row.last_accepted_ordinal,
-                          previous_digest=row.last_accepted_digest, withdraws=True, rollout_gated=True,
-                          reason=f"deleted: not listed in reconciled catalog {scan_id}"),
+        outbox=OutboxPlan(
+            event=OutboxEventType.TOMBSTONED,
+            ordinal=row.last_accepted_ordinal,
+            previous_digest=row.last_accepted_digest,
+            withdraws=True,
+            rollout_gated=True,
+            reason=f"deleted: not listed in reconciled catalog {scan_id}",
+        ),
     )

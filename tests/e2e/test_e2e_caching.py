@@ -35,6 +35,7 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import SessionHost, server_transport
 from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.read_deadline import dispatch_margin
 from mcpsync.workflows.records import (
     CacheScope,
     StalenessBoundSource,
@@ -210,7 +211,9 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
                                      and r.staleness_bound_source == StalenessBoundSource.TTL, "ttl bound")
             assert rec.staleness_bound_seconds == 3.0
             assert rec.last_read_ttl_ms == 3000 and rec.last_read_cache_scope == CacheScope.PUBLIC
-            # Poll reads come no faster than 0.8 x ttl (jitter only makes them earlier), not every 0.5 s.
+            # Poll reads come no faster than 0.8 x (ttl less the dispatch margin; jitter only makes them
+            # earlier), not every 0.5 s; a gap between allocations is shorter than the deadline by the
+            # previous read's dispatch (the deadline runs from its request).
             await eventually(lambda: ledger_rows(
                 ledger, "SELECT 1 FROM read_requests WHERE workflow_id=%s AND trigger_reason='poll'"
                         " OFFSET 1", key.workflow_id), timeout=30, what="two poll reads")
@@ -218,7 +221,7 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
                 ledger, "SELECT issued_at FROM read_requests WHERE workflow_id=%s ORDER BY ordinal",
                 key.workflow_id)
             gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(times, times[1:], strict=False)]
-            assert gaps and min(gaps) >= 0.8 * 3.0 - 0.05, gaps
+            assert gaps and min(gaps) >= 0.8 * (3.0 - dispatch_margin(3.0)) - 0.2, gaps
 
             receipts = await ledger.receipts(key)
             assert receipts[0].ttl_ms == 3000 and receipts[0].cache_scope == CacheScope.PUBLIC

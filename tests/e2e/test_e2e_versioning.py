@@ -40,9 +40,10 @@ from mcpsync.worker.runtime import (
 )
 from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
-from mcpsync.workflows.fence import should_continue_as_new
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
+from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
 from mcpsync.workflows.records import CatalogKey, SubscriptionKey
+from mcpsync.workflows.subscription_state import should_continue_as_new
 from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_fence import _receipts, _record, _server
@@ -311,9 +312,8 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             # `mcpsync upgrades`: every open subscription run is on v2 and carries the v2 marker, so
             # V2_PATCH could be deprecated; the catalog's runs never ask for it.
             await eventually(lambda: _upgrades_show(client, queue, {
-                (WORKFLOW_TYPE, f"{deployment}:v2", (V2_PATCH,), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15,
-                             what="mcpsync upgrades on v2")
+                (WORKFLOW_TYPE, f"{deployment}:v2", tuple(sorted((DISPATCH_MARGIN_PATCH, V2_PATCH))), len(subs)),
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades on v2")
             assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == 0
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
@@ -332,10 +332,9 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             await eventually(lambda: _counts(client, deployment, queue, {"v1": len(subs) + 1, "v2": 0}),
                              timeout=15, what="visibility: every run back on v1, none on v2")
             # Back on v1: continue-as-new does not carry the marker (each run records the patches its
-            # own code asked for), so every open run is older than V2_PATCH again.
+            # own code asked for), so every open run is older than V2_PATCH again (every subscription
+            # run, on either build, takes the released dispatch-margin patch).
             await eventually(lambda: _upgrades_show(client, queue, {
-                (WORKFLOW_TYPE, f"{deployment}:v1", (), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15,
-                             what="mcpsync upgrades on v1")
-            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH,
-                                WORKFLOW_TYPE) == len(subs)
+                (WORKFLOW_TYPE, f"{deployment}:v1", (DISPATCH_MARGIN_PATCH,), len(subs)),
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades on v1")
+            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == len(subs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mcpsync.workflows.coverage import covered_after, dirty, plan_allocate, plan_note
-from mcpsync.workflows.fence import IssuedRead, judge_read
+from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.records import (
     AcceptVerdict,
     FenceSnapshot,

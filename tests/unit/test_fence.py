@@ -6,14 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mcpsync.workflows.fence import (
-    FenceState,
+from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.workflows.ledger_rules import (
     IssuedRead,
-    SubscriptionFence,
-    UpdateDisposition,
     allocate_ordinal,
     close_rule,
-    ingress_read_request,
     judge_read,
     marked_active,
 )
@@ -30,6 +27,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.subscription_state import FenceState, SubscriptionFence, UpdateDisposition
 
 KEY = SubscriptionKey(subject="s", server="srv", uri="demo://x")
 S = SubscriptionState

@@ -70,8 +70,12 @@ def _workflows_imported(path: Path) -> list[tuple[int, Path]]:
             continue
         for line, name in modules:
             parts = name.removeprefix("mcpsync.").split(".")
-            if parts[0] == "workflows" and len(parts) > 1 and (ROOT / "workflows" / f"{parts[1]}.py").exists():
+            if parts[0] != "workflows" or len(parts) < 2:
+                continue
+            if (ROOT / "workflows" / f"{parts[1]}.py").exists():
                 found.append((line, ROOT / "workflows" / f"{parts[1]}.py"))
+            elif (ROOT / "workflows" / parts[1]).is_dir():  # a package (records): every module of it
+                found += [(line, module) for module in sorted((ROOT / "workflows" / parts[1]).glob("*.py"))]
     return found
 
 
@@ -113,3 +117,6 @@ def test_the_workflow_code_check_sees_both_kinds(tmp_path: Path) -> None:
     probe.write_text("from mcpsync.workflows import catalog\nimport mcpsync.workflows.answer_rules\n")
     assert [(line, target.name) for line, target in _workflows_imported(probe)] == [
         (1, "catalog.py"), (2, "answer_rules.py")]
+    package = tmp_path / "package.py"
+    package.write_text("from mcpsync.workflows.records import FenceSnapshot\n")
+    assert (1, ROOT / "workflows" / "records" / "ledger.py") in _workflows_imported(package)

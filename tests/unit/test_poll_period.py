@@ -1,6 +1,8 @@
-"""The poll period of a server without subscribe (workflows/fence.py, docs/caching.md): the
-configured interval, never faster than the last read's ttlMs, backed off after failed reads, and
-the published staleness bound saying which rule set it. Pure, deterministic code: no stack needed."""
+"""The poll period of a server without subscribe (workflows/read_deadline.py,
+workflows/subscription_state.py, docs/caching.md): the configured interval, never faster than the
+last read's ttlMs, backed off after failed reads, the published staleness bound saying which rule
+set it, and the dispatch margin that keeps the next read's allocation within that bound. Pure,
+deterministic code: no stack needed."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mcpsync.workflows.fence import BACKOFF_CAP, FenceState, SubscriptionFence, poll_period
+from mcpsync.workflows.read_deadline import BACKOFF_CAP, dispatch_margin, poll_period
 from mcpsync.workflows.records import (
     CacheScope,
     FenceSnapshot,
@@ -19,6 +21,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.subscription_state import FenceState, SubscriptionFence
 
 KEY = SubscriptionKey(subject="alice", server="fx", uri="demo://doc")
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -101,3 +104,35 @@ def test_with_subscribe_no_bound_is_published_whatever_the_ttl() -> None:
     assert rec.staleness_bound_seconds is None and rec.staleness_bound_source is None
     assert rec.safety_read_seconds == 300.0  # notifications, not the ttl, drive reads; safety reads stay
     assert rec.last_read_ttl_ms == 600_000
+
+
+@pytest.mark.parametrize("period", [5.0, 6.0, 30.0, 300.0])
+@pytest.mark.parametrize("jitter", [0.0, 0.5, 0.999999])
+def test_with_the_dispatch_margin_the_read_is_requested_a_margin_before_the_bound(
+        period: float, jitter: float) -> None:
+    # A run that took the dispatch-margin patch: whatever the jitter draw, the deadline (and the
+    # latest time the keeper's promise allows) lies a margin before the period, so one dispatch
+    # of up to the margin still allocates the read within the published bound.
+    fence = SubscriptionFence(FenceState(key=KEY))
+    fence.dispatch_margin = True
+    fence.s.state = SubscriptionState.ACTIVE
+    fence.arm_read_deadline(requested_at=T0, period_seconds=period, jitter=jitter)
+    margin = dispatch_margin(period)
+    assert 0 < margin <= 2.0
+    latest = T0 + timedelta(seconds=period - margin)
+    assert fence.s.read_due_at is not None and fence.s.read_due_at <= latest
+    assert fence.read_promised_by() == latest
+    # An ACTIVE fence without a deadline arms one the same margin short of the period.
+    unarmed = SubscriptionFence(FenceState(key=KEY, state=SubscriptionState.ACTIVE))
+    unarmed.dispatch_margin = True
+    unarmed.poll_if_due(T0, period_seconds=period)
+    assert unarmed.s.read_due_at == latest
+
+
+def test_without_the_patch_a_run_arms_its_deadlines_at_the_whole_period() -> None:
+    # Runs that started on 0.2.0 (no dispatch-margin marker) replay with their recorded timers.
+    fence = SubscriptionFence(FenceState(key=KEY))
+    fence.s.state = SubscriptionState.ACTIVE
+    fence.arm_read_deadline(requested_at=T0, period_seconds=30.0, jitter=0.999999)
+    assert fence.read_promised_by() == T0 + timedelta(seconds=30.0)
+

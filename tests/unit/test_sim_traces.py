@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mcpsync.workflows import write_plan
-from mcpsync.workflows.fence import SubscriptionFence
+from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records import (
     AcceptVerdict,
     AllocateRequest,
@@ -28,7 +28,8 @@ from mcpsync.workflows.records import (
     ResumeRequest,
     SubscriptionStart,
 )
-from mcpsync.workflows.subscription_program import SubscriptionProgram, WaitKind
+from mcpsync.workflows.subscription_program import SubscriptionProgram
+from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.simulation import Invariant, LedgerIntegrityError, MemoryLedger, Trace, replay
 from sim.situations import observe
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.workflows.fence import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     FenceSnapshot,
@@ -316,7 +316,7 @@ def _failed_reads_cover(row: FenceSnapshot, verdict: Any, read_notified: int) ->
 
 
 @pytest.mark.parametrize("module, name, broken, config", [
-    ("mcpsync.workflows.fence", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
+    ("mcpsync.workflows.subscription_state", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
     ("mcpsync.workflows.write_plan", "covered_after", _failed_reads_cover, GATE_CONFIG),
 ], ids=["dirty-as-clean", "failed-reads-cover"])
 def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str, name: str,

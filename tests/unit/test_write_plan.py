@@ -5,7 +5,7 @@ the simulator's in-memory ledger and compares the two."""
 
 from __future__ import annotations
 
-from mcpsync.workflows.fence import IssuedRead, judge_read
+from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.records import (
     AcceptVerdict,
     FenceSnapshot,

@@ -1,4 +1,4 @@
-"""The subscription state machine and its fences, as plain deterministic Python.
+"""The subscription state machine: everything one run knows, as plain deterministic Python.
 
 Contract:
 - ``SubscriptionFence`` holds all state of one subscription in one serializable
@@ -42,17 +42,16 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from mcpsync.workflows.coverage import follow_up_owed, plan_allocate
+from mcpsync.workflows.coverage import follow_up_owed
+from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, poll_period
 from mcpsync.workflows.records import (
+    CLOSING_STATES,
     TERMINAL_STATES,
     AcceptResult,
     AcceptVerdict,
-    AllocateRequest,
     CacheScope,
     CloseReceipt,
     FenceSnapshot,
-    NotedNotification,
-    ReadCycleRequest,
     ReadOutcome,
     ReadOutcomeKind,
     ReadTicket,
@@ -71,17 +70,6 @@ __all__ = [
     "UpdateDisposition",
     "READABLE",
     "TERMINAL",
-    "IssuedRead",
-    "Judgement",
-    "allocate_ordinal",
-    "marked_active",
-    "ingress_read_request",
-    "judge_read",
-    "close_rule",
-    "tombstone_rule",
-    "revoke_rule",
-    "poll_period",
-    "BACKOFF_CAP",
 ]
 
 S = SubscriptionState
@@ -92,33 +80,9 @@ READABLE = frozenset({S.ACTIVE})
 TERMINAL = TERMINAL_STATES
 """Main states that never reopen (``records.TERMINAL_STATES``)."""
 
-CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
+CLOSING = CLOSING_STATES
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
-
-BACKOFF_CAP = 8.0
-"""Consecutive failed reads double the poll period, up to this many times the configured interval."""
-
-_FAILED_READS = frozenset({ReadOutcomeKind.MALFORMED, ReadOutcomeKind.PROTOCOL, ReadOutcomeKind.TRANSIENT})
-"""Read outcomes that count towards the poll backoff: the server answered, but not with content."""
-
-
-def poll_period(interval_seconds: float, ttl_ms: int | None, failed_reads: int) -> tuple[float, StalenessBoundSource]:
-    """The period a server without subscribe is polled at, and which rule set it.
-
-    Never faster than the configured interval nor than the server's ``ttlMs`` allows (a freshness
-    hint: reading again before it runs out is wasted load, MCP 2026-07-28); after consecutive failed
-    reads the interval doubles per failure up to ``BACKOFF_CAP`` × the interval (the spec asks any
-    polling to back off). The jitter is applied where the deadline is armed."""
-    period, source = interval_seconds, StalenessBoundSource.CONFIG
-    if ttl_ms and ttl_ms / 1000 > period:
-        period, source = ttl_ms / 1000, StalenessBoundSource.TTL
-    if failed_reads > 0:
-        backed_off = interval_seconds * min(2.0 ** min(failed_reads, 16), BACKOFF_CAP)
-        if backed_off > period:
-            period, source = backed_off, StalenessBoundSource.BACKOFF
-    return period, source
-
 
 class UpdateDisposition(StrEnum):
     NOTED = "noted"  # a wake-up: a read is requested, or the read pending or in flight stands for it
@@ -162,12 +126,15 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
-    tombstone_pending_at: datetime | None = None  # when a read first saw not-found (catalog words older are stale)
+    # when a read first saw not-found (catalog words older are stale)
+    tombstone_pending_at: datetime | None = None
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
-    reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound runs from here)
-    conflict_uris: list[str] = Field(default_factory=list)  # variants observed in this RECONCILIATION_REQUIRED
+    # when RECONCILIATION_REQUIRED began (its bound runs from here)
+    reconciliation_since: datetime | None = None
+    # variants observed in this RECONCILIATION_REQUIRED
+    conflict_uris: list[str] = Field(default_factory=list)
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
@@ -177,6 +144,9 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
+        # Per run (the program asks ``read_deadline.DISPATCH_MARGIN_PATCH``): deadlines are armed a
+        # dispatch margin before the period ends, so the read is allocated within the bound.
+        self.dispatch_margin = False
 
     def explain(self, detail: str) -> None:
         """The operator-facing reason for the current state (Web UI, ``status``); metadata only."""
@@ -247,11 +217,12 @@ class SubscriptionFence:
         s.in_flight.append(placeholder)
         return placeholder
 
-    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool) -> TriggerReason | None:
+    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *,
+                               read: bool) -> TriggerReason | None:
         """The start activity marked the row (``snap``, ``subscribed``'s answer) and, if ``read``,
         made the initial read: that read is the INITIAL trigger, taken as ``reserve_read`` takes it,
-        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not ACTIVE on these generations), exactly
-        ``subscribed``: the slot is released and None."""
+        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not
+        ACTIVE on these generations), exactly ``subscribed``: the slot is released and None."""
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
         self.subscribed(snap, poll_interval_seconds=None)
@@ -295,16 +266,24 @@ class SubscriptionFence:
         polling, else the safety re-read period (None: no periodic read at all)."""
         return self.s.staleness_bound_seconds or safety_read_seconds or None
 
-    def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None, jitter: float) -> None:
+    def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None,
+                          jitter: float) -> None:
         """A read was granted; its allocation was requested at ``requested_at``. The next
-        periodic read is due one period after that, jittered early (``jitter`` in [0, 1) maps
-        to 0.8–1.0 of the period): never later than the published bound."""
+        periodic read is due one period (less the dispatch margin) after that, jittered early
+        (``jitter`` in [0, 1) maps to 0.8–1.0 of it): its allocation falls within the published
+        bound."""
         if not period_seconds:
             self.s.read_due_at = None
             return
-        self.s.read_due_at = requested_at + timedelta(seconds=period_seconds * (0.8 + 0.2 * jitter))
+        period = self._requested_within(period_seconds)
+        self.s.read_due_at = requested_at + timedelta(seconds=period * (0.8 + 0.2 * jitter))
         self.s.read_armed_from = requested_at
         self.s.read_jitter = jitter
+
+    def _requested_within(self, period_seconds: float) -> float:
+        """How long after the last read the next one is requested at the latest: the period, less
+        the dispatch margin when this run takes it."""
+        return period_seconds - (dispatch_margin(period_seconds) if self.dispatch_margin else 0.0)
 
     def read_promised_by(self) -> datetime | None:
         """The latest time the next periodic read may be requested: one whole period after the read
@@ -324,7 +303,7 @@ class SubscriptionFence:
             s.last_read_cache_scope = outcome.cache_scope
         if outcome.kind == ReadOutcomeKind.CONTENT:
             s.failed_reads = 0
-        elif outcome.kind in _FAILED_READS:
+        elif outcome.kind in FAILED_READS:
             s.failed_reads += 1
         self._publish_poll_period()
 
@@ -336,12 +315,18 @@ class SubscriptionFence:
         before = s.staleness_bound_seconds
         period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
-        if before is not None and period != before and s.read_due_at is not None and s.read_armed_from is not None:
+        if (
+            before is not None
+            and period != before
+            and s.read_due_at is not None
+            and s.read_armed_from is not None
+        ):
             # The period changed after the deadline was armed (the read that just came back told a
             # ttl, failed, or saw content again): re-arm it from the same allocation with the same
             # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
             # No new random draw: the run's sequence of random draws depends only on its reads.
-            self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period, jitter=s.read_jitter)
+            self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
+                                   jitter=s.read_jitter)
 
     def poll_if_due(self, now: datetime, *, period_seconds: float | None) -> bool:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
@@ -350,7 +335,7 @@ class SubscriptionFence:
         if s.state != S.ACTIVE or not period_seconds or self.allocating:
             return False  # an allocation on its way re-arms the deadline when granted
         if s.read_due_at is None:
-            s.read_due_at = now + timedelta(seconds=period_seconds)
+            s.read_due_at = now + timedelta(seconds=self._requested_within(period_seconds))
         if now >= s.read_due_at and s.pending_trigger is None:
             s.pending_trigger = TriggerReason.POLL
             return True
@@ -451,7 +436,8 @@ class SubscriptionFence:
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
         s.last_verdict = result.verdict
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
+                              AcceptVerdict.TOMBSTONE_PENDING):
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
             s.last_receipt_id = result.receipt_id
@@ -488,8 +474,10 @@ class SubscriptionFence:
         """When a judged read (allocated at ``allocated_at``) saw content or not-found: the times
         ``catalog_word_is_stale`` compares catalog measurements with."""
         s = self.s
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.GUARDRAIL_REJECTED):
-            s.content_seen_at = allocated_at if s.content_seen_at is None else max(s.content_seen_at, allocated_at)
+        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
+                              AcceptVerdict.GUARDRAIL_REJECTED):
+            seen = s.content_seen_at
+            s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
             if result.verdict == AcceptVerdict.ACCEPTED:
                 s.last_accepted_at = now
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
@@ -534,7 +522,8 @@ class SubscriptionFence:
 
     # --- identity and catalog ------------------------------------------------------------
 
-    def identity_conflict(self, detail: str, *, now: datetime | None = None, observed_uri: str | None = None) -> bool:
+    def identity_conflict(self, detail: str, *, now: datetime | None = None,
+                          observed_uri: str | None = None) -> bool:
         """RECONCILIATION_REQUIRED: stop accepting until the identity is reconciled (catalog
         evidence, the time bound, or a resume). False if closing/terminal."""
         s = self.s
@@ -663,7 +652,9 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
-            staleness_bound_source=s.staleness_bound_source if s.staleness_bound_seconds is not None else None,
+            staleness_bound_source=s.staleness_bound_source
+            if s.staleness_bound_seconds is not None
+            else None,
             last_read_ttl_ms=s.last_read_ttl_ms,
             last_read_cache_scope=s.last_read_cache_scope,
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
@@ -682,148 +673,3 @@ def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_fli
     if reads_in_flight or not handlers_finished:
         return False
     return suggested or history_length >= max_history or target_version_changed
-
-
-# --- the durable fence rules -------------------------------------------------------------
-#
-# Pure functions over the durable row (``FenceSnapshot``). The ledger applies them to the
-# PostgreSQL row it holds locked (``SELECT ... FOR UPDATE``); the simulator applies them to
-# an in-memory row. One rule, two stores: the simulator cannot drift from production.
-
-CLOSING_OR_TERMINAL = CLOSING | TERMINAL
-
-
-class IssuedRead(BaseModel):
-    """A ``read_requests`` row: a read the fence issued before it was dispatched."""
-
-    model_config = {"frozen": True}
-
-    ordinal: int
-    request_id: str
-    session_generation: int
-    subscription_generation: int
-    completed_verdict: AcceptVerdict | None = None
-    notified: int = 0  # the row's notification count at this read's allocation (``coverage``)
-    # Allocated by a read cycle (allocate + read + accept in one activity): its accept runs whether
-    # or not the run that scheduled it still lives (an orphan of a reset run accepts too).
-    in_cycle: bool = False
-
-
-class Judgement(BaseModel):
-    """What the sole acceptance point decided, and what it must write."""
-
-    model_config = {"frozen": True}
-
-    verdict: AcceptVerdict
-    reason: str
-    write_receipt: bool = False  # a resourceVersion.v1 row
-    advance: bool = False  # lastAcceptedOrdinal/watermark := ordinal
-    advance_ordinal_only: bool = False  # lastAcceptedOrdinal := ordinal; digest and watermark stay
-    outbox: bool = False  # an invalidation outbox row
-    new_state: SubscriptionState | None = None
-    audit_kind: str | None = None
-
-
-def ingress_read_request(noted: NotedNotification, key: SubscriptionKey, *, generation: int,
-                         request_id: str) -> ReadCycleRequest | None:
-    """The read cycle the ingress makes itself for a notification it just recorded, or None when the
-    workflow must be signalled instead (``resource_updated``): the row was not marked ACTIVE by
-    ``mark_active`` (``read_reports``: its run mirrors reports), the row is not ACTIVE, the notification
-    came on another session generation than the row's. The request carries the row's fence as the workflow's own read would; the
-    allocation then applies the same CAS (refused if the row moved meanwhile)."""
-    row = noted.fence
-    if not row.exists or not row.read_reports or row.state != S.ACTIVE \
-            or row.session_generation != generation:
-        return None
-    allocate = AllocateRequest(key=key, session_generation=row.session_generation,
-                               subscription_generation=row.subscription_generation,
-                               min_ordinal=row.last_issued_ordinal + 1, request_id=request_id,
-                               trigger=TriggerReason.UPDATED)
-    return ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=row.close_epoch)
-
-
-def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_generation: int) -> bool:
-    """``mark_active`` answered ``row``: ACTIVE on these generations, marked by this start (now, or by
-    an earlier attempt of it). Anything else (closing, revoked, another subscription generation) is
-    another writer's row, on which the start must not read."""
-    return (row.exists and row.state == S.ACTIVE and row.session_generation == session_generation
-            and row.subscription_generation == subscription_generation)
-
-
-def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
-                     min_ordinal: int) -> int | None:
-    """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
-    plan = plan_allocate(row, session_generation=session_generation, subscription_generation=subscription_generation,
-                         min_ordinal=min_ordinal)
-    return None if plan is None else plan.ordinal
-
-
-def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *, row_uri: str | None) -> Judgement:
-    """acceptResourceVersion: the only rule that makes a version current."""
-    V = AcceptVerdict
-    if not row.exists or issued is None or row_uri != outcome.key.uri or issued.request_id != outcome.request_id:
-        reason = "no fence row" if not row.exists else "read was never issued" if issued is None else "identity mismatch"
-        return Judgement(verdict=V.REJECTED, reason=reason, audit_kind="UNKNOWN_IDENTITY")
-    if issued.completed_verdict is not None:
-        return Judgement(verdict=issued.completed_verdict, reason="replayed")
-    if row.state in CLOSING:
-        return Judgement(verdict=V.STALE_AFTER_CLOSE, reason=f"subscription is {row.state}",
-                         audit_kind="STALE_AFTER_CLOSE")
-    if row.state != S.ACTIVE:
-        return Judgement(verdict=V.REJECTED, reason=f"subscription is {row.state}", audit_kind="NOT_ACTIVE")
-    if (outcome.session_generation != row.session_generation
-            or outcome.subscription_generation != row.subscription_generation
-            or issued.session_generation != outcome.session_generation
-            or issued.subscription_generation != outcome.subscription_generation):
-        return Judgement(verdict=V.STALE, reason="generation superseded", write_receipt=True)
-    if issued.in_cycle and outcome.ordinal < row.last_issued_ordinal:
-        # A newer read was allocated after this one and may have been served first (an orphan of a
-        # reset run, or concurrent reads): accepting this one after it could go back a version.
-        return Judgement(verdict=V.STALE, reason=f"ordinal {outcome.ordinal} superseded by issued "
-                                                 f"{row.last_issued_ordinal}", write_receipt=True)
-    if outcome.ordinal <= row.last_accepted_ordinal:
-        return Judgement(verdict=V.STALE, reason=f"ordinal {outcome.ordinal} <= lastAccepted "
-                                                 f"{row.last_accepted_ordinal}", write_receipt=True)
-    if outcome.kind == ReadOutcomeKind.NOT_FOUND:
-        return Judgement(verdict=V.TOMBSTONE_PENDING, reason="not found while ACTIVE", write_receipt=True,
-                         advance=True, new_state=S.TOMBSTONE_PENDING)
-    if outcome.kind == ReadOutcomeKind.DENIED:
-        # The server says this subject may no longer read it: revocation, not an empty resource.
-        return Judgement(verdict=V.REVOKED, reason="read denied", audit_kind="READ_DENIED", new_state=S.REVOKED)
-    if outcome.kind != ReadOutcomeKind.CONTENT:
-        return Judgement(verdict=V.REJECTED, reason=outcome.kind.value, audit_kind="READ_FAILED")
-    if outcome.guardrail_rejection is not None:
-        # The fence position moves (an older read must not land after it); the current version stays.
-        return Judgement(verdict=V.GUARDRAIL_REJECTED, reason=outcome.guardrail_rejection, write_receipt=True,
-                         advance_ordinal_only=True, audit_kind="GUARDRAIL_REJECTED")
-    if outcome.content_digest == row.last_accepted_digest:
-        return Judgement(verdict=V.UNCHANGED, reason="digest unchanged", write_receipt=True, advance=True)
-    return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
-
-
-def tombstone_rule(row: FenceSnapshot, *, listed: bool, proven: bool = False) -> SubscriptionState | None:
-    """A reconciled catalog's word on one subscribed URI.
-
-    TOMBSTONE_PENDING: not listed → TOMBSTONED (receipt + outbox row); listed → ACTIVE (deleted
-    and recreated). ACTIVE and not listed for this subject → REVOKED, but only on a
-    SNAPSHOT_PROVEN catalog: revocation is a completeness decision, and an unproven catalog
-    only earns a verification read. Anything else: None, nothing to do."""
-    if not row.exists:
-        return None
-    if row.state == S.TOMBSTONE_PENDING:
-        return S.ACTIVE if listed else S.TOMBSTONED
-    if row.state == S.ACTIVE and not listed and proven:
-        return S.REVOKED
-    return None
-
-
-def revoke_rule(row: FenceSnapshot) -> bool:
-    """Revocation applies to any subscription not already finished; it is idempotent."""
-    return row.exists and row.state not in TERMINAL
-
-
-def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:
-    """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already closing."""
-    if not row.exists or row.state in CLOSING_OR_TERMINAL:
-        return None
-    return S.UNSUBSCRIBING, row.close_epoch + 1, row.last_issued_ordinal
