@@ -75,8 +75,8 @@ class Checker:
         if prev.exists:
             if row.last_accepted_ordinal < prev.last_accepted_ordinal or row.watermark < prev.watermark:
                 self._violate(Invariant.VERSION_REGRESSION,
-                              f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/{prev.watermark} -> "
-                              f"{row.last_accepted_ordinal}/{row.watermark}")
+                              f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/{prev.watermark}"
+                              f" -> {row.last_accepted_ordinal}/{row.watermark}")
             if row.last_issued_ordinal < prev.last_issued_ordinal:
                 self._violate(Invariant.ORDINAL_ORDER, f"lastIssued {prev.last_issued_ordinal} -> "
                                                        f"{row.last_issued_ordinal}")
@@ -107,8 +107,8 @@ class Checker:
         if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
             return
         s = wf.fence.s
-        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested or s.pending_trigger is not None \
-                or s.in_flight or wf.program.reads_running:
+        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested \
+                or s.pending_trigger is not None or s.in_flight or wf.program.reads_running:
             return  # a read (or resubscribe) is already on its way, or no read is possible
         bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None \
             else self.profile.safety_read_seconds
@@ -118,7 +118,8 @@ class Checker:
         wake = wf.timer_at
         if (wake is None or wake > promised) and wake not in self._late_timers:
             self._late_timers.add(wake)
-            late = "never" if wake is None else f"at +{(wake - self._last_allocated_at).total_seconds():.1f} s"
+            late = "never" if wake is None \
+                else f"at +{(wake - self._last_allocated_at).total_seconds():.3f} s"
             self._violate(Invariant.STALENESS_BOUND,
                           f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
                           f"next wake-up {late}")
@@ -147,7 +148,8 @@ class Checker:
             return
         o, j, before = w.outcome, w.judgement, w.before
         assert o is not None and j is not None
-        if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) and o.server_version.startswith("v"):
+        if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) \
+                and o.server_version.startswith("v"):
             served_version = int(o.server_version[1:])
             if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP):
                 self.notification_reads += 1
@@ -173,8 +175,8 @@ class Checker:
             self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
             if before.state in CLOSING or before.state in ENDED or fenced:
-                self._violate(Invariant.OUTBOX_AFTER_CLOSE, f"outbox ordinal {o.ordinal} (row {before.state}, "
-                                                            f"close ordinal {fence})")
+                self._violate(Invariant.OUTBOX_AFTER_CLOSE,
+                              f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
             if invalidation.ordinal <= self._max_outbox_ordinal:
                 self._violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
                                                        f"{self._max_outbox_ordinal}")
@@ -182,7 +184,8 @@ class Checker:
         if status in (V.ACCEPTED, V.UNCHANGED) and (o.content_digest is None
                                                     or o.content_digest not in self.oracle.committed):
             self._violate(Invariant.UNCOMMITTED_DIGEST, f"{status} digest {o.content_digest} never committed")
-        if w.after.last_accepted_ordinal != before.last_accepted_ordinal or status in (V.ACCEPTED, V.UNCHANGED):
+        if w.after.last_accepted_ordinal != before.last_accepted_ordinal \
+                or status in (V.ACCEPTED, V.UNCHANGED):
             served = int(o.server_version[1:]) if o.server_version.startswith("v") else 0
             if served < self._accepted_version:
                 self._violate(Invariant.VERSION_REGRESSION,
@@ -221,8 +224,8 @@ class Checker:
         if noted > self._accepted_version:
             self._clean_flagged.add("covered_unread")
             self._violate(Invariant.COVERED_UNREAD,
-                          f"the row is clean (notified = covered = {row.covered}) but a note announced oracle "
-                          f"v{noted} and the newest read accepted served v{self._accepted_version}")
+                          f"the row is clean (notified = covered = {row.covered}) but a note announced"
+                          f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
 
     def _check_covered(self) -> None:
         """Everything delivered and completed, no timer fired yet, the subscription ACTIVE and idle:
@@ -232,14 +235,15 @@ class Checker:
           that observed nothing, with no later note, is the failed-read contract: no automatic retry.)"""
         wf, row = self.wf, self.ledger.row
         s = wf.fence.s
-        if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE or s.state != S.ACTIVE
-                or self._work_owned()):
+        if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE
+                or s.state != S.ACTIVE or self._work_owned()):
             return
-        if dirty(row) and (row.notifications_seen > row.allocated_sequence or row.last_issued_ordinal in self._ingress_ordinals) \
+        handed_over = row.last_issued_ordinal in self._ingress_ordinals
+        if dirty(row) and (row.notifications_seen > row.allocated_sequence or handed_over) \
                 and not self.signals_erased:
             self._violate(Invariant.COVERED_UNREAD,
-                          f"the row is dirty (notified {row.notifications_seen} > covered {row.covered}, newest "
-                          f"allocation at {row.allocated_sequence}) and nobody owns the work")
+                          f"the row is dirty (notified {row.notifications_seen} > covered {row.covered},"
+                          f" newest allocation at {row.allocated_sequence}) and nobody owns the work")
 
     def _verdict(self) -> None:
         wf, row = self.wf, self.ledger.row
@@ -247,16 +251,18 @@ class Checker:
             return  # already reported as a livelock or workflow error
         if row.state in ENDED or wf.fence.finished:
             if wf.stage != RunStage.DONE:
-                self._violate(Invariant.NO_CONVERGENCE, f"row {row.state}, workflow stuck waiting for "
-                                                        f"{wf.main_wait} (read tasks {wf.program.reads_running}, "
-                                                        f"close updates {wf.handlers_running(Signal.CLOSE)}, resume "
-                                                        f"updates {wf.handlers_running(Signal.RESUME)})")
+                self._violate(Invariant.NO_CONVERGENCE,
+                              f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
+                              f"{wf.program.reads_running}, close updates "
+                              f"{wf.handlers_running(Signal.CLOSE)}, resume updates "
+                              f"{wf.handlers_running(Signal.RESUME)})")
             return
         if wf.fence.s.close_requested or wf.handlers_running(Signal.CLOSE):
             # A close the run took (or an update still waiting) must finish the chain by the quiet end,
-            # whatever the content: a close stuck behind a wait (F9) leaves an ACTIVE, converged row.
-            self._violate(Invariant.NO_CONVERGENCE, f"close requested, row {row.state}, workflow {wf.stage.value} "
-                                                    f"waiting for {wf.main_wait}")
+            # whatever the content: a close stuck behind a wait leaves an ACTIVE, converged row.
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"close requested, row {row.state}, workflow {wf.stage.value} "
+                          f"waiting for {wf.main_wait}")
             return
         if not self._converged():
             self._violate(Invariant.NO_CONVERGENCE,
@@ -266,7 +272,8 @@ class Checker:
                           f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
             return
         if wf.fence.s.state != row.state:
-            self._violate(Invariant.NO_CONVERGENCE, f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
             return
         if wf.handlers_running(Signal.FIRST_READ):
             # Converged means a read was judged (or none will come): the update must have answered.

@@ -74,8 +74,8 @@ class CycleRunner(Checker):
         led = self.ledger
         step = act.step - base
         if step == 0:
-            cycle_id = act.ingress.cycle.cycle_id if act.ingress is not None and act.ingress.cycle is not None \
-                else f"run{act.run}/a{act.aid}"
+            ingress = act.ingress.cycle if act.ingress is not None else None
+            cycle_id = ingress.cycle_id if ingress is not None else f"run{act.run}/a{act.aid}"
             granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": cycle_id}))
             if not granted.granted:
                 return True, ReadCycleResult(ticket=granted, fence=led.load_fence())
@@ -97,8 +97,8 @@ class CycleRunner(Checker):
             return False, None
         assert act.outcome is not None
         absorbed = act.ingress.absorbed if act.ingress is not None else 0
-        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state, absorbed=absorbed,
-                                          close_epoch=req.close_epoch))
+        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
+                                          absorbed=absorbed, close_epoch=req.close_epoch))
         self._cover("read_cycle")
         self._cover(f"verdict.{result.verdict.value}")
         return True, ReadCycleResult(ticket=ticket, outcome=act.outcome, accept=result)

@@ -127,7 +127,8 @@ class Simulation(IngressDriver):
         self.checkpoints.clear()
         self.signal_log.clear()
         options = SubscriptionOptions(max_concurrent_reads=self.profile.max_concurrent_reads,
-                                      poll_interval_seconds=30.0, safety_read_seconds=self.profile.safety_read_seconds)
+                                      poll_interval_seconds=30.0,
+                                      safety_read_seconds=self.profile.safety_read_seconds)
         return self._program_run(SubscriptionStart(key=KEY, options=options), f"chain{self.chain}")
 
     def _activate(self) -> None:
@@ -222,8 +223,9 @@ class Simulation(IngressDriver):
                     self.duplicate_deliveries += 1
                 self._cover("ingress.report_delivered")
                 cycle = msg.report.cycle
-                if self.chain_running and cycle.accept is not None and cycle.ticket.ordinal < \
-                        self.wf.fence.s.last_accepted_ordinal and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                if self.chain_running and cycle.accept is not None \
+                        and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
+                        and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                     # the newer digest.
                     self._cover("ingress.report_older_than_view")
@@ -281,7 +283,8 @@ class Simulation(IngressDriver):
                 return False
             self.activities.remove(act)
             if act.result is None and act.name in MCP_ACTIVITIES:
-                self.wf.fail(act.seq, "ApplicationError")  # retries exhausted: the program sees ActivityFailed
+                # retries exhausted: the program sees ActivityFailed
+                self.wf.fail(act.seq, "ApplicationError")
             else:
                 self.wf.complete(act.seq, act.result)
             return True
@@ -390,7 +393,8 @@ class Simulation(IngressDriver):
                 before = led.row.state
                 result = led.confirm_tombstone(arg.listed, arg.scan_id, arg.proven)
                 if result.state == S.REVOKED and before != S.REVOKED and self.oracle.exists:
-                    self._cover("catalog_revoked_existing")  # a late proven word revoked a resource that exists
+                    # a late proven word revoked a resource that exists
+                    self._cover("catalog_revoked_existing")
             elif name == Act.REVOKE:
                 result = led.revoke()
             elif name == Act.MCP_UNSUBSCRIBE:
@@ -469,7 +473,8 @@ class Simulation(IngressDriver):
                 self.apply(Event(Op.COMPLETE, act=done[0].name, n=self._index_of(done[0], executed=True)))
                 continue
             if runnable:
-                self.apply(Event(Op.EXEC, act=runnable[0].name, n=self._index_of(runnable[0], executed=False)))
+                first = runnable[0]
+                self.apply(Event(Op.EXEC, act=first.name, n=self._index_of(first, executed=False)))
                 continue
             return True
         return False
@@ -495,7 +500,8 @@ class Simulation(IngressDriver):
             if not self.chain_running:
                 break
             state = wf.fence.s.state
-            if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):  # poll / safety / recheck
+            # poll / safety / recheck
+            if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):
                 self.apply(Event(Op.TIMER))
                 continue
             if state == S.TOMBSTONE_PENDING and wf.program.catalog is None:
@@ -519,7 +525,8 @@ class Simulation(IngressDriver):
         if not self.violations and row.state not in ENDED and self.converged_since is not None:
             converged_after = max(0, self.converged_since - self.last_change_step)
         return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
-                              violations=list(self.violations), steps=self.step, converged_after=converged_after,
+                              violations=list(self.violations), steps=self.step,
+                              converged_after=converged_after,
                               notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
                               covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),

@@ -1,13 +1,14 @@
 """The session host's routing program (``workflows/ingress.py``) run over the simulated world.
 
 Contract:
-- ``IngressDriver`` is a part of ``Simulation`` (a mixin over its state, after the ``Checker`` and ``CycleRunner``). A notification that reaches
-  the session host is offered to the production ``IngressRouter``; a key that becomes ready is
-  processed at once (``IngressRouter.process``), its effects performed over the world: the note on
-  ``MemoryLedger``, signals and reports queued as messages to the workflow, and the read cycle as the
-  ``INGRESS_READ`` pseudo-activity whose three steps (allocate, read, accept) are events of their own,
-  so notifications, deliveries and resets interleave with it. The program's ``absorb`` runs at the
-  read step, once the allocation is granted, as in ``McpSessionActivities.run_cycle``.
+- ``IngressDriver`` is a part of ``Simulation`` (a mixin over its state, after the ``Checker`` and
+  ``CycleRunner``). A notification that reaches the session host is offered to the production
+  ``IngressRouter``; a key that becomes ready is processed at once (``IngressRouter.process``), its
+  effects performed over the world: the note on ``MemoryLedger``, signals and reports queued as
+  messages to the workflow, and the read cycle as the ``INGRESS_READ`` pseudo-activity whose three
+  steps (allocate, read, accept) are events of their own, so notifications, deliveries and resets
+  interleave with it. The program's ``absorb`` runs at the read step, once the allocation is
+  granted, as in ``McpSessionActivities.run_cycle``.
 - What the checker needs to know about the world (which oracle version a note or an absorbed pulse
   announced, which ordinals the ingress was granted) is recorded here, next to the effects; the
   routing decisions are the program's alone.
@@ -129,7 +130,8 @@ class IngressDriver(CycleRunner):
             key = (effect.uri, effect.generation)
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
-            noted = self.ledger.note_notification(effect.generation, self.now) if effect.uri == KEY.uri else None
+            noted = self.ledger.note_notification(effect.generation, self.now) \
+                if effect.uri == KEY.uri else None
             if noted is not None:
                 self._noted_change[noted.fence.notifications_seen] = p.change
             return noted
@@ -140,15 +142,16 @@ class IngressDriver(CycleRunner):
             return None
         if isinstance(effect, Stamp):
             live = self.host.live
-            update = ResourceUpdated(uri=effect.uri, session_generation=effect.generation, received_at=self.now,
-                                     notification_id=p.nid)
+            update = ResourceUpdated(uri=effect.uri, session_generation=effect.generation,
+                                     received_at=self.now, notification_id=p.nid)
             return Stamped(update, self.now, f"ingress-{self._aid + 1}",
                            live.generation if live is not None else None)
         if isinstance(effect, SignalUpdated):
             sig = effect.update
             if p.cycle is not None:
                 self._cover("ingress.fallback")
-            self._signalled(p, Message("updated", sig.session_generation, sig.notification_id, sig.uri, p.change))
+            self._signalled(p, Message("updated", sig.session_generation, sig.notification_id, sig.uri,
+                                       p.change))
             return True
         if isinstance(effect, ReportRead):
             self._cover("ingress.report")

@@ -101,7 +101,8 @@ class LedgerWrite:
 
 
 _VERDICT_VALUES = {v.value for v in AcceptVerdict}
-SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED})
+SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING,
+                          S.RECONCILIATION_REQUIRED})
 
 
 class MemoryLedger:
@@ -144,8 +145,10 @@ class MemoryLedger:
                ordinal: int = 0) -> tuple[Receipt | None, OutboxEntry | None]:
         """Apply ``plan`` to the locked row as one transaction (the SQL applier's statements, in memory)."""
         before = self.row
-        if plan.receipt is not None and plan.receipt.of_read and plan.receipt.ordinal in self.receipt_ordinals:
-            raise LedgerIntegrityError(f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
+        if plan.receipt is not None and plan.receipt.of_read \
+                and plan.receipt.ordinal in self.receipt_ordinals:
+            raise LedgerIntegrityError(
+                f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
         if not plan.writes and plan.kind != PlanKind.ACCEPT:  # every judged read is logged, written or not
             return None, None
         if plan.audit is not None:
@@ -173,7 +176,8 @@ class MemoryLedger:
                 self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row))
         else:
             self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row, outcome=outcome,
-                                        issued=issued, judgement=plan.judgement, receipt=receipt, outbox=entry,
+                                        issued=issued, judgement=plan.judgement, receipt=receipt,
+                                        outbox=entry,
                                         ordinal=ordinal))
         return receipt, entry
 
@@ -251,7 +255,8 @@ class MemoryLedger:
         if plan is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
         if request_id in self.request_ids:
-            raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
+            raise LedgerIntegrityError(
+                f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
         ordinal = plan.ordinal
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
@@ -287,7 +292,8 @@ class MemoryLedger:
             completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
             in_cycle=rr.in_cycle, notified=rr.notifications_seen,
         )
-        plan = plan_accept(fence, issued, o, self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None),
+        judgement = self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None)
+        plan = plan_accept(fence, issued, o, judgement,
                            absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
             prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)

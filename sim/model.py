@@ -30,30 +30,36 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
 CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
-MCP_ACTIVITIES = frozenset({Act.MCP_UNSUBSCRIBE, Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})  # on the session queue
+# on the session queue
+MCP_ACTIVITIES = frozenset({Act.MCP_UNSUBSCRIBE, Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
-# A read the ingress makes itself (``worker/session_host.py: _deliver`` -> ``McpSessionActivities.run_cycle``):
-# a pseudo-activity of the session host, not of any run (a workflow reset does not touch it), executed in
-# the read cycle's three steps. Its verdict is reported (``resource_read``) or it falls back to a signal.
+# A read the ingress makes itself (the routing program's ``ReadCycle``, ``McpSessionActivities.run_cycle``
+# in production): a pseudo-activity of the session host, not of any run (a workflow reset does not touch
+# it), executed in the read cycle's three steps. The program reports its verdict or falls back to a signal.
 INGRESS_READ = "ingress_read_cycle"
-SUBSCRIBE_CYCLE_READ = 2  # MCP_SUBSCRIBE_CYCLE: subscribe (step 0), mark (1), then the read cycle's three steps
+# MCP_SUBSCRIBE_CYCLE: subscribe (step 0), mark (1), then the read cycle's three steps
+SUBSCRIBE_CYCLE_READ = 2
 
 
 # --- invariants and violations ---------------------------------------------------------------
 
 
 class Invariant(StrEnum):
-    VERSION_REGRESSION = "version_regression"  # durable ordinals/watermark or accepted oracle version went back
-    NOT_ACTIVE_WRITE = "not_active_write"  # version/tombstone/outbox row while the row was not ACTIVE (or other gen)
+    # durable ordinals/watermark or accepted oracle version went back
+    VERSION_REGRESSION = "version_regression"
+    # version/tombstone/outbox row while the row was not ACTIVE (or on another generation)
+    NOT_ACTIVE_WRITE = "not_active_write"
     LATE_TOMBSTONE = "late_tombstone"  # TOMBSTONE_PENDING from a read issued before a close
     OUTBOX_AFTER_CLOSE = "outbox_after_close"  # outbox row after the close fence froze
     UNCOMMITTED_DIGEST = "uncommitted_digest"  # an accepted digest the oracle never committed
     ORDINAL_ORDER = "ordinal_order"  # ordinals not unique and monotonic
-    LEDGER_INTEGRITY = "ledger_integrity"  # a write PostgreSQL would reject (UNIQUE/CHECK): the activity never succeeds
+    # a write PostgreSQL would reject (UNIQUE/CHECK): the activity never succeeds
+    LEDGER_INTEGRITY = "ledger_integrity"
     WORKFLOW_ERROR = "workflow_error"  # an exception in workflow code
     LIVELOCK = "livelock"  # the main loop spins without blocking (Temporal: deadlocked workflow task)
     NO_CONVERGENCE = "no_convergence"  # quiet end, drained, final invalidation: not the oracle's last state
-    COVERED_UNREAD = "covered_unread"  # quiet end, before any timer: an update skipped as COVERED, change unread
+    # a clean row whose newest announced change was not read, or a dirty row whose work nobody owns
+    COVERED_UNREAD = "covered_unread"
     # an idle ACTIVE subscription with a published bound (poll interval, or the safety period) armed its
     # next wake-up later than one bound after the last read the ledger allocated (or armed none)
     STALENESS_BOUND = "staleness_bound"
@@ -187,7 +193,8 @@ class Trace:
     read_on_notification: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "profile": self.profile.to_json(), "read_on_notification": self.read_on_notification,
+        return {"seed": self.seed, "profile": self.profile.to_json(),
+                "read_on_notification": self.read_on_notification,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod

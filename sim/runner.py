@@ -97,8 +97,8 @@ def run_schedules_in_processes(seed: int | str, start: int, stop: int, config: S
     bounds = [start + n * i // (workers * 4) for i in range(workers * 4 + 1)]
     chunks = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(run_schedules, [seed] * len(chunks), [a for a, _ in chunks], [b for _, b in chunks],
-                              [config] * len(chunks)))
+        parts = list(pool.map(run_schedules, [seed] * len(chunks), [a for a, _ in chunks],
+                              [b for _, b in chunks], [config] * len(chunks)))
     return merge_summaries(parts, keep_failures=keep_failures)
 
 
@@ -146,15 +146,17 @@ def summary_json(s: Summary, config: SimConfig = SimConfig()) -> dict[str, Any]:
         "violations_total": sum(s.violations.values()),
         "failing_schedules": s.failing_schedules,
         "read_amplification": {
-            "reads_per_distinct_change": round(s.notification_reads / s.fresh_reads, 4) if s.fresh_reads else 0.0,
+            "reads_per_distinct_change":
+                round(s.notification_reads / s.fresh_reads, 4) if s.fresh_reads else 0.0,
             "notification_reads": s.notification_reads,
             "reads_that_saw_a_new_version": s.fresh_reads,
             "duplicate_deliveries_deduped": s.duplicate_deliveries,
             "updates_covered_without_a_read": s.covered_updates,
             "read_on_notification": config.read_on_notification,
         },
-        "convergence_steps": {"schedules": len(conv), "p50": _percentile(conv, 0.5), "p99": _percentile(conv, 0.99),
-                              "p999": _percentile(conv, 0.999), "max": conv[-1] if conv else 0},
+        "convergence_steps": {"schedules": len(conv), "p50": _percentile(conv, 0.5),
+                              "p99": _percentile(conv, 0.99), "p999": _percentile(conv, 0.999),
+                              "max": conv[-1] if conv else 0},
         "coverage": dict(sorted(s.coverage.items())),
         "failures": s.failures,
     }

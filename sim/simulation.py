@@ -55,8 +55,9 @@ from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 __all__ = [
     "Invariant", "SAFETY_INVARIANTS", "Violation", "Fault", "ALL_FAULTS", "Op", "Event", "Profile", "Trace",
-    "SimConfig", "JudgeFn", "INGRESS_READ", "KEY", "SUBSCRIBE_CYCLE_READ", "LedgerIntegrityError", "LedgerWrite",
-    "MemoryLedger", "Oracle", "McpServer", "Message", "Activity", "Checkpoint", "Simulation", "ScheduleResult",
+    "SimConfig", "JudgeFn", "INGRESS_READ", "KEY", "SUBSCRIBE_CYCLE_READ", "LedgerIntegrityError",
+    "LedgerWrite", "MemoryLedger", "Oracle", "McpServer", "Message", "Activity", "Checkpoint", "Simulation",
+    "ScheduleResult",
     "Summary", "schedule_seed", "run_schedule", "replay", "delta_debug", "shrink", "run_schedules",
     "run_schedules_in_processes", "worker_count", "merge_summaries", "shrink_failures", "summary_json",
 ]

@@ -96,7 +96,8 @@ class McpServer:
         self.generation += 1
         self.live = SessionInfo(subject=KEY.subject, server=KEY.server, generation=self.generation,
                                 edition="2025-11-25", subscribe=self.capability != "none", list_changed=False,
-                                server_name="oracle", server_version="1", task_queue="mcpsync-session/oracle/sim",
+                                server_name="oracle", server_version="1",
+                                task_queue="mcpsync-session/oracle/sim",
                                 opened_at=EPOCH)
         self.ledger.session = self.live
         return self.generation
@@ -131,7 +132,8 @@ class McpServer:
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
         base: dict[str, Any] = {"key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
                                 "session_generation": req.session_generation,
-                                "subscription_generation": req.subscription_generation, "trigger": req.trigger}
+                                "subscription_generation": req.subscription_generation,
+                                "trigger": req.trigger}
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
