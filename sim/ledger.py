@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from mcpsync.workflows import coverage
 from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
-from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.fence import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.records import (
     AcceptRequest,
@@ -250,7 +250,7 @@ class MemoryLedger:
         if isinstance(decided, ReadTicket):
             return decided
         request_id = decided
-        plan = plan_allocate(row, session_generation=req.session_generation,
+        plan = coverage.plan_allocate(row, session_generation=req.session_generation,
                              subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
         if plan is None:
             return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
@@ -278,7 +278,7 @@ class MemoryLedger:
         None without a row."""
         if not self.row.exists:
             return None
-        plan = plan_note(self.row, generation=generation)
+        plan = coverage.plan_note(self.row, generation=generation)
         self.row = plan.applied(self.row)
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 

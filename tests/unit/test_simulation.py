@@ -13,12 +13,15 @@ import importlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows import coverage
+from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.fence import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
@@ -315,10 +318,26 @@ def _failed_reads_cover(row: FenceSnapshot, verdict: Any, read_notified: int) ->
     return read_notified if read_notified > row.covered else None
 
 
+_REAL_PLAN_NOTE = coverage.plan_note
+
+
+def _dirtying_note_creates_no_work(row: FenceSnapshot, *, generation: int) -> NotePlan:
+    """``coverage.plan_note`` weakened: a note that makes a clean ACTIVE row dirty creates no work
+    (unless a read is in flight). With reads at the ingress it is masked (the ingress reads whatever
+    ``work`` says); the workflow's own reads (``read_on_notification = false``) depend on it."""
+    plan = _REAL_PLAN_NOTE(row, generation=generation)
+    if row.notifications_seen <= row.covered and row.allocated_sequence <= row.covered \
+            and row.state == S.ACTIVE and row.session_generation == generation:
+        return NotePlan(notified=plan.notified, work=False)
+    return plan
+
+
 @pytest.mark.parametrize("module, name, broken, config", [
     ("mcpsync.workflows.fence", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
     ("mcpsync.workflows.write_plan", "covered_after", _failed_reads_cover, GATE_CONFIG),
-], ids=["dirty-as-clean", "failed-reads-cover"])
+    ("mcpsync.workflows.coverage", "plan_note", _dirtying_note_creates_no_work,
+     replace(GATE_CONFIG, read_on_notification=False)),
+], ids=["dirty-as-clean", "failed-reads-cover", "dirtying-note-no-work"])
 def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str, name: str,
                                                      broken: Any, config: SimConfig) -> None:
     """The production module's rule, weakened in place (the SQL ledger and the simulator use the same
