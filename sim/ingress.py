@@ -130,9 +130,12 @@ class IngressDriver(CycleRunner):
             key = (effect.uri, effect.generation)
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
+            counted = self.ledger.row.notifications_seen
             noted = self.ledger.note_notification(effect.generation, self.now) \
                 if effect.uri == KEY.uri else None
-            if noted is not None:
+            if noted is not None and noted.fence.notifications_seen > counted:
+                # the checker holds the change to the count this note made (a note from a session the
+                # row has left is not counted: it announces nothing about the current one)
                 self._noted_change[noted.fence.notifications_seen] = p.change
             return noted
         if isinstance(effect, UnknownUri):

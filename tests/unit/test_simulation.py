@@ -100,6 +100,36 @@ def _trace(doc: dict[str, Any]) -> Trace:
     return Trace.from_json(json.loads(json.dumps(doc)))  # through JSON, as a user would replay it
 
 
+def test_a_note_from_a_session_the_row_left_is_not_held_against_its_count() -> None:
+    # The ingress's read for generation 1 outlives a reconnect; the key, marked dirty by a change
+    # meanwhile, is processed again and noted on generation 1 after the row moved to generation 2:
+    # the note is not counted (``coverage.plan_note``), so the checker must not hold its change to
+    # the count the row already had (found at seed ``ingress-run-2026-12-05:92216``).
+    doc = {
+        "seed": "ingress-run-2026-12-05:92216", "read_on_notification": True,
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True,
+                    "safety_read_seconds": 300.0},
+        "events": [
+        {"op": "exec", "act": "ledger_ensure_subscription"},
+        {"op": "complete", "act": "ledger_ensure_subscription"},
+        {"op": "exec", "act": "ledger_current_session"},
+        {"op": "complete", "act": "ledger_current_session"}, {"op": "delete", "n": 1},
+        {"op": "exec", "act": "ledger_begin_subscription"},
+        {"op": "complete", "act": "ledger_begin_subscription"},
+        {"op": "exec", "act": "mcp_subscribe_cycle"}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "recreate", "n": 2}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "exec", "act": "mcp_subscribe_cycle"}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "mutate", "n": 1}, {"op": "reconnect"}, {"op": "complete", "act": "mcp_subscribe_cycle"},
+        {"op": "deliver"}, {"op": "exec", "act": "ledger_current_session"},
+        {"op": "complete", "act": "ledger_current_session"},
+        {"op": "exec", "act": "ledger_begin_subscription"},
+        ],
+    }
+    result = replay(_trace(doc))
+    assert not result.violations, result.violations
+    assert result.converged_after is not None
+
+
 def test_catalog_word_for_an_active_listed_subscription_does_not_spin() -> None:
     # Found at c81d8bf: a catalog_reconciled signal to an ACTIVE subscription made _has_work() true
     # forever (livelock). Fixed since; keep it fixed.
