@@ -43,6 +43,7 @@ from mcpsync.activities.ledger_store import (
     snapshot,
 )
 from mcpsync.activities.meters import NO_METERS, Meters
+from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.names import Act
@@ -303,30 +304,26 @@ class FenceLedger:
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)
-            if req.cycle_id is not None:
-                # A retry of the read cycle that already allocated: the same ticket (its accept, if it
-                # committed, replays), never a second ordinal for one scheduled read.
-                await cur.execute("SELECT ordinal, request_id, notifications_seen FROM read_requests"
-                                  " WHERE cycle_id=%s", (req.cycle_id,))
-                held = await cur.fetchone()
-                if held is not None:
-                    return ReadTicket(granted=True, ordinal=held["ordinal"], request_id=held["request_id"],
-                                      notifications_seen=held["notifications_seen"])
-            request_id = req.request_id
+            # Idempotence first (``allocation.allocation_steps``): a retry gets the ticket it holds.
+            steps = allocation_steps(req)
+            held: HeldRequest | None = None
             while True:
-                await cur.execute("SELECT ordinal, completed_at, notifications_seen FROM read_requests"
-                                  " WHERE request_id=%s", (request_id,))
-                prior = await cur.fetchone()
-                if prior is None:
+                try:
+                    ask = steps.send(held)
+                except StopIteration as stop:
+                    decided: ReadTicket | str = stop.value
                     break
-                if prior["completed_at"] is None:
-                    # The same allocation asked again (a retry after a lost response): the same ticket,
-                    # with the update counter that allocation saw (not today's: F11).
-                    return ReadTicket(granted=True, ordinal=prior["ordinal"], request_id=request_id,
-                                      notifications_seen=prior["notifications_seen"])
-                # A reset run re-derived a request id that was already used and finished: this is
-                # a new read, with a request id of its own (derived again after a second reset).
-                request_id = f"{request_id}/{prior['ordinal']}"
+                column, value = ("cycle_id", ask.cycle_id) if isinstance(ask, ByCycle) else ("request_id",
+                                                                                         ask.request_id)
+                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen FROM read_requests"
+                                  f" WHERE {column}=%s", (value,))
+                found = await cur.fetchone()
+                held = None if found is None else HeldRequest(
+                    ordinal=found["ordinal"], request_id=found["request_id"],
+                    completed=found["completed_at"] is not None, notified=found["notifications_seen"])
+            if isinstance(decided, ReadTicket):
+                return decided
+            request_id = decided
             plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
                                  subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
             if plan is None:

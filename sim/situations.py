@@ -1,11 +1,11 @@
 """Situations: named sequences of operations a trace drives the program through.
 
-The simulator's fixed findings (docs/simulation.md, F1–F14) were each found by one trace. Their
-stored traces drove the development builds' activities and were removed with the 0.2.0 baseline;
-``observe`` names the same *situations* in today's program (a reset re-dispatching a finished
-allocation, a close arriving during the continue-as-new wait, ...), so a trace can be searched for
-(``search``: seeded schedules that contain the situation, shrunk to the shortest that still does and
-stays clean) and a stored trace can be checked to still reach its situation after the program changes.
+Each situation is a sequence of operations a rule of the program or the ledger exists for (a reset
+re-dispatching a finished allocation, a close arriving during the continue-as-new wait, ...); its name
+carries the label of its entry in docs/simulation.md. ``observe`` names the situations a trace
+reaches, so a trace can be searched for (``search``: seeded schedules that contain the situation,
+shrunk to the shortest that still does and stays clean) and a stored trace can be checked to still
+reach its situation when the program changes.
 
 ``python -m sim.situations SEED START STOP [NAME ...]`` prints the shrunk traces it finds as JSON.
 """
@@ -120,7 +120,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if e.op == Op.CLOSE and wait == WaitKind.CONTINUE_AS_NEW:
             before.add("F9.close_during_can_wait")
         if e.op == Op.RESUME and wait == WaitKind.CONTINUE_AS_NEW:
-            before.add("F13.resume_during_can_wait")  # unreachable since F13's fix: the wait steps aside first
+            before.add("F13.resume_during_can_wait")  # unreachable: the wait steps aside for a resume first
         if e.op == Op.COMPLETE and act is not None and act.name in CYCLES and state in TERMINAL:
             cycle = getattr(act.result, "cycle", act.result)
             verdict = getattr(getattr(cycle, "accept", None), "verdict", None)
@@ -156,9 +156,9 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             tags.add("F7.covering_read_stale_after_reset")
         if wait == WaitKind.CONTINUE_AS_NEW and sim.chain_running and sim.wf.fence.s.state != S.ACTIVE \
                 and sim.wf.fence.s.state not in TERMINAL:
-            tags.add("F13.left_active_during_can_wait")  # the state F13's resume update needs
+            tags.add("F13.left_active_during_can_wait")  # the state a resume update during the wait needs
             if e.op not in (Op.CONFLICT, Op.CLOSE, Op.REVOKE):
-                tags.add("F13.adopted_during_can_wait")  # a reload adopted it, as in F13
+                tags.add("F13.adopted_during_can_wait")  # a reload adopted it (not a signal of ours)
         if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
             if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING:
                 tags.add("F8.reset_past_close_in_reconciliation")

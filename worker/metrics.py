@@ -156,10 +156,18 @@ class _Host(Protocol):
     """What the collector reads from a session host (``mcpsync.worker.session_host.SessionHost``)."""
 
     subject: str
-    notifications_received: int
-    notifications_coalesced: int
-    notifications_read: int
-    notifications_routed: int
+
+    @property
+    def notifications_received(self) -> int: ...
+
+    @property
+    def notifications_coalesced(self) -> int: ...
+
+    @property
+    def notifications_read(self) -> int: ...
+
+    @property
+    def notifications_routed(self) -> int: ...
 
     @property
     def server(self) -> Any: ...

@@ -8,17 +8,14 @@ Contract:
   holder name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session.
   A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
-- Reads at the ingress: a notified change of an ACTIVE subscription whose run mirrors reports
-  (``fence.ingress_read_request``) is read right here, one read cycle on the live session
-  (``McpSessionActivities.run_cycle``: the same allocation, fence rules and accept as the
-  workflow's own read), and reported to its workflow (``resource_read``: digest and verdict,
-  never content). Anything else, or a read that was not judged, falls back to the signal below.
-- Notifications otherwise become ``resource_updated`` signals, stamped with the
-  generation of the session that received them, to the workflow of the exact
-  (subject, server, URI), under the id its ledger row recorded (``Ledger.note_notification``
-  answers it: a subscription started under an older id scheme is found all the same). A URI with no subscription gets an audit row; a
-  subscription with no running workflow gets an audit row; nothing is guessed and
-  no workflow is ever started from here.
+- Routing is a program (``mcpsync.workflows.ingress.IngressRouter``), run here over PostgreSQL, the
+  live session and Temporal (``_drive`` / ``_perform``) and by the simulator over its world: per
+  work-queue key (URI, generation) it notes the notification (``Ledger.note_notification``), reads
+  the change right here when the fence allows it (``ingress_rules.ingress_read_request``: one read cycle,
+  ``McpSessionActivities.run_cycle``, reported as ``resource_read``: digest and verdict, never
+  content), and otherwise signals ``resource_updated`` when the note created work, to the workflow
+  id the ledger row recorded. A URI with no subscription, or a subscription with no running
+  workflow, gets an audit row; nothing is guessed and no workflow is ever started from here.
 - URI identity (docs/identity.md): a notification only invalidates. When its exact URI is
   subscribed, every other live subscription whose URI normalizes alike (a listed ambiguous
   pair, ``Ledger.normalized_siblings``) is invalidated too, each with ITS OWN exact URI
@@ -36,10 +33,9 @@ Contract:
   overflow, dropped or closed: audit ``LISTEN_STREAM_LOST`` with the reason) is
   reopened with exponential backoff; every non-terminal subscription is then
   signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
-- Notifications wait for routing in one queue, coalesced per (URI, generation) and bounded per
-  generation by ``max_pending_notifications``: one more distinct notification is a backlog
-  overflow (the listen stream that carried it is lost, reason ``overflow``; on 2025-11-25 the
-  session is lost), never an unbounded queue or a silently dropped notification.
+- Notifications wait in the router's work queue, merged per (URI, generation) and bounded per
+  generation by ``max_pending_notifications``: one more is a backlog overflow (the listen stream that
+  carried it is lost, reason ``overflow``; on 2025-11-25 the session), never a dropped notification.
 """
 
 from __future__ import annotations
@@ -47,25 +43,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Generator
 from contextlib import suppress
 from datetime import UTC, datetime
+from typing import Any
 
-import httpx2
 import mcp_types as types
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from temporalio.client import Client as TemporalClient
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync import __version__
-from mcpsync.activities.db import redact_url
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import (
@@ -78,8 +70,25 @@ from mcpsync.activities.mcp_session import (
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
-from mcpsync.worker.transport_bounds import bounded_http_transport, install, stdio_line_limit, transport_limit
-from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.worker.session_transport import describe_open_failure, server_transport
+from mcpsync.worker.transport_bounds import install, stdio_line_limit, transport_limit
+from mcpsync.workflows.ingress import (
+    Effect,
+    IngressRouter,
+    Note,
+    Offer,
+    Processed,
+    ReadCycle,
+    ReportRead,
+    RouteFailed,
+    SiblingInvalidated,
+    Siblings,
+    SignalUpdated,
+    Stamp,
+    Stamped,
+    UnknownUri,
+    ingress_uri_problem,
+)
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
     SIGNAL_LIST_CHANGED,
@@ -93,16 +102,10 @@ from mcpsync.workflows.records import (
     CatalogKey,
     IdentityConflict,
     ListChanged,
-    NotedNotification,
-    ReadCycleRequest,
     ReadCycleResult,
-    ReadReport,
     ResourceUpdated,
     SessionChanged,
-    SubscriptionKey,
 )
-from mcpsync.workflows.uris import MAX_URI_LENGTH
-from mcpsync.workflows.work_queue import WorkQueue
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
@@ -147,17 +150,13 @@ class SessionHost:
         self.live: LiveSession | None = None
         self.generation_opened = asyncio.Event()
         self.sessions_opened = 0
-        self.notifications_routed = 0
         self.last_error: str | None = None
-        self.notifications_received = 0
-        self.notifications_coalesced = 0
-        self.notifications_lost = 0
-        self.notifications_read = 0  # read here and reported (resource_read)
-        # Keys (URI, generation) to look at: dirty and processing sets (``WorkQueue``); the routers
-        # wait on ``_queue`` (one token per ready key). One router at a time per key.
-        self._work: WorkQueue[tuple[str, int]] = WorkQueue()
+        # The work queue of keys (URI, generation) and the routing program (``IngressRouter``); the
+        # routers wait on ``_queue`` (one token per ready key). One router at a time per key.
+        self.router = IngressRouter(subject, server.name, host_id=self.host_id,
+                                    read_on_notification=server.read_on_notification,
+                                    max_pending=server.max_pending_notifications)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
-        self._pending: Counter[int] = Counter()  # ready keys per session generation
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         self.leases_acquired = 0
@@ -169,6 +168,27 @@ class SessionHost:
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def notifications_received(self) -> int:
+        return self.router.received
+
+    # The routing program's counters (``IngressRouter``), under the names the metrics export.
+    @property
+    def notifications_coalesced(self) -> int:
+        return self.router.coalesced
+
+    @property
+    def notifications_read(self) -> int:
+        return self.router.read
+
+    @property
+    def notifications_routed(self) -> int:
+        return self.router.routed
+
+    @property
+    def notifications_lost(self) -> int:
+        return self.router.lost
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -264,7 +284,7 @@ class SessionHost:
         except Exception as exc:
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
-            raise SessionOpenError(_describe_open_failure(self.server, exc)) from None
+            raise SessionOpenError(describe_open_failure(self.server, exc)) from None
         return client
 
     async def _session_loop(self) -> None:
@@ -485,11 +505,10 @@ class SessionHost:
                 log.exception("list_changed routing failed (server=%s)", self.server.name)
 
     async def _enqueue(self, uri: str, generation: int) -> None:
-        # The receive loop must never wait on PostgreSQL or Temporal: route from the work queue.
-        # A key already waiting merges this pulse (it is looked at after every one of them arrived,
-        # so it invalidates no less than they would); a key being processed is looked at again after.
-        # Ready keys are bounded per generation (``max_pending_notifications``): a full queue raises
-        # BacklogOverflow, and the listen stream that carried the notification is lost (a gap).
+        # The receive loop must never wait on PostgreSQL or Temporal: route from the work queue
+        # (``IngressRouter.offer``). Ready keys are bounded per generation (``max_pending_notifications``):
+        # a full queue raises BacklogOverflow, and the listen stream that carried the notification is
+        # lost (a gap).
         problem = ingress_uri_problem(uri)
         if problem is not None:
             # No subscription can have this URI: it goes nowhere (not the queue, not the metrics),
@@ -499,62 +518,89 @@ class SessionHost:
                               detail={"reason": problem, "uri_length": len(uri),
                                       "uri_sha256": hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
             return
-        item = (uri, generation)
         metrics.note_notification(self, uri)
-        self.notifications_received += 1
-        if item in self._work.dirty:
-            self.notifications_coalesced += 1
-            return
-        if item not in self._work.processing and self._pending[generation] >= self.server.max_pending_notifications:
+        offer = self.router.offer(uri, generation)
+        if offer == Offer.OVERFLOW:
             raise BacklogOverflow(f"session host backlog exceeded {self.server.max_pending_notifications}"
                                   " unrouted notifications")
-        if self._work.add(item):
-            self._make_ready(item)
-
-    def _make_ready(self, item: tuple[str, int]) -> None:
-        self._pending[item[1]] += 1
-        self._queue.put_nowait(None)
+        if offer == Offer.READY:
+            self._queue.put_nowait(None)
 
     async def _route_loop(self) -> None:
-        """One of ``route_concurrency`` routers: process one ready key (note it, then read here or
-        signal: ``_route``), then look at the key again if pulses came meanwhile (``WorkQueue.done``)."""
+        """One of ``route_concurrency`` routers: one ready key at a time, routed by the router's
+        program (``IngressRouter.process``), its effects performed here (``_perform``)."""
         while True:
             await self._queue.get()
-            item = self._work.get()
-            if item is None:
-                continue
-            uri, generation = item
-            self._pending[generation] -= 1
-            if self._pending[generation] <= 0:
-                del self._pending[generation]
-            try:
-                await self._route_with_retry(uri, generation)
-            finally:
-                if self._work.done(item):
-                    self._make_ready(item)
+            processed = await self._drive(self.router.process())
+            if processed is not None and processed.ready_again:
+                self._queue.put_nowait(None)
 
-    async def _route_with_retry(self, uri: str, generation: int) -> None:
-        """PostgreSQL or Temporal briefly away must not lose an invalidation: retry with backoff,
-        then record the loss (the next notification or a poll repairs it)."""
-        delay, deadline = 0.2, asyncio.get_running_loop().time() + ROUTE_RETRY_SECONDS
-        while True:
-            try:
-                await self._route(uri, generation)
-                return
-            except Exception as exc:
-                if asyncio.get_running_loop().time() + delay > deadline:
-                    self.notifications_lost += 1
-                    log.error("routing a notification failed for %.0fs, giving up (server=%s): %s",
-                              ROUTE_RETRY_SECONDS, self.server.name, type(exc).__name__)
-                    with suppress(Exception):
-                        await self.ledger.audit("NOTIFICATION_NOT_ROUTED", subject=self.subject,
-                                                server=self.server.name, uri=uri[:2048], session_generation=generation,
-                                                detail={"error": type(exc).__name__})
-                    return
-                log.warning("routing a notification failed (server=%s): %s; retrying in %.1fs",
-                            self.server.name, type(exc).__name__, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    async def _drive(self, program: Generator[Effect, Any, Processed | None]) -> Processed | None:
+        """Run ``program`` to its end: perform each effect it yields and send back the answer; an
+        effect that raises is thrown into it. Cancelled: the program is closed (its key is done)."""
+        answer: Any = None
+        error: BaseException | None = None
+        started = asyncio.get_running_loop().time()
+        try:
+            while True:
+                try:
+                    effect = program.throw(error) if error is not None else program.send(answer)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                answer, error = None, None
+                try:
+                    answer = await (self._route_failed(effect, started) if isinstance(effect, RouteFailed)
+                                    else self._perform(effect))
+                except Exception as exc:  # noqa: BLE001 - the program decides (RouteFailed)
+                    error = exc
+        finally:
+            program.close()
+
+    async def _perform(self, effect: Effect) -> Any:  # noqa: PLR0911 - one branch per effect
+        match effect:
+            case Note(uri=uri, generation=generation):
+                return await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
+            case UnknownUri(uri=uri, generation=generation):
+                return await self._unknown_uri(uri, generation)
+            case Stamp(uri=uri, generation=generation):
+                live, at = self.live, datetime.now(UTC)
+                update = ResourceUpdated(uri=uri, session_generation=generation, received_at=at,
+                                         notification_id=uuid.uuid4().hex)
+                return Stamped(update, at, uuid.uuid4().hex, live.generation if live is not None else None)
+            case ReadCycle():
+                return await self._read_here(effect)
+            case SignalUpdated(workflow_id=workflow_id, update=sig):
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, sig.session_generation)
+            case ReportRead(workflow_id=workflow_id, report=report):
+                sig = report.update
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report, sig.uri, sig.session_generation)
+            case Siblings(uri=uri):
+                return await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+            case SiblingInvalidated():
+                return await self.ledger.audit(
+                    "AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
+                    uri=effect.sibling_uri, workflow_id=effect.workflow_id, session_generation=effect.generation,
+                    detail={"observed_uri": effect.observed_uri, "sibling_uri": effect.sibling_uri})
+        raise TypeError(f"unknown ingress effect {effect!r}")
+
+    async def _route_failed(self, failed: RouteFailed, started: float) -> bool:
+        """PostgreSQL or Temporal briefly away must not lose an invalidation: route again after a
+        backoff (0.2 s doubling, at most 5 s) until ``ROUTE_RETRY_SECONDS`` after the routing
+        ``started``, then record the loss (the next notification or a poll repairs it)."""
+        exc, uri, generation = failed.error, failed.uri, failed.generation
+        delay = min(0.2 * 2 ** failed.attempt, 5.0)
+        if asyncio.get_running_loop().time() + delay > started + ROUTE_RETRY_SECONDS:
+            log.error("routing a notification failed for %.0fs, giving up (server=%s): %s",
+                      ROUTE_RETRY_SECONDS, self.server.name, type(exc).__name__)
+            with suppress(Exception):
+                await self.ledger.audit("NOTIFICATION_NOT_ROUTED", subject=self.subject,
+                                        server=self.server.name, uri=uri[:2048], session_generation=generation,
+                                        detail={"error": type(exc).__name__})
+            return False
+        log.warning("routing a notification failed (server=%s): %s; retrying in %.1fs",
+                    self.server.name, type(exc).__name__, delay)
+        await asyncio.sleep(delay)
+        return True
 
     def _audit_budget(self, kind: str, generation: int) -> str | None:
         """The audit kind to write for one more ``kind`` row of this session generation: ``kind``
@@ -619,80 +665,19 @@ class SessionHost:
                                     workflow_id=key.workflow_id, session_generation=generation,
                                     detail={"reason": reason})
 
-    async def _route(self, uri: str, generation: int) -> None:
-        noted = await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
-        if noted is None:
-            await self._unknown_uri(uri, generation)
-            return
-        await self._deliver(noted, uri, generation, own=True)
-        # A listed ambiguous pair (both spellings subscribed): the server may mean either one,
-        # so both are read. Each sibling is invalidated under its own exact URI, never this one.
-        for workflow_id, sibling_uri in await self.ledger.normalized_siblings(self.subject, self.server.name, uri):
-            await self.ledger.audit("AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
-                                    uri=sibling_uri, workflow_id=workflow_id, session_generation=generation,
-                                    detail={"observed_uri": uri, "sibling_uri": sibling_uri})
-            sibling = await self.ledger.note_notification(self.subject, self.server.name, sibling_uri, generation)
-            if sibling is not None:
-                await self._deliver(sibling, sibling_uri, generation)
-
-    async def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool = False) -> None:
-        """The update the ledger just recorded for the exact (subject, server, ``uri``), to its workflow
-        under the id its ledger row recorded (a subscription started under an older id scheme keeps
-        that id). Read here and reported (``resource_read``) when the fence allows it
-        (``fence.ingress_read_request``) and the read was judged; a read not judged is signalled
-        ``resource_updated`` (the row stays dirty: the workflow reads). Without a read here, signalled
-        only when the note created work (``coverage.plan_note``). ``own``: this router processes the
-        key (``uri``, ``generation``) and absorbs the pulses that arrived before the read is requested."""
-        requested_at = datetime.now(UTC)
-        sig = ResourceUpdated(uri=uri, session_generation=generation, received_at=requested_at,
-                              notification_id=uuid.uuid4().hex)
-        live = self.live
-        req = None
-        if self.server.read_on_notification and live is not None and live.generation == generation:
-            req = ingress_read_request(noted, SubscriptionKey(subject=self.subject, server=self.server.name, uri=uri),
-                                       generation=generation, request_id=uuid.uuid4().hex)
-        if req is None:
-            if noted.work:
-                await self._signal_updated(noted, sig)
-            else:
-                self.notifications_coalesced += 1
-            return
-        cycle = await self._read_here(req, sig, absorb=self._absorber(uri, generation) if own else None)
-        if cycle is None:
-            await self._signal_updated(noted, sig)
-            return
-        report = ReadReport(update=sig, requested_at=requested_at, cycle=cycle)
-        if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_READ, report, uri, generation):
-            self.notifications_read += 1
-
-    def _absorber(self, uri: str, generation: int) -> Callable[[], int]:
-        """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
-        note are taken (``WorkQueue.take``) once the read is allocated, just before it is sent. The
-        read observes their change; its accept counts them (whatever it judges, the row then says
-        which reads cover them)."""
-        def absorb() -> int:
-            if self._work.take((uri, generation)):
-                self.notifications_coalesced += 1
-                return 1
-            return 0
-        return absorb
-
-    async def _read_here(self, req: ReadCycleRequest, sig: ResourceUpdated,
-                         absorb: Callable[[], int] | None = None) -> ReadCycleResult | None:
-        """The read cycle for ``sig`` on this ingress's live session. None when it was not judged
-        (refused, session gone, it failed or took longer than ``ingress_read_timeout_seconds``: the
-        workflow is then signalled and reads itself; an ordinal this one burned stays burned, and an
-        accept that committed unseen is superseded by that read's newer allocation)."""
+    async def _read_here(self, cycle: ReadCycle) -> ReadCycleResult | None:
+        """The read cycle on this ingress's live session. None when it failed or took longer than
+        ``ingress_read_timeout_seconds`` (the program then signals the workflow, which reads itself; an
+        ordinal this one burned stays burned, and an accept that committed unseen is superseded by
+        that read's newer allocation)."""
         try:
-            cycle = await asyncio.wait_for(
-                self.ingress.mcp.run_cycle(req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
-                                           absorb=absorb),
+            return await asyncio.wait_for(
+                self.ingress.mcp.run_cycle(cycle.request, cycle_id=cycle.cycle_id, absorb=cycle.absorb),
                 self.server.ingress_read_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - any failure falls back to the workflow's own read
             log.warning("read at the ingress failed (server=%s): %s; signalling the workflow",
                         self.server.name, type(exc).__name__)
             return None
-        return cycle if cycle.judged else None
 
     async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
         """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not running."""
@@ -705,72 +690,3 @@ class SessionHost:
                                     uri=uri, workflow_id=workflow_id, session_generation=generation)
             return False
         return True
-
-    async def _signal_updated(self, noted: NotedNotification, sig: ResourceUpdated) -> None:
-        """``resource_updated``: a wake-up; the workflow reads (its row is dirty)."""
-        if await self._signal(noted.workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, sig.session_generation):
-            self.notifications_routed += 1
-
-
-def ingress_uri_problem(uri: str) -> str | None:
-    """Why a notified URI cannot be any subscription's (the ``uri_problem`` rules a subscription's
-    URI passed that need no parsing: length, control characters), or None. Checked at the ingress
-    before the URI is queued, counted in metrics or written anywhere."""
-    if len(uri) > MAX_URI_LENGTH:
-        return f"URI longer than {MAX_URI_LENGTH} characters"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
-        return "URI contains control characters"
-    return None
-
-
-def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
-    """The MCP transport for ``subject``'s session with ``cfg``: stdio parameters (the subject's
-    credential in the child's environment) or streamable HTTP (a bearer header). Credentials
-    come from the environment variable the config names and go nowhere else."""
-    token_var = cfg.token_env.get(subject)
-    token = os.environ.get(token_var) if token_var else None
-    if cfg.transport == "stdio":
-        env = dict(cfg.env)
-        env.setdefault("MCPSYNC_SUBJECT", subject)
-        if token_var and token is not None:
-            env[token_var] = token
-        return StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
-    assert cfg.url is not None
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
-    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
-    # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
-    limit = transport_limit(cfg.max_content_bytes)
-    return streamable_http_client(cfg.url, http_client=_http_client(headers, limit), max_sse_event_size=limit)
-
-
-HTTP_CONNECTIONS = 100
-"""Connections one session may open to its MCP server (httpx's default) and, unlike httpx's
-default of 20, may also keep idle: each POST of the streamable HTTP transport is a request of its
-own, and the activities and the routers' reads at the ingress run concurrently on one session.
-With 20 kept, a start-up burst opened a new TCP connection for most requests and closed it after
-one use (6 % of the ingress's CPU in a profile of 540 starts)."""
-
-
-def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClient:
-    """``create_mcp_http_client`` (the SDK's timeouts: 30 s, 300 s for a held stream) with a pool
-    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``), and JSON responses
-    bounded to ``limit`` bytes (``transport_bounds``)."""
-    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS)
-    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT,
-                                                                       read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-                              transport=bounded_http_transport(limit, limits=limits))
-
-
-def _describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
-    where = " ".join(cfg.command) if cfg.transport == "stdio" else redact_url(cfg.url or "")
-    inner = exc
-    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
-        inner = inner.exceptions[0]
-    if isinstance(inner, TimeoutError):
-        what = "no initialize response within 30 s"
-    elif isinstance(inner, FileNotFoundError):
-        what = f"command not found: {cfg.command[0] if cfg.command else ''}"
-    else:
-        what = f"{type(inner).__name__}: {str(inner)[:200]}"
-    return f"cannot open MCP server {cfg.name!r} ({cfg.transport} {where}): {what}"

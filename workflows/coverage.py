@@ -49,6 +49,10 @@ class NotePlan(BaseModel):
     notified: int
     work: bool
 
+    def applied(self, row: FenceSnapshot) -> FenceSnapshot:
+        """The row after the note's write."""
+        return row.model_copy(update={"notifications_seen": self.notified})
+
 
 def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
     if generation < row.session_generation:
@@ -70,6 +74,10 @@ class AllocatePlan(BaseModel):
 
     ordinal: int
     notified: int
+
+    def applied(self, row: FenceSnapshot) -> FenceSnapshot:
+        """The row after the allocation's write."""
+        return row.model_copy(update={"last_issued_ordinal": self.ordinal, "allocated_sequence": self.notified})
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

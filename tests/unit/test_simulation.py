@@ -13,12 +13,15 @@ import importlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows import coverage
+from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
@@ -95,6 +98,36 @@ def test_bounded_gate_keeps_every_invariant_at_zero(gate: Summary) -> None:
 
 def _trace(doc: dict[str, Any]) -> Trace:
     return Trace.from_json(json.loads(json.dumps(doc)))  # through JSON, as a user would replay it
+
+
+def test_a_note_from_a_session_the_row_left_is_not_held_against_its_count() -> None:
+    # The ingress's read for generation 1 outlives a reconnect; the key, marked dirty by a change
+    # meanwhile, is processed again and noted on generation 1 after the row moved to generation 2:
+    # the note is not counted (``coverage.plan_note``), so the checker must not hold its change to
+    # the count the row already had (found at seed ``ingress-run-2026-12-05:92216``).
+    doc = {
+        "seed": "ingress-run-2026-12-05:92216", "read_on_notification": True,
+        "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True,
+                    "safety_read_seconds": 300.0},
+        "events": [
+        {"op": "exec", "act": "ledger_ensure_subscription"},
+        {"op": "complete", "act": "ledger_ensure_subscription"},
+        {"op": "exec", "act": "ledger_current_session"},
+        {"op": "complete", "act": "ledger_current_session"}, {"op": "delete", "n": 1},
+        {"op": "exec", "act": "ledger_begin_subscription"},
+        {"op": "complete", "act": "ledger_begin_subscription"},
+        {"op": "exec", "act": "mcp_subscribe_cycle"}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "recreate", "n": 2}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "exec", "act": "mcp_subscribe_cycle"}, {"op": "exec", "act": "mcp_subscribe_cycle"},
+        {"op": "mutate", "n": 1}, {"op": "reconnect"}, {"op": "complete", "act": "mcp_subscribe_cycle"},
+        {"op": "deliver"}, {"op": "exec", "act": "ledger_current_session"},
+        {"op": "complete", "act": "ledger_current_session"},
+        {"op": "exec", "act": "ledger_begin_subscription"},
+        ],
+    }
+    result = replay(_trace(doc))
+    assert not result.violations, result.violations
+    assert result.converged_after is not None
 
 
 def test_catalog_word_for_an_active_listed_subscription_does_not_spin() -> None:
@@ -315,10 +348,26 @@ def _failed_reads_cover(row: FenceSnapshot, verdict: Any, read_notified: int) ->
     return read_notified if read_notified > row.covered else None
 
 
+_REAL_PLAN_NOTE = coverage.plan_note
+
+
+def _dirtying_note_creates_no_work(row: FenceSnapshot, *, generation: int) -> NotePlan:
+    """``coverage.plan_note`` weakened: a note that makes a clean ACTIVE row dirty creates no work
+    (unless a read is in flight). With reads at the ingress it is masked (the ingress reads whatever
+    ``work`` says); the workflow's own reads (``read_on_notification = false``) depend on it."""
+    plan = _REAL_PLAN_NOTE(row, generation=generation)
+    if row.notifications_seen <= row.covered and row.allocated_sequence <= row.covered \
+            and row.state == S.ACTIVE and row.session_generation == generation:
+        return NotePlan(notified=plan.notified, work=False)
+    return plan
+
+
 @pytest.mark.parametrize("module, name, broken, config", [
     ("mcpsync.workflows.subscription_state", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
     ("mcpsync.workflows.write_plan", "covered_after", _failed_reads_cover, GATE_CONFIG),
-], ids=["dirty-as-clean", "failed-reads-cover"])
+    ("mcpsync.workflows.coverage", "plan_note", _dirtying_note_creates_no_work,
+     replace(GATE_CONFIG, read_on_notification=False)),
+], ids=["dirty-as-clean", "failed-reads-cover", "dirtying-note-no-work"])
 def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str, name: str,
                                                      broken: Any, config: SimConfig) -> None:
     """The production module's rule, weakened in place (the SQL ledger and the simulator use the same

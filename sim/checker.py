@@ -1,0 +1,280 @@
+"""The invariant checker: what every step and the quiet end of a schedule must satisfy.
+
+Contract:
+- ``Checker`` is a part of ``Simulation`` (a mixin over its state): ``_check`` runs after EVERY step
+  against the oracle and the ledger's log of committed writes; ``_check_covered`` at the quiet end
+  before any timer; ``_verdict`` after the drain (convergence, no stuck close or update).
+- It judges from outside the program: the ledger's rows and writes, the oracle's committed versions,
+  the timer the run armed; never the program's own bookkeeping.
+- ``staleness_bound`` is strict: a wake-up armed later than one published bound after the last read
+  the ledger allocated is a violation by any amount.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from mcpsync.workflows.coverage import dirty
+from mcpsync.workflows.ingress import IngressRouter
+from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, ReadOutcomeKind, TriggerReason
+from mcpsync.workflows.records import SubscriptionState as S
+from mcpsync.workflows.subscription_program import WaitKind
+from sim.ledger import LedgerWrite, MemoryLedger
+from sim.model import CLOSING, ENDED, INVALIDATIONS, Invariant, Profile, Violation
+from sim.runtime import ProgramRun, RunStage, Signal
+from sim.world import Message, Oracle
+
+V = AcceptVerdict
+
+
+class Checker:
+    """The checks of ``Simulation`` (whose state these annotations name)."""
+
+    ledger: MemoryLedger
+    oracle: Oracle
+    wf: ProgramRun
+    profile: Profile
+    router: IngressRouter
+    queue: list[Message]
+    violations: list[Violation]
+    step: int
+    times: list[datetime]
+    coverage: dict[str, int]
+    converged_since: int | None
+    count_reads: bool
+    notification_reads: int
+    fresh_reads: int
+    observed: set[int]
+    signals_erased: bool
+    _prev: FenceSnapshot
+    _log_seen: int
+    _accepted_version: int
+    _max_allocated: int
+    _max_outbox_ordinal: int
+    _close_fences: list[int]
+    _last_allocated_at: datetime | None
+    _late_timers: set[datetime | None]
+    _noted_change: dict[int, int]
+    _ingress_ordinals: set[int]
+    _clean_flagged: set[str]
+
+    @property
+    def chain_running(self) -> bool:
+        return self.wf.stage not in (RunStage.DONE, RunStage.WEDGED)
+
+    def _cover(self, name: str) -> None:
+        self.coverage[name] = self.coverage.get(name, 0) + 1
+
+    def _violate(self, invariant: Invariant, detail: str) -> None:
+        self.violations.append(Violation(invariant, self.step, detail))
+
+    def _check(self) -> None:
+        row = self.ledger.row
+        prev = self._prev
+        committed = self.oracle.committed
+        if prev.exists:
+            if row.last_accepted_ordinal < prev.last_accepted_ordinal or row.watermark < prev.watermark:
+                self._violate(Invariant.VERSION_REGRESSION,
+                              f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/{prev.watermark}"
+                              f" -> {row.last_accepted_ordinal}/{row.watermark}")
+            if row.last_issued_ordinal < prev.last_issued_ordinal:
+                self._violate(Invariant.ORDINAL_ORDER, f"lastIssued {prev.last_issued_ordinal} -> "
+                                                       f"{row.last_issued_ordinal}")
+        if row.exists and (row.last_accepted_ordinal > row.last_issued_ordinal
+                           or row.watermark > row.last_issued_ordinal):
+            self._violate(Invariant.LEDGER_INTEGRITY, "CHECK lastAccepted/watermark <= lastIssued")
+        if row.last_accepted_digest is not None and row.last_accepted_digest not in committed:
+            self._violate(Invariant.UNCOMMITTED_DIGEST, f"row digest {row.last_accepted_digest[:20]}")
+        self._prev = row
+        log = self.ledger.log
+        for w in log[self._log_seen:]:
+            self._check_write(w)
+        self._log_seen = len(log)
+        self._check_clean()
+        self._check_read_deadline()
+        if self._converged():
+            if self.converged_since is None:
+                self.converged_since = self.step
+        else:
+            self.converged_since = None
+
+    def _check_read_deadline(self) -> None:
+        """STALENESS_BOUND: an idle ACTIVE subscription on a live session, with a published bound
+        (the poll interval, or the safety re-read period), must have armed its next wake-up no
+        later than one bound after the last read the ledger allocated. Observed from outside:
+        the ledger's allocation time and the timer the workflow armed, not the fence's deadline."""
+        wf = self.wf
+        if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
+            return
+        s = wf.fence.s
+        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested \
+                or s.pending_trigger is not None or s.in_flight or wf.program.reads_running:
+            return  # a read (or resubscribe) is already on its way, or no read is possible
+        bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None \
+            else self.profile.safety_read_seconds
+        if not bound:
+            return
+        promised = self._last_allocated_at + timedelta(seconds=bound)
+        wake = wf.timer_at
+        if (wake is None or wake > promised) and wake not in self._late_timers:
+            self._late_timers.add(wake)
+            late = "never" if wake is None \
+                else f"at +{(wake - self._last_allocated_at).total_seconds():.3f} s"
+            self._violate(Invariant.STALENESS_BOUND,
+                          f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
+                          f"next wake-up {late}")
+
+    def _check_write(self, w: LedgerWrite) -> None:
+        if w.kind == "allocate":
+            self._last_allocated_at = self.times[self.step]
+            if w.ordinal <= self._max_allocated:
+                self._violate(Invariant.ORDINAL_ORDER, f"allocated {w.ordinal} after {self._max_allocated}")
+            self._max_allocated = max(self._max_allocated, w.ordinal)
+            return
+        if w.kind == "close":
+            self._close_fences.append(w.ordinal)
+            self._cover("close_fenced")
+            return
+        if w.kind == "tombstone":
+            if w.before.state != S.TOMBSTONE_PENDING:
+                self._violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
+            return
+        if w.kind == "revoke":
+            self._cover(f"revoked_from.{w.before.state}")
+            if w.before.state in ENDED:
+                self._violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
+            return
+        if w.kind != "accept":
+            return
+        o, j, before = w.outcome, w.judgement, w.before
+        assert o is not None and j is not None
+        if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) \
+                and o.server_version.startswith("v"):
+            served_version = int(o.server_version[1:])
+            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP):
+                self.notification_reads += 1
+                self.fresh_reads += served_version not in self.observed
+            self.observed.add(served_version)
+        status = w.receipt.status if w.receipt else None
+        invalidation = w.outbox if w.outbox is not None and w.outbox.event_type in INVALIDATIONS else None
+        version_write = (status in (V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED)
+                         or w.outbox is not None)
+        fence = max(self._close_fences, default=0)
+        fenced = bool(self._close_fences) and o.ordinal <= fence
+        if version_write:
+            issued = w.issued
+            if (before.state != S.ACTIVE or o.session_generation != before.session_generation
+                    or o.subscription_generation != before.subscription_generation or issued is None
+                    or issued.session_generation != o.session_generation
+                    or issued.subscription_generation != o.subscription_generation):
+                self._violate(Invariant.NOT_ACTIVE_WRITE,
+                              f"{status} ordinal {o.ordinal} while row {before.state} gen "
+                              f"{before.session_generation}/{before.subscription_generation}, read gen "
+                              f"{o.session_generation}/{o.subscription_generation}")
+        if status == V.TOMBSTONE_PENDING and fenced:
+            self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
+        if invalidation is not None:
+            if before.state in CLOSING or before.state in ENDED or fenced:
+                self._violate(Invariant.OUTBOX_AFTER_CLOSE,
+                              f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
+            if invalidation.ordinal <= self._max_outbox_ordinal:
+                self._violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
+                                                       f"{self._max_outbox_ordinal}")
+            self._max_outbox_ordinal = max(self._max_outbox_ordinal, invalidation.ordinal)
+        if status in (V.ACCEPTED, V.UNCHANGED) and (o.content_digest is None
+                                                    or o.content_digest not in self.oracle.committed):
+            self._violate(Invariant.UNCOMMITTED_DIGEST, f"{status} digest {o.content_digest} never committed")
+        if w.after.last_accepted_ordinal != before.last_accepted_ordinal \
+                or status in (V.ACCEPTED, V.UNCHANGED):
+            served = int(o.server_version[1:]) if o.server_version.startswith("v") else 0
+            if served < self._accepted_version:
+                self._violate(Invariant.VERSION_REGRESSION,
+                              f"{status} ordinal {o.ordinal} serves oracle v{served} over accepted "
+                              f"v{self._accepted_version}")
+            self._accepted_version = max(self._accepted_version, served)
+
+    def _converged(self) -> bool:
+        row = self.ledger.row
+        if not row.exists:
+            return False
+        if self.oracle.exists:
+            if row.state != S.ACTIVE:
+                return False
+            if self.oracle.version in self.oracle.unsafe:  # not releasable: the fence must have read it
+                return self._accepted_version == self.oracle.version
+            return row.last_accepted_digest == self.oracle.digest
+        return row.state in (S.TOMBSTONE_PENDING, S.TOMBSTONED)
+
+
+    def _work_owned(self) -> bool:
+        """Someone will read KEY without a new notification: the workflow has a read pending or in
+        flight, or a signal or report is on its way to it, or the ingress is processing the key."""
+        s = self.wf.fence.s
+        return bool(s.pending_trigger is not None or s.in_flight or self.router.owes()
+                    or any(m.kind in ("updated", "read_reported") for m in self.queue))
+
+    def _check_clean(self) -> None:
+        """Every step: a clean ACTIVE row (``notified == covered``) says the read that set ``covered`` was
+        allocated after every note it counts was recorded, so an accepted read served the newest change
+        any of them announced (``COVERED_UNREAD`` otherwise)."""
+        row = self.ledger.row
+        if not row.exists or row.state != S.ACTIVE or dirty(row) or "covered_unread" in self._clean_flagged:
+            return
+        noted = max((c for n, c in self._noted_change.items() if n <= row.covered), default=0)
+        if noted > self._accepted_version:
+            self._clean_flagged.add("covered_unread")
+            self._violate(Invariant.COVERED_UNREAD,
+                          f"the row is clean (notified = covered = {row.covered}) but a note announced"
+                          f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
+
+    def _check_covered(self) -> None:
+        """Everything delivered and completed, no timer fired yet, the subscription ACTIVE and idle:
+        the row's work must be owned (``workflows/coverage.py``).
+        Dirty with notes recorded after the newest allocation, or the newest allocation the ingress's
+          (it hands over what it leaves dirty): work nobody owns was lost. (The workflow's own read
+          that observed nothing, with no later note, is the failed-read contract: no automatic retry.)"""
+        wf, row = self.wf, self.ledger.row
+        s = wf.fence.s
+        if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE
+                or s.state != S.ACTIVE or self._work_owned()):
+            return
+        handed_over = row.last_issued_ordinal in self._ingress_ordinals
+        if dirty(row) and (row.notifications_seen > row.allocated_sequence or handed_over) \
+                and not self.signals_erased:
+            self._violate(Invariant.COVERED_UNREAD,
+                          f"the row is dirty (notified {row.notifications_seen} > covered {row.covered},"
+                          f" newest allocation at {row.allocated_sequence}) and nobody owns the work")
+
+    def _verdict(self) -> None:
+        wf, row = self.wf, self.ledger.row
+        if wf.stage == RunStage.WEDGED:
+            return  # already reported as a livelock or workflow error
+        if row.state in ENDED or wf.fence.finished:
+            if wf.stage != RunStage.DONE:
+                self._violate(Invariant.NO_CONVERGENCE,
+                              f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
+                              f"{wf.program.reads_running}, close updates "
+                              f"{wf.handlers_running(Signal.CLOSE)}, resume updates "
+                              f"{wf.handlers_running(Signal.RESUME)})")
+            return
+        if wf.fence.s.close_requested or wf.handlers_running(Signal.CLOSE):
+            # A close the run took (or an update still waiting) must finish the chain by the quiet end,
+            # whatever the content: a close stuck behind a wait leaves an ACTIVE, converged row.
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"close requested, row {row.state}, workflow {wf.stage.value} "
+                          f"waiting for {wf.main_wait}")
+            return
+        if not self._converged():
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
+                          f"v{self.oracle.version} {str(self.oracle.digest)[:16]}; workflow {wf.stage.value} "
+                          f"waiting for {wf.main_wait} "
+                          f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
+            return
+        if wf.fence.s.state != row.state:
+            self._violate(Invariant.NO_CONVERGENCE,
+                          f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
+            return
+        if wf.handlers_running(Signal.FIRST_READ):
+            # Converged means a read was judged (or none will come): the update must have answered.
+            self._violate(Invariant.NO_CONVERGENCE, f"first_read update still waiting in {wf.fence.s.state}")

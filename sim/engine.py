@@ -1,0 +1,535 @@
+"""One schedule of the simulator: the world, the production programs over it, the checker.
+
+Contract:
+- ``Simulation`` applies one ``Event`` at a time (an inapplicable event is a no-op, which keeps shrunk
+  traces replayable), runs the workflow program (``sim.runtime.ProgramRun`` over
+  ``SubscriptionProgram``) until it blocks, carries out its commands as ``Activity`` entries, and
+  checks every invariant (``sim.checker``). The session host's routing is the production program too
+  (``sim.ingress`` over ``workflows/ingress.py``); the durable side is ``MemoryLedger``.
+- Time advances one second per step; a TIMER event jumps it to the armed timer's fire time.
+- ``drain`` is the quiet end: everything delivered and completed, timers fired, pending catalog and
+  resume words given, one final invalidation, to quiescence; then the verdict.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from mcpsync.workflows.coverage import dirty
+from mcpsync.workflows.ingress import IngressRouter
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records import (
+    AcceptVerdict,
+    CatalogObservation,
+    FenceSnapshot,
+    IdentityConflict,
+    ResourceUpdated,
+    RevokeRequest,
+    SubscriptionOptions,
+    SubscriptionStart,
+)
+from mcpsync.workflows.records import SubscriptionState as S
+from mcpsync.workflows.subscription_program import WaitKind
+from sim.ingress import IngressDriver
+from sim.ledger import LedgerIntegrityError, MemoryLedger
+from sim.model import (
+    ENDED,
+    EPOCH,
+    FLUSH_BUDGET,
+    KEY,
+    MCP_ACTIVITIES,
+    WRONG_URI,
+    Event,
+    Invariant,
+    Op,
+    Profile,
+    ScheduleResult,
+    SimConfig,
+    Violation,
+)
+from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
+from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
+
+V = AcceptVerdict
+
+
+class Simulation(IngressDriver):
+    """One schedule: environment + workflow chain + ledger + checker. ``apply`` one event at a
+    time (inapplicable events are no-ops, which keeps shrunk traces replayable)."""
+
+    def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
+        self.seed = seed
+        self.profile = profile
+        self.config = config
+        self.oracle = Oracle()
+        self.ledger = MemoryLedger(KEY, judge=config.judge)
+        self.host = McpServer(profile.capability, self.ledger)
+        self.queue: list[Message] = []
+        self.activities: list[Activity] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.signal_log: list[tuple[Signal, Any]] = []
+        self.violations: list[Violation] = []
+        self.events: list[Event] = []
+        self.step = 0
+        self.times: list[datetime] = [EPOCH]  # the clock after each step (index = step)
+        self.chain = 0
+        self.run = 0
+        self._aid = 0
+        self._note_id = 0
+        self._scan = 0
+        self.coverage: dict[str, int] = {}
+        # checker state
+        self._log_seen = 0
+        self._prev = FenceSnapshot(exists=False)
+        self._accepted_version = 0
+        self._max_allocated = 0
+        self._max_outbox_ordinal = 0
+        self._close_fences: list[int] = []
+        self._flagged: set[Invariant] = set()
+        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
+        self.signals_erased = False  # a reset without reapply dropped delivered signals
+        self.now = EPOCH  # the time of the event being applied
+        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
+        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._clean_flagged: set[str] = set()
+        self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
+        # the session host's routing program (production's), its work queue keyed (URI, generation)
+        self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
+                                    read_on_notification=config.read_on_notification)
+        self._pulses: dict[tuple[str, int], tuple[str, int]] = {}
+        # metrics
+        self.last_change_step = 0
+        self.converged_since: int | None = 0
+        self.count_reads = True
+        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
+        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
+        self.observed: set[int] = set()
+        self.duplicate_deliveries = 0
+        self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
+        if profile.session_at_start:
+            self.host.open()
+        self.wf = self._new_chain()
+        self._activate()
+        self._check()
+
+    # --- plumbing ----------------------------------------------------------------------------------
+
+    def _program_run(self, start: SubscriptionStart, incarnation: str) -> ProgramRun:
+        wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", EPOCH, self.times[self.step])
+        wf.start()
+        return wf
+
+    def _new_chain(self) -> ProgramRun:
+        self.chain += 1
+        self.run += 1
+        self.checkpoints.clear()
+        self.signal_log.clear()
+        options = SubscriptionOptions(max_concurrent_reads=self.profile.max_concurrent_reads,
+                                      poll_interval_seconds=30.0,
+                                      safety_read_seconds=self.profile.safety_read_seconds)
+        return self._program_run(SubscriptionStart(key=KEY, options=options), f"chain{self.chain}")
+
+    def _activate(self) -> None:
+        """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
+        while True:
+            wf = self.wf
+            wf.clock = self.times[self.step]
+            if wf.stage == RunStage.RUNNING:
+                wf.activate()
+            for err in wf.errors:
+                invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
+                self._violate(invariant, err)
+            wf.errors.clear()
+            for _nid, disposition in wf.notes:
+                self._cover(f"update.{disposition.value}")
+            wf.notes.clear()
+            commands, wf.commands = wf.commands, []
+            can: ContinueAsNew | None = None
+            for cmd in commands:
+                if isinstance(cmd, ScheduleActivity):
+                    self._aid += 1
+                    self.activities.append(Activity(self._aid, self.run, cmd.seq, cmd.name, cmd.arg))
+                else:
+                    can = cmd
+            if can is None:
+                return
+            self._cover("continue_as_new")
+            self.run += 1
+            self.wf = self._program_run(can.start, wf.incarnation)
+
+    def _signal(self, kind: Signal, payload: Any, *, log: bool = True) -> None:
+        """Deliver a signal or update to the running chain (dropped when it has completed)."""
+        if not self.chain_running:
+            return
+        if log:
+            self.signal_log.append((kind, payload))
+        self.wf.signal(kind, payload)
+
+    def _next_time(self, event: Event) -> datetime:
+        """One second after the last step; a TIMER event fires the armed timer at its time."""
+        at = self.times[self.step] + timedelta(seconds=1)
+        timer_at = self.wf.timer_at
+        if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
+            at = timer_at
+        return at
+
+    def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
+        matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
+                   and (not executed or a.run == self.run)]
+        return matches[n % len(matches)] if matches else None
+
+    # --- events ------------------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Apply one event, run the workflow to quiescence, check every invariant."""
+        at = self._next_time(event)
+        self.wf.clock = self.now = at
+        applied = self._apply(event)
+        if applied:
+            self.step += 1
+            self.times.append(at)
+            self.exists_history.append(self.oracle.exists)
+            self.events.append(event)
+            self._cover(f"op.{event.op.value}")
+            self._activate()
+            self._check()
+        return applied
+
+    def _apply(self, e: Event) -> bool:
+        op = e.op
+        if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
+            if (op == Op.MUTATE and not self.oracle.exists) or (op == Op.DELETE and not self.oracle.exists) \
+                    or (op == Op.RECREATE and self.oracle.exists):
+                return False
+            tokens = e.fault.split("+")
+            if op == Op.DELETE:
+                self.oracle.delete()
+            else:
+                self.oracle.mutate(unsafe="unsafe" in tokens)
+            self.last_change_step = self.step + 1
+            self._notify(e.n, "same_id" in tokens)
+            return True
+        if op == Op.DELIVER:
+            if not self.queue:
+                return False
+            msg = self.queue.pop(e.n % len(self.queue))
+            if msg.kind == "session_changed":
+                self._signal(Signal.SESSION_CHANGED, msg.generation)
+            elif msg.kind == "read_reported":
+                assert msg.report is not None
+                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+                    self.duplicate_deliveries += 1
+                self._cover("ingress.report_delivered")
+                cycle = msg.report.cycle
+                if self.chain_running and cycle.accept is not None \
+                        and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
+                        and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                    # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
+                    # the newer digest.
+                    self._cover("ingress.report_older_than_view")
+                self._signal(Signal.READ_REPORTED, msg.report)
+            else:
+                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+                    self.duplicate_deliveries += 1
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
+                                                        notification_id=msg.notification_id,
+                                                        sequence=msg.sequence))
+            return True
+        if op == Op.OLD_NOTE:
+            live = self.host.generation
+            if live < 2:
+                return False
+            self._note_id += 1
+            gen = max(1, live - 1 - e.n)
+            if (old := self._route(gen, f"old{self._note_id}")) is not None:
+                self.queue.append(old)
+            return True
+        if op == Op.WRONG_URI:
+            gen = self.host.live.generation if self.host.live else self.host.generation
+            self._note_id += 1
+            # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
+            # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
+            if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
+                self.queue.append(wrong)
+            return True
+        if op == Op.FINAL_NOTE:
+            gen = self.host.live.generation if self.host.live else self.host.generation
+            final = self._route(gen, "final")
+            if final is not None:  # else the work is owned already (a read in flight or owed)
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+            elif self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
+                # A reset without reapply erased the signal that owned the row's work: nothing else
+                # owns it, and a note on a dirty row creates none. The safety read repays it; the
+                # drain delivers the final note as the operator's re-signal would (docs/faults.md).
+                self._cover("final_note_after_erased_signals")
+                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+            return True
+        if op == Op.CLOSE:
+            if not self.chain_running:
+                return False
+            self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
+            return True
+        if op == Op.EXEC:
+            act = self._find(e.act, e.n, executed=False)
+            if act is None:
+                return False
+            self._execute(act, e.fault)
+            return True
+        if op == Op.COMPLETE:
+            act = self._find(e.act, e.n, executed=True)
+            if act is None:
+                return False
+            self.activities.remove(act)
+            if act.result is None and act.name in MCP_ACTIVITIES:
+                # retries exhausted: the program sees ActivityFailed
+                self.wf.fail(act.seq, "ApplicationError")
+            else:
+                self.wf.complete(act.seq, act.result)
+            return True
+        if op == Op.TIMER:
+            kind = self.wf.pending_timer if self.chain_running else ""
+            if kind and self.wf.fire_timer():
+                self._cover(f"timer.{kind}")
+                return True
+            return False
+        if op == Op.RECONNECT:
+            if self.host.live is None:
+                return False
+            self.host.drop()
+            if e.n == 0:
+                self.queue.append(Message("session_changed", self.host.open()))
+            return True
+        if op == Op.SESSION_OPEN:
+            if self.host.live is not None:
+                return False
+            self.queue.append(Message("session_changed", self.host.open()))
+            return True
+        if op == Op.CAN:
+            if not self.chain_running or self.wf.can_suggested:
+                return False
+            self.wf.suggest_continue_as_new()
+            return True
+        if op == Op.CHECKPOINT:
+            if not self.chain_running:
+                return False
+            self._checkpoint()
+            return True
+        if op == Op.RESET:
+            if not self.checkpoints:
+                return False
+            self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
+            return True
+        if op == Op.CATALOG:
+            if not self.chain_running:
+                return False
+            self._scan += 1
+            measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
+            proven = e.fault == "proven"
+            self._cover("catalog.proven" if proven else "catalog.unproven")
+            self._signal(Signal.CATALOG, CatalogObservation(
+                uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
+                snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
+                session_generation=self.host.generation, measured_at=self.times[measured]))
+            return True
+        if op == Op.CONFLICT:
+            if not self.chain_running:
+                return False
+            self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
+                                                      session_generation=self.host.generation))
+            return True
+        if op == Op.RESUME:
+            if not self.chain_running or self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+                return False
+            self._signal(Signal.RESUME, None)
+            return True
+        if op == Op.FIRST_READ:
+            if not self.chain_running:
+                return False
+            self._signal(Signal.FIRST_READ, None)
+            return True
+        if op == Op.REVOKE:
+            if not self.chain_running:
+                return False
+            self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
+            return True
+        if op == Op.RESTART:
+            if self.chain_running:
+                return False
+            self.wf = self._new_chain()
+            return True
+        raise ValueError(f"unknown op {op}")
+
+    def _execute(self, act: Activity, fault: str) -> None:
+        """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
+        Temporal runs it again later (at-least-once)."""
+        if act.ingress is not None:
+            self._ingress_step(act, fault)
+            return
+        name, arg, led = act.name, act.arg, self.ledger
+        result: Any
+        try:
+            if name == Act.ENSURE:
+                result = led.ensure_subscription(arg.incarnation)
+            elif name == Act.LOAD_FENCE:
+                result = led.load_fence()
+            elif name == Act.CURRENT_SESSION:
+                result = led.current_session()
+            elif name == Act.BEGIN_SUBSCRIPTION:
+                result = led.begin_subscription(arg.session_generation)
+            elif name == Act.MARK_ACTIVE:
+                result = led.mark_active(arg.session_generation, arg.subscription_generation,
+                                         read_reports=arg.read_reports)
+            elif name == Act.BEGIN_UNSUBSCRIBE:
+                result = led.begin_unsubscribe()
+            elif name == Act.FINISH_UNSUBSCRIBE:
+                result = led.finish_unsubscribe(arg.acked)
+            elif name == Act.AUDIT:
+                result = led.write_audit(arg.kind)
+            elif name == Act.SET_STATE:
+                result = led.set_state(arg.state, arg.allowed_from)
+            elif name == Act.CONFIRM_TOMBSTONE:
+                before = led.row.state
+                result = led.confirm_tombstone(arg.listed, arg.scan_id, arg.proven)
+                if result.state == S.REVOKED and before != S.REVOKED and self.oracle.exists:
+                    # a late proven word revoked a resource that exists
+                    self._cover("catalog_revoked_existing")
+            elif name == Act.REVOKE:
+                result = led.revoke()
+            elif name == Act.MCP_UNSUBSCRIBE:
+                result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
+                if fault == "ack_lost":
+                    self._cover("unsubscribe_ack_lost")
+            elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
+                done, result = (self._read_cycle_step(act, fault) if name == Act.MCP_READ_CYCLE
+                                else self._subscribe_cycle_step(act, fault))
+                if fault == "lost":
+                    act.step = 0  # the attempt died after this step's effect: the retry starts over
+                if not done:
+                    if fault == "lost":
+                        self._cover("lost_response.read_cycle_step")
+                    return
+            else:
+                raise ValueError(f"unknown activity {name}")
+        except LedgerIntegrityError as err:
+            act.poisoned = True
+            self._violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
+            return
+        if fault == "lost":
+            self._cover(f"lost_response.{name}")
+            return  # the activity stays scheduled: its retry runs the side effect again
+        if act.run != self.run:
+            self.activities.remove(act)  # an orphan of a reset run: it landed, nobody listens
+            self._cover("orphan_landed")
+            return
+        act.executed, act.result = True, result
+
+    def _checkpoint(self) -> None:
+        wf = self.wf
+        self.checkpoints.append(Checkpoint(wf, len(wf.log), len(wf.draws), len(self.signal_log)))
+        if len(self.checkpoints) > 8:
+            self.checkpoints.pop(0)
+
+    def _reset(self, cp: Checkpoint, *, reapply: bool) -> None:
+        """Temporal reset: the current run ends (its started activities may still land), a new run
+        replays to the checkpoint, then reschedules the activities pending there."""
+        self._cover("reset")
+        self.run += 1
+        # A reset run replays history to the reset point, then draws with a new random seed; the
+        # activities pending there are scheduled again (as its ``commands``).
+        wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
+        wf.clock = self.times[self.step]
+        later = self.signal_log[cp.signal_index:]
+        del self.signal_log[cp.signal_index:]
+        self.wf = wf
+        # Activities of older runs not yet started are dropped by the matching service.
+        # The ingress's reads are no run's: they go on.
+        self.activities = [a for a in self.activities
+                           if (a.run == self.run - 1 and not a.executed) or a.ingress is not None]
+        if later and not reapply:
+            self.signals_erased = True
+        if reapply:
+            self._cover("reset_reapply")
+            for kind, payload in later:
+                self._signal(kind, payload)
+
+    # --- drain -------------------------------------------------------------------------------------------
+
+    def _flush(self) -> bool:
+        """Deliver everything pending in FIFO order, no faults. False if it would not quiesce."""
+        for _ in range(FLUSH_BUDGET):
+            if self.queue:
+                self.apply(Event(Op.DELIVER))
+                continue
+            # The current run first; activities of a reset run land last, as a slow old worker would.
+            runnable = [a for a in self.activities if not a.executed and not a.poisoned]
+            current = [a for a in runnable if a.run == self.run or a.ingress is not None]
+            if current:
+                self.apply(Event(Op.EXEC, act=current[0].name, n=self._index_of(current[0], executed=False)))
+                continue
+            done = [a for a in self.activities if a.executed and a.run == self.run]
+            if done:
+                self.apply(Event(Op.COMPLETE, act=done[0].name, n=self._index_of(done[0], executed=True)))
+                continue
+            if runnable:
+                first = runnable[0]
+                self.apply(Event(Op.EXEC, act=first.name, n=self._index_of(first, executed=False)))
+                continue
+            return True
+        return False
+
+    def _index_of(self, act: Activity, *, executed: bool) -> int:
+        same = [a for a in self.activities if a.name == act.name and a.executed == executed and not a.poisoned
+                and (not executed or a.run == self.run)]
+        return same.index(act)
+
+    def drain(self) -> None:
+        """Quiet end: the session host is up, every message and activity completes, timers fire,
+        pending catalog/resume words arrive, then one final invalidation; to quiescence."""
+        if self.host.live is None:
+            self.apply(Event(Op.SESSION_OPEN))
+        final_sent = False
+        for attempt in range(8):
+            if not self._flush():
+                self._violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
+                return
+            if attempt == 0:
+                self._check_covered()
+            wf = self.wf
+            if not self.chain_running:
+                break
+            state = wf.fence.s.state
+            # poll / safety / recheck
+            if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):
+                self.apply(Event(Op.TIMER))
+                continue
+            if state == S.TOMBSTONE_PENDING and wf.program.catalog is None:
+                self.apply(Event(Op.CATALOG))
+                continue
+            if state == S.RECONCILIATION_REQUIRED and wf.program.resume_requested is None:
+                self.apply(Event(Op.RESUME))
+                continue
+            if not final_sent:
+                final_sent = True
+                self.count_reads = False
+                self.apply(Event(Op.FINAL_NOTE))
+                continue
+            break
+        self._verdict()
+
+
+    def result(self) -> ScheduleResult:
+        converged_after = None
+        row = self.ledger.row
+        if not self.violations and row.state not in ENDED and self.converged_since is not None:
+            converged_after = max(0, self.converged_since - self.last_change_step)
+        return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
+                              violations=list(self.violations), steps=self.step,
+                              converged_after=converged_after,
+                              notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
+                              duplicate_deliveries=self.duplicate_deliveries,
+                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
+                              read_on_notification=self.config.read_on_notification)
+
+

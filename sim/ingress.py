@@ -1,0 +1,214 @@
+"""The session host's routing program (``workflows/ingress.py``) run over the simulated world.
+
+Contract:
+- ``IngressDriver`` is a part of ``Simulation`` (a mixin over its state, after the ``Checker`` and
+  ``CycleRunner``). A notification that reaches the session host is offered to the production
+  ``IngressRouter``; a key that becomes ready is processed at once (``IngressRouter.process``), its
+  effects performed over the world: the note on ``MemoryLedger``, signals and reports queued as
+  messages to the workflow, and the read cycle as the ``INGRESS_READ`` pseudo-activity whose three
+  steps (allocate, read, accept) are events of their own, so notifications, deliveries and resets
+  interleave with it. The program's ``absorb`` runs at the read step, once the allocation is
+  granted, as in ``McpSessionActivities.run_cycle``.
+- What the checker needs to know about the world (which oracle version a note or an absorbed pulse
+  announced, which ordinals the ingress was granted) is recorded here, next to the effects; the
+  routing decisions are the program's alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mcpsync.workflows.ingress import Effect as IngressEffect
+from mcpsync.workflows.ingress import (
+    Key,
+    Note,
+    Offer,
+    Processed,
+    ReadCycle,
+    ReportRead,
+    SignalUpdated,
+    Stamp,
+    Stamped,
+    UnknownUri,
+)
+from mcpsync.workflows.records import ReadCycleResult, ResourceUpdated
+from sim.cycles import CycleRunner
+from sim.ledger import LedgerIntegrityError
+from sim.model import INGRESS_READ, KEY, Invariant
+from sim.world import Activity, Message
+
+__all__ = ["Processing", "IngressDriver"]
+
+
+@dataclass(slots=True)
+class Processing:
+    """One run of ``IngressRouter.process`` for a key: the suspended program and what the world
+    knows about it (the pulse it stands for, the change it announced, what its read absorbed)."""
+
+    program: Generator[IngressEffect, Any, Processed | None]
+    nid: str = ""  # the ingress id of the newest pulse it processes
+    change: int = 0  # the newest oracle version those pulses announced
+    generation: int = 0
+    no_work_before: int = 0
+    cycle: ReadCycle | None = None  # the read cycle it waits for
+    absorbed: int = 0  # pulses its read took (``AcceptRequest.absorbed``)
+    absorbed_change: int = 0  # the newest change they announced
+    synchronous: bool = True  # still inside the call that offered the pulse
+    signalled: list[Message] = field(default_factory=list)  # wake-ups it signalled synchronously
+
+
+class IngressDriver(CycleRunner):
+    """Performs the routing program's effects over the world (state named by these annotations)."""
+
+    activities: list[Activity]
+    now: datetime
+    _aid: int
+    _note_id: int
+    _pulses: dict[Key, tuple[str, int]]  # per key: the newest pulse's id and change since it was got
+    covered_reads_saved: int
+
+    def _notify(self, copies: int, same_id: bool) -> None:
+        """The server announces the oracle's newest change on the live session, ``copies`` times
+        (``same_id``: Temporal delivers the first routed wake-up again instead)."""
+        live = self.host.live
+        if live is None or live.generation not in self.host.subscribed:
+            return  # nobody subscribed on the live session: the server sends nothing
+        self._note_id += 1
+        first: Message | None = None
+        for i in range(copies):
+            if same_id and first is not None:
+                self.queue.append(first)  # the same routed signal delivered again (one ingress id)
+                continue
+            nid = f"n{self._note_id}" if i == 0 else f"n{self._note_id}.{i}"
+            first = self._route(live.generation, nid, change=self.oracle.version)
+            if first is not None:
+                self.queue.append(first)
+
+    def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message | None:
+        """A notification reaches the session host (``SessionHost._enqueue``): offered to the router's
+        work queue, and a key that became ready is processed now. Answers the ``resource_updated``
+        message the processing signalled before it waited for anything (the caller queues it), or None."""
+        key = (uri, generation)
+        _, prior = self._pulses.get(key, ("", 0))
+        self._pulses[key] = (nid, max(prior, change))
+        if self.router.offer(uri, generation) != Offer.READY:
+            self._cover("ingress.queued")
+            return None
+        signalled = self._process()
+        return signalled[0] if signalled else None
+
+    def _process(self) -> list[Message]:
+        p = Processing(self.router.process(), no_work_before=self.router.no_work)
+        self._resume(p, None)
+        p.synchronous = False
+        return p.signalled
+
+    def _resume(self, p: Processing, answer: Any) -> None:
+        """Run ``p``'s program until it waits for its read cycle or ends."""
+        while True:
+            try:
+                effect = p.program.send(answer)
+            except StopIteration as stop:
+                if self.router.no_work > p.no_work_before:
+                    self._cover("update.ingress_no_work")
+                    self.covered_reads_saved += 1
+                processed: Processed | None = stop.value
+                if processed is not None and processed.ready_again:
+                    self._cover("ingress.queued_routed")
+                    self.queue.extend(self._process())
+                return
+            if isinstance(effect, ReadCycle):
+                self._start_read(p, effect)
+                return
+            answer = self._perform(p, effect)
+
+    def _perform(self, p: Processing, effect: IngressEffect) -> Any:
+        if isinstance(effect, Note):
+            key = (effect.uri, effect.generation)
+            p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
+            p.generation = effect.generation
+            counted = self.ledger.row.notifications_seen
+            noted = self.ledger.note_notification(effect.generation, self.now) \
+                if effect.uri == KEY.uri else None
+            if noted is not None and noted.fence.notifications_seen > counted:
+                # the checker holds the change to the count this note made (a note from a session the
+                # row has left is not counted: it announces nothing about the current one)
+                self._noted_change[noted.fence.notifications_seen] = p.change
+            return noted
+        if isinstance(effect, UnknownUri):
+            # No row for a URI variant. The world lets its wake-up reach the workflow anyway (production's
+            # ingress audits it instead): that exercises ``resource_updated``'s WRONG_URI defence.
+            self._signalled(p, Message("updated", effect.generation, p.nid, effect.uri, p.change))
+            return None
+        if isinstance(effect, Stamp):
+            live = self.host.live
+            update = ResourceUpdated(uri=effect.uri, session_generation=effect.generation,
+                                     received_at=self.now, notification_id=p.nid)
+            return Stamped(update, self.now, f"ingress-{self._aid + 1}",
+                           live.generation if live is not None else None)
+        if isinstance(effect, SignalUpdated):
+            sig = effect.update
+            if p.cycle is not None:
+                self._cover("ingress.fallback")
+            self._signalled(p, Message("updated", sig.session_generation, sig.notification_id, sig.uri,
+                                       p.change))
+            return True
+        if isinstance(effect, ReportRead):
+            self._cover("ingress.report")
+            sig = effect.report.update
+            self.queue.append(Message("read_reported", sig.session_generation, sig.notification_id, sig.uri,
+                                      p.change, report=effect.report))
+            return True
+        return []  # Siblings: the world has one URI; nothing else is asked of it
+
+    def _signalled(self, p: Processing, msg: Message) -> None:
+        if p.synchronous:
+            p.signalled.append(msg)
+        else:
+            self.queue.append(msg)
+
+    def _start_read(self, p: Processing, cycle: ReadCycle) -> None:
+        self._aid += 1
+        p.cycle = cycle
+        self.activities.append(Activity(self._aid, 0, 0, INGRESS_READ, cycle.request, ingress=p))
+        self._cover("ingress.read")
+
+    def _ingress_step(self, act: Activity, fault: str) -> None:
+        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``_read_cycle_step``).
+        No retry: a step whose answer is lost (``lost``: it took effect) or a read that failed makes
+        ``run_cycle`` raise, and the program falls back to ``resource_updated``."""
+        p = act.ingress
+        assert p is not None and p.cycle is not None
+        if act.step == 1 and act.ticket is not None and act.ticket.granted and p.cycle.absorb is not None:
+            # The program's ``absorb`` (``WorkQueue.take``) once the read is allocated, before it is sent.
+            key = (KEY.uri, p.generation)
+            if p.cycle.absorb():
+                self._cover("ingress.absorbed")
+                _, change = self._pulses.pop(key, ("", 0))
+                p.absorbed, p.absorbed_change = 1, change
+        try:
+            done, result = self._read_cycle_step(act, fault)
+        except LedgerIntegrityError as err:
+            self._violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
+            done, result = True, None
+        if act.ticket is not None and act.ticket.granted:
+            self._ingress_ordinals.add(act.ticket.ordinal)
+            rr = self.ledger.read_requests.get(act.ticket.ordinal)
+            if p.absorbed and rr is not None and rr.completed:
+                # counted by the accept (a lost answer too: it took effect): the checker holds the
+                # change to that count
+                n = act.ticket.notifications_seen + p.absorbed
+                self._noted_change[n] = max(self._noted_change.get(n, 0), p.absorbed_change)
+                p.absorbed = 0
+        if fault == "lost":
+            self._cover("ingress.lost_response")
+            done, result = True, None
+        if done:
+            self.activities.remove(act)
+            if isinstance(result, ReadCycleResult) and result.judged:
+                assert result.accept is not None
+                self._cover(f"ingress.verdict.{result.accept.verdict.value}")
+            self._resume(p, result if isinstance(result, ReadCycleResult) else None)

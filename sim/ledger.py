@@ -1,0 +1,327 @@
+"""The PostgreSQL ledger for one subscription row, in memory (``MemoryLedger``).
+
+Contract:
+- Each method is one transaction of ``activities/ledger_fence.py`` (``FenceLedger``): it applies the
+  same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.allocation_steps``,
+  ``write_plan.plan_accept`` / ``plan_close`` / ``plan_tombstone`` / ``plan_revoke``), and either raises
+  ``LedgerIntegrityError`` having written nothing (a write PostgreSQL would reject: the UNIQUE/CHECK
+  constraints of ``001_ledger.sql``) or commits and appends a ``LedgerWrite`` to ``log``.
+- The simple state transitions (ensure, begin_subscription, mark_active, set_state) are the rows'
+  compare-and-set conditions; staged rollouts, the content store and its purge and the
+  ``revocations`` row are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from mcpsync.workflows import coverage
+from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.records import (
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    AllocateRequest,
+    CloseReceipt,
+    FenceSnapshot,
+    NotedNotification,
+    ReadOutcome,
+    ReadTicket,
+    SessionInfo,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
+from mcpsync.workflows.write_plan import (
+    PlanKind,
+    RevokeSource,
+    WritePlan,
+    accept_result,
+    close_receipt,
+    plan_accept,
+    plan_close,
+    plan_revoke,
+    plan_tombstone,
+)
+from sim.model import CLOSING, ENDED, JudgeFn
+
+S = SubscriptionState
+
+class LedgerIntegrityError(Exception):
+    """PostgreSQL would reject this transaction (UNIQUE or CHECK); nothing was written."""
+
+
+@dataclass(slots=True)
+class ReadRequestRow:
+    ordinal: int
+    request_id: str
+    session_generation: int
+    subscription_generation: int
+    trigger: TriggerReason
+    outcome: str | None = None
+    completed: bool = False  # completed_at IS NOT NULL
+    notifications_seen: int = 0  # the row's update counter at allocation
+    in_cycle: bool = False  # read_requests.cycle_id IS NOT NULL
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    receipt_id: int
+    ordinal: int
+    digest: str | None
+    status: AcceptVerdict
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    outbox_id: int
+    event_type: str
+    receipt_id: int
+    digest: str | None
+    ordinal: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerWrite:
+    """One committed ledger transaction, as the invariant checker sees it."""
+
+    kind: str  # allocate | accept | close | tombstone | state | revoke (``PlanKind`` for planned writes)
+    before: FenceSnapshot
+    after: FenceSnapshot
+    outcome: ReadOutcome | None = None
+    issued: IssuedRead | None = None
+    judgement: Judgement | None = None
+    receipt: Receipt | None = None
+    outbox: OutboxEntry | None = None
+    ordinal: int = 0
+
+
+_VERDICT_VALUES = {v.value for v in AcceptVerdict}
+SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING,
+                          S.RECONCILIATION_REQUIRED})
+
+
+class MemoryLedger:
+    """The PostgreSQL ledger (``activities/ledger_fence.py``) for one subscription row, in memory.
+
+    accept / close / tombstone / revoke apply the plan ``mcpsync.workflows.write_plan`` makes, the plan
+    the SQL ledger applies; the other statements are modelled one by one. Each method is one
+    transaction: it either raises ``LedgerIntegrityError`` having written nothing, or commits
+    and appends a ``LedgerWrite`` to ``log``. Not modelled: staged rollouts (no policy row: every
+    invalidation is written), the content store and its purge, the ``revocations`` row."""
+
+    def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
+        self.key = key
+        self.judge = judge
+        self.row = FenceSnapshot(exists=False)
+        self.incarnation = ""
+        self.workflow_id = ""  # subscriptions.workflow_id: recorded by the ensure that creates the row
+        self.read_requests: dict[int, ReadRequestRow] = {}
+        self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
+        self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
+        self.receipts: list[Receipt] = []
+        self.receipt_ordinals: set[int] = set()
+        self.outbox: list[OutboxEntry] = []
+        self.audit: list[str] = []  # audit kinds, in order
+        self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
+        self.log: list[LedgerWrite] = []
+        self._ids = 0
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def _set(self, kind: str, after: FenceSnapshot) -> FenceSnapshot:
+        before, self.row = self.row, after
+        if after != before:
+            self.log.append(LedgerWrite(kind=kind, before=before, after=after))
+        return after
+
+    def _apply(self, plan: WritePlan, *, outcome: ReadOutcome | None = None, issued: IssuedRead | None = None,
+               ordinal: int = 0) -> tuple[Receipt | None, OutboxEntry | None]:
+        """Apply ``plan`` to the locked row as one transaction (the SQL applier's statements, in memory)."""
+        before = self.row
+        if plan.receipt is not None and plan.receipt.of_read \
+                and plan.receipt.ordinal in self.receipt_ordinals:
+            raise LedgerIntegrityError(
+                f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
+        if not plan.writes and plan.kind != PlanKind.ACCEPT:  # every judged read is logged, written or not
+            return None, None
+        if plan.audit is not None:
+            self.audit.append(plan.audit.kind)
+        if plan.read_request_outcome is not None and outcome is not None \
+                and (rr := self.read_requests.get(outcome.ordinal)) is not None:
+            rr.outcome, rr.completed = plan.read_request_outcome, True
+        receipt = entry = None
+        if plan.receipt is not None:
+            p = plan.receipt
+            receipt = Receipt(self._next_id(), p.ordinal, p.content_digest, p.status, p.request_id)
+            self.receipts.append(receipt)
+            if p.of_read:
+                self.receipt_ordinals.add(p.ordinal)
+        receipt_id = receipt.receipt_id if receipt is not None else None
+        if plan.outbox is not None:
+            ob = plan.outbox
+            target = receipt_id if ob.of_receipt else before.last_receipt_id
+            entry = OutboxEntry(self._next_id(), ob.event.value, target or 0, ob.content_digest, ob.ordinal)
+            self.outbox.append(entry)
+        if plan.fence is not None:
+            self.row = plan.fence.applied(before, receipt_id)
+        if plan.kind == PlanKind.STATE:
+            if self.row != before:
+                self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row))
+        else:
+            self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row, outcome=outcome,
+                                        issued=issued, judgement=plan.judgement, receipt=receipt,
+                                        outbox=entry,
+                                        ordinal=ordinal))
+        return receipt, entry
+
+    # --- fence -------------------------------------------------------------------------------
+
+    def ensure_subscription(self, incarnation: str, workflow_id: str | None = None) -> FenceSnapshot:
+        """``workflow_id``: the caller's id (default the key's computed one); recorded once, like the
+        SQL row (a second id is audited ``WORKFLOW_ID_MISMATCH`` and changes nothing)."""
+        row = self.row
+        running_as = workflow_id or self.key.workflow_id
+        if not row.exists:
+            row = FenceSnapshot(exists=True, state=S.DISCOVERED)
+            self.incarnation = incarnation
+            self.workflow_id = running_as
+        elif self.workflow_id != running_as:
+            self.audit.append("WORKFLOW_ID_MISMATCH")
+        if self.incarnation != incarnation and row.state in ENDED:
+            row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None})
+            self.incarnation = incarnation
+        if row.state not in CLOSING:
+            self.incarnation = incarnation
+        return self._set("state", row)
+
+    def load_fence(self) -> FenceSnapshot:
+        return self.row
+
+    def current_session(self) -> SessionInfo | None:
+        return self.session
+
+    def begin_subscription(self, session_generation: int) -> FenceSnapshot:
+        row = self.row
+        if row.state in SUBSCRIBABLE and row.session_generation <= session_generation:
+            row = row.model_copy(update={"state": S.SUBSCRIBING, "session_generation": session_generation,
+                                         "subscription_generation": row.subscription_generation + 1})
+        return self._set("state", row)
+
+    def mark_active(self, session_generation: int, subscription_generation: int, *,
+                    read_reports: bool = False) -> FenceSnapshot:
+        """``read_reports``: the run mirrors reads the ingress makes; set or cleared with the
+        transition, like ``subscriptions.read_reports``."""
+        row = self.row
+        if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
+                and row.subscription_generation == subscription_generation):
+            row = row.model_copy(update={"state": S.ACTIVE, "read_reports": read_reports})
+        return self._set("state", row)
+
+    def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
+        row = self.row
+        if row.state in set(allowed_from):
+            row = row.model_copy(update={"state": state})
+        return self._set("state", row)
+
+    def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """``FenceLedger.allocate_read``: ``allocation.allocation_steps`` answered from the tables (a
+        retry gets the ticket it holds), then ``coverage.plan_allocate`` on the row."""
+        row = self.row
+        steps = allocation_steps(req)
+        held: HeldRequest | None = None
+        while True:
+            try:
+                ask = steps.send(held)
+            except StopIteration as stop:
+                decided: ReadTicket | str = stop.value
+                break
+            ordinal = self.cycle_ids.get(ask.cycle_id) if isinstance(ask, ByCycle) \
+                else self.request_ids.get(ask.request_id)
+            rr = self.read_requests.get(ordinal) if ordinal is not None else None
+            held = None if rr is None else HeldRequest(ordinal=rr.ordinal, request_id=rr.request_id,
+                                                       completed=rr.completed, notified=rr.notifications_seen)
+        if isinstance(decided, ReadTicket):
+            return decided
+        request_id = decided
+        plan = coverage.plan_allocate(row, session_generation=req.session_generation,
+                             subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+        if plan is None:
+            return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+        if request_id in self.request_ids:
+            raise LedgerIntegrityError(
+                f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
+        ordinal = plan.ordinal
+        if ordinal in self.read_requests:
+            raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
+        self.row = plan.applied(row)
+        self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
+                                                     req.subscription_generation, req.trigger,
+                                                     notifications_seen=plan.notified,
+                                                     in_cycle=req.cycle_id is not None)
+        self.request_ids[request_id] = ordinal
+        if req.cycle_id is not None:
+            self.cycle_ids[req.cycle_id] = ordinal
+        self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
+                          notifications_seen=plan.notified)
+
+    def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
+        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
+        workflow id the row recorded (where the ingress signals) and whether the note creates work;
+        None without a row."""
+        if not self.row.exists:
+            return None
+        plan = coverage.plan_note(self.row, generation=generation)
+        self.row = plan.applied(self.row)
+        return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
+
+    def accept(self, req: AcceptRequest) -> AcceptResult:
+        o = req.outcome
+        fence = self.row
+        rr = self.read_requests.get(o.ordinal)
+        issued = None if rr is None else IssuedRead(
+            ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
+            subscription_generation=rr.subscription_generation,
+            completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
+            in_cycle=rr.in_cycle, notified=rr.notifications_seen,
+        )
+        judgement = self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None)
+        plan = plan_accept(fence, issued, o, judgement,
+                           absorbed=req.absorbed if fence.exists else 0)
+        if plan.replay:
+            prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
+            return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
+        receipt, entry = self._apply(plan, outcome=o, issued=issued, ordinal=o.ordinal)
+        return accept_result(plan, fence, receipt_id=receipt.receipt_id if receipt else None,
+                             outbox_id=entry.outbox_id if entry else None)
+
+    def begin_unsubscribe(self) -> CloseReceipt:
+        if not self.row.exists:
+            raise LookupError("no subscription")
+        plan = plan_close(self.row)
+        frozen = plan.fence.close_ordinal if plan.fence is not None else None
+        self._apply(plan, ordinal=frozen or 0)
+        return close_receipt(self.row)
+
+    def finish_unsubscribe(self, acked: bool) -> FenceSnapshot:
+        return self.set_state(S.CLOSED if acked else S.UNSUBSCRIBE_UNKNOWN, [S.UNSUBSCRIBING])
+
+    def revoke(self) -> FenceSnapshot:
+        self._apply(plan_revoke(self.row, source=RevokeSource.PLATFORM, reason="revoked by platform"))
+        return self.row
+
+    def confirm_tombstone(self, listed: bool, scan_id: str, proven: bool) -> FenceSnapshot:
+        self._apply(plan_tombstone(self.row, listed=listed, proven=proven, scan_id=scan_id))
+        return self.row
+
+    def write_audit(self, kind: str) -> int:
+        self.audit.append(kind)
+        return len(self.audit)
+

@@ -1,0 +1,188 @@
+"""The simulated world around the program: the server's resource (``Oracle``), the MCP server's
+sessions (``McpServer``), messages on their way to the workflow, and scheduled activities.
+
+Contract:
+- ``Oracle`` is the resource as the server holds it: every committed state has a version number and
+  a unique digest; a read is answered with the content current when it is *served*.
+- ``McpServer`` is what the server answers on a session generation (subscribe, unsubscribe, read),
+  including a generation that is gone; it also keeps the ledger's open-session row. It is the
+  environment, not our code: our session host's routing runs as ``workflows/ingress.py``.
+- ``Activity`` is one scheduled activity (or read at the ingress), executed and completed by events in
+  any order; its read cycle runs in three steps, each its own event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mcpsync.workflows.digest import ContentPart, content_digest
+from mcpsync.workflows.records import (
+    CacheScope,
+    FenceSnapshot,
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadReport,
+    ReadRequest,
+    ReadTicket,
+    SessionInfo,
+    SubscribeOutcome,
+    SubscribeRequest,
+    UnsubscribeOutcome,
+    UnsubscribeRequest,
+)
+from sim.ledger import MemoryLedger
+from sim.model import EPOCH, KEY
+from sim.runtime import ProgramRun
+
+if TYPE_CHECKING:
+    from sim.ingress import Processing
+
+class Oracle:
+    """The resource as the server holds it: every committed state has a version number and a
+    unique digest (``None`` while deleted)."""
+
+    def __init__(self) -> None:
+        self.version = 1
+        self.digest: str | None = self._content(1)
+        self.committed: dict[str, int] = {self.digest: 1}
+        self.unsafe: set[int] = set()  # versions the guardrail chain refuses to release
+
+    @staticmethod
+    def _content(version: int) -> str:
+        return content_digest([ContentPart("text", "text/plain", f"oracle content v{version}".encode())])
+
+    @property
+    def exists(self) -> bool:
+        return self.digest is not None
+
+    def mutate(self, *, unsafe: bool = False) -> None:
+        self.version += 1
+        self.digest = self._content(self.version)
+        self.committed[self.digest] = self.version
+        if unsafe:
+            self.unsafe.add(self.version)
+
+    def delete(self) -> None:
+        self.version += 1
+        self.digest = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A signal on its way to the workflow (the network + ingress + Temporal frontend)."""
+
+    kind: str  # updated | session_changed | read_reported
+    generation: int
+    notification_id: str | None = None
+    uri: str = KEY.uri
+    change: int = 0  # the oracle version that emitted it (0: not a change notification)
+    sequence: int | None = None  # ResourceUpdated.sequence the ingress stamped (None: no fence row)
+    report: ReadReport | None = None  # read_reported: what the ingress read
+
+
+class McpServer:
+    """The MCP server's sessions as our activities meet them: one live generation at a time (the
+    ledger's open-session row follows it), and the answers a request on a generation gets."""
+
+    def __init__(self, capability: str, ledger: MemoryLedger) -> None:
+        self.capability = capability
+        self.ledger = ledger
+        self.live: SessionInfo | None = None
+        self.generation = 0
+        self.subscribed: set[int] = set()  # session generations holding a server-side subscription
+
+    def open(self) -> int:
+        self.generation += 1
+        self.live = SessionInfo(subject=KEY.subject, server=KEY.server, generation=self.generation,
+                                edition="2025-11-25", subscribe=self.capability != "none", list_changed=False,
+                                server_name="oracle", server_version="1",
+                                task_queue="mcpsync-session/oracle/sim",
+                                opened_at=EPOCH)
+        self.ledger.session = self.live
+        return self.generation
+
+    def drop(self) -> None:
+        if self.live is not None:
+            self.subscribed.discard(self.live.generation)
+        self.live = None
+        self.ledger.session = None
+
+    def _live(self, generation: int) -> SessionInfo | None:
+        return self.live if self.live is not None and self.live.generation == generation else None
+
+    def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
+        live = self._live(req.session_generation)
+        if live is None:
+            return SubscribeOutcome(ok=False, session_generation=self.live.generation if self.live else 0,
+                                    error="session generation is gone")
+        if self.capability == "rejects":
+            return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=-32601,
+                                    error="Method not found")
+        self.subscribed.add(live.generation)
+        return SubscribeOutcome(ok=True, session_generation=live.generation)
+
+    def unsubscribe(self, req: UnsubscribeRequest, *, ack_lost: bool) -> UnsubscribeOutcome | None:
+        live = self._live(req.session_generation)
+        if live is None:
+            return UnsubscribeOutcome(acked=False, error="session generation is gone")
+        self.subscribed.discard(live.generation)
+        return None if ack_lost else UnsubscribeOutcome(acked=True)
+
+    def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
+        base: dict[str, Any] = {"key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
+                                "session_generation": req.session_generation,
+                                "subscription_generation": req.subscription_generation,
+                                "trigger": req.trigger}
+        if self._live(req.session_generation) is None:
+            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+        if fault == "error":
+            return None  # retries exhausted: ActivityError, the workflow's _mcp answers None
+        # The oracle stamps the version it served into server_version (metadata only) so the
+        # checker can tell which committed state a receipt came from.
+        base["server_version"] = f"v{oracle.version}"
+        if fault == "denied":
+            return ReadOutcome(kind=ReadOutcomeKind.DENIED, error_code=-32001, error="denied", **base)
+        if fault == "malformed":
+            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error="invalid result", **base)
+        if oracle.digest is None:
+            return ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32002, error="not found", **base)
+        rejection = "simulated guardrail" if oracle.version in oracle.unsafe else None
+        # Every third version carries a ttlMs longer than the 30 s poll interval: the poll period
+        # (and the deadline armed before the read came back) grows, and shrinks again after it.
+        ttl_ms = 45_000 if oracle.version % 3 == 0 else 0
+        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
+                           size=20, content_count=1, guardrail_rejection=rejection, ttl_ms=ttl_ms,
+                           cache_scope=CacheScope.PRIVATE, **base)
+
+
+
+@dataclass(slots=True)
+class Activity:
+    aid: int
+    run: int
+    seq: int  # the command's sequence number in its run
+    name: str
+    arg: Any
+    executed: bool = False
+    result: Any = None
+    poisoned: bool = False  # PostgreSQL rejects it every time: it never completes
+    # The read cycle (Act.MCP_READ_CYCLE) runs in three steps, each its own event: allocate, read,
+    # accept. ``step`` is the next one; a lost attempt starts again at 0 (the ledger's cycle id
+    # hands the retry the same ticket, and a committed accept replays).
+    step: int = 0
+    ticket: ReadTicket | None = None
+    outcome: ReadOutcome | None = None
+    ingress: Processing | None = None  # INGRESS_READ: the routing program's processing it belongs to
+    active: FenceSnapshot | None = None  # MCP_SUBSCRIBE_CYCLE: the row its mark answered
+
+
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    run: ProgramRun  # the run the checkpoint was taken in; a reset replays its first ``inputs`` inputs
+    inputs: int
+    draws: int
+    signal_index: int
+

@@ -1,0 +1,77 @@
+"""The MCP transport a session host opens to one server for one subject.
+
+Contract:
+- stdio: the configured command as a child process, the subject's credential in its environment;
+  streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
+  the ingress, and response bodies bounded at the transport (``transport_bounds``).
+- Credentials come from the environment variable the config names and go nowhere else.
+- An open failure is described in one line (``describe_open_failure``): where, and what went wrong.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx2
+from mcp import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+from mcpsync.activities.db import redact_url
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
+
+__all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS"]
+
+
+def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
+    """The MCP transport for ``subject``'s session with ``cfg``: stdio parameters (the subject's
+    credential in the child's environment) or streamable HTTP (a bearer header). Credentials
+    come from the environment variable the config names and go nowhere else."""
+    token_var = cfg.token_env.get(subject)
+    token = os.environ.get(token_var) if token_var else None
+    if cfg.transport == "stdio":
+        env = dict(cfg.env)
+        env.setdefault("MCPSYNC_SUBJECT", subject)
+        if token_var and token is not None:
+            env[token_var] = token
+        return StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
+    assert cfg.url is not None
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
+    # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
+    # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
+    limit = transport_limit(cfg.max_content_bytes)
+    return streamable_http_client(cfg.url, http_client=_http_client(headers, limit), max_sse_event_size=limit)
+
+
+HTTP_CONNECTIONS = 100
+"""Connections one session may open to its MCP server (httpx's default) and, unlike httpx's
+default of 20, may also keep idle: each POST of the streamable HTTP transport is a request of its
+own, and the activities and the routers' reads at the ingress run concurrently on one session.
+With 20 kept, a start-up burst opened a new TCP connection for most requests and closed it after
+one use (6 % of the ingress's CPU in a profile of 540 starts)."""
+
+
+def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClient:
+    """``create_mcp_http_client`` (the SDK's timeouts: 30 s, 300 s for a held stream) with a pool
+    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``), and JSON responses
+    bounded to ``limit`` bytes (``transport_bounds``)."""
+    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS)
+    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT,
+                                                                       read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+                              transport=bounded_http_transport(limit, limits=limits))
+
+
+def describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
+    where = " ".join(cfg.command) if cfg.transport == "stdio" else redact_url(cfg.url or "")
+    inner = exc
+    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[0]
+    if isinstance(inner, TimeoutError):
+        what = "no initialize response within 30 s"
+    elif isinstance(inner, FileNotFoundError):
+        what = f"command not found: {cfg.command[0] if cfg.command else ''}"
+    else:
+        what = f"{type(inner).__name__}: {str(inner)[:200]}"
+    return f"cannot open MCP server {cfg.name!r} ({cfg.transport} {where}): {what}"

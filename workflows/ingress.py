@@ -1,0 +1,319 @@
+"""The ingress's routing of notifications, as a program both interpreters run.
+
+Contract:
+- Pure and deterministic: no I/O, no clock, no asyncio. ``IngressRouter`` owns the keyed work queue
+  (``WorkQueue``, keys (URI, session generation)) and the sequence one router runs for one key
+  (``process``): take the key, note the notification in the ledger, decide whether the ingress reads
+  the change itself (``ingress_rules.ingress_read_request``), absorb the pulses that arrived until the read
+  is sent (``WorkQueue.take``, once the allocation is granted), report a judged read
+  (``resource_read``) or fall back to a ``resource_updated`` wake-up (or to nothing when the note
+  created no work: ``coverage.plan_note``), then end the processing (``WorkQueue.done``): a key
+  added meanwhile is ready again.
+- Every effect is a request the program yields (``Note``, ``Stamp``, ``ReadCycle``, ``SignalUpdated``,
+  ``ReportRead``, ...) and whose answer the interpreter sends back; an effect that raises is thrown
+  into the program, which asks (``RouteFailed``) whether to route the key again. The session host
+  (``worker/session_host.py``) performs them over PostgreSQL, the live MCP session and Temporal;
+  the simulator (``sim/``) over its world, one effect or read-cycle step per scheduled event.
+- Counters are the program's: ``coalesced`` (merged into a waiting key, absorbed into a read, or a
+  note that created no work), ``read`` (reports delivered), ``routed`` (wake-ups delivered),
+  ``lost`` (keys given up after retries).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.workflows.records import (
+    NotedNotification,
+    ReadCycleRequest,
+    ReadCycleResult,
+    ReadReport,
+    ResourceUpdated,
+    SubscriptionKey,
+)
+from mcpsync.workflows.uris import MAX_URI_LENGTH
+from mcpsync.workflows.work_queue import WorkQueue
+
+__all__ = ["Key", "Offer", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle", "SignalUpdated",
+           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "Routing",
+           "Processed", "IngressRouter", "ingress_uri_problem"]
+
+Key = tuple[str, int]
+"""A work-queue key: (the notified URI, the session generation that received it)."""
+
+
+def ingress_uri_problem(uri: str) -> str | None:
+    """Why a notified URI cannot be any subscription's (the ``uri_problem`` rules a subscription's
+    URI passed that need no parsing: length, control characters), or None. Checked at the ingress
+    before the URI is queued, counted in metrics or written anywhere."""
+    if len(uri) > MAX_URI_LENGTH:
+        return f"URI longer than {MAX_URI_LENGTH} characters"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        return "URI contains control characters"
+    return None
+
+
+class Offer(Enum):
+    """What ``IngressRouter.offer`` did with a notification."""
+
+    READY = "ready"  # the key became ready: wake a router
+    MERGED = "merged"  # the key was waiting already: this pulse is merged into it
+    WAITING = "waiting"  # the key is processing: it is looked at again when that ends
+    OVERFLOW = "overflow"  # the generation's ready keys are at the bound: a backlog overflow
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """``Ledger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
+    (None: no subscription has that exact URI)."""
+
+    uri: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownUri:
+    """No exact match for ``uri``: audit it and look for identity conflicts -> None."""
+
+    uri: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """The update to deliver for (``uri``, ``generation``), stamped by the interpreter (``at``: now, its
+    receive time; an ingress id), a fresh read request id, and the live session's generation ->
+    ``Stamped``."""
+
+    uri: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    update: ResourceUpdated
+    at: datetime  # the update's received_at: when the read at the ingress was requested
+    request_id: str
+    live_generation: int | None  # the live session's generation (None: no live session)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCycle:
+    """``McpSessionActivities.run_cycle(request, cycle_id=, absorb=)`` on the live session ->
+    ``ReadCycleResult``, or None when it failed or took too long. ``absorb`` (the program's) is called
+    once the allocation is granted, just before the read is sent; its count goes into the accept."""
+
+    request: ReadCycleRequest
+    cycle_id: str
+    absorb: Callable[[], int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalUpdated:
+    """``resource_updated`` to ``workflow_id`` -> True when delivered (False: no such workflow)."""
+
+    workflow_id: str
+    update: ResourceUpdated
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRead:
+    """``resource_read`` to ``workflow_id`` -> True when delivered (False: no such workflow)."""
+
+    workflow_id: str
+    report: ReadReport
+
+
+@dataclass(frozen=True, slots=True)
+class Siblings:
+    """The other live subscriptions whose URI normalizes like ``uri`` (a listed ambiguous pair) ->
+    ``list[tuple[workflow_id, sibling_uri]]``."""
+
+    uri: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class SiblingInvalidated:
+    """Audit ``AMBIGUOUS_SIBLING_INVALIDATED``: ``sibling_uri`` is invalidated for ``observed_uri``
+    -> None."""
+
+    workflow_id: str
+    sibling_uri: str
+    observed_uri: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFailed:
+    """Routing the key raised ``error`` (attempt ``attempt``, from 0) -> True: route it again (the
+    interpreter waited its backoff); False: give it up (the interpreter recorded the loss)."""
+
+    uri: str
+    generation: int
+    attempt: int
+    error: BaseException
+
+
+Effect = Note | UnknownUri | Stamp | ReadCycle | SignalUpdated | ReportRead | Siblings | SiblingInvalidated \
+    | RouteFailed
+Routing = Generator[Effect, Any, None]
+
+
+@dataclass(frozen=True, slots=True)
+class Processed:
+    """``process``'s answer: the key it processed and whether that key is ready again."""
+
+    key: Key
+    ready_again: bool
+
+
+class IngressRouter:
+    """The work queue and routing of one (subject, server)'s notifications.
+
+    ``read_on_notification``: the server's setting (a notified change of a row whose run mirrors
+    reports is read here); ``max_pending``: ready keys allowed per session generation (None: no bound);
+    ``host_id``: names the ingress's read cycles (``ingress/<host_id>/<notification id>``)."""
+
+    def __init__(self, subject: str, server: str, *, host_id: str, read_on_notification: bool,
+                 max_pending: int | None = None) -> None:
+        self.subject = subject
+        self.server = server
+        self.host_id = host_id
+        self.read_on_notification = read_on_notification
+        self.max_pending = max_pending
+        self.work: WorkQueue[Key] = WorkQueue()
+        self.pending: Counter[int] = Counter()  # ready keys per session generation
+        self.received = 0
+        self.merged = 0  # pulses merged into a key that was waiting
+        self.absorbed = 0  # processings whose read took pulses that arrived meanwhile
+        self.no_work = 0  # notes that created no work (covered by construction)
+        self.read = 0
+        self.routed = 0
+        self.lost = 0
+
+    @property
+    def coalesced(self) -> int:
+        return self.merged + self.absorbed + self.no_work
+
+    def owes(self) -> bool:
+        """A key is waiting or being processed."""
+        return bool(self.work.dirty or self.work.processing)
+
+    # --- the queue -----------------------------------------------------------------------------
+
+    def offer(self, uri: str, generation: int) -> Offer:
+        """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks)."""
+        key = (uri, generation)
+        self.received += 1
+        if key in self.work.dirty:
+            self.merged += 1
+            return Offer.MERGED
+        if key not in self.work.processing and self.max_pending is not None \
+                and self.pending[generation] >= self.max_pending:
+            return Offer.OVERFLOW
+        if self.work.add(key):
+            self.pending[generation] += 1
+            return Offer.READY
+        return Offer.WAITING
+
+    def process(self) -> Generator[Effect, Any, Processed | None]:
+        """One router's turn: the next ready key (None: there was none), routed, then done."""
+        key = self.work.get()
+        if key is None:
+            return None
+        generation = key[1]
+        self.pending[generation] -= 1
+        if self.pending[generation] <= 0:
+            del self.pending[generation]
+        try:
+            yield from self._route_with_retry(key)
+        finally:
+            ready_again = self.work.done(key)
+            if ready_again:
+                self.pending[generation] += 1
+        return Processed(key, ready_again)
+
+    # --- one key -------------------------------------------------------------------------------
+
+    def _route_with_retry(self, key: Key) -> Routing:
+        """PostgreSQL or Temporal briefly away must not lose an invalidation: the interpreter decides
+        (``RouteFailed``) whether to route again; a key given up is counted ``lost`` (the next
+        notification or a poll repairs it)."""
+        uri, generation = key
+        attempt = 0
+        while True:
+            try:
+                yield from self._route(uri, generation)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure of an effect: retry or give up
+                if not (yield RouteFailed(uri, generation, attempt, exc)):
+                    self.lost += 1
+                    return
+                attempt += 1
+
+    def _route(self, uri: str, generation: int) -> Routing:
+        noted = yield Note(uri, generation)
+        if noted is None:
+            yield UnknownUri(uri, generation)
+            return
+        yield from self._deliver(noted, uri, generation, own=True)
+        # A listed ambiguous pair (both spellings subscribed): the server may mean either one, so
+        # both are read. Each sibling is invalidated under its own exact URI, never this one.
+        for workflow_id, sibling_uri in (yield Siblings(uri, generation)):
+            yield SiblingInvalidated(workflow_id, sibling_uri, uri, generation)
+            sibling = yield Note(sibling_uri, generation)
+            if sibling is not None:
+                yield from self._deliver(sibling, sibling_uri, generation, own=False)
+
+    def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool) -> Routing:
+        """The update the ledger just recorded for the exact (subject, server, ``uri``), to its workflow
+        under the id its ledger row recorded. Read here and reported when the fence allows it
+        (``ingress_rules.ingress_read_request``) and the read was judged; a read not judged falls back to
+        ``resource_updated`` (the row stays dirty: the workflow reads). Without a read here, signalled
+        only when the note created work. ``own``: this router processes the key (``uri``,
+        ``generation``) and absorbs the pulses that arrive until the read is sent."""
+        stamped: Stamped = yield Stamp(uri, generation)
+        sig = stamped.update
+        req = None
+        if self.read_on_notification and stamped.live_generation == generation:
+            key = SubscriptionKey(subject=self.subject, server=self.server, uri=uri)
+            req = ingress_read_request(noted, key, generation=generation, request_id=stamped.request_id)
+        if req is None:
+            if noted.work:
+                yield from self._signal_updated(noted, sig)
+            else:
+                self.no_work += 1
+            return
+        cycle: ReadCycleResult | None = yield ReadCycle(
+            req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
+            absorb=self._absorber((uri, generation)) if own else None)
+        if cycle is None or not cycle.judged:
+            yield from self._signal_updated(noted, sig)
+            return
+        report = ReadReport(update=sig, requested_at=stamped.at, cycle=cycle)
+        if (yield ReportRead(noted.workflow_id, report)):
+            self.read += 1
+
+    def _signal_updated(self, noted: NotedNotification, sig: ResourceUpdated) -> Routing:
+        """``resource_updated``: a wake-up; the workflow reads (its row is dirty)."""
+        if (yield SignalUpdated(noted.workflow_id, sig)):
+            self.routed += 1
+
+    def _absorber(self, key: Key) -> Callable[[], int]:
+        """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
+        note are taken (``WorkQueue.take``) once the read is allocated, just before it is sent. The
+        read observes their change; its accept counts them (whatever it judges, the row then says
+        which reads cover them)."""
+        def absorb() -> int:
+            if self.work.take(key):
+                self.absorbed += 1
+                return 1
+            return 0
+        return absorb
