@@ -93,13 +93,13 @@ async def _client(stack: AsyncExitStack, url: str, token: str | None, handler: A
                                                      cache=None, message_handler=handler))
 
 
-async def run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
+async def run(listeners: int, changes: int, interval: float, profile: Path | None = None) -> dict[str, Any]:
     with warnings.catch_warnings():  # resources/subscribe on purpose: the 2025-11-25 path is measured
         warnings.simplefilter("ignore", MCPDeprecationWarning)
-        return await _run(listeners, changes, interval)
+        return await _run(listeners, changes, interval, profile)
 
 
-async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
+async def _run(listeners: int, changes: int, interval: float, profile: Path | None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mcpsync-bench-serve-"))
     async with AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
@@ -126,8 +126,9 @@ async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
         conf.write_text(f'[database]\nurl = "{db_url}"\n')
         env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
         env["MCPSYNC_SERVE_TOKENS"] = json.dumps({SUBJECT: TOKEN})
+        profiled = ("-m", "cProfile", "-o", str(profile)) if profile is not None else ()
         serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--port", "0",
+            sys.executable, *profiled, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--port", "0",
             "--consumer", "bench-serve", "--client-buffer", "4096", cwd=REPO_ROOT, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         stack.push_async_callback(serve.wait)
@@ -225,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--listeners", type=int, default=100, help="downstream listeners through serve (default 100)")
     p.add_argument("--changes", type=int, default=20, help="upstream edits (default 20)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between edits (default 0.5)")
+    p.add_argument("--profile", type=Path, default=None, metavar="PATH",
+                   help="run serve under cProfile and write its stats to PATH (python -m pstats PATH)")
     args = p.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args.listeners, args.changes, args.interval)), indent=2))
+    print(json.dumps(asyncio.run(run(args.listeners, args.changes, args.interval, args.profile)), indent=2))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import base64
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ from mcp.server.subscriptions import (
     ListenHandler,
     ResourcesListChanged,
     ResourceUpdated,
+    ServerEvent,
 )
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
@@ -52,7 +54,13 @@ from psycopg_pool import AsyncConnectionPool
 from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.outbox import WITHDRAWING, OutboxEventV1
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
-from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.worker.serve_ledger import (
+    ServedResource,
+    freshness_meta,
+    list_served,
+    served_resource,
+    served_uris,
+)
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -64,6 +72,7 @@ NOT_FRESH = -32004
 FRESHNESS_META = "io.mcpsync/freshness"
 REQUIRE_FRESH = "io.mcpsync/requireFresh"
 MAX_SNAPSHOTS = 256
+MAX_LISTENS = 1024  # open subscriptions/listen streams per serve process
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,24 @@ class _Session:
     cut_off: str | None = None
 
 
+class _PrimedBus:
+    """One listen stream's view of its subject's bus: ``first`` reaches the listener as soon as it
+    subscribes (before any later event), then the subject's events as published."""
+
+    def __init__(self, bus: InMemorySubscriptionBus, first: list[ServerEvent]) -> None:
+        self._bus = bus
+        self._first = first
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._bus.publish(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        unsubscribe = self._bus.subscribe(listener)
+        for event in self._first:
+            listener(event)
+        return unsubscribe
+
+
 class ServeHub:
     """Shared state of one serve process: the ledger pool, sessions, listen buses, snapshots."""
 
@@ -104,7 +131,8 @@ class ServeHub:
         self.pool = pool
         self.signer = signer
         self.sessions: dict[int, _Session] = {}
-        self._buses: dict[str, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._buses: dict[str, InMemorySubscriptionBus] = {}
+        self._listens: set[ListenHandler] = set()
         self._snapshots: OrderedDict[str, tuple[str, list[ServedResource]]] = OrderedDict()
         self._keys = itertools.count(1)
         self._ticks: dict[str, asyncio.Event] = {}
@@ -173,7 +201,7 @@ class ServeHub:
             except Exception:  # a dead or stuck client must not stop its own sender for good
                 logger.warning("could not send %s to session %d", kind, session.key)
 
-    def _enqueue(self, session: _Session, kind: str, uri: str | None) -> None:
+    def enqueue(self, session: _Session, kind: str, uri: str | None) -> None:
         if session.cut_off is not None:
             return
         try:
@@ -190,16 +218,33 @@ class ServeHub:
             session.queue.put_nowait(("cut_off", reason))
 
     # -- 2026-07-28 listen ---------------------------------------------------------------
-    def listen_handler(self, subject: str) -> ListenHandler:
-        entry = self._buses.get(subject)
-        if entry is None:
-            bus = InMemorySubscriptionBus()
-            entry = (bus, ListenHandler(bus, max_buffered_events=self.config.client_buffer))
-            self._buses[subject] = entry
-        return entry[1]
+    def bus(self, subject: str) -> InMemorySubscriptionBus:
+        bus = self._buses.get(subject)
+        if bus is None:
+            bus = self._buses[subject] = InMemorySubscriptionBus()
+        return bus
+
+    async def listen(self, ctx: ServerRequestContext[Any, Any],
+                     params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+        """One ``subscriptions/listen`` stream: the SDK's ``ListenHandler`` over the subject's bus, primed
+        with one ``ResourceUpdated`` for each requested URI that has a current accepted version (the
+        subscribe rule, docs/serve.md)."""
+        subject = self.subject_of(ctx)
+        wanted = params.notifications.resource_subscriptions or []
+        current = await served_uris(self.pool, subject, wanted) if wanted else set()
+        if len(self._listens) >= MAX_LISTENS:
+            raise MCPError(code=INTERNAL_ERROR, message="Subscription limit reached")
+        first = [ResourceUpdated(uri) for uri in dict.fromkeys(wanted) if uri in current]
+        handler = ListenHandler(_PrimedBus(self.bus(subject), first), max_subscriptions=1,
+                                max_buffered_events=self.config.client_buffer)
+        self._listens.add(handler)
+        try:
+            return await handler(ctx, params)
+        finally:
+            self._listens.discard(handler)
 
     def close_all_streams(self) -> None:
-        for _bus, handler in self._buses.values():
+        for handler in list(self._listens):
             handler.close()
 
     # -- outbox fan-out ----------------------------------------------------------------
@@ -221,28 +266,28 @@ class ServeHub:
             if session.subject != event.subject:
                 continue
             if event.uri in session.subscriptions:
-                self._enqueue(session, "updated", event.uri)
+                self.enqueue(session, "updated", event.uri)
                 if event.event_type in WITHDRAWING:
                     session.subscriptions.discard(event.uri)
             if catalog_changed:
-                self._enqueue(session, "list_changed", None)
-        entry = self._buses.get(event.subject)
-        if entry is not None:
-            await entry[0].publish(ResourceUpdated(event.uri))
+                self.enqueue(session, "list_changed", None)
+        bus = self._buses.get(event.subject)
+        if bus is not None:
+            await bus.publish(ResourceUpdated(event.uri))
             if catalog_changed:
-                await entry[0].publish(ResourcesListChanged())
+                await bus.publish(ResourcesListChanged())
 
     async def announce_relist(self, subjects: set[str]) -> None:
         """After a gap: every client of these subjects must list and read again."""
         for session in list(self.sessions.values()):
             if session.subject in subjects:
                 for uri in list(session.subscriptions):
-                    self._enqueue(session, "updated", uri)
-                self._enqueue(session, "list_changed", None)
+                    self.enqueue(session, "updated", uri)
+                self.enqueue(session, "list_changed", None)
         for subject in subjects:
-            entry = self._buses.get(subject)
-            if entry is not None:
-                await entry[0].publish(ResourcesListChanged())
+            bus = self._buses.get(subject)
+            if bus is not None:
+                await bus.publish(ResourcesListChanged())
 
     # -- listing snapshots -------------------------------------------------------------
     def _remember(self, subject: str, items: list[ServedResource], top: int) -> str:
@@ -365,6 +410,7 @@ def build_server(hub: ServeHub) -> ServeServer:
         if await served_resource(hub.pool, session.subject, params.uri) is None:
             raise _not_found(params.uri, ctx.protocol_version)
         session.subscriptions.add(params.uri)
+        hub.enqueue(session, "updated", params.uri)  # the subscribe rule: read the current version now
         return types.EmptyResult()
 
     async def unsubscribe(ctx: ServerRequestContext[Any, Any],
@@ -374,13 +420,9 @@ def build_server(hub: ServeHub) -> ServeServer:
             session.subscriptions.discard(params.uri)
         return types.EmptyResult()
 
-    async def listen(ctx: ServerRequestContext[Any, Any],
-                     params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
-        return await hub.listen_handler(hub.subject_of(ctx))(ctx, params)
-
     server = ServeServer(hub, on_list_resources=list_resources, on_read_resource=read_resource,
                          on_subscribe_resource=subscribe, on_unsubscribe_resource=unsubscribe,
-                         on_subscriptions_listen=listen)
+                         on_subscriptions_listen=hub.listen)
     server.middleware.append(_SessionMiddleware(hub))
     register_events(server, hub)
     return server

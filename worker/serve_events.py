@@ -3,7 +3,7 @@
 Contract (docs/serve.md, "Events extension"):
 - One event type, ``resource.changed``: every outbox event of the caller's subject (new version,
   tombstone, revocation, close), ``data`` being the ``outboxEvent.v1`` envelope (JSON) without bodies.
-- ``events/list`` names it (delivery ``["poll", "push"]``). ``events/stream {name, cursor}`` is the push
+- ``events/list`` names it (delivery ``["poll", "push"]``). ``events/stream {name, cursor, maxAgeMs}`` is the push
   delivery (``stream_events``): the same events as ``notifications/events/event`` on the request's
   stream, a heartbeat with the cursor during quiet periods. ``events/poll {name, cursor, maxEvents,
   maxAgeMs}`` answers ``{events, cursor, truncated, hasMore, nextPollMs}``. ``cursor: null``
@@ -12,6 +12,9 @@ Contract (docs/serve.md, "Events extension"):
   from memory, so a client resuming with its last cursor gets every event after it, across serve
   restarts. A cursor below what retention pruned answers ``truncated: true`` with the events from
   the oldest kept position: the client must list again (``resources/list``), as ``outbox resync``.
+- ``maxAgeMs`` (poll and stream), as the draft defines it: replay starts at the later of the cursor
+  and now − maxAgeMs; events of the subject after the cursor created before that floor are skipped
+  and the answer says ``truncated: true``. Ignored with ``cursor: null`` (which already means now).
 - Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
   (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
@@ -61,6 +65,7 @@ class EventsStreamParams(RequestParams):
     name: str
     arguments: dict[str, Any] | None = None
     cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
 
 
 class _EventNotification(Notification[dict[str, Any], str]):
@@ -90,8 +95,12 @@ async def poll_events(hub: ServeHub, subject: str, params: EventsPollParams) -> 
     except (BadCursor, ValueError) as exc:
         raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}",
                        data={"reason": "invalid_cursor"}) from None
-    truncated = after < pruned
-    rows = await subject_events(hub.pool, subject, max(after, pruned), limit)
+    if params.max_age_ms is not None and params.max_age_ms < 0:
+        raise MCPError(code=INVALID_PARAMS, message="maxAgeMs must not be negative")
+    not_before = (datetime.now(UTC) - timedelta(milliseconds=params.max_age_ms)
+                  if params.max_age_ms is not None else None)
+    rows, too_old = await subject_events(hub.pool, subject, max(after, pruned), limit, not_before)
+    truncated = after < pruned or too_old
     events = []
     for row in rows:
         envelope = event_from_row(row)
@@ -118,10 +127,12 @@ async def stream_events(hub: ServeHub, ctx: ServerRequestContext[Any, Any], subj
     if request_id is None:
         raise MCPError(code=INVALID_PARAMS, message="events/stream requires a request id")
     meta = {"subscriptionId": request_id}
-    cursor = params.cursor
+    cursor, max_age_ms = params.cursor, params.max_age_ms
     while True:
         tick = hub.events_tick(subject)
-        page = await poll_events(hub, subject, EventsPollParams(name=params.name, cursor=cursor, maxEvents=100))
+        page = await poll_events(hub, subject, EventsPollParams(name=params.name, cursor=cursor, maxEvents=100,
+                                                                maxAgeMs=max_age_ms))
+        max_age_ms = None  # the floor bounds where the stream starts; then it follows every event
         for event in page["events"]:
             note = _EventNotification(method="notifications/events/event", params={**event, "_meta": meta})
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]

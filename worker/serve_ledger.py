@@ -26,7 +26,8 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["ServedResource", "freshness_meta", "list_served", "served_resource", "outbox_top", "subject_events"]
+__all__ = ["ServedResource", "freshness_meta", "list_served", "outbox_top", "served_resource", "served_uris",
+           "subject_events"]
 
 _SELECT = """
 SELECT DISTINCT ON (s.uri)
@@ -122,6 +123,15 @@ async def served_resource(pool: AsyncConnectionPool, subject: str, uri: str) -> 
     return _row(row) if row else None
 
 
+async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) -> set[str]:
+    """Which of ``uris`` the subject is served (subscribed, an accepted version, not revoked)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT DISTINCT uri FROM subscriptions WHERE subject = %s AND uri = ANY(%s) AND state <> 'REVOKED'"
+            " AND last_accepted_digest IS NOT NULL", (subject, uris))
+        return {row[0] for row in await cur.fetchall()}
+
+
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
@@ -148,11 +158,21 @@ async def outbox_top(pool: AsyncConnectionPool) -> tuple[int, int]:
     return int(row[0]) if row else 0, int(pruned[0]) if pruned else 0
 
 
-async def subject_events(pool: AsyncConnectionPool, subject: str, after: int, limit: int) -> list[dict[str, Any]]:
-    """Stamped outbox rows of one subject after ``after``, oldest first."""
+async def subject_events(pool: AsyncConnectionPool, subject: str, after: int, limit: int,
+                         not_before: datetime | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Stamped outbox rows of one subject after ``after``, oldest first, and whether rows after
+    ``after`` were skipped for being created before ``not_before`` (the ``maxAgeMs`` floor)."""
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("SELECT outbox_stamp()")
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT * FROM outbox WHERE position > %s AND subject = %s ORDER BY position LIMIT %s",
-                          (after, subject, limit))
-        return list(await cur.fetchall())
+        await cur.execute("SELECT * FROM outbox WHERE position > %s AND subject = %s"
+                          " AND (%s::timestamptz IS NULL OR created_at >= %s::timestamptz)"
+                          " ORDER BY position LIMIT %s", (after, subject, not_before, not_before, limit))
+        rows = list(await cur.fetchall())
+        skipped = False
+        if not_before is not None:
+            cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM outbox WHERE position > %s AND subject = %s"
+                                     " AND created_at < %s)", (after, subject, not_before))
+            found = await cur.fetchone()
+            skipped = bool(found and found[0])
+        return rows, skipped

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -117,11 +118,14 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                 # An upstream change reaches both editions as a notification; the read has the new bytes.
                 with pytest.warns(Warning):
                     await legacy.subscribe_resource(uri_a)
+                await eventually(lambda: _updated(legacy_inbox, uri_a) == 1, what="the subscribe announcement")
                 async with modern.listen(resource_subscriptions=[uri_a]) as sub:
+                    announced = await asyncio.wait_for(sub.__anext__(), 30)  # the current version, on listen
+                    assert str(getattr(announced, "uri", "")) == uri_a
                     v2 = await fx.edit(uri_a, text="# alice two", mime_type="text/markdown")
                     event = await asyncio.wait_for(sub.__anext__(), 30)
                     assert str(getattr(event, "uri", "")) == uri_a
-                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 1, what="legacy updated")
+                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 2, what="legacy updated")
                     for client in (modern, legacy):
                         read = await client.read_resource(uri_a, meta={"io.mcpsync/requireFresh": True})
                         part = read.contents[0]
@@ -263,6 +267,7 @@ async def test_typescript_sdk_and_inspector_cli(
             v2 = await fx.edit(uri, text="# ts two", mime_type="text/markdown")
             lines = await _ts_lines(ts, "reread")
             assert [ln["step"] for ln in lines] == ["updated", "reread"], lines
+            assert lines[0]["notifications"] == 2  # the subscribe's announcement, then the change
             assert lines[1]["text"] == "# ts two" and lines[1]["digest"] == v2["committed"]["digest"]
             assert await ts.wait() == 0
             # Subject B through the TypeScript SDK: not listed, not readable.
@@ -506,6 +511,146 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                 after = await events_poll(client, events[-1]["cursor"])
                 assert after["truncated"] is False and all(
                     e["data"]["content_digest"] != expect["v2"] for e in after["events"])
+        finally:
+            await serve.stop()
+
+
+async def test_a_version_accepted_while_nobody_was_connected_is_announced_on_subscribe(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('away')}.md"
+    v1 = await fx.create(uri, text="# away one", mime_type="text/markdown")
+    consumer = unique("serve")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=consumer)
+        try:
+            # v2 is accepted and serve's follower has acknowledged its outbox event while no client is
+            # connected: nothing is queued anywhere for the clients below.
+            v2 = await fx.edit(uri, text="# away two", mime_type="text/markdown")
+            digest = v2["committed"]["digest"]
+            await _wait_record(h, lambda r: r.last_accepted_digest == digest, "v2")
+
+            async def acknowledged() -> bool:
+                rows = await ledger_rows(
+                    ledger, "SELECT c.position >= o.position FROM outbox_consumers c, outbox o WHERE c.name = %s"
+                    " AND o.uri = %s AND o.content_digest = %s AND o.position IS NOT NULL", consumer, uri, digest)
+                return bool(rows) and bool(rows[0][0])
+
+            await eventually(acknowledged, what="serve acknowledged v2's outbox event")
+            inbox: list[Any] = []
+            async with serve_client(serve.url, tokens[alice], "legacy", inbox) as legacy:
+                with pytest.warns(Warning):
+                    await legacy.subscribe_resource(uri)
+                await eventually(lambda: _updated(inbox, uri) == 1, what="updated on subscribe (2025-11-25)")
+                read = await legacy.read_resource(uri)
+                assert read.contents[0].text == "# away two"  # type: ignore[union-attr]
+                assert (read.meta or {})[FRESH]["digest"] == digest
+            async with serve_client(serve.url, tokens[alice], "auto") as modern:
+                async with modern.listen(resource_subscriptions=[uri, "demo://serve/not-mine"]) as sub:
+                    event = await asyncio.wait_for(sub.__anext__(), 30)
+                    assert str(getattr(event, "uri", "")) == uri  # and nothing for the URI alice does not have
+                    read = await modern.read_resource(uri)
+                    assert read.contents[0].text == "# away two"  # type: ignore[union-attr]
+                    assert (read.meta or {})[FRESH]["digest"] == digest
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(sub.__anext__(), 1.0)  # one announcement, not one per URI asked
+        finally:
+            await serve.stop()
+
+
+async def _raw_sse_stream(url: str, token: str, session_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A 2025-11-25 session's GET stream on a socket whose receive buffer is as small as Linux allows."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write((f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+                  f"Accept: text/event-stream\r\nmcp-session-id: {session_id}\r\n"
+                  "mcp-protocol-version: 2025-11-25\r\n\r\n").encode())
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return reader, writer
+
+
+async def test_a_client_that_never_reads_is_cut_off_and_the_others_get_every_change(
+        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    """One real HTTP client opens its stream and stops reading while changes flow; serve cuts it off with
+    a reason once its buffer (the default 256 notifications) is full; a client connected at the same
+    time gets every change. A loopback TCP connection holds megabytes unread, so the flow is a real
+    change followed by its outbox event repeated (serve's input is the outbox) in batches of 100 (one
+    fan-out round each), on a URI of 7,000 characters (each notification ~7 KB)."""
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('slow')}/{'x' * 7000}.md"
+    v1 = await fx.create(uri, text="# slow one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
+                                     task_queue=cfg.temporal.task_queue)
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        headers = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream"}
+        inbox: list[Any] = []
+        try:
+            async with httpx2.AsyncClient(timeout=30) as raw, \
+                    serve_client(serve.url, tokens[alice], "legacy", inbox) as reading:
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "slow", "version": "0"}}}
+                headers["mcp-session-id"] = (await raw.post(serve.url, json=init, headers=headers)).headers[
+                    "mcp-session-id"]
+                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers=headers)
+                stream, stream_writer = await _raw_sse_stream(serve.url, tokens[alice], headers["mcp-session-id"])
+                subscribe = {"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe", "params": {"uri": uri}}
+                assert b'"result"' in (await raw.post(serve.url, json=subscribe, headers=headers)).content
+                with pytest.warns(Warning):
+                    await reading.subscribe_resource(uri)
+                # The slow client reads nothing from here on. A real change flows first ...
+                v2 = await fx.edit(uri, text="# slow two", mime_type="text/markdown")
+                await _wait_record(h, lambda r: r.last_accepted_digest == v2["committed"]["digest"], "v2")
+                (event_id,), = await ledger_rows(
+                    ledger, "SELECT outbox_id FROM outbox WHERE uri = %s AND content_digest = %s",
+                    uri, v2["committed"]["digest"])
+                # ... then its outbox event repeated, in batches, until serve cuts the slow client off.
+                repeated = 0
+                while "cut off (slow client)" not in serve.log.read_text():
+                    assert repeated < 4000, "serve never cut the client that does not read off"
+                    await ledger_rows(
+                        ledger, "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id,"
+                        " content_digest, read_ordinal, detail) SELECT event_type, workflow_id, subject, server,"
+                        " uri, receipt_id, content_digest, read_ordinal, detail FROM outbox, generate_series(1, 100)"
+                        " WHERE outbox_id = %s", event_id)
+                    repeated += 100
+                    await asyncio.sleep(0.5)  # models changes arriving over time, not all in one transaction
+                # The other client, connected all along, gets every change: the subscribe announcement,
+                # v2, and every repetition.
+                await eventually(lambda: _updated(inbox, uri) == 2 + repeated, timeout=60,
+                                 what=f"{2 + repeated} updated notifications (got {_updated(inbox, uri)})")
+                read = await reading.read_resource(uri)
+                assert read.contents[0].text == "# slow two"  # type: ignore[union-attr]
+                # The slow client, reading at last, finds the backlog end in the reason it was cut off.
+                received = b""
+                while b"cut off: " not in received:
+                    chunk = await asyncio.wait_for(stream.read(1 << 20), 60)
+                    assert chunk, "the stream ended without the reason"
+                    received += chunk
+                assert b'"level":"error"' in received and b"reconnect and list again" in received
+                assert received.count(b"notifications/resources/updated") < 2 + repeated
+                stream_writer.close()
+                again = await raw.post(serve.url, json={**subscribe, "id": 3}, headers=headers)
+                assert b"cut off: " in again.content, again.content
+                await asyncio.sleep(1.0)  # nothing more arrives for the reading client: no change is pending
+                assert _updated(inbox, uri) == 2 + repeated
         finally:
             await serve.stop()
 
