@@ -154,7 +154,9 @@ class ServeHub:
                 raise MCPError(code=DENIED, message="Forbidden: no subject configured for stdio")
             return self.config.stdio_subject
         headers = getattr(request, "headers", None)
-        subject = self.subject_for_authorization(headers.get("authorization") if headers is not None else None)
+        subject = self.subject_for_authorization(
+            headers.get("authorization") if headers is not None else None
+        )
         if subject is None:  # the HTTP gate answers 401 first; this is the belt to its braces
             raise MCPError(code=DENIED, message="Forbidden: unknown or missing bearer token")
         return subject
@@ -174,9 +176,12 @@ class ServeHub:
             return session
         key = next(self._keys)
         connection.state["serve_session_key"] = key
-        session = _Session(key, connection, self.subject_of(ctx),
-                           queue=asyncio.Queue(maxsize=self.config.client_buffer))
-        session.sender = asyncio.get_running_loop().create_task(self._drain(session), name=f"serve-session-{key}")
+        session = _Session(
+            key, connection, self.subject_of(ctx), queue=asyncio.Queue(maxsize=self.config.client_buffer)
+        )
+        session.sender = asyncio.get_running_loop().create_task(
+            self._drain(session), name=f"serve-session-{key}"
+        )
         self.sessions[key] = session
         connection.exit_stack.callback(self._close_session, key)
         return session
@@ -207,8 +212,10 @@ class ServeHub:
         try:
             session.queue.put_nowait((kind, uri))
         except asyncio.QueueFull:
-            reason = (f"cut off: {self.config.client_buffer} notifications waiting unread; "
-                      "subscriptions dropped, reconnect and list again")
+            reason = (
+                f"cut off: {self.config.client_buffer} notifications waiting unread; "
+                "subscriptions dropped, reconnect and list again"
+            )
             session.cut_off = reason
             session.subscriptions.clear()
             self.stats["cut_off"] += 1
@@ -224,8 +231,9 @@ class ServeHub:
             bus = self._buses[subject] = InMemorySubscriptionBus()
         return bus
 
-    async def listen(self, ctx: ServerRequestContext[Any, Any],
-                     params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
         """One ``subscriptions/listen`` stream: the SDK's ``ListenHandler`` over the subject's bus, primed
         with one ``ResourceUpdated`` for each requested URI that has a current accepted version (the
         subscribe rule, docs/serve.md)."""
@@ -234,9 +242,12 @@ class ServeHub:
         current = await served_uris(self.pool, subject, wanted) if wanted else set()
         if len(self._listens) >= MAX_LISTENS:
             raise MCPError(code=INTERNAL_ERROR, message="Subscription limit reached")
-        first = [ResourceUpdated(uri) for uri in dict.fromkeys(wanted) if uri in current]
-        handler = ListenHandler(_PrimedBus(self.bus(subject), first), max_subscriptions=1,
-                                max_buffered_events=self.config.client_buffer)
+        first: list[ServerEvent] = [ResourceUpdated(uri) for uri in dict.fromkeys(wanted) if uri in current]
+        handler = ListenHandler(
+            _PrimedBus(self.bus(subject), first),
+            max_subscriptions=1,
+            max_buffered_events=self.config.client_buffer,
+        )
         self._listens.add(handler)
         try:
             return await handler(ctx, params)
@@ -307,14 +318,20 @@ class ServeHub:
                 sid, _, off = self.signer.verify("L", cursor, subject).partition("~")
                 offset = int(off)
             except (BadCursor, ValueError) as exc:
-                raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}; list again from the start",
-                               data={"reason": "invalid_cursor"}) from None
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message=f"Invalid cursor: {exc}; list again from the start",
+                    data={"reason": "invalid_cursor"},
+                ) from None
             held = self._snapshots.get(sid)
             if held is None or held[0] != subject:
-                raise MCPError(code=INVALID_PARAMS, message="Invalid cursor: its listing snapshot expired; "
-                               "list again from the start", data={"reason": "snapshot_expired"})
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message="Invalid cursor: its listing snapshot expired; list again from the start",
+                    data={"reason": "snapshot_expired"},
+                )
             items = held[1]
-        chunk = items[offset:offset + size]
+        chunk = items[offset : offset + size]
         following = offset + size
         next_cursor = self.signer.sign("L", f"{sid}~{following}", subject) if following < len(items) else None
         return chunk, next_cursor
@@ -332,16 +349,27 @@ class ServeServer(Server[Any]):
         super().__init__(hub.config.name, version="0.1.0", **kwargs)
         self.hub = hub
 
-    def get_capabilities(self, notification_options: NotificationOptions | None = None,
-                         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
-                         extensions: dict[str, dict[str, Any]] | None = None, *,
-                         protocol_version: str | None = None) -> types.ServerCapabilities:
-        caps = super().get_capabilities(notification_options, experimental_capabilities, extensions,
-                                        protocol_version=protocol_version)
-        experimental = {**(caps.experimental or {}),
-                        "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll", "push"]}}
-        return caps.model_copy(update={"resources": types.ResourcesCapability(subscribe=True, list_changed=True),
-                                       "experimental": experimental})
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        experimental = {
+            **(caps.experimental or {}),
+            "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll", "push"]},
+        }
+        return caps.model_copy(
+            update={
+                "resources": types.ResourcesCapability(subscribe=True, list_changed=True),
+                "experimental": experimental,
+            }
+        )
 
 
 class _SessionMiddleware:
@@ -359,18 +387,30 @@ def build_server(hub: ServeHub) -> ServeServer:
 
     max_age = hub.config.max_age_seconds
 
-    async def list_resources(ctx: ServerRequestContext[Any, Any],
-                             params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
         hub.stats["lists"] += 1
         subject = hub.subject_of(ctx)
         chunk, next_cursor = await hub.page(subject, params.cursor if params is not None else None)
-        resources = [types.Resource(uri=r.uri, name=r.name, title=r.title, mime_type=r.mime_type, size=r.size,
-                                    _meta={FRESHNESS_META: freshness_meta(r, max_age)}) for r in chunk]
-        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor, ttl_ms=0,
-                                         cache_scope="private")
+        resources = [
+            types.Resource(
+                uri=r.uri,
+                name=r.name,
+                title=r.title,
+                mime_type=r.mime_type,
+                size=r.size,
+                _meta={FRESHNESS_META: freshness_meta(r, max_age)},
+            )
+            for r in chunk
+        ]
+        return types.ListResourcesResult(
+            resources=resources, next_cursor=next_cursor, ttl_ms=0, cache_scope="private"
+        )
 
-    async def read_resource(ctx: ServerRequestContext[Any, Any],
-                            params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
         hub.stats["reads"] += 1
         subject = hub.subject_of(ctx)
         served = await served_resource(hub.pool, subject, params.uri)
@@ -378,30 +418,49 @@ def build_server(hub: ServeHub) -> ServeServer:
             raise _not_found(params.uri, ctx.protocol_version)
         meta = freshness_meta(served, max_age)
         if served.guardrail_rejected:
-            raise MCPError(code=DENIED, message="Forbidden: the newest version was not released by the guardrail "
-                           "(GUARDRAIL_REJECTED); the older accepted version is not current",
-                           data={"uri": params.uri, FRESHNESS_META: meta})
+            raise MCPError(
+                code=DENIED,
+                message="Forbidden: the newest version was not released by the guardrail "
+                "(GUARDRAIL_REJECTED); the older accepted version is not current",
+                data={"uri": params.uri, FRESHNESS_META: meta},
+            )
         if params.meta is not None and params.meta.get(REQUIRE_FRESH) is True and not meta["fresh"]:
-            raise MCPError(code=NOT_FRESH, message=f"Not fresh: {meta.get('notFreshBecause')}",
-                           data={"uri": params.uri, FRESHNESS_META: meta})
+            raise MCPError(
+                code=NOT_FRESH,
+                message=f"Not fresh: {meta.get('notFreshBecause')}",
+                data={"uri": params.uri, FRESHNESS_META: meta},
+            )
         try:
             content = await released_content(hub.pool, receipt_id=served.receipt_id, subject=subject)
         except ContentRefused as exc:
             raise MCPError(code=DENIED, message=f"Forbidden: {exc}", data={"uri": params.uri}) from None
         except ContentNotFound as exc:
-            raise MCPError(code=DENIED, message=f"Content unavailable: {exc}", data={"uri": params.uri}) from None
+            raise MCPError(
+                code=DENIED, message=f"Content unavailable: {exc}", data={"uri": params.uri}
+            ) from None
         item_meta = {FRESHNESS_META: meta}
         part: types.TextResourceContents | types.BlobResourceContents
         if content.kind == ContentKind.TEXT:
-            part = types.TextResourceContents(uri=params.uri, mime_type=content.mime_type,
-                                              text=content.body.decode("utf-8"), _meta=item_meta)
+            part = types.TextResourceContents(
+                uri=params.uri,
+                mime_type=content.mime_type,
+                text=content.body.decode("utf-8"),
+                _meta=item_meta,
+            )
         else:
-            part = types.BlobResourceContents(uri=params.uri, mime_type=content.mime_type,
-                                              blob=base64.b64encode(content.body).decode("ascii"), _meta=item_meta)
-        return types.ReadResourceResult(contents=[part], ttl_ms=0, cache_scope="private",
-                                        _meta={FRESHNESS_META: meta})
+            part = types.BlobResourceContents(
+                uri=params.uri,
+                mime_type=content.mime_type,
+                blob=base64.b64encode(content.body).decode("ascii"),
+                _meta=item_meta,
+            )
+        return types.ReadResourceResult(
+            contents=[part], ttl_ms=0, cache_scope="private", _meta={FRESHNESS_META: meta}
+        )
 
-    async def subscribe(ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+    async def subscribe(
+        ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
         session = hub.legacy_session(ctx)
         if session is None:
             raise MCPError(code=INTERNAL_ERROR, message="No session for subscribe")
@@ -413,16 +472,22 @@ def build_server(hub: ServeHub) -> ServeServer:
         hub.enqueue(session, "updated", params.uri)  # the subscribe rule: read the current version now
         return types.EmptyResult()
 
-    async def unsubscribe(ctx: ServerRequestContext[Any, Any],
-                          params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    async def unsubscribe(
+        ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
         session = hub.legacy_session(ctx)
         if session is not None:
             session.subscriptions.discard(params.uri)
         return types.EmptyResult()
 
-    server = ServeServer(hub, on_list_resources=list_resources, on_read_resource=read_resource,
-                         on_subscribe_resource=subscribe, on_unsubscribe_resource=unsubscribe,
-                         on_subscriptions_listen=hub.listen)
+    server = ServeServer(
+        hub,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        on_subscriptions_listen=hub.listen,
+    )
     server.middleware.append(_SessionMiddleware(hub))
     register_events(server, hub)
     return server
