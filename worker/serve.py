@@ -195,7 +195,9 @@ class ServeHub:
         while True:
             kind, uri = await session.queue.get()
             try:
-                async with asyncio.timeout(10):
+                # A notification a stuck client does not take within 10 s is dropped (it is cut off
+                # soon after); the reason it was cut off waits for it as long as its session lives.
+                async with asyncio.timeout(None if kind == "cut_off" else 10):
                     if kind == "updated" and uri is not None:
                         await session.connection.send_resource_updated(uri)
                     elif kind == "list_changed":
