@@ -195,15 +195,15 @@ class ServeHub:
         while True:
             kind, uri = await session.queue.get()
             try:
-                # A notification a stuck client does not take within 10 s is dropped (it is cut off
-                # soon after); the reason it was cut off waits for it as long as its session lives.
-                async with asyncio.timeout(None if kind == "cut_off" else 10):
-                    if kind == "updated" and uri is not None:
-                        await session.connection.send_resource_updated(uri)
-                    elif kind == "list_changed":
-                        await session.connection.send_resource_list_changed()
-                    else:
-                        await session.connection.log("error", {"reason": uri}, logger="mcpsync.serve")
+                # No time bound: a send cancelled half way through the SDK's streams leaves the
+                # session unable to send again. A stuck client holds only this task (its queue
+                # fills and it is cut off); its disconnect ends the session and cancels the task.
+                if kind == "updated" and uri is not None:
+                    await session.connection.send_resource_updated(uri)
+                elif kind == "list_changed":
+                    await session.connection.send_resource_list_changed()
+                else:
+                    await session.connection.log("error", {"reason": uri}, logger="mcpsync.serve")
                 self.stats["sent"] += 1
             except Exception:  # a dead or stuck client must not stop its own sender for good
                 logger.warning("could not send %s to session %d", kind, session.key)
