@@ -55,6 +55,23 @@ URI = "demo://bench/serve.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# serve under cProfile: the CLI ends with os._exit (no interpreter teardown), so the stats are written
+# in front of it. argv: PATH, then the CLI's arguments.
+_PROFILED = """
+import cProfile, os, sys
+path, sys.argv = sys.argv[1], ["mcpsync", *sys.argv[2:]]
+profiler, exit_now = cProfile.Profile(), os._exit
+def _exit(code):
+    profiler.disable()
+    profiler.dump_stats(path)
+    exit_now(code)
+os._exit = _exit
+from mcpsync.worker.cli import main
+profiler.enable()
+main()
+"""
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
@@ -91,17 +108,20 @@ async def _both_saw(digest: str, *readers: _Reader) -> bool:
 async def _client(stack: AsyncExitStack, url: str, token: str | None, handler: Any) -> McpClient:
     headers = {"Authorization": f"Bearer {token}"} if token else None
     hc = await stack.enter_async_context(create_mcp_http_client(headers=headers))
-    return await stack.enter_async_context(McpClient(streamable_http_client(url, http_client=hc), mode="legacy",
-                                                     cache=None, message_handler=handler))
+    return await stack.enter_async_context(
+        McpClient(
+            streamable_http_client(url, http_client=hc), mode="legacy", cache=None, message_handler=handler
+        )
+    )
 
 
-async def run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
+async def run(listeners: int, changes: int, interval: float, profile: Path | None = None) -> dict[str, Any]:
     with warnings.catch_warnings():  # resources/subscribe on purpose: the 2025-11-25 path is measured
         warnings.simplefilter("ignore", MCPDeprecationWarning)
-        return await _run(listeners, changes, interval)
+        return await _run(listeners, changes, interval, profile)
 
 
-async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
+async def _run(listeners: int, changes: int, interval: float, profile: Path | None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mcpsync-bench-serve-"))
     async with AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
@@ -118,20 +138,37 @@ async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
         fx = await FixtureProcess.start_http(work / "fx", seed="none")
         stack.push_async_callback(fx.stop)
         server = ServerConfig(name="bench", transport="http", url=fx.mcp_url, subjects=[SUBJECT])
-        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue="bench-serve"), servers=[server])
+        config = Config(
+            temporal=TemporalConfig(address=temporal.address, task_queue="bench-serve"), servers=[server]
+        )
         services = asyncio.create_task(run_services(config, client, ledger))
         stack.callback(services.cancel)
         first = await fx.create(URI, text="v0", mime_type="text/plain")
-        await start_subscription(client, SubscriptionKey(subject=SUBJECT, server="bench", uri=URI),
-                                 task_queue="bench-serve")
+        await start_subscription(
+            client, SubscriptionKey(subject=SUBJECT, server="bench", uri=URI), task_queue="bench-serve"
+        )
         conf = work / "mcpsync.toml"
         conf.write_text(f'[database]\nurl = "{db_url}"\n')
         env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
         env["MCPSYNC_SERVE_TOKENS"] = json.dumps({SUBJECT: TOKEN})
+        launcher = ("-c", _PROFILED, str(profile)) if profile is not None else ("-m", "mcpsync.worker.cli")
         serve = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--port", "0",
-            "--consumer", "bench-serve", "--client-buffer", "4096", cwd=REPO_ROOT, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            sys.executable,
+            *launcher,
+            "--config",
+            str(conf),
+            "serve",
+            "--port",
+            "0",
+            "--consumer",
+            "bench-serve",
+            "--client-buffer",
+            "4096",
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         stack.push_async_callback(serve.wait)
         stack.callback(serve.terminate)
         assert serve.stdout is not None
@@ -162,6 +199,7 @@ async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
             async def handler(message: Any) -> None:
                 if isinstance(message, types.ResourceUpdatedNotification):
                     counts[i] += 1
+
             return handler
 
         t_connect = time.monotonic()
@@ -210,13 +248,24 @@ async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
         delivered = sum(c - b for c, b in zip(counts, baseline, strict=True))
         del first
         return {
-            "listeners": listeners, "changes": changes, "interval_s": interval,
+            "listeners": listeners,
+            "changes": changes,
+            "interval_s": interval,
             "listener_connect_s": round(connect_s, 2),
-            "serve_read_ms": {"p50": percentile(serve_ms, 50), "p99": percentile(serve_ms, 99), "n": len(serve_ms)},
-            "direct_read_ms": {"p50": percentile(direct_ms, 50), "p99": percentile(direct_ms, 99),
-                               "n": len(direct_ms)},
+            "serve_read_ms": {
+                "p50": percentile(serve_ms, 50),
+                "p99": percentile(serve_ms, 99),
+                "n": len(serve_ms),
+            },
+            "direct_read_ms": {
+                "p50": percentile(direct_ms, 50),
+                "p99": percentile(direct_ms, 99),
+                "n": len(direct_ms),
+            },
             "listener_notifications": delivered,
-            "listeners_missing_notifications": sum(1 for c, b in zip(counts, baseline, strict=True) if c == b),
+            "listeners_missing_notifications": sum(
+                1 for c, b in zip(counts, baseline, strict=True) if c == b
+            ),
             "serve_cpu_s": round(cpu, 3),
             "serve_cpu_ms_per_notification": round(cpu * 1000 / max(1, delivered + len(serve_ms)), 3),
         }
@@ -224,11 +273,20 @@ async def _run(listeners: int, changes: int, interval: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--listeners", type=int, default=100, help="downstream listeners through serve (default 100)")
+    p.add_argument(
+        "--listeners", type=int, default=100, help="downstream listeners through serve (default 100)"
+    )
     p.add_argument("--changes", type=int, default=20, help="upstream edits (default 20)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between edits (default 0.5)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run serve under cProfile and write its stats to PATH (python -m pstats PATH)",
+    )
     args = p.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args.listeners, args.changes, args.interval)), indent=2))
+    print(json.dumps(asyncio.run(run(args.listeners, args.changes, args.interval, args.profile)), indent=2))
 
 
 if __name__ == "__main__":

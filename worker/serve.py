@@ -30,6 +30,7 @@ import base64
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ from mcp.server.subscriptions import (
     ListenHandler,
     ResourcesListChanged,
     ResourceUpdated,
+    ServerEvent,
 )
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
@@ -52,7 +54,13 @@ from psycopg_pool import AsyncConnectionPool
 from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.outbox import WITHDRAWING, OutboxEventV1
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
-from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.worker.serve_ledger import (
+    ServedResource,
+    freshness_meta,
+    list_served,
+    served_resource,
+    served_uris,
+)
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -64,6 +72,7 @@ NOT_FRESH = -32004
 FRESHNESS_META = "io.mcpsync/freshness"
 REQUIRE_FRESH = "io.mcpsync/requireFresh"
 MAX_SNAPSHOTS = 256
+MAX_LISTENS = 1024  # open subscriptions/listen streams per serve process
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,24 @@ class _Session:
     cut_off: str | None = None
 
 
+class _PrimedBus:
+    """One listen stream's view of its subject's bus: ``first`` reaches the listener as soon as it
+    subscribes (before any later event), then the subject's events as published."""
+
+    def __init__(self, bus: InMemorySubscriptionBus, first: list[ServerEvent]) -> None:
+        self._bus = bus
+        self._first = first
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._bus.publish(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        unsubscribe = self._bus.subscribe(listener)
+        for event in self._first:
+            listener(event)
+        return unsubscribe
+
+
 class ServeHub:
     """Shared state of one serve process: the ledger pool, sessions, listen buses, snapshots."""
 
@@ -104,7 +131,8 @@ class ServeHub:
         self.pool = pool
         self.signer = signer
         self.sessions: dict[int, _Session] = {}
-        self._buses: dict[str, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._buses: dict[str, InMemorySubscriptionBus] = {}
+        self._listens: set[ListenHandler] = set()
         self._snapshots: OrderedDict[str, tuple[str, list[ServedResource]]] = OrderedDict()
         self._keys = itertools.count(1)
         self._ticks: dict[str, asyncio.Event] = {}
@@ -126,7 +154,9 @@ class ServeHub:
                 raise MCPError(code=DENIED, message="Forbidden: no subject configured for stdio")
             return self.config.stdio_subject
         headers = getattr(request, "headers", None)
-        subject = self.subject_for_authorization(headers.get("authorization") if headers is not None else None)
+        subject = self.subject_for_authorization(
+            headers.get("authorization") if headers is not None else None
+        )
         if subject is None:  # the HTTP gate answers 401 first; this is the belt to its braces
             raise MCPError(code=DENIED, message="Forbidden: unknown or missing bearer token")
         return subject
@@ -146,9 +176,12 @@ class ServeHub:
             return session
         key = next(self._keys)
         connection.state["serve_session_key"] = key
-        session = _Session(key, connection, self.subject_of(ctx),
-                           queue=asyncio.Queue(maxsize=self.config.client_buffer))
-        session.sender = asyncio.get_running_loop().create_task(self._drain(session), name=f"serve-session-{key}")
+        session = _Session(
+            key, connection, self.subject_of(ctx), queue=asyncio.Queue(maxsize=self.config.client_buffer)
+        )
+        session.sender = asyncio.get_running_loop().create_task(
+            self._drain(session), name=f"serve-session-{key}"
+        )
         self.sessions[key] = session
         connection.exit_stack.callback(self._close_session, key)
         return session
@@ -162,25 +195,29 @@ class ServeHub:
         while True:
             kind, uri = await session.queue.get()
             try:
-                async with asyncio.timeout(10):
-                    if kind == "updated" and uri is not None:
-                        await session.connection.send_resource_updated(uri)
-                    elif kind == "list_changed":
-                        await session.connection.send_resource_list_changed()
-                    else:
-                        await session.connection.log("error", {"reason": uri}, logger="mcpsync.serve")
+                # No time bound: a send cancelled half way through the SDK's streams leaves the
+                # session unable to send again. A stuck client holds only this task (its queue
+                # fills and it is cut off); its disconnect ends the session and cancels the task.
+                if kind == "updated" and uri is not None:
+                    await session.connection.send_resource_updated(uri)
+                elif kind == "list_changed":
+                    await session.connection.send_resource_list_changed()
+                else:
+                    await session.connection.log("error", {"reason": uri}, logger="mcpsync.serve")
                 self.stats["sent"] += 1
             except Exception:  # a dead or stuck client must not stop its own sender for good
                 logger.warning("could not send %s to session %d", kind, session.key)
 
-    def _enqueue(self, session: _Session, kind: str, uri: str | None) -> None:
+    def enqueue(self, session: _Session, kind: str, uri: str | None) -> None:
         if session.cut_off is not None:
             return
         try:
             session.queue.put_nowait((kind, uri))
         except asyncio.QueueFull:
-            reason = (f"cut off: {self.config.client_buffer} notifications waiting unread; "
-                      "subscriptions dropped, reconnect and list again")
+            reason = (
+                f"cut off: {self.config.client_buffer} notifications waiting unread; "
+                "subscriptions dropped, reconnect and list again"
+            )
             session.cut_off = reason
             session.subscriptions.clear()
             self.stats["cut_off"] += 1
@@ -190,16 +227,37 @@ class ServeHub:
             session.queue.put_nowait(("cut_off", reason))
 
     # -- 2026-07-28 listen ---------------------------------------------------------------
-    def listen_handler(self, subject: str) -> ListenHandler:
-        entry = self._buses.get(subject)
-        if entry is None:
-            bus = InMemorySubscriptionBus()
-            entry = (bus, ListenHandler(bus, max_buffered_events=self.config.client_buffer))
-            self._buses[subject] = entry
-        return entry[1]
+    def bus(self, subject: str) -> InMemorySubscriptionBus:
+        bus = self._buses.get(subject)
+        if bus is None:
+            bus = self._buses[subject] = InMemorySubscriptionBus()
+        return bus
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """One ``subscriptions/listen`` stream: the SDK's ``ListenHandler`` over the subject's bus, primed
+        with one ``ResourceUpdated`` for each requested URI that has a current accepted version (the
+        subscribe rule, docs/serve.md)."""
+        subject = self.subject_of(ctx)
+        wanted = params.notifications.resource_subscriptions or []
+        current = await served_uris(self.pool, subject, wanted) if wanted else set()
+        if len(self._listens) >= MAX_LISTENS:
+            raise MCPError(code=INTERNAL_ERROR, message="Subscription limit reached")
+        first: list[ServerEvent] = [ResourceUpdated(uri) for uri in dict.fromkeys(wanted) if uri in current]
+        handler = ListenHandler(
+            _PrimedBus(self.bus(subject), first),
+            max_subscriptions=1,
+            max_buffered_events=self.config.client_buffer,
+        )
+        self._listens.add(handler)
+        try:
+            return await handler(ctx, params)
+        finally:
+            self._listens.discard(handler)
 
     def close_all_streams(self) -> None:
-        for _bus, handler in self._buses.values():
+        for handler in list(self._listens):
             handler.close()
 
     # -- outbox fan-out ----------------------------------------------------------------
@@ -221,28 +279,28 @@ class ServeHub:
             if session.subject != event.subject:
                 continue
             if event.uri in session.subscriptions:
-                self._enqueue(session, "updated", event.uri)
+                self.enqueue(session, "updated", event.uri)
                 if event.event_type in WITHDRAWING:
                     session.subscriptions.discard(event.uri)
             if catalog_changed:
-                self._enqueue(session, "list_changed", None)
-        entry = self._buses.get(event.subject)
-        if entry is not None:
-            await entry[0].publish(ResourceUpdated(event.uri))
+                self.enqueue(session, "list_changed", None)
+        bus = self._buses.get(event.subject)
+        if bus is not None:
+            await bus.publish(ResourceUpdated(event.uri))
             if catalog_changed:
-                await entry[0].publish(ResourcesListChanged())
+                await bus.publish(ResourcesListChanged())
 
     async def announce_relist(self, subjects: set[str]) -> None:
         """After a gap: every client of these subjects must list and read again."""
         for session in list(self.sessions.values()):
             if session.subject in subjects:
                 for uri in list(session.subscriptions):
-                    self._enqueue(session, "updated", uri)
-                self._enqueue(session, "list_changed", None)
+                    self.enqueue(session, "updated", uri)
+                self.enqueue(session, "list_changed", None)
         for subject in subjects:
-            entry = self._buses.get(subject)
-            if entry is not None:
-                await entry[0].publish(ResourcesListChanged())
+            bus = self._buses.get(subject)
+            if bus is not None:
+                await bus.publish(ResourcesListChanged())
 
     # -- listing snapshots -------------------------------------------------------------
     def _remember(self, subject: str, items: list[ServedResource], top: int) -> str:
@@ -262,14 +320,20 @@ class ServeHub:
                 sid, _, off = self.signer.verify("L", cursor, subject).partition("~")
                 offset = int(off)
             except (BadCursor, ValueError) as exc:
-                raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}; list again from the start",
-                               data={"reason": "invalid_cursor"}) from None
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message=f"Invalid cursor: {exc}; list again from the start",
+                    data={"reason": "invalid_cursor"},
+                ) from None
             held = self._snapshots.get(sid)
             if held is None or held[0] != subject:
-                raise MCPError(code=INVALID_PARAMS, message="Invalid cursor: its listing snapshot expired; "
-                               "list again from the start", data={"reason": "snapshot_expired"})
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message="Invalid cursor: its listing snapshot expired; list again from the start",
+                    data={"reason": "snapshot_expired"},
+                )
             items = held[1]
-        chunk = items[offset:offset + size]
+        chunk = items[offset : offset + size]
         following = offset + size
         next_cursor = self.signer.sign("L", f"{sid}~{following}", subject) if following < len(items) else None
         return chunk, next_cursor
@@ -287,16 +351,27 @@ class ServeServer(Server[Any]):
         super().__init__(hub.config.name, version="0.1.0", **kwargs)
         self.hub = hub
 
-    def get_capabilities(self, notification_options: NotificationOptions | None = None,
-                         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
-                         extensions: dict[str, dict[str, Any]] | None = None, *,
-                         protocol_version: str | None = None) -> types.ServerCapabilities:
-        caps = super().get_capabilities(notification_options, experimental_capabilities, extensions,
-                                        protocol_version=protocol_version)
-        experimental = {**(caps.experimental or {}),
-                        "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll", "push"]}}
-        return caps.model_copy(update={"resources": types.ResourcesCapability(subscribe=True, list_changed=True),
-                                       "experimental": experimental})
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        experimental = {
+            **(caps.experimental or {}),
+            "io.modelcontextprotocol/events": {"status": "experimental", "delivery": ["poll", "push"]},
+        }
+        return caps.model_copy(
+            update={
+                "resources": types.ResourcesCapability(subscribe=True, list_changed=True),
+                "experimental": experimental,
+            }
+        )
 
 
 class _SessionMiddleware:
@@ -314,18 +389,30 @@ def build_server(hub: ServeHub) -> ServeServer:
 
     max_age = hub.config.max_age_seconds
 
-    async def list_resources(ctx: ServerRequestContext[Any, Any],
-                             params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
         hub.stats["lists"] += 1
         subject = hub.subject_of(ctx)
         chunk, next_cursor = await hub.page(subject, params.cursor if params is not None else None)
-        resources = [types.Resource(uri=r.uri, name=r.name, title=r.title, mime_type=r.mime_type, size=r.size,
-                                    _meta={FRESHNESS_META: freshness_meta(r, max_age)}) for r in chunk]
-        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor, ttl_ms=0,
-                                         cache_scope="private")
+        resources = [
+            types.Resource(
+                uri=r.uri,
+                name=r.name,
+                title=r.title,
+                mime_type=r.mime_type,
+                size=r.size,
+                _meta={FRESHNESS_META: freshness_meta(r, max_age)},
+            )
+            for r in chunk
+        ]
+        return types.ListResourcesResult(
+            resources=resources, next_cursor=next_cursor, ttl_ms=0, cache_scope="private"
+        )
 
-    async def read_resource(ctx: ServerRequestContext[Any, Any],
-                            params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
         hub.stats["reads"] += 1
         subject = hub.subject_of(ctx)
         served = await served_resource(hub.pool, subject, params.uri)
@@ -333,30 +420,49 @@ def build_server(hub: ServeHub) -> ServeServer:
             raise _not_found(params.uri, ctx.protocol_version)
         meta = freshness_meta(served, max_age)
         if served.guardrail_rejected:
-            raise MCPError(code=DENIED, message="Forbidden: the newest version was not released by the guardrail "
-                           "(GUARDRAIL_REJECTED); the older accepted version is not current",
-                           data={"uri": params.uri, FRESHNESS_META: meta})
+            raise MCPError(
+                code=DENIED,
+                message="Forbidden: the newest version was not released by the guardrail "
+                "(GUARDRAIL_REJECTED); the older accepted version is not current",
+                data={"uri": params.uri, FRESHNESS_META: meta},
+            )
         if params.meta is not None and params.meta.get(REQUIRE_FRESH) is True and not meta["fresh"]:
-            raise MCPError(code=NOT_FRESH, message=f"Not fresh: {meta.get('notFreshBecause')}",
-                           data={"uri": params.uri, FRESHNESS_META: meta})
+            raise MCPError(
+                code=NOT_FRESH,
+                message=f"Not fresh: {meta.get('notFreshBecause')}",
+                data={"uri": params.uri, FRESHNESS_META: meta},
+            )
         try:
             content = await released_content(hub.pool, receipt_id=served.receipt_id, subject=subject)
         except ContentRefused as exc:
             raise MCPError(code=DENIED, message=f"Forbidden: {exc}", data={"uri": params.uri}) from None
         except ContentNotFound as exc:
-            raise MCPError(code=DENIED, message=f"Content unavailable: {exc}", data={"uri": params.uri}) from None
+            raise MCPError(
+                code=DENIED, message=f"Content unavailable: {exc}", data={"uri": params.uri}
+            ) from None
         item_meta = {FRESHNESS_META: meta}
         part: types.TextResourceContents | types.BlobResourceContents
         if content.kind == ContentKind.TEXT:
-            part = types.TextResourceContents(uri=params.uri, mime_type=content.mime_type,
-                                              text=content.body.decode("utf-8"), _meta=item_meta)
+            part = types.TextResourceContents(
+                uri=params.uri,
+                mime_type=content.mime_type,
+                text=content.body.decode("utf-8"),
+                _meta=item_meta,
+            )
         else:
-            part = types.BlobResourceContents(uri=params.uri, mime_type=content.mime_type,
-                                              blob=base64.b64encode(content.body).decode("ascii"), _meta=item_meta)
-        return types.ReadResourceResult(contents=[part], ttl_ms=0, cache_scope="private",
-                                        _meta={FRESHNESS_META: meta})
+            part = types.BlobResourceContents(
+                uri=params.uri,
+                mime_type=content.mime_type,
+                blob=base64.b64encode(content.body).decode("ascii"),
+                _meta=item_meta,
+            )
+        return types.ReadResourceResult(
+            contents=[part], ttl_ms=0, cache_scope="private", _meta={FRESHNESS_META: meta}
+        )
 
-    async def subscribe(ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
+    async def subscribe(
+        ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
         session = hub.legacy_session(ctx)
         if session is None:
             raise MCPError(code=INTERNAL_ERROR, message="No session for subscribe")
@@ -365,22 +471,25 @@ def build_server(hub: ServeHub) -> ServeServer:
         if await served_resource(hub.pool, session.subject, params.uri) is None:
             raise _not_found(params.uri, ctx.protocol_version)
         session.subscriptions.add(params.uri)
+        hub.enqueue(session, "updated", params.uri)  # the subscribe rule: read the current version now
         return types.EmptyResult()
 
-    async def unsubscribe(ctx: ServerRequestContext[Any, Any],
-                          params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    async def unsubscribe(
+        ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
         session = hub.legacy_session(ctx)
         if session is not None:
             session.subscriptions.discard(params.uri)
         return types.EmptyResult()
 
-    async def listen(ctx: ServerRequestContext[Any, Any],
-                     params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
-        return await hub.listen_handler(hub.subject_of(ctx))(ctx, params)
-
-    server = ServeServer(hub, on_list_resources=list_resources, on_read_resource=read_resource,
-                         on_subscribe_resource=subscribe, on_unsubscribe_resource=unsubscribe,
-                         on_subscriptions_listen=listen)
+    server = ServeServer(
+        hub,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        on_subscriptions_listen=hub.listen,
+    )
     server.middleware.append(_SessionMiddleware(hub))
     register_events(server, hub)
     return server

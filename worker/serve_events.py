@@ -1,10 +1,11 @@
-"""The draft Events extension (``io.modelcontextprotocol/events``, SEP-3415) on ``mcpsync serve``: EXPERIMENTAL.
+"""The draft Events extension (``io.modelcontextprotocol/events``, SEP-3415) on ``mcpsync serve``:
+EXPERIMENTAL.
 
 Contract (docs/serve.md, "Events extension"):
 - One event type, ``resource.changed``: every outbox event of the caller's subject (new version,
   tombstone, revocation, close), ``data`` being the ``outboxEvent.v1`` envelope (JSON) without bodies.
-- ``events/list`` names it (delivery ``["poll", "push"]``). ``events/stream {name, cursor}`` is the push
-  delivery (``stream_events``): the same events as ``notifications/events/event`` on the request's
+- ``events/list`` names it (delivery ``["poll", "push"]``). ``events/stream {name, cursor, maxAgeMs}``
+  is the push delivery (``stream_events``): the same events as ``notifications/events/event`` on the request's
   stream, a heartbeat with the cursor during quiet periods. ``events/poll {name, cursor, maxEvents,
   maxAgeMs}`` answers ``{events, cursor, truncated, hasMore, nextPollMs}``. ``cursor: null``
   starts from now (no events, a fresh cursor). A cursor is the outbox position, signed for the
@@ -12,6 +13,9 @@ Contract (docs/serve.md, "Events extension"):
   from memory, so a client resuming with its last cursor gets every event after it, across serve
   restarts. A cursor below what retention pruned answers ``truncated: true`` with the events from
   the oldest kept position: the client must list again (``resources/list``), as ``outbox resync``.
+- ``maxAgeMs`` (poll and stream), as the draft defines it: replay starts at the later of the cursor
+  and now − maxAgeMs; events of the subject after the cursor created before that floor are skipped
+  and the answer says ``truncated: true``. Ignored with ``cursor: null`` (which already means now).
 - Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
   (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
@@ -34,8 +39,15 @@ from mcpsync.worker.serve_ledger import outbox_top, subject_events
 if TYPE_CHECKING:
     from mcpsync.worker.serve import ServeHub, ServeServer
 
-__all__ = ["EVENT_NAME", "EXTENSION", "EventsPollParams", "EventsStreamParams", "poll_events", "register_events",
-           "stream_events"]
+__all__ = [
+    "EVENT_NAME",
+    "EXTENSION",
+    "EventsPollParams",
+    "EventsStreamParams",
+    "poll_events",
+    "register_events",
+    "stream_events",
+]
 
 EXTENSION = "io.modelcontextprotocol/events"
 EVENT_NAME = "resource.changed"
@@ -61,6 +73,7 @@ class EventsStreamParams(RequestParams):
     name: str
     arguments: dict[str, Any] | None = None
     cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
 
 
 class _EventNotification(Notification[dict[str, Any], str]):
@@ -83,32 +96,54 @@ async def poll_events(hub: ServeHub, subject: str, params: EventsPollParams) -> 
         raise MCPError(code=INVALID_PARAMS, message=f"maxEvents must be between 1 and {MAX_EVENTS}")
     top, pruned = await outbox_top(hub.pool)
     if params.cursor is None:
-        return {"events": [], "cursor": hub.signer.sign("E", str(top), subject), "truncated": False,
-                "hasMore": False, "nextPollMs": NEXT_POLL_MS}
+        return {
+            "events": [],
+            "cursor": hub.signer.sign("E", str(top), subject),
+            "truncated": False,
+            "hasMore": False,
+            "nextPollMs": NEXT_POLL_MS,
+        }
     try:
         after = int(hub.signer.verify("E", params.cursor, subject))
     except (BadCursor, ValueError) as exc:
-        raise MCPError(code=INVALID_PARAMS, message=f"Invalid cursor: {exc}",
-                       data={"reason": "invalid_cursor"}) from None
-    truncated = after < pruned
-    rows = await subject_events(hub.pool, subject, max(after, pruned), limit)
+        raise MCPError(
+            code=INVALID_PARAMS, message=f"Invalid cursor: {exc}", data={"reason": "invalid_cursor"}
+        ) from None
+    if params.max_age_ms is not None and params.max_age_ms < 0:
+        raise MCPError(code=INVALID_PARAMS, message="maxAgeMs must not be negative")
+    not_before = (
+        datetime.now(UTC) - timedelta(milliseconds=params.max_age_ms)
+        if params.max_age_ms is not None
+        else None
+    )
+    rows, too_old = await subject_events(hub.pool, subject, max(after, pruned), limit, not_before)
+    truncated = after < pruned or too_old
     events = []
     for row in rows:
         envelope = event_from_row(row)
-        events.append({
-            "eventId": f"outbox:{envelope.position}", "name": EVENT_NAME,
-            "timestamp": envelope.created_at.isoformat(),
-            "data": json.loads(envelope.model_dump_json()),
-            "cursor": hub.signer.sign("E", str(envelope.position), subject),
-        })
+        events.append(
+            {
+                "eventId": f"outbox:{envelope.position}",
+                "name": EVENT_NAME,
+                "timestamp": envelope.created_at.isoformat(),
+                "data": json.loads(envelope.model_dump_json()),
+                "cursor": hub.signer.sign("E", str(envelope.position), subject),
+            }
+        )
     has_more = len(rows) == limit
     position = rows[-1]["position"] if has_more else max([top, after, *(r["position"] for r in rows[-1:])])
-    return {"events": events, "cursor": hub.signer.sign("E", str(position), subject), "truncated": truncated,
-            "hasMore": has_more, "nextPollMs": 0 if has_more else NEXT_POLL_MS}
+    return {
+        "events": events,
+        "cursor": hub.signer.sign("E", str(position), subject),
+        "truncated": truncated,
+        "hasMore": has_more,
+        "nextPollMs": 0 if has_more else NEXT_POLL_MS,
+    }
 
 
-async def stream_events(hub: ServeHub, ctx: ServerRequestContext[Any, Any], subject: str,
-                        params: EventsStreamParams) -> dict[str, Any]:
+async def stream_events(
+    hub: ServeHub, ctx: ServerRequestContext[Any, Any], subject: str, params: EventsStreamParams
+) -> dict[str, Any]:
     """``events/stream``: the push delivery. Sends ``notifications/events/event`` (each with its cursor
     and ``_meta.subscriptionId``) on the request's own stream, read from the outbox exactly as poll
     does, woken by the outbox follower; ``notifications/events/heartbeat`` with the current cursor
@@ -118,43 +153,62 @@ async def stream_events(hub: ServeHub, ctx: ServerRequestContext[Any, Any], subj
     if request_id is None:
         raise MCPError(code=INVALID_PARAMS, message="events/stream requires a request id")
     meta = {"subscriptionId": request_id}
-    cursor = params.cursor
+    cursor, max_age_ms = params.cursor, params.max_age_ms
     while True:
         tick = hub.events_tick(subject)
-        page = await poll_events(hub, subject, EventsPollParams(name=params.name, cursor=cursor, maxEvents=100))
+        page = await poll_events(
+            hub,
+            subject,
+            EventsPollParams(name=params.name, cursor=cursor, maxEvents=100, maxAgeMs=max_age_ms),
+        )
+        max_age_ms = None  # the floor bounds where the stream starts; then it follows every event
         for event in page["events"]:
             note = _EventNotification(method="notifications/events/event", params={**event, "_meta": meta})
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
         cursor = page["cursor"]
         if page["truncated"]:
-            note = _EventNotification(method="notifications/events/heartbeat",
-                                      params={"cursor": cursor, "truncated": True, "_meta": meta})
+            note = _EventNotification(
+                method="notifications/events/heartbeat",
+                params={"cursor": cursor, "truncated": True, "_meta": meta},
+            )
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
         if page["hasMore"]:
             continue
         try:
             await asyncio.wait_for(tick.wait(), HEARTBEAT_S)
         except TimeoutError:
-            note = _EventNotification(method="notifications/events/heartbeat", params={"cursor": cursor, "_meta": meta})
+            note = _EventNotification(
+                method="notifications/events/heartbeat", params={"cursor": cursor, "_meta": meta}
+            )
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
 
 
 def register_events(server: ServeServer, hub: ServeHub) -> None:
     async def events_list(ctx: ServerRequestContext[Any, Any], params: EventsListParams) -> dict[str, Any]:
         hub.subject_of(ctx)
-        return {"events": [{
-            "name": EVENT_NAME,
-            "description": "A subscribed resource changed for this subject: a new accepted version, a tombstone, "
-                           "a revocation or a close (data: mcpsync outboxEvent.v1, no body). Experimental.",
-            "delivery": ["poll", "push"],
-            "inputSchema": {"type": "object", "properties": {}},
-            "payloadSchema": {"type": "object", "description": "mcpsync outboxEvent.v1 (docs/outbox.md)"},
-        }]}
+        return {
+            "events": [
+                {
+                    "name": EVENT_NAME,
+                    "description": "A subscribed resource changed for this subject: a new accepted version, "
+                    "a tombstone, "
+                    "a revocation or a close (data: mcpsync outboxEvent.v1, no body). Experimental.",
+                    "delivery": ["poll", "push"],
+                    "inputSchema": {"type": "object", "properties": {}},
+                    "payloadSchema": {
+                        "type": "object",
+                        "description": "mcpsync outboxEvent.v1 (docs/outbox.md)",
+                    },
+                }
+            ]
+        }
 
     async def events_poll(ctx: ServerRequestContext[Any, Any], params: EventsPollParams) -> dict[str, Any]:
         return await poll_events(hub, hub.subject_of(ctx), params)
 
-    async def events_stream(ctx: ServerRequestContext[Any, Any], params: EventsStreamParams) -> dict[str, Any]:
+    async def events_stream(
+        ctx: ServerRequestContext[Any, Any], params: EventsStreamParams
+    ) -> dict[str, Any]:
         return await stream_events(hub, ctx, hub.subject_of(ctx), params)
 
     server.add_request_handler("events/list", EventsListParams, events_list)  # type: ignore[arg-type]

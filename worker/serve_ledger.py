@@ -26,7 +26,15 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["ServedResource", "freshness_meta", "list_served", "served_resource", "outbox_top", "subject_events"]
+__all__ = [
+    "ServedResource",
+    "freshness_meta",
+    "list_served",
+    "outbox_top",
+    "served_resource",
+    "served_uris",
+    "subject_events",
+]
 
 _SELECT = """
 SELECT DISTINCT ON (s.uri)
@@ -34,7 +42,8 @@ SELECT DISTINCT ON (s.uri)
        s.last_accepted_ordinal, s.notifications_seen,
        rv.accepted_at, rv.mime_type, rv.size,
        (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
-          AND v.status IN ('ACCEPTED', 'UNCHANGED') AND v.content_digest = s.last_accepted_digest) AS verified_at,
+          AND v.status IN ('ACCEPTED', 'UNCHANGED')
+          AND v.content_digest = s.last_accepted_digest) AS verified_at,
        (SELECT v.status FROM resource_versions v WHERE v.workflow_id = s.workflow_id
           ORDER BY v.receipt_id DESC LIMIT 1) AS newest_status,
        COALESCE((SELECT max(rr.notifications_seen) FROM read_requests rr
@@ -71,7 +80,9 @@ class ServedResource:
     title: str | None
     dirty: bool
     guardrail_rejected: bool = False  # the newest read was not released: the accepted version is not current
-    catalog_status: str | None = None  # the newest reconciled catalog's status (None: no catalog for the server)
+    catalog_status: str | None = (
+        None  # the newest reconciled catalog's status (None: no catalog for the server)
+    )
 
     def fresh(self, max_age_seconds: float | None, now: datetime | None = None) -> tuple[bool, str]:
         """The answer gate's rule at read time: (fresh, why not)."""
@@ -85,19 +96,33 @@ class ServedResource:
             verified = self.verified_at or self.accepted_at
             age = ((now or datetime.now(UTC)) - verified).total_seconds()
             if age > max_age_seconds:
-                return False, f"last verified {age:.1f} s ago, beyond the staleness bound of {max_age_seconds:g} s"
+                return (
+                    False,
+                    f"last verified {age:.1f} s ago, beyond the staleness bound of {max_age_seconds:g} s",
+                )
         return True, ""
 
 
 def _row(r: dict[str, Any]) -> ServedResource:
     return ServedResource(
-        workflow_id=r["workflow_id"], subject=r["subject"], server=r["server"], uri=r["uri"], state=r["state"],
-        receipt_id=int(r["last_receipt_id"]), digest=r["last_accepted_digest"], ordinal=int(r["last_accepted_ordinal"]),
-        accepted_at=r["accepted_at"], verified_at=r["verified_at"],
-        mime_type=r["mime_type"] or r["catalog_mime_type"], size=int(r["size"] or 0),
-        name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"], title=r["upstream_title"],
+        workflow_id=r["workflow_id"],
+        subject=r["subject"],
+        server=r["server"],
+        uri=r["uri"],
+        state=r["state"],
+        receipt_id=int(r["last_receipt_id"]),
+        digest=r["last_accepted_digest"],
+        ordinal=int(r["last_accepted_ordinal"]),
+        accepted_at=r["accepted_at"],
+        verified_at=r["verified_at"],
+        mime_type=r["mime_type"] or r["catalog_mime_type"],
+        size=int(r["size"] or 0),
+        name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"],
+        title=r["upstream_title"],
         dirty=int(r["notifications_seen"]) > int(r["covered"]),
-        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED", catalog_status=r["catalog_status"])
+        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED",
+        catalog_status=r["catalog_status"],
+    )
 
 
 async def list_served(pool: AsyncConnectionPool, subject: str) -> tuple[int, list[ServedResource]]:
@@ -122,6 +147,18 @@ async def served_resource(pool: AsyncConnectionPool, subject: str, uri: str) -> 
     return _row(row) if row else None
 
 
+async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) -> set[str]:
+    """Which of ``uris`` the subject is served (subscribed, an accepted version, not revoked)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT DISTINCT uri FROM subscriptions WHERE subject = %s AND uri = ANY(%s)"
+            " AND state <> 'REVOKED'"
+            " AND last_accepted_digest IS NOT NULL",
+            (subject, uris),
+        )
+        return {row[0] for row in await cur.fetchall()}
+
+
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
@@ -129,11 +166,18 @@ def _iso(at: datetime | None) -> str | None:
 def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str, Any]:
     fresh, why = r.fresh(max_age_seconds)
     return {
-        "state": r.state, "receiptId": r.receipt_id, "digest": r.digest, "ordinal": r.ordinal,
-        "acceptedAt": _iso(r.accepted_at), "verifiedAt": _iso(r.verified_at), "server": r.server,
-        "stalenessBoundSeconds": max_age_seconds, "dirty": r.dirty,
+        "state": r.state,
+        "receiptId": r.receipt_id,
+        "digest": r.digest,
+        "ordinal": r.ordinal,
+        "acceptedAt": _iso(r.accepted_at),
+        "verifiedAt": _iso(r.verified_at),
+        "server": r.server,
+        "stalenessBoundSeconds": max_age_seconds,
+        "dirty": r.dirty,
         "guardrailRejected": r.guardrail_rejected,
-        "catalogStatus": r.catalog_status, "fresh": fresh,
+        "catalogStatus": r.catalog_status,
+        "fresh": fresh,
         **({"notFreshBecause": why} if why else {}),
     }
 
@@ -148,11 +192,28 @@ async def outbox_top(pool: AsyncConnectionPool) -> tuple[int, int]:
     return int(row[0]) if row else 0, int(pruned[0]) if pruned else 0
 
 
-async def subject_events(pool: AsyncConnectionPool, subject: str, after: int, limit: int) -> list[dict[str, Any]]:
-    """Stamped outbox rows of one subject after ``after``, oldest first."""
+async def subject_events(
+    pool: AsyncConnectionPool, subject: str, after: int, limit: int, not_before: datetime | None = None
+) -> tuple[list[dict[str, Any]], bool]:
+    """Stamped outbox rows of one subject after ``after``, oldest first, and whether rows after
+    ``after`` were skipped for being created before ``not_before`` (the ``maxAgeMs`` floor)."""
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("SELECT outbox_stamp()")
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT * FROM outbox WHERE position > %s AND subject = %s ORDER BY position LIMIT %s",
-                          (after, subject, limit))
-        return list(await cur.fetchall())
+        await cur.execute(
+            "SELECT * FROM outbox WHERE position > %s AND subject = %s"
+            " AND (%s::timestamptz IS NULL OR created_at >= %s::timestamptz)"
+            " ORDER BY position LIMIT %s",
+            (after, subject, not_before, not_before, limit),
+        )
+        rows = list(await cur.fetchall())
+        skipped = False
+        if not_before is not None:
+            older = await conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE position > %s AND subject = %s"
+                " AND created_at < %s)",
+                (after, subject, not_before),
+            )
+            found = await older.fetchone()
+            skipped = bool(found and found[0])
+        return rows, skipped

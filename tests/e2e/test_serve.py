@@ -47,7 +47,9 @@ def _conf(tmp_path: Path, database_url: str) -> Path:
 
 
 def _updated(inbox: list[Any], uri: str) -> int:
-    return sum(1 for m in inbox if isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri)
+    return sum(
+        1 for m in inbox if isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri
+    )
 
 
 def _list_changed(inbox: list[Any]) -> int:
@@ -55,7 +57,8 @@ def _list_changed(inbox: list[Any]) -> int:
 
 
 async def test_both_editions_notify_read_isolate_and_revoke(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice, bob = unique("alice"), unique("bob")
     tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
@@ -64,10 +67,12 @@ async def test_both_editions_notify_read_isolate_and_revoke(
     b1 = await fx.create(uri_b, text="# bob one", mime_type="text/markdown")
     async with running_services(temporal_client, ledger, [server]) as cfg:
         q = cfg.temporal.task_queue
-        ha = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri_a),
-                                      task_queue=q)
-        hb = await start_subscription(temporal_client, SubscriptionKey(subject=bob, server=server.name, uri=uri_b),
-                                      task_queue=q)
+        ha = await start_subscription(
+            temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri_a), task_queue=q
+        )
+        hb = await start_subscription(
+            temporal_client, SubscriptionKey(subject=bob, server=server.name, uri=uri_b), task_queue=q
+        )
         await _wait_record(ha, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "alice v1")
         await _wait_record(hb, lambda r: r.last_accepted_digest == b1["committed"]["digest"], "bob v1")
         await fx.wait_subscribed(uri_a)
@@ -80,17 +85,23 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                 assert (await raw.post(serve.url, json=body)).status_code == 401
                 bad = await raw.post(serve.url, json=body, headers={"Authorization": "Bearer nope"})
                 assert bad.status_code == 401 and b"alice" not in bad.content
-            async with serve_client(serve.url, tokens[alice], "legacy", legacy_inbox) as legacy, \
-                    serve_client(serve.url, tokens[alice], "auto") as modern, \
-                    serve_client(serve.url, tokens[bob], "auto") as bob_modern, \
-                    serve_client(serve.url, tokens[bob], "legacy") as bob_legacy:
+            async with (
+                serve_client(serve.url, tokens[alice], "legacy", legacy_inbox) as legacy,
+                serve_client(serve.url, tokens[alice], "auto") as modern,
+                serve_client(serve.url, tokens[bob], "auto") as bob_modern,
+                serve_client(serve.url, tokens[bob], "legacy") as bob_legacy,
+            ):
                 assert legacy.protocol_version == "2025-11-25" and modern.protocol_version == "2026-07-28"
                 listed = await modern.list_resources()
                 assert [str(r.uri) for r in listed.resources] == [uri_a]
                 fresh = (listed.resources[0].meta or {})[FRESH]
                 assert fresh["digest"] == v1["committed"]["digest"] and fresh["state"] == "ACTIVE"
                 assert fresh["receiptId"] >= 1 and fresh["acceptedAt"] and fresh["verifiedAt"]
-                assert "catalogStatus" in fresh and fresh["guardrailRejected"] is False and fresh["fresh"] is True
+                assert (
+                    "catalogStatus" in fresh
+                    and fresh["guardrailRejected"] is False
+                    and fresh["fresh"] is True
+                )
                 assert listed.ttl_ms == 0 and listed.cache_scope == "private"
                 first = await legacy.read_resource(uri_a)
                 assert isinstance(first.contents[0], types.TextResourceContents)
@@ -117,11 +128,16 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                 # An upstream change reaches both editions as a notification; the read has the new bytes.
                 with pytest.warns(Warning):
                     await legacy.subscribe_resource(uri_a)
+                await eventually(
+                    lambda: _updated(legacy_inbox, uri_a) == 1, what="the subscribe announcement"
+                )
                 async with modern.listen(resource_subscriptions=[uri_a]) as sub:
+                    announced = await asyncio.wait_for(sub.__anext__(), 30)  # the current version, on listen
+                    assert str(getattr(announced, "uri", "")) == uri_a
                     v2 = await fx.edit(uri_a, text="# alice two", mime_type="text/markdown")
                     event = await asyncio.wait_for(sub.__anext__(), 30)
                     assert str(getattr(event, "uri", "")) == uri_a
-                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 1, what="legacy updated")
+                    await eventually(lambda: _updated(legacy_inbox, uri_a) >= 2, what="legacy updated")
                     for client in (modern, legacy):
                         read = await client.read_resource(uri_a, meta={"io.mcpsync/requireFresh": True})
                         part = read.contents[0]
@@ -139,7 +155,9 @@ async def test_both_editions_notify_read_isolate_and_revoke(
                     with pytest.raises(MCPError) as gone:
                         await modern.read_resource(uri_a)
                     assert gone.value.code == -32602
-                    await eventually(lambda: _list_changed(legacy_inbox) > before, what="list_changed on revoke")
+                    await eventually(
+                        lambda: _list_changed(legacy_inbox) > before, what="list_changed on revoke"
+                    )
                 # B is untouched by A's revocation.
                 assert [str(r.uri) for r in (await bob_modern.list_resources()).resources] == [uri_b]
         finally:
@@ -151,7 +169,8 @@ async def test_both_editions_notify_read_isolate_and_revoke(
 
 
 async def test_events_resume_across_sigkill_of_serve(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice = unique("alice")
     tokens = {alice: unique("tok")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
@@ -161,8 +180,11 @@ async def test_events_resume_across_sigkill_of_serve(
     conf = _conf(tmp_path, database_url)
     consumer = unique("serve")
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
-                                     task_queue=cfg.temporal.task_queue)
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
         await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
         await fx.wait_subscribed(uri)
         serve = await ServeProcess.start(conf, tokens, consumer=consumer)
@@ -179,7 +201,9 @@ async def test_events_resume_across_sigkill_of_serve(
                 if i == 2:
                     await serve.kill()  # SIGKILL while changes flow
                 await asyncio.sleep(0.3)  # models an upstream that changes about three times a second
-            await _wait_record(h, lambda r: r.last_accepted_digest == expected[-1], "last version", timeout=60)
+            await _wait_record(
+                h, lambda r: r.last_accepted_digest == expected[-1], "last version", timeout=60
+            )
             serve = await ServeProcess.start(conf, tokens, consumer=consumer)
             seen: list[str] = []
             async with serve_client(serve.url, tokens[alice], "auto") as client:
@@ -198,15 +222,18 @@ async def test_events_resume_across_sigkill_of_serve(
             # upstream edit the reconciler never read; the last one is always there).
             accepted = set(await _accepted_digests(ledger, alice, uri)) - {v1["committed"]["digest"]}
             assert accepted and accepted <= set(seen) and expected[-1] in seen
-            assert len(accepted) >= 2, "changes flowed while serve was down" 
+            assert len(accepted) >= 2, "changes flowed while serve was down"
         finally:
             await serve.stop()
 
 
 async def _accepted_digests(ledger: Ledger, subject: str, uri: str) -> list[str]:
     async with ledger.pool.connection() as conn:
-        cur = await conn.execute("SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
-                                 " AND content_digest IS NOT NULL ORDER BY outbox_id", (subject, uri))
+        cur = await conn.execute(
+            "SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
+            " AND content_digest IS NOT NULL ORDER BY outbox_id",
+            (subject, uri),
+        )
         return [r[0] for r in await cur.fetchall()]
 
 
@@ -217,13 +244,28 @@ INSPECTOR = NPM_PREFIX / "node_modules" / "@modelcontextprotocol" / "inspector-c
 
 async def _node(*args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        "node", *args, env={**os.environ, "MCPSYNC_NPM_PREFIX": str(NPM_PREFIX)}, cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "node",
+        *args,
+        env={**os.environ, "MCPSYNC_NPM_PREFIX": str(NPM_PREFIX)},
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 async def _inspector(url: str, token: str, method: str, *extra: str) -> tuple[int, str]:
-    proc = await _node(str(INSPECTOR), url, "--transport", "http", "--header", f"Authorization: Bearer {token}",
-                       "--method", method, *extra, cwd=INSPECTOR.parent)  # it finds its package.json from the cwd
+    proc = await _node(
+        str(INSPECTOR),
+        url,
+        "--transport",
+        "http",
+        "--header",
+        f"Authorization: Bearer {token}",
+        "--method",
+        method,
+        *extra,
+        cwd=INSPECTOR.parent,
+    )  # it finds its package.json from the cwd
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode() + err.decode()
 
@@ -241,20 +283,25 @@ async def _ts_lines(proc: asyncio.subprocess.Process, until: str) -> list[dict[s
 
 @pytest.mark.skipif(not INSPECTOR.exists(), reason="scripts/install-npm-servers installs the npm clients")
 async def test_typescript_sdk_and_inspector_cli(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice, bob = unique("alice"), unique("bob")
     tokens = {alice: unique("tok-a"), bob: unique("tok-b")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice, bob])
     uri = f"demo://serve/{unique('ts')}.md"
     v1 = await fx.create(uri, text="# ts one", mime_type="text/markdown")
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
-                                     task_queue=cfg.temporal.task_queue)
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
         await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
         await fx.wait_subscribed(uri)
         serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
         try:
-            # The TypeScript SDK client (2025-11-25): list, read, subscribe, get the update, read the new bytes.
+            # The TypeScript SDK client (2025-11-25): list, read, subscribe, get the update, read the new
+            # bytes.
             ts = await _node(str(TS_CLIENT), serve.url, tokens[alice], uri)
             lines = await _ts_lines(ts, "subscribed")
             assert [ln["step"] for ln in lines] == ["listed", "read", "subscribed"], lines
@@ -263,6 +310,7 @@ async def test_typescript_sdk_and_inspector_cli(
             v2 = await fx.edit(uri, text="# ts two", mime_type="text/markdown")
             lines = await _ts_lines(ts, "reread")
             assert [ln["step"] for ln in lines] == ["updated", "reread"], lines
+            assert lines[0]["notifications"] == 2  # the subscribe's announcement, then the change
             assert lines[1]["text"] == "# ts two" and lines[1]["digest"] == v2["committed"]["digest"]
             assert await ts.wait() == 0
             # Subject B through the TypeScript SDK: not listed, not readable.
@@ -293,7 +341,8 @@ async def test_typescript_sdk_and_inspector_cli(
 
 
 async def test_stdio_and_bad_input(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice, mallory = unique("alice"), unique("mallory")
     tokens = {alice: unique("tok"), mallory: unique("tok-m")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
@@ -301,14 +350,30 @@ async def test_stdio_and_bad_input(
     v1 = await fx.create(uri, text="# stdio one", mime_type="text/markdown")
     conf = _conf(tmp_path, database_url)
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
-                                     task_queue=cfg.temporal.task_queue)
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
         await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
         # stdio: one configured subject, both editions.
         env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-        params = StdioServerParameters(command=sys.executable, cwd=str(REPO_ROOT), env=env, args=[
-            "-m", "mcpsync.worker.cli", "--config", str(conf), "serve", "--stdio", alice,
-            "--consumer", unique("serve-stdio")])
+        params = StdioServerParameters(
+            command=sys.executable,
+            cwd=str(REPO_ROOT),
+            env=env,
+            args=[
+                "-m",
+                "mcpsync.worker.cli",
+                "--config",
+                str(conf),
+                "serve",
+                "--stdio",
+                alice,
+                "--consumer",
+                unique("serve-stdio"),
+            ],
+        )
         for mode in ("legacy", "auto"):
             async with McpClient(params, mode=mode, cache=None) as stdio:  # type: ignore[arg-type]
                 listed = await stdio.list_resources()
@@ -316,34 +381,54 @@ async def test_stdio_and_bad_input(
                 read = await stdio.read_resource(uri)
                 assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
 
-        serve = await ServeProcess.start(conf, tokens, consumer=unique("serve"), extra=("--page-size", "1", "--max-age", "1"))
-        auth = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json"}
+        serve = await ServeProcess.start(
+            conf, tokens, consumer=unique("serve"), extra=("--page-size", "1", "--max-age", "1")
+        )
+        auth = {
+            "Authorization": f"Bearer {tokens[alice]}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
         try:
             async with httpx2.AsyncClient(timeout=30) as raw:
                 malformed = await raw.post(serve.url, content=b"{not json", headers=auth)
-                assert malformed.status_code in (400, 200) and b"-32700" in malformed.content, malformed.content
+                assert malformed.status_code in (400, 200) and b"-32700" in malformed.content, (
+                    malformed.content
+                )
                 huge = await raw.post(serve.url, content=b"[" + b" " * 2_000_000 + b"]", headers=auth)
                 assert huge.status_code == 413, huge.status_code
                 # Another subject's token on this session's id: refused, nothing of the session's leaks.
-                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"}}}
+                init = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "0"},
+                    },
+                }
                 opened = await raw.post(serve.url, json=init, headers=auth)
                 session_id = opened.headers["mcp-session-id"]
-                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                               headers={**auth, "mcp-session-id": session_id})
+                await raw.post(
+                    serve.url,
+                    json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers={**auth, "mcp-session-id": session_id},
+                )
                 other = {**auth, "Authorization": f"Bearer {tokens[mallory]}", "mcp-session-id": session_id}
-                hijack = await raw.post(serve.url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"},
-                                        headers=other)
-                assert b"another subject" in hijack.content and uri.encode() not in hijack.content, hijack.content
+                hijack = await raw.post(
+                    serve.url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, headers=other
+                )
+                assert b"another subject" in hijack.content and uri.encode() not in hijack.content, (
+                    hijack.content
+                )
             async with serve_client(serve.url, tokens[alice], "legacy") as client:
                 with pytest.raises(MCPError) as unknown:
-                    await client.session.send_request(
-                        _Unknown(params={}), TypeAdapter(dict[str, Any]))
+                    await client.session.send_request(_Unknown(params={}), TypeAdapter(dict[str, Any]))
                 assert unknown.value.code == -32601
                 with pytest.warns(Warning):
-                    # subscribe/unsubscribe in a loop: nothing piles up (MCPSYNC_SERVE_SUBSCRIBE_LOOP=10000 once)
+                    # subscribe/unsubscribe in a loop: nothing piles up
+                    # (MCPSYNC_SERVE_SUBSCRIBE_LOOP=10000 once)
                     for _ in range(int(os.environ.get("MCPSYNC_SERVE_SUBSCRIBE_LOOP", "300"))):
                         await client.subscribe_resource(uri)
                         await client.unsubscribe_resource(uri)
@@ -356,7 +441,8 @@ async def test_stdio_and_bad_input(
                 # A client after all of it still reads.
                 read = await client.read_resource(uri)
                 assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
-                # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale bytes.
+                # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale
+                # bytes.
                 await asyncio.sleep(1.5)  # real time past the 1 s bound: the bound is wall-clock age
                 with pytest.raises(MCPError) as stale:
                     await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
@@ -378,12 +464,32 @@ async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, dat
     log_path = tmp_path / "up.log"
     log = log_path.open("wb")
     up = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mcpsync.worker.cli", "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
-        "--churn", "0", "--exit-after", "120", cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "mcpsync.worker.cli",
+        "up",
+        "--port",
+        "0",
+        "--ui-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--churn",
+        "0",
+        "--exit-after",
+        "120",
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        line = await eventually(lambda: next((ln for ln in log_path.read_text().splitlines()
-                                              if "mcpsync serve " in ln), None), timeout=90, what="serve line")
+        line = await eventually(
+            lambda: next((ln for ln in log_path.read_text().splitlines() if "mcpsync serve " in ln), None),
+            timeout=90,
+            what="serve line",
+        )
         match = re.search(r"(http://\S+/mcp) \(subject anonymous; demo bearer token (\S+)\)", line)
         assert match, line
         url, token = match.group(1), match.group(2)
@@ -398,8 +504,9 @@ async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, dat
 
         await eventually(demo_read, timeout=60, interval=1.0, what="the demo resource through serve")
         async with httpx2.AsyncClient() as raw:
-            assert (await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})).status_code \
-                == 401
+            assert (
+                await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
+            ).status_code == 401
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -411,16 +518,21 @@ async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, dat
 
 
 async def test_guardrail_rejected_is_refused_never_the_body(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice = unique("alice")
     tokens = {alice: unique("tok")}
-    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice],
-                          release_max_bytes=2000)
+    server = ServerConfig(
+        name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice], release_max_bytes=2000
+    )
     uri = f"demo://serve/{unique('g')}.md"
     v1 = await fx.create(uri, text="# small", mime_type="text/markdown")
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
-                                     task_queue=cfg.temporal.task_queue)
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
         await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
         await fx.wait_subscribed(uri)
         serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
@@ -433,7 +545,10 @@ async def test_guardrail_rejected_is_refused_never_the_body(
 
                 async def flagged() -> bool:
                     listed = await client.list_resources()
-                    return bool(listed.resources) and (listed.resources[0].meta or {})[FRESH]["guardrailRejected"]
+                    return (
+                        bool(listed.resources)
+                        and (listed.resources[0].meta or {})[FRESH]["guardrailRejected"]
+                    )
 
                 await eventually(flagged, what="guardrailRejected in the listing")
                 with pytest.raises(MCPError) as refused:
@@ -445,40 +560,67 @@ async def test_guardrail_rejected_is_refused_never_the_body(
 
 
 async def test_events_push_stream_delivers_changes_with_cursors(
-        temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path) -> None:
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
     alice = unique("alice")
     tokens = {alice: unique("tok")}
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
     uri = f"demo://serve/{unique('push')}.md"
     v1 = await fx.create(uri, text="# push one", mime_type="text/markdown")
     async with running_services(temporal_client, ledger, [server]) as cfg:
-        h = await start_subscription(temporal_client, SubscriptionKey(subject=alice, server=server.name, uri=uri),
-                                     task_queue=cfg.temporal.task_queue)
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
         await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
         await fx.wait_subscribed(uri)
         serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
-        headers = {"Authorization": f"Bearer {tokens[alice]}", "Accept": "application/json, text/event-stream"}
+        headers = {
+            "Authorization": f"Bearer {tokens[alice]}",
+            "Accept": "application/json, text/event-stream",
+        }
         try:
             async with httpx2.AsyncClient(timeout=60) as raw:
-                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+                init = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "0"},
+                    },
+                }
                 opened = await raw.post(serve.url, json=init, headers=headers)
                 headers["mcp-session-id"] = opened.headers["mcp-session-id"]
-                await raw.post(serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                               headers=headers)
+                await raw.post(
+                    serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+                )
                 frames: list[dict[str, Any]] = []
                 got_v2 = asyncio.Event()
                 expect: dict[str, str] = {}
                 # The stream resumes from a cursor taken before the edit, so the edit is delivered
                 # whenever the stream's first page is read (no race with its start).
-                polled = await raw.post(serve.url, headers=headers, json={
-                    "jsonrpc": "2.0", "id": 6, "method": "events/poll",
-                    "params": {"name": "resource.changed", "cursor": None}})
+                polled = await raw.post(
+                    serve.url,
+                    headers=headers,
+                    json={
+                        "jsonrpc": "2.0",
+                        "id": 6,
+                        "method": "events/poll",
+                        "params": {"name": "resource.changed", "cursor": None},
+                    },
+                )
                 start_cursor = _jsonrpc_result(polled)["cursor"]
 
                 async def read_stream() -> None:
-                    body = {"jsonrpc": "2.0", "id": 7, "method": "events/stream",
-                            "params": {"name": "resource.changed", "cursor": start_cursor}}
+                    body = {
+                        "jsonrpc": "2.0",
+                        "id": 7,
+                        "method": "events/stream",
+                        "params": {"name": "resource.changed", "cursor": start_cursor},
+                    }
                     async with raw.stream("POST", serve.url, json=body, headers=headers) as resp:
                         assert resp.status_code == 200
                         async for line in resp.aiter_lines():
@@ -487,8 +629,9 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                             frame = json.loads(line[5:])
                             frames.append(frame)
                             params = frame.get("params") or {}
-                            if frame.get("method") == "notifications/events/event" and \
-                                    params["data"]["content_digest"] == expect.get("v2"):
+                            if frame.get("method") == "notifications/events/event" and params["data"][
+                                "content_digest"
+                            ] == expect.get("v2"):
                                 got_v2.set()
 
                 reader = asyncio.create_task(read_stream())
@@ -498,14 +641,212 @@ async def test_events_push_stream_delivers_changes_with_cursors(
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
             events = [f["params"] for f in frames if f.get("method") == "notifications/events/event"]
-            assert events and all(e["name"] == "resource.changed" and e["cursor"] and e["eventId"] for e in events)
+            assert events and all(
+                e["name"] == "resource.changed" and e["cursor"] and e["eventId"] for e in events
+            )
             assert all(e["_meta"]["subscriptionId"] == 7 for e in events)
-            assert v1["committed"]["digest"] not in [e["data"]["content_digest"] for e in events]  # from now on
+            assert v1["committed"]["digest"] not in [
+                e["data"]["content_digest"] for e in events
+            ]  # from now on
             # The pushed cursor resumes on poll: nothing after the last pushed event is lost.
             async with serve_client(serve.url, tokens[alice], "auto") as client:
                 after = await events_poll(client, events[-1]["cursor"])
                 assert after["truncated"] is False and all(
-                    e["data"]["content_digest"] != expect["v2"] for e in after["events"])
+                    e["data"]["content_digest"] != expect["v2"] for e in after["events"]
+                )
+        finally:
+            await serve.stop()
+
+
+async def test_a_version_accepted_while_nobody_was_connected_is_announced_on_subscribe(
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('away')}.md"
+    v1 = await fx.create(uri, text="# away one", mime_type="text/markdown")
+    consumer = unique("serve")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=consumer)
+        try:
+            # v2 is accepted and serve's follower has acknowledged its outbox event while no client is
+            # connected: nothing is queued anywhere for the clients below.
+            v2 = await fx.edit(uri, text="# away two", mime_type="text/markdown")
+            digest = v2["committed"]["digest"]
+            await _wait_record(h, lambda r: r.last_accepted_digest == digest, "v2")
+
+            async def acknowledged() -> bool:
+                rows = await ledger_rows(
+                    ledger,
+                    "SELECT c.position >= o.position FROM outbox_consumers c, outbox o WHERE c.name = %s"
+                    " AND o.uri = %s AND o.content_digest = %s AND o.position IS NOT NULL",
+                    consumer,
+                    uri,
+                    digest,
+                )
+                return bool(rows) and bool(rows[0][0])
+
+            await eventually(acknowledged, what="serve acknowledged v2's outbox event")
+            inbox: list[Any] = []
+            async with serve_client(serve.url, tokens[alice], "legacy", inbox) as legacy:
+                with pytest.warns(Warning):
+                    await legacy.subscribe_resource(uri)
+                await eventually(lambda: _updated(inbox, uri) == 1, what="updated on subscribe (2025-11-25)")
+                read = await legacy.read_resource(uri)
+                assert read.contents[0].text == "# away two"  # type: ignore[union-attr]
+                assert (read.meta or {})[FRESH]["digest"] == digest
+            async with serve_client(serve.url, tokens[alice], "auto") as modern:
+                async with modern.listen(resource_subscriptions=[uri, "demo://serve/not-mine"]) as sub:
+                    event = await asyncio.wait_for(sub.__anext__(), 30)
+                    assert (
+                        str(getattr(event, "uri", "")) == uri
+                    )  # and nothing for the URI alice does not have
+                    read = await modern.read_resource(uri)
+                    assert read.contents[0].text == "# away two"  # type: ignore[union-attr]
+                    assert (read.meta or {})[FRESH]["digest"] == digest
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(
+                            sub.__anext__(), 1.0
+                        )  # one announcement, not one per URI asked
+        finally:
+            await serve.stop()
+
+
+async def _raw_sse_stream(
+    url: str, token: str, session_id: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A 2025-11-25 session's GET stream on a plain socket (read only when the caller reads it)."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 22)
+    writer.write(
+        (
+            f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Accept: text/event-stream\r\nmcp-session-id: {session_id}\r\n"
+            "mcp-protocol-version: 2025-11-25\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return reader, writer
+
+
+async def test_a_client_that_never_reads_is_cut_off_and_the_others_get_every_change(
+    temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> None:
+    """One real HTTP client opens its stream and stops reading while changes flow; serve cuts it off with
+    a reason once its buffer (the default 256 notifications) is full; a client connected at the same
+    time gets every change. A loopback TCP connection holds megabytes unread, so the flow is a real
+    change followed by its outbox event repeated (serve's input is the outbox) in batches of 100 (one
+    fan-out round each), on a URI of 7,000 characters (each notification ~7 KB)."""
+    alice = unique("alice")
+    tokens = {alice: unique("tok")}
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=[alice])
+    uri = f"demo://serve/{unique('slow')}/{'x' * 7000}.md"
+    v1 = await fx.create(uri, text="# slow one", mime_type="text/markdown")
+    async with running_services(temporal_client, ledger, [server]) as cfg:
+        h = await start_subscription(
+            temporal_client,
+            SubscriptionKey(subject=alice, server=server.name, uri=uri),
+            task_queue=cfg.temporal.task_queue,
+        )
+        await _wait_record(h, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1")
+        await fx.wait_subscribed(uri)
+        serve = await ServeProcess.start(_conf(tmp_path, database_url), tokens, consumer=unique("serve"))
+        headers = {
+            "Authorization": f"Bearer {tokens[alice]}",
+            "Accept": "application/json, text/event-stream",
+        }
+        inbox: list[Any] = []
+        try:
+            async with (
+                httpx2.AsyncClient(timeout=30) as raw,
+                serve_client(serve.url, tokens[alice], "legacy", inbox) as reading,
+            ):
+                init = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "slow", "version": "0"},
+                    },
+                }
+                headers["mcp-session-id"] = (await raw.post(serve.url, json=init, headers=headers)).headers[
+                    "mcp-session-id"
+                ]
+                await raw.post(
+                    serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+                )
+                stream, stream_writer = await _raw_sse_stream(
+                    serve.url, tokens[alice], headers["mcp-session-id"]
+                )
+                subscribe = {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "resources/subscribe",
+                    "params": {"uri": uri},
+                }
+                assert b'"result"' in (await raw.post(serve.url, json=subscribe, headers=headers)).content
+                with pytest.warns(Warning):
+                    await reading.subscribe_resource(uri)
+                # The slow client reads nothing from here on. A real change flows first ...
+                v2 = await fx.edit(uri, text="# slow two", mime_type="text/markdown")
+                await _wait_record(h, lambda r: r.last_accepted_digest == v2["committed"]["digest"], "v2")
+                ((event_id,),) = await ledger_rows(
+                    ledger,
+                    "SELECT outbox_id FROM outbox WHERE uri = %s AND content_digest = %s",
+                    uri,
+                    v2["committed"]["digest"],
+                )
+                # ... then its outbox event repeated, in batches, until serve cuts the slow client off.
+                repeated = 0
+                while "cut off (slow client)" not in serve.log.read_text():
+                    assert repeated < 4000, "serve never cut the client that does not read off"
+                    await ledger_rows(
+                        ledger,
+                        "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, receipt_id,"
+                        " content_digest, read_ordinal, detail) SELECT event_type, workflow_id, subject,"
+                        " server, uri, receipt_id, content_digest, read_ordinal, detail"
+                        " FROM outbox, generate_series(1, 100)"
+                        " WHERE outbox_id = %s",
+                        event_id,
+                    )
+                    repeated += 100
+                    await asyncio.sleep(0.5)  # models changes arriving over time, not all in one transaction
+                # The other client, connected all along, gets every change: the subscribe announcement,
+                # v2, and every repetition.
+                await eventually(
+                    lambda: _updated(inbox, uri) == 2 + repeated,
+                    timeout=60,
+                    what=f"{2 + repeated} updated notifications (got {_updated(inbox, uri)})",
+                )
+                read = await reading.read_resource(uri)
+                assert read.contents[0].text == "# slow two"  # type: ignore[union-attr]
+                # The slow client, reading at last, finds the backlog end in the reason it was cut off.
+                await asyncio.sleep(11)  # a stall of its own: the reason waits for the client, however long
+                received = b""
+                async with asyncio.timeout(60):
+                    while b"cut off: " not in received:
+                        chunk = await stream.read(1 << 20)
+                        assert chunk, "the stream ended without the reason"
+                        received += chunk
+                assert b'"level":"error"' in received and b"reconnect and list again" in received
+                assert received.count(b"notifications/resources/updated") < 2 + repeated
+                stream_writer.close()
+                again = await raw.post(serve.url, json={**subscribe, "id": 3}, headers=headers)
+                assert b"cut off: " in again.content, again.content
+                await asyncio.sleep(1.0)  # nothing more arrives for the reading client: no change is pending
+                assert _updated(inbox, uri) == 2 + repeated
         finally:
             await serve.stop()
 
@@ -513,10 +854,19 @@ async def test_events_push_stream_delivers_changes_with_cursors(
 def test_serve_without_tokens_is_one_error_line(tmp_path: Path, database_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MCPSYNC_DATABASE_URL", "MCPSYNC_SERVE_TOKENS")}
     conf = _conf(tmp_path, database_url)
-    for tokens, expect in ((None, "no bearer tokens"), ("not json", "MCPSYNC_SERVE_TOKENS must be a JSON object")):
+    for tokens, expect in (
+        (None, "no bearer tokens"),
+        ("not json", "MCPSYNC_SERVE_TOKENS must be a JSON object"),
+    ):
         run_env = env if tokens is None else {**env, "MCPSYNC_SERVE_TOKENS": tokens}
-        r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve"],
-                           cwd=REPO_ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve"],
+            cwd=REPO_ROOT,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
         assert tokens is None or tokens not in r.stderr
 

@@ -1,5 +1,6 @@
 """The Events extension's poll on a real ledger (a fresh database: it moves retention's marker):
-cursor resume, hasMore paging, subject isolation, ``truncated: true`` below what retention pruned."""
+cursor resume, hasMore paging, subject isolation, ``truncated: true`` below what retention pruned or
+before the ``maxAgeMs`` floor."""
 
 from __future__ import annotations
 
@@ -30,13 +31,19 @@ async def _emit(ledger: Ledger, subject: str, n: int) -> None:
     async with ledger.pool.connection() as conn:
         for i in range(n):
             await conn.execute(
-                "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest, read_ordinal, detail)"
+                "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest,"
+                " read_ordinal, detail)"
                 " VALUES ('version_accepted', %s, %s, 's', %s, %s, %s, '{}'::jsonb)",
-                (f"wf-{subject}", subject, f"demo://{subject}", f"sha256:{subject}{i}", i + 1))
+                (f"wf-{subject}", subject, f"demo://{subject}", f"sha256:{subject}{i}", i + 1),
+            )
 
 
-def _params(cursor: str | None, max_events: int = 100, name: str = "resource.changed") -> EventsPollParams:
-    return EventsPollParams.model_validate({"name": name, "cursor": cursor, "maxEvents": max_events})
+def _params(
+    cursor: str | None, max_events: int = 100, name: str = "resource.changed", max_age_ms: int | None = None
+) -> EventsPollParams:
+    return EventsPollParams.model_validate(
+        {"name": name, "cursor": cursor, "maxEvents": max_events, "maxAgeMs": max_age_ms}
+    )
 
 
 async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> None:
@@ -70,3 +77,23 @@ async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> 
     late = await poll_events(hub, "alice", _params(start["cursor"]))
     assert late["truncated"] is True
     assert [e["eventId"] for e in late["events"]] == [got[4]["eventId"]]
+
+
+async def test_max_age_ms_floors_the_replay(own_ledger: Ledger) -> None:
+    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+    start = await poll_events(hub, "alice", _params(None))
+    await _emit(own_ledger, "alice", 3)
+    async with own_ledger.pool.connection() as conn:  # the first two are an hour old
+        await conn.execute(
+            "UPDATE outbox SET created_at = now() - interval '1 hour' WHERE content_digest IN"
+            " ('sha256:alice0', 'sha256:alice1')"
+        )
+    floored = await poll_events(hub, "alice", _params(start["cursor"], max_age_ms=60_000))
+    assert [e["data"]["content_digest"] for e in floored["events"]] == ["sha256:alice2"]
+    assert floored["truncated"] is True
+    whole = await poll_events(hub, "alice", _params(start["cursor"], max_age_ms=7_200_000))
+    assert len(whole["events"]) == 3 and whole["truncated"] is False
+    assert (await poll_events(hub, "alice", _params(start["cursor"])))["truncated"] is False
+    with pytest.raises(MCPError) as negative:
+        await poll_events(hub, "alice", _params(start["cursor"], max_age_ms=-1))
+    assert negative.value.code == -32602

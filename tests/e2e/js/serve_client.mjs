@@ -1,7 +1,8 @@
 // A TypeScript-SDK client of `mcpsync serve` (npm @modelcontextprotocol/sdk, as installed by
 // scripts/install-npm-servers). Usage: node serve_client.mjs URL TOKEN URI
 // Prints one JSON object per line: {step: "listed"|"read"|"subscribed"|"updated"|"reread"|"error", ...}.
-// After "subscribed" it waits (60 s at most) for notifications/resources/updated naming URI, then reads again.
+// After "subscribed" it reads again on every notifications/resources/updated naming URI until the
+// bytes change (60 s at most), then prints "updated" (with the notifications seen) and "reread".
 import { createRequire } from "node:module";
 import path from "node:path";
 
@@ -28,19 +29,30 @@ try {
   say({ step: "listed", protocol: transport.protocolVersion ?? null,
         resources: listed.resources.map((r) => ({ uri: r.uri, digest: r._meta?.["io.mcpsync/freshness"]?.digest })) });
   if (listed.resources.some((r) => r.uri === uri)) {
-    say({ step: "read", ...part(await client.readResource({ uri })) });
-    let resolveUpdated;
-    const updated = new Promise((resolve) => { resolveUpdated = resolve; });
+    const first = part(await client.readResource({ uri }));
+    say({ step: "read", ...first });
+    // Every updated notification is a cue to read again: the first one answers the subscribe (the
+    // current version), a later one a change; "updated" is printed once a read has new bytes.
+    let notified = 0;
+    let wake = () => {};
     client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => {
-      if (n.params.uri === uri) resolveUpdated();
+      if (n.params.uri === uri) { notified += 1; wake(); }
     });
     await client.subscribeResource({ uri });
     say({ step: "subscribed" });
     const timer = setTimeout(() => { say({ step: "error", message: "no update in 60 s" }); process.exit(3); }, 60000);
-    await updated;
-    clearTimeout(timer);
-    say({ step: "updated" });
-    say({ step: "reread", ...part(await client.readResource({ uri })) });
+    let seen = 0;
+    for (;;) {
+      if (notified === seen) await new Promise((resolve) => { wake = resolve; });
+      seen = notified;
+      const again = part(await client.readResource({ uri }));
+      if (again.digest !== first.digest) {
+        clearTimeout(timer);
+        say({ step: "updated", notifications: seen });
+        say({ step: "reread", ...again });
+        break;
+      }
+    }
   } else {
     try {
       await client.readResource({ uri });
