@@ -769,7 +769,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
                                                 subscribe=p.subscribe, catalog=False)
                     for p in staleness.Profile if opts.staleness_subscriptions > 0}
-        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
+        # Every subscription stays in the worker's cache (docs/deploy.md: size it to the subscriptions a
+        # worker hosts): above it, each safety read of an evicted workflow replays its history.
+        cached = max(TemporalConfig().max_cached_workflows, n + 2 * opts.staleness_subscriptions + 100)
+        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
+                                                max_cached_workflows=cached),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services: Services = await start_services(opts.layout, config, client, ledger, db_url, work / "services")
         stack.push_async_callback(services.stop)
