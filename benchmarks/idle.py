@@ -49,11 +49,13 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
     cpu = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1)
     history = await cost.history_per_change(client, runs, t0, t1)
     reads = dict(await fetch_rows(
-        ledger, "SELECT q.trigger_reason, count(*) FROM read_requests q JOIN subscriptions s USING (workflow_id)"
+        ledger, "SELECT q.trigger_reason, count(*) FROM read_requests q"
+                " JOIN subscriptions s USING (workflow_id)"
                 " WHERE s.server = %s AND q.issued_at BETWEEN %s AND %s GROUP BY 1",
         (server, datetime.fromtimestamp(t0, UTC), datetime.fromtimestamp(t1, UTC))))
     sub_hours = n * (t1 - t0) / 3600
-    cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}  # per window (changes=1)
+    # cpu_delta per "change" with changes=1: the window's CPU ms by process.
+    cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}
     total_ms = sum(cpu_ms.values())
     safety = int(reads.get("poll", 0))
     scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0

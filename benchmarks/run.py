@@ -692,6 +692,7 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
     tf = r["temporal_floor"]
     delivered = r["system"]["convergence"]["with_a_delivered_notification"]
     c = r["cost_of_a_change"]
+    idle_r = r.get("idle", {})
     return {
         "temporal_floor_ms": {"p50": tf["p50_ms"], "p99": tf["p99_ms"]},
         "convergence_over_temporal_floor": {"p50": ratio(delivered["p50_ms"], tf["p50_ms"]),
@@ -706,9 +707,9 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
         "initial_subscriptions_over_start_floor": ratio(r["startup"]["subscriptions_per_second"],
                                                         r["temporal_start_floor"]["subscriptions_per_s"]),
         "reads_per_change_vs_naive": r["comparison"]["amplification_vs_baseline"],
-        "idle_cpu_ms_per_subscription_hour": (r["idle"]["cpu_ms_per_subscription_hour"] if "idle" in r else None),
-        "idle_cpu_ms_per_subscription_hour_by_process": r.get("idle", {}).get("by_process_ms_per_subscription_hour"),
-        "history_events_per_subscription_day": r.get("idle", {}).get("history_events_per_subscription_day"),
+        "idle_cpu_ms_per_subscription_hour": idle_r.get("cpu_ms_per_subscription_hour"),
+        "idle_cpu_ms_per_subscription_hour_by_process": idle_r.get("by_process_ms_per_subscription_hour"),
+        "history_events_per_subscription_day": idle_r.get("history_events_per_subscription_day"),
         "worker_bytes_per_subscription": r["memory"]["worker_bytes_per_subscription"],
     }
 
@@ -795,7 +796,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
             t0, wall0 = time.monotonic(), time.time()
             await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server, uri=u),
-                                                     task_queue=TASK_QUEUE, options=sub_options) for u in batch], 32)
+                                                     task_queue=TASK_QUEUE, options=sub_options)
+                                  for u in batch], 32)
             started = time.monotonic() - t0
             want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
                                                           " state='ACTIVE' AND last_accepted_digest IS NOT NULL"
@@ -867,13 +869,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                 client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
             r["idle"] = await idle.measure_idle(
                 client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
-                safety_read_seconds=opts.subscription_safety_read_seconds or SubscriptionOptions().safety_read_seconds)
+                safety_read_seconds=(opts.subscription_safety_read_seconds
+                                     or SubscriptionOptions().safety_read_seconds))
             i = r["idle"]
             say(f"idle: {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour = " + " + ".join(
                 f"{k} {v}" for k, v in i["by_process_ms_per_subscription_hour"].items() if v)
                 + f"; {i['history_events_per_subscription_day']} history events per subscription-day; "
-                f"{i['safety_reads']} safety reads (scheduled {i['safety_reads_per_subscription_hour_scheduled']}"
-                f" per subscription-hour, observed {i['safety_reads_per_subscription_hour']})")
+                f"{i['safety_reads']} safety reads (per subscription-hour: scheduled "
+                f"{i['safety_reads_per_subscription_hour_scheduled']}, observed "
+                f"{i['safety_reads_per_subscription_hour']})")
 
         # --- baseline client and the floor --------------------------------------------------------
         base = NaiveClient(base_target)
@@ -1550,8 +1554,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "in-process: both in the benchmark's process with the driver and the naive baseline")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
     p.add_argument("--idle-window", type=float, default=None,
-                   help="seconds of idle cost (no changes) after start-up, per process (benchmarks.idle; default "
-                        "20, --quick 8, 0: none)")
+                   help="seconds of idle cost (no changes) after start-up, per process (benchmarks.idle; "
+                        "default 20, --quick 8, 0: none)")
     p.add_argument("--subscription-safety-read-seconds", type=float, default=None,
                    help="the N subscriptions' safety_read_seconds (default: SubscriptionOptions' own, 300)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process

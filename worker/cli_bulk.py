@@ -39,15 +39,15 @@ class _Progress:
             self.drawn_at = now
             filled = BAR_WIDTH * self.done // max(1, self.total)
             rate = self.done / max(now - self.t0, 1e-9)
-            self.stream.write(f"\r{self.label} {self.done}/{self.total} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"
-                              f" {rate:.0f}/s")
+            bar = "#" * filled + "." * (BAR_WIDTH - filled)
+            self.stream.write(f"\r{self.label} {self.done}/{self.total} [{bar}] {rate:.0f}/s")
             if self.done == self.total:
                 self.stream.write("\n")
             self.stream.flush()
 
 
-async def settle_all(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, limit: int, progress: bool = False,
-                     label: str = "", stream: TextIO | None = None) -> list[R]:
+async def settle_all(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, limit: int,
+                     progress: bool = False, label: str = "", stream: TextIO | None = None) -> list[R]:
     """``call`` over ``items``, ``limit`` in flight, results in order; see the module contract."""
     out = stream or sys.stderr
     bar = _Progress(len(items), label, out) if progress and items and out.isatty() else None
