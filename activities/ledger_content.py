@@ -26,13 +26,31 @@ from typing import Any
 from mcpsync.activities.ledger_store import LedgerStore
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
 
-__all__ = ["ContentLedger", "ReadBody"]
+__all__ = ["PURGE_SUBJECT_SQL", "ContentLedger", "ReadBody"]
 
 STORE_SQL = """
 INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
 VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
 """  # a body read again is young again: retention never races its acceptance
+
+# A subject revocation's purge (``purge_subject``): parameters (subject, covered workflow ids,
+# covered workflow ids, REVOKED, released verdicts). The candidates, the covered receipts' digests
+# found by workflow id, are computed once (an array, so the bodies are found by their primary key,
+# whatever the planner estimates), and each is checked through the (subject, content_digest) index
+# (migration 018): the cost follows the covered receipts, not every body and receipt of the subject.
+PURGE_SUBJECT_SQL = """
+DELETE FROM content_store c
+WHERE c.subject=%s AND c.content_digest = ANY(ARRAY(
+    SELECT rv.content_digest FROM resource_versions rv
+    WHERE rv.workflow_id = ANY(%s) AND rv.content_digest IS NOT NULL))
+  AND NOT EXISTS (
+    SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
+    WHERE rv.subject = c.subject AND rv.content_digest = c.content_digest
+      AND NOT (rv.workflow_id = ANY(%s)) AND s.state <> %s AND rv.status = ANY(%s)
+      AND NOT EXISTS (SELECT 1 FROM revocations r
+                      WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at))
+"""
 
 
 @dataclass(frozen=True)
@@ -129,7 +147,7 @@ class ContentLedger:
             DELETE FROM content_store c WHERE c.subject=%s AND c.content_digest = ANY(%s)
               AND NOT EXISTS (
                 SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
-                WHERE rv.content_digest = c.content_digest AND s.subject = c.subject
+                WHERE rv.subject = c.subject AND rv.content_digest = c.content_digest
                   AND s.workflow_id <> %s AND s.state <> %s)
             """,
             (subject, list(digests), workflow_id, SubscriptionState.REVOKED.value),
@@ -142,19 +160,7 @@ class ContentLedger:
         subscriptions included, except one that a released receipt (ACCEPTED / UNCHANGED) of another,
         not revoked subscription of the subject still names; how many were deleted. In the caller's
         transaction, with the covered rows locked."""
-        await cur.execute(
-            """
-            DELETE FROM content_store c WHERE c.subject=%s AND c.content_digest IN (
-                SELECT rv.content_digest FROM resource_versions rv
-                WHERE rv.workflow_id = ANY(%s) AND rv.content_digest IS NOT NULL)
-              AND NOT EXISTS (
-                SELECT 1 FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
-                WHERE rv.content_digest = c.content_digest AND rv.subject = c.subject
-                  AND NOT (rv.workflow_id = ANY(%s)) AND s.state <> %s AND rv.status = ANY(%s)
-                  AND NOT EXISTS (SELECT 1 FROM revocations r
-                                  WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at))
-            """,
-            (subject, list(workflow_ids), list(workflow_ids), SubscriptionState.REVOKED.value,
-             [AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value]),
-        )
+        await cur.execute(PURGE_SUBJECT_SQL, (subject, list(workflow_ids), list(workflow_ids),
+                                              SubscriptionState.REVOKED.value,
+                                              [AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value]))
         return int(cur.rowcount)

@@ -444,9 +444,14 @@ class FenceLedger:
         in flight either commits first (and its body is purged here) or sees REVOKED."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                "SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND (%s::text IS NULL OR uri=%s)"
-                " ORDER BY workflow_id FOR UPDATE", (subject, server, uri, uri))
+            # Two statements, not one with "uri IS NULL OR": a generic plan of that would read every
+            # row of the subject for a one-URI revocation.
+            if uri is None:
+                await cur.execute("SELECT * FROM subscriptions WHERE subject=%s AND server=%s"
+                                  " ORDER BY workflow_id FOR UPDATE", (subject, server))
+            else:
+                await cur.execute("SELECT * FROM subscriptions WHERE subject=%s AND server=%s AND uri=%s"
+                                  " ORDER BY workflow_id FOR UPDATE", (subject, server, uri))
             rows = await cur.fetchall()
             revoked: list[str] = []
             outbox_ids: list[int] = []

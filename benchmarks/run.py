@@ -86,7 +86,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from benchmarks import cost, floor, ingress_scale, staleness
+from benchmarks import cost, floor, idle, ingress_scale, staleness
 from benchmarks.common import fetch_rows, fetch_scalar, gather_limited, percentile, until
 from benchmarks.naive import NaiveClient, measure_floor, text_digest
 from benchmarks.png import COLORS, Canvas, Panel, Series
@@ -101,7 +101,7 @@ from mcpsync.worker.stack import state_dir
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
 
 __all__ = ["main", "run", "Options", "TARGETS"]
 
@@ -138,6 +138,8 @@ class Options:
     ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
     layout: Layout = Layout.SPLIT  # --layout: mcpsync's worker and ingress in processes of their own, or in this one
     idle_seconds: float = 10.0
+    idle_window: float = 20.0  # the idle window after start-up (benchmarks.idle); 0: none
+    subscription_safety_read_seconds: float | None = None  # None: SubscriptionOptions' default (production)
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -692,6 +694,7 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
     tf = r["temporal_floor"]
     delivered = r["system"]["convergence"]["with_a_delivered_notification"]
     c = r["cost_of_a_change"]
+    idle_r = r.get("idle", {})
     return {
         "temporal_floor_ms": {"p50": tf["p50_ms"], "p99": tf["p99_ms"]},
         "convergence_over_temporal_floor": {"p50": ratio(delivered["p50_ms"], tf["p50_ms"]),
@@ -706,6 +709,10 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
         "initial_subscriptions_over_start_floor": ratio(r["startup"]["subscriptions_per_second"],
                                                         r["temporal_start_floor"]["subscriptions_per_s"]),
         "reads_per_change_vs_naive": r["comparison"]["amplification_vs_baseline"],
+        "idle_cpu_ms_per_subscription_hour": idle_r.get("cpu_ms_per_subscription_hour"),
+        "idle_cpu_ms_per_subscription_hour_by_process": idle_r.get("by_process_ms_per_subscription_hour"),
+        "history_events_per_subscription_day": idle_r.get("history_events_per_subscription_day"),
+        "worker_bytes_per_subscription": r["memory"]["worker_bytes_per_subscription"],
     }
 
 
@@ -765,7 +772,11 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
                                                 subscribe=p.subscribe, catalog=False)
                     for p in staleness.Profile if opts.staleness_subscriptions > 0}
-        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
+        # Every subscription stays in the worker's cache (docs/deploy.md: size it to the subscriptions a
+        # worker hosts): above it, each safety read of an evicted workflow replays its history.
+        cached = max(TemporalConfig().max_cached_workflows, n + 2 * opts.staleness_subscriptions + 100)
+        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
+                                                max_cached_workflows=cached),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services: Services = await start_services(opts.layout, config, client, ledger, db_url, work / "services")
         stack.push_async_callback(services.stop)
@@ -785,9 +796,10 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         # --- initial convergence and memory per live subscription -------------------------------------
         async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
             """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server, uri=u),
-                                                     task_queue=TASK_QUEUE) for u in batch], 32)
+                                                     task_queue=TASK_QUEUE, options=sub_options)
+                                  for u in batch], 32)
             started = time.monotonic() - t0
             want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
                                                           " state='ACTIVE' AND last_accepted_digest IS NOT NULL"
@@ -800,10 +812,17 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
             if not await until(all_initial, 120 + len(batch) * 0.5, 0.25):
                 raise RuntimeError(f"{transport}: initial reads did not converge")
-            return started, time.monotonic() - t0
+            # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
+            # 0.25 s poll above saw it: at ~30 starts/s the poll alone would add up to 8 % to 45 starts.
+            last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
+                                              " resource_versions WHERE server=%s AND uri = ANY(%s)"
+                                              " AND status='ACCEPTED'", (server, list(batch)))
+            return started, (float(last) - wall0) if last else time.monotonic() - t0
 
         # A warm-up tenth first: one-time costs (imports into the workflow sandbox, pools, caches) are not
         # per subscription. Memory per subscription is the RSS growth over the other nine tenths.
+        sub_options = (SubscriptionOptions(safety_read_seconds=opts.subscription_safety_read_seconds)
+                       if opts.subscription_safety_read_seconds is not None else None)
         warm = max(1, n // 10)
         say(f"starting {n} subscriptions ({warm} warm-up first)")
         await subscribe(uris[:warm])
@@ -843,6 +862,24 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         say(f"initial convergence of {n - warm}: {converged:.1f}s, worker "
             f"{(rss1 - rss0) / measured / 1024:.1f} KiB/subscription, CPU {startup_cpu['cpu_ms_per_change']} "
             f"ms/subscription = {by_start}")
+
+        # --- idle cost: the N subscriptions with nothing changing (benchmarks.idle) ---------------------
+        if opts.idle_window > 0:
+            say(f"idle: {opts.idle_window:g}s without changes")
+            idle_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
+            idle_runs = await cost.start_runs(
+                client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+            r["idle"] = await idle.measure_idle(
+                client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
+                safety_read_seconds=(opts.subscription_safety_read_seconds
+                                     or SubscriptionOptions().safety_read_seconds))
+            i = r["idle"]
+            say(f"idle: {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour = " + " + ".join(
+                f"{k} {v}" for k, v in i["by_process_ms_per_subscription_hour"].items() if v)
+                + f"; {i['history_events_per_subscription_day']} history events per subscription-day; "
+                f"{i['safety_reads']} safety reads (per subscription-hour: scheduled "
+                f"{i['safety_reads_per_subscription_hour_scheduled']}, observed "
+                f"{i['safety_reads_per_subscription_hour']})")
 
         # --- baseline client and the floor --------------------------------------------------------
         base = NaiveClient(base_target)
@@ -1356,6 +1393,11 @@ def print_summary(report: dict[str, Any]) -> None:
               f"{r['burst']['notifications_per_second']} ({r['burst']['reads_per_second']} reads/s)")
         print(f"  memory/subscription worker {r['memory']['worker_bytes_per_subscription'] / 1024:.1f} KiB   "
               f"temporal dev server {r['memory']['temporal_server_bytes_per_subscription'] / 1024:.1f} KiB")
+        if "idle" in r:
+            i = r["idle"]
+            print(f"  idle                {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour "
+                  f"({i['by_process_ms_per_subscription_hour']}), {i['history_events_per_subscription_day']} "
+                  f"events per subscription-day, {i['safety_reads']} safety reads in {i['window_seconds']} s")
         cpu = r["churn"]["cpu"]
         print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
               f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")
@@ -1513,6 +1555,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    help="split (default): mcpsync's main worker and ingress in processes of their own, as deployed; "
                         "in-process: both in the benchmark's process with the driver and the naive baseline")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
+    p.add_argument("--idle-window", type=float, default=None,
+                   help="seconds of idle cost (no changes) after start-up, per process (benchmarks.idle; "
+                        "default 20, --quick 8, 0: none)")
+    p.add_argument("--subscription-safety-read-seconds", type=float, default=None,
+                   help="the N subscriptions' safety_read_seconds (default: SubscriptionOptions' own, 300)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1540,6 +1587,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
         ingress_scale=a.ingress_scale,
         idle_seconds=a.idle_seconds,
+        idle_window=a.idle_window if a.idle_window is not None else (8.0 if quick else 20.0),
+        subscription_safety_read_seconds=a.subscription_safety_read_seconds,
         layout=Layout(a.layout),
         single=a.single,
         result=a.result,

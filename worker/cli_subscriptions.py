@@ -58,6 +58,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
+from mcpsync.worker.cli_bulk import settle_all
 from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
@@ -103,6 +104,8 @@ from mcpsync.workflows.records import (
 __all__ = ["register"]
 
 T = TypeVar("T")
+
+SUBSCRIBE_STARTS_IN_FLIGHT = 32  # several URIs without --wait: workflow starts in flight together
 
 ENDED_STATES = (SubscriptionState.CLOSED, SubscriptionState.UNSUBSCRIBE_UNKNOWN, SubscriptionState.TOMBSTONED,
                 SubscriptionState.REVOKED)
@@ -279,15 +282,19 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
         except (RPCError, CliError) as exc:
             return exc
 
-    # --wait: every URI's first read at once (each bounded by --timeout), printed in the given order.
-    waited = iter(await asyncio.gather(*(settle(k) for k in keys if isinstance(k, SubscriptionKey)))
-                  if args.wait else [])
+    # --wait: every URI's first read at once (each bounded by --timeout); several URIs without it:
+    # SUBSCRIBE_STARTS_IN_FLIGHT starts at a time, with a progress bar on a terminal. Printed in order.
+    together = args.wait or len(uris) > 1
+    usable_keys = [k for k in keys if isinstance(k, SubscriptionKey)]
+    waited = iter(await settle_all(usable_keys, settle, limit=len(usable_keys) if args.wait
+                                   else SUBSCRIBE_STARTS_IN_FLIGHT, progress=len(uris) > 1, label="subscribe")
+                  if together else [])
     try:
         for uri, key in zip(uris, keys, strict=True):
             if isinstance(key, CliError):
                 failed(uri, str(key), key.code)
                 continue
-            outcome = next(waited) if args.wait else await settle(key)
+            outcome = next(waited) if together else await settle(key)
             if isinstance(outcome, RPCError):
                 if len(uris) == 1 or outcome.status not in (RPCStatusCode.UNAVAILABLE,
                                                             RPCStatusCode.DEADLINE_EXCEEDED):

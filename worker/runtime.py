@@ -287,6 +287,9 @@ async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:
         log.info("retention: %s", report.model_dump_json(exclude={"dry_run"}))
 
 
+REVOKE_SIGNALS_IN_FLIGHT = 32
+
+
 @dataclass(frozen=True)
 class Revocation:
     """What ``revoke_subject`` did: the ledger's record, and which workflows mirrored it."""
@@ -309,16 +312,23 @@ async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server
     wait for every signalled workflow's record to say REVOKED (``mirrored`` / ``pending``)."""
     effective = effective_at or datetime.now(UTC)
     record = await ledger.fence.revoke_subject(subject, server, uri, reason=reason, effective_at=effective)
-    signalled: list[str] = []
-    for workflow_id in record.revoked:
-        try:
-            await client.get_workflow_handle(workflow_id).signal(
-                SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
-            continue  # no workflow: the ledger's word is all there is
-        signalled.append(workflow_id)
+    # The ledger has revoked them all; the signals only let the workflows mirror it, so they go out
+    # REVOKE_SIGNALS_IN_FLIGHT at a time (a whole subject may hold thousands of subscriptions).
+    gate = asyncio.Semaphore(REVOKE_SIGNALS_IN_FLIGHT)
+
+    async def tell(workflow_id: str) -> bool:
+        async with gate:
+            try:
+                await client.get_workflow_handle(workflow_id).signal(
+                    SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                return False  # no workflow: the ledger's word is all there is
+            return True
+
+    told = await asyncio.gather(*(tell(w) for w in record.revoked))
+    signalled = [w for w, ok in zip(record.revoked, told, strict=True) if ok]
     if wait is None:
         return Revocation(ledger=record, signalled=signalled)
     mirrored, pending = await _wait_mirrored(client, signalled, timeout=wait)

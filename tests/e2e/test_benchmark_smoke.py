@@ -62,7 +62,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
          "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
          "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
-         "--out", str(out)],
+         "--idle-window", "4", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     wall = time.monotonic() - started  # the run's own wall clock: every duration it reports fits in it
@@ -224,3 +224,14 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert r["temporal_start_floor_per_s"] == sf["subscriptions_per_s"]
     assert r["initial_subscriptions_over_start_floor"] == pytest.approx(
         r["initial_subscriptions_per_s"] / sf["subscriptions_per_s"], abs=1e-3)
+
+    # Idle cost: the window after start-up, per subscription-hour and by process; the headline keys.
+    idle = r["idle"]
+    assert idle["subscriptions"] == 6 and 3.5 <= idle["window_seconds"] < 30
+    by_idle = idle["by_process_ms_per_subscription_hour"]
+    assert by_idle["temporal_dev_server"] > 0 and by_idle["mcpsync_ingress"] > 0, by_idle
+    assert idle["cpu_ms_per_subscription_hour"] == pytest.approx(sum(by_idle.values()), rel=0.01, abs=0.5)
+    assert r["idle_cpu_ms_per_subscription_hour"] == idle["cpu_ms_per_subscription_hour"]
+    assert r["history_events_per_subscription_day"] == idle["history_events_per_subscription_day"] >= 0
+    assert idle["safety_reads_per_subscription_hour_scheduled"] == pytest.approx(3600 / (0.9 * 300), abs=0.01)
+    assert r["worker_bytes_per_subscription"] == r["memory"]["worker_bytes_per_subscription"]
