@@ -6,7 +6,8 @@ Contract:
   against it, so a workflow whose history was reset or rolled back can ask, but never move
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
 - accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
-  ``mcpsync.workflows.ledger_rules`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply`` that plan
+  ``mcpsync.workflows.ledger_rules`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply``
+  that plan
   in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence update,
   audit row, ``read_requests`` completion, revocation (with the purge of
   ``mcpsync.activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
@@ -94,7 +95,8 @@ TERMINAL_STATE_VALUES = sorted(state.value for state in TERMINAL_STATES)
 # no planner, with or without statistics, reads it through the (subject, server, uri) key.
 NORMALIZED_SIBLINGS_SQL = """
 SELECT workflow_id, uri FROM subscriptions
-WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri <> %s AND NOT (state = ANY(%s))
+WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri <> %s
+AND NOT (state = ANY(%s))
 ORDER BY uri
 """
 # States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
@@ -130,8 +132,8 @@ class FenceLedger:
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.ensure_subscription, self.load_fence, self.begin_subscription, self.mark_active,
-                self.allocate_read, self.accept, self.begin_unsubscribe, self.finish_unsubscribe, self.set_state,
-                self.confirm_tombstone, self.revoke]
+                self.allocate_read, self.accept, self.begin_unsubscribe, self.finish_unsubscribe,
+                self.set_state, self.confirm_tombstone, self.revoke]
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -160,7 +162,8 @@ class FenceLedger:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 """
-                INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state, incarnation)
+                INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state,
+                incarnation)
                 VALUES (%s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
                     WHERE s.uri_normalized IS NULL
@@ -170,7 +173,8 @@ class FenceLedger:
             )
             await cur.execute(
                 f"""
-                UPDATE subscriptions SET state=%s, incarnation=%s, close_ordinal=NULL, last_accepted_digest=NULL,
+                UPDATE subscriptions
+                SET state=%s, incarnation=%s, close_ordinal=NULL, last_accepted_digest=NULL,
                     updated_at=now()
                 WHERE {BY_KEY} AND incarnation <> %s AND state = ANY(%s)
                 """,
@@ -182,8 +186,9 @@ class FenceLedger:
             )
             row = await fence_row(cur, key)
             if row is not None and row["workflow_id"] != workflow_id:
-                await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject, server=key.server,
-                                                uri=key.uri, workflow_id=row["workflow_id"],
+                await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject,
+                                                server=key.server, uri=key.uri,
+                                                workflow_id=row["workflow_id"],
                                                 detail={"running_as": workflow_id})
             return snapshot(row)
 
@@ -230,7 +235,8 @@ class FenceLedger:
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             # By the raw triple: a notification's URI is whatever the server sent (no key validation).
-            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE", (subject, server, uri))
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE",
+                              (subject, server, uri))
             before = await cur.fetchone()
             if before is None:
                 return None
@@ -271,8 +277,8 @@ class FenceLedger:
             "UPDATE subscriptions SET state=%s, read_reports=%s, updated_at=now()"
             f" WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s"
             " RETURNING *",
-            (S.ACTIVE.value, req.read_reports, *key_params(req.key), S.SUBSCRIBING.value, req.session_generation,
-             req.subscription_generation))
+            (S.ACTIVE.value, req.read_reports, *key_params(req.key), S.SUBSCRIBING.value,
+             req.session_generation, req.subscription_generation))
 
     @activity.defn(name=Act.SET_STATE)
     async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
@@ -284,7 +290,8 @@ class FenceLedger:
     async def finish_unsubscribe(self, req: FinishUnsubscribeRequest) -> FenceSnapshot:
         """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""
         target = S.CLOSED if req.acked else S.UNSUBSCRIBE_UNKNOWN
-        return await self.set_state(SetStateRequest(key=req.key, state=target, allowed_from=[S.UNSUBSCRIBING]))
+        return await self.set_state(SetStateRequest(key=req.key, state=target,
+                                                    allowed_from=[S.UNSUBSCRIBING]))
 
     async def _transition(self, key: SubscriptionKey, update: str, params: tuple[Any, ...]) -> FenceSnapshot:
         """One conditional UPDATE ... RETURNING *; the row as stored whether it applied or not."""
@@ -315,7 +322,8 @@ class FenceLedger:
                     break
                 column, value = ("cycle_id", ask.cycle_id) if isinstance(ask, ByCycle) else ("request_id",
                                                                                          ask.request_id)
-                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen FROM read_requests"
+                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen "
+                                  "FROM read_requests"
                                   f" WHERE {column}=%s", (value,))
                 found = await cur.fetchone()
                 held = None if found is None else HeldRequest(
@@ -325,7 +333,8 @@ class FenceLedger:
                 return decided
             request_id = decided
             plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
-                                 subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
+                                 subscription_generation=req.subscription_generation,
+                                 min_ordinal=req.min_ordinal)
             if plan is None:
                 return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
             assert row is not None  # plan_allocate grants nothing without a row
@@ -345,7 +354,8 @@ class FenceLedger:
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
                  req.trigger.value, plan.notified, req.cycle_id),
             )
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id, notifications_seen=plan.notified)
+        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
+                          notifications_seen=plan.notified)
 
     @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
@@ -368,24 +378,29 @@ class FenceLedger:
             wf = row["workflow_id"] if row is not None else None
             issued_row = None
             if wf is not None:
-                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s", (wf, o.ordinal))
+                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
+                                  (wf, o.ordinal))
                 issued_row = await cur.fetchone()
             issued = None if issued_row is None else IssuedRead(
                 ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
                 session_generation=issued_row["session_generation"],
                 subscription_generation=issued_row["subscription_generation"],
-                completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS else None,
+                completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS
+                else None,
                 in_cycle=issued_row["cycle_id"] is not None, notified=issued_row["notifications_seen"],
             )
-            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o, row_uri=row["uri"] if row else None),
+            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
+                                                            row_uri=row["uri"] if row else None),
                                absorbed=req.absorbed if row is not None else 0)
             if plan.replay:
                 # An activity retry after a committed accept: the same verdict, nothing written twice.
                 await cur.execute(
-                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal)
+                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s",
+                    (wf, o.ordinal)
                 )
                 prior = await cur.fetchone()
-                result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None, outbox_id=None)
+                result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None,
+                                       outbox_id=None)
             else:
                 receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
                                                           effective_at=o.completed_at or datetime.now(UTC))
@@ -429,7 +444,8 @@ class FenceLedger:
             fence, source=RevokeSource(req.source), reason=req.reason), effective_at=req.effective_at)
 
     async def revoke_subject(self, subject: str, server: str, uri: str | None, *, reason: str,
-                             effective_at: datetime, source: str = RevokeSource.PLATFORM.value) -> SubjectRevocation:
+                             effective_at: datetime,
+                             source: str = RevokeSource.PLATFORM.value) -> SubjectRevocation:
         """revoke(subject, server, uri|*) in one transaction, before any workflow hears of it.
 
         Every subscription of ``subject`` on ``server`` (``uri``: that one; None: all), whatever
@@ -478,7 +494,8 @@ class FenceLedger:
             await self.content.purge_staged(cur, subject=subject, server=server, uri=uri)
             await cur.execute(
                 """
-                INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at, receipt_ids,
+                INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at,
+                receipt_ids,
                     workflow_ids, purged_bodies)
                 VALUES (%s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s, %s)
                 RETURNING subject_revocation_id
@@ -488,10 +505,12 @@ class FenceLedger:
             assert got is not None
             rid = int(got["subject_revocation_id"])
             if outbox_ids:
-                await cur.execute("UPDATE outbox SET detail = detail || jsonb_build_object('subject_revocation_id', %s)"
-                                  " WHERE outbox_id = ANY(%s)", (rid, outbox_ids))
-        return SubjectRevocation(subject_revocation_id=rid, subject=subject, server=server, uri=uri, revoked=revoked,
-                                 covered=covered, receipt_ids=receipt_ids, purged_bodies=purged, outbox_ids=outbox_ids)
+                await cur.execute("UPDATE outbox SET detail = detail || "
+                                  "jsonb_build_object('subject_revocation_id', %s) WHERE outbox_id = ANY(%s)",
+                                  (rid, outbox_ids))
+        return SubjectRevocation(subject_revocation_id=rid, subject=subject, server=server, uri=uri,
+                                 revoked=revoked, covered=covered, receipt_ids=receipt_ids,
+                                 purged_bodies=purged, outbox_ids=outbox_ids)
 
     @staticmethod
     async def _unwithdrawn_receipts(cur: Any, workflow_id: str) -> int:
@@ -499,7 +518,8 @@ class FenceLedger:
         await cur.execute(
             """
             SELECT count(*) AS n FROM resource_versions rv WHERE rv.workflow_id=%s AND NOT EXISTS (
-                SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at)
+                SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id
+                AND r.recorded_at >= rv.accepted_at)
             """, (workflow_id,))
         row = await cur.fetchone()
         return int(row["n"]) if row else 0
@@ -517,16 +537,16 @@ class FenceLedger:
 
     # --- the plan, in SQL ------------------------------------------------------------------------
 
-    async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot, plan: WritePlan, *,
-                     outcome: ReadOutcome | None = None,
+    async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot,
+                     plan: WritePlan, *, outcome: ReadOutcome | None = None,
                      effective_at: datetime | None = None) -> tuple[int | None, int | None]:
         """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
         recorded; None for no row, where a plan can only audit); (receipt id, outbox id)."""
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
-            await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server, uri=key.uri,
-                                            workflow_id=wf, session_generation=session_generation,
-                                            detail=plan.audit.detail)
+            await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server,
+                                            uri=key.uri, workflow_id=wf,
+                                            session_generation=session_generation, detail=plan.audit.detail)
         if wf is None:
             # No row: the rules grant and accept nothing without one, so nothing but the audit is planned.
             assert plan.receipt is None and plan.outbox is None and plan.fence is None and plan.revocation is None
@@ -547,14 +567,16 @@ class FenceLedger:
             ob = plan.outbox
             if ob.rollout_gated and not await self.journal.rollout_allows(cur, key):
                 if ob.event == OutboxEventType.VERSION_ACCEPTED:
-                    # Shadow / not yet in the rollout percentage: fences and receipts as usual, nothing published.
+                    # Shadow / not yet in the rollout percentage: fences and receipts as usual, nothing
+                    # published.
                     await self.journal.insert_audit(
                         cur, "OUTBOX_HELD_BY_ROLLOUT", subject=key.subject, server=key.server, uri=key.uri,
                         workflow_id=wf, session_generation=session_generation,
                         detail={"receipt_id": receipt_id, "digest": ob.content_digest})
             else:
                 outbox_id = await self.journal.insert_outbox(
-                    cur, ob.event, key, workflow_id=wf, receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
+                    cur, ob.event, key, workflow_id=wf,
+                    receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
@@ -565,11 +587,13 @@ class FenceLedger:
                 (*(v.value if isinstance(v, SubscriptionState) else v for v in cols.values()), wf),
             )
         if plan.revocation is not None:
-            purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf, digests=digests)
+            purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
+                                                        digests=digests)
             await self.content.purge_staged(cur, subject=key.subject, server=key.server, uri=key.uri)
             await cur.execute(
                 """
-                INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at, outbox_id,
+                INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at,
+                outbox_id,
                     purged_bodies)
                 VALUES (%s, %s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s)
                 """,
@@ -594,8 +618,8 @@ class FenceLedger:
             """,
             (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
              o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
-             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id, r.trigger.value,
-             r.status.value, o.ttl_ms if o else None,
+             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id,
+             r.trigger.value, r.status.value, o.ttl_ms if o else None,
              o.cache_scope.value if o is not None and o.cache_scope is not None else None),
         )
         row = await cur.fetchone()
@@ -615,8 +639,8 @@ def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: da
         detail |= {"accepted_at": accepted_at.isoformat(), "trigger": plan.receipt.trigger.value}
     if ob.event == OutboxEventType.VERSION_ACCEPTED and outcome is not None:
         o = outcome
-        detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition, "server_name": o.server_name,
-                   "server_version": o.server_version, "ttl_ms": o.ttl_ms,
+        detail |= {"mime_type": o.mime_type, "size": o.size, "edition": o.edition,
+                   "server_name": o.server_name, "server_version": o.server_version, "ttl_ms": o.ttl_ms,
                    "cache_scope": o.cache_scope.value if o.cache_scope is not None else None}
     if ob.reason:
         detail["reason"] = ob.reason

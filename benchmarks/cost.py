@@ -34,8 +34,8 @@ from temporalio.client import Client
 
 from benchmarks.common import gather_limited
 
-__all__ = ["CpuSample", "Role", "WindowHistory", "cpu_delta", "cpu_sample", "history_per_change", "run_processes",
-           "start_runs"]
+__all__ = ["CpuSample", "Role", "WindowHistory", "cpu_delta", "cpu_sample", "history_per_change",
+           "run_processes", "start_runs"]
 
 _BACKEND = re.compile(r"^postgres: (?:\S+: )?(\S+) (\S+) (\S+\(\d+\)|\[local\])")  # user db host(port)
 
@@ -73,7 +73,8 @@ def _read_procs() -> tuple[dict[int, _Proc], list[int]]:
             continue
         close = data.rfind(")")
         f = data[close + 2:].split()
-        out[int(name)] = _Proc(int(f[1]), data[data.find("(") + 1:close], int(f[19]), (int(f[11]) + int(f[12])) / tick)
+        out[int(name)] = _Proc(int(f[1]), data[data.find("(") + 1:close], int(f[19]),
+                               (int(f[11]) + int(f[12])) / tick)
     return out, unreadable
 
 
@@ -140,7 +141,8 @@ class CpuSample:
 
 def cpu_sample(roles: dict[int, Role]) -> CpuSample:
     procs, unreadable = _read_procs()
-    return CpuSample({(pid, procs[pid].start): (role, procs[pid].cpu) for pid, role in roles.items() if pid in procs},
+    return CpuSample({(pid, procs[pid].start): (role, procs[pid].cpu) for pid,
+                      role in roles.items() if pid in procs},
                      [pid for pid in unreadable if pid in roles])
 
 

@@ -85,7 +85,8 @@ async def main(samples: int, poll_ms: float, warmup: int) -> dict[str, Any]:
         fx = await FixtureProcess.start_http(work, seed="none")
         stack.push_async_callback(fx.stop)
         server = ServerConfig(name="bench", transport="http", url=fx.mcp_url, subjects=[SUBJECT])
-        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE), servers=[server])
+        config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE),
+                        servers=[server])
         services = asyncio.create_task(run_services(config, client, ledger))
 
         async def stop_services() -> None:
@@ -106,7 +107,8 @@ async def main(samples: int, poll_ms: float, warmup: int) -> dict[str, Any]:
         polls: list[float] = []
         for _ in range(samples):
             updates.append(await asyncio.wait_for(_with_update(client, await fresh("uws")), 60))
-            polls.append(await asyncio.wait_for(_with_polling(client, await fresh("poll"), poll_ms / 1000), 60))
+            polls.append(await asyncio.wait_for(_with_polling(client, await fresh("poll"), poll_ms / 1000),
+                                                60))
         return {"update_with_start_ms": _summary(updates), "start_and_poll_ms": _summary(polls),
                 "poll_interval_ms": poll_ms}
 

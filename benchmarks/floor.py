@@ -53,8 +53,8 @@ with workflow.unsafe.imports_passed_through():
     from benchmarks import cost
     from mcpsync.activities.mcp_session import read_digest
 
-__all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "StartFloorResult", "StartFloorWorkflow", "measure",
-           "measure_starts", "prepare_table"]
+__all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "StartFloorResult", "StartFloorWorkflow",
+           "measure", "measure_starts", "prepare_table"]
 
 SIGNAL_GO = "go"
 SIGNAL_STOP = "stop"
@@ -99,7 +99,8 @@ class StartFloorWorkflow:
 
     @workflow.run
     async def run(self, activity_queue: str, sample: int) -> str:
-        digest: str = await workflow.execute_activity(ACTIVITY_TOUCH_OWN_ROW, sample, task_queue=activity_queue,
+        digest: str = await workflow.execute_activity(ACTIVITY_TOUCH_OWN_ROW, sample,
+                                                      task_queue=activity_queue,
                                                       start_to_close_timeout=timedelta(seconds=30))
         return digest
 
@@ -119,16 +120,18 @@ class FloorActivities:
 
     @activity.defn(name=ACTIVITY_TOUCH)
     async def touch(self, sample: int) -> str:
-        return await self._touch(sample, f"UPDATE {TABLE} SET sample = %s, touched_at = clock_timestamp() WHERE id = 1",
+        return await self._touch(sample, f"UPDATE {TABLE} SET sample = %s, touched_at = clock_timestamp() "
+                                         "WHERE id = 1",
                                  (sample,))
 
     @activity.defn(name=ACTIVITY_TOUCH_OWN_ROW)
     async def touch_own_row(self, sample: int) -> str:
-        """:meth:`touch` on a row of the sample's own (``START_ROW0 + sample``, upserted): concurrent workflows do
-        not queue on one row lock, as subscriptions write rows of their own."""
+        """:meth:`touch` on a row of the sample's own (``START_ROW0 + sample``, upserted): concurrent
+        workflows do not queue on one row lock, as subscriptions write rows of their own."""
         return await self._touch(sample, f"INSERT INTO {TABLE} (id, sample, touched_at) VALUES (%s, %s, "
-                                         "clock_timestamp()) ON CONFLICT (id) DO UPDATE SET sample = excluded.sample,"
-                                         " touched_at = excluded.touched_at", (START_ROW0 + sample, sample))
+                                         "clock_timestamp()) ON CONFLICT (id) DO UPDATE "
+                                         "SET sample = excluded.sample, touched_at = excluded.touched_at",
+                                 (START_ROW0 + sample, sample))
 
     async def _touch(self, sample: int, sql: str, args: tuple[int, ...]) -> str:
         t0 = time.perf_counter()
@@ -146,7 +149,8 @@ class FloorActivities:
 
 async def prepare_table(pool: AsyncConnectionPool[Any]) -> None:
     async with pool.connection() as conn, conn.transaction():
-        await conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id int PRIMARY KEY, sample int, touched_at timestamptz)")
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id int PRIMARY KEY, sample int, "
+                           "touched_at timestamptz)")
         await conn.execute(f"INSERT INTO {TABLE} (id, sample) VALUES (1, -1) ON CONFLICT (id) DO NOTHING")
 
 
@@ -159,7 +163,8 @@ class FloorResult:
     history_events: int
     workflow_tasks: int
     missing: int  # samples without an acknowledgement in the history (not counted)
-    breakdown: dict[str, list[float]]  # per step between history events (server clock; "sent" is the client's)
+    # per step between history events (server clock; "sent" is the client's)
+    breakdown: dict[str, list[float]]
 
 
 async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, samples: int, *,
@@ -208,8 +213,8 @@ async def measure(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri:
                 waiting = False
     acks = marks["ack"]
     totals = [acks[i] - sent[i] for i in range(min(len(acks), samples))]
-    steps = [("sent", "signaled"), ("signaled", "scheduled"), ("scheduled", "started"), ("started", "completed"),
-             ("completed", "ack")]
+    steps = [("sent", "signaled"), ("signaled", "scheduled"), ("scheduled", "started"),
+             ("started", "completed"), ("completed", "ack")]
     marks["sent"] = [sent[i] for i in range(samples)]
     breakdown = {f"{a}_to_{b}": [marks[b][i] - marks[a][i] for i in range(len(totals))]
                  for a, b in steps if len(marks[a]) >= len(totals) and len(marks[b]) >= len(totals)}
@@ -241,7 +246,8 @@ class StartFloorResult:
 
 async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, n: int, *,
                          concurrency: int = 32, roles: dict[int, cost.Role] | None = None,
-                         snapshot: Callable[[], Any] | None = None, timeout: float = 120.0) -> StartFloorResult:
+                         snapshot: Callable[[], Any] | None = None,
+                         timeout: float = 120.0) -> StartFloorResult:
     """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract."""
     tag = uuid.uuid4().hex[:8]
     wf_queue, act_queue = f"bench-start-floor-wf-{tag}", f"bench-start-floor-act-{tag}"
@@ -253,7 +259,8 @@ async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: An
     async def one(i: int) -> float:
         async with gate:
             handle = await client.start_workflow(StartFloorWorkflow.run, args=[act_queue, i],
-                                                 id=f"bench-temporal-start-floor-{tag}-{i}", task_queue=wf_queue)
+                                                 id=f"bench-temporal-start-floor-{tag}-{i}",
+                                                 task_queue=wf_queue)
         started[i] = time.monotonic()
         await handle.result()
         return time.monotonic()

@@ -93,7 +93,8 @@ def _threads(pid: int) -> int:
 
 async def _hosts_of_their_own(config: Config, client: Client, ledger: Ledger) -> None:
     """Layout SESSION: every (server, subject) a ``SessionHost`` without an ingress, i.e. its own."""
-    hosts = [SessionHost(server, subject, ledger, client) for server in config.servers for subject in server.subjects]
+    hosts = [SessionHost(server, subject, ledger, client) for server in config.servers
+             for subject in server.subjects]
     tasks = [asyncio.create_task(h.run()) for h in hosts]
     try:
         await asyncio.gather(*tasks)
@@ -131,9 +132,10 @@ async def measure_one(subjects: int, idle_seconds: float, layout: Layout = Layou
             stack.push_async_callback(ledger.pool.close)
             fx = await FixtureProcess.start_http(work, seed="none", log_level="WARNING")
             stack.push_async_callback(fx.stop)
-            config = Config(temporal=TemporalConfig(address=temporal.address, task_queue="ingress-scale-unused"),
-                            servers=[ServerConfig(name=SERVER, transport="http", url=fx.mcp_url, subjects=names,
-                                                  catalog=False)])
+            config = Config(temporal=TemporalConfig(address=temporal.address,
+                                                    task_queue="ingress-scale-unused"),
+                            servers=[ServerConfig(name=SERVER, transport="http", url=fx.mcp_url,
+                                                  subjects=names, catalog=False)])
             await asyncio.sleep(1.0)
             gc.collect()
             rss0 = rss_bytes()
@@ -228,8 +230,9 @@ def run_scale(levels: Sequence[int], idle_seconds: float, out: Path,
         for layout in layouts:
             result = (out / f".ingress-{layout.value}-{s}.json").resolve()
             result.unlink(missing_ok=True)
-            code = subprocess.run([sys.executable, "-m", "benchmarks.ingress_scale", str(s), str(idle_seconds),
-                                   str(result), layout.value], cwd=str(REPO), check=False).returncode
+            code = subprocess.run([sys.executable, "-m", "benchmarks.ingress_scale", str(s),
+                                   str(idle_seconds), str(result), layout.value], cwd=str(REPO),
+                                  check=False).returncode
             if code != 0 or not result.exists():
                 raise RuntimeError(f"ingress scale {layout.value} {s} failed (exit code {code})")
             rows.append(json.loads(result.read_text()))
@@ -239,10 +242,10 @@ def run_scale(levels: Sequence[int], idle_seconds: float, out: Path,
                 if (Layout.PROCESS.value, s) in by and (Layout.SESSION.value, s) in by}
     report = {"benchmark": "mcpsync ingress scale", "cpus": os.cpu_count(), "levels": rows,
               "process_over_session": compared,
-              "what": "one ingress process, one fixture server over HTTP, S subjects, each its own MCP session; "
-                      "layout process: one Temporal worker and task queue for all (production); layout session: "
-                      "one worker and queue per session (before issue 12 item 5); no subscriptions; idle CPU over "
-                      "the idle window"}
+              "what": "one ingress process, one fixture server over HTTP, S subjects, each its own MCP "
+                      "session; layout process: one Temporal worker and task queue for all (production); "
+                      "layout session: one worker and queue per session (before issue 12 item 5); no "
+                      "subscriptions; idle CPU over the idle window"}
     (out / "ingress_scale.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -268,7 +271,8 @@ def _child(argv: Sequence[str]) -> None:
     try:
         data = asyncio.run(measure_one(subjects, idle, layout))
         result.write_text(json.dumps(data))
-        print(f"[{time.strftime('%H:%M:%S')}] ingress scale {layout.value} {subjects}: {json.dumps(data)}", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] ingress scale {layout.value} {subjects}: {json.dumps(data)}",
+              flush=True)
     except Exception as exc:  # the orchestrator reports the failure by exit code
         print(f"ingress scale {layout.value} {subjects} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
               flush=True)

@@ -145,5 +145,6 @@ async def measure_floor(client: NaiveClient, control: Any, uri: str, samples: in
         except TimeoutError:
             continue  # a lost notification: not a floor sample
         arrived = client.arrivals.get(uri, finished)
-        out.append(FloorSample(total=finished - committed, notify=arrived - committed, read=finished - arrived))
+        out.append(FloorSample(total=finished - committed, notify=arrived - committed,
+                               read=finished - arrived))
     return out

@@ -132,11 +132,13 @@ class Options:
     quick: bool = False
     staleness_subscriptions: int = 4  # per staleness profile
     poll_seconds: float = 10.0  # the polling profile's SubscriptionOptions.poll_interval_seconds
-    safety_read_seconds: float = 12.0  # the lost-notifications profile's SubscriptionOptions.safety_read_seconds
+    # the lost-notifications profile's SubscriptionOptions.safety_read_seconds
+    safety_read_seconds: float = 12.0
     staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
     ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
-    layout: Layout = Layout.SPLIT  # --layout: mcpsync's worker and ingress in processes of their own, or in this one
+    # --layout: mcpsync's worker and ingress in processes of their own, or in this one
+    layout: Layout = Layout.SPLIT
     idle_seconds: float = 10.0
     idle_window: float = 20.0  # the idle window after start-up (benchmarks.idle); 0: none
     subscription_safety_read_seconds: float | None = None  # None: SubscriptionOptions' default (production)
@@ -144,9 +146,11 @@ class Options:
     result: Path | None = None
 
     def staleness_plan(self) -> staleness.StalenessPlan:
-        window = self.staleness_window or max(self.duration, 5 * max(self.poll_seconds, self.safety_read_seconds))
-        return staleness.StalenessPlan(poll_seconds=self.poll_seconds, safety_read_seconds=self.safety_read_seconds,
-                                       window_seconds=window, subscriptions=self.staleness_subscriptions)
+        window = self.staleness_window or max(self.duration, 5 * max(self.poll_seconds,
+                                                                     self.safety_read_seconds))
+        return staleness.StalenessPlan(poll_seconds=self.poll_seconds,
+                                       safety_read_seconds=self.safety_read_seconds, window_seconds=window,
+                                       subscriptions=self.staleness_subscriptions)
 
 
 # --- small helpers ----------------------------------------------------------------------
@@ -181,7 +185,8 @@ def cpu_snapshot() -> dict[str, float]:
             continue
         close = data.rfind(")")
         fields = data[close + 2:].split()
-        procs[int(name)] = (int(fields[1]), data[data.find("(") + 1:close], (int(fields[11]) + int(fields[12])) / tick)
+        procs[int(name)] = (int(fields[1]), data[data.find("(") + 1:close],
+                            (int(fields[11]) + int(fields[12])) / tick)
     ours = {os.getpid()}
     grew = True
     while grew:
@@ -204,14 +209,16 @@ def cpu_snapshot() -> dict[str, float]:
 def cpu_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     d = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 1) for k in after if k != "other_processes"}
     # Processes that exited meanwhile take their CPU time with them: derive "other" from the machine total.
-    d["other_processes"] = round(max(0.0, d.get("machine_busy", 0.0) - d["benchmark_tree"] - d["postgres"]), 1)
+    d["other_processes"] = round(max(0.0, d.get("machine_busy", 0.0) - d["benchmark_tree"] - d["postgres"]),
+                                 1)
     total = d.get("machine_total") or 0.0
     return {
         "cpu_seconds": d,
         "machine_busy_pct": round(100 * d.get("machine_busy", 0.0) / total, 1) if total else None,
         "other_processes_pct_of_machine": round(100 * d["other_processes"] / total, 1) if total else None,
-        "note": "benchmark_tree = this process (worker, driver, baseline) + dev server + fixtures; other_processes "
-                "= anything else on the machine during the phase (it competes for the same cores)",
+        "note": "benchmark_tree = this process (worker, driver, baseline) + dev server + fixtures; "
+                "other_processes = anything else on the machine during the phase (it competes for the same "
+                "cores)",
     }
 
 
@@ -258,8 +265,8 @@ class OutboxFollower:
 
     async def latencies(self, since: float, wait: float = 10.0) -> tuple[list[float], int]:
         """Commit -> received for every outbox row created since ``since``; and how many never arrived."""
-        rows = await fetch_rows(self.ledger, "SELECT outbox_id, extract(epoch FROM created_at)::float8 FROM outbox"
-                                        " WHERE created_at >= to_timestamp(%s)", (since,))
+        rows = await fetch_rows(self.ledger, "SELECT outbox_id, extract(epoch FROM created_at)::float8 "
+                                             "FROM outbox WHERE created_at >= to_timestamp(%s)", (since,))
 
         async def all_received() -> bool:
             return all(oid in self.received for oid, _ in rows)
@@ -349,12 +356,14 @@ class Probe:
     @staticmethod
     def mean_ms(d: Scrape, name: str, **labels: str) -> float | None:
         want = set(labels.items())
-        # The SDK's runtime exports durations in seconds with a unit suffix (mcpsync.worker.metrics: unit_suffix=True,
-        # durations_as_seconds=True): temporal_request_latency is temporal_request_latency_seconds there.
+        # The SDK's runtime exports durations in seconds with a unit suffix (mcpsync.worker.metrics:
+        # unit_suffix=True, durations_as_seconds=True): temporal_request_latency is
+        # temporal_request_latency_seconds there.
         names = {name, f"{name}_seconds"}
         total = sum(v for (n, lab), v in d.items() if n.removesuffix("_sum") in names and n.endswith("_sum")
                     and want <= lab)
-        count = sum(v for (n, lab), v in d.items() if n.removesuffix("_count") in names and n.endswith("_count")
+        count = sum(v for (n, lab), v in d.items() if n.removesuffix("_count") in names
+                    and n.endswith("_count")
                     and want <= lab)
         return round(1000 * total / count, 2) if count > 0 else None
 
@@ -363,10 +372,12 @@ class Probe:
         ``session_queue``: the ingress queue the session's MCP activities ran on."""
         m = self.mean_ms
         return {
-            "signal_workflow_execution": m(d, "temporal_request_latency", operation="SignalWorkflowExecution"),
+            "signal_workflow_execution": m(d, "temporal_request_latency",
+                                           operation="SignalWorkflowExecution"),
             "workflow_task_schedule_to_start": m(d, "temporal_workflow_task_schedule_to_start_latency",
                                                  task_queue=TASK_QUEUE),
-            "workflow_task_execution": m(d, "temporal_workflow_task_execution_latency", task_queue=TASK_QUEUE),
+            "workflow_task_execution": m(d, "temporal_workflow_task_execution_latency",
+                                         task_queue=TASK_QUEUE),
             "respond_workflow_task_completed": m(d, "temporal_request_latency",
                                                  operation="RespondWorkflowTaskCompleted"),
             "activity_schedule_to_start_main_queue": m(d, "temporal_activity_schedule_to_start_latency",
@@ -419,12 +430,13 @@ async def _session_queue(ledger: Ledger, server: str) -> str:
 
 
 async def _sys_reads(ledger: Ledger, server: str) -> int:
-    return int(await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
-                                     " WHERE s.server=%s", (server,)) or 0)
+    return int(await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s "
+                                          "USING (workflow_id) WHERE s.server=%s", (server,)) or 0)
 
 
 async def _verdicts(ledger: Ledger, server: str) -> dict[str, int]:
-    rows = await fetch_rows(ledger, "SELECT status, count(*) FROM resource_versions WHERE server=%s GROUP BY status",
+    rows = await fetch_rows(ledger, "SELECT status, count(*) FROM resource_versions WHERE server=%s "
+                                    "GROUP BY status",
                        (server,))
     return {r[0]: int(r[1]) for r in rows}
 
@@ -466,13 +478,15 @@ def regressions(changes: Sequence[Change], held_sequence: Sequence[tuple[str, st
     return count
 
 
-def convergence_report(lat: Sequence[float | None], lost: Sequence[bool], window: float = 60.0) -> dict[str, Any]:
+def convergence_report(lat: Sequence[float | None], lost: Sequence[bool],
+                       window: float = 60.0) -> dict[str, Any]:
     """Percentiles over converged changes, plus the same over changes that kept at least one notification."""
     done = [x for x in lat if x is not None]
     out = summarize(done)
     out["changes"] = len(lat)
     out["unconverged"] = len(lat) - len(done)
-    out["converged_within_60s_pct"] = round(100 * sum(1 for x in done if x <= window) / len(lat), 3) if lat else None
+    out["converged_within_60s_pct"] = round(100 * sum(1 for x in done if x <= window) / len(lat),
+                                            3) if lat else None
     delivered = [x for x, gone in zip(lat, lost, strict=True) if not gone]
     gone = [x for x, g in zip(lat, lost, strict=True) if g]
     out["with_a_delivered_notification"] = {
@@ -491,21 +505,22 @@ def convergence_report(lat: Sequence[float | None], lost: Sequence[bool], window
 
 @dataclass
 class BenchFixture:
-    """One fixture MCP server of a run and its ``ServerConfig``: over HTTP a process this run starts, over stdio
-    the one the session host spawns (its control plane is known once it wrote its ready file)."""
+    """One fixture MCP server of a run and its ``ServerConfig``: over HTTP a process this run starts, over
+    stdio the one the session host spawns (its control plane is known once it wrote its ready file)."""
 
     config: ServerConfig
     process: FixtureProcess | None
     ready_file: Path | None
 
     @classmethod
-    async def start(cls, stack: AsyncExitStack, transport: str, work: Path, name: str, *, subscribe: bool = True,
-                    catalog: bool = True) -> BenchFixture:
+    async def start(cls, stack: AsyncExitStack, transport: str, work: Path, name: str, *,
+                    subscribe: bool = True, catalog: bool = True) -> BenchFixture:
         opts: dict[str, Any] = {"seed": "none", "log_level": "WARNING", "subscribe": subscribe}
         if transport == "http":
             fx = await FixtureProcess.start_http(work, **opts)
             stack.push_async_callback(fx.stop)
-            return cls(ServerConfig(name=name, transport="http", url=fx.mcp_url, subjects=[SUBJECT], catalog=catalog),
+            return cls(ServerConfig(name=name, transport="http", url=fx.mcp_url, subjects=[SUBJECT],
+                                    catalog=catalog),
                        fx, None)
         ready = work / f"ready-{name}.json"
         command, env = stdio_command(ready_file=ready, **opts)
@@ -538,14 +553,15 @@ async def staleness_section(ledger: Ledger, stale_runs: Sequence[staleness.Profi
         "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
         # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
         "dispatch_during_churn_mean_ms": {
-            "workflow_task_schedule_to_start": Probe.mean_ms(during, "temporal_workflow_task_schedule_to_start_latency",
-                                                             task_queue=TASK_QUEUE),
+            "workflow_task_schedule_to_start": Probe.mean_ms(during,
+                                                             "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
             "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
                                                       activity_type=Act.ALLOCATE_READ),
         },
-        "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read before "
-                "the window to its end, the open gap included); each tick one edit per profile and one catalog "
-                "word (catalog_reconciled, listed) per subscription: wake-ups that must not postpone a read",
+        "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read "
+                "before the window to its end, the open gap included); each tick one edit per profile and "
+                "one catalog word (catalog_reconciled, listed) per subscription: wake-ups that must not "
+                "postpone a read",
     }
 
 
@@ -555,8 +571,8 @@ TEMPORAL_FLOOR_URI = "bench://temporal-floor"
 @asynccontextmanager
 async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> AsyncIterator[Any]:
     """The Temporal floors' own MCP client session (``cache=None``) on the run's fixture, holding
-    ``TEMPORAL_FLOOR_URI``: over HTTP the system's fixture process, over stdio a twin fixture process of its own
-    (a stdio server has one client)."""
+    ``TEMPORAL_FLOOR_URI``: over HTTP the system's fixture process, over stdio a twin fixture process of its
+    own (a stdio server has one client)."""
     ready = work / "ready-temporal-floor.json"
     target: Any
     if fixture is not None:
@@ -565,7 +581,8 @@ async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> 
     else:
         command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
         target = StdioServerParameters(command=command[0], args=command[1:], env=env)
-    mcp = McpClient(target, cache=None, client_info=types.Implementation(name="bench-temporal-floor", version="0"))
+    mcp = McpClient(target, cache=None, client_info=types.Implementation(name="bench-temporal-floor",
+                                                                         version="0"))
     await asyncio.wait_for(mcp.__aenter__(), 30)
     try:
         if fixture is None:
@@ -594,9 +611,10 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, sampl
         "steps_p50_ms": {k: summarize(v)["p50_ms"] for k, v in res.breakdown.items()},
         "history_events": res.history_events,
         "workflow_tasks_completed": res.workflow_tasks,
-        "what": "benchmarks.floor: signal sent -> the workflow task that took the result of ONE activity (one "
-                "PostgreSQL UPDATE transaction + one MCP resources/read, own session, cache=None) run on a second "
-                "task queue completed (server's event time); sequential, idle, same dev server, database, fixture",
+        "what": "benchmarks.floor: signal sent -> the workflow task that took the result of ONE activity "
+                "(one PostgreSQL UPDATE transaction + one MCP resources/read, own session, cache=None) run "
+                "on a second task queue completed (server's event time); sequential, idle, same dev "
+                "server, database, fixture",
         "_totals": res.totals,
     }
 
@@ -605,8 +623,8 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
                                        roles: dict[int, cost.Role] | None) -> dict[str, Any]:
     """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
     like ``subscribe()`` starts subscriptions; CPU of ``roles`` over the window."""
-    res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32, roles=roles,
-                                     snapshot=cpu_snapshot)
+    res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32,
+                                     roles=roles, snapshot=cpu_snapshot)
     out: dict[str, Any] = {
         "subscriptions_per_s": round(res.subscriptions_per_second, 1),
         "n": res.n,
@@ -620,28 +638,30 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
         "by_process_ms_per_start": None,
         "machine_busy_pct": None,
         "other_processes_pct_of_machine": None,
-        "what": "benchmarks.floor.measure_starts: after a warm-up tenth, n workflows (BenchTemporalStartFloor: ONE "
-                "activity = one PostgreSQL transaction upserting a row of its own + one MCP resources/read, own "
-                "session, cache=None, on a second task queue, then return) started with at most 32 start calls in "
-                "flight, as subscribe() starts subscriptions; n / (first start call -> last completion observed); "
-                "n = startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers in "
-                "the benchmark process (one interpreter)",
+        "what": "benchmarks.floor.measure_starts: after a warm-up tenth, n workflows "
+                "(BenchTemporalStartFloor: ONE activity = one PostgreSQL transaction upserting a row of "
+                "its own + one MCP resources/read, own session, cache=None, on a second task queue, then "
+                "return) started with at most 32 start calls in flight, as subscribe() starts "
+                "subscriptions; n / (first start call -> last completion observed); n = "
+                "startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers "
+                "in the benchmark process (one interpreter)",
     }
     if res.machine is not None:
         box = cpu_report(*res.machine)
         out["machine_busy_pct"] = box["machine_busy_pct"]
         out["other_processes_pct_of_machine"] = box["other_processes_pct_of_machine"]
-        out["machine_note"] = ("the whole box over the same window (cpu_report): other processes = busy minus this "
-                               "process tree and PostgreSQL, i.e. other agents competing for the same cores")
+        out["machine_note"] = ("the whole box over the same window (cpu_report): other processes = busy "
+                               "minus this process tree and PostgreSQL, i.e. other agents competing for "
+                               "the same cores")
     if res.cpu is not None:
         by = res.cpu["by_process_ms_per_change"]
         mine = (cost.Role.BENCHMARK_PROCESS.value, cost.Role.TEMPORAL_DEV_SERVER.value)
         out["cpu_ms_per_start"] = round(sum(by[k] or 0.0 for k in mine), 1)
         out["by_process_ms_per_start"] = by
-        out["cpu_note"] = ("cpu_ms_per_start = benchmark_process (the floor's workers and client; the idle naive "
-                           "baseline) + temporal_dev_server, utime+stime from /proc over the window / n "
-                           "(benchmarks.cost); by_process_ms_per_start has every role, the floor's PostgreSQL "
-                           "transactions and fixture reads and the idle mcpsync processes included")
+        out["cpu_note"] = ("cpu_ms_per_start = benchmark_process (the floor's workers and client; the idle "
+                           "naive baseline) + temporal_dev_server, utime+stime from /proc over the window "
+                           "/ n (benchmarks.cost); by_process_ms_per_start has every role, the floor's "
+                           "PostgreSQL transactions and fixture reads and the idle mcpsync processes included")
     return out
 
 
@@ -658,21 +678,23 @@ def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[st
                      cost.Role.POSTGRESQL)
     return {
         **proc_cpu,
-        # Split layout: what mcpsync's own processes and the servers it needs spent, without the driver and the
-        # naive baseline (benchmark_process) and without the fixtures (which also serve the baseline's reads).
+        # Split layout: what mcpsync's own processes and the servers it needs spent, without the driver and
+        # the naive baseline (benchmark_process) and without the fixtures (which also serve the baseline's
+        # reads).
         "mcpsync_processes_ms_per_change": round(sum(byp[k.value] or 0.0 for k in mcpsync_roles), 1)
         if split and changes else None,
         "whole_machine_busy_ms_per_change": per(None if busy is None else 1000 * busy, 1),
         "cpu_window": "the churn (the same window as churn.cpu), divided by the churn's changes",
         "notes": [*notes,
-                  ("benchmark_process is the driver, the naive baseline client and the Temporal floor's worker; "
-                   "mcpsync_worker and mcpsync_ingress are mcpsync's own processes; mcpsync_processes_ms_per_change "
-                   "= those two + temporal_dev_server + postgresql" if split else
-                   "benchmark_process is the mcpsync worker AND the driver and the naive baseline client (one "
-                   "process, --layout in-process)"),
+                  ("benchmark_process is the driver, the naive baseline client and the Temporal floor's "
+                   "worker; mcpsync_worker and mcpsync_ingress are mcpsync's own processes; "
+                   "mcpsync_processes_ms_per_change = those two + temporal_dev_server + postgresql" if split
+                   else
+                   "benchmark_process is the mcpsync worker AND the driver and the naive baseline client "
+                   "(one process, --layout in-process)"),
                   "fixtures are the system's, the baseline's twin (stdio) and the staleness profiles'",
-                  "postgresql: the postmaster serving the run's database, its auxiliary processes (shared with any "
-                  "other database on that server) and the backends connected to the run's database"],
+                  "postgresql: the postmaster serving the run's database, its auxiliary processes (shared "
+                  "with any other database on that server) and the backends connected to the run's database"],
         "history": {
             "window": "churn start -> drain end (wall clock vs the events' server time, same host)",
             "workflows": wh.workflows,
@@ -716,9 +738,11 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# Issue 12's table: (figure, how it is read from a run, today before the rebuild, target). Printed, not asserted.
+# Issue 12's table: (figure, how it is read from a run, today before the rebuild, target). Printed, not
+# asserted.
 ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
-    ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"], "~1.8", "<= 1.25"),
+    ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"], "~1.8",
+     "<= 1.25"),
     ("CPU per change, run's processes (ms)", lambda r: r["cpu_ms_per_change"], "~118 (whole box)", "<= 45"),
     (" of which mcpsync + Temporal + PostgreSQL", lambda r: r.get("mcpsync_cpu_ms_per_change"), "-",
      "(split layout)"),
@@ -750,12 +774,14 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
     async with AsyncExitStack() as stack:
         db_url = await pg.create(db_name)
         stack.push_async_callback(pg.drop, db_name)
-        tdir = (Path("/dev/shm") / f"mcpsync-bench-{os.getpid()}-{transport}-{n}" if opts.temporal_store == "tmpfs"
+        tdir = (Path("/dev/shm") / f"mcpsync-bench-{os.getpid()}-{transport}-{n}"
+                if opts.temporal_store == "tmpfs"
                 else work / "temporal")
         temporal = await TemporalDevServer.start(tdir, port=0, ui_port=0)
         stack.push_async_callback(temporal.stop)
         stack.callback(shutil.rmtree, tdir, True)
-        client = await Client.connect(temporal.address, data_converter=pydantic_data_converter, runtime=probe.runtime)
+        client = await Client.connect(temporal.address, data_converter=pydantic_data_converter,
+                                      runtime=probe.runtime)
         ledger = await open_ledger(db_url, max_size=16)
         stack.push_async_callback(ledger.pool.close)
 
@@ -765,11 +791,13 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         if fixture is not None:
             base_target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
         else:
-            bcommand, benv = stdio_command(ready_file=work / "ready-baseline.json", seed="none", log_level="WARNING")
+            bcommand, benv = stdio_command(ready_file=work / "ready-baseline.json", seed="none",
+                                           log_level="WARNING")
             base_target = StdioServerParameters(command=bcommand[0], args=bcommand[1:], env=benv)
         # The staleness profiles' servers (no subscribe; subscribe with every notification lost) run from the
         # start, idle until their subscriptions start right before the churn.
-        stale_fx = {p: await BenchFixture.start(stack, transport, work, f"{server}-{p.value.replace('_', '-')}",
+        stale_fx = {p: await BenchFixture.start(stack, transport, work,
+                                                f"{server}-{p.value.replace('_', '-')}",
                                                 subscribe=p.subscribe, catalog=False)
                     for p in staleness.Profile if opts.staleness_subscriptions > 0}
         # Every subscription stays in the worker's cache (docs/deploy.md: size it to the subscriptions a
@@ -778,7 +806,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
                                                 max_cached_workflows=cached),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
-        services: Services = await start_services(opts.layout, config, client, ledger, db_url, work / "services")
+        services: Services = await start_services(opts.layout, config, client, ledger, db_url,
+                                                  work / "services")
         stack.push_async_callback(services.stop)
         probe.also = services.metrics_urls
         stack.callback(setattr, probe, "also", [])
@@ -797,17 +826,21 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
             """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
             t0, wall0 = time.monotonic(), time.time()
-            await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server, uri=u),
+            await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server,
+                                                                             uri=u),
                                                      task_queue=TASK_QUEUE, options=sub_options)
                                   for u in batch], 32)
             started = time.monotonic() - t0
-            want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND"
-                                                          " state='ACTIVE' AND last_accepted_digest IS NOT NULL"
-                                                          " AND NOT (uri = ANY(%s))", (server, list(batch))) or 0)
+            want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions "
+                                                               "WHERE server=%s AND state='ACTIVE' "
+                                                               "AND last_accepted_digest IS NOT NULL AND "
+                                                               "NOT (uri = ANY(%s))",
+                                                       (server, list(batch))) or 0)
 
             async def all_initial() -> bool:
-                done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND state='ACTIVE'"
-                                             " AND last_accepted_digest IS NOT NULL", (server,))
+                done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s "
+                                                  "AND state='ACTIVE' AND last_accepted_digest IS NOT NULL",
+                                          (server,))
                 return int(done or 0) >= want
 
             if not await until(all_initial, 120 + len(batch) * 0.5, 0.25):
@@ -854,9 +887,9 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "temporal_server_rss_before_bytes": trss0,
             "temporal_server_rss_after_bytes": trss1,
             "temporal_server_bytes_per_subscription": round((trss1 - trss0) / measured),
-            "note": "RSS growth while the last N - N/10 subscriptions started and accepted their initial read, "
-                    "divided by their number; the worker is the main worker's process (split layout) or this "
-                    "process (in-process layout; the baseline client is not started yet)",
+            "note": "RSS growth while the last N - N/10 subscriptions started and accepted their initial "
+                    "read, divided by their number; the worker is the main worker's process (split layout) "
+                    "or this process (in-process layout; the baseline client is not started yet)",
         }
         by_start = " + ".join(f"{k} {v}" for k, v in startup_cpu["by_process_ms_per_change"].items() if v)
         say(f"initial convergence of {n - warm}: {converged:.1f}s, worker "
@@ -917,12 +950,15 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         run.curves["floor"] = [f.total for f in floor]
         await base.idle()
 
-        # --- the Temporal floor: signal -> one activity (one transaction + one read) on a second task queue ------
+        # --- the Temporal floor: signal -> one activity (one transaction + one read) on a second task queue
+        # ------
         say(f"measuring the Temporal floor ({opts.temporal_floor_samples} samples)")
-        # --- and the Temporal start floor: n minimal one-activity workflows started like the subscriptions ---
+        # --- and the Temporal start floor: n minimal one-activity workflows started like the subscriptions
+        # ---
         start_n = max(1, min(200, r["startup"]["subscriptions_measured"]))
         async with temporal_floor_session(fixture, work) as floor_mcp:
-            r["temporal_floor"] = await measure_temporal_floor(client, ledger, floor_mcp, opts.temporal_floor_samples)
+            r["temporal_floor"] = await measure_temporal_floor(client, ledger, floor_mcp,
+                                                               opts.temporal_floor_samples)
             run.curves["temporal_floor"] = r["temporal_floor"].pop("_totals")
             say(f"measuring the Temporal start floor ({start_n} workflows, 32 starts in flight)")
             start_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
@@ -933,16 +969,19 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         plan = opts.staleness_plan()
         t_stale0 = time.monotonic()
         stale_runs = [await staleness.start_profile(client, ledger, p, server=f.config.name, subject=SUBJECT,
-                                                    control=await f.control(stack), plan=plan, task_queue=TASK_QUEUE)
+                                                    control=await f.control(stack), plan=plan,
+                                                    task_queue=TASK_QUEUE)
                       for p, f in stale_fx.items()]
         stale_setup = time.monotonic() - t_stale0
         stale_window: asyncio.Task[tuple[datetime, datetime]] | None = None
-        if stale_runs:  # --staleness-subscriptions 0: no staleness load during the churn (cost of a change alone)
-            say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / safety "
-                f"read {plan.safety_read_seconds:g}s, catalog words and edits every {plan.tick_seconds:g}s for "
-                f"{plan.window_seconds:g}s")
+        # --staleness-subscriptions 0: no staleness load during the churn (cost of a change alone)
+        if stale_runs:
+            say(f"staleness: {plan.subscriptions} subscriptions per profile, poll {plan.poll_seconds:g}s / "
+                f"safety read {plan.safety_read_seconds:g}s, catalog words and edits every "
+                f"{plan.tick_seconds:g}s for {plan.window_seconds:g}s")
             stale_window = asyncio.create_task(
-                staleness.drive(ledger, stale_runs, plan, random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
+                staleness.drive(ledger, stale_runs, plan,
+                                random.Random(f"{opts.seed}/{transport}/{n}/staleness")),
                 name="bench-staleness")
             stack.callback(stale_window.cancel)
 
@@ -970,7 +1009,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
 
         # --- drain ---------------------------------------------------------------------------------
         async def unconverged() -> tuple[set[str], set[str]]:
-            held = dict(await fetch_rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions WHERE server=%s",
+            held = dict(await fetch_rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions "
+                                                 "WHERE server=%s",
                                     (server,)))
             return ({u for u, d in final.items() if held.get(u) != d},
                     {u for u, d in final.items() if base.held.get(u) != d})
@@ -1006,8 +1046,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         if stale_window is None:
             r["staleness"] = {"skipped": "--staleness-subscriptions 0"}
         else:
-            r["staleness"] = await staleness_section(ledger, stale_runs, stale_window, plan, during, stale_setup,
-                                                     t_churn1 - t_churn0)
+            r["staleness"] = await staleness_section(ledger, stale_runs, stale_window, plan, during,
+                                                     stale_setup, t_churn1 - t_churn0)
         for prof in stale_runs:  # their periodic reads must not load the later phases
             await revoke(client, ledger, subject=SUBJECT, server=prof.server, uri=None,
                          reason="benchmark: staleness window over")
@@ -1017,22 +1057,25 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
                 f"{st['published_bound_s']}s ({st['max_gap_over_bound']}x), {st['reads']} reads")
 
         # --- what happened -------------------------------------------------------------------------
-        receipts = await fetch_rows(ledger, "SELECT uri, content_digest, extract(epoch FROM accepted_at)::float8"
-                                       " FROM resource_versions WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED')"
-                                       " ORDER BY receipt_id", (server,))
-        accepted_seq = await fetch_rows(ledger, "SELECT uri, content_digest FROM resource_versions WHERE server=%s AND"
-                                           " status='ACCEPTED' ORDER BY receipt_id", (server,))
+        receipts = await fetch_rows(ledger, "SELECT uri, content_digest, extract(epoch "
+                                            "FROM accepted_at)::float8 FROM resource_versions "
+                                            "WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED') "
+                                            "ORDER BY receipt_id", (server,))
+        accepted_seq = await fetch_rows(ledger, "SELECT uri, content_digest FROM resource_versions "
+                                                "WHERE server=%s AND status='ACCEPTED' ORDER BY receipt_id",
+                                        (server,))
         sys_lat = convergence(changes, _first_seen([(u, d, t) for u, d, t in receipts]), baseline=False)
         base_completions = base.completions[completions0:]
         base_lat = convergence(changes, _first_seen(base_completions), baseline=True)
         sys_reads = await _sys_reads(ledger, server) - reads0
         by_trigger = dict(await fetch_rows(
-            ledger, "SELECT r.trigger_reason, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
-                    " WHERE s.server=%s AND r.issued_at >= to_timestamp(%s) GROUP BY 1", (server, t_churn0)))
+            ledger, "SELECT r.trigger_reason, count(*) FROM read_requests r JOIN subscriptions s "
+                    "USING (workflow_id) WHERE s.server=%s AND r.issued_at >= to_timestamp(%s) GROUP BY 1",
+            (server, t_churn0)))
         read_cycle = [float(x[0]) for x in await fetch_rows(
-            ledger, "SELECT extract(epoch FROM r.completed_at - r.issued_at)::float8 FROM read_requests r JOIN"
-                    " subscriptions s USING (workflow_id) WHERE s.server=%s AND r.completed_at IS NOT NULL"
-                    " AND r.issued_at >= to_timestamp(%s)", (server, t_churn0))]
+            ledger, "SELECT extract(epoch FROM r.completed_at - r.issued_at)::float8 FROM read_requests r "
+                    "JOIN subscriptions s USING (workflow_id) WHERE s.server=%s AND r.completed_at IS "
+                    "NOT NULL AND r.issued_at >= to_timestamp(%s)", (server, t_churn0))]
         base_reads = base.reads - base_reads0
         verdicts1 = await _verdicts(ledger, server)
         verdicts = {k: v - verdicts0.get(k, 0) for k, v in verdicts1.items() if v - verdicts0.get(k, 0)}
@@ -1079,8 +1122,9 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "where_time_goes_ms": probe.breakdown(during, server, await _session_queue(ledger, server)),
         }
         r["consumer"] = {**summarize(consumer_lat), "not_received": consumer_missing,
-                         "what": "outbox row written (created_at: its accept transaction) -> received by a durable consumer following "
-                                 "with LISTEN/NOTIFY (mcpsync.activities.outbox.OutboxConsumer.follow), churn events only"}
+                         "what": "outbox row written (created_at: its accept transaction) -> received by a "
+                                 "durable consumer following with LISTEN/NOTIFY "
+                                 "(mcpsync.activities.outbox.OutboxConsumer.follow), churn events only"}
         r["baseline"] = {
             "reads": base_reads,
             "reads_per_change": round(base_reads / len(changes), 3) if changes else None,
@@ -1092,14 +1136,16 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         }
         fl = r["floor"]
         r["comparison"] = {
-            "amplification_vs_baseline": ratio(r["system"]["reads_per_change"], r["baseline"]["reads_per_change"]),
+            "amplification_vs_baseline": ratio(r["system"]["reads_per_change"],
+                                               r["baseline"]["reads_per_change"]),
             "convergence_p50_vs_baseline": ratio(sys_conv["p50_ms"], base_conv["p50_ms"]),
             "convergence_p99_vs_baseline": ratio(sys_conv["p99_ms"], base_conv["p99_ms"]),
             "convergence_p999_vs_baseline": ratio(sys_conv["p999_ms"], base_conv["p999_ms"]),
             "convergence_p50_vs_floor": ratio(sys_conv["p50_ms"], fl["p50_ms"]),
             "convergence_p99_vs_floor": ratio(sys_conv["p99_ms"], fl["p99_ms"]),
             "convergence_p999_vs_floor": ratio(sys_conv["p999_ms"], fl["p999_ms"]),
-            "delivered_p999_vs_floor": ratio(sys_conv["with_a_delivered_notification"]["p999_ms"], fl["p999_ms"]),
+            "delivered_p999_vs_floor": ratio(sys_conv["with_a_delivered_notification"]["p999_ms"],
+                                             fl["p999_ms"]),
             "baseline_p50_vs_floor": ratio(base_conv["p50_ms"], fl["p50_ms"]),
         }
         r["cost_of_a_change"] = cost_of_a_change(r, proc_cpu, role_notes, window_history, len(changes))
@@ -1126,9 +1172,10 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             repaired = len(set(behind) - s_left)
         r["repair"] = {"uris_behind": len(behind), "repaired_by_one_more_change": repaired,
                        "seconds": round(time.monotonic() - t_rep, 2),
-                       "note": "a change whose every notification was lost stays behind until the URI's next change, a "
-                               "session change or the safety re-read (SubscriptionOptions.safety_read_seconds, default "
-                               "300 s jittered down to 240 s: longer than the drain waits)"}
+                       "note": "a change whose every notification was lost stays behind until the URI's "
+                               "next change, a session change or the safety re-read "
+                               "(SubscriptionOptions.safety_read_seconds, default 300 s jittered down to "
+                               "240 s: longer than the drain waits)"}
 
         # --- burst: notifications without changes, as fast as the fixture delivers them -------------------
         await base.aclose()  # the baseline stops competing for the fixture and the CPU
@@ -1149,14 +1196,16 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             # costs the ingress CPU in the split layout, while it is the thing being measured).
             if got_all_at is None and (await services.host_totals(server)).received - host_b0 >= burst_total:
                 got_all_at = time.time()
-            pending = await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s USING"
-                                            " (workflow_id) WHERE s.server=%s AND r.completed_at IS NULL", (server,))
+            pending = await fetch_scalar(ledger, "SELECT count(*) FROM read_requests r "
+                                                 "JOIN subscriptions s USING (workflow_id) "
+                                                 "WHERE s.server=%s AND r.completed_at IS NULL", (server,))
             return got_all_at is not None and int(pending or 0) == 0
 
         await until(settled, 120, 0.05)
         await asyncio.sleep(1.0)
-        last_read = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 FROM read_requests r"
-                                          " JOIN subscriptions s USING (workflow_id) WHERE s.server=%s", (server,))
+        last_read = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(r.completed_at))::float8 "
+                                               "FROM read_requests r JOIN subscriptions s "
+                                               "USING (workflow_id) WHERE s.server=%s", (server,))
         burst_reads = await _sys_reads(ledger, server) - reads_b0
         got = (await services.host_totals(server)).received - host_b0
         settle = max((last_read or t_b0) - t_b0, (got_all_at or t_b0) - t_b0, 1e-6)
@@ -1177,8 +1226,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         # --- revocation ----------------------------------------------------------------------------
         sample = uris[: min(opts.revocations, n)]
         effective = datetime.now(UTC)
-        await asyncio.gather(*(revoke(client, ledger, subject=SUBJECT, server=server, uri=u, reason="benchmark",
-                                      effective_at=effective) for u in sample))
+        await asyncio.gather(*(revoke(client, ledger, subject=SUBJECT, server=server, uri=u,
+                                      reason="benchmark", effective_at=effective) for u in sample))
 
         async def revoked() -> bool:
             c = await fetch_scalar(ledger, "SELECT count(*) FROM revocations WHERE server=%s", (server,))
@@ -1200,7 +1249,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "convergence_p999_with_a_delivered_notification":
                 sys_conv["with_a_delivered_notification"]["unconverged"] == 0
                 and (sys_conv["with_a_delivered_notification"]["p999_ms"] or 1e12) <= bound * 1000,
-            "revocation_p99": (r["revocation"]["p99_ms"] or 1e12) <= TARGETS["revocation_p99_max_seconds"] * 1000,
+            "revocation_p99": (r["revocation"]["p99_ms"]
+                               or 1e12) <= TARGETS["revocation_p99_max_seconds"] * 1000,
         }
         r.update(headline_figures(r))
         r["run_seconds"] = round(time.monotonic() - t_run, 1)
@@ -1324,13 +1374,15 @@ def plot(runs: Sequence[Run], path: Path, grown: dict[str, Any]) -> None:
             if not lat:
                 continue
             pts = [(lat[0], 1.0)] + [(v, max(1e-3, (total - i - 1) / total)) for i, v in enumerate(lat)]
-            label = {"system": "MCPSYNC", "baseline": "NAIVE SDK CLIENT", "floor": "FLOOR (1 NOTIFY + 1 READ)",
+            label = {"system": "MCPSYNC", "baseline": "NAIVE SDK CLIENT",
+                     "floor": "FLOOR (1 NOTIFY + 1 READ)",
                      "temporal_floor": "TEMPORAL FLOOR (SIGNAL + 1 ACTIVITY)"}[name]
             series.append(Series(label, pts, color, step=True))
-        panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged", "time since the change committed",
+        panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged", "time since the change "
+                                                                                 "committed",
                             "fraction", (1e-3, 100.0), (1e-3, 1.0), x_log=True, y_log=True, x_ticks=decades,
-                            y_ticks=[(1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (0.001, "0.001")], series=series,
-                            markers=[(1.0, "TARGET P99.9", COLORS["red"])]))
+                            y_ticks=[(1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (0.001, "0.001")],
+                            series=series, markers=[(1.0, "TARGET P99.9", COLORS["red"])]))
     for transport, g in grown.items():
         ns = [row["subscriptions"] for row in g["series"]]
         lo, hi = min(ns) / 1.5, max(ns) * 1.5
@@ -1339,14 +1391,15 @@ def plot(runs: Sequence[Run], path: Path, grown: dict[str, Any]) -> None:
                            ("convergence_p999_ms", COLORS["red"])):
             pts = [(row["subscriptions"], max(row[key] or 1, 1) / 1000) for row in g["series"]]
             lines.append(Series(key.split("_")[1].upper(), pts, color))
-        panels.append(Panel(f"{transport}: convergence vs subscriptions", "subscriptions", "seconds", (lo, hi),
-                            (1e-3, 100.0), x_log=True, y_log=True, x_ticks=[(v, str(v)) for v in ns],
-                            y_ticks=decades, series=lines))
-        mem = [(row["subscriptions"], max(row["worker_bytes_per_subscription"], 1) / 1024) for row in g["series"]]
+        panels.append(Panel(f"{transport}: convergence vs subscriptions", "subscriptions", "seconds",
+                            (lo, hi), (1e-3, 100.0), x_log=True, y_log=True,
+                            x_ticks=[(v, str(v)) for v in ns], y_ticks=decades, series=lines))
+        mem = [(row["subscriptions"], max(row["worker_bytes_per_subscription"],
+                                          1) / 1024) for row in g["series"]]
         tmem = [(row["subscriptions"], max(row["temporal_server_bytes_per_subscription"], 1) / 1024)
                 for row in g["series"]]
-        panels.append(Panel(f"{transport}: memory per subscription", "subscriptions", "KIB", (lo, hi), (1.0, 10000.0),
-                            x_log=True, y_log=True, x_ticks=[(v, str(v)) for v in ns],
+        panels.append(Panel(f"{transport}: memory per subscription", "subscriptions", "KIB", (lo, hi),
+                            (1.0, 10000.0), x_log=True, y_log=True, x_ticks=[(v, str(v)) for v in ns],
                             y_ticks=[(1, "1"), (10, "10"), (100, "100"), (1000, "1000"), (10000, "10000")],
                             series=[Series("WORKER RSS", mem, COLORS["blue"]),
                                     Series("TEMPORAL DEV SERVER RSS", tmem, COLORS["green"])]))
@@ -1370,22 +1423,24 @@ def print_summary(report: dict[str, Any]) -> None:
         print(f"\n{r['transport']} N={r['subscriptions']}: {r['churn']['changes']} changes in "
               f"{r['churn']['duration_seconds']}s, {r['churn']['notifications_offered']} notifications "
               f"({r['churn']['notifications_dropped']} dropped)")
-        print(f"  reads/change        mcpsync {f(s['reads_per_change'])}   naive {f(b['reads_per_change'])}   "
-              f"ratio {f(c['amplification_vs_baseline'])}   (target <= {TARGETS['amplification_max']})")
-        print(f"  convergence ms      p50 {f(sc['p50_ms'])}  p99 {f(sc['p99_ms'])}  p99.9 {f(sc['p999_ms'])}  "
-              f"max {f(sc['max_ms'])}   within 60s {f(sc['converged_within_60s_pct'], '%')}  "
-              f"unconverged {sc['unconverged']}")
+        print(f"  reads/change        mcpsync {f(s['reads_per_change'])}   naive "
+              f"{f(b['reads_per_change'])}   ratio {f(c['amplification_vs_baseline'])}   (target <= "
+              f"{TARGETS['amplification_max']})")
+        print(f"  convergence ms      p50 {f(sc['p50_ms'])}  p99 {f(sc['p99_ms'])}  p99.9 "
+              f"{f(sc['p999_ms'])}  max {f(sc['max_ms'])}   within 60s "
+              f"{f(sc['converged_within_60s_pct'], '%')}  unconverged {sc['unconverged']}")
         sd, lost = sc["with_a_delivered_notification"], sc["all_notifications_dropped"]
-        print(f"   delivered only     p50 {f(sd['p50_ms'])}  p99 {f(sd['p99_ms'])}  p99.9 {f(sd['p999_ms'])}  "
-              f"max {f(sd['max_ms'])}   ({lost['changes']} changes lost every notification: {lost['latencies_ms']})")
+        print(f"   delivered only     p50 {f(sd['p50_ms'])}  p99 {f(sd['p99_ms'])}  p99.9 "
+              f"{f(sd['p999_ms'])}  max {f(sd['max_ms'])}   ({lost['changes']} changes lost every "
+              f"notification: {lost['latencies_ms']})")
         bc = b["convergence"]
-        print(f"  naive ms            p50 {f(bc['p50_ms'])}  p99 {f(bc['p99_ms'])}  p99.9 {f(bc['p999_ms'])}   "
-              f"regressions {b['regressions']} (mcpsync {s['regressions']})")
+        print(f"  naive ms            p50 {f(bc['p50_ms'])}  p99 {f(bc['p99_ms'])}  p99.9 "
+              f"{f(bc['p999_ms'])}   regressions {b['regressions']} (mcpsync {s['regressions']})")
         print(f"  floor ms            p50 {f(fl['p50_ms'])}  p99 {f(fl['p99_ms'])}   ratio p50 "
               f"{f(c['convergence_p50_vs_floor'])}  p99 {f(c['convergence_p99_vs_floor'])}  "
               f"p99.9 {f(c['convergence_p999_vs_floor'])}")
-        print(f"  revocation ms       p50 {f(r['revocation']['p50_ms'])}  p99 {f(r['revocation']['p99_ms'])}  "
-              f"(n={r['revocation']['samples']})")
+        print(f"  revocation ms       p50 {f(r['revocation']['p50_ms'])}  p99 "
+              f"{f(r['revocation']['p99_ms'])}  (n={r['revocation']['samples']})")
         oc = r["consumer"]
         print(f"  accept->consumer ms p50 {f(oc['p50_ms'])}  p99 {f(oc['p99_ms'])}  max {f(oc['max_ms'])}  "
               f"(n={oc['samples']}, not received {oc['not_received']})")
@@ -1407,26 +1462,29 @@ def print_summary(report: dict[str, Any]) -> None:
             st = r["staleness"][profile.value]
             over = st["over_bound_s"]
             slack = "-" if over is None else f"+{over} s: one dispatch" if over > 0 else "within it"
-            print(f"  staleness {profile.value:<28} max gap {f(st['max_gap_between_reads_s'], ' s')} vs bound "
-                  f"{f(st['published_bound_s'], ' s')} ({f(st['max_gap_over_bound'], 'x')}, {slack})   "
+            print(f"  staleness {profile.value:<28} max gap {f(st['max_gap_between_reads_s'], ' s')} vs "
+                  f"bound {f(st['published_bound_s'], ' s')} ({f(st['max_gap_over_bound'], 'x')}, {slack})   "
                   f"p50 {f(st['gap_p50_s'], ' s')}  p99 {f(st['gap_p99_s'], ' s')}   {st['reads']} reads, "
                   f"{st['catalog_words']} catalog words")
         dispatch = r["system"]["where_time_goes_ms"]
-        print(f"  (one dispatch here: workflow task schedule-to-start {f(dispatch['workflow_task_schedule_to_start'])} ms"
-              f" + allocate {f(dispatch['activity_end_to_end'][Act.ALLOCATE_READ])} ms, means during the churn)")
+        print("  (one dispatch here: workflow task schedule-to-start "
+              f"{f(dispatch['workflow_task_schedule_to_start'])} ms + allocate "
+              f"{f(dispatch['activity_end_to_end'][Act.ALLOCATE_READ])} ms, means during the churn)")
         print(f"  targets met         {r['targets_met']}")
         tf, cc = r["temporal_floor"], r["cost_of_a_change"]
-        print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; signal -> 1 "
-              f"activity on a 2nd queue: txn {f(tf['activity_postgres_p50_ms'])} ms + read "
+        print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; "
+              f"signal -> 1 activity on a 2nd queue: txn {f(tf['activity_postgres_p50_ms'])} ms + read "
               f"{f(tf['activity_read_p50_ms'])} ms -> workflow ack)")
         sf = r["temporal_start_floor"]
-        print(f"  temporal start floor {f(sf['subscriptions_per_s'])}/s  (n={sf['n']}, {sf['concurrency']} starts in "
-              f"flight, {f(sf['seconds'])} s; 1 activity per workflow: txn {f(sf['activity_postgres_p50_ms'])} ms + "
-              f"read {f(sf['activity_read_p50_ms'])} ms; CPU {f(sf['cpu_ms_per_start'])} ms/start, benchmark "
-              f"process + dev server; machine busy {f(sf['machine_busy_pct'], '%')}, other processes "
+        print(f"  temporal start floor {f(sf['subscriptions_per_s'])}/s  (n={sf['n']}, {sf['concurrency']} "
+              f"starts in flight, {f(sf['seconds'])} s; 1 activity per workflow: txn "
+              f"{f(sf['activity_postgres_p50_ms'])} ms + read {f(sf['activity_read_p50_ms'])} ms; CPU "
+              f"{f(sf['cpu_ms_per_start'])} ms/start, benchmark process + dev server; machine busy "
+              f"{f(sf['machine_busy_pct'], '%')}, other processes "
               f"{f(sf['other_processes_pct_of_machine'], '%')})")
         byp = cc["by_process_ms_per_change"]
-        print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = " + " + ".join(f"{k} {f(v)}" for k, v in byp.items())
+        print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = " + " + ".join(f"{k} {f(v)}" for k,
+                                                                                    v in byp.items())
               + f"   (whole machine {f(cc['whole_machine_busy_ms_per_change'])}; unreadable pids "
                 f"{cc['unreadable'] or 'none'})")
         print(f"  {'issue 12':<38} {'this run':>10}   {'before':<16} target")
@@ -1449,12 +1507,13 @@ async def run_isolated(opts: Options, argv: Sequence[str]) -> list[Run]:
             result = (opts.out / f".run-{transport}-{n}.json").resolve()
             result.unlink(missing_ok=True)
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "benchmarks.run", *argv, "--single", f"{transport}:{n}", "--result", str(result),
-                cwd=str(REPO))
+                sys.executable, "-m", "benchmarks.run", *argv, "--single", f"{transport}:{n}", "--result",
+                str(result), cwd=str(REPO))
             code = await proc.wait()
             text = await asyncio.to_thread(_read_or_empty, result)
             if code != 0 or not text:
-                raise RuntimeError(f"the {transport} N={n} run failed (exit code {code}); see its output above")
+                raise RuntimeError(f"the {transport} N={n} run failed (exit code {code}); see its output "
+                                   "above")
             data = json.loads(text)
             result.unlink()
             runs.append(Run(transport, n, opts, result=data["result"], curves=data["curves"]))
@@ -1486,7 +1545,8 @@ async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
         "benchmark": "mcpsync",
         "started_at": started.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": sys.version.split()[0]},
         "postgresql": "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded",
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()
                     if k not in ("single", "result")},
@@ -1500,10 +1560,11 @@ async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
             "A change whose every notification was dropped cannot converge by notification: see 'repair'.",
             "The baseline keeps the last read to complete; 'regressions' counts how often it went back to an "
             "older version (mcpsync's fence forbids it).",
-            "Staleness: the longest gap between two read allocations of a subscription (read_requests.issued_at) "
-            "against the bound its record publishes (staleness_bound_seconds when polling, safety_read_seconds with "
-            "subscribe); the periodic read is a deadline armed at allocation, so the gap may exceed the bound by one "
-            "dispatch (allocation path), never by a wake-up.",
+            "Staleness: the longest gap between two read allocations of a subscription "
+            "(read_requests.issued_at) against the bound its record publishes (staleness_bound_seconds "
+            "when polling, safety_read_seconds with subscribe); the periodic read is a deadline armed at "
+            "allocation, so the gap may exceed the bound by one dispatch (allocation path), never by a "
+            "wake-up.",
         ],
     }
     await asyncio.to_thread((opts.out / "results.json").write_text, json.dumps(report, indent=2))
@@ -1523,9 +1584,11 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--subscriptions", type=int, default=None, help="N for a single run (default 200; --quick 50)")
+    p.add_argument("--subscriptions", type=int, default=None, help="N for a single run (default 200; "
+                                                                   "--quick 50)")
     p.add_argument("--series", type=_ints, default=None,
-                   help="comma-separated Ns (e.g. 100,1000): one run per N and transport, plus a growth report")
+                   help="comma-separated Ns (e.g. 100,1000): one run per N and transport, plus a growth "
+                        "report")
     p.add_argument("--transport", choices=["http", "stdio", "both"], default="both")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     p.add_argument("--quick", action="store_true", help="small and short: N=50, 10 s churn, fewer samples")
@@ -1534,27 +1597,31 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--floor-samples", type=int, default=None, help="default 100; --quick 20")
     p.add_argument("--temporal-floor-samples", type=int, default=None,
                    help="samples of the Temporal floor (benchmarks.floor): default 50; --quick 20")
-    p.add_argument("--revocations", type=int, default=None, help="revocation sample size (default 20; --quick 5)")
+    p.add_argument("--revocations", type=int, default=None, help="revocation sample size (default 20; "
+                                                                 "--quick 5)")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--poll-seconds", type=float, default=None,
                    help="staleness, polling profile: poll_interval_seconds (default 10; --quick 5)")
     p.add_argument("--safety-read-seconds", type=float, default=None,
                    help="staleness, lost-notifications profile: safety_read_seconds (default 12; --quick 6)")
     p.add_argument("--staleness-window", type=float, default=None,
-                   help="staleness window seconds, from the churn's start (default: the churn's duration, at least "
-                        "five of the longer period)")
-    p.add_argument("--staleness-subscriptions", type=int, default=4, help="subscriptions per staleness profile")
+                   help="staleness window seconds, from the churn's start (default: the churn's duration, "
+                        "at least five of the longer period)")
+    p.add_argument("--staleness-subscriptions", type=int, default=4, help="subscriptions per staleness "
+                                                                          "profile")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
-                   help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a real "
-                        "cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
+                   help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a "
+                        "real cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
     p.add_argument("--ingress-scale", type=_ints, default=None, metavar="S,S,...",
-                   help="instead of the run: one ingress process hosting S subjects of one server per level (e.g. "
-                        "1,50,200): pollers, RSS, idle CPU (benchmarks.ingress_scale)")
+                   help="instead of the run: one ingress process hosting S subjects of one server per "
+                        "level (e.g. 1,50,200): pollers, RSS, idle CPU (benchmarks.ingress_scale)")
     p.add_argument("--layout", choices=[x.value for x in Layout], default=Layout.SPLIT.value,
-                   help="split (default): mcpsync's main worker and ingress in processes of their own, as deployed; "
-                        "in-process: both in the benchmark's process with the driver and the naive baseline")
-    p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window (default 10)")
+                   help="split (default): mcpsync's main worker and ingress in processes of their own, as "
+                        "deployed; in-process: both in the benchmark's process with the driver and the "
+                        "naive baseline")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="--ingress-scale: idle CPU window "
+                                                                    "(default 10)")
     p.add_argument("--idle-window", type=float, default=None,
                    help="seconds of idle cost (no changes) after start-up, per process (benchmarks.idle; "
                         "default 20, --quick 8, 0: none)")
@@ -1581,7 +1648,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         seed=a.seed,
         staleness_subscriptions=a.staleness_subscriptions,
         poll_seconds=a.poll_seconds if a.poll_seconds is not None else (5.0 if quick else 10.0),
-        safety_read_seconds=a.safety_read_seconds if a.safety_read_seconds is not None else (6.0 if quick else 12.0),
+        safety_read_seconds=a.safety_read_seconds if a.safety_read_seconds is not None
+        else (6.0 if quick else 12.0),
         staleness_window=a.staleness_window,
         quick=quick,
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),

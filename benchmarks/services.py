@@ -130,7 +130,8 @@ class SplitServices:
     async def check(self) -> None:
         for child in (self.main, self.ingress):
             if child.proc.returncode is not None:
-                raise RuntimeError(f"the {child.role} process exited with {child.proc.returncode}:\n{child.tail()}")
+                raise RuntimeError(f"the {child.role} process exited with "
+                                   f"{child.proc.returncode}:\n{child.tail()}")
 
     async def host_totals(self, server: str) -> HostTotals:
         received = coalesced = read = 0.0

@@ -108,8 +108,9 @@ async def start_profile(client: Client, ledger: Ledger, profile: Profile, *, ser
                for key in keys]
 
     async def initial_reads() -> bool:
-        done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND state='ACTIVE'"
-                                          " AND last_accepted_digest IS NOT NULL", (server,))
+        done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s "
+                                          "AND state='ACTIVE' AND last_accepted_digest IS NOT NULL",
+                                  (server,))
         return int(done or 0) >= len(keys)
 
     if not await until(initial_reads, 60 + 2 * len(keys), 0.25):

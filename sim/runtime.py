@@ -347,7 +347,8 @@ class ProgramRun:
             return
         except _Livelock:
             self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
-                               f"(state={self.fence.s.state.value}, catalog={self.program.catalog is not None})")
+                               f"(state={self.fence.s.state.value}, "
+                               f"catalog={self.program.catalog is not None})")
             self.stage = RunStage.WEDGED
             return
         except Exception as err:  # noqa: BLE001 - reported as a violation, as Temporal would fail the task
@@ -371,7 +372,8 @@ class ProgramRun:
         if timeout is not None:
             kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile"}.get(
                 request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
-        self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout, kind))
+        self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
+                                           kind))
 
     def _finished(self, task: _Task) -> None:
         if task.role.startswith("handler:"):

@@ -51,7 +51,8 @@ def _base(act: Activity) -> int:
 
 def _request_id(act: Activity) -> str:
     arg = act.arg
-    return str(arg.read.allocate.request_id if act.name == Act.MCP_SUBSCRIBE_CYCLE else arg.allocate.request_id)
+    return str(arg.read.allocate.request_id if act.name == Act.MCP_SUBSCRIBE_CYCLE
+               else arg.allocate.request_id)
 
 
 def _target(sim: Simulation, e: Event) -> Activity | None:
@@ -112,7 +113,8 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if msg_kind == "session_changed" and running and wf.fence.allocating and wf.program.reads_running:
             before.add("F3.session_change_while_reading")
         if e.op == Op.EXEC and act is not None and act.ingress is None and act.name in CYCLES \
-                and act.step == _base(act) + 1 and e.fault in ("error", "malformed") and act.ticket is not None \
+                and act.step == _base(act) + 1 and e.fault in ("error",
+                                                               "malformed") and act.ticket is not None \
                 and act.ticket.notifications_seen > row.covered:
             before.add("F7.covering_read_failed")
         if wait == WaitKind.CONTINUE_AS_NEW:
@@ -186,7 +188,8 @@ def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budge
 
 
 def search(seed: str, start: int, stop: int, names: Iterable[str],
-           config: SimConfig = SEARCH_CONFIG, *, bites: Callable[[Trace], bool] | None = None) -> dict[str, Trace]:
+           config: SimConfig = SEARCH_CONFIG, *, bites: Callable[[Trace],
+                                                                 bool] | None = None) -> dict[str, Trace]:
     """Seeded schedules ``start``..``stop-1``: for each wanted situation, the first clean schedule
     that reaches it (and that ``bites``), shrunk."""
     wanted = set(names)

@@ -75,9 +75,11 @@ class AnswerGate:
         self.task_queue = task_queue
         self.idle_seconds = idle_seconds
 
-    async def bind(self, answer_id: str, question: str, dependencies: Iterable[DependencyLike]) -> AnswerBindingV1:
+    async def bind(self, answer_id: str, question: str,
+                   dependencies: Iterable[DependencyLike]) -> AnswerBindingV1:
         """Bind (or rebind: a new revision) the answer draft to the observations it used."""
-        req = BindRequest(answer_id=answer_id, question=question, dependencies=[_dependency(d) for d in dependencies])
+        req = BindRequest(answer_id=answer_id, question=question,
+                          dependencies=[_dependency(d) for d in dependencies])
         result: AnswerBindingV1 = await self._update(answer_id, UPDATE_BIND, req, AnswerBindingV1)
         return result
 
@@ -116,7 +118,8 @@ class AnswerGate:
             static_summary=f"answer {answer_id[:180]}",
         )
         try:
-            return await self.client.execute_update_with_start_workflow(name, arg, start_workflow_operation=start,
+            return await self.client.execute_update_with_start_workflow(name, arg,
+                                                                        start_workflow_operation=start,
                                                                         result_type=result_type)
         except WorkflowUpdateFailedError as err:
             cause = err.cause
@@ -124,6 +127,7 @@ class AnswerGate:
             raise AnswerGateError(f"{name} refused: {message}") from None
 
 
-async def latest_receipts(ledger: Ledger, subject: str, server: str, uris: Sequence[str]) -> dict[str, LatestReceipt]:
+async def latest_receipts(ledger: Ledger, subject: str, server: str,
+                          uris: Sequence[str]) -> dict[str, LatestReceipt]:
     """Per URI: subscription state and latest accepted receipt, read straight from the ledger."""
     return await AnswerLedger(ledger.pool).latest_receipts(subject, server, uris)

@@ -8,7 +8,8 @@ Contract:
   else ``<state dir>/runtime.json`` written by a running ``mcpsync up``. No runtime file (and no
   configuration) is "nothing is running here", exit 6; a runtime file whose ``mcpsync up``
   process no longer runs is stale: refused (exit 6) rather than trusted, so a command never talks
-  to a half-dead stack. A configuration file that is wrong is exit 2. It records in ``args.address_sources`` where the
+  to a half-dead stack. A configuration file that is wrong is exit 2. It records in ``args.address_sources``
+  where the
   Temporal address and the database URL came from, so every connection error names it.
 - ``subscription_key`` validates (server, subject, uri) against the configuration: an
   unknown server is a usage error; with ``configured_subject`` so is a subject the server
@@ -17,7 +18,8 @@ Contract:
 - ``print_error`` is the one place the ``mcpsync: error:`` line is written.
 - Flag values are checked when the command line is parsed, before anything is contacted:
   ``count`` (an integer of at least 1: a limit, a batch size, a receipt id), ``non_negative`` /
-  ``port`` (integers of at least 0), ``seconds`` (a timeout or interval: more than 0), ``amount`` (at least 0: a
+  ``port`` (integers of at least 0), ``seconds`` (a timeout or interval: more than 0), ``amount`` (at least 0:
+  a
   period where 0 means "none", days to keep). A bad value is one ``mcpsync: error:`` line naming
   the flag, exit 2 (``OneLineParser``).
 """
@@ -41,8 +43,9 @@ from mcpsync.worker.runtime import RuntimeInfo
 from mcpsync.workflows.records import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
-           "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error", "print_out",
-           "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key", "terminal_safe"]
+           "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error",
+           "print_out", "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key",
+           "terminal_safe"]
 
 
 class ExitCode(IntEnum):
@@ -111,7 +114,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
                            "'mcpsync up', or pass --config FILE / set MCPSYNC_CONFIG)", ExitCode.UNAVAILABLE)
         runtime = RuntimeInfo.load(runtime_path)
         if runtime is None:
-            raise CliError(f"runtime file {runtime_path} is unreadable (not the JSON 'mcpsync up' writes): remove "
+            raise CliError(f"runtime file {runtime_path} is unreadable (not the JSON 'mcpsync up' writes): "
+                           "remove "
                            "it, or pass --config FILE")
         if not runtime.stack_alive():
             raise CliError(f"runtime file {runtime_path} is stale (stack pid {runtime.pid} not running): "
@@ -124,7 +128,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
         config = config.model_copy(update={
             "temporal": config.temporal.model_copy(update={"address": runtime.temporal_address,
                                                            "ui_url": runtime.ui_url}),
-            "database": config.database.model_copy(update={"url": config.database.url or runtime.database_url}),
+            "database": config.database.model_copy(update={"url": config.database.url
+                                                           or runtime.database_url}),
         })
         temporal_from = origin
     elif os.environ.get("MCPSYNC_TEMPORAL_ADDRESS"):
@@ -149,7 +154,8 @@ def database_url(config: Config) -> str:
     return config.database.url
 
 
-def subscription_key(args: argparse.Namespace, config: Config, *, configured_subject: bool = False) -> SubscriptionKey:
+def subscription_key(args: argparse.Namespace, config: Config, *,
+                     configured_subject: bool = False) -> SubscriptionKey:
     check_target(args, config, configured_subject=configured_subject)
     return key_for(args, args.uri)
 

@@ -14,14 +14,16 @@ def register(sub: Any) -> None:
     """Add ``serve`` to the top-level subparsers ``sub``."""
     help_ = "an MCP server whose resources are one subject's subscribed resources (fresh, with receipts)"
     c = sub.add_parser(
-        "serve", help=help_, description=help_ + ". HTTP: bearer tokens from MCPSYNC_SERVE_TOKENS, a JSON object "
-        "{subject: token}; stdio: --stdio SUBJECT. docs/serve.md.",
+        "serve", help=help_, description=help_ + ". HTTP: bearer tokens from MCPSYNC_SERVE_TOKENS, a JSON "
+                                                 "object {subject: token}; stdio: --stdio SUBJECT. "
+                                                 "docs/serve.md.",
         epilog="examples:\n"
                "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"s3cret\"}' mcpsync serve --port 8765\n"
                "  mcpsync serve --stdio alice                  # for a host that starts servers over stdio\n")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     c.add_argument("--port", type=int, default=0, help="HTTP port (default 0: a free one, printed)")
-    c.add_argument("--stdio", metavar="SUBJECT", default=None, help="serve SUBJECT over stdin/stdout instead of HTTP")
+    c.add_argument("--stdio", metavar="SUBJECT", default=None, help="serve SUBJECT over stdin/stdout "
+                                                                    "instead of HTTP")
     c.add_argument("--max-age", type=float, default=None, metavar="SECONDS",
                    help="the published staleness bound: requireFresh refuses content verified longer ago")
     c.add_argument("--consumer", default="serve", help="the durable outbox consumer name of this process "
@@ -43,7 +45,8 @@ async def cmd_serve(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.stdio is None and not tokens:
-        raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use --stdio SUBJECT)")
+        raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use "
+                       "--stdio SUBJECT)")
     if args.page_size < 1 or args.client_buffer < 1:
         raise CliError("--page-size and --client-buffer must be at least 1")
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,

@@ -121,8 +121,8 @@ def register(sub: Any) -> None:
                        epilog="With --patch ID: exit 0 when no open run lacks the marker (deprecate_patch is "
                               "safe), 3 otherwise. docs/upgrades.md, 'Patch lifecycle'.\n\nexamples:\n"
                               "  mcpsync upgrades\n"
-                              "  mcpsync upgrades --patch my-patch-id --workflow-type ResourceSubscriptionWorkflow\n"
-                              "  mcpsync upgrades --task-queue mcpsync --json\n")
+                              "  mcpsync upgrades --patch my-patch-id --workflow-type "
+                              "ResourceSubscriptionWorkflow\n  mcpsync upgrades --task-queue mcpsync --json\n")
     c.add_argument("--patch", metavar="ID", help="count the open runs without this workflow.patched marker")
     c.add_argument("--workflow-type", choices=WORKFLOW_TYPES, default=None,
                    help="with --patch: only runs of this workflow type (default: every type)")

@@ -150,7 +150,8 @@ class NotFoundProbe(FrozenRecord):
     uri: str
     code: int | None  # None: the read did not fail
     message: str | None = None
-    classified_as: str | None = None  # mcpsync.activities.mcp_session.classify_error: not_found / malformed / ...
+    # mcpsync.activities.mcp_session.classify_error: not_found / malformed / ...
+    classified_as: str | None = None
 
 
 SubscribeVerdict = Literal["verified", "ack_only", "no_update", "rejected", "not_advertised", "no_resource"]
@@ -450,9 +451,11 @@ async def _subscribe(client: Client, uri: str | None, caps: ProbeCapabilities, n
     modern = client.protocol_version == MODERN
     method: Literal["resources/subscribe", "subscriptions/listen"] = (
         "subscriptions/listen" if modern else "resources/subscribe")
-    base: dict[str, Any] = {"uri": uri, "method": method, "advertised": caps.subscribe, "bound_seconds": bound}
+    base: dict[str, Any] = {"uri": uri, "method": method, "advertised": caps.subscribe,
+                            "bound_seconds": bound}
     if uri is None:
-        return SubscribeProbe(**base, verdict="no_resource", detail="the server listed no resource to subscribe to")
+        return SubscribeProbe(**base, verdict="no_resource", detail="the server listed no resource to "
+                                                                    "subscribe to")
     async with AsyncExitStack() as stack:
         started = time.monotonic()
         honored: bool | None = None
@@ -607,7 +610,8 @@ async def probe_server(server: ServerConfig, *, subject: str = "anonymous", uri:
                 note = f"no known nudge for server {impl.name if impl else '?'!r}: ack checked only"
         else:
             chosen = nudge
-        subscribe = await _subscribe(client, target_uri, caps, chosen, update_bound_seconds, rec, timeout, note)
+        subscribe = await _subscribe(client, target_uri, caps, chosen, update_bound_seconds, rec, timeout,
+                                     note)
     editions = [EditionProbe(mode=mode, negotiated=negotiated)]
     if other_edition:
         editions.append(await _edition(server, subject, "auto" if mode == "legacy" else "legacy", timeout))

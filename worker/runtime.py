@@ -256,7 +256,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         if worker is not None:
             tasks.append(asyncio.create_task(worker.run(), name="main-worker"))
             if config.retention is not None:
-                tasks.append(asyncio.create_task(_prune_periodically(ledger, config.retention), name="retention"))
+                tasks.append(asyncio.create_task(_prune_periodically(ledger, config.retention),
+                                                 name="retention"))
         if ready is not None:
             ready.set()
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -335,7 +336,8 @@ async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server
     return Revocation(ledger=record, signalled=signalled, mirrored=mirrored, pending=pending)
 
 
-async def _wait_mirrored(client: Client, workflow_ids: Sequence[str], *, timeout: float) -> tuple[list[str], list[str]]:
+async def _wait_mirrored(client: Client, workflow_ids: Sequence[str], *, timeout: float) -> tuple[list[str],
+                                                                                                  list[str]]:
     """(mirrored, not yet) among ``workflow_ids`` after at most ``timeout`` seconds: a workflow has
     mirrored the revocation once its record (query ``subscription``) says REVOKED. A workflow that
     cannot answer (no worker) is asked again until the time runs out."""

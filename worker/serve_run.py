@@ -8,7 +8,8 @@ Contract:
   stdout: ``mcpsync serve: listening on http://HOST:PORT/mcp``. stdio: the MCP session on
   stdin/stdout for ``stdio_subject`` (nothing else on stdout).
 - The follower is the durable outbox consumer ``config.consumer`` (registered on first use at the
-  outbox's end, no subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so a
+  outbox's end, no subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so
+  a
   serve process killed between the two announces the batch again on restart (duplicates, never
   a loss). A gap (retention pruned unacknowledged events) is a resync: every connected client is
   told to list and read again.
@@ -49,15 +50,17 @@ def tokens_from_environment(env: dict[str, str] | None = None) -> tuple[tuple[st
         data = json.loads(raw)
     except json.JSONDecodeError:
         raise ValueError("MCPSYNC_SERVE_TOKENS must be a JSON object {subject: token}") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in data.items()):
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k,
+                                             v in data.items()):
         raise ValueError("MCPSYNC_SERVE_TOKENS must be a JSON object {subject: token} of non-empty strings")
     return tuple((token, subject) for subject, token in data.items())
 
 
-async def _reply(send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _reply(send: Send, status: int, body: bytes, extra: list[tuple[bytes,
+                                                                         bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(extra or [])]})
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -164,7 +164,8 @@ class SessionHost:
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
         self._list_changed_pending = asyncio.Event()
-        self.uris_rejected = 0  # notifications whose URI no subscription can have (too long, control characters)
+        # notifications whose URI no subscription can have (too long, control characters)
+        self.uris_rejected = 0
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
@@ -203,7 +204,8 @@ class SessionHost:
         if self._own_ingress:
             worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
             # A worker that fails stops the host; ``run`` then raises its error (the finally below).
-            worker.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None else self.stop())
+            worker.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
+                                     else self.stop())
             tasks.append(worker)
         try:
             while not self._stopping.is_set():
@@ -229,7 +231,8 @@ class SessionHost:
 
     async def _acquire_lease(self) -> bool:
         ttl = self.server.lease_seconds
-        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id, ttl * LEASE_HOLD_FRACTION):
+        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
+                                           ttl * LEASE_HOLD_FRACTION):
             self._lease_lost.clear()
             self.leases_acquired += 1
             log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
@@ -295,7 +298,8 @@ class SessionHost:
                 backoff = 0.25
             except SessionOpenError as exc:
                 self.last_error = str(exc)
-                log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc, backoff)
+                log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc,
+                            backoff)
             if self._stopping.is_set() or self._lease_lost.is_set():
                 break
             with suppress(TimeoutError):
@@ -336,9 +340,9 @@ class SessionHost:
             await self._audit_truncated_info(impl, info.generation)
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
-                edition=client.protocol_version, server_name=info.server_name, server_version=info.server_version,
-                max_content_bytes=self.server.max_content_bytes, on_uri_updated=self._enqueue,
-                guardrails=self.guardrails,
+                edition=client.protocol_version, server_name=info.server_name,
+                server_version=info.server_version, max_content_bytes=self.server.max_content_bytes,
+                on_uri_updated=self._enqueue, guardrails=self.guardrails,
                 on_stream_lost=lambda uri, why, detail: self._stream_lost(info.generation, uri, why, detail),
             )
             if live.modern and capabilities["listChanged"]:
@@ -450,8 +454,9 @@ class SessionHost:
         if live is None and isinstance(message, types.ResourceUpdatedNotification | types.ResourceListChangedNotification):
             # Before initialization finished (or after the session was dropped): lifecycle misuse.
             with suppress(Exception):
-                await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject, server=self.server.name,
-                                        uri=str(getattr(message.params, "uri", ""))[:2048] or None,
+                await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject,
+                                        server=self.server.name, uri=str(getattr(message.params, "uri",
+                                                                                 ""))[:2048] or None,
                                         detail={"method": message.method})
             return
         generation = live.generation if live is not None else 0
@@ -469,7 +474,8 @@ class SessionHost:
         elif isinstance(message, types.ResourceListChangedNotification):
             self._note_list_changed(generation)
         elif isinstance(message, Exception):
-            log.warning("session %s/%s transport error: %s", self.server.name, self.subject, type(message).__name__)
+            log.warning("session %s/%s transport error: %s", self.server.name, self.subject,
+                        type(message).__name__)
 
     def list_changed_count(self, generation: int) -> int:
         return self._list_changed.get(generation, 0)
@@ -516,7 +522,8 @@ class SessionHost:
             self.uris_rejected += 1
             self._audit_later("NOTIFICATION_URI_REJECTED", generation, uri=uri[:AUDIT_URI_CHARS],
                               detail={"reason": problem, "uri_length": len(uri),
-                                      "uri_sha256": hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
+                                      "uri_sha256": hashlib.sha256(uri.encode("utf-8",
+                                                                              "surrogatepass")).hexdigest()})
             return
         metrics.note_notification(self, uri)
         offer = self.router.offer(uri, generation)
@@ -570,17 +577,20 @@ class SessionHost:
             case ReadCycle():
                 return await self._read_here(effect)
             case SignalUpdated(workflow_id=workflow_id, update=sig):
-                return await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri, sig.session_generation)
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri,
+                                          sig.session_generation)
             case ReportRead(workflow_id=workflow_id, report=report):
                 sig = report.update
-                return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report, sig.uri, sig.session_generation)
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report, sig.uri,
+                                          sig.session_generation)
             case Siblings(uri=uri):
                 return await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
             case SiblingInvalidated():
                 return await self.ledger.audit(
                     "AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
-                    uri=effect.sibling_uri, workflow_id=effect.workflow_id, session_generation=effect.generation,
-                    detail={"observed_uri": effect.observed_uri, "sibling_uri": effect.sibling_uri})
+                    uri=effect.sibling_uri, workflow_id=effect.workflow_id,
+                    session_generation=effect.generation, detail={"observed_uri": effect.observed_uri,
+                                                                  "sibling_uri": effect.sibling_uri})
         raise TypeError(f"unknown ingress effect {effect!r}")
 
     async def _route_failed(self, failed: RouteFailed, started: float) -> bool:
@@ -594,8 +604,8 @@ class SessionHost:
                       ROUTE_RETRY_SECONDS, self.server.name, type(exc).__name__)
             with suppress(Exception):
                 await self.ledger.audit("NOTIFICATION_NOT_ROUTED", subject=self.subject,
-                                        server=self.server.name, uri=uri[:2048], session_generation=generation,
-                                        detail={"error": type(exc).__name__})
+                                        server=self.server.name, uri=uri[:2048],
+                                        session_generation=generation, detail={"error": type(exc).__name__})
             return False
         log.warning("routing a notification failed (server=%s): %s; retrying in %.1fs",
                     self.server.name, type(exc).__name__, delay)
@@ -638,20 +648,23 @@ class SessionHost:
         if kind is not None:
             await self.ledger.audit(kind, subject=self.subject, server=self.server.name, uri=uri,
                                     session_generation=generation,
-                                    detail={} if kind == "UNKNOWN_URI" else {"after_rows": AUDIT_ROWS_PER_SESSION})
+                                    detail={} if kind == "UNKNOWN_URI"
+                                    else {"after_rows": AUDIT_ROWS_PER_SESSION})
         siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
         for workflow_id, subscribed in siblings:
-            await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name, uri=uri,
-                                    workflow_id=workflow_id, session_generation=generation,
+            await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name,
+                                    uri=uri, workflow_id=workflow_id, session_generation=generation,
                                     detail={"subscribed_uri": subscribed})
             with suppress(RPCError):
                 await self.temporal.get_workflow_handle(workflow_id).signal(
                     SIGNAL_IDENTITY_CONFLICT,
-                    IdentityConflict(observed_uri=uri, reason="notification URI matches only after normalization",
+                    IdentityConflict(observed_uri=uri, reason="notification URI matches only after "
+                                                              "normalization",
                                      session_generation=generation),
                 )
         if siblings:
-            await self._request_reconciliation(f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}", generation)
+            await self._request_reconciliation(f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}",
+                                               generation)
 
     async def _request_reconciliation(self, reason: str, generation: int) -> None:
         """Ask the CatalogWorkflow of (subject, server) for a reconciliation; never start it."""

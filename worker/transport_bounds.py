@@ -33,15 +33,16 @@ __all__ = ["BoundedLines", "ResponseTooLarge", "bounded_http_transport", "instal
 PARSE_ERROR = -32700
 _DEFAULT_LIMIT = 2 * 32 * 1024 * 1024 + 65536  # the default max_content_bytes' transport limit
 _ID = r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)'
-_ID_FIRST = re.compile(r'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)  # Python servers: id before result
+# Python servers: id before result
+_ID_FIRST = re.compile(r'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID)
 _ID_LAST = re.compile(_ID + r'\s*\}\s*$')  # TypeScript servers: {result, jsonrpc, id}
 _HEAD = _TAIL = 256  # characters of an oversize line kept to find its request id
 MAX_MESSAGE_URIS = 100_000
 """No message may name more URIs than this (``"uri"`` and ``"uriTemplate"`` keys, counted on the raw
 line or body before it is parsed; inside a JSON string the quotes are escaped, so a body cannot fake
-one): a page of a million small descriptors fits in the byte limit but would cost the ingress about a gigabyte parsed. Equal to
-the catalog scan's item cap (activities/catalog_scan.py ``MAX_SCAN_ITEMS``): a page past it would
-stop the scan anyway."""
+one): a page of a million small descriptors fits in the byte limit but would cost the ingress about a gigabyte
+parsed. Equal to the catalog scan's item cap (activities/catalog_scan.py ``MAX_SCAN_ITEMS``): a page past it
+would stop the scan anyway."""
 _URI_KEYS = ('"uri"', '"uriTemplate"')  # a resource's, a template's
 _URI_KEYS_BYTES = tuple(k.encode() for k in _URI_KEYS)
 

@@ -74,8 +74,9 @@ async def run_up(args: argparse.Namespace) -> None:
     running = RuntimeInfo.load(runtime_file)
     if running is not None and running.pid is not None and running.pid != os.getpid() and running.stack_alive():
         # Checked before anything binds a port: the second stack would only fail later, less clearly.
-        raise StackAlreadyRunning(f"a stack is already running on state dir {root} (mcpsync up pid {running.pid}, "
-                                  f"Temporal {running.temporal_address}): stop it first or set another "
+        raise StackAlreadyRunning(f"a stack is already running on state dir {root} (mcpsync up pid "
+                                  f"{running.pid}, Temporal {running.temporal_address}): stop it first or "
+                                  "set another "
                                   "MCPSYNC_STATE_DIR")
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
@@ -86,9 +87,11 @@ async def run_up(args: argparse.Namespace) -> None:
             raise MetricsUnavailable(str(exc).replace("(change [metrics] port)",
                                                       "(pass --metrics-port N, or --metrics-port 0 for none)")) from None
         stack.push_async_callback(metrics.aclose)
-        temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port, ui_port=args.ui_port)
+        temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port,
+                                                        ui_port=args.ui_port)
         stack.push_async_callback(temporal_server.stop)
-        print(f"  temporal dev server  {temporal_server.address} ({temporal_server.startup_seconds:.1f}s)", flush=True)
+        print(f"  temporal dev server  {temporal_server.address} ({temporal_server.startup_seconds:.1f}s)",
+              flush=True)
 
         db_url = os.environ.get("MCPSYNC_DATABASE_URL")
         if not db_url:
@@ -123,8 +126,8 @@ async def run_up(args: argparse.Namespace) -> None:
         config = Config(
             temporal=temporal_cfg,
             database=DatabaseConfig(url=db_url),
-            servers=[ServerConfig(name=DEMO_SERVER, transport="http", url=fixture.mcp_url, edition="2025-11-25",
-                                  subjects=[DEMO_SUBJECT])],
+            servers=[ServerConfig(name=DEMO_SERVER, transport="http", url=fixture.mcp_url,
+                                  edition="2025-11-25", subjects=[DEMO_SUBJECT])],
         )
         client = await connect_temporal(temporal_cfg)
         services = asyncio.create_task(run_services(config, client, ledger))
@@ -178,7 +181,8 @@ async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str, port:
 
     tokens = tokens_from_environment()
     token = next((t for t, subject in tokens if subject == DEMO_SUBJECT), None) or secrets.token_urlsafe(18)
-    config = ServeConfig(port=port, tokens=((token, DEMO_SUBJECT), *((t, s) for t, s in tokens if t != token)),
+    config = ServeConfig(port=port, tokens=((token, DEMO_SUBJECT), *((t, s) for t,
+                                                                     s in tokens if t != token)),
                          consumer="serve-up")
     listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(run_serve(config, ledger.pool, db_url, on_listening=listening.set_result))

@@ -77,7 +77,8 @@ class AllocatePlan(BaseModel):
 
     def applied(self, row: FenceSnapshot) -> FenceSnapshot:
         """The row after the allocation's write."""
-        return row.model_copy(update={"last_issued_ordinal": self.ordinal, "allocated_sequence": self.notified})
+        return row.model_copy(update={"last_issued_ordinal": self.ordinal,
+                                      "allocated_sequence": self.notified})
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -35,8 +35,9 @@ class ServeProcess:
         log = conf.parent / f"serve-{consumer}-{os.urandom(3).hex()}.log"
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mcpsync.worker.cli", "-v", "--config", str(conf), "serve", "--port", str(port),
-                "--consumer", consumer, *extra, cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=err)
+                sys.executable, "-m", "mcpsync.worker.cli", "-v", "--config", str(conf), "serve", "--port",
+                str(port), "--consumer", consumer, *extra, cwd=REPO_ROOT, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=err)
         assert proc.stdout is not None
         try:
             line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -73,7 +74,8 @@ async def serve_client(url: str, token: str, mode: Literal["auto", "legacy"], in
             inbox.append(message)
 
     async with AsyncExitStack() as stack:
-        hc = await stack.enter_async_context(create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
+        hc = await stack.enter_async_context(create_mcp_http_client(headers={"Authorization": "Bearer "
+                                                                                              f"{token}"}))
         client = await stack.enter_async_context(
             Client(streamable_http_client(url, http_client=hc), mode=mode, cache=None,  # type: ignore[arg-type]
                    message_handler=handler))

@@ -60,9 +60,9 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
-         "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
-         "--safety-read-seconds", "2.5", "--staleness-window", "8", "--staleness-subscriptions", "2",
-         "--idle-window", "4", "--out", str(out)],
+         "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout",
+         "15", "--poll-seconds", "2", "--safety-read-seconds", "2.5", "--staleness-window", "8",
+         "--staleness-subscriptions", "2", "--idle-window", "4", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     wall = time.monotonic() - started  # the run's own wall clock: every duration it reports fits in it
@@ -74,8 +74,8 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
                                  "revocation_p99_max_seconds": 2.0}
     assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [("http", 6), ("stdio", 6)]
     for r in report["runs"]:
-        for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair", "burst",
-                        "revocation", "consumer", "targets_met"):
+        for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair",
+                        "burst", "revocation", "consumer", "targets_met"):
             assert section in r, f"{r['transport']}: no {section}"
         churn, system, baseline = r["churn"], r["system"], r["baseline"]
         assert churn["changes"] > 0 and churn["notifications_offered"] >= churn["changes"]
@@ -112,7 +112,8 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert 0 <= r["revocation"]["p50_ms"] <= r["revocation"]["p99_ms"]
         assert r["repair"]["repaired_by_one_more_change"] <= r["repair"]["uris_behind"]
         consumer = r["consumer"]
-        assert consumer["samples"] > 0 and consumer["not_received"] == 0, "every churn event reached the consumer"
+        assert consumer["samples"] > 0 and consumer["not_received"] == 0, ("every churn event reached the "
+                                                                           "consumer")
         assert 0 <= consumer["p50_ms"] <= consumer["p99_ms"]
         assert all(isinstance(v, bool) for v in r["targets_met"].values())
         _check_staleness(r["staleness"], wall)
@@ -144,7 +145,8 @@ def _check_staleness(section: dict[str, Any], wall: float) -> None:
         assert st["bound_field"] == field and st["published_bound_s"] == bound, profile
         assert st["server_subscribe_capability"] is subscribe
         assert st["subscriptions"] == 2 and st["catalog_words"] > 0 and st["edits"] > 0
-        assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], "one more gap than reads each"
+        assert st["reads"] > 0 and st["gaps"] == st["reads"] + st["subscriptions"], ("one more gap than "
+                                                                                     "reads each")
         gap = st["max_gap_between_reads_s"]
         assert _num(gap) and gap > 0 and 0 < st["gap_p50_s"] <= st["gap_p99_s"] <= gap
         where = st["max_gap_where"]
@@ -203,13 +205,15 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert history["activities_scheduled"] < history["signals"], history
     assert r["history_events_per_change"] == history["events_per_change"] > 0
     assert r["workflow_tasks_per_change"] == history["workflow_tasks_per_change"] > 0
-    assert history["events"] >= 3 * history["workflow_tasks_completed"], "each task is scheduled, started, completed"
+    assert history["events"] >= 3 * history["workflow_tasks_completed"], ("each task is scheduled, started, "
+                                                                          "completed")
 
     assert r["burst_reads_per_s"] == r["burst"]["reads_per_second"] > 0
     assert r["initial_subscriptions_per_s"] == r["startup"]["subscriptions_per_second"] > 0
     assert r["reads_per_change_vs_naive"] == r["comparison"]["amplification_vs_baseline"]
 
-    # The Temporal start floor: as many one-activity workflows as the startup phase timed, 32 starts in flight.
+    # The Temporal start floor: as many one-activity workflows as the startup phase timed, 32 starts in
+    # flight.
     sf = r["temporal_start_floor"]
     assert sf["n"] == r["startup"]["subscriptions_measured"] == 5 and sf["concurrency"] == 32 and sf["warmup"] == 1
     assert _num(sf["subscriptions_per_s"]) and sf["subscriptions_per_s"] > 0

@@ -88,8 +88,10 @@ def test_freshness_is_shown_when_the_record_has_it() -> None:
         subject="alice", server="docs", uri="demo://x", state=SubscriptionState.ACTIVE, edition="2025-11-25",
         started_at=now - timedelta(hours=2), ended_at=now - timedelta(seconds=5),
         last_accepted_at=now - timedelta(seconds=42), last_verified_at=now - timedelta(seconds=7),
-        next_read_due_at=now + timedelta(seconds=293), staleness_bound_seconds=30.0, safety_read_seconds=300.0)
-    lines = {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in status_text(rec, now).splitlines())}
+        next_read_due_at=now + timedelta(seconds=293), staleness_bound_seconds=30.0,
+        safety_read_seconds=300.0)
+    lines = {k.strip(): v.strip() for k, _, v in (line.partition(": ")
+                                                  for line in status_text(rec, now).splitlines())}
     assert lines["last accepted at"] == "2026-12-03T11:59:18Z (42s ago)"
     assert lines["last verified at"] == "2026-12-03T11:59:53Z (7s ago)"
     assert lines["next read due"] == "2026-12-03T12:04:53Z (4m53s from now)"
@@ -140,7 +142,8 @@ def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
     handlers = ({(n, "signal") for n in defn.signals} | {(n, "update") for n in defn.updates}
                 | {(n, "query") for n in defn.queries})
     readme = (REPO_ROOT / "README.md").read_text()
-    table = readme[readme.index("**Signals, updates and queries**"):readme.index("Ingress services must signal")]
+    table = readme[readme.index("**Signals, updates and queries**"):readme.index("Ingress services must "
+                                                                                 "signal")]
     documented = set(re.findall(r"^\| `([a-z_]+)` \| (signal|update|query) \|", table, re.MULTILINE))
     assert documented == handlers
 
@@ -203,15 +206,16 @@ def test_a_stale_runtime_file_is_refused(tmp_path: Path) -> None:
     for args in (["list"], ["status", "--server", "demo", "--uri", "demo://x"]):
         r = _cli(*args, env={"MCPSYNC_STATE_DIR": str(state)})
         assert r.returncode == 6, r.stderr
-        assert _one_error_line(r) == (f"mcpsync: error: runtime file {state / 'runtime.json'} is stale (stack pid "
-                                      f"{dead.pid} not running): start 'mcpsync up' or pass --config FILE")
+        assert _one_error_line(r) == (f"mcpsync: error: runtime file {state / 'runtime.json'} is stale "
+                                      f"(stack pid {dead.pid} not running): start 'mcpsync up' or pass "
+                                      "--config FILE")
     # A live pid that is not an 'mcpsync up' (a recycled pid) is stale too.
     _runtime_file(state, os.getpid(), config)
     r = _cli("list", env={"MCPSYNC_STATE_DIR": str(state)})
     assert r.returncode == 6 and "is stale" in r.stderr
     # --config wins over the runtime file: the stale file is not consulted.
-    r = _cli("--config", str(config), "subscribe", "--server", "demo", "--uri", "demo://x", "--subject", "bob",
-             env={"MCPSYNC_STATE_DIR": str(state)})
+    r = _cli("--config", str(config), "subscribe", "--server", "demo", "--uri", "demo://x", "--subject",
+             "bob", env={"MCPSYNC_STATE_DIR": str(state)})
     assert r.returncode == 2 and "is stale" not in r.stderr
 
 
@@ -221,17 +225,20 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
                       f'[database]\nurl = "postgresql://u@127.0.0.1:{free_port()}/x"\n'
                       '[[servers]]\nname = "docs"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n'
                       'subjects = ["alice", "carol"]\n')
-    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x", "--subject", "bob")
+    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x", "--subject",
+             "bob")
     assert r.returncode == 2
     assert "subject 'bob' is not configured for server 'docs' (configured: alice, carol)" in _one_error_line(r)
-    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x")  # default: anonymous
+    # default: anonymous
+    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x")
     assert r.returncode == 2 and "subject 'anonymous' is not configured" in r.stderr
     r = _cli("--config", str(config), "rollout", "--server", "docs", "--mode", "all", "--percent", "50")
     assert r.returncode == 2 and "--percent applies to --mode percent only" in _one_error_line(r)
     r = _cli("--config", str(config), "rollout", "--server", "docs", "--percent", "150")
     assert r.returncode == 2 and "between 0 and 100" in r.stderr
     # Connection errors: one line, exit 6, naming where the address came from.
-    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x", "--subject", "alice")
+    r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x", "--subject",
+             "alice")
     assert r.returncode == 6 and "Temporal unreachable" in r.stderr
     assert _one_error_line(r).endswith(f"address from config file {config} (--config {config})")
     r = _cli("--config", str(config), "list")
@@ -243,12 +250,13 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
     assert r.returncode == 6 and env_addr in r.stderr
     assert _one_error_line(r).endswith("address from environment variable MCPSYNC_TEMPORAL_ADDRESS")
     bare = tmp_path / "bare.toml"
-    bare.write_text('[temporal]\nconnect_timeout_seconds = 1.5\n[[servers]]\nname = "docs"\ntransport = "http"\n'
-                    'url = "http://127.0.0.1:1/mcp"\n')
+    bare.write_text('[temporal]\nconnect_timeout_seconds = 1.5\n[[servers]]\nname = "docs"\ntransport = '
+                    '"http"\nurl = "http://127.0.0.1:1/mcp"\n')
     r = _cli("--config", str(bare), "status", "--server", "docs", "--uri", "demo://x",
              env={"MCPSYNC_TEMPORAL_ADDRESS": ""})
     if r.returncode == 6:  # nothing listens on the default 127.0.0.1:7233 on this machine
-        assert _one_error_line(r).endswith(f"address from the default (config file {bare} sets no [temporal] address)")
+        assert _one_error_line(r).endswith(f"address from the default (config file {bare} sets no "
+                                           "[temporal] address)")
 
 
 # --- the embedded stack: 'mcpsync up' twice, the runtime file's life cycle -------------------
@@ -260,27 +268,30 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
     env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
     log = (tmp_path / "up.log").open("wb")
     up = await asyncio.create_subprocess_exec(
-        *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0", cwd=REPO_ROOT, env=env,
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0", cwd=REPO_ROOT,
+        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        await eventually(lambda: "ready in" in (tmp_path / "up.log").read_text(), timeout=60, what="'up' ready")
+        await eventually(lambda: "ready in" in (tmp_path / "up.log").read_text(), timeout=60,
+                         what="'up' ready")
         runtime = json.loads((state / "runtime.json").read_text())
         assert runtime["pid"] == up.pid
         second = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
                                env={"MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url})
         assert second.code == 2
         assert _one_error_line(second) == (
-            f"mcpsync: error: a stack is already running on state dir {state} (mcpsync up pid {up.pid}, Temporal "
-            f"{runtime['temporal_address']}): stop it first or set another MCPSYNC_STATE_DIR")
+            f"mcpsync: error: a stack is already running on state dir {state} (mcpsync up pid {up.pid}, "
+            f"Temporal {runtime['temporal_address']}): stop it first or set another MCPSYNC_STATE_DIR")
 
         async def demo_listed() -> bool:
             r = await run_cli("list", "-o", "json", env={"MCPSYNC_STATE_DIR": str(state)})
             assert r.code == 0, r.err
             return any(row["uri"] == "demo://policy/escalation" for row in r.json())
 
-        await eventually(demo_listed, timeout=30, interval=0.5, what="the demo subscription in 'mcpsync list'")
+        await eventually(demo_listed, timeout=30, interval=0.5,
+                         what="the demo subscription in 'mcpsync list'")
     finally:
-        up.send_signal(signal.SIGINT)  # a clean stop: the stack stops its dev server and removes the runtime file
+        # a clean stop: the stack stops its dev server and removes the runtime file
+        up.send_signal(signal.SIGINT)
         try:
             await asyncio.wait_for(up.wait(), 30)
         except TimeoutError:
@@ -311,13 +322,13 @@ class CliStack:
 
 
 @asynccontextmanager
-async def cli_stack(temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, fx: FixtureProcess,
-                    database_url: str, tmp_path: Path) -> AsyncIterator[CliStack]:
+async def cli_stack(temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer,
+                    fx: FixtureProcess, database_url: str, tmp_path: Path) -> AsyncIterator[CliStack]:
     server = ServerConfig(name=unique("cli"), transport="http", url=fx.mcp_url, subjects=["alice"])
     async with running_services(temporal_client, ledger, [server]) as cfg:
         config = tmp_path / "mcpsync.toml"
-        config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{cfg.temporal.task_queue}"\n'
-                          f'[database]\nurl = "{database_url}"\n'
+        config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = '
+                          f'"{cfg.temporal.task_queue}"\n[database]\nurl = "{database_url}"\n'
                           f'[[servers]]\nname = "{server.name}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
                           'subjects = ["alice"]\n')
         yield CliStack(config, server, fx, temporal_client, cfg.temporal.task_queue)
@@ -358,7 +369,8 @@ async def test_list_get_describe_history_and_status(temporal_client: Client, led
         assert [(r["uri"], r["state"], r["subject"]) for r in rows] == [(uri, "ACTIVE", "alice")]
         assert rows[0]["last_receipt_id"] == record["last_receipt_id"] and rows[0]["last_accepted_at"]
         [cells] = _table((await st.cli("list", "--server", st.server.name)).out)
-        assert (cells["URI"], cells["STATE"], cells["RECEIPT"]) == (uri, "ACTIVE", str(record["last_receipt_id"]))
+        assert (cells["URI"], cells["STATE"], cells["RECEIPT"]) == (uri, "ACTIVE",
+                                                                    str(record["last_receipt_id"]))
         none = await st.cli("list", "--server", st.server.name, "--state", "CLOSED", "--state", "REVOKED")
         assert none.code == 0 and none.out.strip() == "no subscriptions"
         other = await st.cli("list", "--server", st.server.name, "--subject", "nobody", "-o", "json")
@@ -406,9 +418,11 @@ async def test_subscribe_many_uris_one_line_each(temporal_client: Client, ledger
             await fx.create(uri, text=f"{uri} v1")
         keys = {u: SubscriptionKey(subject="alice", server=st.server.name, uri=u) for u in (a, b, c)}
         # Variadic and repeated --uri mix; one line per URI, in order.
-        r = await st.cli("subscribe", "--server", st.server.name, "--subject", "alice", "--uri", a, b, "--uri", c)
+        r = await st.cli("subscribe", "--server", st.server.name, "--subject", "alice", "--uri", a, b,
+                         "--uri", c)
         assert r.code == 0 and r.err == "", r.err
-        assert r.out.splitlines() == [f"subscribed: workflow {keys[u].workflow_id} for {u}" for u in (a, b, c)]
+        assert r.out.splitlines() == [f"subscribed: workflow {keys[u].workflow_id} for {u}" for u in (a, b,
+                                                                                                      c)]
         rows = await eventually(lambda: _listed(st, 3), timeout=30, what="three ledger rows")
         assert {row["uri"]: row["workflow_id"] for row in rows} == {u: k.workflow_id for u, k in keys.items()}
 
@@ -418,13 +432,15 @@ async def test_subscribe_many_uris_one_line_each(temporal_client: Client, ledger
         assert r.code == 2, r.err
         assert [json.loads(line)["workflow_id"] for line in r.out.splitlines()] == [keys[a].workflow_id,
                                                                                  keys[c].workflow_id]
-        assert _one_error_line(r) == "mcpsync: error: not a uri: invalid subscription key: uri: Value error, URI has no scheme"
+        assert _one_error_line(r) == ("mcpsync: error: not a uri: invalid subscription key: uri: Value "
+                                      "error, URI has no scheme")
         # A single URI keeps the one-URI output and errors exactly.
         r = await st.cli("subscribe", *st.key_args(b))
         assert r.code == 0 and r.out == f"subscribed: workflow {keys[b].workflow_id}\n"
         r = await st.cli("subscribe", *st.key_args("not a uri"))
         assert r.code == 2 and r.out == ""
-        assert _one_error_line(r) == "mcpsync: error: invalid subscription key: uri: Value error, URI has no scheme"
+        assert _one_error_line(r) == ("mcpsync: error: invalid subscription key: uri: Value error, URI has "
+                                      "no scheme")
         for uri in (a, b, c):
             closed = await st.cli("close", *st.key_args(uri))
             assert closed.code == 0, closed.err
@@ -444,9 +460,10 @@ async def test_resume_close_idempotent_and_watch(temporal_client: Client, ledger
         uri = f"demo://cli/{uuid.uuid4().hex[:8]}"
         await _subscribed(st, uri, "v1")
         watch = await asyncio.create_subprocess_exec(
-            *MCPSYNC, "--config", str(st.config), "list", "--server", st.server.name, "--watch", "--interval", "0.3",
-            "-o", "json", cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", "MCPSYNC_DATABASE_URL": ""})
+            *MCPSYNC, "--config", str(st.config), "list", "--server", st.server.name, "--watch", "--interval",
+            "0.3", "-o", "json", cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state",
+                                                 "MCPSYNC_DATABASE_URL": ""})
         assert watch.stdout is not None
         try:
             first = json.loads(await asyncio.wait_for(watch.stdout.readline(), 30))
@@ -454,8 +471,8 @@ async def test_resume_close_idempotent_and_watch(temporal_client: Client, ledger
 
             # resume: refused while ACTIVE; clears RECONCILIATION_REQUIRED.
             r = await st.cli("resume", *st.key_args(uri))
-            assert r.code == 2 and _one_error_line(r) == ("mcpsync: error: resume refused: nothing to resume: "
-                                                          "subscription is ACTIVE")
+            assert r.code == 2 and _one_error_line(r) == ("mcpsync: error: resume refused: nothing to "
+                                                          "resume: subscription is ACTIVE")
             key = SubscriptionKey(subject="alice", server=st.server.name, uri=uri)
             await temporal_client.get_workflow_handle(key.workflow_id).signal(
                 SIGNAL_IDENTITY_CONFLICT, IdentityConflict(observed_uri=uri.upper(), reason="test conflict"))
@@ -499,7 +516,8 @@ async def test_scan_now_timeout_is_exit_6(temporal_client: Client, ledger: Ledge
         r = await st.cli("catalog", "start", "--server", st.server.name, "--subject", "alice")
         assert r.code == 0, r.err
         # A reconciliation takes two scans (several activity hops): far longer than 50 ms.
-        r = await st.cli("scan", "--server", st.server.name, "--subject", "alice", "--now", "--timeout", "0.05")
+        r = await st.cli("scan", "--server", st.server.name, "--subject", "alice", "--now", "--timeout",
+                         "0.05")
         assert r.code == 6
         assert _one_error_line(r).startswith("mcpsync: error: no reconciled catalog within 0.05 s")
         # rollout --percent alone implies --mode percent.
@@ -513,7 +531,8 @@ async def test_scan_now_timeout_is_exit_6(temporal_client: Client, ledger: Ledge
 async def test_an_update_nobody_answers_is_exit_6(temporal_client: Client, temporal_server: TemporalDevServer,
                                                   tmp_path: Path) -> None:
     config = tmp_path / "mcpsync.toml"
-    config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("no-worker")}"\n'
+    config.write_text(f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = '
+                      f'"{unique("no-worker")}"\n'
                       '[[servers]]\nname = "docs"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
     key_args = ["--server", "docs", "--uri", f"demo://cli/{uuid.uuid4().hex[:8]}"]
     r = await run_cli("--config", str(config), "subscribe", *key_args)

@@ -30,11 +30,14 @@ from tests.e2e.test_e2e_faults import MCPSYNC
 
 
 @pytest.mark.parametrize("args,flag", [
-    (["history", "--server", "s", "--uri", "demo://x", "--limit", "-1"], "--limit: must be at least 1, not -1"),
+    (["history", "--server", "s", "--uri", "demo://x", "--limit", "-1"],
+     "--limit: must be at least 1, not -1"),
     (["history", "--server", "s", "--uri", "demo://x", "--limit", "0"], "--limit: must be at least 1, not 0"),
     (["describe", "--server", "s", "--uri", "demo://x", "--limit", "-5"], "--limit: must be at least 1"),
-    (["status", "--server", "s", "--uri", "demo://x", "--timeout", "-1"], "--timeout: must be more than 0 seconds"),
-    (["subscribe", "--server", "s", "--uri", "demo://x", "--wait", "--timeout", "0"], "--timeout: must be more"),
+    (["status", "--server", "s", "--uri", "demo://x", "--timeout", "-1"], "--timeout: must be more than 0 "
+                                                                          "seconds"),
+    (["subscribe", "--server", "s", "--uri", "demo://x", "--wait", "--timeout", "0"], "--timeout: must be "
+                                                                                      "more"),
     (["list", "--watch", "--interval", "-2"], "--interval: must be more than 0 seconds, not -2"),
     (["outbox", "tail", "--limit", "-3"], "--limit: must be at least 1"),
     (["outbox", "tail", "--after", "-1"], "--after: must not be negative"),
@@ -128,7 +131,8 @@ async def test_unknown_names_are_4_unconfigured_subjects_2_and_nothing_is_create
         r = await st.cli("revoke", "--server", st.server.name, "--subject", "alice")
         assert r.code == 0, r.err
         assert r.out.splitlines()[0].startswith(
-            f"revoked in the ledger: 1 subscription(s) of alice/{st.server.name}, every URI (--uri *) (1 live), ")
+            f"revoked in the ledger: 1 subscription(s) of alice/{st.server.name}, every URI (--uri *) (1 "
+            "live), ")
         assert r.out.splitlines()[1].startswith(f"  {uri} (workflow mcpsync-sub/")
 
         async def revoked() -> bool:
@@ -139,7 +143,8 @@ async def test_unknown_names_are_4_unconfigured_subjects_2_and_nothing_is_create
         r = await st.cli("revoke", "--server", st.server.name, "--subject", "alice", "--json")
         assert r.code == 0, r.err
         again = r.json()
-        assert again["revoked"] == [] and [(x["uri"], x["state_before"], x["live"]) for x in again["subscriptions"]] == [
+        assert again["revoked"] == [] and [(x["uri"], x["state_before"],
+                                            x["live"]) for x in again["subscriptions"]] == [
             (uri, "REVOKED", False)]
 
 
@@ -169,9 +174,10 @@ async def test_closed_subscription_resume_is_2_and_subscribe_wait_restarts_it(
         assert r.code == 0 and r.json()["state"] == "CLOSED", r.err
         r = await st.cli("resume", *st.key_args(uri))
         assert r.code == 2
-        assert _one_error_line(r) == (f"mcpsync: error: resume refused: subscription alice/{st.server.name} {uri} is "
-                                      "CLOSED, not RECONCILIATION_REQUIRED (an ended subscription is not resumed: "
-                                      "'mcpsync subscribe' starts it again)")
+        assert _one_error_line(r) == ("mcpsync: error: resume refused: subscription "
+                                      f"alice/{st.server.name} {uri} is "
+                                      "CLOSED, not RECONCILIATION_REQUIRED (an ended subscription is not "
+                                      "resumed: 'mcpsync subscribe' starts it again)")
 
 
 async def test_subscribe_unlisted_uri_warns_and_a_wrong_answer_selection_is_one_line(
@@ -222,9 +228,9 @@ async def test_subscribe_unlisted_uri_warns_and_a_wrong_answer_selection_is_one_
 def _up(state: Path, database_url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
     with log.open("wb") as out:
-        return subprocess.Popen([*MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0",
-                                 *extra], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        return subprocess.Popen([*MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
+                                 "--churn", "0", *extra], cwd=REPO_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path, database_url: str) -> None:
@@ -234,8 +240,8 @@ async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path, dat
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        r = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port", str(taken.getsockname()[1]),
-                          env=env)
+        r = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port",
+                          str(taken.getsockname()[1]), env=env)
     assert r.code == 2 and "(pass --metrics-port N, or --metrics-port 0 for none)" in _one_error_line(r)
     r = await run_cli("down", env=env)
     assert r.code == 6 and "nothing is running here" in _one_error_line(r)
@@ -304,9 +310,11 @@ def test_every_command_shows_examples_and_completion_offers_configured_names(tmp
     for line, expected in ((f"mcpsync --config {config} status --server ", ["docs", "demo"]),
                            (f"mcpsync --config {config} get --server docs --subject ", ["alice", "bob"]),
                            (f"mcpsync --config {config} list --subject ", ["alice", "anonymous", "bob"]),
-                           ("mcpsync list --state RE", ["READ_PENDING", "RECONCILIATION_REQUIRED", "REVOKED"])):
+                           ("mcpsync list --state RE", ["READ_PENDING", "RECONCILIATION_REQUIRED",
+                                                        "REVOKED"])):
         subprocess.run([str(VENV_BIN / "mcpsync")], env={**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line,
-                                                         "COMP_POINT": str(len(line)), "_ARGCOMPLETE_IFS": "\n",
+                                                         "COMP_POINT": str(len(line)),
+                                                         "_ARGCOMPLETE_IFS": "\n",
                                                          "_ARGCOMPLETE_STDOUT_FILENAME": str(answer),
                                                          "MCPSYNC_STATE_DIR": str(tmp_path / "none")},
                        capture_output=True, timeout=30, check=False)
@@ -326,20 +334,22 @@ async def test_wide_list_json_bound_and_follow_say_what_is_true(
         assert cells["STALENESS_BOUND"] == "300s" and cells["LAST_ACCEPTED"].endswith(" ago")
         r = await st.cli("status", *st.key_args(uri), "--json")
         assert r.code == 0, r.err
-        assert (r.json()["staleness_bound_seconds"], r.json()["staleness_bound_source"]) == (300.0, "safety_read")
+        assert (r.json()["staleness_bound_seconds"], r.json()["staleness_bound_source"]) == (300.0,
+                                                                                             "safety_read")
         assert "staleness bound: 300 s" in (await st.cli("status", *st.key_args(uri))).out
 
         # poll --follow acknowledges by itself: it says so instead of printing an ack command.
         name = f"follow-{uuid.uuid4().hex[:6]}"
-        first = await st.cli("outbox", "poll", "--consumer", name, "--register", "--subject", "alice", "--json")
+        first = await st.cli("outbox", "poll", "--consumer", name, "--register", "--subject", "alice",
+                             "--json")
         assert first.code == 0, first.err
         if first.json()["gap"] is not None:  # earlier tests pruned: a new name starts with a relist
             relist = await st.cli("outbox", "resync", "--consumer", name, "--json")
             assert (await st.cli("outbox", "ack", "--consumer", name, "--position",
                                  str(relist.json()["position"]))).code == 0
         follow = await asyncio.create_subprocess_exec(
-            *MCPSYNC, "--config", str(st.config), "outbox", "poll", "--consumer", name, "--follow", cwd=REPO_ROOT,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *MCPSYNC, "--config", str(st.config), "outbox", "poll", "--consumer", name, "--follow",
+            cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", "MCPSYNC_DATABASE_URL": ""})
         assert follow.stdout is not None
         try:

@@ -104,12 +104,14 @@ async def test_a_read_that_fails_at_the_ingress_is_reported_and_the_workflow_rea
             await fx.wait_subscribed(uri)
             await fx.faults(fail_reads={uri: -32603})
             await fx.edit(uri, text="version 1")
-            await _wait_record(handle, lambda r: r.reads_issued >= 3, "the reported read and the workflow's own",
+            await _wait_record(handle, lambda r: r.reads_issued >= 3, "the reported read and the "
+                                                                      "workflow's own",
                                timeout=30)
             await fx.faults(reset=True)
             edit = await fx.edit(uri, text="version 2")
             digest = edit["committed"]["digest"]
-            await _wait_record(handle, lambda r: r.last_accepted_digest == digest, "version 2 accepted", timeout=30)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == digest, "version 2 accepted",
+                               timeout=30)
             order: list[str] = []
             async for event in handle.fetch_history_events():
                 if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
@@ -118,9 +120,11 @@ async def test_a_read_that_fails_at_the_ingress_is_reported_and_the_workflow_rea
                     order.append(event.activity_task_scheduled_event_attributes.activity_type.name)
     finally:
         await fx.faults(reset=True)
-    reads = [name for name in order if name in (Act.MCP_SUBSCRIBE_CYCLE, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ)]
+    reads = [name for name in order if name in (Act.MCP_SUBSCRIBE_CYCLE, Act.MCP_READ_CYCLE,
+                                                SIGNAL_RESOURCE_READ)]
     # the start's initial read; the failed report and the workflow's own read it earned; version 2's report
-    assert reads == [Act.MCP_SUBSCRIBE_CYCLE, SIGNAL_RESOURCE_READ, Act.MCP_READ_CYCLE, SIGNAL_RESOURCE_READ], order
+    assert reads == [Act.MCP_SUBSCRIBE_CYCLE, SIGNAL_RESOURCE_READ, Act.MCP_READ_CYCLE,
+                     SIGNAL_RESOURCE_READ], order
     audits = await ledger_rows(ledger, "SELECT kind FROM audit WHERE uri = %s AND kind = 'READ_FAILED'", uri)
     assert len(audits) >= 2, audits  # the ingress's read and the workflow's
 
@@ -143,7 +147,8 @@ async def test_a_read_slower_than_the_ingress_timeout_falls_back_to_the_workflow
             await fx.faults(read_delay_ms={uri: 1000})
             edit = await fx.edit(uri, text="version 1")
             digest = edit["committed"]["digest"]
-            await _wait_record(handle, lambda r: r.last_accepted_digest == digest, "version 1 accepted", timeout=30)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == digest, "version 1 accepted",
+                               timeout=30)
             signals: list[str] = []
             reads = 0
             async for event in handle.fetch_history_events():

@@ -43,7 +43,8 @@ async def _run(temporal_client: Client, ledger: Ledger, server: ServerConfig, ur
         for uri in uris:
             key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
             handles.append(await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue))
-        await asyncio.gather(*(_wait_record(h, lambda r: r.watermark >= 1, "initial read accepted", timeout=60)
+        await asyncio.gather(*(_wait_record(h, lambda r: r.watermark >= 1, "initial read accepted",
+                                            timeout=60)
                                for h in handles))
         for uri in uris:
             await control.wait_subscribed(uri, timeout=20)
@@ -59,9 +60,9 @@ async def _run(temporal_client: Client, ledger: Ledger, server: ServerConfig, ur
         after = (await control.stats())["reads"]
         async with ledger.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT rr.trigger_reason, rr.outcome, (rr.cycle_id LIKE 'ingress/%%') AS at_ingress, count(*)"
-                " FROM read_requests rr JOIN subscriptions s ON s.workflow_id = rr.workflow_id"
-                " WHERE s.server = %s GROUP BY 1, 2, 3 ORDER BY 4 DESC", (server.name,))
+                "SELECT rr.trigger_reason, rr.outcome, (rr.cycle_id LIKE 'ingress/%%') "
+                "AS at_ingress, count(*) FROM read_requests rr JOIN subscriptions s ON s.workflow_id = "
+                "rr.workflow_id WHERE s.server = %s GROUP BY 1, 2, 3 ORDER BY 4 DESC", (server.name,))
             print(f"{server.transport}: reads by (trigger, verdict, at the ingress): {await cur.fetchall()}")
     per_uri = {uri: after.get(uri, 0) - before.get(uri, 0) for uri in uris}
     reads = sum(per_uri.values())

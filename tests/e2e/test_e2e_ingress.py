@@ -49,7 +49,8 @@ async def auth_fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
 
 
 async def test_many_subjects_share_one_queue_and_each_reads_through_its_own_session(
-        temporal_client: Client, ledger: Ledger, auth_fx: FixtureProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+        temporal_client: Client, ledger: Ledger, auth_fx: FixtureProcess,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     token_env = {s: f"MCPSYNC_TEST_TOKEN_{i}" for i, s in enumerate(SUBJECTS)}
     for s, var in token_env.items():
         monkeypatch.setenv(var, TOKENS[s])
@@ -95,7 +96,8 @@ async def test_many_subjects_share_one_queue_and_each_reads_through_its_own_sess
 
 
 @asynccontextmanager
-async def _ingress(client: Client, ledger: Ledger, server: ServerConfig) -> AsyncIterator[tuple[Ingress, SessionHost]]:
+async def _ingress(client: Client, ledger: Ledger, server: ServerConfig) -> AsyncIterator[tuple[Ingress,
+                                                                                                SessionHost]]:
     """One ingress process's parts, as ``run_services`` wires them: its worker and one host."""
     ingress = Ingress(client, ledger)
     host = SessionHost(server, "alice", ledger, client, ingress=ingress)

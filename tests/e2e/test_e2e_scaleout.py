@@ -43,12 +43,15 @@ LEASE_SECONDS = 2.0
 def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(config), "worker", "--role", role],
-                                cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        return subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(config),
+                                 "worker", "--role", role],
+                                cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
 
 
-async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client, temporal_server: TemporalDevServer,
-                                                         ledger: Ledger, database_url: str, tmp_path: Path) -> None:
+async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client,
+                                                         temporal_server: TemporalDevServer, ledger: Ledger,
+                                                         database_url: str, tmp_path: Path) -> None:
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
     server, queue = unique("fx"), unique("scaleq")
     config = tmp_path / "mcpsync.toml"
@@ -65,8 +68,8 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
              for name, role in (("main1", "main"), ("main2", "main"), ("in1", "ingress"), ("in2", "ingress"))}
     try:
         handle = await start_subscription(temporal_client, key, task_queue=queue)
-        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"], "initial",
-                           timeout=60)
+        await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
+                           "initial", timeout=60)
         holder = await eventually(lambda: ledger.lease_holder("alice", server), what="a lease holder")
         owner_pid = int(holder[0].split(":")[1])
         ingress = {p.pid: name for name, p in procs.items() if name.startswith("in")}
@@ -230,9 +233,11 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
                     ledger, "SELECT rv.content_digest FROM resource_versions rv JOIN subscriptions s"
                     " ON s.workflow_id = rv.workflow_id WHERE s.subject = %s AND s.server = %s AND s.uri = %s"
                     " AND rv.status = 'ACCEPTED' ORDER BY rv.receipt_id", subject, server, uri)
-                assert [r[0] for r in rows] == committed[uri], f"{subject} {uri}: receipts out of order or lost"
+                assert [r[0] for r in rows] == committed[uri], (f"{subject} {uri}: receipts out of order or "
+                                                                "lost")
         assert done[0] == LOAD_URIS * LOAD_ROUNDS
-        assert set(handoffs) == set(moving) and all(t < LOAD_LEASE_SECONDS for t in handoffs.values()), handoffs
+        assert set(handoffs) == set(moving) and all(t < LOAD_LEASE_SECONDS
+                                                    for t in handoffs.values()), handoffs
         # The survivors carry on: the other main polls the shared queue, the other ingress holds every lease.
         survivor = "in2" if owner == "in1" else "in1"
         assert all(int(h[0].split(":")[1]) == procs[survivor].pid
@@ -240,7 +245,8 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
         assert _probe(ports["main2"], "/readyz") == 200 and _probe(ports[survivor], "/readyz") == 200
         # The task queue spread the workflows over both mains; the survivor took over main1's.
         served = await _workflow_task_workers(temporal_client, [await ledger.workflow_id_of(k) for k in keys],
-                                              {procs["main1"].pid: "main1", procs["main2"].pid: "main2"}, killed_wall)
+                                              {procs["main1"].pid: "main1", procs["main2"].pid: "main2"},
+                                              killed_wall)
         print(f"scale-out: workflow tasks completed per main: {served}")
         assert served["main1"]["before"] > 0 and served["main2"]["before"] > 0, served
         assert served["main2"]["after"] > 0 and served["main1"]["after"] == 0, served
@@ -288,6 +294,7 @@ async def _at_least(counter: list[int], n: int) -> bool | None:
     return True if counter[0] >= n else None
 
 
-async def _holder_other_than(ledger: Ledger, subject: str, server: str, old_pid: int) -> tuple[str, int] | None:
+async def _holder_other_than(ledger: Ledger, subject: str, server: str,
+                             old_pid: int) -> tuple[str, int] | None:
     holder = await ledger.lease_holder(subject, server)
     return holder if holder is not None and int(holder[0].split(":")[1]) != old_pid else None

@@ -312,8 +312,10 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             # `mcpsync upgrades`: every open subscription run is on v2 and carries the v2 marker, so
             # V2_PATCH could be deprecated; the catalog's runs never ask for it.
             await eventually(lambda: _upgrades_show(client, queue, {
-                (WORKFLOW_TYPE, f"{deployment}:v2", tuple(sorted((DISPATCH_MARGIN_PATCH, V2_PATCH))), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades on v2")
+                (WORKFLOW_TYPE, f"{deployment}:v2", tuple(sorted((DISPATCH_MARGIN_PATCH, V2_PATCH))),
+                 len(subs)),
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades "
+                                                                                       "on v2")
             assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == 0
 
             # Rollback: v1 is current again (its workers never stopped); runs move back the same way.
@@ -336,5 +338,7 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             # run, on either build, takes the released dispatch-margin patch).
             await eventually(lambda: _upgrades_show(client, queue, {
                 (WORKFLOW_TYPE, f"{deployment}:v1", (DISPATCH_MARGIN_PATCH,), len(subs)),
-                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades on v1")
-            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == len(subs)
+                (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades "
+                                                                                       "on v1")
+            assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH,
+                                WORKFLOW_TYPE) == len(subs)

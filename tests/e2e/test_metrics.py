@@ -89,8 +89,8 @@ def _promtool() -> str:
     path = ROOT / ".state" / "tools" / "promtool"
     found = str(path) if path.exists() else shutil.which("promtool")
     if found is None:
-        reason = ("promtool missing: scripts/bootstrap runs scripts/install-test-tools, which fetches it from the "
-                  "Debian package 'prometheus' (needs apt-get and dpkg-deb)")
+        reason = ("promtool missing: scripts/bootstrap runs scripts/install-test-tools, which fetches it "
+                  "from the Debian package 'prometheus' (needs apt-get and dpkg-deb)")
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -162,7 +162,8 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
             async def digest_is(key: SubscriptionKey, digest: str) -> bool:
                 return (await ledger.load_fence(key)).last_accepted_digest == digest
 
-            await eventually(lambda: digest_is(live, first["committed"]["digest"]), what="initial read accepted")
+            await eventually(lambda: digest_is(live, first["committed"]["digest"]), what="initial read "
+                                                                                         "accepted")
             await fx.wait_subscribed(live.uri)
             second = await fx.edit(live.uri, text="two")
             await fx.notify(live.uri, times=2)  # the change notified three times
@@ -181,12 +182,14 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
                 samples = _samples(text)
                 ok = ((_value(samples, "mcpsync_convergence_seconds_count", server=server.name) or 0) >= 1
                       and (_value(samples, "mcpsync_revocation_latency_seconds_count") or 0) >= 1
-                      and (_value(samples, "mcpsync_notifications_received_total", server=server.name) or 0) >= 3
+                      and (_value(samples, "mcpsync_notifications_received_total",
+                                  server=server.name) or 0) >= 3
                       and _value(samples, "mcpsync_subscriptions", server=server.name, state="REVOKED") == 1
                       and _value(samples, "mcpsync_session_up", server=server.name) == 1)
                 return (text, samples) if ok else None
 
-            text, samples = await eventually(scraped, timeout=20, interval=0.3, what="metrics reflect the run")
+            text, samples = await eventually(scraped, timeout=20, interval=0.3,
+                                             what="metrics reflect the run")
         ledger_reads = sum([await ledger.read_count(k) for k in (live, doomed)])
     finally:
         await fx.stop()
@@ -246,7 +249,8 @@ async def test_build_info_process_metrics_and_real_histograms(stack_scrape: Stac
     assert (_value(s, "process_cpu_seconds_total") or 0) > 0
     assert (_value(s, "process_resident_memory_bytes") or 0) > 1e6
     assert _value(s, "python_info") == 1
-    for name in ("mcpsync_convergence_seconds", "mcpsync_read_latency_seconds", "mcpsync_revocation_latency_seconds"):
+    for name in ("mcpsync_convergence_seconds", "mcpsync_read_latency_seconds",
+                 "mcpsync_revocation_latency_seconds"):
         assert types[name] == "histogram"
     # A quantile label belongs to a summary, never to a series typed gauge.
     quantiled = {name for (name, lab) in s if any(k == "quantile" for k, _ in lab)}
@@ -262,8 +266,8 @@ async def test_build_info_process_metrics_and_real_histograms(stack_scrape: Stac
 async def test_scrape_passes_promtool_check_metrics(stack_scrape: StackScrape) -> None:
     promtool = _promtool()
     assert "temporal_" in stack_scrape.text and "mcpsync_" in stack_scrape.text
-    done = subprocess.run([promtool, "check", "metrics"], input=stack_scrape.text.encode(), capture_output=True,
-                          timeout=60)
+    done = subprocess.run([promtool, "check", "metrics"], input=stack_scrape.text.encode(),
+                          capture_output=True, timeout=60)
     assert done.returncode == 0, (done.stdout + done.stderr).decode()[-3000:]
 
 
@@ -297,8 +301,9 @@ async def test_dashboard_and_alerts_use_metrics_the_endpoint_exposes(stack_scrap
     assert not (used - exposed), f"not on the endpoint: {sorted(used - exposed)}"
     assert CONSUMER_LAG <= used  # consumer lag is alerted on and shown
     # Every alert the issue asks for is there.
-    for name in ("mcpsync_freshness_age_max_seconds", "mcpsync_unresolved_oldest_age_seconds", "mcpsync_session_up",
-                 "mcpsync_outbox_consumer_lag_seconds", "mcpsync_outbox_consumer_lag_events"):
+    for name in ("mcpsync_freshness_age_max_seconds", "mcpsync_unresolved_oldest_age_seconds",
+                 "mcpsync_session_up", "mcpsync_outbox_consumer_lag_seconds",
+                 "mcpsync_outbox_consumer_lag_events"):
         assert name in alerts, name
 
 
@@ -326,7 +331,8 @@ async def _subscription(ledger: Ledger, server: str, subject: str, state: Subscr
     return key
 
 
-async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *, issued_seconds_ago: float) -> AcceptVerdict:
+async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *,
+                issued_seconds_ago: float) -> AcceptVerdict:
     """Allocate one read and judge it as having seen ``digest``; its allocation backdated."""
     ticket = await ledger.allocate_read(AllocateRequest(
         key=key, session_generation=1, subscription_generation=1, min_ordinal=1,
@@ -334,9 +340,9 @@ async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *, issued_sec
     assert ticket.granted
     await ledger_rows(ledger, "UPDATE read_requests SET issued_at = now() - make_interval(secs => %s)"
                       " WHERE request_id = %s", issued_seconds_ago, ticket.request_id)
-    outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=key, ordinal=ticket.ordinal, request_id=ticket.request_id,
-                          session_generation=1, subscription_generation=1, trigger=TriggerReason.UPDATED,
-                          content_digest=digest, mime_type="text/plain")
+    outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=key, ordinal=ticket.ordinal,
+                          request_id=ticket.request_id, session_generation=1, subscription_generation=1,
+                          trigger=TriggerReason.UPDATED, content_digest=digest, mime_type="text/plain")
     result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
                                                close_epoch=0))
     return result.verdict
@@ -344,8 +350,9 @@ async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *, issued_sec
 
 async def _open_session(ledger: Ledger, server: str, subject: str, *, subscribe: bool) -> None:
     await ledger.open_session(subject=subject, server=server, edition="2025-11-25",
-                              capabilities={"subscribe": subscribe}, server_name="fixture", server_version="1",
-                              task_queue=f"mcpsync-session/{server}/{subject}", host_id="host-test")
+                              capabilities={"subscribe": subscribe}, server_name="fixture",
+                              server_version="1", task_queue=f"mcpsync-session/{server}/{subject}",
+                              host_id="host-test")
 
 
 async def test_state_change_time_is_recorded_by_the_ledger(ledger: Ledger) -> None:
@@ -385,15 +392,18 @@ async def test_unresolved_excludes_finished_and_reports_oldest_age(ledger: Ledge
     assert unresolved("UNSUBSCRIBE_UNKNOWN") == 1 and unresolved("TOMBSTONE_PENDING") == 1
     assert unresolved("RECONCILIATION_REQUIRED") == 2
     assert unresolved("DISCOVERED") == 0  # every unresolved state is listed for a known server
-    assert {lab for (n, lab) in s if n == "mcpsync_unresolved_subscriptions" and ("server", server) in lab} == {
+    assert {lab for (n, lab) in s if n == "mcpsync_unresolved_subscriptions" and ("server",
+                                                                                  server) in lab} == {
         frozenset({("server", server), ("state", st.value)}) for st in UNRESOLVED}
     oldest = _value(s, "mcpsync_unresolved_oldest_age_seconds", state="RECONCILIATION_REQUIRED", **srv) or 0
     assert 7200 <= oldest < 7300
-    assert 0 <= (_value(s, "mcpsync_unresolved_oldest_age_seconds", state="TOMBSTONE_PENDING", **srv) or -1) < 60
+    assert 0 <= (_value(s, "mcpsync_unresolved_oldest_age_seconds", state="TOMBSTONE_PENDING",
+                        **srv) or -1) < 60
     assert _value(s, "mcpsync_unresolved_oldest_age_seconds", state="CLOSED", **srv) is None
 
 
-async def test_freshness_age_is_held_to_the_bound_of_its_mode(ledger: Ledger, metrics_server: MetricsServer) -> None:
+async def test_freshness_age_is_held_to_the_bound_of_its_mode(ledger: Ledger,
+                                                              metrics_server: MetricsServer) -> None:
     server = unique("srv")
     await _open_session(ledger, server, "sub", subscribe=True)
     await _open_session(ledger, server, "poll", subscribe=False)
@@ -434,7 +444,8 @@ async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server:
     await ledger.acquire_lease("dead", server, "host-b", 0.05)
     await _open_session(ledger, server, "dead", subscribe=True)
     # A subscription waiting for a session that never opened.
-    await ledger.ensure_subscription(SubscriptionKey(subject="waiting", server=server, uri="demo://m/w"), "inc-1")
+    await ledger.ensure_subscription(SubscriptionKey(subject="waiting", server=server, uri="demo://m/w"),
+                                     "inc-1")
     # Closed and nothing left to serve: not listed.
     await _open_session(ledger, server, "gone", subscribe=True)
     await ledger.close_session("gone", server, 1)

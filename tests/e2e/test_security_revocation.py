@@ -41,7 +41,8 @@ def _server(fx: FixtureProcess) -> ServerConfig:
 
 
 async def _bodies(ledger: Ledger, subject: str, digests: list[str]) -> int:
-    rows = await ledger_rows(ledger, "SELECT count(*) FROM content_store WHERE subject=%s AND content_digest = ANY(%s)",
+    rows = await ledger_rows(ledger, "SELECT count(*) FROM content_store WHERE subject=%s "
+                                     "AND content_digest = ANY(%s)",
                              subject, digests)
     return int(rows[0][0])
 
@@ -79,12 +80,15 @@ async def test_whole_subject_revoke_covers_closed_subscriptions(
         q = cfg.temporal.task_queue
         handles = {u: await start_subscription(temporal_client, k, task_queue=q) for u, k in keys.items()}
         h_bob = await start_subscription(temporal_client, bob, task_queue=q)
-        await _wait_record(handles[closed_uri], lambda r: r.last_accepted_digest == c1["committed"]["digest"], "c1")
-        await _wait_record(handles[live_uri], lambda r: r.last_accepted_digest == l1["committed"]["digest"], "l1")
+        await _wait_record(handles[closed_uri], lambda r: r.last_accepted_digest == c1["committed"]["digest"],
+                           "c1")
+        await _wait_record(handles[live_uri], lambda r: r.last_accepted_digest == l1["committed"]["digest"],
+                           "l1")
         await _wait_record(h_bob, lambda r: r.last_accepted_digest == l1["committed"]["digest"], "bob l1")
         await fx.wait_subscribed(closed_uri)
         c2 = await fx.edit(closed_uri, text="closed v2")
-        await _wait_record(handles[closed_uri], lambda r: r.last_accepted_digest == c2["committed"]["digest"], "c2")
+        await _wait_record(handles[closed_uri], lambda r: r.last_accepted_digest == c2["committed"]["digest"],
+                           "c2")
         receipt = await handles[closed_uri].execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
                                                            result_type=CloseReceipt)
         assert receipt.state == S.CLOSED
@@ -109,7 +113,8 @@ async def test_whole_subject_revoke_covers_closed_subscriptions(
         assert await _bodies(ledger, "alice", alice_digests) == 0
         assert await _bodies(ledger, "bob", [l1["committed"]["digest"]]) == 1
         bob_receipts = await _released_receipts(ledger, bob)
-        assert (await released_content(ledger.pool, receipt_id=bob_receipts[-1], subject="bob")).body == b"live v1"
+        assert (await released_content(ledger.pool, receipt_id=bob_receipts[-1],
+                                       subject="bob")).body == b"live v1"
         # The outbox names the receipts, the closed subscription's too; the state CLOSED stays.
         for key in keys.values():
             events = await _revoked_events(ledger, key.workflow_id)
@@ -151,9 +156,10 @@ async def test_revoke_with_the_worker_stopped_refuses_at_once(
     assert len(await _revoked_events(ledger, key.workflow_id)) == 1
     # The worker comes back: the workflow mirrors the ledger's revocation and finishes REVOKED.
     async with running_services(temporal_client, ledger, [server], task_queue=q):
-        await _wait_record(temporal_client.get_workflow_handle(key.workflow_id), lambda r: r.state == S.REVOKED,
-                           "the workflow mirrors the ledger's revocation")
-    assert len(await _revoked_events(ledger, key.workflow_id)) == 1, "the workflow's own revoke writes nothing twice"
+        await _wait_record(temporal_client.get_workflow_handle(key.workflow_id),
+                           lambda r: r.state == S.REVOKED, "the workflow mirrors the ledger's revocation")
+    assert len(await _revoked_events(ledger, key.workflow_id)) == 1, ("the workflow's own revoke writes "
+                                                                      "nothing twice")
     await _assert_refused(ledger, "alice", receipts)
 
 
@@ -173,8 +179,8 @@ async def test_read_in_flight_across_a_revoke_leaves_no_body(
 
         async def in_flight() -> bool:
             rows = await ledger_rows(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s"
-                                     " ON s.workflow_id = r.workflow_id WHERE s.subject=%s AND s.server=%s AND s.uri=%s"
-                                     " AND r.ordinal > %s AND r.completed_at IS NULL",
+                                     " ON s.workflow_id = r.workflow_id WHERE s.subject=%s AND s.server=%s "
+                                     "AND s.uri=%s AND r.ordinal > %s AND r.completed_at IS NULL",
                                      key.subject, key.server, key.uri, issued)
             return int(rows[0][0]) > 0
 
@@ -187,7 +193,8 @@ async def test_read_in_flight_across_a_revoke_leaves_no_body(
             return not await in_flight()
 
         await eventually(judged, timeout=30, what="the held read judged")
-        final = await temporal_client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
+        final = await temporal_client.get_workflow_handle(key.workflow_id,
+                                                          result_type=ResourceSubscriptionV1).result()
         assert final.state == S.REVOKED
     # The late read reached the ledger after the purge: no body of it, nor of v1, is stored.
     assert await _bodies(ledger, "alice", [v1["committed"]["digest"], v2["committed"]["digest"]]) == 0
@@ -216,7 +223,8 @@ async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger
     assert await _bodies(ledger, key.subject, [stale.digest]) == 0
     # A read in flight across a revocation: staged after the purge, judged after it; nothing stays.
     held = await _issue(ledger, key)
-    await ledger.fence.revoke_subject(key.subject, key.server, None, reason="test", effective_at=datetime.now(UTC))
+    await ledger.fence.revoke_subject(key.subject, key.server, None, reason="test",
+                                      effective_at=datetime.now(UTC))
     late_body = ReadBody(digest="sha256:staged-late", mime_type="text/plain", kind="text", body=b"late")
     await ledger.content.stage(key, held, late_body)
     assert await _accept(ledger, key, held, late_body.digest) not in ("ACCEPTED", "UNCHANGED")
@@ -225,6 +233,7 @@ async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger
     assert rows[0][0] == 0
     # And a body parked before a revocation is purged by it.
     await ledger.content.stage(key, held + 1, late_body)
-    await ledger.fence.revoke_subject(key.subject, key.server, key.uri, reason="again", effective_at=datetime.now(UTC))
+    await ledger.fence.revoke_subject(key.subject, key.server, key.uri, reason="again",
+                                      effective_at=datetime.now(UTC))
     rows = await ledger_rows(ledger, "SELECT count(*) FROM content_pending WHERE subject=%s", key.subject)
     assert rows[0][0] == 0

@@ -94,7 +94,8 @@ class Action:
     kind: str  # mutate | delete | recreate | read_fault | close | old_note | wrong_uri | catalog | conflict
     # | resume | revoke | reset | pause
     n: int = 0  # notification copies; catalog lag in steps; reset: 0 first task, 1 last task
-    detail: str = ""  # read_fault: error | denied; close: update | signal; catalog: proven | ""; reset: reapply | ""
+    # read_fault: error | denied; close: update | signal; catalog: proven | ""; reset: reapply | ""
+    detail: str = ""
 
 
 def real_actions(events: Iterable[Event]) -> list[Action]:
@@ -128,8 +129,9 @@ def real_actions(events: Iterable[Event]) -> list[Action]:
 
 def test_translation_keeps_decisive_events_and_folds_the_rest() -> None:
     events = [Event(Op.EXEC, act="ledger_allocate_read"), Event(Op.COMPLETE, act="ledger_allocate_read"),
-              Event(Op.MUTATE, n=0), Event(Op.EXEC, act="mcp_read", fault="denied"), Event(Op.CLOSE, fault="signal"),
-              Event(Op.CATALOG, n=3, fault="proven"), Event(Op.RESET, n=3, fault="reapply")]
+              Event(Op.MUTATE, n=0), Event(Op.EXEC, act="mcp_read", fault="denied"),
+              Event(Op.CLOSE, fault="signal"), Event(Op.CATALOG, n=3, fault="proven"),
+              Event(Op.RESET, n=3, fault="reapply")]
     assert real_actions(events) == [
         Action("pause", n=2), Action("mutate", n=0), Action("read_fault", detail="denied"),
         Action("close", detail="signal"), Action("catalog", n=3, detail="proven"),
@@ -239,7 +241,8 @@ class Driver:
         elif a.kind == "delete" and run.exists:
             await self.commit(run, "delete", a.n)
         elif a.kind == "read_fault":
-            switch, value = ("deny_reads", [run.key.subject]) if a.detail == "denied" else ("fail_reads", -32603)
+            switch, value = ("deny_reads", [run.key.subject]) if a.detail == "denied" else ("fail_reads",
+                                                                                            -32603)
             await self.board.set(switch, uri, value)
             if a.detail == "denied":
                 run.reasons.add("denied")
@@ -309,7 +312,8 @@ class Driver:
     async def final_read_done(self, run: Run, h: WorkflowHandle, seen: int) -> bool:
         """The final invalidation was recorded on the ledger row and no read is owed for it any more,
         or the run cannot read on it (see ``read_or_not_reading``)."""
-        if await notifications_seen(self.ledger, run.key) > seen and await reads_settled(self.ledger, run.key):
+        if await notifications_seen(self.ledger, run.key) > seen and await reads_settled(self.ledger,
+                                                                                         run.key):
             return True
         try:
             rec = await _record(h)
@@ -326,8 +330,9 @@ class Driver:
 
     async def reset(self, run: Run, *, first: bool, reapply: bool) -> None:
         cmd = [str(temporal_cli_path()), "workflow", "reset", "--address", self.temporal.address,
-               "--workflow-id", run.key.workflow_id, "--type", "FirstWorkflowTask" if first else "LastWorkflowTask",
-               "--reason", "crosscheck rollback", "--yes"]
+               "--workflow-id", run.key.workflow_id, "--type",
+               "FirstWorkflowTask" if first else "LastWorkflowTask", "--reason", "crosscheck rollback",
+               "--yes"]
         if not reapply:
             cmd += ["--reapply-exclude", "Signal"]
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
@@ -383,7 +388,8 @@ class Driver:
                 await self.fx.notify(run.key.uri)  # the final invalidation
                 # Witness instead of a pause: the ingress recorded it and the read it owes was judged.
                 with suppress(AssertionError):  # not there in time: the checks below say what is wrong
-                    await eventually(lambda s=seen: self.final_read_done(run, h, s), timeout=15, interval=0.05)
+                    await eventually(lambda s=seen: self.final_read_done(run, h, s), timeout=15,
+                                     interval=0.05)
             await _until(h, lambda r: r.state in TERMINAL or self.converged(run, r), 15)
         rec = await _until(h, lambda r: True, 10)
         if rec is not None and rec.state in TERMINAL:
@@ -422,14 +428,16 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
     if run.exists:  # eventual convergence: allow a continue-as-new or a late notification to settle
         for _ in range(100):
             fence = await ledger.load_fence(run.key)
-            if fence.state in TERMINAL or (fence.state == S.ACTIVE and fence.last_accepted_digest == run.committed[-1]):
+            if fence.state in TERMINAL or (fence.state == S.ACTIVE
+                                           and fence.last_accepted_digest == run.committed[-1]):
                 break
             await asyncio.sleep(0.2)
-    (row,) = await ledger_rows(ledger, "SELECT state, close_ordinal, last_accepted_digest, last_issued_ordinal"
-                                 " FROM subscriptions WHERE workflow_id=%s", wf)
+    (row,) = await ledger_rows(ledger, "SELECT state, close_ordinal, last_accepted_digest, "
+                                       "last_issued_ordinal FROM subscriptions WHERE workflow_id=%s", wf)
     state, close_ordinal, digest, _ = S(row[0]), row[1], row[2], row[3]
-    receipts = await ledger_rows(ledger, "SELECT receipt_id, read_ordinal, status, content_digest, accepted_at"
-                                   " FROM resource_versions WHERE workflow_id=%s ORDER BY receipt_id", wf)
+    receipts = await ledger_rows(ledger, "SELECT receipt_id, read_ordinal, status, content_digest, "
+                                         "accepted_at FROM resource_versions WHERE workflow_id=%s "
+                                         "ORDER BY receipt_id", wf)
     advancing = [r for r in receipts if r[2] in ADVANCING]
     ordinals = [r[1] for r in advancing]
     if ordinals != sorted(set(ordinals)):
@@ -444,13 +452,15 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
         end = min(ended)
         late = [r for r in advancing if r[4] > end]
         if late:
-            found.append(f"not_active_write: {[(r[1], r[2]) for r in late]} after the close/revocation returned")
+            found.append(f"not_active_write: {[(r[1], r[2]) for r in late]} after the close/revocation "
+                         "returned")
         outbox = await ledger_rows(ledger, "SELECT event_type, read_ordinal FROM outbox WHERE workflow_id=%s"
                                      " AND event_type <> 'revoked' AND created_at > %s", wf, end)
         if outbox:
             found.append(f"outbox_after_close: {outbox}")
     if close_ordinal is not None:
-        past = await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s AND ordinal > %s",
+        past = await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s "
+                                         "AND ordinal > %s",
                            wf, close_ordinal)
         if past:
             found.append(f"ordinal past the close fence: {past}")
@@ -466,7 +476,8 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
         fence = await ledger.load_fence(run.key)
         try:
             rec = await _record(client.get_workflow_handle(wf))
-            view = f"view {rec.state.value} gen {rec.session_generation}/{rec.subscription_generation} {rec.detail!r}"
+            view = (f"view {rec.state.value} gen {rec.session_generation}/{rec.subscription_generation} "
+                    f"{rec.detail!r}")
         except Exception as exc:
             view = f"no view: {exc}"
         if os.environ.get("MCPSYNC_CROSSCHECK_DEBUG"):
@@ -479,7 +490,8 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
             lines.append(str(desc.raw_description.pending_activities))
             lines.append(f"checked at {datetime.now(UTC):%H:%M:%S.%f}")
             Path(f"/tmp/xcheck-{run.index}.txt").write_text("\n".join(lines + run.notes))
-        found.append(f"no_convergence: {state.value} {str(digest)[:19]} vs oracle {run.committed[-1][:19]}; ledger gen "
+        found.append(f"no_convergence: {state.value} {str(digest)[:19]} vs oracle "
+                     f"{run.committed[-1][:19]}; ledger gen "
                      f"{fence.session_generation}/{fence.subscription_generation}; {view}")
     elif not run.exists and state not in (S.TOMBSTONE_PENDING, S.TOMBSTONED):
         found.append(f"no_convergence: deleted at the oracle but {state.value}")
@@ -502,7 +514,8 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
         runs.append(Run(i, key, real_actions(sim.events)))
     kinds = {a.kind for r in runs for a in r.actions}
     if SCHEDULES >= 30 and not only:
-        assert {"mutate", "delete", "close", "reset", "catalog", "conflict", "revoke", "read_fault"} <= kinds, kinds
+        assert {"mutate", "delete", "close", "reset", "catalog", "conflict", "revoke",
+                "read_fault"} <= kinds, kinds
 
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
     try:
@@ -510,7 +523,8 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
                               ping_interval_seconds=1, ping_timeout_seconds=5)
         board = FaultBoard(fx)
         async with running_services(temporal_client, ledger, [server]) as cfg:
-            driver = Driver(temporal_client, ledger, fx, board, temporal_server, server, cfg.temporal.task_queue)
+            driver = Driver(temporal_client, ledger, fx, board, temporal_server, server,
+                            cfg.temporal.task_queue)
             gate = asyncio.Semaphore(CONCURRENCY)
 
             async def one(run: Run) -> list[str]:
@@ -527,7 +541,8 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
             results = await asyncio.gather(*(one(r) for r in runs))
     finally:
         await fx.stop()
-    finals = [(await ledger_rows(ledger, "SELECT state FROM subscriptions WHERE workflow_id=%s", r.key.workflow_id))[0][0]
+    finals = [(await ledger_rows(ledger, "SELECT state FROM subscriptions WHERE workflow_id=%s",
+                                 r.key.workflow_id))[0][0]
               for r in runs]
     counts: dict[str, int] = {}
     for r in runs:
@@ -536,7 +551,8 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
     print(f"\ncrosscheck: {SCHEDULES} schedules, actions {dict(sorted(counts.items()))}, "
           f"resets applied {sum(r.resets for r in runs)}, final states "
           f"{ {s: finals.count(s) for s in sorted(set(finals))} }, notes {sum(len(r.notes) for r in runs)}")
-    failures = {r.index: (v, [f"{a.kind}{a.n or ''}{a.detail}" for a in r.actions if a.kind != "pause"], r.notes) for r, v in zip(runs, results, strict=True) if v}
+    failures = {r.index: (v, [f"{a.kind}{a.n or ''}{a.detail}" for a in r.actions if a.kind != "pause"],
+                          r.notes) for r, v in zip(runs, results, strict=True) if v}
     resets = sum(r.resets for r in runs)
     terminal = sum(1 for r in runs if r.reasons & {"close", "revoke", "denied"})
     assert not failures, failures

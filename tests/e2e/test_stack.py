@@ -237,7 +237,8 @@ async def test_the_main_worker_registers_new_search_attributes_on_its_namespace(
         return set(listing.custom_attributes)
 
     assert "McpCatalogState" not in await custom()
-    client = await Client.connect(temporal_server.address, namespace=namespace, data_converter=pydantic_data_converter)
+    client = await Client.connect(temporal_server.address, namespace=namespace,
+                                  data_converter=pydantic_data_converter)
     async with running_services(client, ledger, [], namespace=namespace):
         await eventually(lambda: _has(custom, {"McpCatalogState", "McpAnswerState", "McpState"}),
                          what="search attributes registered on the new namespace")

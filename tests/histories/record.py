@@ -91,12 +91,14 @@ def _server(name: str, url: str) -> ServerConfig:
 
 
 class Recorder:
-    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path, out: Path) -> None:
+    def __init__(self, client: Client, ledger: Ledger, temporal: TemporalDevServer, work: Path,
+                 out: Path) -> None:
         self.client, self.ledger, self.temporal, self.work, self.out = client, ledger, temporal, work, out
         self.written: list[Path] = []
 
     async def save(self, name: str, workflow_id: str, run_id: str, client: Client | None = None) -> None:
-        history = await (client or self.client).get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        history = await (client or self.client).get_workflow_handle(workflow_id,
+                                                                    run_id=run_id).fetch_history()
         text = history.to_json()
         found = leaks(text)
         if found:
@@ -118,7 +120,8 @@ class Recorder:
                         **options: Any) -> tuple[SubscriptionKey, WorkflowHandle]:
         key = SubscriptionKey(subject=SUBJECT, server=server.name, uri=f"demo://replay/{path}")
         first = await fx.create(key.uri, text=body(f"{path} v1"))
-        handle = await start_subscription(self.client, key, task_queue=queue, options=SubscriptionOptions(**options))
+        handle = await start_subscription(self.client, key, task_queue=queue,
+                                          options=SubscriptionOptions(**options))
         await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
                            f"{path}: initial read")
         return key, handle
@@ -131,7 +134,8 @@ class Recorder:
 
     async def close(self, handle: WorkflowHandle) -> str:
         """Close by update, wait for the run to end; the id of the run that ended."""
-        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="recorded"), result_type=CloseReceipt)
+        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="recorded"),
+                                              result_type=CloseReceipt)
         assert receipt.state == S.CLOSED, receipt
         return await self.finished(handle)
 
@@ -149,11 +153,13 @@ class Recorder:
         await fx.faults(read_delay_ms={key.uri: 400}, duplicate_notifications=3)
         for i in range(2, 5):
             change = await fx.edit(key.uri, text=body(f"updates v{i}"))
-        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"], "churn settled")
+        await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
+                           "churn settled")
         await fx.faults(reset=True)
         before = (await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)).reads_issued
         await fx.notify(key.uri)  # no change: an UNCHANGED receipt
-        await _wait_record(handle, lambda r: r.reads_issued > before and r.state == S.ACTIVE, "unchanged re-read")
+        await _wait_record(handle, lambda r: r.reads_issued > before and r.state == S.ACTIVE, "unchanged "
+                                                                                              "re-read")
         # The catalog agrees (listed): a no-op word.
         rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         await handle.signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
@@ -239,7 +245,8 @@ class Recorder:
         await _wait_notified(self.ledger, key, seen)
         await gate.check(answer_id)  # HOLD: an update is seen, its read is slow
         await fx.faults(reset=True)
-        new = await _wait_latest(self.ledger, key, lambda r: r.content_digest == change["committed"]["digest"],
+        new = await _wait_latest(self.ledger, key,
+                                 lambda r: r.content_digest == change["committed"]["digest"],
                                  "new version accepted")
         await gate.select_input(answer_id, key.uri, new.receipt_id)
         await gate.check(answer_id)  # ACCEPT
@@ -253,29 +260,35 @@ class Recorder:
     async def polling(self) -> None:
         async with await FixtureProcess.start_http(self.work / "poll", seed="none", subscribe=False) as fx:
             server = _server("replay-poll", fx.mcp_url)
-            async with running_services(self.client, self.ledger, [server], task_queue=f"replay-{server.name}") as cfg:
+            async with running_services(self.client, self.ledger, [server],
+                                        task_queue=f"replay-{server.name}") as cfg:
                 queue = cfg.temporal.task_queue
                 key, handle = await self.subscribe(fx, server, queue, "polled", poll_interval_seconds=1.0)
                 rec = await self.edit(fx, handle, key, "polled v2", timeout=10)
                 # Let the poll timer fire at least twice more with nothing changed (UNCHANGED reads).
-                await _wait_record(handle, lambda r: r.reads_issued >= rec.reads_issued + 2, "idle polls", timeout=10)
+                await _wait_record(handle, lambda r: r.reads_issued >= rec.reads_issued + 2, "idle polls",
+                                   timeout=10)
                 await self.save("subscription-polling-no-subscribe", handle.id, await self.close(handle))
 
     async def polling_ttl(self) -> None:
         """Polling where the period moves (docs/caching.md): the server's ttlMs is longer than the
         interval, then reads fail (backoff), then content again (reset)."""
-        async with await FixtureProcess.start_http(self.work / "poll-ttl", seed="none", subscribe=False) as fx:
+        async with await FixtureProcess.start_http(self.work / "poll-ttl", seed="none",
+                                                   subscribe=False) as fx:
             server = _server("replay-poll-ttl", fx.mcp_url)
-            async with running_services(self.client, self.ledger, [server], task_queue=f"replay-{server.name}") as cfg:
+            async with running_services(self.client, self.ledger, [server],
+                                        task_queue=f"replay-{server.name}") as cfg:
                 await fx.faults(ttl_ms=2000)
                 key, handle = await self.subscribe(fx, server, cfg.temporal.task_queue, "polled-ttl",
                                                    poll_interval_seconds=0.5)
                 rec = await self.edit(fx, handle, key, "polled-ttl v2", timeout=10)
                 await fx.faults(fail_reads={key.uri: -32603})
-                await _wait_record(handle, lambda r: r.staleness_bound_source == "backoff", "backoff", timeout=20)
+                await _wait_record(handle, lambda r: r.staleness_bound_source == "backoff", "backoff",
+                                   timeout=20)
                 await fx.faults(reset=True)
                 await _wait_record(handle, lambda r: r.reads_issued >= rec.reads_issued + 5
-                                   and r.staleness_bound_source == "config", "reset after content", timeout=20)
+                                   and r.staleness_bound_source == "config", "reset after content",
+                                   timeout=20)
                 await self.save("subscription-polling-ttl-backoff", handle.id, await self.close(handle))
 
     async def session_change(self) -> None:
@@ -283,7 +296,8 @@ class Recorder:
         fx = await FixtureProcess.start_http(self.work / "restart-a", seed="none", port=port)
         server = _server("replay-restart", fx.mcp_url)
         try:
-            async with running_services(self.client, self.ledger, [server], task_queue=f"replay-{server.name}") as cfg:
+            async with running_services(self.client, self.ledger, [server],
+                                        task_queue=f"replay-{server.name}") as cfg:
                 key, handle = await self.subscribe(fx, server, cfg.temporal.task_queue, "session-change")
                 before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
                 await fx.stop()  # the session dies; the host reconnects to the new process: a new generation
@@ -392,7 +406,8 @@ async def _run_all(rec: Recorder, only: set[str] | None) -> None:
 
     async with await FixtureProcess.start_http(rec.work / "fx", seed="none") as fx:
         server = _server("replay-fx", fx.mcp_url)
-        async with running_services(rec.client, rec.ledger, [server], task_queue=f"replay-{server.name}") as cfg:
+        async with running_services(rec.client, rec.ledger, [server],
+                                    task_queue=f"replay-{server.name}") as cfg:
             for scenario in filter(wanted, shared):
                 await _timed(scenario.__name__, scenario(fx, server, cfg.temporal.task_queue))
     for solo in filter(wanted, own):
@@ -411,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="SCENARIO",
                         help="record only this scenario (a Recorder method name); repeatable")
     parser.add_argument("--replace", action="store_true",
-                        help="record into a corpus that already has SHA256SUMS: only for a version not released yet")
+                        help="record into a corpus that already has SHA256SUMS: only for a version not "
+                             "released yet")
     args = parser.parse_args(argv)
     out = current_dir()
     if (out / SUMS).exists() and not args.replace:

@@ -19,8 +19,8 @@ S = SubscriptionState
 V = AcceptVerdict
 KEY = SubscriptionKey(subject="alice", server="s", uri="demo://doc")
 CLEAN = FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1,
-                      last_issued_ordinal=2, last_accepted_ordinal=2, watermark=2, last_accepted_digest="sha256:a",
-                      notifications_seen=4, covered=4, allocated_sequence=4)
+                      last_issued_ordinal=2, last_accepted_ordinal=2, watermark=2,
+                      last_accepted_digest="sha256:a", notifications_seen=4, covered=4, allocated_sequence=4)
 
 
 def _note(row: FenceSnapshot, generation: int = 1) -> tuple[FenceSnapshot, bool]:
@@ -31,14 +31,15 @@ def _note(row: FenceSnapshot, generation: int = 1) -> tuple[FenceSnapshot, bool]
 def _allocate(row: FenceSnapshot) -> tuple[FenceSnapshot, int, int]:
     plan = plan_allocate(row, session_generation=1, subscription_generation=1, min_ordinal=1)
     assert plan is not None
-    return row.model_copy(update={"last_issued_ordinal": plan.ordinal, "allocated_sequence": plan.notified}), \
+    return row.model_copy(update={"last_issued_ordinal": plan.ordinal,
+                                  "allocated_sequence": plan.notified}), \
         plan.ordinal, plan.notified
 
 
 def _accept(row: FenceSnapshot, ordinal: int, notified: int, kind: ReadOutcomeKind, digest: str | None = None,
             ) -> tuple[FenceSnapshot, V]:
-    issued = IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1, subscription_generation=1,
-                        notified=notified)
+    issued = IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1,
+                        subscription_generation=1, notified=notified)
     outcome = ReadOutcome(kind=kind, key=KEY, ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1,
                           subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest=digest)
     plan = plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=KEY.uri))
@@ -108,12 +109,14 @@ def test_a_row_not_active_on_the_notifications_generation_always_gets_the_work()
 def test_notifications_the_ingress_absorbed_are_counted_by_the_accept_and_covered_only_if_observed() -> None:
     row, _ = _note(CLEAN)
     row, ordinal, notified = _allocate(row)
-    issued = IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1, subscription_generation=1,
-                        notified=notified)
+    issued = IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1,
+                        subscription_generation=1, notified=notified)
     for kind, covered in ((ReadOutcomeKind.CONTENT, 7), (ReadOutcomeKind.TRANSIENT, 4)):
-        outcome = ReadOutcome(kind=kind, key=KEY, ordinal=ordinal, request_id=f"r{ordinal}", session_generation=1,
-                              subscription_generation=1, trigger=TriggerReason.UPDATED, content_digest="sha256:b")
-        plan = plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=KEY.uri), absorbed=2)
+        outcome = ReadOutcome(kind=kind, key=KEY, ordinal=ordinal, request_id=f"r{ordinal}",
+                              session_generation=1, subscription_generation=1, trigger=TriggerReason.UPDATED,
+                              content_digest="sha256:b")
+        plan = plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=KEY.uri),
+                           absorbed=2)
         assert plan.fence is not None
         after = plan.fence.applied(row, None)
         assert (after.notifications_seen, after.covered) == (7, covered)

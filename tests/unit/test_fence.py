@@ -34,7 +34,8 @@ S = SubscriptionState
 
 
 def row(**kw: object) -> FenceSnapshot:
-    base: dict[str, object] = dict(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1)
+    base: dict[str, object] = dict(exists=True, state=S.ACTIVE, session_generation=1,
+                                   subscription_generation=1)
     base.update(kw)
     return FenceSnapshot.model_validate(base)
 
@@ -46,7 +47,8 @@ def outcome(ordinal: int, digest: str | None = "sha256:a", kind: ReadOutcomeKind
 
 
 def issued(ordinal: int, sg: int = 1) -> IssuedRead:
-    return IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=sg, subscription_generation=1)
+    return IssuedRead(ordinal=ordinal, request_id=f"r{ordinal}", session_generation=sg,
+                      subscription_generation=1)
 
 
 def active_fence() -> SubscriptionFence:
@@ -136,7 +138,8 @@ def test_old_session_notifications_are_ignored_and_future_ones_flagged() -> None
     f = active_fence()
     f.adopt(row(session_generation=3))
     assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=2)) == UpdateDisposition.OLD_SESSION
-    assert f.note_update(ResourceUpdated(uri=KEY.uri, session_generation=4)) == UpdateDisposition.FUTURE_SESSION
+    assert f.note_update(ResourceUpdated(uri=KEY.uri,
+                                         session_generation=4)) == UpdateDisposition.FUTURE_SESSION
     assert f.note_update(ResourceUpdated(uri="demo://y", session_generation=3)) == UpdateDisposition.WRONG_URI
     assert f.read_wanted() is None
 
@@ -213,8 +216,8 @@ def test_an_unlisted_catalog_measured_before_our_read_saw_content_is_stale() -> 
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     f = active_fence()
-    f.observed(AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1), allocated_at=t0,
-               now=t0)
+    f.observed(AcceptResult(verdict=AcceptVerdict.ACCEPTED, watermark=1, last_accepted_ordinal=1),
+               allocated_at=t0, now=t0)
     assert f.catalog_word_is_stale(listed=False, measured_at=t0 - timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=False, measured_at=t0 + timedelta(seconds=1))
     assert not f.catalog_word_is_stale(listed=True, measured_at=t0 - timedelta(seconds=1))  # agrees with us
@@ -299,14 +302,15 @@ def test_a_verification_read_clears_the_catalog_detail_and_not_found_says_why() 
 
     f = _polling_fence(30.0)
     f.s.detail = "not listed in catalog scan-7 (unproven): verifying by read"
-    base = {"key": KEY, "ordinal": 3, "request_id": "r3", "session_generation": 1, "subscription_generation": 1,
-            "trigger": TriggerReason.POLL}
+    base = {"key": KEY, "ordinal": 3, "request_id": "r3", "session_generation": 1,
+            "subscription_generation": 1, "trigger": TriggerReason.POLL}
     content = ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest="sha256:aa", **base)
     f.read_judged(3, content, AcceptResult(verdict=AcceptVerdict.UNCHANGED, reason="digest unchanged"))
     assert f.s.detail == ""  # the verification read finished: the stale explanation goes
     gone = ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32602, **base)
     f.s.state = S.TOMBSTONE_PENDING
-    f.read_judged(4, gone, AcceptResult(verdict=AcceptVerdict.TOMBSTONE_PENDING, reason="not found while ACTIVE"))
+    f.read_judged(4, gone, AcceptResult(verdict=AcceptVerdict.TOMBSTONE_PENDING, reason="not found while "
+                                                                                        "ACTIVE"))
     assert f.s.detail.startswith("read 4: not found (code -32602); waiting for a reconciled catalog")
     f.s.state = S.CLOSED
     f.finish(datetime(2026, 1, 1, tzinfo=UTC))
@@ -321,12 +325,14 @@ def test_the_ingress_reads_only_for_an_active_row_whose_run_mirrors_reports() ->
     noted = NotedNotification(workflow_id="wf", fence=ready)
     req = ingress_read_request(noted, KEY, generation=1, request_id="r1")
     assert req is not None
-    assert (req.allocate.session_generation, req.allocate.subscription_generation, req.allocate.min_ordinal) == (1, 3, 8)
+    assert (req.allocate.session_generation, req.allocate.subscription_generation,
+            req.allocate.min_ordinal) == (1, 3, 8)
     assert req.allocate.trigger == TriggerReason.UPDATED and req.allocate.cycle_id is None
     assert req.expected_state == S.ACTIVE and req.close_epoch == 2
     refused = [NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"read_reports": False})),
                NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.SUBSCRIBING})),
-               NotedNotification(workflow_id="wf", fence=ready.model_copy(update={"state": S.TOMBSTONE_PENDING}))]
+               NotedNotification(workflow_id="wf",
+                                 fence=ready.model_copy(update={"state": S.TOMBSTONE_PENDING}))]
     for n in refused:
         assert ingress_read_request(n, KEY, generation=1, request_id="r1") is None
     assert ingress_read_request(noted, KEY, generation=2, request_id="r1") is None  # another session
@@ -344,7 +350,8 @@ def test_a_reported_read_hands_over_what_it_leaves_dirty_and_never_moves_the_dea
     f.applied(6, judged(AcceptVerdict.ACCEPTED, 6, notified=5, covered=5), read_notified=5)
     assert f.read_wanted() is None  # clean: nothing owed
     # A report the ledger judged but that observed nothing: the row stays dirty, the run reads.
-    assert f.issued(ReadTicket(granted=True, ordinal=7, request_id="s", notifications_seen=6), in_flight=False)
+    assert f.issued(ReadTicket(granted=True, ordinal=7, request_id="s", notifications_seen=6),
+                    in_flight=False)
     f.applied(7, AcceptResult(verdict=AcceptVerdict.REJECTED, notified=6, covered=5), read_notified=6)
     assert f.read_wanted() == TriggerReason.FOLLOW_UP
     assert f.report_deadline(at + timedelta(seconds=1)) and not f.report_deadline(at)
@@ -356,7 +363,8 @@ def _start_window(updates: int = 0) -> SubscriptionFence:
     """A start cycle in flight (``start_cycle_reserve`` after ``subscribing``), with ``updates``
     noted meanwhile."""
     f = SubscriptionFence(FenceState(key=KEY, pending_trigger=TriggerReason.RESUBSCRIBE))
-    subscribing = FenceSnapshot(exists=True, state=S.SUBSCRIBING, session_generation=1, subscription_generation=1)
+    subscribing = FenceSnapshot(exists=True, state=S.SUBSCRIBING, session_generation=1,
+                                subscription_generation=1)
     assert f.subscribing(subscribing, "2025-11-25", {"subscribe": True})
     f.start_cycle_reserve()
     assert f.s.pending_trigger is None and f.allocating  # the initial read serves what was pending

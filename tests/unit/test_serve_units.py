@@ -21,9 +21,9 @@ NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
 
 def _res(uri: str, **kw: Any) -> ServedResource:
-    base: dict[str, Any] = dict(workflow_id="w", subject="alice", server="s", uri=uri, state="ACTIVE", receipt_id=1,
-                                digest="sha256:x", ordinal=1, accepted_at=NOW, verified_at=NOW, mime_type="text/plain",
-                                size=1, name=uri, title=None, dirty=False)
+    base: dict[str, Any] = dict(workflow_id="w", subject="alice", server="s", uri=uri, state="ACTIVE",
+                                receipt_id=1, digest="sha256:x", ordinal=1, accepted_at=NOW, verified_at=NOW,
+                                mime_type="text/plain", size=1, name=uri, title=None, dirty=False)
     base.update(kw)
     return ServedResource(**base)
 
@@ -82,11 +82,11 @@ async def test_a_slow_legacy_client_is_cut_off_with_a_reason() -> None:
     fast = _Session(2, connection=None, subject="alice", queue=asyncio.Queue(maxsize=100))  # type: ignore[arg-type]
     fast.subscriptions.add("demo://a")
     hub.sessions = {1: session, 2: fast}
-    event = OutboxEventV1(event_type=OutboxEventType.VERSION_ACCEPTED, position=1, outbox_id=1, subject="alice",
-                          server="s", uri="demo://a", workflow_id="w", receipt_id=1, read_ordinal=1,
-                          content_digest="d", previous_digest="c", mime_type=None, size=None, edition=None,
-                          server_name=None, server_version=None, accepted_at=None, trigger=None, invalidates=None,
-                          reason=None, created_at=NOW)
+    event = OutboxEventV1(event_type=OutboxEventType.VERSION_ACCEPTED, position=1, outbox_id=1,
+                          subject="alice", server="s", uri="demo://a", workflow_id="w", receipt_id=1,
+                          read_ordinal=1, content_digest="d", previous_digest="c", mime_type=None, size=None,
+                          edition=None, server_name=None, server_version=None, accepted_at=None, trigger=None,
+                          invalidates=None, reason=None, created_at=NOW)
     for _ in range(5):
         await hub.announce(event)
     assert session.cut_off is not None and "cut off" in session.cut_off

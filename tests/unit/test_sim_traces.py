@@ -46,10 +46,12 @@ def test_every_finding_has_its_trace() -> None:
     # Every finding whose situation the baseline
     # program can still reach keeps a trace (the others are explained in docs/simulation.md).
     stems = {p.stem for p in PATHS}
-    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F13-", "F2-resume-then-close", "F2-resume-then-revoke",
-                   "F3-", "F6-", "F7-covering-read-failed", "F7-covering-read-stale-after-reset", "F8-",
-                   "F10-verdict-lands-after-revocation", "F11-retried-allocation-keeps-its-counter", "F14-",
-                   "staleness-catalog-word-restarts-poll-timer", "staleness-continue-as-new-restarts-safety-timer"):
+    for prefix in ("F1-retried-allocate", "F1-reset-redispatch", "F9-", "F13-", "F2-resume-then-close",
+                   "F2-resume-then-revoke", "F3-", "F6-", "F7-covering-read-failed",
+                   "F7-covering-read-stale-after-reset", "F8-", "F10-verdict-lands-after-revocation",
+                   "F11-retried-allocation-keeps-its-counter", "F14-",
+                   "staleness-catalog-word-restarts-poll-timer",
+                   "staleness-continue-as-new-restarts-safety-timer"):
         assert any(s.startswith(prefix) for s in stems), prefix
 
 
@@ -62,7 +64,8 @@ def test_fixed_finding_trace_replays_clean_and_reaches_its_situation(path: Path)
     assert not result.violations, result.trace().violations
     tags, clean = observe(trace)
     assert clean
-    assert doc["situation"] in tags, f"the trace no longer reaches {doc['situation']}: re-derive it ({sorted(tags)})"
+    assert doc["situation"] in tags, (f"the trace no longer reaches {doc['situation']}: re-derive it "
+                                      f"({sorted(tags)})")
 
 
 # --- teeth: the production rule reverted, the same trace reports the violation ------------------------
@@ -171,13 +174,15 @@ def _chain(ledger: MemoryLedger, request_id: str) -> int:
 
 @pytest.mark.parametrize(("name", "refuses"), [
     # before F1: any id asked again is refused, a retry's (same cycle) or a reset run's
-    ("F1-retried-allocate", lambda led, req: req.request_id in led.request_ids or req.cycle_id in led.cycle_ids),
+    ("F1-retried-allocate", lambda led, req: req.request_id in led.request_ids
+     or req.cycle_id in led.cycle_ids),
     ("F1-reset-redispatch", lambda led, req: _chain(led, req.request_id) >= 1),
     # before F6: the derivation does not follow the chain (a second reset re-derives the same id)
     ("F6-second-reset-same-point", lambda led, req: _chain(led, req.request_id) >= 2),
 ], ids=["F1-retried", "F1-reset", "F6"])
 def test_allocation_traces_catch_the_model_without_its_idempotence(
-        name: str, refuses: Callable[[MemoryLedger, AllocateRequest], bool], monkeypatch: pytest.MonkeyPatch) -> None:
+        name: str, refuses: Callable[[MemoryLedger, AllocateRequest], bool],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     trace, _ = _load(name)
     assert not _violated(trace)
     monkeypatch.setattr(MemoryLedger, "allocate_read", _unique_refuses(refuses))

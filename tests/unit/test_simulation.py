@@ -55,8 +55,8 @@ S = SubscriptionState
 GATE_SCHEDULES = 5000
 GATE_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS})
 # A small fault set, for tests that need a quick clean baseline to see an injected bug.
-CLEAN_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS, Fault.RETRY, Fault.RESET, Fault.CONFLICT,
-                                              Fault.SESSION_LOSS, Fault.CLOSE, Fault.POLLING})
+CLEAN_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS, Fault.RETRY, Fault.RESET,
+                                              Fault.CONFLICT, Fault.SESSION_LOSS, Fault.CLOSE, Fault.POLLING})
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +151,8 @@ def judge_ignoring_close(row: FenceSnapshot, issued: IssuedRead | None, outcome:
 def judge_without_ordinal_fence(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
                                 row_uri: str | None) -> Judgement:
     """A broken acceptance point that forgot readOrdinal > lastAcceptedOrdinal."""
-    return judge_read(row.model_copy(update={"last_accepted_ordinal": 0, "last_issued_ordinal": 0}), issued, outcome,
-                      row_uri=row_uri)
+    return judge_read(row.model_copy(update={"last_accepted_ordinal": 0, "last_issued_ordinal": 0}), issued,
+                      outcome, row_uri=row_uri)
 
 
 @pytest.mark.parametrize(("judge", "faults", "caught"), [
@@ -161,7 +161,8 @@ def judge_without_ordinal_fence(row: FenceSnapshot, issued: IssuedRead | None, o
     (judge_without_ordinal_fence, CLEAN_CONFIG.faults | {Fault.RESET},
      {Invariant.VERSION_REGRESSION}),
 ])
-def test_broken_judge_is_caught_and_shrunk(judge: Any, faults: frozenset[Fault], caught: set[Invariant]) -> None:
+def test_broken_judge_is_caught_and_shrunk(judge: Any, faults: frozenset[Fault],
+                                           caught: set[Invariant]) -> None:
     config = SimConfig(faults=faults, judge=judge)
     for index in range(3000):
         result = run_schedule(schedule_seed("broken", index), config)
@@ -204,8 +205,8 @@ def test_lost_notification_converges_through_the_drain() -> None:
 
 
 def test_continue_as_new_and_reset_keep_the_fence() -> None:
-    events = (Event(Op.MUTATE, n=1), Event(Op.CHECKPOINT), Event(Op.CAN), Event(Op.MUTATE, n=2, fault="same_id"),
-              Event(Op.RESET, fault="reapply"), Event(Op.MUTATE, n=1))
+    events = (Event(Op.MUTATE, n=1), Event(Op.CHECKPOINT), Event(Op.CAN),
+              Event(Op.MUTATE, n=2, fault="same_id"), Event(Op.RESET, fault="reapply"), Event(Op.MUTATE, n=1))
     result = replay(Trace("lifecycle", Profile(), events), GATE_CONFIG)
     assert not result.violations, result.violations
     assert result.coverage.get("reset") == 1 and result.converged_after is not None
@@ -226,7 +227,8 @@ def test_simulate_command_gates_and_replays(tmp_path: Path) -> None:
     assert report["schedules"] == 200 and report["violations_total"] == 0
     assert "concurrent_reads" not in report["faults"]  # F4 is out of the gate unless asked for
     clean = tmp_path / "clean.json"
-    clean.write_text(json.dumps(Trace("cli-clean", Profile(), (Event(Op.MUTATE, n=1), Event(Op.CLOSE))).to_json()))
+    clean.write_text(json.dumps(Trace("cli-clean", Profile(), (Event(Op.MUTATE, n=1),
+                                                               Event(Op.CLOSE))).to_json()))
     again = _cli("--replay", str(clean))
     assert again.returncode == 0 and "no violation" in again.stdout
 
@@ -382,7 +384,8 @@ def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.Monkey
     target = found.violations[0].invariant
     small = shrink(found, config, target=target)
     assert len(small.events) <= 25, small.events
-    print(f"{name}: schedule {index}: {target.value}: {len(small.events)} events: {small.violations[0].detail}")
+    print(f"{name}: schedule {index}: {target.value}: {len(small.events)} events: "
+          f"{small.violations[0].detail}")
     monkeypatch.undo()
     assert not replay(_trace(small.trace().to_json()), config).violations
 
