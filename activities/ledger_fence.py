@@ -549,7 +549,8 @@ class FenceLedger:
                                             session_generation=session_generation, detail=plan.audit.detail)
         if wf is None:
             # No row: the rules grant and accept nothing without one, so nothing but the audit is planned.
-            assert plan.receipt is None and plan.outbox is None and plan.fence is None and plan.revocation is None
+            assert (plan.receipt is None and plan.outbox is None and plan.fence is None
+                    and plan.revocation is None)
             return None, None
         if plan.read_request_outcome is not None and outcome is not None:
             await cur.execute(

@@ -211,8 +211,9 @@ def ratios(process: dict[str, Any], session: dict[str, Any]) -> dict[str, float 
     return {
         "activity_pollers": _ratio(process["activity_pollers"], session["activity_pollers"]),
         "ingress_rss": _ratio(process["ingress_rss_after_bytes"], session["ingress_rss_after_bytes"]),
-        "ingress_rss_growth": _ratio(process["ingress_rss_after_bytes"] - process["ingress_rss_before_bytes"],
-                                     session["ingress_rss_after_bytes"] - session["ingress_rss_before_bytes"]),
+        "ingress_rss_growth": _ratio(
+            process["ingress_rss_after_bytes"] - process["ingress_rss_before_bytes"],
+            session["ingress_rss_after_bytes"] - session["ingress_rss_before_bytes"]),
         "ingress_threads": _ratio(process["ingress_threads"], session["ingress_threads"]),
         "ingress_idle_cpu": _ratio(process["idle_cpu_pct_of_one_core"]["ingress_process"],
                                    session["idle_cpu_pct_of_one_core"]["ingress_process"]),
@@ -223,7 +224,8 @@ def ratios(process: dict[str, Any], session: dict[str, Any]) -> dict[str, float 
 
 def run_scale(levels: Sequence[int], idle_seconds: float, out: Path,
               layouts: Sequence[Layout] = (Layout.SESSION, Layout.PROCESS)) -> dict[str, Any]:
-    """Each (layout, level) in a child process (this module's ``__main__``); writes ``out/ingress_scale.json``."""
+    """Each (layout, level) in a child process (this module's ``__main__``); writes
+    ``out/ingress_scale.json``."""
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for s in levels:

@@ -197,7 +197,8 @@ def cpu_snapshot() -> dict[str, float]:
                 grew = True
     out = {"benchmark_tree": 0.0, "postgres": 0.0, "other_processes": 0.0}
     for pid, (_, comm, cpu) in procs.items():
-        key = "benchmark_tree" if pid in ours else "postgres" if comm.startswith("postgres") else "other_processes"
+        key = ("benchmark_tree" if pid in ours else "postgres" if comm.startswith("postgres")
+               else "other_processes")
         out[key] += cpu
     with suppress(OSError, ValueError):
         jiffies = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -333,7 +334,8 @@ class Postgres:
 
 
 class Probe:
-    """The benchmark's own ``mcpsync.worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per phase."""
+    """The benchmark's own ``mcpsync.worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per
+    phase."""
 
     def __init__(self) -> None:
         self.server = serve_metrics(MetricsConfig(port=0), set_default_runtime=False)
@@ -553,8 +555,8 @@ async def staleness_section(ledger: Ledger, stale_runs: Sequence[staleness.Profi
         "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
         # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
         "dispatch_during_churn_mean_ms": {
-            "workflow_task_schedule_to_start": Probe.mean_ms(during,
-                                                             "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
+            "workflow_task_schedule_to_start": Probe.mean_ms(
+                during, "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
             "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
                                                       activity_type=Act.ALLOCATE_READ),
         },
@@ -661,7 +663,8 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
         out["cpu_note"] = ("cpu_ms_per_start = benchmark_process (the floor's workers and client; the idle "
                            "naive baseline) + temporal_dev_server, utime+stime from /proc over the window "
                            "/ n (benchmarks.cost); by_process_ms_per_start has every role, the floor's "
-                           "PostgreSQL transactions and fixture reads and the idle mcpsync processes included")
+                           "PostgreSQL transactions and fixture reads and the idle mcpsync processes "
+                           "included")
     return out
 
 
@@ -1221,7 +1224,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             "uris": len(targets),
             "what": f"{per} notifications per URI without content change; settle = last read completed",
         }
-        say(f"burst: {got} notifications settled in {settle:.2f}s ({got / settle:.0f}/s), {burst_reads} reads")
+        say(f"burst: {got} notifications settled in {settle:.2f}s ({got / settle:.0f}/s), "
+            f"{burst_reads} reads")
 
         # --- revocation ----------------------------------------------------------------------------
         sample = uris[: min(opts.revocations, n)]
@@ -1348,7 +1352,8 @@ def growth(runs: Sequence[Run]) -> dict[str, Any]:
             "convergence_p99_ms": x.result["system"]["convergence"]["p99_ms"],
             "convergence_p999_ms": x.result["system"]["convergence"]["p999_ms"],
             "worker_bytes_per_subscription": x.result["memory"]["worker_bytes_per_subscription"],
-            "temporal_server_bytes_per_subscription": x.result["memory"]["temporal_server_bytes_per_subscription"],
+            "temporal_server_bytes_per_subscription":
+                x.result["memory"]["temporal_server_bytes_per_subscription"],
             "initial_convergence_seconds": x.result["startup"]["initial_convergence_seconds"],
             "burst_reads_per_second": x.result["burst"]["reads_per_second"],
         } for x in rs]
@@ -1531,7 +1536,8 @@ async def run_single(opts: Options, transport: str, n: int, result: Path) -> Non
         await probe.aclose()
         await pg.stop()
         shutil.rmtree(work, ignore_errors=True)
-    one.result["postgresql"] = "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded"
+    one.result["postgresql"] = ("MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL")
+                                else "embedded")
     payload = json.dumps({"result": one.result, "curves": one.curves})
     await asyncio.to_thread(result.write_text, payload)
 

@@ -69,7 +69,8 @@ class Services(Protocol):
         """Raise if the services died."""
 
     async def host_totals(self, server: str) -> HostTotals:
-        """Notifications received, coalesced and read at the ingress by the session hosts of ``server`` so far."""
+        """Notifications received, coalesced and read at the ingress by the session hosts of ``server`` so
+        far."""
 
     async def stop(self) -> None: ...
 

@@ -164,8 +164,8 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
             if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING:
                 tags.add("F8.reset_past_close_in_reconciliation")
-        if sim.coverage.get("continue_as_new", 0) > can_before and armed and sim.profile.capability == "subscribe" \
-                and sim.profile.safety_read_seconds:
+        if sim.coverage.get("continue_as_new", 0) > can_before and armed \
+                and sim.profile.capability == "subscribe" and sim.profile.safety_read_seconds:
             tags.add("staleness.continue_as_new_while_safety_armed")
     if "staleness.catalog_word_while_poll_armed" in tags and not sim.coverage.get("timer.poll"):
         tags.discard("staleness.catalog_word_while_poll_armed")

@@ -98,8 +98,8 @@ class AnswerGate:
     async def answer(self, answer_id: str) -> AnswerBindingV1:
         """The ``answerBinding.v1`` record of a running answer workflow."""
         try:
-            result: AnswerBindingV1 = await self.client.get_workflow_handle(answer_workflow_id(answer_id)).query(
-                QUERY_ANSWER, result_type=AnswerBindingV1)
+            result: AnswerBindingV1 = await self.client.get_workflow_handle(
+                answer_workflow_id(answer_id)).query(QUERY_ANSWER, result_type=AnswerBindingV1)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise AnswerGateError(f"no answer {answer_id!r}") from None

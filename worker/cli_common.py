@@ -230,7 +230,8 @@ def _number(text: str, kind: type[int] | type[float]) -> float:
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
     if value != value or value in (float("inf"), float("-inf")):  # nan, inf
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value

@@ -32,7 +32,8 @@ CHANGE_VERSION = "TemporalChangeVersion"
 """The search attribute the SDK upserts with every ``workflow.patched`` id a run took."""
 
 DEPLOYMENT_VERSION = "TemporalWorkerDeploymentVersion"
-"""The search attribute the server keeps with the Worker Deployment Version a run is on (``<deployment>:<build>``)."""
+"""The search attribute the server keeps with the Worker Deployment Version a run is on
+(``<deployment>:<build>``)."""
 
 WORKFLOW_TYPES = (WORKFLOW_TYPE, CATALOG_WORKFLOW_TYPE, ANSWER_WORKFLOW_TYPE)
 UNVERSIONED = "unversioned"
@@ -122,8 +123,10 @@ def register(sub: Any) -> None:
                               "safe), 3 otherwise. docs/upgrades.md, 'Patch lifecycle'.\n\nexamples:\n"
                               "  mcpsync upgrades\n"
                               "  mcpsync upgrades --patch my-patch-id --workflow-type "
-                              "ResourceSubscriptionWorkflow\n  mcpsync upgrades --task-queue mcpsync --json\n")
-    c.add_argument("--patch", metavar="ID", help="count the open runs without this workflow.patched marker")
+                              "ResourceSubscriptionWorkflow\n"
+                              "  mcpsync upgrades --task-queue mcpsync --json\n")
+    c.add_argument("--patch", metavar="ID",
+                   help="count the open runs without this workflow.patched marker")
     c.add_argument("--workflow-type", choices=WORKFLOW_TYPES, default=None,
                    help="with --patch: only runs of this workflow type (default: every type)")
     c.add_argument("--task-queue", default=None, metavar="QUEUE",

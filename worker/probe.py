@@ -563,7 +563,8 @@ async def probe_server(server: ServerConfig, *, subject: str = "anonymous", uri:
                        update_bound_seconds: float = 10.0, timeout: float = 10.0,
                        edition: Literal["2025-11-25", "2026-07-28", "auto"] | None = None,
                        other_edition: bool = True) -> ProbeReport:
-    """Probe ``server`` as ``subject``; see the module contract. Raises ``ProbeError`` if it cannot connect."""
+    """Probe ``server`` as ``subject``; see the module contract. Raises ``ProbeError`` if it cannot
+    connect."""
     requested = edition or server.edition
     mode: Literal["legacy", "auto"] = "legacy" if requested == "2025-11-25" else "auto"
     started_at = datetime.now(UTC)

@@ -175,7 +175,8 @@ def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion | None:
     return WorkerDeploymentVersion(deployment_name=cfg.deployment_name, build_id=cfg.build_id)
 
 
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 """The sandbox still checks every workflow call (no I/O, no wall clock, no threads), but imports
 are shared with the worker instead of re-imported for every new run: ``workflows/`` holds
 deterministic code only, with no module state a run could change (``tests/unit/test_layers.py`` keeps

@@ -451,7 +451,8 @@ class SessionHost:
 
     async def _on_message(self, message: object) -> None:
         live = self.live
-        if live is None and isinstance(message, types.ResourceUpdatedNotification | types.ResourceListChangedNotification):
+        if live is None and isinstance(message, types.ResourceUpdatedNotification
+                                                | types.ResourceListChangedNotification):
             # Before initialization finished (or after the session was dropped): lifecycle misuse.
             with suppress(Exception):
                 await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject,
@@ -693,7 +694,8 @@ class SessionHost:
             return None
 
     async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
-        """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not running."""
+        """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not
+        running."""
         try:
             await self.temporal.get_workflow_handle(workflow_id).signal(name, payload)
         except RPCError as err:

@@ -72,7 +72,8 @@ async def run_up(args: argparse.Namespace) -> None:
     ensure_private_dir(root)  # 0700: it holds the runtime file and the configuration (a database URL)
     runtime_file = root / "runtime.json"
     running = RuntimeInfo.load(runtime_file)
-    if running is not None and running.pid is not None and running.pid != os.getpid() and running.stack_alive():
+    if (running is not None and running.pid is not None and running.pid != os.getpid()
+            and running.stack_alive()):
         # Checked before anything binds a port: the second stack would only fail later, less clearly.
         raise StackAlreadyRunning(f"a stack is already running on state dir {root} (mcpsync up pid "
                                   f"{running.pid}, Temporal {running.temporal_address}): stop it first or "
@@ -84,8 +85,8 @@ async def run_up(args: argparse.Namespace) -> None:
             metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
         except MetricsUnavailable as exc:
             # 'up' has no config file: name its flag, not the [metrics] table.
-            raise MetricsUnavailable(str(exc).replace("(change [metrics] port)",
-                                                      "(pass --metrics-port N, or --metrics-port 0 for none)")) from None
+            raise MetricsUnavailable(str(exc).replace(
+                "(change [metrics] port)", "(pass --metrics-port N, or --metrics-port 0 for none)")) from None
         stack.push_async_callback(metrics.aclose)
         temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port,
                                                         ui_port=args.ui_port)

@@ -1,4 +1,5 @@
-"""Helpers for the ``mcpsync serve`` tests: the serve process, SDK clients with a bearer token, events/poll."""
+"""Helpers for the ``mcpsync serve`` tests: the serve process, SDK clients with a bearer token,
+events/poll."""
 
 from __future__ import annotations
 

@@ -100,7 +100,8 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert r["floor"]["samples"] > 0 and r["floor"]["p50_ms"] > 0
         assert _num(r["comparison"]["amplification_vs_baseline"])
         assert _num(r["comparison"]["convergence_p50_vs_floor"])
-        assert r["memory"]["worker_rss_after_bytes"] > 0 and _num(r["memory"]["worker_bytes_per_subscription"])
+        assert (r["memory"]["worker_rss_after_bytes"] > 0
+                and _num(r["memory"]["worker_bytes_per_subscription"]))
         assert r["startup"]["subscriptions_per_second"] > 0
         # The dev server and mcpsync's worker did work for every start (the ingress too, split layout).
         by_start = r["startup"]["by_process_ms_per_subscription"]
@@ -165,7 +166,8 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     ``wall``: the run's seconds."""
     tf = r["temporal_floor"]
     assert tf["samples"] == 5 and tf["missing"] == 0
-    assert 0 < tf["p50_ms"] <= tf["p99_ms"] <= tf["max_ms"] <= wall * 1000 and 0 < tf["signal_to_activity_done_p50_ms"]
+    assert (0 < tf["p50_ms"] <= tf["p99_ms"] <= tf["max_ms"] <= wall * 1000
+            and 0 < tf["signal_to_activity_done_p50_ms"])
     assert tf["activity_postgres_p50_ms"] > 0 and tf["activity_read_p50_ms"] > 0
     assert set(tf["steps_p50_ms"]) == {"sent_to_signaled", "signaled_to_scheduled", "scheduled_to_started",
                                        "started_to_completed", "completed_to_ack"}
@@ -215,7 +217,8 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     # The Temporal start floor: as many one-activity workflows as the startup phase timed, 32 starts in
     # flight.
     sf = r["temporal_start_floor"]
-    assert sf["n"] == r["startup"]["subscriptions_measured"] == 5 and sf["concurrency"] == 32 and sf["warmup"] == 1
+    assert (sf["n"] == r["startup"]["subscriptions_measured"] == 5 and sf["concurrency"] == 32
+            and sf["warmup"] == 1)
     assert _num(sf["subscriptions_per_s"]) and sf["subscriptions_per_s"] > 0
     assert 0 < sf["start_seconds"] <= sf["seconds"]
     assert sf["subscriptions_per_s"] == pytest.approx(sf["n"] / sf["seconds"], rel=0.05, abs=0.1)
@@ -223,8 +226,8 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert _num(sf["cpu_ms_per_start"]) and sf["cpu_ms_per_start"] > 0
     assert _num(sf["machine_busy_pct"]) and _num(sf["other_processes_pct_of_machine"])
     by_start = sf["by_process_ms_per_start"]
-    assert sf["cpu_ms_per_start"] == pytest.approx(by_start["benchmark_process"] + by_start["temporal_dev_server"],
-                                                   abs=0.2)
+    assert sf["cpu_ms_per_start"] == pytest.approx(
+        by_start["benchmark_process"] + by_start["temporal_dev_server"], abs=0.2)
     assert r["temporal_start_floor_per_s"] == sf["subscriptions_per_s"]
     assert r["initial_subscriptions_over_start_floor"] == pytest.approx(
         r["initial_subscriptions_per_s"] / sf["subscriptions_per_s"], abs=1e-3)

@@ -119,7 +119,8 @@ def test_freshness_is_shown_when_the_record_has_it() -> None:
 
 
 def _table(text: str) -> list[dict[str, str]]:
-    """Rows of a kubectl-style table as {header: cell}, split at the header columns (cells may hold spaces)."""
+    """Rows of a kubectl-style table as {header: cell}, split at the header columns (cells may hold
+    spaces)."""
     header, *lines = text.splitlines()
     names = header.split()
     starts = [header.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
@@ -228,7 +229,8 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
     r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x", "--subject",
              "bob")
     assert r.returncode == 2
-    assert "subject 'bob' is not configured for server 'docs' (configured: alice, carol)" in _one_error_line(r)
+    assert ("subject 'bob' is not configured for server 'docs' (configured: alice, carol)"
+            in _one_error_line(r))
     # default: anonymous
     r = _cli("--config", str(config), "subscribe", "--server", "docs", "--uri", "demo://x")
     assert r.returncode == 2 and "subject 'anonymous' is not configured" in r.stderr
@@ -300,7 +302,8 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
         log.close()
     assert not (state / "runtime.json").exists()
     r = await run_cli("list", env={"MCPSYNC_STATE_DIR": str(state)})
-    assert r.code == 6 and f"nothing is running here: no runtime file {state / 'runtime.json'}" in _one_error_line(r)
+    assert (r.code == 6
+            and f"nothing is running here: no runtime file {state / 'runtime.json'}" in _one_error_line(r))
 
 
 # --- subscription commands against the real stack -------------------------------------------
@@ -540,7 +543,8 @@ async def test_an_update_nobody_answers_is_exit_6(temporal_client: Client, tempo
     try:
         r = await run_cli("--config", str(config), "status", *key_args, "--timeout", "1")
         assert r.code == 6, r.err  # a query needs a worker too: bounded, not a 30 s hang and a traceback
-        assert "no answer to query 'subscription' from workflow mcpsync-sub/docs/anonymous/" in _one_error_line(r)
+        assert ("no answer to query 'subscription' from workflow mcpsync-sub/docs/anonymous/"
+                in _one_error_line(r))
         for command in ("close", "resume"):
             r = await run_cli("--config", str(config), command, *key_args, "--timeout", "1")
             assert r.code == 6, (command, r.err)

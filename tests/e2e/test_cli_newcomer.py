@@ -358,7 +358,8 @@ async def test_wide_list_json_bound_and_follow_say_what_is_true(
                 line = (await asyncio.wait_for(follow.stdout.readline(), 30)).decode()
                 if line.startswith("position "):
                     break
-            assert line.rstrip().endswith("acked by --follow once printed)") and "mcpsync outbox ack" not in line
+            assert (line.rstrip().endswith("acked by --follow once printed)")
+                    and "mcpsync outbox ack" not in line)
         finally:
             follow.send_signal(signal.SIGTERM)
             await asyncio.wait_for(follow.wait(), 30)

@@ -161,6 +161,7 @@ async def test_a_read_slower_than_the_ingress_timeout_falls_back_to_the_workflow
         await fx.faults(reset=True)
     assert SIGNAL_RESOURCE_UPDATED in signals and SIGNAL_RESOURCE_READ not in signals, signals
     assert reads == 2, reads  # the initial read and the one the fallback signal earned
-    receipts = await ledger_rows(ledger, "SELECT rv.status, rv.content_digest FROM resource_versions rv JOIN"
-                                         " subscriptions s ON s.workflow_id = rv.workflow_id WHERE s.uri = %s", uri)
+    receipts = await ledger_rows(ledger, "SELECT rv.status, rv.content_digest FROM resource_versions rv"
+                                         " JOIN subscriptions s ON s.workflow_id = rv.workflow_id"
+                                         " WHERE s.uri = %s", uri)
     assert ("ACCEPTED", digest) in receipts, receipts

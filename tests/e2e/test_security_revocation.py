@@ -128,7 +128,8 @@ async def test_whole_subject_revoke_covers_closed_subscriptions(
         # Idempotent: a second revoke covers the same rows and writes no second event.
         again = await revoke_subject(temporal_client, ledger, subject="alice", server=server.name, uri=None,
                                      reason="again")
-        assert again.ledger.revoked == [] and again.ledger.outbox_ids == [] and again.ledger.purged_bodies == 0
+        assert (again.ledger.revoked == [] and again.ledger.outbox_ids == []
+                and again.ledger.purged_bodies == 0)
         for key in keys.values():
             assert len(await _revoked_events(ledger, key.workflow_id)) == 1
 

@@ -233,7 +233,8 @@ async def test_the_main_worker_registers_new_search_attributes_on_its_namespace(
         namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)))
 
     async def custom() -> set[str]:
-        listing = await admin.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        listing = await admin.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace))
         return set(listing.custom_attributes)
 
     assert "McpCatalogState" not in await custom()

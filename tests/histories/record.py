@@ -111,7 +111,8 @@ class Recorder:
         self.written.append(path)
         t = traits(history)
         print(f"  {path.name}: {t.workflow_type}, {t.events} events, {len(text) // 1024} KiB"
-              f"{', continued-as-new' if t.continued_as_new else ''}{', from continue-as-new' if t.continued_from_run else ''}"
+              f"{', continued-as-new' if t.continued_as_new else ''}"
+              f"{', from continue-as-new' if t.continued_from_run else ''}"
               f"{', reset' if t.reset else ''}", flush=True)
 
     # --- helpers -------------------------------------------------------------------------------
@@ -303,7 +304,8 @@ class Recorder:
                 await fx.stop()  # the session dies; the host reconnects to the new process: a new generation
                 fx = await FixtureProcess.start_http(self.work / "restart-b", seed="none", port=port)
                 fresh = await fx.create(key.uri, text=body("session-change after restart"))
-                rec = await _wait_record(handle, lambda r: r.last_accepted_digest == fresh["committed"]["digest"],
+                rec = await _wait_record(handle,
+                                         lambda r: r.last_accepted_digest == fresh["committed"]["digest"],
                                          "re-read on the new session")
                 assert rec.session_generation > before.session_generation
                 await fx.wait_subscribed(key.uri)

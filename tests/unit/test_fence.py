@@ -91,7 +91,8 @@ def test_judge_fences_closed_unknown_and_old_generation() -> None:
 
 def test_not_found_while_active_is_tombstone_pending() -> None:
     j = judge_read(row(), issued(1), outcome(1, None, ReadOutcomeKind.NOT_FOUND), row_uri=KEY.uri)
-    assert j.verdict == AcceptVerdict.TOMBSTONE_PENDING and j.new_state == S.TOMBSTONE_PENDING and not j.outbox
+    assert (j.verdict == AcceptVerdict.TOMBSTONE_PENDING and j.new_state == S.TOMBSTONE_PENDING
+            and not j.outbox)
 
 
 def test_close_rule_freezes_last_issued_and_is_idempotent() -> None:

@@ -130,7 +130,8 @@ def test_the_newest_corpus_replays_starts_made_in_one_round_trip() -> None:
     def starts(path: Path) -> int:
         return sum(1 for e in load(path).events
                    if e.HasField("activity_task_scheduled_event_attributes")
-                   and e.activity_task_scheduled_event_attributes.activity_type.name == Act.MCP_SUBSCRIBE_CYCLE)
+                   and (e.activity_task_scheduled_event_attributes.activity_type.name
+                        == Act.MCP_SUBSCRIBE_CYCLE))
 
     with_starts = {p.stem for p in _newest_subscriptions() if starts(p)}
     assert {"subscription-updates-churn-and-close", "subscription-reset", "subscription-session-change",

@@ -274,7 +274,8 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     assert sim.wf.fence.s.last_accepted_digest == sim.oracle.digest
     cov = sim.coverage
     assert cov["ingress.report_delivered"] == 1 and "ingress.fallback" not in cov
-    assert sim.ledger.row.covered == sim.ledger.row.notifications_seen and sim.wf.fence.s.pending_trigger is None
+    assert (sim.ledger.row.covered == sim.ledger.row.notifications_seen
+            and sim.wf.fence.s.pending_trigger is None)
     # The same events as a trace replay to the same end, clean, with nothing scheduled after the change.
     trace = Trace("ingress", Profile(), tuple(sim.events))
     again = replay(_trace(trace.to_json()))
