@@ -1,41 +1,38 @@
 """Session host and notification ingress for one (subject, server).
 
 Contract:
-- Holds at most one live MCP session per (subject, server). Each successful
-  initialize is recorded in the ledger and gets a session generation one above
-  any before it; the negotiated edition and capabilities go with it.
-- Belongs to one ``mcpsync.worker.ingress.Ingress`` (its process), whose identity is this host's lease
-  holder name and whose one task queue, recorded in the session row at each open, is where the
-  subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session.
-  A host made without an ingress is an ingress of one: it runs that ingress's worker itself.
-- Routing is a program (``mcpsync.workflows.ingress.IngressRouter``), run here over PostgreSQL, the
-  live session and Temporal (``_drive`` / ``_perform``) and by the simulator over its world: per
-  work-queue key (URI, generation) it notes the notification (``Ledger.note_notification``), reads
-  the change right here when the fence allows it (``ingress_rules.ingress_read_request``: one read cycle,
-  ``McpSessionActivities.run_cycle``, reported as ``resource_read``: digest and verdict, never
-  content), and otherwise signals ``resource_updated`` when the note created work, to the workflow
-  id the ledger row recorded. A URI with no subscription, or a subscription with no running
-  workflow, gets an audit row; nothing is guessed and no workflow is ever started from here.
-- URI identity (docs/identity.md): a notification only invalidates. When its exact URI is
-  subscribed, every other live subscription whose URI normalizes alike (a listed ambiguous
-  pair, ``Ledger.normalized_siblings``) is invalidated too, each with ITS OWN exact URI
-  (audit AMBIGUOUS_SIBLING_INVALIDATED): an update named with one spelling never leaves the
-  other stale. When only a normalized form matches, each such subscription gets an
-  ``identity_conflict`` signal (audit NORMALIZED_URI_MATCH) and the CatalogWorkflow of
-  (subject, server) is asked to reconcile, so the evidence that resolves the conflict comes
-  (audit IDENTITY_NO_CATALOG when there is none: the workflow's time bound resolves it).
-- resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only
-  listen stream per session, opened before the session is published) is counted per
-  session generation (``list_changed_count``, read by the catalog scan activities) and
-  becomes a coalesced ``list_changed`` signal to the CatalogWorkflow of (subject, server),
-  which is never started from here.
-- A lost session (transport closed, ping timeout, a listen stream lost to backlog
-  overflow, dropped or closed: audit ``LISTEN_STREAM_LOST`` with the reason) is
-  reopened with exponential backoff; every non-terminal subscription is then
-  signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
-- Notifications wait in the router's work queue, merged per (URI, generation) and bounded per
-  generation by ``max_pending_notifications``: one more is a backlog overflow (the listen stream that
-  carried it is lost, reason ``overflow``; on 2025-11-25 the session), never a dropped notification.
+- Holds at most one live MCP session per (subject, server). Each successful initialize is recorded in the
+  ledger and gets a session generation one above any before it; the negotiated edition and capabilities go
+  with it.
+- Belongs to one ``mcpsync.worker.ingress.Ingress`` (its process), whose identity is this host's lease holder
+  name and whose one task queue, recorded in the session row at each open, is where the
+  subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session. A host made
+  without an ingress is an ingress of one: it runs that ingress's worker itself.
+- Routing is a program (``mcpsync.workflows.ingress.IngressRouter``), run here over PostgreSQL, the live
+  session and Temporal (``_drive`` / ``_perform``) and by the simulator over its world: per work-queue key
+  (URI, generation) it notes the notification (``Ledger.note_notification``), reads the change right here when
+  the fence allows it (``ingress_rules.ingress_read_request``: one read cycle,
+  ``McpSessionActivities.run_cycle``, reported as ``resource_read``: digest and verdict, never content), and
+  otherwise signals ``resource_updated`` when the note created work, to the workflow id the ledger row
+  recorded. A URI with no subscription, or a subscription with no running workflow, gets an audit row; nothing
+  is guessed and no workflow is ever started from here.
+- URI identity (docs/identity.md): a notification only invalidates. When its exact URI is subscribed, every
+  other live subscription whose URI normalizes alike (a listed ambiguous pair, ``Ledger.normalized_siblings``)
+  is invalidated too, each with ITS OWN exact URI (audit AMBIGUOUS_SIBLING_INVALIDATED): an update named with
+  one spelling never leaves the other stale. When only a normalized form matches, each such subscription gets
+  an ``identity_conflict`` signal (audit NORMALIZED_URI_MATCH) and the CatalogWorkflow of (subject, server) is
+  asked to reconcile, so the evidence that resolves the conflict comes (audit IDENTITY_NO_CATALOG when there
+  is none: the workflow's time bound resolves it).
+- resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only listen stream per
+  session, opened before the session is published) is counted per session generation (``list_changed_count``,
+  read by the catalog scan activities) and becomes a coalesced ``list_changed`` signal to the CatalogWorkflow
+  of (subject, server), which is never started from here.
+- A lost session (transport closed, ping timeout, a listen stream lost to backlog overflow, dropped or closed:
+  audit ``LISTEN_STREAM_LOST`` with the reason) is reopened with exponential backoff; every non-terminal
+  subscription is then signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
+- Notifications wait in the router's work queue, merged per (URI, generation) and bounded per generation by
+  ``max_pending_notifications``: one more is a backlog overflow (the listen stream that carried it is lost,
+  reason ``overflow``; on 2025-11-25 the session), never a dropped notification.
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ from mcpsync.activities.mcp_session import (
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
-from mcpsync.worker.session_transport import describe_open_failure, server_transport
+from mcpsync.worker.session_transport import SessionOpenError, describe_open_failure, server_transport
 from mcpsync.worker.transport_bounds import install, stdio_line_limit, transport_limit
 from mcpsync.workflows.ingress import (
     Effect,
@@ -130,10 +127,6 @@ past it one ``<kind>_SUPPRESSED`` row says so and the rest are only counted (a s
 AUDIT_URI_CHARS = 256  # of a rejected URI, the audit row keeps this much and the SHA-256 of the rest
 
 
-class SessionOpenError(RuntimeError):
-    """The MCP server could not be started, reached or initialized."""
-
-
 class SessionHost:
     def __init__(self, server: ServerConfig, subject: str, ledger: Ledger, temporal: TemporalClient,
                  *, ingress: Ingress | None = None, guardrails: GuardrailChain | None = None) -> None:
@@ -164,8 +157,7 @@ class SessionHost:
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
         self._list_changed_pending = asyncio.Event()
-        # notifications whose URI no subscription can have (too long, control characters)
-        self.uris_rejected = 0
+        self.uris_rejected = 0  # notifications with an unsubscribable URI (too long, control characters)
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
@@ -456,8 +448,8 @@ class SessionHost:
             # Before initialization finished (or after the session was dropped): lifecycle misuse.
             with suppress(Exception):
                 await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject,
-                                        server=self.server.name, uri=str(getattr(message.params, "uri",
-                                                                                 ""))[:2048] or None,
+                                        server=self.server.name,
+                                        uri=str(getattr(message.params, "uri", ""))[:2048] or None,
                                         detail={"method": message.method})
             return
         generation = live.generation if live is not None else 0
@@ -522,9 +514,8 @@ class SessionHost:
             # and costs at most one bounded audit row.
             self.uris_rejected += 1
             self._audit_later("NOTIFICATION_URI_REJECTED", generation, uri=uri[:AUDIT_URI_CHARS],
-                              detail={"reason": problem, "uri_length": len(uri),
-                                      "uri_sha256": hashlib.sha256(uri.encode("utf-8",
-                                                                              "surrogatepass")).hexdigest()})
+                              detail={"reason": problem, "uri_length": len(uri), "uri_sha256":
+                                      hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
             return
         metrics.note_notification(self, uri)
         offer = self.router.offer(uri, generation)
@@ -590,8 +581,8 @@ class SessionHost:
                 return await self.ledger.audit(
                     "AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
                     uri=effect.sibling_uri, workflow_id=effect.workflow_id,
-                    session_generation=effect.generation, detail={"observed_uri": effect.observed_uri,
-                                                                  "sibling_uri": effect.sibling_uri})
+                    session_generation=effect.generation,
+                    detail={"observed_uri": effect.observed_uri, "sibling_uri": effect.sibling_uri})
         raise TypeError(f"unknown ingress effect {effect!r}")
 
     async def _route_failed(self, failed: RouteFailed, started: float) -> bool:
@@ -659,8 +650,8 @@ class SessionHost:
             with suppress(RPCError):
                 await self.temporal.get_workflow_handle(workflow_id).signal(
                     SIGNAL_IDENTITY_CONFLICT,
-                    IdentityConflict(observed_uri=uri, reason="notification URI matches only after "
-                                                              "normalization",
+                    IdentityConflict(observed_uri=uri,
+                                     reason="notification URI matches only after normalization",
                                      session_generation=generation),
                 )
         if siblings:

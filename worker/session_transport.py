@@ -21,7 +21,11 @@ from mcpsync.activities.db import redact_url
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
 
-__all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS"]
+__all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS", "SessionOpenError"]
+
+
+class SessionOpenError(RuntimeError):
+    """The MCP server could not be started, reached or initialized."""
 
 
 def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
