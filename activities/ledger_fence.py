@@ -7,9 +7,8 @@ Contract:
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
 - accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
   ``mcpsync.workflows.ledger_rules`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply``
-  that plan
-  in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence update,
-  audit row, ``read_requests`` completion, revocation (with the purge of
+  that plan in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence
+  update, audit row, ``read_requests`` completion, revocation (with the purge of
   ``mcpsync.activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
@@ -163,7 +162,7 @@ class FenceLedger:
             await cur.execute(
                 """
                 INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state,
-                incarnation)
+                    incarnation)
                 VALUES (%s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
                     WHERE s.uri_normalized IS NULL
@@ -322,9 +321,8 @@ class FenceLedger:
                     break
                 column, value = ("cycle_id", ask.cycle_id) if isinstance(ask, ByCycle) else ("request_id",
                                                                                          ask.request_id)
-                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen "
-                                  "FROM read_requests"
-                                  f" WHERE {column}=%s", (value,))
+                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen"
+                                  f" FROM read_requests WHERE {column}=%s", (value,))
                 found = await cur.fetchone()
                 held = None if found is None else HeldRequest(
                     ordinal=found["ordinal"], request_id=found["request_id"],
@@ -385,8 +383,8 @@ class FenceLedger:
                 ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
                 session_generation=issued_row["session_generation"],
                 subscription_generation=issued_row["subscription_generation"],
-                completed_verdict=AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS
-                else None,
+                completed_verdict=(AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS
+                                   else None),
                 in_cycle=issued_row["cycle_id"] is not None, notified=issued_row["notifications_seen"],
             )
             plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
@@ -495,8 +493,7 @@ class FenceLedger:
             await cur.execute(
                 """
                 INSERT INTO subject_revocations (subject, server, uri, source, reason, effective_at,
-                receipt_ids,
-                    workflow_ids, purged_bodies)
+                    receipt_ids, workflow_ids, purged_bodies)
                 VALUES (%s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s, %s)
                 RETURNING subject_revocation_id
                 """,
@@ -594,8 +591,7 @@ class FenceLedger:
             await cur.execute(
                 """
                 INSERT INTO revocations (workflow_id, subject, server, uri, source, reason, effective_at,
-                outbox_id,
-                    purged_bodies)
+                    outbox_id, purged_bodies)
                 VALUES (%s, %s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s)
                 """,
                 (wf, key.subject, key.server, key.uri, plan.revocation.source.value, plan.revocation.reason,

@@ -210,8 +210,8 @@ def cpu_snapshot() -> dict[str, float]:
 def cpu_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     d = {k: round(after.get(k, 0.0) - before.get(k, 0.0), 1) for k in after if k != "other_processes"}
     # Processes that exited meanwhile take their CPU time with them: derive "other" from the machine total.
-    d["other_processes"] = round(max(0.0, d.get("machine_busy", 0.0) - d["benchmark_tree"] - d["postgres"]),
-                                 1)
+    d["other_processes"] = round(
+        max(0.0, d.get("machine_busy", 0.0) - d["benchmark_tree"] - d["postgres"]), 1)
     total = d.get("machine_total") or 0.0
     return {
         "cpu_seconds": d,
@@ -487,8 +487,8 @@ def convergence_report(lat: Sequence[float | None], lost: Sequence[bool],
     out = summarize(done)
     out["changes"] = len(lat)
     out["unconverged"] = len(lat) - len(done)
-    out["converged_within_60s_pct"] = round(100 * sum(1 for x in done if x <= window) / len(lat),
-                                            3) if lat else None
+    out["converged_within_60s_pct"] = (round(100 * sum(1 for x in done if x <= window) / len(lat), 3)
+                                       if lat else None)
     delivered = [x for x, gone in zip(lat, lost, strict=True) if not gone]
     gone = [x for x, g in zip(lat, lost, strict=True) if g]
     out["with_a_delivered_notification"] = {
@@ -583,8 +583,8 @@ async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> 
     else:
         command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
         target = StdioServerParameters(command=command[0], args=command[1:], env=env)
-    mcp = McpClient(target, cache=None, client_info=types.Implementation(name="bench-temporal-floor",
-                                                                         version="0"))
+    mcp = McpClient(target, cache=None,
+                    client_info=types.Implementation(name="bench-temporal-floor", version="0"))
     await asyncio.wait_for(mcp.__aenter__(), 30)
     try:
         if fixture is None:
@@ -691,8 +691,8 @@ def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[st
         "notes": [*notes,
                   ("benchmark_process is the driver, the naive baseline client and the Temporal floor's "
                    "worker; mcpsync_worker and mcpsync_ingress are mcpsync's own processes; "
-                   "mcpsync_processes_ms_per_change = those two + temporal_dev_server + postgresql" if split
-                   else
+                   "mcpsync_processes_ms_per_change = those two + temporal_dev_server + postgresql"
+                   if split else
                    "benchmark_process is the mcpsync worker AND the driver and the naive baseline client "
                    "(one process, --layout in-process)"),
                   "fixtures are the system's, the baseline's twin (stdio) and the staleness profiles'",
@@ -744,8 +744,8 @@ def headline_figures(r: dict[str, Any]) -> dict[str, Any]:
 # Issue 12's table: (figure, how it is read from a run, today before the rebuild, target). Printed, not
 # asserted.
 ISSUE_12: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
-    ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"], "~1.8",
-     "<= 1.25"),
+    ("convergence p50 / temporal floor p50", lambda r: r["convergence_over_temporal_floor"]["p50"],
+     "~1.8", "<= 1.25"),
     ("CPU per change, run's processes (ms)", lambda r: r["cpu_ms_per_change"], "~118 (whole box)", "<= 45"),
     (" of which mcpsync + Temporal + PostgreSQL", lambda r: r.get("mcpsync_cpu_ms_per_change"), "-",
      "(split layout)"),
@@ -829,8 +829,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
             """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
             t0, wall0 = time.monotonic(), time.time()
-            await gather_limited([start_subscription(client, SubscriptionKey(subject=SUBJECT, server=server,
-                                                                             uri=u),
+            await gather_limited([start_subscription(client,
+                                                     SubscriptionKey(subject=SUBJECT, server=server, uri=u),
                                                      task_queue=TASK_QUEUE, options=sub_options)
                                   for u in batch], 32)
             started = time.monotonic() - t0
@@ -954,10 +954,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         await base.idle()
 
         # --- the Temporal floor: signal -> one activity (one transaction + one read) on a second task queue
-        # ------
         say(f"measuring the Temporal floor ({opts.temporal_floor_samples} samples)")
         # --- and the Temporal start floor: n minimal one-activity workflows started like the subscriptions
-        # ---
         start_n = max(1, min(200, r["startup"]["subscriptions_measured"]))
         async with temporal_floor_session(fixture, work) as floor_mcp:
             r["temporal_floor"] = await measure_temporal_floor(client, ledger, floor_mcp,
@@ -1383,8 +1381,8 @@ def plot(runs: Sequence[Run], path: Path, grown: dict[str, Any]) -> None:
                      "floor": "FLOOR (1 NOTIFY + 1 READ)",
                      "temporal_floor": "TEMPORAL FLOOR (SIGNAL + 1 ACTIVITY)"}[name]
             series.append(Series(label, pts, color, step=True))
-        panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged", "time since the change "
-                                                                                 "committed",
+        panels.append(Panel(f"{x.transport} N={x.n}: changes not yet converged",
+                            "time since the change committed",
                             "fraction", (1e-3, 100.0), (1e-3, 1.0), x_log=True, y_log=True, x_ticks=decades,
                             y_ticks=[(1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (0.001, "0.001")],
                             series=series, markers=[(1.0, "TARGET P99.9", COLORS["red"])]))
@@ -1488,8 +1486,8 @@ def print_summary(report: dict[str, Any]) -> None:
               f"{f(sf['machine_busy_pct'], '%')}, other processes "
               f"{f(sf['other_processes_pct_of_machine'], '%')})")
         byp = cc["by_process_ms_per_change"]
-        print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = " + " + ".join(f"{k} {f(v)}" for k,
-                                                                                    v in byp.items())
+        print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = "
+              + " + ".join(f"{k} {f(v)}" for k, v in byp.items())
               + f"   (whole machine {f(cc['whole_machine_busy_ms_per_change'])}; unreadable pids "
                 f"{cc['unreadable'] or 'none'})")
         print(f"  {'issue 12':<38} {'this run':>10}   {'before':<16} target")
