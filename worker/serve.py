@@ -51,6 +51,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from psycopg_pool import AsyncConnectionPool
 
+from mcpsync import __version__
 from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.outbox import WITHDRAWING, OutboxEventV1
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
@@ -348,7 +349,7 @@ class ServeServer(Server[Any]):
     """Lowlevel server advertising subscribe and listChanged on both editions."""
 
     def __init__(self, hub: ServeHub, **kwargs: Any) -> None:
-        super().__init__(hub.config.name, version="0.1.0", **kwargs)
+        super().__init__(hub.config.name, version=__version__, **kwargs)
         self.hub = hub
 
     def get_capabilities(
