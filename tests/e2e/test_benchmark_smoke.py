@@ -236,9 +236,10 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     idle = r["idle"]
     assert idle["subscriptions"] == 6 and 3.5 <= idle["window_seconds"] < 30
     by_idle = idle["by_process_ms_per_subscription_hour"]
-    # The dev server may spend no measurable CPU (10 ms ticks) in a 4 s window; the process hosting
-    # the ingress always does (its session keepalive and the window's own polling).
-    assert by_idle["mcpsync_ingress"] > 0 and all(v >= 0 for v in by_idle.values()), by_idle
+    # Six idle subscriptions for 4 s cost a tick or two of CPU (10 ms) in all, so which process shows
+    # it is chance: every role is reported, none negative, and the total is their sum.
+    assert set(by_idle) >= {"mcpsync_worker", "mcpsync_ingress", "temporal_dev_server"}, by_idle
+    assert all(v >= 0 for v in by_idle.values()), by_idle
     assert idle["cpu_ms_per_subscription_hour"] == pytest.approx(sum(by_idle.values()), rel=0.01, abs=0.5)
     assert r["idle_cpu_ms_per_subscription_hour"] == idle["cpu_ms_per_subscription_hour"]
     assert r["history_events_per_subscription_day"] == idle["history_events_per_subscription_day"] >= 0
