@@ -58,7 +58,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
-from mcpsync.worker.cli_bulk import settle_all
+from mcpsync.worker.bulk import settle_all
 from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,

@@ -47,6 +47,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
+from mcpsync.worker.bulk import settle_all
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
 from mcpsync.worker.stack import write_private
 from mcpsync.worker.stack_temporal import ensure_search_attributes
@@ -316,20 +317,17 @@ async def revoke_subject(client: Client, ledger: Ledger, *, subject: str, server
     record = await ledger.fence.revoke_subject(subject, server, uri, reason=reason, effective_at=effective)
     # The ledger has revoked them all; the signals only let the workflows mirror it, so they go out
     # REVOKE_SIGNALS_IN_FLIGHT at a time (a whole subject may hold thousands of subscriptions).
-    gate = asyncio.Semaphore(REVOKE_SIGNALS_IN_FLIGHT)
-
     async def tell(workflow_id: str) -> bool:
-        async with gate:
-            try:
-                await client.get_workflow_handle(workflow_id).signal(
-                    SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                return False  # no workflow: the ledger's word is all there is
-            return True
+        try:
+            await client.get_workflow_handle(workflow_id).signal(
+                SIGNAL_REVOKE, RevokeRequest(reason=reason, effective_at=effective))
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return False  # no workflow: the ledger's word is all there is
+        return True
 
-    told = await asyncio.gather(*(tell(w) for w in record.revoked))
+    told = await settle_all(record.revoked, tell, limit=REVOKE_SIGNALS_IN_FLIGHT)
     signalled = [w for w, ok in zip(record.revoked, told, strict=True) if ok]
     if wait is None:
         return Revocation(ledger=record, signalled=signalled)

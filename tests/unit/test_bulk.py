@@ -7,7 +7,7 @@ import asyncio
 import io
 import random
 
-from mcpsync.worker.cli_bulk import BAR_WIDTH, settle_all
+from mcpsync.worker.bulk import BAR_WIDTH, settle_all
 
 
 class _Terminal(io.StringIO):

@@ -1,4 +1,4 @@
-"""Many items from one CLI command: calls in flight together, results in the given order, progress.
+"""Many calls at once, at most a bound in flight: results in the given order, and optional progress.
 
 Contract:
 - :func:`settle_all` awaits ``call(item)`` for every item, at most ``limit`` at a time, and returns
