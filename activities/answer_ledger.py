@@ -45,7 +45,8 @@ from mcpsync.workflows.answer_rules import (
     SelectLedgerRequest,
 )
 from mcpsync.workflows.names import AnswerAct
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionState
 
 __all__ = ["AnswerLedger", "AnswerLedgerActivities"]
 

@@ -54,11 +54,8 @@ from mcpsync.workflows.catalog_rules import (
     refresh_enabled,
 )
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED, CatalogAct
-from mcpsync.workflows.records import (
-    TERMINAL_STATES,
-    CacheScope,
+from mcpsync.workflows.records.catalog import (
     CatalogKey,
-    CatalogObservation,
     CatalogSnapshot,
     ResourceDiscoveryScanV1,
     RolloutMode,
@@ -66,6 +63,11 @@ from mcpsync.workflows.records import (
     ScanStatus,
     SnapshotEvidence,
     SnapshotStatus,
+)
+from mcpsync.workflows.records.subscription import (
+    TERMINAL_STATES,
+    CacheScope,
+    CatalogObservation,
     SubscriptionKey,
 )
 from mcpsync.workflows.uris import ambiguous_pairs, normalize_uri

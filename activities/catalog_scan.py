@@ -47,7 +47,8 @@ from mcpsync.workflows.catalog_rules import (
     snapshot_negotiated,
 )
 from mcpsync.workflows.names import CatalogAct
-from mcpsync.workflows.records import CacheScope, CatalogKey, ResourceDiscoveryScanV1, ScanStatus
+from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, ScanStatus
+from mcpsync.workflows.records.subscription import CacheScope
 
 __all__ = ["CatalogScanActivities", "MAX_SCAN_BYTES", "MAX_SCAN_ITEMS"]
 

@@ -22,7 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionState
 
 __all__ = ["ContentKind", "ContentNotFound", "ContentRefused", "ReleasedContent", "released_content"]
 

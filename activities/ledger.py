@@ -29,18 +29,20 @@ from mcpsync.activities.ledger_reports import AuditRow, LedgerReports, OutboxRow
 from mcpsync.activities.ledger_sessions import SessionLedger
 from mcpsync.activities.ledger_store import LedgerStore
 from mcpsync.activities.meters import NO_METERS, Meters
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import (
     BeginSubscriptionRequest,
-    CloseReceipt,
     FenceSnapshot,
     FinishUnsubscribeRequest,
     KeyRequest,
     MarkActiveRequest,
     NotedNotification,
-    RevokeLedgerRequest,
-    SessionInfo,
     SessionQuery,
     SetStateRequest,
+)
+from mcpsync.workflows.records.subscription import (
+    CloseReceipt,
+    RevokeLedgerRequest,
+    SessionInfo,
     SubscriptionKey,
     SubscriptionState,
     TombstoneRequest,

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcpsync.activities.ledger_store import LedgerStore
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = ["PURGE_SUBJECT_SQL", "ContentLedger", "ReadBody"]
 

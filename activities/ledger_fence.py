@@ -47,14 +47,12 @@ from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import (
-    TERMINAL_STATES,
+from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
     AcceptVerdict,
     AllocateRequest,
     BeginSubscriptionRequest,
-    CloseReceipt,
     EnsureRequest,
     FenceSnapshot,
     FinishUnsubscribeRequest,
@@ -62,11 +60,14 @@ from mcpsync.workflows.records import (
     MarkActiveRequest,
     NotedNotification,
     OutboxEventType,
-    ReadOutcome,
-    ReadOutcomeKind,
     ReadTicket,
-    RevokeLedgerRequest,
     SetStateRequest,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
+    TERMINAL_STATES,
+    CloseReceipt,
+    RevokeLedgerRequest,
     SubscriptionKey,
     SubscriptionState,
     TombstoneRequest,

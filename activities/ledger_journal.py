@@ -25,13 +25,9 @@ from temporalio import activity
 from mcpsync.activities.ledger_store import LedgerStore, recorded_workflow_id
 from mcpsync.workflows.catalog_rules import refresh_enabled
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import (
-    AuditRequest,
-    OutboxEventType,
-    RolloutMode,
-    RolloutPolicy,
-    SubscriptionKey,
-)
+from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
+from mcpsync.workflows.records.ledger import AuditRequest, OutboxEventType
+from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["Journal"]
 

@@ -28,7 +28,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionOptions, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionOptions, SubscriptionState
 
 __all__ = [
     "FINISHED",

@@ -12,13 +12,9 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from mcpsync.activities.ledger_store import BY_KEY, LedgerStore, jsonable, key_params
-from mcpsync.workflows.records import (
-    AcceptVerdict,
-    CacheScope,
-    ResourceVersionV1,
-    SubscriptionKey,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import CacheScope, SubscriptionKey, TriggerReason
+from mcpsync.workflows.records.versioned import ResourceVersionV1
 
 __all__ = ["LedgerReports", "OutboxRow", "AuditRow"]
 

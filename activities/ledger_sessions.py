@@ -20,7 +20,8 @@ from temporalio import activity
 
 from mcpsync.activities.ledger_store import LedgerStore
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import SessionInfo, SessionQuery
+from mcpsync.workflows.records.ledger import SessionQuery
+from mcpsync.workflows.records.subscription import SessionInfo
 
 __all__ = ["SessionLedger"]
 

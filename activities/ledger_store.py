@@ -22,7 +22,8 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.workflows.records import FenceSnapshot, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = ["LedgerStore", "BY_KEY", "key_params", "snapshot", "fence_row", "recorded_workflow_id", "jsonable"]
 

@@ -56,23 +56,23 @@ from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import (
-    AcceptRequest,
-    CacheScope,
-    KeyRequest,
-    ReadCycleRequest,
-    ReadCycleResult,
+from mcpsync.workflows.records.ledger import AcceptRequest, KeyRequest
+from mcpsync.workflows.records.mcp_calls import (
     ReadOutcome,
     ReadOutcomeKind,
     ReadRequest,
-    SubscribeCycleRequest,
-    SubscribeCycleResult,
     SubscribeOutcome,
     SubscribeRequest,
-    SubscriptionKey,
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
+from mcpsync.workflows.records.read_cycle import (
+    ReadCycleRequest,
+    ReadCycleResult,
+    SubscribeCycleRequest,
+    SubscribeCycleResult,
+)
+from mcpsync.workflows.records.subscription import CacheScope, SubscriptionKey
 
 __all__ = ["BacklogOverflow", "LiveSession", "SessionLookup", "StreamLoss", "McpSessionActivities",
            "classify_error", "content_parts", "read_digest", "MULTIPART_MIME",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
-from mcpsync.workflows.records import AcceptRequest, AcceptResult
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptResult
 
 __all__ = ["Meters", "NoMeters", "NO_METERS"]
 

@@ -31,9 +31,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from mcpsync.workflows.records import (
-    OutboxEventType,  # defined with the write plan's records; exported here too
-)
+from mcpsync.workflows.records.ledger import OutboxEventType  # exported here too
 
 __all__ = [
     "ConsumerError",

@@ -42,15 +42,9 @@ from mcpsync.workflows.names import (
     UPDATE_FIRST_READ,
     WORKFLOW_TYPE,
 )
-from mcpsync.workflows.records import (
-    CatalogKey,
-    CatalogPolicy,
-    CatalogStart,
-    ResourceSubscriptionV1,
-    SubscriptionKey,
-    SubscriptionOptions,
-    SubscriptionStart,
-)
+from mcpsync.workflows.records.catalog import CatalogKey, CatalogPolicy, CatalogStart
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionStart
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["start_subscription", "start_subscription_first_read", "start_catalog", "subscription_contract",
            "sa_uri"]

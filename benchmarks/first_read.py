@@ -40,7 +40,8 @@ from mcpsync.worker.runtime import (
 )
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
-from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 TASK_QUEUE = "mcpsync-bench-first-read"
 SUBJECT = "bench"

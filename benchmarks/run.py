@@ -101,7 +101,7 @@ from mcpsync.worker.stack import state_dir
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 
 __all__ = ["main", "run", "Options", "TARGETS"]
 

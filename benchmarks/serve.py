@@ -47,7 +47,7 @@ from mcpsync.worker.runtime import open_ledger, run_services, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 
 SUBJECT = "bench"
 TOKEN = "bench-token"

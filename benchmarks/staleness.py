@@ -41,12 +41,8 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
-from mcpsync.workflows.records import (
-    CatalogObservation,
-    ResourceSubscriptionV1,
-    SubscriptionKey,
-    SubscriptionOptions,
-)
+from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionOptions
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["DROP_ALL", "Profile", "ProfileRun", "StalenessPlan", "drive", "gaps_between_reads", "measure",
            "start_profile"]

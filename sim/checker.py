@@ -16,8 +16,10 @@ from datetime import datetime, timedelta
 
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
-from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, ReadOutcomeKind, TriggerReason
-from mcpsync.workflows.records import SubscriptionState as S
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionState as S
+from mcpsync.workflows.records.subscription import TriggerReason
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ledger import LedgerWrite, MemoryLedger
 from sim.model import CLOSING, ENDED, INVALIDATIONS, Invariant, Profile, Violation

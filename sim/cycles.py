@@ -13,15 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from mcpsync.workflows.ledger_rules import marked_active
-from mcpsync.workflows.records import (
-    AcceptRequest,
+from mcpsync.workflows.records.ledger import AcceptRequest
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest, SubscribeOutcome
+from mcpsync.workflows.records.read_cycle import (
     ReadCycleRequest,
     ReadCycleResult,
-    ReadOutcomeKind,
-    ReadRequest,
     SubscribeCycleRequest,
     SubscribeCycleResult,
-    SubscribeOutcome,
 )
 from sim.checker import Checker
 from sim.model import SUBSCRIBE_CYCLE_READ

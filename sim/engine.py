@@ -19,17 +19,16 @@ from typing import Any
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import (
-    AcceptVerdict,
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
-    FenceSnapshot,
     IdentityConflict,
     ResourceUpdated,
     RevokeRequest,
     SubscriptionOptions,
     SubscriptionStart,
 )
-from mcpsync.workflows.records import SubscriptionState as S
+from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ingress import IngressDriver
 from sim.ledger import LedgerIntegrityError, MemoryLedger

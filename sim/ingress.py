@@ -34,7 +34,8 @@ from mcpsync.workflows.ingress import (
     Stamped,
     UnknownUri,
 )
-from mcpsync.workflows.records import ReadCycleResult, ResourceUpdated
+from mcpsync.workflows.records.read_cycle import ReadCycleResult
+from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.cycles import CycleRunner
 from sim.ledger import LedgerIntegrityError
 from sim.model import INGRESS_READ, KEY, Invariant

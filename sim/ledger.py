@@ -20,16 +20,18 @@ from datetime import datetime
 from mcpsync.workflows import coverage
 from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
     AcceptVerdict,
     AllocateRequest,
-    CloseReceipt,
     FenceSnapshot,
     NotedNotification,
-    ReadOutcome,
     ReadTicket,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcome
+from mcpsync.workflows.records.subscription import (
+    CloseReceipt,
     SessionInfo,
     SubscriptionKey,
     SubscriptionState,

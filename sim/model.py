@@ -20,7 +20,8 @@ from typing import Any
 
 from mcpsync.workflows.ledger_rules import TERMINAL, Judgement, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 S = SubscriptionState
 V = AcceptVerdict

@@ -30,11 +30,11 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
 from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.read_cycle import ReadReport
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     CloseRequest,
     IdentityConflict,
-    ReadReport,
     ResumeRequest,
     RevokeRequest,
     SessionChanged,

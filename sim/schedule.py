@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import SubscriptionState as S
+from mcpsync.workflows.records.subscription import SubscriptionState as S
 from sim.engine import Simulation
 from sim.model import (
     INGRESS_READ,

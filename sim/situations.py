@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionState
 from sim.runtime import Signal
 from sim.simulation import (
     ALL_FAULTS,

@@ -17,20 +17,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.records import (
-    CacheScope,
-    FenceSnapshot,
+from mcpsync.workflows.records.ledger import FenceSnapshot, ReadTicket
+from mcpsync.workflows.records.mcp_calls import (
     ReadOutcome,
     ReadOutcomeKind,
-    ReadReport,
     ReadRequest,
-    ReadTicket,
-    SessionInfo,
     SubscribeOutcome,
     SubscribeRequest,
     UnsubscribeOutcome,
     UnsubscribeRequest,
 )
+from mcpsync.workflows.records.read_cycle import ReadReport
+from mcpsync.workflows.records.subscription import CacheScope, SessionInfo
 from sim.ledger import MemoryLedger
 from sim.model import EPOCH, KEY
 from sim.runtime import ProgramRun

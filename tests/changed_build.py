@@ -16,7 +16,8 @@ with workflow.unsafe.imports_passed_through():
     from mcpsync.workflows.answer import AnswerWorkflow
     from mcpsync.workflows.catalog import CatalogWorkflow
     from mcpsync.workflows.names import WORKFLOW_TYPE
-    from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionStart
+    from mcpsync.workflows.records.subscription import SubscriptionStart
+    from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
     from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 
 __all__ = ["V2_PATCH", "V2_WORKFLOWS", "ChangedSubscriptionWorkflow"]

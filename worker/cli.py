@@ -181,7 +181,7 @@ def _complete_subjects(prefix: str, parsed_args: argparse.Namespace, **_: Any) -
 
 
 def _complete_states(prefix: str, **_: Any) -> list[str]:
-    from mcpsync.workflows.records import SubscriptionState
+    from mcpsync.workflows.records.subscription import SubscriptionState
 
     return [s for s in SubscriptionState.__members__ if s.startswith(prefix.upper())]
 

@@ -40,7 +40,7 @@ async def cmd_scan(args: argparse.Namespace) -> None:
     from mcpsync.activities.catalog_ledger import CatalogLedger
     from mcpsync.worker.completeness import CompletenessRefused, describe_catalog, require_complete_catalog
     from mcpsync.workflows.names import UPDATE_RECONCILE
-    from mcpsync.workflows.records import CatalogKey, CatalogSnapshot
+    from mcpsync.workflows.records.catalog import CatalogKey, CatalogSnapshot
 
     config, _ = resolve_config(args)
     config.server(args.server)
@@ -84,7 +84,7 @@ async def cmd_scan(args: argparse.Namespace) -> None:
 
 
 async def cmd_catalog_start(args: argparse.Namespace) -> None:
-    from mcpsync.workflows.records import CatalogKey, CatalogPolicy
+    from mcpsync.workflows.records.catalog import CatalogKey, CatalogPolicy
 
     config, _ = resolve_config(args)
     config.server(args.server)
@@ -100,7 +100,7 @@ async def cmd_catalog_start(args: argparse.Namespace) -> None:
 
 async def cmd_rollout(args: argparse.Namespace) -> None:
     from mcpsync.activities.catalog_ledger import CatalogLedger
-    from mcpsync.workflows.records import RolloutMode, RolloutPolicy
+    from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
 
     # --percent alone means --mode percent; with another mode it would be ignored: refused.
     if args.percent is not None and args.mode not in (None, RolloutMode.PERCENT.value):

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from mcpsync.worker.config import Config, load_config
 from mcpsync.worker.runtime import RuntimeInfo
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
            "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error",

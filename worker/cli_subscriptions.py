@@ -92,14 +92,14 @@ from mcpsync.worker.runtime import (
     start_subscription_first_read,
 )
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CloseReceipt,
     CloseRequest,
-    ResourceSubscriptionV1,
     ResumeRequest,
     SubscriptionKey,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["register"]
 

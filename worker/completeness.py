@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from mcpsync.activities.catalog_ledger import CatalogLedger
-from mcpsync.workflows.records import CatalogSnapshot, SnapshotStatus
+from mcpsync.workflows.records.catalog import CatalogSnapshot, SnapshotStatus
 
 __all__ = ["CompleteCatalog", "CompletenessRefused", "describe_catalog", "require_complete_catalog"]
 

@@ -78,7 +78,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from mcpsync.activities.ledger_metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
 from mcpsync.worker.config import ConfigError, MetricsConfig
-from mcpsync.workflows.records import AcceptRequest, AcceptResult, AcceptVerdict
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptResult, AcceptVerdict
 
 if TYPE_CHECKING:
     from mcpsync.activities.ledger import Ledger

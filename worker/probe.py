@@ -45,7 +45,7 @@ from mcpsync.activities.mcp_session import classify_error, content_parts
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
 from mcpsync.workflows.digest import content_digest
-from mcpsync.workflows.records import FrozenRecord
+from mcpsync.workflows.records.base import FrozenRecord
 
 __all__ = [
     "KNOWN_NUDGES",

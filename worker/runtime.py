@@ -57,12 +57,9 @@ from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_REVOKE,
 )
-from mcpsync.workflows.records import (
-    CatalogKey,
-    ResourceSubscriptionV1,
-    RevokeRequest,
-    SubscriptionState,
-)
+from mcpsync.workflows.records.catalog import CatalogKey
+from mcpsync.workflows.records.subscription import RevokeRequest, SubscriptionState
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 from mcpsync.workflows.versioning import MAIN_WORKER_BEHAVIOR
 

@@ -94,12 +94,11 @@ from mcpsync.workflows.names import (
     SIGNAL_RESOURCE_UPDATED,
     SIGNAL_SESSION_CHANGED,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.catalog import CatalogKey, ListChanged
+from mcpsync.workflows.records.read_cycle import ReadCycleResult
+from mcpsync.workflows.records.subscription import (
     TERMINAL_STATES,
-    CatalogKey,
     IdentityConflict,
-    ListChanged,
-    ReadCycleResult,
     ResourceUpdated,
     SessionChanged,
 )

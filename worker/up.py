@@ -41,7 +41,8 @@ from mcpsync.worker.stack import StackAlreadyRunning, ensure_private_dir, state_
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
-from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["run_up", "reclaim_demo_server", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
 

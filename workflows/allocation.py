@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from mcpsync.workflows.records import AllocateRequest, ReadTicket
+from mcpsync.workflows.records.ledger import AllocateRequest, ReadTicket
 
 __all__ = ["ByCycle", "ByRequestId", "HeldRequest", "allocation_steps"]
 

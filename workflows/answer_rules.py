@@ -41,7 +41,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from mcpsync.workflows.records import AcceptVerdict, FrozenRecord, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.base import FrozenRecord
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = [
     "AnswerDependency",

@@ -45,16 +45,16 @@ with workflow.unsafe.imports_passed_through():
         Act,
         CatalogAct,
     )
-    from mcpsync.workflows.records import (
+    from mcpsync.workflows.records.catalog import (
         CatalogSnapshot,
         CatalogStart,
         ListChanged,
         ResourceDiscoveryScanV1,
         RolloutMode,
         RolloutPolicy,
-        SessionInfo,
-        SessionQuery,
     )
+    from mcpsync.workflows.records.ledger import SessionQuery
+    from mcpsync.workflows.records.subscription import SessionInfo
     from mcpsync.workflows.retries import LEDGER_RETRY
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 

@@ -33,20 +33,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.base import FrozenRecord
+from mcpsync.workflows.records.catalog import (
     CatalogKey,
     CatalogPolicy,
     CatalogSnapshot,
-    FrozenRecord,
     ListChanged,
     ResourceDiscoveryScanV1,
     RolloutMode,
     RolloutPolicy,
     ScanStatus,
-    SessionInfo,
     SnapshotEvidence,
     SnapshotStatus,
 )
+from mcpsync.workflows.records.subscription import SessionInfo
 
 __all__ = [
     "SNAPSHOT_EXTENSION",

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from mcpsync.workflows.records import AcceptVerdict, FenceSnapshot, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.subscription import SubscriptionState
 
 __all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after",
            "follow_up_owed"]

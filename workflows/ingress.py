@@ -29,14 +29,9 @@ from enum import Enum
 from typing import Any
 
 from mcpsync.workflows.ingress_rules import ingress_read_request
-from mcpsync.workflows.records import (
-    NotedNotification,
-    ReadCycleRequest,
-    ReadCycleResult,
-    ReadReport,
-    ResourceUpdated,
-    SubscriptionKey,
-)
+from mcpsync.workflows.records.ledger import NotedNotification
+from mcpsync.workflows.records.read_cycle import ReadCycleRequest, ReadCycleResult, ReadReport
+from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 from mcpsync.workflows.work_queue import WorkQueue
 

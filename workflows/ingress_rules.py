@@ -8,14 +8,9 @@ Contract:
 
 from __future__ import annotations
 
-from mcpsync.workflows.records import (
-    AllocateRequest,
-    NotedNotification,
-    ReadCycleRequest,
-    SubscriptionKey,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AllocateRequest, NotedNotification
+from mcpsync.workflows.records.read_cycle import ReadCycleRequest
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 
 __all__ = ["ingress_read_request"]
 

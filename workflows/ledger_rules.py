@@ -16,15 +16,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from mcpsync.workflows.coverage import plan_allocate
-from mcpsync.workflows.records import (
-    CLOSING_STATES,
-    TERMINAL_STATES,
-    AcceptVerdict,
-    FenceSnapshot,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionState,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, SubscriptionState
 
 __all__ = [
     "IssuedRead",

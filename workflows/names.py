@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from mcpsync.workflows.records import DEFAULT_TASK_QUEUE
+from mcpsync.workflows.records.base import DEFAULT_TASK_QUEUE
 from mcpsync.workflows.uris import uri_slug
 
 __all__ = [

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from mcpsync.workflows.records import SubscriptionStart, SubscriptionState
+from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState
 from mcpsync.workflows.subscription_state import UpdateDisposition
 
 __all__ = ["ActivityFailed", "Publication", "Runtime", "WaitKind"]

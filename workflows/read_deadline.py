@@ -12,7 +12,8 @@ Contract:
 
 from __future__ import annotations
 
-from mcpsync.workflows.records import ReadOutcomeKind, StalenessBoundSource
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.records.subscription import StalenessBoundSource
 
 __all__ = ["BACKOFF_CAP", "DISPATCH_MARGIN_PATCH", "FAILED_READS", "dispatch_margin", "poll_period"]
 

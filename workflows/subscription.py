@@ -49,13 +49,12 @@ with workflow.unsafe.imports_passed_through():
         Act,
     )
     from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
-    from mcpsync.workflows.records import (
+    from mcpsync.workflows.records.read_cycle import ReadReport
+    from mcpsync.workflows.records.subscription import (
         CatalogObservation,
         CloseReceipt,
         CloseRequest,
         IdentityConflict,
-        ReadReport,
-        ResourceSubscriptionV1,
         ResourceUpdated,
         ResumeRequest,
         RevokeRequest,
@@ -63,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         SubscriptionKey,
         SubscriptionStart,
     )
+    from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
     from mcpsync.workflows.retries import LEDGER_RETRY
     from mcpsync.workflows.subscription_program import SubscriptionProgram
     from mcpsync.workflows.subscription_state import UpdateDisposition

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from mcpsync.workflows.program_runtime import Publication
-from mcpsync.workflows.records import SubscriptionOptions, SubscriptionState
+from mcpsync.workflows.records.subscription import SubscriptionOptions, SubscriptionState
 from mcpsync.workflows.subscription_state import SubscriptionFence
 
 __all__ = ["Publisher", "details_panel"]

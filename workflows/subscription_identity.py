@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import Runtime, WaitKind
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import FenceSnapshot, SetStateRequest
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
-    FenceSnapshot,
     IdentityConflict,
     ResumeRequest,
     RevokeRequest,
-    SetStateRequest,
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionState,

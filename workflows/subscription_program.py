@@ -40,39 +40,41 @@ from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
 from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     AuditRequest,
     BeginSubscriptionRequest,
-    CatalogObservation,
-    CloseReceipt,
-    CloseRequest,
     EnsureRequest,
     FenceSnapshot,
     FinishUnsubscribeRequest,
-    IdentityConflict,
     KeyRequest,
     MarkActiveRequest,
+    SessionQuery,
+)
+from mcpsync.workflows.records.mcp_calls import SubscribeRequest, UnsubscribeOutcome, UnsubscribeRequest
+from mcpsync.workflows.records.read_cycle import (
     ReadCycleRequest,
     ReadCycleResult,
     ReadReport,
-    ResourceSubscriptionV1,
+    SubscribeCycleRequest,
+    SubscribeCycleResult,
+)
+from mcpsync.workflows.records.subscription import (
+    CatalogObservation,
+    CloseReceipt,
+    CloseRequest,
+    IdentityConflict,
     ResourceUpdated,
     ResumeRequest,
     RevokeLedgerRequest,
     RevokeRequest,
     SessionChanged,
     SessionInfo,
-    SessionQuery,
-    SubscribeCycleRequest,
-    SubscribeCycleResult,
-    SubscribeRequest,
     SubscriptionStart,
     SubscriptionState,
     TriggerReason,
-    UnsubscribeOutcome,
-    UnsubscribeRequest,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_details import Publisher
 from mcpsync.workflows.subscription_identity import CatalogAndIdentity
 from mcpsync.workflows.subscription_state import (

@@ -44,24 +44,20 @@ from pydantic import BaseModel, Field
 
 from mcpsync.workflows.coverage import follow_up_owed
 from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, poll_period
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, ReadTicket
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
     CLOSING_STATES,
     TERMINAL_STATES,
-    AcceptResult,
-    AcceptVerdict,
     CacheScope,
     CloseReceipt,
-    FenceSnapshot,
-    ReadOutcome,
-    ReadOutcomeKind,
-    ReadTicket,
-    ResourceSubscriptionV1,
     ResourceUpdated,
     StalenessBoundSource,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = [
     "should_continue_as_new",

@@ -23,17 +23,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mcpsync.workflows.coverage import covered_after
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
-from mcpsync.workflows.records import (
-    AcceptResult,
-    AcceptVerdict,
-    CloseReceipt,
-    FenceSnapshot,
-    OutboxEventType,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, OutboxEventType
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState, TriggerReason
 
 __all__ = [
     "PlanKind",

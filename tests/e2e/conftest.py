@@ -15,7 +15,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess
 from mcpsync.worker.metrics import HostTotals, host_totals
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows
 
 

@@ -33,7 +33,7 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_catalog
 from mcpsync.workflows.catalog_rules import CatalogView, set_digest
 from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.catalog import (
     CatalogKey,
     CatalogPolicy,
     CatalogSnapshot,
@@ -181,7 +181,7 @@ async def test_additions_beyond_the_first_page_boundary(temporal_client: Client,
         assert db_scan is not None and db_scan.page_cursor_digests == scans[-1].page_cursor_digests
         assert db_scan.status == ScanStatus.COMPLETE
         # New URIs under the policy's prefix were subscribed; the initial five were not.
-        from mcpsync.workflows.records import SubscriptionKey
+        from mcpsync.workflows.records.subscription import SubscriptionKey
 
         async def auto() -> CatalogView | None:
             v = await st.view()
@@ -412,13 +412,9 @@ async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
     from mcpsync.worker.runtime import start_subscription
     from mcpsync.workflows.names import QUERY_SUBSCRIPTION
-    from mcpsync.workflows.records import (
-        ResourceSubscriptionV1,
-        RolloutMode,
-        RolloutPolicy,
-        SubscriptionKey,
-        SubscriptionState,
-    )
+    from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
+    from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+    from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
     async with catalog_stack(temporal_client, ledger, tmp_path, start=False) as st:
         await st.catalogs.set_rollout(RolloutPolicy(server=st.server.name, mode=RolloutMode.SHADOW))

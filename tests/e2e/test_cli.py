@@ -31,12 +31,8 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.stack import REPO_ROOT, free_port
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
-from mcpsync.workflows.records import (
-    IdentityConflict,
-    ResourceSubscriptionV1,
-    SubscriptionKey,
-    SubscriptionState,
-)
+from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_e2e_faults import MCPSYNC
 from tests.e2e.test_e2e_faults import _cli as _cli_with_env

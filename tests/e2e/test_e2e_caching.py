@@ -36,7 +36,7 @@ from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import SessionHost, server_transport
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.read_deadline import dispatch_margin
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CacheScope,
     StalenessBoundSource,
     SubscriptionKey,

@@ -22,7 +22,7 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, SIGNAL_RESOURCE_UPDATED, Act
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 

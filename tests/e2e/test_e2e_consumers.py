@@ -29,7 +29,12 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import UPDATE_CLOSE
-from mcpsync.workflows.records import CloseReceipt, CloseRequest, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.subscription import (
+    CloseReceipt,
+    CloseRequest,
+    SubscriptionKey,
+    SubscriptionState,
+)
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled

@@ -22,7 +22,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 

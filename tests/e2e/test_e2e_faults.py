@@ -25,7 +25,8 @@ from mcpsync.worker.session_host import SessionHost, SessionOpenError
 from mcpsync.worker.stack import REPO_ROOT, free_port
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
-from mcpsync.workflows.records import ResourceSubscriptionV1, SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_idle, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record

@@ -25,17 +25,17 @@ from mcpsync.workflows.names import (
     UPDATE_CLOSE,
     UPDATE_RESUME,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
-    ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.conftest import audited, ingress_idle, notifications_seen
 from tests.e2e.test_e2e_subscription import _wait_record
@@ -403,7 +403,7 @@ async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_
                                                                        ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
     from mcpsync.activities.catalog_ledger import CatalogLedger
-    from mcpsync.workflows.records import RolloutMode, RolloutPolicy
+    from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
 
     server = _server(fx.mcp_url)
     rollout = CatalogLedger(ledger.pool)

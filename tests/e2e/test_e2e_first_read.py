@@ -23,7 +23,8 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription, start_subscription_first_read
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_cli import _one_error_line, cli_stack, run_cli
 

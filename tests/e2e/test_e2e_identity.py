@@ -20,7 +20,7 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     SubscriptionKey,
     SubscriptionOptions,

@@ -24,14 +24,9 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress, ingress_task_queue
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import SessionHost
-from mcpsync.workflows.records import (
-    AcceptVerdict,
-    ReadOutcomeKind,
-    ReadRequest,
-    SessionInfo,
-    SubscriptionKey,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest
+from mcpsync.workflows.records.subscription import SessionInfo, SubscriptionKey, TriggerReason
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 

@@ -18,7 +18,7 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import open_ledger, start_subscription
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_received
 from tests.e2e.test_e2e_subscription import _wait_record

@@ -33,7 +33,7 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, ledger_rows, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 

@@ -36,7 +36,7 @@ from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import server_transport
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     SubscriptionKey,
     SubscriptionOptions,

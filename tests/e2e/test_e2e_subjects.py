@@ -23,12 +23,8 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
-from mcpsync.workflows.records import (
-    CatalogObservation,
-    ResourceSubscriptionV1,
-    SubscriptionKey,
-    SubscriptionState,
-)
+from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import audited, ingress_idle, notifications_seen, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record

@@ -19,13 +19,13 @@ from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CloseReceipt,
     CloseRequest,
-    ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import audited, notifications_seen
 

@@ -42,7 +42,8 @@ from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
 from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
-from mcpsync.workflows.records import CatalogKey, SubscriptionKey
+from mcpsync.workflows.records.catalog import CatalogKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.subscription_state import should_continue_as_new
 from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique

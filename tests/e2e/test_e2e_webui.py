@@ -13,7 +13,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.workflows.records import SubscriptionKey, SubscriptionOptions
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 from tests.conftest import running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -102,7 +102,7 @@ async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: C
     from temporalio.common import SearchAttributeKey
 
     from mcpsync.worker.runtime import start_catalog
-    from mcpsync.workflows.records import CatalogKey
+    from mcpsync.workflows.records.catalog import CatalogKey
     from tests.conftest import eventually
 
     server = ServerConfig(name=unique("ui"), transport="http", url=fx.mcp_url, subjects=["alice"],

@@ -36,18 +36,17 @@ from mcpsync.workflows.names import (
     SIGNAL_RESOURCE_UPDATED,
     UPDATE_RECONCILE,
 )
-from mcpsync.workflows.records import (
-    CatalogKey,
+from mcpsync.workflows.records.catalog import CatalogKey, CatalogSnapshot
+from mcpsync.workflows.records.read_cycle import ReadReport
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
-    CatalogSnapshot,
     IdentityConflict,
-    ReadReport,
-    ResourceSubscriptionV1,
     ResourceUpdated,
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.uris import normalize_uri
 from tests.conftest import eventually, fresh_database, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST

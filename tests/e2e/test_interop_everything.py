@@ -43,16 +43,16 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import SessionHost
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
-from mcpsync.workflows.records import (
-    AcceptVerdict,
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
     CloseReceipt,
     CloseRequest,
-    ReadOutcomeKind,
-    ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_settled, notifications_seen
 

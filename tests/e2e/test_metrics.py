@@ -35,12 +35,9 @@ from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
 from mcpsync.worker.metrics import MetricsServer, MetricsUnavailable, serve_metrics
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import (
-    AcceptRequest,
-    AcceptVerdict,
-    AllocateRequest,
-    ReadOutcome,
-    ReadOutcomeKind,
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionState,

@@ -17,7 +17,7 @@ from mcpsync.activities.retention import prune
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
 from mcpsync.worker.runtime import run_services
 from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.workflows.records import CloseReceipt, SubscriptionState
+from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState
 from tests.conftest import eventually, ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 

@@ -32,7 +32,8 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
 from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS
-from mcpsync.workflows.records import CatalogKey, ResourceDiscoveryScanV1, ScanStatus, SubscriptionKey
+from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, ScanStatus
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack

@@ -23,13 +23,13 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke_subject, start_subscription
 from mcpsync.workflows.names import UPDATE_CLOSE
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CloseReceipt,
     CloseRequest,
-    ResourceSubscriptionV1,
     SubscriptionKey,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 

@@ -24,7 +24,7 @@ from mcpsync.activities.mcp_session import classify_error
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
 from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS, stdio_line_limit, transport_limit
-from mcpsync.workflows.records import ReadOutcomeKind
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 
 MAX_CONTENT = 256 * 1024  # the transport limit is then ~576 KiB
 GB, MB = 1024**3, 1024**2

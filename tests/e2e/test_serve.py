@@ -32,7 +32,7 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client
 from tests.e2e.test_e2e_subscription import _wait_record

@@ -56,12 +56,11 @@ from mcpsync.workflows.names import (
     UPDATE_RESUME,
     Act,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
     IdentityConflict,
-    ResourceSubscriptionV1,
     ResourceUpdated,
     ResumeRequest,
     RevokeRequest,
@@ -69,6 +68,7 @@ from mcpsync.workflows.records import (
     SubscriptionOptions,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.conftest import notifications_seen, reads_settled

@@ -20,7 +20,8 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionKey, TriggerReason
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionKey, TriggerReason
 from tests.conftest import eventually, ledger_rows
 from tests.e2e.test_cli import CliStack, cli_stack
 

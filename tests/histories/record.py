@@ -50,16 +50,16 @@ from mcpsync.workflows.names import (
     UPDATE_RESUME,
     answer_workflow_id,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     CloseReceipt,
     CloseRequest,
-    ResourceSubscriptionV1,
     ResumeRequest,
     SubscriptionKey,
     SubscriptionOptions,
     SubscriptionState,
 )
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, fresh_database, postgres_server, running_services
 from tests.e2e.test_answer_gate import _latest_id, _notifications, _wait_latest, _wait_notified
 from tests.e2e.test_catalog_e2e import catalog_stack

@@ -19,12 +19,7 @@ from mcpsync.workflows.catalog_rules import (
     descriptor_digest,
     set_digest,
 )
-from mcpsync.workflows.records import (
-    CatalogKey,
-    ResourceDiscoveryScanV1,
-    RolloutMode,
-    SnapshotStatus,
-)
+from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, RolloutMode, SnapshotStatus
 
 T0 = datetime.now(UTC) - timedelta(seconds=30)
 

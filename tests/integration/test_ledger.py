@@ -5,16 +5,9 @@ from __future__ import annotations
 import uuid
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.workflows.records import (
-    AcceptRequest,
-    AcceptVerdict,
-    AllocateRequest,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionKey,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from tests.conftest import unique
 
 

@@ -8,17 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.workflows.records import (
-    AcceptRequest,
-    AcceptVerdict,
-    AllocateRequest,
-    FenceSnapshot,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionKey,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest, FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from sim.simulation import MemoryLedger
 from tests.conftest import ledger_rows, unique
 

@@ -34,7 +34,7 @@ from mcpsync.activities.outbox import (
 from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
 from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.workflows.records import ReadOutcomeKind
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 

@@ -14,7 +14,7 @@ from mcpsync.activities.content import ContentNotFound, released_content
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 

@@ -31,7 +31,8 @@ from mcpsync.workflows.answer_rules import (
     judge_answer,
 )
 from mcpsync.workflows.names import answer_workflow_id
-from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionState
 
 R = GateReason
 S = SubscriptionState

@@ -25,7 +25,7 @@ from mcpsync.workflows.catalog_rules import (
     set_digest,
     snapshot_negotiated,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.catalog import (
     CatalogKey,
     CatalogPolicy,
     CatalogSnapshot,
@@ -34,9 +34,9 @@ from mcpsync.workflows.records import (
     RolloutMode,
     RolloutPolicy,
     ScanStatus,
-    SessionInfo,
     SnapshotStatus,
 )
+from mcpsync.workflows.records.subscription import SessionInfo
 
 KEY = b"k" * 32
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from mcpsync.workflows.coverage import covered_after, dirty, plan_allocate, plan_note
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
-from mcpsync.workflows.records import (
-    AcceptVerdict,
-    FenceSnapshot,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionKey,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from mcpsync.workflows.write_plan import plan_accept
 
 S = SubscriptionState

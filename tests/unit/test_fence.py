@@ -14,14 +14,15 @@ from mcpsync.workflows.ledger_rules import (
     judge_read,
     marked_active,
 )
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import (
     AcceptResult,
     AcceptVerdict,
     FenceSnapshot,
     NotedNotification,
-    ReadOutcome,
-    ReadOutcomeKind,
     ReadTicket,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
     ResourceUpdated,
     SubscriptionKey,
     SubscriptionState,
@@ -228,7 +229,7 @@ def test_an_unlisted_catalog_measured_before_our_read_saw_content_is_stale() -> 
 
 
 def _polling_fence(bound: float = 30.0) -> SubscriptionFence:
-    from mcpsync.workflows.records import FenceSnapshot
+    from mcpsync.workflows.records.ledger import FenceSnapshot
     f = SubscriptionFence(FenceState(key=KEY))
     f.adopt(FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1))
     f.subscribed(FenceSnapshot(exists=True, state=S.ACTIVE, session_generation=1, subscription_generation=1),
@@ -275,7 +276,7 @@ def test_deadline_waits_for_an_allocation_on_its_way_and_arms_when_missing() -> 
 def test_reconciliation_is_bounded_and_resolved_only_by_evidence_measured_after_it() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from mcpsync.workflows.records import FenceSnapshot
+    from mcpsync.workflows.records.ledger import FenceSnapshot
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     f = _polling_fence(30.0)
     assert f.identity_conflict("identity conflict: x", now=t0, observed_uri="demo://X")
@@ -299,7 +300,8 @@ def test_reconciliation_is_bounded_and_resolved_only_by_evidence_measured_after_
 def test_a_verification_read_clears_the_catalog_detail_and_not_found_says_why() -> None:
     from datetime import UTC, datetime
 
-    from mcpsync.workflows.records import AcceptResult, AcceptVerdict, ReadOutcome, ReadOutcomeKind
+    from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict
+    from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 
     f = _polling_fence(30.0)
     f.s.detail = "not listed in catalog scan-7 (unproven): verifying by read"

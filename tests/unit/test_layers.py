@@ -118,5 +118,5 @@ def test_the_workflow_code_check_sees_both_kinds(tmp_path: Path) -> None:
     assert [(line, target.name) for line, target in _workflows_imported(probe)] == [
         (1, "catalog.py"), (2, "answer_rules.py")]
     package = tmp_path / "package.py"
-    package.write_text("from mcpsync.workflows.records import FenceSnapshot\n")
+    package.write_text("from mcpsync.workflows.records.ledger import FenceSnapshot\n")
     assert (1, ROOT / "workflows" / "records" / "ledger.py") in _workflows_imported(package)

@@ -11,11 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mcpsync.workflows.read_deadline import BACKOFF_CAP, dispatch_margin, poll_period
-from mcpsync.workflows.records import (
+from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import (
     CacheScope,
-    FenceSnapshot,
-    ReadOutcome,
-    ReadOutcomeKind,
     StalenessBoundSource,
     SubscriptionKey,
     SubscriptionState,

@@ -19,15 +19,9 @@ import pytest
 
 from mcpsync.workflows import write_plan
 from mcpsync.workflows.program_runtime import WaitKind
-from mcpsync.workflows.records import (
-    AcceptVerdict,
-    AllocateRequest,
-    FenceSnapshot,
-    ReadTicket,
-    ResourceSubscriptionV1,
-    ResumeRequest,
-    SubscriptionStart,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, FenceSnapshot, ReadTicket
+from mcpsync.workflows.records.subscription import ResumeRequest, SubscriptionStart
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.simulation import Invariant, LedgerIntegrityError, MemoryLedger, Trace, replay

@@ -24,11 +24,9 @@ from mcpsync.workflows import coverage
 from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records import (
-    FenceSnapshot,
-    ReadOutcome,
-    SubscriptionState,
-)
+from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome
+from mcpsync.workflows.records.subscription import SubscriptionState
 from sim.simulation import (
     ALL_FAULTS,
     INGRESS_READ,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH, SLUG_MAX_LENGTH, uri_slug
 
 SAFE = re.compile(r"^[a-z0-9](?:[a-z0-9-]|\.(?!\.))*[a-z0-9]$|^[a-z0-9]$")

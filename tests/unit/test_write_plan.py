@@ -6,16 +6,9 @@ the simulator's in-memory ledger and compares the two."""
 from __future__ import annotations
 
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
-from mcpsync.workflows.records import (
-    AcceptVerdict,
-    FenceSnapshot,
-    OutboxEventType,
-    ReadOutcome,
-    ReadOutcomeKind,
-    SubscriptionKey,
-    SubscriptionState,
-    TriggerReason,
-)
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot, OutboxEventType
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from mcpsync.workflows.write_plan import (
     FenceUpdate,
     PlanKind,
