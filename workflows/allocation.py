@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mcpsync.workflows.records.ledger import AllocateRequest, ReadTicket
 
-__all__ = ["ByCycle", "ByRequestId", "HeldRequest", "allocation_steps"]
+__all__ = ["ByCycle", "HeldRequest", "allocation_steps"]
 
 
 @dataclass(frozen=True, slots=True)

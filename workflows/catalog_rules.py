@@ -60,22 +60,18 @@ __all__ = [
     "CatalogView",
     "NotifyRequest",
     "NotifyResult",
-    "PairVerdict",
     "PublishOutcome",
     "PublishRequest",
     "ScanAccumulator",
     "ScanRequest",
     "canonical_descriptor",
-    "canonical_json",
     "cursor_digest",
     "descriptor_digest",
-    "descriptor_set_digest",
     "judge_pair",
     "refresh_enabled",
     "rollout_bucket",
     "set_digest",
     "snapshot_negotiated",
-    "snapshot_stamp",
 ]
 
 SNAPSHOT_EXTENSION = "io.mcpsync/snapshot"

@@ -20,8 +20,7 @@ from pydantic import BaseModel
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.subscription import SubscriptionState
 
-__all__ = ["OBSERVED", "dirty", "NotePlan", "plan_note", "AllocatePlan", "plan_allocate", "covered_after",
-           "follow_up_owed"]
+__all__ = ["dirty", "NotePlan", "plan_note", "plan_allocate", "covered_after", "follow_up_owed"]
 
 OBSERVED = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING,
                       AcceptVerdict.GUARDRAIL_REJECTED})

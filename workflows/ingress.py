@@ -36,7 +36,7 @@ from mcpsync.workflows.uris import MAX_URI_LENGTH
 from mcpsync.workflows.work_queue import WorkQueue
 
 __all__ = ["Key", "Offer", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle", "SignalUpdated",
-           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "Routing",
+           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect",
            "Processed", "IngressRouter", "ingress_uri_problem"]
 
 Key = tuple[str, int]

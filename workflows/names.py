@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import hashlib
 
-from mcpsync.workflows.records.base import DEFAULT_TASK_QUEUE
 from mcpsync.workflows.uris import uri_slug
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE",
     "WORKFLOW_TYPE",
     "SIGNAL_RESOURCE_UPDATED",
     "SIGNAL_RESOURCE_READ",

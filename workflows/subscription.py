@@ -68,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
     from mcpsync.workflows.subscription_state import UpdateDisposition
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
-__all__ = ["ResourceSubscriptionWorkflow", "TemporalRuntime"]
+__all__ = ["ResourceSubscriptionWorkflow"]
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from mcpsync.workflows.program_runtime import Publication
 from mcpsync.workflows.records.subscription import SubscriptionOptions, SubscriptionState
 from mcpsync.workflows.subscription_state import SubscriptionFence
 
-__all__ = ["Publisher", "details_panel"]
+__all__ = ["Publisher"]
 
 S = SubscriptionState
 

@@ -86,9 +86,6 @@ from mcpsync.workflows.subscription_state import (
 
 __all__ = [
     "SubscriptionProgram",
-    "ReadBy",
-    "SESSION_RECHECK",
-    "MAX_DEDUPE_IDS",
 ]
 
 SESSION_RECHECK = timedelta(seconds=15)

@@ -64,8 +64,6 @@ __all__ = [
     "FenceState",
     "SubscriptionFence",
     "UpdateDisposition",
-    "READABLE",
-    "TERMINAL",
 ]
 
 S = SubscriptionState

@@ -30,13 +30,7 @@ from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionSta
 __all__ = [
     "PlanKind",
     "RevokeSource",
-    "CATALOG_TRIGGER",
-    "CLOSED_REASON",
-    "AuditPlan",
-    "ReceiptPlan",
     "FenceUpdate",
-    "OutboxPlan",
-    "RevocationPlan",
     "WritePlan",
     "plan_accept",
     "plan_close",

@@ -8,16 +8,9 @@ Contract:
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
 
-__all__ = [
-    "DEFAULT_TASK_QUEUE",
-    "FrozenRecord",
-    "Edition",
-]
-
+__all__ = ["DEFAULT_TASK_QUEUE", "FrozenRecord"]
 
 DEFAULT_TASK_QUEUE = "mcpsync"
 """Task queue of the main worker: workflows and ledger activities."""
@@ -28,5 +21,3 @@ class FrozenRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-Edition = Literal["2025-11-25", "2026-07-28"]
