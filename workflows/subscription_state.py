@@ -23,16 +23,13 @@ Contract:
 - Finished is final: a late verdict or a lagging ledger snapshot never moves a fence out
   of a terminal state; a closing one never reopens.
 - Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
-  subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved
-  only by the next allocation. A wake-up (a catalog word, a covered notification, a session
-  recheck) never moves it later, so the published staleness bound holds under any
-  interleaving of wake-ups. The jitter only ever makes it earlier (0.8–1.0 of the period).
-- Poll period (no subscribe): ``poll_period`` = max(configured interval, last read's ttlMs),
-  stretched by backoff after consecutive failed reads (doubling, at most ``BACKOFF_CAP`` × the
-  interval, reset by a read that saw content). The published staleness bound is that period and
-  ``staleness_bound_source`` says which rule set it. A period that changes (a ttl learned, a
-  failure, a reset) re-arms the deadline from the same allocation with the same jitter, so the
-  bound just published holds at once and no poll comes sooner than the server allows.
+  subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved only
+  by the next allocation, never later by a wake-up, so the published staleness bound holds under
+  any interleaving. The jitter only ever makes it earlier (0.8–1.0 of the period).
+- Poll period (no subscribe): ``read_deadline.poll_period``, published as the staleness bound
+  (``staleness_bound_source`` says which rule set it). A period that changes re-arms the deadline
+  from the same allocation with the same jitter: the new bound holds at once, and no poll comes
+  sooner than the server allows.
 """
 
 from __future__ import annotations
@@ -71,8 +68,7 @@ S = SubscriptionState
 READABLE = frozenset({S.ACTIVE})
 """Main states in which a read may be allocated."""
 
-TERMINAL = TERMINAL_STATES
-"""Main states that never reopen (``records.TERMINAL_STATES``)."""
+TERMINAL = TERMINAL_STATES  # main states that never reopen
 
 CLOSING = CLOSING_STATES
 
@@ -200,23 +196,23 @@ class SubscriptionFence:
 
     def start_cycle_reserve(self) -> int:
         """After ``subscribing``: one activity subscribes, marks ACTIVE and makes the initial read,
-        whose allocation may come at any point of it. Its read slot is held from now as
-        ``reserve_read`` holds one (a placeholder): updates noted meanwhile are the level's to judge
-        after that read. A trigger pending before is the initial read's to serve, as ``subscribed``
-        would have replaced it."""
-        s = self.s
-        s.pending_trigger = None
+        whose allocation may come at any point of it, so its slot is held from now (a placeholder).
+        A trigger pending before is the initial read's to serve, as ``subscribed`` would replace it."""
+        self.s.pending_trigger = None
+        return self._hold_slot()
+
+    def _hold_slot(self) -> int:
+        """A negative placeholder holds an in-flight slot until the ledger grants an ordinal."""
         self._placeholders += 1
         placeholder = -self._placeholders
-        s.in_flight.append(placeholder)
+        self.s.in_flight.append(placeholder)
         return placeholder
 
     def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *,
                                read: bool) -> TriggerReason | None:
-        """The start activity marked the row (``snap``, ``subscribed``'s answer) and, if ``read``,
-        made the initial read: that read is the INITIAL trigger, taken as ``reserve_read`` takes it,
-        and a trigger set meanwhile stays pending; returns INITIAL. Without a read (the row was not
-        ACTIVE on these generations), exactly ``subscribed``: the slot is released and None."""
+        """The start activity marked the row (``snap``) and, if ``read``, made the initial read: INITIAL,
+        taken as ``reserve_read`` takes it; a trigger set meanwhile stays pending. Without a read (the
+        row was not ACTIVE on these generations), exactly ``subscribed``: the slot is released, None."""
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
         self.subscribed(snap, poll_interval_seconds=None)
@@ -262,10 +258,9 @@ class SubscriptionFence:
 
     def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None,
                           jitter: float) -> None:
-        """A read was granted; its allocation was requested at ``requested_at``. The next
-        periodic read is due one period (less the dispatch margin) after that, jittered early
-        (``jitter`` in [0, 1) maps to 0.8–1.0 of it): its allocation falls within the published
-        bound."""
+        """A read allocation requested at ``requested_at`` was granted: the next periodic read is due
+        one period (less the dispatch margin) later, jittered early (``jitter`` in [0, 1) maps to
+        0.8–1.0 of it), so its allocation falls within the published bound."""
         if not period_seconds:
             self.s.read_due_at = None
             return
@@ -275,8 +270,7 @@ class SubscriptionFence:
         self.s.read_jitter = jitter
 
     def _requested_within(self, period_seconds: float) -> float:
-        """How long after the last read the next one is requested at the latest: the period, less
-        the dispatch margin when this run takes it."""
+        """The period, less the dispatch margin when this run takes it."""
         return period_seconds - (dispatch_margin(period_seconds) if self.dispatch_margin else 0.0)
 
     def read_promised_by(self) -> datetime | None:
@@ -315,10 +309,8 @@ class SubscriptionFence:
             and s.read_due_at is not None
             and s.read_armed_from is not None
         ):
-            # The period changed after the deadline was armed (the read that just came back told a
-            # ttl, failed, or saw content again): re-arm it from the same allocation with the same
-            # jitter draw, so it is never later than the new bound, nor sooner than the server allows.
-            # No new random draw: the run's sequence of random draws depends only on its reads.
+            # The period changed after the deadline was armed: re-arm from the same allocation and
+            # jitter draw (no new draw: the run's random draws depend only on its reads).
             self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
                                    jitter=s.read_jitter)
 
@@ -336,9 +328,8 @@ class SubscriptionFence:
         return False
 
     def until_read_due(self, now: datetime) -> timedelta | None:
-        """How long the main loop may wait for other work before the periodic read is due; None
-        when no deadline applies (not ACTIVE, none armed, a read already requested, or an
-        allocation on its way: the loop then waits for the deadline to change instead)."""
+        """How long the main loop may wait before the periodic read is due; None when no deadline
+        applies (not ACTIVE, none armed, a read requested or being allocated)."""
         s = self.s
         if s.state != S.ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
             return None
@@ -358,14 +349,11 @@ class SubscriptionFence:
 
     def reserve_read(self, max_in_flight: int) -> tuple[TriggerReason, int]:
         """Start a read for the pending trigger: the trigger is taken (so the loop does not start it
-        twice) and a negative placeholder holds the in-flight slot until the ledger grants an ordinal."""
+        twice) and a placeholder holds the in-flight slot."""
         trigger = self.read_wanted(max_in_flight)
         assert trigger is not None, "reserve_read without a wanted read"
         self.s.pending_trigger = None
-        self._placeholders += 1
-        placeholder = -self._placeholders
-        self.s.in_flight.append(placeholder)
-        return trigger, placeholder
+        return trigger, self._hold_slot()
 
     def release_placeholder(self, placeholder: int) -> None:
         """The allocation answered (or failed); a session change may already have cleared the slot."""
@@ -401,9 +389,8 @@ class SubscriptionFence:
         return self.s.last_issued_ordinal + 1
 
     def issued(self, ticket: ReadTicket, *, in_flight: bool = True) -> bool:
-        """The ledger allocated (or refused) an ordinal: the ordinal is issued (False: refused).
-        ``in_flight``: the run's own read, judged later by ``applied``; a report the ingress made
-        (``resource_read``) was never in flight here, its verdict follows at once."""
+        """The ledger allocated an ordinal (False: refused). ``in_flight``: the run's own read, judged
+        later by ``applied``; not for a report the ingress made, whose verdict follows at once."""
         s = self.s
         if not ticket.granted:
             return False
@@ -414,18 +401,16 @@ class SubscriptionFence:
         return True
 
     def report_deadline(self, requested_at: datetime) -> bool:
-        """Whether a reported read, requested at ``requested_at``, re-arms the read deadline: only
-        when ACTIVE and newer than the read the deadline was armed from (a late report never moves
-        it back)."""
+        """Whether a reported read requested at ``requested_at`` re-arms the read deadline: only when
+        ACTIVE and newer than the read it was armed from (a late report never moves it back)."""
         s = self.s
         return s.state == S.ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
 
     def applied(self, ordinal: int, result: AcceptResult, *, read_notified: int = 0,
                 trigger: TriggerReason | None = None) -> None:
         """The ledger judged a completed read (allocated when the row had counted ``read_notified``
-        notifications, for ``trigger``; None: the ingress's read, reported, which hands over whatever
-        it leaves dirty).
-        Every judged read, whoever made it, goes through here: the one place coverage is decided."""
+        notifications, for ``trigger``; None: a report from the ingress, which hands over what it
+        leaves dirty). Every judged read goes through here: the one place coverage is decided."""
         s = self.s
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
@@ -457,9 +442,8 @@ class SubscriptionFence:
             s.pending_trigger = TriggerReason.FOLLOW_UP
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
-        """After ``applied``: the digest of the newest accepted read. A report the ingress made can
-        arrive after a newer read of the run's own was judged (simulator): its older digest is not
-        taken (the ledger's current version is the newer one)."""
+        """After ``applied``: the digest of the newest accepted read (a report from the ingress that
+        arrives after a newer read of the run's own was judged keeps its older digest out)."""
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) \
                 and result.last_accepted_ordinal >= self.s.last_accepted_ordinal:
             self.s.last_accepted_digest = digest
@@ -552,10 +536,9 @@ class SubscriptionFence:
         return True
 
     def identity_evidence(self, *, listed: bool, measured_at: datetime | None) -> bool:
-        """Does a catalog word reconcile the identity? Only a catalog measured after the conflict
-        began that lists the exact URI: the server still names this resource exactly as we
-        subscribed it. Variants listed beside it make it an ambiguous pair (flagged by the ingress
-        and the catalog: both spellings are read on an update for either), not a reason to wait."""
+        """Does a catalog word reconcile the identity? Only one measured after the conflict began that
+        lists the exact URI. Variants listed beside it make an ambiguous pair (both spellings are
+        read on an update for either), not a reason to wait."""
         s = self.s
         if s.state != S.RECONCILIATION_REQUIRED or not listed or measured_at is None:
             return False
