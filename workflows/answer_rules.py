@@ -1,4 +1,4 @@
-"""The answer freshness gate rules (seed 004): HOLD or ACCEPT an answer against the observations it used.
+"""The answer freshness gate rules: HOLD or ACCEPT an answer against the observations it used.
 
 Contract:
 - A host *binds* an answer draft to the observations it was built from
@@ -9,15 +9,11 @@ Contract:
 - ``judge_answer`` is the gate: plain deterministic Python over an ``ObservationSnapshot``
   the ledger took (no I/O, no clock: the snapshot carries the database time). It works on
   receipt ids, digests, states and timestamps only; no resource body is ever involved.
-- HOLD, with a named ``GateReason`` per condition, when for any dependency: an update naming
-  it was seen after its latest accepted observation (UPDATE_SEEN), a read is in flight
-  (READ_PENDING), the latest read failed or was denied (READ_FAILED / READ_DENIED: the basis
-  is unresolved, never an empty resource), the newest read was rejected by the guardrails
-  (GUARDRAIL_REJECTED), it was tombstoned, is missing or was replaced (TOMBSTONED /
-  TOMBSTONE_PENDING / REPLACED), access was revoked (REVOKED), nobody watches it
-  (SUBSCRIPTION_CLOSED, UNKNOWN_DEPENDENCY, UNWATCHED), continuity is uncertain (no live
-  session, resubscribing, no read since resubscribing), or the host's selected input is not
-  the latest accepted receipt (SELECTED_NOT_LATEST, INPUT_NOT_RELEASABLE).
+- HOLD, with one named ``GateReason`` per condition (the enum lists them), when any dependency is not
+  provably current: an update seen after its latest accepted observation, a read in flight, failed,
+  denied (the basis is unresolved, never an empty resource) or rejected by the guardrails, tombstoned,
+  missing or replaced, revoked, unwatched, uncertain continuity, or a selected input that is not the
+  latest accepted receipt.
 - ACCEPT only when every dependency's selected receipt *is* its latest accepted receipt, or
   carries the same digest with nothing but UNCHANGED reads since (recorded as
   ``equal_by="unchanged_digest"`` with the reasoning), and no newer update was seen. An ACCEPT

@@ -5,10 +5,9 @@ Contract:
   main loop, read cycle, catalog verdicts, session loss, close, revocation, identity
   reconciliation, continue-as-new timing, the Web UI's detail text), written once as async
   code over a narrow ``Runtime``. It imports nothing from temporalio and does no I/O.
-- Two interpreters run it: ``mcpsync.workflows.subscription`` (Temporal: activities, timers,
-  search attributes) and the simulator (``sim/``: an in-memory world
-  under seeded adversarial schedules, resets by replaying its inputs). So the simulator's
-  verdict is about the program production runs, not a copy of it.
+- Two interpreters run it: ``mcpsync.workflows.subscription`` (Temporal: activities, timers, search
+  attributes) and the simulator (``sim/``: an in-memory world under seeded adversarial schedules,
+  resets by replaying its inputs), so the simulator judges the program production runs, not a copy.
 - Determinism: everything time-, random- or history-dependent comes from the runtime
   (``now``, ``random``, ``uuid4``, ``continue_as_new_suggested`` …), in the order the code
   asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
@@ -23,9 +22,8 @@ Contract:
   ACTIVE, the initial read cycle) where the server advertises subscribe.
 - Ledger calls are local activities (one marker each); search attributes are upserted when a
   coroutine blocks, and only if one changed (the details panel is not history).
-- Staleness promise: the next poll / safety read is ``FenceState.read_due_at``, armed when a
-  read is granted; its own timer (the deadline keeper) wakes the main loop, which never waits
-  past it. The poll period follows the last read's ttlMs and backs off after failed reads.
+- Staleness promise: the deadline keeper's timer for ``FenceState.read_due_at`` wakes the main loop,
+  which never waits past it.
 - RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``.
 """
 
@@ -209,11 +207,9 @@ class SubscriptionProgram(CatalogAndIdentity):
     def first_read_judged(self) -> bool:
         """The first read has been judged, or none will come: the record can answer ``first_read``.
 
-        Judged: the fence holds a verdict (this chain's; a new incarnation starts without one, so an
-        earlier incarnation's receipt in the ledger row never answers). No read will come: the
-        subscription waits for a catalog (TOMBSTONE_PENDING) or an operator
-        (RECONCILIATION_REQUIRED), is closing or has finished. Only after the run loaded the
-        durable fence, so the record reflects the ledger."""
+        Judged: the fence holds a verdict of this chain (an earlier incarnation's receipt in the ledger
+        row never answers). None will come: it waits for a catalog (TOMBSTONE_PENDING) or an operator
+        (RECONCILIATION_REQUIRED), is closing or finished. Only once the run loaded the durable fence."""
         s = self.fence.s
         return self.reloaded and (
             s.last_verdict is not None or s.close_requested or self.fence.finished
@@ -424,11 +420,9 @@ class SubscriptionProgram(CatalogAndIdentity):
         return True
 
     async def _start_cycle(self, session: SessionInfo, snap: FenceSnapshot) -> SubscribeCycleResult | None:
-        """Subscribe, mark ACTIVE and the initial read in one activity; mirror the
-        mark as ``subscribed`` and the read as ``_read`` would have. None: the activity failed
-        for good (what it did is unknown: the row stays SUBSCRIBING here and the next pass
-        resubscribes). A result without ``active``: the server did not take the subscription, and
-        nothing was marked (the caller decides as for ``mcp_subscribe``)."""
+        """Subscribe, mark ACTIVE and the initial read in one activity, mirrored as ``subscribed`` and
+        ``_read`` would. None: it failed for good (what it did is unknown: the row stays SUBSCRIBING here,
+        the next pass resubscribes). Without ``active``: the server refused, nothing was marked."""
         s = self.fence.s
         placeholder = self.fence.start_cycle_reserve()
         requested_at = self.rt.now()
@@ -511,13 +505,10 @@ class SubscriptionProgram(CatalogAndIdentity):
 
     def _apply_judged(self, cycle: ReadCycleResult, *, by: ReadBy, requested_at: datetime,
                       trigger: TriggerReason | None = None) -> bool:
-        """The one place a read cycle's answer changes the run's state, whoever read: the run itself
-        (for ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: whatever it leaves
-        dirty is handed over to the run). In order: the ordinal is issued; the read deadline is armed
-        from ``requested_at`` (a report's only if newer than the one armed); the verdict is applied
-        (coverage, the follow-up owed), then the digest, the content time, the detail line and the
-        poll period the read's directives imply. False: the ledger did not grant the read, nothing
-        changed (the caller decides what the trigger is owed)."""
+        """The one place a read cycle's answer changes the run's state, whoever read: the run (for
+        ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: what it leaves dirty is
+        handed over). In order: issue, arm the deadline, the verdict (coverage), digest, content time,
+        detail, poll period. False: the ledger did not grant the read, nothing changed."""
         fence = self.fence
         reported = by == ReadBy.INGRESS
         ticket = cycle.ticket

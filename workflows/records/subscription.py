@@ -118,16 +118,13 @@ class SubscriptionKey(FrozenRecord):
 
     @property
     def workflow_id(self) -> str:
-        """The id a NEW subscription of this key starts under:
-        ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
+        """The id a NEW subscription starts under: ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
 
-        Computed only for a key the ledger has no row for: once a subscription runs, its row
-        records the id it runs under (older ones: ``legacy_workflow_id``) and everything that
-        routes to it reads that (``mcpsync.activities.ledger.Ledger.workflow_id_of``; docs/upgrades.md,
-        "Workflow ids").
-        The URI can be long and contain anything: the slug (``mcpsync.workflows.uris.uri_slug``) is a
-        bounded readable label, the hash keeps ids unique. The exact URI is in the memo and
-        search attributes."""
+        Only for a key the ledger has no row for: a running subscription's row records its id (older
+        ones: ``legacy_workflow_id``), and routing reads that (``Ledger.workflow_id_of``; docs/upgrades.md,
+        "Workflow ids"). The slug (``uris.uri_slug``) is a bounded readable label of a URI that can be
+        long and contain anything, the hash keeps ids unique; the exact URI is in the memo and search
+        attributes."""
         return f"mcpsync-sub/{self.server}/{self.subject}/{uri_slug(self.uri)}-{self._hash()}"
 
     @property
