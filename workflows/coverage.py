@@ -40,9 +40,8 @@ class NotePlan(BaseModel):
     flight (``allocated_sequence > covered``: the newest allocation is not confirmed as covering),
     or the row is not ACTIVE on the notification's session generation (its workflow learns that
     from the read it then tries or the resubscribe; a notification from an older session is not
-    counted). Otherwise the work is owned already: the
-    notification that made the row dirty created it, and the read it earns is allocated later,
-    so it covers this one too."""
+    counted). Otherwise the work is owned already: the notification that made the row dirty created
+    it, and the read it earns is allocated later, so it covers this one too."""
 
     model_config = {"frozen": True}
 

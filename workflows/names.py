@@ -1,8 +1,8 @@
 """Wire names of mcpsync's Temporal surface: the contract with platform teams and ingress services.
 
-Contract: these strings are stable. Any Temporal client may start
-``WORKFLOW_TYPE`` on ``DEFAULT_TASK_QUEUE`` with a ``SubscriptionStart`` payload
-(pydantic JSON), signal it with the payloads named below, and query it.
+Contract: these strings are stable. Any Temporal client may start ``WORKFLOW_TYPE`` on
+``DEFAULT_TASK_QUEUE`` with a ``SubscriptionStart`` payload (pydantic JSON), signal it with the
+payloads named below, and query it.
 """
 
 from __future__ import annotations

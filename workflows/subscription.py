@@ -10,9 +10,8 @@ Contract:
   reuse an ordinal. Notifications only invalidate; every read goes through ``resources/read`` on
   the live session (the ingress process's queue). No resource body ever enters this history.
 - Ledger calls are local activities (the main worker hosts the ledger activities) and retry until
-  they succeed; MCP activities have
-  bounded retries, and their final failure reaches the program as ``ActivityFailed`` (the cause's
-  type name, never its message: it may quote content).
+  they succeed; MCP activities have bounded retries, and their final failure reaches the program as
+  ``ActivityFailed`` (the cause's type name, never its message: it may quote content).
 - Upgrades (docs/upgrades.md): a versioned main worker runs it PINNED to its build and it
   continues-as-new onto a new current build at its next wake-up; unversioned workers never do.
 """

@@ -257,9 +257,9 @@ CLOSED_REASON = "closed: the subscription is no longer tracked (no later version
 def plan_close(row: FenceSnapshot) -> WritePlan:
     """beginUnsubscribe (``close_rule``): UNSUBSCRIBING, a new close epoch, the close ordinal frozen,
     and, when a version was ever current, one ``closed`` outbox row naming every receipt (what
-    consumers must stop treating as fresh):
-    from here no read is allocated and no version accepted, whether the unsubscribe then ends CLOSED
-    or UNSUBSCRIBE_UNKNOWN. Never held by a rollout: it withdraws, it publishes nothing new."""
+    consumers must stop treating as fresh): from here no read is allocated and no version accepted,
+    whether the unsubscribe then ends CLOSED or UNSUBSCRIBE_UNKNOWN. Never held by a rollout: it
+    withdraws, it publishes nothing new."""
     rule = close_rule(row)
     if rule is None:
         return WritePlan(kind=PlanKind.CLOSE)

@@ -1,11 +1,8 @@
 """Records of the one-round-trip cycles on a session host's queue, and the ingress's report.
 
-Contract:
-- ``ReadCycleRequest`` / ``ReadCycleResult``: allocate (CAS), read, accept (CAS) in one activity;
-  the result says how far it got (refused, session lost, judged).
-- ``SubscribeCycleRequest`` / ``SubscribeCycleResult``: a start (subscribe, mark ACTIVE, the
-  initial read cycle) in one activity.
-- ``ReadReport``: the ingress's own read cycle, reported to the workflow (``resource_read``).
+Contract: a read (allocate, read, accept) or a start (subscribe, mark ACTIVE, the initial read) is one
+activity whose result says how far it got; ``ReadReport`` carries the ingress's own read cycle to the
+workflow. Digests and verdicts only, never content.
 """
 
 from __future__ import annotations
