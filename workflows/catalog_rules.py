@@ -257,9 +257,6 @@ class ScanAccumulator:
     def final_status(self) -> ScanStatus:
         return self.status or ScanStatus.COMPLETE
 
-    def uri_descriptors(self) -> dict[str, str]:
-        return {u: descriptor_digest(d) for u, d in self.descriptors["resources"].items()}
-
     def digests(self) -> tuple[str, str, str] | None:
         """(uri set, descriptor set, template set) digests of a COMPLETE scan, else None."""
         if self.final_status() != ScanStatus.COMPLETE:
