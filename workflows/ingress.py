@@ -324,12 +324,10 @@ class IngressRouter:
                 yield from self._deliver(sibling, sibling_uri, generation, own=False)
 
     def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool) -> Routing:
-        """The update the ledger just recorded for the exact (subject, server, ``uri``), to its workflow
-        under the id its ledger row recorded. Read here and reported when the fence allows it
-        (``ingress_rules.ingress_read_request``) and the read was judged; a read not judged falls back to
-        ``resource_updated`` (the row stays dirty: the workflow reads). Without a read here, signalled
-        only when the note created work. ``own``: this router processes the key (``uri``,
-        ``generation``) and absorbs the pulses that arrive until the read is sent."""
+        """The update the ledger just recorded for the exact ``uri``, to the workflow its row names: read
+        here and reported when the fence allows it and the read was judged; else ``resource_updated``
+        (the row stays dirty: the workflow reads), without a read here only when the note created work.
+        ``own``: this router processes the key and absorbs the pulses that arrive until the read is sent."""
         stamped: Stamped = yield Stamp(uri, generation)
         sig = stamped.update
         req = None
@@ -359,9 +357,8 @@ class IngressRouter:
 
     def _absorber(self, key: Key) -> Callable[[], int]:
         """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
-        note are taken (``WorkQueue.take``) once the read is allocated, just before it is sent. The
-        read observes their change; its accept counts them (whatever it judges, the row then says
-        which reads cover them)."""
+        note are taken once the read is allocated, just before it is sent, so the read observes their
+        change; its accept counts them."""
         def absorb() -> int:
             if self.work.take(key):
                 self.absorbed += 1

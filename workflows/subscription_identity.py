@@ -5,8 +5,8 @@ Contract:
   reconciled catalog's word (``catalog_reconciled``: confirm a tombstone, a recreated resource,
   or a verification read when the word cannot be believed) and RECONCILIATION_REQUIRED (enter it
   on an identity conflict, leave it on catalog evidence, a ``resume`` or its time bound).
-- It uses the program's state and plumbing (declared below for the type checker) and issues its
-  commands in the order the program always did: it is the same code, in a module of its own.
+- It uses the program's state and plumbing (declared below for the type checker); its commands
+  are part of the program's, in the same order (replay).
 """
 
 from __future__ import annotations

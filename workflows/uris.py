@@ -1,16 +1,14 @@
 """URI identity: exact strings route; normalized forms only detect ambiguity.
 
-Contract: mcpsync keys every subscription by the URI string exactly as the server
-listed it. ``normalize_uri`` (RFC 3986 §6.2.2 syntax-based normalization: scheme and
-host lower-cased, percent-encoding hex upper-cased, percent-encoded unreserved
-characters decoded, dot segments removed) is used only to *detect* two strings that
-may name the same resource, so that such a pair is audited and sent to
-RECONCILIATION_REQUIRED instead of being routed to each other.
+Contract: mcpsync keys every subscription by the URI string exactly as the server listed it.
+``normalize_uri`` (RFC 3986 §6.2.2 syntax-based normalization: scheme and host lower-cased,
+percent-encoding hex upper-cased, percent-encoded unreserved characters decoded, dot segments
+removed) only *detects* two strings that may name the same resource, so that such a pair is audited
+and sent to RECONCILIATION_REQUIRED instead of being routed to each other.
 
-``uri_slug`` is the readable part of a subscription's workflow id (docs/upgrades.md,
-"Workflow ids"): a pure function of the URI string, ASCII only, bounded, never empty for a
-URI ``uri_problem`` accepts (its scheme starts with a letter). It only labels; the hash beside
-it keeps ids unique.
+``uri_slug`` is the readable part of a subscription's workflow id (docs/upgrades.md, "Workflow ids"):
+a pure function of the URI string, ASCII only, bounded, never empty for a URI ``uri_problem``
+accepts (its scheme starts with a letter). It only labels; the hash beside it keeps ids unique.
 """
 
 from __future__ import annotations

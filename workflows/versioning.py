@@ -11,10 +11,9 @@ Contract:
   longer the one this run is pinned to; the workflow then continues-as-new at its next
   wake-up (not mid-read, not mid-handler) with ``upgrade_behavior()``, so the new run's first
   task goes to the current build and is pinned there. A rollback is the same move backwards.
-- Both are deterministic (the flag and the build travel in the workflow task's history
-  events) and inert on an unversioned worker: no deployment version, never a target change,
-  continue-as-new exactly as before. Replay of the corpus (tests/unit/test_replay.py) is unaffected.
-- Only workflow-sandbox-safe calls; no I/O.
+- Both are deterministic (the flag and the build travel in the workflow task's history events) and
+  inert on an unversioned worker: no deployment version, never a target change. Only
+  workflow-sandbox-safe calls; no I/O.
 """
 
 from __future__ import annotations
