@@ -110,12 +110,9 @@ def canonical_json(obj: Any) -> str:
 
 
 def canonical_descriptor(wire: Mapping[str, Any]) -> dict[str, Any]:
-    """A resource or template descriptor as it counts for catalog identity.
-
-    ``wire`` is the JSON form as listed (camelCase keys). Dropped: ``_meta`` (transport
-    and server bookkeeping), ``size`` and ``annotations.lastModified`` (they move with
-    content edits, which are the subscription's business, not the catalog's). The URI or
-    URI template stays exactly as the server wrote it."""
+    """A resource or template descriptor (``wire``: the JSON form as listed, camelCase keys) as it
+    counts for catalog identity. Dropped: ``_meta`` (transport and server bookkeeping), ``size`` and
+    ``annotations.lastModified`` (they move with content edits, the subscription's business)."""
     out = {k: v for k, v in wire.items() if k not in ("_meta", "size")}
     annotations = out.get("annotations")
     if isinstance(annotations, Mapping):
@@ -562,11 +559,11 @@ class CatalogReconciler:
                  random_fraction: float) -> tuple[datetime, float]:
         """(next_review_at, staleness bound in seconds) for a catalog measured by ``a`` and ``b``.
 
-        Jitter only shortens the interval, so the next review never comes later than the
-        published bound promises. The bound runs from scan A's first request (the oldest
-        information in the catalog) to the next review, plus the time the next
-        reconciliation may take (twice this window, at least the policy's allowance): by
-        then a newer catalog replaces this one, lost notifications or not."""
+        Jitter only shortens the interval, so the next review never comes later than the published
+        bound promises. The bound runs from scan A's first request (the oldest information in the
+        catalog) to the next review, plus the time the next reconciliation may take (twice this window,
+        at least the policy's allowance): by then a newer catalog replaces this one, lost notifications
+        or not."""
         interval = self.review_interval()
         delay = interval * (1.0 - self.s.policy.jitter_fraction * random_fraction)
         next_review = now + timedelta(seconds=delay)

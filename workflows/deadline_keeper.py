@@ -32,10 +32,9 @@ class DeadlineKeeper:
         return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
 
     async def run(self) -> None:
-        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
-        re-armed only if it would fire after the newest read's promised bound. Its firing wakes the
-        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
-        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
+        """The read deadline's own timer, as the module says. ``poll_if_due`` reads only if the deadline
+        (perhaps moved later by a read meanwhile) is due. When the run ends, the timer is left (no
+        cancel event)."""
         fence, rt = self.fence, self.rt
         while not fence.finished:
             wait = fence.until_read_due(rt.now())

@@ -138,10 +138,9 @@ class SubscriptionProgram(CatalogAndIdentity):
         await self._note_update(sig)
 
     async def on_read_reported(self, report: ReadReport) -> None:
-        """The ingress read ``report.update``'s change itself (``resource_read``): the ledger's verdict
-        is applied as the run's own reads are (``_apply_judged``: whatever the read left dirty is this
-        run's to read). A read the ledger did not judge or did not grant, or one from another session
-        generation than this run's, is not applied: the update is noted as a plain ``resource_updated``."""
+        """The ingress read ``report.update``'s change itself (``resource_read``): applied as the run's
+        own reads are (``_apply_judged``). A read not judged or granted, or from another session
+        generation than this run's, is not applied: the update is noted as a ``resource_updated``."""
         sig = report.update
         if not await self._first_sight(sig):
             return
