@@ -20,21 +20,12 @@ from dataclasses import replace
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records import AcceptVerdict, SubscriptionState
+from sim.engine import Simulation
+from sim.model import ALL_FAULTS, SUBSCRIBE_CYCLE_READ, Event, Fault, Op, SimConfig, Trace, schedule_seed
 from sim.runtime import Signal
-from sim.simulation import (
-    ALL_FAULTS,
-    SUBSCRIBE_CYCLE_READ,
-    Activity,
-    Event,
-    Fault,
-    Op,
-    SimConfig,
-    Simulation,
-    Trace,
-    delta_debug,
-    run_schedule,
-    schedule_seed,
-)
+from sim.schedule import run_schedule
+from sim.shrinking import delta_debug
+from sim.world import Activity
 
 S = SubscriptionState
 V = AcceptVerdict

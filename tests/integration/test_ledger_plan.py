@@ -19,7 +19,7 @@ from mcpsync.workflows.records import (
     SubscriptionState,
     TriggerReason,
 )
-from sim.simulation import MemoryLedger
+from sim.ledger import MemoryLedger
 from tests.conftest import ledger_rows, unique
 
 S = SubscriptionState
