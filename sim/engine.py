@@ -52,11 +52,13 @@ from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, S
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
+# Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
+CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
+                       Op.FIRST_READ, Op.REVOKE})
 
 
 class Simulation(IngressDriver):
-    """One schedule: environment + workflow chain + ledger + checker. ``apply`` one event at a
-    time (inapplicable events are no-ops, which keeps shrunk traces replayable)."""
+    """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
         self.seed = seed
@@ -86,7 +88,6 @@ class Simulation(IngressDriver):
         self._max_allocated = 0
         self._max_outbox_ordinal = 0
         self._close_fences: list[int] = []
-        self._flagged: set[Invariant] = set()
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
@@ -175,10 +176,17 @@ class Simulation(IngressDriver):
             at = timer_at
         return at
 
+    def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
+        """What an EXEC (``executed`` False) or a COMPLETE (True: of the current run) event may pick."""
+        return [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
+                and (not executed or a.run == self.run)]
+
     def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
-        matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
-                   and (not executed or a.run == self.run)]
+        matches = self._candidates(name, executed=executed)
         return matches[n % len(matches)] if matches else None
+
+    def _index_of(self, act: Activity, *, executed: bool) -> int:
+        return self._candidates(act.name, executed=executed).index(act)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -199,9 +207,10 @@ class Simulation(IngressDriver):
 
     def _apply(self, e: Event) -> bool:
         op = e.op
+        if op in CHAIN_OPS and not self.chain_running:
+            return False
         if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
-            if (op == Op.MUTATE and not self.oracle.exists) or (op == Op.DELETE and not self.oracle.exists) \
-                    or (op == Op.RECREATE and self.oracle.exists):
+            if (op == Op.RECREATE) == self.oracle.exists:
                 return False
             tokens = e.fault.split("+")
             if op == Op.DELETE:
@@ -215,12 +224,12 @@ class Simulation(IngressDriver):
             if not self.queue:
                 return False
             msg = self.queue.pop(e.n % len(self.queue))
+            if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+                self.duplicate_deliveries += 1
             if msg.kind == "session_changed":
                 self._signal(Signal.SESSION_CHANGED, msg.generation)
             elif msg.kind == "read_reported":
                 assert msg.report is not None
-                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                    self.duplicate_deliveries += 1
                 self._cover("ingress.report_delivered")
                 cycle = msg.report.cycle
                 if self.chain_running and cycle.accept is not None \
@@ -231,8 +240,6 @@ class Simulation(IngressDriver):
                     self._cover("ingress.report_older_than_view")
                 self._signal(Signal.READ_REPORTED, msg.report)
             else:
-                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                    self.duplicate_deliveries += 1
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
                                                         notification_id=msg.notification_id,
                                                         sequence=msg.sequence))
@@ -247,7 +254,7 @@ class Simulation(IngressDriver):
                 self.queue.append(old)
             return True
         if op == Op.WRONG_URI:
-            gen = self.host.live.generation if self.host.live else self.host.generation
+            gen = self.host.generation  # the live session's, or the last one's
             self._note_id += 1
             # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
             # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
@@ -255,7 +262,7 @@ class Simulation(IngressDriver):
                 self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
-            gen = self.host.live.generation if self.host.live else self.host.generation
+            gen = self.host.generation
             final = self._route(gen, "final")
             if final is not None:  # else the work is owned already (a read in flight or owed)
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
@@ -267,8 +274,6 @@ class Simulation(IngressDriver):
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
             return True
         if op == Op.CLOSE:
-            if not self.chain_running:
-                return False
             self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
             return True
         if op == Op.EXEC:
@@ -289,7 +294,7 @@ class Simulation(IngressDriver):
                 self.wf.complete(act.seq, act.result)
             return True
         if op == Op.TIMER:
-            kind = self.wf.pending_timer if self.chain_running else ""
+            kind = self.wf.pending_timer
             if kind and self.wf.fire_timer():
                 self._cover(f"timer.{kind}")
                 return True
@@ -307,13 +312,11 @@ class Simulation(IngressDriver):
             self.queue.append(Message("session_changed", self.host.open()))
             return True
         if op == Op.CAN:
-            if not self.chain_running or self.wf.can_suggested:
+            if self.wf.can_suggested:
                 return False
             self.wf.suggest_continue_as_new()
             return True
         if op == Op.CHECKPOINT:
-            if not self.chain_running:
-                return False
             self._checkpoint()
             return True
         if op == Op.RESET:
@@ -322,8 +325,6 @@ class Simulation(IngressDriver):
             self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
             return True
         if op == Op.CATALOG:
-            if not self.chain_running:
-                return False
             self._scan += 1
             measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
             proven = e.fault == "proven"
@@ -334,24 +335,18 @@ class Simulation(IngressDriver):
                 session_generation=self.host.generation, measured_at=self.times[measured]))
             return True
         if op == Op.CONFLICT:
-            if not self.chain_running:
-                return False
             self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
                                                       session_generation=self.host.generation))
             return True
         if op == Op.RESUME:
-            if not self.chain_running or self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+            if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
                 return False
             self._signal(Signal.RESUME, None)
             return True
         if op == Op.FIRST_READ:
-            if not self.chain_running:
-                return False
             self._signal(Signal.FIRST_READ, None)
             return True
         if op == Op.REVOKE:
-            if not self.chain_running:
-                return False
             self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
             return True
         if op == Op.RESTART:
@@ -436,8 +431,6 @@ class Simulation(IngressDriver):
         replays to the checkpoint, then reschedules the activities pending there."""
         self._cover("reset")
         self.run += 1
-        # A reset run replays history to the reset point, then draws with a new random seed; the
-        # activities pending there are scheduled again (as its ``commands``).
         wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
         wf.clock = self.times[self.step]
         later = self.signal_log[cp.signal_index:]
@@ -479,11 +472,6 @@ class Simulation(IngressDriver):
             return True
         return False
 
-    def _index_of(self, act: Activity, *, executed: bool) -> int:
-        same = [a for a in self.activities if a.name == act.name and a.executed == executed and not a.poisoned
-                and (not executed or a.run == self.run)]
-        return same.index(act)
-
     def drain(self) -> None:
         """Quiet end: the session host is up, every message and activity completes, timers fire,
         pending catalog/resume words arrive, then one final invalidation; to quiescence."""
@@ -517,7 +505,6 @@ class Simulation(IngressDriver):
                 continue
             break
         self._verdict()
-
 
     def result(self) -> ScheduleResult:
         converged_after = None
