@@ -99,10 +99,8 @@ class Checker:
             self.converged_since = None
 
     def _check_read_deadline(self) -> None:
-        """STALENESS_BOUND: an idle ACTIVE subscription on a live session, with a published bound
-        (the poll interval, or the safety re-read period), must have armed its next wake-up no
-        later than one bound after the last read the ledger allocated. Observed from outside:
-        the ledger's allocation time and the timer the workflow armed, not the fence's deadline."""
+        """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
+        allocation time and the timer the run armed, not the fence's own deadline."""
         wf = self.wf
         if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
             return
@@ -228,11 +226,9 @@ class Checker:
                           f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
 
     def _check_covered(self) -> None:
-        """Everything delivered and completed, no timer fired yet, the subscription ACTIVE and idle:
-        the row's work must be owned (``workflows/coverage.py``).
-        Dirty with notes recorded after the newest allocation, or the newest allocation the ingress's
-          (it hands over what it leaves dirty): work nobody owns was lost. (The workflow's own read
-          that observed nothing, with no later note, is the failed-read contract: no automatic retry.)"""
+        """At the quiet end, the subscription ACTIVE and idle, a dirty row's work must be owned
+        (``workflows/coverage.py``) when notes came after the newest allocation or that allocation was the
+        ingress's. A workflow read that observed nothing, with no later note, is not retried by contract."""
         wf, row = self.wf, self.ledger.row
         s = wf.fence.s
         if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE
