@@ -139,8 +139,6 @@ class SessionHost:
             max_bytes=server.release_max_bytes, mime_allow=server.mime_allow)
         self.live: LiveSession | None = None
         self.generation_opened = asyncio.Event()
-        self.sessions_opened = 0
-        self.last_error: str | None = None
         # The work queue of keys (URI, generation) and the routing program (``IngressRouter``); the
         # routers wait on ``_queue`` (one token per ready key). One router at a time per key.
         self.router = IngressRouter(subject, server.name, host_id=self.host_id,
@@ -149,7 +147,6 @@ class SessionHost:
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
-        self.leases_acquired = 0
         # list_changed notifications received per session generation (monotonic): the scan
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
@@ -202,7 +199,6 @@ class SessionHost:
         if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
                                            ttl * LEASE_HOLD_FRACTION):
             self._lease_lost.clear()
-            self.leases_acquired += 1
             log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
             return True
         # A standby: try again when the holder's lease would run out, at most ttl/3 from now.
@@ -263,7 +259,6 @@ class SessionHost:
                 await self._one_session()
                 backoff = 0.25
             except SessionOpenError as exc:
-                self.last_error = str(exc)
                 log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc,
                             backoff)
             if self._stopping.is_set() or self._lease_lost.is_set():
@@ -319,7 +314,6 @@ class SessionHost:
                     log.warning("session %s/%s: list_changed stream refused (%s); catalogs rely on rescans",
                                 self.server.name, self.subject, type(exc).__name__)
             self.live = live
-            self.sessions_opened += 1
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
                      self.server.name, self.subject, info.generation, live.edition,
                      capabilities["subscribe"], capabilities["listChanged"])
