@@ -28,7 +28,7 @@ V = AcceptVerdict
 
 
 class Checker:
-    """The checks of ``Simulation`` (whose state these annotations name)."""
+    """The checks of ``Simulation``: the state it reads is named by these annotations, its own is set here."""
 
     ledger: MemoryLedger
     oracle: Oracle
@@ -40,23 +40,25 @@ class Checker:
     step: int
     times: list[datetime]
     coverage: dict[str, int]
-    converged_since: int | None
-    count_reads: bool
-    notification_reads: int
-    fresh_reads: int
-    observed: set[int]
     signals_erased: bool
-    _prev: FenceSnapshot
-    _log_seen: int
-    _accepted_version: int
-    _max_allocated: int
-    _max_outbox_ordinal: int
-    _close_fences: list[int]
-    _last_allocated_at: datetime | None
-    _late_timers: set[datetime | None]
-    _noted_change: dict[int, int]
-    _ingress_ordinals: set[int]
-    _clean_flagged: set[str]
+
+    def __init__(self) -> None:
+        self._log_seen = 0
+        self._prev = FenceSnapshot(exists=False)
+        self._accepted_version = 0
+        self._max_allocated = 0
+        self._max_outbox_ordinal = 0
+        self._close_fences: list[int] = []
+        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
+        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
+        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._clean_flagged: set[str] = set()
+        self.converged_since: int | None = 0
+        self.count_reads = True
+        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
+        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
+        self.observed: set[int] = set()
 
     @property
     def chain_running(self) -> bool:

@@ -22,7 +22,6 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.records import (
     AcceptVerdict,
     CatalogObservation,
-    FenceSnapshot,
     IdentityConflict,
     ResourceUpdated,
     RevokeRequest,
@@ -61,6 +60,7 @@ class Simulation(IngressDriver):
     """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
+        super().__init__()
         self.seed = seed
         self.profile = profile
         self.config = config
@@ -81,20 +81,8 @@ class Simulation(IngressDriver):
         self._note_id = 0
         self._scan = 0
         self.coverage: dict[str, int] = {}
-        # checker state
-        self._log_seen = 0
-        self._prev = FenceSnapshot(exists=False)
-        self._accepted_version = 0
-        self._max_allocated = 0
-        self._max_outbox_ordinal = 0
-        self._close_fences: list[int] = []
-        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
-        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
-        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
-        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
-        self._clean_flagged: set[str] = set()
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
         # the session host's routing program (production's), its work queue keyed (URI, generation)
         self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
@@ -102,11 +90,6 @@ class Simulation(IngressDriver):
         self._pulses: dict[tuple[str, int], tuple[str, int]] = {}
         # metrics
         self.last_change_step = 0
-        self.converged_since: int | None = 0
-        self.count_reads = True
-        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
-        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
-        self.observed: set[int] = set()
         self.duplicate_deliveries = 0
         self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
         if profile.session_at_start:
