@@ -30,7 +30,7 @@ V = AcceptVerdict
 
 
 class Checker:
-    """The checks of ``Simulation`` (whose state these annotations name)."""
+    """The checks of ``Simulation``: the state it reads is named by these annotations, its own is set here."""
 
     ledger: MemoryLedger
     oracle: Oracle
@@ -42,23 +42,25 @@ class Checker:
     step: int
     times: list[datetime]
     coverage: dict[str, int]
-    converged_since: int | None
-    count_reads: bool
-    notification_reads: int
-    fresh_reads: int
-    observed: set[int]
     signals_erased: bool
-    _prev: FenceSnapshot
-    _log_seen: int
-    _accepted_version: int
-    _max_allocated: int
-    _max_outbox_ordinal: int
-    _close_fences: list[int]
-    _last_allocated_at: datetime | None
-    _late_timers: set[datetime | None]
-    _noted_change: dict[int, int]
-    _ingress_ordinals: set[int]
-    _clean_flagged: set[str]
+
+    def __init__(self) -> None:
+        self._log_seen = 0
+        self._prev = FenceSnapshot(exists=False)
+        self._accepted_version = 0
+        self._max_allocated = 0
+        self._max_outbox_ordinal = 0
+        self._close_fences: list[int] = []
+        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
+        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
+        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._clean_flagged: set[str] = set()
+        self.converged_since: int | None = 0
+        self.count_reads = True
+        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
+        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
+        self.observed: set[int] = set()
 
     @property
     def chain_running(self) -> bool:
@@ -101,10 +103,8 @@ class Checker:
             self.converged_since = None
 
     def _check_read_deadline(self) -> None:
-        """STALENESS_BOUND: an idle ACTIVE subscription on a live session, with a published bound
-        (the poll interval, or the safety re-read period), must have armed its next wake-up no
-        later than one bound after the last read the ledger allocated. Observed from outside:
-        the ledger's allocation time and the timer the workflow armed, not the fence's deadline."""
+        """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
+        allocation time and the timer the run armed, not the fence's own deadline."""
         wf = self.wf
         if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
             return
@@ -230,11 +230,9 @@ class Checker:
                           f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
 
     def _check_covered(self) -> None:
-        """Everything delivered and completed, no timer fired yet, the subscription ACTIVE and idle:
-        the row's work must be owned (``workflows/coverage.py``).
-        Dirty with notes recorded after the newest allocation, or the newest allocation the ingress's
-          (it hands over what it leaves dirty): work nobody owns was lost. (The workflow's own read
-          that observed nothing, with no later note, is the failed-read contract: no automatic retry.)"""
+        """At the quiet end, the subscription ACTIVE and idle, a dirty row's work must be owned
+        (``workflows/coverage.py``) when notes came after the newest allocation or that allocation was the
+        ingress's. A workflow read that observed nothing, with no later note, is not retried by contract."""
         wf, row = self.wf, self.ledger.row
         s = wf.fence.s
         if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE

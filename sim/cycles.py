@@ -34,8 +34,7 @@ class CycleRunner(Checker):
     host: McpServer
 
     def _subscribe_cycle_step(self, act: Activity, fault: str) -> tuple[bool, Any]:
-        """One step of ``McpSessionActivities.subscribe_cycle``: subscribe, mark (``marked_active``
-        decides whether to read), then the three steps of the read cycle; (done, result)."""
+        """One step of the start cycle; (done, result)."""
         req: SubscribeCycleRequest = act.arg
         if act.step == 0:
             out = self.host.subscribe(req.subscribe)
@@ -64,9 +63,8 @@ class CycleRunner(Checker):
 
     def _read_cycle_step(self, act: Activity, fault: str, req: ReadCycleRequest | None = None, *,
                          base: int = 0) -> tuple[bool, Any]:
-        """One step of ``McpSessionActivities.read_cycle`` (the same calls, in the same order);
-        (done, result). Other events may run between the steps, as between its awaits. ``req`` and
-        ``base``: the read cycle inside a start (``_subscribe_cycle_step``), from its step ``base``."""
+        """One step of the read cycle; (done, result). ``req`` and ``base``: the read cycle inside a start
+        (``_subscribe_cycle_step``), from its step ``base``."""
         req = req if req is not None else act.arg
         assert isinstance(req, ReadCycleRequest)
         led = self.ledger

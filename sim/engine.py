@@ -19,7 +19,7 @@ from typing import Any
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     IdentityConflict,
@@ -51,13 +51,16 @@ from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, S
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
+# Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
+CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
+                       Op.FIRST_READ, Op.REVOKE})
 
 
 class Simulation(IngressDriver):
-    """One schedule: environment + workflow chain + ledger + checker. ``apply`` one event at a
-    time (inapplicable events are no-ops, which keeps shrunk traces replayable)."""
+    """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
+        super().__init__()
         self.seed = seed
         self.profile = profile
         self.config = config
@@ -78,21 +81,8 @@ class Simulation(IngressDriver):
         self._note_id = 0
         self._scan = 0
         self.coverage: dict[str, int] = {}
-        # checker state
-        self._log_seen = 0
-        self._prev = FenceSnapshot(exists=False)
-        self._accepted_version = 0
-        self._max_allocated = 0
-        self._max_outbox_ordinal = 0
-        self._close_fences: list[int] = []
-        self._flagged: set[Invariant] = set()
-        self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
-        self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
-        self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
-        self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
-        self._clean_flagged: set[str] = set()
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
         # the session host's routing program (production's), its work queue keyed (URI, generation)
         self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
@@ -100,11 +90,6 @@ class Simulation(IngressDriver):
         self._pulses: dict[tuple[str, int], tuple[str, int]] = {}
         # metrics
         self.last_change_step = 0
-        self.converged_since: int | None = 0
-        self.count_reads = True
-        self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
-        self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
-        self.observed: set[int] = set()
         self.duplicate_deliveries = 0
         self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
         if profile.session_at_start:
@@ -174,10 +159,17 @@ class Simulation(IngressDriver):
             at = timer_at
         return at
 
+    def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
+        """What an EXEC (``executed`` False) or a COMPLETE (True: of the current run) event may pick."""
+        return [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
+                and (not executed or a.run == self.run)]
+
     def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
-        matches = [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
-                   and (not executed or a.run == self.run)]
+        matches = self._candidates(name, executed=executed)
         return matches[n % len(matches)] if matches else None
+
+    def _index_of(self, act: Activity, *, executed: bool) -> int:
+        return self._candidates(act.name, executed=executed).index(act)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -198,9 +190,10 @@ class Simulation(IngressDriver):
 
     def _apply(self, e: Event) -> bool:
         op = e.op
+        if op in CHAIN_OPS and not self.chain_running:
+            return False
         if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
-            if (op == Op.MUTATE and not self.oracle.exists) or (op == Op.DELETE and not self.oracle.exists) \
-                    or (op == Op.RECREATE and self.oracle.exists):
+            if (op == Op.RECREATE) == self.oracle.exists:
                 return False
             tokens = e.fault.split("+")
             if op == Op.DELETE:
@@ -214,12 +207,12 @@ class Simulation(IngressDriver):
             if not self.queue:
                 return False
             msg = self.queue.pop(e.n % len(self.queue))
+            if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+                self.duplicate_deliveries += 1
             if msg.kind == "session_changed":
                 self._signal(Signal.SESSION_CHANGED, msg.generation)
             elif msg.kind == "read_reported":
                 assert msg.report is not None
-                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                    self.duplicate_deliveries += 1
                 self._cover("ingress.report_delivered")
                 cycle = msg.report.cycle
                 if self.chain_running and cycle.accept is not None \
@@ -230,8 +223,6 @@ class Simulation(IngressDriver):
                     self._cover("ingress.report_older_than_view")
                 self._signal(Signal.READ_REPORTED, msg.report)
             else:
-                if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                    self.duplicate_deliveries += 1
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
                                                         notification_id=msg.notification_id,
                                                         sequence=msg.sequence))
@@ -246,7 +237,7 @@ class Simulation(IngressDriver):
                 self.queue.append(old)
             return True
         if op == Op.WRONG_URI:
-            gen = self.host.live.generation if self.host.live else self.host.generation
+            gen = self.host.generation  # the live session's, or the last one's
             self._note_id += 1
             # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
             # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
@@ -254,7 +245,7 @@ class Simulation(IngressDriver):
                 self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
-            gen = self.host.live.generation if self.host.live else self.host.generation
+            gen = self.host.generation
             final = self._route(gen, "final")
             if final is not None:  # else the work is owned already (a read in flight or owed)
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
@@ -266,8 +257,6 @@ class Simulation(IngressDriver):
                 self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
             return True
         if op == Op.CLOSE:
-            if not self.chain_running:
-                return False
             self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
             return True
         if op == Op.EXEC:
@@ -288,7 +277,7 @@ class Simulation(IngressDriver):
                 self.wf.complete(act.seq, act.result)
             return True
         if op == Op.TIMER:
-            kind = self.wf.pending_timer if self.chain_running else ""
+            kind = self.wf.pending_timer
             if kind and self.wf.fire_timer():
                 self._cover(f"timer.{kind}")
                 return True
@@ -306,13 +295,11 @@ class Simulation(IngressDriver):
             self.queue.append(Message("session_changed", self.host.open()))
             return True
         if op == Op.CAN:
-            if not self.chain_running or self.wf.can_suggested:
+            if self.wf.can_suggested:
                 return False
             self.wf.suggest_continue_as_new()
             return True
         if op == Op.CHECKPOINT:
-            if not self.chain_running:
-                return False
             self._checkpoint()
             return True
         if op == Op.RESET:
@@ -321,8 +308,6 @@ class Simulation(IngressDriver):
             self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
             return True
         if op == Op.CATALOG:
-            if not self.chain_running:
-                return False
             self._scan += 1
             measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
             proven = e.fault == "proven"
@@ -333,24 +318,18 @@ class Simulation(IngressDriver):
                 session_generation=self.host.generation, measured_at=self.times[measured]))
             return True
         if op == Op.CONFLICT:
-            if not self.chain_running:
-                return False
             self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
                                                       session_generation=self.host.generation))
             return True
         if op == Op.RESUME:
-            if not self.chain_running or self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+            if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
                 return False
             self._signal(Signal.RESUME, None)
             return True
         if op == Op.FIRST_READ:
-            if not self.chain_running:
-                return False
             self._signal(Signal.FIRST_READ, None)
             return True
         if op == Op.REVOKE:
-            if not self.chain_running:
-                return False
             self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
             return True
         if op == Op.RESTART:
@@ -435,8 +414,6 @@ class Simulation(IngressDriver):
         replays to the checkpoint, then reschedules the activities pending there."""
         self._cover("reset")
         self.run += 1
-        # A reset run replays history to the reset point, then draws with a new random seed; the
-        # activities pending there are scheduled again (as its ``commands``).
         wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
         wf.clock = self.times[self.step]
         later = self.signal_log[cp.signal_index:]
@@ -478,11 +455,6 @@ class Simulation(IngressDriver):
             return True
         return False
 
-    def _index_of(self, act: Activity, *, executed: bool) -> int:
-        same = [a for a in self.activities if a.name == act.name and a.executed == executed and not a.poisoned
-                and (not executed or a.run == self.run)]
-        return same.index(act)
-
     def drain(self) -> None:
         """Quiet end: the session host is up, every message and activity completes, timers fire,
         pending catalog/resume words arrive, then one final invalidation; to quiescence."""
@@ -516,7 +488,6 @@ class Simulation(IngressDriver):
                 continue
             break
         self._verdict()
-
 
     def result(self) -> ScheduleResult:
         converged_after = None

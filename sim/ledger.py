@@ -108,13 +108,8 @@ SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PEN
 
 
 class MemoryLedger:
-    """The PostgreSQL ledger (``activities/ledger_fence.py``) for one subscription row, in memory.
-
-    accept / close / tombstone / revoke apply the plan ``mcpsync.workflows.write_plan`` makes, the plan
-    the SQL ledger applies; the other statements are modelled one by one. Each method is one
-    transaction: it either raises ``LedgerIntegrityError`` having written nothing, or commits
-    and appends a ``LedgerWrite`` to ``log``. Not modelled: staged rollouts (no policy row: every
-    invalidation is written), the content store and its purge, the ``revocations`` row."""
+    """The PostgreSQL ledger for one subscription row, in memory (the module's contract). Without staged
+    rollouts, no policy row holds an invalidation back: every one is written."""
 
     def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
         self.key = key

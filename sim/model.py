@@ -226,7 +226,6 @@ def schedule_seed(seed: int | str, index: int) -> str:
     return f"{seed}:{index}"
 
 
-
 @dataclass(slots=True)
 class ScheduleResult:
     seed: str

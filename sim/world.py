@@ -154,7 +154,6 @@ class McpServer:
                            cache_scope=CacheScope.PRIVATE, **base)
 
 
-
 @dataclass(slots=True)
 class Activity:
     aid: int
@@ -173,8 +172,6 @@ class Activity:
     outcome: ReadOutcome | None = None
     ingress: Processing | None = None  # INGRESS_READ: the routing program's processing it belongs to
     active: FenceSnapshot | None = None  # MCP_SUBSCRIBE_CYCLE: the row its mark answered
-
-
 
 
 @dataclass(slots=True)

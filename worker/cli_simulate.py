@@ -23,8 +23,9 @@ from mcpsync.worker.cli_common import (
 __all__ = ['cmd_simulate', 'register']
 
 
-def _simulator() -> Any:
-    """``sim.simulation`` from the source checkout this CLI runs from (an editable install)."""
+def _simulator() -> tuple[Any, Any, Any]:
+    """``sim.model``, ``sim.schedule`` and ``sim.runner`` from the source checkout this CLI runs from (an
+    editable install)."""
     import importlib
 
     from mcpsync.worker.stack import REPO_ROOT, SOURCE_CHECKOUT
@@ -34,35 +35,37 @@ def _simulator() -> Any:
         # (a top-level folder of the checkout, left out of the wheel) is found from the checkout root.
         sys.path.append(str(REPO_ROOT))
     try:
-        return importlib.import_module("sim.simulation")
+        return (importlib.import_module("sim.model"), importlib.import_module("sim.schedule"),
+                importlib.import_module("sim.runner"))
     except ImportError as exc:
         raise CliError(f"simulate: the simulator is dev-only and not part of this installation; run it "
                        f"from a source checkout ({exc})") from None
 
 
 async def cmd_simulate(args: argparse.Namespace) -> None:
-    """Deterministic simulator (sim/simulation.py): seeded schedules or one replayed trace.
+    """Deterministic simulator (``sim/``): seeded schedules or one replayed trace.
 
     Exit 1 when any invariant is violated; the JSON names every violated invariant and
     carries shrunk, replayable traces of the first failures. The simulator is a development
     tool that lives in the source tree (``sim/``), not in the installed package."""
     import time
 
-    sim = _simulator()
+    model, schedule, runner = _simulator()
 
     try:
-        without = {sim.Fault(f.strip()) for f in (args.without or "").split(",") if f.strip()}
+        without = {model.Fault(f.strip()) for f in (args.without or "").split(",") if f.strip()}
     except ValueError:
-        raise CliError(f"--without: unknown fault (known: {', '.join(f.value for f in sim.Fault)})") from None
-    config = sim.SimConfig(mean_events=args.events, faults=sim.ALL_FAULTS - without)
+        known = ", ".join(f.value for f in model.Fault)
+        raise CliError(f"--without: unknown fault (known: {known})") from None
+    config = model.SimConfig(mean_events=args.events, faults=model.ALL_FAULTS - without)
     started = time.perf_counter()
     if args.replay:
         try:
             doc = json.loads(await asyncio.to_thread(Path(args.replay).read_text))
-            trace = sim.Trace.from_json(doc.get("trace", doc))
+            trace = model.Trace.from_json(doc.get("trace", doc))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CliError(f"--replay {args.replay}: not a simulation trace ({exc})") from None
-        result = sim.replay(trace, config)
+        result = schedule.replay(trace, config)
         out: dict[str, Any] = {"replay": args.replay, **result.trace().to_json(), "steps": result.steps,
                                "converged_after": result.converged_after,
                                "runtime_seconds": round(time.perf_counter() - started, 3)}
@@ -72,10 +75,10 @@ async def cmd_simulate(args: argparse.Namespace) -> None:
         return
     if args.schedules < 1:
         raise CliError("--schedules must be at least 1")
-    workers = sim.worker_count(args.workers, args.schedules)
-    summary = await asyncio.to_thread(sim.run_schedules_in_processes, args.seed, 0, args.schedules, config,
+    workers = runner.worker_count(args.workers, args.schedules)
+    summary = await asyncio.to_thread(runner.run_schedules_in_processes, args.seed, 0, args.schedules, config,
                                       workers=workers)
-    report = sim.summary_json(sim.shrink_failures(summary, config), config)
+    report = runner.summary_json(runner.shrink_failures(summary, config), config)
     report["runtime_seconds"] = round(time.perf_counter() - started, 3)
     report["workers"] = workers
     amp, conv = report["read_amplification"], report["convergence_steps"]

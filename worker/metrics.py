@@ -12,8 +12,8 @@ Contract:
 - mcpsync's registry holds prometheus_client types only (Counter, Histogram, Info, the
   process and platform collectors, and custom collectors): no hand-written exposition text.
 - In-process meters, fed by one-line hooks (no I/O, never blocking the caller):
-  ``note_notification`` (session host ingress: also registers the host, whose
-  ``notifications_received`` / ``notifications_coalesced`` counters a collector exports),
+  ``note_notification`` (session host ingress: also registers the host, whose routing program's
+  counters (``IngressRouter.received`` / ``coalesced`` / ...) a collector exports),
   ``read_timer`` (the ``resources/read`` activity: ``mcpsync_reads_total``, read latency) and
   ``receipt_judged`` (the accept: receipts by verdict, ``mcpsync_changes_total``, convergence
   latency; the accept runs inside ``mcp_read_cycle`` (a start's initial read inside
@@ -78,6 +78,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from mcpsync.activities.ledger_metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
 from mcpsync.worker.config import ConfigError, MetricsConfig
+from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptResult, AcceptVerdict
 
 if TYPE_CHECKING:
@@ -158,16 +159,7 @@ class _Host(Protocol):
     subject: str
 
     @property
-    def notifications_received(self) -> int: ...
-
-    @property
-    def notifications_coalesced(self) -> int: ...
-
-    @property
-    def notifications_read(self) -> int: ...
-
-    @property
-    def notifications_routed(self) -> int: ...
+    def router(self) -> IngressRouter: ...  # its counters: received, coalesced, read, routed
 
     @property
     def server(self) -> Any: ...
@@ -260,9 +252,9 @@ def host_totals() -> dict[str, HostTotals]:
     out: dict[str, HostTotals] = {}
     for h in hosts:
         t = out.get(h.server.name, HostTotals())
-        out[h.server.name] = HostTotals(t.received + h.notifications_received,
-                                        t.coalesced + h.notifications_coalesced,
-                                        t.read + h.notifications_read, t.routed + h.notifications_routed)
+        r = h.router
+        out[h.server.name] = HostTotals(t.received + r.received, t.coalesced + r.coalesced, t.read + r.read,
+                                        t.routed + r.routed)
     return out
 
 

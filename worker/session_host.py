@@ -109,12 +109,9 @@ log = logging.getLogger("mcpsync.ingress")
 install()  # the SDK's stdio reader holds no line longer than the session's limit (transport_bounds)
 
 ROUTE_RETRY_SECONDS = 120.0
-# The (subject, server) lease is granted for this fraction of ``lease_seconds`` and renewed every
-# LEASE_RENEW_FRACTION of it (a renewal may be 0.65 x lease_seconds late before the lease lapses, as
-# with the former ttl-long lease renewed every third); a standby retries when the holder's lease runs
-# out (plus the slack). A holder that dies is then replaced within lease_seconds: at most 0.85 of it
-# for the lease to lapse, the rest for the standby to wake and take it (docs/deploy.md;
-# tests/e2e/test_e2e_scaleout.py measures it).
+# The (subject, server) lease is granted for LEASE_HOLD_FRACTION of ``lease_seconds`` and renewed every
+# LEASE_RENEW_FRACTION of it; a standby retries when the holder's lease runs out (plus the slack), so a
+# holder that dies is replaced within lease_seconds (docs/deploy.md).
 LEASE_HOLD_FRACTION = 0.85
 LEASE_RENEW_FRACTION = 0.2
 LEASE_WAKE_SLACK_SECONDS = 0.02
@@ -141,8 +138,6 @@ class SessionHost:
             max_bytes=server.release_max_bytes, mime_allow=server.mime_allow)
         self.live: LiveSession | None = None
         self.generation_opened = asyncio.Event()
-        self.sessions_opened = 0
-        self.last_error: str | None = None
         # The work queue of keys (URI, generation) and the routing program (``IngressRouter``); the
         # routers wait on ``_queue`` (one token per ready key). One router at a time per key.
         self.router = IngressRouter(subject, server.name, host_id=self.host_id,
@@ -151,7 +146,6 @@ class SessionHost:
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
-        self.leases_acquired = 0
         # list_changed notifications received per session generation (monotonic): the scan
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
         self._list_changed: dict[int, int] = {}
@@ -160,27 +154,6 @@ class SessionHost:
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def notifications_received(self) -> int:
-        return self.router.received
-
-    # The routing program's counters (``IngressRouter``), under the names the metrics export.
-    @property
-    def notifications_coalesced(self) -> int:
-        return self.router.coalesced
-
-    @property
-    def notifications_read(self) -> int:
-        return self.router.read
-
-    @property
-    def notifications_routed(self) -> int:
-        return self.router.routed
-
-    @property
-    def notifications_lost(self) -> int:
-        return self.router.lost
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -225,12 +198,9 @@ class SessionHost:
         if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
                                            ttl * LEASE_HOLD_FRACTION):
             self._lease_lost.clear()
-            self.leases_acquired += 1
             log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
             return True
-        # A standby: try again when the holder's lease would run out (it renews it while it lives), at
-        # most ttl/3 from now. With leases granted for LEASE_HOLD_FRACTION of lease_seconds
-        # this keeps a dead holder's handoff within lease_seconds of its death.
+        # A standby: try again when the holder's lease would run out, at most ttl/3 from now.
         wait = ttl / 3
         with suppress(Exception):
             remaining = await self.ledger.lease_remaining(self.subject, self.server.name)
@@ -288,7 +258,6 @@ class SessionHost:
                 await self._one_session()
                 backoff = 0.25
             except SessionOpenError as exc:
-                self.last_error = str(exc)
                 log.warning("session %s/%s: %s; retrying in %.1fs", self.server.name, self.subject, exc,
                             backoff)
             if self._stopping.is_set() or self._lease_lost.is_set():
@@ -344,7 +313,6 @@ class SessionHost:
                     log.warning("session %s/%s: list_changed stream refused (%s); catalogs rely on rescans",
                                 self.server.name, self.subject, type(exc).__name__)
             self.live = live
-            self.sessions_opened += 1
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
                      self.server.name, self.subject, info.generation, live.edition,
                      capabilities["subscribe"], capabilities["listChanged"])
@@ -382,13 +350,9 @@ class SessionHost:
                                         "error": detail})
 
     async def _check_edition(self, negotiated: str) -> None:
-        """Say so when the server negotiated another edition than the configured one.
-
-        2025-11-25 and 2026-07-28 are supported. An older edition (e.g. 2024-11-05, which
-        server-postgres 0.6.2 answers) is served with the 2025-11-25 rules: its
-        subscribe/list/read are the same methods; only the negotiated edition (recorded in
-        every receipt and the subscription record) says which one the server actually spoke.
-        A mismatch is an ``EDITION_MISMATCH`` audit row and a warning, once per session."""
+        """An ``EDITION_MISMATCH`` audit row and a warning, once per session, when the server negotiated
+        another edition than the configured one. An older edition (e.g. 2024-11-05) is served with the
+        2025-11-25 rules (the same methods); the negotiated edition is recorded in every receipt."""
         configured = self.server.edition
         if configured == "auto" or negotiated == configured:
             return
@@ -424,19 +388,11 @@ class SessionHost:
                 await live.client.send_ping()
 
     async def _announce(self, generation: int) -> None:
+        changed = SessionChanged(session_generation=generation)
         for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
-            if state in TERMINAL_STATES:
-                continue
-            try:
-                await self.temporal.get_workflow_handle(workflow_id).signal(
-                    SIGNAL_SESSION_CHANGED, SessionChanged(session_generation=generation)
-                )
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                await self.ledger.audit("SESSION_CHANGE_NO_WORKFLOW", subject=self.subject,
-                                        server=self.server.name, workflow_id=workflow_id,
-                                        session_generation=generation)
+            if state not in TERMINAL_STATES:
+                await self._signal(workflow_id, SIGNAL_SESSION_CHANGED, changed, "SESSION_CHANGE_NO_WORKFLOW",
+                                   generation)
 
     # --- notifications -------------------------------------------------------------------
 
@@ -491,22 +447,16 @@ class SessionHost:
             try:
                 await self.ledger.audit("LIST_CHANGED", subject=self.subject, server=self.server.name,
                                         session_generation=generation, detail={"count": sig.count})
-                await self.temporal.get_workflow_handle(key.workflow_id).signal(SIGNAL_LIST_CHANGED, sig)
+                await self._signal(key.workflow_id, SIGNAL_LIST_CHANGED, sig, "LIST_CHANGED_NO_CATALOG",
+                                   generation)
             except RPCError as err:
-                if err.status == RPCStatusCode.NOT_FOUND:
-                    await self.ledger.audit("LIST_CHANGED_NO_CATALOG", subject=self.subject,
-                                            server=self.server.name, workflow_id=key.workflow_id,
-                                            session_generation=generation)
-                else:
-                    log.warning("list_changed signal failed (server=%s): %s", self.server.name, err)
+                log.warning("list_changed signal failed (server=%s): %s", self.server.name, err)
             except Exception:
                 log.exception("list_changed routing failed (server=%s)", self.server.name)
 
     async def _enqueue(self, uri: str, generation: int) -> None:
-        # The receive loop must never wait on PostgreSQL or Temporal: route from the work queue
-        # (``IngressRouter.offer``). Ready keys are bounded per generation (``max_pending_notifications``):
-        # a full queue raises BacklogOverflow, and the listen stream that carried the notification is
-        # lost (a gap).
+        # The receive loop never waits on PostgreSQL or Temporal: it only offers to the work queue; a
+        # full one raises BacklogOverflow (the caller loses the stream that carried the notification).
         problem = ingress_uri_problem(uri)
         if problem is not None:
             # No subscription can have this URI: it goes nowhere (not the queue, not the metrics),
@@ -568,12 +518,12 @@ class SessionHost:
             case ReadCycle():
                 return await self._read_here(effect)
             case SignalUpdated(workflow_id=workflow_id, update=sig):
-                return await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig, sig.uri,
-                                          sig.session_generation)
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_UPDATED, sig,
+                                          "NOTIFICATION_NO_WORKFLOW", sig.session_generation, uri=sig.uri)
             case ReportRead(workflow_id=workflow_id, report=report):
                 sig = report.update
-                return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report, sig.uri,
-                                          sig.session_generation)
+                return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report,
+                                          "NOTIFICATION_NO_WORKFLOW", sig.session_generation, uri=sig.uri)
             case Siblings(uri=uri):
                 return await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
             case SiblingInvalidated():
@@ -660,14 +610,8 @@ class SessionHost:
     async def _request_reconciliation(self, reason: str, generation: int) -> None:
         """Ask the CatalogWorkflow of (subject, server) for a reconciliation; never start it."""
         key = CatalogKey(subject=self.subject, server=self.server.name)
-        try:
-            await self.temporal.get_workflow_handle(key.workflow_id).signal(SIGNAL_RECONCILE, reason)
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
-            await self.ledger.audit("IDENTITY_NO_CATALOG", subject=self.subject, server=self.server.name,
-                                    workflow_id=key.workflow_id, session_generation=generation,
-                                    detail={"reason": reason})
+        await self._signal(key.workflow_id, SIGNAL_RECONCILE, reason, "IDENTITY_NO_CATALOG", generation,
+                           detail={"reason": reason})
 
     async def _read_here(self, cycle: ReadCycle) -> ReadCycleResult | None:
         """The read cycle on this ingress's live session. None when it failed or took longer than
@@ -683,15 +627,16 @@ class SessionHost:
                         self.server.name, type(exc).__name__)
             return None
 
-    async def _signal(self, workflow_id: str, name: str, payload: object, uri: str, generation: int) -> bool:
-        """Signal the subscription's workflow; False (audit NOTIFICATION_NO_WORKFLOW) when it is not
-        running."""
+    async def _signal(self, workflow_id: str, name: str, payload: object, missing: str, generation: int,
+                      **audit: Any) -> bool:
+        """Signal ``workflow_id``; False, with an audit row ``missing``, when it is not running (this host
+        never starts a workflow)."""
         try:
             await self.temporal.get_workflow_handle(workflow_id).signal(name, payload)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            await self.ledger.audit("NOTIFICATION_NO_WORKFLOW", subject=self.subject, server=self.server.name,
-                                    uri=uri, workflow_id=workflow_id, session_generation=generation)
+            await self.ledger.audit(missing, subject=self.subject, server=self.server.name,
+                                    workflow_id=workflow_id, session_generation=generation, **audit)
             return False
         return True

@@ -180,7 +180,7 @@ async def test_the_session_host_backlog_is_bounded_per_generation(temporal_clien
     with pytest.raises(BacklogOverflow, match="exceeded 2"):
         await host._enqueue("demo://c", 1)
     await host._enqueue("demo://c", 2)  # the next generation is not held back by the lost one
-    assert host.notifications_coalesced == 1 and host._queue.qsize() == 3
+    assert host.router.coalesced == 1 and host._queue.qsize() == 3
 
     async def never(_uri: str, _generation: int) -> None:
         raise AssertionError("not a listen stream")

@@ -69,7 +69,8 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
 )
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
-from sim.simulation import ALL_FAULTS, Event, Fault, Op, SimConfig, run_schedule, schedule_seed
+from sim.model import ALL_FAULTS, Event, Fault, Op, SimConfig, schedule_seed
+from sim.schedule import run_schedule
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.conftest import notifications_seen, reads_settled
 from tests.e2e.test_e2e_fence import _record

@@ -11,7 +11,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
-from sim.simulation import MemoryLedger
+from sim.ledger import MemoryLedger
 from tests.conftest import ledger_rows, unique
 
 S = SubscriptionState

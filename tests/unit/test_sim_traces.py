@@ -24,7 +24,9 @@ from mcpsync.workflows.records.subscription import ResumeRequest, SubscriptionSt
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence
-from sim.simulation import Invariant, LedgerIntegrityError, MemoryLedger, Trace, replay
+from sim.ledger import LedgerIntegrityError, MemoryLedger
+from sim.model import Invariant, Trace
+from sim.schedule import replay
 from sim.situations import observe
 
 TRACES = Path(__file__).parent / "sim_traces"

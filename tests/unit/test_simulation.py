@@ -27,7 +27,8 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import SubscriptionState
-from sim.simulation import (
+from sim.engine import Simulation
+from sim.model import (
     ALL_FAULTS,
     INGRESS_READ,
     SAFETY_INVARIANTS,
@@ -37,17 +38,12 @@ from sim.simulation import (
     Op,
     Profile,
     SimConfig,
-    Simulation,
-    Summary,
     Trace,
-    replay,
-    run_schedule,
-    run_schedules,
-    run_schedules_in_processes,
     schedule_seed,
-    shrink,
-    summary_json,
 )
+from sim.runner import Summary, run_schedules, run_schedules_in_processes, summary_json
+from sim.schedule import replay, run_schedule
+from sim.shrinking import shrink
 
 S = SubscriptionState
 GATE_SCHEDULES = 5000
