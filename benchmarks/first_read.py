@@ -29,7 +29,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile
-from benchmarks.run import Postgres
+from benchmarks.postgres import Postgres
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.runtime import (

@@ -27,7 +27,7 @@ Contract:
   seconds from the first start call to the last completion observed (this process's monotonic
   clock). With ``roles`` (:func:`benchmarks.cost.run_processes`) it also diffs the processes' CPU
   (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
-  ``benchmarks.run.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
+  ``benchmarks.usage.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
   :func:`measure`: in the calling process, on the run's client, stopped when it returns.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """

@@ -4,7 +4,7 @@
 
 Contract:
 - Each (layout, S) runs in a fresh child process (its RSS is its own): a fresh Temporal dev
-  server and database (``benchmarks.run.Postgres``), one fixture MCP server over streamable HTTP
+  server and database (``benchmarks.postgres.Postgres``), one fixture MCP server over streamable HTTP
   and S ``SessionHost``s of one ``ServerConfig`` listing S subjects, each with its own MCP session.
   Layouts: ``process`` is production ``mcpsync.worker.runtime.run_services(..., with_main_worker=False)``:
   one ``Ingress``, so one Temporal worker and one task queue for all S sessions. ``session`` is
@@ -41,6 +41,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import until
+from benchmarks.postgres import Postgres
+from benchmarks.probe import Probe
+from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
@@ -109,8 +112,6 @@ async def _hosts_of_their_own(config: Config, client: Client, ledger: Ledger) ->
 async def measure_one(subjects: int, idle_seconds: float, layout: Layout = Layout.PROCESS,
                       settle: float = 3.0) -> dict[str, Any]:
     """One process hosting ``subjects`` sessions of one server in ``layout``; see the module contract."""
-    from benchmarks.run import Postgres, Probe, rss_bytes
-
     pg = Postgres()
     await pg.start()
     probe = Probe()
