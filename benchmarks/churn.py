@@ -1,5 +1,14 @@
-"""The churn's driver: edits at a steady rate on every fixture of the run, duplicate notifications and
-dropped ones (the fixture's ``drop_notifications`` fault), charged to the change they belong to."""
+"""The churn and what follows it in one benchmark run (``benchmarks.run.run_one``).
+
+Contract:
+- :func:`drive_churn` edits at a steady rate on every fixture of the run, with duplicate notifications
+  and dropped ones (the fixture's ``drop_notifications`` fault), charged to the change they belong to.
+- :func:`churn_phase` runs it with the counters, CPU and metrics it is measured against (:class:`Churn`);
+  :func:`drain_phase` waits until mcpsync and the baseline hold every URI's last change, the drain
+  timeout, or only changes that lost their notifications are behind (:class:`Drain`);
+  :func:`churn_report` writes what happened (``churn``, ``system``, ``consumer``, ``baseline``,
+  ``comparison``, ``cost_of_a_change``); :func:`repair_phase` edits the URIs left behind once more.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time to the first receipt (issue 12.4): Update-with-Start vs start + polling the query.
+"""Time to the first receipt: Update-with-Start vs start + polling the query.
 
 Contract:
 - One fresh stack (dev server on free ports, a fresh database, the fixture over HTTP, one

@@ -1,4 +1,4 @@
-"""Ingress at scale (issue 12 item 5): one ingress process, S subjects, one server, two layouts.
+"""Ingress at scale: one ingress process, S subjects, one server, two layouts.
 
     .venv/bin/python -m benchmarks.run --ingress-scale 1,50,200 [--idle-seconds 10] [--out benchmarks/out]
 
@@ -8,7 +8,7 @@ Contract:
   and S ``SessionHost``s of one ``ServerConfig`` listing S subjects, each with its own MCP session.
   Layouts: ``process`` is production ``mcpsync.worker.runtime.run_services(..., with_main_worker=False)``:
   one ``Ingress``, so one Temporal worker and one task queue for all S sessions. ``session`` is
-  the layout before issue 12 item 5: every host an ingress of one (``SessionHost`` without an
+  the layout before one ingress per process: every host an ingress of one (``SessionHost`` without an
   ingress), so S workers on S queues. No subscription is started: this is the cost of hosting
   sessions, before any work. ``catalog=False``: catalog scans are work, not hosting.
 - Once every (subject, server) has an open session in the ledger and ``settle`` seconds passed,
@@ -62,7 +62,7 @@ class Layout(StrEnum):
     """How the S sessions of the ingress process reach Temporal."""
 
     PROCESS = "process"  # production: one Ingress, one worker and one task queue for every session
-    SESSION = "session"  # before issue 12 item 5: each session host an ingress of one (S workers, S queues)
+    SESSION = "session"  # each session host an ingress of one (S workers, S queues), the layout before
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -247,7 +247,7 @@ def run_scale(levels: Sequence[int], idle_seconds: float, out: Path,
               "process_over_session": compared,
               "what": "one ingress process, one fixture server over HTTP, S subjects, each its own MCP "
                       "session; layout process: one Temporal worker and task queue for all (production); "
-                      "layout session: one worker and queue per session (before issue 12 item 5); no "
+                      "layout session: one worker and queue per session (before one ingress per process); no "
                       "subscriptions; idle CPU over the idle window"}
     (out / "ingress_scale.json").write_text(json.dumps(report, indent=2))
     return report

@@ -45,7 +45,7 @@ phase's subscriptions/s is divided by it (``initial_subscriptions_over_start_flo
 **Cost of a change** (``benchmarks.cost``): CPU of the run's processes (this process, the dev server,
 the fixtures, PostgreSQL's postmaster, auxiliaries and the run's backends) from /proc over the churn,
 and history events / workflow tasks of the subscription workflows from churn start to drain end,
-each divided by the churn's changes. The issue-12 figures are also exposed under flat keys
+each divided by the churn's changes. The headline figures are also exposed under flat keys
 (``temporal_floor_ms``, ``cpu_ms_per_change``, ``history_events_per_change``, ...) and printed
 beside the values before the read-cycle rebuild and its targets (printed, never asserted).
 

@@ -1,4 +1,4 @@
-"""The benchmark's staleness figure (issue 15): the longest gap between reads against the published bound.
+"""The benchmark's staleness figure: the longest gap between reads against the published bound.
 
 Contract:
 - Two profiles, each on a fixture MCP server of its own, measured side by side in one benchmark
