@@ -1,8 +1,8 @@
-"""Helpers shared by the benchmark's modules (``benchmarks.run``, ``benchmarks.staleness``).
+"""Helpers shared by the benchmark's modules (``benchmarks.run``, ``benchmarks.staleness``, ...).
 
-Contract: small utilities: a nearest-rank percentile, a polling wait on an async predicate,
-``asyncio.gather`` with a concurrency limit, and one-statement reads of the ledger (rows, or the
-first column of the first row).
+Contract: small utilities: a nearest-rank percentile and a latency summary of it, a rounded ratio, a
+polling wait on an async predicate, ``asyncio.gather`` with a concurrency limit, and one-statement reads
+of the ledger (rows, or the first column of the first row); the run's subject and task queue.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from typing import Any
 
 from mcpsync.activities.ledger import Ledger
 
-__all__ = ["fetch_rows", "fetch_scalar", "gather_limited", "percentile", "until"]
+__all__ = ["SUBJECT", "TASK_QUEUE", "fetch_rows", "fetch_scalar", "gather_limited", "percentile", "ratio",
+           "summarize", "until"]
+
+SUBJECT = "bench"
+TASK_QUEUE = "mcpsync-bench"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -46,7 +50,6 @@ async def gather_limited(coros: Sequence[Awaitable[Any]], limit: int) -> list[An
     return await asyncio.gather(*(one(c) for c in coros))
 
 
-
 async def fetch_scalar(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> Any:
     async with ledger.pool.connection() as conn:
         row = await (await conn.execute(sql, args)).fetchone()
@@ -56,3 +59,23 @@ async def fetch_scalar(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> An
 async def fetch_rows(ledger: Ledger, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     async with ledger.pool.connection() as conn:
         return list(await (await conn.execute(sql, args)).fetchall())
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 2)
+
+    return {
+        "samples": len(values),
+        "p50_ms": ms(percentile(values, 50)),
+        "p90_ms": ms(percentile(values, 90)),
+        "p99_ms": ms(percentile(values, 99)),
+        "p999_ms": ms(percentile(values, 99.9)),
+        "max_ms": ms(max(values) if values else None),
+        "mean_ms": ms(sum(values) / len(values) if values else None),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else round(a / b, 3)
+

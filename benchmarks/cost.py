@@ -1,4 +1,4 @@
-"""The cost of a change (issue 12.1): CPU of the run's processes and Temporal history per change.
+"""The cost of a change: CPU of the run's processes and Temporal history per change.
 
 Contract:
 - :func:`run_processes` names the processes of one benchmark run from /proc: this process (the

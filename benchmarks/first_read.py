@@ -1,4 +1,4 @@
-"""Time to the first receipt (issue 12.4): Update-with-Start vs start + polling the query.
+"""Time to the first receipt: Update-with-Start vs start + polling the query.
 
 Contract:
 - One fresh stack (dev server on free ports, a fresh database, the fixture over HTTP, one
@@ -29,7 +29,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import percentile
-from benchmarks.run import Postgres
+from benchmarks.postgres import Postgres
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.runtime import (

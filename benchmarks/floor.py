@@ -1,4 +1,4 @@
-"""The Temporal floor (issue 12.1): the least a durable read cycle can cost on this Temporal server.
+"""The Temporal floor: the least a durable read cycle can cost on this Temporal server.
 
 Contract:
 - :class:`FloorWorkflow` is a minimal workflow, not mcpsync's: each ``go`` signal makes it run ONE
@@ -15,7 +15,7 @@ Contract:
   (``WORKFLOW_TASK_COMPLETED`` after the sample's ``ACTIVITY_TASK_COMPLETED`` in the fetched
   history, server clock on the same host). The workers run in the calling process, on the run's
   client (and so its metrics runtime), and stop when :func:`measure` returns.
-- :class:`StartFloorWorkflow` (the Temporal START floor, issue 12's "initial subscriptions/s") is
+- :class:`StartFloorWorkflow` (the Temporal START floor, the reference for "initial subscriptions/s") is
   the least a started subscription can be: its run executes ONE activity on the second task queue,
   :meth:`FloorActivities.touch_own_row` (``touch`` on a row of its own, upserted, so concurrent
   workflows do not queue on one row lock), and returns the digest. That is one workflow start, two
@@ -27,7 +27,7 @@ Contract:
   seconds from the first start call to the last completion observed (this process's monotonic
   clock). With ``roles`` (:func:`benchmarks.cost.run_processes`) it also diffs the processes' CPU
   (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
-  ``benchmarks.run.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
+  ``benchmarks.usage.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
   :func:`measure`: in the calling process, on the run's client, stopped when it returns.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """

@@ -1,14 +1,14 @@
-"""Ingress at scale (issue 12 item 5): one ingress process, S subjects, one server, two layouts.
+"""Ingress at scale: one ingress process, S subjects, one server, two layouts.
 
     .venv/bin/python -m benchmarks.run --ingress-scale 1,50,200 [--idle-seconds 10] [--out benchmarks/out]
 
 Contract:
 - Each (layout, S) runs in a fresh child process (its RSS is its own): a fresh Temporal dev
-  server and database (``benchmarks.run.Postgres``), one fixture MCP server over streamable HTTP
+  server and database (``benchmarks.postgres.Postgres``), one fixture MCP server over streamable HTTP
   and S ``SessionHost``s of one ``ServerConfig`` listing S subjects, each with its own MCP session.
   Layouts: ``process`` is production ``mcpsync.worker.runtime.run_services(..., with_main_worker=False)``:
   one ``Ingress``, so one Temporal worker and one task queue for all S sessions. ``session`` is
-  the layout before issue 12 item 5: every host an ingress of one (``SessionHost`` without an
+  the layout before one ingress per process: every host an ingress of one (``SessionHost`` without an
   ingress), so S workers on S queues. No subscription is started: this is the cost of hosting
   sessions, before any work. ``catalog=False``: catalog scans are work, not hosting.
 - Once every (subject, server) has an open session in the ledger and ``settle`` seconds passed,
@@ -41,6 +41,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks.common import until
+from benchmarks.postgres import Postgres
+from benchmarks.probe import Probe
+from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
@@ -59,7 +62,7 @@ class Layout(StrEnum):
     """How the S sessions of the ingress process reach Temporal."""
 
     PROCESS = "process"  # production: one Ingress, one worker and one task queue for every session
-    SESSION = "session"  # before issue 12 item 5: each session host an ingress of one (S workers, S queues)
+    SESSION = "session"  # each session host an ingress of one (S workers, S queues), the layout before
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -109,8 +112,6 @@ async def _hosts_of_their_own(config: Config, client: Client, ledger: Ledger) ->
 async def measure_one(subjects: int, idle_seconds: float, layout: Layout = Layout.PROCESS,
                       settle: float = 3.0) -> dict[str, Any]:
     """One process hosting ``subjects`` sessions of one server in ``layout``; see the module contract."""
-    from benchmarks.run import Postgres, Probe, rss_bytes
-
     pg = Postgres()
     await pg.start()
     probe = Probe()
@@ -246,7 +247,7 @@ def run_scale(levels: Sequence[int], idle_seconds: float, out: Path,
               "process_over_session": compared,
               "what": "one ingress process, one fixture server over HTTP, S subjects, each its own MCP "
                       "session; layout process: one Temporal worker and task queue for all (production); "
-                      "layout session: one worker and queue per session (before issue 12 item 5); no "
+                      "layout session: one worker and queue per session (before one ingress per process); no "
                       "subscriptions; idle CPU over the idle window"}
     (out / "ingress_scale.json").write_text(json.dumps(report, indent=2))
     return report

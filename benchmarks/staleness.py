@@ -1,4 +1,4 @@
-"""The benchmark's staleness figure (issue 15): the longest gap between reads against the published bound.
+"""The benchmark's staleness figure: the longest gap between reads against the published bound.
 
 Contract:
 - Two profiles, each on a fixture MCP server of its own, measured side by side in one benchmark
@@ -20,13 +20,15 @@ Contract:
   allocations from the last one at or before the window's start to the window's end, the open
   gap from the last read to the end included. :func:`measure` reports max / p50 / p99 over all
   subscriptions of a profile, the bound the records publish and their ratio. Nothing is
-  asserted here: the figure is printed against the bound.
+  asserted here: the figure is printed against the bound. :func:`staleness_section` waits for the
+  window's end and measures every profile into the run's ``staleness`` section.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,16 +38,18 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from benchmarks.common import fetch_rows, fetch_scalar, percentile, until
+from benchmarks.common import TASK_QUEUE, fetch_rows, fetch_scalar, percentile, until
+from benchmarks.probe import Probe
+from benchmarks.services import Scrape
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
+from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED, Act
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionOptions
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["DROP_ALL", "Profile", "ProfileRun", "StalenessPlan", "drive", "gaps_between_reads", "measure",
-           "start_profile"]
+           "staleness_section", "start_profile"]
 
 DROP_ALL = 1_000_000_000
 """``drop_notifications`` fault value that outlasts any run: every updated notification is lost."""
@@ -211,3 +215,31 @@ def _where(per_workflow: dict[str, list[float]], issued: dict[str, list[datetime
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+async def staleness_section(ledger: Ledger, stale_runs: Sequence[ProfileRun],
+                            window: asyncio.Task[tuple[datetime, datetime]], plan: StalenessPlan,
+                            during: Scrape, setup_seconds: float, churn_seconds: float) -> dict[str, Any]:
+    """The ``staleness`` section of a run: waits for the window's end, then measures each profile."""
+    t_wait = time.monotonic()
+    w0, w1 = await window
+    wait = time.monotonic() - t_wait
+    return {
+        **{prof.profile.value: await measure(ledger, prof, w0, w1) for prof in stale_runs},
+        "window_seconds": round((w1 - w0).total_seconds(), 2),
+        "window_overlaps_churn_seconds": round(min(churn_seconds, plan.window_seconds), 2),
+        "tick_seconds": plan.tick_seconds,
+        "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
+        # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+        "dispatch_during_churn_mean_ms": {
+            "workflow_task_schedule_to_start": Probe.mean_ms(
+                during, "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
+            "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                      activity_type=Act.ALLOCATE_READ),
+        },
+        "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read "
+                "before the window to its end, the open gap included); each tick one edit per profile and "
+                "one catalog word (catalog_reconciled, listed) per subscription: wake-ups that must not "
+                "postpone a read",
+    }
+

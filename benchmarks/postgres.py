@@ -1,0 +1,56 @@
+"""The benchmark's PostgreSQL: a fresh database per run on ``MCPSYNC_DATABASE_URL``'s server, else on
+an embedded server under the state dir (``mcpsync.worker.stack_postgres.EmbeddedPostgres``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import suppress
+
+import psycopg
+
+from mcpsync.worker.stack import state_dir
+from mcpsync.worker.stack_postgres import EmbeddedPostgres
+
+__all__ = ["Postgres"]
+
+
+class Postgres:
+    """A fresh database per run on ``MCPSYNC_DATABASE_URL``'s server, else on an embedded server."""
+
+    def __init__(self) -> None:
+        self.admin_url = ""
+        self.embedded: EmbeddedPostgres | None = None
+
+    async def start(self) -> str:
+        base = os.environ.get("MCPSYNC_DATABASE_URL")
+        if base:
+            self.admin_url = base
+            return "MCPSYNC_DATABASE_URL"
+        self.embedded = await EmbeddedPostgres.start(state_dir() / "bench")
+        self.admin_url = self.embedded.admin_url
+        return "embedded"
+
+    def _url(self, name: str) -> str:
+        prefix, sep, query = self.admin_url.partition("?")
+        return f"{prefix.rsplit('/', 1)[0]}/{name}{sep}{query}"
+
+    async def create(self, name: str) -> str:
+        def work() -> None:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+
+        await asyncio.to_thread(work)
+        return self._url(name)
+
+    async def drop(self, name: str) -> None:
+        def work() -> None:
+            with suppress(Exception), psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+        await asyncio.to_thread(work)
+
+    async def stop(self) -> None:
+        if self.embedded is not None:
+            await self.embedded.stop()
+

@@ -1,0 +1,130 @@
+"""The run's Temporal floors (``benchmarks.floor``) as sections of its report: the read floor (signal ->
+one activity -> acknowledged) and the start floor (n one-activity workflows started like subscriptions),
+both reading ``TEMPORAL_FLOOR_URI`` through an MCP client session of their own
+(:func:`temporal_floor_session`) on the run's fixture."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp import Client as McpClient
+from mcp import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from temporalio.client import Client
+
+from benchmarks import cost, floor
+from benchmarks.common import summarize
+from benchmarks.usage import cpu_report, cpu_snapshot
+from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+
+__all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor",
+           "temporal_floor_session"]
+
+
+TEMPORAL_FLOOR_URI = "bench://temporal-floor"
+
+
+@asynccontextmanager
+async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> AsyncIterator[Any]:
+    """The Temporal floors' own MCP client session (``cache=None``) on the run's fixture, holding
+    ``TEMPORAL_FLOOR_URI``: over HTTP the system's fixture process, over stdio a twin fixture process of its
+    own (a stdio server has one client)."""
+    ready = work / "ready-temporal-floor.json"
+    target: Any
+    if fixture is not None:
+        await fixture.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+        target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
+    else:
+        command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
+        target = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    mcp = McpClient(target, cache=None,
+                    client_info=types.Implementation(name="bench-temporal-floor", version="0"))
+    await asyncio.wait_for(mcp.__aenter__(), 30)
+    try:
+        if fixture is None:
+            ctl = FixtureControl((await wait_ready_file(ready, timeout=30))["control_url"])
+            try:
+                await ctl.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+            finally:
+                await ctl.aclose()
+        yield mcp
+    finally:
+        with suppress(BaseException):  # a transport torn down mid-close must not fail the report
+            await asyncio.wait_for(mcp.__aexit__(None, None, None), 10)
+
+
+async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, samples: int) -> dict[str, Any]:
+    """``benchmarks.floor.measure`` on the run's dev server and database, reading ``TEMPORAL_FLOOR_URI`` on
+    ``mcp`` (:func:`temporal_floor_session`)."""
+    res = await floor.measure(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, samples)
+    ms = summarize(res.totals)
+    return {
+        **ms,
+        "missing": res.missing,
+        "signal_to_activity_done_p50_ms": summarize(res.activity_done)["p50_ms"],
+        "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
+        "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "steps_p50_ms": {k: summarize(v)["p50_ms"] for k, v in res.breakdown.items()},
+        "history_events": res.history_events,
+        "workflow_tasks_completed": res.workflow_tasks,
+        "what": "benchmarks.floor: signal sent -> the workflow task that took the result of ONE activity "
+                "(one PostgreSQL UPDATE transaction + one MCP resources/read, own session, cache=None) run "
+                "on a second task queue completed (server's event time); sequential, idle, same dev "
+                "server, database, fixture",
+        "_totals": res.totals,
+    }
+
+
+async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any, n: int,
+                                       roles: dict[int, cost.Role] | None) -> dict[str, Any]:
+    """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
+    like ``subscribe()`` starts subscriptions; CPU of ``roles`` over the window."""
+    res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32,
+                                     roles=roles, snapshot=cpu_snapshot)
+    out: dict[str, Any] = {
+        "subscriptions_per_s": round(res.subscriptions_per_second, 1),
+        "n": res.n,
+        "concurrency": res.concurrency,
+        "warmup": res.warmup,
+        "start_seconds": round(res.start_seconds, 3),
+        "seconds": round(res.seconds, 3),
+        "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
+        "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "cpu_ms_per_start": None,
+        "by_process_ms_per_start": None,
+        "machine_busy_pct": None,
+        "other_processes_pct_of_machine": None,
+        "what": "benchmarks.floor.measure_starts: after a warm-up tenth, n workflows "
+                "(BenchTemporalStartFloor: ONE activity = one PostgreSQL transaction upserting a row of "
+                "its own + one MCP resources/read, own session, cache=None, on a second task queue, then "
+                "return) started with at most 32 start calls in flight, as subscribe() starts "
+                "subscriptions; n / (first start call -> last completion observed); n = "
+                "startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers "
+                "in the benchmark process (one interpreter)",
+    }
+    if res.machine is not None:
+        box = cpu_report(*res.machine)
+        out["machine_busy_pct"] = box["machine_busy_pct"]
+        out["other_processes_pct_of_machine"] = box["other_processes_pct_of_machine"]
+        out["machine_note"] = ("the whole box over the same window (cpu_report): other processes = busy "
+                               "minus this process tree and PostgreSQL, i.e. other agents competing for "
+                               "the same cores")
+    if res.cpu is not None:
+        by = res.cpu["by_process_ms_per_change"]
+        mine = (cost.Role.BENCHMARK_PROCESS.value, cost.Role.TEMPORAL_DEV_SERVER.value)
+        out["cpu_ms_per_start"] = round(sum(by[k] or 0.0 for k in mine), 1)
+        out["by_process_ms_per_start"] = by
+        out["cpu_note"] = ("cpu_ms_per_start = benchmark_process (the floor's workers and client; the idle "
+                           "naive baseline) + temporal_dev_server, utime+stime from /proc over the window "
+                           "/ n (benchmarks.cost); by_process_ms_per_start has every role, the floor's "
+                           "PostgreSQL transactions and fixture reads and the idle mcpsync processes "
+                           "included")
+    return out
+
