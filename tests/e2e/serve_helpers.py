@@ -252,6 +252,24 @@ async def ts_lines(proc: asyncio.subprocess.Process, until: str) -> list[dict[st
             return lines
 
 
+async def raw_session(raw: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> str:
+    """A 2025-11-25 session opened by hand (initialize, then notifications/initialized); its id."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    session_id = (await raw.post(url, json=init, headers=headers)).headers["mcp-session-id"]
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    await raw.post(url, json=initialized, headers={**headers, "mcp-session-id": session_id})
+    return str(session_id)
+
+
 async def raw_sse_stream(
     url: str, token: str, session_id: str
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -31,7 +31,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke
 from mcpsync.worker.stack import REPO_ROOT
-from tests.conftest import eventually, ledger_rows, unique
+from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
     INSPECTOR,
     TS_CLIENT,
@@ -40,6 +40,7 @@ from tests.e2e.serve_helpers import (
     accepted_digests,
     events_poll,
     jsonrpc_result,
+    raw_session,
     raw_sse_stream,
     run_inspector,
     run_node,
@@ -297,23 +298,7 @@ async def test_stdio_and_bad_input(
             huge = await raw.post(serve.url, content=b"[" + b" " * 2_000_000 + b"]", headers=auth)
             assert huge.status_code == 413, huge.status_code
             # Another subject's token on this session's id: refused, nothing of the session's leaks.
-            init = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"},
-                },
-            }
-            opened = await raw.post(serve.url, json=init, headers=auth)
-            session_id = opened.headers["mcp-session-id"]
-            await raw.post(
-                serve.url,
-                json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                headers={**auth, "mcp-session-id": session_id},
-            )
+            session_id = await raw_session(raw, serve.url, auth)
             other = {**auth, "Authorization": f"Bearer {tokens[mallory]}", "mcp-session-id": session_id}
             hijack = await raw.post(
                 serve.url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/list"}, headers=other
@@ -449,21 +434,7 @@ async def test_events_push_stream_delivers_changes_with_cursors(
             "Accept": "application/json, text/event-stream",
         }
         async with httpx2.AsyncClient(timeout=60) as raw:
-            init = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"},
-                },
-            }
-            opened = await raw.post(serve.url, json=init, headers=headers)
-            headers["mcp-session-id"] = opened.headers["mcp-session-id"]
-            await raw.post(
-                serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-            )
+            headers["mcp-session-id"] = await raw_session(raw, serve.url, headers)
             frames: list[dict[str, Any]] = []
             got_v2 = asyncio.Event()
             expect: dict[str, str] = {}
@@ -586,22 +557,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_get_every_cha
             httpx2.AsyncClient(timeout=30) as raw,
             serve_client(serve.url, tokens[alice], "legacy", inbox) as reading,
         ):
-            init = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "slow", "version": "0"},
-                },
-            }
-            headers["mcp-session-id"] = (await raw.post(serve.url, json=init, headers=headers)).headers[
-                "mcp-session-id"
-            ]
-            await raw.post(
-                serve.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-            )
+            headers["mcp-session-id"] = await raw_session(raw, serve.url, headers)
             stream, stream_writer = await raw_sse_stream(serve.url, tokens[alice], headers["mcp-session-id"])
             subscribe = {
                 "jsonrpc": "2.0",
@@ -682,10 +638,13 @@ def test_serve_without_tokens_is_one_error_line(tmp_path: Path, database_url: st
         assert tokens is None or tokens not in r.stderr
 
 
-async def test_the_benchmark_runs_small() -> None:
+async def test_the_benchmark_runs_small(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks.serve import run as bench
 
-    result = await bench(listeners=3, changes=2, interval=0.5)
+    # On a database of the session's server: the benchmark starts a PostgreSQL of its own only without one.
+    async with fresh_database(postgres_url) as url:
+        monkeypatch.setenv("MCPSYNC_DATABASE_URL", url)
+        result = await bench(listeners=3, changes=2, interval=0.5)
     assert result["listeners_missing_notifications"] == 0 and result["listener_notifications"] >= 6
     assert result["serve_read_ms"]["n"] >= 1 and result["direct_read_ms"]["n"] >= 1
 
