@@ -32,12 +32,12 @@ from mcpsync.worker.runtime import open_ledger, run_services
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
-# The longest files of the suite, longest first (their --durations in a CI run). scripts/test runs whole
+# The longest files of the suite, longest first (each file's --durations, summed). scripts/test runs whole
 # files on two workers in collection order (--dist loadfile --no-loadscope-reorder): these go out first,
 # so that no long file starts last and runs alone while the other worker idles; the rest keep their order.
 LONGEST_FILES = (
-    "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_serve.py",
+    "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_wheel.py",
     "tests/e2e/test_simulation_real_stack.py",
     "tests/unit/test_simulation.py",
