@@ -125,8 +125,8 @@ class Seed:
 
 @dataclass
 class Served:
-    """The running stack of one test: the fixture upstream, the worker, one subscription a seed at its
-    first version, and a serve process for ``tokens`` (every subject's, plus token-only ones)."""
+    """The running stack of one test: the fixture upstream, the worker, one subscription per seed at
+    its first version, and a serve process for ``tokens`` (every subject's, plus token-only ones)."""
 
     server: ServerConfig
     tokens: dict[str, str]

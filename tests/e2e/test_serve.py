@@ -68,11 +68,7 @@ def _list_changed(inbox: list[Any]) -> int:
 def serve_stack(
     temporal_client: Client, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
 ) -> ServeStack:
-    """``serve_stack(*seeds, idle_subjects=(), token_only=(), server_options={}, serve_args=())``: the
-    seeds created upstream, the worker running one server for the seeds' subjects and the idle ones
-    (configured, nothing subscribed), each seed's subscription at its first version and subscribed
-    upstream, then serve started with a token for every subject and the token-only ones; serve stops
-    on leaving. Per test, not per module: the tests edit, revoke and kill what it starts."""
+    """The stack each test serves from: ``serve_stack_factory`` in serve_helpers.py says what it starts."""
     return serve_stack_factory(temporal_client, ledger, fx, database_url, tmp_path)
 
 
