@@ -32,7 +32,23 @@ from mcpsync.worker.runtime import open_ledger, run_services
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
+# The longest files of the suite, longest first (each file's --durations, summed). scripts/test runs whole
+# files on two workers in collection order (--dist loadfile --no-loadscope-reorder): these go out first,
+# so that no long file starts last and runs alone while the other worker idles; the rest keep their order.
+LONGEST_FILES = (
+    "tests/e2e/test_serve.py",
+    "tests/e2e/test_benchmark_smoke.py",
+    "tests/e2e/test_wheel.py",
+    "tests/e2e/test_simulation_real_stack.py",
+    "tests/unit/test_simulation.py",
+)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``LONGEST_FILES`` first, in that order; every other test keeps its place (the sort is stable)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 def _admin_and_db(url: str, name: str) -> tuple[str, str]:

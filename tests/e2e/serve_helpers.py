@@ -1,5 +1,6 @@
-"""Helpers for the ``mcpsync serve`` tests: the serve process, SDK clients with a bearer token,
-events/poll."""
+"""Helpers for the ``mcpsync serve`` tests: the serve process, the stack a test serves from (fixture
+upstream, worker, subscriptions, serve), SDK clients with a bearer token, events/poll, the Node
+clients (TypeScript SDK, Inspector CLI), raw HTTP and SSE."""
 
 from __future__ import annotations
 
@@ -8,18 +9,29 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx2
 import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import TypeAdapter
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowHandle
 
+from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.workflows.records.subscription import SubscriptionKey
+from tests.conftest import running_services, unique
+from tests.e2e.test_e2e_subscription import _wait_record
 
 
 class ServeProcess:
@@ -92,3 +104,194 @@ async def events_poll(client: Client, cursor: str | None, max_events: int = 100)
     request = _EventsPoll(params={"name": "resource.changed", "cursor": cursor, "maxEvents": max_events})
     result: dict[str, Any] = await client.session.send_request(request, TypeAdapter(dict[str, Any]))
     return result
+
+
+def serve_conf(tmp_path: Path, database_url: str) -> Path:
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    return conf
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One upstream resource a subject subscribes to before serve starts: ``text`` or ``blob``."""
+
+    subject: str
+    uri: str
+    text: str | None = None
+    blob: bytes | None = None
+    mime_type: str = "text/markdown"
+
+
+@dataclass
+class Served:
+    """The running stack of one test: the fixture upstream, the worker, one subscription per seed at
+    its first version, and a serve process for ``tokens`` (every subject's, plus token-only ones)."""
+
+    server: ServerConfig
+    tokens: dict[str, str]
+    conf: Path
+    consumer: str
+    serve_args: tuple[str, ...]
+    handles: dict[str, WorkflowHandle[Any, Any]]  # by URI: the subscription's workflow
+    v1: dict[str, str]  # by URI: the first version's committed digest
+    serve: ServeProcess
+
+    async def restart_serve(self) -> None:
+        """A new serve process on the same config, tokens, arguments and durable consumer."""
+        self.serve = await ServeProcess.start(
+            self.conf, self.tokens, consumer=self.consumer, extra=self.serve_args
+        )
+
+
+ServeStack = Callable[..., AbstractAsyncContextManager[Served]]
+
+
+def serve_stack_factory(
+    temporal_client: TemporalClient, ledger: Ledger, fx: FixtureProcess, database_url: str, tmp_path: Path
+) -> ServeStack:
+    """``serve_stack(*seeds, idle_subjects=(), token_only=(), server_options={}, serve_args=())``: the
+    seeds created upstream, the worker running one server for the seeds' subjects and the idle ones
+    (configured, nothing subscribed), each seed's subscription at its first version and subscribed
+    upstream, then serve started with a token for every subject and the token-only ones; serve stops
+    on leaving. Per test, not per module: the tests edit, revoke and kill what it starts."""
+
+    @asynccontextmanager
+    async def start(
+        *seeds: Seed,
+        idle_subjects: tuple[str, ...] = (),
+        token_only: tuple[str, ...] = (),
+        server_options: dict[str, Any] | None = None,
+        serve_args: tuple[str, ...] = (),
+    ) -> AsyncIterator[Served]:
+        subjects = list(dict.fromkeys([*(s.subject for s in seeds), *idle_subjects]))
+        tokens = {subject: unique("tok") for subject in (*subjects, *token_only)}
+        server = ServerConfig(
+            name=unique("fx"), transport="http", url=fx.mcp_url, subjects=subjects, **(server_options or {})
+        )
+        v1: dict[str, str] = {}
+        for seed in seeds:
+            body: dict[str, Any] = {"text": seed.text} if seed.blob is None else {"blob": seed.blob}
+            created = await fx.create(seed.uri, mime_type=seed.mime_type, **body)
+            v1[seed.uri] = created["committed"]["digest"]
+        async with running_services(temporal_client, ledger, [server]) as cfg:
+            handles = {
+                seed.uri: await start_subscription(
+                    temporal_client,
+                    SubscriptionKey(subject=seed.subject, server=server.name, uri=seed.uri),
+                    task_queue=cfg.temporal.task_queue,
+                )
+                for seed in seeds
+            }
+            for uri, handle in handles.items():
+                await _wait_record(handle, lambda r, d=v1[uri]: r.last_accepted_digest == d, f"{uri} v1")
+                await fx.wait_subscribed(uri)
+            conf = serve_conf(tmp_path, database_url)
+            consumer = unique("serve")
+            serve = await ServeProcess.start(conf, tokens, consumer=consumer, extra=serve_args)
+            served = Served(server, tokens, conf, consumer, serve_args, handles, v1, serve)
+            try:
+                yield served
+            finally:
+                await served.serve.stop()
+
+    return start
+
+
+async def accepted_digests(ledger: Ledger, subject: str, uri: str) -> list[str]:
+    async with ledger.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT content_digest FROM outbox WHERE subject = %s AND uri = %s"
+            " AND content_digest IS NOT NULL ORDER BY outbox_id",
+            (subject, uri),
+        )
+        return [r[0] for r in await cur.fetchall()]
+
+
+NPM_PREFIX = Path(os.environ.get("MCPSYNC_NPM_PREFIX", REPO_ROOT / ".state" / "npm"))
+TS_CLIENT = Path(__file__).parent / "js" / "serve_client.mjs"
+INSPECTOR = NPM_PREFIX / "node_modules" / "@modelcontextprotocol" / "inspector-cli" / "build" / "index.js"
+
+
+async def run_node(*args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        "node",
+        *args,
+        env={**os.environ, "MCPSYNC_NPM_PREFIX": str(NPM_PREFIX)},
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def run_inspector(url: str, token: str, method: str, *extra: str) -> tuple[int, str]:
+    proc = await run_node(
+        str(INSPECTOR),
+        url,
+        "--transport",
+        "http",
+        "--header",
+        f"Authorization: Bearer {token}",
+        "--method",
+        method,
+        *extra,
+        cwd=INSPECTOR.parent,
+    )  # it finds its package.json from the cwd
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode() + err.decode()
+
+
+async def ts_lines(proc: asyncio.subprocess.Process, until: str) -> list[dict[str, Any]]:
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    while True:
+        raw = await asyncio.wait_for(proc.stdout.readline(), 90)
+        assert raw, f"TS client ended early: {lines}"
+        lines.append(json.loads(raw))
+        if lines[-1]["step"] in (until, "error"):
+            return lines
+
+
+async def raw_session(raw: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> str:
+    """A 2025-11-25 session opened by hand (initialize, then notifications/initialized); its id."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    session_id = (await raw.post(url, json=init, headers=headers)).headers["mcp-session-id"]
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    await raw.post(url, json=initialized, headers={**headers, "mcp-session-id": session_id})
+    return str(session_id)
+
+
+async def raw_sse_stream(
+    url: str, token: str, session_id: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A 2025-11-25 session's GET stream on a plain socket (read only when the caller reads it)."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 22)
+    writer.write(
+        (
+            f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Accept: text/event-stream\r\nmcp-session-id: {session_id}\r\n"
+            "mcp-protocol-version: 2025-11-25\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return reader, writer
+
+
+def jsonrpc_result(resp: httpx2.Response) -> dict[str, Any]:
+    """The ``result`` of a JSON-RPC response sent as JSON or as one SSE ``data:`` frame."""
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return dict(resp.json()["result"])
+    frames = [json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")]
+    return dict(next(f for f in frames if "result" in f)["result"])
