@@ -28,7 +28,9 @@ Contract:
   clock). With ``roles`` (:func:`benchmarks.cost.run_processes`) it also diffs the processes' CPU
   (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
   ``benchmarks.run.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
-  :func:`measure`: in the calling process, on the run's client, stopped when it returns.
+  :func:`measure`: in the calling process, on the run's client, stopped when it returns; ``runner``
+  (the main worker's ``mcpsync.worker.runtime.workflow_runner``, so the floor pays the same per-run
+  workflow cost as a subscription) is the workflow worker's runner, else the SDK default.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """
 
@@ -48,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from psycopg_pool import AsyncConnectionPool
     from temporalio.api.enums.v1 import EventType
     from temporalio.client import Client
-    from temporalio.worker import Worker
+    from temporalio.worker import Worker, WorkflowRunner
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
     from benchmarks import cost
     from mcpsync.activities.mcp_session import read_digest
@@ -247,6 +250,7 @@ class StartFloorResult:
 async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, n: int, *,
                          concurrency: int = 32, roles: dict[int, cost.Role] | None = None,
                          snapshot: Callable[[], Any] | None = None,
+                         runner: WorkflowRunner | None = None,
                          timeout: float = 120.0) -> StartFloorResult:
     """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract."""
     tag = uuid.uuid4().hex[:8]
@@ -266,7 +270,8 @@ async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: An
         return time.monotonic()
 
     started: dict[int, float] = {}
-    async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow]), \
+    async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow],
+                      workflow_runner=runner or SandboxedWorkflowRunner()), \
             Worker(client, task_queue=act_queue, activities=[acts.touch_own_row]):
         # One-time costs (the workflow sandbox, pollers, pool connections) are not per start: a warm-up tenth
         # first, as the benchmark's subscribe() does.

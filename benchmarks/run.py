@@ -94,9 +94,9 @@ from benchmarks.services import Layout, Scrape, Services, scrape, start_services
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import OutboxConsumer
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig
+from mcpsync.worker.config import Config, MetricsConfig, ServerConfig, TemporalConfig, WorkflowRunnerKind
 from mcpsync.worker.metrics import serve_metrics
-from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
+from mcpsync.worker.runtime import open_ledger, revoke, start_subscription, workflow_runner
 from mcpsync.worker.stack import state_dir
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
@@ -142,6 +142,8 @@ class Options:
     idle_seconds: float = 10.0
     idle_window: float = 20.0  # the idle window after start-up (benchmarks.idle); 0: none
     subscription_safety_read_seconds: float | None = None  # None: SubscriptionOptions' default (production)
+    # the main worker's [temporal] workflow_runner, also the start floor's
+    workflow_runner: WorkflowRunnerKind = TemporalConfig().workflow_runner
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -622,16 +624,19 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, sampl
 
 
 async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any, n: int,
-                                       roles: dict[int, cost.Role] | None) -> dict[str, Any]:
+                                       roles: dict[int, cost.Role] | None,
+                                       runner: WorkflowRunnerKind) -> dict[str, Any]:
     """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
-    like ``subscribe()`` starts subscriptions; CPU of ``roles`` over the window."""
+    like ``subscribe()`` starts subscriptions, on the main worker's workflow runner; CPU of ``roles`` over the
+    window."""
     res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32,
-                                     roles=roles, snapshot=cpu_snapshot)
+                                     roles=roles, snapshot=cpu_snapshot, runner=workflow_runner(runner))
     out: dict[str, Any] = {
         "subscriptions_per_s": round(res.subscriptions_per_second, 1),
         "n": res.n,
         "concurrency": res.concurrency,
         "warmup": res.warmup,
+        "workflow_runner": runner.value,
         "start_seconds": round(res.start_seconds, 3),
         "seconds": round(res.seconds, 3),
         "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
@@ -646,7 +651,7 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
                 "return) started with at most 32 start calls in flight, as subscribe() starts "
                 "subscriptions; n / (first start call -> last completion observed); n = "
                 "startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers "
-                "in the benchmark process (one interpreter)",
+                "in the benchmark process (one interpreter), the workflow worker on the main worker's runner",
     }
     if res.machine is not None:
         box = cpu_report(*res.machine)
@@ -807,7 +812,8 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
         # worker hosts): above it, each safety read of an evicted workflow replays its history.
         cached = max(TemporalConfig().max_cached_workflows, n + 2 * opts.staleness_subscriptions + 100)
         config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
-                                                max_cached_workflows=cached),
+                                                max_cached_workflows=cached,
+                                                workflow_runner=opts.workflow_runner),
                         servers=[system_fx.config, *(f.config for f in stale_fx.values())])
         services: Services = await start_services(opts.layout, config, client, ledger, db_url,
                                                   work / "services")
@@ -964,7 +970,7 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
             say(f"measuring the Temporal start floor ({start_n} workflows, 32 starts in flight)")
             start_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
             r["temporal_start_floor"] = await measure_temporal_start_floor(client, ledger, floor_mcp, start_n,
-                                                                           start_roles)
+                                                                           start_roles, opts.workflow_runner)
 
         # --- staleness profiles: subscribed now, measured over a window that starts with the churn --------
         plan = opts.staleness_plan()
@@ -1631,6 +1637,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "default 20, --quick 8, 0: none)")
     p.add_argument("--subscription-safety-read-seconds", type=float, default=None,
                    help="the N subscriptions' safety_read_seconds (default: SubscriptionOptions' own, 300)")
+    p.add_argument("--workflow-runner", choices=[x.value for x in WorkflowRunnerKind],
+                   default=TemporalConfig().workflow_runner.value,
+                   help="the main worker's [temporal] workflow_runner, also the start floor's (default: the "
+                        "config default)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1662,6 +1672,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         idle_window=a.idle_window if a.idle_window is not None else (8.0 if quick else 20.0),
         subscription_safety_read_seconds=a.subscription_safety_read_seconds,
         layout=Layout(a.layout),
+        workflow_runner=WorkflowRunnerKind(a.workflow_runner),
         single=a.single,
         result=a.result,
     )
