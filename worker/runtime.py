@@ -1,7 +1,7 @@
 """Process plumbing shared by the CLI, the worker entrypoint and the tests.
 
 Contract:
-- ``connect_temporal`` returns a client using the pydantic data converter, or
+- ``connect_temporal`` returns a client using the pydantic data converter (``worker/converter.py``), or
   raises ``TemporalUnavailable`` with the address in the message.
 - ``open_ledger`` opens PostgreSQL (configured URL, else the embedded server
   under the state dir), applies migrations and returns a ``Ledger``.
@@ -35,7 +35,6 @@ from temporalio.client import Client, TLSConfig
 from temporalio.common import (
     WorkerDeploymentVersion,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -49,6 +48,7 @@ from mcpsync.activities.starters import start_catalog, start_subscription, start
 from mcpsync.worker import metrics
 from mcpsync.worker.bulk import settle_all
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig, WorkflowRunnerKind
+from mcpsync.worker.converter import DATA_CONVERTER
 from mcpsync.worker.stack import write_private
 from mcpsync.worker.stack_temporal import ensure_search_attributes
 from mcpsync.workflows.answer import AnswerWorkflow
@@ -140,7 +140,7 @@ async def connect_temporal(cfg: TemporalConfig) -> Client:
     try:
         return await asyncio.wait_for(
             Client.connect(cfg.address, namespace=cfg.namespace, tls=tls, api_key=api_key,
-                           data_converter=pydantic_data_converter),
+                           data_converter=DATA_CONVERTER),
             cfg.connect_timeout_seconds,
         )
     except Exception as exc:

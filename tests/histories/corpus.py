@@ -24,11 +24,11 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import ContinueAsNewVersioningBehavior, EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from mcpsync import __version__
+from mcpsync.worker.converter import DATA_CONVERTER
 from mcpsync.worker.runtime import MAIN_WORKFLOWS
 from tests.e2e.test_e2e_faults import _decoded_payloads
 
@@ -77,7 +77,7 @@ def load(path: Path) -> WorkflowHistory:
 
 
 def replayer(runner: WorkflowRunner | None = None) -> Replayer:
-    return Replayer(workflows=list(MAIN_WORKFLOWS), data_converter=pydantic_data_converter,
+    return Replayer(workflows=list(MAIN_WORKFLOWS), data_converter=DATA_CONVERTER,
                     workflow_runner=runner or SandboxedWorkflowRunner())
 
 
