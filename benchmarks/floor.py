@@ -1,4 +1,4 @@
-"""The Temporal floor: the least a durable read cycle can cost on this Temporal server.
+"""The Temporal floor (issue 12.1): the least a durable read cycle can cost on this Temporal server.
 
 Contract:
 - :class:`FloorWorkflow` is a minimal workflow, not mcpsync's: each ``go`` signal makes it run ONE
@@ -15,7 +15,7 @@ Contract:
   (``WORKFLOW_TASK_COMPLETED`` after the sample's ``ACTIVITY_TASK_COMPLETED`` in the fetched
   history, server clock on the same host). The workers run in the calling process, on the run's
   client (and so its metrics runtime), and stop when :func:`measure` returns.
-- :class:`StartFloorWorkflow` (the Temporal START floor, the reference for "initial subscriptions/s") is
+- :class:`StartFloorWorkflow` (the Temporal START floor, issue 12's "initial subscriptions/s") is
   the least a started subscription can be: its run executes ONE activity on the second task queue,
   :meth:`FloorActivities.touch_own_row` (``touch`` on a row of its own, upserted, so concurrent
   workflows do not queue on one row lock), and returns the digest. That is one workflow start, two
@@ -28,7 +28,9 @@ Contract:
   clock). With ``roles`` (:func:`benchmarks.cost.run_processes`) it also diffs the processes' CPU
   (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
   ``benchmarks.usage.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
-  :func:`measure`: in the calling process, on the run's client, stopped when it returns.
+  :func:`measure`: in the calling process, on the run's client, stopped when it returns; ``runner``
+  (the main worker's ``mcpsync.worker.runtime.workflow_runner``, so the floor pays the same per-run
+  workflow cost as a subscription) is the workflow worker's runner, else the SDK default.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """
 
@@ -48,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from psycopg_pool import AsyncConnectionPool
     from temporalio.api.enums.v1 import EventType
     from temporalio.client import Client
-    from temporalio.worker import Worker
+    from temporalio.worker import Worker, WorkflowRunner
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
     from benchmarks import cost
     from mcpsync.activities.mcp_session import read_digest
@@ -247,6 +250,7 @@ class StartFloorResult:
 async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, n: int, *,
                          concurrency: int = 32, roles: dict[int, cost.Role] | None = None,
                          snapshot: Callable[[], Any] | None = None,
+                         runner: WorkflowRunner | None = None,
                          timeout: float = 120.0) -> StartFloorResult:
     """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract."""
     tag = uuid.uuid4().hex[:8]
@@ -266,7 +270,8 @@ async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: An
         return time.monotonic()
 
     started: dict[int, float] = {}
-    async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow]), \
+    async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow],
+                      workflow_runner=runner or SandboxedWorkflowRunner()), \
             Worker(client, task_queue=act_queue, activities=[acts.touch_own_row]):
         # One-time costs (the workflow sandbox, pollers, pool connections) are not per start: a warm-up tenth
         # first, as the benchmark's subscribe() does.

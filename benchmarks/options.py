@@ -10,6 +10,7 @@ from pathlib import Path
 
 from benchmarks import staleness
 from benchmarks.services import Layout
+from mcpsync.worker.config import TemporalConfig, WorkflowRunnerKind
 
 __all__ = ["Options", "parse_args"]
 
@@ -39,6 +40,8 @@ class Options:
     safety_read_seconds: float = 12.0
     staleness_window: float | None = None  # None: the churn's duration, at least five of the longer period
     temporal_store: str = "tmpfs"
+    # the main worker's [temporal] workflow_runner, also the start floor's
+    workflow_runner: WorkflowRunnerKind = TemporalConfig().workflow_runner
     ingress_scale: list[int] | None = None  # --ingress-scale: subjects per level (benchmarks.ingress_scale)
     # --layout: mcpsync's worker and ingress in processes of their own, or in this one
     layout: Layout = Layout.SPLIT
@@ -94,6 +97,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--staleness-subscriptions", type=int, default=4, help="subscriptions per staleness "
                                                                           "profile")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--workflow-runner", choices=[x.value for x in WorkflowRunnerKind],
+                   default=TemporalConfig().workflow_runner.value,
+                   help="the main worker's [temporal] workflow_runner, also the start floor's (default: the "
+                        "config default)")
     p.add_argument("--temporal-store", choices=["tmpfs", "disk"], default=None,
                    help="where the dev server keeps its SQLite file (default tmpfs when /dev/shm exists: a "
                         "real cluster's persistence is closer to it than SQLite fsyncs on this VM's disk)")
@@ -136,6 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         else (6.0 if quick else 12.0),
         staleness_window=a.staleness_window,
         quick=quick,
+        workflow_runner=WorkflowRunnerKind(a.workflow_runner),
         temporal_store=a.temporal_store or ("tmpfs" if os.access("/dev/shm", os.W_OK) else "disk"),
         ingress_scale=a.ingress_scale,
         idle_seconds=a.idle_seconds,

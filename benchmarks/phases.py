@@ -170,7 +170,8 @@ async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Prob
     # worker hosts): above it, each safety read of an evicted workflow replays its history.
     cached = max(TemporalConfig().max_cached_workflows, n + 2 * opts.staleness_subscriptions + 100)
     config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
-                                            max_cached_workflows=cached),
+                                            max_cached_workflows=cached,
+                                            workflow_runner=opts.workflow_runner),
                     servers=[system_fx.config, *(f.config for f in stale_fx.values())])
     services: Services = await start_services(opts.layout, config, client, ledger, db_url,
                                               work / "services")
@@ -352,7 +353,7 @@ async def temporal_floors_phase(b: Bench) -> None:
         say(f"measuring the Temporal start floor ({start_n} workflows, 32 starts in flight)")
         start_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
         r["temporal_start_floor"] = await measure_temporal_start_floor(client, ledger, floor_mcp, start_n,
-                                                                       start_roles)
+                                                                       start_roles, opts.workflow_runner)
 
 
 async def staleness_start(b: Bench) -> StalenessLoad:

@@ -23,6 +23,8 @@ from benchmarks.common import summarize
 from benchmarks.usage import cpu_report, cpu_snapshot
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
+from mcpsync.worker.config import WorkflowRunnerKind
+from mcpsync.worker.runtime import workflow_runner
 
 __all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor",
            "temporal_floor_session"]
@@ -83,14 +85,17 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, sampl
 
 
 async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any, n: int,
-                                       roles: dict[int, cost.Role] | None) -> dict[str, Any]:
+                                       roles: dict[int, cost.Role] | None,
+                                       runner: WorkflowRunnerKind) -> dict[str, Any]:
     """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
-    like ``subscribe()`` starts subscriptions; CPU of ``roles`` over the window."""
+    like ``subscribe()`` starts subscriptions, on the main worker's workflow runner; CPU of ``roles`` over the
+    window."""
     res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32,
-                                     roles=roles, snapshot=cpu_snapshot)
+                                     roles=roles, snapshot=cpu_snapshot, runner=workflow_runner(runner))
     out: dict[str, Any] = {
         "subscriptions_per_s": round(res.subscriptions_per_second, 1),
         "n": res.n,
+        "workflow_runner": runner.value,
         "concurrency": res.concurrency,
         "warmup": res.warmup,
         "start_seconds": round(res.start_seconds, 3),
@@ -107,7 +112,7 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
                 "return) started with at most 32 start calls in flight, as subscribe() starts "
                 "subscriptions; n / (first start call -> last completion observed); n = "
                 "startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers "
-                "in the benchmark process (one interpreter)",
+                "in the benchmark process (one interpreter), the workflow worker on the main worker's runner",
     }
     if res.machine is not None:
         box = cpu_report(*res.machine)

@@ -7,6 +7,8 @@ Contract:
   ``MCPSYNC_TEMPORAL_NAMESPACE``, ``MCPSYNC_TEMPORAL_API_KEY``,
   ``MCPSYNC_TEMPORAL_TLS_CERT``/``_KEY``, ``MCPSYNC_DEPLOYMENT_NAME``, ``MCPSYNC_BUILD_ID``.
   Credentials are read, never printed: ``Config.redacted()`` is what may be shown.
+- ``[temporal] workflow_runner`` ("unsandboxed" by default, or "sandboxed") is how the main worker
+  runs workflow code (docs/decisions/0004-workflow-sandbox.md).
 - Worker Deployment Versioning is off unless ``[temporal] deployment_name`` and ``build_id``
   are both set (docs/upgrades.md); one without the other is a configuration error.
 - Each server is opened once per listed subject; a subject's credentials come from
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import os
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["Config", "ConfigError", "DatabaseConfig", "MetricsConfig", "RetentionConfig", "ServerConfig",
-           "TemporalConfig", "load_config"]
+           "TemporalConfig", "WorkflowRunnerKind", "load_config"]
 
 
 class ConfigError(ValueError):
@@ -33,6 +36,13 @@ class ConfigError(ValueError):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkflowRunnerKind(StrEnum):
+    """How the main worker runs workflow code (docs/decisions/0004-workflow-sandbox.md)."""
+
+    SANDBOXED = "sandboxed"  # the SDK's sandbox: every call checked at run time, per-run cost
+    UNSANDBOXED = "unsandboxed"  # plain interpreter; determinism guarded by replay and test_layers
 
 
 class TemporalConfig(_Model):
@@ -48,6 +58,9 @@ class TemporalConfig(_Model):
     # workflow: below the number of subscriptions a worker hosts, every notification replays
     # history (benchmarks: 5,000 subscriptions thrash the SDK default of 1,000).
     max_cached_workflows: int = Field(default=5000, ge=0)
+    # The main worker's workflow runner (docs/decisions/0004-workflow-sandbox.md): unsandboxed costs a
+    # subscription's start about a quarter less of the worker's CPU; CI replays in the sandbox.
+    workflow_runner: WorkflowRunnerKind = WorkflowRunnerKind.UNSANDBOXED
     # Worker Deployment Versioning (docs/upgrades.md): the main worker polls as build ``build_id``
     # of deployment ``deployment_name``; workflows stay pinned to the build that started them and
     # move to the deployment's current build at their next continue-as-new. Both None: unversioned.

@@ -1,7 +1,7 @@
 """Process plumbing shared by the CLI, the worker entrypoint and the tests.
 
 Contract:
-- ``connect_temporal`` returns a client using the pydantic data converter, or
+- ``connect_temporal`` returns a client using the pydantic data converter (``worker/converter.py``), or
   raises ``TemporalUnavailable`` with the address in the message.
 - ``open_ledger`` opens PostgreSQL (configured URL, else the embedded server
   under the state dir), applies migrations and returns a ``Ledger``.
@@ -35,9 +35,8 @@ from temporalio.client import Client, TLSConfig
 from temporalio.common import (
     WorkerDeploymentVersion,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker, WorkerDeploymentConfig
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from mcpsync.activities.answer_ledger import AnswerLedger, AnswerLedgerActivities
@@ -48,7 +47,8 @@ from mcpsync.activities.ledger_fence import SubjectRevocation
 from mcpsync.activities.starters import start_catalog, start_subscription, start_subscription_first_read
 from mcpsync.worker import metrics
 from mcpsync.worker.bulk import settle_all
-from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
+from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig, WorkflowRunnerKind
+from mcpsync.worker.converter import DATA_CONVERTER
 from mcpsync.worker.stack import write_private
 from mcpsync.worker.stack_temporal import ensure_search_attributes
 from mcpsync.workflows.answer import AnswerWorkflow
@@ -70,6 +70,7 @@ __all__ = [
     "connect_temporal",
     "deployment_version",
     "main_worker",
+    "workflow_runner",
     "open_ledger",
     "Revocation",
     "revoke",
@@ -84,8 +85,9 @@ __all__ = [
 log = logging.getLogger("mcpsync.runtime")
 
 MAIN_WORKFLOWS = (ResourceSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow)
-"""Every workflow the main worker runs, with the SDK's default (sandboxed) runner; the replay
-test (tests/unit/test_replay.py) replays recorded histories against exactly these."""
+"""Every workflow the main worker runs (on ``workflow_runner([temporal] workflow_runner)``); the replay
+test (tests/unit/test_replay.py) replays recorded histories against exactly these, in the SDK's strict
+sandbox and on each configurable runner."""
 
 
 class TemporalUnavailable(RuntimeError):
@@ -135,7 +137,7 @@ async def connect_temporal(cfg: TemporalConfig) -> Client:
     try:
         return await asyncio.wait_for(
             Client.connect(cfg.address, namespace=cfg.namespace, tls=tls, api_key=api_key,
-                           data_converter=pydantic_data_converter),
+                           data_converter=DATA_CONVERTER),
             cfg.connect_timeout_seconds,
         )
     except Exception as exc:
@@ -173,17 +175,24 @@ def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion | None:
     return WorkerDeploymentVersion(deployment_name=cfg.deployment_name, build_id=cfg.build_id)
 
 
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
-"""The sandbox still checks every workflow call (no I/O, no wall clock, no threads), but imports
-are shared with the worker instead of re-imported for every new run: ``workflows/`` holds
-deterministic code only, with no module state a run could change (``tests/unit/test_layers.py`` keeps
-I/O out of it). Re-importing cost a new subscription's first workflow task tens of milliseconds."""
+def workflow_runner(kind: WorkflowRunnerKind) -> WorkflowRunner:
+    """The main worker's runner for ``[temporal] workflow_runner``.
+
+    Sandboxed: the sandbox checks every workflow call (no I/O, no wall clock, no threads), with imports
+    shared with the worker instead of re-imported for every new run (``workflows/`` holds deterministic
+    code only, with no module state a run could change); re-importing cost a new subscription's first
+    workflow task tens of milliseconds. Unsandboxed: no run-time checks and no per-run sandbox; the
+    replay test runs the recorded histories in the SDK's default (strict) sandbox and
+    ``tests/unit/test_layers.py`` keeps I/O imports out of ``workflows/`` (docs/decisions/0004)."""
+    if kind is WorkflowRunnerKind.UNSANDBOXED:
+        return UnsandboxedWorkflowRunner()
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 
 
 def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int,
                 deployment: WorkerDeploymentVersion | None = None,
-                workflows: Sequence[type] = MAIN_WORKFLOWS) -> Worker:
+                workflows: Sequence[type] = MAIN_WORKFLOWS,
+                runner: WorkflowRunnerKind = TemporalConfig().workflow_runner) -> Worker:
     """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
     every workflow PINNED (``mcpsync.workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
     outside tests of a changed build."""
@@ -199,7 +208,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
         max_cached_workflows=max_cached_workflows,
-        workflow_runner=WORKFLOW_RUNNER,
+        workflow_runner=workflow_runner(runner),
     )
 
 
@@ -244,7 +253,8 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
         tasks.append(asyncio.create_task(ingress.run(), name="ingress-worker"))
     worker = main_worker(client, ledger, config.temporal.task_queue,
                          max_cached_workflows=config.temporal.max_cached_workflows,
-                         deployment=deployment_version(config.temporal)) if with_main_worker else None
+                         deployment=deployment_version(config.temporal),
+                         runner=config.temporal.workflow_runner) if with_main_worker else None
     if polling is not None:
         if hosts:
             polling.append(lambda: ingress.polling)

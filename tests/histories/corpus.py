@@ -6,8 +6,10 @@ Contract:
   ``tests/histories/record.py`` (``scripts/record-histories``) with that version's workflow code
   and never edited by hand. A released corpus is frozen: CI replays every release's corpus
   against the current code and checks each against its ``SHA256SUMS`` (tests/unit/test_replay.py).
-- ``replayer()`` replays with exactly the main worker's workflows, runner and data converter
-  (``mcpsync.worker.runtime.MAIN_WORKFLOWS``, SDK default sandbox, pydantic converter); no server needed.
+- ``replayer(runner)`` replays with exactly the main worker's workflows and data converter
+  (``mcpsync.worker.runtime.MAIN_WORKFLOWS``, pydantic converter) on ``runner``: the SDK's default
+  sandbox unless given (its strict restrictions check every workflow call, whichever runner
+  ``[temporal] workflow_runner`` picks in production); no server needed.
 - ``traits()`` says what a history exercises (workflow type, continue-as-new, reset, a build
   upgrade under Worker Deployment Versioning) so the
   coverage test can refuse a corpus that silently lost a path.
@@ -22,10 +24,11 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import ContinueAsNewVersioningBehavior, EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from mcpsync import __version__
+from mcpsync.worker.converter import DATA_CONVERTER
 from mcpsync.worker.runtime import MAIN_WORKFLOWS
 from tests.e2e.test_e2e_faults import _decoded_payloads
 
@@ -73,8 +76,9 @@ def load(path: Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(path.stem, path.read_text())
 
 
-def replayer() -> Replayer:
-    return Replayer(workflows=list(MAIN_WORKFLOWS), data_converter=pydantic_data_converter)
+def replayer(runner: WorkflowRunner | None = None) -> Replayer:
+    return Replayer(workflows=list(MAIN_WORKFLOWS), data_converter=DATA_CONVERTER,
+                    workflow_runner=runner or SandboxedWorkflowRunner())
 
 
 @dataclass(frozen=True)

@@ -120,3 +120,37 @@ def test_the_workflow_code_check_sees_both_kinds(tmp_path: Path) -> None:
     package = tmp_path / "package.py"
     package.write_text("from mcpsync.workflows.records.ledger import FenceSnapshot\n")
     assert (1, ROOT / "workflows" / "records" / "ledger.py") in _workflows_imported(package)
+
+
+# What workflows/ may import, by module: the main worker may run it without the SDK sandbox's checks
+# ([temporal] workflow_runner = "unsandboxed"), so no module that reaches the clock, randomness, threads,
+# files or the network may be imported there. Replay in the SDK's strict sandbox (test_replay.py) checks
+# the calls the recorded runs make; this checks every line.
+WORKFLOW_IMPORTS = {"__future__", "asyncio", "collections", "collections.abc", "dataclasses", "datetime",
+                    "enum", "hashlib", "hmac", "json", "pydantic", "re", "typing", "urllib.parse",
+                    "temporalio", "temporalio.common", "temporalio.exceptions", "temporalio.workflow"}
+WALL_CLOCK = {"now", "utcnow", "today", "fromtimestamp"}  # datetime/date class methods that read the clock
+
+
+def _nondeterministic(path: Path) -> list[str]:
+    """Imports outside ``WORKFLOW_IMPORTS`` (mcpsync's own aside) and ``datetime.now()``-like clock reads."""
+    bad = [f"{line}: import {name}" for line, name in _imports(path)
+           if name.split(".")[0] != "mcpsync" and name not in WORKFLOW_IMPORTS]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in WALL_CLOCK and isinstance(node.value, ast.Name) \
+                and node.value.id in ("datetime", "date"):
+            bad.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return bad
+
+
+def test_workflow_code_imports_nothing_that_reaches_the_clock_or_io() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{hit}" for path in sorted((ROOT / "workflows").rglob("*.py"))
+           for hit in _nondeterministic(path)]
+    assert not bad, "workflows/ reaches outside deterministic code:\n" + "\n".join(bad)
+
+
+def test_the_determinism_check_sees_imports_and_clock_reads(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import time\nfrom datetime import datetime\nfrom os import path\n\n"
+                     "def f():\n    return datetime.now()\n")
+    assert _nondeterministic(probe) == ["1: import time", "3: import os", "6: datetime.now"]

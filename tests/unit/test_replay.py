@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcpsync import __version__
+from mcpsync.worker.config import WorkflowRunnerKind
+from mcpsync.worker.runtime import workflow_runner
 from mcpsync.workflows.names import (
     ANSWER_WORKFLOW_TYPE,
     CATALOG_WORKFLOW_TYPE,
@@ -43,10 +45,14 @@ def _id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
+@pytest.mark.parametrize("runner", [None, *WorkflowRunnerKind], ids=["strict-sandbox", *WorkflowRunnerKind])
 @pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
-async def test_recorded_history_replays(path: Path) -> None:
+async def test_recorded_history_replays(path: Path, runner: WorkflowRunnerKind | None) -> None:
+    # The SDK's strict sandbox checks every workflow call (no I/O, wall clock, threads) whichever runner
+    # production is configured with; each configurable runner must replay too.
     history = load(path)
-    result = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+    result = await replayer(None if runner is None else workflow_runner(runner)).replay_workflow(
+        history, raise_on_replay_failure=False)
     failure = result.replay_failure
     assert failure is None, f"{_id(path)} no longer replays: {type(failure).__name__}: {str(failure)[:300]}"
 
