@@ -35,6 +35,7 @@ from mcpsync.activities.catalog_scan import CatalogScanActivities
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
 from mcpsync.worker import metrics
+from mcpsync.worker.resync import ReadClock
 
 __all__ = ["Ingress", "ingress_task_queue"]
 
@@ -66,6 +67,8 @@ class Ingress:
         self._worker: Worker | None = None  # run()'s, for ``polling``
         # What the worker runs (tests call them directly to see the dispatch by key).
         self.mcp = McpSessionActivities(self.live, ledger, metrics.PROMETHEUS)
+        self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.resync``)
+        self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
 
     def attach(self, subject: str, server: str, host: _Hosted) -> None:

@@ -440,7 +440,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         req = SubscribeCycleRequest(
             subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
             mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                   subscription_generation=snap.subscription_generation, read_reports=True),
+                                   subscription_generation=snap.subscription_generation, read_reports=True,
+                                   safety_read_seconds=self.options.safety_read_seconds or None),
             read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
         started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
         if started is None or started.active is None:

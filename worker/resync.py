@@ -1,0 +1,119 @@
+"""The ingress's resync: a subscribed URI is read at the ingress before its safety read is due.
+
+Contract:
+- ``ReadClock`` (one per ingress process) is told of every granted read allocation its read cycles
+  make (``McpSessionActivities.read_observer``): reads on a notification at the ingress and the
+  workflows' read-cycle activities alike, since both run in this process. It keeps, per (subject,
+  server, URI), the monotonic time the newest allocation was asked for.
+- ``Resync`` (one per ``SessionHost``) sweeps while the host holds a live session: a URI of an
+  ACTIVE row that said its safety-read period (``Ledger.resync_periods``, refreshed every
+  ``REFRESH_SECONDS``) whose last read is older than ``resync_rules.resync_due_at`` is fed to the
+  host's router exactly as a notification is (``IngressRouter.offer``), never counted as one. The
+  router then reads it at the ingress and reports it (``resource_read``): one signal and one
+  workflow task instead of the deadline timer's firing, a cross-queue read-cycle activity and two
+  workflow tasks. A URI first seen counts as read then (an ingress that just started waits a whole
+  resync period: at worst the workflow's timer fires once).
+- Correctness is unchanged by construction: to the coverage rule a synthetic note is a spurious
+  notification; the staleness bound is still kept by the workflow's own deadline timer, which
+  fires whenever the resync did not read in time (ingress stopped, a read refused or failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from mcpsync.activities.mcp_session import LiveSession
+from mcpsync.workflows.ingress import IngressRouter, Offer
+from mcpsync.workflows.records import SubscriptionKey
+from mcpsync.workflows.resync_rules import resync_due_at, sweep_seconds
+
+__all__ = ["REFRESH_SECONDS", "ReadClock", "Resync"]
+
+log = logging.getLogger("mcpsync.ingress")
+
+REFRESH_SECONDS = 15.0
+"""How often a host asks the ledger which of its URIs to resync and at which period (one indexed
+query per (subject, server)); a URI subscribed meanwhile is resynced from the next refresh on."""
+
+
+class ReadClock:
+    """When each (subject, server, URI) was last read by this ingress process (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], dict[str, float]] = {}
+
+    def observe(self, key: SubscriptionKey, asked_at: float) -> None:
+        """A read of ``key`` was allocated; its allocation was asked for at ``asked_at``."""
+        reads = self._last.setdefault((key.subject, key.server), {})
+        if asked_at > reads.get(key.uri, float("-inf")):
+            reads[key.uri] = asked_at
+
+    def last(self, subject: str, server: str) -> dict[str, float]:
+        """The URIs of (subject, server) and their last reads (the clock's own map: the caller may
+        prune it, ``Resync.refresh`` does)."""
+        return self._last.setdefault((subject, server), {})
+
+
+class Resync:
+    """The resync of one (subject, server) (``SessionHost.resync``)."""
+
+    def __init__(self, router: IngressRouter, clock: ReadClock, *, subject: str, server: str,
+                 ready: Callable[[], None]) -> None:
+        self.router = router
+        self.clock = clock
+        self.subject = subject
+        self.server = server
+        self._ready = ready  # wake a router: a key became ready
+        self.periods: dict[str, float] = {}  # URI -> safety-read period (``Ledger.resync_periods``)
+        self.fed = 0  # synthetic notes offered to the router
+
+    def refresh(self, periods: dict[str, float], now: float) -> None:
+        """The ledger's answer: resync these URIs at these periods. A URI new to the clock counts as
+        read ``now``; a URI no longer listed is forgotten."""
+        last = self.clock.last(self.subject, self.server)
+        for uri in periods.keys() - last.keys():
+            last[uri] = now
+        for uri in last.keys() - periods.keys():
+            del last[uri]
+        self.periods = periods
+
+    def sweep(self, generation: int, now: float) -> int:
+        """Feed every URI whose resync is due to the router, on session ``generation``; returns how
+        many were fed. A fed URI counts as read ``now`` until its read is allocated (a key that
+        is refused or overflows is tried again a resync period later; the timer covers it)."""
+        last = self.clock.last(self.subject, self.server)
+        fed = 0
+        for uri, period in self.periods.items():
+            if now < resync_due_at(last.get(uri, now), period):
+                continue
+            last[uri] = now
+            offer = self.router.offer(uri, generation)
+            if offer == Offer.OVERFLOW:
+                continue  # the queue is full of real notifications: the workflow's timer reads
+            fed += 1
+            if offer == Offer.READY:
+                self._ready()
+        self.fed += fed
+        return fed
+
+    async def run(self, live: Callable[[], LiveSession | None],
+                  periods: Callable[[], Awaitable[dict[str, float]]]) -> None:
+        """Sweep until cancelled: refresh the periods every ``REFRESH_SECONDS`` (``periods``: the
+        ledger query), feed due URIs on the host's ``live()`` session while it is not lost."""
+        refreshed = float("-inf")
+        while True:
+            now = time.monotonic()
+            if now - refreshed >= REFRESH_SECONDS:
+                try:
+                    self.refresh(await periods(), time.monotonic())
+                    refreshed = now
+                except Exception as exc:  # noqa: BLE001 - PostgreSQL away: keep the last answer
+                    log.warning("resync %s/%s: refresh failed: %s", self.server, self.subject,
+                                type(exc).__name__)
+            session = live()
+            if session is not None and not session.lost.is_set():
+                self.sweep(session.generation, time.monotonic())
+            await asyncio.sleep(sweep_seconds(self.periods.values()))
