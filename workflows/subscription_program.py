@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from mcpsync.workflows.deadline_keeper import DeadlineKeeper
+from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
 from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
@@ -249,6 +249,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         rt, start = self.rt, self.start
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
         self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
+        self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
