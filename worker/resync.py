@@ -7,8 +7,9 @@ Contract:
   server, URI), the monotonic time the newest allocation was asked for.
 - ``Resync`` (one per ``SessionHost``) sweeps while the host holds a live session: a URI of an
   ACTIVE row that said its safety-read period (``Ledger.resync_periods``, refreshed every
-  ``REFRESH_SECONDS``) whose last read is older than ``resync_rules.resync_due_at`` is fed to the
-  host's router exactly as a notification is (``IngressRouter.offer``), never counted as one. The
+  ``REFRESH_SECONDS`` and soon after a URI not asked about was read) whose last read is older
+  than ``resync_rules.resync_due_at`` is fed to the host's router exactly as a notification is
+  (``IngressRouter.offer``), never counted as one. The
   router then reads it at the ingress and reports it (``resource_read``): one signal and one
   workflow task instead of the deadline timer's firing, a cross-queue read-cycle activity and two
   workflow tasks. A URI first seen counts as read then (an ingress that just started waits a whole
@@ -30,13 +31,15 @@ from mcpsync.workflows.ingress import IngressRouter, Offer
 from mcpsync.workflows.records import SubscriptionKey
 from mcpsync.workflows.resync_rules import resync_due_at, sweep_seconds
 
-__all__ = ["REFRESH_SECONDS", "ReadClock", "Resync"]
+__all__ = ["EARLY_REFRESH_SECONDS", "REFRESH_SECONDS", "ReadClock", "Resync"]
 
 log = logging.getLogger("mcpsync.ingress")
 
 REFRESH_SECONDS = 15.0
+EARLY_REFRESH_SECONDS = 1.0
 """How often a host asks the ledger which of its URIs to resync and at which period (one indexed
-query per (subject, server)); a URI subscribed meanwhile is resynced from the next refresh on."""
+query per (subject, server)); sooner, but not more often than ``EARLY_REFRESH_SECONDS``, when a
+URI it has not asked about was read (a subscription's start: its initial read)."""
 
 
 class ReadClock:
@@ -44,12 +47,19 @@ class ReadClock:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], dict[str, float]] = {}
+        self._new: dict[tuple[str, str], set[str]] = {}  # URIs first read since ``take_new``
 
     def observe(self, key: SubscriptionKey, asked_at: float) -> None:
         """A read of ``key`` was allocated; its allocation was asked for at ``asked_at``."""
         reads = self._last.setdefault((key.subject, key.server), {})
+        if key.uri not in reads:
+            self._new.setdefault((key.subject, key.server), set()).add(key.uri)
         if asked_at > reads.get(key.uri, float("-inf")):
             reads[key.uri] = asked_at
+
+    def take_new(self, subject: str, server: str) -> set[str]:
+        """The URIs of (subject, server) read for the first time since the last call."""
+        return self._new.pop((subject, server), set())
 
     def last(self, subject: str, server: str) -> dict[str, float]:
         """The URIs of (subject, server) and their last reads (the clock's own map: the caller may
@@ -69,6 +79,8 @@ class Resync:
         self._ready = ready  # wake a router: a key became ready
         self.periods: dict[str, float] = {}  # URI -> safety-read period (``Ledger.resync_periods``)
         self.fed = 0  # synthetic notes offered to the router
+        self._unlisted: set[str] = set()  # read here, but not resynced at the last refresh (polling rows)
+        self._unknown: set[str] = set()  # read here since the last refresh, not asked about yet
 
     def refresh(self, periods: dict[str, float], now: float) -> None:
         """The ledger's answer: resync these URIs at these periods. A URI new to the clock counts as
@@ -76,9 +88,20 @@ class Resync:
         last = self.clock.last(self.subject, self.server)
         for uri in periods.keys() - last.keys():
             last[uri] = now
-        for uri in last.keys() - periods.keys():
+        self._unlisted = last.keys() - periods.keys()
+        for uri in self._unlisted:
             del last[uri]
+        self._unknown.clear()
         self.periods = periods
+
+    def refresh_due(self, since_refresh: float) -> bool:
+        """Whether to ask the ledger again, ``since_refresh`` seconds after the last answer: every
+        ``REFRESH_SECONDS``, or after ``EARLY_REFRESH_SECONDS`` once a URI it was not asked about
+        was read."""
+        self._unknown |= {u for u in self.clock.take_new(self.subject, self.server)
+                          if u not in self.periods and u not in self._unlisted}
+        return since_refresh >= REFRESH_SECONDS \
+            or (bool(self._unknown) and since_refresh >= EARLY_REFRESH_SECONDS)
 
     def sweep(self, generation: int, now: float) -> int:
         """Feed every URI whose resync is due to the router, on session ``generation``; returns how
@@ -106,7 +129,7 @@ class Resync:
         refreshed = float("-inf")
         while True:
             now = time.monotonic()
-            if now - refreshed >= REFRESH_SECONDS:
+            if self.refresh_due(now - refreshed):
                 try:
                     self.refresh(await periods(), time.monotonic())
                     refreshed = now

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mcpsync.worker.resync import ReadClock, Resync
+from mcpsync.worker.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadClock, Resync
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.program_runtime import WaitKind
@@ -182,3 +182,17 @@ def test_frequent_reads_move_the_deadline_a_little_and_keep_the_armed_timer() ->
         _read_at(fence, driver, at)
     driver.advance(30.0)
     assert rt.commands[:3] == ["TimerStarted@25.2", "TimerFired", "TimerStarted@31.2"]
+
+
+def test_a_uri_read_for_the_first_time_asks_the_ledger_early_unless_it_was_unlisted() -> None:
+    resync, _, _ = _resync()
+    resync.clock.observe(KEY.model_copy(update={"uri": "demo://polled"}), 0.0)
+    resync.refresh({}, now=0.0)  # a polling row: read here, not resynced
+    resync.clock.observe(KEY.model_copy(update={"uri": "demo://polled"}), 5.0)
+    assert not resync.refresh_due(EARLY_REFRESH_SECONDS)
+    resync.clock.observe(KEY, 6.0)  # a subscription's start: its initial read
+    assert not resync.refresh_due(EARLY_REFRESH_SECONDS / 2)
+    assert resync.refresh_due(EARLY_REFRESH_SECONDS)
+    resync.refresh({KEY.uri: 30.0}, now=7.0)
+    assert resync.clock.last("alice", "fx") == {KEY.uri: 6.0}  # its read time, not the refresh's
+    assert not resync.refresh_due(EARLY_REFRESH_SECONDS) and resync.refresh_due(REFRESH_SECONDS)
