@@ -24,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
+from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession
+from mcpsync.worker.config import ServerConfig
 from mcpsync.workflows.ingress import IngressRouter, Offer
 from mcpsync.workflows.records import SubscriptionKey
 from mcpsync.workflows.resync_rules import resync_due_at, sweep_seconds
 
-__all__ = ["EARLY_REFRESH_SECONDS", "REFRESH_SECONDS", "ReadClock", "Resync"]
+__all__ = ["EARLY_REFRESH_SECONDS", "REFRESH_SECONDS", "ReadClock", "Resync", "ResyncHost"]
 
 log = logging.getLogger("mcpsync.ingress")
 
@@ -67,11 +70,23 @@ class ReadClock:
         return self._last.setdefault((subject, server), {})
 
 
+class ResyncHost(Protocol):
+    """What the resync asks of its session host (``mcpsync.worker.session_host.SessionHost``)."""
+
+    router: IngressRouter
+    subject: str
+    server: ServerConfig
+    ledger: Ledger
+    live: LiveSession | None
+
+
 class Resync:
-    """The resync of one (subject, server) (``SessionHost.resync``)."""
+    """The resync of one (subject, server) (``SessionHost.resync``, made by ``Ingress.resync``);
+    ``host`` is the session host ``run`` serves (the rule's methods need none)."""
 
     def __init__(self, router: IngressRouter, clock: ReadClock, *, subject: str, server: str,
-                 ready: Callable[[], None]) -> None:
+                 ready: Callable[[], None], host: ResyncHost | None = None) -> None:
+        self.host = host
         self.router = router
         self.clock = clock
         self.subject = subject
@@ -122,21 +137,25 @@ class Resync:
         self.fed += fed
         return fed
 
-    async def run(self, live: Callable[[], LiveSession | None],
-                  periods: Callable[[], Awaitable[dict[str, float]]]) -> None:
-        """Sweep until cancelled: refresh the periods every ``REFRESH_SECONDS`` (``periods``: the
-        ledger query), feed due URIs on the host's ``live()`` session while it is not lost."""
+    async def run(self) -> None:
+        """Sweep until cancelled: refresh the periods (``Ledger.resync_periods``), feed due URIs on
+        the host's live session while it is not lost. Nothing when the host reads no notification
+        itself (``read_on_notification`` off: a synthetic note would only wake the workflow)."""
+        host = self.host
+        if host is None or not host.server.read_on_notification:
+            return
         refreshed = float("-inf")
         while True:
             now = time.monotonic()
             if self.refresh_due(now - refreshed):
                 try:
-                    self.refresh(await periods(), time.monotonic())
+                    periods = await host.ledger.resync_periods(self.subject, self.server)
+                    self.refresh(periods, time.monotonic())
                     refreshed = now
                 except Exception as exc:  # noqa: BLE001 - PostgreSQL away: keep the last answer
                     log.warning("resync %s/%s: refresh failed: %s", self.server, self.subject,
                                 type(exc).__name__)
-            session = live()
+            session = host.live
             if session is not None and not session.lost.is_set():
                 self.sweep(session.generation, time.monotonic())
             await asyncio.sleep(sweep_seconds(self.periods.values()))

@@ -67,7 +67,6 @@ from mcpsync.activities.mcp_session import (
 from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
-from mcpsync.worker.resync import Resync
 from mcpsync.worker.session_transport import SessionOpenError, describe_open_failure, server_transport
 from mcpsync.worker.transport_bounds import install, stdio_line_limit, transport_limit
 from mcpsync.workflows.ingress import (
@@ -151,8 +150,7 @@ class SessionHost:
                                     read_on_notification=server.read_on_notification,
                                     max_pending=server.max_pending_notifications)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
-        self.resync = Resync(self.router, self.ingress.reads, subject=subject, server=server.name,
-                             ready=lambda: self._queue.put_nowait(None))
+        self.resync = self.ingress.resync(self, lambda: self._queue.put_nowait(None))  # worker/resync.py
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         self.leases_acquired = 0
@@ -196,10 +194,7 @@ class SessionHost:
         tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}:{n}")
                  for n in range(self.server.route_concurrency)]
         tasks.append(asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}"))
-        if self.server.read_on_notification:  # the resync's reads go the notified-read path
-            tasks.append(asyncio.create_task(self.resync.run(
-                lambda: self.live, lambda: self.ledger.resync_periods(self.subject, self.server.name)),
-                name=f"resync:{self.server.name}"))
+        tasks.append(asyncio.create_task(self.resync.run(), name=f"resync:{self.server.name}"))
         if self._own_ingress:
             worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
             # A worker that fails stops the host; ``run`` then raises its error (the finally below).
