@@ -349,6 +349,11 @@ class SubscriptionProgram(CatalogAndIdentity):
     def _read_period(self) -> float | None:
         return self.fence.read_period(self.options.safety_read_seconds)
 
+    def _resync_period(self) -> float | None:
+        """The safety-read period the ingress may read ahead of (``worker/resync.py``): only a run
+        whose keeper re-arms after such a read (else its timer would fire as well)."""
+        return (self.options.safety_read_seconds or None) if self.keeper.rearm else None
+
     async def _wait_for_session(self) -> None:
         """Back off before asking again: a newer generation announced, a close, or the timer."""
         have = max(self.live_generation, self.fence.s.session_generation)
@@ -442,7 +447,7 @@ class SubscriptionProgram(CatalogAndIdentity):
             subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
             mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
                                    subscription_generation=snap.subscription_generation, read_reports=True,
-                                   safety_read_seconds=self.options.safety_read_seconds or None),
+                                   safety_read_seconds=self._resync_period()),
             read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
         started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
         if started is None or started.active is None:

@@ -4,10 +4,10 @@ the fixture MCP server over HTTP with subscribe.
 A subscription with a short safety-read period and no change gets its periodic reads from the
 ingress's resync: read at the ingress as if notified (ledger trigger ``updated``) and reported with
 ``resource_read``; its history shows no read-cycle activity after the start and no fired timer (the
-keeper re-arms when such a read moves the deadline: ``deadline-rearm``). Without the resync (a
-server read on notification by the workflow, ``read_on_notification: false``, which runs no resync)
-the workflow's own deadline timer makes the same reads through the read-cycle activity (trigger
-``poll``). Either way no gap between reads exceeds the published bound.
+keeper re-arms when such a read moves the deadline: ``deadline-rearm``). When that resync stops
+(its ingress and session stay up), or on a server with ``read_on_notification: false`` (which runs
+no resync), the workflow's own deadline timer makes the same reads through the read-cycle activity
+(trigger ``poll``). Either way no gap between reads exceeds the published bound.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def _reads(ledger: Ledger, key: SubscriptionKey) -> tuple[list[str], float
 
 
 async def _quiet_subscription(client: Client, ledger: Ledger, fx: FixtureProcess, server: ServerConfig,
-                              queue: str) -> tuple[list[str], float, dict[str, int]]:
+                              queue: str) -> tuple[SubscriptionKey, list[str], float, dict[str, int]]:
     key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://resync/{uuid.uuid4().hex}")
     await fx.create(key.uri, text="v1")
     handle = await start_subscription(client, key, task_queue=queue,
@@ -69,7 +69,7 @@ async def _quiet_subscription(client: Client, ledger: Ledger, fx: FixtureProcess
                        "subscribed and read")
     await asyncio.sleep(QUIET_SECONDS)
     triggers, gap = await _reads(ledger, key)
-    return triggers, gap, await _history(handle)
+    return key, triggers, gap, await _history(handle)
 
 
 async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound_without_it(
@@ -81,9 +81,16 @@ async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound
                                   catalog=False, read_on_notification=False)
         async with running_services(temporal_client, ledger, [resynced, timer_only]) as cfg:
             queue = cfg.temporal.task_queue
-            (triggers, gap, history), (t_triggers, t_gap, t_history) = await asyncio.gather(
+            (key, triggers, gap, history), (_, t_triggers, t_gap, t_history) = await asyncio.gather(
                 _quiet_subscription(temporal_client, ledger, fx, resynced, queue),
                 _quiet_subscription(temporal_client, ledger, fx, timer_only, queue))
+            # The resync stops (its ingress and session stay): the workflow's timer takes over.
+            resync = next(t for t in asyncio.all_tasks() if t.get_name() == f"resync:{resynced.name}")
+            resync.cancel()
+            await asyncio.sleep(0.5)  # a read the resync fed just before is reported meanwhile
+            before_stop = len((await _reads(ledger, key))[0])
+            await asyncio.sleep(QUIET_SECONDS)
+            after, whole_gap = await _reads(ledger, key)
 
     # Through the ingress: read as if notified and reported; the workflow scheduled no read and no
     # timer of its fired (each resync read moved the deadline far: cancelled and re-armed).
@@ -91,6 +98,9 @@ async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound
     assert history["read_cycles"] == 0 and history["timers_fired"] == 0, history
     assert history["reports"] >= len(triggers) and history["timers_canceled"] >= len(triggers) - 1, history
     assert gap <= SAFETY_SECONDS, gap
+    # The resync stopped: the timer reads, and no gap over the whole run exceeded the bound.
+    assert len(after) - before_stop >= 2 and set(after[before_stop:]) == {"poll"}, (before_stop, after)
+    assert whole_gap <= SAFETY_SECONDS, whole_gap
     # Without the resync the workflow's timer reads, through the read-cycle activity, within the bound.
     assert len(t_triggers) >= 3 and set(t_triggers) == {"poll"}, t_triggers
     assert t_history["read_cycles"] == len(t_triggers) and t_history["timers_fired"] >= len(t_triggers), \
