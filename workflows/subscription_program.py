@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
-from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
+from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH, resynced_jitter
 from mcpsync.workflows.records import (
     AllocateRequest,
     AuditRequest,
@@ -534,8 +534,11 @@ class SubscriptionProgram(CatalogAndIdentity):
         if not reported or fence.report_deadline(requested_at):
             # From the request, not the grant: the ledger allocated no earlier, so the deadline is
             # never later than one period after the read the ledger records.
+            jitter = self.rt.random()
+            if self._resync_period() is not None and fence.s.staleness_bound_seconds is None:
+                jitter = resynced_jitter(jitter)  # the ingress reads ahead of it (resync_rules)
             fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                    jitter=self.rt.random())
+                                    jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
             self._read_lost_session(ticket.ordinal)

@@ -15,6 +15,7 @@ from mcpsync.worker.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadCl
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.program_runtime import WaitKind
+from mcpsync.workflows.read_deadline import resynced_jitter
 from mcpsync.workflows.records import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.resync_rules import (
     SWEEP_MAX_SECONDS,
@@ -36,11 +37,11 @@ def test_the_resync_is_due_before_the_earliest_deadline_the_workflow_can_arm(per
     # the resync must come before it with room for a sweep, or the timer fires first.
     fence = SubscriptionFence(FenceState(key=KEY, state=SubscriptionState.ACTIVE))
     fence.dispatch_margin = True
-    fence.arm_read_deadline(requested_at=T0, period_seconds=period, jitter=0.0)
+    fence.arm_read_deadline(requested_at=T0, period_seconds=period, jitter=resynced_jitter(0.0))
     assert fence.s.read_due_at is not None
     earliest = (fence.s.read_due_at - T0).total_seconds()
     due = resync_due_at(0.0, period)
-    assert 0.6 * period < due < earliest
+    assert 0.75 * period < due < earliest
     assert earliest - due >= sweep_seconds([period])
 
 
