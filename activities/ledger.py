@@ -69,6 +69,7 @@ class Ledger:
         self.lease_remaining = self.sessions.lease_remaining
         self.find_subscription = self.fence.find_subscription
         self.subscriptions_for = self.fence.subscriptions_for
+        self.resync_periods = self.fence.resync_periods
         self.normalized_siblings = self.fence.normalized_siblings
         self.note_notification = self.fence.note_notification
         self.workflow_id_of = self.fence.workflow_id_of

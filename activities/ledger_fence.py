@@ -219,6 +219,17 @@ class FenceLedger:
             )
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
+    async def resync_periods(self, subject: str, server: str) -> dict[str, float]:
+        """URI -> safety-read period of the ACTIVE rows of one (subject, server) whose run mirrors
+        reads made at the ingress and said its period (``mark_active``): what the ingress resyncs."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT uri, safety_read_seconds FROM subscriptions WHERE subject=%s AND server=%s"
+                " AND state=%s AND read_reports AND safety_read_seconds IS NOT NULL",
+                (subject, server, S.ACTIVE.value),
+            )
+            return {r[0]: float(r[1]) for r in await cur.fetchall()}
+
     async def normalized_siblings(self, subject: str, server: str, uri: str) -> list[tuple[str, str]]:
         """(workflow_id, uri) of the non-terminal subscriptions of (subject, server) whose URI differs
         from ``uri`` but normalizes alike (``mcpsync.workflows.uris.normalize_uri``): one indexed query.
@@ -274,11 +285,11 @@ class FenceLedger:
     async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
         return await self._transition(
             req.key,
-            "UPDATE subscriptions SET state=%s, read_reports=%s, updated_at=now()"
+            "UPDATE subscriptions SET state=%s, read_reports=%s, safety_read_seconds=%s, updated_at=now()"
             f" WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s"
             " RETURNING *",
-            (S.ACTIVE.value, req.read_reports, *key_params(req.key), S.SUBSCRIBING.value,
-             req.session_generation, req.subscription_generation))
+            (S.ACTIVE.value, req.read_reports, req.safety_read_seconds, *key_params(req.key),
+             S.SUBSCRIBING.value, req.session_generation, req.subscription_generation))
 
     @activity.defn(name=Act.SET_STATE)
     async def set_state(self, req: SetStateRequest) -> FenceSnapshot:

@@ -6,8 +6,9 @@ Contract:
   mcpsync's main worker and ingress, the Temporal dev server, PostgreSQL, the fixtures, this
   process), the history events stamped in the N workflows' histories (continue-as-new followed)
   and the reads the ledger issued for them (``read_requests``, by trigger).
-- What runs in such a window: safety reads (a timer, a workflow task, the read cycle activity on
-  the ingress's queue, the workflow task that mirrors it), keepalive pings and lease renewals (per
+- What runs in such a window: safety reads (mostly the ingress's resync: a read at the ingress
+  reported by one signal; else a timer, a workflow task, the read cycle activity on the ingress's
+  queue, the workflow task that mirrors it), keepalive pings and lease renewals (per
   session, not per subscription), the processes' own timers (metrics refresher, pollers) and
   continue-as-new when a history grows long.
 - The figures are per subscription and time: ``cpu_ms_per_subscription_hour`` (in all and by
@@ -57,7 +58,10 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
     # cpu_delta per "change" with changes=1: the window's CPU ms by process.
     cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}
     total_ms = sum(cpu_ms.values())
-    safety = int(reads.get("poll", 0))
+    # Nothing changes in the window: a read triggered "updated" is the ingress's resync of a safety
+    # read (worker/resync.py, fed to the router like a notification), a "poll" read the workflow's timer.
+    resync = int(reads.get("updated", 0))
+    safety = int(reads.get("poll", 0)) + resync
     scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0
     return {
         "subscriptions": n,
@@ -70,6 +74,7 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
         "workflow_tasks_per_subscription_day": round(history.workflow_tasks_completed / sub_hours * 24, 1),
         "reads_by_trigger": {str(k): int(v) for k, v in reads.items()},
         "safety_reads": safety,
+        "safety_reads_at_the_ingress": resync,
         "safety_reads_per_subscription_hour": round(safety / sub_hours, 3),
         "safety_reads_per_subscription_hour_scheduled": round(scheduled, 3),
         "cpu_ms_per_safety_read_upper_bound": round(total_ms / safety, 1) if safety else None,

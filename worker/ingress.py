@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from temporalio.client import Client as TemporalClient
@@ -35,6 +36,7 @@ from mcpsync.activities.catalog_scan import CatalogScanActivities
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
 from mcpsync.worker import metrics
+from mcpsync.worker.resync import ReadClock, Resync, ResyncHost
 
 __all__ = ["Ingress", "ingress_task_queue"]
 
@@ -66,6 +68,8 @@ class Ingress:
         self._worker: Worker | None = None  # run()'s, for ``polling``
         # What the worker runs (tests call them directly to see the dispatch by key).
         self.mcp = McpSessionActivities(self.live, ledger, metrics.PROMETHEUS)
+        self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.resync``)
+        self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
 
     def attach(self, subject: str, server: str, host: _Hosted) -> None:
@@ -75,6 +79,11 @@ class Ingress:
     def detach(self, subject: str, server: str, host: _Hosted) -> None:
         if self._hosts.get((subject, server)) is host:
             del self._hosts[(subject, server)]
+
+    def resync(self, host: ResyncHost, ready: Callable[[], None]) -> Resync:
+        """The resync of ``host`` over this process's read clock; ``ready`` wakes one of its routers."""
+        return Resync(host.router, self.reads, subject=host.subject, server=host.server.name, ready=ready,
+                      host=host)
 
     def live(self, subject: str, server: str) -> LiveSession | None:
         """The live session of (subject, server) this ingress holds, or None."""

@@ -162,6 +162,9 @@ class _Host(Protocol):
     def router(self) -> IngressRouter: ...  # its counters: received, coalesced, read, routed
 
     @property
+    def notifications_received(self) -> int: ...  # the router's, less the resync's synthetic notes
+
+    @property
     def server(self) -> Any: ...
 
 
@@ -253,8 +256,8 @@ def host_totals() -> dict[str, HostTotals]:
     for h in hosts:
         t = out.get(h.server.name, HostTotals())
         r = h.router
-        out[h.server.name] = HostTotals(t.received + r.received, t.coalesced + r.coalesced, t.read + r.read,
-                                        t.routed + r.routed)
+        out[h.server.name] = HostTotals(t.received + h.notifications_received, t.coalesced + r.coalesced,
+                                        t.read + r.read, t.routed + r.routed)
     return out
 
 

@@ -144,6 +144,7 @@ class SessionHost:
                                     read_on_notification=server.read_on_notification,
                                     max_pending=server.max_pending_notifications)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
+        self.resync = self.ingress.resync(self, lambda: self._queue.put_nowait(None))  # worker/resync.py
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         # list_changed notifications received per session generation (monotonic): the scan
@@ -155,6 +156,10 @@ class SessionHost:
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def notifications_received(self) -> int:
+        return self.router.received - self.resync.fed  # a resync's synthetic note is no notification
+
     # --- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -165,6 +170,7 @@ class SessionHost:
         tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}:{n}")
                  for n in range(self.server.route_concurrency)]
         tasks.append(asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}"))
+        tasks.append(asyncio.create_task(self.resync.run(), name=f"resync:{self.server.name}"))
         if self._own_ingress:
             worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
             # A worker that fails stops the host; ``run`` then raises its error (the finally below).

@@ -2,8 +2,9 @@
 
 Contract:
 - One coroutine per run (``SubscriptionProgram`` spawns ``DeadlineKeeper.run``). It arms a timer
-  for the fence's ``read_due_at`` when a deadline applies, re-arms it only if it would fire after
-  the newest read's promised bound, and counts its firings in ``ticks``: the main loop's idle wait
+  for the fence's ``read_due_at`` when a deadline applies, re-arms it if it would fire after
+  the newest read's promised bound or (``DEADLINE_REARM_PATCH``) a read moved the deadline later by
+  more than half a period, and counts its firings in ``ticks``: the main loop's idle wait
   wakes on a new tick, and the loop's ``poll_if_due`` requests the read. The keeper never
   requests a read itself and never upserts a search attribute.
 - Every wait goes through the run's ``Runtime`` (a Temporal timer, or the simulator's clock).
@@ -17,7 +18,13 @@ from datetime import datetime, timedelta
 from mcpsync.workflows.program_runtime import Runtime, WaitKind
 from mcpsync.workflows.subscription_state import SubscriptionFence
 
-__all__ = ["DeadlineKeeper"]
+__all__ = ["DEADLINE_REARM_PATCH", "DeadlineKeeper"]
+
+DEADLINE_REARM_PATCH = "deadline-rearm"
+"""The ``workflow.patched`` id of the far-moved re-arm: a read that moved the deadline later by more
+than half a period (a resync read at the ingress) cancels the armed timer and arms one for the new
+deadline, so the old timer does not fire (a fired timer costs a workflow task); runs that started
+on 0.2.0 keep the armed timer unless it breaks the promise (their recorded commands)."""
 
 
 class DeadlineKeeper:
@@ -25,6 +32,8 @@ class DeadlineKeeper:
         self.fence = fence
         self.rt = rt
         self.ticks = 0  # how often the timer fired
+        # Per run (the program asks ``DEADLINE_REARM_PATCH``): re-arm when the deadline moved far.
+        self.rearm = False
 
     def _acted_on(self, due: datetime | None) -> Callable[[], bool]:
         """After the keeper's timer fired for ``due``: the loop requested a read, or the deadline moved."""
@@ -32,9 +41,11 @@ class DeadlineKeeper:
         return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
 
     async def run(self) -> None:
-        """The read deadline's own timer, as the module says. ``poll_if_due`` reads only if the deadline
-        (perhaps moved later by a read meanwhile) is due. When the run ends, the timer is left (no
-        cancel event)."""
+        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
+        re-armed if it would fire after the newest read's promised bound, or (``rearm``) a read
+        moved the deadline later by more than half a period. Its firing wakes the
+        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
+        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
         fence, rt = self.fence, self.rt
         while not fence.finished:
             wait = fence.until_read_due(rt.now())
@@ -44,13 +55,20 @@ class DeadlineKeeper:
             due = fence.s.read_due_at
             fire_at = rt.now() + wait
 
-            def broken_promise(fire_at: datetime = fire_at) -> bool:
+            def outdated(fire_at: datetime = fire_at) -> bool:
                 # A read granted meanwhile moves the deadline (usually later, by up to a period); the
                 # armed timer still keeps the promise unless it fires after the newest read's bound.
                 promised = fence.read_promised_by()
-                return promised is not None and promised < fire_at
+                if promised is not None and promised < fire_at:
+                    return True
+                # Moved later by more than half a period: one cancel and one timer now instead of a
+                # firing (and its workflow task) for a deadline that is no longer due. Frequent reads
+                # move it a little each and keep the armed timer.
+                armed_from, moved_to = fence.s.read_armed_from, fence.s.read_due_at
+                return (self.rearm and promised is not None and armed_from is not None
+                        and moved_to is not None and moved_to - fire_at > (promised - armed_from) / 2)
 
-            if await self._wait(broken_promise, wait):
+            if await self._wait(outdated, wait):
                 continue
             self.ticks += 1
             # Until the main loop has acted on it (a read requested) or the deadline moved: no spinning.

@@ -15,7 +15,8 @@ from __future__ import annotations
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import StalenessBoundSource
 
-__all__ = ["BACKOFF_CAP", "DISPATCH_MARGIN_PATCH", "FAILED_READS", "dispatch_margin", "poll_period"]
+__all__ = ["BACKOFF_CAP", "DISPATCH_MARGIN_PATCH", "FAILED_READS", "RESYNCED_JITTER_FLOOR", "dispatch_margin",
+           "poll_period", "resynced_jitter"]
 
 BACKOFF_CAP = 8.0
 """Consecutive failed reads double the poll period, up to this many times the configured interval."""
@@ -55,3 +56,16 @@ def dispatch_margin(period_seconds: float) -> float:
     """How long before the end of ``period_seconds`` the periodic read is requested at the latest,
     so that its allocation, after one dispatch, still falls within the period."""
     return min(DISPATCH_MARGIN_MAX_SECONDS, period_seconds * DISPATCH_MARGIN_FRACTION)
+
+
+RESYNCED_JITTER_FLOOR = 0.75
+"""A safety read the ingress makes ahead of the deadline (``worker/resync.py``) needs no wide jitter
+on the timer behind it, and the ingress must read before the earliest deadline the run can arm: a
+run whose rows are resynced maps its draw into [0.75, 1), so its deadline falls at 0.95–1.0 of the
+period (less the dispatch margin) and the resync, a little before, reads about as often as the
+timer's 0.8–1.0 did."""
+
+
+def resynced_jitter(draw: float) -> float:
+    """The jitter a resynced safety deadline is armed with, from the run's draw in [0, 1)."""
+    return RESYNCED_JITTER_FLOOR + (1.0 - RESYNCED_JITTER_FLOOR) * draw

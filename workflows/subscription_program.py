@@ -34,10 +34,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from mcpsync.workflows.deadline_keeper import DeadlineKeeper
+from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
-from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
+from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH, resynced_jitter
 from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     AuditRequest,
@@ -243,6 +243,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         rt, start = self.rt, self.start
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
         self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
+        self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
         incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
             snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
@@ -342,6 +343,11 @@ class SubscriptionProgram(CatalogAndIdentity):
     def _read_period(self) -> float | None:
         return self.fence.read_period(self.options.safety_read_seconds)
 
+    def _resync_period(self) -> float | None:
+        """The safety-read period the ingress may read ahead of (``worker/resync.py``): only a run
+        whose keeper re-arms after such a read (else its timer would fire as well)."""
+        return (self.options.safety_read_seconds or None) if self.keeper.rearm else None
+
     async def _wait_for_session(self) -> None:
         """Back off before asking again: a newer generation announced, a close, or the timer."""
         have = max(self.live_generation, self.fence.s.session_generation)
@@ -432,7 +438,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         req = SubscribeCycleRequest(
             subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
             mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                   subscription_generation=snap.subscription_generation, read_reports=True),
+                                   subscription_generation=snap.subscription_generation, read_reports=True,
+                                   safety_read_seconds=self._resync_period()),
             read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
         started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
         if started is None or started.active is None:
@@ -516,8 +523,11 @@ class SubscriptionProgram(CatalogAndIdentity):
         if not reported or fence.report_deadline(requested_at):
             # From the request, not the grant: the ledger allocated no earlier, so the deadline is
             # never later than one period after the read the ledger records.
+            jitter = self.rt.random()
+            if self._resync_period() is not None and fence.s.staleness_bound_seconds is None:
+                jitter = resynced_jitter(jitter)  # the ingress reads ahead of it (resync_rules)
             fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
-                                    jitter=self.rt.random())
+                                    jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
             self._read_lost_session(ticket.ordinal)

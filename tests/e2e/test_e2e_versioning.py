@@ -40,6 +40,7 @@ from mcpsync.worker.runtime import (
 )
 from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
+from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
 from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
 from mcpsync.workflows.records.catalog import CatalogKey
@@ -49,6 +50,9 @@ from tests.changed_build import V2_PATCH, V2_WORKFLOWS
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_fence import _receipts, _record, _server
 from tests.e2e.test_e2e_subscription import _wait_record
+
+RELEASED_PATCHES = (DISPATCH_MARGIN_PATCH, DEADLINE_REARM_PATCH)
+"""The patches every subscription run of this code asks before its first command."""
 
 # --- pure parts: the trigger and the configuration -------------------------------------------------
 
@@ -313,8 +317,7 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
             # `mcpsync upgrades`: every open subscription run is on v2 and carries the v2 marker, so
             # V2_PATCH could be deprecated; the catalog's runs never ask for it.
             await eventually(lambda: _upgrades_show(client, queue, {
-                (WORKFLOW_TYPE, f"{deployment}:v2", tuple(sorted((DISPATCH_MARGIN_PATCH, V2_PATCH))),
-                 len(subs)),
+                (WORKFLOW_TYPE, f"{deployment}:v2", tuple(sorted((*RELEASED_PATCHES, V2_PATCH))), len(subs)),
                 (CATALOG_WORKFLOW_TYPE, f"{deployment}:v2", (), 1)}), timeout=15, what="mcpsync upgrades "
                                                                                        "on v2")
             assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH, WORKFLOW_TYPE) == 0
@@ -336,9 +339,9 @@ async def test_upgrade_and_rollback_move_subscriptions_and_catalog_at_continue_a
                              timeout=15, what="visibility: every run back on v1, none on v2")
             # Back on v1: continue-as-new does not carry the marker (each run records the patches its
             # own code asked for), so every open run is older than V2_PATCH again (every subscription
-            # run, on either build, takes the released dispatch-margin patch).
+            # run, on either build, takes RELEASED_PATCHES).
             await eventually(lambda: _upgrades_show(client, queue, {
-                (WORKFLOW_TYPE, f"{deployment}:v1", (DISPATCH_MARGIN_PATCH,), len(subs)),
+                (WORKFLOW_TYPE, f"{deployment}:v1", tuple(sorted(RELEASED_PATCHES)), len(subs)),
                 (CATALOG_WORKFLOW_TYPE, f"{deployment}:v1", (), 1)}), timeout=15, what="mcpsync upgrades "
                                                                                        "on v1")
             assert runs_without(await open_runs(client, task_queue=queue), V2_PATCH,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.worker.converter import DATA_CONVERTER
-from mcpsync.workflows.records import CatalogKey
+from mcpsync.workflows.records.catalog import CatalogKey
 
 
 def test_payloads_are_the_sdks_bytes_and_decode_alike() -> None:

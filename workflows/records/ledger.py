@@ -174,6 +174,8 @@ class MarkActiveRequest(FrozenRecord):
     session_generation: int
     subscription_generation: int
     read_reports: bool = False  # the run mirrors ingress reads (``resource_read``); every run does
+    # The subscribed run's safety-read period: the ingress reads the URI before it is due (resync).
+    safety_read_seconds: float | None = None
 
 
 class FinishUnsubscribeRequest(FrozenRecord):

@@ -1,0 +1,108 @@
+"""Safety reads at the ingress (worker/resync.py) on the real stack: Temporal dev server, PostgreSQL,
+the fixture MCP server over HTTP with subscribe.
+
+A subscription with a short safety-read period and no change gets its periodic reads from the
+ingress's resync: read at the ingress as if notified (ledger trigger ``updated``) and reported with
+``resource_read``; its history shows no read-cycle activity after the start and no fired timer (the
+keeper re-arms when such a read moves the deadline: ``deadline-rearm``). When that resync stops
+(its ingress and session stay up), or on a server with ``read_on_notification: false`` (which runs
+no resync), the workflow's own deadline timer makes the same reads through the read-cycle activity
+(trigger ``poll``). Either way no gap between reads exceeds the published bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from benchmarks.staleness import gaps_between_reads
+from mcpsync.activities.ledger import Ledger
+from mcpsync.fixture import FixtureProcess
+from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.runtime import start_subscription
+from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, Act
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
+from tests.conftest import ledger_rows, running_services, unique
+from tests.e2e.test_e2e_subscription import _wait_record
+
+SAFETY_SECONDS = 10.0
+QUIET_SECONDS = 3.2 * SAFETY_SECONDS  # three safety reads or more, nothing changing
+
+
+async def _history(handle: WorkflowHandle) -> dict[str, int]:
+    counts = {"read_cycles": 0, "timers_fired": 0, "timers_canceled": 0, "reports": 0}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            counts["read_cycles"] += event.activity_task_scheduled_event_attributes.activity_type.name \
+                == Act.MCP_READ_CYCLE
+        elif event.event_type == EventType.EVENT_TYPE_TIMER_FIRED:
+            counts["timers_fired"] += 1
+        elif event.event_type == EventType.EVENT_TYPE_TIMER_CANCELED:
+            counts["timers_canceled"] += 1
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            counts["reports"] += event.workflow_execution_signaled_event_attributes.signal_name \
+                == SIGNAL_RESOURCE_READ
+    return counts
+
+
+async def _reads(ledger: Ledger, key: SubscriptionKey) -> tuple[list[str], float]:
+    """The triggers of the reads after the initial one, and the longest gap between reads (the open
+    gap to now included: ``benchmarks.staleness.gaps_between_reads``)."""
+    rows = await ledger_rows(ledger, "SELECT trigger_reason, issued_at FROM read_requests"
+                                     " WHERE workflow_id=%s ORDER BY ordinal", key.workflow_id)
+    now = (await ledger_rows(ledger, "SELECT now()"))[0][0]
+    times = [r[1] for r in rows]
+    return [r[0] for r in rows[1:]], max(gaps_between_reads(times, times[0], now))
+
+
+async def _quiet_subscription(client: Client, ledger: Ledger, fx: FixtureProcess, server: ServerConfig,
+                              queue: str) -> tuple[SubscriptionKey, list[str], float, dict[str, int]]:
+    key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://resync/{uuid.uuid4().hex}")
+    await fx.create(key.uri, text="v1")
+    handle = await start_subscription(client, key, task_queue=queue,
+                                      options=SubscriptionOptions(safety_read_seconds=SAFETY_SECONDS))
+    await _wait_record(handle, lambda r: r.state == SubscriptionState.ACTIVE and r.last_issued_ordinal > 0,
+                       "subscribed and read")
+    await asyncio.sleep(QUIET_SECONDS)
+    triggers, gap = await _reads(ledger, key)
+    return key, triggers, gap, await _history(handle)
+
+
+async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound_without_it(
+        temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
+    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
+        resynced = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                                catalog=False)
+        timer_only = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                                  catalog=False, read_on_notification=False)
+        async with running_services(temporal_client, ledger, [resynced, timer_only]) as cfg:
+            queue = cfg.temporal.task_queue
+            (key, triggers, gap, history), (_, t_triggers, t_gap, t_history) = await asyncio.gather(
+                _quiet_subscription(temporal_client, ledger, fx, resynced, queue),
+                _quiet_subscription(temporal_client, ledger, fx, timer_only, queue))
+            # The resync stops (its ingress and session stay): the workflow's timer takes over.
+            resync = next(t for t in asyncio.all_tasks() if t.get_name() == f"resync:{resynced.name}")
+            resync.cancel()
+            await asyncio.sleep(0.5)  # a read the resync fed just before is reported meanwhile
+            before_stop = len((await _reads(ledger, key))[0])
+            await asyncio.sleep(QUIET_SECONDS)
+            after, whole_gap = await _reads(ledger, key)
+
+    # Through the ingress: read as if notified and reported; the workflow scheduled no read and no
+    # timer of its fired (each resync read moved the deadline far: cancelled and re-armed).
+    assert len(triggers) >= 3 and set(triggers) == {"updated"}, triggers
+    assert history["read_cycles"] == 0 and history["timers_fired"] == 0, history
+    assert history["reports"] >= len(triggers) and history["timers_canceled"] >= len(triggers) - 1, history
+    assert gap <= SAFETY_SECONDS, gap
+    # The resync stopped: the timer reads, and no gap over the whole run exceeded the bound.
+    assert len(after) - before_stop >= 2 and set(after[before_stop:]) == {"poll"}, (before_stop, after)
+    assert whole_gap <= SAFETY_SECONDS, whole_gap
+    # Without the resync the workflow's timer reads, through the read-cycle activity, within the bound.
+    assert len(t_triggers) >= 3 and set(t_triggers) == {"poll"}, t_triggers
+    assert t_history["read_cycles"] == len(t_triggers) and t_history["timers_fired"] >= len(t_triggers), \
+        t_history
+    assert t_gap <= SAFETY_SECONDS, t_gap
