@@ -2,7 +2,8 @@
 
 Contract: small utilities: a nearest-rank percentile and a latency summary of it, a rounded ratio, a
 polling wait on an async predicate, ``asyncio.gather`` with a concurrency limit, and one-statement reads
-of the ledger (rows, or the first column of the first row); the run's subject and task queue.
+of the ledger (rows, or the first column of the first row); the run's subject and task queue; a Temporal
+dev server with a client and the ledger, on an exit stack (``temporal_and_ledger``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,20 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
+
 from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.runtime import open_ledger
+from mcpsync.worker.stack_temporal import TemporalDevServer
 
 __all__ = ["SUBJECT", "TASK_QUEUE", "fetch_rows", "fetch_scalar", "gather_limited", "percentile", "ratio",
-           "summarize", "until"]
+           "summarize", "temporal_and_ledger", "until"]
 
 SUBJECT = "bench"
 TASK_QUEUE = "mcpsync-bench"
@@ -79,3 +88,15 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, 3)
 
+
+
+async def temporal_and_ledger(stack: AsyncExitStack, temporal_dir: Path, db_url: str, *, pool_size: int = 16,
+                              runtime: Runtime | None = None) -> tuple[TemporalDevServer, Client, Ledger]:
+    """A Temporal dev server storing in ``temporal_dir``, a client on it (pydantic payloads, ``runtime``'s
+    metrics) and the ledger on ``db_url`` (``pool_size`` connections); ``stack`` closes and stops them."""
+    temporal = await TemporalDevServer.start(temporal_dir, port=0, ui_port=0)
+    stack.push_async_callback(temporal.stop)
+    client = await Client.connect(temporal.address, data_converter=pydantic_data_converter, runtime=runtime)
+    ledger = await open_ledger(db_url, max_size=pool_size)
+    stack.push_async_callback(ledger.pool.close)
+    return temporal, client, ledger

@@ -26,19 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from benchmarks.common import percentile
+from benchmarks.common import percentile, temporal_and_ledger
 from benchmarks.postgres import Postgres
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.runtime import (
-    open_ledger,
     run_services,
     start_subscription,
     start_subscription_first_read,
 )
-from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -78,11 +75,7 @@ async def main(samples: int, poll_ms: float, warmup: int) -> dict[str, Any]:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mcpsync-first-read-")))
         db_url = await pg.create(name)
         stack.push_async_callback(pg.drop, name)
-        temporal = await TemporalDevServer.start(work / "temporal", port=0, ui_port=0)
-        stack.push_async_callback(temporal.stop)
-        client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
-        ledger = await open_ledger(db_url, max_size=8)
-        stack.push_async_callback(ledger.pool.close)
+        temporal, client, ledger = await temporal_and_ledger(stack, work / "temporal", db_url, pool_size=8)
         fx = await FixtureProcess.start_http(work, seed="none")
         stack.push_async_callback(fx.stop)
         server = ServerConfig(name="bench", transport="http", url=fx.mcp_url, subjects=[SUBJECT])

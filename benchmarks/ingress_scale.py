@@ -38,19 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from benchmarks.common import until
+from benchmarks.common import temporal_and_ledger, until
 from benchmarks.postgres import Postgres
 from benchmarks.probe import Probe
 from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import open_ledger, run_services
+from mcpsync.worker.runtime import run_services
 from mcpsync.worker.session_host import SessionHost
 from mcpsync.worker.stack import state_dir
-from mcpsync.worker.stack_temporal import TemporalDevServer
 
 __all__ = ["Layout", "measure_one", "run_scale"]
 
@@ -124,13 +122,8 @@ async def measure_one(subjects: int, idle_seconds: float, layout: Layout = Layou
             db_url = await pg.create(db_name)
             stack.push_async_callback(pg.drop, db_name)
             tdir = Path("/dev/shm") / f"mcpsync-ingress-{os.getpid()}"
-            temporal = await TemporalDevServer.start(tdir, port=0, ui_port=0)
-            stack.push_async_callback(temporal.stop)
             stack.callback(shutil.rmtree, tdir, True)
-            client = await Client.connect(temporal.address, data_converter=pydantic_data_converter,
-                                          runtime=probe.runtime)
-            ledger = await open_ledger(db_url, max_size=16)
-            stack.push_async_callback(ledger.pool.close)
+            temporal, client, ledger = await temporal_and_ledger(stack, tdir, db_url, runtime=probe.runtime)
             fx = await FixtureProcess.start_http(work, seed="none", log_level="WARNING")
             stack.push_async_callback(fx.stop)
             config = Config(temporal=TemporalConfig(address=temporal.address,

@@ -34,7 +34,6 @@ from mcp import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from benchmarks import cost, idle, staleness
 from benchmarks.common import (
@@ -45,6 +44,7 @@ from benchmarks.common import (
     gather_limited,
     percentile,
     summarize,
+    temporal_and_ledger,
     until,
 )
 from benchmarks.figures import headline_figures
@@ -65,7 +65,7 @@ from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import Config, TemporalConfig
-from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
+from mcpsync.worker.runtime import revoke, start_subscription
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 
@@ -143,13 +143,8 @@ async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Prob
     tdir = (Path("/dev/shm") / f"mcpsync-bench-{os.getpid()}-{transport}-{n}"
             if opts.temporal_store == "tmpfs"
             else work / "temporal")
-    temporal = await TemporalDevServer.start(tdir, port=0, ui_port=0)
-    stack.push_async_callback(temporal.stop)
     stack.callback(shutil.rmtree, tdir, True)
-    client = await Client.connect(temporal.address, data_converter=pydantic_data_converter,
-                                  runtime=probe.runtime)
-    ledger = await open_ledger(db_url, max_size=16)
-    stack.push_async_callback(ledger.pool.close)
+    temporal, client, ledger = await temporal_and_ledger(stack, tdir, db_url, runtime=probe.runtime)
 
     system_fx = await BenchFixture.start(stack, transport, work, server)
     fixture = system_fx.process  # over HTTP the baseline shares it

@@ -37,16 +37,13 @@ from mcp import Client as McpClient
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from benchmarks.common import percentile, until
+from benchmarks.common import percentile, temporal_and_ledger, until
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import open_ledger, run_services, start_subscription
+from mcpsync.worker.runtime import run_services, start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
-from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 SUBJECT = "bench"
@@ -130,11 +127,7 @@ async def _run(listeners: int, changes: int, interval: float, profile: Path | No
             pg = await EmbeddedPostgres.start(work / "pg")
             stack.push_async_callback(pg.stop)
             db_url = pg.url
-        temporal = await TemporalDevServer.start(work / "temporal", port=0, ui_port=0)
-        stack.push_async_callback(temporal.stop)
-        client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
-        ledger = await open_ledger(db_url, max_size=16)
-        stack.push_async_callback(ledger.pool.close)
+        temporal, client, ledger = await temporal_and_ledger(stack, work / "temporal", db_url)
         fx = await FixtureProcess.start_http(work / "fx", seed="none")
         stack.push_async_callback(fx.stop)
         server = ServerConfig(name="bench", transport="http", url=fx.mcp_url, subjects=[SUBJECT])
