@@ -9,7 +9,8 @@ Contract:
   ACTIVE row that said its safety-read period (``Ledger.resync_periods``, refreshed every
   ``REFRESH_SECONDS`` and soon after a URI not asked about was read) whose last read is older
   than ``resync_rules.resync_due_at`` is fed to the host's router exactly as a notification is
-  (``IngressRouter.offer``), never counted as one. The
+  (``IngressRouter.offer``), in the queue's background lane (after every notified key), never
+  counted as one. The
   router then reads it at the ingress and reports it (``resource_read``): one signal and one
   workflow task instead of the deadline timer's firing, a cross-queue read-cycle activity and two
   workflow tasks. A URI first seen counts as read then (an ingress that just started waits a whole
@@ -128,7 +129,7 @@ class Resync:
             if now < resync_due_at(last.get(uri, now), period):
                 continue
             last[uri] = now
-            offer = self.router.offer(uri, generation)
+            offer = self.router.offer(uri, generation, background=True)
             if offer == Offer.OVERFLOW:
                 continue  # the queue is full of real notifications: the workflow's timer reads
             fed += 1

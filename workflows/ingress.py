@@ -48,30 +48,56 @@ class WorkQueue(Generic[K]):
     (``mcpsync.workflows.coverage``). A key added while it waits is merged (it is dirty already); a
     key added while it is processed is handed out again once processing ends (``done``), so one key
     is processed by one worker at a time and nothing added is lost. ``take`` lets the worker absorb
-    what arrived so far, just before it requests a read that observes all of it."""
+    what arrived so far, just before it requests a read that observes all of it.
+
+    Two lanes: a key only *background* adds made (the resync's due safety reads) is handed out after
+    every key a notification made ready, so a change never waits behind a sweep's batch; a
+    notification for a key waiting in the background lane moves it to the front one."""
 
     def __init__(self) -> None:
         self.dirty: set[K] = set()
         self.processing: set[K] = set()
         self.ready: deque[K] = deque()
+        self.background: set[K] = set()  # dirty keys only background adds made
+        self._later: deque[K] = deque()  # their lane (entries of keys moved or taken are skipped)
 
-    def add(self, key: K) -> bool:
+    def add(self, key: K, *, background: bool = False) -> bool:
         """Mark ``key`` dirty; True when it became ready (the caller wakes a worker). False: merged
-        into an add not processed yet, or it waits for its processing to end."""
+        into an add not processed yet (a foreground add moves a background key to the front lane),
+        or it waits for its processing to end."""
         if key in self.dirty:
+            if not background and key in self.background:
+                self.background.discard(key)
+                if key not in self.processing:
+                    self.ready.append(key)
             return False
         self.dirty.add(key)
+        if background:
+            self.background.add(key)
         if key in self.processing:
             return False
-        self.ready.append(key)
+        self._enqueue(key)
         return True
 
+    def _enqueue(self, key: K) -> None:
+        if key in self.background:
+            self._later.append(key)
+        else:
+            self.ready.append(key)
+
     def get(self) -> K | None:
-        """The next ready key, now processing (its dirty mark is taken), or None."""
-        if not self.ready:
-            return None
-        key = self.ready.popleft()
+        """The next ready key, now processing (its dirty mark is taken), or None. The front lane
+        first."""
+        if self.ready:
+            key = self.ready.popleft()
+        else:
+            while self._later and self._later[0] not in self.background:
+                self._later.popleft()  # moved to the front lane, or taken already
+            if not self._later:
+                return None
+            key = self._later.popleft()
         self.dirty.discard(key)
+        self.background.discard(key)
         self.processing.add(key)
         return key
 
@@ -80,6 +106,7 @@ class WorkQueue(Generic[K]):
         was): it is about to do the work that covers those adds."""
         if key in self.dirty and key in self.processing:
             self.dirty.discard(key)
+            self.background.discard(key)
             return True
         return False
 
@@ -87,12 +114,12 @@ class WorkQueue(Generic[K]):
         """Processing ``key`` ended; True when it was added meanwhile and is ready again."""
         self.processing.discard(key)
         if key in self.dirty:
-            self.ready.append(key)
+            self._enqueue(key)
             return True
         return False
 
     def __len__(self) -> int:
-        return len(self.ready)
+        return len(self.ready) + sum(1 for key in self.background if key not in self.processing)
 
 
 Key = tuple[str, int]
@@ -259,17 +286,19 @@ class IngressRouter:
 
     # --- the queue -----------------------------------------------------------------------------
 
-    def offer(self, uri: str, generation: int) -> Offer:
-        """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks)."""
+    def offer(self, uri: str, generation: int, *, background: bool = False) -> Offer:
+        """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks).
+        ``background``: a resync's synthetic note, handed out after the notifications."""
         key = (uri, generation)
         self.received += 1
         if key in self.work.dirty:
             self.merged += 1
+            self.work.add(key, background=background)  # a notification moves a background key ahead
             return Offer.MERGED
         if key not in self.work.processing and self.max_pending is not None \
                 and self.pending[generation] >= self.max_pending:
             return Offer.OVERFLOW
-        if self.work.add(key):
+        if self.work.add(key, background=background):
             self.pending[generation] += 1
             return Offer.READY
         return Offer.WAITING

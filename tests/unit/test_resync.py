@@ -86,6 +86,34 @@ def test_a_full_queue_is_not_overflowed_by_the_resync_and_forgotten_uris_are_dro
     assert resync.clock.last("alice", "fx") == {}
 
 
+def test_a_notified_key_is_handed_out_before_the_resyncs_and_a_notification_moves_one_ahead() -> None:
+    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
+    for uri in ("demo://r1", "demo://r2", "demo://r3"):
+        router.offer(uri, 1, background=True)  # a sweep's batch
+    router.offer("demo://changed", 1)  # a change notified after the batch
+    router.offer("demo://r3", 1)  # a notification for a key waiting in the background lane
+    router.offer("demo://r3", 1, background=True)  # a later background add leaves it in front
+    assert len(router.work) == 4
+    order = [router.work.get() for _ in range(5)]
+    assert order == [("demo://changed", 1), ("demo://r3", 1), ("demo://r1", 1), ("demo://r2", 1), None]
+    assert router.work.dirty == set() and router.work.background == set()
+
+
+def test_a_background_add_while_processing_stays_behind_and_a_notification_does_not() -> None:
+    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
+    router.offer("demo://a", 1)
+    assert router.work.get() == ("demo://a", 1)  # processing a
+    router.offer("demo://a", 1, background=True)
+    router.offer("demo://b", 1)
+    assert router.work.done(("demo://a", 1))  # ready again, in the background lane
+    assert [router.work.get(), router.work.get()] == [("demo://b", 1), ("demo://a", 1)]
+    router.offer("demo://a", 1, background=True)  # processing a again: both adds arrive meanwhile
+    router.offer("demo://a", 1)
+    router.offer("demo://c", 1, background=True)
+    assert router.work.done(("demo://a", 1))
+    assert [router.work.get(), router.work.get()] == [("demo://a", 1), ("demo://c", 1)]
+
+
 # --- the keeper's re-arm --------------------------------------------------------------------
 
 class _Wait:
