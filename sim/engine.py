@@ -31,7 +31,7 @@ from mcpsync.workflows.records.subscription import (
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ingress import IngressDriver
-from sim.ledger import LedgerIntegrityError, MemoryLedger
+from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
     ENDED,
     EPOCH,
@@ -345,36 +345,16 @@ class Simulation(IngressDriver):
         if act.ingress is not None:
             self._ingress_step(act, fault)
             return
-        name, arg, led = act.name, act.arg, self.ledger
+        name, arg = act.name, act.arg
         result: Any
         try:
-            if name == Act.ENSURE:
-                result = led.ensure_subscription(arg.incarnation)
-            elif name == Act.LOAD_FENCE:
-                result = led.load_fence()
-            elif name == Act.CURRENT_SESSION:
-                result = led.current_session()
-            elif name == Act.BEGIN_SUBSCRIPTION:
-                result = led.begin_subscription(arg.session_generation)
-            elif name == Act.MARK_ACTIVE:
-                result = led.mark_active(arg.session_generation, arg.subscription_generation,
-                                         read_reports=arg.read_reports)
-            elif name == Act.BEGIN_UNSUBSCRIBE:
-                result = led.begin_unsubscribe()
-            elif name == Act.FINISH_UNSUBSCRIBE:
-                result = led.finish_unsubscribe(arg.acked)
-            elif name == Act.AUDIT:
-                result = led.write_audit(arg.kind)
-            elif name == Act.SET_STATE:
-                result = led.set_state(arg.state, arg.allowed_from)
-            elif name == Act.CONFIRM_TOMBSTONE:
-                before = led.row.state
-                result = led.confirm_tombstone(arg.listed, arg.scan_id, arg.proven)
-                if result.state == S.REVOKED and before != S.REVOKED and self.oracle.exists:
+            if name in LEDGER_ACTIVITIES:
+                before = self.ledger.row.state
+                result = LEDGER_ACTIVITIES[name](self.ledger, arg)
+                if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
+                        and self.oracle.exists:
                     # a late proven word revoked a resource that exists
                     self._cover("catalog_revoked_existing")
-            elif name == Act.REVOKE:
-                result = led.revoke()
             elif name == Act.MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":

@@ -393,6 +393,7 @@ def test_a_start_is_one_activity_that_subscribes_marks_and_reads() -> None:
     sim = Simulation("start", Profile(), SimConfig())
     sim._flush()
     assert sim.ledger.row.state == S.ACTIVE and sim.ledger.row.read_reports
+    assert sim.ledger.safety_read_seconds == Profile().safety_read_seconds  # the period the resync reads by
     names = [e.act for e in sim.events if e.op == Op.EXEC]
     assert names.count(Act.MCP_SUBSCRIBE_CYCLE) == 5 and Act.MCP_SUBSCRIBE not in names, names
     assert Act.MCP_READ_CYCLE not in names and Act.MARK_ACTIVE not in names, names
