@@ -20,6 +20,7 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.read_cycle import ReadReport
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     IdentityConflict,
@@ -209,23 +210,16 @@ class Simulation(IngressDriver):
             msg = self.queue.pop(e.n % len(self.queue))
             if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                 self.duplicate_deliveries += 1
-            if msg.kind == "session_changed":
-                self._signal(Signal.SESSION_CHANGED, msg.generation)
-            elif msg.kind == "read_reported":
-                assert msg.report is not None
+            if isinstance(msg.payload, ReadReport):
                 self._cover("ingress.report_delivered")
-                cycle = msg.report.cycle
+                cycle = msg.payload.cycle
                 if self.chain_running and cycle.accept is not None \
                         and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
                         and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                     # the newer digest.
                     self._cover("ingress.report_older_than_view")
-                self._signal(Signal.READ_REPORTED, msg.report)
-            else:
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
-                                                        notification_id=msg.notification_id,
-                                                        sequence=msg.sequence))
+            self._signal(msg.kind, msg.payload)
             return True
         if op == Op.OLD_NOTE:
             live = self.host.generation
@@ -236,25 +230,23 @@ class Simulation(IngressDriver):
             if (old := self._route(gen, f"old{self._note_id}")) is not None:
                 self.queue.append(old)
             return True
-        if op == Op.WRONG_URI:
+        if op == Op.WRONG_URI:  # no row for the variant: ``UnknownUri``
             gen = self.host.generation  # the live session's, or the last one's
             self._note_id += 1
-            # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
-            # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
             if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
                 self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
             gen = self.host.generation
-            final = self._route(gen, "final")
-            if final is not None:  # else the work is owned already (a read in flight or owed)
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
-            elif self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
+            final = self._route(gen, "final")  # None: the work is owned already (a read in flight or owed)
+            if final is None and self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
                 # A reset without reapply erased the signal that owned the row's work: nothing else
                 # owns it, and a note on a dirty row creates none. The safety read repays it; the
                 # drain delivers the final note as the operator's re-signal would (docs/faults.md).
                 self._cover("final_note_after_erased_signals")
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+                final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
+            if final is not None:
+                self._signal(final.kind, final.payload, log=False)
             return True
         if op == Op.CLOSE:
             self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
@@ -287,12 +279,12 @@ class Simulation(IngressDriver):
                 return False
             self.host.drop()
             if e.n == 0:
-                self.queue.append(Message("session_changed", self.host.open()))
+                self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
             return True
         if op == Op.SESSION_OPEN:
             if self.host.live is not None:
                 return False
-            self.queue.append(Message("session_changed", self.host.open()))
+            self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
             return True
         if op == Op.CAN:
             if self.wf.can_suggested:

@@ -26,11 +26,12 @@ from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
-from mcpsync.workflows.records.subscription import SubscriptionState
+from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 from sim.engine import Simulation
 from sim.model import (
     ALL_FAULTS,
     INGRESS_READ,
+    KEY,
     SAFETY_INVARIANTS,
     Event,
     Fault,
@@ -42,6 +43,7 @@ from sim.model import (
     schedule_seed,
 )
 from sim.runner import Summary, run_schedules, run_schedules_in_processes, summary_json
+from sim.runtime import Signal
 from sim.schedule import replay, run_schedule
 from sim.shrinking import shrink
 
@@ -274,6 +276,18 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     trace = Trace("ingress", Profile(), tuple(sim.events))
     again = replay(_trace(trace.to_json()))
     assert not again.violations and again.coverage.get("ingress.report", 0) >= 1
+
+
+def test_a_wake_up_at_the_ingress_is_the_update_it_stamped() -> None:
+    # Without reads at the ingress, ``resource_updated`` carries the update the routing program stamped
+    # (its receive time and ingress id), as the session host signals it.
+    sim = _settled(SimConfig(read_on_notification=False))
+    sim.apply(Event(Op.MUTATE, n=1))
+    received_at = sim.now
+    sim.apply(Event(Op.DELIVER))
+    assert sim.signal_log[-1] == (Signal.UPDATED, ResourceUpdated(
+        uri=KEY.uri, session_generation=sim.host.generation, received_at=received_at,
+        notification_id=f"n{sim._note_id}"))
 
 
 def _absorbed_prefix() -> list[Event]:
