@@ -253,10 +253,10 @@ class Checker:
                 self._violate(Invariant.NO_CONVERGENCE,
                               f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
                               f"{wf.program.reads_running}, close updates "
-                              f"{wf.handlers_running(Signal.CLOSE)}, resume updates "
-                              f"{wf.handlers_running(Signal.RESUME)})")
+                              f"{wf.handlers[Signal.CLOSE]}, resume updates "
+                              f"{wf.handlers[Signal.RESUME]})")
             return
-        if wf.fence.s.close_requested or wf.handlers_running(Signal.CLOSE):
+        if wf.fence.s.close_requested or wf.handlers[Signal.CLOSE]:
             # A close the run took (or an update still waiting) must finish the chain by the quiet end,
             # whatever the content: a close stuck behind a wait leaves an ACTIVE, converged row.
             self._violate(Invariant.NO_CONVERGENCE,
@@ -274,6 +274,6 @@ class Checker:
             self._violate(Invariant.NO_CONVERGENCE,
                           f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
             return
-        if wf.handlers_running(Signal.FIRST_READ):
+        if wf.handlers[Signal.FIRST_READ]:
             # Converged means a read was judged (or none will come): the update must have answered.
             self._violate(Invariant.NO_CONVERGENCE, f"first_read update still waiting in {wf.fence.s.state}")
