@@ -29,6 +29,7 @@ from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     FenceSnapshot,
     NotedNotification,
+    OutboxEventType,
     ReadTicket,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
@@ -83,7 +84,7 @@ class Receipt:
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
     outbox_id: int
-    event_type: str
+    event_type: OutboxEventType
     receipt_id: int
     digest: str | None
     ordinal: int
@@ -168,7 +169,7 @@ class MemoryLedger:
         if plan.outbox is not None:
             ob = plan.outbox
             target = receipt_id if ob.of_receipt else before.last_receipt_id
-            entry = OutboxEntry(self._next_id(), ob.event.value, target or 0, ob.content_digest, ob.ordinal)
+            entry = OutboxEntry(self._next_id(), ob.event, target or 0, ob.content_digest, ob.ordinal)
             self.outbox.append(entry)
         if plan.fence is not None:
             self.row = plan.fence.applied(before, receipt_id)

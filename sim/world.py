@@ -130,10 +130,7 @@ class McpServer:
         return None if ack_lost else UnsubscribeOutcome(acked=True)
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
-        base: dict[str, Any] = {"key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
-                                "session_generation": req.session_generation,
-                                "subscription_generation": req.subscription_generation,
-                                "trigger": req.trigger}
+        base: dict[str, Any] = dict(req)  # the outcome names the request: every field of it
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
