@@ -18,11 +18,11 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CLOSING_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
-from mcpsync.workflows.records.subscription import TriggerReason
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ledger import LedgerWrite, MemoryLedger
-from sim.model import CLOSING, ENDED, INVALIDATIONS, Invariant, Profile, Violation
+from sim.model import ENDED, INVALIDATIONS, Invariant, Profile, Violation
 from sim.runtime import ProgramRun, RunStage, Signal
 from sim.world import Message, Oracle
 
@@ -176,7 +176,7 @@ class Checker:
         if status == V.TOMBSTONE_PENDING and fenced:
             self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
-            if before.state in CLOSING or before.state in ENDED or fenced:
+            if before.state in CLOSING_STATES or before.state in ENDED or fenced:
                 self._violate(Invariant.OUTBOX_AFTER_CLOSE,
                               f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
             if invalidation.ordinal <= self._max_outbox_ordinal:

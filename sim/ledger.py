@@ -20,7 +20,7 @@ from typing import Any
 
 from mcpsync.workflows import coverage
 from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
-from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.ledger_rules import CLOSING, IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
@@ -51,7 +51,7 @@ from mcpsync.workflows.write_plan import (
     plan_revoke,
     plan_tombstone,
 )
-from sim.model import CLOSING, ENDED, JudgeFn
+from sim.model import ENDED, JudgeFn
 
 S = SubscriptionState
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from mcpsync.workflows.ledger_rules import CLOSING, TERMINAL, Judgement, judge_read
+from mcpsync.workflows.ledger_rules import TERMINAL, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict, OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
