@@ -169,8 +169,10 @@ class Simulation(IngressDriver):
         matches = self._candidates(name, executed=executed)
         return matches[n % len(matches)] if matches else None
 
-    def _index_of(self, act: Activity, *, executed: bool) -> int:
-        return self._candidates(act.name, executed=executed).index(act)
+    def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
+        """The EXEC (or COMPLETE) event that picks ``act``."""
+        n = self._candidates(act.name, executed=op == Op.COMPLETE).index(act)
+        return Event(op, n=n, act=act.name, fault=fault)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -413,18 +415,15 @@ class Simulation(IngressDriver):
             # The current run first; activities of a reset run land last, as a slow old worker would.
             runnable = [a for a in self.activities if not a.executed and not a.poisoned]
             current = [a for a in runnable if a.run == self.run or a.ingress is not None]
-            if current:
-                self.apply(Event(Op.EXEC, act=current[0].name, n=self._index_of(current[0], executed=False)))
-                continue
             done = [a for a in self.activities if a.executed and a.run == self.run]
-            if done:
-                self.apply(Event(Op.COMPLETE, act=done[0].name, n=self._index_of(done[0], executed=True)))
-                continue
-            if runnable:
-                first = runnable[0]
-                self.apply(Event(Op.EXEC, act=first.name, n=self._index_of(first, executed=False)))
-                continue
-            return True
+            if current:
+                self.apply(self.picking(Op.EXEC, current[0]))
+            elif done:
+                self.apply(self.picking(Op.COMPLETE, done[0]))
+            elif runnable:
+                self.apply(self.picking(Op.EXEC, runnable[0]))
+            else:
+                return True
         return False
 
     def drain(self) -> None:
