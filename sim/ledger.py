@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from mcpsync.workflows import coverage
@@ -269,7 +268,7 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
-    def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
+    def note_notification(self, generation: int) -> NotedNotification | None:
         """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
         workflow id the row recorded (where the ingress signals) and whether the note creates work;
         None without a row."""

@@ -160,7 +160,7 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
     assert await ledger.read_count(both.key) == len(both.mem.read_requests) == 1
     sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
-    mem = both.mem.note_notification(1, datetime.now(UTC))
+    mem = both.mem.note_notification(1)
     assert sql is not None and mem is not None
     assert (sql.workflow_id,
             sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
@@ -184,7 +184,7 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     async def note(generation: int = 1) -> bool:
         sql = await ledger.note_notification(k.subject, k.server, k.uri, generation)
         assert sql is not None
-        mem = both.mem.note_notification(generation, datetime.now(UTC))
+        mem = both.mem.note_notification(generation)
         assert mem is not None and sql.work == mem.work
         assert (sql.fence.notifications_seen,
                 sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
