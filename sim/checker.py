@@ -18,11 +18,11 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CLOSING_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
-from mcpsync.workflows.records.subscription import TriggerReason
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ledger import LedgerWrite, MemoryLedger
-from sim.model import CLOSING, ENDED, INVALIDATIONS, Invariant, Profile, Violation
+from sim.model import ENDED, INVALIDATIONS, Invariant, Profile, Violation
 from sim.runtime import ProgramRun, RunStage, Signal
 from sim.world import Message, Oracle
 
@@ -55,7 +55,7 @@ class Checker:
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
-        self._clean_flagged: set[str] = set()
+        self._covered_unread_reported = False
         self.converged_since: int | None = 0
         self.count_reads = True
         self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
@@ -176,7 +176,7 @@ class Checker:
         if status == V.TOMBSTONE_PENDING and fenced:
             self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
-            if before.state in CLOSING or before.state in ENDED or fenced:
+            if before.state in CLOSING_STATES or before.state in ENDED or fenced:
                 self._violate(Invariant.OUTBOX_AFTER_CLOSE,
                               f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
             if invalidation.ordinal <= self._max_outbox_ordinal:
@@ -207,24 +207,23 @@ class Checker:
             return row.last_accepted_digest == self.oracle.digest
         return row.state in (S.TOMBSTONE_PENDING, S.TOMBSTONED)
 
-
     def _work_owned(self) -> bool:
         """Someone will read KEY without a new notification: the workflow has a read pending or in
         flight, or a signal or report is on its way to it, or the ingress is processing the key."""
         s = self.wf.fence.s
         return bool(s.pending_trigger is not None or s.in_flight or self.router.owes()
-                    or any(m.kind in ("updated", "read_reported") for m in self.queue))
+                    or any(m.kind in (Signal.UPDATED, Signal.READ_REPORTED) for m in self.queue))
 
     def _check_clean(self) -> None:
         """Every step: a clean ACTIVE row (``notified == covered``) says the read that set ``covered`` was
         allocated after every note it counts was recorded, so an accepted read served the newest change
         any of them announced (``COVERED_UNREAD`` otherwise)."""
         row = self.ledger.row
-        if not row.exists or row.state != S.ACTIVE or dirty(row) or "covered_unread" in self._clean_flagged:
+        if not row.exists or row.state != S.ACTIVE or dirty(row) or self._covered_unread_reported:
             return
         noted = max((c for n, c in self._noted_change.items() if n <= row.covered), default=0)
         if noted > self._accepted_version:
-            self._clean_flagged.add("covered_unread")
+            self._covered_unread_reported = True
             self._violate(Invariant.COVERED_UNREAD,
                           f"the row is clean (notified = covered = {row.covered}) but a note announced"
                           f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
@@ -254,10 +253,10 @@ class Checker:
                 self._violate(Invariant.NO_CONVERGENCE,
                               f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
                               f"{wf.program.reads_running}, close updates "
-                              f"{wf.handlers_running(Signal.CLOSE)}, resume updates "
-                              f"{wf.handlers_running(Signal.RESUME)})")
+                              f"{wf.handlers[Signal.CLOSE]}, resume updates "
+                              f"{wf.handlers[Signal.RESUME]})")
             return
-        if wf.fence.s.close_requested or wf.handlers_running(Signal.CLOSE):
+        if wf.fence.s.close_requested or wf.handlers[Signal.CLOSE]:
             # A close the run took (or an update still waiting) must finish the chain by the quiet end,
             # whatever the content: a close stuck behind a wait leaves an ACTIVE, converged row.
             self._violate(Invariant.NO_CONVERGENCE,
@@ -275,6 +274,6 @@ class Checker:
             self._violate(Invariant.NO_CONVERGENCE,
                           f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
             return
-        if wf.handlers_running(Signal.FIRST_READ):
+        if wf.handlers[Signal.FIRST_READ]:
             # Converged means a read was judged (or none will come): the update must have answered.
             self._violate(Invariant.NO_CONVERGENCE, f"first_read update still waiting in {wf.fence.s.state}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcpsync.workflows.ledger_rules import marked_active
+from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest, SubscribeOutcome
 from mcpsync.workflows.records.read_cycle import (
@@ -22,6 +23,7 @@ from mcpsync.workflows.records.read_cycle import (
     SubscribeCycleResult,
 )
 from sim.checker import Checker
+from sim.ledger import LEDGER_ACTIVITIES
 from sim.model import SUBSCRIBE_CYCLE_READ
 from sim.world import Activity, McpServer
 
@@ -45,8 +47,7 @@ class CycleRunner(Checker):
         ok = SubscribeOutcome(ok=True, session_generation=req.subscribe.session_generation)
         if act.step == 1:
             m = req.mark
-            active = self.ledger.mark_active(m.session_generation, m.subscription_generation,
-                                             read_reports=m.read_reports)
+            active = LEDGER_ACTIVITIES[Act.MARK_ACTIVE](self.ledger, m)
             if not marked_active(active, session_generation=m.session_generation,
                                  subscription_generation=m.subscription_generation):
                 self._cover("start_cycle.not_marked")
@@ -74,7 +75,7 @@ class CycleRunner(Checker):
             cycle_id = ingress.cycle_id if ingress is not None else f"run{act.run}/a{act.aid}"
             granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": cycle_id}))
             if not granted.granted:
-                return True, ReadCycleResult(ticket=granted, fence=led.load_fence())
+                return True, ReadCycleResult(ticket=granted, fence=led.row)
             act.ticket, act.step = granted, base + 1
             return False, None
         ticket = act.ticket

@@ -20,6 +20,7 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.read_cycle import ReadReport
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,
     IdentityConflict,
@@ -31,7 +32,7 @@ from mcpsync.workflows.records.subscription import (
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ingress import IngressDriver
-from sim.ledger import LedgerIntegrityError, MemoryLedger
+from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
     ENDED,
     EPOCH,
@@ -168,8 +169,10 @@ class Simulation(IngressDriver):
         matches = self._candidates(name, executed=executed)
         return matches[n % len(matches)] if matches else None
 
-    def _index_of(self, act: Activity, *, executed: bool) -> int:
-        return self._candidates(act.name, executed=executed).index(act)
+    def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
+        """The EXEC (or COMPLETE) event that picks ``act``."""
+        n = self._candidates(act.name, executed=op == Op.COMPLETE).index(act)
+        return Event(op, n=n, act=act.name, fault=fault)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -209,23 +212,16 @@ class Simulation(IngressDriver):
             msg = self.queue.pop(e.n % len(self.queue))
             if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                 self.duplicate_deliveries += 1
-            if msg.kind == "session_changed":
-                self._signal(Signal.SESSION_CHANGED, msg.generation)
-            elif msg.kind == "read_reported":
-                assert msg.report is not None
+            if isinstance(msg.payload, ReadReport):
                 self._cover("ingress.report_delivered")
-                cycle = msg.report.cycle
+                cycle = msg.payload.cycle
                 if self.chain_running and cycle.accept is not None \
                         and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
                         and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                     # the newer digest.
                     self._cover("ingress.report_older_than_view")
-                self._signal(Signal.READ_REPORTED, msg.report)
-            else:
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=msg.uri, session_generation=msg.generation,
-                                                        notification_id=msg.notification_id,
-                                                        sequence=msg.sequence))
+            self._signal(msg.kind, msg.payload)
             return True
         if op == Op.OLD_NOTE:
             live = self.host.generation
@@ -236,25 +232,23 @@ class Simulation(IngressDriver):
             if (old := self._route(gen, f"old{self._note_id}")) is not None:
                 self.queue.append(old)
             return True
-        if op == Op.WRONG_URI:
+        if op == Op.WRONG_URI:  # no row for the variant: ``UnknownUri``
             gen = self.host.generation  # the live session's, or the last one's
             self._note_id += 1
-            # No fence row for the variant: nothing stamped. (Production's ingress does not route it to
-            # this workflow at all; delivering it exercises resource_updated's WRONG_URI defence.)
             if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
                 self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
             gen = self.host.generation
-            final = self._route(gen, "final")
-            if final is not None:  # else the work is owned already (a read in flight or owed)
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
-            elif self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
+            final = self._route(gen, "final")  # None: the work is owned already (a read in flight or owed)
+            if final is None and self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
                 # A reset without reapply erased the signal that owned the row's work: nothing else
                 # owns it, and a note on a dirty row creates none. The safety read repays it; the
                 # drain delivers the final note as the operator's re-signal would (docs/faults.md).
                 self._cover("final_note_after_erased_signals")
-                self._signal(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen), log=False)
+                final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
+            if final is not None:
+                self._signal(final.kind, final.payload, log=False)
             return True
         if op == Op.CLOSE:
             self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
@@ -287,12 +281,12 @@ class Simulation(IngressDriver):
                 return False
             self.host.drop()
             if e.n == 0:
-                self.queue.append(Message("session_changed", self.host.open()))
+                self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
             return True
         if op == Op.SESSION_OPEN:
             if self.host.live is not None:
                 return False
-            self.queue.append(Message("session_changed", self.host.open()))
+            self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
             return True
         if op == Op.CAN:
             if self.wf.can_suggested:
@@ -345,36 +339,16 @@ class Simulation(IngressDriver):
         if act.ingress is not None:
             self._ingress_step(act, fault)
             return
-        name, arg, led = act.name, act.arg, self.ledger
+        name, arg = act.name, act.arg
         result: Any
         try:
-            if name == Act.ENSURE:
-                result = led.ensure_subscription(arg.incarnation)
-            elif name == Act.LOAD_FENCE:
-                result = led.load_fence()
-            elif name == Act.CURRENT_SESSION:
-                result = led.current_session()
-            elif name == Act.BEGIN_SUBSCRIPTION:
-                result = led.begin_subscription(arg.session_generation)
-            elif name == Act.MARK_ACTIVE:
-                result = led.mark_active(arg.session_generation, arg.subscription_generation,
-                                         read_reports=arg.read_reports)
-            elif name == Act.BEGIN_UNSUBSCRIBE:
-                result = led.begin_unsubscribe()
-            elif name == Act.FINISH_UNSUBSCRIBE:
-                result = led.finish_unsubscribe(arg.acked)
-            elif name == Act.AUDIT:
-                result = led.write_audit(arg.kind)
-            elif name == Act.SET_STATE:
-                result = led.set_state(arg.state, arg.allowed_from)
-            elif name == Act.CONFIRM_TOMBSTONE:
-                before = led.row.state
-                result = led.confirm_tombstone(arg.listed, arg.scan_id, arg.proven)
-                if result.state == S.REVOKED and before != S.REVOKED and self.oracle.exists:
+            if name in LEDGER_ACTIVITIES:
+                before = self.ledger.row.state
+                result = LEDGER_ACTIVITIES[name](self.ledger, arg)
+                if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
+                        and self.oracle.exists:
                     # a late proven word revoked a resource that exists
                     self._cover("catalog_revoked_existing")
-            elif name == Act.REVOKE:
-                result = led.revoke()
             elif name == Act.MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
@@ -441,18 +415,15 @@ class Simulation(IngressDriver):
             # The current run first; activities of a reset run land last, as a slow old worker would.
             runnable = [a for a in self.activities if not a.executed and not a.poisoned]
             current = [a for a in runnable if a.run == self.run or a.ingress is not None]
-            if current:
-                self.apply(Event(Op.EXEC, act=current[0].name, n=self._index_of(current[0], executed=False)))
-                continue
             done = [a for a in self.activities if a.executed and a.run == self.run]
-            if done:
-                self.apply(Event(Op.COMPLETE, act=done[0].name, n=self._index_of(done[0], executed=True)))
-                continue
-            if runnable:
-                first = runnable[0]
-                self.apply(Event(Op.EXEC, act=first.name, n=self._index_of(first, executed=False)))
-                continue
-            return True
+            if current:
+                self.apply(self.picking(Op.EXEC, current[0]))
+            elif done:
+                self.apply(self.picking(Op.COMPLETE, done[0]))
+            elif runnable:
+                self.apply(self.picking(Op.EXEC, runnable[0]))
+            else:
+                return True
         return False
 
     def drain(self) -> None:

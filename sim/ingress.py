@@ -39,6 +39,7 @@ from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.cycles import CycleRunner
 from sim.ledger import LedgerIntegrityError
 from sim.model import INGRESS_READ, KEY, Invariant
+from sim.runtime import Signal
 from sim.world import Activity, Message
 
 __all__ = ["Processing", "IngressDriver"]
@@ -132,8 +133,7 @@ class IngressDriver(CycleRunner):
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
             counted = self.ledger.row.notifications_seen
-            noted = self.ledger.note_notification(effect.generation, self.now) \
-                if effect.uri == KEY.uri else None
+            noted = self.ledger.note_notification(effect.generation) if effect.uri == KEY.uri else None
             if noted is not None and noted.fence.notifications_seen > counted:
                 # the checker holds the change to the count this note made (a note from a session the
                 # row has left is not counted: it announces nothing about the current one)
@@ -142,7 +142,8 @@ class IngressDriver(CycleRunner):
         if isinstance(effect, UnknownUri):
             # No row for a URI variant. The world lets its wake-up reach the workflow anyway (production's
             # ingress audits it instead): that exercises ``resource_updated``'s WRONG_URI defence.
-            self._signalled(p, Message("updated", effect.generation, p.nid, effect.uri, p.change))
+            self._signalled(p, Message(Signal.UPDATED, ResourceUpdated(
+                uri=effect.uri, session_generation=effect.generation, notification_id=p.nid)))
             return None
         if isinstance(effect, Stamp):
             live = self.host.live
@@ -151,17 +152,13 @@ class IngressDriver(CycleRunner):
             return Stamped(update, self.now, f"ingress-{self._aid + 1}",
                            live.generation if live is not None else None)
         if isinstance(effect, SignalUpdated):
-            sig = effect.update
             if p.cycle is not None:
                 self._cover("ingress.fallback")
-            self._signalled(p, Message("updated", sig.session_generation, sig.notification_id, sig.uri,
-                                       p.change))
+            self._signalled(p, Message(Signal.UPDATED, effect.update))
             return True
         if isinstance(effect, ReportRead):
             self._cover("ingress.report")
-            sig = effect.report.update
-            self.queue.append(Message("read_reported", sig.session_generation, sig.notification_id, sig.uri,
-                                      p.change, report=effect.report))
+            self.queue.append(Message(Signal.READ_REPORTED, effect.report))
             return True
         return []  # Siblings: the world has one URI; nothing else is asked of it
 

@@ -13,13 +13,14 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from typing import Any
 
 from mcpsync.workflows import coverage
 from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
-from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
+from mcpsync.workflows.ledger_rules import CLOSING, IssuedRead, Judgement, judge_read
+from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
@@ -27,6 +28,7 @@ from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     FenceSnapshot,
     NotedNotification,
+    OutboxEventType,
     ReadTicket,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
@@ -48,7 +50,7 @@ from mcpsync.workflows.write_plan import (
     plan_revoke,
     plan_tombstone,
 )
-from sim.model import CLOSING, ENDED, JudgeFn
+from sim.model import ENDED, JudgeFn
 
 S = SubscriptionState
 
@@ -81,7 +83,7 @@ class Receipt:
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
     outbox_id: int
-    event_type: str
+    event_type: OutboxEventType
     receipt_id: int
     digest: str | None
     ordinal: int
@@ -117,6 +119,7 @@ class MemoryLedger:
         self.row = FenceSnapshot(exists=False)
         self.incarnation = ""
         self.workflow_id = ""  # subscriptions.workflow_id: recorded by the ensure that creates the row
+        self.safety_read_seconds: float | None = None  # subscriptions.safety_read_seconds (``mark_active``)
         self.read_requests: dict[int, ReadRequestRow] = {}
         self.request_ids: dict[str, int] = {}  # read_requests.request_id UNIQUE -> ordinal
         self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
@@ -132,10 +135,11 @@ class MemoryLedger:
         self._ids += 1
         return self._ids
 
-    def _set(self, kind: str, after: FenceSnapshot) -> FenceSnapshot:
+    def _set(self, after: FenceSnapshot) -> FenceSnapshot:
+        """A compare-and-set transition: logged when it changed the row."""
         before, self.row = self.row, after
         if after != before:
-            self.log.append(LedgerWrite(kind=kind, before=before, after=after))
+            self.log.append(LedgerWrite(kind=PlanKind.STATE.value, before=before, after=after))
         return after
 
     def _apply(self, plan: WritePlan, *, outcome: ReadOutcome | None = None, issued: IssuedRead | None = None,
@@ -164,7 +168,7 @@ class MemoryLedger:
         if plan.outbox is not None:
             ob = plan.outbox
             target = receipt_id if ob.of_receipt else before.last_receipt_id
-            entry = OutboxEntry(self._next_id(), ob.event.value, target or 0, ob.content_digest, ob.ordinal)
+            entry = OutboxEntry(self._next_id(), ob.event, target or 0, ob.content_digest, ob.ordinal)
             self.outbox.append(entry)
         if plan.fence is not None:
             self.row = plan.fence.applied(before, receipt_id)
@@ -174,8 +178,7 @@ class MemoryLedger:
         else:
             self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row, outcome=outcome,
                                         issued=issued, judgement=plan.judgement, receipt=receipt,
-                                        outbox=entry,
-                                        ordinal=ordinal))
+                                        outbox=entry, ordinal=ordinal))
         return receipt, entry
 
     # --- fence -------------------------------------------------------------------------------
@@ -187,45 +190,41 @@ class MemoryLedger:
         running_as = workflow_id or self.key.workflow_id
         if not row.exists:
             row = FenceSnapshot(exists=True, state=S.DISCOVERED)
-            self.incarnation = incarnation
             self.workflow_id = running_as
         elif self.workflow_id != running_as:
             self.audit.append("WORKFLOW_ID_MISMATCH")
         if self.incarnation != incarnation and row.state in ENDED:
-            row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None})
+            # reopened with no current digest: the new incarnation's first read publishes again
+            row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None,
+                                         "last_accepted_digest": None})
+        if row.state not in CLOSING:  # a closing row keeps the incarnation that closes it
             self.incarnation = incarnation
-        if row.state not in CLOSING:
-            self.incarnation = incarnation
-        return self._set("state", row)
-
-    def load_fence(self) -> FenceSnapshot:
-        return self.row
-
-    def current_session(self) -> SessionInfo | None:
-        return self.session
+        return self._set(row)
 
     def begin_subscription(self, session_generation: int) -> FenceSnapshot:
         row = self.row
         if row.state in SUBSCRIBABLE and row.session_generation <= session_generation:
             row = row.model_copy(update={"state": S.SUBSCRIBING, "session_generation": session_generation,
                                          "subscription_generation": row.subscription_generation + 1})
-        return self._set("state", row)
+        return self._set(row)
 
     def mark_active(self, session_generation: int, subscription_generation: int, *,
-                    read_reports: bool = False) -> FenceSnapshot:
-        """``read_reports``: the run mirrors reads the ingress makes; set or cleared with the
-        transition, like ``subscriptions.read_reports``."""
+                    read_reports: bool = False, safety_read_seconds: float | None = None) -> FenceSnapshot:
+        """``read_reports`` (the run mirrors reads the ingress makes) and ``safety_read_seconds`` (the
+        period the ingress's resync reads by) are set or cleared with the transition, like the row's
+        columns."""
         row = self.row
         if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
                 and row.subscription_generation == subscription_generation):
             row = row.model_copy(update={"state": S.ACTIVE, "read_reports": read_reports})
-        return self._set("state", row)
+            self.safety_read_seconds = safety_read_seconds
+        return self._set(row)
 
     def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
         row = self.row
         if row.state in set(allowed_from):
             row = row.model_copy(update={"state": state})
-        return self._set("state", row)
+        return self._set(row)
 
     def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """``FenceLedger.allocate_read``: ``allocation.allocation_steps`` answered from the tables (a
@@ -269,7 +268,7 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
-    def note_notification(self, generation: int, now: datetime) -> NotedNotification | None:
+    def note_notification(self, generation: int) -> NotedNotification | None:
         """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
         workflow id the row recorded (where the ingress signals) and whether the note creates work;
         None without a row."""
@@ -322,3 +321,20 @@ class MemoryLedger:
         self.audit.append(kind)
         return len(self.audit)
 
+
+LEDGER_ACTIVITIES: dict[str, Callable[[MemoryLedger, Any], Any]] = {
+    Act.ENSURE: lambda led, req: led.ensure_subscription(req.incarnation),
+    Act.LOAD_FENCE: lambda led, req: led.row,
+    Act.CURRENT_SESSION: lambda led, req: led.session,
+    Act.BEGIN_SUBSCRIPTION: lambda led, req: led.begin_subscription(req.session_generation),
+    Act.MARK_ACTIVE: lambda led, req: led.mark_active(req.session_generation, req.subscription_generation,
+                                                      read_reports=req.read_reports,
+                                                      safety_read_seconds=req.safety_read_seconds),
+    Act.SET_STATE: lambda led, req: led.set_state(req.state, req.allowed_from),
+    Act.BEGIN_UNSUBSCRIBE: lambda led, req: led.begin_unsubscribe(),
+    Act.FINISH_UNSUBSCRIBE: lambda led, req: led.finish_unsubscribe(req.acked),
+    Act.CONFIRM_TOMBSTONE: lambda led, req: led.confirm_tombstone(req.listed, req.scan_id, req.proven),
+    Act.REVOKE: lambda led, req: led.revoke(),
+    Act.AUDIT: lambda led, req: led.write_audit(req.kind),
+}
+"""The ledger activities the program schedules, by name: each on ``MemoryLedger`` with its request."""

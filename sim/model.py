@@ -13,14 +13,14 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from mcpsync.workflows.ledger_rules import TERMINAL, Judgement, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.ledger import AcceptVerdict, OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 S = SubscriptionState
@@ -28,9 +28,9 @@ V = AcceptVerdict
 KEY = SubscriptionKey(subject="sim", server="oracle", uri="oracle://doc/a")
 WRONG_URI = "oracle://doc/%61"  # the same resource only after percent-decoding: never routed
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
-CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
-INVALIDATIONS = frozenset({"version_accepted", "tombstoned"})  # outbox rows a read or catalog makes
+# outbox rows a read or catalog makes
+INVALIDATIONS = frozenset({OutboxEventType.VERSION_ACCEPTED, OutboxEventType.TOMBSTONED})
 # on the session queue
 MCP_ACTIVITIES = frozenset({Act.MCP_UNSUBSCRIBE, Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 FLUSH_BUDGET = 3000  # drain steps before we call it a failure to quiesce
@@ -147,19 +147,12 @@ class Event:
     fault: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.op.value}
-        if self.n:
-            out["n"] = self.n
-        if self.act:
-            out["act"] = self.act
-        if self.fault:
-            out["fault"] = self.fault
-        return out
+        """``op`` and the fields set (a default is left out)."""
+        return {k: v for k, v in asdict(self).items() if v or k == "op"}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Event:
-        return cls(op=Op(obj["op"]), n=int(obj.get("n", 0)), act=str(obj.get("act", "")),
-                   fault=str(obj.get("fault", "")))
+        return cls(**(obj | {"op": Op(obj["op"])}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +165,11 @@ class Profile:
     safety_read_seconds: float = 300.0  # SubscriptionOptions.safety_read_seconds (0: no safety re-read)
 
     def to_json(self) -> dict[str, Any]:
-        return {"capability": self.capability, "max_concurrent_reads": self.max_concurrent_reads,
-                "session_at_start": self.session_at_start, "safety_read_seconds": self.safety_read_seconds}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Profile:
-        return cls(capability=str(obj["capability"]), max_concurrent_reads=int(obj["max_concurrent_reads"]),
-                   session_at_start=bool(obj.get("session_at_start", True)),
-                   safety_read_seconds=float(obj.get("safety_read_seconds", 300.0)))
+        return cls(**obj)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ Contract:
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,13 +30,9 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
 from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
-from mcpsync.workflows.records.read_cycle import ReadReport
 from mcpsync.workflows.records.subscription import (
-    CatalogObservation,
     CloseRequest,
-    IdentityConflict,
     ResumeRequest,
-    RevokeRequest,
     SessionChanged,
     SubscriptionStart,
 )
@@ -86,12 +82,6 @@ class ContinueAsNew:
 
 
 @dataclass(frozen=True, slots=True)
-class _ActivityRequest:
-    name: str
-    arg: Any
-
-
-@dataclass(frozen=True, slots=True)
 class _WaitRequest:
     condition: Callable[[], bool]
     timeout: timedelta | None
@@ -103,7 +93,7 @@ class _Yield:
 
     __slots__ = ("request",)
 
-    def __init__(self, request: _ActivityRequest | _WaitRequest) -> None:
+    def __init__(self, request: ScheduleActivity | _WaitRequest) -> None:
         self.request = request
 
     def __await__(self) -> Generator[Any, Any, Any]:
@@ -123,7 +113,7 @@ class _Livelock(BaseException):
 @dataclass(eq=False, slots=True)
 class _Task:
     coro: Coroutine[Any, Any, Any]
-    role: str  # "main" | "read" | "handler"
+    handler: Signal | None = None  # the signal or update an async handler runs for
 
 
 @dataclass(eq=False, slots=True)
@@ -156,18 +146,18 @@ class ProgramRun:
     errors: list[str] = field(default_factory=list)
     notes: list[tuple[str | None, UpdateDisposition]] = field(default_factory=list)
     can_suggested: bool = False
+    handlers: Counter[Signal] = field(default_factory=Counter)  # running async handlers by signal
     log: list[_Input] = field(default_factory=list)
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
     _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
     _conditions: list[_Condition] = field(default_factory=list)
     _activities: dict[int, _Task] = field(default_factory=dict)
-    _requests: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    _requests: dict[int, ScheduleActivity] = field(default_factory=dict)
     _seq: int = 0
     _uuids: int = 0
     _randoms: int = 0
     _main: _Task | None = None
-    _handlers: dict[str, int] = field(default_factory=dict)  # running async handlers by signal
     _iterations: int = 0
 
     def __post_init__(self) -> None:
@@ -178,10 +168,6 @@ class ProgramRun:
     @property
     def fence(self) -> SubscriptionFence:
         return self.program.fence
-
-    @property
-    def running(self) -> bool:
-        return self.stage == RunStage.RUNNING
 
     @property
     def main_wait(self) -> WaitKind | None:
@@ -206,9 +192,6 @@ class ProgramRun:
         c = self._next_timer()
         return c.timer_kind if c is not None else ""
 
-    def handlers_running(self, signal: Signal) -> int:
-        return self._handlers.get(signal, 0)
-
     # --- inputs -----------------------------------------------------------------------------------
 
     def _record(self, op: str, *args: Any) -> None:
@@ -216,35 +199,31 @@ class ProgramRun:
 
     def start(self) -> None:
         self._record("start")
-        self._main = _Task(self.program.run(), "main")
+        self._main = _Task(self.program.run())
         self._ready.append((self._main, None, None))
 
-    def signal(self, kind: Signal, payload: Any) -> bool:
-        """Deliver a signal or update; False when an update's validator rejects it."""
+    def signal(self, kind: Signal, payload: Any) -> None:
+        """Deliver a signal or update (an update its validator rejects is not run)."""
         self._record("signal", kind, payload)
         p = self.program
         if kind == Signal.UPDATED:
             self._handler(kind, p.on_resource_updated(payload))
         elif kind == Signal.READ_REPORTED:
-            assert isinstance(payload, ReadReport)
             self._handler(kind, p.on_read_reported(payload))
         elif kind == Signal.SESSION_CHANGED:
             p.on_session_changed(SessionChanged(session_generation=payload))
         elif kind == Signal.CATALOG:
-            assert isinstance(payload, CatalogObservation)
             p.on_catalog_reconciled(payload)
         elif kind == Signal.CONFLICT:
-            assert isinstance(payload, IdentityConflict)
             p.on_identity_conflict(payload)
         elif kind == Signal.REVOKE:
-            assert isinstance(payload, RevokeRequest)
             p.on_revoke(payload)
         elif kind == Signal.RESUME:
             req = ResumeRequest(reason="simulated resume")
             try:
                 p.validate_resume(req)
             except ValueError:
-                return False
+                return
             self._handler(kind, p.on_resume(req))
         elif kind == Signal.CLOSE_SIGNAL:
             p.on_close_signal(CloseRequest(reason="simulated close signal"))
@@ -254,14 +233,13 @@ class ProgramRun:
             self._handler(kind, p.on_close(close))
         elif kind == Signal.FIRST_READ:
             self._handler(kind, p.on_first_read())
-        return True
 
     def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:
-        self._handlers[kind] = self._handlers.get(kind, 0) + 1
-        self._ready.append((_Task(coro, f"handler:{kind.value}"), None, None))
+        self.handlers[kind] += 1
+        self._ready.append((_Task(coro, kind), None, None))
 
     def complete(self, seq: int, result: Any) -> None:
-        """An activity returned ``result``; a session-queue activity returning None failed for good."""
+        """An activity returned ``result``."""
         self._record("complete", seq, result)
         task = self._activities.pop(seq, None)
         if task is not None:
@@ -303,22 +281,17 @@ class ProgramRun:
                 self._conditions.remove(c)
                 self._ready.append((c.task, True, None))
 
-    def pending(self) -> list[ScheduleActivity]:
-        """The activities scheduled and not yet completed (a reset run schedules them again)."""
-        return [ScheduleActivity(seq, *self._requests[seq]) for seq in sorted(self._activities)]
-
     @classmethod
     def replayed(cls, source: ProgramRun, inputs: int, draws: int, id_prefix: str) -> ProgramRun:
         """A reset run: a fresh run replays ``source``'s first ``inputs`` inputs (with its first
         ``draws`` random draws), then draws afresh under ``id_prefix``. Its ``commands`` are the
-        activities pending at that point."""
+        activities pending at that point (scheduled and not completed: the new run schedules them again)."""
         run = cls(source.start_args, source.incarnation, id_prefix, source.started_at, source.clock)
         run._replay_draws = deque(source.draws[:draws])
-        run.can_suggested = False
         for entry in source.log[:inputs]:
             run.clock = entry.at
             getattr(run, entry.op)(*entry.args)
-        run.commands = list(run.pending())
+        run.commands = [run._requests[seq] for seq in sorted(run._activities)]
         run.errors.clear()
         run.notes.clear()
         return run
@@ -349,11 +322,10 @@ class ProgramRun:
             if task is self._main:
                 self.stage = RunStage.WEDGED
             return
-        if isinstance(request, _ActivityRequest):
-            self._seq += 1
-            self._activities[self._seq] = task
-            self._requests[self._seq] = (request.name, request.arg)
-            self.commands.append(ScheduleActivity(self._seq, request.name, request.arg))
+        if isinstance(request, ScheduleActivity):
+            self._activities[request.seq] = task
+            self._requests[request.seq] = request
+            self.commands.append(request)
             return
         assert isinstance(request, _WaitRequest)
         timeout = request.timeout
@@ -368,9 +340,8 @@ class ProgramRun:
                                            kind))
 
     def _finished(self, task: _Task) -> None:
-        if task.role.startswith("handler:"):
-            kind = Signal(task.role.removeprefix("handler:"))
-            self._handlers[kind] -= 1
+        if task.handler is not None:
+            self.handlers[task.handler] -= 1
 
     # --- subscription_program.Runtime ------------------------------------------------------------------
 
@@ -405,12 +376,16 @@ class ProgramRun:
     def first_execution_run_id(self) -> str:
         return self.incarnation
 
+    def _schedule(self, name: str, arg: Any) -> _Yield:
+        self._seq += 1
+        return _Yield(ScheduleActivity(self._seq, name, arg))
+
     async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
-        result: T | None = await _Yield(_ActivityRequest(name, arg))
+        result: T | None = await self._schedule(name, arg)
         return result
 
     async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
-        result: T = await _Yield(_ActivityRequest(name, arg))
+        result: T = await self._schedule(name, arg)
         return result
 
     async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
@@ -418,10 +393,10 @@ class ProgramRun:
         return woke
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._ready.append((_Task(coro, "read"), None, None))
+        self._ready.append((_Task(coro), None, None))
 
     def all_handlers_finished(self) -> bool:
-        return not any(self._handlers.values())
+        return not any(self.handlers.values())
 
     def continue_as_new_suggested(self) -> bool:
         return self.can_suggested

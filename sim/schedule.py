@@ -88,11 +88,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
             fault = "denied"
         elif Fault.RETRY in F and rng.random() < 0.05:
             fault = "lost"
-        return Event(Op.EXEC, n=sim._index_of(a, executed=False), act=a.name, fault=fault)
-
-    def complete_event() -> Event:
-        a = rng.choice(executed)
-        return Event(Op.COMPLETE, n=sim._index_of(a, executed=True), act=a.name)
+        return sim.picking(Op.EXEC, a, fault)
 
     def deliver_event() -> Event:
         n = 0
@@ -103,7 +99,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     if scheduled:
         add(30, exec_event)
     if executed:
-        add(30, complete_event)
+        add(30, lambda: sim.picking(Op.COMPLETE, rng.choice(executed)))
     if sim.queue:
         add(18, deliver_event)
     if sim.oracle.exists:

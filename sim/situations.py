@@ -20,8 +20,7 @@ from dataclasses import replace
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict
-from mcpsync.workflows.records.subscription import SubscriptionState
-from sim.engine import Simulation
+from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
 from sim.model import ALL_FAULTS, SUBSCRIBE_CYCLE_READ, Event, Fault, Op, SimConfig, Trace, schedule_seed
 from sim.runtime import Signal
 from sim.schedule import run_schedule, simulation_of
@@ -31,7 +30,6 @@ from sim.world import Activity
 S = SubscriptionState
 V = AcceptVerdict
 CYCLES = (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE)
-CLOSING = (S.UNSUBSCRIBING, S.UNSUBSCRIBE_UNKNOWN, S.CLOSED)
 TERMINAL = (S.REVOKED, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN)
 SEARCH_CONFIG = SimConfig(faults=ALL_FAULTS - {Fault.CONCURRENT_READS})
 
@@ -47,14 +45,6 @@ def _request_id(act: Activity) -> str:
                else arg.allocate.request_id)
 
 
-def _target(sim: Simulation, e: Event) -> Activity | None:
-    if e.op == Op.EXEC:
-        return sim._find(e.act, e.n, executed=False)
-    if e.op == Op.COMPLETE:
-        return sim._find(e.act, e.n, executed=True)
-    return None
-
-
 def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bool]:
     """Replay ``trace`` event by event (then the drain) and name the situations it reached;
     also whether the replay was clean (no violation)."""
@@ -66,7 +56,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         wf = sim.wf
         running = sim.chain_running
         wait = wf.main_wait if running else None
-        act = _target(sim, e)
+        act = sim._find(e.act, e.n, executed=e.op == Op.COMPLETE) if e.op in (Op.EXEC, Op.COMPLETE) else None
         state = wf.fence.s.state if running else None
         row = sim.ledger.row
         armed = running and wf.fence.s.read_due_at is not None
@@ -101,12 +91,14 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
                 before.add("F6.second_reset_same_point")
         if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
             before.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
-        if msg_kind == "session_changed" and running and wf.fence.allocating and wf.program.reads_running:
+        if msg_kind == Signal.SESSION_CHANGED and running and wf.fence.allocating \
+                and wf.program.reads_running:
             before.add("F3.session_change_while_reading")
-        if e.op == Op.EXEC and act is not None and act.ingress is None and act.name in CYCLES \
-                and act.step == _base(act) + 1 and e.fault in ("error",
-                                                               "malformed") and act.ticket is not None \
-                and act.ticket.notifications_seen > row.covered:
+        # the step (1: read, 2: accept) of a workflow's cycle whose read covers notes the row has not
+        covering_step = act.step - _base(act) if e.op == Op.EXEC and act is not None \
+            and act.ingress is None and act.name in CYCLES and act.ticket is not None \
+            and act.ticket.notifications_seen > row.covered else None
+        if covering_step == 1 and e.fault in ("error", "malformed"):
             before.add("F7.covering_read_failed")
         if wait == WaitKind.CONTINUE_AS_NEW:
             before.add("continue_as_new_wait")
@@ -129,10 +121,6 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if e.op == Op.CATALOG and wait == WaitKind.IDLE and state == S.ACTIVE and armed \
                 and wf.fence.s.staleness_bound_seconds is not None:
             before.add("staleness.catalog_word_while_poll_armed")
-        stale_step = act is not None and e.op == Op.EXEC and act.ingress is None and act.name in CYCLES \
-            and act.step == _base(act) + 2 and act.ticket is not None
-        stale_covering = stale_step and act is not None and act.ticket is not None \
-            and act.ticket.notifications_seen > row.covered
         runs_before = sim.run
         stale_before = sim.coverage.get("verdict.STALE", 0)
         # --- the event
@@ -145,7 +133,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             allocated.add(act.aid)
         if e.op == Op.CHECKPOINT and sim.checkpoints:
             covered_at_checkpoint[id(sim.checkpoints[-1])] = sim.covered_reads_saved
-        if stale_covering and runs_before > 1 and sim.coverage.get("verdict.STALE", 0) > stale_before:
+        if covering_step == 2 and runs_before > 1 and sim.coverage.get("verdict.STALE", 0) > stale_before:
             tags.add("F7.covering_read_stale_after_reset")
         if wait == WaitKind.CONTINUE_AS_NEW and sim.chain_running and sim.wf.fence.s.state != S.ACTIVE \
                 and sim.wf.fence.s.state not in TERMINAL:
@@ -153,7 +141,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             if e.op not in (Op.CONFLICT, Op.CLOSE, Op.REVOKE):
                 tags.add("F13.adopted_during_can_wait")  # a reload adopted it (not a signal of ours)
         if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
-            if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING:
+            if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING_STATES:
                 tags.add("F8.reset_past_close_in_reconciliation")
         if sim.coverage.get("continue_as_new", 0) > can_before and armed \
                 and sim.profile.capability == "subscribe" and sim.profile.safety_read_seconds:

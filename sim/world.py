@@ -28,10 +28,10 @@ from mcpsync.workflows.records.mcp_calls import (
     UnsubscribeRequest,
 )
 from mcpsync.workflows.records.read_cycle import ReadReport
-from mcpsync.workflows.records.subscription import CacheScope, SessionInfo
+from mcpsync.workflows.records.subscription import CacheScope, ResourceUpdated, SessionInfo
 from sim.ledger import MemoryLedger
 from sim.model import EPOCH, KEY
-from sim.runtime import ProgramRun
+from sim.runtime import ProgramRun, Signal
 
 if TYPE_CHECKING:
     from sim.ingress import Processing
@@ -68,15 +68,17 @@ class Oracle:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A signal on its way to the workflow (the network + ingress + Temporal frontend)."""
+    """A signal on its way to the workflow (the network + ingress + Temporal frontend), with the payload
+    it is delivered with: the ``ResourceUpdated`` the ingress stamped, its ``ReadReport``, or the new
+    session generation."""
 
-    kind: str  # updated | session_changed | read_reported
-    generation: int
-    notification_id: str | None = None
-    uri: str = KEY.uri
-    change: int = 0  # the oracle version that emitted it (0: not a change notification)
-    sequence: int | None = None  # ResourceUpdated.sequence the ingress stamped (None: no fence row)
-    report: ReadReport | None = None  # read_reported: what the ingress read
+    kind: Signal  # UPDATED | READ_REPORTED | SESSION_CHANGED
+    payload: ResourceUpdated | ReadReport | int
+
+    @property
+    def notification_id(self) -> str | None:
+        update = self.payload.update if isinstance(self.payload, ReadReport) else self.payload
+        return update.notification_id if isinstance(update, ResourceUpdated) else None
 
 
 class McpServer:
@@ -128,10 +130,7 @@ class McpServer:
         return None if ack_lost else UnsubscribeOutcome(acked=True)
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
-        base: dict[str, Any] = {"key": req.key, "ordinal": req.ordinal, "request_id": req.request_id,
-                                "session_generation": req.session_generation,
-                                "subscription_generation": req.subscription_generation,
-                                "trigger": req.trigger}
+        base: dict[str, Any] = dict(req)  # the outcome names the request: every field of it
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":

@@ -8,10 +8,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest, FenceSnapshot
+from mcpsync.workflows.names import Act
+from mcpsync.workflows.records.ledger import (
+    AcceptRequest,
+    AcceptVerdict,
+    AllocateRequest,
+    FenceSnapshot,
+    MarkActiveRequest,
+)
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
-from sim.ledger import MemoryLedger
+from sim.ledger import LEDGER_ACTIVITIES, MemoryLedger
 from tests.conftest import ledger_rows, unique
 
 S = SubscriptionState
@@ -153,7 +160,7 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
     assert await ledger.read_count(both.key) == len(both.mem.read_requests) == 1
     sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
-    mem = both.mem.note_notification(1, datetime.now(UTC))
+    mem = both.mem.note_notification(1)
     assert sql is not None and mem is not None
     assert (sql.workflow_id,
             sql.fence.notifications_seen) == (mem.workflow_id, mem.fence.notifications_seen) == \
@@ -177,7 +184,7 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     async def note(generation: int = 1) -> bool:
         sql = await ledger.note_notification(k.subject, k.server, k.uri, generation)
         assert sql is not None
-        mem = both.mem.note_notification(generation, datetime.now(UTC))
+        mem = both.mem.note_notification(generation)
         assert mem is not None and sql.work == mem.work
         assert (sql.fence.notifications_seen,
                 sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
@@ -204,3 +211,28 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     both.mem.set_state(S.TOMBSTONE_PENDING, [S.ACTIVE])
     assert await note()
     await both.same()
+
+async def test_a_reopened_row_and_the_resync_period_alike(ledger: Ledger) -> None:
+    """A closed row a new incarnation reopens has no current digest in either store (its first read
+    publishes again), and ``mark_active`` records the run's safety-read period in both."""
+    both = Both(ledger)
+    await both.start()
+    assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    await ledger.begin_unsubscribe(both.key)
+    both.mem.begin_unsubscribe()
+    await ledger.finish_unsubscribe(both.key, True)
+    both.mem.finish_unsubscribe(True)
+    await ledger.ensure_subscription(both.key, "inc-2", workflow_id=both.workflow_id)
+    both.mem.ensure_subscription("inc-2", workflow_id=both.workflow_id)
+    await both.same()
+    assert both.mem.row.state == S.DISCOVERED and both.mem.row.last_accepted_digest is None
+    await ledger.begin_subscription(both.key, 2)
+    both.mem.begin_subscription(2)
+    mark = MarkActiveRequest(key=both.key, session_generation=2, subscription_generation=2, read_reports=True,
+                             safety_read_seconds=300.0)
+    await ledger.fence.mark_active(mark)
+    LEDGER_ACTIVITIES[Act.MARK_ACTIVE](both.mem, mark)
+    await both.same()
+    stored = await ledger_rows(ledger, "SELECT safety_read_seconds FROM subscriptions WHERE workflow_id=%s",
+                               both.workflow_id)
+    assert stored[0][0] == both.mem.safety_read_seconds == 300.0

@@ -26,11 +26,12 @@ from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
-from mcpsync.workflows.records.subscription import SubscriptionState
+from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 from sim.engine import Simulation
 from sim.model import (
     ALL_FAULTS,
     INGRESS_READ,
+    KEY,
     SAFETY_INVARIANTS,
     Event,
     Fault,
@@ -42,6 +43,7 @@ from sim.model import (
     schedule_seed,
 )
 from sim.runner import Summary, run_schedules, run_schedules_in_processes, summary_json
+from sim.runtime import Signal
 from sim.schedule import replay, run_schedule
 from sim.shrinking import shrink
 
@@ -276,6 +278,18 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     assert not again.violations and again.coverage.get("ingress.report", 0) >= 1
 
 
+def test_a_wake_up_at_the_ingress_is_the_update_it_stamped() -> None:
+    # Without reads at the ingress, ``resource_updated`` carries the update the routing program stamped
+    # (its receive time and ingress id), as the session host signals it.
+    sim = _settled(SimConfig(read_on_notification=False))
+    sim.apply(Event(Op.MUTATE, n=1))
+    received_at = sim.now
+    sim.apply(Event(Op.DELIVER))
+    assert sim.signal_log[-1] == (Signal.UPDATED, ResourceUpdated(
+        uri=KEY.uri, session_generation=sim.host.generation, received_at=received_at,
+        notification_id=f"n{sim._note_id}"))
+
+
 def _absorbed_prefix() -> list[Event]:
     """A change notified three times: the first pulse is noted and starts a read at the ingress, the
     copies mark the key dirty; the read is allocated, takes them (``WorkQueue.take``) and is sent."""
@@ -393,6 +407,7 @@ def test_a_start_is_one_activity_that_subscribes_marks_and_reads() -> None:
     sim = Simulation("start", Profile(), SimConfig())
     sim._flush()
     assert sim.ledger.row.state == S.ACTIVE and sim.ledger.row.read_reports
+    assert sim.ledger.safety_read_seconds == Profile().safety_read_seconds  # the period the resync reads by
     names = [e.act for e in sim.events if e.op == Op.EXEC]
     assert names.count(Act.MCP_SUBSCRIBE_CYCLE) == 5 and Act.MCP_SUBSCRIBE not in names, names
     assert Act.MCP_READ_CYCLE not in names and Act.MARK_ACTIVE not in names, names
