@@ -74,7 +74,6 @@ from mcpsync.workflows.ingress import (
     IngressRouter,
     Note,
     Offer,
-    Processed,
     ReadCycle,
     ReportRead,
     RouteFailed,
@@ -155,10 +154,6 @@ class SessionHost:
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def notifications_received(self) -> int:
-        return self.router.received - self.resync.fed  # a resync's synthetic note is no notification
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -485,11 +480,10 @@ class SessionHost:
         program (``IngressRouter.process``), its effects performed here (``_perform``)."""
         while True:
             await self._queue.get()
-            processed = await self._drive(self.router.process())
-            if processed is not None and processed.ready_again:
+            if await self._drive(self.router.process()):  # the key is ready again
                 self._queue.put_nowait(None)
 
-    async def _drive(self, program: Generator[Effect, Any, Processed | None]) -> Processed | None:
+    async def _drive(self, program: Generator[Effect, Any, bool]) -> bool:
         """Run ``program`` to its end: perform each effect it yields and send back the answer; an
         effect that raises is thrown into it. Cancelled: the program is closed (its key is done)."""
         answer: Any = None
