@@ -27,7 +27,6 @@ from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from itertools import count
 from typing import Any, Generic, TypeVar
 
 from mcpsync.workflows.ingress_rules import ingress_read_request
@@ -317,13 +316,15 @@ class IngressRouter:
         (``RouteFailed``) whether to route again or give the key up (the next notification or a poll
         repairs it). ``counted``: a notification made this work, not only the resync."""
         uri, generation = key
-        for attempt in count():
+        attempt = 0
+        while True:
             try:
                 yield from self._route(uri, generation, counted)
                 return
             except Exception as exc:  # noqa: BLE001 - any failure of an effect: retry or give up
                 if not (yield RouteFailed(uri, generation, attempt, exc)):
                     return
+                attempt += 1
 
     def _route(self, uri: str, generation: int, counted: bool) -> Routing:
         noted = yield Note(uri, generation)
