@@ -281,8 +281,7 @@ class SessionHost:
                 raise SessionOpenError(f"server {self.server.name!r} negotiated {client.protocol_version}, "
                                        "but the config requires edition 2026-07-28")
             await self._check_edition(client.protocol_version)
-            caps = client.server_capabilities
-            res = caps.resources
+            res = client.server_capabilities.resources
             capabilities = {
                 "resources": res is not None,
                 "subscribe": bool(res and res.subscribe),
@@ -578,16 +577,13 @@ class SessionHost:
         if audit is not None:
             await audit
         siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+        sig = IdentityConflict(observed_uri=uri, session_generation=generation,
+                               reason="notification URI matches only after normalization")
         for workflow_id, subscribed in siblings:
             await self._audit("NORMALIZED_URI_MATCH", uri=uri, workflow_id=workflow_id,
                               session_generation=generation, detail={"subscribed_uri": subscribed})
             with suppress(RPCError):
-                await self.temporal.get_workflow_handle(workflow_id).signal(
-                    SIGNAL_IDENTITY_CONFLICT,
-                    IdentityConflict(observed_uri=uri,
-                                     reason="notification URI matches only after normalization",
-                                     session_generation=generation),
-                )
+                await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_IDENTITY_CONFLICT, sig)
         if siblings:  # the CatalogWorkflow of (subject, server) is asked to reconcile, never started
             reason = f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}"
             catalog = CatalogKey(subject=self.subject, server=self.server.name).workflow_id
