@@ -26,7 +26,6 @@ from mcpsync.workflows.ingress import (
     Key,
     Note,
     Offer,
-    Processed,
     ReadCycle,
     ReportRead,
     SignalUpdated,
@@ -50,7 +49,7 @@ class Processing:
     """One run of ``IngressRouter.process`` for a key: the suspended program and what the world
     knows about it (the pulse it stands for, the change it announced, what its read absorbed)."""
 
-    program: Generator[IngressEffect, Any, Processed | None]
+    program: Generator[IngressEffect, Any, bool]
     nid: str = ""  # the ingress id of the newest pulse it processes
     change: int = 0  # the newest oracle version those pulses announced
     generation: int = 0
@@ -117,8 +116,7 @@ class IngressDriver(CycleRunner):
                 if self.router.no_work > p.no_work_before:
                     self._cover("update.ingress_no_work")
                     self.covered_reads_saved += 1
-                processed: Processed | None = stop.value
-                if processed is not None and processed.ready_again:
+                if stop.value:  # the key is ready again
                     self._cover("ingress.queued_routed")
                     self.queue.extend(self._process())
                 return

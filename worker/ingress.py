@@ -94,13 +94,11 @@ class Ingress:
         host = self._hosts.get((subject, server))
         return host.list_changed_count(generation) if host is not None else 0
 
-    def worker(self) -> Worker:
-        return Worker(self.temporal, task_queue=self.task_queue, activities=self.mcp.all() + self.scans.all(),
-                      max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
-
     async def run(self) -> None:
         """Poll the ingress queue until cancelled."""
-        self._worker = self.worker()
+        self._worker = Worker(self.temporal, task_queue=self.task_queue,
+                              activities=self.mcp.all() + self.scans.all(),
+                              max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
         await self._worker.run()
 
     @property

@@ -159,10 +159,7 @@ class _Host(Protocol):
     subject: str
 
     @property
-    def router(self) -> IngressRouter: ...  # its counters: received, coalesced, read, routed
-
-    @property
-    def notifications_received(self) -> int: ...  # the router's, less the resync's synthetic notes
+    def router(self) -> IngressRouter: ...  # counts notifications: received, coalesced, read, routed
 
     @property
     def server(self) -> Any: ...
@@ -256,7 +253,7 @@ def host_totals() -> dict[str, HostTotals]:
     for h in hosts:
         t = out.get(h.server.name, HostTotals())
         r = h.router
-        out[h.server.name] = HostTotals(t.received + h.notifications_received, t.coalesced + r.coalesced,
+        out[h.server.name] = HostTotals(t.received + r.received, t.coalesced + r.coalesced,
                                         t.read + r.read, t.routed + r.routed)
     return out
 

@@ -10,11 +10,10 @@ Contract:
   ``REFRESH_SECONDS`` and soon after a URI not asked about was read) whose last read is older
   than ``resync_rules.resync_due_at`` is fed to the host's router exactly as a notification is
   (``IngressRouter.offer``), in the queue's background lane (after every notified key), never
-  counted as one. The
-  router then reads it at the ingress and reports it (``resource_read``): one signal and one
-  workflow task instead of the deadline timer's firing, a cross-queue read-cycle activity and two
-  workflow tasks. A URI first seen counts as read then (an ingress that just started waits a whole
-  resync period: at worst the workflow's timer fires once).
+  counted as one (``fed`` counts them). The router then reads it at the ingress and reports it
+  (``resource_read``): one signal and one workflow task instead of the deadline timer's firing, a
+  cross-queue read-cycle activity and two workflow tasks. A URI first seen counts as read then (an
+  ingress that just started waits a whole resync period: at worst the workflow's timer fires once).
 - Correctness is unchanged by construction: to the coverage rule a synthetic note is a spurious
   notification; the staleness bound is still kept by the workflow's own deadline timer, which
   fires whenever the resync did not read in time (ingress stopped, a read refused or failed).

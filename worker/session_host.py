@@ -8,14 +8,11 @@ Contract:
   name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session. A host made
   without an ingress is an ingress of one: it runs that ingress's worker itself.
-- Routing is a program (``mcpsync.workflows.ingress.IngressRouter``), run here over PostgreSQL, the live
-  session and Temporal (``_drive`` / ``_perform``) and by the simulator over its world: per work-queue key
-  (URI, generation) it notes the notification (``Ledger.note_notification``), reads the change right here when
-  the fence allows it (``ingress_rules.ingress_read_request``: one read cycle,
-  ``McpSessionActivities.run_cycle``, reported as ``resource_read``: digest and verdict, never content), and
-  otherwise signals ``resource_updated`` when the note created work, to the workflow id the ledger row
-  recorded. A URI with no subscription, or a subscription with no running workflow, gets an audit row; nothing
-  is guessed and no workflow is ever started from here.
+- Routing is a program (``mcpsync.workflows.ingress.IngressRouter``: note, read here or signal, per key),
+  run here over PostgreSQL, the live session and Temporal (``_drive`` / ``_perform``); a read here is
+  reported as ``resource_read`` (digest and verdict, never content). A URI with no subscription, or a
+  subscription with no running workflow, gets an audit row; nothing is guessed and no workflow is ever
+  started from here.
 - URI identity (docs/identity.md): a notification only invalidates. When its exact URI is subscribed, every
   other live subscription whose URI normalizes alike (a listed ambiguous pair, ``Ledger.normalized_siblings``)
   is invalidated too, each with ITS OWN exact URI (audit AMBIGUOUS_SIBLING_INVALIDATED): an update named with
@@ -43,9 +40,10 @@ import logging
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from contextlib import suppress
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import mcp_types as types
@@ -74,7 +72,6 @@ from mcpsync.workflows.ingress import (
     IngressRouter,
     Note,
     Offer,
-    Processed,
     ReadCycle,
     ReportRead,
     RouteFailed,
@@ -129,15 +126,14 @@ class SessionHost:
         self.server = server
         self.subject = subject
         self.ledger = ledger
+        self._audit = partial(ledger.audit, subject=subject, server=server.name)  # rows of (subject, server)
         self.temporal = temporal
         self._own_ingress = ingress is None
         self.ingress = ingress if ingress is not None else Ingress(temporal, ledger)
         self.host_id = self.ingress.identity
-        self.task_queue = self.ingress.task_queue
         self.guardrails = guardrails if guardrails is not None else default_chain(
             max_bytes=server.release_max_bytes, mime_allow=server.mime_allow)
         self.live: LiveSession | None = None
-        self.generation_opened = asyncio.Event()
         # The work queue of keys (URI, generation) and the routing program (``IngressRouter``); the
         # routers wait on ``_queue`` (one token per ready key). One router at a time per key.
         self.router = IngressRouter(subject, server.name, host_id=self.host_id,
@@ -149,16 +145,12 @@ class SessionHost:
         self._lease_lost = asyncio.Event()
         # list_changed notifications received per session generation (monotonic): the scan
         # activities read it around each scan, the CatalogWorkflow gets it by signal.
-        self._list_changed: dict[int, int] = {}
+        self._list_changed: Counter[int] = Counter()
         self._list_changed_pending = asyncio.Event()
         self.uris_rejected = 0  # notifications with an unsubscribable URI (too long, control characters)
         self.audits_suppressed = 0
         self._audits: Counter[tuple[str, int]] = Counter()  # (kind, generation) -> rows written or refused
         self._audit_tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def notifications_received(self) -> int:
-        return self.router.received - self.resync.fed  # a resync's synthetic note is no notification
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -289,8 +281,7 @@ class SessionHost:
                 raise SessionOpenError(f"server {self.server.name!r} negotiated {client.protocol_version}, "
                                        "but the config requires edition 2026-07-28")
             await self._check_edition(client.protocol_version)
-            caps = client.server_capabilities
-            res = caps.resources
+            res = client.server_capabilities.resources
             capabilities = {
                 "resources": res is not None,
                 "subscribe": bool(res and res.subscribe),
@@ -300,8 +291,8 @@ class SessionHost:
             info = await self.ledger.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
                 capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
-                server_version=metadata_text(impl.version if impl else "") or "", task_queue=self.task_queue,
-                host_id=self.host_id,
+                server_version=metadata_text(impl.version if impl else "") or "",
+                task_queue=self.ingress.task_queue, host_id=self.host_id,
             )
             await self._audit_truncated_info(impl, info.generation)
             live = LiveSession(
@@ -322,7 +313,6 @@ class SessionHost:
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
                      self.server.name, self.subject, info.generation, live.edition,
                      capabilities["subscribe"], capabilities["listChanged"])
-            self.generation_opened.set()
             await self._announce(info.generation)
             await self._watch(live)
         finally:
@@ -342,18 +332,16 @@ class SessionHost:
                 if v and len(v) > MAX_METADATA_CHARS}
         if long:
             with suppress(Exception):  # an audit row must not keep the session from opening
-                await self.ledger.audit("METADATA_TRUNCATED", subject=self.subject, server=self.server.name,
-                                        session_generation=generation,
-                                        detail={"fields": long, "kept": MAX_METADATA_CHARS,
-                                                "reason": f"longer than {MAX_METADATA_CHARS} characters"})
+                await self._audit("METADATA_TRUNCATED", session_generation=generation,
+                                  detail={"fields": long, "kept": MAX_METADATA_CHARS,
+                                          "reason": f"longer than {MAX_METADATA_CHARS} characters"})
 
     async def _stream_lost(self, generation: int, uri: str | None, why: StreamLoss, detail: str) -> None:
         """Audit ``LISTEN_STREAM_LOST`` (why: overflow / dropped / ended; no URI: the list_changed
         stream); the session is replaced next."""
-        await self.ledger.audit("LISTEN_STREAM_LOST", subject=self.subject, server=self.server.name, uri=uri,
-                                session_generation=generation,
-                                detail={"reason": why.value, "stream": "resource" if uri else "list_changed",
-                                        "error": detail})
+        await self._audit("LISTEN_STREAM_LOST", uri=uri, session_generation=generation,
+                          detail={"reason": why.value, "stream": "resource" if uri else "list_changed",
+                                  "error": detail})
 
     async def _check_edition(self, negotiated: str) -> None:
         """An ``EDITION_MISMATCH`` audit row and a warning, once per session, when the server negotiated
@@ -366,8 +354,7 @@ class SessionHost:
                     self.server.name, self.subject, configured, negotiated,
                     "2026-07-28" if negotiated == "2026-07-28" else "2025-11-25")
         with suppress(Exception):  # an audit row must not keep the session from opening
-            await self.ledger.audit("EDITION_MISMATCH", subject=self.subject, server=self.server.name,
-                                    detail={"configured": configured, "negotiated": negotiated})
+            await self._audit("EDITION_MISMATCH", detail={"configured": configured, "negotiated": negotiated})
 
     async def _watch(self, live: LiveSession) -> None:
         """Return when the session is lost: a ping that fails or times out, or a lost stream."""
@@ -408,10 +395,8 @@ class SessionHost:
                                                 | types.ResourceListChangedNotification):
             # Before initialization finished (or after the session was dropped): lifecycle misuse.
             with suppress(Exception):
-                await self.ledger.audit("NOTIFICATION_OUTSIDE_SESSION", subject=self.subject,
-                                        server=self.server.name,
-                                        uri=str(getattr(message.params, "uri", ""))[:2048] or None,
-                                        detail={"method": message.method})
+                await self._audit("NOTIFICATION_OUTSIDE_SESSION", detail={"method": message.method},
+                                  uri=str(getattr(message.params, "uri", ""))[:2048] or None)
             return
         generation = live.generation if live is not None else 0
         if isinstance(message, types.ResourceUpdatedNotification):
@@ -432,11 +417,11 @@ class SessionHost:
                         type(message).__name__)
 
     def list_changed_count(self, generation: int) -> int:
-        return self._list_changed.get(generation, 0)
+        return self._list_changed[generation]
 
     def _note_list_changed(self, generation: int) -> None:
         # Count now (scans compare counts); signal from a task (never block the receive loop).
-        self._list_changed[generation] = self._list_changed.get(generation, 0) + 1
+        self._list_changed[generation] += 1
         self._list_changed_pending.set()
 
     async def _list_changed_loop(self) -> None:
@@ -451,8 +436,7 @@ class SessionHost:
             sig = ListChanged(session_generation=generation, count=self.list_changed_count(generation),
                               received_at=datetime.now(UTC))
             try:
-                await self.ledger.audit("LIST_CHANGED", subject=self.subject, server=self.server.name,
-                                        session_generation=generation, detail={"count": sig.count})
+                await self._audit("LIST_CHANGED", session_generation=generation, detail={"count": sig.count})
                 await self._signal(key.workflow_id, SIGNAL_LIST_CHANGED, sig, "LIST_CHANGED_NO_CATALOG",
                                    generation)
             except RPCError as err:
@@ -485,11 +469,10 @@ class SessionHost:
         program (``IngressRouter.process``), its effects performed here (``_perform``)."""
         while True:
             await self._queue.get()
-            processed = await self._drive(self.router.process())
-            if processed is not None and processed.ready_again:
+            if await self._drive(self.router.process()):  # the key is ready again
                 self._queue.put_nowait(None)
 
-    async def _drive(self, program: Generator[Effect, Any, Processed | None]) -> Processed | None:
+    async def _drive(self, program: Generator[Effect, Any, bool]) -> bool:
         """Run ``program`` to its end: perform each effect it yields and send back the answer; an
         effect that raises is thrown into it. Cancelled: the program is closed (its key is done)."""
         answer: Any = None
@@ -533,9 +516,8 @@ class SessionHost:
             case Siblings(uri=uri):
                 return await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
             case SiblingInvalidated():
-                return await self.ledger.audit(
-                    "AMBIGUOUS_SIBLING_INVALIDATED", subject=self.subject, server=self.server.name,
-                    uri=effect.sibling_uri, workflow_id=effect.workflow_id,
+                return await self._audit(
+                    "AMBIGUOUS_SIBLING_INVALIDATED", uri=effect.sibling_uri, workflow_id=effect.workflow_id,
                     session_generation=effect.generation,
                     detail={"observed_uri": effect.observed_uri, "sibling_uri": effect.sibling_uri})
         raise TypeError(f"unknown ingress effect {effect!r}")
@@ -550,37 +532,37 @@ class SessionHost:
             log.error("routing a notification failed for %.0fs, giving up (server=%s): %s",
                       ROUTE_RETRY_SECONDS, self.server.name, type(exc).__name__)
             with suppress(Exception):
-                await self.ledger.audit("NOTIFICATION_NOT_ROUTED", subject=self.subject,
-                                        server=self.server.name, uri=uri[:2048],
-                                        session_generation=generation, detail={"error": type(exc).__name__})
+                await self._audit("NOTIFICATION_NOT_ROUTED", uri=uri[:2048], session_generation=generation,
+                                  detail={"error": type(exc).__name__})
             return False
         log.warning("routing a notification failed (server=%s): %s; retrying in %.1fs",
                     self.server.name, type(exc).__name__, delay)
         await asyncio.sleep(delay)
         return True
 
-    def _audit_budget(self, kind: str, generation: int) -> str | None:
-        """The audit kind to write for one more ``kind`` row of this session generation: ``kind``
-        itself within ``AUDIT_ROWS_PER_SESSION``, ``<kind>_SUPPRESSED`` once at the limit, then None."""
+    def _audit_budgeted(self, kind: str, generation: int, *, uri: str,
+                        detail: dict[str, object]) -> Coroutine[Any, Any, int] | None:
+        """The write of one more ``kind`` audit row of this session generation: ``kind`` itself within
+        ``AUDIT_ROWS_PER_SESSION``, one ``<kind>_SUPPRESSED`` row at the limit, then None (counted)."""
         n = self._audits[(kind, generation)]
         self._audits[(kind, generation)] = n + 1
-        if n < AUDIT_ROWS_PER_SESSION:
-            return kind
-        self.audits_suppressed += 1
-        return f"{kind}_SUPPRESSED" if n == AUDIT_ROWS_PER_SESSION else None
+        if n >= AUDIT_ROWS_PER_SESSION:
+            self.audits_suppressed += 1
+            if n > AUDIT_ROWS_PER_SESSION:
+                return None
+            detail = {"after_rows": AUDIT_ROWS_PER_SESSION, "first_suppressed": detail}
+            kind = f"{kind}_SUPPRESSED"
+        return self._audit(kind, uri=uri, session_generation=generation, detail=detail)
 
     def _audit_later(self, kind: str, generation: int, *, uri: str, detail: dict[str, object]) -> None:
         """A budgeted audit row, written off the receive loop (which never waits on PostgreSQL)."""
-        written = self._audit_budget(kind, generation)
-        if written is None:
+        audit = self._audit_budgeted(kind, generation, uri=uri, detail=detail)
+        if audit is None:
             return
-        if written != kind:
-            detail = {"after_rows": AUDIT_ROWS_PER_SESSION, "first_suppressed": detail}
 
         async def write() -> None:
             with suppress(Exception):
-                await self.ledger.audit(written, subject=self.subject, server=self.server.name, uri=uri,
-                                        session_generation=generation, detail=detail)
+                await audit
 
         task = asyncio.get_running_loop().create_task(write())
         self._audit_tasks.add(task)
@@ -591,33 +573,22 @@ class SessionHost:
         subscription (it stops accepting until the conflict is resolved); it is never routed as if
         it were it. The catalog is asked for the evidence that resolves it (which URIs are listed).
         UNKNOWN_URI rows are budgeted per session generation (``AUDIT_ROWS_PER_SESSION``)."""
-        kind = self._audit_budget("UNKNOWN_URI", generation)
-        if kind is not None:
-            await self.ledger.audit(kind, subject=self.subject, server=self.server.name, uri=uri,
-                                    session_generation=generation,
-                                    detail={} if kind == "UNKNOWN_URI"
-                                    else {"after_rows": AUDIT_ROWS_PER_SESSION})
+        audit = self._audit_budgeted("UNKNOWN_URI", generation, uri=uri, detail={})
+        if audit is not None:
+            await audit
         siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+        sig = IdentityConflict(observed_uri=uri, session_generation=generation,
+                               reason="notification URI matches only after normalization")
         for workflow_id, subscribed in siblings:
-            await self.ledger.audit("NORMALIZED_URI_MATCH", subject=self.subject, server=self.server.name,
-                                    uri=uri, workflow_id=workflow_id, session_generation=generation,
-                                    detail={"subscribed_uri": subscribed})
+            await self._audit("NORMALIZED_URI_MATCH", uri=uri, workflow_id=workflow_id,
+                              session_generation=generation, detail={"subscribed_uri": subscribed})
             with suppress(RPCError):
-                await self.temporal.get_workflow_handle(workflow_id).signal(
-                    SIGNAL_IDENTITY_CONFLICT,
-                    IdentityConflict(observed_uri=uri,
-                                     reason="notification URI matches only after normalization",
-                                     session_generation=generation),
-                )
-        if siblings:
-            await self._request_reconciliation(f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}",
-                                               generation)
-
-    async def _request_reconciliation(self, reason: str, generation: int) -> None:
-        """Ask the CatalogWorkflow of (subject, server) for a reconciliation; never start it."""
-        key = CatalogKey(subject=self.subject, server=self.server.name)
-        await self._signal(key.workflow_id, SIGNAL_RECONCILE, reason, "IDENTITY_NO_CATALOG", generation,
-                           detail={"reason": reason})
+                await self.temporal.get_workflow_handle(workflow_id).signal(SIGNAL_IDENTITY_CONFLICT, sig)
+        if siblings:  # the CatalogWorkflow of (subject, server) is asked to reconcile, never started
+            reason = f"identity conflict: {uri[:RECONCILE_REASON_URI_CHARS]}"
+            catalog = CatalogKey(subject=self.subject, server=self.server.name).workflow_id
+            await self._signal(catalog, SIGNAL_RECONCILE, reason, "IDENTITY_NO_CATALOG", generation,
+                               detail={"reason": reason})
 
     async def _read_here(self, cycle: ReadCycle) -> ReadCycleResult | None:
         """The read cycle on this ingress's live session. None when it failed or took longer than
@@ -642,7 +613,6 @@ class SessionHost:
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            await self.ledger.audit(missing, subject=self.subject, server=self.server.name,
-                                    workflow_id=workflow_id, session_generation=generation, **audit)
+            await self._audit(missing, workflow_id=workflow_id, session_generation=generation, **audit)
             return False
         return True

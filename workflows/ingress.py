@@ -14,9 +14,10 @@ Contract:
   into the program, which asks (``RouteFailed``) whether to route the key again. The session host
   (``worker/session_host.py``) performs them over PostgreSQL, the live MCP session and Temporal;
   the simulator (``sim/``) over its world, one effect or read-cycle step per scheduled event.
-- Counters are the program's: ``coalesced`` (merged into a waiting key, absorbed into a read, or a
-  note that created no work), ``read`` (reports delivered), ``routed`` (wake-ups delivered),
-  ``lost`` (keys given up after retries).
+- Counters are the program's and count notifications only: ``coalesced`` (merged into a waiting key,
+  absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``routed``
+  (wake-ups delivered). A key only the resync's synthetic notes made (``background`` offers, which
+  the resync counts) is routed uncounted.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from mcpsync.workflows.records.subscription import ResourceUpdated, Subscription
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 
 __all__ = ["Key", "Offer", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle", "SignalUpdated",
-           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect",
-           "Processed", "IngressRouter", "ingress_uri_problem"]
+           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "IngressRouter",
+           "ingress_uri_problem"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -56,7 +57,7 @@ class WorkQueue(Generic[K]):
 
     def __init__(self) -> None:
         self.dirty: set[K] = set()
-        self.processing: set[K] = set()
+        self.processing: dict[K, bool] = {}  # key -> only background adds made the work it processes
         self.ready: deque[K] = deque()
         self.background: set[K] = set()  # dirty keys only background adds made
         self._later: deque[K] = deque()  # their lane (entries of keys moved or taken are skipped)
@@ -97,8 +98,8 @@ class WorkQueue(Generic[K]):
                 return None
             key = self._later.popleft()
         self.dirty.discard(key)
+        self.processing[key] = key in self.background
         self.background.discard(key)
-        self.processing.add(key)
         return key
 
     def take(self, key: K) -> bool:
@@ -112,14 +113,11 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K) -> bool:
         """Processing ``key`` ended; True when it was added meanwhile and is ready again."""
-        self.processing.discard(key)
+        self.processing.pop(key, None)
         if key in self.dirty:
             self._enqueue(key)
             return True
         return False
-
-    def __len__(self) -> int:
-        return len(self.ready) + sum(1 for key in self.background if key not in self.processing)
 
 
 Key = tuple[str, int]
@@ -244,14 +242,6 @@ Effect = Note | UnknownUri | Stamp | ReadCycle | SignalUpdated | ReportRead | Si
 Routing = Generator[Effect, Any, None]
 
 
-@dataclass(frozen=True, slots=True)
-class Processed:
-    """``process``'s answer: the key it processed and whether that key is ready again."""
-
-    key: Key
-    ready_again: bool
-
-
 class IngressRouter:
     """The work queue and routing of one (subject, server)'s notifications.
 
@@ -269,12 +259,11 @@ class IngressRouter:
         self.work: WorkQueue[Key] = WorkQueue()
         self.pending: Counter[int] = Counter()  # ready keys per session generation
         self.received = 0
-        self.merged = 0  # pulses merged into a key that was waiting
-        self.absorbed = 0  # processings whose read took pulses that arrived meanwhile
+        self.merged = 0  # notifications merged into a key a notification made
+        self.absorbed = 0  # notifications a read took as they arrived while their key was processed
         self.no_work = 0  # notes that created no work (covered by construction)
         self.read = 0
         self.routed = 0
-        self.lost = 0
 
     @property
     def coalesced(self) -> int:
@@ -288,11 +277,12 @@ class IngressRouter:
 
     def offer(self, uri: str, generation: int, *, background: bool = False) -> Offer:
         """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks).
-        ``background``: a resync's synthetic note, handed out after the notifications."""
+        ``background``: a resync's synthetic note, handed out after the notifications, never counted."""
         key = (uri, generation)
-        self.received += 1
+        self.received += not background
         if key in self.work.dirty:
-            self.merged += 1
+            # A notification for a key only background adds made is that key's counted work now.
+            self.merged += not background and key not in self.work.background
             self.work.add(key, background=background)  # a notification moves a background key ahead
             return Offer.MERGED
         if key not in self.work.processing and self.max_pending is not None \
@@ -303,56 +293,55 @@ class IngressRouter:
             return Offer.READY
         return Offer.WAITING
 
-    def process(self) -> Generator[Effect, Any, Processed | None]:
-        """One router's turn: the next ready key (None: there was none), routed, then done."""
+    def process(self) -> Generator[Effect, Any, bool]:
+        """One router's turn: the next ready key, routed, then done; True when that key is ready
+        again (False too when there was none)."""
         key = self.work.get()
         if key is None:
-            return None
+            return False
         generation = key[1]
-        self.pending[generation] -= 1
-        if self.pending[generation] <= 0:
-            del self.pending[generation]
+        self.pending -= Counter([generation])  # (a generation's count that reaches 0 is dropped)
         try:
-            yield from self._route_with_retry(key)
+            yield from self._route_with_retry(key, counted=not self.work.processing[key])
         finally:
             ready_again = self.work.done(key)
             if ready_again:
                 self.pending[generation] += 1
-        return Processed(key, ready_again)
+        return ready_again
 
     # --- one key -------------------------------------------------------------------------------
 
-    def _route_with_retry(self, key: Key) -> Routing:
+    def _route_with_retry(self, key: Key, *, counted: bool) -> Routing:
         """PostgreSQL or Temporal briefly away must not lose an invalidation: the interpreter decides
-        (``RouteFailed``) whether to route again; a key given up is counted ``lost`` (the next
-        notification or a poll repairs it)."""
+        (``RouteFailed``) whether to route again or give the key up (the next notification or a poll
+        repairs it). ``counted``: a notification made this work, not only the resync."""
         uri, generation = key
         attempt = 0
         while True:
             try:
-                yield from self._route(uri, generation)
+                yield from self._route(uri, generation, counted)
                 return
             except Exception as exc:  # noqa: BLE001 - any failure of an effect: retry or give up
                 if not (yield RouteFailed(uri, generation, attempt, exc)):
-                    self.lost += 1
                     return
                 attempt += 1
 
-    def _route(self, uri: str, generation: int) -> Routing:
+    def _route(self, uri: str, generation: int, counted: bool) -> Routing:
         noted = yield Note(uri, generation)
         if noted is None:
             yield UnknownUri(uri, generation)
             return
-        yield from self._deliver(noted, uri, generation, own=True)
+        yield from self._deliver(noted, uri, generation, own=True, counted=counted)
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one, so
         # both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in (yield Siblings(uri, generation)):
             yield SiblingInvalidated(workflow_id, sibling_uri, uri, generation)
             sibling = yield Note(sibling_uri, generation)
             if sibling is not None:
-                yield from self._deliver(sibling, sibling_uri, generation, own=False)
+                yield from self._deliver(sibling, sibling_uri, generation, own=False, counted=counted)
 
-    def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool) -> Routing:
+    def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool,
+                 counted: bool) -> Routing:
         """The update the ledger just recorded for the exact ``uri``, to the workflow its row names: read
         here and reported when the fence allows it and the read was judged; else ``resource_updated``
         (the row stays dirty: the workflow reads), without a read here only when the note created work.
@@ -363,34 +352,29 @@ class IngressRouter:
         if self.read_on_notification and stamped.live_generation == generation:
             key = SubscriptionKey(subject=self.subject, server=self.server, uri=uri)
             req = ingress_read_request(noted, key, generation=generation, request_id=stamped.request_id)
-        if req is None:
-            if noted.work:
-                yield from self._signal_updated(noted, sig)
-            else:
-                self.no_work += 1
+        if req is not None:
+            cycle: ReadCycleResult | None = yield ReadCycle(
+                req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
+                absorb=self._absorber((uri, generation)) if own else None)
+            if cycle is not None and cycle.judged:
+                report = ReadReport(update=sig, requested_at=stamped.at, cycle=cycle)
+                if (yield ReportRead(noted.workflow_id, report)):
+                    self.read += counted
+                return
+        elif not noted.work:
+            self.no_work += counted
             return
-        cycle: ReadCycleResult | None = yield ReadCycle(
-            req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
-            absorb=self._absorber((uri, generation)) if own else None)
-        if cycle is None or not cycle.judged:
-            yield from self._signal_updated(noted, sig)
-            return
-        report = ReadReport(update=sig, requested_at=stamped.at, cycle=cycle)
-        if (yield ReportRead(noted.workflow_id, report)):
-            self.read += 1
-
-    def _signal_updated(self, noted: NotedNotification, sig: ResourceUpdated) -> Routing:
-        """``resource_updated``: a wake-up; the workflow reads (its row is dirty)."""
-        if (yield SignalUpdated(noted.workflow_id, sig)):
-            self.routed += 1
+        if (yield SignalUpdated(noted.workflow_id, sig)):  # a wake-up: the workflow reads (its row is dirty)
+            self.routed += counted
 
     def _absorber(self, key: Key) -> Callable[[], int]:
         """``run_cycle``'s ``absorb`` for the key this router processes: pulses that arrived since the
         note are taken once the read is allocated, just before it is sent, so the read observes their
-        change; its accept counts them."""
+        change; its accept counts them (``absorbed`` counts the notifications among them)."""
         def absorb() -> int:
-            if self.work.take(key):
-                self.absorbed += 1
-                return 1
-            return 0
+            notified = key not in self.work.background
+            if not self.work.take(key):
+                return 0
+            self.absorbed += notified
+            return 1
         return absorb

@@ -6,6 +6,7 @@ IngressRouter; no stack needed."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,10 +14,11 @@ import pytest
 
 from mcpsync.worker.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadClock, Resync
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
-from mcpsync.workflows.ingress import IngressRouter
+from mcpsync.workflows.ingress import IngressRouter, Note, Siblings, SignalUpdated, Stamp, Stamped
 from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.read_deadline import resynced_jitter
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.ledger import NotedNotification
+from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.resync_rules import (
     SWEEP_MAX_SECONDS,
     SWEEP_MIN_SECONDS,
@@ -72,7 +74,7 @@ def test_a_uri_is_fed_once_its_last_read_is_older_than_due_and_a_read_defers_it(
     assert router.work.dirty == {("demo://a", 1)} and len(woken) == 1
     assert resync.sweep(generation=1, now=due + 1) == 0  # fed: counts as read until its read
     assert resync.sweep(generation=1, now=resync_due_at(15.0, 30.0)) == 1  # now b
-    assert resync.fed == 2 and router.received == 2
+    assert resync.fed == 2 and router.received == 0  # the resync's notes are no notifications
 
 
 def test_a_full_queue_is_not_overflowed_by_the_resync_and_forgotten_uris_are_dropped() -> None:
@@ -93,7 +95,7 @@ def test_a_notified_key_is_handed_out_before_the_resyncs_and_a_notification_move
     router.offer("demo://changed", 1)  # a change notified after the batch
     router.offer("demo://r3", 1)  # a notification for a key waiting in the background lane
     router.offer("demo://r3", 1, background=True)  # a later background add leaves it in front
-    assert len(router.work) == 4
+    assert len(router.work.dirty) == 4 and router.work.background == {("demo://r1", 1), ("demo://r2", 1)}
     order = [router.work.get() for _ in range(5)]
     assert order == [("demo://changed", 1), ("demo://r3", 1), ("demo://r1", 1), ("demo://r2", 1), None]
     assert router.work.dirty == set() and router.work.background == set()
@@ -112,6 +114,39 @@ def test_a_background_add_while_processing_stays_behind_and_a_notification_does_
     router.offer("demo://c", 1, background=True)
     assert router.work.done(("demo://a", 1))
     assert [router.work.get(), router.work.get()] == [("demo://a", 1), ("demo://c", 1)]
+
+
+def _route_all(router: IngressRouter) -> None:
+    """Route every ready key as an interpreter would: each note names a workflow and creates work,
+    each wake-up is delivered, no URI has siblings."""
+    noted = NotedNotification.model_construct(workflow_id="wf", work=True)
+    while router.owes():
+        program = router.process()
+        answer: Any = None
+        with suppress(StopIteration):
+            while True:
+                effect = program.send(answer)
+                if isinstance(effect, Stamp):
+                    answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
+                else:
+                    answer = {Note: noted, SignalUpdated: True, Siblings: []}[type(effect)]
+
+
+def test_the_router_counts_notifications_and_routes_the_resyncs_notes_uncounted() -> None:
+    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=False)
+    router.offer("demo://a", 1, background=True)  # a key only the resync made ...
+    router.offer("demo://a", 1, background=True)  # ... and a note merged into it
+    router.offer("demo://b", 1, background=True)
+    router.offer("demo://b", 1)  # a notification for it: that key's counted work now, not merged
+    router.offer("demo://c", 1)
+    router.offer("demo://c", 1)  # merged into a key a notification made
+    _route_all(router)
+    assert (router.received, router.coalesced, router.routed) == (3, 1, 2)
+    router.offer("demo://d", 1)
+    key = router.work.get()
+    assert key is not None
+    router.offer("demo://d", 1, background=True)  # arrives while d is processed: the read takes it
+    assert router._absorber(key)() == 1 and router.absorbed == 0
 
 
 # --- the keeper's re-arm --------------------------------------------------------------------
