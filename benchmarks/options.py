@@ -48,6 +48,10 @@ class Options:
     idle_seconds: float = 10.0
     idle_window: float = 20.0  # the idle window after start-up (benchmarks.idle); 0: none
     subscription_safety_read_seconds: float | None = None  # None: SubscriptionOptions' default (production)
+    # the main worker's [temporal] max_cached_workflows; None: every subscription stays cached
+    max_cached_workflows: int | None = None
+    # the N subscriptions' SubscriptionOptions.max_history_events; None: SubscriptionOptions' default
+    subscription_max_history_events: int | None = None
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -118,6 +122,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "default 20, --quick 8, 0: none)")
     p.add_argument("--subscription-safety-read-seconds", type=float, default=None,
                    help="the N subscriptions' safety_read_seconds (default: SubscriptionOptions' own, 300)")
+    p.add_argument("--max-cached-workflows", type=int, default=None,
+                   help="the main worker's [temporal] max_cached_workflows (default: N plus the staleness "
+                        "subscriptions, so every run stays cached)")
+    p.add_argument("--subscription-max-history-events", type=int, default=None,
+                   help="the N subscriptions' max_history_events: continue-as-new after that many events "
+                        "(default: SubscriptionOptions' own, 20000)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -125,6 +135,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     ns = a.series or [a.subscriptions or (50 if quick else 200)]
     if a.series and a.subscriptions:
         p.error("--subscriptions and --series are exclusive")
+    if a.max_cached_workflows is not None and a.max_cached_workflows < 1:
+        p.error("--max-cached-workflows must be at least 1")
+    if a.subscription_max_history_events is not None and a.subscription_max_history_events < 100:
+        p.error("--subscription-max-history-events must be at least 100")
     return Options(
         subscriptions=ns,
         transports=["http", "stdio"] if a.transport == "both" else [a.transport],
@@ -149,6 +163,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         idle_seconds=a.idle_seconds,
         idle_window=a.idle_window if a.idle_window is not None else (8.0 if quick else 20.0),
         subscription_safety_read_seconds=a.subscription_safety_read_seconds,
+        max_cached_workflows=a.max_cached_workflows,
+        subscription_max_history_events=a.subscription_max_history_events,
         layout=Layout(a.layout),
         single=a.single,
         result=a.result,

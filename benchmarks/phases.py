@@ -99,6 +99,7 @@ class Bench:
     fixture: FixtureProcess | None  # the system fixture's process over HTTP (the baseline shares it)
     base_target: Any  # the naive baseline's MCP transport target
     stale_fx: dict[staleness.Profile, BenchFixture]
+    max_cached_workflows: int  # the main worker's cache, in runs
 
     @property
     def r(self) -> dict[str, Any]:
@@ -161,9 +162,10 @@ async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Prob
                                             f"{server}-{p.value.replace('_', '-')}",
                                             subscribe=p.subscribe, catalog=False)
                 for p in staleness.Profile if opts.staleness_subscriptions > 0}
-    # Every subscription stays in the worker's cache (docs/deploy.md: size it to the subscriptions a
-    # worker hosts): above it, each safety read of an evicted workflow replays its history.
-    cached = max(TemporalConfig().max_cached_workflows, n + 2 * opts.staleness_subscriptions + 100)
+    # By default every subscription stays in the worker's cache (docs/deploy.md: size it to the
+    # subscriptions a worker hosts): above it, each safety read of an evicted workflow replays its history.
+    cached = opts.max_cached_workflows or max(TemporalConfig().max_cached_workflows,
+                                              n + 2 * opts.staleness_subscriptions + 100)
     config = Config(temporal=TemporalConfig(address=temporal.address, task_queue=TASK_QUEUE,
                                             max_cached_workflows=cached,
                                             workflow_runner=opts.workflow_runner),
@@ -186,7 +188,7 @@ async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Prob
     return Bench(transport=transport, n=n, opts=opts, run=run, say=say, rng=rng, stack=stack, work=work,
                  server=server, db_name=db_name, uris=uris, initial=initial, probe=probe, client=client,
                  ledger=ledger, temporal=temporal, services=services, sys_ctl=sys_ctl, fixture=fixture,
-                 base_target=base_target, stale_fx=stale_fx)
+                 base_target=base_target, stale_fx=stale_fx, max_cached_workflows=cached)
 
 
 async def startup_phase(b: Bench) -> None:
@@ -225,8 +227,12 @@ async def startup_phase(b: Bench) -> None:
 
     # A warm-up tenth first: one-time costs (imports into the workflow sandbox, pools, caches) are not
     # per subscription. Memory per subscription is the RSS growth over the other nine tenths.
-    sub_options = (SubscriptionOptions(safety_read_seconds=opts.subscription_safety_read_seconds)
-                   if opts.subscription_safety_read_seconds is not None else None)
+    overrides: dict[str, Any] = {}
+    if opts.subscription_safety_read_seconds is not None:
+        overrides["safety_read_seconds"] = opts.subscription_safety_read_seconds
+    if opts.subscription_max_history_events is not None:
+        overrides["max_history_events"] = opts.subscription_max_history_events
+    sub_options = SubscriptionOptions(**overrides) if overrides else None
     warm = max(1, n // 10)
     say(f"starting {n} subscriptions ({warm} warm-up first)")
     await subscribe(uris[:warm])
@@ -252,6 +258,7 @@ async def startup_phase(b: Bench) -> None:
         "by_process_ms_per_subscription": startup_cpu["by_process_ms_per_change"],
     }
     r["memory"] = {
+        "max_cached_workflows": b.max_cached_workflows,
         "worker_rss_before_bytes": rss0,
         "worker_rss_after_bytes": rss1,
         "worker_bytes_per_subscription": round((rss1 - rss0) / measured),

@@ -63,7 +63,8 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
          "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout",
          "15", "--poll-seconds", "2", "--safety-read-seconds", "2.5", "--staleness-window", "5",
-         "--staleness-subscriptions", "2", "--idle-window", "2", "--out", str(out)],
+         "--staleness-subscriptions", "2", "--idle-window", "2", "--max-cached-workflows", "64",
+         "--subscription-max-history-events", "4000", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     wall = time.monotonic() - started  # the run's own wall clock: every duration it reports fits in it
@@ -103,6 +104,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
         assert _num(r["comparison"]["convergence_p50_vs_floor"])
         assert (r["memory"]["worker_rss_after_bytes"] > 0
                 and _num(r["memory"]["worker_bytes_per_subscription"]))
+        assert r["memory"]["max_cached_workflows"] == 64, "--max-cached-workflows did not reach the worker"
         assert r["startup"]["subscriptions_per_second"] > 0
         # The dev server and mcpsync's worker did work for every start (the ingress too, split layout).
         by_start = r["startup"]["by_process_ms_per_subscription"]
