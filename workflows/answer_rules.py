@@ -1,32 +1,20 @@
 """The answer freshness gate rules: HOLD or ACCEPT an answer against the observations it used.
 
-Contract:
-- A host *binds* an answer draft to the observations it was built from
-  (``bind(answer_id, question, dependencies=[(subject, server, uri, receipt_id)])``), records
-  which observation its next answering step actually *selected* per dependency
-  (``select_input(answer_id, uri, receipt_id)``; until it does, the bound receipt counts as
-  selected), and asks for a *disposition* (``check(answer_id)``).
-- ``judge_answer`` is the gate: plain deterministic Python over an ``ObservationSnapshot``
-  the ledger took (no I/O, no clock: the snapshot carries the database time). It works on
+Contract (the rules in full: docs/answer-gate.md):
+- A host *binds* an answer draft to the receipts it was built from, records which receipt its next
+  answering step actually *selected* per dependency (until it does, the bound receipt counts), and
+  asks for a *disposition*.
+- ``judge_answer`` is the gate: pure deterministic Python over an ``ObservationSnapshot`` the ledger
+  took (no I/O, no clock: the snapshot carries the database time; no temporalio import). It works on
   receipt ids, digests, states and timestamps only; no resource body is ever involved.
-- HOLD, with one named ``GateReason`` per condition (the enum lists them), when any dependency is not
-  provably current: an update seen after its latest accepted observation, a read in flight, failed,
-  denied (the basis is unresolved, never an empty resource) or rejected by the guardrails, tombstoned,
-  missing or replaced, revoked, unwatched, uncertain continuity, or a selected input that is not the
-  latest accepted receipt.
-- ACCEPT only when every dependency's selected receipt *is* its latest accepted receipt, or
-  carries the same digest with nothing but UNCHANGED reads since (recorded as
-  ``equal_by="unchanged_digest"`` with the reasoning), and no newer update was seen. An ACCEPT
-  is stamped with its evidence window (``evidence_from``: the latest of the confirming
-  observations; ``evidence_to``: the check time) and the receipts; it claims nothing beyond
-  that window. A later relevant update makes the next check HOLD (``reopened``).
-- list_changed is a catalog event: it never reopens an answer by itself. Only what the
-  catalog establishes for a dependency (tombstoned, revoked) does. An update of an unrelated
-  URI never reopens it either: each dependency is judged from its own subscription only.
-- Pure: no I/O, no clock, no temporalio import. The ledger activities, the worker and the
-  tests use these records and ``judge_answer`` directly; ``mcpsync.workflows.answer``
-  (``AnswerWorkflow``) only drives them through Temporal. ``AnswerTracker`` holds the
-  workflow's whole state (``AnswerState``) and builds the gate's inputs and the record.
+- HOLD, with one named ``GateReason`` per condition, when any dependency is not provably current.
+  ACCEPT only when every selected receipt *is* its dependency's latest accepted receipt, or carries
+  the same digest with nothing but UNCHANGED reads since, and no newer update was seen; it is
+  stamped with its evidence window and claims nothing beyond it (a later update ``reopened``s it).
+- Each dependency is judged from its own subscription only: a list_changed or an update of an
+  unrelated URI never reopens an answer; what a catalog establishes (tombstoned, revoked) does.
+- ``AnswerTracker`` holds ``AnswerWorkflow``'s whole state (``AnswerState``) and builds the gate's
+  inputs and the record; the ledger activities, the worker and the tests use the rest directly.
 """
 
 from __future__ import annotations
@@ -395,22 +383,16 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         hold(GateReason.TOMBSTONE_PENDING, "the server answered not-found and no catalog has confirmed the "
                                            "deletion: the basis is unresolved, not an empty resource")
     elif state in _CLOSING:
-        hold(
-            GateReason.SUBSCRIPTION_CLOSED,
-            f"the subscription is {state.value if state else '-'}: updates are "
-            "no longer watched and silence proves nothing",
-        )
+        hold(GateReason.SUBSCRIPTION_CLOSED,
+             f"the subscription is {state.value}: updates are no longer watched and silence proves nothing")
     elif state == S.RECONCILIATION_REQUIRED:
         hold(GateReason.RECONCILIATION_REQUIRED, "an identity conflict stopped the subscription: nothing it "
                                                  "observes is accepted until it is resolved")
     elif state in _ESTABLISHING:
-        hold(
-            GateReason.CONTINUITY_UNCERTAIN,
-            f"the subscription is {state.value if state else '-'}: it is being (re)established",
-        )
+        hold(GateReason.CONTINUITY_UNCERTAIN,
+             f"the subscription is {state.value}: it is being (re)established")
 
-    ident = (dep.subject, dep.server, dep.uri)
-    if sel is None or (sel.subject, sel.server, sel.uri) != ident:
+    if sel is None or (sel.subject, sel.server, sel.uri) != (dep.subject, dep.server, dep.uri):
         hold(GateReason.INPUT_IDENTITY_MISMATCH,
              f"the selected receipt {selected_receipt_id} is not a receipt of this dependency")
         sel = None
@@ -430,50 +412,36 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                                              "is not made current by it")
         if newest is not None and (latest is None or newest.read_ordinal > latest.read_ordinal):
             if newest.status == V.GUARDRAIL_REJECTED:
-                hold(
-                    GateReason.GUARDRAIL_REJECTED,
-                    f"the newest read (receipt {newest.receipt_id}) was "
-                    "rejected by the guardrails: the server's current content "
-                    "may not be released and the older version is not current",
-                )
+                hold(GateReason.GUARDRAIL_REJECTED,
+                     f"the newest read (receipt {newest.receipt_id}) was rejected by the guardrails: the "
+                     "server's current content may not be released and the older version is not current")
             elif newest.status in (V.TOMBSTONE_PENDING, V.TOMBSTONED):
                 hold(GateReason.REPLACED, "the resource was missing and is listed again: the recreated "
                                           "resource has not been read yet")
         if obs.reads_pending:
             hold(GateReason.READ_PENDING, f"{obs.reads_pending} read(s) in flight: wait for the outcome")
         if latest is not None and _update_after(obs, latest):
-            hold(
-                GateReason.UPDATE_SEEN,
-                f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the latest "
-                f"accepted observation (receipt {latest.receipt_id}, read issued "
-                f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before relying "
-                "on it",
-            )
+            hold(GateReason.UPDATE_SEEN,
+                 f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the "
+                 f"latest accepted observation (receipt {latest.receipt_id}, read issued "
+                 f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before "
+                 "relying on it")
         if obs.live_session_generation is None:
             hold(GateReason.CONTINUITY_UNCERTAIN, "no open MCP session for this subject and server: updates "
                                                   "cannot arrive, silence proves nothing")
         elif obs.live_session_generation != obs.session_generation:
-            hold(
-                GateReason.CONTINUITY_UNCERTAIN,
-                f"the session changed (generation {obs.session_generation} → "
-                f"{obs.live_session_generation}) and the subscription has "
-                "not been re-established on it",
-            )
+            hold(GateReason.CONTINUITY_UNCERTAIN,
+                 f"the session changed (generation {obs.session_generation} → {obs.live_session_generation}) "
+                 "and the subscription has not been re-established on it")
         elif latest is not None and (latest.session_generation, latest.subscription_generation) != (
                 obs.session_generation, obs.subscription_generation):
-            hold(
-                GateReason.CONTINUITY_UNCERTAIN,
-                "the subscription was re-established and has not confirmed "
-                "the content since: updates in between may have been missed",
-            )
+            hold(GateReason.CONTINUITY_UNCERTAIN, "the subscription was re-established and has not confirmed "
+                 "the content since: updates in between may have been missed")
         if not obs.updates_watched:
             limit = policy.max_unwatched_age_seconds
             if limit is None:
-                hold(
-                    GateReason.UNWATCHED,
-                    "this server sends no per-URI updates for it (polling): silence is "
-                    "not a check; pass a freshness policy to accept recent reads",
-                )
+                hold(GateReason.UNWATCHED, "this server sends no per-URI updates for it (polling): silence "
+                     "is not a check; pass a freshness policy to accept recent reads")
             elif latest is not None and (checked_at - latest.accepted_at).total_seconds() > limit:
                 age = (checked_at - latest.accepted_at).total_seconds()
                 hold(GateReason.OBSERVATION_TOO_OLD, f"unwatched, and the latest accepted observation is "
@@ -489,10 +457,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
             equal_by = "receipt"
             reasoning = f"the selected receipt {sel.receipt_id} is the latest accepted receipt"
         elif sel.status not in _ACCEPTED and sel.status != V.STALE:
-            hold(
-                GateReason.INPUT_NOT_RELEASABLE,
-                f"the selected receipt {sel.receipt_id} is {sel.status.value}, not an accepted version",
-            )
+            hold(GateReason.INPUT_NOT_RELEASABLE,
+                 f"the selected receipt {sel.receipt_id} is {sel.status.value}, not an accepted version")
         elif (sel.content_digest is not None and sel.content_digest == latest.content_digest
               and sel.status in _ACCEPTED and sel.read_ordinal <= latest.read_ordinal
               and obs.changes_since_selected == 0):
@@ -504,13 +470,10 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                 "selected input"
             )
         else:
-            hold(
-                GateReason.SELECTED_NOT_LATEST,
-                f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) "
-                "but the "
-                f"latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a newer "
-                "read is done and the old copy is still selected",
-            )
+            hold(GateReason.SELECTED_NOT_LATEST,
+                 f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) but "
+                 f"the latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a "
+                 "newer read is done and the old copy is still selected")
 
     conditions = [c for c in REASON_PRECEDENCE if c in found]
     update_after_bound = bool(
