@@ -208,31 +208,20 @@ class CatalogWorkflow:
         req = ScanRequest(key=self.key, reconciliation_id=s.reconciliation_id, scan_id=str(workflow.uuid4()),
                           label=label, session_generation=session.generation, page_cap=s.policy.page_cap)
         try:
-            result: ResourceDiscoveryScanV1 = await workflow.execute_activity(
-                CatalogAct.SCAN,
-                req,
-                result_type=ResourceDiscoveryScanV1,
-                task_queue=session.task_queue,
-                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START,
-                start_to_close_timeout=_SCAN_START_TO_CLOSE,
-                heartbeat_timeout=_SCAN_HEARTBEAT,
-                retry_policy=_SCAN_RETRY,
-            )
+            return await workflow.execute_activity(
+                CatalogAct.SCAN, req, result_type=ResourceDiscoveryScanV1, task_queue=session.task_queue,
+                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START, heartbeat_timeout=_SCAN_HEARTBEAT,
+                start_to_close_timeout=_SCAN_START_TO_CLOSE, retry_policy=_SCAN_RETRY)
         except ActivityError as err:
             s.detail = f"scan {label} failed: {type(err.cause).__name__}"
             return None
-        return result
 
     # --- plumbing --------------------------------------------------------------------
 
     async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
-        result = await workflow.execute_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=_LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
+        result = await workflow.execute_activity(name, arg, result_type=result_type,
+                                                 start_to_close_timeout=_LEDGER_TIMEOUT,
+                                                 retry_policy=LEDGER_RETRY)
         if result is None and not allow_none:
             raise RuntimeError(f"{name} returned nothing")
         return result
@@ -248,13 +237,8 @@ class CatalogWorkflow:
             return
         self.last_published = snapshot
         workflow.upsert_search_attributes([KEY_STATE.value_set(status)])
-        lines = [
-            f"**{status}** catalog of `{self.key.subject}` on `{self.key.server}`",
-            "",
-            "| catalog | value |",
-            "|---|---|",
-            f"| phase | {s.phase.value} |",
-        ]
+        lines = [f"**{status}** catalog of `{self.key.subject}` on `{self.key.server}`", "",
+                 "| catalog | value |", "|---|---|", f"| phase | {s.phase.value} |"]
         if c is not None:
             lines += [
                 f"| last catalog | #{c.catalog_id} {c.status.value} ({c.status_reason or '-'}) |",
