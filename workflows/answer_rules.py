@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.ledger import AcceptVerdict
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.subscription import SubscriptionState
 
 __all__ = [
     "AnswerDependency",
@@ -70,10 +70,6 @@ class AnswerDependency(FrozenRecord):
     server: str = Field(min_length=1, max_length=200)
     uri: str = Field(min_length=1, max_length=16384)
     receipt_id: int = Field(ge=1)
-
-    @property
-    def key(self) -> SubscriptionKey:
-        return SubscriptionKey(subject=self.subject, server=self.server, uri=self.uri)
 
 
 class BindRequest(FrozenRecord):

@@ -460,31 +460,27 @@ class CatalogReconciler:
         if not self.s.wanted:
             self.s.wanted, self.s.want_reason = True, reason
 
-    def note_list_changed(self, sig: ListChanged) -> bool:
-        """A list_changed signal; True if it asks for a new reconciliation (coalesced)."""
+    def note_list_changed(self, sig: ListChanged) -> None:
+        """A list_changed signal asks for a new reconciliation (coalesced) unless the catalog reflects it."""
         s = self.s
         s.list_changed_signals += 1
         s.list_changed_seen[sig.session_generation] = max(s.list_changed_seen.get(sig.session_generation, 0),
                                                           sig.count)
-        if (sig.session_generation, sig.count) <= s.covered:
-            return False  # already reflected by the published catalog (a late, delayed signal)
-        self.request("list_changed")
-        return True
+        if (sig.session_generation, sig.count) > s.covered:  # else a late, delayed signal
+            self.request("list_changed")
 
     # -- one reconciliation ---------------------------------------------------------
     def bind_session(self, session: SessionInfo) -> None:
         self.s.session_generation = session.generation
         self.s.list_changed_capable = session.list_changed
 
-    def begin(self, reconciliation_id: str) -> str:
+    def begin(self, reconciliation_id: str) -> None:
         s = self.s
-        reason = s.want_reason if s.wanted else "restart"
+        s.reconciliation_reason = s.want_reason if s.wanted else "restart"
         s.wanted, s.want_reason = False, ""
         s.reconciliation_id = reconciliation_id
-        s.reconciliation_reason = reason
         s.reconciliations_started += 1
         s.phase = CatalogPhase.SCANNING_A
-        return reason
 
     def scan_finished(self, scan: ResourceDiscoveryScanV1) -> str | None:
         """Record a scan; a reason to restart, or None to go on."""
