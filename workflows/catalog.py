@@ -134,9 +134,8 @@ class CatalogWorkflow:
                 except TimeoutError:
                     self.rec.request("periodic")
                 continue
-            session = await self._ledger(Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject,
-                                                                           server=self.key.server),
-                                         SessionInfo, allow_none=True)
+            query = SessionQuery(subject=self.key.subject, server=self.key.server)
+            session = await self._ledger(Act.CURRENT_SESSION, query, SessionInfo, allow_none=True)
             if session is None:
                 s.phase = CatalogPhase.NO_SESSION
                 s.detail = "no live MCP session for this subject and server"
@@ -192,9 +191,8 @@ class CatalogWorkflow:
         self.rec.published(out.catalog, b)
         self._publish()
         if s.policy.signal_subscriptions:
-            s.last_notify = await self._ledger(
-                CatalogAct.NOTIFY, NotifyRequest(catalog=out.catalog, rollout=s.rollout), NotifyResult
-            )
+            notify = NotifyRequest(catalog=out.catalog, rollout=s.rollout)
+            s.last_notify = await self._ledger(CatalogAct.NOTIFY, notify, NotifyResult)
         if s.policy.auto_subscribe_prefixes and out.catalog.added:
             s.auto_subscribed += await self._ledger(CatalogAct.AUTO_SUBSCRIBE, AutoSubscribeRequest(
                 catalog=out.catalog, rollout=s.rollout, prefixes=s.policy.auto_subscribe_prefixes), int)
@@ -258,10 +256,9 @@ class CatalogWorkflow:
             f"{f' {s.rollout.percent:g}%' if s.rollout and s.rollout.mode == RolloutMode.PERCENT else ''} |",
         ]
         for scan in s.recent_scans[-2:]:
-            lines.append(
-                f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, {scan.page_count} pages,"
-                f" {scan.resource_count} URIs, list_changed {scan.notifications_observed} |"
-            )
+            lines.append(f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, "
+                         f"{scan.page_count} pages, {scan.resource_count} URIs, "
+                         f"list_changed {scan.notifications_observed} |")
         if s.restart_reasons:
             lines.append(f"| last restart | {s.restart_reasons[-1][:120]} |")
         if s.detail:
