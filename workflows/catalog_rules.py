@@ -79,7 +79,6 @@ ListKind = Literal["resources", "templates"]
 _ID_FIELD: dict[str, str] = {"resources": "uri", "templates": "uriTemplate"}
 
 
-
 # --- canonical forms and digests ------------------------------------------------------
 
 
@@ -93,13 +92,10 @@ def canonical_descriptor(wire: Mapping[str, Any]) -> dict[str, Any]:
     counts for catalog identity. Dropped: ``_meta`` (transport and server bookkeeping), ``size`` and
     ``annotations.lastModified`` (they move with content edits, the subscription's business)."""
     out = {k: v for k, v in wire.items() if k not in ("_meta", "size")}
-    annotations = out.get("annotations")
-    if isinstance(annotations, Mapping):
-        kept = {k: v for k, v in annotations.items() if k != "lastModified"}
+    if isinstance(out.get("annotations"), Mapping):
+        kept = {k: v for k, v in out.pop("annotations").items() if k != "lastModified"}
         if kept:
             out["annotations"] = kept
-        else:
-            out.pop("annotations")
     return json.loads(canonical_json(out))  # type: ignore[no-any-return]
 
 
@@ -107,23 +103,21 @@ def descriptor_digest(canonical: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(canonical).encode()).hexdigest()
 
 
+def _netstring(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return f"{len(raw)}:".encode() + raw + b","
+
+
 def set_digest(identifiers: Iterable[str]) -> str:
     """Digest of a set of URIs (or URI templates): netstrings of the distinct UTF-8 strings,
     sorted by code point. Part of the snapshot extension, so servers compute it too."""
-    h = hashlib.sha256()
-    for ident in sorted(set(identifiers)):
-        raw = ident.encode("utf-8")
-        h.update(f"{len(raw)}:".encode() + raw + b",")
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + hashlib.sha256(b"".join(map(_netstring, sorted(set(identifiers))))).hexdigest()
 
 
 def descriptor_set_digest(descriptors: Mapping[str, str]) -> str:
     """Digest of identifier -> descriptor digest, order independent."""
-    h = hashlib.sha256()
-    for ident in sorted(descriptors):
-        raw = ident.encode("utf-8")
-        h.update(f"{len(raw)}:".encode() + raw + b"," + descriptors[ident].encode() + b";")
-    return "sha256:" + h.hexdigest()
+    pairs = (_netstring(ident) + descriptors[ident].encode() + b";" for ident in sorted(descriptors))
+    return "sha256:" + hashlib.sha256(b"".join(pairs)).hexdigest()
 
 
 def cursor_digest(cursor: str | None, key: bytes) -> str:
