@@ -459,12 +459,10 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
               and sel.status in _ACCEPTED and sel.read_ordinal <= latest.read_ordinal
               and obs.changes_since_selected == 0):
             equal_by = "unchanged_digest"
-            reasoning = (
-                f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
-                f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and every "
-                "read since the selected one was UNCHANGED: the newer observation still supports the "
-                "selected input"
-            )
+            reasoning = (f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
+                         f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and "
+                         "every read since the selected one was UNCHANGED: the newer observation still "
+                         "supports the selected input")
         else:
             hold(GateReason.SELECTED_NOT_LATEST,
                  f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) but "
@@ -477,10 +475,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         and obs.last_notification_at >= (bound.read_issued_at or bound.accepted_at))
     if update_after_bound and not conditions and latest is not None and bound is not None \
             and latest.receipt_id != bound.receipt_id:
-        reasoning += (
-            f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved by "
-            f"the read behind receipt {latest.receipt_id}"
-        )
+        reasoning += (f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved "
+                      f"by the read behind receipt {latest.receipt_id}")
     return DependencyDisposition(
         subject=dep.subject, server=dep.server, uri=dep.uri,
         conditions=conditions, explanations=[found[c] for c in conditions],
@@ -491,9 +487,7 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         equal_by=equal_by if not conditions else None,
         equality_reasoning=reasoning if not conditions else "",
         observed_at=latest.accepted_at if latest else None,
-        last_update_at=obs.last_notification_at,
-        update_after_bound=update_after_bound,
-    )
+        last_update_at=obs.last_notification_at, update_after_bound=update_after_bound)
 
 
 def _update_after(obs: DependencyObservation, latest: ReceiptObservation) -> bool:
@@ -534,8 +528,7 @@ def judge_answer(*, answer_id: str, revision: int, sequence: int, dependencies: 
             answer_id=answer_id, revision=revision, sequence=sequence, verdict=Verdict.ACCEPT,
             reason_code=GateReason.INPUTS_CURRENT, reason=reason, dependencies=judged,
             receipt_ids=[d.selected_receipt_id for d in judged], evidence_from=window_from,
-            evidence_to=snapshot.checked_at, checked_at=snapshot.checked_at,
-        )
+            evidence_to=snapshot.checked_at, checked_at=snapshot.checked_at)
     holding.sort(key=lambda h: REASON_PRECEDENCE.index(h[0]))
     code, first, text = holding[0]
     reopened = previous is not None and previous.verdict == Verdict.ACCEPT and previous.revision == revision
@@ -543,8 +536,7 @@ def judge_answer(*, answer_id: str, revision: int, sequence: int, dependencies: 
     reason = f"{'reopened: ' if reopened else ''}{code.value} for {first.uri}: {text}{more}"
     return Disposition(
         answer_id=answer_id, revision=revision, sequence=sequence, verdict=Verdict.HOLD, reason_code=code,
-        reason=reason, dependencies=judged, checked_at=snapshot.checked_at, reopened=reopened,
-    )
+        reason=reason, dependencies=judged, checked_at=snapshot.checked_at, reopened=reopened)
 
 
 # --- workflow state (pure) ------------------------------------------------------------------------
