@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.ledger import AcceptVerdict
-from mcpsync.workflows.records.subscription import SubscriptionState
+from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
 
 __all__ = [
     "AnswerDependency",
@@ -131,8 +131,7 @@ class GateReason(StrEnum):
 
     REVOKED = "REVOKED"  # the subject lost access: content purged, not usable
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog
-    # the server said not-found; deletion unconfirmed, basis unresolved
-    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"
+    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"  # the server said not-found, unconfirmed: basis unresolved
     REPLACED = "REPLACED"  # deleted and listed again: the recreated resource is not read yet
     SUBSCRIPTION_CLOSED = "SUBSCRIPTION_CLOSED"  # no longer watched (closing, closed, unsubscribe unknown)
     RECONCILIATION_REQUIRED = "RECONCILIATION_REQUIRED"  # identity conflict: the subscription accepts nothing
@@ -140,8 +139,7 @@ class GateReason(StrEnum):
     INPUT_IDENTITY_MISMATCH = "INPUT_IDENTITY_MISMATCH"  # the selected receipt is not one of this dependency
     READ_DENIED = "READ_DENIED"  # the latest read was denied
     READ_FAILED = "READ_FAILED"  # the latest read failed: unresolved, not an empty resource
-    # the newest read is not releasable; the older version is not current
-    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"
+    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # the newest read is not releasable; the older is not current
     READ_PENDING = "READ_PENDING"  # a read is in flight
     UPDATE_SEEN = "UPDATE_SEEN"  # an update naming the URI arrived after the latest accepted observation
     CONTINUITY_UNCERTAIN = "CONTINUITY_UNCERTAIN"  # no live session / resubscribing / not re-read since
@@ -200,8 +198,7 @@ class Disposition(FrozenRecord):
 
 
 class AnswerBindingV1(FrozenRecord):
-    """``answerBinding.v1``: an answer, the observations it is bound to, the host's selections, the latest
-    word."""
+    """``answerBinding.v1``: an answer, its bound observations, the host's selections, the latest word."""
 
     record: Literal["answerBinding.v1"] = "answerBinding.v1"
     answer_id: str
@@ -339,7 +336,6 @@ class LoadedAnswer(FrozenRecord):
 S = SubscriptionState
 V = AcceptVerdict
 _ACCEPTED = frozenset({V.ACCEPTED, V.UNCHANGED})
-_CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 _ESTABLISHING = frozenset({S.DISCOVERED, S.SUBSCRIBING})
 # read_requests.outcome holds the verdict when a receipt was written, else the read's kind.
 _FINE_OUTCOMES = frozenset({"ACCEPTED", "UNCHANGED", "STALE", "STALE_AFTER_CLOSE"})
@@ -378,7 +374,7 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
     elif state == S.TOMBSTONE_PENDING:
         hold(GateReason.TOMBSTONE_PENDING, "the server answered not-found and no catalog has confirmed the "
                                            "deletion: the basis is unresolved, not an empty resource")
-    elif state in _CLOSING:
+    elif state in CLOSING_STATES:
         hold(GateReason.SUBSCRIPTION_CLOSED,
              f"the subscription is {state.value}: updates are no longer watched and silence proves nothing")
     elif state == S.RECONCILIATION_REQUIRED:
@@ -592,8 +588,7 @@ class AnswerTracker:
         return ObserveRequest(dependencies=self.s.dependencies, selections=self._selection_ids())
 
     def _selection_ids(self) -> dict[str, int]:
-        return {d.uri: (self.s.selections[d.uri].receipt_id if d.uri in self.s.selections else d.receipt_id)
-                for d in self.s.dependencies}
+        return {d.uri: self.s.selections.get(d.uri, d).receipt_id for d in self.s.dependencies}
 
     def judge(self, snapshot: ObservationSnapshot, policy: FreshnessPolicy) -> Disposition:
         s = self.s
@@ -616,8 +611,7 @@ class AnswerTracker:
             answer_id=s.answer_id, question=s.question, revision=s.revision, bound_at=s.bound_at,
             dependencies=s.dependencies,
             selections=[s.selections[d.uri] for d in s.dependencies if d.uri in s.selections],
-            checks=s.checks, disposition=s.disposition, last_accept=s.last_accept,
-        )
+            checks=s.checks, disposition=s.disposition, last_accept=s.last_accept)
 
 
 # --- workflow input ---------------------------------------------------------------------------------

@@ -83,7 +83,6 @@ _ID_FIELD: dict[str, str] = {"resources": "uri", "templates": "uriTemplate"}
 
 
 def canonical_json(obj: Any) -> str:
-    """Sorted keys, no whitespace, non-ASCII kept: one byte string per structure."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
