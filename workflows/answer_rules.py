@@ -356,10 +356,7 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                      policy: FreshnessPolicy, checked_at: datetime) -> DependencyDisposition:
     """Every condition that holds this dependency (empty: its selected input is current)."""
     found: dict[GateReason, str] = {}
-
-    def hold(code: GateReason, text: str) -> None:
-        found.setdefault(code, text)
-
+    hold = found.setdefault  # the first text of a condition stands
     latest, sel, newest, bound = obs.latest_accepted, obs.selected, obs.newest_receipt, obs.bound
     state = obs.state
     if not obs.subscribed:

@@ -74,9 +74,8 @@ KEY_STATE = SearchAttributeKey.for_keyword(SA_CATALOG_STATE)
 class CatalogWorkflow:
     @workflow.init
     def __init__(self, start: CatalogStart) -> None:
-        if start.carried_state is not None:
-            state = CatalogState.model_validate(start.carried_state)
-            state = state.model_copy(update={"policy": start.policy})
+        if start.carried_state is not None:  # the new run's policy replaces the carried one
+            state = CatalogState.model_validate({**start.carried_state, "policy": start.policy})
         else:
             state = CatalogState(key=start.key, policy=start.policy)
         self.rec = CatalogReconciler(state)
