@@ -78,13 +78,9 @@ class AnswerWorkflow:
     async def bind(self, req: BindRequest) -> AnswerBindingV1:
         async with self.lock:
             await self._ready()
-            result = await self._ledger(
-                AnswerAct.BIND,
-                BindLedgerRequest(
-                    request_id=str(workflow.uuid4()), workflow_id=workflow.info().workflow_id, bind=req
-                ),
-                BoundAnswer,
-            )
+            request = BindLedgerRequest(request_id=str(workflow.uuid4()),
+                                        workflow_id=workflow.info().workflow_id, bind=req)
+            result = await self._ledger(AnswerAct.BIND, request, BoundAnswer)
             self.tracker.rebound(req, result)
             self._publish()
             return self.tracker.record()
@@ -140,9 +136,8 @@ class AnswerWorkflow:
     @workflow.run
     async def run(self, start: AnswerStart) -> AnswerBindingV1:
         if start.carried_state is None:
-            loaded = await self._ledger(
-                AnswerAct.LOAD, AnswerKeyRequest(answer_id=self.answer_id), LoadedAnswer, allow_none=True
-            )
+            loaded = await self._ledger(AnswerAct.LOAD, AnswerKeyRequest(answer_id=self.answer_id),
+                                        LoadedAnswer, allow_none=True)
             if loaded is not None:
                 self.tracker.adopt(loaded)
             self.loaded = True
@@ -164,13 +159,9 @@ class AnswerWorkflow:
                 continue
             if self._continue_as_new_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(
-                    AnswerStart(
-                        answer_id=self.answer_id,
-                        idle_seconds=start.idle_seconds,
-                        carried_state=self.tracker.s.model_dump(mode="json"),
-                    )
-                )
+                workflow.continue_as_new(AnswerStart(
+                    answer_id=self.answer_id, idle_seconds=start.idle_seconds,
+                    carried_state=self.tracker.s.model_dump(mode="json")))
         return self.tracker.record()
 
     # --- plumbing ----------------------------------------------------------------------------------

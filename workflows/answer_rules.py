@@ -1,32 +1,20 @@
 """The answer freshness gate rules: HOLD or ACCEPT an answer against the observations it used.
 
-Contract:
-- A host *binds* an answer draft to the observations it was built from
-  (``bind(answer_id, question, dependencies=[(subject, server, uri, receipt_id)])``), records
-  which observation its next answering step actually *selected* per dependency
-  (``select_input(answer_id, uri, receipt_id)``; until it does, the bound receipt counts as
-  selected), and asks for a *disposition* (``check(answer_id)``).
-- ``judge_answer`` is the gate: plain deterministic Python over an ``ObservationSnapshot``
-  the ledger took (no I/O, no clock: the snapshot carries the database time). It works on
+Contract (the rules in full: docs/answer-gate.md):
+- A host *binds* an answer draft to the receipts it was built from, records which receipt its next
+  answering step actually *selected* per dependency (until it does, the bound receipt counts), and
+  asks for a *disposition*.
+- ``judge_answer`` is the gate: pure deterministic Python over an ``ObservationSnapshot`` the ledger
+  took (no I/O, no clock: the snapshot carries the database time; no temporalio import). It works on
   receipt ids, digests, states and timestamps only; no resource body is ever involved.
-- HOLD, with one named ``GateReason`` per condition (the enum lists them), when any dependency is not
-  provably current: an update seen after its latest accepted observation, a read in flight, failed,
-  denied (the basis is unresolved, never an empty resource) or rejected by the guardrails, tombstoned,
-  missing or replaced, revoked, unwatched, uncertain continuity, or a selected input that is not the
-  latest accepted receipt.
-- ACCEPT only when every dependency's selected receipt *is* its latest accepted receipt, or
-  carries the same digest with nothing but UNCHANGED reads since (recorded as
-  ``equal_by="unchanged_digest"`` with the reasoning), and no newer update was seen. An ACCEPT
-  is stamped with its evidence window (``evidence_from``: the latest of the confirming
-  observations; ``evidence_to``: the check time) and the receipts; it claims nothing beyond
-  that window. A later relevant update makes the next check HOLD (``reopened``).
-- list_changed is a catalog event: it never reopens an answer by itself. Only what the
-  catalog establishes for a dependency (tombstoned, revoked) does. An update of an unrelated
-  URI never reopens it either: each dependency is judged from its own subscription only.
-- Pure: no I/O, no clock, no temporalio import. The ledger activities, the worker and the
-  tests use these records and ``judge_answer`` directly; ``mcpsync.workflows.answer``
-  (``AnswerWorkflow``) only drives them through Temporal. ``AnswerTracker`` holds the
-  workflow's whole state (``AnswerState``) and builds the gate's inputs and the record.
+- HOLD, with one named ``GateReason`` per condition, when any dependency is not provably current.
+  ACCEPT only when every selected receipt *is* its dependency's latest accepted receipt, or carries
+  the same digest with nothing but UNCHANGED reads since, and no newer update was seen; it is
+  stamped with its evidence window and claims nothing beyond it (a later update ``reopened``s it).
+- Each dependency is judged from its own subscription only: a list_changed or an update of an
+  unrelated URI never reopens an answer; what a catalog establishes (tombstoned, revoked) does.
+- ``AnswerTracker`` holds ``AnswerWorkflow``'s whole state (``AnswerState``) and builds the gate's
+  inputs and the record; the ledger activities, the worker and the tests use the rest directly.
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.ledger import AcceptVerdict
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
 
 __all__ = [
     "AnswerDependency",
@@ -82,10 +70,6 @@ class AnswerDependency(FrozenRecord):
     server: str = Field(min_length=1, max_length=200)
     uri: str = Field(min_length=1, max_length=16384)
     receipt_id: int = Field(ge=1)
-
-    @property
-    def key(self) -> SubscriptionKey:
-        return SubscriptionKey(subject=self.subject, server=self.server, uri=self.uri)
 
 
 class BindRequest(FrozenRecord):
@@ -147,8 +131,7 @@ class GateReason(StrEnum):
 
     REVOKED = "REVOKED"  # the subject lost access: content purged, not usable
     TOMBSTONED = "TOMBSTONED"  # deletion confirmed by a reconciled catalog
-    # the server said not-found; deletion unconfirmed, basis unresolved
-    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"
+    TOMBSTONE_PENDING = "TOMBSTONE_PENDING"  # the server said not-found, unconfirmed: basis unresolved
     REPLACED = "REPLACED"  # deleted and listed again: the recreated resource is not read yet
     SUBSCRIPTION_CLOSED = "SUBSCRIPTION_CLOSED"  # no longer watched (closing, closed, unsubscribe unknown)
     RECONCILIATION_REQUIRED = "RECONCILIATION_REQUIRED"  # identity conflict: the subscription accepts nothing
@@ -156,8 +139,7 @@ class GateReason(StrEnum):
     INPUT_IDENTITY_MISMATCH = "INPUT_IDENTITY_MISMATCH"  # the selected receipt is not one of this dependency
     READ_DENIED = "READ_DENIED"  # the latest read was denied
     READ_FAILED = "READ_FAILED"  # the latest read failed: unresolved, not an empty resource
-    # the newest read is not releasable; the older version is not current
-    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"
+    GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # the newest read is not releasable; the older is not current
     READ_PENDING = "READ_PENDING"  # a read is in flight
     UPDATE_SEEN = "UPDATE_SEEN"  # an update naming the URI arrived after the latest accepted observation
     CONTINUITY_UNCERTAIN = "CONTINUITY_UNCERTAIN"  # no live session / resubscribing / not re-read since
@@ -216,8 +198,7 @@ class Disposition(FrozenRecord):
 
 
 class AnswerBindingV1(FrozenRecord):
-    """``answerBinding.v1``: an answer, the observations it is bound to, the host's selections, the latest
-    word."""
+    """``answerBinding.v1``: an answer, its bound observations, the host's selections, the latest word."""
 
     record: Literal["answerBinding.v1"] = "answerBinding.v1"
     answer_id: str
@@ -355,7 +336,6 @@ class LoadedAnswer(FrozenRecord):
 S = SubscriptionState
 V = AcceptVerdict
 _ACCEPTED = frozenset({V.ACCEPTED, V.UNCHANGED})
-_CLOSING = frozenset({S.UNSUBSCRIBING, S.CLOSED, S.UNSUBSCRIBE_UNKNOWN})
 _ESTABLISHING = frozenset({S.DISCOVERED, S.SUBSCRIBING})
 # read_requests.outcome holds the verdict when a receipt was written, else the read's kind.
 _FINE_OUTCOMES = frozenset({"ACCEPTED", "UNCHANGED", "STALE", "STALE_AFTER_CLOSE"})
@@ -376,10 +356,7 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                      policy: FreshnessPolicy, checked_at: datetime) -> DependencyDisposition:
     """Every condition that holds this dependency (empty: its selected input is current)."""
     found: dict[GateReason, str] = {}
-
-    def hold(code: GateReason, text: str) -> None:
-        found.setdefault(code, text)
-
+    hold = found.setdefault  # the first text of a condition stands
     latest, sel, newest, bound = obs.latest_accepted, obs.selected, obs.newest_receipt, obs.bound
     state = obs.state
     if not obs.subscribed:
@@ -394,23 +371,17 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
     elif state == S.TOMBSTONE_PENDING:
         hold(GateReason.TOMBSTONE_PENDING, "the server answered not-found and no catalog has confirmed the "
                                            "deletion: the basis is unresolved, not an empty resource")
-    elif state in _CLOSING:
-        hold(
-            GateReason.SUBSCRIPTION_CLOSED,
-            f"the subscription is {state.value if state else '-'}: updates are "
-            "no longer watched and silence proves nothing",
-        )
+    elif state in CLOSING_STATES:
+        hold(GateReason.SUBSCRIPTION_CLOSED,
+             f"the subscription is {state.value}: updates are no longer watched and silence proves nothing")
     elif state == S.RECONCILIATION_REQUIRED:
         hold(GateReason.RECONCILIATION_REQUIRED, "an identity conflict stopped the subscription: nothing it "
                                                  "observes is accepted until it is resolved")
     elif state in _ESTABLISHING:
-        hold(
-            GateReason.CONTINUITY_UNCERTAIN,
-            f"the subscription is {state.value if state else '-'}: it is being (re)established",
-        )
+        hold(GateReason.CONTINUITY_UNCERTAIN,
+             f"the subscription is {state.value}: it is being (re)established")
 
-    ident = (dep.subject, dep.server, dep.uri)
-    if sel is None or (sel.subject, sel.server, sel.uri) != ident:
+    if sel is None or (sel.subject, sel.server, sel.uri) != (dep.subject, dep.server, dep.uri):
         hold(GateReason.INPUT_IDENTITY_MISMATCH,
              f"the selected receipt {selected_receipt_id} is not a receipt of this dependency")
         sel = None
@@ -430,50 +401,36 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                                              "is not made current by it")
         if newest is not None and (latest is None or newest.read_ordinal > latest.read_ordinal):
             if newest.status == V.GUARDRAIL_REJECTED:
-                hold(
-                    GateReason.GUARDRAIL_REJECTED,
-                    f"the newest read (receipt {newest.receipt_id}) was "
-                    "rejected by the guardrails: the server's current content "
-                    "may not be released and the older version is not current",
-                )
+                hold(GateReason.GUARDRAIL_REJECTED,
+                     f"the newest read (receipt {newest.receipt_id}) was rejected by the guardrails: the "
+                     "server's current content may not be released and the older version is not current")
             elif newest.status in (V.TOMBSTONE_PENDING, V.TOMBSTONED):
                 hold(GateReason.REPLACED, "the resource was missing and is listed again: the recreated "
                                           "resource has not been read yet")
         if obs.reads_pending:
             hold(GateReason.READ_PENDING, f"{obs.reads_pending} read(s) in flight: wait for the outcome")
         if latest is not None and _update_after(obs, latest):
-            hold(
-                GateReason.UPDATE_SEEN,
-                f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the latest "
-                f"accepted observation (receipt {latest.receipt_id}, read issued "
-                f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before relying "
-                "on it",
-            )
+            hold(GateReason.UPDATE_SEEN,
+                 f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the "
+                 f"latest accepted observation (receipt {latest.receipt_id}, read issued "
+                 f"{iso_ms(latest.read_issued_at or latest.accepted_at)}): it must be re-read before "
+                 "relying on it")
         if obs.live_session_generation is None:
             hold(GateReason.CONTINUITY_UNCERTAIN, "no open MCP session for this subject and server: updates "
                                                   "cannot arrive, silence proves nothing")
         elif obs.live_session_generation != obs.session_generation:
-            hold(
-                GateReason.CONTINUITY_UNCERTAIN,
-                f"the session changed (generation {obs.session_generation} → "
-                f"{obs.live_session_generation}) and the subscription has "
-                "not been re-established on it",
-            )
+            hold(GateReason.CONTINUITY_UNCERTAIN,
+                 f"the session changed (generation {obs.session_generation} → {obs.live_session_generation}) "
+                 "and the subscription has not been re-established on it")
         elif latest is not None and (latest.session_generation, latest.subscription_generation) != (
                 obs.session_generation, obs.subscription_generation):
-            hold(
-                GateReason.CONTINUITY_UNCERTAIN,
-                "the subscription was re-established and has not confirmed "
-                "the content since: updates in between may have been missed",
-            )
+            hold(GateReason.CONTINUITY_UNCERTAIN, "the subscription was re-established and has not confirmed "
+                 "the content since: updates in between may have been missed")
         if not obs.updates_watched:
             limit = policy.max_unwatched_age_seconds
             if limit is None:
-                hold(
-                    GateReason.UNWATCHED,
-                    "this server sends no per-URI updates for it (polling): silence is "
-                    "not a check; pass a freshness policy to accept recent reads",
-                )
+                hold(GateReason.UNWATCHED, "this server sends no per-URI updates for it (polling): silence "
+                     "is not a check; pass a freshness policy to accept recent reads")
             elif latest is not None and (checked_at - latest.accepted_at).total_seconds() > limit:
                 age = (checked_at - latest.accepted_at).total_seconds()
                 hold(GateReason.OBSERVATION_TOO_OLD, f"unwatched, and the latest accepted observation is "
@@ -489,28 +446,21 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
             equal_by = "receipt"
             reasoning = f"the selected receipt {sel.receipt_id} is the latest accepted receipt"
         elif sel.status not in _ACCEPTED and sel.status != V.STALE:
-            hold(
-                GateReason.INPUT_NOT_RELEASABLE,
-                f"the selected receipt {sel.receipt_id} is {sel.status.value}, not an accepted version",
-            )
+            hold(GateReason.INPUT_NOT_RELEASABLE,
+                 f"the selected receipt {sel.receipt_id} is {sel.status.value}, not an accepted version")
         elif (sel.content_digest is not None and sel.content_digest == latest.content_digest
               and sel.status in _ACCEPTED and sel.read_ordinal <= latest.read_ordinal
               and obs.changes_since_selected == 0):
             equal_by = "unchanged_digest"
-            reasoning = (
-                f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
-                f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and every "
-                "read since the selected one was UNCHANGED: the newer observation still supports the "
-                "selected input"
-            )
+            reasoning = (f"the selected receipt {sel.receipt_id} and the latest accepted receipt "
+                         f"{latest.receipt_id} carry the same digest {_short(latest.content_digest)} and "
+                         "every read since the selected one was UNCHANGED: the newer observation still "
+                         "supports the selected input")
         else:
-            hold(
-                GateReason.SELECTED_NOT_LATEST,
-                f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) "
-                "but the "
-                f"latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a newer "
-                "read is done and the old copy is still selected",
-            )
+            hold(GateReason.SELECTED_NOT_LATEST,
+                 f"the host's selected input is receipt {sel.receipt_id} ({_short(sel.content_digest)}) but "
+                 f"the latest accepted receipt is {latest.receipt_id} ({_short(latest.content_digest)}): a "
+                 "newer read is done and the old copy is still selected")
 
     conditions = [c for c in REASON_PRECEDENCE if c in found]
     update_after_bound = bool(
@@ -518,10 +468,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         and obs.last_notification_at >= (bound.read_issued_at or bound.accepted_at))
     if update_after_bound and not conditions and latest is not None and bound is not None \
             and latest.receipt_id != bound.receipt_id:
-        reasoning += (
-            f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved by "
-            f"the read behind receipt {latest.receipt_id}"
-        )
+        reasoning += (f"; the update after the bound observation (receipt {bound.receipt_id}) was resolved "
+                      f"by the read behind receipt {latest.receipt_id}")
     return DependencyDisposition(
         subject=dep.subject, server=dep.server, uri=dep.uri,
         conditions=conditions, explanations=[found[c] for c in conditions],
@@ -532,9 +480,7 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
         equal_by=equal_by if not conditions else None,
         equality_reasoning=reasoning if not conditions else "",
         observed_at=latest.accepted_at if latest else None,
-        last_update_at=obs.last_notification_at,
-        update_after_bound=update_after_bound,
-    )
+        last_update_at=obs.last_notification_at, update_after_bound=update_after_bound)
 
 
 def _update_after(obs: DependencyObservation, latest: ReceiptObservation) -> bool:
@@ -575,8 +521,7 @@ def judge_answer(*, answer_id: str, revision: int, sequence: int, dependencies: 
             answer_id=answer_id, revision=revision, sequence=sequence, verdict=Verdict.ACCEPT,
             reason_code=GateReason.INPUTS_CURRENT, reason=reason, dependencies=judged,
             receipt_ids=[d.selected_receipt_id for d in judged], evidence_from=window_from,
-            evidence_to=snapshot.checked_at, checked_at=snapshot.checked_at,
-        )
+            evidence_to=snapshot.checked_at, checked_at=snapshot.checked_at)
     holding.sort(key=lambda h: REASON_PRECEDENCE.index(h[0]))
     code, first, text = holding[0]
     reopened = previous is not None and previous.verdict == Verdict.ACCEPT and previous.revision == revision
@@ -584,8 +529,7 @@ def judge_answer(*, answer_id: str, revision: int, sequence: int, dependencies: 
     reason = f"{'reopened: ' if reopened else ''}{code.value} for {first.uri}: {text}{more}"
     return Disposition(
         answer_id=answer_id, revision=revision, sequence=sequence, verdict=Verdict.HOLD, reason_code=code,
-        reason=reason, dependencies=judged, checked_at=snapshot.checked_at, reopened=reopened,
-    )
+        reason=reason, dependencies=judged, checked_at=snapshot.checked_at, reopened=reopened)
 
 
 # --- workflow state (pure) ------------------------------------------------------------------------
@@ -641,8 +585,7 @@ class AnswerTracker:
         return ObserveRequest(dependencies=self.s.dependencies, selections=self._selection_ids())
 
     def _selection_ids(self) -> dict[str, int]:
-        return {d.uri: (self.s.selections[d.uri].receipt_id if d.uri in self.s.selections else d.receipt_id)
-                for d in self.s.dependencies}
+        return {d.uri: self.s.selections.get(d.uri, d).receipt_id for d in self.s.dependencies}
 
     def judge(self, snapshot: ObservationSnapshot, policy: FreshnessPolicy) -> Disposition:
         s = self.s
@@ -665,8 +608,7 @@ class AnswerTracker:
             answer_id=s.answer_id, question=s.question, revision=s.revision, bound_at=s.bound_at,
             dependencies=s.dependencies,
             selections=[s.selections[d.uri] for d in s.dependencies if d.uri in s.selections],
-            checks=s.checks, disposition=s.disposition, last_accept=s.last_accept,
-        )
+            checks=s.checks, disposition=s.disposition, last_accept=s.last_accept)
 
 
 # --- workflow input ---------------------------------------------------------------------------------

@@ -74,9 +74,8 @@ KEY_STATE = SearchAttributeKey.for_keyword(SA_CATALOG_STATE)
 class CatalogWorkflow:
     @workflow.init
     def __init__(self, start: CatalogStart) -> None:
-        if start.carried_state is not None:
-            state = CatalogState.model_validate(start.carried_state)
-            state = state.model_copy(update={"policy": start.policy})
+        if start.carried_state is not None:  # the new run's policy replaces the carried one
+            state = CatalogState.model_validate({**start.carried_state, "policy": start.policy})
         else:
             state = CatalogState(key=start.key, policy=start.policy)
         self.rec = CatalogReconciler(state)
@@ -134,9 +133,8 @@ class CatalogWorkflow:
                 except TimeoutError:
                     self.rec.request("periodic")
                 continue
-            session = await self._ledger(Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject,
-                                                                           server=self.key.server),
-                                         SessionInfo, allow_none=True)
+            query = SessionQuery(subject=self.key.subject, server=self.key.server)
+            session = await self._ledger(Act.CURRENT_SESSION, query, SessionInfo, allow_none=True)
             if session is None:
                 s.phase = CatalogPhase.NO_SESSION
                 s.detail = "no live MCP session for this subject and server"
@@ -192,9 +190,8 @@ class CatalogWorkflow:
         self.rec.published(out.catalog, b)
         self._publish()
         if s.policy.signal_subscriptions:
-            s.last_notify = await self._ledger(
-                CatalogAct.NOTIFY, NotifyRequest(catalog=out.catalog, rollout=s.rollout), NotifyResult
-            )
+            notify = NotifyRequest(catalog=out.catalog, rollout=s.rollout)
+            s.last_notify = await self._ledger(CatalogAct.NOTIFY, notify, NotifyResult)
         if s.policy.auto_subscribe_prefixes and out.catalog.added:
             s.auto_subscribed += await self._ledger(CatalogAct.AUTO_SUBSCRIBE, AutoSubscribeRequest(
                 catalog=out.catalog, rollout=s.rollout, prefixes=s.policy.auto_subscribe_prefixes), int)
@@ -208,31 +205,20 @@ class CatalogWorkflow:
         req = ScanRequest(key=self.key, reconciliation_id=s.reconciliation_id, scan_id=str(workflow.uuid4()),
                           label=label, session_generation=session.generation, page_cap=s.policy.page_cap)
         try:
-            result: ResourceDiscoveryScanV1 = await workflow.execute_activity(
-                CatalogAct.SCAN,
-                req,
-                result_type=ResourceDiscoveryScanV1,
-                task_queue=session.task_queue,
-                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START,
-                start_to_close_timeout=_SCAN_START_TO_CLOSE,
-                heartbeat_timeout=_SCAN_HEARTBEAT,
-                retry_policy=_SCAN_RETRY,
-            )
+            return await workflow.execute_activity(
+                CatalogAct.SCAN, req, result_type=ResourceDiscoveryScanV1, task_queue=session.task_queue,
+                schedule_to_start_timeout=_SCAN_SCHEDULE_TO_START, heartbeat_timeout=_SCAN_HEARTBEAT,
+                start_to_close_timeout=_SCAN_START_TO_CLOSE, retry_policy=_SCAN_RETRY)
         except ActivityError as err:
             s.detail = f"scan {label} failed: {type(err.cause).__name__}"
             return None
-        return result
 
     # --- plumbing --------------------------------------------------------------------
 
     async def _ledger(self, name: str, arg: object, result_type: type, *, allow_none: bool = False):  # type: ignore[no-untyped-def]
-        result = await workflow.execute_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=_LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
+        result = await workflow.execute_activity(name, arg, result_type=result_type,
+                                                 start_to_close_timeout=_LEDGER_TIMEOUT,
+                                                 retry_policy=LEDGER_RETRY)
         if result is None and not allow_none:
             raise RuntimeError(f"{name} returned nothing")
         return result
@@ -248,13 +234,8 @@ class CatalogWorkflow:
             return
         self.last_published = snapshot
         workflow.upsert_search_attributes([KEY_STATE.value_set(status)])
-        lines = [
-            f"**{status}** catalog of `{self.key.subject}` on `{self.key.server}`",
-            "",
-            "| catalog | value |",
-            "|---|---|",
-            f"| phase | {s.phase.value} |",
-        ]
+        lines = [f"**{status}** catalog of `{self.key.subject}` on `{self.key.server}`", "",
+                 "| catalog | value |", "|---|---|", f"| phase | {s.phase.value} |"]
         if c is not None:
             lines += [
                 f"| last catalog | #{c.catalog_id} {c.status.value} ({c.status_reason or '-'}) |",
@@ -274,10 +255,9 @@ class CatalogWorkflow:
             f"{f' {s.rollout.percent:g}%' if s.rollout and s.rollout.mode == RolloutMode.PERCENT else ''} |",
         ]
         for scan in s.recent_scans[-2:]:
-            lines.append(
-                f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, {scan.page_count} pages,"
-                f" {scan.resource_count} URIs, list_changed {scan.notifications_observed} |"
-            )
+            lines.append(f"| scan {scan.label} `{scan.scan_id[:8]}` | {scan.status.value}, "
+                         f"{scan.page_count} pages, {scan.resource_count} URIs, "
+                         f"list_changed {scan.notifications_observed} |")
         if s.restart_reasons:
             lines.append(f"| last restart | {s.restart_reasons[-1][:120]} |")
         if s.detail:

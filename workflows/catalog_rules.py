@@ -4,21 +4,15 @@ Contract:
 - Plain deterministic Python (no I/O, no clock, no randomness, no temporalio import): the scan
   activity feeds pages into ``ScanAccumulator``, the workflow and the ledger judge scan pairs
   with ``judge_pair``, and ``CatalogReconciler`` holds the whole workflow state in one
-  serializable ``CatalogState``. A simulator, an activity or a unit test uses all of it without
-  Temporal; ``mcpsync.workflows.catalog`` (the ``CatalogWorkflow``) only executes its decisions.
+  serializable ``CatalogState``; ``mcpsync.workflows.catalog`` only executes its decisions.
 - One scan never yields a catalog. A catalog is published only from two consecutive
   COMPLETE scans (A then B) of the same session generation whose URI, descriptor and
   template digests are equal and during which the session received no list_changed.
   Anything else restarts the reconciliation (immediately a few times, then with backoff).
 - Matching scans give ``SNAPSHOT_UNPROVEN``; ``SNAPSHOT_PROVEN`` needs the negotiated
-  ``io.mcpsync/snapshot`` extension (see ``SNAPSHOT_EXTENSION``) with every page of both
-  scans carrying one and the same snapshot id whose claimed set digests match the pages.
-- Descriptors are canonicalized structurally (sorted keys; ``_meta``, ``size`` and
-  ``annotations.lastModified`` dropped: they are content hints, not catalog identity);
-  URI strings are kept exactly as listed.
-- Cursors are opaque: the accumulator sees each one only to detect loops and keeps a
-  keyed digest of it; nothing here persists or returns a cursor.
-- The staged rollout (``refresh_enabled``) is decided per URI from a stable hash bucket.
+  ``SNAPSHOT_EXTENSION`` with both scans bound to one and the same snapshot id.
+- URIs are kept exactly as listed. Cursors are opaque: the accumulator keeps only a keyed digest of
+  each, to detect loops.
 """
 
 from __future__ import annotations
@@ -75,24 +69,9 @@ __all__ = [
 ]
 
 SNAPSHOT_EXTENSION = "io.mcpsync/snapshot"
-"""The snapshot-id extension (version 1).
-
-- Negotiation: the server declares ``capabilities.experimental["io.mcpsync/snapshot"] =
-  {"version": 1}`` in its initialize result (2025-11-25) or server/discover result
-  (2026-07-28). A client that understands version 1 treats the extension as negotiated.
-- Every ``resources/list`` and ``resources/templates/list`` page then carries
-  ``_meta["io.mcpsync/snapshot"] = {"id": <opaque string>, "setDigest": <digest>, "count": <int>}``:
-  ``id`` names the catalog snapshot the page was cut from; ``setDigest`` and ``count`` describe
-  the whole listing of that snapshot (``set_digest`` of every URI for resources/list, of every
-  ``uriTemplate`` for resources/templates/list) as the requesting subject sees it.
-- A scan is bound to a snapshot when every page of both lists carries the same ``id`` and
-  the sets it assembled hash to the claimed ``setDigest`` / ``count``. A missing stamp, two
-  ids, or a claim the pages do not bear out (a forged or torn snapshot) leaves it unbound.
-"""
+"""The snapshot-id extension, version 1 (spec: docs/catalog.md, "Snapshot-id extension"): a page's
+``_meta`` stamp ``{"id", "setDigest", "count"}`` names the snapshot it was cut from and that whole listing."""
 SNAPSHOT_EXTENSION_VERSION = 1
-
-START_CURSOR = "start"
-"""The cursor digest recorded for a list's first page (requested without a cursor)."""
 
 MAX_PROBLEMS = 20
 MAX_CURSOR_DIGESTS_IN_HISTORY = 64
@@ -100,12 +79,10 @@ ListKind = Literal["resources", "templates"]
 _ID_FIELD: dict[str, str] = {"resources": "uri", "templates": "uriTemplate"}
 
 
-
 # --- canonical forms and digests ------------------------------------------------------
 
 
 def canonical_json(obj: Any) -> str:
-    """Sorted keys, no whitespace, non-ASCII kept: one byte string per structure."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -114,13 +91,10 @@ def canonical_descriptor(wire: Mapping[str, Any]) -> dict[str, Any]:
     counts for catalog identity. Dropped: ``_meta`` (transport and server bookkeeping), ``size`` and
     ``annotations.lastModified`` (they move with content edits, the subscription's business)."""
     out = {k: v for k, v in wire.items() if k not in ("_meta", "size")}
-    annotations = out.get("annotations")
-    if isinstance(annotations, Mapping):
-        kept = {k: v for k, v in annotations.items() if k != "lastModified"}
+    if isinstance(out.get("annotations"), Mapping):
+        kept = {k: v for k, v in out.pop("annotations").items() if k != "lastModified"}
         if kept:
             out["annotations"] = kept
-        else:
-            out.pop("annotations")
     return json.loads(canonical_json(out))  # type: ignore[no-any-return]
 
 
@@ -128,29 +102,27 @@ def descriptor_digest(canonical: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(canonical).encode()).hexdigest()
 
 
+def _netstring(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return f"{len(raw)}:".encode() + raw + b","
+
+
 def set_digest(identifiers: Iterable[str]) -> str:
     """Digest of a set of URIs (or URI templates): netstrings of the distinct UTF-8 strings,
     sorted by code point. Part of the snapshot extension, so servers compute it too."""
-    h = hashlib.sha256()
-    for ident in sorted(set(identifiers)):
-        raw = ident.encode("utf-8")
-        h.update(f"{len(raw)}:".encode() + raw + b",")
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + hashlib.sha256(b"".join(map(_netstring, sorted(set(identifiers))))).hexdigest()
 
 
 def descriptor_set_digest(descriptors: Mapping[str, str]) -> str:
     """Digest of identifier -> descriptor digest, order independent."""
-    h = hashlib.sha256()
-    for ident in sorted(descriptors):
-        raw = ident.encode("utf-8")
-        h.update(f"{len(raw)}:".encode() + raw + b"," + descriptors[ident].encode() + b";")
-    return "sha256:" + h.hexdigest()
+    pairs = (_netstring(ident) + descriptors[ident].encode() + b";" for ident in sorted(descriptors))
+    return "sha256:" + hashlib.sha256(b"".join(pairs)).hexdigest()
 
 
 def cursor_digest(cursor: str | None, key: bytes) -> str:
     """Keyed digest of an opaque cursor: comparable within one key's lifetime, never reversible."""
     if cursor is None:
-        return START_CURSOR
+        return "start"  # a list's first page, requested without a cursor
     return "hmac-sha256:" + hmac.new(key, cursor.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
 
 
@@ -209,11 +181,8 @@ class ScanAccumulator:
     def fail(self, status: ScanStatus, problem: str) -> None:
         if self.status is None:
             self.status = status
-        self._problem(problem)
-
-    def _problem(self, text: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(text[:300])
+            self.problems.append(problem[:300])
 
     def page(self, kind: ListKind, cursor: str | None, items: Iterable[Mapping[str, Any]],
              next_cursor: str | None, meta: Mapping[str, Any] | None) -> str | None:
@@ -270,15 +239,9 @@ class ScanAccumulator:
         ids = {s.id for s in with_id}
 
         def evidence(reason: str, snapshot_id: str | None = None) -> SnapshotEvidence:
-            return SnapshotEvidence(
-                negotiated=self.negotiated,
-                pages=pages,
-                pages_with_id=len(with_id),
-                distinct_ids=len(ids),
-                snapshot_id=snapshot_id,
-                bound=snapshot_id is not None,
-                reason=reason,
-            )
+            return SnapshotEvidence(negotiated=self.negotiated, pages=pages, pages_with_id=len(with_id),
+                                    distinct_ids=len(ids), snapshot_id=snapshot_id,
+                                    bound=snapshot_id is not None, reason=reason)
 
         if self.final_status() != ScanStatus.COMPLETE:
             return evidence("scan not complete")
@@ -336,12 +299,8 @@ def judge_pair(a: ResourceDiscoveryScanV1, b: ResourceDiscoveryScanV1) -> PairVe
             b.uri_set_digest, b.descriptor_set_digest, b.template_set_digest) or a.uri_set_digest is None:
         return restart("scan digests differ")
     if a.snapshot.bound and b.snapshot.bound and a.snapshot.snapshot_id == b.snapshot.snapshot_id:
-        return PairVerdict(
-            match=True,
-            status=SnapshotStatus.SNAPSHOT_PROVEN,
-            snapshot_id=a.snapshot.snapshot_id,
-            reason="both scans bound to one snapshot id",
-        )
+        return PairVerdict(match=True, status=SnapshotStatus.SNAPSHOT_PROVEN,
+                           snapshot_id=a.snapshot.snapshot_id, reason="both scans bound to one snapshot id")
     if a.snapshot.bound and b.snapshot.bound:
         reason = "scans bound to different snapshot ids"
     else:
@@ -494,31 +453,27 @@ class CatalogReconciler:
         if not self.s.wanted:
             self.s.wanted, self.s.want_reason = True, reason
 
-    def note_list_changed(self, sig: ListChanged) -> bool:
-        """A list_changed signal; True if it asks for a new reconciliation (coalesced)."""
+    def note_list_changed(self, sig: ListChanged) -> None:
+        """A list_changed signal asks for a new reconciliation (coalesced) unless the catalog reflects it."""
         s = self.s
         s.list_changed_signals += 1
         s.list_changed_seen[sig.session_generation] = max(s.list_changed_seen.get(sig.session_generation, 0),
                                                           sig.count)
-        if (sig.session_generation, sig.count) <= s.covered:
-            return False  # already reflected by the published catalog (a late, delayed signal)
-        self.request("list_changed")
-        return True
+        if (sig.session_generation, sig.count) > s.covered:  # else a late, delayed signal
+            self.request("list_changed")
 
     # -- one reconciliation ---------------------------------------------------------
     def bind_session(self, session: SessionInfo) -> None:
         self.s.session_generation = session.generation
         self.s.list_changed_capable = session.list_changed
 
-    def begin(self, reconciliation_id: str) -> str:
+    def begin(self, reconciliation_id: str) -> None:
         s = self.s
-        reason = s.want_reason if s.wanted else "restart"
+        s.reconciliation_reason = s.want_reason if s.wanted else "restart"
         s.wanted, s.want_reason = False, ""
         s.reconciliation_id = reconciliation_id
-        s.reconciliation_reason = reason
         s.reconciliations_started += 1
         s.phase = CatalogPhase.SCANNING_A
-        return reason
 
     def scan_finished(self, scan: ResourceDiscoveryScanV1) -> str | None:
         """Record a scan; a reason to restart, or None to go on."""
@@ -551,10 +506,6 @@ class CatalogReconciler:
             return 0.0
         return float(min(p.restart_backoff_max_seconds, p.restart_backoff_seconds * 2 ** min(over - 1, 30)))
 
-    def review_interval(self) -> float:
-        p = self.s.policy
-        return p.rescan_seconds_with_list_changed if self.s.list_changed_capable else p.rescan_seconds
-
     def schedule(self, now: datetime, a: ResourceDiscoveryScanV1, b: ResourceDiscoveryScanV1,
                  random_fraction: float) -> tuple[datetime, float]:
         """(next_review_at, staleness bound in seconds) for a catalog measured by ``a`` and ``b``.
@@ -564,12 +515,13 @@ class CatalogReconciler:
         catalog) to the next review, plus the time the next reconciliation may take (twice this window,
         at least the policy's allowance): by then a newer catalog replaces this one, lost notifications
         or not."""
-        interval = self.review_interval()
-        delay = interval * (1.0 - self.s.policy.jitter_fraction * random_fraction)
+        p = self.s.policy
+        interval = p.rescan_seconds_with_list_changed if self.s.list_changed_capable else p.rescan_seconds
+        delay = interval * (1.0 - p.jitter_fraction * random_fraction)
         next_review = now + timedelta(seconds=delay)
         started = a.first_request_at or now
         window = max(0.0, ((b.completed_at or now) - started).total_seconds())
-        allowance = max(2 * window, self.s.policy.reconcile_allowance_seconds)
+        allowance = max(2 * window, p.reconcile_allowance_seconds)
         bound = (next_review - started).total_seconds() + allowance
         return next_review, round(bound, 3)
 
@@ -601,13 +553,5 @@ class CatalogReconciler:
         return s.phase.value
 
     def view(self) -> CatalogView:
-        s = self.s
-        return CatalogView(
-            key=s.key, phase=s.phase, status=self.status, last_catalog=s.last_catalog,
-            published_reason=s.published_reason,
-            reconciliations_started=s.reconciliations_started, catalogs_published=s.catalogs_published,
-            restarts_total=s.restarts_total, restart_reasons=list(s.restart_reasons),
-            list_changed_signals=s.list_changed_signals, session_generation=s.session_generation,
-            list_changed_capable=s.list_changed_capable, rollout=s.rollout, last_notify=s.last_notify,
-            auto_subscribed=s.auto_subscribed, detail=s.detail,
-        )
+        fields = {name: getattr(self.s, name) for name in CatalogView.model_fields if name != "status"}
+        return CatalogView(status=self.status, **fields)

@@ -145,11 +145,9 @@ class AnswerAct:
 
 
 def answer_workflow_id(answer_id: str) -> str:
-    """Deterministic workflow id of one answer: ``mcpsync-answer/<slug of the answer id>-<hash>``, readable
-    in the Web UI's list like a subscription's (the slug is a bounded label, ``uri_slug``; the hash keeps
-    ids unique; the exact answer id is in the memo and records). An answer started under the older
-    bare-hash id (``mcpsync-answer/<sha256[:32]>``) idles out; the next request starts this one, which
-    reloads the answer from PostgreSQL."""
+    """``mcpsync-answer/<uri_slug of the answer id>-<hash>`` (the bare hash when the slug is empty), readable
+    in the Web UI's list; the exact answer id is in the memo. A run under an older id scheme idles out and
+    the next request starts this one, which reloads the answer from PostgreSQL."""
     digest = hashlib.sha256(answer_id.encode()).hexdigest()
     slug = uri_slug(answer_id)
     return f"mcpsync-answer/{slug}-{digest[:24]}" if slug else f"mcpsync-answer/{digest[:32]}"

@@ -53,7 +53,6 @@ class CatalogAndIdentity:
         async def _wait(self, condition: Any, timeout: timedelta | None, kind: WaitKind) -> bool: ...
         def _publish(self) -> None: ...
 
-
     async def _apply_catalog(self) -> None:
         obs, self.catalog = self.catalog, None
         assert obs is not None
@@ -103,11 +102,8 @@ class CatalogAndIdentity:
                                             observed_uri=conflict.observed_uri[:2048]):
             return
         allowed = [S.ACTIVE, S.SUBSCRIBING, S.DISCOVERED, S.TOMBSTONE_PENDING]
-        snap = await self._ledger(
-            Act.SET_STATE,
-            SetStateRequest(key=self.key, state=S.RECONCILIATION_REQUIRED, allowed_from=allowed),
-            FenceSnapshot,
-        )
+        snap = await self._ledger(Act.SET_STATE, SetStateRequest(
+            key=self.key, state=S.RECONCILIATION_REQUIRED, allowed_from=allowed), FenceSnapshot)
         self.fence.adopt(snap)
         await self._audit("RECONCILIATION_REQUIRED", conflict.session_generation,
                           {"observed_uri": conflict.observed_uri[:500], "reason": conflict.reason[:200]})
@@ -117,13 +113,9 @@ class CatalogAndIdentity:
         """RECONCILIATION_REQUIRED until a resume, a close or revocation, catalog evidence (handled by
         the loop's catalog step) or its time bound: then resume."""
         def over() -> bool:
-            return (
-                self.resume_requested is not None
-                or self.fence.s.close_requested
-                or self.revocation is not None
-                or self.fence.s.state != S.RECONCILIATION_REQUIRED
-                or self.catalog is not None
-            )
+            return (self.resume_requested is not None or self.fence.s.close_requested
+                    or self.revocation is not None or self.catalog is not None
+                    or self.fence.s.state != S.RECONCILIATION_REQUIRED)
 
         due = self.fence.reconciliation_deadline(self.rt.now(), self.options.reconciliation_max_seconds)
         timeout = due - self.rt.now()
@@ -132,27 +124,18 @@ class CatalogAndIdentity:
         else:
             timed_out = not over()
         if timed_out:
+            max_seconds = self.options.reconciliation_max_seconds
             await self._resume(
                 "RECONCILIATION_TIMED_OUT",
-                {
-                    "since": str(self.fence.s.reconciliation_since),
-                    "max_seconds": int(self.options.reconciliation_max_seconds),
-                },
-                detail=f"reconciliation timed out after {self.options.reconciliation_max_seconds:.0f} s "
-                       "without "
-                "catalog evidence: resumed, re-reading the exact URI",
-            )
+                {"since": str(self.fence.s.reconciliation_since), "max_seconds": int(max_seconds)},
+                detail=f"reconciliation timed out after {max_seconds:.0f} s without catalog evidence: "
+                       "resumed, re-reading the exact URI")
             return
         if self.resume_requested is not None:
             await self._resume()
 
-    async def _resume(
-        self,
-        audit_kind: str | None = None,
-        evidence: dict[str, str | int | None] | None = None,
-        *,
-        detail: str = "",
-    ) -> None:
+    async def _resume(self, audit_kind: str | None = None,
+                      evidence: dict[str, str | int | None] | None = None, *, detail: str = "") -> None:
         """Back to ACTIVE (a fresh read first); ``audit_kind`` records why, with its evidence."""
         snap = await self._ledger(Act.SET_STATE, SetStateRequest(
             key=self.key, state=S.ACTIVE, allowed_from=[S.RECONCILIATION_REQUIRED]), FenceSnapshot)

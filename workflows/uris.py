@@ -5,10 +5,6 @@ Contract: mcpsync keys every subscription by the URI string exactly as the serve
 percent-encoding hex upper-cased, percent-encoded unreserved characters decoded, dot segments
 removed) only *detects* two strings that may name the same resource, so that such a pair is audited
 and sent to RECONCILIATION_REQUIRED instead of being routed to each other.
-
-``uri_slug`` is the readable part of a subscription's workflow id (docs/upgrades.md, "Workflow ids"):
-a pure function of the URI string, ASCII only, bounded, never empty for a URI ``uri_problem``
-accepts (its scheme starts with a letter). It only labels; the hash beside it keeps ids unique.
 """
 
 from __future__ import annotations
@@ -87,8 +83,10 @@ def uri_problem(uri: str) -> str | None:
 
 
 def uri_slug(uri: str) -> str:
-    """``demo://docs/Read%20Me.md`` -> ``demo-docs-read-me.md``: lowercase ASCII letters, digits, ``-``
-    and single ``.`` between them, at most ``SLUG_MAX_LENGTH`` characters.
+    """The readable part of a subscription's workflow id (docs/upgrades.md, "Workflow ids"); the hash beside
+    it keeps ids unique. ``demo://docs/Read%20Me.md`` -> ``demo-docs-read-me.md``: lowercase ASCII letters,
+    digits, ``-`` and single ``.`` between them, at most ``SLUG_MAX_LENGTH`` characters, never empty for a
+    URI ``uri_problem`` accepts (its scheme starts with a letter).
 
     Percent-escapes are decoded first (they read better as the characters they stand for); every
     non-ASCII character, and every run of other characters (``/``, ``:``, ``..``, ``?``, ...) is one
