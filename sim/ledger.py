@@ -7,8 +7,8 @@ Contract:
   ``LedgerIntegrityError`` having written nothing (a write PostgreSQL would reject: the UNIQUE/CHECK
   constraints of ``001_ledger.sql``) or commits and appends a ``LedgerWrite`` to ``log``.
 - The simple state transitions (ensure, begin_subscription, mark_active, set_state) are the rows'
-  compare-and-set conditions; staged rollouts, the content store and its purge and the
-  ``revocations`` row are not modelled.
+  compare-and-set conditions; staged rollouts (no policy row holds an invalidation back), the content
+  store and its purge and the ``revocations`` row are not modelled.
 """
 
 from __future__ import annotations
@@ -110,9 +110,6 @@ SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PEN
 
 
 class MemoryLedger:
-    """The PostgreSQL ledger for one subscription row, in memory (the module's contract). Without staged
-    rollouts, no policy row holds an invalidation back: every one is written."""
-
     def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
         self.key = key
         self.judge = judge

@@ -164,13 +164,6 @@ class Profile:
     session_at_start: bool = True
     safety_read_seconds: float = 300.0  # SubscriptionOptions.safety_read_seconds (0: no safety re-read)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Profile:
-        return cls(**obj)
-
 
 @dataclass(frozen=True, slots=True)
 class Trace:
@@ -184,13 +177,13 @@ class Trace:
     read_on_notification: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "profile": self.profile.to_json(),
+        return {"seed": self.seed, "profile": asdict(self.profile),
                 "read_on_notification": self.read_on_notification,
                 "events": [e.to_json() for e in self.events], "violations": list(self.violations)}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Trace:
-        return cls(seed=str(obj["seed"]), profile=Profile.from_json(obj["profile"]),
+        return cls(seed=str(obj["seed"]), profile=Profile(**obj["profile"]),
                    events=tuple(Event.from_json(e) for e in obj["events"]),
                    violations=tuple(obj.get("violations", ())),
                    read_on_notification=bool(obj.get("read_on_notification", True)))

@@ -3,10 +3,12 @@ sessions (``McpServer``), messages on their way to the workflow, and scheduled a
 
 Contract:
 - ``Oracle`` is the resource as the server holds it: every committed state has a version number and
-  a unique digest; a read is answered with the content current when it is *served*.
+  a unique digest (``None`` while deleted); a read is answered with the content current when it is
+  *served*.
 - ``McpServer`` is what the server answers on a session generation (subscribe, unsubscribe, read),
-  including a generation that is gone; it also keeps the ledger's open-session row. It is the
-  environment, not our code: our session host's routing runs as ``workflows/ingress.py``.
+  one live generation at a time, including a generation that is gone; it also keeps the ledger's
+  open-session row. It is the environment, not our code: our session host's routing runs as
+  ``workflows/ingress.py``.
 - ``Activity`` is one scheduled activity (or read at the ingress), executed and completed by events in
   any order; its read cycle runs in three steps, each its own event.
 """
@@ -37,9 +39,6 @@ if TYPE_CHECKING:
     from sim.ingress import Processing
 
 class Oracle:
-    """The resource as the server holds it: every committed state has a version number and a
-    unique digest (``None`` while deleted)."""
-
     def __init__(self) -> None:
         self.version = 1
         self.digest: str | None = self._content(1)
@@ -82,9 +81,6 @@ class Message:
 
 
 class McpServer:
-    """The MCP server's sessions as our activities meet them: one live generation at a time (the
-    ledger's open-session row follows it), and the answers a request on a generation gets."""
-
     def __init__(self, capability: str, ledger: MemoryLedger) -> None:
         self.capability = capability
         self.ledger = ledger
