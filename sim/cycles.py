@@ -1,101 +1,139 @@
-"""The read cycle and the start cycle as the session-queue activity runs them, one step per event.
+"""The session queue's cycles, run by production's activity code one step per event.
 
 Contract:
-- ``CycleRunner`` is a part of ``Simulation`` (a mixin over its state). ``_read_cycle_step`` makes the
-  calls ``McpSessionActivities.read_cycle`` makes, in the same order (allocate on the ledger, read on
-  the server, accept on the ledger), one per event, so other events run between them as between its
-  awaits; ``_subscribe_cycle_step`` is ``subscribe_cycle``: subscribe, mark (``fence.marked_active``
-  decides whether to read), then the read cycle's three steps.
+- ``CycleRunner`` is a part of ``Simulation`` (a mixin over its state). ``_cycle_step`` runs
+  ``McpSessionActivities.run_cycle`` / ``run_subscribe_cycle`` as a coroutine over the simulated server
+  and ``MemoryLedger`` (``SimSessionActivities``): the cycle pauses after each effect it goes on from
+  (subscribed, marked, allocated, read), so one event takes one effect and other events run between
+  them as between its awaits. ``Activity.step`` counts the pauses of the current attempt.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, cast
 
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.mcp_session import McpSessionActivities
 from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import AcceptRequest
-from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest, SubscribeOutcome
-from mcpsync.workflows.records.read_cycle import (
-    ReadCycleRequest,
-    ReadCycleResult,
-    SubscribeCycleRequest,
-    SubscribeCycleResult,
+from mcpsync.workflows.records.ledger import (
+    AcceptRequest,
+    AcceptResult,
+    AllocateRequest,
+    FenceSnapshot,
+    KeyRequest,
+    MarkActiveRequest,
+    ReadTicket,
 )
+from mcpsync.workflows.records.mcp_calls import (
+    ReadOutcome,
+    ReadOutcomeKind,
+    ReadRequest,
+    SubscribeOutcome,
+    SubscribeRequest,
+)
+from mcpsync.workflows.records.read_cycle import SubscribeCycleResult
 from sim.checker import Checker
-from sim.ledger import LEDGER_ACTIVITIES
-from sim.model import SUBSCRIBE_CYCLE_READ
-from sim.world import Activity, McpServer
+from sim.ledger import LEDGER_ACTIVITIES, MemoryLedger
+from sim.world import Activity, McpServer, Oracle, ReadFailed
 
-__all__ = ["CycleRunner"]
+__all__ = ["CycleRunner", "SimSessionActivities"]
+
+
+class _Pause:
+    def __await__(self) -> Generator[None, None, None]:
+        yield
+
+
+class SimSessionActivities(McpSessionActivities):
+    """Production's session activities with the world's MCP server (``subscribe``, ``_read``) and
+    ledger (``_SimLedger``) under them."""
+
+    def __init__(self, host: McpServer, oracle: Oracle, ledger: MemoryLedger) -> None:
+        super().__init__(current=lambda subject, server: None, ledger=cast(Ledger, _SimLedger(self, ledger)))
+        self.host = host
+        self.oracle = oracle
+        self.act: Activity | None = None  # the activity the current event steps
+        self.fault = ""  # that event's fault
+
+    async def pause(self) -> None:
+        assert self.act is not None
+        self.act.step += 1
+        await _Pause()
+
+    async def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
+        out = self.host.subscribe(req)
+        if out.ok:
+            await self.pause()
+        return out
+
+    async def _read(self, req: ReadRequest) -> tuple[ReadOutcome, ReadBody | None]:
+        outcome = self.host.read(req, self.oracle, fault=self.fault)
+        if outcome.kind != ReadOutcomeKind.SESSION_LOST:
+            await self.pause()
+        return outcome, None
+
+
+class _SimLedger:
+    """The ``Ledger`` (and ``Ledger.fence``) calls of the cycles, on ``MemoryLedger``."""
+
+    def __init__(self, sessions: SimSessionActivities, ledger: MemoryLedger) -> None:
+        self.sessions = sessions
+        self.ledger = ledger
+        self.fence = self
+
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        ticket = self.ledger.allocate_read(req)
+        if ticket.granted:
+            assert self.sessions.act is not None
+            self.sessions.act.ticket = ticket
+            await self.sessions.pause()
+        return ticket
+
+    async def load_fence(self, req: KeyRequest) -> FenceSnapshot:
+        return self.ledger.row
+
+    async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
+        row: FenceSnapshot = LEDGER_ACTIVITIES[Act.MARK_ACTIVE](self.ledger, req)
+        if marked_active(row, session_generation=req.session_generation,
+                         subscription_generation=req.subscription_generation):
+            await self.sessions.pause()
+        return row
+
+    async def accept_read(self, req: AcceptRequest, body: ReadBody | None = None) -> AcceptResult:
+        return self.ledger.accept(req)
 
 
 class CycleRunner(Checker):
     """Steps of the session queue's cycles over the world (state named by these annotations)."""
 
     host: McpServer
+    sessions: SimSessionActivities
 
-    def _subscribe_cycle_step(self, act: Activity, fault: str) -> tuple[bool, Any]:
-        """One step of the start cycle; (done, result)."""
-        req: SubscribeCycleRequest = act.arg
-        if act.step == 0:
-            out = self.host.subscribe(req.subscribe)
-            if not out.ok:
-                return True, SubscribeCycleResult(subscribe=out)
-            act.step = 1
-            return False, None
-        ok = SubscribeOutcome(ok=True, session_generation=req.subscribe.session_generation)
-        if act.step == 1:
-            m = req.mark
-            active = LEDGER_ACTIVITIES[Act.MARK_ACTIVE](self.ledger, m)
-            if not marked_active(active, session_generation=m.session_generation,
-                                 subscription_generation=m.subscription_generation):
-                self._cover("start_cycle.not_marked")
-                return True, SubscribeCycleResult(subscribe=ok, active=active)
-            act.active, act.step = active, SUBSCRIBE_CYCLE_READ
-            return False, None
-        done, cycle = self._read_cycle_step(act, fault, req.read, base=SUBSCRIBE_CYCLE_READ)
-        if not done:
-            return False, None
-        if cycle is None:
+    def _cycle_step(self, act: Activity, fault: str, cycle_id: str | None = None,
+                    absorb: Callable[[], int] | None = None) -> tuple[bool, Any]:
+        """One step of ``act``'s cycle (a new attempt when none is under way); (done, result), None
+        when its read failed. ``cycle_id`` (default the activity's) and ``absorb``: ``run_cycle``'s."""
+        if act.cycle is None:
+            cycle_id = cycle_id or f"run{act.run}/a{act.aid}"
+            act.cycle = self.sessions.run_subscribe_cycle(act.arg, cycle_id=cycle_id) \
+                if act.name == Act.MCP_SUBSCRIBE_CYCLE else \
+                self.sessions.run_cycle(act.arg, cycle_id=cycle_id, absorb=absorb)
+        self.sessions.act, self.sessions.fault = act, fault
+        try:
+            act.cycle.send(None)
+        except StopIteration as stop:
+            result = stop.value
+        except ReadFailed:
             return True, None  # retries exhausted: the program sees ActivityFailed
-        self._cover("start_cycle")
-        return True, SubscribeCycleResult(subscribe=ok, active=act.active, cycle=cycle)
-
-    def _read_cycle_step(self, act: Activity, fault: str, req: ReadCycleRequest | None = None, *,
-                         base: int = 0) -> tuple[bool, Any]:
-        """One step of the read cycle; (done, result). ``req`` and ``base``: the read cycle inside a start
-        (``_subscribe_cycle_step``), from its step ``base``."""
-        req = req if req is not None else act.arg
-        assert isinstance(req, ReadCycleRequest)
-        led = self.ledger
-        step = act.step - base
-        if step == 0:
-            ingress = act.ingress.cycle if act.ingress is not None else None
-            cycle_id = ingress.cycle_id if ingress is not None else f"run{act.run}/a{act.aid}"
-            granted = led.allocate_read(req.allocate.model_copy(update={"cycle_id": cycle_id}))
-            if not granted.granted:
-                return True, ReadCycleResult(ticket=granted, fence=led.row)
-            act.ticket, act.step = granted, base + 1
+        else:
             return False, None
-        ticket = act.ticket
-        assert ticket is not None
-        if step == 1:
-            a = req.allocate
-            outcome = self.host.read(ReadRequest(key=a.key, session_generation=a.session_generation,
-                                                 subscription_generation=a.subscription_generation,
-                                                 ordinal=ticket.ordinal, request_id=ticket.request_id,
-                                                 trigger=a.trigger), self.oracle, fault=fault)
-            if outcome is None:
-                return True, None  # retries exhausted: the program sees ActivityFailed
-            if outcome.kind == ReadOutcomeKind.SESSION_LOST:
-                return True, ReadCycleResult(ticket=ticket, outcome=outcome)
-            act.outcome, act.step = outcome, base + 2
-            return False, None
-        assert act.outcome is not None
-        absorbed = act.ingress.absorbed if act.ingress is not None else 0
-        result = led.accept(AcceptRequest(outcome=act.outcome, expected_state=req.expected_state,
-                                          absorbed=absorbed, close_epoch=req.close_epoch))
-        self._cover("read_cycle")
-        self._cover(f"verdict.{result.verdict.value}")
-        return True, ReadCycleResult(ticket=ticket, outcome=act.outcome, accept=result)
+        cycle = result.cycle if isinstance(result, SubscribeCycleResult) else result
+        if isinstance(result, SubscribeCycleResult) and result.active is not None:
+            self._cover("start_cycle" if cycle is not None else "start_cycle.not_marked")
+        if cycle is not None and cycle.accept is not None:
+            self._cover("read_cycle")
+            self._cover(f"verdict.{cycle.accept.verdict.value}")
+        return True, result

@@ -31,6 +31,7 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from sim.cycles import SimSessionActivities
 from sim.ingress import IngressDriver
 from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
@@ -68,6 +69,7 @@ class Simulation(IngressDriver):
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = McpServer(profile.capability, self.ledger)
+        self.sessions = SimSessionActivities(self.host, self.oracle, self.ledger)
         self.queue: list[Message] = []
         self.activities: list[Activity] = []
         self.checkpoints: list[Checkpoint] = []
@@ -354,10 +356,9 @@ class Simulation(IngressDriver):
                 if fault == "ack_lost":
                     self._cover("unsubscribe_ack_lost")
             elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
-                done, result = (self._read_cycle_step(act, fault) if name == Act.MCP_READ_CYCLE
-                                else self._subscribe_cycle_step(act, fault))
-                if fault == "lost":
-                    act.step = 0  # the attempt died after this step's effect: the retry starts over
+                done, result = self._cycle_step(act, fault)
+                if fault == "lost":  # the attempt died after this step's effect: the retry starts over
+                    act.cycle, act.step = None, 0
                 if not done:
                     if fault == "lost":
                         self._cover("lost_response.read_cycle_step")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from mcpsync.workflows.ingress import Effect as IngressEffect
@@ -173,24 +174,18 @@ class IngressDriver(CycleRunner):
         self._cover("ingress.read")
 
     def _ingress_step(self, act: Activity, fault: str) -> None:
-        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``_read_cycle_step``).
+        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``_cycle_step``).
         No retry: a step whose answer is lost (``lost``: it took effect) or a read that failed makes
         ``run_cycle`` raise, and the program falls back to ``resource_updated``."""
         p = act.ingress
         assert p is not None and p.cycle is not None
-        if act.step == 1 and act.ticket is not None and act.ticket.granted and p.cycle.absorb is not None:
-            # The program's ``absorb`` (``WorkQueue.take``) once the read is allocated, before it is sent.
-            key = (KEY.uri, p.generation)
-            if p.cycle.absorb():
-                self._cover("ingress.absorbed")
-                _, change = self._pulses.pop(key, ("", 0))
-                p.absorbed, p.absorbed_change = 1, change
+        absorb = None if p.cycle.absorb is None else partial(self._absorb, p)
         try:
-            done, result = self._read_cycle_step(act, fault)
+            done, result = self._cycle_step(act, fault, p.cycle.cycle_id, absorb)
         except LedgerIntegrityError as err:
             self._violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
             done, result = True, None
-        if act.ticket is not None and act.ticket.granted:
+        if act.ticket is not None:
             self._ingress_ordinals.add(act.ticket.ordinal)
             rr = self.ledger.read_requests.get(act.ticket.ordinal)
             if p.absorbed and rr is not None and rr.completed:
@@ -208,3 +203,14 @@ class IngressDriver(CycleRunner):
                 assert result.accept is not None
                 self._cover(f"ingress.verdict.{result.accept.verdict.value}")
             self._resume(p, result if isinstance(result, ReadCycleResult) else None)
+
+    def _absorb(self, p: Processing) -> int:
+        """The program's ``absorb`` (``WorkQueue.take``), which ``run_cycle`` calls once the read is
+        allocated, before it is sent; the checker learns which change the pulses it took announced."""
+        assert p.cycle is not None and p.cycle.absorb is not None
+        taken = p.cycle.absorb()
+        if taken:
+            self._cover("ingress.absorbed")
+            _, p.absorbed_change = self._pulses.pop((KEY.uri, p.generation), ("", 0))
+            p.absorbed = taken
+        return taken

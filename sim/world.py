@@ -10,16 +10,17 @@ Contract:
   open-session row. It is the environment, not our code: our session host's routing runs as
   ``workflows/ingress.py``.
 - ``Activity`` is one scheduled activity (or read at the ingress), executed and completed by events in
-  any order; its read cycle runs in three steps, each its own event.
+  any order; a cycle takes one effect per event.
 """
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcpsync.workflows.digest import ContentPart, content_digest
-from mcpsync.workflows.records.ledger import FenceSnapshot, ReadTicket
+from mcpsync.workflows.records.ledger import ReadTicket
 from mcpsync.workflows.records.mcp_calls import (
     ReadOutcome,
     ReadOutcomeKind,
@@ -80,6 +81,10 @@ class Message:
         return update.notification_id if isinstance(update, ResourceUpdated) else None
 
 
+class ReadFailed(Exception):
+    """A read's retries are exhausted: the program sees ActivityFailed."""
+
+
 class McpServer:
     def __init__(self, capability: str, ledger: MemoryLedger) -> None:
         self.capability = capability
@@ -125,12 +130,12 @@ class McpServer:
         self.subscribed.discard(live.generation)
         return None if ack_lost else UnsubscribeOutcome(acked=True)
 
-    def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome | None:
+    def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome:
         base: dict[str, Any] = dict(req)  # the outcome names the request: every field of it
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
-            return None  # retries exhausted: ActivityError, the workflow's _mcp answers None
+            raise ReadFailed
         # The oracle stamps the version it served into server_version (metadata only) so the
         # checker can tell which committed state a receipt came from.
         base["server_version"] = f"v{oracle.version}"
@@ -159,14 +164,13 @@ class Activity:
     executed: bool = False
     result: Any = None
     poisoned: bool = False  # PostgreSQL rejects it every time: it never completes
-    # The read cycle (Act.MCP_READ_CYCLE) runs in three steps, each its own event: allocate, read,
-    # accept. ``step`` is the next one; a lost attempt starts again at 0 (the ledger's cycle id
-    # hands the retry the same ticket, and a committed accept replays).
+    # A cycle (``sim.cycles``) runs one effect per event: ``cycle`` is the attempt under way, ``step``
+    # its pauses so far; a lost attempt starts again (the ledger's cycle id hands the retry the same
+    # ticket, and a committed accept replays). ``ticket``: the newest allocation it was granted.
+    cycle: Coroutine[Any, Any, Any] | None = None
     step: int = 0
     ticket: ReadTicket | None = None
-    outcome: ReadOutcome | None = None
     ingress: Processing | None = None  # INGRESS_READ: the routing program's processing it belongs to
-    active: FenceSnapshot | None = None  # MCP_SUBSCRIBE_CYCLE: the row its mark answered
 
 
 @dataclass(slots=True)

@@ -23,6 +23,10 @@ FORBIDDEN = {
     # catalog rules (workflows/) with the reconciler that checks it; `mcpsync up` (worker/) starts it.
     "fixture": ("activities", "worker", "benchmarks", "sim"),
 }
+# The simulator steps the session queue's read and start cycles as production's activity code
+# (``sim/cycles.py``: ``McpSessionActivities`` over its own server and ledger); nothing else of the I/O layer.
+ALLOWED = {"sim": ("mcpsync.activities.mcp_session", "mcpsync.activities.ledger",
+                   "mcpsync.activities.ledger_content")}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -40,7 +44,7 @@ def test_no_upward_imports(package: str) -> None:
     bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
            for path in sorted((ROOT / package).rglob("*.py"))
            for line, name in _imports(path)
-           if _layer(name) in FORBIDDEN[package]]
+           if _layer(name) in FORBIDDEN[package] and name not in ALLOWED.get(package, ())]
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
