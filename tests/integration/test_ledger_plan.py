@@ -48,7 +48,7 @@ class Both:
                               request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED,
                               cycle_id=cycle_id)
         ticket = await self.sql.allocate_read(req)
-        assert ticket == self.mem.allocate_read(req) and ticket.granted
+        assert ticket == await self.mem.allocate_read(req) and ticket.granted
         return ticket.ordinal, ticket.request_id
 
     async def accept(self, read: tuple[int, str], kind: ReadOutcomeKind, digest: str | None = None,
