@@ -261,21 +261,19 @@ class FenceLedger:
 
     @activity.defn(name=Act.BEGIN_SUBSCRIPTION)
     async def begin_subscription(self, req: BeginSubscriptionRequest) -> FenceSnapshot:
-        return await self._transition(req.key, lambda row: begin_writes(row, req.session_generation))
+        return await self._transition(req.key, lambda row: begin_writes(row, req))
 
     @activity.defn(name=Act.MARK_ACTIVE)
     async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
-        return await self._transition(req.key, lambda row: mark_active_writes(
-            row, req.session_generation, req.subscription_generation, read_reports=req.read_reports,
-            safety_read_seconds=req.safety_read_seconds))
+        return await self._transition(req.key, lambda row: mark_active_writes(row, req))
 
     @activity.defn(name=Act.SET_STATE)
     async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
-        return await self._transition(req.key, lambda row: set_state_writes(row, req.state, req.allowed_from))
+        return await self._transition(req.key, lambda row: set_state_writes(row, req))
 
     @activity.defn(name=Act.FINISH_UNSUBSCRIBE)
     async def finish_unsubscribe(self, req: FinishUnsubscribeRequest) -> FenceSnapshot:
-        return await self._transition(req.key, lambda row: finish_unsubscribe_writes(row, acked=req.acked))
+        return await self._transition(req.key, lambda row: finish_unsubscribe_writes(row, req))
 
     async def _transition(self, key: SubscriptionKey,
                           writes: Callable[[FenceSnapshot], dict[str, Any]]) -> FenceSnapshot:

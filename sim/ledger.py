@@ -14,7 +14,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -200,22 +200,10 @@ class MemoryLedger:
         self.incarnation = writes.pop("incarnation", self.incarnation)
         return self._set(row.model_copy(update=writes))
 
-    def _transition(self, writes: dict[str, Any]) -> FenceSnapshot:
-        """``FenceLedger._transition``: ``writes`` (a ``ledger_flow`` rule's answer) on the row."""
-        return self._set(self.row.model_copy(update=writes))
-
-    def begin_subscription(self, session_generation: int) -> FenceSnapshot:
-        return self._transition(begin_writes(self.row, session_generation))
-
-    def mark_active(self, session_generation: int, subscription_generation: int, *,
-                    read_reports: bool = False, safety_read_seconds: float | None = None) -> FenceSnapshot:
-        writes = mark_active_writes(self.row, session_generation, subscription_generation,
-                                    read_reports=read_reports, safety_read_seconds=safety_read_seconds)
+    def transition(self, writes: dict[str, Any]) -> FenceSnapshot:
+        """``FenceLedger._transition``: a ``ledger_flow`` rule's ``writes`` on the row."""
         self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
-        return self._transition(writes)
-
-    def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
-        return self._transition(set_state_writes(self.row, state, allowed_from))
+        return self._set(self.row.model_copy(update=writes))
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """``FenceLedger.allocate_read``: ``ledger_flow.prior_allocation`` answered from the tables (a
@@ -285,9 +273,6 @@ class MemoryLedger:
         self._apply(plan, ordinal=frozen or 0)
         return close_receipt(self.row)
 
-    def finish_unsubscribe(self, acked: bool) -> FenceSnapshot:
-        return self._transition(finish_unsubscribe_writes(self.row, acked=acked))
-
     def revoke(self) -> FenceSnapshot:
         self._apply(plan_revoke(self.row, source=RevokeSource.PLATFORM, reason="revoked by platform"))
         return self.row
@@ -305,13 +290,11 @@ LEDGER_ACTIVITIES: dict[str, Callable[[MemoryLedger, Any], Any]] = {
     Act.ENSURE: lambda led, req: led.ensure_subscription(req.incarnation),
     Act.LOAD_FENCE: lambda led, req: led.row,
     Act.CURRENT_SESSION: lambda led, req: led.session,
-    Act.BEGIN_SUBSCRIPTION: lambda led, req: led.begin_subscription(req.session_generation),
-    Act.MARK_ACTIVE: lambda led, req: led.mark_active(req.session_generation, req.subscription_generation,
-                                                      read_reports=req.read_reports,
-                                                      safety_read_seconds=req.safety_read_seconds),
-    Act.SET_STATE: lambda led, req: led.set_state(req.state, req.allowed_from),
+    Act.BEGIN_SUBSCRIPTION: lambda led, req: led.transition(begin_writes(led.row, req)),
+    Act.MARK_ACTIVE: lambda led, req: led.transition(mark_active_writes(led.row, req)),
+    Act.SET_STATE: lambda led, req: led.transition(set_state_writes(led.row, req)),
     Act.BEGIN_UNSUBSCRIBE: lambda led, req: led.begin_unsubscribe(),
-    Act.FINISH_UNSUBSCRIBE: lambda led, req: led.finish_unsubscribe(req.acked),
+    Act.FINISH_UNSUBSCRIBE: lambda led, req: led.transition(finish_unsubscribe_writes(led.row, req)),
     Act.CONFIRM_TOMBSTONE: lambda led, req: led.confirm_tombstone(req.listed, req.scan_id, req.proven),
     Act.REVOKE: lambda led, req: led.revoke(),
     Act.AUDIT: lambda led, req: led.write_audit(req.kind),
