@@ -6,9 +6,9 @@ Contract:
   against it, so a workflow whose history was reset or rolled back can ask, but never move
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
 - Every write locks the row (``FOR UPDATE``) and asks a pure rule what to write: the simple
-  transitions and the allocation's lookups are ``mcpsync.workflows.ledger_flow``'s; accept / close /
-  tombstone / revoke ask ``mcpsync.workflows.ledger_rules`` and the planner
-  ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
+  transitions are ``mcpsync.workflows.ledger_flow``'s, allocation ``mcpsync.workflows.allocation``'s
+  and ``coverage``'s; accept / close / tombstone / revoke ask ``mcpsync.workflows.ledger_rules``
+  and the planner ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
   outbox row (``mcpsync.activities.ledger_journal``), fence update, audit row, ``read_requests``
   completion, revocation (with the purge of ``mcpsync.activities.ledger_content``). The
   simulator's in-memory ledger applies the same rules and plans.
@@ -44,6 +44,7 @@ from mcpsync.activities.ledger_store import (
     snapshot,
 )
 from mcpsync.activities.meters import NO_METERS, Meters
+from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
@@ -51,7 +52,6 @@ from mcpsync.workflows.ledger_flow import (
     finish_unsubscribe_writes,
     issued_read,
     mark_active_writes,
-    prior_allocation,
     set_state_writes,
 )
 from mcpsync.workflows.ledger_rules import judge_read
@@ -300,7 +300,7 @@ class FenceLedger:
                                   f" FROM read_requests WHERE {column}=%s", (value,))
                 return await cur.fetchone()
 
-            # Idempotence first (``allocation.allocation_steps``): a retry gets the ticket it holds.
+            # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
             decided = await prior_allocation(req, find)
             if isinstance(decided, ReadTicket):
                 return decided

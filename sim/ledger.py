@@ -2,14 +2,15 @@
 
 Contract:
 - Each method is one transaction of ``activities/ledger_fence.py`` (``FenceLedger``): it applies the
-  same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.allocation_steps``,
+  same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.prior_allocation``,
   ``write_plan.plan_accept`` / ``plan_close`` / ``plan_tombstone`` / ``plan_revoke``), and either raises
   ``LedgerIntegrityError`` having written nothing (a write PostgreSQL would reject: the UNIQUE/CHECK
   constraints of ``001_ledger.sql``) or commits and appends a ``LedgerWrite`` to ``log``.
 - The simple state transitions (ensure, begin_subscription, mark_active, set_state,
-  finish_unsubscribe) and the allocation's lookups are ``ledger_flow``'s, as the SQL ledger's; its
-  ``read_requests`` rows carry the table's column names. Staged rollouts (no policy row holds an
-  invalidation back), the content store and its purge and the ``revocations`` row are not modelled.
+  finish_unsubscribe) are ``ledger_flow``'s, as the SQL ledger's; ``read_requests`` rows carry the
+  table's column names (``ledger_flow.issued_read`` and ``prior_allocation`` read them). Staged
+  rollouts (no policy row holds an invalidation back), the content store and its purge and the
+  ``revocations`` row are not modelled.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from mcpsync.workflows import coverage
+from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
     ensure_writes,
     finish_unsubscribe_writes,
     issued_read,
     mark_active_writes,
-    prior_allocation,
     set_state_writes,
 )
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
@@ -206,7 +207,7 @@ class MemoryLedger:
         return self._set(self.row.model_copy(update=writes))
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """``FenceLedger.allocate_read``: ``ledger_flow.prior_allocation`` answered from the tables (a
+        """``FenceLedger.allocate_read``: ``allocation.prior_allocation`` answered from the tables (a
         retry gets the ticket it holds), then ``coverage.plan_allocate`` on the row."""
         row = self.row
         index = {"cycle_id": self.cycle_ids, "request_id": self.request_ids}

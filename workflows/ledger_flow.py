@@ -1,4 +1,4 @@
-"""The fence row's simple transitions and the ledger's ``read_requests`` lookups, for both ledgers.
+"""The fence row's simple transitions and its ``read_requests`` rows as the rules see them, for both ledgers.
 
 Contract: pure. The PostgreSQL ledger (``activities/ledger_fence.py``) and the simulator's in-memory
 one (``sim/ledger.py``) run these and no copy of them: a transition rule takes the locked row and the
@@ -8,25 +8,22 @@ written); a ``read_requests`` row is read by its column names, whichever store h
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
 from mcpsync.workflows.ledger_rules import IssuedRead
 from mcpsync.workflows.records.ledger import (
     AcceptVerdict,
-    AllocateRequest,
     BeginSubscriptionRequest,
     FenceSnapshot,
     FinishUnsubscribeRequest,
     MarkActiveRequest,
-    ReadTicket,
     SetStateRequest,
 )
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, SubscriptionState
 
 __all__ = ["SUBSCRIBABLE_STATES", "begin_writes", "ensure_writes", "finish_unsubscribe_writes", "issued_read",
-           "mark_active_writes", "prior_allocation", "set_state_writes"]
+           "mark_active_writes", "set_state_writes"]
 
 S = SubscriptionState
 SUBSCRIBABLE_STATES = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING,
@@ -89,23 +86,3 @@ def issued_read(row: Mapping[str, Any] | None) -> IssuedRead | None:
                       completed_verdict=AcceptVerdict(outcome) if outcome in _VERDICTS else None,
                       in_cycle=row["cycle_id"] is not None, notified=row["notifications_seen"])
 
-
-Find = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
-"""(column, value) -> the ``read_requests`` row whose ``cycle_id`` or ``request_id`` holds value, or None."""
-
-
-async def prior_allocation(req: AllocateRequest, find: Find) -> ReadTicket | str:
-    """``allocation.allocation_steps`` answered by ``find``: the ticket an earlier allocation of
-    ``req`` holds (a retry), or the request id a new allocation takes."""
-    steps = allocation_steps(req)
-    held: HeldRequest | None = None
-    while True:
-        try:
-            ask = steps.send(held)
-        except StopIteration as stop:
-            return stop.value
-        found = await (find("cycle_id", ask.cycle_id) if isinstance(ask, ByCycle)
-                       else find("request_id", ask.request_id))
-        held = None if found is None else HeldRequest(
-            ordinal=found["ordinal"], request_id=found["request_id"],
-            completed=found["completed_at"] is not None, notified=found["notifications_seen"])
