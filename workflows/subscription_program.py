@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
@@ -96,14 +95,6 @@ T = TypeVar("T")
 S = SubscriptionState
 
 
-class ReadBy(StrEnum):
-    """Who made a read the run applies (``SubscriptionProgram._apply_judged``)."""
-
-    RUN = "run"  # the run's own read cycle (``mcp_read_cycle``): in flight here until judged
-    START = "start"  # the start cycle's initial read (``mcp_subscribe_cycle``): its slot held meanwhile
-    INGRESS = "ingress"  # the ingress's read cycle, reported (``resource_read``): never in flight here
-
-
 class SubscriptionProgram(CatalogAndIdentity):
     """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
 
@@ -146,7 +137,7 @@ class SubscriptionProgram(CatalogAndIdentity):
             return
         cycle = report.cycle
         if not (cycle.judged and sig.session_generation == self.fence.s.session_generation
-                and self._apply_judged(cycle, by=ReadBy.INGRESS, requested_at=report.requested_at)):
+                and self._apply_judged(cycle, requested_at=report.requested_at, trigger=None)):
             await self._note_update(sig)
         if not self._has_work():
             # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
@@ -300,7 +291,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.fence.finish(rt.now())
         await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
         if self.fence.s.state == S.REVOKED:
-            await self._stop_notifications()
+            await self._unsubscribe()  # best effort: a revoked subscription should stop notifying
         self._publish()
         self._flush_search_attributes()
         return self.record()
@@ -428,19 +419,15 @@ class SubscriptionProgram(CatalogAndIdentity):
         """Subscribe, mark ACTIVE and the initial read in one activity, mirrored as ``subscribed`` and
         ``_read`` would. None: it failed for good (what it did is unknown: the row stays SUBSCRIBING here,
         the next pass resubscribes). Without ``active``: the server refused, nothing was marked."""
-        s = self.fence.s
         placeholder = self.fence.start_cycle_reserve()
         requested_at = self.rt.now()
-        allocate = AllocateRequest(key=self.key, session_generation=session.generation,
-                                   subscription_generation=snap.subscription_generation,
-                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
-                                   trigger=TriggerReason.INITIAL)
         req = SubscribeCycleRequest(
             subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
             mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
                                    subscription_generation=snap.subscription_generation, read_reports=True,
                                    safety_read_seconds=self._resync_period()),
-            read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
+            read=self._read_cycle(session.generation, snap.subscription_generation, TriggerReason.INITIAL,
+                                  S.ACTIVE))
         started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
         if started is None or started.active is None:
             self.fence.release_placeholder(placeholder)
@@ -450,7 +437,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.fence.explain("")
         self._publish()
         if trigger is not None:
-            self._cycle_done(started.cycle, trigger, requested_at, ReadBy.START)
+            self._cycle_done(started.cycle, trigger, requested_at)
         return started
 
     # --- reads -------------------------------------------------------------------------
@@ -469,9 +456,10 @@ class SubscriptionProgram(CatalogAndIdentity):
             # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
             self._flush_search_attributes()
 
-    def _read_lost_session(self, ordinal: int) -> None:
+    def _lost_session(self, ordinal: int | None = None) -> None:
+        """Re-bind (the session host has, or will have, a new generation) and resubscribe."""
         self.fence.session_lost(ordinal)
-        self.session = None  # re-bind: the session host has (or will have) a new generation
+        self.session = None
         self._publish()
 
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
@@ -481,42 +469,46 @@ class SubscriptionProgram(CatalogAndIdentity):
         session = self.session
         requested_at = self.rt.now()
         assert session is not None
-        allocate = AllocateRequest(key=self.key, session_generation=s.session_generation,
-                                   subscription_generation=s.subscription_generation,
-                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
-                                   trigger=trigger)
+        req = self._read_cycle(s.session_generation, s.subscription_generation, trigger, s.state)
         try:
-            cycle = await self._mcp(session, Act.MCP_READ_CYCLE,
-                                    ReadCycleRequest(allocate=allocate, expected_state=s.state,
-                                                     close_epoch=s.close_epoch), ReadCycleResult)
+            cycle = await self._mcp(session, Act.MCP_READ_CYCLE, req, ReadCycleResult)
         finally:
             self.fence.release_placeholder(placeholder)
-        self._cycle_done(cycle, trigger, requested_at, ReadBy.RUN)
+        self._cycle_done(cycle, trigger, requested_at)
 
-    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime,
-                    by: ReadBy) -> None:
+    def _read_cycle(self, session_generation: int, subscription_generation: int, trigger: TriggerReason,
+                    expected_state: SubscriptionState) -> ReadCycleRequest:
+        """A read cycle on these generations: from the next ordinal floor, with a new request id."""
+        allocate = AllocateRequest(key=self.key, session_generation=session_generation,
+                                   subscription_generation=subscription_generation,
+                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
+                                   trigger=trigger)
+        return ReadCycleRequest(allocate=allocate, expected_state=expected_state,
+                                close_epoch=self.fence.s.close_epoch)
+
+    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason,
+                    requested_at: datetime) -> None:
         """A cycle the run scheduled (its own read, or its start's) came back; None: it failed for
         good. A granted read is applied by ``_apply_judged``; a refused one re-owes its trigger."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
-            self.fence.read_lost_unissued()
-            self.session = None
-            self._publish()
+            self._lost_session()
             return
-        if not self._apply_judged(cycle, by=by, requested_at=requested_at, trigger=trigger):
+        if not self._apply_judged(cycle, requested_at=requested_at, trigger=trigger):
             assert cycle.fence is not None
             self.fence.refused(cycle.fence, trigger)
             self._publish()
 
-    def _apply_judged(self, cycle: ReadCycleResult, *, by: ReadBy, requested_at: datetime,
-                      trigger: TriggerReason | None = None) -> bool:
-        """The one place a read cycle's answer changes the run's state, whoever read: the run (for
-        ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: what it leaves dirty is
-        handed over). In order: issue, arm the deadline, the verdict (coverage), digest, content time,
-        detail, poll period. False: the ledger did not grant the read, nothing changed."""
+    def _apply_judged(self, cycle: ReadCycleResult, *, requested_at: datetime,
+                      trigger: TriggerReason | None) -> bool:
+        """The one place a read cycle's answer changes the run's state, whoever read: the run or its
+        start (for ``trigger``: in flight here until judged) or the ingress (reported, ``trigger``
+        None: never in flight here, what it leaves dirty is handed over). In order: issue, arm the
+        deadline, the verdict (coverage), digest, content time, detail, poll period. False: the
+        ledger did not grant the read, nothing changed."""
         fence = self.fence
-        reported = by == ReadBy.INGRESS
+        reported = trigger is None
         ticket = cycle.ticket
         if not fence.issued(ticket, in_flight=not reported):
             return False
@@ -530,7 +522,7 @@ class SubscriptionProgram(CatalogAndIdentity):
                                     jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
-            self._read_lost_session(ticket.ordinal)
+            self._lost_session(ticket.ordinal)
             return True
         if reported:
             fence.update_reported()
@@ -538,8 +530,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
         seen_at = self.rt.now()
-        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen,
-                      trigger=None if reported else trigger)
+        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen, trigger=trigger)
         fence.accepted_digest(outcome.content_digest, result)
         fence.observed(result, allocated_at=seen_at, now=self.rt.now())
         fence.read_judged(ticket.ordinal, outcome, result)
@@ -563,13 +554,16 @@ class SubscriptionProgram(CatalogAndIdentity):
             self.fence.explain(f"revoked: {req.reason}")
         self._publish()
 
-    async def _stop_notifications(self) -> None:
-        """Best effort: a revoked subscription should stop producing notifications."""
+    async def _unsubscribe(self) -> bool:
+        """Unsubscribe on the bound session when the run subscribed there (not polling). True when
+        nothing was owed or the server acked it."""
         session = self.session
-        if session is not None and session.subscribe and not self.fence.s.staleness_bound_seconds:
-            await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                            UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                            UnsubscribeOutcome)
+        if session is None or not session.subscribe or self.fence.s.staleness_bound_seconds:
+            return True
+        out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                              UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                              UnsubscribeOutcome)
+        return out is not None and out.acked
 
     # --- close ---------------------------------------------------------------------------
 
@@ -577,15 +571,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         receipt = await self._ledger(Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key), CloseReceipt)
         self.fence.closing(receipt)
         self._publish()
-        acked = True
-        session = self.session
-        if receipt.state == S.UNSUBSCRIBING and session is not None and session.subscribe \
-                and not self.fence.s.staleness_bound_seconds:
-            out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                                  UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                                  UnsubscribeOutcome)
-            acked = out is not None and out.acked
         if receipt.state == S.UNSUBSCRIBING:
+            acked = await self._unsubscribe()
             snap = await self._ledger(
                 Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked), FenceSnapshot
             )

@@ -367,14 +367,12 @@ class SubscriptionFence:
         if snap.state == S.ACTIVE and snap.session_generation == self.s.session_generation:
             self.s.pending_trigger = self.s.pending_trigger or trigger
 
-    def session_lost(self, ordinal: int) -> None:
-        """A read found its session gone: resubscribe, whose initial read covers any other trigger."""
-        self.read_abandoned(ordinal)
-        self.s.pending_trigger = TriggerReason.RESUBSCRIBE
-
-    def read_lost_unissued(self) -> None:
-        """A read cycle failed for good before telling its ordinal: resubscribe (its initial read
-        covers the trigger); an ordinal it may have burned stays burned."""
+    def session_lost(self, ordinal: int | None) -> None:
+        """A read never reached the ledger (its session gone), or a read cycle failed for good before
+        telling its ordinal (None): resubscribe, whose initial read covers any other trigger. An
+        ordinal the read burned stays burned."""
+        if ordinal in self.s.in_flight:
+            self.s.in_flight.remove(ordinal)
         self.s.pending_trigger = TriggerReason.RESUBSCRIBE
 
     def future_session_seen(self) -> None:
@@ -492,11 +490,6 @@ class SubscriptionFence:
             return s.state == S.TOMBSTONE_PENDING and s.tombstone_pending_at is not None \
                 and measured_at < s.tombstone_pending_at
         return s.state == S.ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
-
-    def read_abandoned(self, ordinal: int) -> None:
-        """A read never reached the ledger (session gone); its ordinal stays burned."""
-        if ordinal in self.s.in_flight:
-            self.s.in_flight.remove(ordinal)
 
     # --- identity and catalog ------------------------------------------------------------
 
