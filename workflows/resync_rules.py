@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mcpsync.workflows.read_deadline import RESYNCED_JITTER_FLOOR, dispatch_margin
+from mcpsync.workflows.read_deadline import RESYNCED_JITTER_FLOOR, dispatch_margin, jittered
 
 __all__ = ["EARLIEST_JITTER", "RESYNC_FRACTION", "SWEEP_FRACTION", "resync_due_at", "sweep_seconds"]
 
-EARLIEST_JITTER = 0.8 + 0.2 * RESYNCED_JITTER_FLOOR
+EARLIEST_JITTER = jittered(RESYNCED_JITTER_FLOOR)
 """The earliest fraction of the requested-within period a resynced run's deadline falls at."""
 
 RESYNC_FRACTION = 0.9

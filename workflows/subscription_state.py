@@ -12,8 +12,7 @@ Contract:
 - Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED |
   UNSUBSCRIBE_UNKNOWN; ACTIVE → TOMBSTONE_PENDING; anything with an unknown
   identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
-  cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight),
-  VERSION_ACCEPTED (the last read made a version current).
+  cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight).
 - Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
   flight (allocated before the note, its accept may even precede it); nothing while a read is
   requested and not allocated yet (allocated after the note, it covers it).
@@ -40,12 +39,12 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from mcpsync.workflows.coverage import follow_up_owed
-from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, poll_period
+from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, jittered, poll_period
 from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, ReadTicket
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CLOSING_STATES as CLOSING
+from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
 from mcpsync.workflows.records.subscription import (
-    CLOSING_STATES,
-    TERMINAL_STATES,
     CacheScope,
     CloseReceipt,
     ResourceUpdated,
@@ -64,13 +63,6 @@ __all__ = [
 ]
 
 S = SubscriptionState
-
-READABLE = frozenset({S.ACTIVE})
-"""Main states in which a read may be allocated."""
-
-TERMINAL = TERMINAL_STATES  # main states that never reopen
-
-CLOSING = CLOSING_STATES
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
@@ -229,7 +221,7 @@ class SubscriptionFence:
             return UpdateDisposition.WRONG_URI
         if sig.session_generation < s.session_generation:
             return UpdateDisposition.OLD_SESSION
-        if s.state not in READABLE and s.state not in (S.DISCOVERED, S.SUBSCRIBING):
+        if s.state not in (S.ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
             return UpdateDisposition.NOT_ACTIVE
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
@@ -259,13 +251,13 @@ class SubscriptionFence:
     def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None,
                           jitter: float) -> None:
         """A read allocation requested at ``requested_at`` was granted: the next periodic read is due
-        one period (less the dispatch margin) later, jittered early (``jitter`` in [0, 1) maps to
-        0.8–1.0 of it), so its allocation falls within the published bound."""
+        one period (less the dispatch margin) later, jittered early (``read_deadline.jittered``), so its
+        allocation falls within the published bound."""
         if not period_seconds:
             self.s.read_due_at = None
             return
         period = self._requested_within(period_seconds)
-        self.s.read_due_at = requested_at + timedelta(seconds=period * (0.8 + 0.2 * jitter))
+        self.s.read_due_at = requested_at + timedelta(seconds=period * jittered(jitter))
         self.s.read_armed_from = requested_at
         self.s.read_jitter = jitter
 
@@ -275,11 +267,11 @@ class SubscriptionFence:
 
     def read_promised_by(self) -> datetime | None:
         """The latest time the next periodic read may be requested: one whole period after the read
-        the deadline was armed from (``read_due_at`` itself is jittered 0.8–1.0 of it, earlier)."""
+        the deadline was armed from (``read_due_at`` itself is jittered earlier)."""
         s = self.s
         if s.read_due_at is None or s.read_armed_from is None:
             return s.read_due_at
-        return s.read_armed_from + (s.read_due_at - s.read_armed_from) / (0.8 + 0.2 * s.read_jitter)
+        return s.read_armed_from + (s.read_due_at - s.read_armed_from) / jittered(s.read_jitter)
 
     def read_directives(self, outcome: ReadOutcome) -> None:
         """A read came back: keep its ttlMs / cacheScope and the failure count, and republish the
@@ -303,12 +295,8 @@ class SubscriptionFence:
         before = s.staleness_bound_seconds
         period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
-        if (
-            before is not None
-            and period != before
-            and s.read_due_at is not None
-            and s.read_armed_from is not None
-        ):
+        if before is not None and period != before and s.read_due_at is not None \
+                and s.read_armed_from is not None:
             # The period changed after the deadline was armed: re-arm from the same allocation and
             # jitter draw (no new draw: the run's random draws depend only on its reads).
             self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
@@ -342,7 +330,7 @@ class SubscriptionFence:
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
-        if (s.state in READABLE and not s.close_requested and s.pending_trigger is not None
+        if (s.state == S.ACTIVE and not s.close_requested and s.pending_trigger is not None
                 and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
@@ -622,9 +610,8 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
-            staleness_bound_source=s.staleness_bound_source
-            if s.staleness_bound_seconds is not None
-            else None,
+            staleness_bound_source=(s.staleness_bound_source if s.staleness_bound_seconds is not None
+                                    else None),
             last_read_ttl_ms=s.last_read_ttl_ms,
             last_read_cache_scope=s.last_read_cache_scope,
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
