@@ -235,10 +235,9 @@ class SubscriptionProgram(CatalogAndIdentity):
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
         self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
         self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
-        incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
-            snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
-                                      FenceSnapshot)
+            ensure = EnsureRequest(key=self.key, incarnation=rt.first_execution_run_id())
+            snap = await self._ledger(Act.ENSURE, ensure, FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
@@ -306,7 +305,6 @@ class SubscriptionProgram(CatalogAndIdentity):
             or self.revocation is not None
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or self.fence.finished
             or s.state != S.ACTIVE
             or self._continue_as_new_due()
         )
@@ -314,11 +312,6 @@ class SubscriptionProgram(CatalogAndIdentity):
     def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
         """The idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
         return lambda: self._has_work() or self.keeper.ticks != ticks
-
-
-    def _loop_must_serve(self) -> bool:
-        """Work only the main loop can do, for which the continue-as-new wait must step aside."""
-        return self.resume_requested is not None or self.fence.s.state != S.ACTIVE
 
     def _continue_as_new_due(self) -> bool:
         rt = self.rt
@@ -344,13 +337,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         have = max(self.live_generation, self.fence.s.session_generation)
         self.session_failures += 1
         delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
-        await self._wait(
-            lambda: (
-                self.live_generation > have or self.fence.s.close_requested or self.revocation is not None
-            ),
-            timedelta(seconds=delay),
-            WaitKind.SESSION,
-        )
+        await self._wait(lambda: self.live_generation > have or self.fence.s.close_requested
+                         or self.revocation is not None, timedelta(seconds=delay), WaitKind.SESSION)
 
     # --- subscribe -------------------------------------------------------------------
 
@@ -364,22 +352,17 @@ class SubscriptionProgram(CatalogAndIdentity):
             self._publish()
             return False
         self.live_generation = max(self.live_generation, session.generation)
-        if ((self.session is not None or self.carried_binding)
-                and session.generation == self.fence.s.session_generation
-                and self.fence.s.state == S.ACTIVE
+        bound = self.session is not None or self.carried_binding
+        self.session = session
+        if (bound and session.generation == self.fence.s.session_generation and self.fence.s.state == S.ACTIVE
                 and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
             # Already subscribed on this very session (this run, or the run before a continue-as-new,
             # which hands over its state without a gap): rebind without resubscribing. A reset run
             # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
-            self.session = session
             return True
-        self.session = session
         self.session_failures = 0
-        snap = await self._ledger(
-            Act.BEGIN_SUBSCRIPTION,
-            BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
-            FenceSnapshot,
-        )
+        begin = BeginSubscriptionRequest(key=self.key, session_generation=session.generation)
+        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION, begin, FenceSnapshot)
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
             # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
@@ -543,12 +526,9 @@ class SubscriptionProgram(CatalogAndIdentity):
     async def _revoke(self) -> None:
         req, self.revocation = self.revocation, None
         assert req is not None
-        effective = req.effective_at or self.rt.now()
-        snap = await self._ledger(
-            Act.REVOKE,
-            RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform", effective_at=effective),
-            FenceSnapshot,
-        )
+        revoke = RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
+                                     effective_at=req.effective_at or self.rt.now())
+        snap = await self._ledger(Act.REVOKE, revoke, FenceSnapshot)
         self.fence.adopt(snap)
         if snap.state == S.REVOKED:
             self.fence.explain(f"revoked: {req.reason}")
@@ -572,10 +552,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.fence.closing(receipt)
         self._publish()
         if receipt.state == S.UNSUBSCRIBING:
-            acked = await self._unsubscribe()
-            snap = await self._ledger(
-                Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked), FenceSnapshot
-            )
+            finish = FinishUnsubscribeRequest(key=self.key, acked=await self._unsubscribe())
+            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, finish, FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
         self.fence.unsubscribed(snap)
@@ -593,8 +571,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         # revocation or conflict first and try again later. A resume update waits for the loop
         # likewise, and a reload may have left ACTIVE meanwhile.
         await self._wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
-                         or self.conflict is not None or self._loop_must_serve(),
-                         None, WaitKind.CONTINUE_AS_NEW)
+                         or self.conflict is not None or self.resume_requested is not None
+                         or self.fence.s.state != S.ACTIVE, None, WaitKind.CONTINUE_AS_NEW)
         if not drained():
             return
         self._flush_search_attributes()
@@ -621,11 +599,8 @@ class SubscriptionProgram(CatalogAndIdentity):
 
     async def _audit(self, kind: str, session_generation: int | None,
                      detail: dict[str, str | int | None]) -> None:
-        await self._ledger(
-            Act.AUDIT,
-            AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail),
-            int,
-        )
+        audit = AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail)
+        await self._ledger(Act.AUDIT, audit, int)
 
     def _publish(self) -> None:
         self.publisher.details(self.fence)

@@ -539,13 +539,12 @@ class SubscriptionFence:
 
     # --- close --------------------------------------------------------------------------
 
-    def request_close(self, reason: str) -> CloseReceipt:
-        """Freeze intent now (the validator's answer); the ledger freezes the ordinal."""
+    def request_close(self, reason: str) -> None:
+        """Freeze intent now; the ledger freezes the ordinal."""
         s = self.s
         if not s.close_requested and s.state not in CLOSING and s.state not in TERMINAL:
             s.close_requested = True
             s.close_reason = reason
-        return self.close_receipt()
 
     def closing(self, receipt: CloseReceipt) -> None:
         s = self.s

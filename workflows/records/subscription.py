@@ -52,7 +52,7 @@ class SubscriptionState(StrEnum):
     ACTIVE = "ACTIVE"
     UPDATE_SEEN = "UPDATE_SEEN"
     READ_PENDING = "READ_PENDING"
-    VERSION_ACCEPTED = "VERSION_ACCEPTED"
+    VERSION_ACCEPTED = "VERSION_ACCEPTED"  # never produced (not a phase the fence answers); a wire value
     UNSUBSCRIBING = "UNSUBSCRIBING"
     CLOSED = "CLOSED"
     UNSUBSCRIBE_UNKNOWN = "UNSUBSCRIBE_UNKNOWN"
