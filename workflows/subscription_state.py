@@ -1,18 +1,17 @@
 """The subscription state machine: everything one run knows, as plain deterministic Python.
 
 Contract:
-- ``SubscriptionFence`` holds all state of one subscription in one serializable
-  model (``FenceState``) and changes it only through the methods below. No I/O,
-  no clock, no randomness: the workflow passes times in, a simulator can drive it
-  without Temporal.
-- The durable fence in PostgreSQL is authoritative. Every method that follows a
-  ledger answer (``adopt``, ``issued``, ``applied``, ``closing``) takes the larger
-  of its own and the ledger's ordinals/generations, so state that was rewound by a
-  workflow reset catches up instead of reusing an ordinal.
-- Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED |
-  UNSUBSCRIBE_UNKNOWN; ACTIVE → TOMBSTONE_PENDING; anything with an unknown
-  identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
-  cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight).
+- ``SubscriptionFence`` holds all state of one subscription in one serializable model
+  (``FenceState``) and changes it only through the methods below. No I/O, no clock, no
+  randomness: the workflow passes times in, a simulator can drive it without Temporal.
+- The durable fence in PostgreSQL is authoritative. Every method that follows a ledger answer
+  (``adopt``, ``issued``, ``applied``, ``closing``) takes the larger of its own and the ledger's
+  ordinals/generations, so state that was rewound by a workflow reset catches up instead of
+  reusing an ordinal.
+- Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED | UNSUBSCRIBE_UNKNOWN;
+  ACTIVE → TOMBSTONE_PENDING; anything with an unknown identity → RECONCILIATION_REQUIRED. While
+  ACTIVE the *phase* shows the read cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a
+  read is in flight).
 - Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
   flight (allocated before the note, its accept may even precede it); nothing while a read is
   requested and not allocated yet (allocated after the note, it covers it).
@@ -24,7 +23,7 @@ Contract:
 - Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
   subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved only
   by the next allocation, never later by a wake-up, so the published staleness bound holds under
-  any interleaving. The jitter only ever makes it earlier (0.8–1.0 of the period).
+  any interleaving. The jitter only ever makes it earlier (``read_deadline.jittered``).
 - Poll period (no subscribe): ``read_deadline.poll_period``, published as the staleness bound
   (``staleness_bound_source`` says which rule set it). A period that changes re-arms the deadline
   from the same allocation with the same jitter: the new bound holds at once, and no poll comes
@@ -108,15 +107,12 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
-    # when a read first saw not-found (catalog words older are stale)
-    tombstone_pending_at: datetime | None = None
+    tombstone_pending_at: datetime | None = None  # a read first saw not-found (older catalog words are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
-    # when RECONCILIATION_REQUIRED began (its bound runs from here)
-    reconciliation_since: datetime | None = None
-    # variants observed in this RECONCILIATION_REQUIRED
-    conflict_uris: list[str] = Field(default_factory=list)
+    reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound's start)
+    conflict_uris: list[str] = Field(default_factory=list)  # variants seen in this RECONCILIATION_REQUIRED
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
