@@ -17,22 +17,14 @@ from pydantic import BaseModel
 
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
-from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, SubscriptionState
+from mcpsync.workflows.records.subscription import CLOSING_STATES as CLOSING
+from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
+from mcpsync.workflows.records.subscription import SubscriptionState
 
-__all__ = [
-    "IssuedRead",
-    "Judgement",
-    "marked_active",
-    "judge_read",
-    "close_rule",
-    "tombstone_rule",
-    "revoke_rule",
-]
+__all__ = ["IssuedRead", "Judgement", "marked_active", "judge_read", "close_rule", "tombstone_rule",
+           "revoke_rule"]
 
 S = SubscriptionState
-CLOSING = CLOSING_STATES
-TERMINAL = TERMINAL_STATES
-CLOSING_OR_TERMINAL = CLOSING | TERMINAL
 
 
 class IssuedRead(BaseModel):
@@ -145,6 +137,6 @@ def revoke_rule(row: FenceSnapshot) -> bool:
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:
     """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already
     closing."""
-    if not row.exists or row.state in CLOSING_OR_TERMINAL:
+    if not row.exists or row.state in CLOSING or row.state in TERMINAL:
         return None
     return S.UNSUBSCRIBING, row.close_epoch + 1, row.last_issued_ordinal

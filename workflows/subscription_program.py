@@ -81,9 +81,7 @@ from mcpsync.workflows.subscription_state import (
     should_continue_as_new,
 )
 
-__all__ = [
-    "SubscriptionProgram",
-]
+__all__ = ["SubscriptionProgram"]
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""

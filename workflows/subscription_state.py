@@ -54,12 +54,7 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
-__all__ = [
-    "should_continue_as_new",
-    "FenceState",
-    "SubscriptionFence",
-    "UpdateDisposition",
-]
+__all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
 
 S = SubscriptionState
 

@@ -22,28 +22,11 @@ from pydantic import Field, field_validator
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
-__all__ = [
-    "SubscriptionState",
-    "TERMINAL_STATES",
-    "CLOSING_STATES",
-    "TriggerReason",
-    "CacheScope",
-    "StalenessBoundSource",
-    "SubscriptionKey",
-    "SubscriptionOptions",
-    "SubscriptionStart",
-    "SessionInfo",
-    "ResourceUpdated",
-    "SessionChanged",
-    "IdentityConflict",
-    "ResumeRequest",
-    "TombstoneRequest",
-    "RevokeRequest",
-    "RevokeLedgerRequest",
-    "CloseRequest",
-    "CatalogObservation",
-    "CloseReceipt",
-]
+__all__ = ["SubscriptionState", "TERMINAL_STATES", "CLOSING_STATES", "TriggerReason", "CacheScope",
+           "StalenessBoundSource", "SubscriptionKey", "SubscriptionOptions", "SubscriptionStart",
+           "SessionInfo", "ResourceUpdated", "SessionChanged", "IdentityConflict", "ResumeRequest",
+           "TombstoneRequest", "RevokeRequest", "RevokeLedgerRequest", "CloseRequest", "CatalogObservation",
+           "CloseReceipt"]
 
 
 class SubscriptionState(StrEnum):
