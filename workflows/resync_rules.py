@@ -9,11 +9,8 @@ Contract:
   the coverage rule a synthetic note is a spurious notification (``coverage.plan_note``), so the
   published staleness bound is still the workflow's own deadline timer's; the resync only makes
   the timer rarely fire.
-- Due before the earliest deadline the workflow can arm: a run whose row is resynced arms the
-  next safety read at 0.95–1.0 of the period less ``read_deadline.dispatch_margin``
-  (``read_deadline.resynced_jitter`` in ``SubscriptionFence.arm_read_deadline``'s 0.8–1.0); the
-  resync is due at ``RESYNC_FRACTION`` of the earliest, which leaves a sweep and a dispatch before
-  the timer could fire, and reads about as often as the timer's 0.8–1.0 jitter did.
+- Due before the earliest deadline a resynced run can arm (``read_deadline.RESYNCED_JITTER_FLOOR``):
+  at ``RESYNC_FRACTION`` of it, which leaves a sweep and a dispatch before the timer could fire.
 """
 
 from __future__ import annotations

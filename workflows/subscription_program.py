@@ -459,13 +459,12 @@ class SubscriptionProgram(CatalogAndIdentity):
 
     def _read_cycle(self, session_generation: int, subscription_generation: int, trigger: TriggerReason,
                     expected_state: SubscriptionState) -> ReadCycleRequest:
-        """A read cycle on these generations: from the next ordinal floor, with a new request id."""
+        """A read cycle on these generations: past the last ordinal this run knows, with a new request id."""
+        s = self.fence.s
         allocate = AllocateRequest(key=self.key, session_generation=session_generation,
-                                   subscription_generation=subscription_generation,
-                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
-                                   trigger=trigger)
-        return ReadCycleRequest(allocate=allocate, expected_state=expected_state,
-                                close_epoch=self.fence.s.close_epoch)
+                                   subscription_generation=subscription_generation, trigger=trigger,
+                                   min_ordinal=s.last_issued_ordinal + 1, request_id=self.rt.uuid4())
+        return ReadCycleRequest(allocate=allocate, expected_state=expected_state, close_epoch=s.close_epoch)
 
     def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason,
                     requested_at: datetime) -> None:

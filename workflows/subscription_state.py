@@ -362,9 +362,6 @@ class SubscriptionFence:
         """A report the ingress made was mirrored (``issued`` / ``applied``): its update was seen."""
         self.s.updates_seen += 1
 
-    def next_ordinal_floor(self) -> int:
-        return self.s.last_issued_ordinal + 1
-
     def issued(self, ticket: ReadTicket, *, in_flight: bool = True) -> bool:
         """The ledger allocated an ordinal (False: refused). ``in_flight``: the run's own read, judged
         later by ``applied``; not for a report the ingress made, whose verdict follows at once."""

@@ -222,20 +222,16 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
 
 def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None,
                   outbox_id: int | None) -> AcceptResult:
-    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt)."""
+    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt): the
+    verdict and the row after the plan's update."""
     j = plan.judgement
     assert j is not None, "not an accept plan"
-    fence = plan.fence or FenceUpdate()
+    after = (plan.fence or FenceUpdate()).applied(row, receipt_id)
     published = plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
-    return AcceptResult(
-        verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
-        outbox_id=outbox_id if published else None,
-        watermark=fence.watermark if fence.watermark is not None else row.watermark,
-        last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
-                               else row.last_accepted_ordinal),
-        notified=fence.notifications_seen if fence.notifications_seen is not None else row.notifications_seen,
-        covered=fence.covered if fence.covered is not None else row.covered,
-    )
+    return AcceptResult(verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
+                        outbox_id=outbox_id if published else None, watermark=after.watermark,
+                        last_accepted_ordinal=after.last_accepted_ordinal, notified=after.notifications_seen,
+                        covered=after.covered)
 
 
 CLOSED_REASON = "closed: the subscription is no longer tracked (no later version will be accepted)"
