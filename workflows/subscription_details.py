@@ -33,8 +33,8 @@ def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str
     phase = fence.phase
     key = s.key
     digest = s.last_accepted_digest or "-"
-    # Freshness is what the page is for; it changes with the read ordinal, which the program's
-    # change snapshot (``SubscriptionProgram._publish``) includes.
+    # Freshness is what the page is for; it changes with the read ordinal, which ``Publisher.details``
+    # compares.
     if s.staleness_bound_seconds:
         bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
                  f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
