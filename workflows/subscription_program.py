@@ -341,10 +341,10 @@ class SubscriptionProgram(CatalogAndIdentity):
     # --- subscribe -------------------------------------------------------------------
 
     async def _ensure_subscribed(self) -> bool:
-        """Bind to the live session and (re)subscribe. False when there is no usable session."""
-        session = await self.rt.ledger(
-            Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo
-        )
+        """Bind to the live session and (re)subscribe, or poll where the server has no usable subscribe.
+        False when there is no usable session."""
+        query = SessionQuery(subject=self.key.subject, server=self.key.server)
+        session = await self.rt.ledger(Act.CURRENT_SESSION, query, SessionInfo)
         if session is None:
             self.fence.explain("no live MCP session for this subject and server")
             self._publish()
@@ -370,29 +370,23 @@ class SubscriptionProgram(CatalogAndIdentity):
             self._publish()
             return False
         self._publish()
-        poll: float | None = None
         if session.subscribe:
             started = await self._start_cycle(session, snap)
             if started is not None and started.active is not None:
                 return True  # the server took the subscription: the row was marked (and read) there
-            out = started.subscribe if started is not None else None
-            if out is None or (not out.ok and out.session_generation != session.generation):
+            if started is None or started.subscribe.session_generation != session.generation:
                 self.session = None
                 return False
-            if not out.ok:
-                # Advertised but rejected: poll instead, publish the bound, never claim real time.
-                poll = self.options.poll_interval_seconds
-                await self._audit("SUBSCRIBE_REJECTED", session.generation,
-                                  {"code": out.error_code, "error": (out.error or "")[:200]})
-        else:
-            poll = self.options.poll_interval_seconds
-        snap = await self._ledger(Act.MARK_ACTIVE,
-                                  MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                                    subscription_generation=snap.subscription_generation,
-                                                    read_reports=True),
-                                  FenceSnapshot)
-        self.fence.subscribed(snap, poll_interval_seconds=poll)
-        self.fence.explain("polling: server has no usable subscribe" if poll else "")
+            # Advertised but refused (nothing was marked): poll instead, publish the bound, never claim
+            # real time.
+            out = started.subscribe
+            await self._audit("SUBSCRIBE_REJECTED", session.generation,
+                              {"code": out.error_code, "error": (out.error or "")[:200]})
+        mark = MarkActiveRequest(key=self.key, session_generation=session.generation,
+                                 subscription_generation=snap.subscription_generation, read_reports=True)
+        snap = await self._ledger(Act.MARK_ACTIVE, mark, FenceSnapshot)
+        self.fence.subscribed(snap, poll_interval_seconds=self.options.poll_interval_seconds)
+        self.fence.explain("polling: server has no usable subscribe")
         self._publish()
         return True
 
