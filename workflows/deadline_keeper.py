@@ -58,8 +58,7 @@ class DeadlineKeeper:
                 promised = fence.read_promised_by()
                 if promised is not None and promised < fire_at:
                     return True
-                # Moved later by more than half a period: one cancel and one timer now instead of a
-                # firing (and its workflow task) for a deadline that is no longer due. Frequent reads
+                # Moved later by more than half a period (``DEADLINE_REARM_PATCH``); frequent reads
                 # move it a little each and keep the armed timer.
                 armed_from, moved_to = fence.s.read_armed_from, fence.s.read_due_at
                 return (self.rearm and promised is not None and armed_from is not None

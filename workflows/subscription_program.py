@@ -20,8 +20,8 @@ Contract:
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
   the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
   ACTIVE, the initial read cycle) where the server advertises subscribe.
-- Ledger calls are local activities (one marker each); search attributes are upserted when a
-  coroutine blocks, and only if one changed (the details panel is not history).
+- Search attributes are upserted when a coroutine blocks, and only if one changed (the details
+  panel is not history).
 - Staleness promise: the deadline keeper's timer for ``FenceState.read_due_at`` wakes the main loop,
   which never waits past it.
 - RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``.
