@@ -290,7 +290,7 @@ class FenceLedger:
 
     @activity.defn(name=Act.ALLOCATE_READ)
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """CAS the next ordinal (``mcpsync.workflows.ledger_rules.allocate_ordinal`` on the locked row)."""
+        """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)

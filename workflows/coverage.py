@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.subscription import SubscriptionState
 
@@ -86,9 +87,8 @@ def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_g
                   min_ordinal: int) -> AllocatePlan | None:
     """The allocation CAS (None: refused, the row is not ACTIVE on these generations). The row then
     holds ``last_issued_ordinal`` := ``ordinal`` and ``allocated_sequence`` := ``notified``."""
-    if not row.exists or row.state != SubscriptionState.ACTIVE:
-        return None
-    if row.session_generation != session_generation or row.subscription_generation != subscription_generation:
+    if not marked_active(row, session_generation=session_generation,
+                         subscription_generation=subscription_generation):
         return None
     return AllocatePlan(ordinal=max(row.last_issued_ordinal + 1, min_ordinal),
                         notified=row.notifications_seen)

@@ -41,11 +41,8 @@ class DeadlineKeeper:
         return lambda: fence.finished or fence.s.read_due_at != due or fence.until_read_due(rt.now()) is None
 
     async def run(self) -> None:
-        """The read deadline's own timer. Armed when a deadline applies, for that deadline;
-        re-armed if it would fire after the newest read's promised bound, or (``rearm``) a read
-        moved the deadline later by more than half a period. Its firing wakes the
-        main loop, whose ``poll_if_due`` reads if the deadline (perhaps moved later by a read
-        meanwhile) is due. When the run ends, the timer is simply left (no cancel event)."""
+        """The timer loop (the module's contract). When the run ends, the timer is simply left (no
+        cancel event)."""
         fence, rt = self.fence, self.rt
         while not fence.finished:
             wait = fence.until_read_due(rt.now())
@@ -61,8 +58,7 @@ class DeadlineKeeper:
                 promised = fence.read_promised_by()
                 if promised is not None and promised < fire_at:
                     return True
-                # Moved later by more than half a period: one cancel and one timer now instead of a
-                # firing (and its workflow task) for a deadline that is no longer due. Frequent reads
+                # Moved later by more than half a period (``DEADLINE_REARM_PATCH``); frequent reads
                 # move it a little each and keep the armed timer.
                 armed_from, moved_to = fence.s.read_armed_from, fence.s.read_due_at
                 return (self.rearm and promised is not None and armed_from is not None

@@ -6,35 +6,25 @@ Contract:
   simulator applies them to an in-memory row. One rule, two stores: the simulator cannot drift
   from production.
 - ``judge_read`` is the sole acceptance point: the only rule that makes a version current.
-- ``allocate_ordinal`` issues read ordinals (``coverage.plan_allocate``); ``marked_active`` tells a
-  start whether its mark made the row ACTIVE; ``close_rule``, ``tombstone_rule`` and
-  ``revoke_rule`` end a subscription.
+- ``marked_active``: the row a start marked ACTIVE, on which reads are allocated
+  (``coverage.plan_allocate``); ``close_rule``, ``tombstone_rule`` and ``revoke_rule`` end a
+  subscription.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from mcpsync.workflows.coverage import plan_allocate
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
-from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, SubscriptionState
+from mcpsync.workflows.records.subscription import CLOSING_STATES as CLOSING
+from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
+from mcpsync.workflows.records.subscription import SubscriptionState
 
-__all__ = [
-    "IssuedRead",
-    "Judgement",
-    "allocate_ordinal",
-    "marked_active",
-    "judge_read",
-    "close_rule",
-    "tombstone_rule",
-    "revoke_rule",
-]
+__all__ = ["IssuedRead", "Judgement", "marked_active", "judge_read", "close_rule", "tombstone_rule",
+           "revoke_rule"]
 
 S = SubscriptionState
-CLOSING = CLOSING_STATES
-TERMINAL = TERMINAL_STATES
-CLOSING_OR_TERMINAL = CLOSING | TERMINAL
 
 
 class IssuedRead(BaseModel):
@@ -69,23 +59,11 @@ class Judgement(BaseModel):
 
 
 def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_generation: int) -> bool:
-    """``mark_active`` answered ``row``: ACTIVE on these generations, marked by this start (now, or by
-    an earlier attempt of it). Anything else (closing, revoked, another subscription generation) is
-    another writer's row, on which the start must not read."""
+    """``row`` is ACTIVE on these generations: marked by their start (``mark_active``, now or by an
+    earlier attempt of it), and a read may be allocated on it. Anything else (closing, revoked,
+    another subscription generation) is another writer's row, on which no read is made."""
     return (row.exists and row.state == S.ACTIVE and row.session_generation == session_generation
             and row.subscription_generation == subscription_generation)
-
-
-def allocate_ordinal(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,
-                     min_ordinal: int) -> int | None:
-    """The next read ordinal, or None when the fence refuses (not ACTIVE, other generation)."""
-    plan = plan_allocate(
-        row,
-        session_generation=session_generation,
-        subscription_generation=subscription_generation,
-        min_ordinal=min_ordinal,
-    )
-    return None if plan is None else plan.ordinal
 
 
 def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
@@ -159,6 +137,6 @@ def revoke_rule(row: FenceSnapshot) -> bool:
 def close_rule(row: FenceSnapshot) -> tuple[SubscriptionState, int, int] | None:
     """beginUnsubscribe: (UNSUBSCRIBING, close_epoch + 1, closeOrdinal = lastIssued), or None if already
     closing."""
-    if not row.exists or row.state in CLOSING_OR_TERMINAL:
+    if not row.exists or row.state in CLOSING or row.state in TERMINAL:
         return None
     return S.UNSUBSCRIBING, row.close_epoch + 1, row.last_issued_ordinal

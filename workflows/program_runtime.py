@@ -37,8 +37,7 @@ class WaitKind(StrEnum):
     RELOAD = "reload"  # a notification handler waits for the run to reload the durable fence
     CLOSE_UPDATE = "close_update"  # the close update waits for the run to finish
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
-    # the first_read update waits for a judged read (or no read to come)
-    FIRST_READ_UPDATE = "first_read_update"
+    FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or none to come)
     DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
 
 

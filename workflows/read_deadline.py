@@ -16,7 +16,7 @@ from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import StalenessBoundSource
 
 __all__ = ["BACKOFF_CAP", "DISPATCH_MARGIN_PATCH", "FAILED_READS", "RESYNCED_JITTER_FLOOR", "dispatch_margin",
-           "poll_period", "resynced_jitter"]
+           "jittered", "poll_period", "resynced_jitter"]
 
 BACKOFF_CAP = 8.0
 """Consecutive failed reads double the poll period, up to this many times the configured interval."""
@@ -56,6 +56,11 @@ def dispatch_margin(period_seconds: float) -> float:
     """How long before the end of ``period_seconds`` the periodic read is requested at the latest,
     so that its allocation, after one dispatch, still falls within the period."""
     return min(DISPATCH_MARGIN_MAX_SECONDS, period_seconds * DISPATCH_MARGIN_FRACTION)
+
+
+def jittered(jitter: float) -> float:
+    """The fraction of its period a deadline armed with ``jitter`` (in [0, 1)) falls at: 0.8–1.0."""
+    return 0.8 + 0.2 * jitter
 
 
 RESYNCED_JITTER_FLOOR = 0.75

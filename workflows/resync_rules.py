@@ -9,22 +9,19 @@ Contract:
   the coverage rule a synthetic note is a spurious notification (``coverage.plan_note``), so the
   published staleness bound is still the workflow's own deadline timer's; the resync only makes
   the timer rarely fire.
-- Due before the earliest deadline the workflow can arm: a run whose row is resynced arms the
-  next safety read at 0.95–1.0 of the period less ``read_deadline.dispatch_margin``
-  (``read_deadline.resynced_jitter`` in ``SubscriptionFence.arm_read_deadline``'s 0.8–1.0); the
-  resync is due at ``RESYNC_FRACTION`` of the earliest, which leaves a sweep and a dispatch before
-  the timer could fire, and reads about as often as the timer's 0.8–1.0 jitter did.
+- Due before the earliest deadline a resynced run can arm (``read_deadline.RESYNCED_JITTER_FLOOR``):
+  at ``RESYNC_FRACTION`` of it, which leaves a sweep and a dispatch before the timer could fire.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mcpsync.workflows.read_deadline import RESYNCED_JITTER_FLOOR, dispatch_margin
+from mcpsync.workflows.read_deadline import RESYNCED_JITTER_FLOOR, dispatch_margin, jittered
 
 __all__ = ["EARLIEST_JITTER", "RESYNC_FRACTION", "SWEEP_FRACTION", "resync_due_at", "sweep_seconds"]
 
-EARLIEST_JITTER = 0.8 + 0.2 * RESYNCED_JITTER_FLOOR
+EARLIEST_JITTER = jittered(RESYNCED_JITTER_FLOOR)
 """The earliest fraction of the requested-within period a resynced run's deadline falls at."""
 
 RESYNC_FRACTION = 0.9

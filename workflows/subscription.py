@@ -133,14 +133,8 @@ class TemporalRuntime:
     async def mcp(self, task_queue: str, name: str, arg: Any, result_type: type[T]) -> T:
         try:
             result: T = await workflow.execute_activity(
-                name,
-                arg,
-                result_type=result_type,
-                task_queue=task_queue,
-                schedule_to_close_timeout=_MCP_TIMEOUT,
-                retry_policy=_MCP_RETRY,
-                summary=self._summary(name, arg),
-            )
+                name, arg, result_type=result_type, task_queue=task_queue, retry_policy=_MCP_RETRY,
+                schedule_to_close_timeout=_MCP_TIMEOUT, summary=self._summary(name, arg))
         except ActivityError as err:
             raise ActivityFailed(type(err.cause).__name__) from None
         return result

@@ -33,8 +33,8 @@ def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str
     phase = fence.phase
     key = s.key
     digest = s.last_accepted_digest or "-"
-    # Freshness is what the page is for; it changes with the read ordinal, which the program's
-    # change snapshot (``SubscriptionProgram._publish``) includes.
+    # Freshness is what the page is for; it changes with the read ordinal, which ``Publisher.details``
+    # compares.
     if s.staleness_bound_seconds:
         bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
                  f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
@@ -54,10 +54,7 @@ def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str
         ("watermark", str(s.watermark)),
         ("last receipt", str(s.last_receipt_id or "-")),
         ("last digest", f"`{digest[:23]}`"),
-        (
-            "close epoch / ordinal",
-            f"{s.close_epoch} / {s.close_ordinal if s.close_ordinal is not None else '-'}",
-        ),
+        ("close epoch / ordinal", f"{s.close_epoch} / {'-' if s.close_ordinal is None else s.close_ordinal}"),
         ("updates seen", str(s.updates_seen)),
         ("reads issued", str(s.reads_issued)),
         ("stale receipts / stale after close", f"{s.stale_receipts} / {s.stale_after_close}"),
@@ -86,10 +83,8 @@ class Publisher:
         if snapshot == self.last_published:
             return
         self.last_published = snapshot
-        details = details_panel(fence, self.options)
-        # The details now (not history), the search attributes when this coroutine blocks.
         self._publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark,
-                                  details, upsert=False))
+                                  details_panel(fence, self.options), upsert=False))
 
     def search_attributes(self, fence: SubscriptionFence) -> None:
         """Upsert the search attributes if one changed since the last upsert. Called where a coroutine

@@ -20,8 +20,8 @@ Contract:
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
   the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
   ACTIVE, the initial read cycle) where the server advertises subscribe.
-- Ledger calls are local activities (one marker each); search attributes are upserted when a
-  coroutine blocks, and only if one changed (the details panel is not history).
+- Search attributes are upserted when a coroutine blocks, and only if one changed (the details
+  panel is not history).
 - Staleness promise: the deadline keeper's timer for ``FenceState.read_due_at`` wakes the main loop,
   which never waits past it.
 - RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
@@ -82,9 +81,7 @@ from mcpsync.workflows.subscription_state import (
     should_continue_as_new,
 )
 
-__all__ = [
-    "SubscriptionProgram",
-]
+__all__ = ["SubscriptionProgram"]
 
 SESSION_RECHECK = timedelta(seconds=15)
 """How often a run without a live session asks the ledger again (besides the signal)."""
@@ -94,14 +91,6 @@ MAX_DEDUPE_IDS = 256
 T = TypeVar("T")
 
 S = SubscriptionState
-
-
-class ReadBy(StrEnum):
-    """Who made a read the run applies (``SubscriptionProgram._apply_judged``)."""
-
-    RUN = "run"  # the run's own read cycle (``mcp_read_cycle``): in flight here until judged
-    START = "start"  # the start cycle's initial read (``mcp_subscribe_cycle``): its slot held meanwhile
-    INGRESS = "ingress"  # the ingress's read cycle, reported (``resource_read``): never in flight here
 
 
 class SubscriptionProgram(CatalogAndIdentity):
@@ -146,7 +135,7 @@ class SubscriptionProgram(CatalogAndIdentity):
             return
         cycle = report.cycle
         if not (cycle.judged and sig.session_generation == self.fence.s.session_generation
-                and self._apply_judged(cycle, by=ReadBy.INGRESS, requested_at=report.requested_at)):
+                and self._apply_judged(cycle, requested_at=report.requested_at, trigger=None)):
             await self._note_update(sig)
         if not self._has_work():
             # Nothing for the main loop to do: no coroutine blocks after this handler to upsert.
@@ -244,10 +233,9 @@ class SubscriptionProgram(CatalogAndIdentity):
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
         self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
         self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
-        incarnation = rt.first_execution_run_id()
         if start.carried_state is None:
-            snap = await self._ledger(Act.ENSURE, EnsureRequest(key=self.key, incarnation=incarnation),
-                                      FenceSnapshot)
+            ensure = EnsureRequest(key=self.key, incarnation=rt.first_execution_run_id())
+            snap = await self._ledger(Act.ENSURE, ensure, FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
@@ -300,7 +288,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.fence.finish(rt.now())
         await self._wait(lambda: not self.reads_running and rt.all_handlers_finished(), None, WaitKind.DRAIN)
         if self.fence.s.state == S.REVOKED:
-            await self._stop_notifications()
+            await self._unsubscribe()  # best effort: a revoked subscription should stop notifying
         self._publish()
         self._flush_search_attributes()
         return self.record()
@@ -315,7 +303,6 @@ class SubscriptionProgram(CatalogAndIdentity):
             or self.revocation is not None
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or self.fence.finished
             or s.state != S.ACTIVE
             or self._continue_as_new_due()
         )
@@ -323,11 +310,6 @@ class SubscriptionProgram(CatalogAndIdentity):
     def _idle_or_deadline(self, ticks: int) -> Callable[[], bool]:
         """The idle wait: work, or the deadline keeper's timer fired since ``ticks``."""
         return lambda: self._has_work() or self.keeper.ticks != ticks
-
-
-    def _loop_must_serve(self) -> bool:
-        """Work only the main loop can do, for which the continue-as-new wait must step aside."""
-        return self.resume_requested is not None or self.fence.s.state != S.ACTIVE
 
     def _continue_as_new_due(self) -> bool:
         rt = self.rt
@@ -353,42 +335,32 @@ class SubscriptionProgram(CatalogAndIdentity):
         have = max(self.live_generation, self.fence.s.session_generation)
         self.session_failures += 1
         delay = min(SESSION_RECHECK.total_seconds(), 0.5 * 2 ** min(self.session_failures, 6))
-        await self._wait(
-            lambda: (
-                self.live_generation > have or self.fence.s.close_requested or self.revocation is not None
-            ),
-            timedelta(seconds=delay),
-            WaitKind.SESSION,
-        )
+        await self._wait(lambda: self.live_generation > have or self.fence.s.close_requested
+                         or self.revocation is not None, timedelta(seconds=delay), WaitKind.SESSION)
 
     # --- subscribe -------------------------------------------------------------------
 
     async def _ensure_subscribed(self) -> bool:
-        """Bind to the live session and (re)subscribe. False when there is no usable session."""
-        session = await self.rt.ledger(
-            Act.CURRENT_SESSION, SessionQuery(subject=self.key.subject, server=self.key.server), SessionInfo
-        )
+        """Bind to the live session and (re)subscribe, or poll where the server has no usable subscribe.
+        False when there is no usable session."""
+        query = SessionQuery(subject=self.key.subject, server=self.key.server)
+        session = await self.rt.ledger(Act.CURRENT_SESSION, query, SessionInfo)
         if session is None:
             self.fence.explain("no live MCP session for this subject and server")
             self._publish()
             return False
         self.live_generation = max(self.live_generation, session.generation)
-        if ((self.session is not None or self.carried_binding)
-                and session.generation == self.fence.s.session_generation
-                and self.fence.s.state == S.ACTIVE
+        bound = self.session is not None or self.carried_binding
+        self.session = session
+        if (bound and session.generation == self.fence.s.session_generation and self.fence.s.state == S.ACTIVE
                 and self.fence.s.pending_trigger != TriggerReason.RESUBSCRIBE):
             # Already subscribed on this very session (this run, or the run before a continue-as-new,
             # which hands over its state without a gap): rebind without resubscribing. A reset run
             # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
-            self.session = session
             return True
-        self.session = session
         self.session_failures = 0
-        snap = await self._ledger(
-            Act.BEGIN_SUBSCRIPTION,
-            BeginSubscriptionRequest(key=self.key, session_generation=session.generation),
-            FenceSnapshot,
-        )
+        begin = BeginSubscriptionRequest(key=self.key, session_generation=session.generation)
+        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION, begin, FenceSnapshot)
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
             # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has
@@ -398,29 +370,23 @@ class SubscriptionProgram(CatalogAndIdentity):
             self._publish()
             return False
         self._publish()
-        poll: float | None = None
         if session.subscribe:
             started = await self._start_cycle(session, snap)
             if started is not None and started.active is not None:
                 return True  # the server took the subscription: the row was marked (and read) there
-            out = started.subscribe if started is not None else None
-            if out is None or (not out.ok and out.session_generation != session.generation):
+            if started is None or started.subscribe.session_generation != session.generation:
                 self.session = None
                 return False
-            if not out.ok:
-                # Advertised but rejected: poll instead, publish the bound, never claim real time.
-                poll = self.options.poll_interval_seconds
-                await self._audit("SUBSCRIBE_REJECTED", session.generation,
-                                  {"code": out.error_code, "error": (out.error or "")[:200]})
-        else:
-            poll = self.options.poll_interval_seconds
-        snap = await self._ledger(Act.MARK_ACTIVE,
-                                  MarkActiveRequest(key=self.key, session_generation=session.generation,
-                                                    subscription_generation=snap.subscription_generation,
-                                                    read_reports=True),
-                                  FenceSnapshot)
-        self.fence.subscribed(snap, poll_interval_seconds=poll)
-        self.fence.explain("polling: server has no usable subscribe" if poll else "")
+            # Advertised but refused (nothing was marked): poll instead, publish the bound, never claim
+            # real time.
+            out = started.subscribe
+            await self._audit("SUBSCRIBE_REJECTED", session.generation,
+                              {"code": out.error_code, "error": (out.error or "")[:200]})
+        mark = MarkActiveRequest(key=self.key, session_generation=session.generation,
+                                 subscription_generation=snap.subscription_generation, read_reports=True)
+        snap = await self._ledger(Act.MARK_ACTIVE, mark, FenceSnapshot)
+        self.fence.subscribed(snap, poll_interval_seconds=self.options.poll_interval_seconds)
+        self.fence.explain("polling: server has no usable subscribe")
         self._publish()
         return True
 
@@ -428,19 +394,15 @@ class SubscriptionProgram(CatalogAndIdentity):
         """Subscribe, mark ACTIVE and the initial read in one activity, mirrored as ``subscribed`` and
         ``_read`` would. None: it failed for good (what it did is unknown: the row stays SUBSCRIBING here,
         the next pass resubscribes). Without ``active``: the server refused, nothing was marked."""
-        s = self.fence.s
         placeholder = self.fence.start_cycle_reserve()
         requested_at = self.rt.now()
-        allocate = AllocateRequest(key=self.key, session_generation=session.generation,
-                                   subscription_generation=snap.subscription_generation,
-                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
-                                   trigger=TriggerReason.INITIAL)
         req = SubscribeCycleRequest(
             subscribe=SubscribeRequest(key=self.key, session_generation=session.generation),
             mark=MarkActiveRequest(key=self.key, session_generation=session.generation,
                                    subscription_generation=snap.subscription_generation, read_reports=True,
                                    safety_read_seconds=self._resync_period()),
-            read=ReadCycleRequest(allocate=allocate, expected_state=S.ACTIVE, close_epoch=s.close_epoch))
+            read=self._read_cycle(session.generation, snap.subscription_generation, TriggerReason.INITIAL,
+                                  S.ACTIVE))
         started = await self._mcp(session, Act.MCP_SUBSCRIBE_CYCLE, req, SubscribeCycleResult)
         if started is None or started.active is None:
             self.fence.release_placeholder(placeholder)
@@ -450,7 +412,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.fence.explain("")
         self._publish()
         if trigger is not None:
-            self._cycle_done(started.cycle, trigger, requested_at, ReadBy.START)
+            self._cycle_done(started.cycle, trigger, requested_at)
         return started
 
     # --- reads -------------------------------------------------------------------------
@@ -469,9 +431,10 @@ class SubscriptionProgram(CatalogAndIdentity):
             # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
             self._flush_search_attributes()
 
-    def _read_lost_session(self, ordinal: int) -> None:
+    def _lost_session(self, ordinal: int | None = None) -> None:
+        """Re-bind (the session host has, or will have, a new generation) and resubscribe."""
         self.fence.session_lost(ordinal)
-        self.session = None  # re-bind: the session host has (or will have) a new generation
+        self.session = None
         self._publish()
 
     async def _read(self, trigger: TriggerReason, placeholder: int) -> None:
@@ -481,42 +444,45 @@ class SubscriptionProgram(CatalogAndIdentity):
         session = self.session
         requested_at = self.rt.now()
         assert session is not None
-        allocate = AllocateRequest(key=self.key, session_generation=s.session_generation,
-                                   subscription_generation=s.subscription_generation,
-                                   min_ordinal=self.fence.next_ordinal_floor(), request_id=self.rt.uuid4(),
-                                   trigger=trigger)
+        req = self._read_cycle(s.session_generation, s.subscription_generation, trigger, s.state)
         try:
-            cycle = await self._mcp(session, Act.MCP_READ_CYCLE,
-                                    ReadCycleRequest(allocate=allocate, expected_state=s.state,
-                                                     close_epoch=s.close_epoch), ReadCycleResult)
+            cycle = await self._mcp(session, Act.MCP_READ_CYCLE, req, ReadCycleResult)
         finally:
             self.fence.release_placeholder(placeholder)
-        self._cycle_done(cycle, trigger, requested_at, ReadBy.RUN)
+        self._cycle_done(cycle, trigger, requested_at)
 
-    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason, requested_at: datetime,
-                    by: ReadBy) -> None:
+    def _read_cycle(self, session_generation: int, subscription_generation: int, trigger: TriggerReason,
+                    expected_state: SubscriptionState) -> ReadCycleRequest:
+        """A read cycle on these generations: past the last ordinal this run knows, with a new request id."""
+        s = self.fence.s
+        allocate = AllocateRequest(key=self.key, session_generation=session_generation,
+                                   subscription_generation=subscription_generation, trigger=trigger,
+                                   min_ordinal=s.last_issued_ordinal + 1, request_id=self.rt.uuid4())
+        return ReadCycleRequest(allocate=allocate, expected_state=expected_state, close_epoch=s.close_epoch)
+
+    def _cycle_done(self, cycle: ReadCycleResult | None, trigger: TriggerReason,
+                    requested_at: datetime) -> None:
         """A cycle the run scheduled (its own read, or its start's) came back; None: it failed for
         good. A granted read is applied by ``_apply_judged``; a refused one re-owes its trigger."""
         if cycle is None:
             # Failed for good: whether it allocated is unknown (an ordinal it burned stays burned; the
             # next allocation goes past it). As with a lost session: re-bind, and the resubscribe's read.
-            self.fence.read_lost_unissued()
-            self.session = None
-            self._publish()
+            self._lost_session()
             return
-        if not self._apply_judged(cycle, by=by, requested_at=requested_at, trigger=trigger):
+        if not self._apply_judged(cycle, requested_at=requested_at, trigger=trigger):
             assert cycle.fence is not None
             self.fence.refused(cycle.fence, trigger)
             self._publish()
 
-    def _apply_judged(self, cycle: ReadCycleResult, *, by: ReadBy, requested_at: datetime,
-                      trigger: TriggerReason | None = None) -> bool:
-        """The one place a read cycle's answer changes the run's state, whoever read: the run (for
-        ``trigger``), its start (INITIAL) or the ingress (reported, no trigger: what it leaves dirty is
-        handed over). In order: issue, arm the deadline, the verdict (coverage), digest, content time,
-        detail, poll period. False: the ledger did not grant the read, nothing changed."""
+    def _apply_judged(self, cycle: ReadCycleResult, *, requested_at: datetime,
+                      trigger: TriggerReason | None) -> bool:
+        """The one place a read cycle's answer changes the run's state, whoever read: the run or its
+        start (for ``trigger``: in flight here until judged) or the ingress (reported, ``trigger``
+        None: never in flight here, what it leaves dirty is handed over). In order: issue, arm the
+        deadline, the verdict (coverage), digest, content time, detail, poll period. False: the
+        ledger did not grant the read, nothing changed."""
         fence = self.fence
-        reported = by == ReadBy.INGRESS
+        reported = trigger is None
         ticket = cycle.ticket
         if not fence.issued(ticket, in_flight=not reported):
             return False
@@ -530,7 +496,7 @@ class SubscriptionProgram(CatalogAndIdentity):
                                     jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept
         if outcome is None or result is None:  # the session was gone: nothing was judged
-            self._read_lost_session(ticket.ordinal)
+            self._lost_session(ticket.ordinal)
             return True
         if reported:
             fence.update_reported()
@@ -538,8 +504,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         # the cautious one: a catalog word measured meanwhile counts as older than our read, so it
         # earns a verification read instead of being believed.
         seen_at = self.rt.now()
-        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen,
-                      trigger=None if reported else trigger)
+        fence.applied(ticket.ordinal, result, read_notified=ticket.notifications_seen, trigger=trigger)
         fence.accepted_digest(outcome.content_digest, result)
         fence.observed(result, allocated_at=seen_at, now=self.rt.now())
         fence.read_judged(ticket.ordinal, outcome, result)
@@ -552,24 +517,24 @@ class SubscriptionProgram(CatalogAndIdentity):
     async def _revoke(self) -> None:
         req, self.revocation = self.revocation, None
         assert req is not None
-        effective = req.effective_at or self.rt.now()
-        snap = await self._ledger(
-            Act.REVOKE,
-            RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform", effective_at=effective),
-            FenceSnapshot,
-        )
+        revoke = RevokeLedgerRequest(key=self.key, reason=req.reason, source="platform",
+                                     effective_at=req.effective_at or self.rt.now())
+        snap = await self._ledger(Act.REVOKE, revoke, FenceSnapshot)
         self.fence.adopt(snap)
         if snap.state == S.REVOKED:
             self.fence.explain(f"revoked: {req.reason}")
         self._publish()
 
-    async def _stop_notifications(self) -> None:
-        """Best effort: a revoked subscription should stop producing notifications."""
+    async def _unsubscribe(self) -> bool:
+        """Unsubscribe on the bound session when the run subscribed there (not polling). True when
+        nothing was owed or the server acked it."""
         session = self.session
-        if session is not None and session.subscribe and not self.fence.s.staleness_bound_seconds:
-            await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                            UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                            UnsubscribeOutcome)
+        if session is None or not session.subscribe or self.fence.s.staleness_bound_seconds:
+            return True
+        out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
+                              UnsubscribeRequest(key=self.key, session_generation=session.generation),
+                              UnsubscribeOutcome)
+        return out is not None and out.acked
 
     # --- close ---------------------------------------------------------------------------
 
@@ -577,18 +542,9 @@ class SubscriptionProgram(CatalogAndIdentity):
         receipt = await self._ledger(Act.BEGIN_UNSUBSCRIBE, KeyRequest(key=self.key), CloseReceipt)
         self.fence.closing(receipt)
         self._publish()
-        acked = True
-        session = self.session
-        if receipt.state == S.UNSUBSCRIBING and session is not None and session.subscribe \
-                and not self.fence.s.staleness_bound_seconds:
-            out = await self._mcp(session, Act.MCP_UNSUBSCRIBE,
-                                  UnsubscribeRequest(key=self.key, session_generation=session.generation),
-                                  UnsubscribeOutcome)
-            acked = out is not None and out.acked
         if receipt.state == S.UNSUBSCRIBING:
-            snap = await self._ledger(
-                Act.FINISH_UNSUBSCRIBE, FinishUnsubscribeRequest(key=self.key, acked=acked), FenceSnapshot
-            )
+            finish = FinishUnsubscribeRequest(key=self.key, acked=await self._unsubscribe())
+            snap = await self._ledger(Act.FINISH_UNSUBSCRIBE, finish, FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
         self.fence.unsubscribed(snap)
@@ -606,8 +562,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         # revocation or conflict first and try again later. A resume update waits for the loop
         # likewise, and a reload may have left ACTIVE meanwhile.
         await self._wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
-                         or self.conflict is not None or self._loop_must_serve(),
-                         None, WaitKind.CONTINUE_AS_NEW)
+                         or self.conflict is not None or self.resume_requested is not None
+                         or self.fence.s.state != S.ACTIVE, None, WaitKind.CONTINUE_AS_NEW)
         if not drained():
             return
         self._flush_search_attributes()
@@ -634,11 +590,8 @@ class SubscriptionProgram(CatalogAndIdentity):
 
     async def _audit(self, kind: str, session_generation: int | None,
                      detail: dict[str, str | int | None]) -> None:
-        await self._ledger(
-            Act.AUDIT,
-            AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail),
-            int,
-        )
+        audit = AuditRequest(kind=kind, key=self.key, session_generation=session_generation, detail=detail)
+        await self._ledger(Act.AUDIT, audit, int)
 
     def _publish(self) -> None:
         self.publisher.details(self.fence)

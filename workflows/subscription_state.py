@@ -1,19 +1,17 @@
 """The subscription state machine: everything one run knows, as plain deterministic Python.
 
 Contract:
-- ``SubscriptionFence`` holds all state of one subscription in one serializable
-  model (``FenceState``) and changes it only through the methods below. No I/O,
-  no clock, no randomness: the workflow passes times in, a simulator can drive it
-  without Temporal.
-- The durable fence in PostgreSQL is authoritative. Every method that follows a
-  ledger answer (``adopt``, ``issued``, ``applied``, ``closing``) takes the larger
-  of its own and the ledger's ordinals/generations, so state that was rewound by a
-  workflow reset catches up instead of reusing an ordinal.
-- Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED |
-  UNSUBSCRIBE_UNKNOWN; ACTIVE → TOMBSTONE_PENDING; anything with an unknown
-  identity → RECONCILIATION_REQUIRED. While ACTIVE the *phase* shows the read
-  cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a read is in flight),
-  VERSION_ACCEPTED (the last read made a version current).
+- ``SubscriptionFence`` holds all state of one subscription in one serializable model
+  (``FenceState``) and changes it only through the methods below. No I/O, no clock, no
+  randomness: the workflow passes times in, a simulator can drive it without Temporal.
+- The durable fence in PostgreSQL is authoritative. Every method that follows a ledger answer
+  (``adopt``, ``issued``, ``applied``, ``closing``) takes the larger of its own and the ledger's
+  ordinals/generations, so state that was rewound by a workflow reset catches up instead of
+  reusing an ordinal.
+- Main states: DISCOVERED → SUBSCRIBING → ACTIVE → UNSUBSCRIBING → CLOSED | UNSUBSCRIBE_UNKNOWN;
+  ACTIVE → TOMBSTONE_PENDING; anything with an unknown identity → RECONCILIATION_REQUIRED. While
+  ACTIVE the *phase* shows the read cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a
+  read is in flight).
 - Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
   flight (allocated before the note, its accept may even precede it); nothing while a read is
   requested and not allocated yet (allocated after the note, it covers it).
@@ -25,7 +23,7 @@ Contract:
 - Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
   subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved only
   by the next allocation, never later by a wake-up, so the published staleness bound holds under
-  any interleaving. The jitter only ever makes it earlier (0.8–1.0 of the period).
+  any interleaving. The jitter only ever makes it earlier (``read_deadline.jittered``).
 - Poll period (no subscribe): ``read_deadline.poll_period``, published as the staleness bound
   (``staleness_bound_source`` says which rule set it). A period that changes re-arms the deadline
   from the same allocation with the same jitter: the new bound holds at once, and no poll comes
@@ -40,12 +38,12 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from mcpsync.workflows.coverage import follow_up_owed
-from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, poll_period
+from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, jittered, poll_period
 from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, ReadTicket
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import CLOSING_STATES as CLOSING
+from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
 from mcpsync.workflows.records.subscription import (
-    CLOSING_STATES,
-    TERMINAL_STATES,
     CacheScope,
     CloseReceipt,
     ResourceUpdated,
@@ -56,21 +54,9 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
-__all__ = [
-    "should_continue_as_new",
-    "FenceState",
-    "SubscriptionFence",
-    "UpdateDisposition",
-]
+__all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
 
 S = SubscriptionState
-
-READABLE = frozenset({S.ACTIVE})
-"""Main states in which a read may be allocated."""
-
-TERMINAL = TERMINAL_STATES  # main states that never reopen
-
-CLOSING = CLOSING_STATES
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
@@ -116,15 +102,12 @@ class FenceState(BaseModel):
     failed_reads: int = 0  # consecutive reads that failed (the poll backoff); a read with content resets it
     read_armed_from: datetime | None = None  # ``requested_at`` the current ``read_due_at`` was armed from
     read_jitter: float = 1.0  # the jitter draw it was armed with (re-armed with the same one)
-    # when a read first saw not-found (catalog words older are stale)
-    tombstone_pending_at: datetime | None = None
+    tombstone_pending_at: datetime | None = None  # a read first saw not-found (older catalog words are stale)
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
-    # when RECONCILIATION_REQUIRED began (its bound runs from here)
-    reconciliation_since: datetime | None = None
-    # variants observed in this RECONCILIATION_REQUIRED
-    conflict_uris: list[str] = Field(default_factory=list)
+    reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound's start)
+    conflict_uris: list[str] = Field(default_factory=list)  # variants seen in this RECONCILIATION_REQUIRED
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
@@ -229,7 +212,7 @@ class SubscriptionFence:
             return UpdateDisposition.WRONG_URI
         if sig.session_generation < s.session_generation:
             return UpdateDisposition.OLD_SESSION
-        if s.state not in READABLE and s.state not in (S.DISCOVERED, S.SUBSCRIBING):
+        if s.state not in (S.ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
             return UpdateDisposition.NOT_ACTIVE
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
@@ -259,13 +242,13 @@ class SubscriptionFence:
     def arm_read_deadline(self, *, requested_at: datetime, period_seconds: float | None,
                           jitter: float) -> None:
         """A read allocation requested at ``requested_at`` was granted: the next periodic read is due
-        one period (less the dispatch margin) later, jittered early (``jitter`` in [0, 1) maps to
-        0.8–1.0 of it), so its allocation falls within the published bound."""
+        one period (less the dispatch margin) later, jittered early (``read_deadline.jittered``), so its
+        allocation falls within the published bound."""
         if not period_seconds:
             self.s.read_due_at = None
             return
         period = self._requested_within(period_seconds)
-        self.s.read_due_at = requested_at + timedelta(seconds=period * (0.8 + 0.2 * jitter))
+        self.s.read_due_at = requested_at + timedelta(seconds=period * jittered(jitter))
         self.s.read_armed_from = requested_at
         self.s.read_jitter = jitter
 
@@ -275,11 +258,11 @@ class SubscriptionFence:
 
     def read_promised_by(self) -> datetime | None:
         """The latest time the next periodic read may be requested: one whole period after the read
-        the deadline was armed from (``read_due_at`` itself is jittered 0.8–1.0 of it, earlier)."""
+        the deadline was armed from (``read_due_at`` itself is jittered earlier)."""
         s = self.s
         if s.read_due_at is None or s.read_armed_from is None:
             return s.read_due_at
-        return s.read_armed_from + (s.read_due_at - s.read_armed_from) / (0.8 + 0.2 * s.read_jitter)
+        return s.read_armed_from + (s.read_due_at - s.read_armed_from) / jittered(s.read_jitter)
 
     def read_directives(self, outcome: ReadOutcome) -> None:
         """A read came back: keep its ttlMs / cacheScope and the failure count, and republish the
@@ -303,12 +286,8 @@ class SubscriptionFence:
         before = s.staleness_bound_seconds
         period, source = poll_period(base, s.last_read_ttl_ms, s.failed_reads)
         s.staleness_bound_seconds, s.staleness_bound_source = period, source
-        if (
-            before is not None
-            and period != before
-            and s.read_due_at is not None
-            and s.read_armed_from is not None
-        ):
+        if before is not None and period != before and s.read_due_at is not None \
+                and s.read_armed_from is not None:
             # The period changed after the deadline was armed: re-arm from the same allocation and
             # jitter draw (no new draw: the run's random draws depend only on its reads).
             self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
@@ -342,7 +321,7 @@ class SubscriptionFence:
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
-        if (s.state in READABLE and not s.close_requested and s.pending_trigger is not None
+        if (s.state == S.ACTIVE and not s.close_requested and s.pending_trigger is not None
                 and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
@@ -367,14 +346,12 @@ class SubscriptionFence:
         if snap.state == S.ACTIVE and snap.session_generation == self.s.session_generation:
             self.s.pending_trigger = self.s.pending_trigger or trigger
 
-    def session_lost(self, ordinal: int) -> None:
-        """A read found its session gone: resubscribe, whose initial read covers any other trigger."""
-        self.read_abandoned(ordinal)
-        self.s.pending_trigger = TriggerReason.RESUBSCRIBE
-
-    def read_lost_unissued(self) -> None:
-        """A read cycle failed for good before telling its ordinal: resubscribe (its initial read
-        covers the trigger); an ordinal it may have burned stays burned."""
+    def session_lost(self, ordinal: int | None) -> None:
+        """A read never reached the ledger (its session gone), or a read cycle failed for good before
+        telling its ordinal (None): resubscribe, whose initial read covers any other trigger. An
+        ordinal the read burned stays burned."""
+        if ordinal in self.s.in_flight:
+            self.s.in_flight.remove(ordinal)
         self.s.pending_trigger = TriggerReason.RESUBSCRIBE
 
     def future_session_seen(self) -> None:
@@ -384,9 +361,6 @@ class SubscriptionFence:
     def update_reported(self) -> None:
         """A report the ingress made was mirrored (``issued`` / ``applied``): its update was seen."""
         self.s.updates_seen += 1
-
-    def next_ordinal_floor(self) -> int:
-        return self.s.last_issued_ordinal + 1
 
     def issued(self, ticket: ReadTicket, *, in_flight: bool = True) -> bool:
         """The ledger allocated an ordinal (False: refused). ``in_flight``: the run's own read, judged
@@ -493,11 +467,6 @@ class SubscriptionFence:
                 and measured_at < s.tombstone_pending_at
         return s.state == S.ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
 
-    def read_abandoned(self, ordinal: int) -> None:
-        """A read never reached the ledger (session gone); its ordinal stays burned."""
-        if ordinal in self.s.in_flight:
-            self.s.in_flight.remove(ordinal)
-
     # --- identity and catalog ------------------------------------------------------------
 
     def identity_conflict(self, detail: str, *, now: datetime | None = None,
@@ -558,13 +527,12 @@ class SubscriptionFence:
 
     # --- close --------------------------------------------------------------------------
 
-    def request_close(self, reason: str) -> CloseReceipt:
-        """Freeze intent now (the validator's answer); the ledger freezes the ordinal."""
+    def request_close(self, reason: str) -> None:
+        """Freeze intent now; the ledger freezes the ordinal."""
         s = self.s
         if not s.close_requested and s.state not in CLOSING and s.state not in TERMINAL:
             s.close_requested = True
             s.close_reason = reason
-        return self.close_receipt()
 
     def closing(self, receipt: CloseReceipt) -> None:
         s = self.s
@@ -629,9 +597,8 @@ class SubscriptionFence:
             close_ordinal=s.close_ordinal,
             reads_issued=s.reads_issued,
             staleness_bound_seconds=s.staleness_bound_seconds,
-            staleness_bound_source=s.staleness_bound_source
-            if s.staleness_bound_seconds is not None
-            else None,
+            staleness_bound_source=(s.staleness_bound_source if s.staleness_bound_seconds is not None
+                                    else None),
             last_read_ttl_ms=s.last_read_ttl_ms,
             last_read_cache_scope=s.last_read_cache_scope,
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,

@@ -27,24 +27,11 @@ from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceS
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState, TriggerReason
 
-__all__ = [
-    "PlanKind",
-    "RevokeSource",
-    "FenceUpdate",
-    "WritePlan",
-    "plan_accept",
-    "plan_close",
-    "plan_tombstone",
-    "plan_revoke",
-    "accept_result",
-    "close_receipt",
-]
+__all__ = ["PlanKind", "RevokeSource", "FenceUpdate", "WritePlan", "plan_accept", "plan_close",
+           "plan_tombstone", "plan_revoke", "accept_result", "close_receipt"]
 
 S = SubscriptionState
 V = AcceptVerdict
-
-CATALOG_TRIGGER = TriggerReason.CATALOG
-"""``resource_versions.trigger_reason`` of a receipt a reconciled catalog wrote (not a read's trigger)."""
 
 
 class PlanKind(StrEnum):
@@ -83,7 +70,7 @@ class ReceiptPlan(_Plan):
     ordinal: int
     status: AcceptVerdict
     request_id: str
-    trigger: TriggerReason  # the read's, or ``CATALOG_TRIGGER``
+    trigger: TriggerReason  # the read's, or CATALOG (a receipt a reconciled catalog wrote)
     session_generation: int
     subscription_generation: int
     content_digest: str | None = None
@@ -235,20 +222,16 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
 
 def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None,
                   outbox_id: int | None) -> AcceptResult:
-    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt)."""
+    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt): the
+    verdict and the row after the plan's update."""
     j = plan.judgement
     assert j is not None, "not an accept plan"
-    fence = plan.fence or FenceUpdate()
+    after = (plan.fence or FenceUpdate()).applied(row, receipt_id)
     published = plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
-    return AcceptResult(
-        verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
-        outbox_id=outbox_id if published else None,
-        watermark=fence.watermark if fence.watermark is not None else row.watermark,
-        last_accepted_ordinal=(fence.last_accepted_ordinal if fence.last_accepted_ordinal is not None
-                               else row.last_accepted_ordinal),
-        notified=fence.notifications_seen if fence.notifications_seen is not None else row.notifications_seen,
-        covered=fence.covered if fence.covered is not None else row.covered,
-    )
+    return AcceptResult(verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
+                        outbox_id=outbox_id if published else None, watermark=after.watermark,
+                        last_accepted_ordinal=after.last_accepted_ordinal, notified=after.notifications_seen,
+                        covered=after.covered)
 
 
 CLOSED_REASON = "closed: the subscription is no longer tracked (no later version will be accepted)"
@@ -292,32 +275,16 @@ def plan_tombstone(row: FenceSnapshot, *, listed: bool, proven: bool, scan_id: s
     if target is None:
         return WritePlan(kind=PlanKind.STATE)
     if target == S.REVOKED:
-        return plan_revoke(
-            row,
-            source=RevokeSource.CATALOG,
-            reason=f"not listed for this subject in catalog {scan_id}",
-            unchecked=True,
-        )
+        return plan_revoke(row, source=RevokeSource.CATALOG, unchecked=True,
+                           reason=f"not listed for this subject in catalog {scan_id}")
     if target != S.TOMBSTONED:
         return WritePlan(kind=PlanKind.STATE, fence=FenceUpdate(state=target))
-    return WritePlan(
-        kind=PlanKind.TOMBSTONE,
-        receipt=ReceiptPlan(
-            ordinal=row.last_accepted_ordinal,
-            status=V.TOMBSTONED,
-            request_id=f"catalog:{scan_id}",
-            trigger=CATALOG_TRIGGER,
-            session_generation=row.session_generation,
-            subscription_generation=row.subscription_generation,
-            of_read=False,
-        ),
-        fence=FenceUpdate(state=target, link_receipt=True),
-        outbox=OutboxPlan(
-            event=OutboxEventType.TOMBSTONED,
-            ordinal=row.last_accepted_ordinal,
-            previous_digest=row.last_accepted_digest,
-            withdraws=True,
-            rollout_gated=True,
-            reason=f"deleted: not listed in reconciled catalog {scan_id}",
-        ),
-    )
+    receipt = ReceiptPlan(ordinal=row.last_accepted_ordinal, status=V.TOMBSTONED, of_read=False,
+                          request_id=f"catalog:{scan_id}", trigger=TriggerReason.CATALOG,
+                          session_generation=row.session_generation,
+                          subscription_generation=row.subscription_generation)
+    outbox = OutboxPlan(event=OutboxEventType.TOMBSTONED, ordinal=row.last_accepted_ordinal,
+                        previous_digest=row.last_accepted_digest, withdraws=True, rollout_gated=True,
+                        reason=f"deleted: not listed in reconciled catalog {scan_id}")
+    return WritePlan(kind=PlanKind.TOMBSTONE, receipt=receipt, outbox=outbox,
+                     fence=FenceUpdate(state=target, link_receipt=True))

@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from mcpsync.workflows.coverage import plan_allocate
 from mcpsync.workflows.ingress_rules import ingress_read_request
 from mcpsync.workflows.ledger_rules import (
     IssuedRead,
-    allocate_ordinal,
     close_rule,
     judge_read,
     marked_active,
@@ -59,14 +59,14 @@ def active_fence() -> SubscriptionFence:
 
 
 def test_allocation_requires_active_and_matching_generations() -> None:
-    assert allocate_ordinal(row(last_issued_ordinal=4), session_generation=1, subscription_generation=1,
-                            min_ordinal=2) == 5
-    assert allocate_ordinal(row(last_issued_ordinal=4), session_generation=1, subscription_generation=1,
-                            min_ordinal=9) == 9
-    assert allocate_ordinal(row(state=S.UNSUBSCRIBING), session_generation=1, subscription_generation=1,
-                            min_ordinal=1) is None
-    assert allocate_ordinal(row(session_generation=2), session_generation=1, subscription_generation=1,
-                            min_ordinal=1) is None
+    def ordinal(r: FenceSnapshot, min_ordinal: int) -> int | None:
+        plan = plan_allocate(r, session_generation=1, subscription_generation=1, min_ordinal=min_ordinal)
+        return None if plan is None else plan.ordinal
+
+    assert ordinal(row(last_issued_ordinal=4), 2) == 5
+    assert ordinal(row(last_issued_ordinal=4), 9) == 9
+    assert ordinal(row(state=S.UNSUBSCRIBING), 1) is None
+    assert ordinal(row(session_generation=2), 1) is None
 
 
 def test_judge_orders_reads_by_ordinal() -> None:

@@ -18,24 +18,10 @@ from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 
-__all__ = [
-    "AllocateRequest",
-    "ReadTicket",
-    "AcceptVerdict",
-    "OutboxEventType",
-    "AcceptRequest",
-    "AcceptResult",
-    "FenceSnapshot",
-    "NotedNotification",
-    "EnsureRequest",
-    "SetStateRequest",
-    "KeyRequest",
-    "SessionQuery",
-    "BeginSubscriptionRequest",
-    "MarkActiveRequest",
-    "FinishUnsubscribeRequest",
-    "AuditRequest",
-]
+__all__ = ["AllocateRequest", "ReadTicket", "AcceptVerdict", "OutboxEventType", "AcceptRequest",
+           "AcceptResult", "FenceSnapshot", "NotedNotification", "EnsureRequest", "SetStateRequest",
+           "KeyRequest", "SessionQuery", "BeginSubscriptionRequest", "MarkActiveRequest",
+           "FinishUnsubscribeRequest", "AuditRequest"]
 
 
 class AllocateRequest(FrozenRecord):

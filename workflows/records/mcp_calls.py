@@ -13,15 +13,8 @@ from enum import StrEnum
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.subscription import CacheScope, SubscriptionKey, TriggerReason
 
-__all__ = [
-    "SubscribeRequest",
-    "SubscribeOutcome",
-    "UnsubscribeRequest",
-    "UnsubscribeOutcome",
-    "ReadRequest",
-    "ReadOutcomeKind",
-    "ReadOutcome",
-]
+__all__ = ["SubscribeRequest", "SubscribeOutcome", "UnsubscribeRequest", "UnsubscribeOutcome", "ReadRequest",
+           "ReadOutcomeKind", "ReadOutcome"]
 
 
 class SubscribeRequest(FrozenRecord):

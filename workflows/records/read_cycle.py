@@ -20,13 +20,8 @@ from mcpsync.workflows.records.ledger import (
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, SubscribeOutcome, SubscribeRequest
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 
-__all__ = [
-    "ReadCycleRequest",
-    "ReadCycleResult",
-    "ReadReport",
-    "SubscribeCycleRequest",
-    "SubscribeCycleResult",
-]
+__all__ = ["ReadCycleRequest", "ReadCycleResult", "ReadReport", "SubscribeCycleRequest",
+           "SubscribeCycleResult"]
 
 
 class ReadCycleRequest(FrozenRecord):

@@ -22,28 +22,11 @@ from pydantic import Field, field_validator
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
-__all__ = [
-    "SubscriptionState",
-    "TERMINAL_STATES",
-    "CLOSING_STATES",
-    "TriggerReason",
-    "CacheScope",
-    "StalenessBoundSource",
-    "SubscriptionKey",
-    "SubscriptionOptions",
-    "SubscriptionStart",
-    "SessionInfo",
-    "ResourceUpdated",
-    "SessionChanged",
-    "IdentityConflict",
-    "ResumeRequest",
-    "TombstoneRequest",
-    "RevokeRequest",
-    "RevokeLedgerRequest",
-    "CloseRequest",
-    "CatalogObservation",
-    "CloseReceipt",
-]
+__all__ = ["SubscriptionState", "TERMINAL_STATES", "CLOSING_STATES", "TriggerReason", "CacheScope",
+           "StalenessBoundSource", "SubscriptionKey", "SubscriptionOptions", "SubscriptionStart",
+           "SessionInfo", "ResourceUpdated", "SessionChanged", "IdentityConflict", "ResumeRequest",
+           "TombstoneRequest", "RevokeRequest", "RevokeLedgerRequest", "CloseRequest", "CatalogObservation",
+           "CloseReceipt"]
 
 
 class SubscriptionState(StrEnum):
@@ -52,7 +35,7 @@ class SubscriptionState(StrEnum):
     ACTIVE = "ACTIVE"
     UPDATE_SEEN = "UPDATE_SEEN"
     READ_PENDING = "READ_PENDING"
-    VERSION_ACCEPTED = "VERSION_ACCEPTED"
+    VERSION_ACCEPTED = "VERSION_ACCEPTED"  # never produced (not a phase the fence answers); a wire value
     UNSUBSCRIBING = "UNSUBSCRIBING"
     CLOSED = "CLOSED"
     UNSUBSCRIBE_UNKNOWN = "UNSUBSCRIBE_UNKNOWN"

@@ -21,10 +21,7 @@ from mcpsync.workflows.records.subscription import (
     TriggerReason,
 )
 
-__all__ = [
-    "ResourceVersionV1",
-    "ResourceSubscriptionV1",
-]
+__all__ = ["ResourceVersionV1", "ResourceSubscriptionV1"]
 
 
 class ResourceVersionV1(FrozenRecord):
