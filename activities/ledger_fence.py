@@ -5,11 +5,13 @@ Contract:
   generations and close epoch. Every allocation and every acceptance is a compare-and-set
   against it, so a workflow whose history was reset or rolled back can ask, but never move
   the fence backwards. Generations and ordinals only grow: ``GREATEST(ledger+1, asked)``.
-- accept / close / tombstone / revoke lock the row (``FOR UPDATE``), ask the pure rule in
-  ``mcpsync.workflows.ledger_rules`` and the pure planner in ``mcpsync.workflows.write_plan``, and ``_apply``
-  that plan in the same transaction: receipt, outbox row (``mcpsync.activities.ledger_journal``), fence
-  update, audit row, ``read_requests`` completion, revocation (with the purge of
-  ``mcpsync.activities.ledger_content``). The simulator's in-memory ledger applies the same plans.
+- Every write locks the row (``FOR UPDATE``) and asks a pure rule what to write: the simple
+  transitions are ``mcpsync.workflows.ledger_flow``'s, allocation ``mcpsync.workflows.allocation``'s
+  and ``coverage``'s; accept / close / tombstone / revoke ask ``mcpsync.workflows.ledger_rules``
+  and the planner ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
+  outbox row (``mcpsync.activities.ledger_journal``), fence update, audit row, ``read_requests``
+  completion, revocation (with the purge of ``mcpsync.activities.ledger_content``). The
+  simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
 - Rows are found by key (``ledger_store.fence_row``), never by ``key.workflow_id``: the row
@@ -24,7 +26,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,14 +40,21 @@ from mcpsync.activities.ledger_store import (
     BY_KEY,
     LedgerStore,
     fence_row,
-    key_params,
     recorded_workflow_id,
     snapshot,
 )
 from mcpsync.activities.meters import NO_METERS, Meters
-from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
+from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.coverage import plan_allocate, plan_note
-from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
+from mcpsync.workflows.ledger_flow import (
+    begin_writes,
+    ensure_writes,
+    finish_unsubscribe_writes,
+    issued_read,
+    mark_active_writes,
+    set_state_writes,
+)
+from mcpsync.workflows.ledger_rules import judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
@@ -87,7 +96,6 @@ from mcpsync.workflows.write_plan import (
 __all__ = ["NORMALIZED_SIBLINGS_SQL", "FenceLedger", "SubjectRevocation"]
 
 S = SubscriptionState
-CLOSING_STATES = [S.UNSUBSCRIBING.value, S.CLOSED.value, S.UNSUBSCRIBE_UNKNOWN.value]
 # ``records.TERMINAL_STATES`` as SQL parameters (sorted: one statement text, one plan).
 TERMINAL_STATE_VALUES = sorted(state.value for state in TERMINAL_STATES)
 # The other live subscriptions of (subject, server) whose URI normalizes alike. It names the
@@ -99,10 +107,6 @@ WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri
 AND NOT (state = ANY(%s))
 ORDER BY uri
 """
-# States from which (re)subscribing is allowed. CLOSED and UNSUBSCRIBE_UNKNOWN never reopen.
-SUBSCRIBABLE_STATES = [S.DISCOVERED.value, S.SUBSCRIBING.value, S.ACTIVE.value, S.TOMBSTONE_PENDING.value,
-                       S.RECONCILIATION_REQUIRED.value]
-_VERDICTS = {v.value for v in AcceptVerdict}
 # The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
 KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 
@@ -147,16 +151,13 @@ class FenceLedger:
         return await self.ensure_row(req.key, req.incarnation, workflow_id=running_as or req.key.workflow_id)
 
     async def ensure_row(self, key: SubscriptionKey, incarnation: str, *, workflow_id: str) -> FenceSnapshot:
-        """Create the fence row in DISCOVERED if absent; return it as stored.
+        """Create the fence row in DISCOVERED if absent, then apply ``ledger_flow.ensure_writes`` (the
+        reopen of a finished row for a new incarnation) to it; return it as stored.
 
         ``workflow_id`` is the id of the workflow asking. The row records it when it is created and
         never changes it: a row that already names another id keeps it (audited as
         ``WORKFLOW_ID_MISMATCH``: a second workflow for one key, started by something that did not
-        ask ``workflow_id_of``). A closed row is reopened to DISCOVERED (ordinals and epochs kept)
-        only for a new incarnation: the chain that closed it, reset or not, finds it closed. The
-        reopened row has no current digest: consumers were told ``closed`` (or ``tombstoned``,
-        ``revoked``), so the new incarnation's first read publishes ``version_accepted`` again,
-        even for the same bytes.
+        ask ``workflow_id_of``).
         """
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
@@ -171,21 +172,13 @@ class FenceLedger:
                 (workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
                  S.DISCOVERED.value, incarnation),
             )
-            await cur.execute(
-                f"""
-                UPDATE subscriptions
-                SET state=%s, incarnation=%s, close_ordinal=NULL, last_accepted_digest=NULL,
-                    updated_at=now()
-                WHERE {BY_KEY} AND incarnation <> %s AND state = ANY(%s)
-                """,
-                (S.DISCOVERED.value, incarnation, *key_params(key), incarnation, TERMINAL_STATE_VALUES),
-            )
-            await cur.execute(
-                f"UPDATE subscriptions SET incarnation=%s WHERE {BY_KEY} AND NOT (state = ANY(%s))",
-                (incarnation, *key_params(key), CLOSING_STATES),
-            )
-            row = await fence_row(cur, key)
-            if row is not None and row["workflow_id"] != workflow_id:
+            row = await fence_row(cur, key, lock=True)
+            assert row is not None  # inserted, or there already
+            writes = ensure_writes(snapshot(row), held=row["incarnation"], incarnation=incarnation)
+            if writes:
+                # A reopen updates the row; a new incarnation alone does not count as an update.
+                row = await _update_row(cur, row["workflow_id"], writes, touch="state" in writes)
+            if row["workflow_id"] != workflow_id:
                 await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject,
                                                 server=key.server, uri=key.uri,
                                                 workflow_id=row["workflow_id"],
@@ -268,50 +261,29 @@ class FenceLedger:
 
     @activity.defn(name=Act.BEGIN_SUBSCRIPTION)
     async def begin_subscription(self, req: BeginSubscriptionRequest) -> FenceSnapshot:
-        """SUBSCRIBING with subscription generation + 1 bound to ``session_generation``.
-
-        Refused (the stored snapshot is returned unchanged) when the row is closing or closed,
-        or when the session generation would go backwards.
-        """
-        return await self._transition(
-            req.key,
-            "UPDATE subscriptions SET state=%s, subscription_generation = subscription_generation + 1,"
-            " session_generation=%s, updated_at=now()"
-            f" WHERE {BY_KEY} AND state = ANY(%s) AND session_generation <= %s RETURNING *",
-            (S.SUBSCRIBING.value, req.session_generation, *key_params(req.key), SUBSCRIBABLE_STATES,
-             req.session_generation))
+        return await self._transition(req.key, lambda row: begin_writes(row, req))
 
     @activity.defn(name=Act.MARK_ACTIVE)
     async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
-        return await self._transition(
-            req.key,
-            "UPDATE subscriptions SET state=%s, read_reports=%s, safety_read_seconds=%s, updated_at=now()"
-            f" WHERE {BY_KEY} AND state=%s AND session_generation=%s AND subscription_generation=%s"
-            " RETURNING *",
-            (S.ACTIVE.value, req.read_reports, req.safety_read_seconds, *key_params(req.key),
-             S.SUBSCRIBING.value, req.session_generation, req.subscription_generation))
+        return await self._transition(req.key, lambda row: mark_active_writes(row, req))
 
     @activity.defn(name=Act.SET_STATE)
     async def set_state(self, req: SetStateRequest) -> FenceSnapshot:
-        return await self._transition(
-            req.key, f"UPDATE subscriptions SET state=%s, updated_at=now() WHERE {BY_KEY} AND state = ANY(%s)"
-            " RETURNING *", (req.state.value, *key_params(req.key), [s.value for s in req.allowed_from]))
+        return await self._transition(req.key, lambda row: set_state_writes(row, req))
 
     @activity.defn(name=Act.FINISH_UNSUBSCRIBE)
     async def finish_unsubscribe(self, req: FinishUnsubscribeRequest) -> FenceSnapshot:
-        """UNSUBSCRIBING → CLOSED (ack) or UNSUBSCRIBE_UNKNOWN (lost/failed ack). Never reopens."""
-        target = S.CLOSED if req.acked else S.UNSUBSCRIBE_UNKNOWN
-        return await self.set_state(SetStateRequest(key=req.key, state=target,
-                                                    allowed_from=[S.UNSUBSCRIBING]))
+        return await self._transition(req.key, lambda row: finish_unsubscribe_writes(row, req))
 
-    async def _transition(self, key: SubscriptionKey, update: str, params: tuple[Any, ...]) -> FenceSnapshot:
-        """One conditional UPDATE ... RETURNING *; the row as stored whether it applied or not."""
-        async with self.store.pool.connection() as conn:
+    async def _transition(self, key: SubscriptionKey,
+                          writes: Callable[[FenceSnapshot], dict[str, Any]]) -> FenceSnapshot:
+        """Lock the row, ask ``writes`` (a ``ledger_flow`` rule) and write what it answers; the row as
+        stored whether it changed or not."""
+        async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(update, params)
-            row = await cur.fetchone()
-            if row is None:
-                row = await fence_row(cur, key)
+            row = await fence_row(cur, key, lock=True)
+            if row is not None and (columns := writes(snapshot(row))):
+                row = await _update_row(cur, row["workflow_id"], columns)
         return snapshot(row)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -322,23 +294,14 @@ class FenceLedger:
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)
-            # Idempotence first (``allocation.allocation_steps``): a retry gets the ticket it holds.
-            steps = allocation_steps(req)
-            held: HeldRequest | None = None
-            while True:
-                try:
-                    ask = steps.send(held)
-                except StopIteration as stop:
-                    decided: ReadTicket | str = stop.value
-                    break
-                column, value = ("cycle_id", ask.cycle_id) if isinstance(ask, ByCycle) else ("request_id",
-                                                                                         ask.request_id)
+
+            async def find(column: str, value: str) -> dict[str, Any] | None:
                 await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen"
                                   f" FROM read_requests WHERE {column}=%s", (value,))
-                found = await cur.fetchone()
-                held = None if found is None else HeldRequest(
-                    ordinal=found["ordinal"], request_id=found["request_id"],
-                    completed=found["completed_at"] is not None, notified=found["notifications_seen"])
+                return await cur.fetchone()
+
+            # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
+            decided = await prior_allocation(req, find)
             if isinstance(decided, ReadTicket):
                 return decided
             request_id = decided
@@ -350,11 +313,7 @@ class FenceLedger:
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
-            await cur.execute(
-                "UPDATE subscriptions SET last_issued_ordinal=%s, allocated_sequence=%s, updated_at=now()"
-                " WHERE workflow_id=%s",
-                (ordinal, plan.notified, wf),
-            )
+            await _update_row(cur, wf, plan.columns())
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
@@ -391,14 +350,7 @@ class FenceLedger:
                 await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
                                   (wf, o.ordinal))
                 issued_row = await cur.fetchone()
-            issued = None if issued_row is None else IssuedRead(
-                ordinal=issued_row["ordinal"], request_id=issued_row["request_id"],
-                session_generation=issued_row["session_generation"],
-                subscription_generation=issued_row["subscription_generation"],
-                completed_verdict=(AcceptVerdict(issued_row["outcome"]) if issued_row["outcome"] in _VERDICTS
-                                   else None),
-                in_cycle=issued_row["cycle_id"] is not None, notified=issued_row["notifications_seen"],
-            )
+            issued = issued_read(issued_row)
             plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
                                                             row_uri=row["uri"] if row else None),
                                absorbed=req.absorbed if row is not None else 0)
@@ -590,12 +542,7 @@ class FenceLedger:
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
-            cols = plan.fence.columns(receipt_id)
-            await cur.execute(
-                "UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in cols) + ", updated_at=now()"
-                " WHERE workflow_id=%s",
-                (*(v.value if isinstance(v, SubscriptionState) else v for v in cols.values()), wf),
-            )
+            await _update_row(cur, wf, plan.fence.columns(receipt_id))
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
                                                         digests=digests)
@@ -634,6 +581,18 @@ class FenceLedger:
         row = await cur.fetchone()
         assert row is not None
         return int(row["receipt_id"]), row["accepted_at"]
+
+
+async def _update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:
+    """Set ``columns`` (and ``updated_at``, when ``touch``) on the row ``wf`` recorded; the row after."""
+    touched = ", updated_at=now()" if touch else ""
+    await cur.execute(
+        "UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
+        + " WHERE workflow_id=%s RETURNING *",
+        (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf),
+    )
+    row: dict[str, Any] = await cur.fetchone()
+    return row
 
 
 def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,

@@ -85,7 +85,7 @@ class _SimLedger:
         self.fence = self
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        ticket = self.ledger.allocate_read(req)
+        ticket = await self.ledger.allocate_read(req)
         if ticket.granted:
             assert self.sessions.act is not None
             self.sessions.act.ticket = ticket

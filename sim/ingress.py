@@ -188,7 +188,7 @@ class IngressDriver(CycleRunner):
         if act.ticket is not None:
             self._ingress_ordinals.add(act.ticket.ordinal)
             rr = self.ledger.read_requests.get(act.ticket.ordinal)
-            if p.absorbed and rr is not None and rr.completed:
+            if p.absorbed and rr is not None and rr["completed_at"] is not None:
                 # counted by the accept (a lost answer too: it took effect): the checker holds the
                 # change to that count
                 n = act.ticket.notifications_seen + p.absorbed

@@ -2,24 +2,34 @@
 
 Contract:
 - Each method is one transaction of ``activities/ledger_fence.py`` (``FenceLedger``): it applies the
-  same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.allocation_steps``,
+  same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.prior_allocation``,
   ``write_plan.plan_accept`` / ``plan_close`` / ``plan_tombstone`` / ``plan_revoke``), and either raises
   ``LedgerIntegrityError`` having written nothing (a write PostgreSQL would reject: the UNIQUE/CHECK
   constraints of ``001_ledger.sql``) or commits and appends a ``LedgerWrite`` to ``log``.
-- The simple state transitions (ensure, begin_subscription, mark_active, set_state) are the rows'
-  compare-and-set conditions; staged rollouts (no policy row holds an invalidation back), the content
-  store and its purge and the ``revocations`` row are not modelled.
+- The simple state transitions (ensure, begin_subscription, mark_active, set_state,
+  finish_unsubscribe) are ``ledger_flow``'s, as the SQL ledger's; ``read_requests`` rows carry the
+  table's column names (``ledger_flow.issued_read`` and ``prior_allocation`` read them). Staged
+  rollouts (no policy row holds an invalidation back), the content store and its purge and the
+  ``revocations`` row are not modelled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from mcpsync.workflows import coverage
-from mcpsync.workflows.allocation import ByCycle, HeldRequest, allocation_steps
-from mcpsync.workflows.ledger_rules import CLOSING, IssuedRead, Judgement, judge_read
+from mcpsync.workflows.allocation import prior_allocation
+from mcpsync.workflows.ledger_flow import (
+    begin_writes,
+    ensure_writes,
+    finish_unsubscribe_writes,
+    issued_read,
+    mark_active_writes,
+    set_state_writes,
+)
+from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
@@ -50,25 +60,27 @@ from mcpsync.workflows.write_plan import (
     plan_revoke,
     plan_tombstone,
 )
-from sim.model import ENDED, JudgeFn
+from sim.model import JudgeFn
 
 S = SubscriptionState
+
 
 class LedgerIntegrityError(Exception):
     """PostgreSQL would reject this transaction (UNIQUE or CHECK); nothing was written."""
 
 
-@dataclass(slots=True)
-class ReadRequestRow:
+class ReadRequestRow(TypedDict):
+    """A ``read_requests`` row, by its columns."""
+
     ordinal: int
     request_id: str
     session_generation: int
     subscription_generation: int
-    trigger: TriggerReason
-    outcome: str | None = None
-    completed: bool = False  # completed_at IS NOT NULL
-    notifications_seen: int = 0  # the row's update counter at allocation
-    in_cycle: bool = False  # read_requests.cycle_id IS NOT NULL
+    trigger_reason: TriggerReason
+    notifications_seen: int  # the row's update counter at allocation
+    cycle_id: str | None
+    outcome: str | None
+    completed_at: int | None  # the length of ``MemoryLedger.log`` then: this ledger's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +114,6 @@ class LedgerWrite:
     receipt: Receipt | None = None
     outbox: OutboxEntry | None = None
     ordinal: int = 0
-
-
-_VERDICT_VALUES = {v.value for v in AcceptVerdict}
-SUBSCRIBABLE = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING,
-                          S.RECONCILIATION_REQUIRED})
 
 
 class MemoryLedger:
@@ -153,7 +160,7 @@ class MemoryLedger:
             self.audit.append(plan.audit.kind)
         if plan.read_request_outcome is not None and outcome is not None \
                 and (rr := self.read_requests.get(outcome.ordinal)) is not None:
-            rr.outcome, rr.completed = plan.read_request_outcome, True
+            rr["outcome"], rr["completed_at"] = plan.read_request_outcome, len(self.log)
         receipt = entry = None
         if plan.receipt is not None:
             p = plan.receipt
@@ -190,56 +197,26 @@ class MemoryLedger:
             self.workflow_id = running_as
         elif self.workflow_id != running_as:
             self.audit.append("WORKFLOW_ID_MISMATCH")
-        if self.incarnation != incarnation and row.state in ENDED:
-            # reopened with no current digest: the new incarnation's first read publishes again
-            row = row.model_copy(update={"state": S.DISCOVERED, "close_ordinal": None,
-                                         "last_accepted_digest": None})
-        if row.state not in CLOSING:  # a closing row keeps the incarnation that closes it
-            self.incarnation = incarnation
-        return self._set(row)
+        writes = ensure_writes(row, held=self.incarnation, incarnation=incarnation)
+        self.incarnation = writes.pop("incarnation", self.incarnation)
+        return self._set(row.model_copy(update=writes))
 
-    def begin_subscription(self, session_generation: int) -> FenceSnapshot:
-        row = self.row
-        if row.state in SUBSCRIBABLE and row.session_generation <= session_generation:
-            row = row.model_copy(update={"state": S.SUBSCRIBING, "session_generation": session_generation,
-                                         "subscription_generation": row.subscription_generation + 1})
-        return self._set(row)
+    def transition(self, writes: dict[str, Any]) -> FenceSnapshot:
+        """``FenceLedger._transition``: a ``ledger_flow`` rule's ``writes`` on the row."""
+        self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
+        return self._set(self.row.model_copy(update=writes))
 
-    def mark_active(self, session_generation: int, subscription_generation: int, *,
-                    read_reports: bool = False, safety_read_seconds: float | None = None) -> FenceSnapshot:
-        """``read_reports`` (the run mirrors reads the ingress makes) and ``safety_read_seconds`` (the
-        period the ingress's resync reads by) are set or cleared with the transition, like the row's
-        columns."""
-        row = self.row
-        if (row.state == S.SUBSCRIBING and row.session_generation == session_generation
-                and row.subscription_generation == subscription_generation):
-            row = row.model_copy(update={"state": S.ACTIVE, "read_reports": read_reports})
-            self.safety_read_seconds = safety_read_seconds
-        return self._set(row)
-
-    def set_state(self, state: SubscriptionState, allowed_from: Iterable[SubscriptionState]) -> FenceSnapshot:
-        row = self.row
-        if row.state in set(allowed_from):
-            row = row.model_copy(update={"state": state})
-        return self._set(row)
-
-    def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """``FenceLedger.allocate_read``: ``allocation.allocation_steps`` answered from the tables (a
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """``FenceLedger.allocate_read``: ``allocation.prior_allocation`` answered from the tables (a
         retry gets the ticket it holds), then ``coverage.plan_allocate`` on the row."""
         row = self.row
-        steps = allocation_steps(req)
-        held: HeldRequest | None = None
-        while True:
-            try:
-                ask = steps.send(held)
-            except StopIteration as stop:
-                decided: ReadTicket | str = stop.value
-                break
-            ordinal = self.cycle_ids.get(ask.cycle_id) if isinstance(ask, ByCycle) \
-                else self.request_ids.get(ask.request_id)
-            rr = self.read_requests.get(ordinal) if ordinal is not None else None
-            held = None if rr is None else HeldRequest(ordinal=rr.ordinal, request_id=rr.request_id,
-                                                       completed=rr.completed, notified=rr.notifications_seen)
+        index = {"cycle_id": self.cycle_ids, "request_id": self.request_ids}
+
+        async def find(column: str, value: str) -> ReadRequestRow | None:
+            ordinal = index[column].get(value)
+            return None if ordinal is None else self.read_requests.get(ordinal)
+
+        decided = await prior_allocation(req, find)
         if isinstance(decided, ReadTicket):
             return decided
         request_id = decided
@@ -254,10 +231,10 @@ class MemoryLedger:
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = plan.applied(row)
-        self.read_requests[ordinal] = ReadRequestRow(ordinal, request_id, req.session_generation,
-                                                     req.subscription_generation, req.trigger,
-                                                     notifications_seen=plan.notified,
-                                                     in_cycle=req.cycle_id is not None)
+        self.read_requests[ordinal] = ReadRequestRow(
+            ordinal=ordinal, request_id=request_id, session_generation=req.session_generation,
+            subscription_generation=req.subscription_generation, trigger_reason=req.trigger,
+            notifications_seen=plan.notified, cycle_id=req.cycle_id, outcome=None, completed_at=None)
         self.request_ids[request_id] = ordinal
         if req.cycle_id is not None:
             self.cycle_ids[req.cycle_id] = ordinal
@@ -278,13 +255,7 @@ class MemoryLedger:
     def accept(self, req: AcceptRequest) -> AcceptResult:
         o = req.outcome
         fence = self.row
-        rr = self.read_requests.get(o.ordinal)
-        issued = None if rr is None else IssuedRead(
-            ordinal=rr.ordinal, request_id=rr.request_id, session_generation=rr.session_generation,
-            subscription_generation=rr.subscription_generation,
-            completed_verdict=AcceptVerdict(rr.outcome) if rr.outcome in _VERDICT_VALUES else None,
-            in_cycle=rr.in_cycle, notified=rr.notifications_seen,
-        )
+        issued = issued_read(self.read_requests.get(o.ordinal))
         judgement = self.judge(fence, issued, o, row_uri=self.key.uri if fence.exists else None)
         plan = plan_accept(fence, issued, o, judgement,
                            absorbed=req.absorbed if fence.exists else 0)
@@ -303,9 +274,6 @@ class MemoryLedger:
         self._apply(plan, ordinal=frozen or 0)
         return close_receipt(self.row)
 
-    def finish_unsubscribe(self, acked: bool) -> FenceSnapshot:
-        return self.set_state(S.CLOSED if acked else S.UNSUBSCRIBE_UNKNOWN, [S.UNSUBSCRIBING])
-
     def revoke(self) -> FenceSnapshot:
         self._apply(plan_revoke(self.row, source=RevokeSource.PLATFORM, reason="revoked by platform"))
         return self.row
@@ -323,13 +291,11 @@ LEDGER_ACTIVITIES: dict[str, Callable[[MemoryLedger, Any], Any]] = {
     Act.ENSURE: lambda led, req: led.ensure_subscription(req.incarnation),
     Act.LOAD_FENCE: lambda led, req: led.row,
     Act.CURRENT_SESSION: lambda led, req: led.session,
-    Act.BEGIN_SUBSCRIPTION: lambda led, req: led.begin_subscription(req.session_generation),
-    Act.MARK_ACTIVE: lambda led, req: led.mark_active(req.session_generation, req.subscription_generation,
-                                                      read_reports=req.read_reports,
-                                                      safety_read_seconds=req.safety_read_seconds),
-    Act.SET_STATE: lambda led, req: led.set_state(req.state, req.allowed_from),
+    Act.BEGIN_SUBSCRIPTION: lambda led, req: led.transition(begin_writes(led.row, req)),
+    Act.MARK_ACTIVE: lambda led, req: led.transition(mark_active_writes(led.row, req)),
+    Act.SET_STATE: lambda led, req: led.transition(set_state_writes(led.row, req)),
     Act.BEGIN_UNSUBSCRIBE: lambda led, req: led.begin_unsubscribe(),
-    Act.FINISH_UNSUBSCRIBE: lambda led, req: led.finish_unsubscribe(req.acked),
+    Act.FINISH_UNSUBSCRIBE: lambda led, req: led.transition(finish_unsubscribe_writes(led.row, req)),
     Act.CONFIRM_TOMBSTONE: lambda led, req: led.confirm_tombstone(req.listed, req.scan_id, req.proven),
     Act.REVOKE: lambda led, req: led.revoke(),
     Act.AUDIT: lambda led, req: led.write_audit(req.kind),

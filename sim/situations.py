@@ -77,10 +77,10 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
             chain = 0
             while (prior := sim.ledger.request_ids.get(rid)) is not None:
                 rr = sim.ledger.read_requests[prior]
-                if not rr.completed:
+                if rr["completed_at"] is None:
                     if chain == 0 and act.aid not in allocated:  # another activity (a reset run's) asks again
                         before.add("F11.reset_reasks_pending")
-                        if row.notifications_seen > rr.notifications_seen:
+                        if row.notifications_seen > rr["notifications_seen"]:
                             before.add("F11.reasked_after_a_note")
                     break
                 chain += 1

@@ -81,7 +81,6 @@ from mcpsync.workflows.ingress import (
     Stamp,
     Stamped,
     UnknownUri,
-    ingress_uri_problem,
 )
 from mcpsync.workflows.names import (
     SIGNAL_IDENTITY_CONFLICT,
@@ -99,6 +98,7 @@ from mcpsync.workflows.records.subscription import (
     ResourceUpdated,
     SessionChanged,
 )
+from mcpsync.workflows.uris import unparsed_uri_problem
 
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
@@ -447,7 +447,7 @@ class SessionHost:
     async def _enqueue(self, uri: str, generation: int) -> None:
         # The receive loop never waits on PostgreSQL or Temporal: it only offers to the work queue; a
         # full one raises BacklogOverflow (the caller loses the stream that carried the notification).
-        problem = ingress_uri_problem(uri)
+        problem = unparsed_uri_problem(uri)
         if problem is not None:
             # No subscription can have this URI: it goes nowhere (not the queue, not the metrics),
             # and costs at most one bounded audit row.

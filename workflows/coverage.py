@@ -75,10 +75,12 @@ class AllocatePlan(BaseModel):
     ordinal: int
     notified: int
 
+    def columns(self) -> dict[str, int]:
+        """The allocation's write to the row: column -> new value."""
+        return {"last_issued_ordinal": self.ordinal, "allocated_sequence": self.notified}
+
     def applied(self, row: FenceSnapshot) -> FenceSnapshot:
-        """The row after the allocation's write."""
-        return row.model_copy(update={"last_issued_ordinal": self.ordinal,
-                                      "allocated_sequence": self.notified})
+        return row.model_copy(update=self.columns())
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -33,11 +33,9 @@ from mcpsync.workflows.ingress_rules import ingress_read_request
 from mcpsync.workflows.records.ledger import NotedNotification
 from mcpsync.workflows.records.read_cycle import ReadCycleRequest, ReadCycleResult, ReadReport
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey
-from mcpsync.workflows.uris import MAX_URI_LENGTH
 
 __all__ = ["Key", "Offer", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle", "SignalUpdated",
-           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "IngressRouter",
-           "ingress_uri_problem"]
+           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "IngressRouter"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -122,17 +120,6 @@ class WorkQueue(Generic[K]):
 
 Key = tuple[str, int]
 """A work-queue key: (the notified URI, the session generation that received it)."""
-
-
-def ingress_uri_problem(uri: str) -> str | None:
-    """Why a notified URI cannot be any subscription's (the ``uri_problem`` rules a subscription's
-    URI passed that need no parsing: length, control characters), or None. Checked at the ingress
-    before the URI is queued, counted in metrics or written anywhere."""
-    if len(uri) > MAX_URI_LENGTH:
-        return f"URI longer than {MAX_URI_LENGTH} characters"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
-        return "URI contains control characters"
-    return None
 
 
 class Offer(Enum):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["MAX_URI_LENGTH", "SLUG_MAX_LENGTH", "normalize_uri", "ambiguous_pairs", "uri_problem", "uri_slug"]
+__all__ = ["MAX_URI_LENGTH", "SLUG_MAX_LENGTH", "normalize_uri", "ambiguous_pairs", "uri_problem", "uri_slug",
+           "unparsed_uri_problem"]
 
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 _UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -73,12 +74,20 @@ def uri_problem(uri: str) -> str | None:
     """Why a URI cannot be subscribed as given, or None."""
     if not uri:
         return "empty URI"
+    if (problem := unparsed_uri_problem(uri)) is not None:
+        return problem
+    if _URI.match(uri) is None:
+        return "URI has no scheme"
+    return None
+
+
+def unparsed_uri_problem(uri: str) -> str | None:
+    """The ``uri_problem`` rules that need no parsing (length, control characters), or None. The
+    ingress checks a notified URI by them before it is queued, counted in metrics or written anywhere."""
     if len(uri) > MAX_URI_LENGTH:
         return f"URI longer than {MAX_URI_LENGTH} characters"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
         return "URI contains control characters"
-    if _URI.match(uri) is None:
-        return "URI has no scheme"
     return None
 
 

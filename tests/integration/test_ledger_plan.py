@@ -13,8 +13,11 @@ from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptVerdict,
     AllocateRequest,
+    BeginSubscriptionRequest,
     FenceSnapshot,
+    FinishUnsubscribeRequest,
     MarkActiveRequest,
+    SetStateRequest,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
@@ -38,9 +41,11 @@ class Both:
         await self.sql.ensure_subscription(self.key, "inc-1", workflow_id=self.workflow_id)
         self.mem.ensure_subscription("inc-1", workflow_id=self.workflow_id)
         await self.sql.begin_subscription(self.key, 1)
-        self.mem.begin_subscription(1)
+        LEDGER_ACTIVITIES[Act.BEGIN_SUBSCRIPTION](self.mem, BeginSubscriptionRequest(key=self.key,
+                                                                                     session_generation=1))
         await self.sql.mark_active(self.key, 1, 1)
-        self.mem.mark_active(1, 1)
+        LEDGER_ACTIVITIES[Act.MARK_ACTIVE](self.mem, MarkActiveRequest(key=self.key, session_generation=1,
+                                                                       subscription_generation=1))
         await self.same()
 
     async def allocate(self, name: str, cycle_id: str | None = None) -> tuple[int, str]:
@@ -48,7 +53,7 @@ class Both:
                               request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED,
                               cycle_id=cycle_id)
         ticket = await self.sql.allocate_read(req)
-        assert ticket == self.mem.allocate_read(req) and ticket.granted
+        assert ticket == await self.mem.allocate_read(req) and ticket.granted
         return ticket.ordinal, ticket.request_id
 
     async def accept(self, read: tuple[int, str], kind: ReadOutcomeKind, digest: str | None = None,
@@ -208,7 +213,8 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     await both.same()
     # Not ACTIVE: always work (the workflow learns the state from the read it then tries).
     await ledger.set_state(k, S.TOMBSTONE_PENDING, allowed_from=[S.ACTIVE])
-    both.mem.set_state(S.TOMBSTONE_PENDING, [S.ACTIVE])
+    LEDGER_ACTIVITIES[Act.SET_STATE](both.mem, SetStateRequest(key=k, state=S.TOMBSTONE_PENDING,
+                                                               allowed_from=[S.ACTIVE]))
     assert await note()
     await both.same()
 
@@ -221,13 +227,14 @@ async def test_a_reopened_row_and_the_resync_period_alike(ledger: Ledger) -> Non
     await ledger.begin_unsubscribe(both.key)
     both.mem.begin_unsubscribe()
     await ledger.finish_unsubscribe(both.key, True)
-    both.mem.finish_unsubscribe(True)
+    LEDGER_ACTIVITIES[Act.FINISH_UNSUBSCRIBE](both.mem, FinishUnsubscribeRequest(key=both.key, acked=True))
     await ledger.ensure_subscription(both.key, "inc-2", workflow_id=both.workflow_id)
     both.mem.ensure_subscription("inc-2", workflow_id=both.workflow_id)
     await both.same()
     assert both.mem.row.state == S.DISCOVERED and both.mem.row.last_accepted_digest is None
     await ledger.begin_subscription(both.key, 2)
-    both.mem.begin_subscription(2)
+    LEDGER_ACTIVITIES[Act.BEGIN_SUBSCRIPTION](both.mem, BeginSubscriptionRequest(key=both.key,
+                                                                                 session_generation=2))
     mark = MarkActiveRequest(key=both.key, session_generation=2, subscription_generation=2, read_reports=True,
                              safety_read_seconds=300.0)
     await ledger.fence.mark_active(mark)

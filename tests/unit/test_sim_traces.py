@@ -10,7 +10,7 @@ with the production rule they guard reverted (monkeypatched), the replay reports
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -149,13 +149,14 @@ def test_close_during_continue_as_new_wait_trace_catches_a_wait_only_for_handler
 # The allocation rules (F1, F6) live in the ledger's SQL; the simulator's MemoryLedger models them.
 # Reverting the model's rule shows the traces reach it (teeth for the model, not for ledger.py).
 
-def _unique_refuses(refuses: Callable[[MemoryLedger, AllocateRequest], bool]) -> Callable[..., ReadTicket]:
+def _unique_refuses(refuses: Callable[[MemoryLedger, AllocateRequest], bool]
+                    ) -> Callable[..., Awaitable[ReadTicket]]:
     allocate = MemoryLedger.allocate_read
 
-    def allocate_read(self: MemoryLedger, req: AllocateRequest) -> ReadTicket:
+    async def allocate_read(self: MemoryLedger, req: AllocateRequest) -> ReadTicket:
         if refuses(self, req):
             raise LedgerIntegrityError(f"read_requests.request_id UNIQUE: {req.request_id}")
-        return allocate(self, req)
+        return await allocate(self, req)
 
     return allocate_read
 
@@ -163,7 +164,8 @@ def _unique_refuses(refuses: Callable[[MemoryLedger, AllocateRequest], bool]) ->
 def _chain(ledger: MemoryLedger, request_id: str) -> int:
     """How many finished allocations the request id's derivation chain holds."""
     n = 0
-    while (prior := ledger.request_ids.get(request_id)) is not None and ledger.read_requests[prior].completed:
+    while (prior := ledger.request_ids.get(request_id)) is not None \
+            and ledger.read_requests[prior]["completed_at"] is not None:
         n, request_id = n + 1, f"{request_id}/{prior}"
     return n
 
