@@ -426,7 +426,11 @@ async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
             return rec if rec.state == want else None
 
         await eventually(lambda: state(SubscriptionState.ACTIVE), timeout=20, what="subscription ACTIVE")
-        await eventually(lambda: ledger.load_fence(key), what="fence")
+
+        async def fence_exists() -> bool:
+            return (await ledger.load_fence(key)).exists
+
+        await eventually(fence_exists, what="fence")
         st.handles["alice"] = await start_catalog(temporal_client, st.key(), task_queue=st.task_queue,
                                                   policy=FAST)
         await st.published(1)

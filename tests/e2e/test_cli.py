@@ -2,7 +2,8 @@
 stack where one is needed (Temporal dev server, PostgreSQL, the fixture MCP server, the worker).
 
 Covers issue 13's CLI part: list/get/describe/history/--watch, freshness in status, resume,
-idempotent close, exit codes (not found 4, timeout 6, stale runtime file 6, second 'up' 2),
+idempotent close, exit codes (not found 4, timeout 6, stale runtime file 6, second 'up' 2), 'up'
+serving the demo resource (serve's URL and demo bearer token),
 validation (unconfigured subject, rollout --percent), connection errors naming their source,
 help text and defaults, --version, shell completion."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
@@ -34,10 +37,12 @@ from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.serve_helpers import serve_client
 from tests.e2e.test_e2e_faults import MCPSYNC
 from tests.e2e.test_e2e_faults import _cli as _cli_with_env
 
 VENV_BIN = Path(sys.executable).parent
+FRESHNESS_META = "io.mcpsync/freshness"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -257,20 +262,25 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
                                            "[temporal] address)")
 
 
-# --- the embedded stack: 'mcpsync up' twice, the runtime file's life cycle -------------------
+# --- the embedded stack: 'mcpsync up' (its serve), twice, the runtime file's life cycle ---
 
 
 async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(tmp_path: Path,
                                                                                 database_url: str) -> None:
+    """One embedded stack for all of it: ``up`` prints serve's URL and its demo bearer token and the
+    demo resource reads through serve (a request without the token is refused); a second ``up`` on
+    the same state dir is one error line; a clean stop leaves no runtime file."""
     state = tmp_path / "state"
     env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
-    log = (tmp_path / "up.log").open("wb")
+    env.pop("MCPSYNC_SERVE_TOKENS", None)  # with no tokens configured, serve makes the demo token
+    log_path = tmp_path / "up.log"
+    log = log_path.open("wb")
     up = await asyncio.create_subprocess_exec(
-        *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0", cwd=REPO_ROOT,
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0",
+        "--exit-after", "120", cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
     try:
-        await eventually(lambda: "ready in" in (tmp_path / "up.log").read_text(), timeout=60,
-                         what="'up' ready")
+        await eventually(lambda: "ready in" in log_path.read_text(), timeout=60, what="'up' ready")
         runtime = json.loads((state / "runtime.json").read_text())
         assert runtime["pid"] == up.pid
         second = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
@@ -287,6 +297,26 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
 
         await eventually(demo_listed, timeout=30, interval=0.5,
                          what="the demo subscription in 'mcpsync list'")
+        line = await eventually(
+            lambda: next((ln for ln in log_path.read_text().splitlines() if "mcpsync serve " in ln), None),
+            timeout=90, what="serve line")
+        match = re.search(r"(http://\S+/mcp) \(subject anonymous; demo bearer token (\S+)\)", line)
+        assert match, line
+        url, token = match.group(1), match.group(2)
+
+        async def demo_read() -> bool:
+            async with serve_client(url, token, "auto") as client:
+                uris = [str(r.uri) for r in (await client.list_resources()).resources]
+                if "demo://policy/escalation" not in uris:
+                    return False
+                read = await client.read_resource("demo://policy/escalation")
+                return bool(read.contents) and FRESHNESS_META in (read.meta or {})
+
+        await eventually(demo_read, timeout=60, interval=1.0, what="the demo resource through serve")
+        async with httpx2.AsyncClient() as raw:
+            assert (
+                await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
+            ).status_code == 401
     finally:
         # a clean stop: the stack stops its dev server and removes the runtime file
         up.send_signal(signal.SIGINT)

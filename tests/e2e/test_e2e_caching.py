@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import mcp_types as types
+import psycopg
 import pytest
 from mcp import Client
 from temporalio.client import Client as TemporalClient
@@ -58,11 +59,13 @@ async def _initial_reads_after(ledger: Ledger, key: SubscriptionKey,
 
 @pytest.mark.parametrize("fault", ["overflow", "dropped", "ended", "list_changed"])
 async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
-        temporal_client: TemporalClient, ledger: Ledger, fx: FixtureProcess, fault: str) -> None:
-    # overflow: a session host backlog of 4 unrouted notifications (the real knob, default 4096),
-    # flooded with far more distinct sub-resource events than the router can signal meanwhile.
+        temporal_client: TemporalClient, ledger: Ledger, fx: FixtureProcess, database_url: str,
+        fault: str) -> None:
+    # overflow: a session host backlog of 4 unrouted notifications (the real knob, default 4096) and
+    # two routers, flooded with far more distinct sub-resource events while the routers are held.
     server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, edition="2026-07-28",
-                          subjects=["alice"], max_pending_notifications=4 if fault == "overflow" else 4096)
+                          subjects=["alice"], max_pending_notifications=4 if fault == "overflow" else 4096,
+                          route_concurrency=2 if fault == "overflow" else 8)
     uris = [f"demo://loss/{uuid.uuid4().hex}/{i}" for i in range(4)]
     created = [await fx.create(uri, text=f"v1 of {i}", mime_type="text/plain") for i, uri in enumerate(uris)]
     keys = [SubscriptionKey(subject="alice", server=server.name, uri=uri) for uri in uris]
@@ -80,8 +83,22 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         # overflow: more distinct events than the backlog holds; dropped: an error ends the stream (no
         # graceful close); ended: the server closes it gracefully; list_changed: the session's
         # list_changed stream drops (it may have swallowed updates too).
+        lost_sql = ("SELECT uri, session_generation, detail FROM audit WHERE kind='LISTEN_STREAM_LOST'"
+                    " AND server=%s")
         if fault == "overflow":
-            assert (await fx.flood_listen(uris[0], count=300))["streams"] == 1
+            # The routers wait on the ledger while the flood arrives (this lock holds their first
+            # write, as a slow PostgreSQL would), so the 2 keys they hold and the 4 queued fill the
+            # backlog whatever the box's speed: free routers keep up with a slow enough flood, and then
+            # nothing overflows. Plain reads and the audit insert pass the lock; the wait for the audit
+            # row goes through this connection, not the ledger's pool (the held routers hold two).
+            async with await psycopg.AsyncConnection.connect(database_url) as hold, hold.transaction():
+                await hold.execute("LOCK TABLE subscriptions IN EXCLUSIVE MODE")
+                assert (await fx.flood_listen(uris[0], count=300))["streams"] == 1
+
+                async def audited_meanwhile() -> bool:
+                    return bool(await (await hold.execute(lost_sql, (server.name,))).fetchall())
+
+                await eventually(audited_meanwhile, timeout=30, what="LISTEN_STREAM_LOST, routers held")
         elif fault == "list_changed":
             assert (await fx.drop_listen(list_changed=True))["streams"] == 1
         else:
@@ -89,9 +106,8 @@ async def test_lost_listen_stream_rereads_every_subscription_of_the_session(
         # A change during the gap: no listen stream of the old session may carry it.
         changed = await fx.edit(uris[1], text="changed during the gap")
 
-        lost = await eventually(lambda: ledger_rows(
-            ledger, "SELECT uri, session_generation, detail FROM audit WHERE kind='LISTEN_STREAM_LOST'"
-                    " AND server=%s", server.name), timeout=30, what="LISTEN_STREAM_LOST audited")
+        lost = await eventually(lambda: ledger_rows(ledger, lost_sql, server.name), timeout=30,
+                                what="LISTEN_STREAM_LOST audited")
         assert lost[0][1] == generation
         if fault == "list_changed":
             assert lost[0][0] is None and lost[0][2]["stream"] == "list_changed"

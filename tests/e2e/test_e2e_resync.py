@@ -26,11 +26,12 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, Act
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
-from tests.conftest import ledger_rows, running_services, unique
+from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
 SAFETY_SECONDS = 10.0
-QUIET_SECONDS = 3.2 * SAFETY_SECONDS  # three safety reads or more, nothing changing
+READS = 3  # safety reads after the initial one, nothing changing
+READS_TIMEOUT = (READS + 3) * SAFETY_SECONDS  # generous: the reads come within the period, a little less
 
 
 async def _history(handle: WorkflowHandle) -> dict[str, int]:
@@ -59,38 +60,67 @@ async def _reads(ledger: Ledger, key: SubscriptionKey) -> tuple[list[str], float
     return [r[0] for r in rows[1:]], max(gaps_between_reads(times, times[0], now))
 
 
+def _accounted(triggers: list[str], history: dict[str, int]) -> bool:
+    """The history shows every read of ``triggers`` and none in flight: each read at the ingress
+    reported and the report handled (its row comes first, then the signal, then the re-arm that
+    cancels the timer), each timer's read-cycle activity done (the timer fires and the activity is
+    scheduled first, its row after)."""
+    ingress, timer = triggers.count("updated"), triggers.count("poll")
+    return history["reports"] >= ingress and history["timers_canceled"] >= ingress - 1 \
+        and history["read_cycles"] == timer and history["timers_fired"] >= timer
+
+
+async def _reads_accounted(ledger: Ledger, key: SubscriptionKey, handle: WorkflowHandle,
+                           count: int) -> tuple[list[str], float, dict[str, int]]:
+    """Wait (at most ``READS_TIMEOUT``) for ``count`` reads after the initial one, each in the history."""
+    async def check() -> tuple[list[str], float, dict[str, int]] | None:
+        triggers, gap = await _reads(ledger, key)
+        history = await _history(handle)
+        return (triggers, gap, history) if len(triggers) >= count and _accounted(triggers, history) \
+            else None
+
+    return await eventually(check, timeout=READS_TIMEOUT, interval=0.5, what=f"{count} reads of {key.uri}")
+
+
 async def _quiet_subscription(client: Client, ledger: Ledger, fx: FixtureProcess, server: ServerConfig,
-                              queue: str) -> tuple[SubscriptionKey, list[str], float, dict[str, int]]:
+                              queue: str, reads: int = READS) -> tuple[SubscriptionKey, WorkflowHandle,
+                                                                       list[str], float, dict[str, int]]:
     key = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://resync/{uuid.uuid4().hex}")
     await fx.create(key.uri, text="v1")
     handle = await start_subscription(client, key, task_queue=queue,
                                       options=SubscriptionOptions(safety_read_seconds=SAFETY_SECONDS))
     await _wait_record(handle, lambda r: r.state == SubscriptionState.ACTIVE and r.last_issued_ordinal > 0,
                        "subscribed and read")
-    await asyncio.sleep(QUIET_SECONDS)
-    triggers, gap = await _reads(ledger, key)
-    return key, triggers, gap, await _history(handle)
+    return key, handle, *await _reads_accounted(ledger, key, handle, reads)
 
 
 async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound_without_it(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
     async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
-        resynced = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"],
-                                catalog=False)
+        resynced, stopped = (ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url,
+                                          subjects=["alice"], catalog=False) for _ in range(2))
         timer_only = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"],
                                   catalog=False, read_on_notification=False)
-        async with running_services(temporal_client, ledger, [resynced, timer_only]) as cfg:
+        async with running_services(temporal_client, ledger, [resynced, stopped, timer_only]) as cfg:
             queue = cfg.temporal.task_queue
-            (key, triggers, gap, history), (_, t_triggers, t_gap, t_history) = await asyncio.gather(
-                _quiet_subscription(temporal_client, ledger, fx, resynced, queue),
+
+            async def resync_stopped() -> tuple[int, list[str], float]:
+                key, handle, *_ = await _quiet_subscription(temporal_client, ledger, fx, stopped, queue, 1)
+                # The resync stops (its ingress and session stay): the workflow's timer takes over.
+                resync = next(t for t in asyncio.all_tasks() if t.get_name() == f"resync:{stopped.name}")
+                resync.cancel()
+                await asyncio.sleep(0.5)  # a read the resync fed just before is reported meanwhile
+                before_stop = len((await _reads(ledger, key))[0])
+                after, whole_gap, _ = await _reads_accounted(ledger, key, handle, before_stop + 2)
+                return before_stop, after, whole_gap
+
+            # Each server its own subscription, all three at once: the stopped resync is a server's own.
+            resynced_run, stopped_run, timer_run = await asyncio.gather(
+                _quiet_subscription(temporal_client, ledger, fx, resynced, queue), resync_stopped(),
                 _quiet_subscription(temporal_client, ledger, fx, timer_only, queue))
-            # The resync stops (its ingress and session stay): the workflow's timer takes over.
-            resync = next(t for t in asyncio.all_tasks() if t.get_name() == f"resync:{resynced.name}")
-            resync.cancel()
-            await asyncio.sleep(0.5)  # a read the resync fed just before is reported meanwhile
-            before_stop = len((await _reads(ledger, key))[0])
-            await asyncio.sleep(QUIET_SECONDS)
-            after, whole_gap = await _reads(ledger, key)
+    _, _, triggers, gap, history = resynced_run
+    before_stop, after, whole_gap = stopped_run
+    _, _, t_triggers, t_gap, t_history = timer_run
 
     # Through the ingress: read as if notified and reported; the workflow scheduled no read and no
     # timer of its fired (each resync read moved the deadline far: cancelled and re-armed).
@@ -98,7 +128,8 @@ async def test_safety_reads_go_through_the_ingress_and_the_timer_keeps_the_bound
     assert history["read_cycles"] == 0 and history["timers_fired"] == 0, history
     assert history["reports"] >= len(triggers) and history["timers_canceled"] >= len(triggers) - 1, history
     assert gap <= SAFETY_SECONDS, gap
-    # The resync stopped: the timer reads, and no gap over the whole run exceeded the bound.
+    # The resync stopped (after reading): the timer reads, and no gap over the whole run exceeded the bound.
+    assert before_stop >= 1 and set(after[:before_stop]) == {"updated"}, (before_stop, after)
     assert len(after) - before_stop >= 2 and set(after[before_stop:]) == {"poll"}, (before_stop, after)
     assert whole_gap <= SAFETY_SECONDS, whole_gap
     # Without the resync the workflow's timer reads, through the read-cycle activity, within the bound.

@@ -149,7 +149,7 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
     doomed = SubscriptionKey(subject="alice", server=server.name, uri=f"demo://metrics/{uuid.uuid4().hex}")
     try:
         first = await fx.create(live.uri, text="one", mime_type="text/plain")
-        await fx.create(doomed.uri, text="to be revoked", mime_type="text/plain")
+        doomed_first = await fx.create(doomed.uri, text="to be revoked", mime_type="text/plain")
         await ms.refresh(ledger)  # revocations before this point are history, not this process's samples
         ms.watch_ledger(ledger)
         async with running_services(client, ledger, [server]) as cfg:
@@ -166,7 +166,9 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
             await fx.notify(live.uri, times=2)  # the change notified three times
             await eventually(lambda: digest_is(live, second["committed"]["digest"]), what="update accepted")
 
-            await eventually(lambda: ledger.load_fence(doomed), what="second subscription exists")
+            # Revoked only once its initial read is ACCEPTED: the third ACCEPTED receipt and change.
+            await eventually(lambda: digest_is(doomed, doomed_first["committed"]["digest"]),
+                             what="second subscription's initial read accepted")
             await revoke(client, ledger, subject="alice", server=server.name, uri=doomed.uri, reason="test")
 
             async def revoked() -> bool:

@@ -10,8 +10,6 @@ import asyncio
 import base64
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -331,66 +329,6 @@ async def test_stdio_and_bad_input(
 class _Unknown(types.Request[dict[str, Any], Literal["nothing/here"]]):
     method: Literal["nothing/here"] = "nothing/here"
     params: dict[str, Any]
-
-
-async def test_up_starts_serve_and_prints_url_and_demo_token(tmp_path: Path, database_url: str) -> None:
-    state = tmp_path / "state"
-    env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
-    env.pop("MCPSYNC_SERVE_TOKENS", None)
-    log_path = tmp_path / "up.log"
-    log = log_path.open("wb")
-    up = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "mcpsync.worker.cli",
-        "up",
-        "--port",
-        "0",
-        "--ui-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--churn",
-        "0",
-        "--exit-after",
-        "120",
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        line = await eventually(
-            lambda: next((ln for ln in log_path.read_text().splitlines() if "mcpsync serve " in ln), None),
-            timeout=90,
-            what="serve line",
-        )
-        match = re.search(r"(http://\S+/mcp) \(subject anonymous; demo bearer token (\S+)\)", line)
-        assert match, line
-        url, token = match.group(1), match.group(2)
-
-        async def demo_read() -> bool:
-            async with serve_client(url, token, "auto") as client:
-                uris = [str(r.uri) for r in (await client.list_resources()).resources]
-                if "demo://policy/escalation" not in uris:
-                    return False
-                read = await client.read_resource("demo://policy/escalation")
-                return bool(read.contents) and FRESH in (read.meta or {})
-
-        await eventually(demo_read, timeout=60, interval=1.0, what="the demo resource through serve")
-        async with httpx2.AsyncClient() as raw:
-            assert (
-                await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
-            ).status_code == 401
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            await asyncio.wait_for(up.wait(), 30)
-        except TimeoutError:
-            up.kill()
-            await up.wait()
-        log.close()
 
 
 async def test_guardrail_rejected_is_refused_never_the_body(
