@@ -18,11 +18,11 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
-from mcpsync.workflows.records.subscription import CLOSING_STATES, TriggerReason
+from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
 from sim.ledger import LedgerWrite, MemoryLedger
-from sim.model import ENDED, INVALIDATIONS, Invariant, Profile, Violation
+from sim.model import INVALIDATIONS, Invariant, Profile, Violation
 from sim.runtime import ProgramRun, RunStage, Signal
 from sim.world import Message, Oracle
 
@@ -143,7 +143,7 @@ class Checker:
             return
         if w.kind == "revoke":
             self._cover(f"revoked_from.{w.before.state}")
-            if w.before.state in ENDED:
+            if w.before.state in TERMINAL_STATES:
                 self._violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
             return
         if w.kind != "accept":
@@ -176,7 +176,7 @@ class Checker:
         if status == V.TOMBSTONE_PENDING and fenced:
             self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
-            if before.state in CLOSING_STATES or before.state in ENDED or fenced:
+            if before.state in CLOSING_STATES or before.state in TERMINAL_STATES or fenced:
                 self._violate(Invariant.OUTBOX_AFTER_CLOSE,
                               f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
             if invalidation.ordinal <= self._max_outbox_ordinal:
@@ -248,7 +248,7 @@ class Checker:
         wf, row = self.wf, self.ledger.row
         if wf.stage == RunStage.WEDGED:
             return  # already reported as a livelock or workflow error
-        if row.state in ENDED or wf.fence.finished:
+        if row.state in TERMINAL_STATES or wf.fence.finished:
             if wf.stage != RunStage.DONE:
                 self._violate(Invariant.NO_CONVERGENCE,
                               f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "

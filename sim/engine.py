@@ -22,6 +22,7 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.read_cycle import ReadReport
 from mcpsync.workflows.records.subscription import (
+    TERMINAL_STATES,
     CatalogObservation,
     IdentityConflict,
     ResourceUpdated,
@@ -35,7 +36,6 @@ from sim.cycles import SimSessionActivities
 from sim.ingress import IngressDriver
 from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
-    ENDED,
     EPOCH,
     FLUSH_BUDGET,
     KEY,
@@ -464,7 +464,7 @@ class Simulation(IngressDriver):
     def result(self) -> ScheduleResult:
         converged_after = None
         row = self.ledger.row
-        if not self.violations and row.state not in ENDED and self.converged_since is not None:
+        if not self.violations and row.state not in TERMINAL_STATES and self.converged_since is not None:
             converged_after = max(0, self.converged_since - self.last_change_step)
         return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
                               violations=list(self.violations), steps=self.step,

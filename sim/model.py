@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from mcpsync.workflows.ledger_rules import TERMINAL, Judgement, judge_read
+from mcpsync.workflows.ledger_rules import Judgement, judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict, OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
@@ -28,7 +28,6 @@ V = AcceptVerdict
 KEY = SubscriptionKey(subject="sim", server="oracle", uri="oracle://doc/a")
 WRONG_URI = "oracle://doc/%61"  # the same resource only after percent-decoding: never routed
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the simulator has no clock
-ENDED = TERMINAL  # CLOSED, UNSUBSCRIBE_UNKNOWN, TOMBSTONED, REVOKED: never reopen in this incarnation
 # outbox rows a read or catalog makes
 INVALIDATIONS = frozenset({OutboxEventType.VERSION_ACCEPTED, OutboxEventType.TOMBSTONED})
 # on the session queue
