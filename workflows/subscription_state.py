@@ -391,9 +391,12 @@ class SubscriptionFence:
         s.last_verdict = result.verdict
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
                               AcceptVerdict.TOMBSTONE_PENDING):
+            # A report judged before a newer read of the run's own can land after it: its receipt
+            # stays out, as its digest does (``accepted_digest``), so the record names one read.
+            if result.last_accepted_ordinal >= s.last_accepted_ordinal:
+                s.last_receipt_id = result.receipt_id
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
-            s.last_receipt_id = result.receipt_id
         # A verdict judged before a close or revocation can land after it: never leave those.
         if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
             if s.state == S.ACTIVE:

@@ -420,3 +420,15 @@ def test_marked_active_is_this_starts_row_only() -> None:
     assert not marked_active(ACTIVE_1.model_copy(update={"state": S.SUBSCRIBING}), session_generation=1,
                              subscription_generation=1)
     assert not marked_active(FenceSnapshot(exists=False), session_generation=1, subscription_generation=1)
+
+
+def test_a_late_older_report_leaves_the_newest_receipt_and_digest() -> None:
+    """The record's receipt and digest name the same read, whatever order the judged reads land in."""
+    f = active_fence()
+    newer = AcceptResult(verdict=AcceptVerdict.ACCEPTED, receipt_id=12, watermark=6, last_accepted_ordinal=6)
+    older = AcceptResult(verdict=AcceptVerdict.ACCEPTED, receipt_id=11, watermark=5, last_accepted_ordinal=5)
+    f.applied(6, newer)
+    f.accepted_digest("sha256:six", newer)
+    f.applied(5, older)
+    f.accepted_digest("sha256:five", older)
+    assert (f.s.last_receipt_id, f.s.last_accepted_digest, f.s.watermark) == (12, "sha256:six", 6)
