@@ -42,6 +42,7 @@ from benchmarks.common import percentile, temporal_and_ledger, until
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.runtime import run_services, start_subscription
+from mcpsync.worker.serve import FRESHNESS_META
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.workflows.records.subscription import SubscriptionKey
@@ -168,7 +169,7 @@ async def _run(listeners: int, changes: int, interval: float, profile: Path | No
         serve_url = (await asyncio.wait_for(serve.stdout.readline(), 60)).decode().rsplit(" ", 1)[-1].strip()
 
         def serve_digest(read: types.ReadResourceResult) -> str | None:
-            return (read.meta or {}).get("io.mcpsync/freshness", {}).get("digest")
+            return (read.meta or {}).get(FRESHNESS_META, {}).get("digest")
 
         def direct_digest(read: types.ReadResourceResult) -> str | None:
             part = read.contents[0]

@@ -31,6 +31,7 @@ from temporalio.client import Client
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.serve import FRESHNESS_META
 from mcpsync.worker.stack import REPO_ROOT, free_port
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
@@ -42,7 +43,6 @@ from tests.e2e.test_e2e_faults import MCPSYNC
 from tests.e2e.test_e2e_faults import _cli as _cli_with_env
 
 VENV_BIN = Path(sys.executable).parent
-FRESHNESS_META = "io.mcpsync/freshness"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

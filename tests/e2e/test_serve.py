@@ -28,6 +28,7 @@ from temporalio.client import Client
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke
+from mcpsync.worker.serve import FRESHNESS_META as FRESH
 from mcpsync.worker.stack import REPO_ROOT
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
@@ -48,8 +49,6 @@ from tests.e2e.serve_helpers import (
     ts_lines,
 )
 from tests.e2e.test_e2e_subscription import _wait_record
-
-FRESH = "io.mcpsync/freshness"
 
 
 def _updated(inbox: list[Any], uri: str) -> int:
