@@ -129,6 +129,7 @@ class MemoryLedger:
         self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
+        self.replayed: set[int] = set()  # receipts a retried accept answered (``plan.replay``)
         self.outbox: list[OutboxEntry] = []
         self.audit: list[str] = []  # audit kinds, in order
         self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
@@ -261,6 +262,8 @@ class MemoryLedger:
                            absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
             prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
+            if prior is not None:
+                self.replayed.add(prior)
             return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
         receipt, entry = self._apply(plan, outcome=o, issued=issued, ordinal=o.ordinal)
         return accept_result(plan, fence, receipt_id=receipt.receipt_id if receipt else None,
