@@ -133,8 +133,8 @@ class SubscriptionFence:
             return
         s = self.s
         s.last_issued_ordinal = max(s.last_issued_ordinal, snap.last_issued_ordinal)
-        if snap.last_accepted_ordinal >= s.last_accepted_ordinal:
-            s.last_accepted_ordinal = snap.last_accepted_ordinal
+        s.last_accepted_ordinal = max(s.last_accepted_ordinal, snap.last_accepted_ordinal)
+        if snap.watermark >= s.watermark:  # the version, as ``applied``: a guardrail moves only lastAccepted
             s.last_accepted_digest = snap.last_accepted_digest
             s.last_receipt_id = snap.last_receipt_id
         s.watermark = max(s.watermark, snap.watermark)
