@@ -207,17 +207,26 @@ class MemoryLedger:
         self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
         return self._set(self.row.model_copy(update=writes))
 
-    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """``FenceLedger.allocate_read``: ``allocation.prior_allocation`` answered from the tables (a
-        retry gets the ticket it holds), then ``coverage.plan_allocate`` on the row."""
-        row = self.row
+    def prior_allocation(self, req: AllocateRequest) -> ReadTicket | str:
+        """``allocation.prior_allocation`` answered from the tables: the ticket an earlier allocation of
+        ``req`` holds, or the request id a new one takes (its lookups never wait)."""
         index = {"cycle_id": self.cycle_ids, "request_id": self.request_ids}
 
         async def find(column: str, value: str) -> ReadRequestRow | None:
             ordinal = index[column].get(value)
             return None if ordinal is None else self.read_requests.get(ordinal)
 
-        decided = await prior_allocation(req, find)
+        try:
+            prior_allocation(req, find).send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("prior_allocation waited")
+
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """``FenceLedger.allocate_read``: ``prior_allocation`` (a retry gets the ticket it holds), then
+        ``coverage.plan_allocate`` on the row."""
+        row = self.row
+        decided = self.prior_allocation(req)
         if isinstance(decided, ReadTicket):
             return decided
         request_id = decided
