@@ -144,9 +144,6 @@ class Checker:
                 receipt.digest in (None, r.last_accepted_digest)
                 or (r.last_accepted_digest is None and receipt.receipt_id in self._reopened)):
             return
-        if receipt is not None and receipt.receipt_id in self.ledger.replayed:  # F16, open: counted
-            self.coverage["record.replayed_accept"] = 1  # per schedule
-            return
         self._record_reported = True
         self._violate(Invariant.RECORD_ONE_READ,
                       f"record: receipt {r.last_receipt_id} digest {str(r.last_accepted_digest)[:16]} "

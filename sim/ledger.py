@@ -129,7 +129,6 @@ class MemoryLedger:
         self.cycle_ids: dict[str, int] = {}  # read_requests.cycle_id UNIQUE -> ordinal
         self.receipts: list[Receipt] = []
         self.receipt_ordinals: set[int] = set()
-        self.replayed: set[int] = set()  # receipts a retried accept answered (``plan.replay``)
         self.outbox: list[OutboxEntry] = []
         self.audit: list[str] = []  # audit kinds, in order
         self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
@@ -263,6 +262,11 @@ class MemoryLedger:
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
+        return self.accept_judged(req)[0]
+
+    def accept_judged(self, req: AcceptRequest) -> tuple[AcceptResult, str | None]:
+        """``FenceLedger.accept_judged``: the answer and the digest of the read it judged (a replay:
+        the stored receipt's, not the retry's)."""
         o = req.outcome
         fence = self.row
         issued = issued_read(self.read_requests.get(o.ordinal))
@@ -270,13 +274,12 @@ class MemoryLedger:
         plan = plan_accept(fence, issued, o, judgement,
                            absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
-            prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
-            if prior is not None:
-                self.replayed.add(prior)
-            return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
+            prior = next((r for r in self.receipts if r.ordinal == o.ordinal), None)
+            return accept_result(plan, fence, receipt_id=prior.receipt_id if prior else None, outbox_id=None,
+                                 ordinal=o.ordinal), prior.digest if prior else None
         receipt, entry = self._apply(plan, outcome=o, issued=issued, ordinal=o.ordinal)
         return accept_result(plan, fence, receipt_id=receipt.receipt_id if receipt else None,
-                             outbox_id=entry.outbox_id if entry else None)
+                             outbox_id=entry.outbox_id if entry else None), o.content_digest
 
     def begin_unsubscribe(self) -> CloseReceipt:
         if not self.row.exists:
