@@ -330,15 +330,18 @@ class FenceLedger:
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes. The
         read's body is the one ``mcp_read`` staged (``ContentLedger.stage``)."""
-        return await self.accept_read(req)
+        return (await self.accept_judged(req))[0]
 
-    async def accept_read(self, req: AcceptRequest, body: ReadBody | None = None) -> AcceptResult:
-        """``accept`` with the read's body in hand (the read cycle's; None: take the staged one).
+    async def accept_judged(self, req: AcceptRequest,
+                            body: ReadBody | None = None) -> tuple[AcceptResult, str | None]:
+        """``accept`` with the read's body in hand (the read cycle's; None: take the staged one), and
+        the digest of the read it judged: a replay's is the stored receipt's, not the retry's read.
         The body enters the subject's store in this transaction, only when the verdict releases it
         (ACCEPTED / UNCHANGED with no guardrail rejection): a row revoked, closed or fenced off
         meanwhile judges the read otherwise, and its body is dropped. A staged body leaves
         ``content_pending`` here whatever the verdict."""
         o = req.outcome
+        judged = o.content_digest
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, o.key, lock=True)
@@ -356,13 +359,12 @@ class FenceLedger:
                                absorbed=req.absorbed if row is not None else 0)
             if plan.replay:
                 # An activity retry after a committed accept: the same verdict, nothing written twice.
-                await cur.execute(
-                    "SELECT receipt_id FROM resource_versions WHERE workflow_id=%s AND read_ordinal=%s",
-                    (wf, o.ordinal)
-                )
+                await cur.execute("SELECT receipt_id, content_digest FROM resource_versions"
+                                  " WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal))
                 prior = await cur.fetchone()
+                judged = prior["content_digest"] if prior else None
                 result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None,
-                                       outbox_id=None)
+                                       outbox_id=None, ordinal=o.ordinal)
             else:
                 receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
                                                           effective_at=o.completed_at or datetime.now(UTC))
@@ -374,7 +376,7 @@ class FenceLedger:
                         and result.verdict in KEEPS_BODY and not plan.replay:
                     await self.content.store_accepted(cur, o.key.subject, kept)
         self.meters.receipt_judged(req, result)
-        return result
+        return result, judged
 
     # --- close, tombstone, revocation ------------------------------------------------------------
 

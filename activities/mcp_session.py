@@ -9,7 +9,7 @@ Contract:
 - ``mcp_read`` calls ``resources/read`` on the *current* session and only if its
   generation is the one the workflow allocated the read for; otherwise it answers
   SESSION_LOST and reads nothing. The body enters the content store, keyed by (subject, digest),
-  only in the accept's transaction and only when the verdict releases it (``FenceLedger.accept_read``:
+  only in the accept's transaction and only when the verdict releases it (``FenceLedger.accept_judged``:
   the read cycle hands it over in memory; a standalone ``mcp_read`` parks it in ``content_pending``
   for its accept). The activity returns digest and metadata only.
 - Errors are classified, never guessed: not found (-32002, or -32602 naming the
@@ -475,8 +475,11 @@ class McpSessionActivities:
             return ReadCycleResult(ticket=ticket, outcome=outcome)
         accept_req = AcceptRequest(outcome=outcome, expected_state=req.expected_state,
                                    close_epoch=req.close_epoch, absorbed=absorbed)
-        result = await self.ledger.fence.accept_read(accept_req, body)  # the body enters the store only here
+        # the body enters the store only here
+        result, judged = await self.ledger.fence.accept_judged(accept_req, body)
         self.meters.receipt_judged(accept_req, result)
+        if judged != outcome.content_digest:  # a retry after a committed accept: name the read it judged
+            outcome = outcome.model_copy(update={"content_digest": judged})
         return ReadCycleResult(ticket=ticket, outcome=outcome, accept=result)
 
     @activity.defn(name=Act.MCP_SUBSCRIBE_CYCLE)

@@ -5,7 +5,7 @@ Contract:
   against the oracle and the ledger's log of committed writes; ``_check_covered`` at the quiet end
   before any timer; ``_verdict`` after the drain (convergence, no stuck close or update).
 - It judges from outside the program: the ledger's rows and writes, the oracle's committed versions,
-  the timer the run armed; never the program's own bookkeeping.
+  the timer the run armed, the record it answers (``record_one_read``); never its own bookkeeping.
 - ``staleness_bound`` is strict: a wake-up armed later than one published bound after the last read
   the ledger allocated is a violation by any amount.
 """
@@ -56,6 +56,8 @@ class Checker:
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
         self._covered_unread_reported = False
+        self._record_reported = False
+        self._reopened: set[int] = set()  # last receipts of rows a new incarnation reopened (digest cleared)
         self.converged_since: int | None = 0
         self.count_reads = True
         self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
@@ -96,6 +98,7 @@ class Checker:
         self._log_seen = len(log)
         self._check_clean()
         self._check_read_deadline()
+        self._check_record()
         if self._converged():
             if self.converged_since is None:
                 self.converged_since = self.step
@@ -126,6 +129,26 @@ class Checker:
                           f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
                           f"next wake-up {late}")
 
+    def _check_record(self) -> None:
+        """RECORD_ONE_READ: the run's record (production's ``record``, what the query answers) names one
+        read: the ledger's receipt ``last_receipt_id`` is at the record's watermark (the newest read that
+        moved the version) and, when that read saw content, carries the record's digest (none only on a
+        row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
+        if self._record_reported or self.wf.stage == RunStage.WEDGED:
+            return
+        r = self.wf.program.record()
+        if r.last_receipt_id is None:
+            return
+        receipt = next((x for x in self.ledger.receipts if x.receipt_id == r.last_receipt_id), None)
+        if receipt is not None and receipt.ordinal == r.watermark and (
+                receipt.digest in (None, r.last_accepted_digest)
+                or (r.last_accepted_digest is None and receipt.receipt_id in self._reopened)):
+            return
+        self._record_reported = True
+        self._violate(Invariant.RECORD_ONE_READ,
+                      f"record: receipt {r.last_receipt_id} digest {str(r.last_accepted_digest)[:16]} "
+                      f"watermark {r.watermark}; ledger: {receipt}")
+
     def _check_write(self, w: LedgerWrite) -> None:
         if w.kind == "allocate":
             self._last_allocated_at = self.times[self.step]
@@ -146,6 +169,9 @@ class Checker:
             if w.before.state in TERMINAL_STATES:
                 self._violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
             return
+        if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == S.DISCOVERED \
+                and w.after.last_receipt_id is not None:
+            self._reopened.add(w.after.last_receipt_id)
         if w.kind != "accept":
             return
         o, j, before = w.outcome, w.judgement, w.before

@@ -102,8 +102,9 @@ class _SimLedger:
             await self.sessions.pause()
         return row
 
-    async def accept_read(self, req: AcceptRequest, body: ReadBody | None = None) -> AcceptResult:
-        return self.ledger.accept(req)
+    async def accept_judged(self, req: AcceptRequest,
+                            body: ReadBody | None = None) -> tuple[AcceptResult, str | None]:
+        return self.ledger.accept_judged(req)
 
 
 class CycleRunner(Checker):

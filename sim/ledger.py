@@ -206,17 +206,26 @@ class MemoryLedger:
         self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
         return self._set(self.row.model_copy(update=writes))
 
-    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """``FenceLedger.allocate_read``: ``allocation.prior_allocation`` answered from the tables (a
-        retry gets the ticket it holds), then ``coverage.plan_allocate`` on the row."""
-        row = self.row
+    def prior_allocation(self, req: AllocateRequest) -> ReadTicket | str:
+        """``allocation.prior_allocation`` answered from the tables: the ticket an earlier allocation of
+        ``req`` holds, or the request id a new one takes (its lookups never wait)."""
         index = {"cycle_id": self.cycle_ids, "request_id": self.request_ids}
 
         async def find(column: str, value: str) -> ReadRequestRow | None:
             ordinal = index[column].get(value)
             return None if ordinal is None else self.read_requests.get(ordinal)
 
-        decided = await prior_allocation(req, find)
+        try:
+            prior_allocation(req, find).send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("prior_allocation waited")
+
+    async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
+        """``FenceLedger.allocate_read``: ``prior_allocation`` (a retry gets the ticket it holds), then
+        ``coverage.plan_allocate`` on the row."""
+        row = self.row
+        decided = self.prior_allocation(req)
         if isinstance(decided, ReadTicket):
             return decided
         request_id = decided
@@ -253,6 +262,11 @@ class MemoryLedger:
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
     def accept(self, req: AcceptRequest) -> AcceptResult:
+        return self.accept_judged(req)[0]
+
+    def accept_judged(self, req: AcceptRequest) -> tuple[AcceptResult, str | None]:
+        """``FenceLedger.accept_judged``: the answer and the digest of the read it judged (a replay:
+        the stored receipt's, not the retry's)."""
         o = req.outcome
         fence = self.row
         issued = issued_read(self.read_requests.get(o.ordinal))
@@ -260,11 +274,12 @@ class MemoryLedger:
         plan = plan_accept(fence, issued, o, judgement,
                            absorbed=req.absorbed if fence.exists else 0)
         if plan.replay:
-            prior = next((r.receipt_id for r in self.receipts if r.ordinal == o.ordinal), None)
-            return accept_result(plan, fence, receipt_id=prior, outbox_id=None)
+            prior = next((r for r in self.receipts if r.ordinal == o.ordinal), None)
+            return accept_result(plan, fence, receipt_id=prior.receipt_id if prior else None, outbox_id=None,
+                                 ordinal=o.ordinal), prior.digest if prior else None
         receipt, entry = self._apply(plan, outcome=o, issued=issued, ordinal=o.ordinal)
         return accept_result(plan, fence, receipt_id=receipt.receipt_id if receipt else None,
-                             outbox_id=entry.outbox_id if entry else None)
+                             outbox_id=entry.outbox_id if entry else None), o.content_digest
 
     def begin_unsubscribe(self) -> CloseReceipt:
         if not self.row.exists:

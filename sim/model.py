@@ -63,6 +63,8 @@ class Invariant(StrEnum):
     # an idle ACTIVE subscription with a published bound (poll interval, or the safety period) armed its
     # next wake-up later than one bound after the last read the ledger allocated (or armed none)
     STALENESS_BOUND = "staleness_bound"
+    # the run's record (the ``subscription`` query) names a receipt and a digest or watermark of two reads
+    RECORD_ONE_READ = "record_one_read"
 
 
 SAFETY_INVARIANTS = frozenset({

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
-from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, ReadTicket
 from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
 from sim.model import ALL_FAULTS, SUBSCRIBE_CYCLE_READ, Event, Fault, Op, SimConfig, Trace, schedule_seed
 from sim.runtime import Signal
@@ -39,10 +39,9 @@ def _base(act: Activity) -> int:
     return SUBSCRIBE_CYCLE_READ if act.name == Act.MCP_SUBSCRIBE_CYCLE else 0
 
 
-def _request_id(act: Activity) -> str:
+def _allocation(act: Activity) -> AllocateRequest:
     arg = act.arg
-    return str(arg.read.allocate.request_id if act.name == Act.MCP_SUBSCRIBE_CYCLE
-               else arg.allocate.request_id)
+    return arg.read.allocate if act.name == Act.MCP_SUBSCRIBE_CYCLE else arg.allocate
 
 
 def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bool]:
@@ -73,18 +72,15 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if act is not None and e.op == Op.EXEC and act.name in CYCLES and act.step == _base(act):
             if act.aid in allocated:
                 before.add("F1.retried_allocate")
-            rid = _request_id(act)
-            chain = 0
-            while (prior := sim.ledger.request_ids.get(rid)) is not None:
-                rr = sim.ledger.read_requests[prior]
-                if rr["completed_at"] is None:
-                    if chain == 0 and act.aid not in allocated:  # another activity (a reset run's) asks again
-                        before.add("F11.reset_reasks_pending")
-                        if row.notifications_seen > rr["notifications_seen"]:
-                            before.add("F11.reasked_after_a_note")
-                    break
-                chain += 1
-                rid = f"{rid}/{prior}"
+            asked = _allocation(act)  # by request id only: the workflow sets no cycle id
+            held = sim.ledger.prior_allocation(asked)  # a pending ticket, or the id a new allocation takes
+            # each completed allocation along the chain of ids appends "/<ordinal>"
+            chain = (held if isinstance(held, str) else held.request_id).count("/") \
+                - asked.request_id.count("/")
+            if isinstance(held, ReadTicket) and chain == 0 and act.aid not in allocated:
+                before.add("F11.reset_reasks_pending")  # another activity (a reset run's) asks again
+                if row.notifications_seen > held.notifications_seen:
+                    before.add("F11.reasked_after_a_note")
             if chain >= 1:
                 before.add("F1.reset_redispatch")
             if chain >= 2:

@@ -3,7 +3,8 @@
 Contract: ``content_digest`` is a pure function of the ``resources/read`` contents
 (kind, MIME type and bytes of each part, in order). The fixture server's control
 plane and the read activity both call it, so an oracle's committed digest and an
-accepted receipt's digest are equal exactly when the content is.
+accepted receipt's digest are equal exactly when the content is. No workflow calls it: it
+lives here, the one layer activities, fixture, sim and worker all import (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations

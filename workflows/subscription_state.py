@@ -133,8 +133,8 @@ class SubscriptionFence:
             return
         s = self.s
         s.last_issued_ordinal = max(s.last_issued_ordinal, snap.last_issued_ordinal)
-        if snap.last_accepted_ordinal >= s.last_accepted_ordinal:
-            s.last_accepted_ordinal = snap.last_accepted_ordinal
+        s.last_accepted_ordinal = max(s.last_accepted_ordinal, snap.last_accepted_ordinal)
+        if snap.watermark >= s.watermark:  # the version, as ``applied``: a guardrail moves only lastAccepted
             s.last_accepted_digest = snap.last_accepted_digest
             s.last_receipt_id = snap.last_receipt_id
         s.watermark = max(s.watermark, snap.watermark)
@@ -392,8 +392,9 @@ class SubscriptionFence:
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
                               AcceptVerdict.TOMBSTONE_PENDING):
             # A report judged before a newer read of the run's own can land after it: its receipt
-            # stays out, as its digest does (``accepted_digest``), so the record names one read.
-            if result.last_accepted_ordinal >= s.last_accepted_ordinal:
+            # stays out, as its digest does (``accepted_digest``), so the record names one read. The
+            # watermark, not lastAccepted: a later guardrail-rejected read moves only the latter.
+            if result.watermark >= s.watermark:
                 s.last_receipt_id = result.receipt_id
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
@@ -422,7 +423,7 @@ class SubscriptionFence:
         """After ``applied``: the digest of the newest accepted read (a report from the ingress that
         arrives after a newer read of the run's own was judged keeps its older digest out)."""
         if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) \
-                and result.last_accepted_ordinal >= self.s.last_accepted_ordinal:
+                and result.watermark >= self.s.watermark:
             self.s.last_accepted_digest = digest
 
     def observed(self, result: AcceptResult, *, allocated_at: datetime, now: datetime) -> None:

@@ -221,12 +221,15 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
 
 
 def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None,
-                  outbox_id: int | None) -> AcceptResult:
-    """What ``accept`` answers after applying ``plan`` to ``row`` (a replay: the stored receipt): the
-    verdict and the row after the plan's update."""
+                  outbox_id: int | None, ordinal: int = 0) -> AcceptResult:
+    """What ``accept`` answers after applying ``plan`` to ``row``: the verdict and the row after the
+    plan's update. A replay (read ``ordinal``) answers as the accept first did: its stored receipt and,
+    for a verdict that moved the version, that read's position, so the receipt and watermark name it."""
     j = plan.judgement
     assert j is not None, "not an accept plan"
     after = (plan.fence or FenceUpdate()).applied(row, receipt_id)
+    if plan.replay and j.verdict in (V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING):
+        after = after.model_copy(update={"last_accepted_ordinal": ordinal, "watermark": ordinal})
     published = plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
     return AcceptResult(verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
                         outbox_id=outbox_id if published else None, watermark=after.watermark,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
@@ -42,7 +43,16 @@ async def _outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, ob
 
 async def _wait_record(handle, pred, what: str,
                        timeout: float = 30.0) -> ResourceSubscriptionV1:  # type: ignore[no-untyped-def]
+    started = False
+
     async def check() -> ResourceSubscriptionV1 | None:
+        nonlocal started
+        # Not before the run's first workflow task completed: a query that travels with that task
+        # costs the run one more (docs/architecture.md, "The start of a subscription").
+        started = started or any([e async for e in handle.fetch_history_events()
+                                  if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED])
+        if not started:
+            return None
         rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         return rec if pred(rec) else None
 

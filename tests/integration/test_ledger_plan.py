@@ -34,6 +34,7 @@ class Both:
     def __init__(self, ledger: Ledger, *, legacy_id: bool = False) -> None:
         self.key = SubscriptionKey(subject=unique("plan"), server="srv", uri=f"demo://{unique('doc')}")
         self.sql, self.mem = ledger, MemoryLedger(self.key)
+        self.judged: str | None = None  # the digest of the read the last accept judged
         # The id the subscription's workflow runs under (a row records it once, whatever the scheme).
         self.workflow_id = self.key.legacy_workflow_id if legacy_id else self.key.workflow_id
 
@@ -63,10 +64,13 @@ class Both:
                               content_digest=digest, mime_type="text/plain", server_version="v1",
                               guardrail_rejection=guardrail)
         req = AcceptRequest(outcome=outcome, expected_state=S.ACTIVE, close_epoch=0)
-        sql, mem = await self.sql.accept(req), self.mem.accept(req)
+        (sql, sql_judged), (mem, mem_judged) = await self.sql.fence.accept_judged(req), \
+            self.mem.accept_judged(req)
         receipts = await self._receipt_ids()
-        assert (sql.verdict, sql.reason, sql.watermark, sql.last_accepted_ordinal, sql.outbox_id is None) == \
-            (mem.verdict, mem.reason, mem.watermark, mem.last_accepted_ordinal, mem.outbox_id is None)
+        assert (sql.verdict, sql.reason, sql.watermark, sql.last_accepted_ordinal, sql.outbox_id is None,
+                sql_judged) == (mem.verdict, mem.reason, mem.watermark, mem.last_accepted_ordinal,
+                                mem.outbox_id is None, mem_judged)
+        self.judged = sql_judged
         assert _position(receipts, sql.receipt_id) == _position([r.receipt_id for r in self.mem.receipts],
                                                                 mem.receipt_id)
         await self.same()
@@ -113,6 +117,9 @@ async def test_reads_a_tombstone_and_a_replay_write_alike(ledger: Ledger) -> Non
     assert await both.accept(late, ReadOutcomeKind.CONTENT, "sha256:old") == V.STALE
     assert await both.accept(r3, ReadOutcomeKind.CONTENT, "sha256:b") == V.ACCEPTED  # a retry: replayed
     assert await both.accept(await both.allocate("r4"), ReadOutcomeKind.CONTENT, "sha256:b") == V.UNCHANGED
+    # A retry that read again after r4: the replay names r3's read (its digest), at r3's position.
+    assert await both.accept(r3, ReadOutcomeKind.CONTENT, "sha256:d") == V.ACCEPTED
+    assert both.judged == "sha256:b"
     assert await both.accept(await both.allocate("r5"), ReadOutcomeKind.CONTENT, "sha256:c",
                              guardrail="too large") == V.GUARDRAIL_REJECTED
     assert await both.accept(await both.allocate("r6"), ReadOutcomeKind.MALFORMED) == V.REJECTED

@@ -432,3 +432,22 @@ def test_a_late_older_report_leaves_the_newest_receipt_and_digest() -> None:
     f.applied(5, older)
     f.accepted_digest("sha256:five", older)
     assert (f.s.last_receipt_id, f.s.last_accepted_digest, f.s.watermark) == (12, "sha256:six", 6)
+
+
+def test_a_report_after_a_later_guardrail_rejection_still_names_its_version() -> None:
+    """A guardrail-rejected read moves lastAccepted, not the version: an accepted read older than it,
+    landing after it (a report, or a snapshot of the ledger), is still the newest version, so its
+    receipt and digest are the record's."""
+    f = active_fence()
+    f.applied(5, AcceptResult(verdict=AcceptVerdict.GUARDRAIL_REJECTED, receipt_id=7, watermark=1,
+                              last_accepted_ordinal=5))
+    accepted = AcceptResult(verdict=AcceptVerdict.ACCEPTED, receipt_id=3, watermark=2,
+                            last_accepted_ordinal=2)
+    f.applied(2, accepted)
+    f.accepted_digest("sha256:two", accepted)
+    assert (f.s.last_receipt_id, f.s.last_accepted_digest, f.s.watermark, f.s.last_accepted_ordinal) == \
+        (3, "sha256:two", 2, 5)
+    f.adopt(row(last_issued_ordinal=5, last_accepted_ordinal=3, watermark=3, last_receipt_id=4,
+                last_accepted_digest="sha256:three"))  # a read this run never heard of
+    assert (f.s.last_receipt_id, f.s.last_accepted_digest, f.s.watermark, f.s.last_accepted_ordinal) == \
+        (4, "sha256:three", 3, 5)

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -24,9 +23,10 @@ from mcpsync.workflows import coverage
 from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
+from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.engine import Simulation
 from sim.model import (
     ALL_FAULTS,
@@ -373,18 +373,33 @@ def _dirtying_note_creates_no_work(row: FenceSnapshot, *, generation: int) -> No
     return plan
 
 
+_REAL_APPLIED = SubscriptionFence.applied
+
+
+def _late_report_moves_the_receipt(fence: SubscriptionFence, ordinal: int, result: AcceptResult,
+                                   **kwargs: Any) -> None:
+    """``SubscriptionFence.applied`` as before 1cb9fb6: every accepted verdict moves ``last_receipt_id``,
+    a report of an older read that lands after a newer verdict included (the record then names two reads)."""
+    _REAL_APPLIED(fence, ordinal, result, **kwargs)
+    if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED, AcceptVerdict.TOMBSTONE_PENDING):
+        fence.s.last_receipt_id = result.receipt_id
+
+
 @pytest.mark.parametrize("module, name, broken, config", [
     ("mcpsync.workflows.subscription_state", "follow_up_owed", _dirty_as_clean, GATE_CONFIG),
     ("mcpsync.workflows.write_plan", "covered_after", _failed_reads_cover, GATE_CONFIG),
     ("mcpsync.workflows.coverage", "plan_note", _dirtying_note_creates_no_work,
      replace(GATE_CONFIG, read_on_notification=False)),
-], ids=["dirty-as-clean", "failed-reads-cover", "dirtying-note-no-work"])
+    ("mcpsync.workflows.subscription_state.SubscriptionFence", "applied", _late_report_moves_the_receipt,
+     GATE_CONFIG),
+], ids=["dirty-as-clean", "failed-reads-cover", "dirtying-note-no-work", "late-report-moves-receipt"])
 def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str, name: str,
                                                      broken: Any, config: SimConfig) -> None:
-    """The production module's rule, weakened in place (the SQL ledger and the simulator use the same
-    code): random schedules find a violation, shrunk to a short trace that is clean with the real rule."""
-    monkeypatch.setattr(importlib.import_module(module), name, broken)
-    for index in range(6000):  # found at 1,725 and 6 (2026-12-05); stops at the first
+    """The production module's rule (or a class's method), weakened in place (the SQL ledger and the
+    simulator use the same code): random schedules find a violation, shrunk to a short trace that is
+    clean with the real rule."""
+    monkeypatch.setattr(f"{module}.{name}", broken)
+    for index in range(6000):  # found at 1,725, 6, 37 and 2 (2026-12-05/06); stops at the first
         found = run_schedule(schedule_seed(f"mutant-{name}", index), config)
         if found.violations:
             break

@@ -146,3 +146,15 @@ def test_revoke_is_idempotent() -> None:
     assert plan.fence == FenceUpdate(state=S.REVOKED) and plan.revocation is not None
     assert len(plan.revocation.reason) == 300
     assert not plan_revoke(plan.fence.applied(ROW, None), source=RevokeSource.PLATFORM, reason="again").writes
+
+
+def test_a_replayed_accept_answers_at_its_own_read_as_it_first_did() -> None:
+    # Read 2 was accepted (receipt 9), its answer lost; read 3 was accepted since. The retry's replay
+    # names receipt 9 at ordinal 2, not at the row's newer position (F16, docs/simulation.md).
+    done = ISSUED.model_copy(update={"completed_verdict": AcceptVerdict.ACCEPTED})
+    now = ROW.model_copy(update={"last_accepted_ordinal": 3, "watermark": 3, "last_receipt_id": 11})
+    plan = _plan(now, done, _outcome(ReadOutcomeKind.CONTENT, "sha256:retry"))
+    assert plan.replay and not plan.writes
+    result = accept_result(plan, now, receipt_id=9, outbox_id=None, ordinal=2)
+    assert (result.verdict, result.receipt_id, result.watermark, result.last_accepted_ordinal) == \
+        (AcceptVerdict.ACCEPTED, 9, 2, 2)

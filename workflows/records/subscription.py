@@ -35,7 +35,10 @@ class SubscriptionState(StrEnum):
     ACTIVE = "ACTIVE"
     UPDATE_SEEN = "UPDATE_SEEN"
     READ_PENDING = "READ_PENDING"
-    VERSION_ACCEPTED = "VERSION_ACCEPTED"  # never produced (not a phase the fence answers); a wire value
+    # Never produced: an accepted read leaves the phase ACTIVE. It stays because 0.2.0 publishes it: the
+    # design's state machine names it, ``resourceSubscription.v1.state`` takes it, and
+    # ``mcpsync_unresolved_subscriptions`` lists every unresolved state (this one at 0) for dashboards.
+    VERSION_ACCEPTED = "VERSION_ACCEPTED"
     UNSUBSCRIBING = "UNSUBSCRIBING"
     CLOSED = "CLOSED"
     UNSUBSCRIBE_UNKNOWN = "UNSUBSCRIBE_UNKNOWN"
