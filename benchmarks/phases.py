@@ -284,17 +284,27 @@ async def idle_phase(b: Bench) -> None:
         idle_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
         idle_runs = await cost.start_runs(
             client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+        gc.collect()
+        rss0 = rss_bytes(services.worker_pid)
         r["idle"] = await idle.measure_idle(
             client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
             safety_read_seconds=(opts.subscription_safety_read_seconds
                                  or SubscriptionOptions().safety_read_seconds))
+        gc.collect()
         i = r["idle"]
+        # What the worker holds per run can grow after start-up (the SDK core keeps a run's command state
+        # machines until the run ends): the window's RSS growth, per subscription and per safety read.
+        growth = rss_bytes(services.worker_pid) - rss0
+        i["worker_rss_growth_bytes_per_subscription"] = round(growth / i["subscriptions"])
+        i["worker_rss_growth_bytes_per_safety_read"] = (round(growth / i["safety_reads"]) if i["safety_reads"]
+                                                        else None)
         say(f"idle: {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour = " + " + ".join(
             f"{k} {v}" for k, v in i["by_process_ms_per_subscription_hour"].items() if v)
             + f"; {i['history_events_per_subscription_day']} history events per subscription-day; "
             f"{i['safety_reads']} safety reads (per subscription-hour: scheduled "
             f"{i['safety_reads_per_subscription_hour_scheduled']}, observed "
-            f"{i['safety_reads_per_subscription_hour']})")
+            f"{i['safety_reads_per_subscription_hour']}); worker RSS "
+            f"{i['worker_rss_growth_bytes_per_subscription'] / 1024:+.1f} KiB/subscription over the window")
 
 
 async def floor_phase(b: Bench, floor_uri: str) -> tuple[NaiveClient, FixtureControl]:

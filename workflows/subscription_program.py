@@ -229,17 +229,11 @@ class SubscriptionProgram(CatalogAndIdentity):
     # --- main loop ---------------------------------------------------------------------
 
     async def run(self) -> ResourceSubscriptionV1:
-        rt, start = self.rt, self.start
+        rt = self.rt
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
         self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
         self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
-        if start.carried_state is None:
-            ensure = EnsureRequest(key=self.key, incarnation=rt.first_execution_run_id())
-            snap = await self._ledger(Act.ENSURE, ensure, FenceSnapshot)
-        else:
-            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
-            self.carried_binding = True
-        self.fence.adopt(snap)
+        await self._load_fence()
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
         self._publish()
@@ -292,6 +286,18 @@ class SubscriptionProgram(CatalogAndIdentity):
         self._publish()
         self._flush_search_attributes()
         return self.record()
+
+    async def _load_fence(self) -> None:
+        """The run's first ledger call: ensure the row (a new subscription) or load it (a continued run).
+        A method of its own so that its request and snapshot are not kept in ``run``'s frame for the
+        run's lifetime (a cached run is held in the worker's memory)."""
+        if self.start.carried_state is None:
+            ensure = EnsureRequest(key=self.key, incarnation=self.rt.first_execution_run_id())
+            snap = await self._ledger(Act.ENSURE, ensure, FenceSnapshot)
+        else:
+            snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
+            self.carried_binding = True
+        self.fence.adopt(snap)
 
     def _has_work(self) -> bool:
         s = self.fence.s
