@@ -1,7 +1,9 @@
 """The run's Temporal floors (``benchmarks.floor``) as sections of its report: the read floor (signal ->
 one activity -> acknowledged) and the start floor (n one-activity workflows started like subscriptions),
 both reading ``TEMPORAL_FLOOR_URI`` through an MCP client session of their own
-(:func:`temporal_floor_session`) on the run's fixture."""
+(:func:`temporal_floor_session`) on the run's fixture, over the transport a session host opens
+(``mcpsync.worker.session_transport.server_transport``: the same HTTP client, connection pool and
+bounds), so the floor's read costs what the ingress's read costs."""
 
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ from typing import Any
 import mcp_types as types
 from mcp import Client as McpClient
 from mcp import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from temporalio.client import Client
 
 from benchmarks import cost, floor
@@ -23,8 +23,9 @@ from benchmarks.common import summarize
 from benchmarks.usage import cpu_report, cpu_snapshot
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import WorkflowRunnerKind
+from mcpsync.worker.config import ServerConfig, WorkflowRunnerKind
 from mcpsync.worker.runtime import workflow_runner
+from mcpsync.worker.session_transport import server_transport
 
 __all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor",
            "temporal_floor_session"]
@@ -42,7 +43,8 @@ async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> 
     target: Any
     if fixture is not None:
         await fixture.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
-        target = streamable_http_client(fixture.mcp_url, http_client=create_mcp_http_client())
+        target = server_transport(ServerConfig(name="temporal-floor", transport="http", url=fixture.mcp_url),
+                                  "temporal-floor")
     else:
         command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
         target = StdioServerParameters(command=command[0], args=command[1:], env=env)

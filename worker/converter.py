@@ -4,8 +4,9 @@ Contract:
 - ``DATA_CONVERTER`` encodes exactly as ``temporalio.contrib.pydantic.pydantic_data_converter``
   (same encodings, same bytes: histories and payloads do not change), but with one process-wide
   cache of pydantic ``TypeAdapter``s.
-- The SDK asks ``payload_converter_class()`` for a converter for every workflow run it creates and
-  keeps it for as long as the run stays cached. Constructing ``SharedAdaptersPayloadConverter``
+- The SDK asks ``payload_converter_class()`` for a converter for every workflow run it creates (and
+  keeps it while the run stays cached) and for every workflow activation
+  (``_CommandAwareDataConverter.create``). Constructing ``SharedAdaptersPayloadConverter``
   returns the process's one instance (the converter keeps no state of a run: its only cache is the
   adapters', and no component takes a serialization context, so ``with_context`` returns it as is).
 - Why: with the SDK's own converter, each run built the adapters (and, for a dataclass or a union
