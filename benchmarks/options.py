@@ -127,7 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "subscriptions, so every run stays cached)")
     p.add_argument("--subscription-max-history-events", type=int, default=None,
                    help="the N subscriptions' max_history_events: continue-as-new after that many events "
-                        "(default: SubscriptionOptions' own, 20000)")
+                        "(default: SubscriptionOptions' own, 500)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)

@@ -42,8 +42,8 @@ from mcpsync.workflows.read_deadline import FAILED_READS, dispatch_margin, jitte
 from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, ReadTicket
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES as CLOSING
-from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
 from mcpsync.workflows.records.subscription import (
+    MAX_HISTORY_EVENTS,
     CacheScope,
     CloseReceipt,
     ResourceUpdated,
@@ -52,6 +52,7 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.records.subscription import TERMINAL_STATES as TERMINAL
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
@@ -614,7 +615,7 @@ class SubscriptionFence:
 
 
 def should_continue_as_new(*, suggested: bool, history_length: int, reads_in_flight: int,
-                           handlers_finished: bool, max_history: int = 20_000,
+                           handlers_finished: bool, max_history: int = MAX_HISTORY_EVENTS,
                            target_version_changed: bool = False) -> bool:
     """Continue-as-new once Temporal suggests it (or history is long), or the deployment's current
     build is no longer the one this run is pinned to (upgrade on continue-as-new); never mid-read."""

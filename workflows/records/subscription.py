@@ -23,7 +23,8 @@ from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
 
 __all__ = ["SubscriptionState", "TERMINAL_STATES", "CLOSING_STATES", "TriggerReason", "CacheScope",
-           "StalenessBoundSource", "SubscriptionKey", "SubscriptionOptions", "SubscriptionStart",
+           "StalenessBoundSource", "SubscriptionKey", "MAX_HISTORY_EVENTS", "SubscriptionOptions",
+           "SubscriptionStart",
            "SessionInfo", "ResourceUpdated", "SessionChanged", "IdentityConflict", "ResumeRequest",
            "TombstoneRequest", "RevokeRequest", "RevokeLedgerRequest", "CloseRequest", "CatalogObservation",
            "CloseReceipt"]
@@ -124,12 +125,20 @@ class SubscriptionKey(FrozenRecord):
         return hashlib.sha256(f"{self.subject}\0{self.server}\0{self.uri}".encode()).hexdigest()[:24]
 
 
+MAX_HISTORY_EVENTS = 500
+"""``SubscriptionOptions.max_history_events``' default."""
+
+
 class SubscriptionOptions(FrozenRecord):
     """Per-subscription knobs; the defaults suit production."""
 
     poll_interval_seconds: float = Field(default=30.0, gt=0)  # read period without usable subscribe
     max_concurrent_reads: int = Field(default=1, ge=1, le=8)  # >1: a newer read may overtake an older one
-    max_history_events: int = Field(default=20_000, ge=100)  # continue-as-new even if not suggested
+    # Continue-as-new at this history length even if Temporal has not suggested it. A cached run keeps
+    # the SDK's state of every command it issued until it ends (~350 B of worker memory per history
+    # event, docs/benchmarks.md): 500 events (~5 h at the 300 s safety period) bounds a run at
+    # ~170 KiB, where the server's suggestion (~4,096 events) let it reach ~1.4 MiB.
+    max_history_events: int = Field(default=MAX_HISTORY_EVENTS, ge=100)
     # Notifications are only SHOULD and can be lost: even with subscribe, re-read this often so a
     # lost notification costs at most this much staleness (0 disables; silence then proves nothing).
     safety_read_seconds: float = Field(default=300.0, ge=0)
