@@ -375,14 +375,15 @@ class Driver:
                 break
             if final_sent and self.converged(run, rec) and self.converged(run, await self.row(run)):
                 break
-            if rec.state == S.RECONCILIATION_REQUIRED:
-                await self.resume(h)
-            elif rec.state == S.TOMBSTONE_PENDING:
-                run.reasons.add("catalog")
-                await h.signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
-                    uri=run.key.uri, listed=run.exists, scan_id=unique("xdrain"),
-                    snapshot_status="SNAPSHOT_UNPROVEN", session_generation=rec.session_generation,
-                    measured_at=datetime.now(UTC)))
+            if rec.state in (S.RECONCILIATION_REQUIRED, S.TOMBSTONE_PENDING):
+                try:
+                    await self.unblock(run, h, rec)
+                except Exception:
+                    # The run may complete between the query and the word (a catalog word the drive
+                    # sent tombstoned it meanwhile): then there is nothing left to drain.
+                    if (await h.describe()).status != WorkflowExecutionStatus.COMPLETED:
+                        raise
+                    break
             else:
                 final_sent = True
                 seen = await notifications_seen(self.ledger, run.key)
@@ -395,6 +396,17 @@ class Driver:
         rec = await _until(h, lambda r: True, 10)
         if rec is not None and rec.state in TERMINAL:
             await asyncio.wait_for(h.result(), 60)
+
+    async def unblock(self, run: Run, h: WorkflowHandle, rec: ResourceSubscriptionV1) -> None:
+        """The word a waiting state needs: resume a reconciliation, a catalog for a pending tombstone."""
+        if rec.state == S.RECONCILIATION_REQUIRED:
+            await self.resume(h)
+            return
+        run.reasons.add("catalog")
+        await h.signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
+            uri=run.key.uri, listed=run.exists, scan_id=unique("xdrain"),
+            snapshot_status="SNAPSHOT_UNPROVEN", session_generation=rec.session_generation,
+            measured_at=datetime.now(UTC)))
 
     async def row(self, run: Run) -> ResourceSubscriptionV1:
         fence = await self.ledger.load_fence(run.key)
