@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
+from mcpsync.workflows.allocation import rederivations
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, ReadTicket
@@ -74,9 +75,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
                 before.add("F1.retried_allocate")
             asked = _allocation(act)  # by request id only: the workflow sets no cycle id
             held = sim.ledger.prior_allocation(asked)  # a pending ticket, or the id a new allocation takes
-            # each completed allocation along the chain of ids appends "/<ordinal>"
-            chain = (held if isinstance(held, str) else held.request_id).count("/") \
-                - asked.request_id.count("/")
+            chain = rederivations(asked.request_id, held if isinstance(held, str) else held.request_id)
             if isinstance(held, ReadTicket) and chain == 0 and act.aid not in allocated:
                 before.add("F11.reset_reasks_pending")  # another activity (a reset run's) asks again
                 if row.notifications_seen > held.notifications_seen:

@@ -20,7 +20,7 @@ from typing import Any
 
 from mcpsync.workflows.records.ledger import AllocateRequest, ReadTicket
 
-__all__ = ["Find", "prior_allocation"]
+__all__ = ["Find", "prior_allocation", "rederivations"]
 
 Find = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 """(column, value) -> the ``read_requests`` row (by column name) whose ``cycle_id`` or
@@ -42,3 +42,9 @@ async def prior_allocation(req: AllocateRequest, find: Find) -> ReadTicket | str
             return _ticket(prior)
         request_id = f"{request_id}/{prior['ordinal']}"
     return request_id
+
+
+def rederivations(asked: str, taken: str) -> int:
+    """How many completed allocations ``prior_allocation`` stepped past to go from the request id
+    ``asked`` to the id ``taken`` (each appends ``/<ordinal>``): 0 for the id as asked."""
+    return taken.count("/") - asked.count("/")

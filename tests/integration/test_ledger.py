@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.workflows.allocation import rederivations
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
@@ -89,6 +90,8 @@ async def test_allocation_is_idempotent_per_request_id_and_resets_derive_new_ids
     assert await _accept(ledger, key, 2, "sha256:a") == AcceptVerdict.UNCHANGED
     # ... and a second reset to the same point derives again instead of hitting UNIQUE.
     assert await allocate("run1-r1") == (3, "run1-r1/1/2")
+    # The simulator classifies these by production's count of the chain.
+    assert [rederivations("run1-r1", taken) for taken in ("run1-r1", "run1-r1/1", "run1-r1/1/2")] == [0, 1, 2]
 
 
 
