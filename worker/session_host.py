@@ -282,26 +282,21 @@ class SessionHost:
                                        "but the config requires edition 2026-07-28")
             await self._check_edition(client.protocol_version)
             res = client.server_capabilities.resources
-            capabilities = {
-                "resources": res is not None,
-                "subscribe": bool(res and res.subscribe),
-                "listChanged": bool(res and res.list_changed),
-            }
+            capabilities = {"resources": res is not None, "subscribe": bool(res and res.subscribe),
+                            "listChanged": bool(res and res.list_changed)}
             impl = client.server_info
             info = await self.ledger.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
                 capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
                 server_version=metadata_text(impl.version if impl else "") or "",
-                task_queue=self.ingress.task_queue, host_id=self.host_id,
-            )
+                task_queue=self.ingress.task_queue, host_id=self.host_id)
             await self._audit_truncated_info(impl, info.generation)
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
                 edition=client.protocol_version, server_name=info.server_name,
                 server_version=info.server_version, max_content_bytes=self.server.max_content_bytes,
                 on_uri_updated=self._enqueue, guardrails=self.guardrails,
-                on_stream_lost=lambda uri, why, detail: self._stream_lost(info.generation, uri, why, detail),
-            )
+                on_stream_lost=lambda uri, why, detail: self._stream_lost(info.generation, uri, why, detail))
             if live.modern and capabilities["listChanged"]:
                 # Before the session is published to activities: no scan may start uncounted.
                 try:

@@ -29,35 +29,12 @@ from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
 
-__all__ = [
-    "AnswerDependency",
-    "BindRequest",
-    "SelectInputRequest",
-    "FreshnessPolicy",
-    "CheckRequest",
-    "InputSelection",
-    "Verdict",
-    "GateReason",
-    "Disposition",
-    "AnswerBindingV1",
-    "ReceiptObservation",
-    "ReadObservation",
-    "DependencyObservation",
-    "ObservationSnapshot",
-    "LatestReceipt",
-    "AnswerKeyRequest",
-    "BindLedgerRequest",
-    "BoundAnswer",
-    "SelectLedgerRequest",
-    "ObserveRequest",
-    "RecordDispositionRequest",
-    "LoadedAnswer",
-    "judge_answer",
-    "AnswerState",
-    "AnswerTracker",
-    "AnswerStart",
-    "iso_ms",
-]
+__all__ = ["AnswerDependency", "BindRequest", "SelectInputRequest", "FreshnessPolicy", "CheckRequest",
+           "InputSelection", "Verdict", "GateReason", "Disposition", "AnswerBindingV1", "ReceiptObservation",
+           "ReadObservation", "DependencyObservation", "ObservationSnapshot", "LatestReceipt",
+           "AnswerKeyRequest", "BindLedgerRequest", "BoundAnswer", "SelectLedgerRequest", "ObserveRequest",
+           "RecordDispositionRequest", "LoadedAnswer", "judge_answer", "AnswerState", "AnswerTracker",
+           "AnswerStart", "iso_ms"]
 
 
 # --- what the host says ----------------------------------------------------------------------

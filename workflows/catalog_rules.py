@@ -42,31 +42,11 @@ from mcpsync.workflows.records.catalog import (
 )
 from mcpsync.workflows.records.subscription import SessionInfo
 
-__all__ = [
-    "SNAPSHOT_EXTENSION",
-    "SNAPSHOT_EXTENSION_VERSION",
-    "AutoSubscribeRequest",
-    "ListKind",
-    "MAX_CURSOR_DIGESTS_IN_HISTORY",
-    "CatalogPhase",
-    "CatalogReconciler",
-    "CatalogState",
-    "CatalogView",
-    "NotifyRequest",
-    "NotifyResult",
-    "PublishOutcome",
-    "PublishRequest",
-    "ScanAccumulator",
-    "ScanRequest",
-    "canonical_descriptor",
-    "cursor_digest",
-    "descriptor_digest",
-    "judge_pair",
-    "refresh_enabled",
-    "rollout_bucket",
-    "set_digest",
-    "snapshot_negotiated",
-]
+__all__ = ["SNAPSHOT_EXTENSION", "SNAPSHOT_EXTENSION_VERSION", "AutoSubscribeRequest", "ListKind",
+           "MAX_CURSOR_DIGESTS_IN_HISTORY", "CatalogPhase", "CatalogReconciler", "CatalogState",
+           "CatalogView", "NotifyRequest", "NotifyResult", "PublishOutcome", "PublishRequest",
+           "ScanAccumulator", "ScanRequest", "canonical_descriptor", "cursor_digest", "descriptor_digest",
+           "judge_pair", "refresh_enabled", "rollout_bucket", "set_digest", "snapshot_negotiated"]
 
 SNAPSHOT_EXTENSION = "io.mcpsync/snapshot"
 """The snapshot-id extension, version 1 (spec: docs/catalog.md, "Snapshot-id extension"): a page's

@@ -11,30 +11,11 @@ import hashlib
 
 from mcpsync.workflows.uris import uri_slug
 
-__all__ = [
-    "WORKFLOW_TYPE",
-    "SIGNAL_RESOURCE_UPDATED",
-    "SIGNAL_RESOURCE_READ",
-    "SIGNAL_SESSION_CHANGED",
-    "SIGNAL_CLOSE",
-    "SIGNAL_CATALOG_RECONCILED",
-    "UPDATE_CLOSE",
-    "UPDATE_RESUME",
-    "UPDATE_FIRST_READ",
-    "SIGNAL_IDENTITY_CONFLICT",
-    "SIGNAL_REVOKE",
-    "QUERY_SUBSCRIPTION",
-    "SA_SERVER",
-    "SA_URI",
-    "SA_SUBJECT",
-    "SA_STATE",
-    "SA_CATALOG_STATE",
-    "SA_ANSWER_STATE",
-    "SA_SESSION_GENERATION",
-    "SA_SUBSCRIPTION_GENERATION",
-    "SA_WATERMARK",
-    "Act",
-]
+__all__ = ["WORKFLOW_TYPE", "SIGNAL_RESOURCE_UPDATED", "SIGNAL_RESOURCE_READ", "SIGNAL_SESSION_CHANGED",
+           "SIGNAL_CLOSE", "SIGNAL_CATALOG_RECONCILED", "UPDATE_CLOSE", "UPDATE_RESUME", "UPDATE_FIRST_READ",
+           "SIGNAL_IDENTITY_CONFLICT", "SIGNAL_REVOKE", "QUERY_SUBSCRIPTION", "SA_SERVER", "SA_URI",
+           "SA_SUBJECT", "SA_STATE", "SA_CATALOG_STATE", "SA_ANSWER_STATE", "SA_SESSION_GENERATION",
+           "SA_SUBSCRIPTION_GENERATION", "SA_WATERMARK", "Act"]
 
 WORKFLOW_TYPE = "ResourceSubscriptionWorkflow"
 
@@ -87,15 +68,8 @@ class Act:
 
 # --- CatalogWorkflow (one per subject+server) ------------------------------------------
 
-__all__ += [
-    "CATALOG_WORKFLOW_TYPE",
-    "SIGNAL_LIST_CHANGED",
-    "SIGNAL_RECONCILE",
-    "UPDATE_RECONCILE",
-    "QUERY_CATALOG",
-    "QUERY_SCANS",
-    "CatalogAct",
-]
+__all__ += ["CATALOG_WORKFLOW_TYPE", "SIGNAL_LIST_CHANGED", "SIGNAL_RECONCILE", "UPDATE_RECONCILE",
+            "QUERY_CATALOG", "QUERY_SCANS", "CatalogAct"]
 
 CATALOG_WORKFLOW_TYPE = "CatalogWorkflow"
 SIGNAL_LIST_CHANGED = "list_changed"  # payload: ListChanged (from the session host; never starts it)
@@ -117,15 +91,8 @@ class CatalogAct:
 
 # --- AnswerWorkflow (one per answer id) -------------------------------------------------
 
-__all__ += [
-    "ANSWER_WORKFLOW_TYPE",
-    "UPDATE_BIND",
-    "UPDATE_SELECT_INPUT",
-    "UPDATE_CHECK",
-    "QUERY_ANSWER",
-    "AnswerAct",
-    "answer_workflow_id",
-]
+__all__ += ["ANSWER_WORKFLOW_TYPE", "UPDATE_BIND", "UPDATE_SELECT_INPUT", "UPDATE_CHECK", "QUERY_ANSWER",
+            "AnswerAct", "answer_workflow_id"]
 
 ANSWER_WORKFLOW_TYPE = "AnswerWorkflow"
 UPDATE_BIND = "bind"  # BindRequest -> AnswerBindingV1

@@ -72,12 +72,9 @@ __all__ = ["ResourceSubscriptionWorkflow"]
 T = TypeVar("T")
 
 _LEDGER_TIMEOUT = timedelta(seconds=30)
-_MCP_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=5,
-    non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"],
-)
+_MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(seconds=10),
+                         maximum_attempts=5,
+                         non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"])
 _MCP_TIMEOUT = timedelta(seconds=60)
 
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
@@ -189,21 +186,16 @@ class ResourceSubscriptionWorkflow:
         self.program = SubscriptionProgram(start, TemporalRuntime(start.key))
 
     # A notification that arrives as the run ends only has an audit row left to write: abandon it.
-    @workflow.signal(
-        name=SIGNAL_RESOURCE_UPDATED,
-        unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
-        description="An invalidation from the ingress (never content): coalesced into at most one "
-        "follow-up read; from an older session: audited, ignored.",
-    )
+    @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+                     description="An invalidation from the ingress (never content): coalesced into at most "
+                                 "one follow-up read; from an older session: audited, ignored.")
     async def resource_updated(self, sig: ResourceUpdated) -> None:
         await self.program.on_resource_updated(sig)
 
-    @workflow.signal(
-        name=SIGNAL_RESOURCE_READ,
-        unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
-        description="The ingress read a notified change itself (digest and verdict, never content): "
-        "mirrored into the fence; the update is then noted, covered by that read.",
-    )
+    @workflow.signal(name=SIGNAL_RESOURCE_READ, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,
+                     description="The ingress read a notified change itself (digest and verdict, never "
+                                 "content): mirrored into the fence; the update is then noted, covered by "
+                                 "that read.")
     async def resource_read(self, report: ReadReport) -> None:
         await self.program.on_read_reported(report)
 
@@ -228,10 +220,9 @@ class ResourceSubscriptionWorkflow:
     def identity_conflict(self, conflict: IdentityConflict) -> None:
         self.program.on_identity_conflict(conflict)
 
-    @workflow.update(
-        name=UPDATE_RESUME,
-        description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns the record.",
-    )
+    @workflow.update(name=UPDATE_RESUME,
+                     description="Leave RECONCILIATION_REQUIRED: back to ACTIVE with a fresh read; returns "
+                                 "the record.")
     async def resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
         return await self.program.on_resume(req)
 
@@ -239,11 +230,9 @@ class ResourceSubscriptionWorkflow:
     def _validate_resume(self, req: ResumeRequest) -> None:
         self.program.validate_resume(req)
 
-    @workflow.update(
-        name=UPDATE_FIRST_READ,
-        description="The record once the first read was judged (its receipt), or once no read will "
-        "come (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended).",
-    )
+    @workflow.update(name=UPDATE_FIRST_READ,
+                     description="The record once the first read was judged (its receipt), or once no read "
+                                 "will come (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended).")
     async def first_read(self) -> ResourceSubscriptionV1:
         return await self.program.on_first_read()
 
@@ -251,11 +240,9 @@ class ResourceSubscriptionWorkflow:
     def close_signal(self, req: CloseRequest) -> None:
         self.program.on_close_signal(req)
 
-    @workflow.update(
-        name=UPDATE_CLOSE,
-        description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | UNSUBSCRIBE_UNKNOWN; "
-        "returns the close receipt.",
-    )
+    @workflow.update(name=UPDATE_CLOSE,
+                     description="ACTIVE -> UNSUBSCRIBING (close ordinal frozen) -> CLOSED | "
+                                 "UNSUBSCRIBE_UNKNOWN; returns the close receipt.")
     async def close(self, req: CloseRequest) -> CloseReceipt:
         return await self.program.on_close(req)
 
@@ -263,9 +250,8 @@ class ResourceSubscriptionWorkflow:
     def _validate_close(self, req: CloseRequest) -> None:
         self.program.validate_close(req)
 
-    @workflow.query(
-        name=QUERY_SUBSCRIPTION, description="This subscription's resourceSubscription.v1 record."
-    )
+    @workflow.query(name=QUERY_SUBSCRIPTION,
+                    description="This subscription's resourceSubscription.v1 record.")
     def subscription(self) -> ResourceSubscriptionV1:
         return self.program.record()
 

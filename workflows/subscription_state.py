@@ -553,12 +553,10 @@ class SubscriptionFence:
 
     def close_receipt(self) -> CloseReceipt:
         s = self.s
-        return CloseReceipt(
-            state=s.state if s.state in CLOSING else S.UNSUBSCRIBING,
-            close_epoch=s.close_epoch,
-            close_ordinal=s.close_ordinal if s.close_ordinal is not None else s.last_issued_ordinal,
-            last_accepted_ordinal=s.last_accepted_ordinal,
-        )
+        ordinal = s.close_ordinal if s.close_ordinal is not None else s.last_issued_ordinal
+        return CloseReceipt(state=s.state if s.state in CLOSING else S.UNSUBSCRIBING,
+                            close_epoch=s.close_epoch, close_ordinal=ordinal,
+                            last_accepted_ordinal=s.last_accepted_ordinal)
 
     # --- views ----------------------------------------------------------------------------
 

@@ -150,13 +150,10 @@ def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
     ``unchecked``: the caller's rule already decided (a catalog's or a read's REVOKED)."""
     if not unchecked and not revoke_rule(row):
         return WritePlan(kind=kind)
-    return WritePlan(
-        kind=kind,
-        fence=FenceUpdate(state=S.REVOKED),
-        outbox=OutboxPlan(event=OutboxEventType.REVOKED, ordinal=row.last_accepted_ordinal, of_receipt=False,
-                          previous_digest=row.last_accepted_digest, withdraws=True, reason=reason[:300]),
-        revocation=RevocationPlan(source=source, reason=reason[:300]),
-    )
+    outbox = OutboxPlan(event=OutboxEventType.REVOKED, ordinal=row.last_accepted_ordinal, of_receipt=False,
+                        previous_digest=row.last_accepted_digest, withdraws=True, reason=reason[:300])
+    return WritePlan(kind=kind, fence=FenceUpdate(state=S.REVOKED), outbox=outbox,
+                     revocation=RevocationPlan(source=source, reason=reason[:300]))
 
 
 def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement, *,
@@ -253,21 +250,15 @@ def plan_close(row: FenceSnapshot) -> WritePlan:
     closed = None if row.last_accepted_digest is None else OutboxPlan(  # never a version: nothing to withdraw
         event=OutboxEventType.CLOSED, ordinal=row.last_accepted_ordinal, of_receipt=False,
         previous_digest=row.last_accepted_digest, withdraws=True, reason=CLOSED_REASON)
-    return WritePlan(
-        kind=PlanKind.CLOSE,
-        fence=FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal),
-        outbox=closed,
-    )
+    fence = FenceUpdate(state=state, close_epoch=epoch, close_ordinal=ordinal)
+    return WritePlan(kind=PlanKind.CLOSE, fence=fence, outbox=closed)
 
 
 def close_receipt(row: FenceSnapshot) -> CloseReceipt:
     """The close receipt a row answers (a row not closing yet: its would-be close ordinal)."""
-    return CloseReceipt(
-        state=row.state or S.UNSUBSCRIBING,
-        close_epoch=row.close_epoch,
-        close_ordinal=row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal,
-        last_accepted_ordinal=row.last_accepted_ordinal,
-    )
+    ordinal = row.close_ordinal if row.close_ordinal is not None else row.last_issued_ordinal
+    return CloseReceipt(state=row.state or S.UNSUBSCRIBING, close_epoch=row.close_epoch,
+                        close_ordinal=ordinal, last_accepted_ordinal=row.last_accepted_ordinal)
 
 
 def plan_tombstone(row: FenceSnapshot, *, listed: bool, proven: bool, scan_id: str) -> WritePlan:

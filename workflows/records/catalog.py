@@ -18,19 +18,8 @@ from pydantic import Field
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.subscription import CacheScope
 
-__all__ = [
-    "SnapshotStatus",
-    "ScanStatus",
-    "RolloutMode",
-    "CatalogKey",
-    "CatalogPolicy",
-    "CatalogStart",
-    "ListChanged",
-    "SnapshotEvidence",
-    "ResourceDiscoveryScanV1",
-    "CatalogSnapshot",
-    "RolloutPolicy",
-]
+__all__ = ["SnapshotStatus", "ScanStatus", "RolloutMode", "CatalogKey", "CatalogPolicy", "CatalogStart",
+           "ListChanged", "SnapshotEvidence", "ResourceDiscoveryScanV1", "CatalogSnapshot", "RolloutPolicy"]
 
 
 class SnapshotStatus(StrEnum):
