@@ -261,9 +261,6 @@ class MemoryLedger:
         self.row = plan.applied(self.row)
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
-    def accept(self, req: AcceptRequest) -> AcceptResult:
-        return self.accept_judged(req)[0]
-
     def accept_judged(self, req: AcceptRequest) -> tuple[AcceptResult, str | None]:
         """``FenceLedger.accept_judged``: the answer and the digest of the read it judged (a replay:
         the stored receipt's, not the retry's)."""

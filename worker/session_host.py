@@ -15,11 +15,8 @@ Contract:
   started from here.
 - URI identity (docs/identity.md): a notification only invalidates. When its exact URI is subscribed, every
   other live subscription whose URI normalizes alike (a listed ambiguous pair, ``Ledger.normalized_siblings``)
-  is invalidated too, each with ITS OWN exact URI (audit AMBIGUOUS_SIBLING_INVALIDATED): an update named with
-  one spelling never leaves the other stale. When only a normalized form matches, each such subscription gets
-  an ``identity_conflict`` signal (audit NORMALIZED_URI_MATCH) and the CatalogWorkflow of (subject, server) is
-  asked to reconcile, so the evidence that resolves the conflict comes (audit IDENTITY_NO_CATALOG when there
-  is none: the workflow's time bound resolves it).
+  is invalidated too, each with ITS OWN exact URI (audit AMBIGUOUS_SIBLING_INVALIDATED). When only a
+  normalized form matches, it is an identity conflict for each such subscription (``_unknown_uri``).
 - resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only listen stream per
   session, opened before the session is published) is counted per session generation (``list_changed_count``,
   read by the catalog scan activities) and becomes a coalesced ``list_changed`` signal to the CatalogWorkflow
@@ -565,9 +562,11 @@ class SessionHost:
 
     async def _unknown_uri(self, uri: str, generation: int) -> None:
         """No exact match. A match after RFC 3986 normalization is an identity conflict for that
-        subscription (it stops accepting until the conflict is resolved); it is never routed as if
-        it were it. The catalog is asked for the evidence that resolves it (which URIs are listed).
-        UNKNOWN_URI rows are budgeted per session generation (``AUDIT_ROWS_PER_SESSION``)."""
+        subscription (an ``identity_conflict`` signal, audit NORMALIZED_URI_MATCH: it stops accepting
+        until the conflict is resolved); it is never routed as if it were it. The CatalogWorkflow is
+        asked for the evidence that resolves it (which URIs are listed; audit IDENTITY_NO_CATALOG when
+        there is none: the workflow's time bound resolves it). UNKNOWN_URI rows are budgeted per
+        session generation (``AUDIT_ROWS_PER_SESSION``)."""
         audit = self._audit_budgeted("UNKNOWN_URI", generation, uri=uri, detail={})
         if audit is not None:
             await audit

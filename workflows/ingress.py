@@ -3,11 +3,8 @@
 Contract:
 - Pure and deterministic: no I/O, no clock, no asyncio. ``IngressRouter`` owns the keyed work queue
   (``WorkQueue``, keys (URI, session generation)) and the sequence one router runs for one key
-  (``process``): take the key, note the notification in the ledger, decide whether the ingress reads
-  the change itself (``ingress_rules.ingress_read_request``), absorb the pulses that arrived until the read
-  is sent (``WorkQueue.take``, once the allocation is granted), report a judged read
-  (``resource_read``) or fall back to a ``resource_updated`` wake-up (or to nothing when the note
-  created no work: ``coverage.plan_note``), then end the processing (``WorkQueue.done``): a key
+  (``process``): take the key, note the notification in the ledger, read the change here and report
+  it or signal the workflow (``_deliver``), then end the processing (``WorkQueue.done``): a key
   added meanwhile is ready again.
 - Every effect is a request the program yields (``Note``, ``Stamp``, ``ReadCycle``, ``SignalUpdated``,
   ``ReportRead``, ...) and whose answer the interpreter sends back; an effect that raises is thrown

@@ -12,22 +12,16 @@ Contract:
   ACTIVE → TOMBSTONE_PENDING; anything with an unknown identity → RECONCILIATION_REQUIRED. While
   ACTIVE the *phase* shows the read cycle: UPDATE_SEEN (an invalidation waits), READ_PENDING (a
   read is in flight).
-- Coalescing: an update signal is a wake-up: a read when idle; one FOLLOW_UP when a read is in
-  flight (allocated before the note, its accept may even precede it); nothing while a read is
-  requested and not allocated yet (allocated after the note, it covers it).
-- Coverage is level-based and owned by the ledger row (``mcpsync.workflows.coverage``): every
-  judged read returns the row's ``notified`` and ``covered``, and a FOLLOW_UP is owed iff
-  ``coverage.follow_up_owed`` says so. The run keeps no coverage counters.
+- An update signal is a wake-up (``note_update``): a read when idle, at most one FOLLOW_UP while
+  reads are in flight. Coverage is the ledger row's level (``mcpsync.workflows.coverage``): a judged
+  read owes a FOLLOW_UP iff ``coverage.follow_up_owed`` says so; the run keeps no coverage counters.
 - Finished is final: a late verdict or a lagging ledger snapshot never moves a fence out
   of a terminal state; a closing one never reopens.
 - Deadlines, not restarted timers: the next poll (no subscribe) or safety re-read (with
   subscribe) is an absolute time, ``read_due_at``, armed when a read is allocated and moved only
-  by the next allocation, never later by a wake-up, so the published staleness bound holds under
+  by the next allocation (or a change of the poll period, ``read_deadline.poll_period``, which is
+  published as the staleness bound), never later by a wake-up, so the published bound holds under
   any interleaving. The jitter only ever makes it earlier (``read_deadline.jittered``).
-- Poll period (no subscribe): ``read_deadline.poll_period``, published as the staleness bound
-  (``staleness_bound_source`` says which rule set it). A period that changes re-arms the deadline
-  from the same allocation with the same jitter: the new bound holds at once, and no poll comes
-  sooner than the server allows.
 """
 
 from __future__ import annotations
@@ -290,7 +284,8 @@ class SubscriptionFence:
         if before is not None and period != before and s.read_due_at is not None \
                 and s.read_armed_from is not None:
             # The period changed after the deadline was armed: re-arm from the same allocation and
-            # jitter draw (no new draw: the run's random draws depend only on its reads).
+            # jitter draw, so the new bound holds at once and no poll comes sooner than the server
+            # allows (no new draw: the run's random draws depend only on its reads).
             self.arm_read_deadline(requested_at=s.read_armed_from, period_seconds=period,
                                    jitter=s.read_jitter)
 

@@ -1,11 +1,10 @@
 """The records and messages mcpsync exchanges: one pydantic model a concept, one module a concern.
 
 Contract:
-- Every model is frozen and serializable through ``temporalio.contrib.pydantic.pydantic_data_converter``;
-  workflows, activities, the ledger and the CLI all speak these types and nothing else. No model
-  carries a resource body or a credential: content travels as a digest plus metadata.
-- Versioned record names (``resourceSubscription.v1`` ...) are stable wire names: a change that
-  breaks readers gets a new version, never an edit in place.
+- Every model is a ``base.FrozenRecord`` (frozen, no unknown field, never a body or a credential),
+  serializable through ``temporalio.contrib.pydantic.pydantic_data_converter``; workflows, activities,
+  the ledger and the CLI all speak these types and nothing else. A versioned name
+  (``resourceSubscription.v1`` ...) is stable: a change that breaks readers gets a new version.
 - One module per concern: ``base`` (``FrozenRecord``), ``subscription`` (identity, options, states,
   the messages into the workflow), ``mcp_calls`` (subscribe, unsubscribe, read), ``ledger`` (the
   fence row, allocation, acceptance), ``read_cycle`` (the one-round-trip cycles, the ingress's
