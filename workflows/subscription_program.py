@@ -33,10 +33,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
+from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
-from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH, resynced_jitter
+from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0, ActivityFailed, Runtime, WaitKind
+from mcpsync.workflows.read_deadline import resynced_jitter
 from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     AuditRequest,
@@ -231,8 +231,8 @@ class SubscriptionProgram(CatalogAndIdentity):
     async def run(self) -> ResourceSubscriptionV1:
         rt = self.rt
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
-        self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
-        self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
+        patched = rt.patched(PATCH_AFTER_0_2_0)
+        self.fence.dispatch_margin = self.keeper.rearm = patched
         await self._load_fence()
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
