@@ -26,9 +26,10 @@ T = TypeVar("T")
 
 PATCH_AFTER_0_2_0 = "after-0.2.0"
 """The one ``workflow.patched`` id of every change to 0.2.0's workflow commands made before the next
-release (docs/upgrades.md): the dispatch margin (``read_deadline``) and the deadline keeper's
-far-moved re-arm (``deadline_keeper``). A run asks it once, before its first command: one marker
-(and one ``TemporalChangeVersion`` upsert) a run."""
+release (docs/upgrades.md): the dispatch margin (``read_deadline``), the deadline keeper's far-moved
+re-arm (``deadline_keeper``) and a new run's one first ledger call (``Act.START_SUBSCRIPTION``,
+``SubscriptionProgram``). A run asks it once, before its first command: one marker (and one
+``TemporalChangeVersion`` upsert) a run."""
 
 
 class WaitKind(StrEnum):
