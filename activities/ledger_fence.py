@@ -36,6 +36,7 @@ from temporalio import activity
 
 from mcpsync.activities.ledger_content import ContentLedger, ReadBody
 from mcpsync.activities.ledger_journal import Journal
+from mcpsync.activities.ledger_sessions import SessionLedger
 from mcpsync.activities.ledger_store import (
     BY_KEY,
     LedgerStore,
@@ -48,6 +49,7 @@ from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
+    begins_at_start,
     ensure_writes,
     finish_unsubscribe_writes,
     issued_read,
@@ -70,7 +72,10 @@ from mcpsync.workflows.records.ledger import (
     NotedNotification,
     OutboxEventType,
     ReadTicket,
+    SessionQuery,
     SetStateRequest,
+    StartSubscriptionRequest,
+    SubscriptionStarted,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import (
@@ -133,11 +138,12 @@ class FenceLedger:
         self.meters = meters
         self.journal = Journal(store)
         self.content = ContentLedger(store)
+        self.sessions = SessionLedger(store)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.ensure_subscription, self.load_fence, self.begin_subscription, self.mark_active,
-                self.allocate_read, self.accept, self.begin_unsubscribe, self.finish_unsubscribe,
-                self.set_state, self.confirm_tombstone, self.revoke]
+        return [self.ensure_subscription, self.start_subscription, self.load_fence, self.begin_subscription,
+                self.mark_active, self.allocate_read, self.accept, self.begin_unsubscribe,
+                self.finish_unsubscribe, self.set_state, self.confirm_tombstone, self.revoke]
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -149,6 +155,19 @@ class FenceLedger:
         outside an activity (or by a standalone one), the key's computed id stands in."""
         running_as = activity.info().workflow_id if activity.in_activity() else None
         return await self.ensure_row(req.key, req.incarnation, workflow_id=running_as or req.key.workflow_id)
+
+    @activity.defn(name=Act.START_SUBSCRIPTION)
+    async def start_subscription(self, req: StartSubscriptionRequest) -> SubscriptionStarted:
+        """A new run's first three ledger calls as one activity, each as its own activity runs it:
+        ``ensure_subscription``, ``current_session`` and, when ``req.begin`` and the row
+        ``begins_at_start``, ``begin_subscription`` on that session's generation."""
+        fence = await self.ensure_subscription(req.ensure)
+        key = req.ensure.key
+        session = await self.sessions.current_session(SessionQuery(subject=key.subject, server=key.server))
+        if not (req.begin and session is not None and begins_at_start(fence)):
+            return SubscriptionStarted(fence=fence, session=session)
+        begin = BeginSubscriptionRequest(key=key, session_generation=session.generation)
+        return SubscriptionStarted(fence=fence, session=session, begun=await self.begin_subscription(begin))
 
     async def ensure_row(self, key: SubscriptionKey, incarnation: str, *, workflow_id: str) -> FenceSnapshot:
         """Create the fence row in DISCOVERED if absent, then apply ``ledger_flow.ensure_writes`` (the

@@ -23,6 +23,7 @@ from mcpsync.workflows import coverage
 from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
+    begins_at_start,
     ensure_writes,
     finish_unsubscribe_writes,
     issued_read,
@@ -36,10 +37,13 @@ from mcpsync.workflows.records.ledger import (
     AcceptResult,
     AcceptVerdict,
     AllocateRequest,
+    BeginSubscriptionRequest,
     FenceSnapshot,
     NotedNotification,
     OutboxEventType,
     ReadTicket,
+    StartSubscriptionRequest,
+    SubscriptionStarted,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import (
@@ -299,11 +303,22 @@ class MemoryLedger:
         return len(self.audit)
 
 
+def _start_subscription(led: MemoryLedger, req: StartSubscriptionRequest) -> SubscriptionStarted:
+    """``Act.START_SUBSCRIPTION`` as the PostgreSQL ledger runs it: the three activities it stands for."""
+    fence, session = led.ensure_subscription(req.ensure.incarnation), led.session
+    if not (req.begin and session is not None and begins_at_start(fence)):
+        return SubscriptionStarted(fence=fence, session=session)
+    begin = BeginSubscriptionRequest(key=req.ensure.key, session_generation=session.generation)
+    begun = led.transition(begin_writes(led.row, begin))
+    return SubscriptionStarted(fence=fence, session=session, begun=begun)
+
+
 LEDGER_ACTIVITIES: dict[str, Callable[[MemoryLedger, Any], Any]] = {
     Act.ENSURE: lambda led, req: led.ensure_subscription(req.incarnation),
     Act.LOAD_FENCE: lambda led, req: led.row,
     Act.CURRENT_SESSION: lambda led, req: led.session,
     Act.BEGIN_SUBSCRIPTION: lambda led, req: led.transition(begin_writes(led.row, req)),
+    Act.START_SUBSCRIPTION: _start_subscription,
     Act.MARK_ACTIVE: lambda led, req: led.transition(mark_active_writes(led.row, req)),
     Act.SET_STATE: lambda led, req: led.transition(set_state_writes(led.row, req)),
     Act.BEGIN_UNSUBSCRIBE: lambda led, req: led.begin_unsubscribe(),

@@ -3,9 +3,9 @@
 Contract:
 - One coroutine per run (``SubscriptionProgram`` spawns ``DeadlineKeeper.run``). It arms a timer
   for the fence's ``read_due_at`` when a deadline applies, re-arms it if it would fire after
-  the newest read's promised bound or (``DEADLINE_REARM_PATCH``) a read moved the deadline later by
-  more than half a period, and counts its firings in ``ticks``: the main loop's idle wait
-  wakes on a new tick, and the loop's ``poll_if_due`` requests the read. The keeper never
+  the newest read's promised bound or (runs that took ``PATCH_AFTER_0_2_0``) a read moved the
+  deadline later by more than half a period, and counts its firings in ``ticks``: the main loop's
+  idle wait wakes on a new tick, and the loop's ``poll_if_due`` requests the read. The keeper never
   requests a read itself and never upserts a search attribute.
 - Every wait goes through the run's ``Runtime`` (a Temporal timer, or the simulator's clock).
 """
@@ -18,13 +18,8 @@ from datetime import datetime, timedelta
 from mcpsync.workflows.program_runtime import Runtime, WaitKind
 from mcpsync.workflows.subscription_state import SubscriptionFence
 
-__all__ = ["DEADLINE_REARM_PATCH", "DeadlineKeeper"]
+__all__ = ["DeadlineKeeper"]
 
-DEADLINE_REARM_PATCH = "deadline-rearm"
-"""The ``workflow.patched`` id of the far-moved re-arm: a read that moved the deadline later by more
-than half a period (a resync read at the ingress) cancels the armed timer and arms one for the new
-deadline, so the old timer does not fire (a fired timer costs a workflow task); runs that started
-on 0.2.0 keep the armed timer unless it breaks the promise (their recorded commands)."""
 
 
 class DeadlineKeeper:
@@ -32,7 +27,10 @@ class DeadlineKeeper:
         self.fence = fence
         self.rt = rt
         self.ticks = 0  # how often the timer fired
-        # Per run (the program asks ``DEADLINE_REARM_PATCH``): re-arm when the deadline moved far.
+        # Per run (``PATCH_AFTER_0_2_0``): a read that moved the deadline later by more than half a
+        # period (a resync read at the ingress) cancels the armed timer and arms one for the new
+        # deadline, so the old timer does not fire (a fired timer costs a workflow task); runs that
+        # started on 0.2.0 keep the armed timer unless it breaks the promise (their recorded commands).
         self.rearm = False
 
     def _acted_on(self, due: datetime | None) -> Callable[[], bool]:
@@ -58,7 +56,7 @@ class DeadlineKeeper:
                 promised = fence.read_promised_by()
                 if promised is not None and promised < fire_at:
                     return True
-                # Moved later by more than half a period (``DEADLINE_REARM_PATCH``); frequent reads
+                # Moved later by more than half a period (``rearm``); frequent reads
                 # move it a little each and keep the armed timer.
                 armed_from, moved_to = fence.s.read_armed_from, fence.s.read_due_at
                 return (self.rearm and promised is not None and armed_from is not None

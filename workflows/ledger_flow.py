@@ -22,8 +22,8 @@ from mcpsync.workflows.records.ledger import (
 )
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, SubscriptionState
 
-__all__ = ["SUBSCRIBABLE_STATES", "begin_writes", "ensure_writes", "finish_unsubscribe_writes", "issued_read",
-           "mark_active_writes", "set_state_writes"]
+__all__ = ["SUBSCRIBABLE_STATES", "begin_writes", "begins_at_start", "ensure_writes",
+           "finish_unsubscribe_writes", "issued_read", "mark_active_writes", "set_state_writes"]
 
 S = SubscriptionState
 SUBSCRIBABLE_STATES = frozenset({S.DISCOVERED, S.SUBSCRIBING, S.ACTIVE, S.TOMBSTONE_PENDING,
@@ -45,6 +45,12 @@ def ensure_writes(row: FenceSnapshot, *, held: str, incarnation: str) -> dict[st
     if held != incarnation and writes.get("state", row.state) not in CLOSING_STATES:
         writes["incarnation"] = incarnation
     return writes
+
+
+def begins_at_start(row: FenceSnapshot) -> bool:
+    """A row a new run subscribes at once (``Act.START_SUBSCRIPTION`` begins on it): DISCOVERED, i.e.
+    new or reopened for this incarnation; on any other row the run decides after loading it."""
+    return row.state == S.DISCOVERED
 
 
 def begin_writes(row: FenceSnapshot, req: BeginSubscriptionRequest) -> dict[str, Any]:

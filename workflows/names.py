@@ -50,6 +50,7 @@ class Act:
     LOAD_FENCE = "ledger_load_fence"
     CURRENT_SESSION = "ledger_current_session"
     BEGIN_SUBSCRIPTION = "ledger_begin_subscription"
+    START_SUBSCRIPTION = "ledger_start_subscription"  # a new run's ensure + current session + begin
     MARK_ACTIVE = "ledger_mark_active"
     ALLOCATE_READ = "ledger_allocate_read"
     ACCEPT = "ledger_accept"

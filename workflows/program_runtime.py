@@ -20,9 +20,16 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState
 from mcpsync.workflows.subscription_state import UpdateDisposition
 
-__all__ = ["ActivityFailed", "Publication", "Runtime", "WaitKind"]
+__all__ = ["PATCH_AFTER_0_2_0", "ActivityFailed", "Publication", "Runtime", "WaitKind"]
 
 T = TypeVar("T")
+
+PATCH_AFTER_0_2_0 = "after-0.2.0"
+"""The one ``workflow.patched`` id of every change to 0.2.0's workflow commands made before the next
+release (docs/upgrades.md): the dispatch margin (``read_deadline``), the deadline keeper's far-moved
+re-arm (``deadline_keeper``) and a new run's one first ledger call (``Act.START_SUBSCRIPTION``,
+``SubscriptionProgram``). A run asks it once, before its first command: one marker (and one
+``TemporalChangeVersion`` upsert) a run."""
 
 
 class WaitKind(StrEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import StalenessBoundSource
 
-__all__ = ["BACKOFF_CAP", "DISPATCH_MARGIN_PATCH", "FAILED_READS", "RESYNCED_JITTER_FLOOR", "dispatch_margin",
+__all__ = ["BACKOFF_CAP", "FAILED_READS", "RESYNCED_JITTER_FLOOR", "dispatch_margin",
            "jittered", "poll_period", "resynced_jitter"]
 
 BACKOFF_CAP = 8.0
@@ -25,10 +25,6 @@ DISPATCH_MARGIN_FRACTION = 0.1
 DISPATCH_MARGIN_MAX_SECONDS = 2.0
 """The dispatch margin: a tenth of the period, at most two seconds (dispatch on a busy box takes
 tenths of a second to about a second; a long period needs no more than a short one)."""
-
-DISPATCH_MARGIN_PATCH = "dispatch-margin"
-"""The ``workflow.patched`` id of the margin: runs that started on 0.2.0 arm their deadlines at the
-whole period (their recorded timers), runs that asked the patch a dispatch margin earlier."""
 
 FAILED_READS = frozenset({ReadOutcomeKind.MALFORMED, ReadOutcomeKind.PROTOCOL, ReadOutcomeKind.TRANSIENT})
 """Read outcomes that count towards the poll backoff: the server answered, but not with content."""

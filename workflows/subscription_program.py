@@ -19,7 +19,9 @@ Contract:
   the live session, accept (CAS); the run mirrors its result. At most ``max_concurrent_reads`` in
   flight; updates meanwhile coalesce into one follow-up, judged by the ledger's update counter at
   the allocation. A start is one activity too (``Act.MCP_SUBSCRIBE_CYCLE``: subscribe, mark
-  ACTIVE, the initial read cycle) where the server advertises subscribe.
+  ACTIVE, the initial read cycle) where the server advertises subscribe; before it, a new run's
+  ensure, session lookup and begin are one ledger call (``Act.START_SUBSCRIPTION``; runs that took
+  ``PATCH_AFTER_0_2_0``).
 - Search attributes are upserted when a coroutine blocks, and only if one changed (the details
   panel is not history).
 - Staleness promise: the deadline keeper's timer for ``FenceState.read_due_at`` wakes the main loop,
@@ -33,10 +35,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH, DeadlineKeeper
+from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.program_runtime import ActivityFailed, Runtime, WaitKind
-from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH, resynced_jitter
+from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0, ActivityFailed, Runtime, WaitKind
+from mcpsync.workflows.read_deadline import resynced_jitter
 from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     AuditRequest,
@@ -47,6 +49,8 @@ from mcpsync.workflows.records.ledger import (
     KeyRequest,
     MarkActiveRequest,
     SessionQuery,
+    StartSubscriptionRequest,
+    SubscriptionStarted,
 )
 from mcpsync.workflows.records.mcp_calls import SubscribeRequest, UnsubscribeOutcome, UnsubscribeRequest
 from mcpsync.workflows.records.read_cycle import (
@@ -116,6 +120,8 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.seen_ids: list[str] = list(start.seen_signal_ids)
         self.reads_running = 0  # read cycles started and not yet returned
         self.reloaded = False
+        self.start_in_one = False  # per run (``PATCH_AFTER_0_2_0``): a new run's first ledger call begins too
+        self.started: SubscriptionStarted | None = None  # that call began: the first pass subscribes on it
         self.publisher = Publisher(rt.publish, start.options)
         self.keeper = DeadlineKeeper(self.fence, rt)  # the read deadline's own timer
 
@@ -231,8 +237,8 @@ class SubscriptionProgram(CatalogAndIdentity):
     async def run(self) -> ResourceSubscriptionV1:
         rt = self.rt
         # Before the first command, so the marker says which code the run started on (docs/upgrades.md).
-        self.fence.dispatch_margin = rt.patched(DISPATCH_MARGIN_PATCH)
-        self.keeper.rearm = rt.patched(DEADLINE_REARM_PATCH)
+        patched = rt.patched(PATCH_AFTER_0_2_0)
+        self.fence.dispatch_margin = self.keeper.rearm = self.start_in_one = patched
         await self._load_fence()
         self.live_generation = max(self.live_generation, self.fence.s.session_generation)
         self.reloaded = True
@@ -291,13 +297,33 @@ class SubscriptionProgram(CatalogAndIdentity):
         """The run's first ledger call: ensure the row (a new subscription) or load it (a continued run).
         A method of its own so that its request and snapshot are not kept in ``run``'s frame for the
         run's lifetime (a cached run is held in the worker's memory)."""
-        if self.start.carried_state is None:
+        if self.start.carried_state is None and self.start_in_one:
+            # Ensure, the session lookup and begin in one local activity (one marker, one activation):
+            # begun only on a row the first pass subscribes at once, with no signal's work before it.
+            ensure = EnsureRequest(key=self.key, incarnation=self.rt.first_execution_run_id())
+            start = StartSubscriptionRequest(ensure=ensure, begin=not self._served_before_subscribe())
+            started = await self._ledger(Act.START_SUBSCRIPTION, start, SubscriptionStarted)
+            snap, self.started = started.fence, (started if started.begun is not None else None)
+        elif self.start.carried_state is None:
             ensure = EnsureRequest(key=self.key, incarnation=self.rt.first_execution_run_id())
             snap = await self._ledger(Act.ENSURE, ensure, FenceSnapshot)
         else:
             snap = await self._ledger(Act.LOAD_FENCE, KeyRequest(key=self.key), FenceSnapshot)
             self.carried_binding = True
         self.fence.adopt(snap)
+        if self.started is not None and self._served_before_subscribe():
+            # A signal's work arrived while that call ran (the simulator's interleavings: Temporal
+            # delivers signals after a task's local activities): served first; the begun row is adopted
+            # and the next pass subscribes again.
+            assert self.started.begun is not None
+            self.fence.adopt(self.started.begun)
+            self.started = None
+
+    def _served_before_subscribe(self) -> bool:
+        """Work the main loop serves before it subscribes a DISCOVERED row (in its order: revocation,
+        close, identity conflict, catalog word)."""
+        return (self.revocation is not None or self.fence.s.close_requested or self.conflict is not None
+                or self.catalog is not None)
 
     def _has_work(self) -> bool:
         s = self.fence.s
@@ -349,8 +375,12 @@ class SubscriptionProgram(CatalogAndIdentity):
     async def _ensure_subscribed(self) -> bool:
         """Bind to the live session and (re)subscribe, or poll where the server has no usable subscribe.
         False when there is no usable session."""
-        query = SessionQuery(subject=self.key.subject, server=self.key.server)
-        session = await self.rt.ledger(Act.CURRENT_SESSION, query, SessionInfo)
+        first, self.started = self.started, None
+        if first is not None:  # the run's first ledger call found the session and began on it
+            session, begun = first.session, first.begun
+        else:
+            query = SessionQuery(subject=self.key.subject, server=self.key.server)
+            session, begun = await self.rt.ledger(Act.CURRENT_SESSION, query, SessionInfo), None
         if session is None:
             self.fence.explain("no live MCP session for this subject and server")
             self._publish()
@@ -365,8 +395,10 @@ class SubscriptionProgram(CatalogAndIdentity):
             # resubscribes and re-reads (signals may be lost); a lost session sets RESUBSCRIBE.
             return True
         self.session_failures = 0
-        begin = BeginSubscriptionRequest(key=self.key, session_generation=session.generation)
-        snap = await self._ledger(Act.BEGIN_SUBSCRIPTION, begin, FenceSnapshot)
+        snap = begun
+        if snap is None:
+            begin = BeginSubscriptionRequest(key=self.key, session_generation=session.generation)
+            snap = await self._ledger(Act.BEGIN_SUBSCRIPTION, begin, FenceSnapshot)
         caps = {"subscribe": session.subscribe, "listChanged": session.list_changed}
         if not self.fence.subscribing(snap, session.edition, caps):
             # Refused (e.g. a reset run re-dispatched a begin for an older session): this run has

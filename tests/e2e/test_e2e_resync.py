@@ -4,7 +4,7 @@ the fixture MCP server over HTTP with subscribe.
 A subscription with a short safety-read period and no change gets its periodic reads from the
 ingress's resync: read at the ingress as if notified (ledger trigger ``updated``) and reported with
 ``resource_read``; its history shows no read-cycle activity after the start and no fired timer (the
-keeper re-arms when such a read moves the deadline: ``deadline-rearm``). When that resync stops
+keeper re-arms when such a read moves the deadline: ``after-0.2.0``). When that resync stops
 (its ingress and session stay up), or on a server with ``read_on_notification: false`` (which runs
 no resync), the workflow's own deadline timer makes the same reads through the read-cycle activity
 (trigger ``poll``). Either way no gap between reads exceeds the published bound.

@@ -40,9 +40,8 @@ from mcpsync.worker.runtime import (
 )
 from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
-from mcpsync.workflows.deadline_keeper import DEADLINE_REARM_PATCH
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
-from mcpsync.workflows.read_deadline import DISPATCH_MARGIN_PATCH
+from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0
 from mcpsync.workflows.records.catalog import CatalogKey
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.subscription_state import should_continue_as_new
@@ -51,7 +50,7 @@ from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_fence import _receipts, _record, _server
 from tests.e2e.test_e2e_subscription import _wait_record
 
-RELEASED_PATCHES = (DISPATCH_MARGIN_PATCH, DEADLINE_REARM_PATCH)
+RELEASED_PATCHES = (PATCH_AFTER_0_2_0,)
 """The patches every subscription run of this code asks before its first command."""
 
 # --- pure parts: the trigger and the configuration -------------------------------------------------

@@ -14,10 +14,13 @@ from mcpsync.workflows.records.ledger import (
     AcceptVerdict,
     AllocateRequest,
     BeginSubscriptionRequest,
+    EnsureRequest,
     FenceSnapshot,
     FinishUnsubscribeRequest,
     MarkActiveRequest,
     SetStateRequest,
+    StartSubscriptionRequest,
+    SubscriptionStarted,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
@@ -250,3 +253,36 @@ async def test_a_reopened_row_and_the_resync_period_alike(ledger: Ledger) -> Non
     stored = await ledger_rows(ledger, "SELECT safety_read_seconds FROM subscriptions WHERE workflow_id=%s",
                                both.workflow_id)
     assert stored[0][0] == both.mem.safety_read_seconds == 300.0
+
+
+async def test_the_start_call_alike(ledger: Ledger) -> None:
+    """``Act.START_SUBSCRIPTION`` (a new run's ensure, current session and begin as one call) answers
+    and writes alike in both stores: no session, no begin; a session and ``begin``: subscription
+    generation 1 on it; not asked to begin, or a row no longer DISCOVERED: nothing begun."""
+    both = Both(ledger)
+    ensure = EnsureRequest(key=both.key, incarnation="inc-1")
+    start = LEDGER_ACTIVITIES[Act.START_SUBSCRIPTION]
+
+    async def call(begin: bool) -> SubscriptionStarted:
+        req = StartSubscriptionRequest(ensure=ensure, begin=begin)
+        sql, mem = await ledger.fence.start_subscription(req), start(both.mem, req)
+        assert _comparable(sql.fence, []) == _comparable(mem.fence, [])
+        assert (sql.begun is None) == (mem.begun is None)
+        if sql.begun is not None and mem.begun is not None:
+            assert _comparable(sql.begun, []) == _comparable(mem.begun, [])
+        assert (sql.session and sql.session.generation) == (mem.session and mem.session.generation)
+        await both.same()
+        return sql
+
+    none = await call(True)  # no live session yet: ensured, nothing begun
+    assert none.fence.state == S.DISCOVERED and none.session is None and none.begun is None
+    both.mem.session = await ledger.open_session(
+        subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
+        server_name="fixture", server_version="1", task_queue="q", host_id="h")
+    asked_not = await call(False)  # the run has a signal's work first: not begun
+    assert asked_not.session is not None and asked_not.begun is None
+    begun = await call(True)
+    assert begun.begun is not None and begun.begun.state == S.SUBSCRIBING
+    assert (begun.begun.session_generation, begun.begun.subscription_generation) == (1, 1)
+    again = await call(True)  # SUBSCRIBING now: not DISCOVERED, the run decides (ledger_flow.begins_at_start)
+    assert again.fence.state == S.SUBSCRIBING and again.begun is None

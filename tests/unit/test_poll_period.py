@@ -109,7 +109,7 @@ def test_with_subscribe_no_bound_is_published_whatever_the_ttl() -> None:
 @pytest.mark.parametrize("jitter", [0.0, 0.5, 0.999999])
 def test_with_the_dispatch_margin_the_read_is_requested_a_margin_before_the_bound(
         period: float, jitter: float) -> None:
-    # A run that took the dispatch-margin patch: whatever the jitter draw, the deadline (and the
+    # A run that took the patch (``PATCH_AFTER_0_2_0``): whatever the jitter draw, the deadline (and the
     # latest time the keeper's promise allows) lies a margin before the period, so one dispatch
     # of up to the margin still allocates the read within the published bound.
     fence = SubscriptionFence(FenceState(key=KEY))
@@ -129,7 +129,7 @@ def test_with_the_dispatch_margin_the_read_is_requested_a_margin_before_the_boun
 
 
 def test_without_the_patch_a_run_arms_its_deadlines_at_the_whole_period() -> None:
-    # Runs that started on 0.2.0 (no dispatch-margin marker) replay with their recorded timers.
+    # Runs that started on 0.2.0 (no patch marker) replay with their recorded timers.
     fence = SubscriptionFence(FenceState(key=KEY))
     fence.s.state = SubscriptionState.ACTIVE
     fence.arm_read_deadline(requested_at=T0, period_seconds=30.0, jitter=0.999999)

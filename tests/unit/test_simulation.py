@@ -106,8 +106,8 @@ def test_a_note_from_a_session_the_row_left_is_not_held_against_its_count() -> N
         "profile": {"capability": "subscribe", "max_concurrent_reads": 1, "session_at_start": True,
                     "safety_read_seconds": 300.0},
         "events": [
-        {"op": "exec", "act": "ledger_ensure_subscription"},
-        {"op": "complete", "act": "ledger_ensure_subscription"},
+        {"op": "exec", "act": "ledger_start_subscription"},
+        {"op": "complete", "act": "ledger_start_subscription"},
         {"op": "exec", "act": "ledger_current_session"},
         {"op": "complete", "act": "ledger_current_session"}, {"op": "delete", "n": 1},
         {"op": "exec", "act": "ledger_begin_subscription"},

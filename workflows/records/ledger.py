@@ -16,11 +16,17 @@ from pydantic import Field
 
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
+from mcpsync.workflows.records.subscription import (
+    SessionInfo,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
 
 __all__ = ["AllocateRequest", "ReadTicket", "AcceptVerdict", "OutboxEventType", "AcceptRequest",
            "AcceptResult", "FenceSnapshot", "NotedNotification", "EnsureRequest", "SetStateRequest",
-           "KeyRequest", "SessionQuery", "BeginSubscriptionRequest", "MarkActiveRequest",
+           "KeyRequest", "SessionQuery", "BeginSubscriptionRequest", "StartSubscriptionRequest",
+           "SubscriptionStarted", "MarkActiveRequest",
            "FinishUnsubscribeRequest", "AuditRequest"]
 
 
@@ -153,6 +159,24 @@ class SessionQuery(FrozenRecord):
 class BeginSubscriptionRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int
+
+
+class StartSubscriptionRequest(FrozenRecord):
+    """A new run's first ledger call (``Act.START_SUBSCRIPTION``): ``ensure``, then the live session
+    of its subject and server, then, when ``begin`` and the ensured row is one the run subscribes at
+    once (``ledger_flow.begins_at_start``), ``begin_subscription`` on that session."""
+
+    ensure: EnsureRequest
+    begin: bool
+
+
+class SubscriptionStarted(FrozenRecord):
+    """What ``StartSubscriptionRequest`` did: the ensured row, the live session (None: none open) and
+    the row after ``begin_subscription`` on it (None: not begun)."""
+
+    fence: FenceSnapshot
+    session: SessionInfo | None = None
+    begun: FenceSnapshot | None = None
 
 
 class MarkActiveRequest(FrozenRecord):
