@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -420,3 +421,26 @@ async def test_stats_counts(fx: FixtureProcess) -> None:
         assert any(x["edition"] == "2025-11-25" and x["transport"] == "http" for x in stats["sessions"])
     health = await fx.healthz()
     assert health["ok"] and health["pid"] == fx.pid
+
+
+# -- process lifetime --------------------------------------------------------------------
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} fixture\[(\d+)\] [A-Z]+ [\w.]+: .+")
+
+
+async def test_a_stop_exits_zero_with_every_line_written(tmp_path: Path) -> None:
+    """After a clean shutdown the fixture ends with ``os._exit`` (no interpreter teardown): SIGTERM
+    still gives exit code 0, and every line it wrote is in its stderr file, whole and in order, up
+    to the one it writes after the shutdown, just before it exits."""
+    fx = await FixtureProcess.start_http(tmp_path, seed="none")
+    uris = [f"demo://stop/{i}" for i in range(20)]
+    for uri in uris:
+        await fx.create(uri, text=uri)
+    assert await fx.stop() == 0
+    text = fx.stderr_path.read_text()
+    assert text.endswith("\n"), f"a partial last line: {text[-200:]!r}"
+    lines = text.splitlines()
+    malformed = [line for line in lines if not (m := LOG_LINE.fullmatch(line)) or int(m[1]) != fx.pid]
+    assert not malformed, malformed
+    assert [line.split(" put ", 1)[1].split(" ", 1)[0] for line in lines if " put " in line] == uris
+    assert lines[-2].endswith("mcpsync.fixture: fixture shutting down")
+    assert lines[-1].endswith("mcpsync.fixture: fixture stopped")
