@@ -50,10 +50,10 @@ from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
 POLL_SECONDS = 2.0  # the published bound; the deadline falls at 0.8-1.0 of it less the 0.2 s dispatch margin
-DISPATCH_SLACK = 0.75
+DISPATCH_SLACK = 0.85
 """How far past the bound a gap may end: the read's dispatch beyond the 0.2 s margin the deadline already
-keeps (0.95 s in all at the latest jitter draw). Measured with 2 s polls: gaps of 1.28-1.84 s, under a
-second test file's load too (0.16 s spare against the bare bound, 0.91 s against this one). It must stay
+keeps (1.05 s in all at the latest jitter draw). Measured with 2 s polls: gaps of 1.28-1.84 s, under a
+second test file's load too (0.16 s spare against the bare bound, 1.01 s against this one). It must stay
 below 0.88 s: a read one period late (or skipped) leaves a gap of at least 2 x 0.8 x 1.8 = 2.88 s."""
 BURST_SECONDS = 8.0  # four periods of catalog words
 SERVER_POSTGRES = REPO_ROOT / ".state/npm/node_modules/@modelcontextprotocol/server-postgres/dist/index.js"
