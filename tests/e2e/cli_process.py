@@ -8,7 +8,8 @@ Contract:
   returncode (an exit code from ``SystemExit`` or ``os._exit``; an uncaught exception prints its
   traceback to stderr and exits 1, as the interpreter does; a signal is ``-signum``).
   ``timeout`` kills the child and raises ``subprocess.TimeoutExpired``. ``arun`` is the same for
-  a coroutine (the caller's event loop keeps running, e.g. a worker in it).
+  a coroutine (the caller's event loop keeps running, e.g. a worker in it); ``run_bytes`` is
+  ``run`` without ``text=True``, and takes a stdout of the caller's (a terminal, say).
 - The child is a real process with its own pid: ``args`` in ``sys.argv[1:]``, ``env`` as its
   whole environment, stdin/stdout/stderr on pipes the caller owns (its output ends at EOF, when
   every process holding them, the child's children too, has closed them), fresh signal
@@ -139,31 +140,39 @@ def _text(data: bytes) -> str:
 def run(args: Sequence[str], *, env: Mapping[str, str] | None = None, input: str | None = None,
         timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([mcpsync, *args], cwd=REPO_ROOT, capture_output=True, text=True)``, forked."""
+    encoded = None if input is None else input.encode(locale.getpreferredencoding(False))
+    r = run_bytes(args, env=env, input=encoded, timeout=timeout)
+    return subprocess.CompletedProcess(r.args, r.returncode, _text(r.stdout), _text(r.stderr))
+
+
+def run_bytes(args: Sequence[str], *, env: Mapping[str, str] | None = None, input: bytes | None = None,
+              stdout: int | None = None, timeout: float | None = 60) -> subprocess.CompletedProcess[bytes]:
+    """``run`` in bytes; ``stdout`` an open fd (a terminal, say) instead of the captured pipe, as
+    ``subprocess.run(stdout=fd, stderr=PIPE)`` (the result's stdout is then None)."""
     env = dict(os.environ if env is None else env)
     client = _get_client(env)
     if not _same_interpreter_state(env, client.env):
-        return subprocess.run([*FRESH, *args], cwd=REPO_ROOT, env=env, input=input, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run([*FRESH, *args], cwd=REPO_ROOT, env=env, input=input, timeout=timeout,
+                              stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE)
     global forked_runs
     forked_runs += 1
     in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
+    out_r, out_w = os.pipe() if stdout is None else (None, stdout)
     err_r, err_w = os.pipe()
     try:
         reply, pid = client.start(args, env, in_r, out_w, err_w)
     finally:
-        for fd in (in_r, out_w, err_w):
+        for fd in (in_r, err_w, *([out_w] if stdout is None else [])):
             os.close(fd)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        out, err, code = _communicate(reply, in_w, out_r, err_r,
-                                      (input or "").encode(locale.getpreferredencoding(False)), deadline)
+        out, err, code = _communicate(reply, in_w, out_r, err_r, input or b"", deadline)
     except subprocess.TimeoutExpired:
         os.kill(pid, signal.SIGKILL)
         raise subprocess.TimeoutExpired([*FRESH, *args], timeout or 0) from None
     finally:
         reply.close()
-    return subprocess.CompletedProcess([*FRESH, *args], code, _text(out), _text(err))
+    return subprocess.CompletedProcess([*FRESH, *args], code, out, err)
 
 
 async def arun(args: Sequence[str], *, env: Mapping[str, str] | None = None, input: str | None = None,
@@ -172,10 +181,12 @@ async def arun(args: Sequence[str], *, env: Mapping[str, str] | None = None, inp
     return await asyncio.to_thread(run, args, env=env, input=input, timeout=timeout)
 
 
-def _communicate(reply: socket.socket, in_w: int, out_r: int, err_r: int, data: bytes,
-                 deadline: float | None) -> tuple[bytes, bytes, int]:
-    """Write ``data`` to stdin, read stdout and stderr to EOF and the exit code off ``reply``."""
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+def _communicate(reply: socket.socket, in_w: int, out_r: int | None, err_r: int, data: bytes,
+                 deadline: float | None) -> tuple[bytes | None, bytes, int]:
+    """Write ``data`` to stdin, read stdout (unless None) and stderr to EOF and the exit code off
+    ``reply``."""
+    readers = [err_r] if out_r is None else [out_r, err_r]
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in readers}
     code: bytes = b""
     with selectors.DefaultSelector() as sel:
         if data:
@@ -183,7 +194,7 @@ def _communicate(reply: socket.socket, in_w: int, out_r: int, err_r: int, data: 
             sel.register(in_w, selectors.EVENT_WRITE)
         else:
             os.close(in_w)
-        for fd in (out_r, err_r, reply.fileno()):
+        for fd in (*readers, reply.fileno()):
             sel.register(fd, selectors.EVENT_READ)
         try:
             while sel.get_map():
@@ -209,11 +220,11 @@ def _communicate(reply: socket.socket, in_w: int, out_r: int, err_r: int, data: 
                     if not chunk:
                         sel.unregister(fd)
         finally:
-            for fd in (out_r, err_r, *([in_w] if in_w in sel.get_map() else [])):
+            for fd in (*readers, *([in_w] if in_w in sel.get_map() else [])):
                 os.close(fd)
     if not code.strip():
         raise RuntimeError("the CLI fork server is gone before the child's exit code")
-    return b"".join(chunks[out_r]), b"".join(chunks[err_r]), int(code)
+    return None if out_r is None else b"".join(chunks[out_r]), b"".join(chunks[err_r]), int(code)
 
 
 # --- the server side --------------------------------------------------------------------------------
