@@ -6,19 +6,21 @@ Contract:
 - ``run(args, env=, input=, timeout=)`` stands in for ``subprocess.run([mcpsync, *args],
   cwd=REPO_ROOT, env=env, capture_output=True, text=True)``: the same stdout, stderr and
   returncode (an exit code from ``SystemExit`` or ``os._exit``; an uncaught exception prints its
-  traceback to stderr and exits 1, as the interpreter does; a signal is ``-signum``).
+  traceback, from ``main`` down, to stderr and exits 1, as the interpreter does; a signal is
+  ``-signum``).
   ``timeout`` kills the child and raises ``subprocess.TimeoutExpired``. ``arun`` is the same for
   a coroutine (the caller's event loop keeps running, e.g. a worker in it); ``run_bytes`` is
   ``run`` without ``text=True``, and takes a stdout of the caller's (a terminal, say).
 - The child is a real process with its own pid: ``args`` in ``sys.argv[1:]``, ``env`` as its
-  whole environment, stdin/stdout/stderr on pipes the caller owns (its output ends at EOF, when
-  every process holding them, the child's children too, has closed them), fresh signal
-  dispositions. Long-running commands (``--watch``, ``--follow``) run until they exit or the
-  timeout kills them.
+  whole environment, stdin (``input``, else empty), stdout and stderr on pipes the caller owns
+  (its output ends at EOF, when every process holding them, the child's children too, has closed
+  them), fresh signal dispositions. Long-running commands (``--watch``, ``--follow``) run until
+  they exit or the timeout kills them.
 - A run whose environment differs from the server's in anything but ``MCPSYNC_*`` variables and
   pytest's ``PYTEST_CURRENT_TEST`` (PATH, PYTHONPATH, locale, ``_ARGCOMPLETE``: state that the
   imports or the interpreter already read) runs in a fresh interpreter instead (``subprocess.run``
-  of ``FRESH``), with the same result.
+  of ``FRESH``), with the same result. (mcpsync reads its ``MCPSYNC_*`` variables when a command
+  runs, never at import.)
 - Fork safety: the server is single-threaded, never runs an event loop, and refuses to fork
   with a second thread alive; each child starts its own event loop (``asyncio.run`` in the CLI).
 - One server per test process, started on first use (cwd ``REPO_ROOT``, this process's
