@@ -21,6 +21,8 @@ Contract:
   imports or the interpreter already read) runs in a fresh interpreter instead (``subprocess.run``
   of ``FRESH``), with the same result. (mcpsync reads its ``MCPSYNC_*`` variables when a command
   runs, never at import.)
+- The child's command line (``/proc/<pid>/cmdline``, the server's) names ``mcpsync.worker.cli``,
+  as a fresh one does: ``mcpsync down`` and a second ``up`` recognise a forked ``up`` by it.
 - Fork safety: the server is single-threaded, never runs an event loop, and refuses to fork
   with a second thread alive; each child starts its own event loop (``asyncio.run`` in the CLI).
 - One server per test process, started on first use (cwd ``REPO_ROOT``, this process's
@@ -75,8 +77,11 @@ class _Client:
     def __init__(self) -> None:
         self.env = dict(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The command line names mcpsync.worker.cli, as FRESH's does: the children share it, and mcpsync
+        # tells its own processes from a recycled pid by the command line (stack.process_alive).
         self.server = subprocess.Popen(
-            [sys.executable, "-c", f"from tests.e2e.cli_process import serve; serve({theirs.fileno()})"],
+            [sys.executable, "-c", f"from tests.e2e.cli_process import serve; serve({theirs.fileno()})",
+             "mcpsync.worker.cli"],
             cwd=REPO_ROOT, env=self.env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()

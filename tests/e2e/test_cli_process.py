@@ -5,6 +5,7 @@ cannot honour runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from mcpsync.worker.cli_common import ExitCode
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack import REPO_ROOT, command_line, process_alive
+from tests.conftest import eventually
 from tests.e2e import cli_process
 
 ENV = {**{k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
@@ -89,3 +91,23 @@ def test_a_long_running_command_runs_until_the_timeout_kills_it(tmp_path: Path, 
     time.sleep(0.5)  # the killed child's exit code goes to a caller that has gone: the server lives on
     assert server is not None and cli_process.server_pid() == server
     assert cli_process.run(["--version"], env=ENV).returncode == 0 and cli_process.server_pid() == server
+
+
+async def test_a_forked_child_passes_for_an_mcpsync_process(tmp_path: Path, database_url: str) -> None:
+    # mcpsync tells its own processes from a recycled pid by the command line (runtime.json's pid,
+    # 'mcpsync down'): a forked child's names the CLI as a fresh interpreter's does.
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    args = ["--config", str(conf), "list", "--watch", "--interval", "0.2"]
+    watch = asyncio.create_task(cli_process.arun(args, env=ENV, timeout=3))
+
+    def children() -> list[int]:
+        server = cli_process.server_pid()
+        path = Path(f"/proc/{server}/task/{server}/children")
+        return [int(pid) for pid in path.read_text().split()] if server and path.exists() else []
+
+    pids = await eventually(children, timeout=10, what="the forked 'list --watch'")
+    assert all(process_alive(pid, expect_in_cmdline=("mcpsync", "mcpsync.worker.cli")) for pid in pids)
+    assert all("mcpsync.worker.cli" in command_line(pid) for pid in pids), [command_line(p) for p in pids]
+    with pytest.raises(subprocess.TimeoutExpired):
+        await watch
