@@ -230,7 +230,11 @@ async def _run(listeners: int, changes: int, interval: float, profile: Path | No
             edits.append((digest, t0))
             await asyncio.sleep(interval)
         await until(lambda: _both_saw(edits[-1][0], via_serve, direct), timeout=60, interval=0.1)
-        await asyncio.sleep(2.0)
+
+        async def every_listener_saw_every_change() -> bool:
+            return all(c - b >= changes for c, b in zip(counts, baseline, strict=True))
+
+        await until(every_listener_saw_every_change, timeout=2.0, interval=0.05)  # at most 2 s for stragglers
         cpu = _cpu_seconds(serve.pid) - cpu0
         stop.set()
         await asyncio.gather(*listener_tasks, return_exceptions=True)

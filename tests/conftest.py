@@ -32,22 +32,23 @@ from mcpsync.worker.runtime import open_ledger, run_services
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
-# The longest files of the suite, longest first (each file's --durations, summed, run alone: 48-88 s on a
-# quiet box; more under a second worker's load, the CPU-bound unit simulation and the wheel most).
+# The longest files of the suite, longest first (each file's --durations, summed, in the whole suite on two
+# workers: 35-78 s on a shared box; the first file of a worker also carries the session's setup).
 # scripts/test runs whole files on two workers in collection order (--dist loadfile
 # --no-loadscope-reorder): these go out first, so that no long file starts last and runs alone while the
 # other worker idles; the rest keep their order.
 LONGEST_FILES = (
     "tests/e2e/test_serve.py",
-    "tests/e2e/test_cli_newcomer.py",
-    "tests/e2e/test_cli.py",
-    "tests/e2e/test_catalog_e2e.py",
     "tests/e2e/test_benchmark_smoke.py",
+    "tests/e2e/test_catalog_e2e.py",
     "tests/unit/test_simulation.py",
     "tests/e2e/test_e2e_scaleout.py",
     "tests/e2e/test_simulation_real_stack.py",
-    "tests/e2e/test_wheel.py",
     "tests/e2e/test_e2e_staleness.py",
+    "tests/e2e/test_wheel.py",
+    "tests/e2e/test_e2e_checklist.py",
+    "tests/e2e/test_e2e_fence.py",
+    "tests/e2e/test_cli_newcomer.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

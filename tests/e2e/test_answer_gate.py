@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED, answer_workflow_i
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
+from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 
 R = GateReason
@@ -188,13 +188,11 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
                         f'subjects = ["alice"]\n')
 
         async def cli(*args: str, rc: int = 0) -> dict[str, Any]:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "answer", *args, "--json",
-                cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"})
-            out, err = await proc.communicate()
-            assert proc.returncode == rc, err.decode()
-            doc: dict[str, Any] = json.loads(out)
+            r = await cli_process.arun(["--config", str(conf), "answer", *args, "--json"],
+                                       env={k: v for k, v in os.environ.items()
+                                            if k != "MCPSYNC_DATABASE_URL"})
+            assert r.returncode == rc, r.stderr
+            doc: dict[str, Any] = json.loads(r.stdout)
             return doc
 
         answer_id = unique("cli")

@@ -42,6 +42,7 @@ from mcpsync.workflows.records.catalog import (
     SnapshotStatus,
 )
 from tests.conftest import eventually, running_services, unique
+from tests.e2e import cli_process
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -464,7 +465,6 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
         temporal_client: Client, ledger: Ledger, tmp_path: Path, database_url: str,
         temporal_server: Any) -> None:
     import json
-    import sys
 
     async with catalog_stack(temporal_client, ledger, tmp_path) as st:
         await st.published(1)
@@ -480,12 +480,10 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
                        f' "{st.fx.mcp_url}"\n')
 
         async def cli(*args: str) -> tuple[int, str, str]:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), *args,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"})
-            out, err = await proc.communicate()
-            return proc.returncode or 0, out.decode(), err.decode()
+            r = await cli_process.arun(["--config", str(cfg), *args],
+                                       env={k: v for k, v in os.environ.items()
+                                            if k != "MCPSYNC_DATABASE_URL"})
+            return r.returncode, r.stdout, r.stderr
 
         code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--now",
                                    "--json")

@@ -6,7 +6,6 @@ text body, binary declared as text, URIs with control characters or 10 KB of len
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -22,11 +21,11 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
+from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
@@ -133,9 +132,7 @@ def test_unusable_uris_are_refused_clearly(uri: str, problem: str) -> None:
 def test_cli_refuses_control_characters_in_uri(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[servers]]\nname = "a"\ntransport = "http"\nurl = "http://127.0.0.1:1/mcp"\n')
-    r = subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(cfg), "subscribe",
-                        "--server", "a", "--uri", "demo://x/\x07bell"], cwd=REPO_ROOT, capture_output=True,
-                       text=True, timeout=60)
+    r = cli_process.run(["--config", str(cfg), "subscribe", "--server", "a", "--uri", "demo://x/\x07bell"])
     assert r.returncode == 2 and "control characters" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -35,7 +34,6 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import SessionHost, server_transport
-from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.read_deadline import dispatch_margin
 from mcpsync.workflows.records.subscription import (
     CacheScope,
@@ -44,6 +42,7 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionOptions,
 )
 from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.e2e import cli_process
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -265,8 +264,7 @@ async def fx_auth(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
 
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
-                          cwd=REPO_ROOT, capture_output=True, timeout=120, env=env)
+    return cli_process.run_bytes(["--config", str(conf), *args], env=env, timeout=120)
 
 
 @pytest.mark.parametrize("scope", ["private", "public"])

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -36,17 +35,17 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
 )
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, running_services, unique
+from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary \x00"
 
 
-def _cli(conf: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
+    """The CLI, forked from the fork server (tests.e2e.cli_process); ``stdout`` a terminal, say."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
-                          cwd=REPO_ROOT, capture_output=kw.pop("capture_output", True), timeout=120, env=env,
-                          **kw)
+    return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
 
 
 async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
@@ -133,7 +132,7 @@ async def test_envelope_and_content_access_on_the_real_stack(
             leader, follower = pty.openpty()  # stdout is a terminal: binary is refused there
             try:
                 tty = _cli(conf, "content", "get", "--receipt", str(eb.receipt_id), "--subject", alice,
-                           capture_output=False, stdout=follower, stderr=subprocess.PIPE)
+                           stdout=follower)
             finally:
                 os.close(follower)
                 os.close(leader)

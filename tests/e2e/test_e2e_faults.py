@@ -28,6 +28,7 @@ from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.conftest import eventually, running_services, unique
+from tests.e2e import cli_process
 from tests.e2e.conftest import ingress_idle, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -227,8 +228,8 @@ async def test_server_that_exits_at_once_and_refusing_url_fail_clearly(ledger: L
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MCPSYNC, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})})
+    """The CLI as a subprocess (forked from the fork server: tests.e2e.cli_process)."""
+    return cli_process.run(args, env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})})
 
 
 def test_cli_bad_input_is_one_clear_line(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 from contextlib import suppress
 from datetime import timedelta
@@ -16,9 +15,9 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.retention import prune
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
 from mcpsync.worker.runtime import run_services
-from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState
 from tests.conftest import eventually, ledger_rows, unique
+from tests.e2e import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 S = SubscriptionState
@@ -116,9 +115,7 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "prune",
-                               *args],
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        return cli_process.run(["--config", str(conf), "prune", *args], timeout=120)
 
     dry = cli("--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr

@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from mcpsync.worker.runtime import revoke
 from mcpsync.worker.serve import FRESHNESS_META as FRESH
 from mcpsync.worker.stack import REPO_ROOT
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
+from tests.e2e import cli_process
 from tests.e2e.serve_helpers import (
     INSPECTOR,
     TS_CLIENT,
@@ -318,10 +318,16 @@ async def test_stdio_and_bad_input(
             assert read.contents[0].text == "# stdio one"  # type: ignore[union-attr]
             # Beyond the published staleness bound (--max-age 1): requireFresh is an error, not stale
             # bytes.
-            await asyncio.sleep(1.5)  # real time past the 1 s bound: the bound is wall-clock age
-            with pytest.raises(MCPError) as stale:
-                await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
-            assert stale.value.code == -32004 and "staleness bound" in stale.value.message
+            # The bound is wall-clock age: the read is refused once real time passed it.
+            async def refused() -> MCPError | None:
+                try:
+                    await client.read_resource(uri, meta={"io.mcpsync/requireFresh": True})
+                except MCPError as exc:
+                    return exc
+                return None
+
+            stale = await eventually(refused, timeout=30, what="requireFresh refused past the 1 s bound")
+            assert stale.code == -32004 and "staleness bound" in stale.message
             assert (await client.read_resource(uri)).contents[0].text == "# stdio one"  # type: ignore[union-attr]
 
 
@@ -524,18 +530,21 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_get_every_cha
                     event_id,
                 )
                 repeated += 100
-                await asyncio.sleep(0.5)  # models changes arriving over time, not all in one transaction
-            # The other client, connected all along, gets every change: the subscribe announcement,
-            # v2, and every repetition.
-            await eventually(
-                lambda: _updated(inbox, uri) == 2 + repeated,
-                timeout=60,
-                what=f"{2 + repeated} updated notifications (got {_updated(inbox, uri)})",
-            )
+                # The other client, connected all along, gets every change: the subscribe
+                # announcement, v2, and every repetition so far. Changes arrive over time, not all in
+                # one transaction: the next batch once this one reached it.
+                await eventually(
+                    lambda expected=2 + repeated: _updated(inbox, uri) == expected,
+                    timeout=60,
+                    what=f"{2 + repeated} updated notifications (got {_updated(inbox, uri)})",
+                )
+            stall_ends = asyncio.get_running_loop().time() + 11
             read = await reading.read_resource(uri)
             assert read.contents[0].text == "# slow two"  # type: ignore[union-attr]
-            # The slow client, reading at last, finds the backlog end in the reason it was cut off.
-            await asyncio.sleep(11)  # a stall of its own: the reason waits for the client, however long
+            # The slow client, reading at last, finds the backlog end in the reason it was cut off. It
+            # stalls 11 s past the cut-off (its send was stuck before that): the reason waits for the
+            # client however long, past the 10 s after which a stuck send was once dropped.
+            await asyncio.sleep(stall_ends - asyncio.get_running_loop().time())
             received = b""
             async with asyncio.timeout(60):
                 while b"cut off: " not in received:
@@ -559,14 +568,7 @@ def test_serve_without_tokens_is_one_error_line(tmp_path: Path, database_url: st
         ("not json", "MCPSYNC_SERVE_TOKENS must be a JSON object"),
     ):
         run_env = env if tokens is None else {**env, "MCPSYNC_SERVE_TOKENS": tokens}
-        r = subprocess.run(
-            [sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "serve"],
-            cwd=REPO_ROOT,
-            env=run_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = cli_process.run(["--config", str(conf), "serve"], env=run_env)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
         assert tokens is None or tokens not in r.stderr
 

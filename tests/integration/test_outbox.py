@@ -36,6 +36,7 @@ from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
+from tests.e2e import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 INSERT = ("INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest)"
@@ -356,8 +357,7 @@ async def test_envelope_schema_in_the_doc_is_the_models() -> None:
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI against the config's database (the environment's URL would win over the file)."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    return cli_process.run(["--config", str(conf), *args], env=env, timeout=120)
 
 
 async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str,

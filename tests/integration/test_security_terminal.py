@@ -7,22 +7,22 @@ import os
 import pty
 import select
 import subprocess
-import sys
 from pathlib import Path
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
+from tests.e2e import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "title\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m \u202eevil\r\nsecond line\té\n" + "padding " * 20
 
 
-def _cli(conf: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[bytes]:
+def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
+    """The CLI, forked from the fork server (tests.e2e.cli_process); ``stdout`` a terminal, say."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), *args],
-                          cwd=REPO_ROOT, timeout=120, env=env, **kw)  # type: ignore[call-overload]
+    return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
 
 
 def _read_all(fd: int) -> bytes:
@@ -52,15 +52,15 @@ async def test_content_get_escapes_controls_on_a_terminal_only(ledger: Ledger, d
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     args = ("content", "get", "--receipt", str(receipt), "--subject", key.subject)
 
-    piped = _cli(conf, *args, capture_output=True)
+    piped = _cli(conf, *args)
     assert piped.returncode == 0 and piped.stdout == body, "a pipe gets the bytes exactly as read"
     target = tmp_path / "body.txt"
-    assert _cli(conf, *args, "-o", str(target), capture_output=True).returncode == 0
+    assert _cli(conf, *args, "-o", str(target)).returncode == 0
     assert target.read_bytes() == body
 
     leader, follower = pty.openpty()
     try:
-        tty = _cli(conf, *args, stdout=follower, stderr=subprocess.PIPE)
+        tty = _cli(conf, *args, stdout=follower)
         shown = _read_all(leader)
     finally:
         os.close(follower)
