@@ -58,6 +58,10 @@ class TemporalConfig(_Model):
     # workflow: below the number of subscriptions a worker hosts, every notification replays
     # history (benchmarks: 5,000 subscriptions thrash the SDK default of 1,000).
     max_cached_workflows: int = Field(default=5000, ge=0)
+    # How long a workflow task waits on the sticky queue of the main worker that has the run cached
+    # before it goes back to the shared task queue (the SDK's default, 10 s): the runs of a main
+    # worker that died wait this long before another main replays them.
+    sticky_queue_timeout_seconds: float = Field(default=10.0, gt=0)
     # The main worker's workflow runner (docs/decisions/0004-workflow-sandbox.md): unsandboxed costs a
     # subscription's start about a quarter less of the worker's CPU; CI replays in the sandbox.
     workflow_runner: WorkflowRunnerKind = WorkflowRunnerKind.UNSANDBOXED

@@ -192,7 +192,9 @@ def workflow_runner(kind: WorkflowRunnerKind) -> WorkflowRunner:
 def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int,
                 deployment: WorkerDeploymentVersion | None = None,
                 workflows: Sequence[type] = MAIN_WORKFLOWS,
-                runner: WorkflowRunnerKind = TemporalConfig().workflow_runner) -> Worker:
+                runner: WorkflowRunnerKind = TemporalConfig().workflow_runner,
+                sticky_queue_timeout_seconds: float = TemporalConfig().sticky_queue_timeout_seconds,
+                ) -> Worker:
     """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
     every workflow PINNED (``mcpsync.workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
     outside tests of a changed build."""
@@ -208,6 +210,7 @@ def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_w
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
         max_cached_workflows=max_cached_workflows,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
         workflow_runner=workflow_runner(runner),
     )
 
@@ -254,7 +257,9 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     worker = main_worker(client, ledger, config.temporal.task_queue,
                          max_cached_workflows=config.temporal.max_cached_workflows,
                          deployment=deployment_version(config.temporal),
-                         runner=config.temporal.workflow_runner) if with_main_worker else None
+                         runner=config.temporal.workflow_runner,
+                         sticky_queue_timeout_seconds=config.temporal.sticky_queue_timeout_seconds) \
+        if with_main_worker else None
     if polling is not None:
         if hosts:
             polling.append(lambda: ingress.polling)

@@ -216,19 +216,20 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
         server = ServerConfig(name=unique("fx"), transport="http", url=proc.mcp_url, edition="2026-07-28",
                               subjects=["alice"])
         uri = f"demo://ttl/{uuid.uuid4().hex}"
-        await proc.faults(ttl_ms=3000, cache_scope="public")
+        await proc.faults(ttl_ms=2000, cache_scope="public")
         made = await proc.create(uri, text="polled", mime_type="text/plain")
         key = SubscriptionKey(subject="alice", server=server.name, uri=uri)
         async with running_services(temporal_client, ledger, [server]) as cfg:
             handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue,
-                                              options=SubscriptionOptions(poll_interval_seconds=0.5))
+                                              options=SubscriptionOptions(poll_interval_seconds=0.3))
             rec = await _wait_record(handle, lambda r: r.last_accepted_digest == made["committed"]["digest"]
                                      and r.staleness_bound_source == StalenessBoundSource.TTL, "ttl bound")
-            assert rec.staleness_bound_seconds == 3.0
-            assert rec.last_read_ttl_ms == 3000 and rec.last_read_cache_scope == CacheScope.PUBLIC
+            assert rec.staleness_bound_seconds == 2.0
+            assert rec.last_read_ttl_ms == 2000 and rec.last_read_cache_scope == CacheScope.PUBLIC
             # Poll reads come no faster than 0.8 x (ttl less the dispatch margin; jitter only makes them
-            # earlier), not every 0.5 s; a gap between allocations is shorter than the deadline by the
-            # previous read's dispatch (the deadline runs from its request).
+            # earlier), not every 0.3 s; a gap between allocations is shorter than the deadline by the
+            # previous read's dispatch (the deadline runs from its request). A 2 s ttl is the shortest that
+            # keeps this clear of the ~1.05 s gaps a deadline armed from the 0.3 s interval leaves here.
             await eventually(lambda: ledger_rows(
                 ledger, "SELECT 1 FROM read_requests WHERE workflow_id=%s AND trigger_reason='poll'"
                         " OFFSET 1", key.workflow_id), timeout=30, what="two poll reads")
@@ -236,19 +237,19 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
                 ledger, "SELECT issued_at FROM read_requests WHERE workflow_id=%s ORDER BY ordinal",
                 key.workflow_id)
             gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(times, times[1:], strict=False)]
-            assert gaps and min(gaps) >= 0.8 * (3.0 - dispatch_margin(3.0)) - 0.2, gaps
+            assert gaps and min(gaps) >= 0.8 * (2.0 - dispatch_margin(2.0)) - 0.2, gaps
 
             receipts = await ledger.receipts(key)
-            assert receipts[0].ttl_ms == 3000 and receipts[0].cache_scope == CacheScope.PUBLIC
+            assert receipts[0].ttl_ms == 2000 and receipts[0].cache_scope == CacheScope.PUBLIC
             event = next(e for e in await latest_events(ledger.pool, 50) if e.workflow_id == key.workflow_id)
-            assert event.ttl_ms == 3000 and event.cache_scope == "public"
+            assert event.ttl_ms == 2000 and event.cache_scope == "public"
 
             # Failing reads back off: the bound doubles and says so.
             await proc.faults(fail_reads={uri: -32603}, ttl_ms=0)
             rec = await _wait_record(handle,
                                      lambda r: r.staleness_bound_source == StalenessBoundSource.BACKOFF,
                                      "backoff after a failed read", timeout=30)
-            assert rec.staleness_bound_seconds == 0.5 * 8  # the cap: 8 x the interval, above the 3 s ttl
+            assert rec.staleness_bound_seconds == 0.3 * 8  # the cap: 8 x the interval, above the 2 s ttl
     finally:
         await proc.stop()
 

@@ -144,10 +144,12 @@ def _decoded_payloads(node: object) -> list[str]:
 def _write_config(path: Path, temporal: TemporalDevServer, db_url: str, server: ServerConfig,
                   queue: str) -> None:
     path.write_text(
-        f'[temporal]\naddress = "{temporal.address}"\ntask_queue = "{queue}"\n\n'
+        f'[temporal]\naddress = "{temporal.address}"\ntask_queue = "{queue}"\n'
+        f'sticky_queue_timeout_seconds = 1\n\n'  # the killed worker's runs go back to the queue at once
         f'[database]\nurl = "{db_url}"\n\n'
         f'[[servers]]\nname = "{server.name}"\ntransport = "http"\nurl = "{server.url}"\n'
-        f'subjects = {server.subjects!r}\n'.replace("'", '"')
+        f'subjects = {server.subjects!r}\n'
+        f'lease_seconds = 3\n'.replace("'", '"')  # the restarted worker takes the dead one's lease within 3 s
     )
 
 

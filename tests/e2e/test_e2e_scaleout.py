@@ -26,7 +26,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
@@ -38,6 +39,7 @@ from tests.conftest import eventually, ledger_rows, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
 LEASE_SECONDS = 2.0
+STICKY_SECONDS = 1.0  # [temporal] sticky_queue_timeout_seconds: a killed main's runs go back to the queue
 
 
 def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
@@ -56,7 +58,8 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
     server, queue = unique("fx"), unique("scaleq")
     config = tmp_path / "mcpsync.toml"
     config.write_text(
-        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n\n'
+        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n'
+        f'sticky_queue_timeout_seconds = {STICKY_SECONDS}\n\n'
         f'[database]\nurl = "{database_url}"\n\n'
         f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\nsubjects = ["alice"]\n'
         f'lease_seconds = {LEASE_SECONDS}\nping_interval_seconds = 0.5\nping_timeout_seconds = 2\n'
@@ -80,8 +83,10 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
 
         procs[ingress[owner_pid]].send_signal(signal.SIGKILL)
         procs[ingress[owner_pid]].wait(timeout=10)
-        procs["main1"].send_signal(signal.SIGKILL)  # and one of the two main workers
-        procs["main1"].wait(timeout=10)
+        # And the main worker that has the run cached: its next task waits on that worker's sticky queue.
+        cached = await _last_main(handle, {procs[n].pid: n for n in ("main1", "main2")})
+        procs[cached].send_signal(signal.SIGKILL)
+        procs[cached].wait(timeout=10)
         killed_at = time.monotonic()
         new_holder = await eventually(
             lambda: _other_holder(ledger, server, owner_pid), timeout=LEASE_SECONDS * 5, what="handoff")
@@ -94,6 +99,11 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
         assert rec.session_generation == session.generation > before["session_generation"]
         assert rec.subscription_generation > before["subscription_generation"]
         assert handoff < LEASE_SECONDS * 5
+        # The task on the dead worker's sticky queue went back to the shared queue after the configured
+        # timeout (the SDK's default is 10 s), and the other main completed it.
+        waited = await _sticky_timeouts(handle)
+        assert waited and all(w < STICKY_SECONDS + 1 for w in waited), waited
+        assert await _last_main(handle, {procs[n].pid: n for n in ("main1", "main2")}) != cached
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -104,6 +114,30 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
             except subprocess.TimeoutExpired:
                 p.kill()
         await fx.stop()
+
+
+async def _last_main(handle: WorkflowHandle, mains: dict[int, str]) -> str:
+    """The main worker (of ``mains``, by pid) that completed the run's newest workflow task."""
+    last = ""
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            pid = event.workflow_task_completed_event_attributes.identity.split("@", 1)[0]
+            last = mains.get(int(pid), last) if pid.isdigit() else last
+    assert last, "no workflow task completed by a main worker"
+    return last
+
+
+async def _sticky_timeouts(handle: WorkflowHandle) -> list[float]:
+    """Seconds each timed-out workflow task waited after it was scheduled."""
+    scheduled: dict[int, float] = {}
+    waited: list[float] = []
+    async for event in handle.fetch_history_events():
+        at = event.event_time.ToDatetime().timestamp()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled[event.event_id] = at
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            waited.append(at - scheduled[event.workflow_task_timed_out_event_attributes.scheduled_event_id])
+    return waited
 
 
 async def _other_holder(ledger: Ledger, server: str, old_pid: int) -> tuple[str, int] | None:
@@ -159,7 +193,8 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
     for name, role in names.items():
         config = tmp_path / f"{name}.toml"
         config.write_text(
-            f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n\n'
+            f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n'
+            f'sticky_queue_timeout_seconds = {STICKY_SECONDS}\n\n'
             f'[database]\nurl = "{database_url}"\n\n[metrics]\nport = {ports[name]}\nrefresh_seconds = 60\n\n'
             f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
             f'subjects = {json.dumps(list(subjects))}\ncatalog = false\n'
@@ -266,8 +301,6 @@ async def _workflow_task_workers(client: Client, workflow_ids: list[str],
                                  mains: dict[int, str], killed: float) -> dict[str, dict[str, int]]:
     """Workflow tasks completed per main worker (identity ``pid@host``), before and after the kill
     (``killed``: wall-clock seconds; the dev server runs on this box's clock)."""
-    from temporalio.api.enums.v1 import EventType
-
     completed: list[tuple[float, str]] = []
     for wf in workflow_ids:
         async for event in client.get_workflow_handle(wf).fetch_history_events():

@@ -152,6 +152,8 @@ class FaultBoard:
 
     async def set(self, switch: str, uri: str, value: Any) -> None:
         async with self.lock:
+            if self.maps[switch].get(uri) == value:
+                return  # the fixture has this map already
             if value is None:
                 self.maps[switch].pop(uri, None)
             else:
