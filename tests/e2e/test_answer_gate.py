@@ -29,8 +29,8 @@ from mcpsync.workflows.answer_rules import (
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED, answer_workflow_id
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionState
+from tests import cli_process
 from tests.conftest import eventually, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 
 R = GateReason

@@ -41,8 +41,8 @@ from mcpsync.workflows.records.catalog import (
     ScanStatus,
     SnapshotStatus,
 )
+from tests import cli_process
 from tests.conftest import eventually, running_services, unique
-from tests.e2e import cli_process
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 

@@ -37,8 +37,8 @@ from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
+from tests import cli_process
 from tests.conftest import eventually, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.serve_helpers import serve_client
 from tests.e2e.test_e2e_faults import MCPSYNC
 from tests.e2e.test_e2e_faults import _cli as _cli_with_env
@@ -62,7 +62,7 @@ class CliRun:
 
 
 async def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> CliRun:
-    """The real CLI as a subprocess (forked from the fork server: tests.e2e.cli_process) without
+    """The real CLI as a subprocess (forked from the fork server: tests.cli_process) without
     blocking the event loop (the worker runs in it)."""
     base = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
     r = await cli_process.arun(args, env={**base, "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})},

@@ -1,4 +1,4 @@
-"""The CLI fork server (tests.e2e.cli_process) is a faithful stand-in for a fresh interpreter: the
+"""The CLI fork server (tests.cli_process) is a faithful stand-in for a fresh interpreter: the
 same stdout, stderr and exit code as ``python -m mcpsync.worker.cli`` for a success, a documented
 one-line failure, a usage error and ``--help``; a run whose environment the pre-imported state
 cannot honour runs in a fresh interpreter."""
@@ -15,8 +15,8 @@ import pytest
 
 from mcpsync.worker.cli_common import ExitCode
 from mcpsync.worker.stack import REPO_ROOT, command_line, process_alive
+from tests import cli_process
 from tests.conftest import eventually
-from tests.e2e import cli_process
 
 ENV = {**{k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
        "MCPSYNC_STATE_DIR": "/nonexistent-state"}

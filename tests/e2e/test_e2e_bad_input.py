@@ -24,8 +24,8 @@ from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
+from tests import cli_process
 from tests.conftest import eventually, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState

@@ -41,8 +41,8 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionKey,
     SubscriptionOptions,
 )
+from tests import cli_process
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
 from tests.e2e.test_e2e_subscription import _wait_record
 

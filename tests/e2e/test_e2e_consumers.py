@@ -34,8 +34,8 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionKey,
     SubscriptionState,
 )
+from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled
 
@@ -43,7 +43,7 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary \x00"
 
 
 def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
-    """The CLI, forked from the fork server (tests.e2e.cli_process); ``stdout`` a terminal, say."""
+    """The CLI, forked from the fork server (tests.cli_process); ``stdout`` a terminal, say."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
     return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
 

@@ -27,8 +27,8 @@ from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
+from tests import cli_process
 from tests.conftest import eventually, running_services, unique
-from tests.e2e import cli_process
 from tests.e2e.conftest import ingress_idle, reads_settled
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -230,7 +230,7 @@ async def test_server_that_exits_at_once_and_refusing_url_fail_clearly(ledger: L
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI as a subprocess (forked from the fork server: tests.e2e.cli_process)."""
+    """The CLI as a subprocess (forked from the fork server: tests.cli_process)."""
     return cli_process.run(args, env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})})
 
 

@@ -16,8 +16,8 @@ from mcpsync.activities.retention import prune
 from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
 from mcpsync.worker.runtime import run_services
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState
+from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique
-from tests.e2e import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 S = SubscriptionState

@@ -29,8 +29,8 @@ from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.runtime import revoke
 from mcpsync.worker.serve import FRESHNESS_META as FRESH
 from mcpsync.worker.stack import REPO_ROOT
+from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
-from tests.e2e import cli_process
 from tests.e2e.serve_helpers import (
     INSPECTOR,
     TS_CLIENT,

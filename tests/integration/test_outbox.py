@@ -35,8 +35,8 @@ from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
 from mcpsync.activities.retention import prune
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
-from tests.e2e import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 INSERT = ("INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest)"

@@ -12,7 +12,7 @@ from pathlib import Path
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger_content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
-from tests.e2e import cli_process
+from tests import cli_process
 from tests.integration.test_ledger import _accept, _active, _issue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ HOSTILE = "title\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m \u202eevil\r\nsecond 
 
 
 def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
-    """The CLI, forked from the fork server (tests.e2e.cli_process); ``stdout`` a terminal, say."""
+    """The CLI, forked from the fork server (tests.cli_process); ``stdout`` a terminal, say."""
     env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
     return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
 

@@ -80,7 +80,7 @@ class _Client:
         # The command line names mcpsync.worker.cli, as FRESH's does: the children share it, and mcpsync
         # tells its own processes from a recycled pid by the command line (stack.process_alive).
         self.server = subprocess.Popen(
-            [sys.executable, "-c", f"from tests.e2e.cli_process import serve; serve({theirs.fileno()})",
+            [sys.executable, "-c", f"from tests.cli_process import serve; serve({theirs.fileno()})",
              "mcpsync.worker.cli"],
             cwd=REPO_ROOT, env=self.env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
