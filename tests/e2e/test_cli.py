@@ -281,6 +281,7 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
         stdin=subprocess.DEVNULL)
     try:
         await eventually(lambda: "ready in" in log_path.read_text(), timeout=60, what="'up' ready")
+        assert up.returncode is None, f"'up' exited {up.returncode} once ready:\n{_up_log(log_path)}"
         runtime = json.loads((state / "runtime.json").read_text())
         assert runtime["pid"] == up.pid
         second = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
@@ -317,9 +318,13 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
             assert (
                 await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
             ).status_code == 401
+    except BaseException:
+        print(f"'up' (exit code {up.returncode}) wrote:\n{_up_log(log_path)}")  # in pytest's report
+        raise
     finally:
         # a clean stop: the stack stops its dev server and removes the runtime file
-        up.send_signal(signal.SIGINT)
+        if up.returncode is None:
+            up.send_signal(signal.SIGINT)
         try:
             await asyncio.wait_for(up.wait(), 30)
         except TimeoutError:
@@ -330,6 +335,11 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
     r = await run_cli("list", env={"MCPSYNC_STATE_DIR": str(state)})
     assert (r.code == 6
             and f"nothing is running here: no runtime file {state / 'runtime.json'}" in _one_error_line(r))
+
+
+def _up_log(path: Path) -> str:
+    """What ``up`` wrote, for a failure report: its demo bearer token masked (a credential)."""
+    return re.sub(r"(?i)(bearer token |Bearer )\S+", r"\1***", path.read_text(errors="replace"))[-4000:]
 
 
 # --- subscription commands against the real stack -------------------------------------------
