@@ -189,29 +189,27 @@ def workflow_runner(kind: WorkflowRunnerKind) -> WorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 
 
-def main_worker(client: Client, ledger: Ledger, task_queue: str, *, max_cached_workflows: int,
-                deployment: WorkerDeploymentVersion | None = None,
-                workflows: Sequence[type] = MAIN_WORKFLOWS,
-                runner: WorkflowRunnerKind = TemporalConfig().workflow_runner,
-                sticky_queue_timeout_seconds: float = TemporalConfig().sticky_queue_timeout_seconds,
-                ) -> Worker:
-    """The workflows and ledger activities. ``deployment``: poll as that Worker Deployment Version,
-    every workflow PINNED (``mcpsync.workflows.versioning``). ``workflows`` stays ``MAIN_WORKFLOWS``
-    outside tests of a changed build."""
+def main_worker(client: Client, ledger: Ledger, temporal: TemporalConfig, *,
+                workflows: Sequence[type] = MAIN_WORKFLOWS) -> Worker:
+    """The workflows and ledger activities, as ``temporal`` says: its task queue, cache size, sticky
+    queue timeout and runner; with ``deployment_name`` and ``build_id``, polling as that Worker
+    Deployment Version, every workflow PINNED (``mcpsync.workflows.versioning``). ``workflows`` stays
+    ``MAIN_WORKFLOWS`` outside tests of a changed build."""
+    deployment = deployment_version(temporal)
     return Worker(
         client,
-        task_queue=task_queue,
+        task_queue=temporal.task_queue,
         workflows=list(workflows),
         deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True,
                                                   default_versioning_behavior=MAIN_WORKER_BEHAVIOR)
                            if deployment is not None else None),
         activities=ledger.activities(metrics.PROMETHEUS)
-        + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, task_queue).all()
+        + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, temporal.task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,
-        max_cached_workflows=max_cached_workflows,
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_queue_timeout_seconds),
-        workflow_runner=workflow_runner(runner),
+        max_cached_workflows=temporal.max_cached_workflows,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=temporal.sticky_queue_timeout_seconds),
+        workflow_runner=workflow_runner(temporal.workflow_runner),
     )
 
 
@@ -254,12 +252,7 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     tasks = [asyncio.create_task(h.run(), name=f"host:{h.server.name}/{h.subject}") for h in hosts]
     if hosts:  # a main-only process polls no ingress queue
         tasks.append(asyncio.create_task(ingress.run(), name="ingress-worker"))
-    worker = main_worker(client, ledger, config.temporal.task_queue,
-                         max_cached_workflows=config.temporal.max_cached_workflows,
-                         deployment=deployment_version(config.temporal),
-                         runner=config.temporal.workflow_runner,
-                         sticky_queue_timeout_seconds=config.temporal.sticky_queue_timeout_seconds) \
-        if with_main_worker else None
+    worker = main_worker(client, ledger, config.temporal) if with_main_worker else None
     if polling is not None:
         if hosts:
             polling.append(lambda: ingress.polling)

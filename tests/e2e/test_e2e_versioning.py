@@ -124,8 +124,9 @@ async def _routing_propagated(client: Client, deployment: str, queue: str, build
 @asynccontextmanager
 async def _main_worker(client: Client, ledger: Ledger, queue: str, deployment: str, build_id: str,
                        workflows: Sequence[type] = MAIN_WORKFLOWS) -> AsyncIterator[None]:
-    worker = main_worker(client, ledger, queue, max_cached_workflows=100, workflows=workflows,
-                         deployment=WorkerDeploymentVersion(deployment_name=deployment, build_id=build_id))
+    temporal = TemporalConfig(task_queue=queue, max_cached_workflows=100, deployment_name=deployment,
+                              build_id=build_id)
+    worker = main_worker(client, ledger, temporal, workflows=workflows)
     task = asyncio.create_task(worker.run())
     try:
         yield
