@@ -128,6 +128,19 @@ def server_pid() -> int | None:
     return None if _client is None or _client.server.poll() is not None else _client.server.pid
 
 
+def without_database_url() -> dict[str, str]:
+    """This process's environment less ``MCPSYNC_DATABASE_URL``: an ``mcpsync`` run with ``--config``
+    then uses the file's ``[database] url`` (the environment's URL wins over the file)."""
+    return {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+
+
+def run_config(conf: os.PathLike[str] | str, *args: str, stdout: int | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """``mcpsync --config conf *args`` against the file's database, in bytes (``run_bytes``)."""
+    return run_bytes(["--config", str(conf), *args], env=without_database_url(), stdout=stdout,
+                     timeout=timeout)
+
+
 def _read_line(sock: socket.socket) -> bytes:
     """One line, read a byte at a time (the exit code may follow the pid in the same buffer)."""
     data = b""

@@ -30,6 +30,7 @@ from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows.records.subscription import SubscriptionKey
+from tests import cli_process
 from tests.conftest import running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -43,7 +44,7 @@ class ServeProcess:
     @classmethod
     async def start(cls, conf: Path, tokens: dict[str, str], *, consumer: str, port: int = 0,
                     extra: tuple[str, ...] = ()) -> ServeProcess:
-        env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+        env = cli_process.without_database_url()
         env["MCPSYNC_SERVE_TOKENS"] = json.dumps(tokens)
         log = conf.parent / f"serve-{consumer}-{os.urandom(3).hex()}.log"
         with log.open("wb") as err:

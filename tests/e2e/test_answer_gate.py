@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -189,8 +188,7 @@ async def test_list_changed_and_unrelated_updates_do_not_reopen(temporal_client:
 
         async def cli(*args: str, rc: int = 0) -> dict[str, Any]:
             r = await cli_process.arun(["--config", str(conf), "answer", *args, "--json"],
-                                       env={k: v for k, v in os.environ.items()
-                                            if k != "MCPSYNC_DATABASE_URL"})
+                                       env=cli_process.without_database_url())
             assert r.returncode == rc, r.stderr
             doc: dict[str, Any] = json.loads(r.stdout)
             return doc

@@ -480,9 +480,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
                        f' "{st.fx.mcp_url}"\n')
 
         async def cli(*args: str) -> tuple[int, str, str]:
-            r = await cli_process.arun(["--config", str(cfg), *args],
-                                       env={k: v for k, v in os.environ.items()
-                                            if k != "MCPSYNC_DATABASE_URL"})
+            r = await cli_process.arun(["--config", str(cfg), *args], env=cli_process.without_database_url())
             return r.returncode, r.stdout, r.stderr
 
         code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice", "--now",

@@ -64,8 +64,8 @@ class CliRun:
 async def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> CliRun:
     """The real CLI as a subprocess (forked from the fork server: tests.cli_process) without
     blocking the event loop (the worker runs in it)."""
-    base = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    r = await cli_process.arun(args, env={**base, "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})},
+    r = await cli_process.arun(args, env={**cli_process.without_database_url(),
+                                          "MCPSYNC_STATE_DIR": "/nonexistent-state", **(env or {})},
                                timeout=timeout)
     return CliRun(r.returncode, r.stdout, r.stderr)
 

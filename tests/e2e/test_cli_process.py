@@ -18,8 +18,7 @@ from mcpsync.worker.stack import REPO_ROOT, command_line, process_alive
 from tests import cli_process
 from tests.conftest import eventually
 
-ENV = {**{k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
-       "MCPSYNC_STATE_DIR": "/nonexistent-state"}
+ENV = {**cli_process.without_database_url(), "MCPSYNC_STATE_DIR": "/nonexistent-state"}
 
 
 def _fresh(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

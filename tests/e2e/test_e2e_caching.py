@@ -12,8 +12,6 @@ Real Temporal dev server, PostgreSQL and the fixture MCP server over streamable 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -45,6 +43,8 @@ from tests import cli_process
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
 from tests.e2e.test_e2e_subscription import _wait_record
+
+_cli = cli_process.run_config  # mcpsync --config FILE ..., against the file's database, in bytes
 
 TOKENS = {"alice": f"tok-alice-{uuid.uuid4().hex}", "bob": f"tok-bob-{uuid.uuid4().hex}"}
 
@@ -261,11 +261,6 @@ async def fx_auth(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
         yield proc
     finally:
         await proc.stop()
-
-
-def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return cli_process.run_bytes(["--config", str(conf), *args], env=env, timeout=120)
 
 
 @pytest.mark.parametrize("scope", ["private", "public"])

@@ -40,12 +40,7 @@ from tests.e2e.test_e2e_subscription import _wait_record
 from tests.integration.test_outbox import register, settled
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary \x00"
-
-
-def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
-    """The CLI, forked from the fork server (tests.cli_process); ``stdout`` a terminal, say."""
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config's URL wins
-    return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
+_cli = cli_process.run_config  # mcpsync --config FILE ..., against the file's database, in bytes
 
 
 async def _drain(consumer: OutboxConsumer) -> list[OutboxEventV1]:
@@ -292,7 +287,7 @@ async def test_reference_indexer_converges_through_kills_prune_and_revocation(
 def _indexer_from_config(conf: Path, name: str, index: Path, subject: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "examples.indexer", "--config", str(conf), "--consumer",
                              name, "--index", str(index), "--subject", subject], cwd=REPO_ROOT,
-                            env={k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"},
+                            env=cli_process.without_database_url(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

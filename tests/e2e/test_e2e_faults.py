@@ -166,7 +166,7 @@ async def test_worker_killed_mid_stream_loses_nothing(temporal_client: Client,
     await fx.create(uri, text="r0")
     log = (tmp_path / "worker.log").open("wb")
 
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}  # the config file's URL
+    env = cli_process.without_database_url()  # the config file's URL
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen([*MCPSYNC, "--config", str(config), "worker"], cwd=REPO_ROOT, stdout=log,

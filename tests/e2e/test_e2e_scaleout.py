@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -35,6 +34,7 @@ from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
+from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
@@ -43,7 +43,7 @@ STICKY_SECONDS = 1.0  # [temporal] sticky_queue_timeout_seconds: a killed main's
 
 
 def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+    env = cli_process.without_database_url()
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "--config", str(config),
                                  "worker", "--role", role],

@@ -257,7 +257,7 @@ async def test_stdio_and_bad_input(
     ) as st:
         serve, tokens, conf = st.serve, st.tokens, st.conf
         # stdio: one configured subject, both editions.
-        env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
+        env = cli_process.without_database_url()
         params = StdioServerParameters(
             command=sys.executable,
             cwd=str(REPO_ROOT),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
 import subprocess
@@ -356,8 +355,8 @@ async def test_envelope_schema_in_the_doc_is_the_models() -> None:
 
 def _cli(conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI against the config's database (the environment's URL would win over the file)."""
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    return cli_process.run(["--config", str(conf), *args], env=env, timeout=120)
+    return cli_process.run(["--config", str(conf), *args], env=cli_process.without_database_url(),
+                           timeout=120)
 
 
 async def test_outbox_commands(tmp_path: Path, ledger: Ledger, database_url: str,
@@ -447,7 +446,7 @@ async def test_poll_follow_command_prints_each_batch_and_acks_it(tmp_path: Path,
     subject = unique("pf")
     consumer = await register(ledger, consumers, subject)
     app = unique("pf-follow")
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"} | {"PGAPPNAME": app}
+    env = cli_process.without_database_url() | {"PGAPPNAME": app}
     polled_before = (await consumer_infos(ledger.pool, consumer.name))[0].last_poll_at
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mcpsync.worker.cli", "--config", str(conf), "outbox", "poll", "--consumer",

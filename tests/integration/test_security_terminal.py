@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pty
 import select
-import subprocess
 from pathlib import Path
 
 from mcpsync.activities.ledger import Ledger
@@ -17,12 +16,7 @@ from tests.integration.test_ledger import _accept, _active, _issue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "title\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m \u202eevil\r\nsecond line\té\n" + "padding " * 20
-
-
-def _cli(conf: Path, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[bytes]:
-    """The CLI, forked from the fork server (tests.cli_process); ``stdout`` a terminal, say."""
-    env = {k: v for k, v in os.environ.items() if k != "MCPSYNC_DATABASE_URL"}
-    return cli_process.run_bytes(["--config", str(conf), *args], env=env, stdout=stdout, timeout=120)
+_cli = cli_process.run_config  # mcpsync --config FILE ..., against the file's database, in bytes
 
 
 def _read_all(fd: int) -> bytes:
