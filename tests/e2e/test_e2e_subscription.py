@@ -56,7 +56,7 @@ async def _wait_record(handle, pred, what: str,
         rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         return rec if pred(rec) else None
 
-    # A query every 50 ms (was 200): a wait ends about when its condition holds; a query makes no history.
+    # A query every 50 ms: a wait ends about when its condition holds; a query adds no history event.
     return await eventually(check, timeout=timeout, interval=0.05, what=what)
 
 

@@ -543,7 +543,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_get_every_cha
             assert read.contents[0].text == "# slow two"  # type: ignore[union-attr]
             # The slow client, reading at last, finds the backlog end in the reason it was cut off. It
             # stalls 11 s past the cut-off (its send was stuck before that): the reason waits for the
-            # client however long, past the 10 s after which a stuck send was once dropped.
+            # client however long, so a stuck send dropped after a 10 s timeout would fail here.
             await asyncio.sleep(stall_ends - asyncio.get_running_loop().time())
             received = b""
             async with asyncio.timeout(60):
