@@ -20,6 +20,12 @@ Contract:
   :meth:`FloorActivities.touch_own_row` (``touch`` on a row of its own, upserted, so concurrent
   workflows do not queue on one row lock), and returns the digest. That is one workflow start, two
   workflow tasks and one cross-queue activity, then the close.
+- The SUBSCRIBE start floor is the same workflow running :meth:`FloorActivities.subscribe_own_uri`
+  instead: the same transaction, then what a subscription's start asks of its server, a
+  ``resources/subscribe`` and a ``resources/read`` of a URI of the sample's own (``uris[sample]``). It
+  is the least a start that subscribes can be on this Temporal server and this MCP server, so the
+  start rate it gives is the one mcpsync's own work (fences, ledger receipts, the ingress) is measured
+  against.
 - :func:`measure_starts` first runs a warm-up tenth (not timed), then starts ``n`` of them through
   a semaphore of ``concurrency`` start calls in flight (32: the benchmark's ``subscribe()`` starts
   subscriptions with ``gather_limited(..., 32)``) and waits for every one to complete (the result
@@ -39,14 +45,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from mcp.shared.exceptions import MCPDeprecationWarning
     from psycopg_pool import AsyncConnectionPool
     from temporalio.api.enums.v1 import EventType
     from temporalio.client import Client
@@ -63,8 +72,12 @@ SIGNAL_GO = "go"
 SIGNAL_STOP = "stop"
 ACTIVITY_TOUCH = "bench_floor_touch"
 ACTIVITY_TOUCH_OWN_ROW = "bench_start_floor_touch"
+ACTIVITY_SUBSCRIBE_OWN_URI = "bench_start_floor_subscribe"
 START_ROW0 = 1000  # the start floor's rows: START_ROW0 + sample
 TABLE = "bench_temporal_floor"
+_UPSERT_OWN_ROW = (f"INSERT INTO {TABLE} (id, sample, touched_at) VALUES (%s, %s, clock_timestamp()) "
+                   "ON CONFLICT (id) DO UPDATE "
+                   "SET sample = excluded.sample, touched_at = excluded.touched_at")
 
 
 @workflow.defn(name="BenchTemporalFloor")
@@ -101,10 +114,12 @@ class StartFloorWorkflow:
     """Started → one activity on another task queue → completed with the read's digest."""
 
     @workflow.run
-    async def run(self, activity_queue: str, sample: int) -> str:
-        digest: str = await workflow.execute_activity(ACTIVITY_TOUCH_OWN_ROW, sample,
+    async def run(self, activity_queue: str, sample: int, activity_name: str = ACTIVITY_TOUCH_OWN_ROW) -> str:
+        # One attempt: a floor whose activity fails must fail the run with its error, not time out.
+        digest: str = await workflow.execute_activity(activity_name, sample,
                                                       task_queue=activity_queue,
-                                                      start_to_close_timeout=timedelta(seconds=30))
+                                                      start_to_close_timeout=timedelta(seconds=30),
+                                                      retry_policy=RetryPolicy(maximum_attempts=1))
         return digest
 
 
@@ -113,6 +128,7 @@ class FloorActivities:
     pool: AsyncConnectionPool[Any]
     mcp: Any  # an entered mcp ``Client`` (cache=None)
     uri: str
+    uris: Sequence[str] = ()  # the subscribe start floor's: sample i subscribes and reads uris[i]
     completed: dict[int, float] = field(default_factory=dict)  # sample -> wall time the activity finished
     postgres_s: list[float] = field(default_factory=list)
     read_s: list[float] = field(default_factory=list)
@@ -131,17 +147,24 @@ class FloorActivities:
     async def touch_own_row(self, sample: int) -> str:
         """:meth:`touch` on a row of the sample's own (``START_ROW0 + sample``, upserted): concurrent
         workflows do not queue on one row lock, as subscriptions write rows of their own."""
-        return await self._touch(sample, f"INSERT INTO {TABLE} (id, sample, touched_at) VALUES (%s, %s, "
-                                         "clock_timestamp()) ON CONFLICT (id) DO UPDATE "
-                                         "SET sample = excluded.sample, touched_at = excluded.touched_at",
-                                 (START_ROW0 + sample, sample))
+        return await self._touch(sample, _UPSERT_OWN_ROW, (START_ROW0 + sample, sample))
 
-    async def _touch(self, sample: int, sql: str, args: tuple[int, ...]) -> str:
+    @activity.defn(name=ACTIVITY_SUBSCRIBE_OWN_URI)
+    async def subscribe_own_uri(self, sample: int) -> str:
+        """:meth:`touch_own_row`'s transaction, then ``resources/subscribe`` and ``resources/read`` of
+        ``uris[sample]``: what a subscription's start asks of its server."""
+        return await self._touch(sample, _UPSERT_OWN_ROW, (START_ROW0 + sample, sample), self.uris[sample])
+
+    async def _touch(self, sample: int, sql: str, args: tuple[int, ...], subscribe: str | None = None) -> str:
         t0 = time.perf_counter()
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(sql, args)
         t1 = time.perf_counter()
-        digest = read_digest(await self.mcp.read_resource(self.uri))
+        if subscribe is not None:
+            with warnings.catch_warnings():  # 2025-11-25's method, as the ingress calls it
+                warnings.simplefilter("ignore", MCPDeprecationWarning)
+                await self.mcp.session.subscribe_resource(subscribe)
+        digest = read_digest(await self.mcp.read_resource(subscribe or self.uri))
         t2 = time.perf_counter()
         self.postgres_s.append(t1 - t0)
         self.read_s.append(t2 - t1)
@@ -250,19 +273,24 @@ class StartFloorResult:
 async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: Any, uri: str, n: int, *,
                          concurrency: int = 32, roles: dict[int, cost.Role] | None = None,
                          snapshot: Callable[[], Any] | None = None,
-                         runner: WorkflowRunner | None = None,
+                         runner: WorkflowRunner | None = None, uris: Sequence[str] = (),
                          timeout: float = 120.0) -> StartFloorResult:
-    """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract."""
+    """``n`` :class:`StartFloorWorkflow` started ``concurrency`` at a time; see the module contract. With
+    ``uris`` (at least ``n`` plus the warm-up tenth), the subscribe start floor: sample i subscribes and
+    reads ``uris[i]``."""
     tag = uuid.uuid4().hex[:8]
     wf_queue, act_queue = f"bench-start-floor-wf-{tag}", f"bench-start-floor-act-{tag}"
-    acts = FloorActivities(pool, mcp, uri)
+    acts = FloorActivities(pool, mcp, uri, uris)
+    warmup = max(1, n // 10)
+    if uris and len(uris) < n + warmup:
+        raise ValueError(f"the subscribe start floor needs {n + warmup} URIs, got {len(uris)}")
+    activity_name = ACTIVITY_SUBSCRIBE_OWN_URI if uris else ACTIVITY_TOUCH_OWN_ROW
     await prepare_table(pool)
     gate = asyncio.Semaphore(concurrency)
-    warmup = max(1, n // 10)
 
     async def one(i: int) -> float:
         async with gate:
-            handle = await client.start_workflow(StartFloorWorkflow.run, args=[act_queue, i],
+            handle = await client.start_workflow(StartFloorWorkflow.run, args=[act_queue, i, activity_name],
                                                  id=f"bench-temporal-start-floor-{tag}-{i}",
                                                  task_queue=wf_queue)
         started[i] = time.monotonic()
@@ -272,7 +300,7 @@ async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: An
     started: dict[int, float] = {}
     async with Worker(client, task_queue=wf_queue, workflows=[StartFloorWorkflow],
                       workflow_runner=runner or SandboxedWorkflowRunner()), \
-            Worker(client, task_queue=act_queue, activities=[acts.touch_own_row]):
+            Worker(client, task_queue=act_queue, activities=[acts.touch_own_row, acts.subscribe_own_uri]):
         # One-time costs (the workflow sandbox, pollers, pool connections) are not per start: a warm-up tenth
         # first, as the benchmark's subscribe() does.
         await asyncio.wait_for(asyncio.gather(*(one(n + i) for i in range(warmup))), timeout)

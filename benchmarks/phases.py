@@ -59,6 +59,7 @@ from benchmarks.staleness import staleness_section
 from benchmarks.temporal_floor import (
     measure_temporal_floor,
     measure_temporal_start_floor,
+    start_floor_uris,
     temporal_floor_session,
 )
 from benchmarks.usage import rss_bytes
@@ -358,7 +359,7 @@ async def temporal_floors_phase(b: Bench) -> None:
     say(f"measuring the Temporal floor ({opts.temporal_floor_samples} samples)")
     # --- and the Temporal start floor: n minimal one-activity workflows started like the subscriptions
     start_n = max(1, min(200, r["startup"]["subscriptions_measured"]))
-    async with temporal_floor_session(fixture, work) as floor_mcp:
+    async with temporal_floor_session(fixture, work, start_floor_uris(start_n)) as floor_mcp:
         r["temporal_floor"] = await measure_temporal_floor(client, ledger, floor_mcp,
                                                            opts.temporal_floor_samples)
         run.curves["temporal_floor"] = r["temporal_floor"].pop("_totals")
@@ -366,6 +367,9 @@ async def temporal_floors_phase(b: Bench) -> None:
         start_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
         r["temporal_start_floor"] = await measure_temporal_start_floor(client, ledger, floor_mcp, start_n,
                                                                        start_roles, opts.workflow_runner)
+        say(f"measuring the Temporal subscribe start floor ({start_n} workflows, 32 starts in flight)")
+        r["temporal_subscribe_start_floor"] = await measure_temporal_start_floor(
+            client, ledger, floor_mcp, start_n, start_roles, opts.workflow_runner, subscribe=True)
 
 
 async def staleness_start(b: Bench) -> StalenessLoad:

@@ -116,13 +116,16 @@ def print_summary(report: dict[str, Any]) -> None:
         print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; "
               f"signal -> 1 activity on a 2nd queue: txn {f(tf['activity_postgres_p50_ms'])} ms + read "
               f"{f(tf['activity_read_p50_ms'])} ms -> workflow ack)")
-        sf = r["temporal_start_floor"]
-        print(f"  temporal start floor {f(sf['subscriptions_per_s'])}/s  (n={sf['n']}, {sf['concurrency']} "
-              f"starts in flight, {f(sf['seconds'])} s; 1 activity per workflow: txn "
-              f"{f(sf['activity_postgres_p50_ms'])} ms + read {f(sf['activity_read_p50_ms'])} ms; CPU "
-              f"{f(sf['cpu_ms_per_start'])} ms/start, benchmark process + dev server; machine busy "
-              f"{f(sf['machine_busy_pct'], '%')}, other processes "
-              f"{f(sf['other_processes_pct_of_machine'], '%')})")
+        for label, key, mcp_work in (("temporal start floor", "temporal_start_floor", "read"),
+                                     ("  subscribe start floor", "temporal_subscribe_start_floor",
+                                      "subscribe + read")):
+            sf = r[key]
+            print(f"  {label} {f(sf['subscriptions_per_s'])}/s  (n={sf['n']}, {sf['concurrency']} "
+                  f"starts in flight, {f(sf['seconds'])} s; 1 activity per workflow: txn "
+                  f"{f(sf['activity_postgres_p50_ms'])} ms + {mcp_work} {f(sf['activity_read_p50_ms'])} ms; "
+                  f"CPU {f(sf['cpu_ms_per_start'])} ms/start, benchmark process + dev server; machine busy "
+                  f"{f(sf['machine_busy_pct'], '%')}, other processes "
+                  f"{f(sf['other_processes_pct_of_machine'], '%')})")
         byp = cc["by_process_ms_per_change"]
         print(f"  CPU ms/change       {f(cc['cpu_ms_per_change'])} = "
               + " + ".join(f"{k} {f(v)}" for k, v in byp.items())

@@ -40,7 +40,9 @@ a delivered notification is divided by it (``convergence_over_temporal_floor``).
 phase's measured subscriptions, at most 200; a warm-up tenth first) whose run is that same ONE
 activity, started with at most 32 start calls in flight as ``subscribe()`` starts subscriptions;
 n ÷ (first start → last completion) is ``temporal_start_floor.subscriptions_per_s``, and the startup
-phase's subscriptions/s is divided by it (``initial_subscriptions_over_start_floor``).
+phase's subscriptions/s is divided by it (``initial_subscriptions_over_start_floor``). Then the **subscribe
+start floor**: the same, its activity subscribing to and reading a URI of its own, as a subscription's start
+must (``initial_subscriptions_over_subscribe_start_floor``).
 
 **Cost of a change** (``benchmarks.cost``): CPU of the run's processes (this process, the dev server,
 the fixtures, PostgreSQL's postmaster, auxiliaries and the run's backends) from /proc over the churn,

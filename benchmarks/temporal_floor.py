@@ -3,12 +3,14 @@ one activity -> acknowledged) and the start floor (n one-activity workflows star
 both reading ``TEMPORAL_FLOOR_URI`` through an MCP client session of their own
 (:func:`temporal_floor_session`) on the run's fixture, over the transport a session host opens
 (``mcpsync.worker.session_transport.server_transport``: the same HTTP client, connection pool and
-bounds), so the floor's read costs what the ingress's read costs."""
+bounds), so the floor's read costs what the ingress's read costs. The subscribe start floor
+(:func:`measure_temporal_start_floor` with ``subscribe=True``) subscribes and reads URIs of its own,
+``start_floor_uris``, which the session creates on the same fixture and nothing ever changes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -27,35 +29,44 @@ from mcpsync.worker.config import ServerConfig, WorkflowRunnerKind
 from mcpsync.worker.runtime import workflow_runner
 from mcpsync.worker.session_transport import server_transport
 
-__all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor",
+__all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor", "start_floor_uris",
            "temporal_floor_session"]
 
 
 TEMPORAL_FLOOR_URI = "bench://temporal-floor"
 
 
+def start_floor_uris(n: int) -> list[str]:
+    """The subscribe start floor's URIs for ``n`` timed starts and their warm-up tenth."""
+    return [f"bench://temporal-start-floor/{i}" for i in range(n + max(1, n // 10))]
+
+
 @asynccontextmanager
-async def temporal_floor_session(fixture: FixtureProcess | None, work: Path) -> AsyncIterator[Any]:
+async def temporal_floor_session(fixture: FixtureProcess | None, work: Path,
+                                 start_uris: Sequence[str] = ()) -> AsyncIterator[Any]:
     """The Temporal floors' own MCP client session (``cache=None``) on the run's fixture, holding
-    ``TEMPORAL_FLOOR_URI``: over HTTP the system's fixture process, over stdio a twin fixture process of its
-    own (a stdio server has one client)."""
+    ``TEMPORAL_FLOOR_URI`` and ``start_uris``: over HTTP the system's fixture process, over stdio a twin
+    fixture process of its own (a stdio server has one client)."""
     ready = work / "ready-temporal-floor.json"
     target: Any
     if fixture is not None:
-        await fixture.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+        for uri in [TEMPORAL_FLOOR_URI, *start_uris]:
+            await fixture.create(uri, text="temporal floor", mime_type="text/plain")
         target = server_transport(ServerConfig(name="temporal-floor", transport="http", url=fixture.mcp_url),
                                   "temporal-floor")
     else:
         command, env = stdio_command(ready_file=ready, seed="none", log_level="WARNING")
         target = StdioServerParameters(command=command[0], args=command[1:], env=env)
-    mcp = McpClient(target, cache=None,
+    # The edition the benchmark's ingress speaks (ServerConfig's default, 2025-11-25: resources/subscribe).
+    mcp = McpClient(target, mode="legacy", cache=None,
                     client_info=types.Implementation(name="bench-temporal-floor", version="0"))
     await asyncio.wait_for(mcp.__aenter__(), 30)
     try:
         if fixture is None:
             ctl = FixtureControl((await wait_ready_file(ready, timeout=30))["control_url"])
             try:
-                await ctl.create(TEMPORAL_FLOOR_URI, text="temporal floor", mime_type="text/plain")
+                for uri in [TEMPORAL_FLOOR_URI, *start_uris]:
+                    await ctl.create(uri, text="temporal floor", mime_type="text/plain")
             finally:
                 await ctl.aclose()
         yield mcp
@@ -88,12 +99,17 @@ async def measure_temporal_floor(client: Client, ledger: Ledger, mcp: Any, sampl
 
 async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any, n: int,
                                        roles: dict[int, cost.Role] | None,
-                                       runner: WorkflowRunnerKind) -> dict[str, Any]:
+                                       runner: WorkflowRunnerKind, *,
+                                       subscribe: bool = False) -> dict[str, Any]:
     """``benchmarks.floor.measure_starts``: ``n`` minimal workflows of one activity each, started 32 at a time
     like ``subscribe()`` starts subscriptions, on the main worker's workflow runner; CPU of ``roles`` over the
-    window."""
+    window. ``subscribe``: the subscribe start floor (the activity subscribes and reads
+    ``start_floor_uris(n)``, which :func:`temporal_floor_session` must have created)."""
     res = await floor.measure_starts(client, ledger.pool, mcp, TEMPORAL_FLOOR_URI, n, concurrency=32,
-                                     roles=roles, snapshot=cpu_snapshot, runner=workflow_runner(runner))
+                                     roles=roles, snapshot=cpu_snapshot, runner=workflow_runner(runner),
+                                     uris=start_floor_uris(n) if subscribe else ())
+    mcp_work = ("one MCP resources/subscribe + resources/read of a URI of its own (start_floor_uris)"
+                if subscribe else "one MCP resources/read")
     out: dict[str, Any] = {
         "subscriptions_per_s": round(res.subscriptions_per_second, 1),
         "n": res.n,
@@ -103,14 +119,14 @@ async def measure_temporal_start_floor(client: Client, ledger: Ledger, mcp: Any,
         "start_seconds": round(res.start_seconds, 3),
         "seconds": round(res.seconds, 3),
         "activity_postgres_p50_ms": summarize(res.postgres)["p50_ms"],
-        "activity_read_p50_ms": summarize(res.read)["p50_ms"],
+        "activity_read_p50_ms": summarize(res.read)["p50_ms"],  # the subscribe floor's: subscribe + read
         "cpu_ms_per_start": None,
         "by_process_ms_per_start": None,
         "machine_busy_pct": None,
         "other_processes_pct_of_machine": None,
         "what": "benchmarks.floor.measure_starts: after a warm-up tenth, n workflows "
                 "(BenchTemporalStartFloor: ONE activity = one PostgreSQL transaction upserting a row of "
-                "its own + one MCP resources/read, own session, cache=None, on a second task queue, then "
+                f"its own + {mcp_work}, own session, cache=None, on a second task queue, then "
                 "return) started with at most 32 start calls in flight, as subscribe() starts "
                 "subscriptions; n / (first start call -> last completion observed); n = "
                 "startup.subscriptions_measured capped at 200; same dev server, database, fixture; workers "

@@ -126,6 +126,7 @@ def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: 
     assert "staleness polling" in proc.stdout and "staleness subscribe_lost_notifications" in proc.stdout
     assert "temporal floor ms" in proc.stdout and "history events per change" in proc.stdout
     assert "temporal start floor /s" in proc.stdout and "initial subscriptions / start floor" in proc.stdout
+    assert "initial subscriptions / subscribe start floor" in proc.stdout
     png = (out / "results.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
@@ -240,6 +241,13 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert r["temporal_start_floor_per_s"] == sf["subscriptions_per_s"]
     assert r["initial_subscriptions_over_start_floor"] == pytest.approx(
         r["initial_subscriptions_per_s"] / sf["subscriptions_per_s"], abs=1e-3)
+    # The subscribe start floor: the same shape, its activity subscribing to and reading URIs of its own (a
+    # failed subscribe fails its workflow, and the run with it).
+    ssf = r["temporal_subscribe_start_floor"]
+    assert ssf["n"] == sf["n"] and ssf["warmup"] == sf["warmup"] and ssf["subscriptions_per_s"] > 0
+    assert "resources/subscribe" in ssf["what"] and "resources/subscribe" not in sf["what"]
+    assert r["initial_subscriptions_over_subscribe_start_floor"] == pytest.approx(
+        r["initial_subscriptions_per_s"] / ssf["subscriptions_per_s"], abs=1e-3)
 
     # Idle cost: the window after start-up, per subscription-hour and by process; the headline keys.
     idle = r["idle"]
