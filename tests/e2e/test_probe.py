@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,10 +14,9 @@ from mcp import Client
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.probe import CallableNudge, ProbeError, ProbeReport, probe_server
+from tests import cli_process
 from tests.conftest import unique
 from tests.e2e.test_interop_everything import everything_entry
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +150,8 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
     )
 
     async def cli(*args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from mcpsync.worker.cli import main; main()", "--config", str(config),
-            "probe", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT))
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+        r = await cli_process.arun(["--config", str(config), "probe", *args], timeout=60)
+        return r.returncode, r.stdout, r.stderr
 
     (code, out, err), (gone_code, _, gone_err), (unknown_code, _, unknown_err) = await asyncio.gather(
         cli("--server", "fx", "--json"), cli("--server", "gone"), cli("--server", "nope"))

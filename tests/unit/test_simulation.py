@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.workflows import coverage
 from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
@@ -46,6 +44,7 @@ from sim.runner import Summary, run_schedules, run_schedules_in_processes, summa
 from sim.runtime import Signal
 from sim.schedule import replay, run_schedule
 from sim.shrinking import shrink
+from tests import cli_process
 
 S = SubscriptionState
 GATE_SCHEDULES = 5000
@@ -212,8 +211,7 @@ def test_continue_as_new_and_reset_keep_the_fence() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mcpsync.worker.cli", "simulate", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return cli_process.run(["simulate", *args], timeout=300)
 
 
 def test_simulate_command_gates_and_replays(tmp_path: Path) -> None:
