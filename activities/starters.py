@@ -16,7 +16,8 @@ one Update-with-Start of the ``first_read`` update: one call starts or joins the
 answers its record once the first read was judged (the first receipt), or once no read will come
 (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, closing, ended). A running subscription just answers
 the update (at once if its first read was already judged). It waits as long as that takes: the
-caller bounds it (``asyncio.wait_for``).
+caller bounds it (``asyncio.wait_for``). The update goes through ``workflow_updates``: resent under
+its id while the server answers that it was not applied.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
+from mcpsync.activities.workflow_updates import execute_update_with_start
 from mcpsync.workflows.names import (
     CATALOG_WORKFLOW_TYPE,
     SA_CATALOG_STATE,
@@ -97,10 +99,9 @@ async def start_subscription_first_read(
     """``start_subscription`` and the ``first_read`` update in one Update-with-Start: the workflow's
     handle and its record with the first receipt (``last_receipt_id``, ``last_verdict``)."""
     start, kwargs = _subscription_options(key, options, task_queue=task_queue, workflow_id=workflow_id)
-    operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-        WORKFLOW_TYPE, start, **kwargs)
-    record: ResourceSubscriptionV1 = await client.execute_update_with_start_workflow(
-        UPDATE_FIRST_READ, start_workflow_operation=operation, result_type=ResourceSubscriptionV1)
+    record, operation = await execute_update_with_start(
+        client, UPDATE_FIRST_READ, workflow_id=kwargs["id"], result_type=ResourceSubscriptionV1,
+        start=lambda: WithStartWorkflowOperation(WORKFLOW_TYPE, start, **kwargs))
     return await operation.workflow_handle(), record
 
 

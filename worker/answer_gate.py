@@ -4,7 +4,8 @@ Contract:
 - ``AnswerGate(client, task_queue)`` talks to one ``AnswerWorkflow`` per answer id through
   Temporal updates: ``bind``, ``select_input``, ``check`` (update-with-start, so a call never
   depends on whether the answer's workflow is running: a new run reloads the answer from
-  PostgreSQL). ``answer`` queries the ``answerBinding.v1`` record.
+  PostgreSQL), resent under its update id while the server answers that it was not applied
+  (``workflow_updates``). ``answer`` queries the ``answerBinding.v1`` record.
 - A refused request (unknown receipt, a receipt of another resource, a URI that is not a
   dependency, an answer never bound) raises ``AnswerGateError`` with the reason; nothing
   else is swallowed.
@@ -30,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update_with_start
 from mcpsync.workflows.answer_rules import (
     AnswerBindingV1,
     AnswerDependency,
@@ -107,20 +109,24 @@ class AnswerGate:
         return result
 
     async def _update(self, answer_id: str, name: str, arg: object, result_type: type) -> Any:
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            ANSWER_WORKFLOW_TYPE,
-            AnswerStart(answer_id=answer_id, idle_seconds=self.idle_seconds),
-            id=answer_workflow_id(answer_id),
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            memo={"answer_id": answer_id},
-            static_summary=f"answer {answer_id[:180]}",
-        )
+        workflow_id = answer_workflow_id(answer_id)
+
+        def start() -> WithStartWorkflowOperation[Any, Any]:
+            return WithStartWorkflowOperation(
+                ANSWER_WORKFLOW_TYPE,
+                AnswerStart(answer_id=answer_id, idle_seconds=self.idle_seconds),
+                id=workflow_id,
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                memo={"answer_id": answer_id},
+                static_summary=f"answer {answer_id[:180]}",
+            )
+
         try:
-            return await self.client.execute_update_with_start_workflow(name, arg,
-                                                                        start_workflow_operation=start,
-                                                                        result_type=result_type)
+            answered: tuple[Any, Any] = await execute_update_with_start(
+                self.client, name, [arg], workflow_id=workflow_id, start=start, result_type=result_type)
+            return answered[0]
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             message = cause.message if isinstance(cause, ApplicationError) else str(cause)

@@ -14,6 +14,7 @@ from typing import Any
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
@@ -48,8 +49,9 @@ async def cmd_scan(args: argparse.Namespace) -> None:
         client = await connect_temporal(config.temporal)
         key = CatalogKey(subject=args.subject, server=args.server)
         try:
-            await asyncio.wait_for(client.get_workflow_handle(key.workflow_id).execute_update(
-                UPDATE_RECONCILE, "requested by CLI", result_type=CatalogSnapshot), args.timeout)
+            handle = client.get_workflow_handle(key.workflow_id)
+            await asyncio.wait_for(execute_update(handle, UPDATE_RECONCILE, ["requested by CLI"],
+                                                  result_type=CatalogSnapshot), args.timeout)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise CliError(f"no CatalogWorkflow for {args.subject}/{args.server}: "

@@ -58,6 +58,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.worker.bulk import settle_all
 from mcpsync.worker.cli_common import (
     CliError,
@@ -170,10 +171,11 @@ def _not_found(key: SubscriptionKey) -> CliError:
 
 async def _update(client: Client, workflow_id: str, name: str, arg: Any, result_type: type[T],
                   timeout: float) -> T | None:
-    """Execute a workflow update; None when no workflow runs under ``workflow_id``."""
+    """Execute a workflow update (``execute_update``: resent under its id while the server answers
+    that it was not applied); None when no workflow runs under ``workflow_id``."""
     try:
-        return await asyncio.wait_for(client.get_workflow_handle(workflow_id).execute_update(
-            name, arg, result_type=result_type), timeout)
+        return await asyncio.wait_for(execute_update(client.get_workflow_handle(workflow_id), name, [arg],
+                                                     result_type=result_type), timeout)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None

@@ -42,6 +42,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
@@ -265,8 +266,8 @@ class Driver:
                 await h.signal(SIGNAL_CLOSE, CloseRequest(reason="crosscheck close signal"))
                 await _until(h, lambda r: r.state in TERMINAL, 30)
             else:
-                await h.execute_update(UPDATE_CLOSE, CloseRequest(reason="crosscheck close"),
-                                       result_type=CloseReceipt)
+                await execute_update(h, UPDATE_CLOSE, [CloseRequest(reason="crosscheck close")],
+                                     result_type=CloseReceipt)
             run.closed_at = datetime.now(UTC)
         elif a.kind == "old_note":
             rec = await _record(h)
@@ -326,8 +327,8 @@ class Driver:
 
     async def resume(self, h: WorkflowHandle) -> None:
         try:
-            await asyncio.wait_for(h.execute_update(UPDATE_RESUME, ResumeRequest(reason="crosscheck"),
-                                                    result_type=ResourceSubscriptionV1), 30)
+            await asyncio.wait_for(execute_update(h, UPDATE_RESUME, [ResumeRequest(reason="crosscheck")],
+                                                  result_type=ResourceSubscriptionV1), 30)
         except Exception:  # the validator refuses when not RECONCILIATION_REQUIRED: as in the simulator
             pass
 
