@@ -30,6 +30,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from temporalio.client import Client, TLSConfig
 from temporalio.common import (
@@ -62,6 +63,9 @@ from mcpsync.workflows.records.subscription import RevokeRequest, SubscriptionSt
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
 from mcpsync.workflows.versioning import MAIN_WORKER_BEHAVIOR
+
+if TYPE_CHECKING:
+    from mcpsync.worker.ingress import Ingress
 
 __all__ = [
     "MAIN_WORKFLOWS",
@@ -230,17 +234,20 @@ async def _register_search_attributes(client: Client, namespace: str) -> None:
 async def run_services(config: Config, client: Client, ledger: Ledger, *,
                        servers: Sequence[str] | None = None, with_main_worker: bool = True,
                        ready: asyncio.Event | None = None,
-                       polling: list[Callable[[], bool]] | None = None) -> None:
+                       polling: list[Callable[[], bool]] | None = None,
+                       ingress: Ingress | None = None) -> None:
     """Run the main worker and the session hosts until cancelled.
 
     ``polling``: gets one check per Temporal worker this process runs (main, ingress), each true
-    once that worker polls (``MetricsServer.ready_when``: ``/readyz``)."""
+    once that worker polls (``MetricsServer.ready_when``: ``/readyz``). ``ingress``: the one its
+    session hosts belong to (default: a new one), for a caller that asks it which sessions this
+    process holds (``Ingress.live``)."""
     # Imported here: the MCP client library is most of the CLI's start-up time, and only the
     # processes that host sessions need it.
     from mcpsync.worker.ingress import Ingress
     from mcpsync.worker.session_host import SessionHost
 
-    ingress = Ingress(client, ledger)
+    ingress = ingress if ingress is not None else Ingress(client, ledger)
     hosts = [
         SessionHost(server, subject, ledger, client, ingress=ingress)
         for server in config.servers

@@ -23,7 +23,7 @@ import signal
 import time
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from mcpsync.activities.ledger import Ledger
@@ -44,11 +44,16 @@ from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
+if TYPE_CHECKING:
+    from mcpsync.worker.ingress import Ingress
+
 __all__ = ["run_up", "reclaim_demo_server", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
 
 DEMO_SERVER = "demo"
 DEMO_URI = "demo://policy/escalation"
 DEMO_SUBJECT = "anonymous"
+# Past a held lease (a SIGKILLed stack's: at most the default lease_seconds, 15 s) with room to spare.
+DEMO_SESSION_WAIT_SECONDS = 30.0
 
 
 def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> str:
@@ -67,6 +72,7 @@ def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> s
 
 async def run_up(args: argparse.Namespace) -> None:
     from mcpsync.fixture import FixtureProcess
+    from mcpsync.worker.ingress import Ingress
 
     t0 = time.monotonic()
     root = state_dir()
@@ -132,8 +138,12 @@ async def run_up(args: argparse.Namespace) -> None:
                                   edition="2025-11-25", subjects=[DEMO_SUBJECT])],
         )
         client = await connect_temporal(temporal_cfg)
-        services = asyncio.create_task(run_services(config, client, ledger))
+        ingress = Ingress(client, ledger)
+        services = asyncio.create_task(run_services(config, client, ledger, ingress=ingress))
         stack.push_async_callback(_cancel, services)
+        if not await _await_demo_session(ingress, services):
+            print(f"  demo MCP session not open after {DEMO_SESSION_WAIT_SECONDS:g}s; the demo subscription "
+                  "waits for it", flush=True)
 
         key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
         # A state dir from an older version holds the demo subscription under its old id: join it.
@@ -171,6 +181,26 @@ async def run_up(args: argparse.Namespace) -> None:
                           f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
                           flush=True)
             await asyncio.sleep(1.0)
+
+
+async def _await_demo_session(ingress: Ingress, services: asyncio.Task[None]) -> bool:
+    """Wait until this process holds the demo's MCP session: True; False after
+    ``DEMO_SESSION_WAIT_SECONDS``. A service that fails meanwhile raises its error.
+
+    A new demo subscription run binds to the session the ledger names when it starts (the host
+    records its session before ``Ingress.live`` shows it). A stack SIGKILLed on this database left
+    its session open there, on an ingress queue nobody polls any more, and its lease runs on for up
+    to the server's ``lease_seconds``: a run started before this process holds a session of its own
+    would send its subscribe to that queue and wait out the activity's schedule-to-close (60 s) in
+    SUBSCRIBING."""
+    deadline = time.monotonic() + DEMO_SESSION_WAIT_SECONDS
+    while ingress.live(DEMO_SUBJECT, DEMO_SERVER) is None:
+        if services.done():
+            services.result()
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str, port: int) -> tuple[str, str]:

@@ -31,14 +31,16 @@ from temporalio.client import Client
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.ingress import ingress_task_queue
 from mcpsync.worker.serve import FRESHNESS_META
 from mcpsync.worker.stack import REPO_ROOT, free_port
 from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests import cli_process
-from tests.conftest import eventually, running_services, unique
+from tests.conftest import PrivateDatabase, eventually, running_services, unique
 from tests.e2e.serve_helpers import serve_client
 from tests.e2e.test_e2e_faults import MCPSYNC
 from tests.e2e.test_e2e_faults import _cli as _cli_with_env
@@ -265,11 +267,22 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
 # --- the embedded stack: 'mcpsync up' (its serve), twice, the runtime file's life cycle ---
 
 
-async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(tmp_path: Path,
-                                                                                database_url: str) -> None:
-    """One embedded stack for all of it: ``up`` prints serve's URL and its demo bearer token and the
-    demo resource reads through serve (a request without the token is refused); a second ``up`` on
-    the same state dir is one error line; a clean stop leaves no runtime file."""
+async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
+        tmp_path: Path, private_database: PrivateDatabase) -> None:
+    """One embedded stack for all of it, on a database where a stack was SIGKILLed a moment ago (its
+    demo session still open on its ingress queue, its lease seconds from running out): ``up``
+    subscribes the demo on a session of its own, not on that one, whose queue nobody polls; ``up``
+    prints serve's URL and its demo bearer token and the demo resource reads through serve (a
+    request without the token is refused); a second ``up`` on the same state dir is one error line;
+    a clean stop leaves no runtime file. A database of its own: no other test's demo rows (another
+    'up', a SIGKILLed one) can stand in for this stack's."""
+    database_url = private_database.url
+    dead = "dead-host:1:0"
+    assert await private_database.ledger.acquire_lease(DEMO_SUBJECT, DEMO_SERVER, dead, 15.0)
+    await private_database.ledger.open_session(
+        subject=DEMO_SUBJECT, server=DEMO_SERVER, edition="2025-11-25",
+        capabilities={"resources": True, "subscribe": True, "listChanged": True}, server_name="demo",
+        server_version="0", task_queue=ingress_task_queue(dead), host_id=dead)
     state = tmp_path / "state"
     env = {**os.environ, "MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
     env.pop("MCPSYNC_SERVE_TOKENS", None)  # with no tokens configured, serve makes the demo token
@@ -291,13 +304,17 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
             f"mcpsync: error: a stack is already running on state dir {state} (mcpsync up pid {up.pid}, "
             f"Temporal {runtime['temporal_address']}): stop it first or set another MCPSYNC_STATE_DIR")
 
-        async def demo_listed() -> bool:
+        async def demo_active() -> Any:
             r = await run_cli("list", "-o", "json", env={"MCPSYNC_STATE_DIR": str(state)})
             assert r.code == 0, r.err
-            return any(row["uri"] == "demo://policy/escalation" for row in r.json())
+            return next((row for row in r.json() if row["uri"] == DEMO_URI and row["state"] == "ACTIVE"),
+                        None)
 
-        await eventually(demo_listed, timeout=30, interval=0.5,
-                         what="the demo subscription in 'mcpsync list'")
+        # Well within the subscribe's 60 s schedule-to-close: a subscribe sent to the dead stack's
+        # queue would wait all of it.
+        row = await eventually(demo_active, timeout=40, interval=0.5,
+                               what="the demo subscription ACTIVE in 'mcpsync list'")
+        assert row["session_generation"] == 2  # this stack's session, one above the dead stack's
         line = await eventually(
             lambda: next((ln for ln in log_path.read_text().splitlines() if "mcpsync serve " in ln), None),
             timeout=90, what="serve line")
@@ -308,9 +325,9 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
         async def demo_read() -> bool:
             async with serve_client(url, token, "auto") as client:
                 uris = [str(r.uri) for r in (await client.list_resources()).resources]
-                if "demo://policy/escalation" not in uris:
+                if DEMO_URI not in uris:
                     return False
-                read = await client.read_resource("demo://policy/escalation")
+                read = await client.read_resource(DEMO_URI)
                 return bool(read.contents) and FRESHNESS_META in (read.meta or {})
 
         await eventually(demo_read, timeout=60, interval=1.0, what="the demo resource through serve")

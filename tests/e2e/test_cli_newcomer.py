@@ -22,7 +22,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.stack import REPO_ROOT, free_port, process_alive
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from tests.conftest import eventually, ledger_rows
+from tests.conftest import PrivateDatabase, eventually, ledger_rows
 from tests.e2e.test_cli import VENV_BIN, _one_error_line, _subscribed, _table, cli_stack, run_cli
 from tests.e2e.test_e2e_faults import MCPSYNC
 
@@ -233,7 +233,10 @@ def _up(state: Path, database_url: str, log: Path, *extra: str) -> subprocess.Po
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path, database_url: str) -> None:
+async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path,
+                                                             private_database: PrivateDatabase) -> None:
+    # A database of its own: the SIGKILLed stack leaves its demo session open and its lease held there.
+    database_url = private_database.url
     state = tmp_path / "state"
     env = {"MCPSYNC_STATE_DIR": str(state), "MCPSYNC_DATABASE_URL": database_url}
     # A taken metrics port names the flag 'up' has, not a config table it does not read.
