@@ -27,6 +27,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
 from mcpsync.worker.config import ServerConfig
@@ -79,7 +80,7 @@ class Stack:
     async def reconcile(self, subject: str = "alice", timeout: float = 20.0) -> CatalogSnapshot:
         """Barrier: the first catalog published from a reconciliation started after this call."""
         out = await asyncio.wait_for(
-            self.handle(subject).execute_update(UPDATE_RECONCILE, "test", result_type=CatalogSnapshot),
+            execute_update(self.handle(subject), UPDATE_RECONCILE, ["test"], result_type=CatalogSnapshot),
             timeout)
         assert out is not None
         return out  # type: ignore[no-any-return]

@@ -23,6 +23,7 @@ from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefu
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
 from mcpsync.activities.retention import prune
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke, start_subscription
@@ -317,8 +318,8 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
             await eventually(lambda: set(_index(index)) == {(alice, kept), (alice, closed)}, timeout=30,
                              what="both indexed")
 
-            receipt = await handles[closed].execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
-                                                           result_type=CloseReceipt)
+            receipt = await execute_update(handles[closed], UPDATE_CLOSE, [CloseRequest(reason="test")],
+                                                 result_type=CloseReceipt)
             assert receipt.state == SubscriptionState.CLOSED
             await settled(ledger, alice)
             events = [e for e in await _drain(consumer) if e.uri == closed]

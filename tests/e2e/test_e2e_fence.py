@@ -14,6 +14,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
@@ -126,7 +127,7 @@ async def test_close_racing_a_read_late_content_and_late_404_only_audit(temporal
         receipts_before = {k.workflow_id: await _receipts(ledger, k) for k in (key, key2)}
         outbox_before = {k.workflow_id: await _outbox(ledger, k) for k in (key, key2)}
         for h in (handle, handle2):
-            receipt = await h.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
+            receipt = await execute_update(h, UPDATE_CLOSE, [CloseRequest()], result_type=CloseReceipt)
             assert receipt.state == S.CLOSED
         for h in (handle, handle2):
             await h.result()
@@ -158,7 +159,7 @@ async def test_lost_unsubscribe_ack_is_unsubscribe_unknown_and_never_reopens(tem
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key, handle, _ = await _started(temporal_client, ledger, fx, server, cfg.temporal.task_queue)
         await fx.faults(reject_unsubscribe=True)
-        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
+        receipt = await execute_update(handle, UPDATE_CLOSE, [CloseRequest()], result_type=CloseReceipt)
         assert receipt.state == S.UNSUBSCRIBE_UNKNOWN
         reads, served = await ledger.read_count(key), (await fx.stats())["reads"].get(key.uri, 0)
         seen = await notifications_seen(ledger, key)
@@ -219,8 +220,8 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         assert await _audit_for(ledger, "NORMALIZED_URI_MATCH", key)
         assert (await ledger.load_fence(key)).state == S.RECONCILIATION_REQUIRED
         change = await fx.edit(exact, text="exact v2")
-        resumed = await handle.execute_update(UPDATE_RESUME, ResumeRequest(reason="operator checked"),
-                                              result_type=ResourceSubscriptionV1)
+        resumed = await execute_update(handle, UPDATE_RESUME, [ResumeRequest(reason="operator checked")],
+                                       result_type=ResourceSubscriptionV1)
         assert resumed.state in (S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING)
         await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
                            "resumed")

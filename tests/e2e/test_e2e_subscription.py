@@ -16,6 +16,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
@@ -84,8 +85,8 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert fence.last_accepted_digest == mutation["committed"]["digest"]
         assert fence.watermark == rec.watermark and rec.watermark >= 2
 
-        receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
-                                              result_type=CloseReceipt)
+        receipt = await execute_update(handle, UPDATE_CLOSE, [CloseRequest(reason="test")],
+                                       result_type=CloseReceipt)
         assert receipt.state == SubscriptionState.CLOSED
         assert receipt.close_ordinal == fence.last_issued_ordinal
         final = await client.get_workflow_handle(key.workflow_id, result_type=ResourceSubscriptionV1).result()
@@ -153,7 +154,7 @@ async def test_stdio_subscription_converges_and_closes(temporal_client: Client, 
             rec = await _wait_record(handle, lambda r: r.last_accepted_digest == m["committed"]["digest"],
                                      "update over stdio")
             assert rec.edition == edition
-            receipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(), result_type=CloseReceipt)
+            receipt = await execute_update(handle, UPDATE_CLOSE, [CloseRequest()], result_type=CloseReceipt)
             assert receipt.state == SubscriptionState.CLOSED
     assert [r["event_type"] for r in await _outbox_for(ledger, key)] == \
         ["version_accepted", "version_accepted", "closed"]

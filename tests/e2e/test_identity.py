@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.db import backfill_uri_normalized, migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
@@ -258,7 +259,7 @@ async def _more(count: Any, than: int) -> bool:
 
 
 async def _reconcile(handle: WorkflowHandle) -> CatalogSnapshot:
-    out = await handle.execute_update(UPDATE_RECONCILE, "test", result_type=CatalogSnapshot)
+    out = await execute_update(handle, UPDATE_RECONCILE, ["test"], result_type=CatalogSnapshot)
     assert out is not None
     return out  # type: ignore[no-any-return]
 

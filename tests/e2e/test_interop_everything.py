@@ -39,6 +39,7 @@ from temporalio.client import WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import classify_error, read_digest
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.session_host import SessionHost
@@ -169,8 +170,8 @@ async def outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, Any
 
 
 async def close(handle: WorkflowHandle) -> CloseReceipt:
-    receipt: CloseReceipt = await handle.execute_update(UPDATE_CLOSE, CloseRequest(reason="interop test"),
-                                                        result_type=CloseReceipt)
+    receipt: CloseReceipt = await execute_update(handle, UPDATE_CLOSE, [CloseRequest(reason="interop test")],
+                                                 result_type=CloseReceipt)
     return receipt
 
 

@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import revoke_subject, start_subscription
@@ -89,8 +90,8 @@ async def test_whole_subject_revoke_covers_closed_subscriptions(
         c2 = await fx.edit(closed_uri, text="closed v2")
         await _wait_record(handles[closed_uri], lambda r: r.last_accepted_digest == c2["committed"]["digest"],
                            "c2")
-        receipt = await handles[closed_uri].execute_update(UPDATE_CLOSE, CloseRequest(reason="test"),
-                                                           result_type=CloseReceipt)
+        receipt = await execute_update(handles[closed_uri], UPDATE_CLOSE, [CloseRequest(reason="test")],
+                                       result_type=CloseReceipt)
         assert receipt.state == S.CLOSED
         closed_receipts = await _released_receipts(ledger, keys[closed_uri])
         assert len(closed_receipts) == 2
