@@ -148,7 +148,9 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
             async with stdio_server() as (read_stream, write_stream):
                 await server.run(read_stream, write_stream, server.create_initialization_options())
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP so that asyncio sets TCP_NODELAY on the accepted sockets (it skips proto 0): with
+        # Nagle's algorithm a response's small writes wait ~40 ms for a kept-alive client's delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((config.host, config.port))
         sock.listen(1024)
