@@ -3,7 +3,8 @@
 Contract:
 - stdio: the configured command as a child process, the subject's credential in its environment;
   streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
-  the ingress, and response bodies bounded at the transport (``transport_bounds``).
+  the ingress whose connections are reused (``http_keepalive``), response bodies bounded at the transport
+  (``transport_bounds``); the HTTP client is closed with the session.
 - Credentials come from the environment variable the config names and go nowhere else.
 - An open failure is described in one line (``describe_open_failure``): where, and what went wrong.
 """
@@ -11,14 +12,18 @@ Contract:
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx2
 from mcp import StdioServerParameters
+from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
 from mcpsync.activities.db import redact_url
 from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.http_keepalive import KeepAliveTransport
 from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
 
 __all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS", "SessionOpenError"]
@@ -45,8 +50,17 @@ def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters |
     # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
     # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
     # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
-    limit = transport_limit(cfg.max_content_bytes)
-    return streamable_http_client(cfg.url, http_client=_http_client(headers, limit), max_sse_event_size=limit)
+    return _streamable_http(cfg.url, headers, transport_limit(cfg.max_content_bytes))
+
+
+@asynccontextmanager
+async def _streamable_http(url: str, headers: dict[str, str] | None,
+                           limit: int) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP transport over our own client, closed after the session (the SDK
+    closes only a client it made): its pool and the drains still running end with the session."""
+    async with _http_client(headers, limit) as http_client, \
+            streamable_http_client(url, http_client=http_client, max_sse_event_size=limit) as streams:
+        yield streams
 
 
 HTTP_CONNECTIONS = 100
@@ -57,14 +71,22 @@ With 20 kept, a start-up burst opened a new TCP connection for most requests and
 one use (6 % of the ingress's CPU in a profile of 540 starts)."""
 
 
+KEEPALIVE_SECONDS = 1.0
+"""How long an idle connection is kept: less than the shortest common server idle timeout (gunicorn
+2 s, uvicorn and Node 5 s), so that the client never sends a request on a connection the server is
+closing at that moment (a POST lost that way fails its request)."""
+
+
 def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClient:
     """``create_mcp_http_client`` (the SDK's timeouts: 30 s, 300 s for a held stream) with a pool
-    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``), and JSON responses
-    bounded to ``limit`` bytes (``transport_bounds``)."""
-    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS)
+    that keeps as many connections idle as it may open (``HTTP_CONNECTIONS``) and reuses them
+    (``http_keepalive``), and JSON responses bounded to ``limit`` bytes (``transport_bounds``)."""
+    limits = httpx2.Limits(max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS,
+                           keepalive_expiry=KEEPALIVE_SECONDS)
+    transport = bounded_http_transport(limit, KeepAliveTransport(httpx2.AsyncHTTPTransport(limits=limits)))
     return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT,
                                                                        read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-                              transport=bounded_http_transport(limit, limits=limits))
+                              transport=transport)
 
 
 def describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """Byte bounds at the MCP transports, before anything is parsed (docs/security.md).
 
 Contract:
-- Streamable HTTP: ``bounded_http_transport(limit)`` is an httpx transport whose
+- Streamable HTTP: ``bounded_http_transport(limit, inner)`` is an httpx transport whose
   ``application/json`` responses stop at ``limit`` bytes (a larger Content-Length fails at once,
   a longer body as soon as it passes the limit) with ``ResponseTooLarge``, an ``httpx.StreamError``:
   the SDK turns it into a JSON-RPC error (-32700) for that one request, whose message says
@@ -115,9 +115,9 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def bounded_http_transport(limit: int, **kwargs: Any) -> httpx2.AsyncBaseTransport:
-    """``httpx.AsyncHTTPTransport(**kwargs)`` whose JSON responses stop at ``limit`` bytes."""
-    return _BoundedTransport(httpx2.AsyncHTTPTransport(**kwargs), limit)
+def bounded_http_transport(limit: int, inner: httpx2.AsyncBaseTransport) -> httpx2.AsyncBaseTransport:
+    """``inner`` (an httpx transport) whose JSON responses stop at ``limit`` bytes."""
+    return _BoundedTransport(inner, limit)
 
 
 @contextmanager
