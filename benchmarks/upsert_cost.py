@@ -1,0 +1,113 @@
+"""What search-attribute upserts and a patch marker cost the dev server per started workflow.
+
+Contract:
+- ``python -m benchmarks.upsert_cost [-n 300] [--rounds 3]`` starts a local dev server (the repo's
+  ``.venv/bin/temporal``, the project's search attributes) and, in this process, a workflow worker and
+  an activity worker on a second task queue. Each round starts ``n`` runs of each variant of one
+  minimal workflow, 32 start calls in flight (as the benchmark's start floor), and reports the dev
+  server's CPU (utime + stime from /proc) per run and the runs per second:
+  - 0: started → one activity on the second queue → completed (the start floor's shape);
+  - 1: and one upsert (state + session generation) in the first task, as a subscription's start;
+  - 2: and one more upsert (state) in the second task, as a subscription's ACTIVE;
+  - 3: and a ``workflow.patched`` marker (which also upserts ``TemporalChangeVersion``).
+- Nothing of mcpsync runs here: it tells how much of a subscription start's dev-server cost its
+  upserts and patch marker are (docs/benchmarks.md, "What the dev server spends on a start").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.workflows.names import SA_SESSION_GENERATION, SA_STATE
+
+__all__ = ["UpsertCostWorkflow", "main"]
+
+STATE = SearchAttributeKey.for_keyword(SA_STATE)
+GENERATION = SearchAttributeKey.for_int(SA_SESSION_GENERATION)
+WORKFLOW_QUEUE, ACTIVITY_QUEUE = "upsert-cost-wf", "upsert-cost-act"
+CONCURRENCY = 32
+
+
+@activity.defn(name="upsert_cost_noop")
+async def noop(sample: int) -> int:
+    return sample
+
+
+@workflow.defn(name="BenchUpsertCost")
+class UpsertCostWorkflow:
+    @workflow.run
+    async def run(self, variant: int) -> int:
+        if variant >= 1:
+            workflow.upsert_search_attributes([STATE.value_set("SUBSCRIBING"), GENERATION.value_set(1)])
+        if variant >= 3:
+            workflow.patched("upsert-cost")
+        done: int = await workflow.execute_activity("upsert_cost_noop", variant, task_queue=ACTIVITY_QUEUE,
+                                                    start_to_close_timeout=timedelta(seconds=30))
+        if variant >= 2:
+            workflow.upsert_search_attributes([STATE.value_set("ACTIVE")])
+        return done
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _round(client: Client, server_pid: int, variant: int, n: int) -> tuple[float, float]:
+    """(dev server CPU ms per run, runs per second) for ``n`` runs of ``variant``."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one() -> None:
+        async with gate:
+            handle = await client.start_workflow(UpsertCostWorkflow.run, variant, task_queue=WORKFLOW_QUEUE,
+                                                 id=f"upsert-cost-{variant}-{uuid.uuid4().hex}")
+        await handle.result()
+
+    cpu0, t0 = _cpu_seconds(server_pid), time.monotonic()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return (_cpu_seconds(server_pid) - cpu0) / n * 1000, n / (time.monotonic() - t0)
+
+
+async def run(n: int, rounds: int) -> None:
+    server = await TemporalDevServer.start(Path(tempfile.mkdtemp(prefix="upsert-cost-")), port=0, ui_port=0)
+    try:
+        pid = server.pid
+        assert pid is not None
+        client = await Client.connect(server.address)
+        async with Worker(client, task_queue=WORKFLOW_QUEUE, workflows=[UpsertCostWorkflow],
+                          workflow_runner=UnsandboxedWorkflowRunner()), \
+                Worker(client, task_queue=ACTIVITY_QUEUE, activities=[noop]):
+            await _round(client, pid, 0, max(1, n // 6))  # warm-up: pollers, caches, the first runs
+            for r in range(rounds):
+                for variant in (0, 1, 2, 3):
+                    ms, rate = await _round(client, pid, variant, n)
+                    print(f"round {r} variant {variant}: dev server {ms:.1f} ms CPU per run, "
+                          f"{rate:.1f} runs/s", flush=True)
+    finally:
+        await server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.upsert_cost",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("-n", type=int, default=300, help="runs per variant and round (default 300)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four variants (default 3)")
+    args = parser.parse_args()
+    asyncio.run(run(args.n, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
