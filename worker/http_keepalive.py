@@ -17,6 +17,10 @@ Contract:
   the event written after the headers until the client ACKs them, and a kept connection delays that
   ACK by 40 ms or more (delayed ACK; a new plain-TCP connection ACKs its first segments at once). One
   ``setsockopt`` per response.
+- A server that keeps a response's stream open past ``DRAIN_SECONDS`` would hold a pooled connection
+  that long for every request (a session at 100 requests/s would exhaust its pool): after the first
+  drain that times out, the transport drains no more and closes such responses at once, as without the
+  drain, for the rest of the session.
 - ``aclose`` cancels the drains still running (each closes its connection), then closes the pool;
   a response closed after that is closed at once.
 """
@@ -90,7 +94,8 @@ class _DrainOnClose(httpx2.AsyncByteStream):
         if self.closed:
             return
         self.closed = True
-        if self.it is None or self.ended or self.failed or self.owner.closed or _cancelling():
+        if (self.it is None or self.ended or self.failed or self.owner.closed or self.owner.streams_held_open
+                or _cancelling()):
             await self.inner.aclose()
             return
         self.owner.start_drain(self._drain(self.it))
@@ -104,8 +109,10 @@ class _DrainOnClose(httpx2.AsyncByteStream):
                         seen += len(await it.__anext__())
                     except StopAsyncIteration:
                         break
+        except TimeoutError:
+            self.owner.streams_held_open = True  # this server keeps its streams open: drain no more
         except Exception:
-            pass  # past the time bound, or a read error: the connection is closed below, as without the drain
+            pass  # a read error: the connection is closed below, as without the drain
         finally:
             self.it = None
             # At the body's end this hands the connection back to the pool; before it, closes it.
@@ -120,6 +127,7 @@ class KeepAliveTransport(httpx2.AsyncBaseTransport):
         self.inner = inner
         self.drains: set[asyncio.Task[None]] = set()
         self.closed = False
+        self.streams_held_open = False  # a drain timed out: close early-closed responses at once
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)

@@ -137,7 +137,7 @@ def _chunk(data: bytes) -> bytes:
 
 class SseWriter:
     """A streamable-HTTP MCP server (2025-11-25) answering every request in SSE as uvicorn with
-    sse-starlette does: the headers, the event and the body's end, three writes. ``demo://endless``
+    sse-starlette does: the headers, the event and the body's end, three writes. ``demo://endless...``
     never ends its body, ``demo://tail`` writes 2 x ``DRAIN_BYTES`` of comments after the event and
     never ends; a GET is a stream of one comment that never ends. ``nagle``: TCP_NODELAY off."""
 
@@ -201,7 +201,7 @@ class SseWriter:
                 conn.event_at = loop.time()
                 if uri == "demo://tail":
                     writer.write(_chunk(b": " + b"x" * (2 * DRAIN_BYTES) + b"\n\n"))
-                if uri in ("demo://endless", "demo://tail"):
+                if uri.startswith("demo://endless") or uri == "demo://tail":
                     await reader.read(1)  # the body never ends: held until the client closes it
                     return
                 writer.write(b"0\r\n\r\n")
@@ -251,6 +251,12 @@ async def test_endless_response_closed_after_the_drain_bounds() -> None:
         assert DRAIN_SECONDS * 0.9 <= held, f"closed after {held:.2f} s"
 
         assert (await client.read_resource("demo://ok")).contents  # the session goes on
+        # A server that held a stream open past the bound would hold a connection that long per
+        # request: the session drains no more, and the next such response closes at once.
+        await client.read_resource("demo://endless/again")
+        again = server.serving("demo://endless/again")
+        await eventually(lambda: again.closed is not None, timeout=DRAIN_SECONDS / 2,
+                         what="once a drain timed out, an early-closed response closes at once")
 
 
 async def test_session_close_ends_its_drains() -> None:
