@@ -25,7 +25,7 @@ from mcpsync.worker.runtime import open_ledger
 from mcpsync.worker.stack_temporal import TemporalDevServer
 
 __all__ = ["SUBJECT", "TASK_QUEUE", "fetch_rows", "fetch_scalar", "gather_limited", "percentile", "ratio",
-           "summarize", "temporal_and_ledger", "until"]
+           "summarize", "temporal_and_ledger", "until", "warmup_count"]
 
 SUBJECT = "bench"
 TASK_QUEUE = "mcpsync-bench"
@@ -47,6 +47,12 @@ async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, interv
             return True
         await asyncio.sleep(interval)
     return await predicate()
+
+
+def warmup_count(n: int) -> int:
+    """Starts run before a timed window of ``n`` (a tenth, at least one): one-time costs (pools, caches,
+    imports) are not per start. The startup phase and the start floors warm up alike."""
+    return max(1, n // 10)
 
 
 async def gather_limited(coros: Sequence[Awaitable[Any]], limit: int) -> list[Any]:

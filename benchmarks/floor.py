@@ -63,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
     from benchmarks import cost
+    from benchmarks.common import warmup_count
     from mcpsync.activities.mcp_session import read_digest
 
 __all__ = ["FloorActivities", "FloorResult", "FloorWorkflow", "StartFloorResult", "StartFloorWorkflow",
@@ -153,18 +154,22 @@ class FloorActivities:
     async def subscribe_own_uri(self, sample: int) -> str:
         """:meth:`touch_own_row`'s transaction, then ``resources/subscribe`` and ``resources/read`` of
         ``uris[sample]``: what a subscription's start asks of its server."""
-        return await self._touch(sample, _UPSERT_OWN_ROW, (START_ROW0 + sample, sample), self.uris[sample])
+        return await self._touch(sample, _UPSERT_OWN_ROW, (START_ROW0 + sample, sample),
+                                 subscribe_to=self.uris[sample])
 
-    async def _touch(self, sample: int, sql: str, args: tuple[int, ...], subscribe: str | None = None) -> str:
+    async def _touch(self, sample: int, sql: str, args: tuple[int, ...], *,
+                     subscribe_to: str | None = None) -> str:
+        """The transaction, then (with ``subscribe_to``) ``resources/subscribe`` of that URI, then one
+        ``resources/read`` of it, else of ``uri``."""
         t0 = time.perf_counter()
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(sql, args)
         t1 = time.perf_counter()
-        if subscribe is not None:
+        if subscribe_to is not None:
             with warnings.catch_warnings():  # 2025-11-25's method, as the ingress calls it
                 warnings.simplefilter("ignore", MCPDeprecationWarning)
-                await self.mcp.session.subscribe_resource(subscribe)
-        digest = read_digest(await self.mcp.read_resource(subscribe or self.uri))
+                await self.mcp.session.subscribe_resource(subscribe_to)
+        digest = read_digest(await self.mcp.read_resource(subscribe_to or self.uri))
         t2 = time.perf_counter()
         self.postgres_s.append(t1 - t0)
         self.read_s.append(t2 - t1)
@@ -281,7 +286,7 @@ async def measure_starts(client: Client, pool: AsyncConnectionPool[Any], mcp: An
     tag = uuid.uuid4().hex[:8]
     wf_queue, act_queue = f"bench-start-floor-wf-{tag}", f"bench-start-floor-act-{tag}"
     acts = FloorActivities(pool, mcp, uri, uris)
-    warmup = max(1, n // 10)
+    warmup = warmup_count(n)
     if uris and len(uris) < n + warmup:
         raise ValueError(f"the subscribe start floor needs {n + warmup} URIs, got {len(uris)}")
     activity_name = ACTIVITY_SUBSCRIBE_OWN_URI if uris else ACTIVITY_TOUCH_OWN_ROW

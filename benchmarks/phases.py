@@ -46,6 +46,7 @@ from benchmarks.common import (
     summarize,
     temporal_and_ledger,
     until,
+    warmup_count,
 )
 from benchmarks.figures import headline_figures
 from benchmarks.fixtures import BenchFixture
@@ -234,7 +235,7 @@ async def startup_phase(b: Bench) -> None:
     if opts.subscription_max_history_events is not None:
         overrides["max_history_events"] = opts.subscription_max_history_events
     sub_options = SubscriptionOptions(**overrides) if overrides else None
-    warm = max(1, n // 10)
+    warm = warmup_count(n)
     say(f"starting {n} subscriptions ({warm} warm-up first)")
     await subscribe(uris[:warm])
     await asyncio.sleep(1.0)

@@ -21,7 +21,7 @@ from mcp import StdioServerParameters
 from temporalio.client import Client
 
 from benchmarks import cost, floor
-from benchmarks.common import summarize
+from benchmarks.common import gather_limited, summarize, warmup_count
 from benchmarks.usage import cpu_report, cpu_snapshot
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
@@ -38,7 +38,7 @@ TEMPORAL_FLOOR_URI = "bench://temporal-floor"
 
 def start_floor_uris(n: int) -> list[str]:
     """The subscribe start floor's URIs for ``n`` timed starts and their warm-up tenth."""
-    return [f"bench://temporal-start-floor/{i}" for i in range(n + max(1, n // 10))]
+    return [f"bench://temporal-start-floor/{i}" for i in range(n + warmup_count(n))]
 
 
 @asynccontextmanager
@@ -50,8 +50,8 @@ async def temporal_floor_session(fixture: FixtureProcess | None, work: Path,
     ready = work / "ready-temporal-floor.json"
     target: Any
     if fixture is not None:
-        for uri in [TEMPORAL_FLOOR_URI, *start_uris]:
-            await fixture.create(uri, text="temporal floor", mime_type="text/plain")
+        await gather_limited([fixture.create(uri, text="temporal floor", mime_type="text/plain")
+                              for uri in [TEMPORAL_FLOOR_URI, *start_uris]], 16)
         target = server_transport(ServerConfig(name="temporal-floor", transport="http", url=fixture.mcp_url),
                                   "temporal-floor")
     else:
@@ -65,8 +65,8 @@ async def temporal_floor_session(fixture: FixtureProcess | None, work: Path,
         if fixture is None:
             ctl = FixtureControl((await wait_ready_file(ready, timeout=30))["control_url"])
             try:
-                for uri in [TEMPORAL_FLOOR_URI, *start_uris]:
-                    await ctl.create(uri, text="temporal floor", mime_type="text/plain")
+                await gather_limited([ctl.create(uri, text="temporal floor", mime_type="text/plain")
+                                      for uri in [TEMPORAL_FLOOR_URI, *start_uris]], 16)
             finally:
                 await ctl.aclose()
         yield mcp
