@@ -5,7 +5,7 @@ Contract:
   ``.venv/bin/temporal``, the project's search attributes) and, in this process, a workflow worker and
   an activity worker on a second task queue. Each round starts ``n`` runs of each variant of one
   minimal workflow, 32 start calls in flight (as the benchmark's start floor), and reports the dev
-  server's CPU (utime + stime from /proc) per run and the runs per second:
+  server's CPU (``benchmarks.cost``: utime + stime from /proc) per run and the runs per second:
   - 0: started → one activity on the second queue → completed (the start floor's shape);
   - 1: and one upsert (state + session generation) in the first task, as a subscription's start;
   - 2: and one more upsert (state) in the second task, as a subscription's ACTIVE;
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 import uuid
@@ -30,6 +29,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from benchmarks import cost
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import SA_SESSION_GENERATION, SA_STATE
 
@@ -61,11 +61,6 @@ class UpsertCostWorkflow:
         return done
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _round(client: Client, server_pid: int, variant: int, n: int) -> tuple[float, float]:
     """(dev server CPU ms per run, runs per second) for ``n`` runs of ``variant``."""
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -76,9 +71,12 @@ async def _round(client: Client, server_pid: int, variant: int, n: int) -> tuple
                                                  id=f"upsert-cost-{variant}-{uuid.uuid4().hex}")
         await handle.result()
 
-    cpu0, t0 = _cpu_seconds(server_pid), time.monotonic()
+    roles = {server_pid: cost.Role.TEMPORAL_DEV_SERVER}
+    cpu0, t0 = cost.cpu_sample(roles), time.monotonic()
     await asyncio.gather(*(one() for _ in range(n)))
-    return (_cpu_seconds(server_pid) - cpu0) / n * 1000, n / (time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    per_run = cost.cpu_delta(cpu0, cost.cpu_sample(roles), n)["by_process_ms_per_change"]
+    return per_run[cost.Role.TEMPORAL_DEV_SERVER.value], n / seconds
 
 
 async def run(n: int, rounds: int) -> None:
