@@ -36,7 +36,7 @@ from temporalio import activity
 
 from mcpsync.activities.ledger_content import ContentLedger, ReadBody
 from mcpsync.activities.ledger_journal import Journal
-from mcpsync.activities.ledger_sessions import SessionLedger
+from mcpsync.activities.ledger_sessions import SessionLedger, session_in
 from mcpsync.activities.ledger_store import (
     BY_KEY,
     LedgerStore,
@@ -153,21 +153,24 @@ class FenceLedger:
         under (whatever scheme or starter chose it), so every router finds it without recomputing it
         from the key. ``activity.info()`` names the workflow for a local activity too; called
         outside an activity (or by a standalone one), the key's computed id stands in."""
-        running_as = activity.info().workflow_id if activity.in_activity() else None
-        return await self.ensure_row(req.key, req.incarnation, workflow_id=running_as or req.key.workflow_id)
+        return await self.ensure_row(req.key, req.incarnation, workflow_id=_asking_workflow_id(req.key))
 
     @activity.defn(name=Act.START_SUBSCRIPTION)
     async def start_subscription(self, req: StartSubscriptionRequest) -> SubscriptionStarted:
-        """A new run's first three ledger calls as one activity, each as its own activity runs it:
-        ``ensure_subscription``, ``current_session`` and, when ``req.begin`` and the row
+        """A new run's first three ledger calls in one transaction, each written as its own activity
+        writes it: ``ensure_subscription``, ``current_session`` and, when ``req.begin`` and the row
         ``begins_at_start``, ``begin_subscription`` on that session's generation."""
-        fence = await self.ensure_subscription(req.ensure)
         key = req.ensure.key
-        session = await self.sessions.current_session(SessionQuery(subject=key.subject, server=key.server))
-        if not (req.begin and session is not None and begins_at_start(fence)):
-            return SubscriptionStarted(fence=fence, session=session)
-        begin = BeginSubscriptionRequest(key=key, session_generation=session.generation)
-        return SubscriptionStarted(fence=fence, session=session, begun=await self.begin_subscription(begin))
+        async with self.store.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            fence = await self._ensure_row(cur, key, req.ensure.incarnation,
+                                           workflow_id=_asking_workflow_id(key))
+            session = await session_in(cur, SessionQuery(subject=key.subject, server=key.server))
+            if not (req.begin and session is not None and begins_at_start(fence)):
+                return SubscriptionStarted(fence=fence, session=session)
+            begin = BeginSubscriptionRequest(key=key, session_generation=session.generation)
+            begun = await self._transition_in(cur, key, lambda row: begin_writes(row, begin))
+        return SubscriptionStarted(fence=fence, session=session, begun=begun)
 
     async def ensure_row(self, key: SubscriptionKey, incarnation: str, *, workflow_id: str) -> FenceSnapshot:
         """Create the fence row in DISCOVERED if absent, then apply ``ledger_flow.ensure_writes`` (the
@@ -179,30 +182,35 @@ class FenceLedger:
         ask ``workflow_id_of``).
         """
         async with self.store.pool.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                """
-                INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state,
-                    incarnation)
-                VALUES (%s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
-                    WHERE s.uri_normalized IS NULL
-                """,  # a row from before migration 008 that the backfill has not reached yet
-                (workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
-                 S.DISCOVERED.value, incarnation),
-            )
-            row = await fence_row(cur, key, lock=True)
-            assert row is not None  # inserted, or there already
-            writes = ensure_writes(snapshot(row), held=row["incarnation"], incarnation=incarnation)
-            if writes:
-                # A reopen updates the row; a new incarnation alone does not count as an update.
-                row = await _update_row(cur, row["workflow_id"], writes, touch="state" in writes)
-            if row["workflow_id"] != workflow_id:
-                await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject,
-                                                server=key.server, uri=key.uri,
-                                                workflow_id=row["workflow_id"],
-                                                detail={"running_as": workflow_id})
-            return snapshot(row)
+            return await self._ensure_row(conn.cursor(row_factory=dict_row), key, incarnation,
+                                          workflow_id=workflow_id)
+
+    async def _ensure_row(self, cur: Any, key: SubscriptionKey, incarnation: str, *,
+                          workflow_id: str) -> FenceSnapshot:
+        """``ensure_row`` in the caller's transaction."""
+        await cur.execute(
+            """
+            INSERT INTO subscriptions AS s (workflow_id, subject, server, uri, uri_normalized, state,
+                incarnation)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT (subject, server, uri) DO UPDATE SET uri_normalized = EXCLUDED.uri_normalized
+                WHERE s.uri_normalized IS NULL
+            """,  # a row from before migration 008 that the backfill has not reached yet
+            (workflow_id, key.subject, key.server, key.uri, normalize_uri(key.uri),
+             S.DISCOVERED.value, incarnation),
+        )
+        row = await fence_row(cur, key, lock=True)
+        assert row is not None  # inserted, or there already
+        writes = ensure_writes(snapshot(row), held=row["incarnation"], incarnation=incarnation)
+        if writes:
+            # A reopen updates the row; a new incarnation alone does not count as an update.
+            row = await _update_row(cur, row["workflow_id"], writes, touch="state" in writes)
+        if row["workflow_id"] != workflow_id:
+            await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject,
+                                            server=key.server, uri=key.uri,
+                                            workflow_id=row["workflow_id"],
+                                            detail={"running_as": workflow_id})
+        return snapshot(row)
 
     async def workflow_id_of(self, key: SubscriptionKey) -> str:
         """The id the subscription of ``key`` runs under: the one its row recorded, whatever scheme
@@ -299,10 +307,15 @@ class FenceLedger:
         """Lock the row, ask ``writes`` (a ``ledger_flow`` rule) and write what it answers; the row as
         stored whether it changed or not."""
         async with self.store.pool.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, key, lock=True)
-            if row is not None and (columns := writes(snapshot(row))):
-                row = await _update_row(cur, row["workflow_id"], columns)
+            return await self._transition_in(conn.cursor(row_factory=dict_row), key, writes)
+
+    @staticmethod
+    async def _transition_in(cur: Any, key: SubscriptionKey,
+                             writes: Callable[[FenceSnapshot], dict[str, Any]]) -> FenceSnapshot:
+        """``_transition`` in the caller's transaction."""
+        row = await fence_row(cur, key, lock=True)
+        if row is not None and (columns := writes(snapshot(row))):
+            row = await _update_row(cur, row["workflow_id"], columns)
         return snapshot(row)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -602,6 +615,12 @@ class FenceLedger:
         row = await cur.fetchone()
         assert row is not None
         return int(row["receipt_id"]), row["accepted_at"]
+
+
+def _asking_workflow_id(key: SubscriptionKey) -> str:
+    """The id of the workflow whose activity (local ones included) is running; outside an activity, or in
+    a standalone one, the key's computed id stands in."""
+    return (activity.info().workflow_id if activity.in_activity() else None) or key.workflow_id
 
 
 async def _update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:

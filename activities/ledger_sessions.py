@@ -23,7 +23,7 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import SessionQuery
 from mcpsync.workflows.records.subscription import SessionInfo
 
-__all__ = ["SessionLedger"]
+__all__ = ["SessionLedger", "session_in"]
 
 
 class SessionLedger:
@@ -140,13 +140,15 @@ class SessionLedger:
     @activity.defn(name=Act.CURRENT_SESSION)
     async def current_session(self, req: SessionQuery) -> SessionInfo | None:
         async with self.store.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                "SELECT * FROM mcp_sessions WHERE subject=%s AND server=%s AND closed_at IS NULL",
-                (req.subject, req.server),
-            )
-            row = await cur.fetchone()
-        return None if row is None else _session(row)
+            return await session_in(conn.cursor(row_factory=dict_row), req)
+
+
+async def session_in(cur: Any, req: SessionQuery) -> SessionInfo | None:
+    """``current_session`` on the caller's cursor (a ``dict_row`` one), e.g. in its transaction."""
+    await cur.execute("SELECT * FROM mcp_sessions WHERE subject=%s AND server=%s AND closed_at IS NULL",
+                      (req.subject, req.server))
+    row = await cur.fetchone()
+    return None if row is None else _session(row)
 
 
 def _session(row: dict[str, Any]) -> SessionInfo:

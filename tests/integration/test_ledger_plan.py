@@ -286,3 +286,19 @@ async def test_the_start_call_alike(ledger: Ledger) -> None:
     assert (begun.begun.session_generation, begun.begun.subscription_generation) == (1, 1)
     again = await call(True)  # SUBSCRIBING now: not DISCOVERED, the run decides (ledger_flow.begins_at_start)
     assert again.fence.state == S.SUBSCRIBING and again.begun is None
+
+
+async def test_the_start_call_is_one_transaction(ledger: Ledger) -> None:
+    """A new run's start (ensure, current session, begin) commits as ONE transaction: the row it creates
+    and the begin that moves it to SUBSCRIBING carry the same transaction's ``now()``. Separate
+    transactions (a pool checkout and a commit each) would stamp them apart."""
+    both = Both(ledger)
+    await ledger.open_session(
+        subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
+        server_name="fixture", server_version="1", task_queue="q", host_id="h")
+    started = await ledger.fence.start_subscription(
+        StartSubscriptionRequest(ensure=EnsureRequest(key=both.key, incarnation="inc-1"), begin=True))
+    assert started.begun is not None and started.begun.state == S.SUBSCRIBING
+    rows = await ledger_rows(ledger, "SELECT created_at, updated_at FROM subscriptions WHERE workflow_id=%s",
+                             both.workflow_id)
+    assert rows[0][0] == rows[0][1], rows
