@@ -120,6 +120,13 @@ class SessionLedger:
                 (subject, server, holder)
             )
 
+    async def release_leases_of(self, holder: str) -> int:
+        """Drop every lease ``holder`` has (one known to be dead: its standbys need not wait out the
+        leases); how many there were."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute("DELETE FROM session_leases WHERE holder=%s", (holder,))
+            return cur.rowcount
+
     async def lease_remaining(self, subject: str, server: str) -> float | None:
         """Seconds until the (subject, server) lease runs out by the database clock (None: no live lease)."""
         async with self.store.pool.connection() as conn:

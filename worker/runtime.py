@@ -108,6 +108,7 @@ class RuntimeInfo:
     ui_url: str
     config_path: str
     pid: int | None = None  # the ``mcpsync up`` process; the file is stale once it is gone
+    ingress_identity: str | None = None  # its ingress: the lease holder name of its MCP sessions
 
     def save(self, path: Path) -> None:
         """0600: ``database_url`` may carry a password."""

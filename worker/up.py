@@ -127,18 +127,25 @@ async def run_up(args: argparse.Namespace) -> None:
         temporal_cfg = TemporalConfig(address=temporal_server.address, ui_url=temporal_server.ui_url)
         config_path = root / "mcpsync.toml"
         write_private(config_path, _config_toml(temporal_cfg, db_url, fixture.mcp_url))  # 0600: the URL
+        client = await connect_temporal(temporal_cfg)
+        ingress = Ingress(client, ledger)
         RuntimeInfo(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
                     database_url=db_url, ui_url=temporal_server.ui_url,
-                    config_path=str(config_path), pid=os.getpid()).save(runtime_file)
+                    config_path=str(config_path), pid=os.getpid(),
+                    ingress_identity=ingress.identity).save(runtime_file)
         stack.callback(_forget_runtime, runtime_file)
+        if running is not None and running.ingress_identity and running.pid != os.getpid():
+            # That stack is gone (checked above) and its ingress with it: its session leases would hold
+            # this one's ingress off for up to lease_seconds.
+            if released := await ledger.sessions.release_leases_of(running.ingress_identity):
+                print(f"  released {released} session lease(s) of the stopped mcpsync up pid {running.pid}",
+                      flush=True)
         config = Config(
             temporal=temporal_cfg,
             database=DatabaseConfig(url=db_url),
             servers=[ServerConfig(name=DEMO_SERVER, transport="http", url=fixture.mcp_url,
                                   edition="2025-11-25", subjects=[DEMO_SUBJECT])],
         )
-        client = await connect_temporal(temporal_cfg)
-        ingress = Ingress(client, ledger)
         services = asyncio.create_task(run_services(config, client, ledger, ingress=ingress))
         stack.push_async_callback(_cancel, services)
         if not await _await_demo_session(ingress, services):
@@ -190,9 +197,9 @@ async def _await_demo_session(ingress: Ingress, services: asyncio.Task[None]) ->
     A new demo subscription run binds to the session the ledger names when it starts (the host
     records its session before ``Ingress.live`` shows it). A stack SIGKILLed on this database left
     its session open there, on an ingress queue nobody polls any more, and its lease runs on for up
-    to the server's ``lease_seconds``: a run started before this process holds a session of its own
-    would send its subscribe to that queue and wait out the activity's schedule-to-close (60 s) in
-    SUBSCRIBING."""
+    to the server's ``lease_seconds`` unless ``run_up`` released it (the stale runtime file names that
+    stack's ingress): a run started before this process holds a session of its own would send its
+    subscribe to that queue and wait out the activity's schedule-to-close (60 s) in SUBSCRIBING."""
     deadline = time.monotonic() + DEMO_SESSION_WAIT_SECONDS
     while ingress.live(DEMO_SUBJECT, DEMO_SERVER) is None:
         if services.done():

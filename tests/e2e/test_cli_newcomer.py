@@ -264,6 +264,8 @@ async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path,
         second = _up(state, database_url, tmp_path / "up2.log")
         log = await eventually(lambda: _ready(tmp_path / "up2.log"), timeout=90, what="second 'up' ready")
         assert f"reclaimed the demo MCP server pid {demo_pid} left by mcpsync up pid {first.pid}" in log
+        # The dead stack's demo session lease is dropped, not waited out (lease_seconds).
+        assert f"released 1 session lease(s) of the stopped mcpsync up pid {first.pid}" in log
         assert not process_alive(demo_pid, expect_in_cmdline=("fixture",))
         assert "'mcpsync down' from another terminal" in log
         r = await run_cli("down", env=env, timeout=90)
