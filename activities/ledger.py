@@ -67,6 +67,8 @@ class Ledger:
         self.release_lease = self.sessions.release_lease
         self.lease_holder = self.sessions.lease_holder
         self.lease_remaining = self.sessions.lease_remaining
+        self.holder_lease_remaining = self.sessions.holder_lease_remaining
+        self.session_holder = self.sessions.session_holder
         self.find_subscription = self.fence.find_subscription
         self.subscriptions_for = self.fence.subscriptions_for
         self.resync_periods = self.fence.resync_periods

@@ -6,6 +6,8 @@ Contract:
 - ``acquire_lease`` takes or renews the (subject, server) lease: one host at a time holds it
   until it lapses (the database clock decides); a new holder bumps the lease epoch.
   ``lease_remaining``: seconds until the live lease lapses (a standby's wake-up time).
+  ``holder_lease_remaining``: seconds until the last live lease of one holder, any pair, lapses.
+- ``session_holder``: the queue and host the (subject, server) session row names, open or closed.
 - Activity ``ledger_current_session``: the open session of a (subject, server), or None.
 """
 
@@ -135,6 +137,25 @@ class SessionLedger:
                 " WHERE subject=%s AND server=%s AND lease_until >= clock_timestamp()", (subject, server))
             row = await cur.fetchone()
         return None if row is None else max(0.0, float(row[0]))
+
+    async def holder_lease_remaining(self, holder: str) -> float | None:
+        """Seconds until the last live lease ``holder`` holds (any pair) runs out by the database clock
+        (None: it holds no live lease)."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT EXTRACT(EPOCH FROM max(lease_until) - clock_timestamp())::float8 FROM session_leases"
+                " WHERE holder=%s AND lease_until >= clock_timestamp()", (holder,))
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+    async def session_holder(self, subject: str, server: str) -> tuple[str, str] | None:
+        """(task queue, host id) of the (subject, server) session row, open or closed (None: no row)."""
+        async with self.store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT task_queue, host_id FROM mcp_sessions WHERE subject=%s AND server=%s",
+                (subject, server))
+            row = await cur.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
 
     async def lease_holder(self, subject: str, server: str) -> tuple[str, int] | None:
         async with self.store.pool.connection() as conn:

@@ -16,16 +16,20 @@ Contract:
   the ingress; nothing is scheduled on it unless one of its sessions was recorded with it.
 - A takeover moves the queue with the session: the new owner opens a new generation recorded
   with its own queue. Activities still scheduled on the previous owner's queue are answered
-  SESSION_LOST by a living previous owner, or time out (schedule-to-close) if it died, as an
-  activity a dead owner had already started always did; the workflow rebinds either way.
+  SESSION_LOST by a living previous owner; once that owner holds no live lease (it died, or holds
+  nothing) the new owner polls that queue too, for a while, and answers them the same
+  (``adopt``, ``mcpsync.worker.orphan_queues``). The workflow rebinds either way. An activity a
+  dead owner had already started still times out (schedule-to-close).
 - A (subject, server) has at most one host per ingress (``attach`` refuses a second).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Protocol
 
 from temporalio.client import Client as TemporalClient
@@ -36,6 +40,7 @@ from mcpsync.activities.catalog_scan import CatalogScanActivities
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
 from mcpsync.worker import metrics
+from mcpsync.worker.orphan_queues import OrphanQueues
 from mcpsync.worker.resync import ReadClock, Resync, ResyncHost
 
 __all__ = ["Ingress", "ingress_task_queue"]
@@ -71,6 +76,8 @@ class Ingress:
         self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.resync``)
         self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
+        # The queues of previous holders of its sessions, polled by ``run`` while they hold no lease.
+        self.orphans = OrphanQueues(temporal, ledger, lambda: self.mcp.all() + self.scans.all())
 
     def attach(self, subject: str, server: str, host: _Hosted) -> None:
         if self._hosts.setdefault((subject, server), host) is not host:
@@ -94,12 +101,24 @@ class Ingress:
         host = self._hosts.get((subject, server))
         return host.list_changed_count(generation) if host is not None else 0
 
+    def adopt(self, task_queue: str, holder: str) -> None:
+        """A session of this ingress replaced one recorded with ``task_queue`` by ``holder``: poll
+        that queue too for a while when it is another ingress's (``OrphanQueues.adopt``)."""
+        if task_queue != self.task_queue:
+            self.orphans.adopt(task_queue, holder)
+
     async def run(self) -> None:
-        """Poll the ingress queue until cancelled."""
+        """Poll the ingress queue, and the queues it adopted, until cancelled."""
         self._worker = Worker(self.temporal, task_queue=self.task_queue,
                               activities=self.mcp.all() + self.scans.all(),
                               max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
-        await self._worker.run()
+        orphans = asyncio.create_task(self.orphans.run(), name=f"orphan-queues:{self.identity}")
+        try:
+            await self._worker.run()
+        finally:
+            orphans.cancel()
+            with suppress(asyncio.CancelledError):
+                await orphans
 
     @property
     def polling(self) -> bool:

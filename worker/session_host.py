@@ -7,7 +7,8 @@ Contract:
 - Belongs to one ``mcpsync.worker.ingress.Ingress`` (its process), whose identity is this host's lease holder
   name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session. A host made
-  without an ingress is an ingress of one: it runs that ingress's worker itself.
+  without an ingress is an ingress of one: it runs that ingress's worker itself. A session that replaced one
+  recorded with another ingress's queue has the ingress adopt that queue (``Ingress.adopt``).
 - Routing is a program (``mcpsync.workflows.ingress.IngressRouter``: note, read here or signal, per key),
   run here over PostgreSQL, the live session and Temporal (``_drive`` / ``_perform``); a read here is
   reported as ``resource_read`` (digest and verdict, never content). A URI with no subscription, or a
@@ -282,6 +283,7 @@ class SessionHost:
             capabilities = {"resources": res is not None, "subscribe": bool(res and res.subscribe),
                             "listChanged": bool(res and res.list_changed)}
             impl = client.server_info
+            previous = await self.ledger.session_holder(self.subject, self.server.name)
             info = await self.ledger.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
                 capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
@@ -302,6 +304,8 @@ class SessionHost:
                     log.warning("session %s/%s: list_changed stream refused (%s); catalogs rely on rescans",
                                 self.server.name, self.subject, type(exc).__name__)
             self.live = live
+            if previous is not None:  # runs may have tasks left on the queue of the session it replaced
+                self.ingress.adopt(*previous)
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
                      self.server.name, self.subject, info.generation, live.edition,
                      capabilities["subscribe"], capabilities["listChanged"])

@@ -199,7 +199,8 @@ async def _await_demo_session(ingress: Ingress, services: asyncio.Task[None]) ->
     its session open there, on an ingress queue nobody polls any more, and its lease runs on for up
     to the server's ``lease_seconds`` unless ``run_up`` released it (the stale runtime file names that
     stack's ingress): a run started before this process holds a session of its own would send its
-    subscribe to that queue and wait out the activity's schedule-to-close (60 s) in SUBSCRIBING."""
+    subscribe to that queue, where it waits in SUBSCRIBING until this process has opened its session
+    and answers it there (``Ingress.adopt``), then subscribes again."""
     deadline = time.monotonic() + DEMO_SESSION_WAIT_SECONDS
     while ingress.live(DEMO_SUBJECT, DEMO_SERVER) is None:
         if services.done():

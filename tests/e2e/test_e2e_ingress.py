@@ -4,7 +4,8 @@ Many subjects on one ingress share its one queue, yet every subscription reads t
 session of its own (subject, server): the fixture shows each subject only its own resource, and
 every receipt names that session's generation. A takeover moves the session (and its queue) to
 the other ingress with a higher generation; the ingress that lost it answers SESSION_LOST for
-every generation, as a stale generation always was.
+every generation, as a stale generation always was. The queue of a previous holder is polled by
+the new one only while that holder holds no live lease, and only for a bounded time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
+from mcpsync.worker import orphan_queues
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress, ingress_task_queue
 from mcpsync.worker.runtime import start_subscription
@@ -161,3 +163,40 @@ async def test_takeover_moves_the_session_and_its_queue(temporal_client: Client,
 async def _session_after(ledger: Ledger, server: str, generation: int) -> SessionInfo | None:
     s = await ledger.current_session("alice", server)
     return s if s is not None and s.generation > generation else None
+
+
+async def test_an_adopted_queue_is_polled_while_its_ingress_holds_no_lease(
+        temporal_client: Client, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Ingress.adopt`` (``mcpsync.worker.orphan_queues``), level-based: the queue of the previous
+    holder is polled only while that holder holds no live lease on any pair, and only until the
+    adoption's bound; never its own queue."""
+    monkeypatch.setattr(orphan_queues, "ADOPT_SECONDS", 8.0)
+    gone, server = f"gone-host:1:{uuid.uuid4().hex[:8]}", unique("fx")
+    queue = ingress_task_queue(gone)
+    assert await ledger.acquire_lease("carol", server, gone, 1.5)
+    ingress = Ingress(temporal_client, ledger)
+    run = asyncio.create_task(ingress.run())
+    try:
+        await eventually(lambda: ingress.polling, what="the ingress worker polling")
+        ingress.adopt(ingress.task_queue, ingress.identity)  # its own queue: nothing to adopt
+        ingress.adopt(queue, gone)
+        await asyncio.sleep(0.5)
+        assert ingress.orphans.polled == frozenset()  # its holder has a live lease: it may be alive
+        await eventually(lambda: ingress.orphans.polled == {queue}, timeout=5, interval=0.05,
+                         what="the adopted queue polled once its holder's lease lapsed")
+        assert await ledger.lease_holder("carol", server) is None
+
+        assert await ledger.acquire_lease("carol", server, gone, 30.0)  # the holder is back
+        await eventually(lambda: ingress.orphans.polled == frozenset(),
+                         timeout=orphan_queues.RECHECK_SECONDS + 3, interval=0.05,
+                         what="the adopted queue left to its holder, who holds a lease again")
+        await ledger.release_lease("carol", server, gone)
+        await eventually(lambda: ingress.orphans.polled == {queue}, timeout=orphan_queues.RECHECK_SECONDS + 3,
+                         interval=0.05, what="the adopted queue polled again")
+        await eventually(lambda: ingress.orphans.polled == frozenset(), timeout=10, interval=0.05,
+                         what="the adoption over")
+        assert ingress.polling  # its own queue is polled all along
+    finally:
+        run.cancel()
+        with suppress(asyncio.CancelledError):
+            await run

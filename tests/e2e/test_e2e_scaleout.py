@@ -4,6 +4,11 @@ Exactly one ingress owns the (subject, server) session through the PostgreSQL le
 owner with SIGKILL hands the session to the other within a bounded time; the new session
 generation is higher and the subscription resubscribes and re-reads.
 
+``test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease``: subscriptions started
+between the SIGKILL of their sessions' ingress and the handoff send their subscribes to the dead
+ingress's queue; the new lease holder polls that queue and answers them at once, so the run is
+ACTIVE on the new session within the lease plus a few seconds, not the 60 s schedule-to-close.
+
 ``test_two_main_two_ingress_kill_one_of_each_under_load`` (issue 28 item 5, docs/deploy.md): two
 ``--role main`` and two ``--role ingress`` subprocesses, 20 subscriptions over two leases (two
 subjects) and one task queue, a change after another on every URI while one main and the lease
@@ -23,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import suppress
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -30,13 +36,14 @@ from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
+from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import ingress_task_queue
 from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.workflows.records.subscription import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests import cli_process
-from tests.conftest import eventually, ledger_rows, unique
+from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
 
 LEASE_SECONDS = 2.0
@@ -160,6 +167,120 @@ async def _session_after(ledger: Ledger, server: str, generation: int):  # type:
     await asyncio.sleep(0)
     s = await ledger.current_session("alice", server)
     return s if s is not None and s.generation > generation else None
+
+
+# --- a run that binds to a dead ingress's session ---------------------------------------------
+
+DEAD_LEASE_SECONDS = 4.0
+DEAD_RECOVERY_SECONDS = DEAD_LEASE_SECONDS + 10  # well under the MCP activities' 60 s schedule-to-close
+
+
+async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
+        temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
+        tmp_path: Path) -> None:
+    """Subscriptions started right after their sessions' ingress was SIGKILLed, before the leases move:
+    the ledger still names the dead sessions, so their subscribes go to the dead ingress's queue. The
+    ingress that takes a lease over polls that queue too once the dead one holds no lease
+    (``mcpsync.worker.orphan_queues``) and answers every task there at once (that generation is gone):
+    ``alice``'s run rebinds to the new session and is ACTIVE on it within the lease plus a few seconds,
+    not after the subscribe's 60 s schedule-to-close; ``bob``'s, a pair it does not hold (nobody
+    does), is answered as quickly and waits for a session."""
+    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    server = unique("fx")
+    config = tmp_path / "mcpsync.toml"
+    config.write_text(
+        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("unused")}"\n\n'
+        f'[database]\nurl = "{database_url}"\n\n'
+        f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
+        f'subjects = ["alice", "bob"]\ncatalog = false\nlease_seconds = {DEAD_LEASE_SECONDS}\n'
+        f'ping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
+    standby = ServerConfig(name=server, transport="http", url=fx.mcp_url, subjects=["alice"],
+                           catalog=False, lease_seconds=DEAD_LEASE_SECONDS, ping_interval_seconds=0.5,
+                           ping_timeout_seconds=2)
+    warm, late, bob = (SubscriptionKey(subject=subject, server=server, uri=f"demo://dead/{n}/{uuid.uuid4().hex}")
+                       for subject, n in (("alice", "warm"), ("alice", "late"), ("bob", "late")))
+    warm_v1 = await fx.create(warm.uri, text="warm v1")
+    await fx.create(late.uri, text="late v1")
+    await fx.create(bob.uri, text="bob v1")
+    doomed = _spawn(config, "ingress", tmp_path / "doomed.log")
+    bob_handle: WorkflowHandle | None = None
+    try:
+        dead = {s: await eventually(lambda s=s: _session_held_by(ledger, s, server, doomed.pid), timeout=60,  # type: ignore[misc]
+                                    what=f"the doomed ingress's lease and session of {s}")
+                for s in ("alice", "bob")}
+        # This process: the main worker and a standby ingress for alice (the lease is taken: it waits).
+        async with running_services(temporal_client, ledger, [standby]) as cfg:
+            handle = await start_subscription(temporal_client, warm, task_queue=cfg.temporal.task_queue)
+            await _wait_record(handle, lambda r: r.last_accepted_digest == warm_v1["committed"]["digest"],
+                               "the main worker warm, on the doomed session", timeout=60)
+
+            doomed.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            queue = cfg.temporal.task_queue
+            handle, bob_handle = [await start_subscription(temporal_client, k, task_queue=queue)
+                                  for k in (late, bob)]
+            old = dead["alice"].generation
+            rec = await _wait_record(
+                handle, lambda r: r.state == SubscriptionState.ACTIVE and r.session_generation > old,
+                "ACTIVE on the new session generation", timeout=90)
+            recovered = time.monotonic() - killed_at
+            # The precondition of the stall: the run's subscribe was scheduled on the dead queue.
+            dead_tasks = await _activities_on(handle, dead["alice"].task_queue)
+            print(f"dead queue: ACTIVE on generation {rec.session_generation} {recovered:.2f} s after the "
+                  f"kill (lease_seconds {DEAD_LEASE_SECONDS}); on the dead queue: {dead_tasks}")
+            assert dead_tasks, "the run never scheduled on the dead ingress's queue: nothing was tested"
+            assert recovered < DEAD_RECOVERY_SECONDS, recovered
+            # Answered there (that generation is gone), not timed out.
+            assert all(how == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED" for _, how in dead_tasks), dead_tasks
+
+            bob_tasks = await eventually(lambda: _answered_on(bob_handle, dead["bob"].task_queue),
+                                         timeout=DEAD_RECOVERY_SECONDS, interval=0.05,
+                                         what="bob's subscribe answered on the dead queue")
+            bob_answered = time.monotonic() - killed_at
+            print(f"dead queue: bob's answered there {bob_answered:.2f} s after the kill: {bob_tasks}")
+            assert bob_answered < DEAD_RECOVERY_SECONDS, bob_answered
+            doomed.wait(timeout=10)
+    finally:
+        if bob_handle is not None:  # nobody holds bob's session: it would rebind to the dead one again
+            with suppress(Exception):
+                await bob_handle.terminate("test over")
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(timeout=10)
+        await fx.stop()
+
+
+async def _session_held_by(ledger: Ledger, subject: str, server: str, pid: int):  # type: ignore[no-untyped-def]
+    """The live session of (subject, server) when the ingress process ``pid`` holds its lease."""
+    holder = await ledger.lease_holder(subject, server)
+    live = await ledger.current_session(subject, server)
+    if holder is None or live is None or int(holder[0].split(":")[1]) != pid \
+            or live.task_queue != ingress_task_queue(holder[0]):
+        return None
+    return live
+
+
+async def _answered_on(handle: WorkflowHandle, task_queue: str) -> list[tuple[str, str]] | None:
+    """The run's activities on ``task_queue`` once one of them completed (None before)."""
+    tasks = await _activities_on(handle, task_queue)
+    return tasks if any(how == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED" for _, how in tasks) else None
+
+
+async def _activities_on(handle: WorkflowHandle, task_queue: str) -> list[tuple[str, str]]:
+    """(activity type, how it ended) of each activity the run scheduled on ``task_queue``."""
+    scheduled: dict[int, str] = {}
+    ended: dict[int, str] = {}
+    closing = {EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+               EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+               EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes"}
+    async for e in handle.fetch_history_events():
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            if attrs.task_queue.name == task_queue:
+                scheduled[e.event_id] = attrs.activity_type.name
+        elif e.event_type in closing:
+            ended[getattr(e, closing[e.event_type]).scheduled_event_id] = EventType.Name(e.event_type)
+    return [(name, ended.get(event_id, "open")) for event_id, name in scheduled.items()]
 
 
 # --- two of each, one of each killed under load ----------------------------------------------
