@@ -37,8 +37,7 @@ from typing import Any, Protocol
 from temporalio.client import Client as TemporalClient
 from temporalio.worker import Worker
 
-# The subscription workflow's own value (not exported there: reading it changes no workflow code).
-from mcpsync.workflows.subscription import _MCP_TIMEOUT as MCP_SCHEDULE_TO_CLOSE
+from mcpsync.workflows.subscription import MCP_SCHEDULE_TO_CLOSE
 
 __all__ = ["ADOPT_SECONDS", "MCP_SCHEDULE_TO_CLOSE", "OrphanQueues"]
 
