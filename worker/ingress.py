@@ -19,7 +19,8 @@ Contract:
   SESSION_LOST by a living previous owner; once that owner holds no live lease (it died, or holds
   nothing) the new owner polls that queue too, for a while, and answers them the same
   (``adopt``, ``mcpsync.worker.orphan_queues``). The workflow rebinds either way. An activity a
-  dead owner had already started still times out (schedule-to-close).
+  dead owner had already started stops heartbeating (``mcpsync.worker.heartbeats``): it times out
+  after its heartbeat timeout and its retry is answered there the same.
 - A (subject, server) has at most one host per ingress (``attach`` refuses a second).
 """
 
@@ -40,6 +41,7 @@ from mcpsync.activities.catalog_scan import CatalogScanActivities
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
 from mcpsync.worker import metrics
+from mcpsync.worker.heartbeats import Heartbeats
 from mcpsync.worker.orphan_queues import OrphanQueues
 from mcpsync.worker.resync import ReadClock, Resync, ResyncHost
 
@@ -111,7 +113,8 @@ class Ingress:
         """Poll the ingress queue, and the queues it adopted, until cancelled."""
         self._worker = Worker(self.temporal, task_queue=self.task_queue,
                               activities=self.mcp.all() + self.scans.all(),
-                              max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
+                              max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+                              interceptors=[Heartbeats()])
         orphans = asyncio.create_task(self.orphans.run(), name=f"orphan-queues:{self.identity}")
         try:
             await self._worker.run()

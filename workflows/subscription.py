@@ -67,7 +67,7 @@ with workflow.unsafe.imports_passed_through():
     from mcpsync.workflows.subscription_state import UpdateDisposition
     from mcpsync.workflows.versioning import target_version_changed, upgrade_behavior
 
-__all__ = ["MCP_SCHEDULE_TO_CLOSE", "ResourceSubscriptionWorkflow"]
+__all__ = ["MCP_HEARTBEAT_TIMEOUT", "MCP_SCHEDULE_TO_CLOSE", "ResourceSubscriptionWorkflow"]
 
 T = TypeVar("T")
 
@@ -78,6 +78,9 @@ _MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_i
 # How long an MCP activity may wait on a session's queue, retries included; an ingress that adopts a
 # dead ingress's queue polls it at least this long (``mcpsync.worker.orphan_queues``).
 MCP_SCHEDULE_TO_CLOSE = timedelta(seconds=60)
+# An attempt whose ingress sends no heartbeat this long (the ingress died: ``mcpsync.worker.heartbeats``)
+# times out and is retried on the same queue, answered there by the ingress that took the session over.
+MCP_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
 KEY_STATE = SearchAttributeKey.for_keyword(SA_STATE)
 KEY_SESSION_GEN = SearchAttributeKey.for_int(SA_SESSION_GENERATION)
@@ -133,7 +136,8 @@ class TemporalRuntime:
         try:
             result: T = await workflow.execute_activity(
                 name, arg, result_type=result_type, task_queue=task_queue, retry_policy=_MCP_RETRY,
-                schedule_to_close_timeout=MCP_SCHEDULE_TO_CLOSE, summary=self._summary(name, arg))
+                schedule_to_close_timeout=MCP_SCHEDULE_TO_CLOSE, heartbeat_timeout=MCP_HEARTBEAT_TIMEOUT,
+                summary=self._summary(name, arg))
         except ActivityError as err:
             raise ActivityFailed(type(err.cause).__name__) from None
         return result

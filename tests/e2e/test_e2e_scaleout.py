@@ -42,6 +42,7 @@ from mcpsync.worker.runtime import start_subscription
 from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.subscription import MCP_HEARTBEAT_TIMEOUT
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
@@ -244,6 +245,69 @@ async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
         if bob_handle is not None:  # nobody holds bob's session: it would rebind to the dead one again
             with suppress(Exception):
                 await bob_handle.terminate("test over")
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(timeout=10)
+        await fx.stop()
+
+
+STARTED_RECOVERY_SECONDS = MCP_HEARTBEAT_TIMEOUT.total_seconds() + DEAD_LEASE_SECONDS + 10
+
+
+async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_timeout(
+        temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
+        tmp_path: Path) -> None:
+    """A subscribe cycle the ingress had started (its initial read held by the server) when it was
+    SIGKILLed: no heartbeat comes any more, so the attempt times out after the heartbeat timeout, not
+    the 60 s schedule-to-close, and its retry on the dead queue is answered by the ingress that took the
+    session over (``mcpsync.worker.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
+    session with its initial read accepted within the heartbeat timeout plus the lease plus a few
+    seconds."""
+    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    server = unique("fx")
+    config = tmp_path / "mcpsync.toml"
+    config.write_text(
+        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("unused")}"\n\n'
+        f'[database]\nurl = "{database_url}"\n\n'
+        f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
+        f'subjects = ["alice"]\ncatalog = false\nlease_seconds = {DEAD_LEASE_SECONDS}\n'
+        f'ping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
+    standby = ServerConfig(name=server, transport="http", url=fx.mcp_url, subjects=["alice"],
+                           catalog=False, lease_seconds=DEAD_LEASE_SECONDS, ping_interval_seconds=0.5,
+                           ping_timeout_seconds=2)
+    key = SubscriptionKey(subject="alice", server=server, uri=f"demo://held/{uuid.uuid4().hex}")
+    v1 = await fx.create(key.uri, text="held v1")
+    await fx.faults(read_delay_ms={key.uri: 120_000})  # the doomed ingress's read never returns
+    doomed = _spawn(config, "ingress", tmp_path / "doomed.log")
+    try:
+        dead = await eventually(lambda: _session_held_by(ledger, "alice", server, doomed.pid), timeout=60,
+                                what="the doomed ingress's lease and session")
+        async with running_services(temporal_client, ledger, [standby]) as cfg:
+            handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
+
+            async def read_in_flight() -> bool:  # the allocation commits before the request is sent
+                rows = await ledger_rows(ledger, "SELECT count(*) FROM read_requests r JOIN subscriptions s"
+                                                 " USING (workflow_id) WHERE s.uri=%s", key.uri)
+                return bool(rows[0][0])
+
+            await eventually(read_in_flight, timeout=60, what="the initial read sent by the doomed ingress")
+            doomed.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            await fx.faults(read_delay_ms={})
+            rec = await _wait_record(
+                handle,
+                lambda r: (r.state == SubscriptionState.ACTIVE and r.session_generation > dead.generation
+                           and r.last_accepted_digest == v1["committed"]["digest"]),
+                "ACTIVE on the new session with the initial read accepted", timeout=90)
+            recovered = time.monotonic() - killed_at
+            dead_tasks = await _activities_on(handle, dead.task_queue)
+            print(f"started on the dead ingress: ACTIVE on generation {rec.session_generation} "
+                  f"{recovered:.2f} s after the kill (heartbeat timeout {MCP_HEARTBEAT_TIMEOUT}, lease "
+                  f"{DEAD_LEASE_SECONDS} s); on the dead queue: {dead_tasks}")
+            assert dead_tasks == [("mcp_subscribe_cycle", "EVENT_TYPE_ACTIVITY_TASK_COMPLETED")], dead_tasks
+            assert recovered < STARTED_RECOVERY_SECONDS, recovered
+            doomed.wait(timeout=10)
+    finally:
         if doomed.poll() is None:
             doomed.kill()
             doomed.wait(timeout=10)
