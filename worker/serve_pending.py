@@ -48,7 +48,7 @@ class PendingNotifications:
     def finished(self) -> bool:
         return self._finished
 
-    def pending(self) -> list[Item]:
+    def in_order(self) -> list[Item]:
         """What ``take`` would return, in order (for tests and logs)."""
         return [*self._items, *([self._last] if self._last is not None else [])]
 

@@ -33,7 +33,7 @@ def test_the_oldest_pending_item_goes_first_and_a_merge_keeps_its_place() -> Non
                       ("updated", "c"), ("updated", "b"), ("list_changed", None), ("updated", "a")]:
         pending.add(kind, uri)  # type: ignore[arg-type]
     oldest_first = [("updated", "a"), ("updated", "b"), ("list_changed", None), ("updated", "c")]
-    assert pending.pending() == oldest_first
+    assert pending.in_order() == oldest_first
     assert _drain_now(pending) == oldest_first
 
 
@@ -55,7 +55,7 @@ async def test_a_uri_changed_during_its_send_is_sent_once_more_after_it() -> Non
         await asyncio.sleep(0)  # the drain waits: nothing pending
         assert pending.add("updated", "a") == "pending"
         await asyncio.wait_for(in_flight.wait(), 5)
-        assert pending.pending() == []  # "a" is being sent, no longer pending
+        assert pending.in_order() == []  # "a" is being sent, no longer pending
         assert pending.add("updated", "b") == "pending"
         assert pending.add("updated", "a") == "pending"  # changed again during its send: pending again
         assert pending.add("updated", "a") == "merged"  # ... once
@@ -77,7 +77,7 @@ def test_the_bound_counts_distinct_uris_waiting_not_notifications() -> None:
     assert pending.add("list_changed") == "pending"  # the flag is one more, never counted
     assert pending.add("updated", "a") == "merged" and pending.add("updated", "c") == "merged"
     assert pending.add("updated", "d") == "full"  # a 4th distinct URI waiting unread
-    assert ("updated", "d") not in pending.pending()
+    assert ("updated", "d") not in pending.in_order()
     assert pending.take_nowait() == ("updated", "a")  # taken (in flight): no longer waiting
     assert pending.add("updated", "d") == "pending"
     assert pending.add("updated", "e") == "full"

@@ -91,7 +91,7 @@ async def test_a_burst_on_one_uri_is_coalesced_and_never_cuts_a_client_off() -> 
     for position in range(1, 1001):
         await hub.announce(_event("demo://a", position))
     assert session.cut_off is None and session.subscriptions == {"demo://a"}
-    assert session.pending.pending() == [("updated", "demo://a")]
+    assert session.pending.in_order() == [("updated", "demo://a")]
     assert hub.stats["coalesced"] == 999 and hub.stats["cut_off"] == 0
 
 
@@ -107,8 +107,8 @@ async def test_a_slow_legacy_client_is_cut_off_with_a_reason() -> None:
         await hub.announce(_event(uri, position))
     assert session.cut_off is not None and "cut off" in session.cut_off
     assert session.subscriptions == set()
-    assert session.pending.pending() == [("cut_off", session.cut_off)]  # all it gets, and the last
-    assert [uri for _kind, uri in fast.pending.pending()] == uris  # the others are not held up
+    assert session.pending.in_order() == [("cut_off", session.cut_off)]  # all it gets, and the last
+    assert [uri for _kind, uri in fast.pending.in_order()] == uris  # the others are not held up
     assert hub.stats["cut_off"] == 1
 
 
