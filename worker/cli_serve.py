@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
                                                        "(default 'serve'; one per serve process)")
     c.add_argument("--page-size", type=int, default=50, help="resources per resources/list page")
     c.add_argument("--client-buffer", type=int, default=256,
-                   help="notifications queued per client before a slow client is cut off")
+                   help="distinct URIs pending per 2025-11-25 client before a slow client is cut off "
+                        "(notifications per URI are merged); events buffered per 2026-07-28 listen stream")
     c.set_defaults(func=cmd_serve)
 
 

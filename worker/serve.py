@@ -17,9 +17,11 @@ Contract (docs/serve.md):
   (2026-07-28) / -32002 (2025-11-25); refused: -32003 with the reason; ``_meta``
   ``io.mcpsync/requireFresh: true`` and not fresh: -32004 with the reason, never the body.
 - Notifications come from the outbox (``serve_run`` follows it as a durable consumer and calls
-  ``ServeHub.announce``). Each legacy session has a bounded queue drained by its own task; a
-  session whose queue is full is cut off: its subscriptions are dropped and it is told why in a
-  ``notifications/message`` (level error). Listen streams are bounded by the SDK's handler.
+  ``ServeHub.announce``). Each legacy session's pending notifications are level-based
+  (``serve_pending``: one pending ``updated`` per URI, one ``list_changed`` flag, the oldest first),
+  drained by its own task; a session with more than ``client_buffer`` distinct URIs waiting unread is
+  cut off: its subscriptions are dropped and it is told why in a ``notifications/message`` (level
+  error), the last thing it gets. Listen streams are bounded by the SDK's handler (not coalesced).
 - Bodies and tokens are never logged.
 """
 
@@ -62,6 +64,7 @@ from mcpsync.worker.serve_ledger import (
     served_resource,
     served_uris,
 )
+from mcpsync.worker.serve_pending import PendingNotifications
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -86,7 +89,7 @@ class ServeConfig:
     page_size: int = 50
     max_age_seconds: float | None = None  # the published staleness bound (None: push-driven, no age limit)
     consumer: str = "serve"
-    client_buffer: int = 256  # notifications queued per client before it is cut off
+    client_buffer: int = 256  # distinct URIs pending per legacy client before it is cut off
     max_request_bytes: int = 1_000_000
     name: str = "mcpsync-serve"
 
@@ -100,8 +103,8 @@ class _Session:
     key: int
     connection: Connection
     subject: str
+    pending: PendingNotifications
     subscriptions: set[str] = field(default_factory=set)
-    queue: asyncio.Queue[tuple[str, str | None]] = field(default_factory=asyncio.Queue)
     sender: asyncio.Task[None] | None = None
     cut_off: str | None = None
 
@@ -137,7 +140,8 @@ class ServeHub:
         self._snapshots: OrderedDict[str, tuple[str, list[ServedResource]]] = OrderedDict()
         self._keys = itertools.count(1)
         self._ticks: dict[str, asyncio.Event] = {}
-        self.stats = {"announced": 0, "sent": 0, "cut_off": 0, "reads": 0, "lists": 0}
+        # sent: notifications sent to legacy sessions; coalesced: ones merged into one already pending
+        self.stats = {"announced": 0, "sent": 0, "coalesced": 0, "cut_off": 0, "reads": 0, "lists": 0}
 
     # -- subjects ----------------------------------------------------------------------
     def subject_for_authorization(self, authorization: str | None) -> str | None:
@@ -178,7 +182,7 @@ class ServeHub:
         key = next(self._keys)
         connection.state["serve_session_key"] = key
         session = _Session(
-            key, connection, self.subject_of(ctx), queue=asyncio.Queue(maxsize=self.config.client_buffer)
+            key, connection, self.subject_of(ctx), PendingNotifications(self.config.client_buffer)
         )
         session.sender = asyncio.get_running_loop().create_task(
             self._drain(session), name=f"serve-session-{key}"
@@ -194,11 +198,11 @@ class ServeHub:
 
     async def _drain(self, session: _Session) -> None:
         while True:
-            kind, uri = await session.queue.get()
+            kind, uri = await session.pending.take()
             try:
                 # No time bound: a send cancelled half way through the SDK's streams leaves the
-                # session unable to send again. A stuck client holds only this task (its queue
-                # fills and it is cut off); its disconnect ends the session and cancels the task.
+                # session unable to send again. A stuck client holds only this task (its pending set
+                # grows and it is cut off); its disconnect ends the session and cancels the task.
                 if kind == "updated" and uri is not None:
                     await session.connection.send_resource_updated(uri)
                 elif kind == "list_changed":
@@ -208,24 +212,23 @@ class ServeHub:
                 self.stats["sent"] += 1
             except Exception:  # a dead or stuck client must not stop its own sender for good
                 logger.warning("could not send %s to session %d", kind, session.key)
+            if kind == "cut_off":  # the last thing the session gets
+                return
 
-    def enqueue(self, session: _Session, kind: str, uri: str | None) -> None:
-        if session.cut_off is not None:
-            return
-        try:
-            session.queue.put_nowait((kind, uri))
-        except asyncio.QueueFull:
+    def enqueue(self, session: _Session, kind: Literal["updated", "list_changed"], uri: str | None) -> None:
+        added = session.pending.add(kind, uri)
+        if added == "merged":
+            self.stats["coalesced"] += 1
+        elif added == "full":
             reason = (
-                f"cut off: {self.config.client_buffer} notifications waiting unread; "
+                f"cut off: {session.pending.limit} notifications waiting unread; "
                 "subscriptions dropped, reconnect and list again"
             )
             session.cut_off = reason
             session.subscriptions.clear()
             self.stats["cut_off"] += 1
             logger.warning("session %d cut off (slow client)", session.key)
-            while not session.queue.empty():
-                session.queue.get_nowait()
-            session.queue.put_nowait(("cut_off", reason))
+            session.pending.finish(("cut_off", reason))
 
     # -- 2026-07-28 listen ---------------------------------------------------------------
     def bus(self, subject: str) -> InMemorySubscriptionBus:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -272,11 +273,23 @@ async def raw_session(raw: httpx2.AsyncClient, url: str, headers: dict[str, str]
 
 
 async def raw_sse_stream(
-    url: str, token: str, session_id: str
+    url: str, token: str, session_id: str, *, small: bool = False
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A 2025-11-25 session's GET stream on a plain socket (read only when the caller reads it)."""
+    """A 2025-11-25 session's GET stream on a plain socket (read only when the caller reads it). Without
+    ``small`` a client that stops reading stalls serve's sends only after megabytes (on loopback: a
+    64 KiB MSS lets serve's socket buffer grow to MiBs; the stream reader holds 8 MiB); with it, after
+    tens of KiB: a 536-byte MSS and a 4 KiB receive buffer set before connecting (serve's send buffer
+    stays small), and the reader stops taking from the socket at 32 KiB."""
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
-    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 22)
+    if small:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 14)
+    else:
+        reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 22)
     writer.write(
         (
             f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
@@ -288,6 +301,35 @@ async def raw_sse_stream(
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
     assert head.startswith(b"HTTP/1.1 200"), head
     return reader, writer
+
+
+def sse_messages(received: bytes) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of the complete SSE frames in ``received`` (a raw stream's bytes so far)."""
+    frames = received.replace(b"\r\n", b"\n").split(b"\n\n")[:-1]  # the last part: not complete yet
+    return [
+        json.loads(line[5:])
+        for frame in frames
+        for line in frame.split(b"\n")
+        if line.startswith(b"data:") and line[5:].strip()
+    ]
+
+
+async def read_sse_until(
+    stream: asyncio.StreamReader, received: bytes, done: Callable[[list[dict[str, Any]]], bool], *,
+    quiet: float = 1.0, timeout: float = 60.0,
+) -> bytes:
+    """Read a raw SSE stream on from ``received`` until ``done(messages)`` holds and nothing more has
+    arrived for ``quiet`` seconds; all the bytes read so far."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                chunk = await asyncio.wait_for(stream.read(1 << 20), quiet)
+            except TimeoutError:
+                if done(sse_messages(received)):
+                    return received
+                continue
+            assert chunk, "the stream ended"
+            received += chunk
 
 
 def jsonrpc_result(resp: httpx2.Response) -> dict[str, Any]:

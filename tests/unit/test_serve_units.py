@@ -1,9 +1,8 @@
-"""``mcpsync serve`` pure parts: signed cursors, consistent listing snapshots, the slow-client cut-off,
-tokens from the environment (docs/serve.md)."""
+"""``mcpsync serve`` pure parts: signed cursors, consistent listing snapshots, coalescing and the
+slow-client cut-off, tokens from the environment (docs/serve.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +14,7 @@ from mcpsync.worker import serve as serve_module
 from mcpsync.worker.serve import ServeConfig, ServeHub, _Session
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
 from mcpsync.worker.serve_ledger import ServedResource
+from mcpsync.worker.serve_pending import PendingNotifications
 from mcpsync.worker.serve_run import tokens_from_environment
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
@@ -75,25 +75,40 @@ async def test_pages_come_from_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> 
     assert other.value.code == -32602
 
 
+def _event(uri: str, position: int) -> OutboxEventV1:
+    return OutboxEventV1(event_type=OutboxEventType.VERSION_ACCEPTED, position=position, outbox_id=position,
+                         subject="alice", server="s", uri=uri, workflow_id="w", receipt_id=1,
+                         read_ordinal=1, content_digest="d", previous_digest="c", mime_type=None, size=None,
+                         edition=None, server_name=None, server_version=None, accepted_at=None, trigger=None,
+                         invalidates=None, reason=None, created_at=NOW)
+
+
+async def test_a_burst_on_one_uri_is_coalesced_and_never_cuts_a_client_off() -> None:
+    hub = ServeHub(ServeConfig(client_buffer=3), pool=None, signer=CursorSigner(b"k" * 32))  # type: ignore[arg-type]
+    session = _Session(1, connection=None, subject="alice", pending=PendingNotifications(3))  # type: ignore[arg-type]
+    session.subscriptions.add("demo://a")
+    hub.sessions = {1: session}
+    for position in range(1, 1001):
+        await hub.announce(_event("demo://a", position))
+    assert session.cut_off is None and session.subscriptions == {"demo://a"}
+    assert session.pending.in_order() == [("updated", "demo://a")]
+    assert hub.stats["coalesced"] == 999 and hub.stats["cut_off"] == 0
+
+
 async def test_a_slow_legacy_client_is_cut_off_with_a_reason() -> None:
     hub = ServeHub(ServeConfig(client_buffer=3), pool=None, signer=CursorSigner(b"k" * 32))  # type: ignore[arg-type]
-    session = _Session(1, connection=None, subject="alice", queue=asyncio.Queue(maxsize=3))  # type: ignore[arg-type]
-    session.subscriptions.add("demo://a")
-    fast = _Session(2, connection=None, subject="alice", queue=asyncio.Queue(maxsize=100))  # type: ignore[arg-type]
-    fast.subscriptions.add("demo://a")
+    uris = [f"demo://{name}" for name in "abcde"]
+    session = _Session(1, connection=None, subject="alice", pending=PendingNotifications(3))  # type: ignore[arg-type]
+    session.subscriptions.update(uris)
+    fast = _Session(2, connection=None, subject="alice", pending=PendingNotifications(100))  # type: ignore[arg-type]
+    fast.subscriptions.update(uris)
     hub.sessions = {1: session, 2: fast}
-    event = OutboxEventV1(event_type=OutboxEventType.VERSION_ACCEPTED, position=1, outbox_id=1,
-                          subject="alice", server="s", uri="demo://a", workflow_id="w", receipt_id=1,
-                          read_ordinal=1, content_digest="d", previous_digest="c", mime_type=None, size=None,
-                          edition=None, server_name=None, server_version=None, accepted_at=None, trigger=None,
-                          invalidates=None, reason=None, created_at=NOW)
-    for _ in range(5):
-        await hub.announce(event)
+    for position, uri in enumerate(uris * 2, start=1):  # 5 distinct URIs, twice each
+        await hub.announce(_event(uri, position))
     assert session.cut_off is not None and "cut off" in session.cut_off
     assert session.subscriptions == set()
-    kind, reason = session.queue.get_nowait()
-    assert kind == "cut_off" and reason == session.cut_off and session.queue.empty()
-    assert fast.cut_off is None and fast.queue.qsize() == 5  # the others are not held up
+    assert session.pending.in_order() == [("cut_off", session.cut_off)]  # all it gets, and the last
+    assert [uri for _kind, uri in fast.pending.in_order()] == uris  # the others are not held up
     assert hub.stats["cut_off"] == 1
 
 
