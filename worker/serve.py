@@ -64,7 +64,7 @@ from mcpsync.worker.serve_ledger import (
     served_resource,
     served_uris,
 )
-from mcpsync.worker.serve_pending import PendingNotifications
+from mcpsync.worker.serve_pending import Added, PendingNotifications
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -217,9 +217,9 @@ class ServeHub:
 
     def enqueue(self, session: _Session, kind: Literal["updated", "list_changed"], uri: str | None) -> None:
         added = session.pending.add(kind, uri)
-        if added == "merged":
+        if added is Added.MERGED:
             self.stats["coalesced"] += 1
-        elif added == "full":
+        elif added is Added.FULL:
             reason = (
                 f"cut off: {session.pending.limit} notifications waiting unread; "
                 "subscriptions dropped, reconnect and list again"

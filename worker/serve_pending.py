@@ -3,16 +3,16 @@
 Contract (docs/serve.md, "Bounded per-client buffers"):
 - Pending items are ``(kind, uri)`` keys of one insertion-ordered dict: ``("updated", uri)`` per URI and
   one ``("list_changed", None)`` flag. An item already pending is merged (``add`` answers
-  ``"merged"``), never sent twice: a resource-updated notification only says "re-read it", and one
+  ``Added.MERGED``), never sent twice: a resource-updated notification only says "re-read it", and one
   read covers every change before it; so does one list for ``list_changed``.
 - ``take`` waits until an item is pending and removes the oldest one (fair: a URI that keeps changing
   keeps its place, it does not jump ahead of or starve the others). An item taken is no longer
   pending: added again while its send is in flight, it is pending again and is sent once more after.
-- The bound counts distinct items waiting unread, not notifications: ``add`` answers ``"full"`` (and
+- The bound counts distinct items waiting unread, not notifications: ``add`` answers ``Added.FULL`` (and
   adds nothing) when a new URI would make more than ``limit`` URIs pending; the ``list_changed`` flag
   is one more, it never grows. The caller then ends the session with ``finish(last)``.
 - ``finish(last)`` drops everything pending: ``last`` is the next and final item ``take`` returns,
-  and ``add`` answers ``"finished"`` from then on (nothing more is pended). ``take`` after the final
+  and ``add`` answers ``Added.FINISHED`` from then on (nothing more is pended). ``take`` after the final
   item waits forever (the session's end cancels it).
 - No I/O, no server: one event loop, one taker (the session's drain task).
 """
@@ -20,12 +20,22 @@ Contract (docs/serve.md, "Bounded per-client buffers"):
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 from typing import Literal
 
 __all__ = ["Added", "Item", "PendingNotifications"]
 
 Item = tuple[str, str | None]  # (kind, uri): ("updated", uri), ("list_changed", None), or a final item
-Added = Literal["pending", "merged", "full", "finished"]
+
+
+class Added(Enum):
+    """What ``add`` did with an item."""
+
+    PENDING = "pending"  # pending now (it was not)
+    MERGED = "merged"  # already pending: nothing more to send
+    FULL = "full"  # not added: one more URI would pass the bound
+    FINISHED = "finished"  # not added: the session was finished
+
 
 LIST_CHANGED: Item = ("list_changed", None)
 
@@ -54,17 +64,17 @@ class PendingNotifications:
 
     def add(self, kind: Literal["updated", "list_changed"], uri: str | None = None) -> Added:
         if self._finished:
-            return "finished"
+            return Added.FINISHED
         item: Item = LIST_CHANGED if kind == "list_changed" else ("updated", uri)
         if item in self._items:
-            return "merged"
+            return Added.MERGED
         if kind == "updated":
             if self._uris >= self.limit:
-                return "full"
+                return Added.FULL
             self._uris += 1
         self._items[item] = None
         self._ready.set()
-        return "pending"
+        return Added.PENDING
 
     def finish(self, last: Item) -> None:
         """Drop everything pending; ``last`` is the final item ``take`` returns."""

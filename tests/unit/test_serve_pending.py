@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mcpsync.worker.serve_pending import PendingNotifications
+from mcpsync.worker.serve_pending import Added, PendingNotifications
 
 
 def _drain_now(pending: PendingNotifications) -> list[tuple[str, str | None]]:
@@ -19,10 +19,10 @@ def _drain_now(pending: PendingNotifications) -> list[tuple[str, str | None]]:
 
 def test_a_uri_already_pending_is_merged() -> None:
     pending = PendingNotifications(limit=4)
-    assert pending.add("updated", "demo://a") == "pending"
-    assert [pending.add("updated", "demo://a") for _ in range(1000)] == ["merged"] * 1000
-    assert pending.add("list_changed") == "pending"
-    assert pending.add("list_changed") == "merged"
+    assert pending.add("updated", "demo://a") is Added.PENDING
+    assert [pending.add("updated", "demo://a") for _ in range(1000)] == [Added.MERGED] * 1000
+    assert pending.add("list_changed") is Added.PENDING
+    assert pending.add("list_changed") is Added.MERGED
     assert len(pending) == 2
     assert _drain_now(pending) == [("updated", "demo://a"), ("list_changed", None)]
 
@@ -53,12 +53,12 @@ async def test_a_uri_changed_during_its_send_is_sent_once_more_after_it() -> Non
     task = asyncio.create_task(drain())
     try:
         await asyncio.sleep(0)  # the drain waits: nothing pending
-        assert pending.add("updated", "a") == "pending"
+        assert pending.add("updated", "a") is Added.PENDING
         await asyncio.wait_for(in_flight.wait(), 5)
         assert pending.in_order() == []  # "a" is being sent, no longer pending
-        assert pending.add("updated", "b") == "pending"
-        assert pending.add("updated", "a") == "pending"  # changed again during its send: pending again
-        assert pending.add("updated", "a") == "merged"  # ... once
+        assert pending.add("updated", "b") is Added.PENDING
+        assert pending.add("updated", "a") is Added.PENDING  # changed again during its send: pending again
+        assert pending.add("updated", "a") is Added.MERGED  # ... once
         release.set()
         for _ in range(100):
             await asyncio.sleep(0)
@@ -71,16 +71,16 @@ async def test_a_uri_changed_during_its_send_is_sent_once_more_after_it() -> Non
 def test_the_bound_counts_distinct_uris_waiting_not_notifications() -> None:
     pending = PendingNotifications(limit=3)
     for _ in range(500):  # a burst on one URI far above the bound: one item
-        assert pending.add("updated", "a") in ("pending", "merged")
-    assert pending.add("updated", "b") == "pending"
-    assert pending.add("updated", "c") == "pending"
-    assert pending.add("list_changed") == "pending"  # the flag is one more, never counted
-    assert pending.add("updated", "a") == "merged" and pending.add("updated", "c") == "merged"
-    assert pending.add("updated", "d") == "full"  # a 4th distinct URI waiting unread
+        assert pending.add("updated", "a") in (Added.PENDING, Added.MERGED)
+    assert pending.add("updated", "b") is Added.PENDING
+    assert pending.add("updated", "c") is Added.PENDING
+    assert pending.add("list_changed") is Added.PENDING  # the flag is one more, never counted
+    assert pending.add("updated", "a") is Added.MERGED and pending.add("updated", "c") is Added.MERGED
+    assert pending.add("updated", "d") is Added.FULL  # a 4th distinct URI waiting unread
     assert ("updated", "d") not in pending.in_order()
     assert pending.take_nowait() == ("updated", "a")  # taken (in flight): no longer waiting
-    assert pending.add("updated", "d") == "pending"
-    assert pending.add("updated", "e") == "full"
+    assert pending.add("updated", "d") is Added.PENDING
+    assert pending.add("updated", "e") is Added.FULL
 
 
 async def test_finish_drops_what_is_pending_and_its_item_is_the_last() -> None:
@@ -89,7 +89,7 @@ async def test_finish_drops_what_is_pending_and_its_item_is_the_last() -> None:
     pending.add("list_changed")
     pending.finish(("cut_off", "why"))
     assert pending.finished
-    assert pending.add("updated", "b") == "finished" and pending.add("list_changed") == "finished"
+    assert pending.add("updated", "b") is Added.FINISHED and pending.add("list_changed") is Added.FINISHED
     assert await asyncio.wait_for(pending.take(), 1) == ("cut_off", "why")
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(pending.take(), 0.2)  # nothing after the final item
