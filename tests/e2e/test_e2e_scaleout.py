@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -356,10 +356,11 @@ KILL_AFTER_CHANGES = 20  # changes accepted by every subscription of the URI bef
 CHANGE_TIMEOUT = 90.0  # one change to its receipts, a handoff included (2 shared cores)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _metrics_port(log: Path) -> int | None:
+    """The port a worker started with ``[metrics] port = 0`` says it serves on (None: not yet). Picking a
+    free port here and passing it would race every other process on the box for it."""
+    found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text(errors="replace"))
+    return int(found.group(1)) if found else None
 
 
 def _probe(port: int, path: str) -> int:
@@ -384,14 +385,13 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
     server, queue = unique("fx"), unique("scaleq")
     subjects = ("alice", "bob")  # two (subject, server) leases for the two ingress processes
     names = {"main1": "main", "main2": "main", "in1": "ingress", "in2": "ingress"}
-    ports = {name: _free_port() for name in names}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, role in names.items():
         config = tmp_path / f"{name}.toml"
         config.write_text(
             f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{queue}"\n'
             f'sticky_queue_timeout_seconds = {STICKY_SECONDS}\n\n'
-            f'[database]\nurl = "{database_url}"\n\n[metrics]\nport = {ports[name]}\nrefresh_seconds = 60\n\n'
+            f'[database]\nurl = "{database_url}"\n\n[metrics]\nport = 0\nrefresh_seconds = 60\n\n'
             f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
             f'subjects = {json.dumps(list(subjects))}\ncatalog = false\n'
             f'lease_seconds = {LOAD_LEASE_SECONDS}\nping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
@@ -400,6 +400,11 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
     uris = [f"demo://scale/{tag}/{i}" for i in range(LOAD_URIS)]
     committed: dict[str, list[str]] = {}
     try:
+        async def bound() -> dict[str, int] | None:
+            found = {name: _metrics_port(tmp_path / f"{name}.log") for name in names}
+            return {name: port for name, port in found.items() if port} if all(found.values()) else None
+
+        ports: dict[str, int] = await eventually(bound, timeout=90, what="all four metrics ports")
         # Positive witness, no sleep: every process says it polls (/readyz) before any work starts.
         await eventually(lambda: _all_ready(ports), timeout=90, what="all four workers polling (/readyz)")
         for uri in uris:
