@@ -176,6 +176,23 @@ DEAD_LEASE_SECONDS = 4.0
 DEAD_RECOVERY_SECONDS = DEAD_LEASE_SECONDS + 10  # well under the MCP activities' 60 s schedule-to-close
 
 
+def _doomed_and_standby(tmp_path: Path, temporal_server: TemporalDevServer, database_url: str,
+                        fx: FixtureProcess, server: str, subjects: list[str]) -> tuple[Path, ServerConfig]:
+    """The config of an ingress process to SIGKILL (holding ``subjects`` of ``server``) and a standby
+    for alice in this process, both with ``DEAD_LEASE_SECONDS`` leases."""
+    config = tmp_path / "mcpsync.toml"
+    config.write_text(
+        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("unused")}"\n\n'
+        f'[database]\nurl = "{database_url}"\n\n'
+        f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
+        f'subjects = {json.dumps(subjects)}\ncatalog = false\nlease_seconds = {DEAD_LEASE_SECONDS}\n'
+        f'ping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
+    standby = ServerConfig(name=server, transport="http", url=fx.mcp_url, subjects=["alice"],
+                           catalog=False, lease_seconds=DEAD_LEASE_SECONDS, ping_interval_seconds=0.5,
+                           ping_timeout_seconds=2)
+    return config, standby
+
+
 async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
         temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
         tmp_path: Path) -> None:
@@ -188,16 +205,8 @@ async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
     does), is answered as quickly and waits for a session."""
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
     server = unique("fx")
-    config = tmp_path / "mcpsync.toml"
-    config.write_text(
-        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("unused")}"\n\n'
-        f'[database]\nurl = "{database_url}"\n\n'
-        f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
-        f'subjects = ["alice", "bob"]\ncatalog = false\nlease_seconds = {DEAD_LEASE_SECONDS}\n'
-        f'ping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
-    standby = ServerConfig(name=server, transport="http", url=fx.mcp_url, subjects=["alice"],
-                           catalog=False, lease_seconds=DEAD_LEASE_SECONDS, ping_interval_seconds=0.5,
-                           ping_timeout_seconds=2)
+    config, standby = _doomed_and_standby(tmp_path, temporal_server, database_url, fx, server,
+                                          ["alice", "bob"])
     warm, late, bob = (SubscriptionKey(subject=subject, server=server, uri=f"demo://dead/{n}/{uuid.uuid4().hex}")
                        for subject, n in (("alice", "warm"), ("alice", "late"), ("bob", "late")))
     warm_v1 = await fx.create(warm.uri, text="warm v1")
@@ -265,16 +274,7 @@ async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_
     seconds."""
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
     server = unique("fx")
-    config = tmp_path / "mcpsync.toml"
-    config.write_text(
-        f'[temporal]\naddress = "{temporal_server.address}"\ntask_queue = "{unique("unused")}"\n\n'
-        f'[database]\nurl = "{database_url}"\n\n'
-        f'[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
-        f'subjects = ["alice"]\ncatalog = false\nlease_seconds = {DEAD_LEASE_SECONDS}\n'
-        f'ping_interval_seconds = 0.5\nping_timeout_seconds = 2\n')
-    standby = ServerConfig(name=server, transport="http", url=fx.mcp_url, subjects=["alice"],
-                           catalog=False, lease_seconds=DEAD_LEASE_SECONDS, ping_interval_seconds=0.5,
-                           ping_timeout_seconds=2)
+    config, standby = _doomed_and_standby(tmp_path, temporal_server, database_url, fx, server, ["alice"])
     key = SubscriptionKey(subject="alice", server=server, uri=f"demo://held/{uuid.uuid4().hex}")
     v1 = await fx.create(key.uri, text="held v1")
     await fx.faults(read_delay_ms={key.uri: 120_000})  # the doomed ingress's read never returns
