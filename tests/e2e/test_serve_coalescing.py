@@ -7,7 +7,9 @@ distinct URIs change is cut off, and the reason is the last thing it gets."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,37 @@ async def _raw_subscribe(raw: httpx2.AsyncClient, url: str, headers: dict[str, s
     return (await raw.post(url, json=request, headers=headers)).content
 
 
+@dataclass
+class _Clients:
+    raw: httpx2.AsyncClient  # the raw session's requests (``headers`` name it)
+    headers: dict[str, str]
+    stream: asyncio.StreamReader  # its GET stream, read only when the test reads it
+    stream_writer: asyncio.StreamWriter
+    reading: Any  # an SDK client that reads everything into ``inbox``
+    inbox: list[Any]
+
+
+@asynccontextmanager
+async def _raw_and_reading(url: str, token: str, uris: Sequence[str], *,
+                           small: bool = False) -> AsyncIterator[_Clients]:
+    """Two 2025-11-25 clients of one subject, both subscribed to every URI of ``uris``: a raw session
+    whose stream the test reads (or not) itself (``small``: ``raw_sse_stream``'s small buffers), and
+    an SDK client that reads."""
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    inbox: list[Any] = []
+    async with (
+        httpx2.AsyncClient(timeout=30) as raw,
+        serve_client(url, token, "legacy", inbox) as reading,
+    ):
+        headers["mcp-session-id"] = await raw_session(raw, url, headers)
+        stream, stream_writer = await raw_sse_stream(url, token, headers["mcp-session-id"], small=small)
+        for n, uri in enumerate(uris, start=2):
+            assert b'"result"' in await _raw_subscribe(raw, url, headers, uri, n)
+            with pytest.warns(Warning):
+                await reading.subscribe_resource(uri)
+        yield _Clients(raw, headers, stream, stream_writer, reading, inbox)
+
+
 async def test_a_burst_on_one_uri_is_coalesced_and_cuts_off_no_client(
     serve_stack: ServeStack, ledger: Ledger, fx: FixtureProcess
 ) -> None:
@@ -124,19 +157,10 @@ async def test_a_burst_on_one_uri_is_coalesced_and_cuts_off_no_client(
     repeats = 1000
     seeds = Seed(alice, uri, "# burst one"), Seed(alice, marker, "# marker one")
     async with serve_stack(*seeds, serve_args=("--client-buffer", "4")) as st:
-        serve, token = st.serve, st.tokens[alice]
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-        inbox: list[Any] = []
-        async with (
-            httpx2.AsyncClient(timeout=30) as raw,
-            serve_client(serve.url, token, "legacy", inbox) as reading,
-        ):
-            headers["mcp-session-id"] = await raw_session(raw, serve.url, headers)
-            paused, paused_writer = await raw_sse_stream(serve.url, token, headers["mcp-session-id"])
-            for n, subscribed in enumerate((uri, marker), start=2):
-                assert b'"result"' in await _raw_subscribe(raw, serve.url, headers, subscribed, n)
-                with pytest.warns(Warning):
-                    await reading.subscribe_resource(subscribed)
+        serve = st.serve
+        async with _raw_and_reading(serve.url, st.tokens[alice], (uri, marker)) as clients:
+            raw, headers, reading, inbox = clients.raw, clients.headers, clients.reading, clients.inbox
+            paused, paused_writer = clients.stream, clients.stream_writer
             await eventually(lambda: len(_updated(inbox, uri)) == len(_updated(inbox, marker)) == 1,
                              what="the subscribe announcements")
             (first_change,) = (await ledger_rows(ledger, "SELECT max(outbox_id) + 1 FROM outbox"))[0]
@@ -185,20 +209,10 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_are_not(
     uris = [f"demo://serve/{tag}/{i}/{'x' * 7000}.md" for i in range(5)]
     async with serve_stack(*(Seed(alice, u, f"# slow {i}") for i, u in enumerate(uris)),
                            serve_args=("--client-buffer", "3")) as st:
-        serve, token = st.serve, st.tokens[alice]
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-        inbox: list[Any] = []
-        async with (
-            httpx2.AsyncClient(timeout=30) as raw,
-            serve_client(serve.url, token, "legacy", inbox) as reading,
-        ):
-            headers["mcp-session-id"] = await raw_session(raw, serve.url, headers)
-            session_id = headers["mcp-session-id"]
-            stream, stream_writer = await raw_sse_stream(serve.url, token, session_id, small=True)
-            for n, uri in enumerate(uris, start=2):
-                assert b'"result"' in await _raw_subscribe(raw, serve.url, headers, uri, n)
-                with pytest.warns(Warning):
-                    await reading.subscribe_resource(uri)
+        serve = st.serve
+        async with _raw_and_reading(serve.url, st.tokens[alice], uris, small=True) as clients:
+            raw, headers, reading, inbox = clients.raw, clients.headers, clients.reading, clients.inbox
+            stream, stream_writer = clients.stream, clients.stream_writer
             # The slow client reads nothing from here on. A real change of each URI first ...
             events = [await _changed(st, ledger, fx, uri, f"# slow {i} two") for i, uri in enumerate(uris)]
             for uri in uris:
