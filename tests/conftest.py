@@ -1,6 +1,7 @@
 """Fixtures and helpers every tier may use; PostgreSQL is shared by the integration and e2e tiers.
 
-The tiers (``scripts/test unit|integration|e2e``): ``tests/unit/`` needs nothing running;
+The tiers (``scripts/test unit|sim|integration|e2e``): ``tests/unit/`` needs nothing running and
+stays fast; ``tests/sim/`` is the simulator's gate (nothing running, CPU-bound);
 ``tests/integration/`` needs PostgreSQL; ``tests/e2e/`` needs a Temporal dev server, PostgreSQL and
 MCP servers (its fixtures are in ``tests/e2e/conftest.py``).
 
@@ -41,7 +42,7 @@ LONGEST_FILES = (
     "tests/e2e/test_serve.py",
     "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_catalog_e2e.py",
-    "tests/unit/test_simulation.py",
+    "tests/sim/test_simulation.py",
     "tests/e2e/test_e2e_scaleout.py",
     "tests/e2e/test_simulation_real_stack.py",
     "tests/e2e/test_e2e_staleness.py",
