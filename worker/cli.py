@@ -152,7 +152,8 @@ _EXAMPLES = {
     "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
     "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
                             "mcpsync outbox tail --after 0 --limit 100"],
-    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --register --subject alice   # registers a new name",
+    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --register --subject alice  "
+                            "# registers a new name",
                             "mcpsync outbox poll --consumer indexer --follow --json"],
     "mcpsync outbox ack": ["mcpsync outbox ack --consumer indexer --position 1234"],
     "mcpsync outbox resync": ["mcpsync outbox resync --consumer indexer --json",

@@ -44,7 +44,8 @@ from mcpsync.worker.runtime import RuntimeInfo
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
-           "check_listen", "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error",
+           "check_listen", "check_target", "count", "database_url", "key_for", "non_negative", "port",
+           "print_error",
            "print_out", "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key",
            "terminal_safe"]
 

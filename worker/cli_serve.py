@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mcpsync.worker.cli_common import CliError, check_listen, count, database_url, port, resolve_config, seconds
+from mcpsync.worker.cli_common import (
+    CliError,
+    check_listen,
+    count,
+    database_url,
+    port,
+    resolve_config,
+    seconds,
+)
 
 __all__ = ["cmd_serve", "register"]
 

@@ -2,7 +2,8 @@
 
 Contract:
 - ``up`` runs the embedded stack in the foreground (``mcpsync.worker.up``); ``down`` stops the
-  ``up`` of this state dir through the pid its runtime file records (exit 6 when nothing runs, a stale runtime file removed).
+  ``up`` of this state dir through the pid its runtime file records (exit 6 when nothing runs; a
+  stale runtime file is removed, exit 6).
 - ``worker`` runs the main worker and/or the session hosts with the Prometheus endpoint;
   ``migrate`` applies the ledger migrations.
 """
@@ -169,7 +170,8 @@ def register(sub: Any) -> None:
     dn = sub.add_parser("down",
                         help="stop the 'mcpsync up' of this state dir "
                              "(started elsewhere or in the background)",
-                        description="Stop the 'mcpsync up' of this state dir ($MCPSYNC_STATE_DIR), started in "
+                        description="Stop the 'mcpsync up' of this state dir ($MCPSYNC_STATE_DIR), "
+                                    "started in "
                                     "another terminal or in the background: SIGTERM to the pid its runtime "
                                     "file records, then wait until it stopped its services. Exit 6 when "
                                     "nothing runs there (a stale runtime file is removed).",

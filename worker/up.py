@@ -21,9 +21,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -94,7 +94,8 @@ async def run_up(args: argparse.Namespace) -> None:
         except MetricsUnavailable as exc:
             # 'up' has no config file: name its flag, not the [metrics] table.
             raise MetricsUnavailable(str(exc).replace(
-                "(change [metrics] port)", "(pass --metrics-port N, 0 for a free one, or --no-metrics)")) from None
+                "(change [metrics] port)",
+                "(pass --metrics-port N, 0 for a free one, or --no-metrics)")) from None
         stack.push_async_callback(metrics.aclose)
         temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port,
                                                         ui_port=args.ui_port)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.cli import build_parser
 from mcpsync.worker.stack import REPO_ROOT, free_port
 from tests import cli_process
@@ -26,7 +27,8 @@ from tests import cli_process
 BIG = "99999999999999999999"  # beyond int64: PostgreSQL's bigint refuses it
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str] | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``mcpsync *args`` with no stack (a state dir that does not exist) and no database URL."""
     base = {**cli_process.without_database_url(), "MCPSYNC_STATE_DIR": "/nonexistent-state"}
     return cli_process.run(args, env={**base, **(env or {})}, timeout=timeout)
@@ -248,3 +250,34 @@ def test_help_says_what_is_true_once() -> None:
             if text.lower().count("default") > 1:
                 problems.append(f"{leaf.prog} {action.option_strings}: {text}")
     assert problems == []
+
+
+def test_the_example_indexer_stops_on_ctrl_c_at_any_moment_with_exit_0(database_url: str, ledger: Ledger,
+                                                                        tmp_path: Path) -> None:
+    # ``ledger``: the session's database, migrated.
+    def indexer(name: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "examples.indexer", "--database-url", database_url,
+                                 "--consumer", name, "--index", str(tmp_path / f"{name}.sqlite")],
+                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+
+    early = indexer(f"early-{os.getpid()}")
+    time.sleep(0.2)  # its imports
+    early.send_signal(signal.SIGINT)
+    out, err = early.communicate(timeout=30)
+    assert (early.returncode, err) == (0, b""), err.decode()
+    name = f"idx-{os.getpid()}-{time.monotonic_ns()}"
+    proc = indexer(name)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().decode()
+        assert first.startswith(f"indexer {name}: following the outbox"), first
+        time.sleep(0.5)  # its first (empty) batch
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, err) == (0, b""), err.decode()
+        assert out.decode().splitlines()[-1] == f"indexer {name}: stopped; nothing acknowledged in this run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
