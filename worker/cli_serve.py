@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mcpsync.worker.cli_common import CliError, database_url, resolve_config
+from mcpsync.worker.cli_common import (
+    CliError,
+    check_listen,
+    count,
+    database_url,
+    port,
+    resolve_config,
+    seconds,
+)
 
 __all__ = ["cmd_serve", "register"]
 
@@ -20,16 +28,16 @@ def register(sub: Any) -> None:
         epilog="examples:\n"
                "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"s3cret\"}' mcpsync serve --port 8765\n"
                "  mcpsync serve --stdio alice                  # for a host that starts servers over stdio\n")
-    c.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
-    c.add_argument("--port", type=int, default=0, help="HTTP port (default 0: a free one, printed)")
+    c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    c.add_argument("--port", type=port, default=0, help="HTTP port (0: a free one, printed)")
     c.add_argument("--stdio", metavar="SUBJECT", default=None, help="serve SUBJECT over stdin/stdout "
                                                                     "instead of HTTP")
-    c.add_argument("--max-age", type=float, default=None, metavar="SECONDS",
+    c.add_argument("--max-age", type=seconds, default=None, metavar="SECONDS",
                    help="the published staleness bound: requireFresh refuses content verified longer ago")
     c.add_argument("--consumer", default="serve", help="the durable outbox consumer name of this process "
-                                                       "(default 'serve'; one per serve process)")
-    c.add_argument("--page-size", type=int, default=50, help="resources per resources/list page")
-    c.add_argument("--client-buffer", type=int, default=256,
+                                                       "(one per serve process)")
+    c.add_argument("--page-size", type=count, default=50, help="resources per resources/list page")
+    c.add_argument("--client-buffer", type=count, default=256,
                    help="distinct URIs pending per 2025-11-25 client before a slow client is cut off "
                         "(notifications per URI are merged); events buffered per 2026-07-28 listen stream")
     c.set_defaults(func=cmd_serve)
@@ -40,6 +48,8 @@ async def cmd_serve(args: argparse.Namespace) -> None:
     from mcpsync.worker.serve import ServeConfig
     from mcpsync.worker.serve_run import run_serve, tokens_from_environment
 
+    if args.stdio is None:
+        check_listen(args.host, args.port, "--host, --port")
     config, _ = resolve_config(args)
     try:
         tokens = tokens_from_environment()
@@ -48,8 +58,6 @@ async def cmd_serve(args: argparse.Namespace) -> None:
     if args.stdio is None and not tokens:
         raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use "
                        "--stdio SUBJECT)")
-    if args.page_size < 1 or args.client_buffer < 1:
-        raise CliError("--page-size and --client-buffer must be at least 1")
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,
                                tokens=tokens, stdio_subject=args.stdio, page_size=args.page_size,
                                max_age_seconds=args.max_age, consumer=args.consumer,

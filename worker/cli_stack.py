@@ -2,7 +2,8 @@
 
 Contract:
 - ``up`` runs the embedded stack in the foreground (``mcpsync.worker.up``); ``down`` stops the
-  ``up`` of this state dir through the pid its runtime file records (exit 6 when nothing runs).
+  ``up`` of this state dir through the pid its runtime file records (exit 6 when nothing runs; a
+  stale runtime file is removed, exit 6).
 - ``worker`` runs the main worker and/or the session hosts with the Prometheus endpoint;
   ``migrate`` applies the ledger migrations.
 """
@@ -21,6 +22,7 @@ from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
     amount,
+    check_listen,
     database_url,
     port,
     resolve_config,
@@ -38,6 +40,11 @@ __all__ = ['cmd_up', 'cmd_down', 'cmd_worker', 'cmd_migrate', 'register']
 async def cmd_up(args: argparse.Namespace) -> None:
     from mcpsync.worker.up import run_up
 
+    if args.no_serve:
+        args.serve_port = None
+    elif args.serve_port:
+        # Before anything starts: a taken port would fail only once the whole stack runs.
+        check_listen("127.0.0.1", args.serve_port, "--serve-port")
     await run_up(args)
 
 
@@ -53,7 +60,7 @@ def _zombie(pid: int) -> bool:
 async def cmd_down(args: argparse.Namespace) -> None:
     """Stop the ``mcpsync up`` of this state dir, started in another terminal or in the background:
     SIGTERM to the pid its runtime file records (a clean stop: it stops its children and removes
-    the file), then wait for it. No runtime file: exit 6; a stale one is removed."""
+    the file), then wait for it. No runtime file: exit 6; a stale one is removed, exit 6."""
     import time
 
     from mcpsync.worker.cli_common import runtime_file
@@ -71,9 +78,10 @@ async def cmd_down(args: argparse.Namespace) -> None:
 
         reclaim_demo_server(path.parent / "demo-server")
         path.unlink(missing_ok=True)
-        print(f"no stack running on {path.parent} (mcpsync up pid {info.pid} is gone); removed the stale "
-              "runtime file (the next 'mcpsync up' reclaims the dev server and PostgreSQL it left)")
-        return
+        # Nothing was running to stop: exit 6 as for a missing runtime file, the stale one cleaned up.
+        raise CliError(f"no stack running on {path.parent} (mcpsync up pid {info.pid} is gone); removed the "
+                       "stale runtime file (the next 'mcpsync up' reclaims the dev server and PostgreSQL it "
+                       "left)", ExitCode.UNAVAILABLE)
     os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     while process_alive(info.pid, expect_in_cmdline=("mcpsync",)) and not _zombie(info.pid):
@@ -148,10 +156,12 @@ def register(sub: Any) -> None:
     up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")
     up.add_argument("--ui-port", type=port, default=8233, help="Temporal Web UI port (0: pick a free one)")
     up.add_argument("--churn", type=amount, default=15.0, help="seconds between demo edits (0: none)")
-    up.add_argument("--metrics-port", type=port, default=9464, help="Prometheus endpoint port (0: none)")
-    up.add_argument("--serve-port", type=int, default=0, metavar="PORT",
-                    help="port of 'mcpsync serve' for the demo subject "
-                         "(default 0: a free one, printed; -1: none)")
+    up.add_argument("--metrics-port", type=port, default=9464,
+                    help="Prometheus endpoint port, also /readyz and /healthz (0: a free one, printed)")
+    up.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoint")
+    up.add_argument("--serve-port", type=port, default=0, metavar="PORT",
+                    help="port of 'mcpsync serve' for the demo subject (0: a free one, printed)")
+    up.add_argument("--no-serve", action="store_true", help="no 'mcpsync serve' for the demo subject")
     up.add_argument("--exit-after", type=seconds, default=None, metavar="SECONDS",
                     help="stop cleanly after this long "
                          "(default: run until Ctrl-C, SIGTERM or 'mcpsync down')")
@@ -160,6 +170,11 @@ def register(sub: Any) -> None:
     dn = sub.add_parser("down",
                         help="stop the 'mcpsync up' of this state dir "
                              "(started elsewhere or in the background)",
+                        description="Stop the 'mcpsync up' of this state dir ($MCPSYNC_STATE_DIR), "
+                                    "started in "
+                                    "another terminal or in the background: SIGTERM to the pid its runtime "
+                                    "file records, then wait until it stopped its services. Exit 6 when "
+                                    "nothing runs there (a stale runtime file is removed).",
                         epilog="example: MCPSYNC_STATE_DIR=/tmp/demo mcpsync down")
     dn.add_argument("--timeout", type=seconds, default=60.0, metavar="SECONDS",
                     help="wait this long for it to stop (exit 6 after)")

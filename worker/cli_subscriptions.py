@@ -404,7 +404,8 @@ async def _with_ledger(config: Config, body: Callable[[Any], Awaitable[None]]) -
 
 
 async def cmd_list(args: argparse.Namespace) -> None:
-    # Selectors only filter: a server no longer configured still lists the subscriptions it left.
+    # Selectors only filter: a server no longer configured still lists the subscriptions it left; a
+    # server neither configured nor named by any subscription is unknown (exit 2), as for 'status'.
     config, _ = resolve_config(args)
     states = [s.upper() for s in args.state or ()]
     for s in states:
@@ -417,6 +418,9 @@ async def cmd_list(args: argparse.Namespace) -> None:
     async def body(pool: Any) -> None:
         async def render() -> tuple[Any, str]:
             rows = await list_subscriptions(pool, server=args.server, subject=args.subject, states=states)
+            if (not rows and args.server is not None and args.server not in {s.name for s in config.servers}
+                    and not await list_subscriptions(pool, server=args.server)):
+                config.server(args.server)  # a typo, not an empty result: unknown server, exit 2
             records = await _live_records(client, rows) if client is not None else None
             text = (subscription_table(rows, wide=wide, now=datetime.now(UTC), records=records)
                     if rows else "no subscriptions")

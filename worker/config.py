@@ -87,6 +87,23 @@ class DatabaseConfig(_Model):
     url: str | None = None  # None: embedded PostgreSQL under the state dir
 
 
+def redact_http_url(url: str) -> str:
+    """``url`` with a ``user:password@`` password and every query value replaced by ``***``; the
+    scheme, host, port and path stay (they say which server). Not a URL at all: not shown."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, _, hostport = netloc.rpartition("@")
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        query = urlencode([(k, "***") for k, _ in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+        return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=""))
+    except ValueError:
+        return "(not a URL, not shown)"
+
+
 class ServerConfig(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     transport: Literal["stdio", "http"]
@@ -117,6 +134,12 @@ class ServerConfig(_Model):
     ingress_read_timeout_seconds: float = Field(default=5.0, gt=0)
     release_max_bytes: int = Field(default=1024 * 1024, gt=0)  # guardrail: largest body released to a model
     mime_allow: list[str] | None = None  # guardrail: MIME patterns released to a model (None: defaults)
+
+    @property
+    def target(self) -> str:
+        """What a message names this server by: its command line (stdio), or its URL with the
+        password and every query value replaced (http): a URL may carry a credential there."""
+        return " ".join(self.command) if self.transport == "stdio" else redact_http_url(self.url or "")
 
     @model_validator(mode="after")
     def _transport_fields(self) -> ServerConfig:

@@ -40,7 +40,6 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import Field
 
 from mcpsync import __version__
-from mcpsync.activities.db import redact_url
 from mcpsync.activities.mcp_session import classify_error, content_parts
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
@@ -291,10 +290,6 @@ class _Recorder:
             self.saw_update(str(message.params.uri))
 
 
-def _target(cfg: ServerConfig) -> str:
-    return " ".join(cfg.command) if cfg.transport == "stdio" else redact_url(cfg.url or "")
-
-
 def _client(cfg: ServerConfig, subject: str, mode: Literal["legacy", "auto"], recorder: _Recorder,
             timeout: float) -> Client:
     """A client exactly as the session host builds one (transport, credentials), no response cache."""
@@ -315,7 +310,7 @@ async def _session(cfg: ServerConfig, subject: str, mode: Literal["legacy", "aut
         with suppress(Exception):
             async with asyncio.timeout(5):
                 await client.__aexit__(None, None, None)
-        raise ProbeError(f"cannot open MCP server {cfg.name!r} ({cfg.transport} {_target(cfg)}): "
+        raise ProbeError(f"cannot open MCP server {cfg.name!r} ({cfg.transport} {cfg.target}): "
                          f"{_describe(exc)}") from None
     try:
         yield client
@@ -617,7 +612,7 @@ async def probe_server(server: ServerConfig, *, subject: str = "anonymous", uri:
     if other_edition:
         editions.append(await _edition(server, subject, "auto" if mode == "legacy" else "legacy", timeout))
     return ProbeReport(
-        server=server.name, subject=subject, transport=server.transport, target=_target(server),
+        server=server.name, subject=subject, transport=server.transport, target=server.target,
         requested_edition=requested, edition=negotiated, server_name=impl.name if impl else "",
         server_version=impl.version if impl else "", editions=editions, capabilities=caps, listing=listing,
         read=read, not_found=not_found, subscribe=subscribe,

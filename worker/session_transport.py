@@ -21,7 +21,6 @@ from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-from mcpsync.activities.db import redact_url
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.http_keepalive import KeepAliveTransport
 from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
@@ -90,7 +89,7 @@ def _http_client(headers: dict[str, str] | None, limit: int) -> httpx2.AsyncClie
 
 
 def describe_open_failure(cfg: ServerConfig, exc: BaseException) -> str:
-    where = " ".join(cfg.command) if cfg.transport == "stdio" else redact_url(cfg.url or "")
+    where = cfg.target
     inner = exc
     while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
         inner = inner.exceptions[0]

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from mcpsync.worker.stack import StackAlreadyRunning, ensure_private_dir, state_
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
-from mcpsync.workflows.records.subscription import SubscriptionKey
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 if TYPE_CHECKING:
@@ -89,11 +90,12 @@ async def run_up(args: argparse.Namespace) -> None:
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
         try:
-            metrics = serve_metrics(MetricsConfig(port=args.metrics_port) if args.metrics_port else None)
+            metrics = serve_metrics(None if args.no_metrics else MetricsConfig(port=args.metrics_port))
         except MetricsUnavailable as exc:
             # 'up' has no config file: name its flag, not the [metrics] table.
             raise MetricsUnavailable(str(exc).replace(
-                "(change [metrics] port)", "(pass --metrics-port N, or --metrics-port 0 for none)")) from None
+                "(change [metrics] port)",
+                "(pass --metrics-port N, 0 for a free one, or --no-metrics)")) from None
         stack.push_async_callback(metrics.aclose)
         temporal_server = await TemporalDevServer.start(root / "temporal", port=args.port,
                                                         ui_port=args.ui_port)
@@ -146,7 +148,11 @@ async def run_up(args: argparse.Namespace) -> None:
             servers=[ServerConfig(name=DEMO_SERVER, transport="http", url=fixture.mcp_url,
                                   edition="2025-11-25", subjects=[DEMO_SUBJECT])],
         )
-        services = asyncio.create_task(run_services(config, client, ledger, ingress=ingress))
+        # /readyz: every Temporal worker of this process polls and the demo subscription converged.
+        polling: list[Callable[[], bool]] = []
+        converged = asyncio.Event()
+        metrics.ready_when(lambda: converged.is_set() and bool(polling) and all(check() for check in polling))
+        services = asyncio.create_task(run_services(config, client, ledger, ingress=ingress, polling=polling))
         stack.push_async_callback(_cancel, services)
         if not await _await_demo_session(ingress, services):
             print(f"  demo MCP session not open after {DEMO_SESSION_WAIT_SECONDS:g}s; the demo subscription "
@@ -182,10 +188,13 @@ async def run_up(args: argparse.Namespace) -> None:
             with suppress(Exception):
                 rec = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
                 line = (rec.state.value, rec.watermark, rec.last_accepted_digest)
+                if rec.state == SubscriptionState.ACTIVE and rec.last_receipt_id is not None:
+                    converged.set()
                 if line != last:
                     last = line
+                    receipt = "-" if rec.last_receipt_id is None else rec.last_receipt_id
                     print(f"  [{time.strftime('%H:%M:%S')}] {rec.state.value:<17} watermark={rec.watermark} "
-                          f"receipt={rec.last_receipt_id} digest={(rec.last_accepted_digest or '-')[:23]}",
+                          f"receipt={receipt} digest={(rec.last_accepted_digest or '-')[:23]}",
                           flush=True)
             await asyncio.sleep(1.0)
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -245,7 +246,7 @@ async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path,
         taken.listen()
         r = await run_cli("up", "--port", "0", "--ui-port", "0", "--metrics-port",
                           str(taken.getsockname()[1]), env=env)
-    assert r.code == 2 and "(pass --metrics-port N, or --metrics-port 0 for none)" in _one_error_line(r)
+    assert r.code == 2 and "(pass --metrics-port N, 0 for a free one, or --no-metrics)" in _one_error_line(r)
     r = await run_cli("down", env=env)
     assert r.code == 6 and "nothing is running here" in _one_error_line(r)
 
@@ -268,6 +269,23 @@ async def test_up_down_and_a_killed_up_leaves_no_demo_server(tmp_path: Path,
         assert f"released 1 session lease(s) of the stopped mcpsync up pid {first.pid}" in log
         assert not process_alive(demo_pid, expect_in_cmdline=("fixture",))
         assert "'mcpsync down' from another terminal" in log
+        # --metrics-port 0 is a free port (printed once); /readyz turns 200 once the demo subscription
+        # converged; 'up' prints its own lines, not its services' INFO logs.
+        [metrics_url] = [line.split()[-1] for line in log.splitlines() if "metrics (Prometheus)" in line]
+        readyz = metrics_url.replace("/metrics", "/readyz")
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(readyz, timeout=2) as resp:  # loopback, the stack's own
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        await eventually(lambda: asyncio.to_thread(ready), timeout=60, interval=0.5,
+                         what="/readyz 200 under up")
+        log = (tmp_path / "up2.log").read_text()
+        assert log.count(metrics_url) == 1 and "receipt=None" not in log
+        assert [line for line in log.splitlines() if " INFO " in line] == []
         r = await run_cli("down", env=env, timeout=90)
         assert r.code == 0, r.err
         assert r.out.startswith(f"stopped mcpsync up pid {second.pid} (state dir {state}")
