@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import sysconfig
 from pathlib import Path
@@ -38,6 +39,8 @@ __all__ = [
     "PortInUseError",
     "StackAlreadyRunning",
     "ensure_private_dir",
+    "make_private",
+    "PRIVATE_UMASK",
     "write_private",
     "state_dir",
     "free_port",
@@ -86,6 +89,29 @@ def ensure_private_dir(path: Path) -> Path:
     if mode & 0o066 and path.stat().st_uid == os.geteuid():
         path.chmod(mode & ~0o066)
     return path
+
+
+PRIVATE_UMASK = 0o077  # what this process and its children create: dirs 0700, files 0600
+FOREIGN_DIRS = ("pgdata",)  # owned and kept private by the embedded PostgreSQL's own user
+
+
+def make_private(root: Path) -> Path:
+    """Make the state dir ``root`` private to its owner, for good: this process's umask becomes
+    ``PRIVATE_UMASK`` (inherited by every child it starts: the Temporal dev server's SQLite file,
+    journal and log, the demo MCP server's files, PostgreSQL's tools), ``root`` is made as
+    ``ensure_private_dir`` says, and every file and directory already below it (an older version's
+    0755 / 0644) loses group and other bits, except ``FOREIGN_DIRS``. Returns ``root``."""
+    os.umask(PRIVATE_UMASK)
+    ensure_private_dir(root)
+    for where, dirs, files in os.walk(root):
+        if Path(where) == root:
+            dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS]
+        for name in [*dirs, *files]:
+            path = Path(where) / name
+            st = path.lstat()
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                path.chmod(stat.S_IMODE(st.st_mode) & ~0o077)
+    return root
 
 
 def write_private(path: Path, text: str) -> None:
