@@ -166,8 +166,8 @@ async def run_up(args: argparse.Namespace) -> None:
                 print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; bearer token from "
                       "MCPSYNC_SERVE_TOKENS)", flush=True)
             else:
-                print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; demo bearer token {token})",
-                      flush=True)
+                print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; "
+                      f"demo bearer token {token})", flush=True)
                 print(f"    connect the MCP Inspector: transport Streamable HTTP, URL {serve_url}, "
                       f"header 'Authorization: Bearer {token}'", flush=True)
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX
 from tests.conftest import eventually, private_state_dir, unique
 from tests.e2e.test_cli import _one_error_line, _up_log, run_cli
 from tests.e2e.test_e2e_faults import MCPSYNC
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ async def test_state_dir_is_private_to_its_owner(up_stack: UpStack) -> None:
     """Directories 0700, files 0600, including what the Temporal dev server, the demo MCP server and
     PostgreSQL create; the state dir itself may keep a traverse bit (as root, for PostgreSQL's user)."""
     modes = dict((path, (mode, is_dir)) for path, mode, is_dir in up_stack.modes)
-    assert {"temporal", "temporal/temporal.sqlite", "demo-server", "pgdata", "runtime.json"} <= set(modes), modes
+    expected = {"temporal", "temporal/temporal.sqlite", "demo-server", "pgdata", "runtime.json"}
+    assert expected <= set(modes), modes
     root_mode, _ = modes.pop(".")
     assert root_mode & 0o066 == 0, f"state dir {oct(root_mode)}: listable or writable by others"
     wrong = {path: oct(mode) for path, (mode, is_dir) in modes.items() if mode & 0o077}

@@ -43,9 +43,9 @@ async def consumer(ledger: Ledger, database_url: str) -> AsyncIterator[Consumer]
     await _accepted(ledger, "for subject B, still held", key_b.subject)
     await ledger_rows(ledger, "INSERT INTO audit (kind, subject, server, uri, detail) VALUES"
                       " ('TEST', %s, 'srv', 'demo://b', '{}')", key_b.subject)
-    await ledger_rows(ledger, "INSERT INTO content_pending (subject, server, uri, read_ordinal, content_digest,"
-                      " mime_type, kind, body) VALUES (%s, 'srv', 'demo://b', 1, 'd', 'text/plain', 'text', 'x')",
-                      key_b.subject)
+    await ledger_rows(ledger, "INSERT INTO content_pending (subject, server, uri, read_ordinal,"
+                      " content_digest, mime_type, kind, body)"
+                      " VALUES (%s, 'srv', 'demo://b', 1, 'd', 'text/plain', 'text', 'x')", key_b.subject)
     role = unique("team_a").replace("-", "_")
     password = unique("pw")
     await ledger_rows(ledger, f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
@@ -82,8 +82,9 @@ async def _b_rows_seen(c: Consumer) -> dict[str, int]:
     async with c.pool.connection() as conn:
         for table in SUBJECT_TABLES:
             try:
-                seen[table] = int(str(await _scalar(conn, f"SELECT count(*) FROM public.{table} WHERE subject = %s",
-                                                    c.b.subject)))
+                sql = f"SELECT count(*) FROM public.{table} WHERE subject = %s"
+                got = await _scalar(conn, sql, c.b.subject)
+                seen[table] = int(str(got))
             except psycopg.errors.InsufficientPrivilege:
                 seen[table] = 0
     return seen
@@ -96,15 +97,18 @@ async def test_temp_table_cannot_widen_a_consumers_subjects(consumer: Consumer, 
     await ledger_rows(ledger, f'GRANT TEMPORARY ON DATABASE "{_dbname(database_url)}" TO "{consumer.role}"')
     async with consumer.pool.connection() as conn:
         await conn.execute("CREATE TEMP TABLE consumer_subjects (role_name text, subject text)")
-        await conn.execute("INSERT INTO consumer_subjects VALUES (%s, %s)", (consumer.role, consumer.b.subject))
+        await conn.execute("INSERT INTO consumer_subjects VALUES (%s, %s)",
+                           (consumer.role, consumer.b.subject))
         for table in SUBJECT_TABLES:
             # Unqualified, as a consumer's own queries are: the temp table sits first on its path.
             try:
-                n = await _scalar(conn, f"SELECT count(*) FROM {table} WHERE subject = %s", consumer.b.subject)
+                n = await _scalar(conn, f"SELECT count(*) FROM {table} WHERE subject = %s",
+                                  consumer.b.subject)
             except psycopg.errors.InsufficientPrivilege:
                 n = 0
             assert n == 0, f"{table}: B's rows through a temp consumer_subjects"
-        assert await _scalar(conn, "SELECT count(*) FROM content_store WHERE subject = %s", consumer.a.subject) == 1
+        assert await _scalar(conn, "SELECT count(*) FROM content_store WHERE subject = %s",
+                             consumer.a.subject) == 1, "its own subject's body, as before"
         await conn.execute("DROP TABLE pg_temp.consumer_subjects")
 
 
@@ -114,13 +118,16 @@ async def test_consumer_role_cannot_create_temp_tables(consumer: Consumer) -> No
             await conn.execute("CREATE TEMP TABLE consumer_subjects (role_name text, subject text)")
 
 
-async def test_schema_named_after_the_role_cannot_widen_its_subjects(consumer: Consumer, ledger: Ledger) -> None:
+async def test_schema_named_after_the_role_cannot_widen_its_subjects(consumer: Consumer,
+                                                                     ledger: Ledger) -> None:
     # "$user" comes first on the default search_path: a schema of the role's own name would shadow public.
     await ledger_rows(ledger, f'CREATE SCHEMA "{consumer.role}" AUTHORIZATION "{consumer.role}"')
     async with consumer.pool.connection() as conn:
         await conn.execute(f'CREATE TABLE "{consumer.role}".consumer_subjects (role_name text, subject text)')
-        await conn.execute("INSERT INTO consumer_subjects VALUES (%s, %s)", (consumer.role, consumer.b.subject))
-        assert await _scalar(conn, "SELECT count(*) FROM consumer_subjects") == 1, "its own table, first on its path"
+        await conn.execute("INSERT INTO consumer_subjects VALUES (%s, %s)",
+                           (consumer.role, consumer.b.subject))
+        assert await _scalar(conn, "SELECT count(*) FROM consumer_subjects") == 1, \
+            "its own table, first on its path"
     assert await _b_rows_seen(consumer) == dict.fromkeys(SUBJECT_TABLES, 0)
 
 
@@ -128,7 +135,8 @@ async def test_a_consumer_selects_nothing_of_another_subject_in_any_table_or_vie
     assert await _b_rows_seen(consumer) == dict.fromkeys(SUBJECT_TABLES, 0)
     async with consumer.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            "SELECT c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'v', 'm', 'p', 'f')"
             " AND pg_catalog.has_table_privilege(c.oid, 'SELECT') ORDER BY 1")
         visible = [r[0] for r in await cur.fetchall()]
@@ -143,7 +151,8 @@ async def test_a_consumer_selects_nothing_of_another_subject_in_any_table_or_vie
                             "subject_revocations", "consumer_subjects"}
 
 
-async def test_visibility_function_answers_only_for_the_calling_role(consumer: Consumer, ledger: Ledger) -> None:
+async def test_visibility_function_answers_only_for_the_calling_role(consumer: Consumer,
+                                                                    ledger: Ledger) -> None:
     other = unique("team_b").replace("-", "_")
     await ledger_rows(ledger, f'CREATE ROLE "{other}" NOLOGIN IN ROLE mcpsync_consumer')
     await ledger_rows(ledger, "INSERT INTO consumer_subjects (role_name, subject) VALUES (%s, %s)", other,
@@ -152,10 +161,12 @@ async def test_visibility_function_answers_only_for_the_calling_role(consumer: C
         async with consumer.pool.connection() as conn:
             # Asked about another role, it says nothing (there is no such question to ask) ...
             with pytest.raises(psycopg.errors.UndefinedFunction):
-                await conn.execute("SELECT public.mcpsync_subject_visible(%s, %s::name)", (consumer.b.subject, other))
+                await conn.execute("SELECT public.mcpsync_subject_visible(%s, %s::name)",
+                                   (consumer.b.subject, other))
             # ... and asked for itself, the truth about itself only.
-            assert await _scalar(conn, "SELECT public.mcpsync_subject_visible(%s)", consumer.b.subject) is False
-            assert await _scalar(conn, "SELECT public.mcpsync_subject_visible(%s)", consumer.a.subject) is True
+            visible = "SELECT public.mcpsync_subject_visible(%s)"
+            assert await _scalar(conn, visible, consumer.b.subject) is False
+            assert await _scalar(conn, visible, consumer.a.subject) is True
             assert await _scalar(conn, "SELECT count(*) FROM consumer_subjects") == 1, "its own mapping only"
     finally:
         await ledger_rows(ledger, "DELETE FROM consumer_subjects WHERE role_name = %s", other)

@@ -22,7 +22,8 @@ async def test_revoke_reports_the_bodies_the_per_row_path_purged(ledger: Ledger)
                                             effective_at=datetime.now(UTC))
 
     assert len(rec.revoked) == 2, "both rows were live: each revoked by the per-row path"
-    assert await ledger_rows(ledger, "SELECT count(*) FROM content_store WHERE subject = %s", key.subject) == [(0,)]
+    assert await ledger_rows(ledger, "SELECT count(*) FROM content_store WHERE subject = %s",
+                             key.subject) == [(0,)]
     assert rec.purged_bodies == 2
-    assert await ledger_rows(ledger, "SELECT purged_bodies FROM subject_revocations WHERE subject_revocation_id = %s",
-                             rec.subject_revocation_id) == [(2,)]
+    assert await ledger_rows(ledger, "SELECT purged_bodies FROM subject_revocations"
+                             " WHERE subject_revocation_id = %s", rec.subject_revocation_id) == [(2,)]

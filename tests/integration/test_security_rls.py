@@ -20,7 +20,8 @@ from tests.conftest import ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 
 
-async def _accepted(ledger: Ledger, text: str, subject: str | None = None) -> tuple[SubscriptionKey, int, str]:
+async def _accepted(ledger: Ledger, text: str,
+                    subject: str | None = None) -> tuple[SubscriptionKey, int, str]:
     body = text.encode()
     digest = content_digest([ContentPart("text", "text/plain", body)])
     key = await _active(ledger, f"demo://sec/rls/{unique('u')}", subject)
@@ -71,8 +72,8 @@ async def test_a_consumer_of_a_sees_nothing_of_b(ledger: Ledger, database_url: s
                             digest_b) == 0
         assert await _count(conn, "SELECT count(DISTINCT subject) FROM resource_versions") == 1, \
             "only A, whatever asked"
-        assert await _count(conn, "SELECT count(*) FROM consumer_subjects WHERE role_name <> %s", reader) == 0, \
-            "its own mapping only"
+        assert await _count(conn, "SELECT count(*) FROM consumer_subjects WHERE role_name <> %s",
+                            reader) == 0, "its own mapping only"
         for forbidden in ("INSERT INTO consumer_subjects VALUES ('x', 'y')",
                           "UPDATE content_store SET body = 'x' WHERE subject = '-'"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
