@@ -11,6 +11,8 @@ Contract
   ``~/.local/state/mcpsync``) for an installed wheel): ``temporal.sqlite`` (dev server
   persistence), ``temporal.log``, ``temporal.sqlite.pid`` (owner record), ``pgdata/``
   (PostgreSQL cluster and its ``log``). Restarting on the same directory keeps workflows and data.
+  ``mcpsync up`` keeps it private (:func:`make_private`): directories 0700, files 0600, for what
+  it and its children create; the directory itself 0711 at most (PostgreSQL's user traverses it).
 * The components: ``mcpsync.worker.stack_temporal`` (the Temporal dev server, search
   attributes) and ``mcpsync.worker.stack_postgres`` (the embedded PostgreSQL); ``mcpsync up``
   (``mcpsync.worker.up``) runs both.

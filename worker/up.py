@@ -5,7 +5,10 @@ registered, PostgreSQL (the configured URL, else the embedded server), applies
 the migrations, starts the demo MCP server (fixture, streamable HTTP, a demo
 resource edited every ``--churn`` seconds), runs the worker and the session host,
 subscribes the demo URI, starts ``mcpsync serve`` for the demo subject (``--serve-port``; URL and a
-demo bearer token printed) and prints the Web UI URL. Ctrl-C stops everything.
+demo bearer token printed, only when ``up`` generated it: one from MCPSYNC_SERVE_TOKENS is used, not
+printed) and prints the Web UI URL. Ctrl-C stops everything. A state dir too long for the embedded
+PostgreSQL's socket is refused before anything is created or started; everything under the state
+dir is private to its owner (``stack.make_private``).
 The addresses and this process's pid are written to ``<state>/runtime.json`` so
 ``mcpsync status``, ``close``, ``outbox tail`` ... find this stack without a config
 file; a clean stop removes the file, and a file whose pid no longer runs is stale
