@@ -1,7 +1,8 @@
 """The consumer role against its own tricks: a real LOGIN member of ``mcpsync_consumer``, mapped to
 subject A and connected through a pool of its own, tries to widen what row-level security shows it
 (a temp table or a schema of its own name shadowing ``consumer_subjects``, the visibility function
-called with another role's name) and selects every table and view it may: nothing of subject B."""
+called with another role's name) and selects every table and view it may: nothing of subject B. A
+ledger migrated by a role that does not own its database keeps the pinned check."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from mcpsync.activities.db import migrate
 from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.records.subscription import SubscriptionKey
-from tests.conftest import ledger_rows, unique
+from tests.conftest import fresh_database, ledger_rows, unique
 from tests.integration.test_security_rls import _accepted
 
 # Every table a consumer's rows live in, and what the policies of migration 016 cover.
@@ -171,3 +173,39 @@ async def test_visibility_function_answers_only_for_the_calling_role(consumer: C
     finally:
         await ledger_rows(ledger, "DELETE FROM consumer_subjects WHERE role_name = %s", other)
         await ledger_rows(ledger, f'DROP ROLE "{other}"')
+
+
+async def test_migration_by_a_role_that_does_not_own_the_database(postgres_url: str, ledger: Ledger) -> None:
+    """mcpsync's role, not the database's owner, migrates a new ledger: it cannot revoke TEMPORARY
+    from PUBLIC and says so in a NOTICE; the check is still pinned (invoker's rights, search_path
+    with pg_temp last)."""
+    role, password = unique("mcpsync_app").replace("-", "_"), unique("pw")
+    await ledger_rows(ledger, f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+    notices: list[str] = []
+
+    async def listen(conn: psycopg.AsyncConnection) -> None:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+
+    try:
+        async with fresh_database(postgres_url) as url:
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(f'GRANT CREATE ON SCHEMA public TO "{role}"')
+            pool = AsyncConnectionPool(make_conninfo(url, user=role, password=password), min_size=1,
+                                       max_size=1, open=False, kwargs={"autocommit": True}, configure=listen)
+            await pool.open(wait=True)
+            try:
+                assert "020_consumer_rls_pinned.sql" in await migrate(pool)
+                async with pool.connection() as conn:
+                    assert await _scalar(conn, "SELECT pg_catalog.has_database_privilege('mcpsync_consumer',"
+                                         " pg_catalog.current_database(), 'TEMPORARY')") is True
+                    cur = await conn.execute("SELECT prosecdef, proconfig FROM pg_catalog.pg_proc"
+                                             " WHERE proname = 'mcpsync_subject_visible'")
+                    check = await cur.fetchall()
+                    assert check == [(False, ["search_path=pg_catalog, public, pg_temp"])]
+            finally:
+                await pool.close()
+                with psycopg.connect(url, autocommit=True) as admin:
+                    admin.execute(f'DROP OWNED BY "{role}" CASCADE')
+    finally:
+        await ledger_rows(ledger, f'DROP ROLE IF EXISTS "{role}"')
+    assert any("cannot revoke TEMPORARY" in n for n in notices), notices
