@@ -94,25 +94,29 @@ def ensure_private_dir(path: Path) -> Path:
 
 
 PRIVATE_UMASK = 0o077  # what this process and its children create: dirs 0700, files 0600
-FOREIGN_DIRS = ("pgdata",)  # owned and kept private by the embedded PostgreSQL's own user
+FOREIGN_DIRS = ("pgdata",)  # an embedded PostgreSQL's data dir: its own user keeps it private
 
 
 def make_private(root: Path) -> Path:
     """Make the state dir ``root`` private to its owner, for good: this process's umask becomes
     ``PRIVATE_UMASK`` (inherited by every child it starts: the Temporal dev server's SQLite file,
-    journal and log, the demo MCP server's files, PostgreSQL's tools), ``root`` is made as
-    ``ensure_private_dir`` says, and every file and directory already below it (an older version's
-    0755 / 0644) loses group and other bits, except ``FOREIGN_DIRS``. Returns ``root``."""
+    journal and log, the demo MCP server's files, PostgreSQL's tools), so everything created from
+    now on is 0700 / 0600. What an older version left below ``root`` is fixed as well: a file loses
+    group and other bits, a directory (``root`` too: ``ensure_private_dir``) loses group and other
+    read and write but keeps a traverse bit, which an embedded PostgreSQL's user may need to reach
+    a data dir below it. Data dirs (``FOREIGN_DIRS``) and what another user owns are left alone.
+    Returns ``root``."""
     os.umask(PRIVATE_UMASK)
     ensure_private_dir(root)
+    mine = os.geteuid()
     for where, dirs, files in os.walk(root):
-        if Path(where) == root:
-            dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS]
-        for name in [*dirs, *files]:
+        dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS and (Path(where) / d).lstat().st_uid == mine]
+        for name, widest in [*((d, 0o711) for d in dirs), *((f, 0o700) for f in files)]:
             path = Path(where) / name
             st = path.lstat()
-            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.geteuid():
-                path.chmod(stat.S_IMODE(st.st_mode) & ~0o077)
+            mode = stat.S_IMODE(st.st_mode)
+            if not stat.S_ISLNK(st.st_mode) and st.st_uid == mine and mode & 0o077 & ~widest:
+                path.chmod(mode & ~(0o077 & ~widest))
     return root
 
 

@@ -55,6 +55,12 @@ async def up_stack() -> AsyncIterator[UpStack]:
     env = {**os.environ, "MCPSYNC_STATE_DIR": str(state),
            "MCPSYNC_SERVE_TOKENS": f'{{"anonymous": "{token}"}}'}
     env.pop("MCPSYNC_DATABASE_URL", None)
+    # What an older version left: a world-readable Temporal dir and log.
+    (state / "temporal").mkdir(parents=True)
+    (state / "temporal" / "temporal.log").write_text("an older run's log\n")
+    os.chmod(state, 0o755)
+    os.chmod(state / "temporal", 0o755)
+    os.chmod(state / "temporal" / "temporal.log", 0o644)
     with log_path.open("wb") as log:
         up = await asyncio.create_subprocess_exec(
             *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--serve-port", "0",
@@ -84,15 +90,17 @@ async def test_up_prints_only_a_token_it_generated(up_stack: UpStack) -> None:
 
 
 async def test_state_dir_is_private_to_its_owner(up_stack: UpStack) -> None:
-    """Directories 0700, files 0600, including what the Temporal dev server, the demo MCP server and
-    PostgreSQL create; the state dir itself may keep a traverse bit (as root, for PostgreSQL's user)."""
-    modes = dict((path, (mode, is_dir)) for path, mode, is_dir in up_stack.modes)
-    expected = {"temporal", "temporal/temporal.sqlite", "demo-server", "pgdata", "runtime.json"}
+    """Files 0600 and new directories 0700, including what the Temporal dev server, the demo MCP
+    server and PostgreSQL create; a directory an older version left (and the state dir itself, as
+    root, for PostgreSQL's user) may keep a traverse bit, never a listing."""
+    modes = {path: (mode, is_dir) for path, mode, is_dir in up_stack.modes}
+    expected = {"temporal", "temporal/temporal.sqlite", "temporal/temporal.log", "demo-server", "pgdata",
+                "runtime.json"}
     assert expected <= set(modes), modes
-    root_mode, _ = modes.pop(".")
-    assert root_mode & 0o066 == 0, f"state dir {oct(root_mode)}: listable or writable by others"
-    wrong = {path: oct(mode) for path, (mode, is_dir) in modes.items() if mode & 0o077}
+    wrong = {path: oct(mode) for path, (mode, is_dir) in modes.items()
+             if mode & (0o066 if path in (".", "temporal") else 0o077)}
     assert not wrong, f"readable, writable or traversable by others: {wrong}"
+    assert modes["demo-server"] == (0o700, True) and modes["temporal/temporal.log"] == (0o600, False)
 
 
 async def test_up_refuses_a_long_socket_path_before_starting_anything(tmp_path: Path) -> None:
