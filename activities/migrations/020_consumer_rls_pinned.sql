@@ -1,9 +1,9 @@
 -- mcpsync ledger, version 20: the consumer role's row-level security, closed against name shadowing.
 --
 -- PostgreSQL resolves an unqualified name through search_path, and searches pg_temp first unless
--- the path lists it; "$user" puts a schema of the role's own name before public. Version 16's check
--- read consumer_subjects unqualified, so a consumer that created a temp table of that name could map
--- itself to any subject. Here:
+-- the path lists it; "$user" puts a schema of the role's own name before public. A check that reads
+-- consumer_subjects unqualified lets a consumer that creates a temp table of that name map itself
+-- to any subject. So:
 -- - the check names every relation and function with its schema and pins its search_path to
 --   pg_catalog, the ledger's schema, pg_temp (temp last): no role's own table or schema shadows it;
 -- - it runs with the caller's rights (SECURITY INVOKER) and asks only about the calling role: a
