@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict
@@ -128,8 +128,17 @@ class SubjectRevocation(BaseModel):
     revoked: list[str]  # workflow ids this call moved to REVOKED (their workflows are signalled)
     covered: list[str]  # every subscription it covers, finished ones included
     receipt_ids: list[int]  # every receipt of those subscriptions: none is released again
-    purged_bodies: int
+    purged_bodies: int  # bodies it deleted from the subject's content_store, by either path
     outbox_ids: list[int]  # the ``revoked`` rows it wrote
+
+
+class Applied(NamedTuple):
+    """What ``FenceLedger._apply`` wrote: the receipt and outbox row ids (None: none), and how many
+    bodies its revocation deleted from the subject's store."""
+
+    receipt_id: int | None
+    outbox_id: int | None
+    purged_bodies: int = 0
 
 
 class FenceLedger:
@@ -398,8 +407,8 @@ class FenceLedger:
                 result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None,
                                        outbox_id=None, ordinal=o.ordinal)
             else:
-                receipt_id, outbox_id = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
-                                                          effective_at=o.completed_at or datetime.now(UTC))
+                receipt_id, outbox_id, _ = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
+                                                             effective_at=o.completed_at or datetime.now(UTC))
                 result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
             if o.kind == ReadOutcomeKind.CONTENT:
                 staged = await self.content.take_staged(cur, o.key, o.ordinal) if body is None else None
@@ -467,6 +476,7 @@ class FenceLedger:
             rows = await cur.fetchall()
             revoked: list[str] = []
             outbox_ids: list[int] = []
+            purged = 0  # every body deleted below: by a row's own revocation, then by the sweep
             for row in rows:
                 key = SubscriptionKey(subject=subject, server=server, uri=row["uri"])
                 fence, wf = snapshot(row), row["workflow_id"]
@@ -479,14 +489,15 @@ class FenceLedger:
                                        unchecked=True).model_copy(update={"fence": None})
                 else:
                     continue
-                _, outbox_id = await self._apply(cur, key, wf, fence, plan, effective_at=effective_at)
-                if outbox_id is not None:
-                    outbox_ids.append(outbox_id)
+                applied = await self._apply(cur, key, wf, fence, plan, effective_at=effective_at)
+                purged += applied.purged_bodies
+                if applied.outbox_id is not None:
+                    outbox_ids.append(applied.outbox_id)
             covered = [r["workflow_id"] for r in rows]
             await cur.execute("SELECT receipt_id FROM resource_versions WHERE workflow_id = ANY(%s)"
                               " ORDER BY receipt_id", (covered,))
             receipt_ids = [int(r["receipt_id"]) for r in await cur.fetchall()]
-            purged = await self.content.purge_subject(cur, subject=subject, workflow_ids=covered)
+            purged += await self.content.purge_subject(cur, subject=subject, workflow_ids=covered)
             await self.content.purge_staged(cur, subject=subject, server=server, uri=uri)
             await cur.execute(
                 """
@@ -534,9 +545,9 @@ class FenceLedger:
 
     async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot,
                      plan: WritePlan, *, outcome: ReadOutcome | None = None,
-                     effective_at: datetime | None = None) -> tuple[int | None, int | None]:
+                     effective_at: datetime | None = None) -> Applied:
         """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
-        recorded; None for no row, where a plan can only audit); (receipt id, outbox id)."""
+        recorded; None for no row, where a plan can only audit)."""
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
             await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server,
@@ -546,7 +557,7 @@ class FenceLedger:
             # No row: the rules grant and accept nothing without one, so nothing but the audit is planned.
             assert (plan.receipt is None and plan.outbox is None and plan.fence is None
                     and plan.revocation is None)
-            return None, None
+            return Applied(None, None)
         if plan.read_request_outcome is not None and outcome is not None:
             await cur.execute(
                 "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
@@ -577,6 +588,7 @@ class FenceLedger:
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
             await _update_row(cur, wf, plan.fence.columns(receipt_id))
+        purged = 0
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
                                                         digests=digests)
@@ -590,7 +602,7 @@ class FenceLedger:
                 (wf, key.subject, key.server, key.uri, plan.revocation.source.value, plan.revocation.reason,
                  effective_at or datetime.now(UTC), outbox_id, purged),
             )
-        return receipt_id, outbox_id
+        return Applied(receipt_id, outbox_id, purged)
 
     @staticmethod
     async def _insert_receipt(cur: Any, key: SubscriptionKey, wf: str, plan: WritePlan,

@@ -23,6 +23,7 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
+from mcpsync.worker.cli_subscription_text import dash
 from mcpsync.worker.runtime import (
     connect_temporal,
     open_ledger,
@@ -75,11 +76,12 @@ async def cmd_scan(args: argparse.Namespace) -> None:
         await ledger.pool.close()
     c = out["catalog"]
     text = (f"{args.subject}/{args.server}: no reconciled catalog yet" if c is None else
-            f"{args.subject}/{args.server}: catalog #{c['catalog_id']} {c['status']} ({c['status_reason']})\n"
+            f"{args.subject}/{args.server}: catalog #{c['catalog_id']} {c['status']} "
+            f"({dash(c['status_reason'])})\n"
             f"  {c['resource_count']} resources, {c['template_count']} templates; "
             f"measured {c['measured_at']}; "
             f"staleness bound {c['staleness_bound_seconds']:.0f} s; next review {c['next_review_at']}\n"
-            + "".join(f"  {u}\n" for u in out["uris"])
+            + "".join(f"  {dash(u)}\n" for u in out["uris"])
             + "".join(f"  scan {x['label']} {x['scan_id'][:8]}: {x['status']}, {x['page_count']} pages, "
                       f"list_changed {x['notifications_observed']}\n" for x in out["scans"]))
     print_out(out, args.json, text.rstrip())

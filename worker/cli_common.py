@@ -35,7 +35,7 @@ import tomllib
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from pydantic import ValidationError
 
@@ -47,7 +47,7 @@ __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", 
            "check_listen", "check_target", "count", "database_url", "key_for", "non_negative", "port",
            "print_error",
            "print_out", "resolve_config", "runtime_file", "seconds", "shorten", "subscription_key",
-           "terminal_safe"]
+           "terminal_safe", "print_text"]
 
 
 class ExitCode(IntEnum):
@@ -196,17 +196,17 @@ def key_for(args: argparse.Namespace, uri: str) -> SubscriptionKey:
         raise CliError(f"invalid subscription key: {problems}") from None
 
 
-def terminal_safe(text: str) -> str:
+def terminal_safe(text: str, *, keep: str = "\n\t") -> str:
     """``text`` with every character a terminal would act on escaped (ESC and every other C0/C1
-    control but newline and tab, DEL, and the invisible format characters such as bidi overrides),
+    control but those in ``keep``, DEL, and the invisible format characters such as bidi overrides),
     as ``\\xNN`` / ``\\uNNNN``: what a server chose cannot retitle, recolour, rewrite or hide
-    anything on the operator's terminal. Only for output to a terminal: files and pipes get bytes
-    exactly as read."""
+    anything on the operator's terminal. ``keep=""`` for one field of a line (a newline in it cannot
+    start a line of its own)."""
     if text.isprintable() and "\x1b" not in text:
         return text
     out = []
     for c in text:
-        if c in "\n\t" or c.isprintable():
+        if c in keep or c.isprintable():
             out.append(c)
         else:
             n = ord(c)
@@ -214,9 +214,17 @@ def terminal_safe(text: str) -> str:
     return "".join(out)
 
 
+def print_text(text: str, *, flush: bool = False, file: TextIO | None = None) -> None:
+    """The one printer of the CLI's human-readable lines (``print_out``'s text, ``print_error``,
+    streamed event lines): every character a terminal acts on is escaped (``terminal_safe``),
+    wherever the output goes, since MIME types, URIs, server names and versions and error reasons in
+    them come from upstream servers. ``--json`` output is JSON-escaped instead."""
+    print(terminal_safe(text), file=file or sys.stdout, flush=flush)
+
+
 def print_error(message: str) -> None:
     """The one ``mcpsync: error:`` line (a driver's multi-line message is folded onto it)."""
-    print(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
+    print_text(f"mcpsync: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def shorten(text: str, limit: int = 300) -> str:
@@ -229,7 +237,7 @@ def print_out(obj: Any, as_json: bool, text: str) -> None:
     if as_json:
         print(json.dumps(obj, indent=2, default=str))
     else:
-        print(text)
+        print_text(text)
 
 
 # --- flag types: bad values are refused at parse time (exit 2, one line) ---------------------

@@ -24,9 +24,11 @@ from mcpsync.worker.cli_common import (
     count,
     database_url,
     print_out,
+    print_text,
     resolve_config,
     terminal_safe,
 )
+from mcpsync.worker.cli_subscription_text import dash
 from mcpsync.worker.runtime import (
     connect_temporal,
     open_ledger,
@@ -106,13 +108,13 @@ async def cmd_content_get(args: argparse.Namespace) -> None:
         except OSError as exc:
             raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
         # The MIME type is the server's string: never raw on a line a terminal may show.
-        print(f"receipt {content.receipt_id}: {content.size} bytes {terminal_safe(content.mime_type or '-')} "
-              f"({content.kind.value}) {content.content_digest} -> {args.output}", file=sys.stderr)
+        print_text(f"receipt {content.receipt_id}: {content.size} bytes {dash(content.mime_type)} "
+                   f"({content.kind.value}) {content.content_digest} -> {args.output}", file=sys.stderr)
         return
     if sys.stdout.isatty():
         if not content.is_text:
             raise CliError(f"receipt {content.receipt_id} is binary "
-                           f"({terminal_safe(content.mime_type or 'no MIME type')}): "
+                           f"({dash(content.mime_type or 'no MIME type')}): "
                            "pass -o FILE or redirect stdout")
         # A terminal acts on escape sequences: show them, do not run them (a pipe or -o gets the bytes).
         sys.stdout.write(terminal_safe(content.body.decode("utf-8", errors="backslashreplace")))

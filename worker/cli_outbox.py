@@ -20,8 +20,10 @@ from mcpsync.worker.cli_common import (
     database_url,
     non_negative,
     print_out,
+    print_text,
     resolve_config,
 )
+from mcpsync.worker.cli_subscription_text import dash
 from mcpsync.worker.runtime import (
     open_ledger,
 )
@@ -64,16 +66,26 @@ def _positive(flag: str, value: int) -> None:
         raise CliError(f"{flag} must be at least 1")
 
 
+def print_json_line(model: Any) -> None:
+    """One model as one JSON line, every non-ASCII character escaped (``json.dumps``' default): a
+    C1 control or a bidi override from upstream is never raw on a terminal."""
+    print(json.dumps(model.model_dump(mode="json")), flush=True)
+
+
 def _event_line(e: Any) -> str:
     withdrawn = (f" withdraws {len(e.invalidates.receipt_ids)} receipt(s) (was {e.previous_digest or '-'})"
                  if e.invalidates is not None else "")
-    return (f"@{e.position} {e.created_at.isoformat()} {e.event_type.value} {e.subject}/{e.server} {e.uri} "
+    return (f"@{e.position} {e.created_at.isoformat()} {e.event_type.value} {e.subject}/{e.server} "
+            f"{dash(e.uri)} "
             f"receipt={e.receipt_id} ordinal={e.read_ordinal} {e.content_digest or '-'}{withdrawn}")
 
 
 def _emit_events(events: list[Any], as_json: bool) -> None:
     for e in events:
-        print(e.model_dump_json() if as_json else _event_line(e), flush=True)
+        if as_json:
+            print_json_line(e)
+        else:
+            print_text(_event_line(e), flush=True)
 
 
 async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitable[None]]) -> None:
@@ -96,18 +108,19 @@ async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitab
 
 def _emit_batch(batch: Any, as_json: bool, *, following: bool = False) -> None:
     if as_json:
-        print(batch.model_dump_json(), flush=True)
+        print_json_line(batch)
         return
     if batch.gap is not None:
-        print(f"GAP: positions {batch.gap.first}..{batch.gap.last} were pruned before consumer "
+        print_text(f"GAP: positions {batch.gap.first}..{batch.gap.last} were pruned before consumer "
               f"{batch.consumer!r} acknowledged them; run: mcpsync outbox resync --consumer {batch.consumer}",
               flush=True)
         return
     for e in batch.events:
-        print(_event_line(e), flush=True)
+        print_text(_event_line(e), flush=True)
     then = ("acked by --follow once printed" if following else
             f"ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position}")
-    print(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; {then})", flush=True)
+    print_text(f"position {batch.position} ({len(batch.events)} events after {batch.acked}; {then})",
+               flush=True)
 
 
 async def cmd_outbox_poll(args: argparse.Namespace) -> None:
@@ -141,11 +154,11 @@ async def cmd_outbox_resync(args: argparse.Namespace) -> None:
     async def body(consumer: Any) -> None:
         batch = await consumer.resync()
         if args.json:
-            print(batch.model_dump_json(), flush=True)
+            print_json_line(batch)
             return
         for e in batch.events:
-            print(_event_line(e), flush=True)
-        print(f"position {batch.position} ({len(batch.events)} current versions; anything else is not "
+            print_text(_event_line(e), flush=True)
+        print_text(f"position {batch.position} ({len(batch.events)} current versions; anything else is not "
               f"current; ack: mcpsync outbox ack --consumer {batch.consumer} --position {batch.position})",
               flush=True)
 
@@ -165,11 +178,11 @@ async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
         print(json.dumps([i.model_dump(mode="json") for i in infos]))
         return
     for i in infos:
-        print(f"{i.name} subjects={','.join(i.subjects) if i.subjects else '*'} position={i.position} "
+        print_text(f"{i.name} subjects={','.join(i.subjects) if i.subjects else '*'} position={i.position} "
               f"delivered={i.delivered_up_to} lag={i.lag_events} events/{i.lag_seconds:.1f}s "
               f"last_ack={i.last_ack_at.isoformat() if i.last_ack_at else '-'}")
     if not infos:
-        print("no outbox consumers")
+        print_text("no outbox consumers")
 
 
 async def cmd_outbox_drop(args: argparse.Namespace) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mcpsync.worker.cli_common import (
     CliError,
@@ -12,12 +12,16 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
+from mcpsync.worker.cli_subscription_text import dash
 
-__all__ = ['cmd_probe', 'register']
+if TYPE_CHECKING:
+    from mcpsync.worker.probe import ProbeReport
+
+__all__ = ['cmd_probe', 'register', 'render_text']
 
 
 async def cmd_probe(args: argparse.Namespace) -> None:
-    from mcpsync.worker.probe import Nudge, ProbeError, ToolNudge, probe_server, render_text
+    from mcpsync.worker.probe import Nudge, ProbeError, ToolNudge, probe_server
 
     config, _ = resolve_config(args)
     server = config.server(args.server)
@@ -54,3 +58,31 @@ def register(sub: Any) -> None:
     pr.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS", help="per-request timeout")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_probe)
+
+
+def render_text(report: ProbeReport) -> str:
+    """A short human summary of a report (``mcpsync probe`` without ``--json``); every string the
+    server chose (its name and version, a URI, a detail) is one escaped field (``dash``)."""
+    c, ls, nf, sb = report.capabilities, report.listing, report.not_found, report.subscribe
+    lines = [
+        f"server        {report.server} ({report.transport} {report.target}) as {report.subject}",
+        f"implementation {dash(report.server_name)} {dash(report.server_version)}",
+        f"edition       {report.edition} (requested {report.requested_edition}; "
+        + ", ".join(f"{e.mode}->{e.negotiated or 'error'}" for e in report.editions) + ")",
+        f"capabilities  resources={c.resources} subscribe={c.subscribe} listChanged={c.list_changed} "
+        f"snapshot-id={c.snapshot_extension or 'no'}",
+        f"listing       {ls.resources} resources, "
+        + (f"page size {ls.page_size}, {ls.scans[0].pages} pages" if ls.paginated else "one page")
+        + f", cursors {'stable' if ls.cursors_stable else 'CHANGED'} across two scans, listing "
+        + f"{'stable' if ls.listing_stable else 'CHANGED'}, lastModified on {ls.with_last_modified}, "
+        + f"templates {ls.templates if ls.templates is not None else 'error'}",
+        f"not found     code {nf.code} ({nf.classified_as}) for {dash(nf.uri)}",
+        f"subscribe     {sb.verdict} via {sb.method}: ack={sb.acked}"
+        + (f" in {sb.ack_ms} ms" if sb.ack_ms is not None else "")
+        + (f", update in {sb.update_ms} ms" if sb.update_ms is not None else "")
+        + (f" ({dash(sb.detail)})" if sb.detail else ""),
+        f"error codes   {report.error_codes}",
+        f"took          {report.duration_ms:.0f} ms",
+    ]
+    return "\n".join(lines)
+

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from mcpsync.worker.cli_common import terminal_safe
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["age_of", "dash", "first_read_text", "freshness_lines", "history_line", "record_doc",
@@ -73,7 +74,9 @@ def freshness_lines(record: ResourceSubscriptionV1, now: datetime) -> list[tuple
 
 
 def dash(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
+    """One field of a line: ``-`` when absent, else its text with every control character escaped
+    (newlines too: a value from upstream cannot start a line of its own)."""
+    return "-" if value is None or value == "" else terminal_safe(str(value), keep="")
 
 
 def status_text(record: ResourceSubscriptionV1, now: datetime) -> str:

@@ -70,6 +70,7 @@ from mcpsync.worker.cli_common import (
     key_for,
     print_error,
     print_out,
+    print_text,
     resolve_config,
     seconds,
     shorten,
@@ -209,7 +210,8 @@ async def _watch(args: argparse.Namespace, render: Callable[[], Awaitable[tuple[
             if as_json:
                 print(current, flush=True)
             else:
-                print(f"{'' if last is None else chr(10)}# {time.strftime('%H:%M:%S')}\n{text}", flush=True)
+                print_text(f"{'' if last is None else chr(10)}# {time.strftime('%H:%M:%S')}\n{text}",
+                           flush=True)
             last = current
         await asyncio.sleep(args.interval)
 
@@ -227,7 +229,7 @@ async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
     catalog = await catalogs.latest_catalog(key.subject, key.server)
     if catalog is None or key.uri in await catalogs.known_uris(key.subject, key.server):
         return
-    print(f"mcpsync: warning: {key.uri} is not listed by {key.server} for {key.subject} (catalog "
+    print_text(f"mcpsync: warning: {key.uri} is not listed by {key.server} for {key.subject} (catalog "
           f"#{catalog.catalog_id}, measured {when(catalog.measured_at, datetime.now(UTC))}): if it does not "
           "exist, the subscription goes TOMBSTONE_PENDING ('mcpsync status'; 'subscribe --wait' shows the "
           "first read)",
@@ -313,7 +315,10 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
             if len(uris) == 1:
                 print_out(doc, args.json, text)
             else:  # one line per URI
-                print(json.dumps(doc, default=str) if args.json else text, flush=True)
+                if args.json:
+                    print(json.dumps(doc, default=str), flush=True)
+                else:
+                    print_text(text, flush=True)
             if not args.wait and ledger is not None:
                 await _warn_unlisted(ledger, key)
     finally:

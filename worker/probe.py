@@ -63,7 +63,6 @@ __all__ = [
     "SubscribeVerdict",
     "ToolNudge",
     "probe_server",
-    "render_text",
 ]
 
 MODERN = "2026-07-28"
@@ -619,30 +618,3 @@ async def probe_server(server: ServerConfig, *, subject: str = "anonymous", uri:
         error_codes=sorted({e.code for e in rec.errors}), errors=rec.errors,
         notifications=dict(rec.notifications), started_at=started_at, duration_ms=_ms(started),
     )
-
-
-def render_text(report: ProbeReport) -> str:
-    """A short human summary of a report (``mcpsync probe`` without ``--json``)."""
-    c, ls, nf, sb = report.capabilities, report.listing, report.not_found, report.subscribe
-    lines = [
-        f"server        {report.server} ({report.transport} {report.target}) as {report.subject}",
-        f"implementation {report.server_name} {report.server_version}",
-        f"edition       {report.edition} (requested {report.requested_edition}; "
-        + ", ".join(f"{e.mode}->{e.negotiated or 'error'}" for e in report.editions) + ")",
-        f"capabilities  resources={c.resources} subscribe={c.subscribe} listChanged={c.list_changed} "
-        f"snapshot-id={c.snapshot_extension or 'no'}",
-        f"listing       {ls.resources} resources, "
-        + (f"page size {ls.page_size}, {ls.scans[0].pages} pages" if ls.paginated else "one page")
-        + f", cursors {'stable' if ls.cursors_stable else 'CHANGED'} across two scans, listing "
-        + f"{'stable' if ls.listing_stable else 'CHANGED'}, lastModified on {ls.with_last_modified}, "
-        + f"templates {ls.templates if ls.templates is not None else 'error'}",
-        f"not found     code {nf.code} ({nf.classified_as}) for {nf.uri}",
-        f"subscribe     {sb.verdict} via {sb.method}: ack={sb.acked}"
-        + (f" in {sb.ack_ms} ms" if sb.ack_ms is not None else "")
-        + (f", update in {sb.update_ms} ms" if sb.update_ms is not None else "")
-        + (f" ({sb.detail})" if sb.detail else ""),
-        f"error codes   {report.error_codes}",
-        f"took          {report.duration_ms:.0f} ms",
-    ]
-    return "\n".join(lines)
-

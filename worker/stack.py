@@ -11,6 +11,8 @@ Contract
   ``~/.local/state/mcpsync``) for an installed wheel): ``temporal.sqlite`` (dev server
   persistence), ``temporal.log``, ``temporal.sqlite.pid`` (owner record), ``pgdata/``
   (PostgreSQL cluster and its ``log``). Restarting on the same directory keeps workflows and data.
+  ``mcpsync up`` keeps it private (:func:`make_private`): directories 0700, files 0600, for what
+  it and its children create; the directory itself 0711 at most (PostgreSQL's user traverses it).
 * The components: ``mcpsync.worker.stack_temporal`` (the Temporal dev server, search
   attributes) and ``mcpsync.worker.stack_postgres`` (the embedded PostgreSQL); ``mcpsync up``
   (``mcpsync.worker.up``) runs both.
@@ -25,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import sysconfig
 from pathlib import Path
@@ -38,6 +41,8 @@ __all__ = [
     "PortInUseError",
     "StackAlreadyRunning",
     "ensure_private_dir",
+    "make_private",
+    "PRIVATE_UMASK",
     "write_private",
     "state_dir",
     "free_port",
@@ -86,6 +91,33 @@ def ensure_private_dir(path: Path) -> Path:
     if mode & 0o066 and path.stat().st_uid == os.geteuid():
         path.chmod(mode & ~0o066)
     return path
+
+
+PRIVATE_UMASK = 0o077  # what this process and its children create: dirs 0700, files 0600
+FOREIGN_DIRS = ("pgdata",)  # an embedded PostgreSQL's data dir: its own user keeps it private
+
+
+def make_private(root: Path) -> Path:
+    """Make the state dir ``root`` private to its owner, for good: this process's umask becomes
+    ``PRIVATE_UMASK`` (inherited by every child it starts: the Temporal dev server's SQLite file,
+    journal and log, the demo MCP server's files, PostgreSQL's tools), so everything created from
+    now on is 0700 / 0600. What an older version left below ``root`` is fixed as well: a file loses
+    group and other bits, a directory (``root`` too: ``ensure_private_dir``) loses group and other
+    read and write but keeps a traverse bit, which an embedded PostgreSQL's user may need to reach
+    a data dir below it. Data dirs (``FOREIGN_DIRS``) and what another user owns are left alone.
+    Returns ``root``."""
+    os.umask(PRIVATE_UMASK)
+    ensure_private_dir(root)
+    mine = os.geteuid()
+    for where, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS and (Path(where) / d).lstat().st_uid == mine]
+        for name, widest in [*((d, 0o711) for d in dirs), *((f, 0o700) for f in files)]:
+            path = Path(where) / name
+            st = path.lstat()
+            mode = stat.S_IMODE(st.st_mode)
+            if not stat.S_ISLNK(st.st_mode) and st.st_uid == mine and mode & 0o077 & ~widest:
+                path.chmod(mode & ~(0o077 & ~widest))
+    return root
 
 
 def write_private(path: Path, text: str) -> None:

@@ -56,6 +56,10 @@ def _check_socket_path(pgdata: Path) -> None:
             "or set MCPSYNC_DATABASE_URL")
 
 
+def _pgdata(state_dir: Path) -> Path:
+    return Path(state_dir).resolve() / "pgdata"
+
+
 def _socket_dir_in_pgdata(pgdata: Path, runtime_path: Path) -> Path:
     """Replaces the wheel's ``find_suitable_socket_dir``: the socket lives in the data dir (its
     permissions, 0700, owned by the server's user), or the start is refused: no shared fallback."""
@@ -117,7 +121,7 @@ class EmbeddedPostgres:
         if not IDENTIFIER.match(database):
             raise StackError(f"database name {database!r} must be a plain identifier")
         started = time.monotonic()
-        pgdata = await asyncio.to_thread(lambda: Path(state_dir).resolve() / "pgdata")
+        pgdata = await asyncio.to_thread(_pgdata, state_dir)
         server, admin_url = await asyncio.to_thread(_start_postgres, pgdata, keep_running)
         url = await asyncio.to_thread(_ensure_database, admin_url, database)
         return cls(
@@ -128,6 +132,12 @@ class EmbeddedPostgres:
             startup_seconds=time.monotonic() - started,
             _server=server,
         )
+
+    @staticmethod
+    def check_state_dir(state_dir: Path) -> None:
+        """Raise StackError if the server's socket in ``state_dir`` would not fit (what ``start``
+        refuses first): for a caller that must refuse before it creates or starts anything else."""
+        _check_socket_path(_pgdata(state_dir))
 
     @property
     def log_file(self) -> Path:

@@ -5,7 +5,10 @@ registered, PostgreSQL (the configured URL, else the embedded server), applies
 the migrations, starts the demo MCP server (fixture, streamable HTTP, a demo
 resource edited every ``--churn`` seconds), runs the worker and the session host,
 subscribes the demo URI, starts ``mcpsync serve`` for the demo subject (``--serve-port``; URL and a
-demo bearer token printed) and prints the Web UI URL. Ctrl-C stops everything.
+demo bearer token printed, only when ``up`` generated it: one from MCPSYNC_SERVE_TOKENS is used, not
+printed) and prints the Web UI URL. Ctrl-C stops everything. A state dir too long for the embedded
+PostgreSQL's socket is refused before anything is created or started; everything under the state
+dir is private to its owner (``stack.make_private``).
 The addresses and this process's pid are written to ``<state>/runtime.json`` so
 ``mcpsync status``, ``close``, ``outbox tail`` ... find this stack without a config
 file; a clean stop removes the file, and a file whose pid no longer runs is stale
@@ -38,7 +41,7 @@ from mcpsync.worker.runtime import (
     start_catalogs,
     start_subscription,
 )
-from mcpsync.worker.stack import StackAlreadyRunning, ensure_private_dir, state_dir, write_private
+from mcpsync.worker.stack import StackAlreadyRunning, make_private, state_dir, write_private
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
@@ -77,7 +80,10 @@ async def run_up(args: argparse.Namespace) -> None:
 
     t0 = time.monotonic()
     root = state_dir()
-    ensure_private_dir(root)  # 0700: it holds the runtime file and the configuration (a database URL)
+    db_url = os.environ.get("MCPSYNC_DATABASE_URL")
+    if not db_url:
+        EmbeddedPostgres.check_state_dir(root)  # before anything is created or started
+    make_private(root)  # it holds the runtime file, the configuration (a database URL), Temporal's history
     runtime_file = root / "runtime.json"
     running = RuntimeInfo.load(runtime_file)
     if (running is not None and running.pid is not None and running.pid != os.getpid()
@@ -103,7 +109,6 @@ async def run_up(args: argparse.Namespace) -> None:
         print(f"  temporal dev server  {temporal_server.address} ({temporal_server.startup_seconds:.1f}s)",
               flush=True)
 
-        db_url = os.environ.get("MCPSYNC_DATABASE_URL")
         if not db_url:
             pg = await EmbeddedPostgres.start(root)
             stack.push_async_callback(pg.stop)
@@ -166,10 +171,14 @@ async def run_up(args: argparse.Namespace) -> None:
         serve_port = getattr(args, "serve_port", -1)
         if serve_port is not None and serve_port >= 0:
             serve_url, token = await _start_serve(stack, ledger, db_url, serve_port)
-            print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; demo bearer token {token})",
-                  flush=True)
-            print(f"    connect the MCP Inspector: transport Streamable HTTP, URL {serve_url}, "
-                  f"header 'Authorization: Bearer {token}'", flush=True)
+            if token is None:
+                print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; bearer token from "
+                      "MCPSYNC_SERVE_TOKENS)", flush=True)
+            else:
+                print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; "
+                      f"demo bearer token {token})", flush=True)
+                print(f"    connect the MCP Inspector: transport Streamable HTTP, URL {serve_url}, "
+                      f"header 'Authorization: Bearer {token}'", flush=True)
         link = f"{temporal_server.ui_url}/namespaces/default/workflows/{quote(handle.id, safe='')}"
         print(f"\nTemporal Web UI: {temporal_server.ui_url}", flush=True)
         print(f"  demo subscription: {link}", flush=True)
@@ -220,16 +229,24 @@ async def _await_demo_session(ingress: Ingress, services: asyncio.Task[None]) ->
     return True
 
 
-async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str, port: int) -> tuple[str, str]:
-    """``mcpsync serve`` for the demo subject, in this process: (URL, bearer token). The token is
-    MCPSYNC_SERVE_TOKENS' for the demo subject when set, else a new random one per ``up``."""
+async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str,
+                       port: int) -> tuple[str, str | None]:
+    """``mcpsync serve`` for the demo subject, in this process: (URL, the demo bearer token to
+    print). The token is MCPSYNC_SERVE_TOKENS' for the demo subject when set, and then None is
+    returned in its place (an operator's credential is never printed); else a new random one per
+    ``up``, returned to be printed."""
     import secrets
 
     from mcpsync.worker.serve import ServeConfig
     from mcpsync.worker.serve_run import run_serve, tokens_from_environment
 
     tokens = tokens_from_environment()
-    token = next((t for t, subject in tokens if subject == DEMO_SUBJECT), None) or secrets.token_urlsafe(18)
+    configured = next((t for t, subject in tokens if subject == DEMO_SUBJECT), None)
+    generated: str | None = None
+    if configured is None:
+        token = generated = secrets.token_urlsafe(18)
+    else:
+        token = configured
     config = ServeConfig(port=port, tokens=((token, DEMO_SUBJECT), *((t, s) for t,
                                                                      s in tokens if t != token)),
                          consumer="serve-up")
@@ -242,7 +259,7 @@ async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str, port:
         if task.done():
             task.result()
         raise RuntimeError("mcpsync serve did not start within 30 s")
-    return listening.result(), token
+    return listening.result(), generated
 
 
 def _mcpsync_command() -> str:

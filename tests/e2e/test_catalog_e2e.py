@@ -492,6 +492,9 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
         assert doc["uris"] == await st.listing()
         assert doc["scans"][-1]["record"] == "resourceDiscoveryScan.v1"
         assert doc["release_gates"]["unreconciled_catalogs_accepted"] == 0
+        code, text, err = await cli("scan", "--server", st.server.name, "--subject", "alice")
+        assert code == 0 and "SNAPSHOT_UNPROVEN" in text, err
+        assert [ln.strip() for ln in text.splitlines() if ln.strip() in doc["uris"]] == doc["uris"], text
         code, out, err = await cli("scan", "--server", st.server.name, "--subject", "alice",
                                    "--require-proven", "--json")
         assert code == 3 and out == ""  # ExitCode.REFUSED: the completeness gate said no

@@ -153,9 +153,11 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
         r = await cli_process.arun(["--config", str(config), "probe", *args], timeout=60)
         return r.returncode, r.stdout, r.stderr
 
-    (code, out, err), (gone_code, _, gone_err), (unknown_code, _, unknown_err) = await asyncio.gather(
-        cli("--server", "fx", "--json"), cli("--server", "gone"), cli("--server", "nope"))
+    (code, out, err), (text_code, text, _), (gone_code, _, gone_err), (unknown_code, _, unknown_err) = \
+        await asyncio.gather(cli("--server", "fx", "--json"), cli("--server", "fx"), cli("--server", "gone"),
+                             cli("--server", "nope"))
     assert code == 0, err
+    assert text_code == 0 and "\nimplementation " in text and "\nsubscribe     ack_only" in text, text
     doc = json.loads(out)
     assert doc["record"] == "serverProbe.v1" and doc["listing"]["page_size"] == 2
     assert doc["subscribe"]["verdict"] == "ack_only" and doc["not_found"]["code"] == -32002

@@ -12,8 +12,8 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 from tests.conftest import unique
 
 
-async def _active(ledger: Ledger, uri: str = "demo://a") -> SubscriptionKey:
-    key = SubscriptionKey(subject=unique("s"), server="srv", uri=uri)
+async def _active(ledger: Ledger, uri: str = "demo://a", subject: str | None = None) -> SubscriptionKey:
+    key = SubscriptionKey(subject=subject or unique("s"), server="srv", uri=uri)
     await ledger.ensure_subscription(key, "inc-1")
     snap = await ledger.begin_subscription(key, 1)
     assert snap.state == SubscriptionState.SUBSCRIBING

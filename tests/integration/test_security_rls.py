@@ -1,6 +1,7 @@
 """Row-level security by subject: a member of ``mcpsync_consumer`` mapped to
 subject A selects A's receipts, outbox rows and bodies, and none of B's; ``released_content``
-through such a role refuses B's receipt as unknown; other roles are unaffected."""
+through such a role refuses B's receipt as unknown; it reads its own mapping and writes nothing;
+other roles are unaffected."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from tests.conftest import ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 
 
-async def _accepted(ledger: Ledger, text: str) -> tuple[SubscriptionKey, int, str]:
+async def _accepted(ledger: Ledger, text: str,
+                    subject: str | None = None) -> tuple[SubscriptionKey, int, str]:
     body = text.encode()
     digest = content_digest([ContentPart("text", "text/plain", body)])
-    key = await _active(ledger, f"demo://sec/rls/{unique('u')}")
+    key = await _active(ledger, f"demo://sec/rls/{unique('u')}", subject)
     ordinal = await _issue(ledger, key)
     await ledger.content.stage(key, ordinal,
                                ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
@@ -70,7 +72,9 @@ async def test_a_consumer_of_a_sees_nothing_of_b(ledger: Ledger, database_url: s
                             digest_b) == 0
         assert await _count(conn, "SELECT count(DISTINCT subject) FROM resource_versions") == 1, \
             "only A, whatever asked"
-        for forbidden in ("SELECT count(*) FROM consumer_subjects",
+        assert await _count(conn, "SELECT count(*) FROM consumer_subjects WHERE role_name <> %s",
+                            reader) == 0, "its own mapping only"
+        for forbidden in ("INSERT INTO consumer_subjects VALUES ('x', 'y')",
                           "UPDATE content_store SET body = 'x' WHERE subject = '-'"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await conn.execute(forbidden)
