@@ -4,7 +4,8 @@ Contract:
 - stdio: the configured command as a child process, the subject's credential in its environment;
   streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
   the ingress whose connections are reused (``http_keepalive``), response bodies bounded at the transport
-  (``transport_bounds``); the HTTP client is closed with the session.
+  (``transport_bounds``); a request the client abandons (timed out, cancelled) releases its
+  connection and task at once (``http_abandon``); the HTTP client is closed with the session.
 - Credentials come from the environment variable the config names and go nowhere else.
 - An open failure is described in one line (``describe_open_failure``): where, and what went wrong.
 """
@@ -22,11 +23,15 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
 from mcpsync.activities.db import redact_url
+from mcpsync.worker import http_abandon
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.http_keepalive import KeepAliveTransport
 from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
 
 __all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS", "SessionOpenError"]
+
+
+http_abandon.install()  # a timed-out request's POST releases its connection and task
 
 
 class SessionOpenError(RuntimeError):
