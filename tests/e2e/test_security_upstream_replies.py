@@ -163,10 +163,10 @@ TIMED_OUT_READS = HTTP_CONNECTIONS + 20
 
 class _Silent:
     """A streamable-HTTP server (JSON responses) that never answers a read of ``demo://never``;
-    ``open`` counts its connections that are still open."""
+    ``open`` counts its connections that are still open, ``cancels`` the cancel frames POSTed."""
 
     def __init__(self) -> None:
-        self.open = 0
+        self.open = self.cancels = 0
 
     async def conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open += 1
@@ -176,6 +176,7 @@ class _Silent:
                 lines = head.decode().split("\r\n")
                 headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
                 msg = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))) or b"{}")
+                self.cancels += msg.get("method") == "notifications/cancelled"
                 if "id" not in msg or lines[0].split()[0] != "POST":
                     writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
                     await writer.drain()
@@ -223,3 +224,4 @@ async def test_a_timed_out_request_releases_its_connection_and_task(silent_http:
                          what=f"the timed-out reads' connections closed (open: {silent.open})")
         await eventually(lambda: len(asyncio.all_tasks()) <= tasks + 2, timeout=5,
                          what=f"the timed-out reads' tasks gone ({len(asyncio.all_tasks())} vs {tasks})")
+        assert silent.cancels == 0, "the closed connection is the cancellation: no frame queues for one"

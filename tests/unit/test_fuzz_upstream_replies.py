@@ -36,6 +36,8 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5)
                            | st.dictionaries(st.text(max_size=6), inner, max_size=5), max_leaves=60)
 
+noise = st.text(alphabet=st.characters(exclude_characters='"\n'), max_size=300)  # no id, one line
+
 
 def _values(value: Any) -> int:
     if isinstance(value, list):
@@ -124,27 +126,45 @@ def _lines(read_bytes: int, requests: RequestMethods) -> BoundedLines:
 
 
 @FUZZ
-@given(st.lists(st.one_of(json_values.map(lambda v: json.dumps(_reply(v, 3))), st.text(max_size=300)),
-                max_size=6), st.lists(st.integers(0, 10**6), max_size=8), st.integers(50, 3000))
+@given(st.lists(st.tuples(json_values, st.booleans(), noise), max_size=6),
+       st.lists(st.integers(0, 10**6), max_size=8), st.integers(50, 3000))
 def test_stdio_lines_come_out_whole_within_their_budget_or_as_an_error(
-        lines: list[str], cuts: list[int], read_bytes: int) -> None:
-    requests = RequestMethods()
-    requests.sent(3, "resources/read")
+        items: list[tuple[Any, bool, str]], cuts: list[int], read_bytes: int) -> None:
+    """Each item is a reply (its id first, as Python servers write, or last, as TypeScript servers
+    do) to a read of its own, then a line of noise."""
+    requests, lines, replies = RequestMethods(), [], {}
+    for request_id, (value, id_last, noise) in enumerate(items):
+        requests.sent(request_id, "resources/read")
+        body = {"jsonrpc": "2.0", "result": {"_meta": {"x": value}}}
+        message = {**body, "id": request_id} if id_last else {"id": request_id, **body}
+        replies[request_id] = json.dumps(message)
+        lines += [replies[request_id], noise]
     bounded = _lines(read_bytes, requests)
-    text = "".join(line.replace("\n", " ") + "\n" for line in lines)
-    out = "".join(bounded._feed(chunk) for chunk in _cut(text, cuts))
+    out = "".join(bounded._feed(chunk) for chunk in _cut("".join(line + "\n" for line in lines), cuts))
     assert out == "" or out.endswith("\n"), "only whole lines come out"
     budget = budget_for("resources/read", read_bytes)
-    for line in out.split("\n")[:-1]:
+    got = out.split("\n")[:-1]
+    for line in got:
         assert len(line) <= max(budget.bytes, budget_for(None, read_bytes).bytes)
-    for line in lines:
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and message.get("id") == 3 and len(line) <= budget.bytes \
-                and "\n" not in line:
-            assert line in out.split("\n"), "a reply within its budget passes unchanged"
+    for request_id, line in replies.items():
+        if len(line) <= budget.bytes:
+            assert line in got, "a reply within its budget passes unchanged"
+        else:
+            head = '{"jsonrpc": "2.0", "id": ' + str(request_id)
+            refused = [json.loads(g) for g in got if g.startswith(head)]
+            assert line not in got and refused and refused[0]["error"]["code"] == -32700, got
+            assert "byte limit" in refused[0]["error"]["message"]
+
+
+def test_a_stdio_notification_over_its_budget_is_dropped_with_a_warning(caplog: Any) -> None:
+    bounded = _lines(4096, RequestMethods())
+    huge = json.dumps({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                       "params": {"uri": "x" * (budget_for(None, 4096).bytes + 1)}})
+    ok = json.dumps({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "y"}})
+    with caplog.at_level("WARNING", logger="mcpsync.ingress"):
+        out = bounded._feed(huge + "\n" + ok + "\n")
+    assert out == ok + "\n", "the notification over its budget is dropped, the next one passes"
+    assert "dropped: response over the byte limit" in caplog.text and "xxxx" not in caplog.text
 
 
 @FUZZ
