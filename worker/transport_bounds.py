@@ -192,10 +192,12 @@ def bounded_http_transport(limit: int, inner: httpx2.AsyncBaseTransport) -> http
 
 
 class RequestMethods:
-    """The method of each request a stdio session sent, by id, until its answer arrives: the newest
-    ``MAX_PENDING`` (a request that never gets an answer is forgotten after that many more)."""
+    """The method of each of the newest ``MAX_REMEMBERED`` requests a stdio session sent, by id. An
+    answer does not remove its request: the server's own requests (ping, sampling) number their ids
+    as they like, and one that reused a pending id must not take that request's method away. The
+    SDK never reuses an id within a session."""
 
-    MAX_PENDING = 4096
+    MAX_REMEMBERED = 4096
 
     def __init__(self) -> None:
         self.methods: OrderedDict[object, str] = OrderedDict()
@@ -203,11 +205,11 @@ class RequestMethods:
     def sent(self, request_id: object, method: str) -> None:
         self.methods[request_id] = method
         self.methods.move_to_end(request_id)
-        while len(self.methods) > self.MAX_PENDING:
+        while len(self.methods) > self.MAX_REMEMBERED:
             self.methods.popitem(last=False)
 
-    def answered(self, request_id: object) -> str | None:
-        return self.methods.pop(request_id, None)
+    def method(self, request_id: object) -> str | None:
+        return self.methods.get(request_id)
 
 
 class _StdioBounds(NamedTuple):
@@ -285,7 +287,7 @@ class BoundedLines(TextReceiveStream):
         self.size += len(part)
 
     def _budget(self, found: re.Match[str]) -> Budget:
-        return budget_for(self.requests.methods.get(json.loads(found.group(1))), self.read_bytes)
+        return budget_for(self.requests.method(json.loads(found.group(1))), self.read_bytes)
 
     def _judge(self, budget: Budget) -> None:
         self.budget = budget
@@ -301,8 +303,6 @@ class BoundedLines(TextReceiveStream):
                 self._judge(self._budget(found) if found else budget_for(None, self.read_bytes))
             except ShapeError as err:
                 self.refused = str(err)
-        if found is not None:
-            self.requests.answered(json.loads(found.group(1)))
         out = line + "\n" if self.refused is None else _error_line(found, self.refused)
         self._new_line()
         return out

@@ -213,3 +213,15 @@ async def _fetch(body: bytes, chunks: list[bytes], sse: bool,
                 return b"".join([chunk async for chunk in response.aiter_raw()]), None
         except (ResponseTooLarge, EventTooLarge) as err:
             return b"", err
+
+
+def test_a_server_request_that_reuses_a_pending_id_leaves_the_reply_its_budget() -> None:
+    """The server numbers its own requests (ping) as it likes: one with a pending read's id must not
+    take that read's budget away from the read's reply (2 MiB: over any other message's 1 MiB)."""
+    requests = RequestMethods()
+    requests.sent(1, "resources/read")
+    bounded = _lines(4 * 1024 * 1024, requests)
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    contents = [{"uri": "a", "text": "x" * 2**21}]
+    reply = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"contents": contents}})
+    assert bounded._feed(ping + "\n" + reply + "\n") == ping + "\n" + reply + "\n"
