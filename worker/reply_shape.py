@@ -1,5 +1,5 @@
 """What one upstream JSON-RPC message may become once parsed, checked on its raw text before the SDK
-parses it (docs/security.md, "What is bounded").
+parses it (docs/security.md, "Bounds").
 
 The ``mcp`` SDK builds a whole message as Python objects, about 220 bytes per JSON value (an empty
 list in ``_meta``: 3 bytes on the wire): a byte cap alone does not bound memory. So each message has

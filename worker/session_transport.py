@@ -1,11 +1,14 @@
 """The MCP transport a session host opens to one server for one subject.
 
 Contract:
-- stdio: the configured command as a child process, the subject's credential in its environment;
-  streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
-  the ingress whose connections are reused (``http_keepalive``), response bodies bounded at the transport
-  (``transport_bounds``); a request the client abandons (timed out, cancelled) releases its
-  connection and task at once (``http_abandon``); the HTTP client is closed with the session.
+- stdio: the configured command as a child process, the subject's credential in its environment,
+  its stdout lines bounded by the budget of the request each answers (``transport_bounds``: the
+  transport notes the method of every request it sends).
+- streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
+  the ingress whose connections are reused (``http_keepalive``), response bodies and events bounded
+  by their request's budget at the transport (``transport_bounds``); a request the client abandons
+  (timed out, cancelled) releases its connection and task at once (``http_abandon``); the HTTP
+  client is closed with the session.
 - Credentials come from the environment variable the config names and go nowhere else.
 - An open failure is described in one line (``describe_open_failure``): where, and what went wrong.
 """
