@@ -51,6 +51,8 @@ LONGEST_FILES = (
     "tests/e2e/test_e2e_fence.py",
     "tests/e2e/test_cli_newcomer.py",
     "tests/e2e/test_security_local_user.py",
+    "tests/unit/test_fuzz_upstream_replies.py",
+    "tests/e2e/test_security_upstream_replies.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -64,7 +64,6 @@ from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.ingress import Ingress
 from mcpsync.worker.session_transport import SessionOpenError, describe_open_failure, server_transport
-from mcpsync.worker.transport_bounds import install, stdio_line_limit, transport_limit
 from mcpsync.workflows.ingress import (
     Effect,
     IngressRouter,
@@ -101,7 +100,6 @@ from mcpsync.workflows.uris import unparsed_uri_problem
 __all__ = ["SessionHost", "SessionOpenError", "server_transport"]
 
 log = logging.getLogger("mcpsync.ingress")
-install()  # the SDK's stdio reader holds no line longer than the session's limit (transport_bounds)
 
 ROUTE_RETRY_SECONDS = 120.0
 # The (subject, server) lease is granted for LEASE_HOLD_FRACTION of ``lease_seconds`` and renewed every
@@ -238,9 +236,7 @@ class SessionHost:
 
     async def _enter(self, client: Client) -> Client:
         try:
-            # The stdio reader task starts in here and keeps the line limit in effect now.
-            with stdio_line_limit(transport_limit(self.server.max_content_bytes)):
-                await asyncio.wait_for(client.__aenter__(), timeout=30)
+            await asyncio.wait_for(client.__aenter__(), timeout=30)
         except Exception as exc:
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)

@@ -1,10 +1,14 @@
 """The MCP transport a session host opens to one server for one subject.
 
 Contract:
-- stdio: the configured command as a child process, the subject's credential in its environment;
-  streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
-  the ingress whose connections are reused (``http_keepalive``), response bodies bounded at the transport
-  (``transport_bounds``); the HTTP client is closed with the session.
+- stdio: the configured command as a child process, the subject's credential in its environment,
+  its stdout lines bounded by the budget of the request each answers (``transport_bounds``: the
+  transport notes the method of every request it sends).
+- streamable HTTP: a bearer header, a connection pool sized for concurrent activities and reads at
+  the ingress whose connections are reused (``http_keepalive``), response bodies and events bounded
+  by their request's budget at the transport (``transport_bounds``); a request the client abandons
+  (timed out, cancelled) releases its connection and task at once (``http_abandon``); the HTTP
+  client is closed with the session.
 - Credentials come from the environment variable the config names and go nowhere else.
 - An open failure is described in one line (``describe_open_failure``): where, and what went wrong.
 """
@@ -13,28 +17,43 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import httpx2
 from mcp import StdioServerParameters
 from mcp.client._transport import TransportStreams
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp.shared.message import SessionMessage
+from mcp_types import JSONRPCRequest
 
+from mcpsync.worker import http_abandon
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.http_keepalive import KeepAliveTransport
-from mcpsync.worker.transport_bounds import bounded_http_transport, transport_limit
+from mcpsync.worker.transport_bounds import (
+    RequestMethods,
+    bounded_http_transport,
+    install,
+    stdio_bounds,
+    transport_limit,
+)
 
 __all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS", "SessionOpenError"]
+
+
+http_abandon.install()  # a timed-out request's POST releases its connection and task
+install()  # the SDK's stdio reader holds no line over its budget (transport_bounds)
 
 
 class SessionOpenError(RuntimeError):
     """The MCP server could not be started, reached or initialized."""
 
 
-def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters | object:
-    """The MCP transport for ``subject``'s session with ``cfg``: stdio parameters (the subject's
-    credential in the child's environment) or streamable HTTP (a bearer header). Credentials
+def server_transport(cfg: ServerConfig, subject: str) -> object:
+    """The MCP transport for ``subject``'s session with ``cfg``: stdio (the subject's credential in
+    the child's environment) or streamable HTTP (a bearer header). Credentials
     come from the environment variable the config names and go nowhere else."""
     token_var = cfg.token_env.get(subject)
     token = os.environ.get(token_var) if token_var else None
@@ -43,13 +62,47 @@ def server_transport(cfg: ServerConfig, subject: str) -> StdioServerParameters |
         env.setdefault("MCPSYNC_SUBJECT", subject)
         if token_var and token is not None:
             env[token_var] = token
-        return StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
+        params = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=env, cwd=cfg.cwd)
+        return _stdio(params, transport_limit(cfg.max_content_bytes))
     assert cfg.url is not None
     headers = {"Authorization": f"Bearer {token}"} if token else None
     # The SDK caps one SSE event at 1 MiB; a read result is one event, so allow our own content
     # limit (JSON escaping and base64 need up to ~2x) and classify larger bodies ourselves. A JSON
     # (non-SSE) response has the same bound, at the transport, before the SDK reads it whole.
     return _streamable_http(cfg.url, headers, transport_limit(cfg.max_content_bytes))
+
+
+@asynccontextmanager
+async def _stdio(params: StdioServerParameters, read_bytes: int) -> AsyncIterator[TransportStreams]:
+    """The SDK's stdio transport, its lines bounded by their requests' budgets (``transport_bounds``):
+    the reader learns each request's method from the ids this session sends."""
+    requests = RequestMethods()
+    async with AsyncExitStack() as stack:
+        with stdio_bounds(read_bytes, requests):  # the reader task starts in here and keeps them
+            read, write = await stack.enter_async_context(stdio_client(params))
+        yield read, _RecordingSend(write, requests)
+
+
+class _RecordingSend:
+    """The session's write stream, noting the method of each request it sends."""
+
+    def __init__(self, inner: Any, requests: RequestMethods) -> None:
+        self.inner, self.requests = inner, requests
+
+    async def send(self, item: SessionMessage) -> None:
+        if isinstance(item.message, JSONRPCRequest):
+            self.requests.sent(item.message.id, item.message.method)
+        await self.inner.send(item)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def __aenter__(self) -> _RecordingSend:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.inner.__aexit__(*exc)
 
 
 @asynccontextmanager

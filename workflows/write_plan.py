@@ -184,7 +184,7 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
     audit = None if j.audit_kind is None else AuditPlan(kind=j.audit_kind, detail={
         "reason": j.reason, "ordinal": o.ordinal, "request_id": o.request_id, "outcome": o.kind.value,
-        "digest": o.content_digest, "error_code": o.error_code})
+        "digest": o.content_digest, "error_code": o.error_code, "error": o.error})
     rr_outcome = None
     if issued is not None and j.audit_kind != "UNKNOWN_IDENTITY":
         # Every final verdict is stored so a retried accept replays it; a failed read keeps its

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcpsync.activities.mcp_session import classify_error
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.session_host import server_transport
-from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS, stdio_line_limit, transport_limit
+from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS, transport_limit
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 
 MAX_CONTENT = 256 * 1024  # the transport limit is then ~576 KiB
@@ -196,10 +196,9 @@ async def test_stdio_line_of_a_hundred_megabytes_is_bounded(tmp_path: Path) -> N
     cfg = ServerConfig(name="hostile", transport="stdio", command=[sys.executable, str(script)],
                        max_content_bytes=MAX_CONTENT)
     before = _peak_mb()
-    with stdio_line_limit(transport_limit(cfg.max_content_bytes)):
-        client = Client(server_transport(cfg, "alice"), mode="legacy", cache=None,  # type: ignore[arg-type]
-                        read_timeout_seconds=30)
-        await client.__aenter__()
+    client = Client(server_transport(cfg, "alice"), mode="legacy", cache=None,  # type: ignore[arg-type]
+                    read_timeout_seconds=30)
+    await client.__aenter__()
     try:
         message = await asyncio.wait_for(_read_fails_malformed(client, "demo://big"), 60)
         assert str(transport_limit(MAX_CONTENT)) in message
