@@ -162,7 +162,7 @@ async def test_probe_cli_json_and_clear_errors(paged_fixture: FixtureProcess, tm
     assert doc["record"] == "serverProbe.v1" and doc["listing"]["page_size"] == 2
     assert doc["subscribe"]["verdict"] == "ack_only" and doc["not_found"]["code"] == -32002
     assert doc["capabilities"]["raw"]["resources"] == {"subscribe": True, "listChanged": True}
-    assert gone_code == 2 and gone_err.startswith("mcpsync: error: cannot open MCP server 'gone'"), gone_err
+    assert gone_code == 6 and gone_err.startswith("mcpsync: error: cannot open MCP server 'gone'"), gone_err
     assert "Traceback" not in gone_err
     assert unknown_code == 2 and "unknown server 'nope'" in unknown_err
 
