@@ -9,14 +9,19 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import stat
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.worker.stack import state_dir
@@ -122,7 +127,7 @@ async def test_slow_headers_are_timed_out_and_connections_are_capped(
     new connection gets 503 and is closed, while an established client's requests still work. Also
     --allowed-host / --allowed-origin: the values named are served, the defaults no longer are."""
     conf = serve_conf(tmp_path, database_url)
-    cap, limit = 6, 1.5
+    cap, limit = 6, 1.0
     extra = ("--header-timeout", str(limit), "--max-connections", str(cap), "--allowed-host", "mcp.example",
              "--allowed-origin", "https://app.example")
     process = await ServeProcess.start(conf, TOKENS, consumer=unique("serve-sec"), extra=extra)
@@ -231,14 +236,14 @@ async def test_cursors_reveal_no_position_and_no_other_subjects_activity(serve: 
 
 
 def test_duplicate_and_short_tokens_are_refused_at_start(tmp_path: Path, database_url: str) -> None:
-    """Finding 16: a token shared by two subjects, a subject listed twice, or a token under 16
-    characters: one ``mcpsync: error:`` line naming no token, exit 2, nothing started."""
+    """Finding 16: a token shared by two subjects or a token under 16 characters: one ``mcpsync:
+    error:`` line naming no token, exit 2, nothing started (a subject listed twice:
+    tests/unit/test_serve_units.py)."""
     conf = serve_conf(tmp_path, database_url)
     env = {k: v for k, v in cli_process.without_database_url().items() if k != "MCPSYNC_SERVE_TOKENS"}
     shared = "shared-token-0123456789"
     for tokens, expect in (
         (json.dumps({"alice": shared, "bob": shared}), "have the same token"),
-        ('{"alice": "alice-token-0123456789", "alice": "other-token-0123456789"}', "twice"),
         (json.dumps({"alice": "x"}), "shorter than 16 characters"),
     ):
         r = cli_process.run(["--config", str(conf), "serve"], env={**env, "MCPSYNC_SERVE_TOKENS": tokens},
@@ -266,3 +271,106 @@ async def test_unauthenticated_requests_get_401_before_any_mcp_handling(serve: S
     assert misdirected.startswith(b"HTTP/1.1 421"), misdirected[:100]
     log = serve.log.read_text()
     assert "Traceback" not in log and TOKENS[ALICE] not in log
+
+
+_ASCII = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+_METHODS = ("initialize", "resources/list", "resources/read", "resources/subscribe", "resources/unsubscribe",
+            "resources/templates/list", "events/list", "events/poll", "ping", "tools/call", "nothing/here")
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _ASCII,
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_ASCII, inner, max_size=4),
+                     max_leaves=12)
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> dict[str, Any]:
+    """One HTTP request: a verb, odd headers (tokens, session ids, versions) and a JSON-RPC-ish body."""
+    cursor = draw(st.sampled_from(("mallory", "garbage", "none")))
+    wanted = _ASCII if cursor == "garbage" else st.none()
+    params: Any = draw(st.one_of(st.none(), st.dictionaries(_ASCII, _JSON, max_size=4),
+                                 st.fixed_dictionaries({"cursor": wanted, "name": st.just("resource.changed"),
+                                                        "uri": _ASCII})))
+    if isinstance(params, dict) and draw(st.booleans()):
+        params["_meta"] = _ENVELOPE  # a well-formed 2026-07-28 envelope: the request reaches the handlers
+    message: Any = {"jsonrpc": draw(st.sampled_from(("2.0", "1.0", None))),
+                    "id": draw(st.one_of(st.integers(), _ASCII, st.none(), st.floats(allow_nan=False))),
+                    "method": draw(st.sampled_from(_METHODS) | _ASCII), "params": params}
+    encoded = json.dumps(message).encode()
+    body = draw(st.sampled_from((encoded, encoded, encoded, json.dumps([message, message]).encode(), b""))
+                | st.binary(max_size=200))
+    return {
+        "verb": draw(st.sampled_from(("POST", "POST", "POST", "GET", "DELETE", "PUT", "OPTIONS"))),
+        "auth": draw(st.sampled_from(("alice", "alice", "alice", "alice", "none", "junk", "basic"))),
+        "session": draw(st.sampled_from(("none", "mallory", "junk"))),
+        "version": draw(st.sampled_from((None, "2025-11-25", "2026-07-28", "2026-07-28", "1999-01-01"))),
+        "accept": draw(st.sampled_from(("application/json, text/event-stream", "text/html", None))),
+        "cursor": cursor,
+        "body": body,
+        "method_header": draw(st.sampled_from((str(message["method"]),) * 3 + (None, "junk"))),
+    }
+
+
+def test_fuzz_the_request_path_never_500s_nor_leaks_another_subject(serve: ServeProcess) -> None:
+    """Hypothesis over the gate and JSON-RPC handling, over real HTTP: no 5xx, no traceback in the log,
+    mallory's session id with alice's token is always 404 and mallory's cursor is never accepted for
+    alice; afterwards a new session still opens. Long-lived streams (GET on an own session,
+    subscriptions/listen, events/stream) are left out: they never end by design."""
+    with httpx2.Client(timeout=10) as client:
+        mallory_session = asyncio.run(_session_of(serve.url, MALLORY))
+        polled = client.post(serve.url, headers={**_MODERN, **_auth(MALLORY)}, json=_poll(None))
+        mallory_cursor = polled.json()["result"]["cursor"]
+
+        @settings(max_examples=int(os.environ.get("MCPSYNC_FUZZ_EXAMPLES", "150")), deadline=None,
+                  suppress_health_check=list(HealthCheck), database=None)
+        @given(case=_requests())
+        def one(case: dict[str, Any]) -> None:
+            headers = {"Content-Type": "application/json"}
+            headers.update({"alice": {"Authorization": f"Bearer {TOKENS[ALICE]}"}, "none": {},
+                            "junk": {"Authorization": "Bearer junk-junk-junk-junk"},
+                            "basic": {"Authorization": "Basic YWxpY2U6cHc="}}[case["auth"]])
+            if case["session"] != "none":
+                headers["mcp-session-id"] = mallory_session if case["session"] == "mallory" else "junk"
+            if case["version"]:
+                headers["mcp-protocol-version"] = case["version"]
+            if case["accept"]:
+                headers["Accept"] = case["accept"]
+            if case["method_header"] and case["method_header"].strip() == case["method_header"]:
+                headers["mcp-method"] = case["method_header"]  # (h11 refuses to send padded values)
+            body = case["body"]
+            if case["cursor"] == "mallory":
+                body = body.replace(b'"cursor": null', f'"cursor": "{mallory_cursor}"'.encode())
+            answer = client.request(case["verb"], serve.url, headers=headers, content=body)
+            statuses[answer.status_code] += 1
+            reached[0] += b'"result"' in answer.content or b'"code":-326' in answer.content
+            assert answer.status_code < 500, (case, answer.status_code, answer.content[:300])
+            legacy = case["version"] in (None, "2025-11-25")  # another goes the stateless 2026-07-28 way
+            if case["auth"] == "alice" and case["session"] == "mallory" and legacy:
+                assert answer.status_code == 404, (case, answer.status_code, answer.content[:300])
+            takes_cursor = b'"method": "events/poll"' in body or b'"method": "resources/list"' in body
+            if case["auth"] == "alice" and mallory_cursor.encode() in body and takes_cursor:
+                assert b'"result"' not in answer.content, answer.content[:300]  # refused, like a forgery
+
+        statuses: Counter[int] = Counter()
+        reached = [0]  # answers from a JSON-RPC handler (a result, or an invalid-params/method error)
+        one()
+        assert reached[0] >= 5, (statuses, reached)
+        assert "cursor" in client.post(serve.url, headers={**_MODERN, **_auth(ALICE)},
+                                       json=_poll(None)).json()["result"]
+    log = serve.log.read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+_ENVELOPE = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+             "io.modelcontextprotocol/clientInfo": {"name": "fuzz", "version": "0"},
+             "io.modelcontextprotocol/clientCapabilities": {}}
+_MODERN = {**JSON_HEADERS, "mcp-protocol-version": "2026-07-28", "mcp-method": "events/poll"}
+
+
+def _poll(cursor: str | None) -> dict[str, Any]:
+    """A stateless 2026-07-28 events/poll (the envelope in ``_meta``)."""
+    return {"jsonrpc": "2.0", "id": 9, "method": "events/poll",
+            "params": {"name": "resource.changed", "cursor": cursor, "maxEvents": 5, "_meta": _ENVELOPE}}
+
+
+async def _session_of(url: str, subject: str) -> str:
+    async with httpx2.AsyncClient(timeout=30) as raw:
+        return await raw_session(raw, url, _auth(subject))

@@ -133,6 +133,8 @@ def test_tokens_from_environment() -> None:
     assert tokens_from_environment({}) == ()
     token = "t1-sixteen-chars-or-more"
     assert tokens_from_environment({"MCPSYNC_SERVE_TOKENS": f'{{"alice": "{token}"}}'}) == ((token, "alice"),)
-    for bad in ("nope", '["t"]', '{"alice": ""}', '{"alice": 3}'):
-        with pytest.raises(ValueError):
+    for bad in ("nope", '["t"]', '{"alice": ""}', '{"alice": 3}', '{"alice": "short"}',
+                f'{{"alice": "{token}", "bob": "{token}"}}', f'{{"alice": "{token}", "alice": "{token}-2"}}'):
+        with pytest.raises(ValueError) as refused:
             tokens_from_environment({"MCPSYNC_SERVE_TOKENS": bad})
+        assert token not in str(refused.value)
