@@ -138,3 +138,21 @@ def test_tokens_from_environment() -> None:
         with pytest.raises(ValueError) as refused:
             tokens_from_environment({"MCPSYNC_SERVE_TOKENS": bad})
         assert token not in str(refused.value)
+
+
+def test_token_matching_compares_every_token_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpsync.worker import serve_tokens
+
+    tokens = serve_tokens.parse_tokens('{"alice": "alice-token-0123456789", "bob": "bob-token-01234567890"}')
+    compared: list[bytes] = []
+    real = serve_tokens.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(serve_tokens.hmac, "compare_digest", counting)
+    assert serve_tokens.subject_for_authorization(tokens, "Bearer alice-token-0123456789") == "alice"
+    assert serve_tokens.subject_for_authorization(tokens, "Bearer nobody-token-0123456789") is None
+    assert serve_tokens.subject_for_authorization(tokens, "Basic alice-token-0123456789") is None
+    assert len(compared) == 4  # every configured token for each bearer, even after a match
