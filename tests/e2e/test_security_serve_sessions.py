@@ -253,6 +253,19 @@ def test_duplicate_and_short_tokens_are_refused_at_start(tmp_path: Path, databas
         assert shared not in r.stderr and "token-0123456789" not in r.stderr
 
 
+def test_bad_connection_flag_values_are_one_error_line(tmp_path: Path, database_url: str) -> None:
+    """The new flags at the CLI boundary: nan, 0, a negative or a non-printable value: exit 2, one line."""
+    conf = serve_conf(tmp_path, database_url)
+    env = {**cli_process.without_database_url(), "MCPSYNC_SERVE_TOKENS": json.dumps(TOKENS)}
+    for args, expect in ((("--header-timeout", "nan"), "--header-timeout"),
+                         (("--header-timeout", "-1"), "--header-timeout"),
+                         (("--max-connections", "0"), "--max-connections"),
+                         (("--allowed-origin", "http://a\x1b.example"), "--allowed-origin")):
+        r = cli_process.run(["--config", str(conf), "serve", *args], env=env, timeout=30)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("mcpsync: error:"), r.stderr
+
+
 async def test_unauthenticated_requests_get_401_before_any_mcp_handling(serve: ServeProcess) -> None:
     """Boundary "MCP face, unauthenticated": no token, a wrong one, Basic, a 15 KB header: 401; a 200 KB
     header: 400 (h11 holds at most 16 KiB of an unfinished head); a foreign Host without a token: 421,
