@@ -7,9 +7,9 @@ Contract (docs/serve.md):
   in-memory bus per subject) and ``ttlMs`` / ``cacheScope`` on list and read results (ttl 0,
   private: every body is one subject's).
 - Subject: HTTP ``Authorization: Bearer <token>`` through the configured tokens (the HTTP layer,
-  ``serve_run``, answers 401 to unknown or missing tokens before any MCP handling); stdio: the
-  configured subject.
-- ``resources/list``: one ledger snapshot per listing, paged with signed cursors that name the
+  ``serve_gate``, answers 401 to unknown or missing tokens before any MCP handling and binds each
+  session to its subject); stdio: the configured subject.
+- ``resources/list``: one ledger snapshot per listing, paged with sealed cursors that name the
   snapshot (kept in memory, ``MAX_SNAPSHOTS`` newest); a cursor of an evicted snapshot, another
   subject's or a forged one is -32602 and the client lists again from the start.
 - ``resources/read``: the body from the content store through ``released_content`` (own subject,
