@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import h11
@@ -29,6 +30,18 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\
          b"content-length: 38\r\n\r\n{\"error\":\"too many open connections\"}\n")
 
 
+_REFUSALS = {"count": 0, "logged_at": float("-inf")}
+_LOG_EVERY = 10.0  # seconds between warnings about refused connections: a flood is one line per period
+
+
+def _refused() -> None:
+    _REFUSALS["count"] += 1
+    now = time.monotonic()
+    if now - _REFUSALS["logged_at"] >= _LOG_EVERY:
+        logger.warning("%d connection(s) refused at the --max-connections cap", _REFUSALS["count"])
+        _REFUSALS["count"], _REFUSALS["logged_at"] = 0, now
+
+
 def bounded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the bounds of the module contract."""
 
@@ -39,8 +52,8 @@ def bounded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             if len(self.connections) >= max_connections:
                 transport.write(_BUSY)
                 transport.close()
-                logger.warning("connection refused: %d connections open (--max-connections)", max_connections)
                 self.transport = transport
+                _refused()
                 return
             super().connection_made(transport)
             self._arm()

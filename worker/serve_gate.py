@@ -84,10 +84,10 @@ async def reply(send: Send, status: int, error: str, extra: list[tuple[bytes, by
 class Gate:
     """The checks of the module contract, then ``app``."""
 
-    def __init__(self, app: ASGIApp, *, rules: Callable[[], HostRules], subject_for: Callable[[str | None],
-                 str | None], max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, rules: HostRules, subject_for: Callable[[str | None], str | None],
+                 max_request_bytes: int) -> None:
         self.app = app
-        self.rules = rules  # a callable: the bound port (part of the defaults) is known only after bind
+        self.rules = rules
         self.subject_for = subject_for
         self.limit = max_request_bytes
 
@@ -98,11 +98,10 @@ class Gate:
         headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name, value)  # the first of repeated headers, as Starlette reads them
-        rules = self.rules()
-        if not rules.host_allowed(headers.get(b"host")):
+        if not self.rules.host_allowed(headers.get(b"host")):
             await reply(send, 421, "misdirected request: this Host is not served here")
             return
-        if not rules.origin_allowed(headers.get(b"origin")):
+        if not self.rules.origin_allowed(headers.get(b"origin")):
             await reply(send, 403, "forbidden: this Origin is not allowed")
             return
         auth = headers.get(b"authorization")
@@ -111,11 +110,9 @@ class Gate:
             await reply(send, 401, "unauthorized: unknown or missing bearer token",
                         [(b"www-authenticate", b'Bearer realm="mcpsync-serve"')])
             return
-        length = headers.get(b"content-length")
-        if length is not None and (not length.strip().isdigit() or int(length) > self.limit):
-            await reply(send, 413 if length.strip().isdigit() else 400,
-                        f"request body over {self.limit} bytes" if length.strip().isdigit()
-                        else "bad Content-Length")
+        length = headers.get(b"content-length")  # h11 has refused a malformed one already
+        if length is not None and length.strip().isdigit() and int(length) > self.limit:
+            await reply(send, 413, f"request body over {self.limit} bytes")
             return
         if length is not None or b"transfer-encoding" in headers:
             body = await self._body(receive)

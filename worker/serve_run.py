@@ -123,7 +123,7 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, signer: Curs
         mcp_app = server.streamable_http_app(
             streamable_http_path="/mcp", host=config.host, max_request_body_size=config.max_request_bytes,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-        app: Any = Gate(mcp_app, rules=lambda: rules,
+        app: Any = Gate(mcp_app, rules=rules,
                         subject_for=lambda auth: subject_for_authorization(config.tokens, auth),
                         max_request_bytes=config.max_request_bytes)
         redact_session_ids()
