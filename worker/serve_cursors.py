@@ -132,7 +132,10 @@ def _state_key(state: Path) -> bytes:
                 os.link(tmp, path)
         finally:
             tmp.unlink()
-    key = bytes.fromhex(path.read_text().strip())
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        key = b""
     if len(key) < 32:
         raise ValueError(f"{path} does not hold a 32-byte hex key: remove it to make a new one")
     return key

@@ -57,6 +57,9 @@ def test_cursor_keys_rotate_through_previous_and_unknown_keys_are_stale(tmp_path
     first = CursorSigner.for_serve(tmp_path / "state", {})  # no secret: the state dir's key file
     assert CursorSigner.for_serve(tmp_path / "state", {}).verify("E", first.sign("E", "1", "a"), "a") == "1"
     assert oct((tmp_path / "state" / KEY_FILE).stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "state" / KEY_FILE).write_text("not hex\n")
+    with pytest.raises(ValueError, match="remove it to make a new one"):
+        CursorSigner.for_serve(tmp_path / "state", {})
 
 
 def test_fresh_rule() -> None:
