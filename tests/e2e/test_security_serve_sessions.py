@@ -253,6 +253,15 @@ def test_duplicate_and_short_tokens_are_refused_at_start(tmp_path: Path, databas
         assert shared not in r.stderr and "token-0123456789" not in r.stderr
 
 
+def test_up_refuses_bad_serve_tokens_before_starting_anything(tmp_path: Path) -> None:
+    """``mcpsync up`` serves too: a short token is its one error line, exit 2, nothing created."""
+    env = {**cli_process.without_database_url(), "MCPSYNC_STATE_DIR": str(tmp_path / "state"),
+           "MCPSYNC_SERVE_TOKENS": json.dumps({"alice": "short"})}
+    r = cli_process.run(["up"], env=env, timeout=30)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "shorter than 16" in r.stderr, r.stderr
+    assert not (tmp_path / "state").exists()
+
+
 def test_bad_connection_flag_values_are_one_error_line(tmp_path: Path, database_url: str) -> None:
     """The new flags at the CLI boundary: nan, 0, a negative or a non-printable value: exit 2, one line."""
     conf = serve_conf(tmp_path, database_url)
