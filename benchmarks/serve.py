@@ -48,7 +48,7 @@ from mcpsync.worker.stack_postgres import EmbeddedPostgres
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 SUBJECT = "bench"
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789"
 URI = "demo://bench/serve.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -53,6 +53,7 @@ LONGEST_FILES = (
     "tests/e2e/test_security_local_user.py",
     "tests/unit/test_fuzz_upstream_replies.py",
     "tests/e2e/test_security_upstream_replies.py",
+    "tests/e2e/test_security_serve_sessions.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
                                                  "object {subject: token}; stdio: --stdio SUBJECT. "
                                                  "docs/serve.md.",
         epilog="examples:\n"
-               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"s3cret\"}' mcpsync serve --port 8765\n"
+               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"16-or-more-chars\"}' mcpsync serve --port 8765\n"
                "  mcpsync serve --stdio alice                  # for a host that starts servers over stdio\n")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=port, default=0, help="HTTP port (0: a free one, printed)")
@@ -40,13 +40,26 @@ def register(sub: Any) -> None:
     c.add_argument("--client-buffer", type=count, default=256,
                    help="distinct URIs pending per 2025-11-25 client before a slow client is cut off "
                         "(notifications per URI are merged); events buffered per 2026-07-28 listen stream")
+    c.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="a Host header value to serve (repeatable; without a port: any port). Default: the "
+                        "bind address and its port, plus localhost names for a loopback bind; others get 421")
+    c.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="an Origin header value to serve, e.g. https://app.example (repeatable). Default: "
+                        "http:// + each default host; a request without Origin passes; others get 403")
+    c.add_argument("--header-timeout", type=seconds, default=10.0, metavar="SECONDS",
+                   help="seconds a client has to send a request's headers before its connection is closed "
+                        "(default 10)")
+    c.add_argument("--max-connections", type=count, default=1024,
+                   help="open HTTP connections at most; one more is answered 503 and closed (default 1024)")
     c.set_defaults(func=cmd_serve)
 
 
 async def cmd_serve(args: argparse.Namespace) -> None:
     from mcpsync.worker.runtime import open_ledger
     from mcpsync.worker.serve import ServeConfig
+    from mcpsync.worker.serve_cursors import CursorSigner
     from mcpsync.worker.serve_run import run_serve, tokens_from_environment
+    from mcpsync.worker.stack import state_dir
 
     if args.stdio is None:
         check_listen(args.host, args.port, "--host, --port")
@@ -58,13 +71,24 @@ async def cmd_serve(args: argparse.Namespace) -> None:
     if args.stdio is None and not tokens:
         raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use "
                        "--stdio SUBJECT)")
+    if not args.header_timeout <= 3600:
+        raise CliError("--header-timeout must be at most 3600 seconds")
+    for value in (*args.allowed_host, *args.allowed_origin):
+        if not value.strip() or not value.isprintable() or " " in value:
+            raise CliError(f"--allowed-host / --allowed-origin: {value!r} is not a host or an origin")
+    try:
+        signer = CursorSigner.for_serve(state_dir())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"serve's cursor key: {exc}") from None
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,
                                tokens=tokens, stdio_subject=args.stdio, page_size=args.page_size,
                                max_age_seconds=args.max_age, consumer=args.consumer,
-                               client_buffer=args.client_buffer)
+                               client_buffer=args.client_buffer, allowed_hosts=tuple(args.allowed_host),
+                               allowed_origins=tuple(args.allowed_origin), header_timeout=args.header_timeout,
+                               max_connections=args.max_connections)
     url = database_url(config)
     ledger = await open_ledger(url, max_size=8)
     try:
-        await run_serve(serve_config, ledger.pool, url)
+        await run_serve(serve_config, ledger.pool, signer)
     finally:
         await ledger.pool.close()

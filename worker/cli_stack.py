@@ -38,8 +38,13 @@ __all__ = ['cmd_up', 'cmd_down', 'cmd_worker', 'cmd_migrate', 'register']
 
 
 async def cmd_up(args: argparse.Namespace) -> None:
+    from mcpsync.worker.serve_tokens import tokens_from_environment
     from mcpsync.worker.up import run_up
 
+    try:
+        tokens_from_environment()  # serve's tokens: refused before anything starts
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     if args.no_serve:
         args.serve_port = None
     elif args.serve_port:

@@ -7,9 +7,9 @@ Contract (docs/serve.md):
   in-memory bus per subject) and ``ttlMs`` / ``cacheScope`` on list and read results (ttl 0,
   private: every body is one subject's).
 - Subject: HTTP ``Authorization: Bearer <token>`` through the configured tokens (the HTTP layer,
-  ``serve_run``, answers 401 to unknown or missing tokens before any MCP handling); stdio: the
-  configured subject.
-- ``resources/list``: one ledger snapshot per listing, paged with signed cursors that name the
+  ``serve_gate``, answers 401 to unknown or missing tokens before any MCP handling and binds each
+  session to its subject); stdio: the configured subject.
+- ``resources/list``: one ledger snapshot per listing, paged with sealed cursors that name the
   snapshot (kept in memory, ``MAX_SNAPSHOTS`` newest); a cursor of an evicted snapshot, another
   subject's or a forged one is -32602 and the client lists again from the start.
 - ``resources/read``: the body from the content store through ``released_content`` (own subject,
@@ -65,6 +65,7 @@ from mcpsync.worker.serve_ledger import (
     served_uris,
 )
 from mcpsync.worker.serve_pending import Added, PendingNotifications
+from mcpsync.worker.serve_tokens import subject_for_authorization
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -92,10 +93,10 @@ class ServeConfig:
     client_buffer: int = 256  # distinct URIs pending per legacy client before it is cut off
     max_request_bytes: int = 1_000_000
     name: str = "mcpsync-serve"
-
-    @property
-    def token_map(self) -> dict[str, str]:
-        return dict(self.tokens)
+    allowed_hosts: tuple[str, ...] = ()  # empty: serve_gate.default_hosts of the bind
+    allowed_origins: tuple[str, ...] = ()  # empty: serve_gate.default_origins of the bind
+    header_timeout: float = 10.0  # seconds to send a request's head (serve_connections)
+    max_connections: int = 1024  # open HTTP connections (serve_connections)
 
 
 @dataclass(eq=False, slots=True)
@@ -145,12 +146,7 @@ class ServeHub:
 
     # -- subjects ----------------------------------------------------------------------
     def subject_for_authorization(self, authorization: str | None) -> str | None:
-        if authorization is None:
-            return None
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        return self.config.token_map.get(token.strip())
+        return subject_for_authorization(self.config.tokens, authorization)
 
     def subject_of(self, ctx: ServerRequestContext[Any, Any]) -> str:
         request = ctx.request

@@ -8,7 +8,7 @@ Contract (docs/serve.md, "Events extension"):
   is the push delivery (``stream_events``): the same events as ``notifications/events/event`` on the request's
   stream, a heartbeat with the cursor during quiet periods. ``events/poll {name, cursor, maxEvents,
   maxAgeMs}`` answers ``{events, cursor, truncated, hasMore, nextPollMs}``. ``cursor: null``
-  starts from now (no events, a fresh cursor). A cursor is the outbox position, signed for the
+  starts from now (no events, a fresh cursor). A cursor is the outbox position, sealed for the
   subject: a forged one, or another subject's, is -32602. Events come from the outbox table, not
   from memory, so a client resuming with its last cursor gets every event after it, across serve
   restarts. A cursor below what retention pruned answers ``truncated: true`` with the events from

@@ -2,15 +2,17 @@
 
 Contract:
 - Tokens come from the environment: ``MCPSYNC_SERVE_TOKENS`` is a JSON object ``{subject: token}``
-  (``tokens_from_environment``). Tokens are never logged or printed.
-- HTTP: the streamable-HTTP app at ``/mcp`` behind ``_Gate``: unknown or missing bearer token → 401
-  (nothing listed), a request body over ``max_request_bytes`` → 413; once listening, one line on
+  (``serve_tokens``). Tokens are never logged or printed.
+- HTTP: the streamable-HTTP app at ``/mcp`` behind ``serve_gate.Gate`` (Host 421, Origin 403, token
+  401, body 413, the session bound to its subject), on uvicorn's h11 protocol bounded by
+  ``serve_connections`` (head timeout, connection cap); allowed Host and Origin values default to
+  ``default_hosts`` / ``default_origins`` of the bind address and the bound port. Session ids never
+  reach a log above DEBUG (``redact_session_ids``). Once listening, one line on
   stdout: ``mcpsync serve: listening on http://HOST:PORT/mcp``. stdio: the MCP session on
   stdin/stdout for ``stdio_subject`` (nothing else on stdout).
 - The follower is the durable outbox consumer ``config.consumer`` (registered on first use at the
   outbox's end, no subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so
-  a
-  serve process killed between the two announces the batch again on restart (duplicates, never
+  a serve process killed between the two announces the batch again on restart (duplicates, never
   a loss). A gap (retention pruned unacknowledged events) is a resync: every connected client is
   told to list and read again.
 """
@@ -18,9 +20,8 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -28,83 +29,43 @@ from contextlib import suppress
 from typing import Any
 
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import AppStatus
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpsync.activities.outbox import OutboxConsumer, consumer_infos
 from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_server
+from mcpsync.worker.serve_connections import MAX_HEAD_BYTES, bounded_protocol
 from mcpsync.worker.serve_cursors import CursorSigner
+from mcpsync.worker.serve_gate import Gate, HostRules, default_hosts, default_origins
+from mcpsync.worker.serve_tokens import subject_for_authorization, tokens_from_environment
+from mcpsync.worker.stack import state_dir
 
-__all__ = ["follow_outbox", "run_serve", "tokens_from_environment"]
+__all__ = ["follow_outbox", "redact_session_ids", "run_serve", "tokens_from_environment"]
 
 logger = logging.getLogger("mcpsync.serve")
 
 
-def tokens_from_environment(env: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
-    """``MCPSYNC_SERVE_TOKENS`` ({subject: token}) as (token, subject) pairs; ValueError if malformed."""
-    raw = (env if env is not None else dict(os.environ)).get("MCPSYNC_SERVE_TOKENS", "")
-    if not raw.strip():
-        return ()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        raise ValueError("MCPSYNC_SERVE_TOKENS must be a JSON object {subject: token}") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k,
-                                             v in data.items()):
-        raise ValueError("MCPSYNC_SERVE_TOKENS must be a JSON object {subject: token} of non-empty strings")
-    return tuple((token, subject) for subject, token in data.items())
+class _SessionIdFilter(logging.Filter):
+    """Above DEBUG, the SDK's session-id-bearing log lines lose the id (a session id is a credential
+    for its session's streams)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            record.msg, record.args = _SESSION_ID.sub("<session id>", record.getMessage()), None
+        return True
 
 
-async def _reply(send: Send, status: int, body: bytes, extra: list[tuple[bytes,
-                                                                         bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *(extra or [])]})
-    await send({"type": "http.response.body", "body": body})
+_SESSION_ID = re.compile(r"[0-9a-fA-F]{32}")
+_SDK_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
 
 
-class _Gate:
-    """401 for an unknown or missing bearer token; 413 for an oversized body."""
-
-    def __init__(self, app: ASGIApp, hub: ServeHub) -> None:
-        self.app = app
-        self.hub = hub
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        auth = headers.get(b"authorization")
-        if self.hub.subject_for_authorization(auth.decode("latin-1") if auth else None) is None:
-            await _reply(send, 401, b'{"error":"unauthorized: unknown or missing bearer token"}',
-                         [(b"www-authenticate", b'Bearer realm="mcpsync-serve"')])
-            return
-        limit = self.hub.config.max_request_bytes
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            await _reply(send, 413, json.dumps({"error": f"request body over {limit} bytes"}).encode())
-            return
-        seen = 0
-
-        async def bounded() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, bounded, send)
-        except _TooLarge:
-            await _reply(send, 413, json.dumps({"error": f"request body over {limit} bytes"}).encode())
-
-
-class _TooLarge(Exception):
-    pass
+def redact_session_ids() -> None:
+    """Install ``_SessionIdFilter`` on the SDK loggers that name sessions (idempotent)."""
+    for name in _SDK_SESSION_LOGGERS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _SessionIdFilter) for f in target.filters):
+            target.addFilter(_SessionIdFilter())
 
 
 async def follow_outbox(hub: ServeHub) -> None:
@@ -134,13 +95,13 @@ async def follow_outbox(hub: ServeHub) -> None:
             await asyncio.sleep(1.0)
 
 
-async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url: str,
+async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, signer: CursorSigner | None = None,
                     on_listening: Callable[[str], None] | None = None) -> None:
     """Serve until cancelled (HTTP) or until stdin closes (stdio). ``on_listening`` gets the HTTP URL
     instead of the line on stdout (``mcpsync up`` prints it among its own)."""
     import uvicorn
 
-    hub = ServeHub(config, pool, CursorSigner.from_environment(database_url))
+    hub = ServeHub(config, pool, signer if signer is not None else CursorSigner.for_serve(state_dir()))
     server: ServeServer = build_server(hub)
     follower = asyncio.create_task(follow_outbox(hub), name="serve-outbox")
     try:
@@ -155,17 +116,28 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
         sock.bind((config.host, config.port))
         sock.listen(1024)
         sock.setblocking(False)
-        app: Any = _Gate(server.streamable_http_app(streamable_http_path="/mcp", host=config.host,
-                                                    max_request_body_size=config.max_request_bytes), hub)
-        uv = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_config=None, access_log=False,
-                                           timeout_graceful_shutdown=1))
+        port = sock.getsockname()[1]
+        rules = HostRules.of(config.allowed_hosts or default_hosts(config.host, port),
+                             config.allowed_origins or default_origins(config.host, port))
+        # The gate checks Host and Origin on every bind (the SDK's own check, off here, only on localhost).
+        mcp_app = server.streamable_http_app(
+            streamable_http_path="/mcp", host=config.host, max_request_body_size=config.max_request_bytes,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        app: Any = Gate(mcp_app, rules=rules,
+                        subject_for=lambda auth: subject_for_authorization(config.tokens, auth),
+                        max_request_bytes=config.max_request_bytes)
+        redact_session_ids()
+        uv = uvicorn.Server(uvicorn.Config(
+            app, lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=1,
+            http=bounded_protocol(config.header_timeout, config.max_connections),
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES))
         task = asyncio.create_task(uv.serve(sockets=[sock]))
         while not uv.started:
             if task.done():
                 task.result()
                 raise RuntimeError("serve exited before it started")
             await asyncio.sleep(0.01)
-        url = f"http://{config.host}:{sock.getsockname()[1]}/mcp"
+        url = f"http://{config.host}:{port}/mcp"
         if on_listening is not None:
             on_listening(url)
         else:

@@ -170,7 +170,7 @@ async def run_up(args: argparse.Namespace) -> None:
         await start_catalogs(client, config)
         serve_port = getattr(args, "serve_port", -1)
         if serve_port is not None and serve_port >= 0:
-            serve_url, token = await _start_serve(stack, ledger, db_url, serve_port)
+            serve_url, token = await _start_serve(stack, ledger, serve_port)
             if token is None:
                 print(f"  mcpsync serve        {serve_url} (subject {DEMO_SUBJECT}; bearer token from "
                       "MCPSYNC_SERVE_TOKENS)", flush=True)
@@ -229,8 +229,7 @@ async def _await_demo_session(ingress: Ingress, services: asyncio.Task[None]) ->
     return True
 
 
-async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str,
-                       port: int) -> tuple[str, str | None]:
+async def _start_serve(stack: AsyncExitStack, ledger: Ledger, port: int) -> tuple[str, str | None]:
     """``mcpsync serve`` for the demo subject, in this process: (URL, the demo bearer token to
     print). The token is MCPSYNC_SERVE_TOKENS' for the demo subject when set, and then None is
     returned in its place (an operator's credential is never printed); else a new random one per
@@ -251,7 +250,7 @@ async def _start_serve(stack: AsyncExitStack, ledger: Ledger, db_url: str,
                                                                      s in tokens if t != token)),
                          consumer="serve-up")
     listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(run_serve(config, ledger.pool, db_url, on_listening=listening.set_result))
+    task = asyncio.create_task(run_serve(config, ledger.pool, on_listening=listening.set_result))
     stack.push_async_callback(_cancel, task)
     waiters: set[asyncio.Future[Any]] = {task, listening}
     done, _ = await asyncio.wait(waiters, timeout=30, return_when=asyncio.FIRST_COMPLETED)

@@ -167,7 +167,7 @@ def serve_stack_factory(
         serve_args: tuple[str, ...] = (),
     ) -> AsyncIterator[Served]:
         subjects = list(dict.fromkeys([*(s.subject for s in seeds), *idle_subjects]))
-        tokens = {subject: unique("tok") for subject in (*subjects, *token_only)}
+        tokens = {subject: unique("serve-token") for subject in (*subjects, *token_only)}
         server = ServerConfig(
             name=unique("fx"), transport="http", url=fx.mcp_url, subjects=subjects, **(server_options or {})
         )

@@ -4,6 +4,7 @@ slow-client cut-off, tokens from the environment (docs/serve.md)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from mcp.shared.exceptions import MCPError
 from mcpsync.activities.outbox import OutboxEventType, OutboxEventV1
 from mcpsync.worker import serve as serve_module
 from mcpsync.worker.serve import ServeConfig, ServeHub, _Session
-from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
+from mcpsync.worker.serve_cursors import KEY_FILE, BadCursor, CursorSigner
 from mcpsync.worker.serve_ledger import ServedResource
 from mcpsync.worker.serve_pending import PendingNotifications
 from mcpsync.worker.serve_run import tokens_from_environment
@@ -32,7 +33,9 @@ def test_cursors_verify_only_for_their_subject_and_kind() -> None:
     signer = CursorSigner(b"k" * 32)
     cursor = signer.sign("E", "42", "alice")
     assert signer.verify("E", cursor, "alice") == "42"
-    for bad in (cursor.replace("42", "43"), cursor[:-2] + "AA", "E.42", "x" * 300, cursor + ".x"):
+    edited = cursor[:20] + ("B" if cursor[20] != "B" else "C") + cursor[21:]
+    for bad in (edited, cursor[:-2] + ("AA" if not cursor.endswith("AA") else "BB"), "E.42", "x" * 300,
+                cursor + ".x", cursor.replace(".", ".=")):
         with pytest.raises(BadCursor):
             signer.verify("E", bad, "alice")
     with pytest.raises(BadCursor):
@@ -40,6 +43,23 @@ def test_cursors_verify_only_for_their_subject_and_kind() -> None:
     with pytest.raises(BadCursor):
         signer.verify("L", cursor, "alice")
     assert CursorSigner(b"other" * 8).sign("E", "42", "alice") != cursor
+
+
+def test_cursor_keys_rotate_through_previous_and_unknown_keys_are_stale(tmp_path: Path) -> None:
+    old, new = b"old-secret-0123456789", b"new-secret-0123456789"
+    issued = CursorSigner(old).sign("L", "7-3~50", "alice")
+    rotated = CursorSigner.for_serve(tmp_path, {"MCPSYNC_SERVE_SECRET": new.decode(),
+                                                "MCPSYNC_SERVE_SECRET_PREVIOUS": old.decode()})
+    assert rotated.verify("L", issued, "alice") == "7-3~50"  # the previous key still opens it
+    assert rotated.sign("L", "7-3~50", "alice").split(".")[0] != issued.split(".")[0]  # issued under new
+    with pytest.raises(BadCursor, match="stale"):
+        CursorSigner(new).verify("L", issued, "alice")  # previous key unset: a clean stale cursor
+    first = CursorSigner.for_serve(tmp_path / "state", {})  # no secret: the state dir's key file
+    assert CursorSigner.for_serve(tmp_path / "state", {}).verify("E", first.sign("E", "1", "a"), "a") == "1"
+    assert oct((tmp_path / "state" / KEY_FILE).stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "state" / KEY_FILE).write_text("not hex\n")
+    with pytest.raises(ValueError, match="remove it to make a new one"):
+        CursorSigner.for_serve(tmp_path / "state", {})
 
 
 def test_fresh_rule() -> None:
@@ -114,7 +134,28 @@ async def test_a_slow_legacy_client_is_cut_off_with_a_reason() -> None:
 
 def test_tokens_from_environment() -> None:
     assert tokens_from_environment({}) == ()
-    assert tokens_from_environment({"MCPSYNC_SERVE_TOKENS": '{"alice": "t1"}'}) == (("t1", "alice"),)
-    for bad in ("nope", '["t"]', '{"alice": ""}', '{"alice": 3}'):
-        with pytest.raises(ValueError):
+    token = "t1-sixteen-chars-or-more"
+    assert tokens_from_environment({"MCPSYNC_SERVE_TOKENS": f'{{"alice": "{token}"}}'}) == ((token, "alice"),)
+    for bad in ("nope", '["t"]', '{"alice": ""}', '{"alice": 3}', '{"alice": "short"}',
+                f'{{"alice": "{token}", "bob": "{token}"}}', f'{{"alice": "{token}", "alice": "{token}-2"}}'):
+        with pytest.raises(ValueError) as refused:
             tokens_from_environment({"MCPSYNC_SERVE_TOKENS": bad})
+        assert token not in str(refused.value)
+
+
+def test_token_matching_compares_every_token_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpsync.worker import serve_tokens
+
+    tokens = serve_tokens.parse_tokens('{"alice": "alice-token-0123456789", "bob": "bob-token-01234567890"}')
+    compared: list[bytes] = []
+    real = serve_tokens.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(serve_tokens.hmac, "compare_digest", counting)
+    assert serve_tokens.subject_for_authorization(tokens, "Bearer alice-token-0123456789") == "alice"
+    assert serve_tokens.subject_for_authorization(tokens, "Bearer nobody-token-0123456789") is None
+    assert serve_tokens.subject_for_authorization(tokens, "Basic alice-token-0123456789") is None
+    assert len(compared) == 4  # every configured token for each bearer, even after a match
