@@ -44,13 +44,12 @@ def register(sub: Any) -> None:
                    help="a Host header value to serve (repeatable; without a port: any port). Default: the "
                         "bind address and its port, plus localhost names for a loopback bind; others get 421")
     c.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="an Origin header value to serve, e.g. https://app.example (repeatable). Default: "
-                        "http:// + each default host; a request without Origin passes; others get 403")
+                   help="an Origin header value to serve, e.g. https://app.example (repeatable). Without it: "
+                        "http:// + each allowed host; a request without Origin passes; others get 403")
     c.add_argument("--header-timeout", type=seconds, default=10.0, metavar="SECONDS",
-                   help="seconds a client has to send a request's headers before its connection is closed "
-                        "(default 10)")
+                   help="seconds a client has to send a request's headers before its connection is closed")
     c.add_argument("--max-connections", type=count, default=1024,
-                   help="open HTTP connections at most; one more is answered 503 and closed (default 1024)")
+                   help="open HTTP connections at most; one more is answered 503 and closed")
     c.set_defaults(func=cmd_serve)
 
 
