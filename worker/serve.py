@@ -437,7 +437,7 @@ def build_server(hub: ServeHub) -> ServeServer:
                 data={"uri": params.uri, FRESHNESS_META: meta},
             )
         try:
-            content = await released_content(hub.pool, receipt_id=served.receipt_id, subject=subject)
+            content = await released_content(hub.pool, receipt_id=served.body_receipt_id, subject=subject)
         except ContentRefused as exc:
             raise MCPError(code=DENIED, message=f"Forbidden: {exc}", data={"uri": params.uri}) from None
         except ContentNotFound as exc:
