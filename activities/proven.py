@@ -81,15 +81,17 @@ class Proven:
             now = now or datetime.now(UTC)
             if now > due:
                 age = bound_seconds + (now - due).total_seconds()
-                return False, (f"last verified {age:.1f} s ago, beyond the staleness bound of "
-                               f"{bound_seconds:g} s")
+                return False, (
+                    f"last verified {age:.1f} s ago, beyond the staleness bound of {bound_seconds:g} s"
+                )
         return True, ""
 
 
 def proven_from_row(row: dict[str, Any]) -> Proven:
     """A ``Proven`` from a row selected with ``PROVEN_COLUMNS`` and ``PROVEN_JOIN``."""
-    fence = FenceSnapshot(exists=True, notifications_seen=int(row["proven_notified"]),
-                          covered=int(row["proven_covered"]))
+    fence = FenceSnapshot(
+        exists=True, notifications_seen=int(row["proven_notified"]), covered=int(row["proven_covered"])
+    )
     newest = row["proven_newest_status"]
     return Proven(
         state=row["proven_state"],

@@ -39,6 +39,7 @@ TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
 # other worker idles; the rest keep their order.
 LONGEST_FILES = (
     "tests/e2e/test_serve.py",
+    "tests/e2e/test_serve_truth.py",
     "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_catalog_e2e.py",
     "tests/unit/test_simulation.py",

@@ -343,6 +343,11 @@ class ServeHub:
         return chunk, next_cursor
 
 
+def _annotations(r: ServedResource) -> types.Annotations:
+    """``lastModified``: when the served version was accepted (moves only with a new version)."""
+    return types.Annotations(last_modified=r.accepted_at.isoformat())
+
+
 def _not_found(uri: str, protocol_version: str) -> MCPError:
     code = INVALID_PARAMS if protocol_version in MODERN_PROTOCOL_VERSIONS else LEGACY_NOT_FOUND
     return MCPError(code=code, message=f"Resource not found: {uri}", data={"uri": uri})
@@ -406,6 +411,7 @@ def build_server(hub: ServeHub) -> ServeServer:
                 title=r.title,
                 mime_type=r.mime_type,
                 size=r.size,
+                annotations=_annotations(r),
                 _meta={FRESHNESS_META: freshness_meta(r, max_age)},
             )
             for r in chunk
@@ -478,6 +484,12 @@ def build_server(hub: ServeHub) -> ServeServer:
         hub.enqueue(session, "updated", params.uri)  # the subscribe rule: read the current version now
         return types.EmptyResult()
 
+    async def list_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        hub.subject_of(ctx)
+        return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed by URI
+
     async def unsubscribe(
         ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
@@ -489,6 +501,7 @@ def build_server(hub: ServeHub) -> ServeServer:
     server = ServeServer(
         hub,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
         on_subscribe_resource=subscribe,
         on_unsubscribe_resource=unsubscribe,

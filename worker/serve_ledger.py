@@ -22,7 +22,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row

@@ -80,9 +80,14 @@ async def test_duplicates_absorbed_at_the_ingress_leave_a_clean_resource_clean_i
     await _note(ledger, key)
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
-    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, read, rid, "sha256:v2"),
-                                               expected_state=SubscriptionState.ACTIVE, close_epoch=0,
-                                               absorbed=2))
+    result = await ledger.accept(
+        AcceptRequest(
+            outcome=_outcome(key, read, rid, "sha256:v2"),
+            expected_state=SubscriptionState.ACTIVE,
+            close_epoch=0,
+            absorbed=2,
+        )
+    )
     assert result.verdict == AcceptVerdict.ACCEPTED and (result.notified, result.covered) == (3, 3)
     assert not await _assert_level_rule(ledger, key)
 
@@ -114,8 +119,9 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
     outcome = _outcome(key, read, rid, "sha256:bad").model_copy(update={"guardrail_rejection": "secret"})
-    result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
-                                               close_epoch=0))
+    result = await ledger.accept(
+        AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE, close_epoch=0)
+    )
     assert result.verdict == AcceptVerdict.GUARDRAIL_REJECTED
     assert not await _assert_level_rule(ledger, key)  # the rejected read observed the resource
     said = await _said(ledger, key)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mcpsync.activities.proven import Proven
 from mcpsync.activities.outbox import OutboxEventType, OutboxEventV1
+from mcpsync.activities.proven import Proven
 from mcpsync.worker import serve as serve_module
 from mcpsync.worker.serve import ServeConfig, ServeHub, _Session
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
