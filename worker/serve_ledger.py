@@ -35,6 +35,7 @@ __all__ = [
     "freshness_meta",
     "list_served",
     "outbox_top",
+    "rejection_reason",
     "served_resource",
     "served_uris",
     "subject_events",
@@ -153,6 +154,18 @@ async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) 
             (subject, uris),
         )
         return {row[0] for row in await cur.fetchall()}
+
+
+async def rejection_reason(pool: AsyncConnectionPool, workflow_id: str) -> str | None:
+    """The reason of the subscription's newest guardrail rejection (its audit row; None: none)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT detail->>'reason' FROM audit WHERE kind = 'GUARDRAIL_REJECTED' AND workflow_id = %s"
+            " ORDER BY audit_id DESC LIMIT 1",
+            (workflow_id,),
+        )
+        row = await cur.fetchone()
+    return str(row[0]) if row and row[0] else None
 
 
 def _iso(at: datetime | None) -> str | None:

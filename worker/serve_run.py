@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcpsync.activities.outbox import OutboxConsumer, consumer_infos
 from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_server
 from mcpsync.worker.serve_cursors import CursorSigner
+from mcpsync.worker.serve_rejections import follow_rejections
 
 __all__ = ["follow_outbox", "run_serve", "tokens_from_environment"]
 
@@ -143,6 +144,7 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
     hub = ServeHub(config, pool, CursorSigner.from_environment(database_url))
     server: ServeServer = build_server(hub)
     follower = asyncio.create_task(follow_outbox(hub), name="serve-outbox")
+    rejections = asyncio.create_task(follow_rejections(hub), name="serve-rejections")
     try:
         if config.transport == "stdio":
             async with stdio_server() as (read_stream, write_stream):
@@ -180,5 +182,6 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, database_url
                 await asyncio.wait_for(task, 5)
     finally:
         follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        rejections.cancel()
+        await asyncio.gather(follower, rejections, return_exceptions=True)
         sys.stdout.flush()

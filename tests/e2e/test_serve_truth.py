@@ -1,8 +1,9 @@
 """What ``mcpsync serve`` says about a version, on the real stack (Temporal, PostgreSQL, the fixture
 upstream, serve over streamable HTTP): ``annotations.lastModified`` moves exactly when a version is
 accepted; the digest rule as docs/serve.md writes it, in Python and in JavaScript taken from the
-page, matches every served digest; ``resources/templates/list`` answers; ``events/stream`` confirms
-itself at once (docs/serve.md)."""
+page, matches every served digest; a guardrail-rejected version is announced and its read refused
+with the reason; ``resources/templates/list`` answers; ``events/stream`` confirms itself at once
+(docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
@@ -38,7 +40,7 @@ from tests.e2e.serve_helpers import (
     serve_conf,
     serve_stack_factory,
 )
-from tests.e2e.test_serve import _serve_consumers_dropped  # noqa: F401  (an autouse fixture)
+from tests.e2e.test_serve import _serve_consumers_dropped, _updated  # noqa: F401  (an autouse fixture)
 
 SERVE_DOC = REPO_ROOT / "docs" / "serve.md"
 
@@ -162,6 +164,38 @@ async def test_the_documented_digest_rule_matches_every_served_digest(
         )
         assert [python_digest(parts) for parts in served] == expected
         assert await js_digests(served) == expected
+
+
+async def test_a_guardrail_rejected_version_is_announced_and_the_read_says_why(
+    serve_stack: ServeStack, temporal_client: Client, ledger: Ledger, fx: FixtureProcess
+) -> None:
+    alice = unique("alice")
+    uri = f"demo://serve/{unique('guard')}.md"
+    async with serve_stack(Seed(alice, uri, "# small"), server_options={"release_max_bytes": 2000}) as st:
+        inbox: list[Any] = []
+        async with (
+            serve_client(st.serve.url, st.tokens[alice], "legacy", inbox) as legacy,
+            serve_client(st.serve.url, st.tokens[alice], "auto") as modern,
+        ):
+            with pytest.warns(Warning):
+                await legacy.subscribe_resource(uri)
+            await eventually(
+                lambda: _updated(inbox, uri) == 1, interval=0.02, what="the subscribe announcement"
+            )
+            async with modern.listen(resource_subscriptions=[uri]) as sub:
+                await asyncio.wait_for(sub.__anext__(), 10)  # the current version, on listen
+                await fx.edit(uri, text="x" * 5000, mime_type="text/markdown")
+                rejected = await asyncio.wait_for(sub.__anext__(), 10)
+                assert str(getattr(rejected, "uri", "")) == uri
+            await eventually(
+                lambda: _updated(inbox, uri) == 2, interval=0.02, what="updated on the rejection"
+            )
+            for client in (legacy, modern):
+                with pytest.raises(MCPError) as refused:
+                    await client.read_resource(uri)
+                assert refused.value.code == -32003
+                assert "over the 2000-byte release limit" in refused.value.message
+                assert "x" * 100 not in refused.value.message + str(refused.value.data)
 
 
 @asynccontextmanager
