@@ -39,7 +39,6 @@ TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
 # other worker idles; the rest keep their order.
 LONGEST_FILES = (
     "tests/e2e/test_serve.py",
-    "tests/e2e/test_serve_truth.py",
     "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_catalog_e2e.py",
     "tests/unit/test_simulation.py",
@@ -50,6 +49,7 @@ LONGEST_FILES = (
     "tests/e2e/test_e2e_checklist.py",
     "tests/e2e/test_e2e_fence.py",
     "tests/e2e/test_cli_newcomer.py",
+    "tests/e2e/test_serve_truth.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
