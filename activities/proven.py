@@ -9,7 +9,8 @@ Contract:
 - The accepted version is the newest receipt with status ACCEPTED carrying the row's current digest:
   ``accepted_receipt_id`` and ``accepted_at`` are its (an UNCHANGED re-read never moves them).
   ``verified_at`` is the newest ACCEPTED or UNCHANGED receipt with that digest (the newest read that
-  saw the same bytes). ``newest_status`` is the newest judged receipt's verdict (STALE receipts
+  saw the same bytes: the row's last receipt, which only ACCEPTED and UNCHANGED reads move, unless a
+  not-found read moved it). ``newest_status`` is the newest judged receipt's verdict (STALE receipts
   left out); GUARDRAIL_REJECTED there means the accepted version is not current.
 - ``fresh(bound)``: ACTIVE, not guardrail-rejected, not dirty, verified within ``bound`` seconds
   (None: no age limit). ``due_at(bound)``: when the next verification is due (None: no bound).
@@ -30,12 +31,13 @@ PROVEN_COLUMNS = """
        s.state AS proven_state, s.notifications_seen AS proven_notified, s.covered AS proven_covered,
        s.last_accepted_digest AS proven_digest,
        acc.receipt_id AS proven_accepted_receipt_id, acc.accepted_at AS proven_accepted_at,
-       (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
-          AND v.status IN ('ACCEPTED', 'UNCHANGED')
-          AND v.content_digest = s.last_accepted_digest) AS proven_verified_at,
+       COALESCE((SELECT v.accepted_at FROM resource_versions v WHERE v.receipt_id = s.last_receipt_id
+                   AND v.status IN ('ACCEPTED', 'UNCHANGED') AND v.content_digest = s.last_accepted_digest),
+                (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
+                   AND v.status IN ('ACCEPTED', 'UNCHANGED')
+                   AND v.content_digest = s.last_accepted_digest)) AS proven_verified_at,
        (SELECT v.status FROM resource_versions v WHERE v.workflow_id = s.workflow_id
-          AND v.status <> 'STALE'
-          ORDER BY v.read_ordinal DESC, v.receipt_id DESC LIMIT 1) AS proven_newest_status
+          AND v.status <> 'STALE' ORDER BY v.receipt_id DESC LIMIT 1) AS proven_newest_status
 """
 
 PROVEN_JOIN = """
