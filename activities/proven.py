@@ -7,7 +7,8 @@ Contract:
 - ``dirty`` is the level rule of ``workflows/coverage.py`` (``coverage.dirty`` on the row's
   ``notifications_seen`` and ``covered``), never restated here.
 - The accepted version is the newest receipt with status ACCEPTED carrying the row's current digest:
-  ``accepted_receipt_id`` and ``accepted_at`` are its (an UNCHANGED re-read never moves them).
+  ``accepted_receipt_id``, ``accepted_ordinal`` and ``accepted_at`` are its (an UNCHANGED re-read
+  never moves them).
   ``verified_at`` is the newest ACCEPTED or UNCHANGED receipt with that digest (the newest read that
   saw the same bytes: the row's last receipt, which only ACCEPTED and UNCHANGED reads move, unless a
   not-found read moved it). ``newest_status`` is the newest judged receipt's verdict (STALE receipts
@@ -30,7 +31,8 @@ __all__ = ["PROVEN_COLUMNS", "PROVEN_JOIN", "Proven", "proven_from_row"]
 PROVEN_COLUMNS = """
        s.state AS proven_state, s.notifications_seen AS proven_notified, s.covered AS proven_covered,
        s.last_accepted_digest AS proven_digest,
-       acc.receipt_id AS proven_accepted_receipt_id, acc.accepted_at AS proven_accepted_at,
+       acc.receipt_id AS proven_accepted_receipt_id, acc.read_ordinal AS proven_accepted_ordinal,
+       acc.accepted_at AS proven_accepted_at,
        COALESCE((SELECT v.accepted_at FROM resource_versions v WHERE v.receipt_id = s.last_receipt_id
                    AND v.status IN ('ACCEPTED', 'UNCHANGED') AND v.content_digest = s.last_accepted_digest),
                 (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
@@ -41,7 +43,7 @@ PROVEN_COLUMNS = """
 """
 
 PROVEN_JOIN = """
-LEFT JOIN LATERAL (SELECT v.receipt_id, v.accepted_at FROM resource_versions v
+LEFT JOIN LATERAL (SELECT v.receipt_id, v.read_ordinal, v.accepted_at FROM resource_versions v
                    WHERE v.workflow_id = s.workflow_id AND v.status = 'ACCEPTED'
                      AND v.content_digest = s.last_accepted_digest
                    ORDER BY v.receipt_id DESC LIMIT 1) acc ON true
@@ -54,6 +56,7 @@ class Proven:
     dirty: bool  # a recorded notification no observing read covers yet (coverage.dirty)
     digest: str | None
     accepted_receipt_id: int | None  # the accepted version's receipt (status ACCEPTED)
+    accepted_ordinal: int | None  # its read ordinal
     accepted_at: datetime | None
     verified_at: datetime | None  # the newest read that saw the accepted digest
     newest_status: AcceptVerdict | None
@@ -100,6 +103,7 @@ def proven_from_row(row: dict[str, Any]) -> Proven:
         dirty=dirty(fence),
         digest=row["proven_digest"],
         accepted_receipt_id=row["proven_accepted_receipt_id"],
+        accepted_ordinal=row["proven_accepted_ordinal"],
         accepted_at=row["proven_accepted_at"],
         verified_at=row["proven_verified_at"],
         newest_status=AcceptVerdict(newest) if newest is not None else None,

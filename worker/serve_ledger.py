@@ -9,14 +9,14 @@ Contract:
   first server by name wins (``ServedResource.server`` says which).
 - What is proven about a version comes from ``activities/proven.py`` (the level rule over the fence
   row, the accepted receipt, the newest verifying read), never from a rule of this module.
-- ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, the accepted version's receipt id
-  and time (status ACCEPTED: an unchanged re-read never moves them), digest, verified at (the newest
-  read that saw the current digest), the published staleness bound (``serve --max-age``; null:
-  push-driven, no age limit) and when the next verification is due under it, the newest reconciled
-  catalog's status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog), whether an update
-  is unread (dirty, ``coverage.dirty``), and ``Proven.fresh``. ``guardrailRejected``: the newest
-  read was not released (its body is never served, and the older accepted version is not current:
-  reads are refused).
+- ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, the accepted version's receipt id,
+  read ordinal and time (status ACCEPTED: an unchanged re-read never moves them), digest, verified
+  at (the newest read that saw the current digest), the published staleness bound (``serve
+  --max-age``; null: push-driven, no age limit) and when the next verification is due under it, the
+  newest reconciled catalog's status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog),
+  whether an update is unread (dirty, ``coverage.dirty``), and ``Proven.fresh``.
+  ``guardrailRejected``: the newest read was not released (its body is never served, and the older
+  accepted version is not current: reads are refused).
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ class ServedResource:
     def receipt_id(self) -> int:
         """The accepted version's receipt (status ACCEPTED)."""
         return self.proven.accepted_receipt_id or self.body_receipt_id
+
+    @property
+    def accepted_ordinal(self) -> int:
+        """The accepted version's read ordinal (the row's fence ordinal also moves on re-reads)."""
+        return self.proven.accepted_ordinal or self.ordinal
 
     @property
     def accepted_at(self) -> datetime:
@@ -179,7 +184,7 @@ def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str
         "state": r.state,
         "receiptId": r.receipt_id,
         "digest": r.digest,
-        "ordinal": r.ordinal,
+        "ordinal": r.accepted_ordinal,
         "acceptedAt": _iso(r.accepted_at),
         "verifiedAt": _iso(r.proven.verified_at),
         "server": r.server,

@@ -109,6 +109,7 @@ async def test_accepted_at_and_receipt_id_name_the_accepted_version_not_an_uncha
     said = await _said(ledger, key)
     accepted_at = before.meta["acceptedAt"]
     assert said.meta["receiptId"] == accepted_receipt
+    assert said.meta["ordinal"] == before.meta["ordinal"]  # the accepted read's, not the re-read's
     assert said.meta["acceptedAt"] == accepted_at
     assert said.meta["verifiedAt"] != accepted_at  # the unchanged re-read verified it later
     assert datetime.fromisoformat(str(said.meta["verifiedAt"])) > datetime.fromisoformat(str(accepted_at))

@@ -24,7 +24,8 @@ NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
 def _res(uri: str, **kw: Any) -> ServedResource:
     proven = Proven(state=kw.pop("state", "ACTIVE"), dirty=kw.pop("dirty", False), digest="sha256:x",
-                    accepted_receipt_id=1, accepted_at=NOW, verified_at=kw.pop("verified_at", NOW),
+                    accepted_receipt_id=1, accepted_ordinal=1, accepted_at=NOW,
+                    verified_at=kw.pop("verified_at", NOW),
                     newest_status=AcceptVerdict.ACCEPTED)
     base: dict[str, Any] = dict(workflow_id="w", subject="alice", server="s", uri=uri, body_receipt_id=1,
                                 body_at=NOW, ordinal=1, mime_type="text/plain", size=1, name=uri, title=None,
