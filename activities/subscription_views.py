@@ -4,7 +4,9 @@ Contract:
 - Read-only. The ``subscriptions`` fence rows are the source of truth for what exists;
   these queries never write and never return a resource body.
 - ``list_subscriptions`` filters by server, subject and state (any of several), ordered by
-  (server, subject, uri); each row carries ``last_accepted_at`` (the current receipt's time).
+  (server, subject, uri); each row carries what ``activities/proven.py`` proves about its version:
+  ``last_accepted_at`` and ``accepted_receipt_id`` (the accepted version's receipt, status ACCEPTED),
+  ``last_verified_at`` (the newest read that saw its digest) and ``dirty`` (the level rule).
 - ``subscription_history`` returns the newest ``limit`` receipts and audit rows of one
   subscription, oldest first, each a plain JSON-able dict with a ``kind`` of ``receipt`` or
   ``audit`` and an ``at`` timestamp, so one sorted list tells what happened.
@@ -18,6 +20,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+
+from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, proven_from_row
 
 __all__ = ["SUBSCRIPTION_COLUMNS", "list_subscriptions", "subscription_history"]
 
@@ -46,14 +50,21 @@ async def list_subscriptions(pool: AsyncConnectionPool, *, server: str | None = 
     if states:
         where.append("s.state = ANY(%s)")
         params.append(list(states))
-    sql = (f"SELECT {', '.join('s.' + c for c in SUBSCRIPTION_COLUMNS)}, rv.accepted_at AS last_accepted_at "
-           "FROM subscriptions s LEFT JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id"
+    sql = (f"SELECT {', '.join('s.' + c for c in SUBSCRIPTION_COLUMNS)}, {PROVEN_COLUMNS} "
+           f"FROM subscriptions s {PROVEN_JOIN}"
            + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY s.server, s.subject, s.uri")
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(sql, params)  # type: ignore[arg-type]  # built from fixed column names only
-        return [_jsonable(r) for r in await cur.fetchall()]
+        return [_jsonable(_with_proven(r)) for r in await cur.fetchall()]
+
+
+def _with_proven(row: dict[str, Any]) -> dict[str, Any]:
+    proven = proven_from_row(row)
+    plain = {k: v for k, v in row.items() if not k.startswith("proven_")}
+    return plain | {"last_accepted_at": proven.accepted_at, "accepted_receipt_id": proven.accepted_receipt_id,
+                    "last_verified_at": proven.verified_at, "dirty": proven.dirty}
 
 
 async def subscription_history(pool: AsyncConnectionPool, *, workflow_id: str, subject: str, server: str,

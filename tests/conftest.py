@@ -54,6 +54,7 @@ LONGEST_FILES = (
     "tests/unit/test_fuzz_upstream_replies.py",
     "tests/e2e/test_security_upstream_replies.py",
     "tests/e2e/test_security_serve_sessions.py",
+    "tests/e2e/test_serve_truth.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

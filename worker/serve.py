@@ -17,11 +17,13 @@ Contract (docs/serve.md):
   (2026-07-28) / -32002 (2025-11-25); refused: -32003 with the reason; ``_meta``
   ``io.mcpsync/requireFresh: true`` and not fresh: -32004 with the reason, never the body.
 - Notifications come from the outbox (``serve_run`` follows it as a durable consumer and calls
-  ``ServeHub.announce``). Each legacy session's pending notifications are level-based
-  (``serve_pending``: one pending ``updated`` per URI, one ``list_changed`` flag, the oldest first),
-  drained by its own task; a session with more than ``client_buffer`` distinct URIs waiting unread is
-  cut off: its subscriptions are dropped and it is told why in a ``notifications/message`` (level
-  error), the last thing it gets. Listen streams are bounded by the SDK's handler (not coalesced).
+  ``ServeHub.announce``), and for a guardrail-rejected version (no outbox event) from its audit row
+  (``serve_rejections``, ``ServeHub.announce_updated``): the read is then refused with the reason.
+  Each legacy session's pending notifications are level-based (``serve_pending``: one pending
+  ``updated`` per URI, one ``list_changed`` flag, the oldest first), drained by its own task; a
+  session with more than ``client_buffer`` distinct URIs waiting unread is cut off: its
+  subscriptions are dropped and it is told why in a ``notifications/message`` (level error), the
+  last thing it gets. Listen streams are bounded by the SDK's handler (not coalesced).
 - Bodies and tokens are never logged.
 """
 
@@ -61,6 +63,7 @@ from mcpsync.worker.serve_ledger import (
     ServedResource,
     freshness_meta,
     list_served,
+    rejection_reason,
     served_resource,
     served_uris,
 )
@@ -290,6 +293,16 @@ class ServeHub:
             if catalog_changed:
                 await bus.publish(ResourcesListChanged())
 
+    async def announce_updated(self, subject: str, uri: str) -> None:
+        """``updated`` for one URI to the subject's clients subscribed to it, with no outbox event
+        behind it (a guardrail rejection: ``serve_rejections``)."""
+        for session in list(self.sessions.values()):
+            if session.subject == subject and uri in session.subscriptions:
+                self.enqueue(session, "updated", uri)
+        bus = self._buses.get(subject)
+        if bus is not None:
+            await bus.publish(ResourceUpdated(uri))
+
     async def announce_relist(self, subjects: set[str]) -> None:
         """After a gap: every client of these subjects must list and read again."""
         for session in list(self.sessions.values()):
@@ -337,6 +350,11 @@ class ServeHub:
         following = offset + size
         next_cursor = self.signer.sign("L", f"{sid}~{following}", subject) if following < len(items) else None
         return chunk, next_cursor
+
+
+def _annotations(r: ServedResource) -> types.Annotations:
+    """``lastModified``: when the served version was accepted (moves only with a new version)."""
+    return types.Annotations(last_modified=r.accepted_at.isoformat())
 
 
 def _not_found(uri: str, protocol_version: str) -> MCPError:
@@ -402,6 +420,7 @@ def build_server(hub: ServeHub) -> ServeServer:
                 title=r.title,
                 mime_type=r.mime_type,
                 size=r.size,
+                annotations=_annotations(r),
                 _meta={FRESHNESS_META: freshness_meta(r, max_age)},
             )
             for r in chunk
@@ -420,11 +439,13 @@ def build_server(hub: ServeHub) -> ServeServer:
             raise _not_found(params.uri, ctx.protocol_version)
         meta = freshness_meta(served, max_age)
         if served.guardrail_rejected:
+            why = await rejection_reason(hub.pool, served.workflow_id)
             raise MCPError(
                 code=DENIED,
                 message="Forbidden: the newest version was not released by the guardrail "
-                "(GUARDRAIL_REJECTED); the older accepted version is not current",
-                data={"uri": params.uri, FRESHNESS_META: meta},
+                f"(GUARDRAIL_REJECTED: {why or 'no reason recorded'}); the older accepted version is "
+                "not current",
+                data={"uri": params.uri, "reason": why, FRESHNESS_META: meta},
             )
         if params.meta is not None and params.meta.get(REQUIRE_FRESH) is True and not meta["fresh"]:
             raise MCPError(
@@ -433,7 +454,7 @@ def build_server(hub: ServeHub) -> ServeServer:
                 data={"uri": params.uri, FRESHNESS_META: meta},
             )
         try:
-            content = await released_content(hub.pool, receipt_id=served.receipt_id, subject=subject)
+            content = await released_content(hub.pool, receipt_id=served.body_receipt_id, subject=subject)
         except ContentRefused as exc:
             raise MCPError(code=DENIED, message=f"Forbidden: {exc}", data={"uri": params.uri}) from None
         except ContentNotFound as exc:
@@ -474,6 +495,12 @@ def build_server(hub: ServeHub) -> ServeServer:
         hub.enqueue(session, "updated", params.uri)  # the subscribe rule: read the current version now
         return types.EmptyResult()
 
+    async def list_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        hub.subject_of(ctx)
+        return types.ListResourceTemplatesResult(resource_templates=[])  # every resource is listed by URI
+
     async def unsubscribe(
         ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
@@ -485,6 +512,7 @@ def build_server(hub: ServeHub) -> ServeServer:
     server = ServeServer(
         hub,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
         on_subscribe_resource=subscribe,
         on_unsubscribe_resource=unsubscribe,

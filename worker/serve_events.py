@@ -147,13 +147,15 @@ async def stream_events(
     """``events/stream``: the push delivery. Sends ``notifications/events/event`` (each with its cursor
     and ``_meta.subscriptionId``) on the request's own stream, read from the outbox exactly as poll
     does, woken by the outbox follower; ``notifications/events/heartbeat`` with the current cursor
-    every ``HEARTBEAT_S`` of quiet. Runs until the client cancels or disconnects. One page at a time:
+    at once when nothing is pending (the stream's headers and its confirmation) and after every
+    ``HEARTBEAT_S`` of quiet. Runs until the client cancels or disconnects. One page at a time:
     a client that stops reading holds up only its own stream (its writes block), never the others."""
     request_id = ctx.request_id
     if request_id is None:
         raise MCPError(code=INVALID_PARAMS, message="events/stream requires a request id")
     meta = {"subscriptionId": request_id}
     cursor, max_age_ms = params.cursor, params.max_age_ms
+    first = True
     while True:
         tick = hub.events_tick(subject)
         page = await poll_events(
@@ -174,6 +176,14 @@ async def stream_events(
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
         if page["hasMore"]:
             continue
+        if first and not page["events"] and not page["truncated"]:
+            # Nothing pending: a heartbeat now sends the stream's headers and confirms the stream at
+            # once (a client's read timeout would otherwise run until the first heartbeat).
+            note = _EventNotification(
+                method="notifications/events/heartbeat", params={"cursor": cursor, "_meta": meta}
+            )
+            await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
+        first = False
         try:
             await asyncio.wait_for(tick.wait(), HEARTBEAT_S)
         except TimeoutError:

@@ -7,53 +7,51 @@ Contract:
 - A subject's resources are its subscriptions that have an accepted version and are not REVOKED
   (a revoked subscription is listed no more). With the same URI on several upstream servers the
   first server by name wins (``ServedResource.server`` says which).
-- ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, receipt id, digest, accepted at,
-  verified at (the newest released receipt with the current digest), the published staleness
-  bound (``serve --max-age``; null: push-driven, no age limit), the newest reconciled catalog's
-  status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog), whether an update is unread
-  (dirty), and whether the resource is fresh by the answer gate's read-time rule: ACTIVE, no
-  update newer than the latest judged read, the newest read released by the guardrail, verified
-  within the bound. ``guardrailRejected``: the newest read was not released (its body is never
-  served, and the older accepted version is not current: reads are refused).
+- What is proven about a version comes from ``activities/proven.py`` (the level rule over the fence
+  row, the accepted receipt, the newest verifying read), never from a rule of this module.
+- ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, the accepted version's receipt id,
+  read ordinal and time (status ACCEPTED: an unchanged re-read never moves them), digest, verified
+  at (the newest read that saw the current digest), the published staleness bound (``serve
+  --max-age``; null: push-driven, no age limit) and when the next verification is due under it, the
+  newest reconciled catalog's status (SNAPSHOT_PROVEN / SNAPSHOT_UNPROVEN; null without a catalog),
+  whether an update is unread (dirty, ``coverage.dirty``), and ``Proven.fresh``.
+  ``guardrailRejected``: the newest read was not released (its body is never served, and the older
+  accepted version is not current: reads are refused).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+
+from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, Proven, proven_from_row
 
 __all__ = [
     "ServedResource",
     "freshness_meta",
     "list_served",
     "outbox_top",
+    "rejection_reason",
     "served_resource",
     "served_uris",
     "subject_events",
 ]
 
-_SELECT = """
+_SELECT = f"""
 SELECT DISTINCT ON (s.uri)
-       s.workflow_id, s.subject, s.server, s.uri, s.state, s.last_receipt_id, s.last_accepted_digest,
-       s.last_accepted_ordinal, s.notifications_seen,
-       rv.accepted_at, rv.mime_type, rv.size,
-       (SELECT max(v.accepted_at) FROM resource_versions v WHERE v.workflow_id = s.workflow_id
-          AND v.status IN ('ACCEPTED', 'UNCHANGED')
-          AND v.content_digest = s.last_accepted_digest) AS verified_at,
-       (SELECT v.status FROM resource_versions v WHERE v.workflow_id = s.workflow_id
-          ORDER BY v.receipt_id DESC LIMIT 1) AS newest_status,
-       COALESCE((SELECT max(rr.notifications_seen) FROM read_requests rr
-                 WHERE rr.workflow_id = s.workflow_id AND rr.completed_at IS NOT NULL), 0) AS covered,
+       s.workflow_id, s.subject, s.server, s.uri, s.last_receipt_id, s.last_accepted_ordinal,
+       rv.accepted_at, rv.mime_type, rv.size, {PROVEN_COLUMNS},
        (SELECT rc.status FROM resource_catalogs rc WHERE rc.subject = s.subject AND rc.server = s.server
           ORDER BY rc.catalog_id DESC LIMIT 1) AS catalog_status,
        ck.descriptor->>'name' AS upstream_name, ck.descriptor->>'title' AS upstream_title,
        COALESCE(ck.descriptor->>'mimeType', ck.descriptor->>'mime_type') AS catalog_mime_type
 FROM subscriptions s
 JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+{PROVEN_JOIN}
 LEFT JOIN catalog_known ck ON ck.subject = s.subject AND ck.server = s.server AND ck.uri = s.uri
                           AND ck.gone_at IS NULL
 WHERE s.subject = %(subject)s AND s.state <> 'REVOKED' AND s.last_accepted_digest IS NOT NULL
@@ -68,39 +66,47 @@ class ServedResource:
     subject: str
     server: str
     uri: str
-    state: str
-    receipt_id: int
-    digest: str
+    body_receipt_id: int  # the row's last receipt: where the current bytes are fetched from
+    body_at: datetime  # that receipt's time
     ordinal: int
-    accepted_at: datetime
-    verified_at: datetime | None
     mime_type: str | None
     size: int
     name: str
     title: str | None
-    dirty: bool
-    guardrail_rejected: bool = False  # the newest read was not released: the accepted version is not current
+    proven: Proven  # what is proven about the version (activities/proven.py)
     catalog_status: str | None = (
         None  # the newest reconciled catalog's status (None: no catalog for the server)
     )
 
-    def fresh(self, max_age_seconds: float | None, now: datetime | None = None) -> tuple[bool, str]:
-        """The answer gate's rule at read time: (fresh, why not)."""
-        if self.state != "ACTIVE":
-            return False, f"subscription is {self.state}"
-        if self.guardrail_rejected:
-            return False, "the newest read was not released by the guardrail (GUARDRAIL_REJECTED)"
-        if self.dirty:
-            return False, "an update arrived after the latest judged read (UPDATE_SEEN)"
-        if max_age_seconds is not None:
-            verified = self.verified_at or self.accepted_at
-            age = ((now or datetime.now(UTC)) - verified).total_seconds()
-            if age > max_age_seconds:
-                return (
-                    False,
-                    f"last verified {age:.1f} s ago, beyond the staleness bound of {max_age_seconds:g} s",
-                )
-        return True, ""
+    @property
+    def state(self) -> str:
+        return self.proven.state
+
+    @property
+    def digest(self) -> str:
+        return self.proven.digest or ""
+
+    @property
+    def receipt_id(self) -> int:
+        """The accepted version's receipt (status ACCEPTED)."""
+        return self.proven.accepted_receipt_id or self.body_receipt_id
+
+    @property
+    def accepted_ordinal(self) -> int:
+        """The accepted version's read ordinal (the row's fence ordinal also moves on re-reads)."""
+        return self.proven.accepted_ordinal or self.ordinal
+
+    @property
+    def accepted_at(self) -> datetime:
+        return self.proven.accepted_at or self.body_at
+
+    @property
+    def dirty(self) -> bool:
+        return self.proven.dirty
+
+    @property
+    def guardrail_rejected(self) -> bool:
+        return self.proven.guardrail_rejected
 
 
 def _row(r: dict[str, Any]) -> ServedResource:
@@ -109,18 +115,14 @@ def _row(r: dict[str, Any]) -> ServedResource:
         subject=r["subject"],
         server=r["server"],
         uri=r["uri"],
-        state=r["state"],
-        receipt_id=int(r["last_receipt_id"]),
-        digest=r["last_accepted_digest"],
+        body_receipt_id=int(r["last_receipt_id"]),
+        body_at=r["accepted_at"],
         ordinal=int(r["last_accepted_ordinal"]),
-        accepted_at=r["accepted_at"],
-        verified_at=r["verified_at"],
         mime_type=r["mime_type"] or r["catalog_mime_type"],
         size=int(r["size"] or 0),
         name=r["upstream_name"] or r["uri"].rsplit("/", 1)[-1] or r["uri"],
         title=r["upstream_title"],
-        dirty=int(r["notifications_seen"]) > int(r["covered"]),
-        guardrail_rejected=r["newest_status"] == "GUARDRAIL_REJECTED",
+        proven=proven_from_row(r),
         catalog_status=r["catalog_status"],
     )
 
@@ -159,21 +161,35 @@ async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) 
         return {row[0] for row in await cur.fetchall()}
 
 
+async def rejection_reason(pool: AsyncConnectionPool, workflow_id: str) -> str | None:
+    """The reason of the subscription's newest guardrail rejection (its audit row; None: none)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT detail->>'reason' FROM audit WHERE kind = 'GUARDRAIL_REJECTED' AND workflow_id = %s"
+            " ORDER BY audit_id DESC LIMIT 1",
+            (workflow_id,),
+        )
+        row = await cur.fetchone()
+    return str(row[0]) if row and row[0] else None
+
+
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
 
 def freshness_meta(r: ServedResource, max_age_seconds: float | None) -> dict[str, Any]:
-    fresh, why = r.fresh(max_age_seconds)
+    fresh, why = r.proven.fresh(max_age_seconds)
+    due = r.proven.due_at(max_age_seconds)
     return {
         "state": r.state,
         "receiptId": r.receipt_id,
         "digest": r.digest,
-        "ordinal": r.ordinal,
+        "ordinal": r.accepted_ordinal,
         "acceptedAt": _iso(r.accepted_at),
-        "verifiedAt": _iso(r.verified_at),
+        "verifiedAt": _iso(r.proven.verified_at),
         "server": r.server,
         "stalenessBoundSeconds": max_age_seconds,
+        "verificationDueAt": _iso(due),
         "dirty": r.dirty,
         "guardrailRejected": r.guardrail_rejected,
         "catalogStatus": r.catalog_status,

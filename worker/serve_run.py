@@ -38,6 +38,7 @@ from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_serve
 from mcpsync.worker.serve_connections import MAX_HEAD_BYTES, bounded_protocol
 from mcpsync.worker.serve_cursors import CursorSigner
 from mcpsync.worker.serve_gate import Gate, HostRules, default_hosts, default_origins
+from mcpsync.worker.serve_rejections import follow_rejections
 from mcpsync.worker.serve_tokens import subject_for_authorization, tokens_from_environment
 from mcpsync.worker.stack import state_dir
 
@@ -104,6 +105,7 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, signer: Curs
     hub = ServeHub(config, pool, signer if signer is not None else CursorSigner.for_serve(state_dir()))
     server: ServeServer = build_server(hub)
     follower = asyncio.create_task(follow_outbox(hub), name="serve-outbox")
+    rejections = asyncio.create_task(follow_rejections(hub), name="serve-rejections")
     try:
         if config.transport == "stdio":
             async with stdio_server() as (read_stream, write_stream):
@@ -152,5 +154,6 @@ async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, signer: Curs
                 await asyncio.wait_for(task, 5)
     finally:
         follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        rejections.cancel()
+        await asyncio.gather(follower, rejections, return_exceptions=True)
         sys.stdout.flush()

@@ -11,20 +11,26 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.activities.outbox import OutboxEventType, OutboxEventV1
+from mcpsync.activities.proven import Proven
 from mcpsync.worker import serve as serve_module
 from mcpsync.worker.serve import ServeConfig, ServeHub, _Session
 from mcpsync.worker.serve_cursors import KEY_FILE, BadCursor, CursorSigner
 from mcpsync.worker.serve_ledger import ServedResource
 from mcpsync.worker.serve_pending import PendingNotifications
 from mcpsync.worker.serve_run import tokens_from_environment
+from mcpsync.workflows.records.ledger import AcceptVerdict
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
 
 def _res(uri: str, **kw: Any) -> ServedResource:
-    base: dict[str, Any] = dict(workflow_id="w", subject="alice", server="s", uri=uri, state="ACTIVE",
-                                receipt_id=1, digest="sha256:x", ordinal=1, accepted_at=NOW, verified_at=NOW,
-                                mime_type="text/plain", size=1, name=uri, title=None, dirty=False)
+    proven = Proven(state=kw.pop("state", "ACTIVE"), dirty=kw.pop("dirty", False), digest="sha256:x",
+                    accepted_receipt_id=1, accepted_ordinal=1, accepted_at=NOW,
+                    verified_at=kw.pop("verified_at", NOW),
+                    newest_status=AcceptVerdict.ACCEPTED)
+    base: dict[str, Any] = dict(workflow_id="w", subject="alice", server="s", uri=uri, body_receipt_id=1,
+                                body_at=NOW, ordinal=1, mime_type="text/plain", size=1, name=uri, title=None,
+                                proven=proven)
     base.update(kw)
     return ServedResource(**base)
 
@@ -63,11 +69,12 @@ def test_cursor_keys_rotate_through_previous_and_unknown_keys_are_stale(tmp_path
 
 
 def test_fresh_rule() -> None:
-    assert _res("a").fresh(None, NOW) == (True, "")
-    assert not _res("a", state="RECONCILIATION_REQUIRED").fresh(None, NOW)[0]
-    assert "UPDATE_SEEN" in _res("a", dirty=True).fresh(None, NOW)[1]
-    old = _res("a", verified_at=NOW - timedelta(seconds=90))
+    assert _res("a").proven.fresh(None, NOW) == (True, "")
+    assert not _res("a", state="RECONCILIATION_REQUIRED").proven.fresh(None, NOW)[0]
+    assert "UPDATE_SEEN" in _res("a", dirty=True).proven.fresh(None, NOW)[1]
+    old = _res("a", verified_at=NOW - timedelta(seconds=90)).proven
     assert old.fresh(60, NOW)[0] is False and old.fresh(120, NOW)[0] is True
+    assert old.due_at(60) == NOW - timedelta(seconds=30) and old.due_at(None) is None
 
 
 async def test_pages_come_from_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
