@@ -326,6 +326,15 @@ async def test_events_stream_confirms_itself_before_a_five_second_client_timeout
                     first = json.loads(line[5:])
                     break
         waited = time.monotonic() - started
-    assert first.get("method") == "notifications/events/heartbeat", first
-    assert first["params"]["cursor"] == cursor and first["params"]["_meta"]["subscriptionId"] == 3
+        assert first.get("method") == "notifications/events/heartbeat", first
+        assert first["params"]["_meta"]["subscriptionId"] == 3
+        # Cursors are sealed (two of one position differ): the heartbeat's names the poll's position,
+        # so polling from each returns the same (nothing new).
+        again = []
+        for i, from_cursor in enumerate((cursor, first["params"]["cursor"])):
+            params = {"name": "resource.changed", "cursor": from_cursor}
+            reply = await raw.post(url, headers=headers,
+                                   json={"jsonrpc": "2.0", "id": 4 + i, "method": "events/poll", "params": params})
+            again.append(jsonrpc_result(reply))
+        assert [r["events"] for r in again] == [[], []] and not any(r.get("truncated") for r in again), again
     assert waited < 2.0, f"first message after {waited:.2f} s"
