@@ -333,8 +333,8 @@ async def test_events_stream_confirms_itself_before_a_five_second_client_timeout
         again = []
         for i, from_cursor in enumerate((cursor, first["params"]["cursor"])):
             params = {"name": "resource.changed", "cursor": from_cursor}
-            reply = await raw.post(url, headers=headers,
-                                   json={"jsonrpc": "2.0", "id": 4 + i, "method": "events/poll", "params": params})
+            poll = {"jsonrpc": "2.0", "id": 4 + i, "method": "events/poll", "params": params}
+            reply = await raw.post(url, headers=headers, json=poll)
             again.append(jsonrpc_result(reply))
         assert [r["events"] for r in again] == [[], []] and not any(r.get("truncated") for r in again), again
     assert waited < 2.0, f"first message after {waited:.2f} s"
