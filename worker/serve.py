@@ -11,7 +11,11 @@ Contract (docs/serve.md):
   configured subject.
 - ``resources/list``: one ledger snapshot per listing, paged with signed cursors that name the
   snapshot (kept in memory, ``MAX_SNAPSHOTS`` newest); a cursor of an evicted snapshot, another
-  subject's or a forged one is -32602 and the client lists again from the start.
+  subject's or a forged one is -32602 and the client lists again from the start. Each later page of
+  a snapshot is re-checked against the visibility rule: after a revocation an old cursor pages only
+  what is still visible.
+- What a subject sees (list, read, subscribe, listen priming, events) is decided by one rule,
+  ``activities/visibility.py``: nothing of a revoked scope, whatever the subscription's state.
 - ``resources/read``: the body from the content store through ``released_content`` (own subject,
   guardrail released, not revoked, digest checked), exactly as read upstream. Not found: -32602
   (2026-07-28) / -32002 (2025-11-25); refused: -32003 with the reason; ``_meta``
@@ -63,6 +67,7 @@ from mcpsync.worker.serve_ledger import (
     list_served,
     served_resource,
     served_uris,
+    still_visible,
 )
 from mcpsync.worker.serve_pending import Added, PendingNotifications
 
@@ -338,6 +343,9 @@ class ServeHub:
                 )
             items = held[1]
         chunk = items[offset : offset + size]
+        if offset and chunk:  # a later page of a snapshot: a revocation since then hides what it covers
+            visible = await still_visible(self.pool, subject, [r.receipt_id for r in chunk])
+            chunk = [r for r in chunk if r.receipt_id in visible]
         following = offset + size
         next_cursor = self.signer.sign("L", f"{sid}~{following}", subject) if following < len(items) else None
         return chunk, next_cursor

@@ -4,9 +4,11 @@ Contract:
 - Read-only. One query per listing (one snapshot: a REPEATABLE READ transaction), one per
   resource. Bodies come only through ``released_content`` (the content API's release check:
   own subject, guardrail released, not revoked, digest verified).
-- A subject's resources are its subscriptions that have an accepted version and are not REVOKED
-  (a revoked subscription is listed no more). With the same URI on several upstream servers the
-  first server by name wins (``ServedResource.server`` says which).
+- A subject's resources are its subscriptions that have an accepted version visible to it by the
+  one rule (``activities/visibility.py``): after a revocation none of the revoked scope is listed,
+  whatever the subscription's state (REVOKED, CLOSED, TOMBSTONED, UNSUBSCRIBE_UNKNOWN); nor are its
+  outbox events before the revocation polled or streamed (the ``revoked`` event itself is). With the
+  same URI on several upstream servers the first server by name wins (``ServedResource.server`` says which).
 - ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, receipt id, digest, accepted at,
   verified at (the newest released receipt with the current digest), the published staleness
   bound (``serve --max-age``; null: push-driven, no age limit), the newest reconciled catalog's
@@ -26,6 +28,9 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from mcpsync.activities.visibility import visible_to_subject
+from mcpsync.workflows.records.ledger import OutboxEventType
+
 __all__ = [
     "ServedResource",
     "freshness_meta",
@@ -33,10 +38,11 @@ __all__ = [
     "outbox_top",
     "served_resource",
     "served_uris",
+    "still_visible",
     "subject_events",
 ]
 
-_SELECT = """
+_SELECT = f"""
 SELECT DISTINCT ON (s.uri)
        s.workflow_id, s.subject, s.server, s.uri, s.state, s.last_receipt_id, s.last_accepted_digest,
        s.last_accepted_ordinal, s.notifications_seen,
@@ -56,10 +62,28 @@ FROM subscriptions s
 JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
 LEFT JOIN catalog_known ck ON ck.subject = s.subject AND ck.server = s.server AND ck.uri = s.uri
                           AND ck.gone_at IS NULL
-WHERE s.subject = %(subject)s AND s.state <> 'REVOKED' AND s.last_accepted_digest IS NOT NULL
+WHERE s.subject = %(subject)s AND s.last_accepted_digest IS NOT NULL
+  AND {visible_to_subject("rv", "rv.accepted_at")}
   AND (%(uri)s::text IS NULL OR s.uri = %(uri)s::text)
 ORDER BY s.uri, s.server
 """
+
+_SERVED_URIS = f"""
+SELECT DISTINCT s.uri FROM subscriptions s JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+WHERE s.subject = %s AND s.uri = ANY(%s) AND s.last_accepted_digest IS NOT NULL
+  AND {visible_to_subject("rv", "rv.accepted_at")}
+"""
+
+_STILL_VISIBLE = f"""
+SELECT rv.receipt_id FROM resource_versions rv
+WHERE rv.subject = %s AND rv.receipt_id = ANY(%s) AND {visible_to_subject("rv", "rv.accepted_at")}
+"""
+
+# An outbox row is the subject's when the rule shows the version it announces (its time: the row's
+# created_at); a revocation's own ``revoked`` row is always the subject's (it says access ended).
+_EVENT_VISIBLE = (
+    f"(o.event_type = '{OutboxEventType.REVOKED.value}' OR {visible_to_subject('o', 'o.created_at')})"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,15 +172,18 @@ async def served_resource(pool: AsyncConnectionPool, subject: str, uri: str) -> 
 
 
 async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) -> set[str]:
-    """Which of ``uris`` the subject is served (subscribed, an accepted version, not revoked)."""
+    """Which of ``uris`` the subject is served (subscribed, an accepted version visible to it)."""
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT DISTINCT uri FROM subscriptions WHERE subject = %s AND uri = ANY(%s)"
-            " AND state <> 'REVOKED'"
-            " AND last_accepted_digest IS NOT NULL",
-            (subject, uris),
-        )
+        cur = await conn.execute(_SERVED_URIS, (subject, uris))
         return {row[0] for row in await cur.fetchall()}
+
+
+async def still_visible(pool: AsyncConnectionPool, subject: str, receipt_ids: list[int]) -> set[int]:
+    """Which of the subject's ``receipt_ids`` it may still see (a listing snapshot's page, re-checked:
+    a revocation after the snapshot hides what it covers)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(_STILL_VISIBLE, (subject, receipt_ids))
+        return {int(row[0]) for row in await cur.fetchall()}
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -201,9 +228,9 @@ async def subject_events(
         await conn.execute("SELECT outbox_stamp()")
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
-            "SELECT * FROM outbox WHERE position > %s AND subject = %s"
-            " AND (%s::timestamptz IS NULL OR created_at >= %s::timestamptz)"
-            " ORDER BY position LIMIT %s",
+            "SELECT o.* FROM outbox o WHERE o.position > %s AND o.subject = %s"
+            " AND (%s::timestamptz IS NULL OR o.created_at >= %s::timestamptz)"
+            f" AND {_EVENT_VISIBLE} ORDER BY o.position LIMIT %s",
             (after, subject, not_before, not_before, limit),
         )
         rows = list(await cur.fetchall())

@@ -1,0 +1,158 @@
+"""Hostile tests of ``mcpsync serve``'s visibility rule and per-subject quotas (docs/security.md, "The MCP
+face"; docs/serve.md, "Quotas"): a real serve process over HTTP, real PostgreSQL, the ``mcp`` SDK
+clients and raw HTTP. The ledger rows a test serves are written straight into the ledger (no upstream,
+no Temporal): subscriptions in each finished state with an accepted version, a body and an outbox
+event, then revoked by the ledger's own ``revoke_subject`` (what ``mcpsync revoke`` runs first)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from mcpsync.activities.content import ContentRefused, released_content
+from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.visibility import RULE_FUNCTION
+from mcpsync.workflows.digest import ContentPart, content_digest
+from tests.conftest import eventually, fresh_database, unique
+from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client, serve_conf
+
+FINISHED = ("CLOSED", "TOMBSTONED", "UNSUBSCRIBE_UNKNOWN")
+
+
+async def _seed(ledger: Ledger, subject: str, server: str, state: str, uri: str) -> int:
+    """One subscription of ``subject`` in ``state`` with an accepted version, its body and its outbox
+    event, as the read cycle leaves them; the receipt id."""
+    body = f"# {uri} body".encode()
+    digest = content_digest([ContentPart("text", "text/markdown", body)])
+    wf = unique("wf")
+    async with ledger.pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state,"
+            " last_issued_ordinal, last_accepted_ordinal) VALUES (%s, %s, %s, %s, %s, %s, 1, 1)",
+            (wf, subject, server, uri, uri, state))
+        cur = await conn.execute(
+            "INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest,"
+            " size, read_ordinal, session_generation, subscription_generation, request_id, trigger_reason,"
+            " status) VALUES (%s, %s, %s, %s, 'text/markdown', %s, %s, 1, 1, 1, %s, 'poll', 'ACCEPTED')"
+            " RETURNING receipt_id", (wf, subject, server, uri, digest, len(body), unique("rq")))
+        row = await cur.fetchone()
+        assert row is not None
+        receipt = int(row[0])
+        await conn.execute(
+            "UPDATE subscriptions SET last_receipt_id = %s, last_accepted_digest = %s WHERE workflow_id = %s",
+            (receipt, digest, wf))
+        await conn.execute(
+            "INSERT INTO content_store (subject, content_digest, mime_type, kind, size, body)"
+            " VALUES (%s, %s, 'text/markdown', 'text', %s, %s) ON CONFLICT DO NOTHING",
+            (subject, digest, len(body), body))
+        await conn.execute(
+            "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest, read_ordinal,"
+            " receipt_id, detail) VALUES ('version_accepted', %s, %s, %s, %s, %s, 1, %s, '{}'::jsonb)",
+            (wf, subject, server, uri, digest, receipt))
+    return receipt
+
+
+@asynccontextmanager
+async def _serve(tmp_path: Path, database_url: str, subjects: list[str], *extra: str
+                 ) -> AsyncIterator[tuple[ServeProcess, dict[str, str]]]:
+    tokens = {subject: unique("tok") for subject in subjects}
+    serve = await ServeProcess.start(serve_conf(tmp_path, database_url), tokens, consumer=unique("serve"),
+                                     extra=extra)
+    try:
+        yield serve, tokens
+    finally:
+        await serve.stop()
+
+
+async def test_revoked_is_not_revoked_in_the_mcp_face(ledger: Ledger, database_url: str, tmp_path: Path
+                                                      ) -> None:
+    """Finding 4: after a whole-subject revoke (alice) and a per-URI revoke (carol), serve lists none of
+    the revoked scope in any state, refuses read, subscribe and listen priming for it, replays none of
+    its events, and a listing cursor taken before the revoke no longer pages it; bob is unaffected."""
+    alice, carol, bob, server = unique("alice"), unique("carol"), unique("bob"), unique("srv")
+    async with _serve(tmp_path, database_url, [alice, carol, bob], "--page-size", "2") as (serve, tokens):
+        async with AsyncExitStack() as stack:
+            client = {s: await stack.enter_async_context(serve_client(serve.url, tokens[s], "auto"))
+                      for s in (alice, carol, bob)}
+            legacy = await stack.enter_async_context(serve_client(serve.url, tokens[alice], "legacy"))
+            start = {s: (await events_poll(client[s], None))["cursor"] for s in (alice, carol)}
+            alice_uris = [f"demo://vis/{unique(state.lower())}" for state in ("ACTIVE", *FINISHED, "REVOKED")]
+            for uri, state in zip(alice_uris, ("ACTIVE", *FINISHED, "REVOKED"), strict=True):
+                await _seed(ledger, alice, server, state, uri)
+            carol_gone, carol_kept = f"demo://vis/{unique('gone')}", f"demo://vis/{unique('kept')}"
+            await _seed(ledger, carol, server, "CLOSED", carol_gone)
+            await _seed(ledger, carol, server, "ACTIVE", carol_kept)
+            bob_uri = f"demo://vis/{unique('bob')}"
+            await _seed(ledger, bob, server, "CLOSED", bob_uri)
+
+            first = await client[alice].list_resources()  # a snapshot of 4 (REVOKED is never listed)
+            assert len(first.resources) == 2 and first.next_cursor
+            now = datetime.now(UTC)
+            await ledger.fence.revoke_subject(alice, server, None, reason="test", effective_at=now)
+            await ledger.fence.revoke_subject(carol, server, carol_gone, reason="test", effective_at=now)
+
+            assert (await client[alice].list_resources()).resources == []
+            old_page = await client[alice].list_resources(cursor=first.next_cursor)
+            assert old_page.resources == [], [str(r.uri) for r in old_page.resources]
+            for uri in alice_uris:
+                with pytest.raises(MCPError) as read:
+                    await client[alice].read_resource(uri)
+                assert read.value.code == -32602, uri
+                with pytest.raises(MCPError) as subscribe, pytest.warns(Warning):
+                    await legacy.subscribe_resource(uri)
+                assert subscribe.value.code == -32002, uri
+            polled = (await events_poll(client[alice], start[alice]))["events"]
+            assert {e["data"]["event_type"] for e in polled} == {"revoked"}, polled
+            assert [str(r.uri) for r in (await client[carol].list_resources()).resources] == [carol_kept]
+            with pytest.raises(MCPError):
+                await client[carol].read_resource(carol_gone)
+            # Listen primes only what carol may see: the revoked URI, named first, is not announced.
+            async with client[carol].listen(resource_subscriptions=[carol_gone, carol_kept]) as sub:
+                announced = await asyncio.wait_for(sub.__anext__(), 30)
+                assert str(getattr(announced, "uri", "")) == carol_kept
+            carol_events = (await events_poll(client[carol], start[carol]))["events"]
+            assert [e["data"]["uri"] for e in carol_events if e["data"]["event_type"] != "revoked"] == [
+                carol_kept]
+            # Bob is untouched: his CLOSED subscription is still listed and readable.
+            assert [str(r.uri) for r in (await client[bob].list_resources()).resources] == [bob_uri]
+            read = await client[bob].read_resource(bob_uri)
+            assert getattr(read.contents[0], "text", None) == f"# {bob_uri} body"
+
+
+async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_serve(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Finding 4, one rule: redefining ``mcpsync_version_visible`` (on a database of its own) changes
+    what ``released_content`` (``content get``) releases and what serve lists, reads and replays alike."""
+    from mcpsync.worker.runtime import open_ledger
+
+    async with fresh_database(postgres_url) as url:
+        own = await open_ledger(url, max_size=2)
+        try:
+            alice, server, uri = unique("alice"), unique("srv"), f"demo://rule/{unique('doc')}"
+            async with _serve(tmp_path, url, [alice]) as (serve, tokens):
+                async with serve_client(serve.url, tokens[alice], "auto") as client:
+                    start = (await events_poll(client, None))["cursor"]
+                    receipt = await _seed(own, alice, server, "ACTIVE", uri)
+                    assert (await released_content(own.pool, receipt_id=receipt, subject=alice)).size > 0
+                    assert [str(r.uri) for r in (await client.list_resources()).resources] == [uri]
+                    async with own.pool.connection() as conn:
+                        await conn.execute(
+                            f"CREATE OR REPLACE FUNCTION {RULE_FUNCTION}(wf text, s text, srv text, u text,"
+                            " at timestamptz) RETURNS boolean LANGUAGE sql STABLE"
+                            " SET search_path = pg_catalog, public, pg_temp AS $$ SELECT u <> "
+                            + "'" + uri + "'" + " $$")
+                    with pytest.raises(ContentRefused):
+                        await released_content(own.pool, receipt_id=receipt, subject=alice)
+                    assert (await client.list_resources()).resources == []
+                    with pytest.raises(MCPError):
+                        await client.read_resource(uri)
+                    assert (await events_poll(client, start))["events"] == []
+        finally:
+            await own.pool.close()
