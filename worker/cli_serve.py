@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from mcpsync.worker.cli_common import CliError, database_url, resolve_config
+from mcpsync.worker.serve_quota import Quota, QuotaLimits
 
 __all__ = ["cmd_serve", "register"]
 
@@ -32,6 +33,15 @@ def register(sub: Any) -> None:
     c.add_argument("--client-buffer", type=int, default=256,
                    help="distinct URIs pending per 2025-11-25 client before a slow client is cut off "
                         "(notifications per URI are merged); events buffered per 2026-07-28 listen stream")
+    limits = QuotaLimits()
+    for flag, what in (("--max-listens", "open subscriptions/listen streams"),
+                       ("--max-listen-uris", "URIs named in one subscriptions/listen"),
+                       ("--max-event-streams", "open events/stream requests"),
+                       ("--max-snapshots", "listing snapshots kept (past it the oldest is dropped)"),
+                       ("--max-sessions", "2025-11-25 sessions")):
+        quota = Quota(flag[len("--max-"):].replace("-", "_"))
+        c.add_argument(flag, type=int, default=limits.of(quota), metavar="N",
+                       help=f"per subject: {what} (default {limits.of(quota)}; past it -32005)")
     c.set_defaults(func=cmd_serve)
 
 
@@ -50,10 +60,14 @@ async def cmd_serve(args: argparse.Namespace) -> None:
                        "--stdio SUBJECT)")
     if args.page_size < 1 or args.client_buffer < 1:
         raise CliError("--page-size and --client-buffer must be at least 1")
+    quotas = QuotaLimits(**{q.value: getattr(args, f"max_{q.value}") for q in Quota})
+    for q in Quota:
+        if quotas.of(q) < 1:
+            raise CliError(f"--max-{q.value.replace('_', '-')} must be at least 1")
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,
                                tokens=tokens, stdio_subject=args.stdio, page_size=args.page_size,
                                max_age_seconds=args.max_age, consumer=args.consumer,
-                               client_buffer=args.client_buffer)
+                               client_buffer=args.client_buffer, quotas=quotas)
     url = database_url(config)
     ledger = await open_ledger(url, max_size=8)
     try:

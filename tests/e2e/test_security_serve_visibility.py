@@ -7,11 +7,14 @@ event, then revoked by the ledger's own ``revoke_subject`` (what ``mcpsync revok
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
@@ -20,7 +23,14 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.visibility import RULE_FUNCTION
 from mcpsync.workflows.digest import ContentPart, content_digest
 from tests.conftest import eventually, fresh_database, unique
-from tests.e2e.serve_helpers import ServeProcess, events_poll, serve_client, serve_conf
+from tests.e2e.serve_helpers import (
+    ServeProcess,
+    events_poll,
+    jsonrpc_result,
+    raw_session,
+    serve_client,
+    serve_conf,
+)
 
 FINISHED = ("CLOSED", "TOMBSTONED", "UNSUBSCRIBE_UNKNOWN")
 
@@ -156,3 +166,140 @@ async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_se
                     assert (await events_poll(client, start))["events"] == []
         finally:
             await own.pool.close()
+
+
+def _mcp_error(exc: BaseException) -> MCPError:
+    """The MCPError inside ``exc`` (the SDK client wraps one raised at initialize in exception groups)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, MCPError), repr(exc)
+    return exc
+
+
+def _rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+async def _open_stream(raw: httpx2.AsyncClient, url: str, headers: dict[str, str], cursor: str, id_: int,
+                       frames: list[dict[str, Any]]) -> None:
+    """One events/stream request read until cancelled; every SSE frame (or JSON reply) into ``frames``."""
+    async with raw.stream("POST", url, json=_rpc(id_, "events/stream", {"name": "resource.changed",
+                                                                       "cursor": cursor}),
+                          headers=headers) as resp:
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            frames.append(json.loads(await resp.aread()))
+            return
+        async for line in resp.aiter_lines():
+            if line.startswith("data:"):
+                frames.append(json.loads(line[5:]))
+
+
+def _quota_error(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((f["error"] for f in frames if "error" in f), None)
+
+
+def _got_event(frames: list[dict[str, Any]]) -> bool:
+    return any(f.get("method") == "notifications/events/event" for f in frames)
+
+
+async def test_one_subject_cannot_deny_listen_or_event_streams_to_another(
+    ledger: Ledger, database_url: str, tmp_path: Path
+) -> None:
+    """Finding 5: listens, URIs per listen, event streams, listing snapshots and sessions are counted per
+    subject: alice's quota+1 of each is refused (-32005 naming the quota; snapshots: her oldest cursor is
+    refused) while bob opens his own; a stream that ends gives its slot back."""
+    alice, bob, server = unique("alice"), unique("bob"), unique("srv")
+    quotas = ("--max-listens", "2", "--max-listen-uris", "3", "--max-event-streams", "2",
+              "--max-snapshots", "1", "--max-sessions", "2", "--page-size", "1")
+    async with _serve(tmp_path, database_url, [alice, bob], *quotas) as (serve, tokens):
+        uris = {s: [f"demo://quota/{unique('a')}", f"demo://quota/{unique('b')}"] for s in (alice, bob)}
+        async with AsyncExitStack() as stack:
+            client = {s: await stack.enter_async_context(serve_client(serve.url, tokens[s], "auto"))
+                      for s in (alice, bob)}
+            start = {s: (await events_poll(client[s], None))["cursor"] for s in (alice, bob)}
+            for subject in (alice, bob):
+                for uri in uris[subject]:
+                    await _seed(ledger, subject, server, "ACTIVE", uri)
+
+            # Listens: two of alice's are live (primed); a third, and one naming 4 URIs, are refused.
+            for _ in range(2):
+                listen = client[alice].listen(resource_subscriptions=uris[alice])
+                sub = await stack.enter_async_context(listen)
+                await asyncio.wait_for(sub.__anext__(), 30)
+            with pytest.raises(MCPError) as third:
+                async with client[alice].listen(resource_subscriptions=uris[alice]):
+                    pass
+            assert third.value.code == -32005 and third.value.data == {"quota": "listens", "limit": 2}
+            with pytest.raises(MCPError) as wide:
+                async with client[bob].listen(resource_subscriptions=[*uris[bob], "a://1", "a://2"]):
+                    pass
+            assert wide.value.code == -32005 and wide.value.data == {"quota": "listen_uris", "limit": 3}
+            async with client[bob].listen(resource_subscriptions=uris[bob]) as bob_sub:
+                assert str(getattr(await asyncio.wait_for(bob_sub.__anext__(), 30), "uri", "")) in uris[bob]
+
+            # Listing snapshots: alice's second listing drops her first; bob's does not drop hers.
+            first = await client[alice].list_resources()
+            second = await client[alice].list_resources()
+            assert first.next_cursor and second.next_cursor
+            with pytest.raises(MCPError) as expired:
+                await client[alice].list_resources(cursor=first.next_cursor)
+            assert expired.value.code == -32602 and "snapshot" in expired.value.message
+            assert (await client[bob].list_resources()).next_cursor
+            assert len((await client[alice].list_resources(cursor=second.next_cursor)).resources) == 1
+
+            # Sessions (2025-11-25): alice's third is refused, bob still opens his.
+            for _ in range(2):
+                await (await stack.enter_async_context(
+                    serve_client(serve.url, tokens[alice], "legacy"))).list_resources()
+            # Refused at initialize: the error comes out of the client's task groups.
+            with pytest.raises(BaseExceptionGroup) as sessions:
+                async with serve_client(serve.url, tokens[alice], "legacy") as third_session:
+                    await third_session.list_resources()
+            refused = _mcp_error(sessions.value)
+            assert refused.code == -32005 and refused.data == {"quota": "sessions", "limit": 2}
+            async with serve_client(serve.url, tokens[bob], "legacy") as bob_legacy:
+                assert len((await bob_legacy.list_resources()).resources) == 1
+
+        # Event streams: two of alice's deliver her events; a third is refused; bob's still delivers;
+        # once one of alice's ends, its slot is free again.
+        async with httpx2.AsyncClient(timeout=60) as raw:
+            headers = {s: {"Authorization": f"Bearer {tokens[s]}",
+                           "Accept": "application/json, text/event-stream"} for s in (alice, bob)}
+            for s in (alice, bob):
+                headers[s]["mcp-session-id"] = await raw_session(raw, serve.url, headers[s])
+            frames: list[list[dict[str, Any]]] = [[] for _ in range(5)]
+            streams = [asyncio.create_task(_open_stream(raw, serve.url, headers[alice], start[alice], 10 + i,
+                                                        frames[i])) for i in range(2)]
+            try:
+                for i in range(2):
+                    await eventually(lambda i=i: _got_event(frames[i]), what=f"alice's stream {i}")
+                await _open_stream(raw, serve.url, headers[alice], start[alice], 12, frames[2])
+                assert _quota_error(frames[2]) == {"code": -32005, "message":
+                                                   "Quota exceeded: at most 2 event streams per subject",
+                                                   "data": {"quota": "event_streams", "limit": 2}}
+                streams.append(asyncio.create_task(
+                    _open_stream(raw, serve.url, headers[bob], start[bob], 13, frames[3])))
+                await eventually(lambda: _got_event(frames[3]), what="bob's stream")
+                # Alice ends her first stream (notifications/cancelled, as an SDK client does): the
+                # slot comes back, and a new stream of hers is served.
+                await raw.post(serve.url, headers=headers[alice], json={
+                    "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 10}})
+                await asyncio.wait_for(streams[0], 30)
+                for attempt in range(100):
+                    frames[4].clear()
+                    streams.append(asyncio.create_task(
+                        _open_stream(raw, serve.url, headers[alice], start[alice], 14 + attempt, frames[4])))
+                    await eventually(lambda: _got_event(frames[4]) or _quota_error(frames[4]),
+                                     what="a stream or its refusal")
+                    if _got_event(frames[4]):
+                        break
+                    await asyncio.sleep(0.05)  # the cancellation reaches the handler asynchronously
+                assert _got_event(frames[4]) and _quota_error(frames[4]) is None
+            finally:
+                for task in streams:
+                    task.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+            polled = jsonrpc_result(await raw.post(serve.url, headers=headers[bob], json=_rpc(
+                20, "events/poll", {"name": "resource.changed", "cursor": start[bob]})))
+            assert len(polled["events"]) == 2
+
