@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import psycopg
 import pytest
 from mcp.shared.exceptions import MCPError
 
@@ -22,7 +23,7 @@ from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.visibility import RULE_FUNCTION
 from mcpsync.workflows.digest import ContentPart, content_digest
-from tests.conftest import eventually, fresh_database, unique
+from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
     ServeProcess,
     events_poll,
@@ -166,6 +167,28 @@ async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_se
                     assert (await events_poll(client, start))["events"] == []
         finally:
             await own.pool.close()
+
+
+async def test_a_consumer_role_sees_no_receipt_the_rule_hides(ledger: Ledger, database_url: str) -> None:
+    """Finding 4, the consumer role's policies: a member of mcpsync_consumer mapped to alice stops
+    seeing her CLOSED subscription's receipt once her scope is revoked (the same function decides)."""
+    alice, server, role = unique("alice"), unique("srv"), unique("reader").replace("-", "_")
+    receipt = await _seed(ledger, alice, server, "CLOSED", f"demo://vis/{unique('doc')}")
+    kept = await _seed(ledger, alice, unique("other"), "ACTIVE", f"demo://vis/{unique('doc')}")
+    await ledger_rows(ledger, f'CREATE ROLE "{role}" NOLOGIN')
+    try:
+        await ledger_rows(ledger, f'GRANT mcpsync_consumer TO "{role}"')
+        await ledger_rows(ledger, "INSERT INTO consumer_subjects (role_name, subject) VALUES (%s, %s)",
+                          role, alice)
+        await ledger.fence.revoke_subject(alice, server, None, reason="test", effective_at=datetime.now(UTC))
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(f'SET ROLE "{role}"')
+            cur = await conn.execute("SELECT receipt_id FROM resource_versions WHERE subject = %s", (alice,))
+            assert {int(r[0]) for r in await cur.fetchall()} == {kept}, f"{receipt} is revoked"
+    finally:
+        await ledger_rows(ledger, "DELETE FROM consumer_subjects WHERE role_name = %s", role)
+        await ledger_rows(ledger, f'DROP OWNED BY "{role}"')
+        await ledger_rows(ledger, f'DROP ROLE IF EXISTS "{role}"')
 
 
 def _mcp_error(exc: BaseException) -> MCPError:
