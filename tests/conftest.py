@@ -49,6 +49,7 @@ LONGEST_FILES = (
     "tests/e2e/test_e2e_checklist.py",
     "tests/e2e/test_e2e_fence.py",
     "tests/e2e/test_cli_newcomer.py",
+    "tests/e2e/test_security_serve_visibility.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

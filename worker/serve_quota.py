@@ -38,11 +38,11 @@ class Quota(Enum):
 
 @dataclass(frozen=True, slots=True)
 class QuotaLimits:
-    listens: int = 64
+    listens: int = 16
     listen_uris: int = 4096
-    event_streams: int = 64
-    snapshots: int = 32
-    sessions: int = 256
+    event_streams: int = 16
+    snapshots: int = 16
+    sessions: int = 64
 
     def of(self, quota: Quota) -> int:
         value: int = getattr(self, quota.value)

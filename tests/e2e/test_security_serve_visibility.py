@@ -19,10 +19,11 @@ import psycopg
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from benchmarks.ledger_seed import seed_version
 from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.visibility import RULE_FUNCTION
-from mcpsync.workflows.digest import ContentPart, content_digest
+from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
     ServeProcess,
@@ -38,35 +39,8 @@ FINISHED = ("CLOSED", "TOMBSTONED", "UNSUBSCRIBE_UNKNOWN")
 
 async def _seed(ledger: Ledger, subject: str, server: str, state: str, uri: str) -> int:
     """One subscription of ``subject`` in ``state`` with an accepted version, its body and its outbox
-    event, as the read cycle leaves them; the receipt id."""
-    body = f"# {uri} body".encode()
-    digest = content_digest([ContentPart("text", "text/markdown", body)])
-    wf = unique("wf")
-    async with ledger.pool.connection() as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state,"
-            " last_issued_ordinal, last_accepted_ordinal) VALUES (%s, %s, %s, %s, %s, %s, 1, 1)",
-            (wf, subject, server, uri, uri, state))
-        cur = await conn.execute(
-            "INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest,"
-            " size, read_ordinal, session_generation, subscription_generation, request_id, trigger_reason,"
-            " status) VALUES (%s, %s, %s, %s, 'text/markdown', %s, %s, 1, 1, 1, %s, 'poll', 'ACCEPTED')"
-            " RETURNING receipt_id", (wf, subject, server, uri, digest, len(body), unique("rq")))
-        row = await cur.fetchone()
-        assert row is not None
-        receipt = int(row[0])
-        await conn.execute(
-            "UPDATE subscriptions SET last_receipt_id = %s, last_accepted_digest = %s WHERE workflow_id = %s",
-            (receipt, digest, wf))
-        await conn.execute(
-            "INSERT INTO content_store (subject, content_digest, mime_type, kind, size, body)"
-            " VALUES (%s, %s, 'text/markdown', 'text', %s, %s) ON CONFLICT DO NOTHING",
-            (subject, digest, len(body), body))
-        await conn.execute(
-            "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest, read_ordinal,"
-            " receipt_id, detail) VALUES ('version_accepted', %s, %s, %s, %s, %s, 1, %s, '{}'::jsonb)",
-            (wf, subject, server, uri, digest, receipt))
-    return receipt
+    event; the receipt id."""
+    return await seed_version(ledger.pool, subject, server, state, uri, f"# {uri} body".encode())
 
 
 @asynccontextmanager
@@ -326,3 +300,12 @@ async def test_one_subject_cannot_deny_listen_or_event_streams_to_another(
                 20, "events/poll", {"name": "resource.changed", "cursor": start[bob]})))
             assert len(polled["events"]) == 2
 
+
+
+def test_a_quota_below_one_is_one_error_line(tmp_path: Path, database_url: str) -> None:
+    env = {**cli_process.without_database_url(), "MCPSYNC_SERVE_TOKENS": json.dumps({"a": unique("tok")})}
+    conf = str(serve_conf(tmp_path, database_url))
+    for flag, value in (("--max-listens", "0"), ("--max-event-streams", "-1"), ("--max-sessions", "nan")):
+        r = cli_process.run(["--config", conf, "serve", flag, value], env=env)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("mcpsync: error:"), \
+            r.stderr
