@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
@@ -17,12 +19,16 @@ from typing import Any
 import httpx2
 import psycopg
 import pytest
+import uvicorn
 from mcp.shared.exceptions import MCPError
 
 from benchmarks.ledger_seed import seed_version
 from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.visibility import RULE_FUNCTION
+from mcpsync.worker.serve import ServeConfig, ServeHub, build_server
+from mcpsync.worker.serve_cursors import CursorSigner
+from mcpsync.worker.serve_quota import Quota
 from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
@@ -177,8 +183,8 @@ def _rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
 
 
-async def _open_stream(raw: httpx2.AsyncClient, url: str, headers: dict[str, str], cursor: str, id_: int,
-                       frames: list[dict[str, Any]]) -> None:
+async def _open_stream(raw: httpx2.AsyncClient, url: str, headers: dict[str, str], cursor: str | None,
+                       id_: int, frames: list[dict[str, Any]]) -> None:
     """One events/stream request read until cancelled; every SSE frame (or JSON reply) into ``frames``."""
     async with raw.stream("POST", url, json=_rpc(id_, "events/stream", {"name": "resource.changed",
                                                                        "cursor": cursor}),
@@ -309,3 +315,47 @@ def test_a_quota_below_one_is_one_error_line(tmp_path: Path, database_url: str) 
         r = cli_process.run(["--config", conf, "serve", flag, value], env=env)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("mcpsync: error:"), \
             r.stderr
+
+
+async def test_every_registration_of_a_stream_is_released_when_it_ends(ledger: Ledger) -> None:
+    """Finding 5, memory released: serve's hub in this process (real HTTP, uvicorn, SDK clients): while
+    alice's listens, event streams and 2025-11-25 session are open they hold quota slots, listen
+    handlers and listeners on her bus; once each has ended, nothing is held for her any more."""
+    alice, token = unique("alice"), unique("tok")
+    config = ServeConfig(tokens=((token, alice),))
+    hub = ServeHub(config, ledger.pool, CursorSigner(os.urandom(32)))
+    app = build_server(hub).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    uv = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_config=None, access_log=False,
+                                       timeout_graceful_shutdown=1))
+    serving = asyncio.create_task(uv.serve(sockets=[sock]))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    try:
+        await eventually(lambda: uv.started, what="uvicorn")
+        async with AsyncExitStack() as stack:
+            modern = await stack.enter_async_context(serve_client(url, token, "auto"))
+            legacy = await stack.enter_async_context(serve_client(url, token, "legacy"))
+            await legacy.list_resources()
+            for _ in range(2):
+                await stack.enter_async_context(modern.listen(resource_subscriptions=["demo://none"]))
+            headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+            raw = await stack.enter_async_context(httpx2.AsyncClient(timeout=60))
+            headers["mcp-session-id"] = await raw_session(raw, url, headers)
+            frames: list[dict[str, Any]] = []
+            streams = [asyncio.create_task(_open_stream(raw, url, headers, None, 30 + i, frames))
+                       for i in range(2)]
+            await eventually(lambda: hub.quotas.live(Quota.EVENT_STREAMS, alice) == 2, what="two streams")
+            assert hub.quotas.live(Quota.LISTENS, alice) == 2 and hub.quotas.live(Quota.SESSIONS, alice) == 2
+            assert hub.live_registrations() > 6
+            for i in range(2):
+                await raw.post(url, headers=headers, json={
+                    "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 30 + i}})
+            await asyncio.wait_for(asyncio.gather(*streams), 30)
+            assert [f["error"]["code"] for f in frames] == [-32800, -32800], frames  # cancelled, not refused
+            await raw.delete(url, headers=headers)  # the session ends as a client ends it
+        await eventually(lambda: hub.live_registrations() == 0, what="every registration released")
+    finally:
+        uv.should_exit = True
+        await asyncio.wait_for(serving, 10)
