@@ -16,6 +16,9 @@ Contract (docs/serve.md, "Events extension"):
 - ``maxAgeMs`` (poll and stream), as the draft defines it: replay starts at the later of the cursor
   and now − maxAgeMs; events of the subject after the cursor created before that floor are skipped
   and the answer says ``truncated: true``. Ignored with ``cursor: null`` (which already means now).
+- A subject holds at most its ``event_streams`` quota of streams at once (-32005 past it); the streams
+  of a subject woken by one event at the same cursor share one poll (``SharedPages``); a heartbeat
+  makes no query. Events announcing a version the visibility rule hides are not replayed.
 - Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
   (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
 """
