@@ -21,11 +21,17 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
+from mcpsync.activities.visibility import visible_to_subject
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records.ledger import AcceptVerdict
-from mcpsync.workflows.records.subscription import SubscriptionState
 
 __all__ = ["ContentKind", "ContentNotFound", "ContentRefused", "ReleasedContent", "released_content"]
+
+_RECEIPT = f"""
+SELECT rv.*, {visible_to_subject("rv", "rv.accepted_at")} AS visible
+FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
+WHERE rv.receipt_id = %s
+"""
 
 RELEASED = (AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value)
 
@@ -66,18 +72,7 @@ class ReleasedContent(BaseModel):
 async def released_content(pool: AsyncConnectionPool, *, receipt_id: int, subject: str) -> ReleasedContent:
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            """
-            SELECT rv.*, s.state,
-                   EXISTS (SELECT 1 FROM revocations r WHERE r.workflow_id = rv.workflow_id
-                           AND r.recorded_at >= rv.accepted_at)
-                   OR EXISTS (SELECT 1 FROM subject_revocations sr
-                              WHERE sr.subject = rv.subject AND sr.server = rv.server
-                                AND (sr.uri IS NULL OR sr.uri = rv.uri) AND sr.recorded_at >= rv.accepted_at)
-                   AS revoked_since
-            FROM resource_versions rv JOIN subscriptions s ON s.workflow_id = rv.workflow_id
-            WHERE rv.receipt_id = %s
-            """, (receipt_id,))
+        await cur.execute(_RECEIPT, (receipt_id,))
         rv = await cur.fetchone()
         if rv is None:
             raise ContentNotFound(f"no receipt {receipt_id}")
@@ -88,7 +83,7 @@ async def released_content(pool: AsyncConnectionPool, *, receipt_id: int, subjec
             why = "not released by the guardrail" if rv["status"] == AcceptVerdict.GUARDRAIL_REJECTED else \
                 "not an accepted version"
             raise ContentRefused(f"receipt {receipt_id} is {rv['status']}: {why}")
-        if rv["state"] == SubscriptionState.REVOKED.value or rv["revoked_since"]:
+        if not rv["visible"]:
             raise ContentRefused(f"receipt {receipt_id}: access of subject {subject!r} to"
                                  f" {rv['uri']} was revoked")
         await cur.execute("SELECT mime_type, kind, body FROM content_store WHERE subject = %s"

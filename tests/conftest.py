@@ -55,6 +55,7 @@ LONGEST_FILES = (
     "tests/e2e/test_security_upstream_replies.py",
     "tests/e2e/test_security_serve_sessions.py",
     "tests/e2e/test_serve_truth.py",
+    "tests/e2e/test_security_serve_visibility.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
+from mcpsync.worker.serve_quota import Quota, QuotaLimits
 
 __all__ = ["cmd_serve", "register"]
 
@@ -50,6 +51,15 @@ def register(sub: Any) -> None:
                    help="seconds a client has to send a request's headers before its connection is closed")
     c.add_argument("--max-connections", type=count, default=1024,
                    help="open HTTP connections at most; one more is answered 503 and closed")
+    limits = QuotaLimits()
+    for flag, what in (("--max-listens", "open subscriptions/listen streams"),
+                       ("--max-listen-uris", "URIs named in one subscriptions/listen"),
+                       ("--max-event-streams", "open events/stream requests"),
+                       ("--max-snapshots", "listing snapshots kept (past it the oldest is dropped)"),
+                       ("--max-sessions", "2025-11-25 sessions")):
+        quota = Quota(flag[len("--max-"):].replace("-", "_"))
+        c.add_argument(flag, type=count, default=limits.of(quota), metavar="N",
+                       help=f"per subject: {what} (past it -32005)")
     c.set_defaults(func=cmd_serve)
 
 
@@ -79,12 +89,13 @@ async def cmd_serve(args: argparse.Namespace) -> None:
         signer = CursorSigner.for_serve(state_dir())
     except (OSError, ValueError) as exc:
         raise CliError(f"serve's cursor key: {exc}") from None
+    quotas = QuotaLimits(**{q.value: getattr(args, f"max_{q.value}") for q in Quota})
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,
                                tokens=tokens, stdio_subject=args.stdio, page_size=args.page_size,
                                max_age_seconds=args.max_age, consumer=args.consumer,
                                client_buffer=args.client_buffer, allowed_hosts=tuple(args.allowed_host),
                                allowed_origins=tuple(args.allowed_origin), header_timeout=args.header_timeout,
-                               max_connections=args.max_connections)
+                               max_connections=args.max_connections, quotas=quotas)
     url = database_url(config)
     ledger = await open_ledger(url, max_size=8)
     try:

@@ -10,8 +10,15 @@ Contract (docs/serve.md):
   ``serve_gate``, answers 401 to unknown or missing tokens before any MCP handling and binds each
   session to its subject); stdio: the configured subject.
 - ``resources/list``: one ledger snapshot per listing, paged with sealed cursors that name the
-  snapshot (kept in memory, ``MAX_SNAPSHOTS`` newest); a cursor of an evicted snapshot, another
-  subject's or a forged one is -32602 and the client lists again from the start.
+  snapshot (kept in memory, the subject's ``--max-snapshots`` newest); a cursor of an evicted snapshot,
+  another subject's or a forged one is -32602 and the client lists again from the start. Each later page of
+  a snapshot is re-checked against the visibility rule: after a revocation an old cursor pages only
+  what is still visible.
+- What a subject sees (list, read, subscribe, listen priming, events) is decided by one rule,
+  ``activities/visibility.py``: nothing of a revoked scope, whatever the subscription's state.
+- Quotas per subject (``serve_quota``): listens, URIs per listen, event streams, listing snapshots,
+  sessions; past one, -32005 naming it (snapshots: the subject's oldest is dropped). A stream's slot
+  and its bus registration are released when it ends.
 - ``resources/read``: the body from the content store through ``released_content`` (own subject,
   guardrail released, not revoked, digest checked), exactly as read upstream. Not found: -32602
   (2026-07-28) / -32002 (2025-11-25); refused: -32003 with the reason; ``_meta``
@@ -59,6 +66,7 @@ from mcpsync import __version__
 from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.outbox import WITHDRAWING, OutboxEventV1
 from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
+from mcpsync.worker.serve_events import SharedPages
 from mcpsync.worker.serve_ledger import (
     ServedResource,
     freshness_meta,
@@ -66,8 +74,10 @@ from mcpsync.worker.serve_ledger import (
     rejection_reason,
     served_resource,
     served_uris,
+    still_visible,
 )
 from mcpsync.worker.serve_pending import Added, PendingNotifications
+from mcpsync.worker.serve_quota import Quota, QuotaLimits, Quotas
 from mcpsync.worker.serve_tokens import subject_for_authorization
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
@@ -79,8 +89,6 @@ DENIED = -32003
 NOT_FRESH = -32004
 FRESHNESS_META = "io.mcpsync/freshness"
 REQUIRE_FRESH = "io.mcpsync/requireFresh"
-MAX_SNAPSHOTS = 256
-MAX_LISTENS = 1024  # open subscriptions/listen streams per serve process
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,8 @@ class ServeConfig:
     allowed_origins: tuple[str, ...] = ()  # empty: serve_gate.default_origins of the bind
     header_timeout: float = 10.0  # seconds to send a request's head (serve_connections)
     max_connections: int = 1024  # open HTTP connections (serve_connections)
+    quotas: QuotaLimits = field(default_factory=QuotaLimits)  # per subject (docs/serve.md, "Quotas")
+
 
 
 @dataclass(eq=False, slots=True)
@@ -141,7 +151,9 @@ class ServeHub:
         self.sessions: dict[int, _Session] = {}
         self._buses: dict[str, InMemorySubscriptionBus] = {}
         self._listens: set[ListenHandler] = set()
-        self._snapshots: OrderedDict[str, tuple[str, list[ServedResource]]] = OrderedDict()
+        self._snapshots: dict[str, OrderedDict[str, list[ServedResource]]] = {}  # by subject, oldest first
+        self.quotas = Quotas(config.quotas)
+        self.shared_pages = SharedPages()
         self._keys = itertools.count(1)
         self._ticks: dict[str, asyncio.Event] = {}
         # sent: notifications sent to legacy sessions; coalesced: ones merged into one already pending
@@ -178,11 +190,11 @@ class ServeHub:
             if self.subject_of(ctx) != session.subject:  # another subject's token on this session's id
                 raise MCPError(code=DENIED, message="Forbidden: this session belongs to another subject")
             return session
+        subject = self.subject_of(ctx)
+        self.quotas.take(Quota.SESSIONS, subject)
         key = next(self._keys)
         connection.state["serve_session_key"] = key
-        session = _Session(
-            key, connection, self.subject_of(ctx), PendingNotifications(self.config.client_buffer)
-        )
+        session = _Session(key, connection, subject, PendingNotifications(self.config.client_buffer))
         session.sender = asyncio.get_running_loop().create_task(
             self._drain(session), name=f"serve-session-{key}"
         )
@@ -192,7 +204,10 @@ class ServeHub:
 
     def _close_session(self, key: int) -> None:
         session = self.sessions.pop(key, None)
-        if session is not None and session.sender is not None:
+        if session is None:
+            return
+        self.quotas.give_back(Quota.SESSIONS, session.subject)
+        if session.sender is not None:
             session.sender.cancel()
 
     async def _drain(self, session: _Session) -> None:
@@ -244,20 +259,22 @@ class ServeHub:
         subscribe rule, docs/serve.md)."""
         subject = self.subject_of(ctx)
         wanted = params.notifications.resource_subscriptions or []
-        current = await served_uris(self.pool, subject, wanted) if wanted else set()
-        if len(self._listens) >= MAX_LISTENS:
-            raise MCPError(code=INTERNAL_ERROR, message="Subscription limit reached")
-        first: list[ServerEvent] = [ResourceUpdated(uri) for uri in dict.fromkeys(wanted) if uri in current]
-        handler = ListenHandler(
-            _PrimedBus(self.bus(subject), first),
-            max_subscriptions=1,
-            max_buffered_events=self.config.client_buffer,
-        )
-        self._listens.add(handler)
-        try:
-            return await handler(ctx, params)
-        finally:
-            self._listens.discard(handler)
+        self.quotas.check_size(Quota.LISTEN_URIS, len(wanted))
+        with self.quotas.hold(Quota.LISTENS, subject):
+            current = await served_uris(self.pool, subject, wanted) if wanted else set()
+            first: list[ServerEvent] = [ResourceUpdated(u) for u in dict.fromkeys(wanted) if u in current]
+            handler = ListenHandler(
+                _PrimedBus(self.bus(subject), first),
+                max_subscriptions=1,
+                max_buffered_events=self.config.client_buffer,
+            )
+            self._listens.add(handler)
+            try:
+                return await handler(ctx, params)
+            finally:
+                self._listens.discard(handler)
+                if self.quotas.live(Quota.LISTENS, subject) == 1:  # the last one: drop the subject's bus
+                    self._buses.pop(subject, None)
 
     def close_all_streams(self) -> None:
         for handler in list(self._listens):
@@ -303,8 +320,18 @@ class ServeHub:
         if bus is not None:
             await bus.publish(ResourceUpdated(uri))
 
+    def live_registrations(self) -> int:
+        """Everything held for open streams and sessions: quota slots, listen handlers, listeners on
+        the subjects' buses (0 once every stream and session has ended)."""
+        listeners = sum(len(getattr(bus, "_listeners", ())) for bus in self._buses.values())
+        return self.quotas.held() + len(self._listens) + listeners + len(self._buses) + len(self.shared_pages)
+
     async def announce_relist(self, subjects: set[str]) -> None:
         """After a gap: every client of these subjects must list and read again."""
+        for subject in subjects:  # event streams poll again
+            tick = self._ticks.pop(subject, None)
+            if tick is not None:
+                tick.set()
         for session in list(self.sessions.values()):
             if session.subject in subjects:
                 for uri in list(session.subscriptions):
@@ -317,10 +344,12 @@ class ServeHub:
 
     # -- listing snapshots -------------------------------------------------------------
     def _remember(self, subject: str, items: list[ServedResource], top: int) -> str:
+        """Keep a snapshot; past the subject's quota its own oldest is dropped (never another's)."""
         sid = f"{top}-{next(self._keys)}"
-        self._snapshots[sid] = (subject, items)
-        while len(self._snapshots) > MAX_SNAPSHOTS:
-            self._snapshots.popitem(last=False)
+        held = self._snapshots.setdefault(subject, OrderedDict())
+        held[sid] = items
+        while len(held) > self.config.quotas.snapshots:
+            held.popitem(last=False)
         return sid
 
     async def page(self, subject: str, cursor: str | None) -> tuple[list[ServedResource], str | None]:
@@ -338,15 +367,18 @@ class ServeHub:
                     message=f"Invalid cursor: {exc}; list again from the start",
                     data={"reason": "invalid_cursor"},
                 ) from None
-            held = self._snapshots.get(sid)
-            if held is None or held[0] != subject:
+            items_held = self._snapshots.get(subject, OrderedDict()).get(sid)
+            if items_held is None:
                 raise MCPError(
                     code=INVALID_PARAMS,
                     message="Invalid cursor: its listing snapshot expired; list again from the start",
                     data={"reason": "snapshot_expired"},
                 )
-            items = held[1]
+            items = items_held
         chunk = items[offset : offset + size]
+        if offset and chunk:  # a later page of a snapshot: a revocation since then hides what it covers
+            visible = await still_visible(self.pool, subject, [r.receipt_id for r in chunk])
+            chunk = [r for r in chunk if r.receipt_id in visible]
         following = offset + size
         next_cursor = self.signer.sign("L", f"{sid}~{following}", subject) if following < len(items) else None
         return chunk, next_cursor

@@ -16,6 +16,9 @@ Contract (docs/serve.md, "Events extension"):
 - ``maxAgeMs`` (poll and stream), as the draft defines it: replay starts at the later of the cursor
   and now − maxAgeMs; events of the subject after the cursor created before that floor are skipped
   and the answer says ``truncated: true``. Ignored with ``cursor: null`` (which already means now).
+- A subject holds at most its ``event_streams`` quota of streams at once (-32005 past it); the streams
+  of a subject woken by one event at the same cursor share one poll (``SharedPages``); a heartbeat
+  makes no query. Events announcing a version the visibility rule hides are not replayed.
 - Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
   (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
 """
@@ -35,6 +38,7 @@ from pydantic import ConfigDict, Field
 from mcpsync.activities.outbox import event_from_row
 from mcpsync.worker.serve_cursors import BadCursor
 from mcpsync.worker.serve_ledger import outbox_top, subject_events
+from mcpsync.worker.serve_quota import Quota
 
 if TYPE_CHECKING:
     from mcpsync.worker.serve import ServeHub, ServeServer
@@ -44,6 +48,7 @@ __all__ = [
     "EXTENSION",
     "EventsPollParams",
     "EventsStreamParams",
+    "SharedPages",
     "poll_events",
     "register_events",
     "stream_events",
@@ -141,28 +146,77 @@ async def poll_events(hub: ServeHub, subject: str, params: EventsPollParams) -> 
     }
 
 
+class SharedPages:
+    """One outbox query per subject, cursor and outbox tick, shared by that subject's event streams:
+    the streams woken by one event at the same cursor await one poll, so a subject's full quota of
+    streams costs the ledger one query per event, not one per stream. Nothing is kept for a subject
+    once its last stream ends (``forget``)."""
+
+    def __init__(self) -> None:
+        self._pages: dict[str, tuple[asyncio.Event, dict[str, asyncio.Future[dict[str, Any]]]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    async def page(self, hub: ServeHub, subject: str, cursor: str, tick: asyncio.Event) -> dict[str, Any]:
+        held = self._pages.get(subject)
+        if held is None or held[0] is not tick:  # a new tick: the pages of the last one are old news
+            held = self._pages[subject] = (tick, {})
+        shared = held[1].get(cursor)
+        if shared is None:
+            params = EventsPollParams(name=EVENT_NAME, cursor=cursor, maxEvents=100)
+            shared = held[1][cursor] = asyncio.ensure_future(poll_events(hub, subject, params))
+        return await asyncio.shield(shared)  # a stream that goes away does not cancel the others' poll
+
+    def forget(self, subject: str) -> None:
+        self._pages.pop(subject, None)
+
+
 async def stream_events(
     hub: ServeHub, ctx: ServerRequestContext[Any, Any], subject: str, params: EventsStreamParams
 ) -> dict[str, Any]:
     """``events/stream``: the push delivery. Sends ``notifications/events/event`` (each with its cursor
     and ``_meta.subscriptionId``) on the request's own stream, read from the outbox exactly as poll
-    does, woken by the outbox follower; ``notifications/events/heartbeat`` with the current cursor
-    at once when nothing is pending (the stream's headers and its confirmation) and after every
-    ``HEARTBEAT_S`` of quiet. Runs until the client cancels or disconnects. One page at a time:
-    a client that stops reading holds up only its own stream (its writes block), never the others."""
+    does, woken by the outbox follower (one query shared by the subject's streams at the same cursor,
+    ``SharedPages``); ``notifications/events/heartbeat`` with the current cursor at once
+    when nothing is pending (the stream's headers and its confirmation) and after every ``HEARTBEAT_S``
+    of quiet (no query: the outbox follower wakes the stream when there is something to read). Runs
+    until the client cancels or disconnects, holding one of the subject's ``event_streams`` slots.
+    One page at a time: a client that stops reading holds up only its own stream (its writes block),
+    never the others."""
     request_id = ctx.request_id
     if request_id is None:
         raise MCPError(code=INVALID_PARAMS, message="events/stream requires a request id")
+    if params.name != EVENT_NAME:
+        raise MCPError(code=NOT_FOUND, message=f"Unknown event: {params.name}", data={"kind": "event"})
+    with hub.quotas.hold(Quota.EVENT_STREAMS, subject):
+        try:
+            return await _stream(hub, ctx, subject, params, request_id)
+        finally:
+            if hub.quotas.live(Quota.EVENT_STREAMS, subject) == 1:  # the subject's last stream
+                hub.shared_pages.forget(subject)
+
+
+async def _stream(
+    hub: ServeHub,
+    ctx: ServerRequestContext[Any, Any],
+    subject: str,
+    params: EventsStreamParams,
+    request_id: Any,
+) -> dict[str, Any]:
     meta = {"subscriptionId": request_id}
     cursor, max_age_ms = params.cursor, params.max_age_ms
     first = True
     while True:
         tick = hub.events_tick(subject)
-        page = await poll_events(
-            hub,
-            subject,
-            EventsPollParams(name=params.name, cursor=cursor, maxEvents=100, maxAgeMs=max_age_ms),
-        )
+        if cursor is None or max_age_ms is not None:  # where the stream starts: its own query
+            page = await poll_events(
+                hub,
+                subject,
+                EventsPollParams(name=params.name, cursor=cursor, maxEvents=100, maxAgeMs=max_age_ms),
+            )
+        else:
+            page = await hub.shared_pages.page(hub, subject, cursor, tick)
         max_age_ms = None  # the floor bounds where the stream starts; then it follows every event
         for event in page["events"]:
             note = _EventNotification(method="notifications/events/event", params={**event, "_meta": meta})
@@ -184,13 +238,14 @@ async def stream_events(
             )
             await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
         first = False
-        try:
-            await asyncio.wait_for(tick.wait(), HEARTBEAT_S)
-        except TimeoutError:
-            note = _EventNotification(
-                method="notifications/events/heartbeat", params={"cursor": cursor, "_meta": meta}
-            )
-            await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
+        while not tick.is_set():
+            try:
+                await asyncio.wait_for(tick.wait(), HEARTBEAT_S)
+            except TimeoutError:
+                note = _EventNotification(
+                    method="notifications/events/heartbeat", params={"cursor": cursor, "_meta": meta}
+                )
+                await ctx.session.send_notification(note, related_request_id=request_id)  # type: ignore[arg-type]
 
 
 def register_events(server: ServeServer, hub: ServeHub) -> None:

@@ -4,9 +4,11 @@ Contract:
 - Read-only. One query per listing (one snapshot: a REPEATABLE READ transaction), one per
   resource. Bodies come only through ``released_content`` (the content API's release check:
   own subject, guardrail released, not revoked, digest verified).
-- A subject's resources are its subscriptions that have an accepted version and are not REVOKED
-  (a revoked subscription is listed no more). With the same URI on several upstream servers the
-  first server by name wins (``ServedResource.server`` says which).
+- A subject's resources are its subscriptions that have an accepted version visible to it by the
+  one rule (``activities/visibility.py``): after a revocation none of the revoked scope is listed,
+  whatever the subscription's state (REVOKED, CLOSED, TOMBSTONED, UNSUBSCRIBE_UNKNOWN); nor are its
+  outbox events before the revocation polled or streamed (the ``revoked`` event itself is). With the
+  same URI on several upstream servers the first server by name wins (``ServedResource.server`` says which).
 - What is proven about a version comes from ``activities/proven.py`` (the level rule over the fence
   row, the accepted receipt, the newest verifying read), never from a rule of this module.
 - ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, the accepted version's receipt id,
@@ -29,6 +31,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, Proven, proven_from_row
+from mcpsync.activities.visibility import visible_to_subject
+from mcpsync.workflows.records.ledger import OutboxEventType
 
 __all__ = [
     "ServedResource",
@@ -38,6 +42,7 @@ __all__ = [
     "rejection_reason",
     "served_resource",
     "served_uris",
+    "still_visible",
     "subject_events",
 ]
 
@@ -54,10 +59,28 @@ JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
 {PROVEN_JOIN}
 LEFT JOIN catalog_known ck ON ck.subject = s.subject AND ck.server = s.server AND ck.uri = s.uri
                           AND ck.gone_at IS NULL
-WHERE s.subject = %(subject)s AND s.state <> 'REVOKED' AND s.last_accepted_digest IS NOT NULL
+WHERE s.subject = %(subject)s AND s.last_accepted_digest IS NOT NULL
+  AND {visible_to_subject("rv", "rv.accepted_at")}
   AND (%(uri)s::text IS NULL OR s.uri = %(uri)s::text)
 ORDER BY s.uri, s.server
 """
+
+_SERVED_URIS = f"""
+SELECT DISTINCT s.uri FROM subscriptions s JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+WHERE s.subject = %s AND s.uri = ANY(%s) AND s.last_accepted_digest IS NOT NULL
+  AND {visible_to_subject("rv", "rv.accepted_at")}
+"""
+
+_STILL_VISIBLE = f"""
+SELECT rv.receipt_id FROM resource_versions rv
+WHERE rv.subject = %s AND rv.receipt_id = ANY(%s) AND {visible_to_subject("rv", "rv.accepted_at")}
+"""
+
+# An outbox row is the subject's when the rule shows the version it announces (its time: the row's
+# created_at); a revocation's own ``revoked`` row is always the subject's (it says access ended).
+_EVENT_VISIBLE = (
+    f"(o.event_type = '{OutboxEventType.REVOKED.value}' OR {visible_to_subject('o', 'o.created_at')})"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +173,9 @@ async def served_resource(pool: AsyncConnectionPool, subject: str, uri: str) -> 
 
 
 async def served_uris(pool: AsyncConnectionPool, subject: str, uris: list[str]) -> set[str]:
-    """Which of ``uris`` the subject is served (subscribed, an accepted version, not revoked)."""
+    """Which of ``uris`` the subject is served (subscribed, an accepted version visible to it)."""
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT DISTINCT uri FROM subscriptions WHERE subject = %s AND uri = ANY(%s)"
-            " AND state <> 'REVOKED'"
-            " AND last_accepted_digest IS NOT NULL",
-            (subject, uris),
-        )
+        cur = await conn.execute(_SERVED_URIS, (subject, uris))
         return {row[0] for row in await cur.fetchall()}
 
 
@@ -171,6 +189,14 @@ async def rejection_reason(pool: AsyncConnectionPool, workflow_id: str) -> str |
         )
         row = await cur.fetchone()
     return str(row[0]) if row and row[0] else None
+
+
+async def still_visible(pool: AsyncConnectionPool, subject: str, receipt_ids: list[int]) -> set[int]:
+    """Which of the subject's ``receipt_ids`` it may still see (a listing snapshot's page, re-checked:
+    a revocation after the snapshot hides what it covers)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(_STILL_VISIBLE, (subject, receipt_ids))
+        return {int(row[0]) for row in await cur.fetchall()}
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -217,9 +243,9 @@ async def subject_events(
         await conn.execute("SELECT outbox_stamp()")
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
-            "SELECT * FROM outbox WHERE position > %s AND subject = %s"
-            " AND (%s::timestamptz IS NULL OR created_at >= %s::timestamptz)"
-            " ORDER BY position LIMIT %s",
+            "SELECT o.* FROM outbox o WHERE o.position > %s AND o.subject = %s"
+            " AND (%s::timestamptz IS NULL OR o.created_at >= %s::timestamptz)"
+            f" AND {_EVENT_VISIBLE} ORDER BY o.position LIMIT %s",
             (after, subject, not_before, not_before, limit),
         )
         rows = list(await cur.fetchall())

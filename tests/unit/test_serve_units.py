@@ -83,7 +83,11 @@ async def test_pages_come_from_one_snapshot(monkeypatch: pytest.MonkeyPatch) -> 
     async def fake_list(_pool: Any, subject: str) -> tuple[int, list[ServedResource]]:
         return 7, listings.pop(0)
 
+    async def all_visible(_pool: Any, subject: str, receipt_ids: list[int]) -> set[int]:
+        return set(receipt_ids)  # no revocation here (the re-check itself: test_security_serve_visibility)
+
     monkeypatch.setattr(serve_module, "list_served", fake_list)
+    monkeypatch.setattr(serve_module, "still_visible", all_visible)
     hub = ServeHub(ServeConfig(page_size=2), pool=None, signer=CursorSigner(b"k" * 32))  # type: ignore[arg-type]
     uris, cursor = [], None
     first = True
