@@ -49,7 +49,7 @@ from mcpsync.worker.stack import REPO_ROOT
 from mcpsync.worker.stack_postgres import EmbeddedPostgres
 
 NOISY, QUIET, SERVER = "quota-a", "quota-b", "bench"
-TOKENS = {NOISY: "token-a", QUIET: "token-b"}
+TOKENS = {NOISY: "token-a-for-the-benchmark", QUIET: "token-b-for-the-benchmark"}
 A_RESOURCES = 20
 STATS_FLUSH_S = 11.0
 EVENTS_MEASURED = 30  # A's events in each window that counts ledger transactions
