@@ -13,7 +13,7 @@ Contract:
   run continued-as-new and its successor took two signals: per command per run, and what is left
   per run after the runs that held the commands ended.
 - Nothing of mcpsync runs here: it tells the SDK's share of the idle growth
-  (docs/benchmarks.md, "A run's memory grows with its history").
+  (docs/benchmarks/journal-2026-12-06.md, "Where the idle growth is").
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Contract:
     upsert (ACTIVE), then completed: no activity on the second queue, no second task.
   Each round also reports this process's CPU per run (the workers and the client).
 - Nothing of mcpsync runs here: it tells how much of a subscription start's dev-server cost its
-  upserts and patch marker are (docs/benchmarks.md, "What the dev server spends on a start").
+  upserts and patch marker are (docs/benchmarks/journal-2026-12-06.md, "The subscribe start floor, and
+  what the dev server spends on a start").
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Contract:
 - Why: with the SDK's own converter, each run built the adapters (and, for a dataclass or a union
   hint, the whole pydantic schema) of every type it decodes and kept them; with adapters shared, a
   run still kept a converter of its own (six converters, a ``SchemaSerializer``): ~1.2 KiB of the
-  worker's memory per cached run (docs/benchmarks.md, "What a subscription keeps in the worker").
+  worker's memory per cached run (docs/benchmarks/journal-2026-12-05.md, "What a subscription keeps in
+  the worker").
 """
 
 from __future__ import annotations

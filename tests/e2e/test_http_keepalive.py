@@ -11,7 +11,8 @@ really opens (``session_transport.server_transport``), over real sockets:
   stream is never drained.
 Latency bounds are loose (a shared 2-core box, and the suite runs two workers): a read that waits for a
 delayed ACK takes at least Linux's minimum delay of 40 ms, so a median under ``SEQUENTIAL_MEDIAN`` says
-most reads did not wait; unloaded, the median is 2-10 ms (docs/benchmarks.md)."""
+most reads did not wait; unloaded, the median is 2-10 ms
+(docs/benchmarks/journal-2026-12-06.md, "Streamable HTTP keeps its connections")."""
 
 from __future__ import annotations
 
