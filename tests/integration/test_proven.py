@@ -1,6 +1,7 @@
 """What is said about a version, on the real ledger: every reader of freshness (serve's listing and
-read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows) answers as the level rule
-(``coverage.dirty`` on the fence row) does, and names the accepted version, not the newest re-read.
+read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows, the answer gate's
+UPDATE_SEEN) answers as the level rule (``coverage.dirty`` on the fence row) does, and names the
+accepted version, not the newest re-read.
 
 The cases drive the real ledger's ``note_notification`` / ``allocate_read`` / ``accept``: a failed
 read, a read that absorbed duplicate notifications at the ingress, an unchanged re-read, and a read
@@ -11,9 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.subscription_views import list_subscriptions
 from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.workflows.answer_rules import (
+    AnswerDependency,
+    FreshnessPolicy,
+    GateReason,
+    ObserveRequest,
+    judge_dependency,
+)
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
@@ -29,6 +38,7 @@ class Said:
     listed: ServedResource  # serve's listing (``list_served``)
     meta: dict[str, object]  # ``_meta["io.mcpsync/freshness"]`` (requireFresh answers from ``fresh``)
     row: dict[str, object]  # the CLI's list/get/describe row (``list_subscriptions``)
+    gate: list[GateReason]  # the answer gate's conditions on the resource's newest receipt
 
 
 async def _said(ledger: Ledger, key: SubscriptionKey) -> Said:
@@ -37,7 +47,18 @@ async def _said(ledger: Ledger, key: SubscriptionKey) -> Said:
     _, listing = await list_served(ledger.pool, key.subject)
     (listed,) = [r for r in listing if r.uri == key.uri]
     (row,) = await list_subscriptions(ledger.pool, subject=key.subject, server=key.server, uri=key.uri)
-    return Said(served, listed, freshness_meta(served, None), row)
+    return Said(served, listed, freshness_meta(served, None), row, await _gate(ledger, key))
+
+
+async def _gate(ledger: Ledger, key: SubscriptionKey) -> list[GateReason]:
+    """The answer gate's conditions for an answer bound to the resource's newest receipt: the
+    production observation (``AnswerLedger.observe``) judged by ``judge_dependency``."""
+    receipt_id = (await ledger.load_fence(key)).last_receipt_id
+    assert receipt_id is not None
+    dep = AnswerDependency(subject=key.subject, server=key.server, uri=key.uri, receipt_id=receipt_id)
+    snapshot = await AnswerLedger(ledger.pool).observe(ObserveRequest(dependencies=[dep], selections={}))
+    (obs,) = snapshot.dependencies
+    return judge_dependency(dep, receipt_id, obs, FreshnessPolicy(), snapshot.checked_at).conditions
 
 
 async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
@@ -51,6 +72,7 @@ async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
         "serve's _meta": said.meta["dirty"],
         "requireFresh (refused as UPDATE_SEEN)": "UPDATE_SEEN" in str(said.meta.get("notFreshBecause")),
         "the CLI's row": said.row.get("dirty"),
+        "the answer gate (held as UPDATE_SEEN)": GateReason.UPDATE_SEEN in said.gate,
     }
     assert readers == dict.fromkeys(readers, expected)
     if expected:
@@ -133,3 +155,4 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     said = await _said(ledger, key)
     assert said.meta["guardrailRejected"] is True and said.meta["fresh"] is False
     assert said.meta["receiptId"] == accepted_receipt  # the accepted version, still named
+
