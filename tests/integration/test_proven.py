@@ -1,5 +1,5 @@
 """What is said about a version, on the real ledger: every reader of freshness (serve's listing and
-read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows, the answer gate's
+read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows and ``status``, the answer gate's
 UPDATE_SEEN) answers as the level rule (``coverage.dirty`` on the fence row) does, and names the
 accepted version, not the newest re-read.
 
@@ -10,11 +10,13 @@ the guardrail rejects."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.proven import proven_of
 from mcpsync.activities.subscription_views import list_subscriptions
+from mcpsync.worker.cli_subscription_text import status_view
 from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
 from mcpsync.workflows.answer_rules import (
     AnswerDependency,
@@ -27,6 +29,7 @@ from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.integration.test_ledger import _accept, _active, _issue, _outcome, _rid
 
 
@@ -156,3 +159,29 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     assert said.meta["guardrailRejected"] is True and said.meta["fresh"] is False
     assert said.meta["receiptId"] == accepted_receipt  # the accepted version, still named
 
+
+async def test_status_answers_freshness_from_the_ledger_in_the_failed_read_case(ledger: Ledger) -> None:
+    # The workflow's record knows no coverage: after a failed read it still shows the old version's
+    # times and says nothing of the update no read covers. ``mcpsync status`` answers from the ledger.
+    key, _ = await _first_version(ledger, "demo://status-failed")
+    fence = await ledger.load_fence(key)
+    now = datetime.now(UTC)
+    record = ResourceSubscriptionV1(
+        subject=key.subject, server=key.server, uri=key.uri, state=SubscriptionState.ACTIVE,
+        last_accepted_ordinal=fence.last_accepted_ordinal, last_accepted_digest=fence.last_accepted_digest,
+        last_receipt_id=fence.last_receipt_id, safety_read_seconds=300.0, last_accepted_at=now,
+        last_verified_at=now)
+    await _note(ledger, key)
+    failed = await _issue(ledger, key)
+    assert await _accept(ledger, key, failed, None, ReadOutcomeKind.TRANSIENT) == AcceptVerdict.REJECTED
+    assert await _assert_level_rule(ledger, key)
+    proven = await proven_of(ledger.pool, key.subject, key.server, key.uri)
+    assert proven is not None and proven.dirty
+    doc, text = status_view(record, proven, now)
+    due = proven.due_at(300.0)
+    assert due is not None and proven.verified_at is not None and proven.accepted_at is not None
+    assert doc["dirty"] is True and doc["fresh"] is False and "UPDATE_SEEN" in doc["not_fresh_because"]
+    assert doc["last_accepted_at"] == proven.accepted_at.isoformat().replace("+00:00", "Z")
+    assert doc["last_verified_at"] == proven.verified_at.isoformat().replace("+00:00", "Z")
+    assert doc["next_verification_due_at"] == due.isoformat()
+    assert "dirty: yes" in text and "fresh: no: an update arrived" in text
