@@ -4,11 +4,12 @@ UPDATE_SEEN) answers as the level rule (``coverage.dirty`` on the fence row) doe
 accepted version, not the newest re-read.
 
 The cases drive the real ledger's ``note_notification`` / ``allocate_read`` / ``accept``: a failed
-read, a read that absorbed duplicate notifications at the ingress, an unchanged re-read, and a read
-the guardrail rejects."""
+read, a read that absorbed duplicate notifications at the ingress, a late notification from a
+session the row left, an unchanged re-read, and a read the guardrail rejects."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -26,9 +27,9 @@ from mcpsync.workflows.answer_rules import (
     judge_dependency,
 )
 from mcpsync.workflows.coverage import dirty
-from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.integration.test_ledger import _accept, _active, _issue, _outcome, _rid
 
@@ -121,6 +122,28 @@ async def test_duplicates_absorbed_at_the_ingress_leave_a_clean_resource_clean_i
     assert result.verdict == AcceptVerdict.ACCEPTED and (result.notified, result.covered) == (3, 3)
     assert not await _assert_level_rule(ledger, key)
 
+
+async def test_a_late_notification_from_a_left_session_leaves_a_dirty_resource_dirty_in_every_reader(
+    ledger: Ledger,
+) -> None:
+    # Session 2 notifies (dirty), then a notification from session 1, which the row left, arrives
+    # late: it is not counted, but it is the newest notification the row records.
+    key = await _active(ledger, "demo://late")
+    snap = await ledger.begin_subscription(key, 2)
+    snap = await ledger.mark_active(key, 2, snap.subscription_generation)
+    ticket = await ledger.allocate_read(AllocateRequest(
+        key=key, session_generation=2, subscription_generation=snap.subscription_generation, min_ordinal=1,
+        request_id=str(uuid.uuid4()), trigger=TriggerReason.INITIAL))
+    assert ticket.granted
+    outcome = _outcome(key, ticket.ordinal, ticket.request_id, "sha256:v1").model_copy(
+        update={"session_generation": 2, "subscription_generation": snap.subscription_generation})
+    result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
+                                               close_epoch=0))
+    assert result.verdict == AcceptVerdict.ACCEPTED
+    assert not await _assert_level_rule(ledger, key)
+    assert await ledger.note_notification(key.subject, key.server, key.uri, 2) is not None
+    assert await ledger.note_notification(key.subject, key.server, key.uri, 1) is not None
+    assert await _assert_level_rule(ledger, key)
 
 async def test_accepted_at_and_receipt_id_name_the_accepted_version_not_an_unchanged_reread(
     ledger: Ledger,
