@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from mcpsync.activities.proven import Proven
 from mcpsync.worker.cli_common import terminal_safe
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -21,6 +23,9 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 __all__ = ["age_of", "dash", "first_read_text", "freshness_lines", "history_line", "record_doc",
            "staleness_bound", "staleness_bound_text", "status_text", "status_view", "subscription_table",
            "when"]
+
+
+_JSON_TIME = TypeAdapter(datetime | None)  # a time as the record's JSON writes it
 
 
 def when(value: datetime | str | None, now: datetime) -> str:
@@ -127,7 +132,7 @@ def status_view(record: ResourceSubscriptionV1, proven: Proven | None,
     fresh, why = proven.fresh(bound, now)
     due = proven.due_at(bound)
     doc = record_doc(record) | {"dirty": proven.dirty, "fresh": fresh, "not_fresh_because": why or None,
-                                "next_verification_due_at": due.isoformat() if due else None}
+                                "next_verification_due_at": _JSON_TIME.dump_python(due, mode="json")}
     lines = [("dirty", "yes: an update no observing read covers yet" if proven.dirty else "no"),
              ("fresh", "yes" if fresh else f"no: {why}"),
              ("next verification due", when(due, now))]

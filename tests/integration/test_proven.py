@@ -206,5 +206,5 @@ async def test_status_answers_freshness_from_the_ledger_in_the_failed_read_case(
     assert doc["dirty"] is True and doc["fresh"] is False and "UPDATE_SEEN" in doc["not_fresh_because"]
     assert doc["last_accepted_at"] == proven.accepted_at.isoformat().replace("+00:00", "Z")
     assert doc["last_verified_at"] == proven.verified_at.isoformat().replace("+00:00", "Z")
-    assert doc["next_verification_due_at"] == due.isoformat()
+    assert doc["next_verification_due_at"] == due.isoformat().replace("+00:00", "Z")
     assert "dirty: yes" in text and "fresh: no: an update arrived" in text
