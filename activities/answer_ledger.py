@@ -6,6 +6,8 @@ Contract:
   snapshot of every dependency of an answer (fence row, live session, latest accepted and
   newest receipts, the selected and bound receipts, the latest completed read, reads in
   flight, the latest update naming the URI) and returns ids, digests, states and times only.
+  Its ``dirty`` is what ``activities/proven.py`` proves about the row (the level rule, the same
+  SQL fragments every reader of freshness uses): the gate's UPDATE_SEEN.
 - Writes only ``answer_bindings``, ``answer_selections`` and ``answer_dispositions``
   (migration 004). Each write is idempotent by the workflow's request id, so an activity
   retry never writes twice. Revisions and check sequences only grow (``GREATEST``).
@@ -27,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, proven_from_row
 from mcpsync.workflows.answer_rules import (
     AnswerDependency,
     AnswerKeyRequest,
@@ -57,6 +60,24 @@ _RECEIPT_SQL = """
     LEFT JOIN read_requests rr ON rr.workflow_id = rv.workflow_id AND rr.ordinal = rv.read_ordinal
                               AND rv.status <> 'TOMBSTONED'
 """
+_SUBSCRIPTION_SQL = f"""
+SELECT s.workflow_id, s.state, s.session_generation, s.subscription_generation,
+       s.notifications_seen, s.last_notification_at, s.last_notification_generation,
+       {PROVEN_COLUMNS},
+       m.generation AS live_generation, m.subscribe AS live_subscribe,
+       EXISTS (SELECT 1 FROM audit a WHERE a.kind = 'SUBSCRIBE_REJECTED'
+           AND a.workflow_id = s.workflow_id
+               AND a.session_generation = s.session_generation) AS subscribe_rejected,
+       (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id
+          AND r.completed_at IS NULL AND r.ordinal > s.last_accepted_ordinal
+          AND r.session_generation = s.session_generation
+          AND r.subscription_generation = s.subscription_generation) AS reads_pending
+FROM subscriptions s
+LEFT JOIN mcp_sessions m ON m.subject = s.subject AND m.server = s.server AND m.closed_at IS NULL
+{PROVEN_JOIN}
+WHERE s.subject = %s AND s.server = %s AND s.uri = %s
+"""
+
 log = logging.getLogger("mcpsync.answer")
 
 _ACCEPTED = [AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value]
@@ -105,24 +126,7 @@ class AnswerLedger:
         await cur.execute(_RECEIPT_SQL + " WHERE rv.receipt_id = ANY(%s)", ([selected_id, dep.receipt_id],))
         by_id = {r["receipt_id"]: _receipt(r) for r in await cur.fetchall()}
         selected, bound = by_id.get(selected_id), by_id.get(dep.receipt_id)
-        await cur.execute(
-            """
-            SELECT s.workflow_id, s.state, s.session_generation, s.subscription_generation,
-                   s.notifications_seen, s.last_notification_at, s.last_notification_generation,
-                   m.generation AS live_generation, m.subscribe AS live_subscribe,
-                   EXISTS (SELECT 1 FROM audit a WHERE a.kind = 'SUBSCRIBE_REJECTED'
-                       AND a.workflow_id = s.workflow_id
-                           AND a.session_generation = s.session_generation) AS subscribe_rejected,
-                   (SELECT count(*) FROM read_requests r WHERE r.workflow_id = s.workflow_id
-                      AND r.completed_at IS NULL AND r.ordinal > s.last_accepted_ordinal
-                      AND r.session_generation = s.session_generation
-                      AND r.subscription_generation = s.subscription_generation) AS reads_pending
-            FROM subscriptions s
-            LEFT JOIN mcp_sessions m ON m.subject = s.subject AND m.server = s.server AND m.closed_at IS NULL
-            WHERE s.subject = %s AND s.server = %s AND s.uri = %s
-            """,
-            (dep.subject, dep.server, dep.uri),
-        )
+        await cur.execute(_SUBSCRIPTION_SQL, (dep.subject, dep.server, dep.uri))
         sub = await cur.fetchone()
         if sub is None:
             return DependencyObservation(subject=dep.subject, server=dep.server, uri=dep.uri,
@@ -171,6 +175,7 @@ class AnswerLedger:
             last_notification_at=sub["last_notification_at"],
             last_notification_generation=sub["last_notification_generation"],
             reads_pending=int(sub["reads_pending"]), latest_read=latest_read,
+            dirty=proven_from_row(sub).dirty,
         )
 
     async def latest_receipts(self, subject: str, server: str,

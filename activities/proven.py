@@ -15,6 +15,8 @@ Contract:
   left out); GUARDRAIL_REJECTED there means the accepted version is not current.
 - ``fresh(bound)``: ACTIVE, not guardrail-rejected, not dirty, verified within ``bound`` seconds
   (None: no age limit). ``due_at(bound)``: when the next verification is due (None: no bound).
+- ``proven_of`` is the same for one subscription by key (``mcpsync status``); the answer gate's
+  observation puts the fragments in its own snapshot query.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 
-__all__ = ["PROVEN_COLUMNS", "PROVEN_JOIN", "Proven", "proven_from_row"]
+__all__ = ["PROVEN_COLUMNS", "PROVEN_JOIN", "Proven", "proven_from_row", "proven_of"]
 
 PROVEN_COLUMNS = """
        s.state AS proven_state, s.notifications_seen AS proven_notified, s.covered AS proven_covered,
@@ -48,6 +53,9 @@ LEFT JOIN LATERAL (SELECT v.receipt_id, v.read_ordinal, v.accepted_at FROM resou
                      AND v.content_digest = s.last_accepted_digest
                    ORDER BY v.receipt_id DESC LIMIT 1) acc ON true
 """
+
+_ONE = (f"SELECT {PROVEN_COLUMNS} FROM subscriptions s {PROVEN_JOIN}"
+        " WHERE s.subject = %s AND s.server = %s AND s.uri = %s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +116,12 @@ def proven_from_row(row: dict[str, Any]) -> Proven:
         verified_at=row["proven_verified_at"],
         newest_status=AcceptVerdict(newest) if newest is not None else None,
     )
+
+
+async def proven_of(pool: AsyncConnectionPool, subject: str, server: str, uri: str) -> Proven | None:
+    """What is proven about the version of the subscription (subject, server, uri); None: no fence row."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_ONE, (subject, server, uri))
+        row = await cur.fetchone()
+    return proven_from_row(row) if row is not None else None

@@ -2,7 +2,9 @@
 freshness lines, history lines and the JSON record.
 
 Contract: pure functions of a ``ResourceSubscriptionV1`` record or a ledger row and ``now``;
-times print as UTC ISO stamps with a relative age, absent values as ``-``.
+times print as UTC ISO stamps with a relative age, absent values as ``-``. ``status_view`` takes
+what ``activities/proven.py`` proves about the version too: its freshness fields (dirty, fresh, last
+accepted, last verified, next verification due) are the ledger's, the record's other fields stay.
 """
 
 from __future__ import annotations
@@ -12,11 +14,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from mcpsync.activities.proven import Proven
 from mcpsync.worker.cli_common import terminal_safe
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["age_of", "dash", "first_read_text", "freshness_lines", "history_line", "record_doc",
-           "staleness_bound_text", "status_text", "subscription_table", "when"]
+           "staleness_bound", "staleness_bound_text", "status_text", "status_view", "subscription_table",
+           "when"]
+
+
+_JSON_TIME = TypeAdapter(datetime | None)  # a time as the record's JSON writes it
 
 
 def when(value: datetime | str | None, now: datetime) -> str:
@@ -53,6 +62,11 @@ def staleness_bound_text(record: ResourceSubscriptionV1) -> str:
     return "-"
 
 
+def staleness_bound(record: ResourceSubscriptionV1) -> float | None:
+    """The bound a verification must be younger than: the published one, else the safety read period."""
+    return record.staleness_bound_seconds or record.safety_read_seconds or None
+
+
 def record_doc(record: ResourceSubscriptionV1) -> dict[str, Any]:
     """The record as JSON, with the staleness bound the text shows: with subscribe the record leaves
     ``staleness_bound_seconds`` null (the safety read period bounds it), and the JSON says so
@@ -79,7 +93,9 @@ def dash(value: Any) -> str:
     return "-" if value is None or value == "" else terminal_safe(str(value), keep="")
 
 
-def status_text(record: ResourceSubscriptionV1, now: datetime) -> str:
+def status_text(record: ResourceSubscriptionV1, now: datetime,
+                freshness: Sequence[tuple[str, str]] = ()) -> str:
+    """The record as aligned ``name: value`` lines; ``freshness``: more lines after its freshness lines."""
     caps = ", ".join(f"{k}={v}" for k, v in sorted(record.capabilities.items())) or "-"
     edition = dash(record.edition)  # negotiated; a mismatch with the config is an EDITION_MISMATCH audit row
     rows = [
@@ -96,10 +112,31 @@ def status_text(record: ResourceSubscriptionV1, now: datetime) -> str:
         ("close epoch / ordinal", f"{record.close_epoch} / {dash(record.close_ordinal)}"),
         ("started / ended", f"{when(record.started_at, now)} / {when(record.ended_at, now)}"),
         *freshness_lines(record, now),
+        *freshness,
         ("safety read period", f"{record.safety_read_seconds:g} s" if record.safety_read_seconds else "-"),
         ("detail", dash(record.detail)),
     ]
     return "\n".join(f"{k:>26}: {v}" for k, v in rows)
+
+
+def status_view(record: ResourceSubscriptionV1, proven: Proven | None,
+                now: datetime) -> tuple[dict[str, Any], str]:
+    """``mcpsync status``'s JSON and text. With the ledger's word (``proven``), last accepted and last
+    verified are the ledger's, and dirty, fresh (why not) and the next verification due under the
+    record's staleness bound are added; without a database only the record speaks."""
+    if proven is None:
+        return record_doc(record), status_text(record, now)
+    record = record.model_copy(update={"last_accepted_at": proven.accepted_at,
+                                       "last_verified_at": proven.verified_at})
+    bound = staleness_bound(record)
+    fresh, why = proven.fresh(bound, now)
+    due = proven.due_at(bound)
+    doc = record_doc(record) | {"dirty": proven.dirty, "fresh": fresh, "not_fresh_because": why or None,
+                                "next_verification_due_at": _JSON_TIME.dump_python(due, mode="json")}
+    lines = [("dirty", "yes: an update no observing read covers yet" if proven.dirty else "no"),
+             ("fresh", "yes" if fresh else f"no: {why}"),
+             ("next verification due", when(due, now))]
+    return doc, status_text(record, now, lines)
 
 
 _COLUMNS = [("SERVER", "server"), ("SUBJECT", "subject"), ("URI", "uri"), ("STATE", "state"),
@@ -127,7 +164,7 @@ def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datet
             line.append(age_of((rec and rec.last_accepted_at) or r.get("last_accepted_at"), now))
             line.append(age_of(rec.last_verified_at, now) if rec else "-")
             line.append(age_of(rec.next_read_due_at, now) if rec else "-")
-            bound = rec and (rec.staleness_bound_seconds or rec.safety_read_seconds)
+            bound = rec and staleness_bound(rec)
             line.append(f"{bound:g}s" if bound else "-")
         table.append(line)
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]

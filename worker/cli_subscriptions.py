@@ -57,6 +57,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.proven import proven_of
 from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.worker.bulk import settle_all
@@ -83,6 +84,7 @@ from mcpsync.worker.cli_subscription_text import (
     history_line,
     record_doc,
     status_text,
+    status_view,
     subscription_table,
     when,
 )
@@ -332,10 +334,18 @@ async def cmd_status(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
     key = subscription_key(args, config, configured_subject=True)
     client = await connect_temporal(config.temporal)
-    record = await _query_record(client, await _workflow_id(config, key), args.timeout)
-    if record is None:
-        raise _not_found(key)
-    print_out(record_doc(record), args.json, status_text(record, datetime.now(UTC)))
+    ledger = await _open_ledger(config)
+    try:
+        record = await _query_record(client, await _workflow_id_in(ledger, key), args.timeout)
+        if record is None:
+            raise _not_found(key)
+        # The ledger is the truth of freshness: the same reader as serve and list/get/describe.
+        proven = await proven_of(ledger.pool, key.subject, key.server, key.uri) if ledger else None
+    finally:
+        if ledger is not None:
+            await ledger.pool.close()
+    doc, text = status_view(record, proven, datetime.now(UTC))
+    print_out(doc, args.json, text)
 
 
 async def cmd_close(args: argparse.Namespace) -> None:

@@ -7,6 +7,10 @@ Contract (the rules in full: docs/answer-gate.md):
 - ``judge_answer`` is the gate: pure deterministic Python over an ``ObservationSnapshot`` the ledger
   took (no I/O, no clock: the snapshot carries the database time; no temporalio import). It works on
   receipt ids, digests, states and timestamps only; no resource body is ever involved.
+- UPDATE_SEEN is the level rule (``coverage.dirty`` on the fence row), which the observation computes
+  with ``activities/proven.py`` and carries as ``DependencyObservation.dirty``; an observation
+  recorded by a build before that field (None) is judged by the timestamp rule ``_update_after``,
+  as that build judged it (docs/decisions/0006-answer-gate-level-rule.md).
 - HOLD, with one named ``GateReason`` per condition, when any dependency is not provably current.
   ACCEPT only when every selected receipt *is* its dependency's latest accepted receipt, or carries
   the same digest with nothing but UNCHANGED reads since, and no newer update was seen; it is
@@ -118,7 +122,7 @@ class GateReason(StrEnum):
     READ_FAILED = "READ_FAILED"  # the latest read failed: unresolved, not an empty resource
     GUARDRAIL_REJECTED = "GUARDRAIL_REJECTED"  # the newest read is not releasable; the older is not current
     READ_PENDING = "READ_PENDING"  # a read is in flight
-    UPDATE_SEEN = "UPDATE_SEEN"  # an update naming the URI arrived after the latest accepted observation
+    UPDATE_SEEN = "UPDATE_SEEN"  # a recorded update no read observing the resource covers yet (level rule)
     CONTINUITY_UNCERTAIN = "CONTINUITY_UNCERTAIN"  # no live session / resubscribing / not re-read since
     UNWATCHED = "UNWATCHED"  # no per-URI updates and no freshness policy admits it
     OBSERVATION_TOO_OLD = "OBSERVATION_TOO_OLD"  # unwatched, and older than the policy allows
@@ -241,6 +245,10 @@ class DependencyObservation(FrozenRecord):
     last_notification_generation: int | None = None
     reads_pending: int = 0
     latest_read: ReadObservation | None = None
+    # The level rule on the fence row (``activities/proven.py``: ``coverage.dirty``): a recorded update
+    # no read observing the resource covers yet. None: observed by a build before it (the gate then
+    # judges UPDATE_SEEN by timestamps, as that build did).
+    dirty: bool | None = None
 
 
 class ObservationSnapshot(FrozenRecord):
@@ -386,7 +394,12 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
                                           "resource has not been read yet")
         if obs.reads_pending:
             hold(GateReason.READ_PENDING, f"{obs.reads_pending} read(s) in flight: wait for the outcome")
-        if latest is not None and _update_after(obs, latest):
+        if latest is not None and obs.dirty:
+            hold(GateReason.UPDATE_SEEN,
+                 f"an update naming this URI (the newest seen at {iso_ms(obs.last_notification_at)}) is not "
+                 "covered by any read that observed the resource since: it must be re-read before relying "
+                 "on it")
+        elif latest is not None and obs.dirty is None and _update_after(obs, latest):
             hold(GateReason.UPDATE_SEEN,
                  f"an update naming this URI was seen at {iso_ms(obs.last_notification_at)}, after the "
                  f"latest accepted observation (receipt {latest.receipt_id}, read issued "
@@ -461,7 +474,8 @@ def judge_dependency(dep: AnswerDependency, selected_receipt_id: int, obs: Depen
 
 
 def _update_after(obs: DependencyObservation, latest: ReceiptObservation) -> bool:
-    """An update naming the URI arrived at or after the read behind ``latest`` was issued.
+    """An update naming the URI arrived at or after the read behind ``latest`` was issued: the rule
+    for an observation that carries no level-rule bit (``dirty`` None: recorded by a build before it).
 
     A notification from an older session generation than the one ``latest`` was read on
     predates that session's subscribe and its initial read: it proves nothing newer."""

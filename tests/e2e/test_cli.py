@@ -418,6 +418,9 @@ async def test_list_get_describe_history_and_status(temporal_client: Client, led
         assert status.code == 0 and "staleness bound: 300 s (safety read period" in status.out
         for label in ("last accepted at:", "last verified at:", "next read due:"):
             assert label in status.out
+        # ... and the ledger's word on freshness (activities/proven.py), as serve and list say it.
+        assert record["dirty"] is False and record["fresh"] is True and record["next_verification_due_at"]
+        assert "dirty: no" in status.out and "fresh: yes" in status.out
 
         listed = await st.cli("list", "--server", st.server.name, "-o", "json")
         assert listed.code == 0, listed.err

@@ -1,23 +1,36 @@
 """What is said about a version, on the real ledger: every reader of freshness (serve's listing and
-read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows) answers as the level rule
-(``coverage.dirty`` on the fence row) does, and names the accepted version, not the newest re-read.
+read, ``requireFresh``, the CLI's ``list``/``get``/``describe`` rows and ``status``, the answer gate's
+UPDATE_SEEN) answers as the level rule (``coverage.dirty`` on the fence row) does, and names the
+accepted version, not the newest re-read.
 
 The cases drive the real ledger's ``note_notification`` / ``allocate_read`` / ``accept``: a failed
-read, a read that absorbed duplicate notifications at the ingress, an unchanged re-read, and a read
-the guardrail rejects."""
+read, a read that absorbed duplicate notifications at the ingress, a late notification from a
+session the row left, an unchanged re-read, and a read the guardrail rejects."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
+from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.proven import proven_of
 from mcpsync.activities.subscription_views import list_subscriptions
+from mcpsync.worker.cli_subscription_text import status_view
 from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.workflows.answer_rules import (
+    AnswerDependency,
+    FreshnessPolicy,
+    GateReason,
+    ObserveRequest,
+    judge_dependency,
+)
 from mcpsync.workflows.coverage import dirty
-from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict
+from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests.integration.test_ledger import _accept, _active, _issue, _outcome, _rid
 
 
@@ -29,6 +42,7 @@ class Said:
     listed: ServedResource  # serve's listing (``list_served``)
     meta: dict[str, object]  # ``_meta["io.mcpsync/freshness"]`` (requireFresh answers from ``fresh``)
     row: dict[str, object]  # the CLI's list/get/describe row (``list_subscriptions``)
+    gate: list[GateReason]  # the answer gate's conditions on the resource's newest receipt
 
 
 async def _said(ledger: Ledger, key: SubscriptionKey) -> Said:
@@ -37,7 +51,18 @@ async def _said(ledger: Ledger, key: SubscriptionKey) -> Said:
     _, listing = await list_served(ledger.pool, key.subject)
     (listed,) = [r for r in listing if r.uri == key.uri]
     (row,) = await list_subscriptions(ledger.pool, subject=key.subject, server=key.server, uri=key.uri)
-    return Said(served, listed, freshness_meta(served, None), row)
+    return Said(served, listed, freshness_meta(served, None), row, await _gate(ledger, key))
+
+
+async def _gate(ledger: Ledger, key: SubscriptionKey) -> list[GateReason]:
+    """The answer gate's conditions for an answer bound to the resource's newest receipt: the
+    production observation (``AnswerLedger.observe``) judged by ``judge_dependency``."""
+    receipt_id = (await ledger.load_fence(key)).last_receipt_id
+    assert receipt_id is not None
+    dep = AnswerDependency(subject=key.subject, server=key.server, uri=key.uri, receipt_id=receipt_id)
+    snapshot = await AnswerLedger(ledger.pool).observe(ObserveRequest(dependencies=[dep], selections={}))
+    (obs,) = snapshot.dependencies
+    return judge_dependency(dep, receipt_id, obs, FreshnessPolicy(), snapshot.checked_at).conditions
 
 
 async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
@@ -51,6 +76,7 @@ async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
         "serve's _meta": said.meta["dirty"],
         "requireFresh (refused as UPDATE_SEEN)": "UPDATE_SEEN" in str(said.meta.get("notFreshBecause")),
         "the CLI's row": said.row.get("dirty"),
+        "the answer gate (held as UPDATE_SEEN)": GateReason.UPDATE_SEEN in said.gate,
     }
     assert readers == dict.fromkeys(readers, expected)
     if expected:
@@ -97,6 +123,28 @@ async def test_duplicates_absorbed_at_the_ingress_leave_a_clean_resource_clean_i
     assert not await _assert_level_rule(ledger, key)
 
 
+async def test_a_late_notification_from_a_left_session_leaves_a_dirty_resource_dirty_in_every_reader(
+    ledger: Ledger,
+) -> None:
+    # Session 2 notifies (dirty), then a notification from session 1, which the row left, arrives
+    # late: it is not counted, but it is the newest notification the row records.
+    key = await _active(ledger, "demo://late")
+    snap = await ledger.begin_subscription(key, 2)
+    snap = await ledger.mark_active(key, 2, snap.subscription_generation)
+    ticket = await ledger.allocate_read(AllocateRequest(
+        key=key, session_generation=2, subscription_generation=snap.subscription_generation, min_ordinal=1,
+        request_id=str(uuid.uuid4()), trigger=TriggerReason.INITIAL))
+    assert ticket.granted
+    outcome = _outcome(key, ticket.ordinal, ticket.request_id, "sha256:v1").model_copy(
+        update={"session_generation": 2, "subscription_generation": snap.subscription_generation})
+    result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
+                                               close_epoch=0))
+    assert result.verdict == AcceptVerdict.ACCEPTED
+    assert not await _assert_level_rule(ledger, key)
+    assert await ledger.note_notification(key.subject, key.server, key.uri, 2) is not None
+    assert await ledger.note_notification(key.subject, key.server, key.uri, 1) is not None
+    assert await _assert_level_rule(ledger, key)
+
 async def test_accepted_at_and_receipt_id_name_the_accepted_version_not_an_unchanged_reread(
     ledger: Ledger,
 ) -> None:
@@ -133,3 +181,30 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     said = await _said(ledger, key)
     assert said.meta["guardrailRejected"] is True and said.meta["fresh"] is False
     assert said.meta["receiptId"] == accepted_receipt  # the accepted version, still named
+
+
+async def test_status_answers_freshness_from_the_ledger_in_the_failed_read_case(ledger: Ledger) -> None:
+    # The workflow's record knows no coverage: after a failed read it still shows the old version's
+    # times and says nothing of the update no read covers. ``mcpsync status`` answers from the ledger.
+    key, _ = await _first_version(ledger, "demo://status-failed")
+    fence = await ledger.load_fence(key)
+    now = datetime.now(UTC)
+    record = ResourceSubscriptionV1(
+        subject=key.subject, server=key.server, uri=key.uri, state=SubscriptionState.ACTIVE,
+        last_accepted_ordinal=fence.last_accepted_ordinal, last_accepted_digest=fence.last_accepted_digest,
+        last_receipt_id=fence.last_receipt_id, safety_read_seconds=300.0, last_accepted_at=now,
+        last_verified_at=now)
+    await _note(ledger, key)
+    failed = await _issue(ledger, key)
+    assert await _accept(ledger, key, failed, None, ReadOutcomeKind.TRANSIENT) == AcceptVerdict.REJECTED
+    assert await _assert_level_rule(ledger, key)
+    proven = await proven_of(ledger.pool, key.subject, key.server, key.uri)
+    assert proven is not None and proven.dirty
+    doc, text = status_view(record, proven, now)
+    due = proven.due_at(300.0)
+    assert due is not None and proven.verified_at is not None and proven.accepted_at is not None
+    assert doc["dirty"] is True and doc["fresh"] is False and "UPDATE_SEEN" in doc["not_fresh_because"]
+    assert doc["last_accepted_at"] == proven.accepted_at.isoformat().replace("+00:00", "Z")
+    assert doc["last_verified_at"] == proven.verified_at.isoformat().replace("+00:00", "Z")
+    assert doc["next_verification_due_at"] == due.isoformat().replace("+00:00", "Z")
+    assert "dirty: yes" in text and "fresh: no: an update arrived" in text

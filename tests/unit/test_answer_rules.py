@@ -4,6 +4,7 @@ tests/e2e/test_answer_gate.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,7 @@ from mcpsync.workflows.answer_rules import (
 from mcpsync.workflows.names import answer_workflow_id
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionState
+from tests.histories.corpus import history_files
 
 R = GateReason
 S = SubscriptionState
@@ -288,3 +290,72 @@ def test_bind_request_and_tracker() -> None:
     assert isinstance(rec, AnswerBindingV1) and rec.record == "answerBinding.v1"
     assert rec.checks == 1 and rec.last_accept == d and rec.selections[0].source == "host"
     json.loads(rec.model_dump_json())
+
+
+# --- UPDATE_SEEN is the level rule (activities/proven.py), carried by the observation --------------
+
+
+def test_update_seen_follows_the_level_rule_not_the_timestamps() -> None:
+    # An update noted after the latest accepted read was issued, covered since (a guardrail-rejected
+    # read observed it, or a read absorbed it): the row is clean, and the gate says so.
+    clean = judge(observed(last_notification_at=at(4), notifications_seen=1, last_notification_generation=1,
+                           dirty=False))
+    assert clean.verdict == Verdict.ACCEPT
+    # An update no observing read covers, stamped before the latest read was issued: dirty, held.
+    latest = receipt(2, status=V.UNCHANGED, minute=5)
+    held = judge(observed(last_notification_at=at(4), latest_accepted=latest, newest_receipt=latest,
+                          last_notification_generation=1, notifications_seen=2, dirty=True))
+    assert held.verdict == Verdict.HOLD and held.reason_code == R.UPDATE_SEEN
+    assert "not covered by any read" in held.reason
+
+
+def test_an_observation_without_the_level_bit_is_judged_by_the_timestamp_rule() -> None:
+    # What a build before the bit recorded (dirty None) is judged as that build judged it.
+    assert observed().dirty is None
+    d = judge(observed(last_notification_at=at(4), notifications_seen=1, last_notification_generation=1))
+    assert d.reason_code == R.UPDATE_SEEN and "after the latest accepted observation" in d.reason
+
+
+def _payload(payloads: dict[str, Any]) -> Any:
+    (p,) = payloads["payloads"]
+    return json.loads(base64.b64decode(p["data"]))
+
+
+def test_released_answer_histories_decide_as_recorded() -> None:
+    """Every check in a released AnswerWorkflow history: its recorded observation (which lacks
+    ``dirty``) judged by today's rules gives the disposition the release recorded (its
+    ``answer_record_disposition`` input): the workflow's code path and outputs are unchanged for them."""
+    checks = 0
+    for path in history_files():
+        events = json.loads(path.read_text())["events"]
+        if events[0]["workflowExecutionStartedEventAttributes"]["workflowType"]["name"] != "AnswerWorkflow":
+            continue
+        scheduled = {e["eventId"]: e["activityTaskScheduledEventAttributes"] for e in events
+                     if "activityTaskScheduledEventAttributes" in e}
+        policy, request, snapshot = FreshnessPolicy(), None, None
+        for e in events:
+            accepted = e.get("workflowExecutionUpdateAcceptedEventAttributes")
+            if accepted and accepted["acceptedRequest"]["input"]["name"] == "check":
+                policy = FreshnessPolicy.model_validate(
+                    _payload(accepted["acceptedRequest"]["input"]["args"])["policy"])
+            a = e.get("activityTaskScheduledEventAttributes")
+            if a and a["activityType"]["name"] == "answer_observe":
+                request = _payload(a["input"])
+            c = e.get("activityTaskCompletedEventAttributes")
+            if c and scheduled[c["scheduledEventId"]]["activityType"]["name"] == "answer_observe":
+                raw = _payload(c["result"])
+                assert all("dirty" not in d for d in raw["dependencies"])  # recorded before the bit
+                snapshot = ObservationSnapshot.model_validate(raw)
+            if a and a["activityType"]["name"] == "answer_record_disposition":
+                assert request is not None and snapshot is not None
+                recorded = Disposition.model_validate(_payload(a["input"])["disposition"])
+                deps = [AnswerDependency.model_validate(d) for d in request["dependencies"]]
+                today = judge_answer(answer_id=recorded.answer_id, revision=recorded.revision,
+                                     sequence=recorded.sequence, dependencies=deps,
+                                     selections=request["selections"], snapshot=snapshot, policy=policy,
+                                     previous=None)
+                assert today.model_dump(exclude={"reopened", "reason"}) == \
+                    recorded.model_dump(exclude={"reopened", "reason"})
+                assert today.reason.removeprefix("reopened: ") == recorded.reason.removeprefix("reopened: ")
+                checks += 1
+    assert checks >= 3  # the corpus's bind, check (ACCEPT), check (HOLD), select, check
