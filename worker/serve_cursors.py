@@ -96,6 +96,14 @@ class CursorSigner:
         ciphertext = _xor(data, key.stream(nonce, len(data)))
         return f"{key.kid}.{_b64(nonce + ciphertext + key.tag(kind, subject, nonce, ciphertext))}"
 
+    def event_id(self, subject: str, position: int) -> str:
+        """An event's ``eventId``: stable for one subject and position under the current key (a client
+        dedupes by it), and opaque: it reveals neither the outbox position nor anything of another
+        subject's activity. A new key gives every event a new id."""
+        message = f"event\x00{subject}\x00{position}".encode("utf-8", "surrogateescape")
+        digest = hmac.new(self._current.mac, message, hashlib.sha256).digest()
+        return f"ev_{_b64(digest[:16])}"
+
     def verify(self, kind: str, cursor: str, subject: str) -> str:
         """The payload of a valid cursor of ``kind`` for ``subject``; else ``BadCursor``."""
         if len(cursor) > MAX_CURSOR_CHARS:

@@ -19,8 +19,10 @@ Contract (docs/serve.md, "Events extension"):
 - A subject holds at most its ``event_streams`` quota of streams at once (-32005 past it); the streams
   of a subject woken by one event at the same cursor share one poll (``SharedPages``); a heartbeat
   makes no query. Events announcing a version the visibility rule hides are not replayed.
-- Each event: ``eventId`` = ``outbox:<position>`` (stable: dedupe by it), ``name``, ``timestamp``
-  (the row's created_at), ``data``, and (a deviation for poll) its own ``cursor``.
+- Each event: ``eventId`` (opaque and stable for the subject: dedupe by it; ``CursorSigner.event_id``),
+  ``name``, ``timestamp`` (the row's created_at), ``data`` (``outboxEvent.v1`` without its global
+  ``position`` and ``outbox_id``, which would tell other subjects' activity), and (a deviation for
+  poll) its own ``cursor``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ NOT_FOUND = -32011  # the draft's NotFound
 MAX_EVENTS = 500
 NEXT_POLL_MS = 1000
 HEARTBEAT_S = 15.0
+_GLOBAL_ORDER = {"position", "outbox_id"}  # the outbox's order across subjects: never served
 
 
 class EventsPollParams(RequestParams):
@@ -128,10 +131,10 @@ async def poll_events(hub: ServeHub, subject: str, params: EventsPollParams) -> 
         envelope = event_from_row(row)
         events.append(
             {
-                "eventId": f"outbox:{envelope.position}",
+                "eventId": hub.signer.event_id(subject, envelope.position),
                 "name": EVENT_NAME,
                 "timestamp": envelope.created_at.isoformat(),
-                "data": json.loads(envelope.model_dump_json()),
+                "data": json.loads(envelope.model_dump_json(exclude=_GLOBAL_ORDER)),
                 "cursor": hub.signer.sign("E", str(envelope.position), subject),
             }
         )

@@ -73,7 +73,10 @@ async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> 
     assert unknown.value.code == -32011
     # Retention pruned beyond the client's cursor: truncated, then the events still kept.
     async with own_ledger.pool.connection() as conn:
-        await conn.execute("UPDATE outbox_state SET pruned_through = %s", (got[3]["data"]["position"],))
+        fourth = await (await conn.execute("SELECT position FROM outbox WHERE subject = 'alice'"
+                                           " ORDER BY position OFFSET 3 LIMIT 1")).fetchone()
+        assert fourth is not None
+        await conn.execute("UPDATE outbox_state SET pruned_through = %s", (fourth[0],))
     late = await poll_events(hub, "alice", _params(start["cursor"]))
     assert late["truncated"] is True
     assert [e["eventId"] for e in late["events"]] == [got[4]["eventId"]]
@@ -97,3 +100,26 @@ async def test_max_age_ms_floors_the_replay(own_ledger: Ledger) -> None:
     with pytest.raises(MCPError) as negative:
         await poll_events(hub, "alice", _params(start["cursor"], max_age_ms=-1))
     assert negative.value.code == -32602
+
+
+async def test_event_ids_and_data_tell_nothing_of_other_subjects(own_ledger: Ledger) -> None:
+    """An event names no outbox position (the order across every subject): its ``eventId`` is opaque,
+    stable for its subject (polled twice, the same id), and ``data`` carries no ``position`` nor
+    ``outbox_id``; bob's events in between change nothing alice can see."""
+    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+    start = (await poll_events(hub, "alice", _params(None)))["cursor"]
+    bob_start = (await poll_events(hub, "bob", _params(None)))["cursor"]
+    await _emit(own_ledger, "alice", 1)
+    await _emit(own_ledger, "bob", 7)
+    await _emit(own_ledger, "alice", 1)
+    first = (await poll_events(hub, "alice", _params(start)))["events"]
+    second = (await poll_events(hub, "alice", _params(start)))["events"]
+    async with own_ledger.pool.connection() as conn:
+        positions = [r[0] for r in await (await conn.execute(
+            "SELECT position FROM outbox WHERE subject = 'alice' ORDER BY position")).fetchall()]
+    assert len(first) == 2 and [e["eventId"] for e in first] == [e["eventId"] for e in second]
+    for event, position in zip(first, positions, strict=True):
+        assert str(position) not in event["eventId"].removeprefix("ev_"), event["eventId"]
+        assert "position" not in event["data"] and "outbox_id" not in event["data"], event["data"]
+    bob = (await poll_events(hub, "bob", _params(bob_start)))["events"]
+    assert len(bob) == 7 and not {e["eventId"] for e in bob} & {e["eventId"] for e in first}
