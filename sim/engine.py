@@ -6,6 +6,9 @@ Contract:
   ``SubscriptionProgram``) until it blocks, carries out its commands as ``Activity`` entries, and
   checks every invariant (``sim.checker``). The session host's routing is the production program too
   (``sim.ingress`` over ``workflows/ingress.py``); the durable side is ``MemoryLedger``.
+- It is composed, not inherited: the world's state is its own; ``checker`` (``Checker``), ``cycles``
+  (``CycleRunner``) and ``ingress`` (``IngressDriver``) are objects with their own fields that read the
+  world through it. Violations and coverage are recorded here (``violate``, ``cover``).
 - Time advances one second per step; a TIMER event jumps it to the armed timer's fire time.
 - ``drain`` is the quiet end: everything delivered and completed, timers fired, pending catalog and
   resume words given, one final invalidation, to quiescence; then the verdict.
@@ -17,7 +20,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mcpsync.workflows.coverage import dirty
-from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.read_cycle import ReadReport
@@ -32,7 +34,8 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
-from sim.cycles import SimSessionActivities
+from sim.checker import Checker
+from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
 from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
@@ -58,18 +61,17 @@ CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op
                        Op.FIRST_READ, Op.REVOKE})
 
 
-class Simulation(IngressDriver):
+class Simulation:
     """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
-        super().__init__()
         self.seed = seed
         self.profile = profile
         self.config = config
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = McpServer(profile.capability, self.ledger)
-        self.sessions = SimSessionActivities(self.host, self.oracle, self.ledger)
+        self.cycles = CycleRunner(SimSessionActivities(self.host, self.oracle, self.ledger), self.cover)
         self.queue: list[Message] = []
         self.activities: list[Activity] = []
         self.checkpoints: list[Checkpoint] = []
@@ -80,28 +82,43 @@ class Simulation(IngressDriver):
         self.times: list[datetime] = [EPOCH]  # the clock after each step (index = step)
         self.chain = 0
         self.run = 0
-        self._aid = 0
-        self._note_id = 0
+        self.last_activity_id = 0
+        self.last_note_id = 0
         self._scan = 0
         self.coverage: dict[str, int] = {}
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
-        # the session host's routing program (production's), its work queue keyed (URI, generation)
-        self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
-                                    read_on_notification=config.read_on_notification)
-        self._pulses: dict[tuple[str, int], tuple[str, int]] = {}
+        self.checker = Checker(self)
+        self.ingress = IngressDriver(self, read_on_notification=config.read_on_notification)
         # metrics
         self.last_change_step = 0
         self.duplicate_deliveries = 0
-        self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
         if profile.session_at_start:
             self.host.open()
         self.wf = self._new_chain()
         self._activate()
-        self._check()
+        self.checker.check()
 
     # --- plumbing ----------------------------------------------------------------------------------
+
+    @property
+    def chain_running(self) -> bool:
+        return self.wf.stage not in (RunStage.DONE, RunStage.WEDGED)
+
+    def cover(self, name: str) -> None:
+        self.coverage[name] = self.coverage.get(name, 0) + 1
+
+    def violate(self, invariant: Invariant, detail: str) -> None:
+        self.violations.append(Violation(invariant, self.step, detail))
+
+    def next_activity_id(self) -> int:
+        self.last_activity_id += 1
+        return self.last_activity_id
+
+    def next_note_id(self) -> int:
+        self.last_note_id += 1
+        return self.last_note_id
 
     def _program_run(self, start: SubscriptionStart, incarnation: str) -> ProgramRun:
         wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", EPOCH, self.times[self.step])
@@ -127,22 +144,22 @@ class Simulation(IngressDriver):
                 wf.activate()
             for err in wf.errors:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
-                self._violate(invariant, err)
+                self.violate(invariant, err)
             wf.errors.clear()
             for _nid, disposition in wf.notes:
-                self._cover(f"update.{disposition.value}")
+                self.cover(f"update.{disposition.value}")
             wf.notes.clear()
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
             for cmd in commands:
                 if isinstance(cmd, ScheduleActivity):
-                    self._aid += 1
-                    self.activities.append(Activity(self._aid, self.run, cmd.seq, cmd.name, cmd.arg))
+                    self.activities.append(Activity(self.next_activity_id(), self.run, cmd.seq, cmd.name,
+                                                    cmd.arg))
                 else:
                     can = cmd
             if can is None:
                 return
-            self._cover("continue_as_new")
+            self.cover("continue_as_new")
             self.run += 1
             self.wf = self._program_run(can.start, wf.incarnation)
 
@@ -188,9 +205,9 @@ class Simulation(IngressDriver):
             self.times.append(at)
             self.exists_history.append(self.oracle.exists)
             self.events.append(event)
-            self._cover(f"op.{event.op.value}")
+            self.cover(f"op.{event.op.value}")
             self._activate()
-            self._check()
+            self.checker.check()
         return applied
 
     def _apply(self, e: Event) -> bool:
@@ -206,7 +223,7 @@ class Simulation(IngressDriver):
             else:
                 self.oracle.mutate(unsafe="unsafe" in tokens)
             self.last_change_step = self.step + 1
-            self._notify(e.n, "same_id" in tokens)
+            self.ingress.notify(e.n, "same_id" in tokens)
             return True
         if op == Op.DELIVER:
             if not self.queue:
@@ -215,39 +232,39 @@ class Simulation(IngressDriver):
             if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
                 self.duplicate_deliveries += 1
             if isinstance(msg.payload, ReadReport):
-                self._cover("ingress.report_delivered")
+                self.cover("ingress.report_delivered")
                 cycle = msg.payload.cycle
                 if self.chain_running and cycle.accept is not None \
                         and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
                         and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
                     # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                     # the newer digest.
-                    self._cover("ingress.report_older_than_view")
+                    self.cover("ingress.report_older_than_view")
             self._signal(msg.kind, msg.payload)
             return True
         if op == Op.OLD_NOTE:
             live = self.host.generation
             if live < 2:
                 return False
-            self._note_id += 1
             gen = max(1, live - 1 - e.n)
-            if (old := self._route(gen, f"old{self._note_id}")) is not None:
+            if (old := self.ingress.route(gen, f"old{self.next_note_id()}")) is not None:
                 self.queue.append(old)
             return True
         if op == Op.WRONG_URI:  # no row for the variant: ``UnknownUri``
             gen = self.host.generation  # the live session's, or the last one's
-            self._note_id += 1
-            if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
+            if (wrong := self.ingress.route(gen, f"w{self.next_note_id()}", WRONG_URI)) is not None:
                 self.queue.append(wrong)
             return True
         if op == Op.FINAL_NOTE:
             gen = self.host.generation
-            final = self._route(gen, "final")  # None: the work is owned already (a read in flight or owed)
-            if final is None and self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
+            # None: the work is owned already (a read in flight or owed)
+            final = self.ingress.route(gen, "final")
+            if final is None and self.signals_erased and dirty(self.ledger.row) \
+                    and not self.checker.work_owned():
                 # A reset without reapply erased the signal that owned the row's work: nothing else
                 # owns it, and a note on a dirty row creates none. The safety read repays it; the
                 # drain delivers the final note as the operator's re-signal would (docs/faults.md).
-                self._cover("final_note_after_erased_signals")
+                self.cover("final_note_after_erased_signals")
                 final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
             if final is not None:
                 self._signal(final.kind, final.payload, log=False)
@@ -275,7 +292,7 @@ class Simulation(IngressDriver):
         if op == Op.TIMER:
             kind = self.wf.pending_timer
             if kind and self.wf.fire_timer():
-                self._cover(f"timer.{kind}")
+                self.cover(f"timer.{kind}")
                 return True
             return False
         if op == Op.RECONNECT:
@@ -307,7 +324,7 @@ class Simulation(IngressDriver):
             self._scan += 1
             measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
             proven = e.fault == "proven"
-            self._cover("catalog.proven" if proven else "catalog.unproven")
+            self.cover("catalog.proven" if proven else "catalog.unproven")
             self._signal(Signal.CATALOG, CatalogObservation(
                 uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
                 snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
@@ -339,7 +356,7 @@ class Simulation(IngressDriver):
         """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
         Temporal runs it again later (at-least-once)."""
         if act.ingress is not None:
-            self._ingress_step(act, fault)
+            self.ingress.step(act, fault)
             return
         name, arg = act.name, act.arg
         result: Any
@@ -350,31 +367,31 @@ class Simulation(IngressDriver):
                 if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
                         and self.oracle.exists:
                     # a late proven word revoked a resource that exists
-                    self._cover("catalog_revoked_existing")
+                    self.cover("catalog_revoked_existing")
             elif name == Act.MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
-                    self._cover("unsubscribe_ack_lost")
+                    self.cover("unsubscribe_ack_lost")
             elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
-                done, result = self._cycle_step(act, fault)
+                done, result = self.cycles.step(act, fault)
                 if fault == "lost":  # the attempt died after this step's effect: the retry starts over
                     act.cycle, act.step = None, 0
                 if not done:
                     if fault == "lost":
-                        self._cover("lost_response.read_cycle_step")
+                        self.cover("lost_response.read_cycle_step")
                     return
             else:
                 raise ValueError(f"unknown activity {name}")
         except LedgerIntegrityError as err:
             act.poisoned = True
-            self._violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
+            self.violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
             return
         if fault == "lost":
-            self._cover(f"lost_response.{name}")
+            self.cover(f"lost_response.{name}")
             return  # the activity stays scheduled: its retry runs the side effect again
         if act.run != self.run:
             self.activities.remove(act)  # an orphan of a reset run: it landed, nobody listens
-            self._cover("orphan_landed")
+            self.cover("orphan_landed")
             return
         act.executed, act.result = True, result
 
@@ -387,7 +404,7 @@ class Simulation(IngressDriver):
     def _reset(self, cp: Checkpoint, *, reapply: bool) -> None:
         """Temporal reset: the current run ends (its started activities may still land), a new run
         replays to the checkpoint, then reschedules the activities pending there."""
-        self._cover("reset")
+        self.cover("reset")
         self.run += 1
         wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
         wf.clock = self.times[self.step]
@@ -401,7 +418,7 @@ class Simulation(IngressDriver):
         if later and not reapply:
             self.signals_erased = True
         if reapply:
-            self._cover("reset_reapply")
+            self.cover("reset_reapply")
             for kind, payload in later:
                 self._signal(kind, payload)
 
@@ -435,10 +452,10 @@ class Simulation(IngressDriver):
         final_sent = False
         for attempt in range(8):
             if not self._flush():
-                self._violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
+                self.violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
                 return
             if attempt == 0:
-                self._check_covered()
+                self.checker.check_covered()
             wf = self.wf
             if not self.chain_running:
                 break
@@ -455,23 +472,25 @@ class Simulation(IngressDriver):
                 continue
             if not final_sent:
                 final_sent = True
-                self.count_reads = False
+                self.checker.count_reads = False
                 self.apply(Event(Op.FINAL_NOTE))
                 continue
             break
-        self._verdict()
+        self.checker.verdict()
 
     def result(self) -> ScheduleResult:
         converged_after = None
         row = self.ledger.row
-        if not self.violations and row.state not in TERMINAL_STATES and self.converged_since is not None:
-            converged_after = max(0, self.converged_since - self.last_change_step)
+        converged_since = self.checker.converged_since
+        if not self.violations and row.state not in TERMINAL_STATES and converged_since is not None:
+            converged_after = max(0, converged_since - self.last_change_step)
         return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
                               violations=list(self.violations), steps=self.step,
                               converged_after=converged_after,
-                              notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
+                              notification_reads=self.checker.notification_reads,
+                              fresh_reads=self.checker.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
-                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
+                              covered_updates=self.ingress.covered_reads_saved, coverage=dict(self.coverage),
                               read_on_notification=self.config.read_on_notification)
 
 
