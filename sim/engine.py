@@ -464,10 +464,10 @@ class Simulation:
             if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):
                 self.apply(Event(Op.TIMER))
                 continue
-            if state == S.TOMBSTONE_PENDING and wf.program.catalog is None:
+            if state == S.TOMBSTONE_PENDING and wf.program.identity.catalog is None:
                 self.apply(Event(Op.CATALOG))
                 continue
-            if state == S.RECONCILIATION_REQUIRED and wf.program.resume_requested is None:
+            if state == S.RECONCILIATION_REQUIRED and wf.program.identity.resume_requested is None:
                 self.apply(Event(Op.RESUME))
                 continue
             if not final_sent:

@@ -313,7 +313,7 @@ class ProgramRun:
         except _Livelock:
             self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
                                f"(state={self.fence.s.state.value}, "
-                               f"catalog={self.program.catalog is not None})")
+                               f"catalog={self.program.identity.catalog is not None})")
             self.stage = RunStage.WEDGED
             return
         except Exception as err:  # noqa: BLE001 - reported as a violation, as Temporal would fail the task

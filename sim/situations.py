@@ -84,7 +84,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
                 before.add("F1.reset_redispatch")
             if chain >= 2:
                 before.add("F6.second_reset_same_point")
-        if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
+        if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.identity.resume_requested is not None:
             before.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
         if msg_kind == Signal.SESSION_CHANGED and running and wf.fence.allocating \
                 and wf.program.reads_running:
