@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,6 +57,8 @@ from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, S
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
+ONE_STEP = timedelta(seconds=1)
+OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied events
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
@@ -173,10 +176,11 @@ class Simulation:
 
     def _next_time(self, event: Event) -> datetime:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
-        at = self.times[self.step] + timedelta(seconds=1)
-        timer_at = self.wf.timer_at
-        if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
-            at = timer_at
+        at = self.times[self.step] + ONE_STEP
+        if event.op == Op.TIMER and self.chain_running:
+            timer_at = self.wf.timer_at
+            if timer_at is not None and timer_at > at:
+                at = timer_at
         return at
 
     def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
@@ -189,9 +193,16 @@ class Simulation:
         return matches[n % len(matches)] if matches else None
 
     def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
-        """The EXEC (or COMPLETE) event that picks ``act``."""
-        n = self._candidates(act.name, executed=op == Op.COMPLETE).index(act)
-        return Event(op, n=n, act=act.name, fault=fault)
+        """The EXEC (or COMPLETE) event that picks ``act``: its index among ``_candidates``."""
+        executed, name, run = op == Op.COMPLETE, act.name, self.run
+        n = 0
+        for a in self.activities:
+            if a is act:
+                return Event(op, n=n, act=name, fault=fault)
+            if a.name == name and a.executed == executed and not a.poisoned \
+                    and (not executed or a.run == run):
+                n += 1
+        raise ValueError(f"{act} is not scheduled")
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -205,152 +216,173 @@ class Simulation:
             self.times.append(at)
             self.exists_history.append(self.oracle.exists)
             self.events.append(event)
-            self.cover(f"op.{event.op.value}")
+            self.cover(OP_LABELS[event.op])
             self._activate()
             self.checker.check()
         return applied
 
     def _apply(self, e: Event) -> bool:
+        if e.op in CHAIN_OPS and not self.chain_running:
+            return False
+        return _APPLY[e.op](self, e)
+
+    def _on_change(self, e: Event) -> bool:
         op = e.op
-        if op in CHAIN_OPS and not self.chain_running:
+        if (op == Op.RECREATE) == self.oracle.exists:
             return False
-        if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
-            if (op == Op.RECREATE) == self.oracle.exists:
-                return False
-            tokens = e.fault.split("+")
-            if op == Op.DELETE:
-                self.oracle.delete()
-            else:
-                self.oracle.mutate(unsafe="unsafe" in tokens)
-            self.last_change_step = self.step + 1
-            self.ingress.notify(e.n, "same_id" in tokens)
-            return True
-        if op == Op.DELIVER:
-            if not self.queue:
-                return False
-            msg = self.queue.pop(e.n % len(self.queue))
-            if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                self.duplicate_deliveries += 1
-            if isinstance(msg.payload, ReadReport):
-                self.cover("ingress.report_delivered")
-                cycle = msg.payload.cycle
-                if self.chain_running and cycle.accept is not None \
-                        and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
-                        and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
-                    # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
-                    # the newer digest.
-                    self.cover("ingress.report_older_than_view")
-            self._signal(msg.kind, msg.payload)
-            return True
-        if op == Op.OLD_NOTE:
-            live = self.host.generation
-            if live < 2:
-                return False
-            gen = max(1, live - 1 - e.n)
-            if (old := self.ingress.route(gen, f"old{self.next_note_id()}")) is not None:
-                self.queue.append(old)
-            return True
-        if op == Op.WRONG_URI:  # no row for the variant: ``UnknownUri``
-            gen = self.host.generation  # the live session's, or the last one's
-            if (wrong := self.ingress.route(gen, f"w{self.next_note_id()}", WRONG_URI)) is not None:
-                self.queue.append(wrong)
-            return True
-        if op == Op.FINAL_NOTE:
-            gen = self.host.generation
-            # None: the work is owned already (a read in flight or owed)
-            final = self.ingress.route(gen, "final")
-            if final is None and self.signals_erased and dirty(self.ledger.row) \
-                    and not self.checker.work_owned():
-                # A reset without reapply erased the signal that owned the row's work: nothing else
-                # owns it, and a note on a dirty row creates none. The safety read repays it; the
-                # drain delivers the final note as the operator's re-signal would (docs/faults.md).
-                self.cover("final_note_after_erased_signals")
-                final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
-            if final is not None:
-                self._signal(final.kind, final.payload, log=False)
-            return True
-        if op == Op.CLOSE:
-            self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
-            return True
-        if op == Op.EXEC:
-            act = self._find(e.act, e.n, executed=False)
-            if act is None:
-                return False
-            self._execute(act, e.fault)
-            return True
-        if op == Op.COMPLETE:
-            act = self._find(e.act, e.n, executed=True)
-            if act is None:
-                return False
-            self.activities.remove(act)
-            if act.result is None and act.name in MCP_ACTIVITIES:
-                # retries exhausted: the program sees ActivityFailed
-                self.wf.fail(act.seq, "ApplicationError")
-            else:
-                self.wf.complete(act.seq, act.result)
-            return True
-        if op == Op.TIMER:
-            kind = self.wf.pending_timer
-            if kind and self.wf.fire_timer():
-                self.cover(f"timer.{kind}")
-                return True
+        tokens = e.fault.split("+")
+        if op == Op.DELETE:
+            self.oracle.delete()
+        else:
+            self.oracle.mutate(unsafe="unsafe" in tokens)
+        self.last_change_step = self.step + 1
+        self.ingress.notify(e.n, "same_id" in tokens)
+        return True
+
+    def _on_deliver(self, e: Event) -> bool:
+        if not self.queue:
             return False
-        if op == Op.RECONNECT:
-            if self.host.live is None:
-                return False
-            self.host.drop()
-            if e.n == 0:
-                self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
+        msg = self.queue.pop(e.n % len(self.queue))
+        if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+            self.duplicate_deliveries += 1
+        if isinstance(msg.payload, ReadReport):
+            self.cover("ingress.report_delivered")
+            cycle = msg.payload.cycle
+            if self.chain_running and cycle.accept is not None \
+                    and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
+                    and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
+                # the newer digest.
+                self.cover("ingress.report_older_than_view")
+        self._signal(msg.kind, msg.payload)
+        return True
+
+    def _on_old_note(self, e: Event) -> bool:
+        live = self.host.generation
+        if live < 2:
+            return False
+        gen = max(1, live - 1 - e.n)
+        if (old := self.ingress.route(gen, f"old{self.next_note_id()}")) is not None:
+            self.queue.append(old)
+        return True
+
+    def _on_wrong_uri(self, e: Event) -> bool:
+        """No row for the variant: ``UnknownUri``."""
+        gen = self.host.generation  # the live session's, or the last one's
+        if (wrong := self.ingress.route(gen, f"w{self.next_note_id()}", WRONG_URI)) is not None:
+            self.queue.append(wrong)
+        return True
+
+    def _on_final_note(self, e: Event) -> bool:
+        gen = self.host.generation
+        # None: the work is owned already (a read in flight or owed)
+        final = self.ingress.route(gen, "final")
+        if final is None and self.signals_erased and dirty(self.ledger.row) \
+                and not self.checker.work_owned():
+            # A reset without reapply erased the signal that owned the row's work: nothing else
+            # owns it, and a note on a dirty row creates none. The safety read repays it; the
+            # drain delivers the final note as the operator's re-signal would (docs/faults.md).
+            self.cover("final_note_after_erased_signals")
+            final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
+        if final is not None:
+            self._signal(final.kind, final.payload, log=False)
+        return True
+
+    def _on_close(self, e: Event) -> bool:
+        self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
+        return True
+
+    def _on_exec(self, e: Event) -> bool:
+        act = self._find(e.act, e.n, executed=False)
+        if act is None:
+            return False
+        self._execute(act, e.fault)
+        return True
+
+    def _on_complete(self, e: Event) -> bool:
+        act = self._find(e.act, e.n, executed=True)
+        if act is None:
+            return False
+        self.activities.remove(act)
+        if act.result is None and act.name in MCP_ACTIVITIES:
+            # retries exhausted: the program sees ActivityFailed
+            self.wf.fail(act.seq, "ApplicationError")
+        else:
+            self.wf.complete(act.seq, act.result)
+        return True
+
+    def _on_timer(self, e: Event) -> bool:
+        kind = self.wf.pending_timer
+        if kind and self.wf.fire_timer():
+            self.cover(f"timer.{kind}")
             return True
-        if op == Op.SESSION_OPEN:
-            if self.host.live is not None:
-                return False
+        return False
+
+    def _on_reconnect(self, e: Event) -> bool:
+        if self.host.live is None:
+            return False
+        self.host.drop()
+        if e.n == 0:
             self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
-            return True
-        if op == Op.CAN:
-            if self.wf.can_suggested:
-                return False
-            self.wf.suggest_continue_as_new()
-            return True
-        if op == Op.CHECKPOINT:
-            self._checkpoint()
-            return True
-        if op == Op.RESET:
-            if not self.checkpoints:
-                return False
-            self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
-            return True
-        if op == Op.CATALOG:
-            self._scan += 1
-            measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
-            proven = e.fault == "proven"
-            self.cover("catalog.proven" if proven else "catalog.unproven")
-            self._signal(Signal.CATALOG, CatalogObservation(
-                uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
-                snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
-                session_generation=self.host.generation, measured_at=self.times[measured]))
-            return True
-        if op == Op.CONFLICT:
-            self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
-                                                      session_generation=self.host.generation))
-            return True
-        if op == Op.RESUME:
-            if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
-                return False
-            self._signal(Signal.RESUME, None)
-            return True
-        if op == Op.FIRST_READ:
-            self._signal(Signal.FIRST_READ, None)
-            return True
-        if op == Op.REVOKE:
-            self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
-            return True
-        if op == Op.RESTART:
-            if self.chain_running:
-                return False
-            self.wf = self._new_chain()
-            return True
-        raise ValueError(f"unknown op {op}")
+        return True
+
+    def _on_session_open(self, e: Event) -> bool:
+        if self.host.live is not None:
+            return False
+        self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
+        return True
+
+    def _on_can(self, e: Event) -> bool:
+        if self.wf.can_suggested:
+            return False
+        self.wf.suggest_continue_as_new()
+        return True
+
+    def _on_checkpoint(self, e: Event) -> bool:
+        self._checkpoint()
+        return True
+
+    def _on_reset(self, e: Event) -> bool:
+        if not self.checkpoints:
+            return False
+        self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
+        return True
+
+    def _on_catalog(self, e: Event) -> bool:
+        self._scan += 1
+        measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
+        proven = e.fault == "proven"
+        self.cover("catalog.proven" if proven else "catalog.unproven")
+        self._signal(Signal.CATALOG, CatalogObservation(
+            uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
+            snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
+            session_generation=self.host.generation, measured_at=self.times[measured]))
+        return True
+
+    def _on_conflict(self, e: Event) -> bool:
+        self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
+                                                  session_generation=self.host.generation))
+        return True
+
+    def _on_resume(self, e: Event) -> bool:
+        if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+            return False
+        self._signal(Signal.RESUME, None)
+        return True
+
+    def _on_first_read(self, e: Event) -> bool:
+        self._signal(Signal.FIRST_READ, None)
+        return True
+
+    def _on_revoke(self, e: Event) -> bool:
+        self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
+        return True
+
+    def _on_restart(self, e: Event) -> bool:
+        if self.chain_running:
+            return False
+        self.wf = self._new_chain()
+        return True
 
     def _execute(self, act: Activity, fault: str) -> None:
         """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
@@ -494,3 +526,28 @@ class Simulation:
                               read_on_notification=self.config.read_on_notification)
 
 
+# What each event does (``Simulation._apply``): one method per op.
+_APPLY: dict[Op, Callable[[Simulation, Event], bool]] = {
+    Op.MUTATE: Simulation._on_change,
+    Op.DELETE: Simulation._on_change,
+    Op.RECREATE: Simulation._on_change,
+    Op.DELIVER: Simulation._on_deliver,
+    Op.OLD_NOTE: Simulation._on_old_note,
+    Op.WRONG_URI: Simulation._on_wrong_uri,
+    Op.FINAL_NOTE: Simulation._on_final_note,
+    Op.CLOSE: Simulation._on_close,
+    Op.EXEC: Simulation._on_exec,
+    Op.COMPLETE: Simulation._on_complete,
+    Op.TIMER: Simulation._on_timer,
+    Op.RECONNECT: Simulation._on_reconnect,
+    Op.SESSION_OPEN: Simulation._on_session_open,
+    Op.CAN: Simulation._on_can,
+    Op.CHECKPOINT: Simulation._on_checkpoint,
+    Op.RESET: Simulation._on_reset,
+    Op.CATALOG: Simulation._on_catalog,
+    Op.CONFLICT: Simulation._on_conflict,
+    Op.RESUME: Simulation._on_resume,
+    Op.FIRST_READ: Simulation._on_first_read,
+    Op.REVOKE: Simulation._on_revoke,
+    Op.RESTART: Simulation._on_restart,
+}
