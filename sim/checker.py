@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from sim.engine import Simulation
 
 V = AcceptVerdict
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
+# hook (about ten times a plain attribute), and ``check`` runs after every step.
+ACTIVE, IDLE, WEDGED = S.ACTIVE, WaitKind.IDLE, RunStage.WEDGED
+SETTLED_GONE = frozenset({S.TOMBSTONE_PENDING, S.TOMBSTONED})
+WORK_SIGNALS = frozenset({Signal.UPDATED, Signal.READ_REPORTED})
 
 
 class Checker:
@@ -48,6 +53,8 @@ class Checker:
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
+        self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
         self._covered_unread_reported = False
         self._record_reported = False
@@ -93,24 +100,34 @@ class Checker:
     def noted(self, notified: int, change: int) -> None:
         """The note that made the row's count ``notified`` announced oracle version ``change``."""
         self._noted_change[notified] = change
+        self._noted_writes += 1
 
     def absorbed(self, notified: int, change: int) -> None:
         """Pulses a read absorbed brought the row's count to ``notified``; the newest of them announced
         oracle version ``change``."""
         self._noted_change[notified] = max(self._noted_change.get(notified, 0), change)
+        self._noted_writes += 1
 
     def ingress_granted(self, ordinal: int) -> None:
         """The ingress's read was granted ``ordinal``."""
         self._ingress_ordinals.add(ordinal)
 
+    def newest_noted(self, covered: int) -> int:
+        """The newest oracle version announced by a note the count ``covered`` includes."""
+        asked_covered, writes, answer = self._newest_noted
+        if asked_covered != covered or writes != self._noted_writes:
+            answer = max((c for n, c in self._noted_change.items() if n <= covered), default=0)
+            self._newest_noted = (covered, self._noted_writes, answer)
+        return answer
+
     def _check_read_deadline(self) -> None:
         """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
         allocation time and the timer the run armed, not the fence's own deadline."""
         wf = self.sim.wf
-        if not self.sim.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
+        if not self.sim.chain_running or wf.main_wait != IDLE or self._last_allocated_at is None:
             return
         s = wf.fence.s
-        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested \
+        if s.state != ACTIVE or wf.program.session is None or s.close_requested \
                 or s.pending_trigger is not None or s.in_flight or wf.program.reads_running:
             return  # a read (or resubscribe) is already on its way, or no read is possible
         bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None \
@@ -132,7 +149,7 @@ class Checker:
         read: the ledger's receipt ``last_receipt_id`` is at the record's watermark (the newest read that
         moved the version) and, when that read saw content, carries the record's digest (none only on a
         row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
-        if self._record_reported or self.sim.wf.stage == RunStage.WEDGED:
+        if self._record_reported or self.sim.wf.stage == WEDGED:
             return
         # The record copies these fields from the fence state, and receipts are only appended: while
         # none of them changes, the check's answer cannot change (the check runs every step).
@@ -234,28 +251,28 @@ class Checker:
         if not row.exists:
             return False
         if oracle.exists:
-            if row.state != S.ACTIVE:
+            if row.state != ACTIVE:
                 return False
             if oracle.version in oracle.unsafe:  # not releasable: the fence must have read it
                 return self._accepted_version == oracle.version
             return row.last_accepted_digest == oracle.digest
-        return row.state in (S.TOMBSTONE_PENDING, S.TOMBSTONED)
+        return row.state in SETTLED_GONE
 
     def work_owned(self) -> bool:
         """Someone will read KEY without a new notification: the workflow has a read pending or in
         flight, or a signal or report is on its way to it, or the ingress is processing the key."""
         s = self.sim.wf.fence.s
         return bool(s.pending_trigger is not None or s.in_flight or self.sim.ingress.router.owes()
-                    or any(m.kind in (Signal.UPDATED, Signal.READ_REPORTED) for m in self.sim.queue))
+                    or any(m.kind in WORK_SIGNALS for m in self.sim.queue))
 
     def _check_clean(self) -> None:
         """Every step: a clean ACTIVE row (``notified == covered``) says the read that set ``covered`` was
         allocated after every note it counts was recorded, so an accepted read served the newest change
         any of them announced (``COVERED_UNREAD`` otherwise)."""
         row = self.sim.ledger.row
-        if not row.exists or row.state != S.ACTIVE or dirty(row) or self._covered_unread_reported:
+        if not row.exists or row.state != ACTIVE or dirty(row) or self._covered_unread_reported:
             return
-        noted = max((c for n, c in self._noted_change.items() if n <= row.covered), default=0)
+        noted = self.newest_noted(row.covered)
         if noted > self._accepted_version:
             self._covered_unread_reported = True
             self.sim.violate(Invariant.COVERED_UNREAD,

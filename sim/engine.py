@@ -53,7 +53,7 @@ from sim.model import (
     SimConfig,
     Violation,
 )
-from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
+from sim.runtime import ENDED, RUNNING, ContinueAsNew, ProgramRun, ScheduleActivity, Signal
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
@@ -107,7 +107,7 @@ class Simulation:
 
     @property
     def chain_running(self) -> bool:
-        return self.wf.stage not in (RunStage.DONE, RunStage.WEDGED)
+        return self.wf.stage not in ENDED
 
     def cover(self, name: str) -> None:
         self.coverage[name] = self.coverage.get(name, 0) + 1
@@ -143,7 +143,7 @@ class Simulation:
         while True:
             wf = self.wf
             wf.clock = self.times[self.step]
-            if wf.stage == RunStage.RUNNING:
+            if wf.stage == RUNNING:
                 wf.activate()
             for err in wf.errors:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR

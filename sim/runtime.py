@@ -69,6 +69,12 @@ class Signal(StrEnum):
     READ_REPORTED = "read_reported"  # resource_read: the ingress read a notified change itself (ReadReport)
 
 
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
+# hook (about ten times a plain attribute), and these are compared on every scheduler pass.
+RUNNING = RunStage.RUNNING
+ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleActivity:
     seq: int
@@ -291,11 +297,11 @@ class ProgramRun:
         """Run every coroutine until all of them wait on something external."""
         self._record("activate")
         self._iterations = 0
-        while self.stage == RunStage.RUNNING:
-            while self._ready and self.stage == RunStage.RUNNING:
+        while self.stage == RUNNING:
+            while self._ready and self.stage == RUNNING:
                 task, value, exc = self._ready.popleft()
                 self._step(task, value, exc)
-            if self.stage != RunStage.RUNNING:
+            if self.stage != RUNNING:
                 return
             woken: list[_Condition] = []
             waiting: list[_Condition] = []
