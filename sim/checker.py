@@ -1,9 +1,12 @@
 """The invariant checker: what every step and the quiet end of a schedule must satisfy.
 
 Contract:
-- ``Checker`` is a part of ``Simulation`` (a mixin over its state): ``_check`` runs after EVERY step
-  against the oracle and the ledger's log of committed writes; ``_check_covered`` at the quiet end
-  before any timer; ``_verdict`` after the drain (convergence, no stuck close or update).
+- ``Checker`` is one object of a ``Simulation`` (``sim.checker``) with its own fields; it reads the
+  world through the simulation it is given and writes nothing of it but violations and coverage.
+  ``check`` runs after EVERY step against the oracle and the ledger's log of committed writes;
+  ``check_covered`` at the quiet end before any timer; ``verdict`` after the drain (convergence, no
+  stuck close or update). The ingress tells it what the world knows and the program does not
+  (``note_change``, ``ingress_granted``).
 - It judges from outside the program: the ledger's rows and writes, the oracle's committed versions,
   the timer the run armed, the record it answers (``record_one_read``); never its own bookkeeping.
 - ``staleness_bound`` is strict: a wake-up armed later than one published bound after the last read
@@ -13,38 +16,34 @@ Contract:
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from mcpsync.workflows.coverage import dirty
-from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
-from sim.ledger import LedgerWrite, MemoryLedger
-from sim.model import INVALIDATIONS, Invariant, Profile, Violation
-from sim.runtime import ProgramRun, RunStage, Signal
-from sim.world import Message, Oracle
+from sim.ledger import LedgerWrite
+from sim.model import INVALIDATIONS, Invariant
+from sim.runtime import RunStage, Signal
+
+if TYPE_CHECKING:
+    from sim.engine import Simulation
 
 V = AcceptVerdict
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
+# hook (about ten times a plain attribute), and ``check`` runs after every step.
+ACTIVE, IDLE, WEDGED = S.ACTIVE, WaitKind.IDLE, RunStage.WEDGED
+SETTLED_GONE = frozenset({S.TOMBSTONE_PENDING, S.TOMBSTONED})
+WORK_SIGNALS = frozenset({Signal.UPDATED, Signal.READ_REPORTED})
 
 
 class Checker:
-    """The checks of ``Simulation``: the state it reads is named by these annotations, its own is set here."""
+    """The invariants of one schedule, judged from outside the program (the module's contract)."""
 
-    ledger: MemoryLedger
-    oracle: Oracle
-    wf: ProgramRun
-    profile: Profile
-    router: IngressRouter
-    queue: list[Message]
-    violations: list[Violation]
-    step: int
-    times: list[datetime]
-    coverage: dict[str, int]
-    signals_erased: bool
-
-    def __init__(self) -> None:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
         self._log_seen = 0
         self._prev = FenceSnapshot(exists=False)
         self._accepted_version = 0
@@ -54,6 +53,8 @@ class Checker:
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
+        self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
+        self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
         self._covered_unread_reported = False
         self._record_reported = False
@@ -65,59 +66,72 @@ class Checker:
         self.fresh_reads = 0  # ... of which served an oracle version no earlier read had served
         self.observed: set[int] = set()
 
-    @property
-    def chain_running(self) -> bool:
-        return self.wf.stage not in (RunStage.DONE, RunStage.WEDGED)
-
-    def _cover(self, name: str) -> None:
-        self.coverage[name] = self.coverage.get(name, 0) + 1
-
-    def _violate(self, invariant: Invariant, detail: str) -> None:
-        self.violations.append(Violation(invariant, self.step, detail))
-
-    def _check(self) -> None:
-        row = self.ledger.row
+    def check(self) -> None:
+        row = self.sim.ledger.row
         prev = self._prev
-        committed = self.oracle.committed
+        committed = self.sim.oracle.committed
         if prev.exists:
             if row.last_accepted_ordinal < prev.last_accepted_ordinal or row.watermark < prev.watermark:
-                self._violate(Invariant.VERSION_REGRESSION,
-                              f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/{prev.watermark}"
-                              f" -> {row.last_accepted_ordinal}/{row.watermark}")
+                self.sim.violate(Invariant.VERSION_REGRESSION,
+                                 f"durable lastAccepted/watermark {prev.last_accepted_ordinal}/"
+                                 f"{prev.watermark} -> {row.last_accepted_ordinal}/{row.watermark}")
             if row.last_issued_ordinal < prev.last_issued_ordinal:
-                self._violate(Invariant.ORDINAL_ORDER, f"lastIssued {prev.last_issued_ordinal} -> "
-                                                       f"{row.last_issued_ordinal}")
+                self.sim.violate(Invariant.ORDINAL_ORDER, f"lastIssued {prev.last_issued_ordinal} -> "
+                                                           f"{row.last_issued_ordinal}")
         if row.exists and (row.last_accepted_ordinal > row.last_issued_ordinal
                            or row.watermark > row.last_issued_ordinal):
-            self._violate(Invariant.LEDGER_INTEGRITY, "CHECK lastAccepted/watermark <= lastIssued")
+            self.sim.violate(Invariant.LEDGER_INTEGRITY, "CHECK lastAccepted/watermark <= lastIssued")
         if row.last_accepted_digest is not None and row.last_accepted_digest not in committed:
-            self._violate(Invariant.UNCOMMITTED_DIGEST, f"row digest {row.last_accepted_digest[:20]}")
+            self.sim.violate(Invariant.UNCOMMITTED_DIGEST, f"row digest {row.last_accepted_digest[:20]}")
         self._prev = row
-        log = self.ledger.log
+        log = self.sim.ledger.log
         for w in log[self._log_seen:]:
             self._check_write(w)
         self._log_seen = len(log)
         self._check_clean()
         self._check_read_deadline()
         self._check_record()
-        if self._converged():
+        if self.converged():
             if self.converged_since is None:
-                self.converged_since = self.step
+                self.converged_since = self.sim.step
         else:
             self.converged_since = None
+
+    def noted(self, notified: int, change: int) -> None:
+        """The note that made the row's count ``notified`` announced oracle version ``change``."""
+        self._noted_change[notified] = change
+        self._noted_writes += 1
+
+    def absorbed(self, notified: int, change: int) -> None:
+        """Pulses a read absorbed brought the row's count to ``notified``; the newest of them announced
+        oracle version ``change``."""
+        self._noted_change[notified] = max(self._noted_change.get(notified, 0), change)
+        self._noted_writes += 1
+
+    def ingress_granted(self, ordinal: int) -> None:
+        """The ingress's read was granted ``ordinal``."""
+        self._ingress_ordinals.add(ordinal)
+
+    def newest_noted(self, covered: int) -> int:
+        """The newest oracle version announced by a note the count ``covered`` includes."""
+        asked_covered, writes, answer = self._newest_noted
+        if asked_covered != covered or writes != self._noted_writes:
+            answer = max((c for n, c in self._noted_change.items() if n <= covered), default=0)
+            self._newest_noted = (covered, self._noted_writes, answer)
+        return answer
 
     def _check_read_deadline(self) -> None:
         """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
         allocation time and the timer the run armed, not the fence's own deadline."""
-        wf = self.wf
-        if not self.chain_running or wf.main_wait != WaitKind.IDLE or self._last_allocated_at is None:
+        wf = self.sim.wf
+        if not self.sim.chain_running or wf.main_wait != IDLE or self._last_allocated_at is None:
             return
         s = wf.fence.s
-        if s.state != S.ACTIVE or wf.program.session is None or s.close_requested \
+        if s.state != ACTIVE or wf.program.session is None or s.close_requested \
                 or s.pending_trigger is not None or s.in_flight or wf.program.reads_running:
             return  # a read (or resubscribe) is already on its way, or no read is possible
         bound = s.staleness_bound_seconds if s.staleness_bound_seconds is not None \
-            else self.profile.safety_read_seconds
+            else self.sim.profile.safety_read_seconds
         if not bound:
             return
         promised = self._last_allocated_at + timedelta(seconds=bound)
@@ -126,57 +140,58 @@ class Checker:
             self._late_timers.add(wake)
             late = "never" if wake is None \
                 else f"at +{(wake - self._last_allocated_at).total_seconds():.3f} s"
-            self._violate(Invariant.STALENESS_BOUND,
-                          f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
-                          f"next wake-up {late}")
+            self.sim.violate(Invariant.STALENESS_BOUND,
+                             f"last read allocated {self._last_allocated_at:%H:%M:%S}, bound {bound:.0f} s, "
+                             f"next wake-up {late}")
 
     def _check_record(self) -> None:
         """RECORD_ONE_READ: the run's record (production's ``record``, what the query answers) names one
         read: the ledger's receipt ``last_receipt_id`` is at the record's watermark (the newest read that
         moved the version) and, when that read saw content, carries the record's digest (none only on a
         row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
-        if self._record_reported or self.wf.stage == RunStage.WEDGED:
+        if self._record_reported or self.sim.wf.stage == WEDGED:
             return
         # The record copies these fields from the fence state, and receipts are only appended: while
         # none of them changes, the check's answer cannot change (the check runs every step).
-        s = self.wf.fence.s
-        key = (s.last_receipt_id, s.watermark, s.last_accepted_digest, len(self.ledger.receipts),
+        s = self.sim.wf.fence.s
+        key = (s.last_receipt_id, s.watermark, s.last_accepted_digest, len(self.sim.ledger.receipts),
                len(self._reopened))
         if key == self._record_key:
             return
         self._record_key = key
-        r = self.wf.program.record()
+        r = self.sim.wf.program.record()
         if r.last_receipt_id is None:
             return
-        receipt = next((x for x in self.ledger.receipts if x.receipt_id == r.last_receipt_id), None)
+        receipt = next((x for x in self.sim.ledger.receipts if x.receipt_id == r.last_receipt_id), None)
         if receipt is not None and receipt.ordinal == r.watermark and (
                 receipt.digest in (None, r.last_accepted_digest)
                 or (r.last_accepted_digest is None and receipt.receipt_id in self._reopened)):
             return
         self._record_reported = True
-        self._violate(Invariant.RECORD_ONE_READ,
-                      f"record: receipt {r.last_receipt_id} digest {str(r.last_accepted_digest)[:16]} "
-                      f"watermark {r.watermark}; ledger: {receipt}")
+        self.sim.violate(Invariant.RECORD_ONE_READ,
+                         f"record: receipt {r.last_receipt_id} digest {str(r.last_accepted_digest)[:16]} "
+                         f"watermark {r.watermark}; ledger: {receipt}")
 
     def _check_write(self, w: LedgerWrite) -> None:
         if w.kind == "allocate":
-            self._last_allocated_at = self.times[self.step]
+            self._last_allocated_at = self.sim.times[self.sim.step]
             if w.ordinal <= self._max_allocated:
-                self._violate(Invariant.ORDINAL_ORDER, f"allocated {w.ordinal} after {self._max_allocated}")
+                self.sim.violate(Invariant.ORDINAL_ORDER,
+                                 f"allocated {w.ordinal} after {self._max_allocated}")
             self._max_allocated = max(self._max_allocated, w.ordinal)
             return
         if w.kind == "close":
             self._close_fences.append(w.ordinal)
-            self._cover("close_fenced")
+            self.sim.cover("close_fenced")
             return
         if w.kind == "tombstone":
             if w.before.state != S.TOMBSTONE_PENDING:
-                self._violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
+                self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
             return
         if w.kind == "revoke":
-            self._cover(f"revoked_from.{w.before.state}")
+            self.sim.cover(f"revoked_from.{w.before.state}")
             if w.before.state in TERMINAL_STATES:
-                self._violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
+                self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
             return
         if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == S.DISCOVERED \
                 and w.after.last_receipt_id is not None:
@@ -204,111 +219,115 @@ class Checker:
                     or o.subscription_generation != before.subscription_generation or issued is None
                     or issued.session_generation != o.session_generation
                     or issued.subscription_generation != o.subscription_generation):
-                self._violate(Invariant.NOT_ACTIVE_WRITE,
-                              f"{status} ordinal {o.ordinal} while row {before.state} gen "
-                              f"{before.session_generation}/{before.subscription_generation}, read gen "
-                              f"{o.session_generation}/{o.subscription_generation}")
+                self.sim.violate(Invariant.NOT_ACTIVE_WRITE,
+                                 f"{status} ordinal {o.ordinal} while row {before.state} gen "
+                                 f"{before.session_generation}/{before.subscription_generation}, read gen "
+                                 f"{o.session_generation}/{o.subscription_generation}")
         if status == V.TOMBSTONE_PENDING and fenced:
-            self._violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
+            self.sim.violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
             if before.state in CLOSING_STATES or before.state in TERMINAL_STATES or fenced:
-                self._violate(Invariant.OUTBOX_AFTER_CLOSE,
-                              f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
+                self.sim.violate(Invariant.OUTBOX_AFTER_CLOSE,
+                                 f"outbox ordinal {o.ordinal} (row {before.state}, close ordinal {fence})")
             if invalidation.ordinal <= self._max_outbox_ordinal:
-                self._violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
-                                                       f"{self._max_outbox_ordinal}")
+                self.sim.violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
+                                                           f"{self._max_outbox_ordinal}")
             self._max_outbox_ordinal = max(self._max_outbox_ordinal, invalidation.ordinal)
         if status in (V.ACCEPTED, V.UNCHANGED) and (o.content_digest is None
-                                                    or o.content_digest not in self.oracle.committed):
-            self._violate(Invariant.UNCOMMITTED_DIGEST, f"{status} digest {o.content_digest} never committed")
+                                                    or o.content_digest not in self.sim.oracle.committed):
+            self.sim.violate(Invariant.UNCOMMITTED_DIGEST,
+                             f"{status} digest {o.content_digest} never committed")
         if w.after.last_accepted_ordinal != before.last_accepted_ordinal \
                 or status in (V.ACCEPTED, V.UNCHANGED):
             served = int(o.server_version[1:]) if o.server_version.startswith("v") else 0
             if served < self._accepted_version:
-                self._violate(Invariant.VERSION_REGRESSION,
-                              f"{status} ordinal {o.ordinal} serves oracle v{served} over accepted "
-                              f"v{self._accepted_version}")
+                self.sim.violate(Invariant.VERSION_REGRESSION,
+                                 f"{status} ordinal {o.ordinal} serves oracle v{served} over accepted "
+                                 f"v{self._accepted_version}")
             self._accepted_version = max(self._accepted_version, served)
 
-    def _converged(self) -> bool:
-        row = self.ledger.row
+    def converged(self) -> bool:
+        row, oracle = self.sim.ledger.row, self.sim.oracle
         if not row.exists:
             return False
-        if self.oracle.exists:
-            if row.state != S.ACTIVE:
+        if oracle.exists:
+            if row.state != ACTIVE:
                 return False
-            if self.oracle.version in self.oracle.unsafe:  # not releasable: the fence must have read it
-                return self._accepted_version == self.oracle.version
-            return row.last_accepted_digest == self.oracle.digest
-        return row.state in (S.TOMBSTONE_PENDING, S.TOMBSTONED)
+            if oracle.version in oracle.unsafe:  # not releasable: the fence must have read it
+                return self._accepted_version == oracle.version
+            return row.last_accepted_digest == oracle.digest
+        return row.state in SETTLED_GONE
 
-    def _work_owned(self) -> bool:
+    def work_owned(self) -> bool:
         """Someone will read KEY without a new notification: the workflow has a read pending or in
         flight, or a signal or report is on its way to it, or the ingress is processing the key."""
-        s = self.wf.fence.s
-        return bool(s.pending_trigger is not None or s.in_flight or self.router.owes()
-                    or any(m.kind in (Signal.UPDATED, Signal.READ_REPORTED) for m in self.queue))
+        s = self.sim.wf.fence.s
+        return bool(s.pending_trigger is not None or s.in_flight or self.sim.ingress.router.owes()
+                    or any(m.kind in WORK_SIGNALS for m in self.sim.queue))
 
     def _check_clean(self) -> None:
         """Every step: a clean ACTIVE row (``notified == covered``) says the read that set ``covered`` was
         allocated after every note it counts was recorded, so an accepted read served the newest change
         any of them announced (``COVERED_UNREAD`` otherwise)."""
-        row = self.ledger.row
-        if not row.exists or row.state != S.ACTIVE or dirty(row) or self._covered_unread_reported:
+        row = self.sim.ledger.row
+        if not row.exists or row.state != ACTIVE or dirty(row) or self._covered_unread_reported:
             return
-        noted = max((c for n, c in self._noted_change.items() if n <= row.covered), default=0)
+        noted = self.newest_noted(row.covered)
         if noted > self._accepted_version:
             self._covered_unread_reported = True
-            self._violate(Invariant.COVERED_UNREAD,
-                          f"the row is clean (notified = covered = {row.covered}) but a note announced"
-                          f" oracle v{noted} and the newest read accepted served v{self._accepted_version}")
+            self.sim.violate(Invariant.COVERED_UNREAD,
+                             f"the row is clean (notified = covered = {row.covered}) but a note announced"
+                             f" oracle v{noted} and the newest read accepted served "
+                             f"v{self._accepted_version}")
 
-    def _check_covered(self) -> None:
+    def check_covered(self) -> None:
         """At the quiet end, the subscription ACTIVE and idle, a dirty row's work must be owned
         (``workflows/coverage.py``) when notes came after the newest allocation or that allocation was the
         ingress's. A workflow read that observed nothing, with no later note, is not retried by contract."""
-        wf, row = self.wf, self.ledger.row
+        wf, row = self.sim.wf, self.sim.ledger.row
         s = wf.fence.s
-        if (not self.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE
-                or s.state != S.ACTIVE or self._work_owned()):
+        if (not self.sim.chain_running or wf.main_wait != WaitKind.IDLE or row.state != S.ACTIVE
+                or s.state != S.ACTIVE or self.work_owned()):
             return
         handed_over = row.last_issued_ordinal in self._ingress_ordinals
         if dirty(row) and (row.notifications_seen > row.allocated_sequence or handed_over) \
-                and not self.signals_erased:
-            self._violate(Invariant.COVERED_UNREAD,
-                          f"the row is dirty (notified {row.notifications_seen} > covered {row.covered},"
-                          f" newest allocation at {row.allocated_sequence}) and nobody owns the work")
+                and not self.sim.signals_erased:
+            self.sim.violate(Invariant.COVERED_UNREAD,
+                             f"the row is dirty (notified {row.notifications_seen} > covered {row.covered},"
+                             f" newest allocation at {row.allocated_sequence}) and nobody owns the work")
 
-    def _verdict(self) -> None:
-        wf, row = self.wf, self.ledger.row
+    def verdict(self) -> None:
+        wf, row = self.sim.wf, self.sim.ledger.row
         if wf.stage == RunStage.WEDGED:
             return  # already reported as a livelock or workflow error
         if row.state in TERMINAL_STATES or wf.fence.finished:
             if wf.stage != RunStage.DONE:
-                self._violate(Invariant.NO_CONVERGENCE,
-                              f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
-                              f"{wf.program.reads_running}, close updates "
-                              f"{wf.handlers[Signal.CLOSE]}, resume updates "
-                              f"{wf.handlers[Signal.RESUME]})")
+                self.sim.violate(Invariant.NO_CONVERGENCE,
+                                 f"row {row.state}, workflow stuck waiting for {wf.main_wait} (read tasks "
+                                 f"{wf.program.reads_running}, close updates "
+                                 f"{wf.handlers[Signal.CLOSE]}, resume updates "
+                                 f"{wf.handlers[Signal.RESUME]})")
             return
         if wf.fence.s.close_requested or wf.handlers[Signal.CLOSE]:
             # A close the run took (or an update still waiting) must finish the chain by the quiet end,
             # whatever the content: a close stuck behind a wait leaves an ACTIVE, converged row.
-            self._violate(Invariant.NO_CONVERGENCE,
-                          f"close requested, row {row.state}, workflow {wf.stage.value} "
-                          f"waiting for {wf.main_wait}")
+            self.sim.violate(Invariant.NO_CONVERGENCE,
+                             f"close requested, row {row.state}, workflow {wf.stage.value} "
+                             f"waiting for {wf.main_wait}")
             return
-        if not self._converged():
-            self._violate(Invariant.NO_CONVERGENCE,
-                          f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
-                          f"v{self.oracle.version} {str(self.oracle.digest)[:16]}; workflow {wf.stage.value} "
-                          f"waiting for {wf.main_wait} "
-                          f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
+        if not self.converged():
+            self.sim.violate(Invariant.NO_CONVERGENCE,
+                             f"row {row.state} digest {str(row.last_accepted_digest)[:16]} vs oracle "
+                             f"v{self.sim.oracle.version} {str(self.sim.oracle.digest)[:16]}; "
+                                 f"workflow {wf.stage.value} "
+                             f"waiting for {wf.main_wait} "
+                             f"state {wf.fence.s.state} in_flight {wf.fence.s.in_flight}")
             return
         if wf.fence.s.state != row.state:
-            self._violate(Invariant.NO_CONVERGENCE,
-                          f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
+            self.sim.violate(Invariant.NO_CONVERGENCE,
+                             f"workflow believes {wf.fence.s.state}, ledger says {row.state}")
             return
         if wf.handlers[Signal.FIRST_READ]:
             # Converged means a read was judged (or none will come): the update must have answered.
-            self._violate(Invariant.NO_CONVERGENCE, f"first_read update still waiting in {wf.fence.s.state}")
+            self.sim.violate(Invariant.NO_CONVERGENCE,
+                             f"first_read update still waiting in {wf.fence.s.state}")

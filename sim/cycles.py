@@ -1,7 +1,7 @@
 """The session queue's cycles, run by production's activity code one step per event.
 
 Contract:
-- ``CycleRunner`` is a part of ``Simulation`` (a mixin over its state). ``_cycle_step`` runs
+- ``CycleRunner`` is one object of a ``Simulation`` (``sim.cycles``) with its own fields. ``step`` runs
   ``McpSessionActivities.run_cycle`` / ``run_subscribe_cycle`` as a coroutine over the simulated server
   and ``MemoryLedger`` (``SimSessionActivities``): the cycle pauses after each effect it goes on from
   (subscribed, marked, allocated, read), so one event takes one effect and other events run between
@@ -35,7 +35,6 @@ from mcpsync.workflows.records.mcp_calls import (
     SubscribeRequest,
 )
 from mcpsync.workflows.records.read_cycle import SubscribeCycleResult
-from sim.checker import Checker
 from sim.ledger import LEDGER_ACTIVITIES, MemoryLedger
 from sim.world import Activity, McpServer, Oracle, ReadFailed
 
@@ -107,13 +106,14 @@ class _SimLedger:
         return self.ledger.accept_judged(req)
 
 
-class CycleRunner(Checker):
-    """Steps of the session queue's cycles over the world (state named by these annotations)."""
+class CycleRunner:
+    """Steps of the session queue's cycles over the world; ``cover`` counts what they exercised."""
 
-    host: McpServer
-    sessions: SimSessionActivities
+    def __init__(self, sessions: SimSessionActivities, cover: Callable[[str], None]) -> None:
+        self.sessions = sessions
+        self.cover = cover
 
-    def _cycle_step(self, act: Activity, fault: str, cycle_id: str | None = None,
+    def step(self, act: Activity, fault: str, cycle_id: str | None = None,
                     absorb: Callable[[], int] | None = None) -> tuple[bool, Any]:
         """One step of ``act``'s cycle (a new attempt when none is under way); (done, result), None
         when its read failed. ``cycle_id`` (default the activity's) and ``absorb``: ``run_cycle``'s."""
@@ -133,8 +133,8 @@ class CycleRunner(Checker):
             return False, None
         cycle = result.cycle if isinstance(result, SubscribeCycleResult) else result
         if isinstance(result, SubscribeCycleResult) and result.active is not None:
-            self._cover("start_cycle" if cycle is not None else "start_cycle.not_marked")
+            self.cover("start_cycle" if cycle is not None else "start_cycle.not_marked")
         if cycle is not None and cycle.accept is not None:
-            self._cover("read_cycle")
-            self._cover(f"verdict.{cycle.accept.verdict.value}")
+            self.cover("read_cycle")
+            self.cover(f"verdict.{cycle.accept.verdict.value}")
         return True, result

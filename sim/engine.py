@@ -6,6 +6,9 @@ Contract:
   ``SubscriptionProgram``) until it blocks, carries out its commands as ``Activity`` entries, and
   checks every invariant (``sim.checker``). The session host's routing is the production program too
   (``sim.ingress`` over ``workflows/ingress.py``); the durable side is ``MemoryLedger``.
+- It is composed, not inherited: the world's state is its own; ``checker`` (``Checker``), ``cycles``
+  (``CycleRunner``) and ``ingress`` (``IngressDriver``) are objects with their own fields that read the
+  world through it. Violations and coverage are recorded here (``violate``, ``cover``).
 - Time advances one second per step; a TIMER event jumps it to the armed timer's fire time.
 - ``drain`` is the quiet end: everything delivered and completed, timers fired, pending catalog and
   resume words given, one final invalidation, to quiescence; then the verdict.
@@ -13,11 +16,11 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from mcpsync.workflows.coverage import dirty
-from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.read_cycle import ReadReport
@@ -32,7 +35,8 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
-from sim.cycles import SimSessionActivities
+from sim.checker import Checker
+from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
 from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
@@ -49,27 +53,28 @@ from sim.model import (
     SimConfig,
     Violation,
 )
-from sim.runtime import ContinueAsNew, ProgramRun, RunStage, ScheduleActivity, Signal
+from sim.runtime import ENDED, RUNNING, ContinueAsNew, ProgramRun, ScheduleActivity, Signal
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
+ONE_STEP = timedelta(seconds=1)
+OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied events
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
 
 
-class Simulation(IngressDriver):
+class Simulation:
     """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
-        super().__init__()
         self.seed = seed
         self.profile = profile
         self.config = config
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
         self.host = McpServer(profile.capability, self.ledger)
-        self.sessions = SimSessionActivities(self.host, self.oracle, self.ledger)
+        self.cycles = CycleRunner(SimSessionActivities(self.host, self.oracle, self.ledger), self.cover)
         self.queue: list[Message] = []
         self.activities: list[Activity] = []
         self.checkpoints: list[Checkpoint] = []
@@ -80,28 +85,43 @@ class Simulation(IngressDriver):
         self.times: list[datetime] = [EPOCH]  # the clock after each step (index = step)
         self.chain = 0
         self.run = 0
-        self._aid = 0
-        self._note_id = 0
+        self.last_activity_id = 0
+        self.last_note_id = 0
         self._scan = 0
         self.coverage: dict[str, int] = {}
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
         self.exists_history: list[bool] = [True]  # the oracle's ``exists`` after each step (catalog lag)
-        # the session host's routing program (production's), its work queue keyed (URI, generation)
-        self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
-                                    read_on_notification=config.read_on_notification)
-        self._pulses: dict[tuple[str, int], tuple[str, int]] = {}
+        self.checker = Checker(self)
+        self.ingress = IngressDriver(self, read_on_notification=config.read_on_notification)
         # metrics
         self.last_change_step = 0
         self.duplicate_deliveries = 0
-        self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
         if profile.session_at_start:
             self.host.open()
         self.wf = self._new_chain()
         self._activate()
-        self._check()
+        self.checker.check()
 
     # --- plumbing ----------------------------------------------------------------------------------
+
+    @property
+    def chain_running(self) -> bool:
+        return self.wf.stage not in ENDED
+
+    def cover(self, name: str) -> None:
+        self.coverage[name] = self.coverage.get(name, 0) + 1
+
+    def violate(self, invariant: Invariant, detail: str) -> None:
+        self.violations.append(Violation(invariant, self.step, detail))
+
+    def next_activity_id(self) -> int:
+        self.last_activity_id += 1
+        return self.last_activity_id
+
+    def next_note_id(self) -> int:
+        self.last_note_id += 1
+        return self.last_note_id
 
     def _program_run(self, start: SubscriptionStart, incarnation: str) -> ProgramRun:
         wf = ProgramRun(start, incarnation, f"c{self.chain}r{self.run}", EPOCH, self.times[self.step])
@@ -123,26 +143,26 @@ class Simulation(IngressDriver):
         while True:
             wf = self.wf
             wf.clock = self.times[self.step]
-            if wf.stage == RunStage.RUNNING:
+            if wf.stage == RUNNING:
                 wf.activate()
             for err in wf.errors:
                 invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
-                self._violate(invariant, err)
+                self.violate(invariant, err)
             wf.errors.clear()
             for _nid, disposition in wf.notes:
-                self._cover(f"update.{disposition.value}")
+                self.cover(f"update.{disposition.value}")
             wf.notes.clear()
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
             for cmd in commands:
                 if isinstance(cmd, ScheduleActivity):
-                    self._aid += 1
-                    self.activities.append(Activity(self._aid, self.run, cmd.seq, cmd.name, cmd.arg))
+                    self.activities.append(Activity(self.next_activity_id(), self.run, cmd.seq, cmd.name,
+                                                    cmd.arg))
                 else:
                     can = cmd
             if can is None:
                 return
-            self._cover("continue_as_new")
+            self.cover("continue_as_new")
             self.run += 1
             self.wf = self._program_run(can.start, wf.incarnation)
 
@@ -156,10 +176,11 @@ class Simulation(IngressDriver):
 
     def _next_time(self, event: Event) -> datetime:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
-        at = self.times[self.step] + timedelta(seconds=1)
-        timer_at = self.wf.timer_at
-        if event.op == Op.TIMER and self.chain_running and timer_at is not None and timer_at > at:
-            at = timer_at
+        at = self.times[self.step] + ONE_STEP
+        if event.op == Op.TIMER and self.chain_running:
+            timer_at = self.wf.timer_at
+            if timer_at is not None and timer_at > at:
+                at = timer_at
         return at
 
     def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
@@ -172,9 +193,16 @@ class Simulation(IngressDriver):
         return matches[n % len(matches)] if matches else None
 
     def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
-        """The EXEC (or COMPLETE) event that picks ``act``."""
-        n = self._candidates(act.name, executed=op == Op.COMPLETE).index(act)
-        return Event(op, n=n, act=act.name, fault=fault)
+        """The EXEC (or COMPLETE) event that picks ``act``: its index among ``_candidates``."""
+        executed, name, run = op == Op.COMPLETE, act.name, self.run
+        n = 0
+        for a in self.activities:
+            if a is act:
+                return Event(op, n=n, act=name, fault=fault)
+            if a.name == name and a.executed == executed and not a.poisoned \
+                    and (not executed or a.run == run):
+                n += 1
+        raise ValueError(f"{act} is not scheduled")
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -188,158 +216,179 @@ class Simulation(IngressDriver):
             self.times.append(at)
             self.exists_history.append(self.oracle.exists)
             self.events.append(event)
-            self._cover(f"op.{event.op.value}")
+            self.cover(OP_LABELS[event.op])
             self._activate()
-            self._check()
+            self.checker.check()
         return applied
 
     def _apply(self, e: Event) -> bool:
+        if e.op in CHAIN_OPS and not self.chain_running:
+            return False
+        return _APPLY[e.op](self, e)
+
+    def _on_change(self, e: Event) -> bool:
         op = e.op
-        if op in CHAIN_OPS and not self.chain_running:
+        if (op == Op.RECREATE) == self.oracle.exists:
             return False
-        if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
-            if (op == Op.RECREATE) == self.oracle.exists:
-                return False
-            tokens = e.fault.split("+")
-            if op == Op.DELETE:
-                self.oracle.delete()
-            else:
-                self.oracle.mutate(unsafe="unsafe" in tokens)
-            self.last_change_step = self.step + 1
-            self._notify(e.n, "same_id" in tokens)
-            return True
-        if op == Op.DELIVER:
-            if not self.queue:
-                return False
-            msg = self.queue.pop(e.n % len(self.queue))
-            if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
-                self.duplicate_deliveries += 1
-            if isinstance(msg.payload, ReadReport):
-                self._cover("ingress.report_delivered")
-                cycle = msg.payload.cycle
-                if self.chain_running and cycle.accept is not None \
-                        and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
-                        and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
-                    # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
-                    # the newer digest.
-                    self._cover("ingress.report_older_than_view")
-            self._signal(msg.kind, msg.payload)
-            return True
-        if op == Op.OLD_NOTE:
-            live = self.host.generation
-            if live < 2:
-                return False
-            self._note_id += 1
-            gen = max(1, live - 1 - e.n)
-            if (old := self._route(gen, f"old{self._note_id}")) is not None:
-                self.queue.append(old)
-            return True
-        if op == Op.WRONG_URI:  # no row for the variant: ``UnknownUri``
-            gen = self.host.generation  # the live session's, or the last one's
-            self._note_id += 1
-            if (wrong := self._route(gen, f"w{self._note_id}", WRONG_URI)) is not None:
-                self.queue.append(wrong)
-            return True
-        if op == Op.FINAL_NOTE:
-            gen = self.host.generation
-            final = self._route(gen, "final")  # None: the work is owned already (a read in flight or owed)
-            if final is None and self.signals_erased and dirty(self.ledger.row) and not self._work_owned():
-                # A reset without reapply erased the signal that owned the row's work: nothing else
-                # owns it, and a note on a dirty row creates none. The safety read repays it; the
-                # drain delivers the final note as the operator's re-signal would (docs/faults.md).
-                self._cover("final_note_after_erased_signals")
-                final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
-            if final is not None:
-                self._signal(final.kind, final.payload, log=False)
-            return True
-        if op == Op.CLOSE:
-            self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
-            return True
-        if op == Op.EXEC:
-            act = self._find(e.act, e.n, executed=False)
-            if act is None:
-                return False
-            self._execute(act, e.fault)
-            return True
-        if op == Op.COMPLETE:
-            act = self._find(e.act, e.n, executed=True)
-            if act is None:
-                return False
-            self.activities.remove(act)
-            if act.result is None and act.name in MCP_ACTIVITIES:
-                # retries exhausted: the program sees ActivityFailed
-                self.wf.fail(act.seq, "ApplicationError")
-            else:
-                self.wf.complete(act.seq, act.result)
-            return True
-        if op == Op.TIMER:
-            kind = self.wf.pending_timer
-            if kind and self.wf.fire_timer():
-                self._cover(f"timer.{kind}")
-                return True
+        tokens = e.fault.split("+")
+        if op == Op.DELETE:
+            self.oracle.delete()
+        else:
+            self.oracle.mutate(unsafe="unsafe" in tokens)
+        self.last_change_step = self.step + 1
+        self.ingress.notify(e.n, "same_id" in tokens)
+        return True
+
+    def _on_deliver(self, e: Event) -> bool:
+        if not self.queue:
             return False
-        if op == Op.RECONNECT:
-            if self.host.live is None:
-                return False
-            self.host.drop()
-            if e.n == 0:
-                self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
+        msg = self.queue.pop(e.n % len(self.queue))
+        if msg.notification_id is not None and msg.notification_id in self.wf.program.seen_ids:
+            self.duplicate_deliveries += 1
+        if isinstance(msg.payload, ReadReport):
+            self.cover("ingress.report_delivered")
+            cycle = msg.payload.cycle
+            if self.chain_running and cycle.accept is not None \
+                    and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
+                    and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
+                # the newer digest.
+                self.cover("ingress.report_older_than_view")
+        self._signal(msg.kind, msg.payload)
+        return True
+
+    def _on_old_note(self, e: Event) -> bool:
+        live = self.host.generation
+        if live < 2:
+            return False
+        gen = max(1, live - 1 - e.n)
+        if (old := self.ingress.route(gen, f"old{self.next_note_id()}")) is not None:
+            self.queue.append(old)
+        return True
+
+    def _on_wrong_uri(self, e: Event) -> bool:
+        """No row for the variant: ``UnknownUri``."""
+        gen = self.host.generation  # the live session's, or the last one's
+        if (wrong := self.ingress.route(gen, f"w{self.next_note_id()}", WRONG_URI)) is not None:
+            self.queue.append(wrong)
+        return True
+
+    def _on_final_note(self, e: Event) -> bool:
+        gen = self.host.generation
+        # None: the work is owned already (a read in flight or owed)
+        final = self.ingress.route(gen, "final")
+        if final is None and self.signals_erased and dirty(self.ledger.row) \
+                and not self.checker.work_owned():
+            # A reset without reapply erased the signal that owned the row's work: nothing else
+            # owns it, and a note on a dirty row creates none. The safety read repays it; the
+            # drain delivers the final note as the operator's re-signal would (docs/faults.md).
+            self.cover("final_note_after_erased_signals")
+            final = Message(Signal.UPDATED, ResourceUpdated(uri=KEY.uri, session_generation=gen))
+        if final is not None:
+            self._signal(final.kind, final.payload, log=False)
+        return True
+
+    def _on_close(self, e: Event) -> bool:
+        self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
+        return True
+
+    def _on_exec(self, e: Event) -> bool:
+        act = self._find(e.act, e.n, executed=False)
+        if act is None:
+            return False
+        self._execute(act, e.fault)
+        return True
+
+    def _on_complete(self, e: Event) -> bool:
+        act = self._find(e.act, e.n, executed=True)
+        if act is None:
+            return False
+        self.activities.remove(act)
+        if act.result is None and act.name in MCP_ACTIVITIES:
+            # retries exhausted: the program sees ActivityFailed
+            self.wf.fail(act.seq, "ApplicationError")
+        else:
+            self.wf.complete(act.seq, act.result)
+        return True
+
+    def _on_timer(self, e: Event) -> bool:
+        kind = self.wf.pending_timer
+        if kind and self.wf.fire_timer():
+            self.cover(f"timer.{kind}")
             return True
-        if op == Op.SESSION_OPEN:
-            if self.host.live is not None:
-                return False
+        return False
+
+    def _on_reconnect(self, e: Event) -> bool:
+        if self.host.live is None:
+            return False
+        self.host.drop()
+        if e.n == 0:
             self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
-            return True
-        if op == Op.CAN:
-            if self.wf.can_suggested:
-                return False
-            self.wf.suggest_continue_as_new()
-            return True
-        if op == Op.CHECKPOINT:
-            self._checkpoint()
-            return True
-        if op == Op.RESET:
-            if not self.checkpoints:
-                return False
-            self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
-            return True
-        if op == Op.CATALOG:
-            self._scan += 1
-            measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
-            proven = e.fault == "proven"
-            self._cover("catalog.proven" if proven else "catalog.unproven")
-            self._signal(Signal.CATALOG, CatalogObservation(
-                uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
-                snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
-                session_generation=self.host.generation, measured_at=self.times[measured]))
-            return True
-        if op == Op.CONFLICT:
-            self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
-                                                      session_generation=self.host.generation))
-            return True
-        if op == Op.RESUME:
-            if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
-                return False
-            self._signal(Signal.RESUME, None)
-            return True
-        if op == Op.FIRST_READ:
-            self._signal(Signal.FIRST_READ, None)
-            return True
-        if op == Op.REVOKE:
-            self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
-            return True
-        if op == Op.RESTART:
-            if self.chain_running:
-                return False
-            self.wf = self._new_chain()
-            return True
-        raise ValueError(f"unknown op {op}")
+        return True
+
+    def _on_session_open(self, e: Event) -> bool:
+        if self.host.live is not None:
+            return False
+        self.queue.append(Message(Signal.SESSION_CHANGED, self.host.open()))
+        return True
+
+    def _on_can(self, e: Event) -> bool:
+        if self.wf.can_suggested:
+            return False
+        self.wf.suggest_continue_as_new()
+        return True
+
+    def _on_checkpoint(self, e: Event) -> bool:
+        self._checkpoint()
+        return True
+
+    def _on_reset(self, e: Event) -> bool:
+        if not self.checkpoints:
+            return False
+        self._reset(self.checkpoints[-1 - e.n % len(self.checkpoints)], reapply=e.fault == "reapply")
+        return True
+
+    def _on_catalog(self, e: Event) -> bool:
+        self._scan += 1
+        measured = max(0, self.step - e.n)  # a scan measured n steps ago arrives now
+        proven = e.fault == "proven"
+        self.cover("catalog.proven" if proven else "catalog.unproven")
+        self._signal(Signal.CATALOG, CatalogObservation(
+            uri=KEY.uri, listed=self.exists_history[measured], scan_id=f"scan{self._scan}",
+            snapshot_status="SNAPSHOT_PROVEN" if proven else "SNAPSHOT_UNPROVEN",
+            session_generation=self.host.generation, measured_at=self.times[measured]))
+        return True
+
+    def _on_conflict(self, e: Event) -> bool:
+        self._signal(Signal.CONFLICT, IdentityConflict(observed_uri=WRONG_URI, reason="normalizes alike",
+                                                  session_generation=self.host.generation))
+        return True
+
+    def _on_resume(self, e: Event) -> bool:
+        if self.wf.fence.s.state != S.RECONCILIATION_REQUIRED:
+            return False
+        self._signal(Signal.RESUME, None)
+        return True
+
+    def _on_first_read(self, e: Event) -> bool:
+        self._signal(Signal.FIRST_READ, None)
+        return True
+
+    def _on_revoke(self, e: Event) -> bool:
+        self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
+        return True
+
+    def _on_restart(self, e: Event) -> bool:
+        if self.chain_running:
+            return False
+        self.wf = self._new_chain()
+        return True
 
     def _execute(self, act: Activity, fault: str) -> None:
         """Run an activity's side effect now. ``lost``: it took effect but its response is lost, so
         Temporal runs it again later (at-least-once)."""
         if act.ingress is not None:
-            self._ingress_step(act, fault)
+            self.ingress.step(act, fault)
             return
         name, arg = act.name, act.arg
         result: Any
@@ -350,31 +399,31 @@ class Simulation(IngressDriver):
                 if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
                         and self.oracle.exists:
                     # a late proven word revoked a resource that exists
-                    self._cover("catalog_revoked_existing")
+                    self.cover("catalog_revoked_existing")
             elif name == Act.MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
-                    self._cover("unsubscribe_ack_lost")
+                    self.cover("unsubscribe_ack_lost")
             elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
-                done, result = self._cycle_step(act, fault)
+                done, result = self.cycles.step(act, fault)
                 if fault == "lost":  # the attempt died after this step's effect: the retry starts over
                     act.cycle, act.step = None, 0
                 if not done:
                     if fault == "lost":
-                        self._cover("lost_response.read_cycle_step")
+                        self.cover("lost_response.read_cycle_step")
                     return
             else:
                 raise ValueError(f"unknown activity {name}")
         except LedgerIntegrityError as err:
             act.poisoned = True
-            self._violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
+            self.violate(Invariant.LEDGER_INTEGRITY, f"{name} (retried forever): {err}")
             return
         if fault == "lost":
-            self._cover(f"lost_response.{name}")
+            self.cover(f"lost_response.{name}")
             return  # the activity stays scheduled: its retry runs the side effect again
         if act.run != self.run:
             self.activities.remove(act)  # an orphan of a reset run: it landed, nobody listens
-            self._cover("orphan_landed")
+            self.cover("orphan_landed")
             return
         act.executed, act.result = True, result
 
@@ -387,7 +436,7 @@ class Simulation(IngressDriver):
     def _reset(self, cp: Checkpoint, *, reapply: bool) -> None:
         """Temporal reset: the current run ends (its started activities may still land), a new run
         replays to the checkpoint, then reschedules the activities pending there."""
-        self._cover("reset")
+        self.cover("reset")
         self.run += 1
         wf = ProgramRun.replayed(cp.run, cp.inputs, cp.draws, f"c{self.chain}r{self.run}")
         wf.clock = self.times[self.step]
@@ -401,7 +450,7 @@ class Simulation(IngressDriver):
         if later and not reapply:
             self.signals_erased = True
         if reapply:
-            self._cover("reset_reapply")
+            self.cover("reset_reapply")
             for kind, payload in later:
                 self._signal(kind, payload)
 
@@ -435,10 +484,10 @@ class Simulation(IngressDriver):
         final_sent = False
         for attempt in range(8):
             if not self._flush():
-                self._violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
+                self.violate(Invariant.NO_CONVERGENCE, "drain did not quiesce")
                 return
             if attempt == 0:
-                self._check_covered()
+                self.checker.check_covered()
             wf = self.wf
             if not self.chain_running:
                 break
@@ -447,31 +496,58 @@ class Simulation(IngressDriver):
             if wf.pending_timer and (wf.main_wait == WaitKind.SESSION or not final_sent):
                 self.apply(Event(Op.TIMER))
                 continue
-            if state == S.TOMBSTONE_PENDING and wf.program.catalog is None:
+            if state == S.TOMBSTONE_PENDING and wf.program.identity.catalog is None:
                 self.apply(Event(Op.CATALOG))
                 continue
-            if state == S.RECONCILIATION_REQUIRED and wf.program.resume_requested is None:
+            if state == S.RECONCILIATION_REQUIRED and wf.program.identity.resume_requested is None:
                 self.apply(Event(Op.RESUME))
                 continue
             if not final_sent:
                 final_sent = True
-                self.count_reads = False
+                self.checker.count_reads = False
                 self.apply(Event(Op.FINAL_NOTE))
                 continue
             break
-        self._verdict()
+        self.checker.verdict()
 
     def result(self) -> ScheduleResult:
         converged_after = None
         row = self.ledger.row
-        if not self.violations and row.state not in TERMINAL_STATES and self.converged_since is not None:
-            converged_after = max(0, self.converged_since - self.last_change_step)
+        converged_since = self.checker.converged_since
+        if not self.violations and row.state not in TERMINAL_STATES and converged_since is not None:
+            converged_after = max(0, converged_since - self.last_change_step)
         return ScheduleResult(seed=self.seed, profile=self.profile, events=list(self.events),
                               violations=list(self.violations), steps=self.step,
                               converged_after=converged_after,
-                              notification_reads=self.notification_reads, fresh_reads=self.fresh_reads,
+                              notification_reads=self.checker.notification_reads,
+                              fresh_reads=self.checker.fresh_reads,
                               duplicate_deliveries=self.duplicate_deliveries,
-                              covered_updates=self.covered_reads_saved, coverage=dict(self.coverage),
+                              covered_updates=self.ingress.covered_reads_saved, coverage=dict(self.coverage),
                               read_on_notification=self.config.read_on_notification)
 
 
+# What each event does (``Simulation._apply``): one method per op.
+_APPLY: dict[Op, Callable[[Simulation, Event], bool]] = {
+    Op.MUTATE: Simulation._on_change,
+    Op.DELETE: Simulation._on_change,
+    Op.RECREATE: Simulation._on_change,
+    Op.DELIVER: Simulation._on_deliver,
+    Op.OLD_NOTE: Simulation._on_old_note,
+    Op.WRONG_URI: Simulation._on_wrong_uri,
+    Op.FINAL_NOTE: Simulation._on_final_note,
+    Op.CLOSE: Simulation._on_close,
+    Op.EXEC: Simulation._on_exec,
+    Op.COMPLETE: Simulation._on_complete,
+    Op.TIMER: Simulation._on_timer,
+    Op.RECONNECT: Simulation._on_reconnect,
+    Op.SESSION_OPEN: Simulation._on_session_open,
+    Op.CAN: Simulation._on_can,
+    Op.CHECKPOINT: Simulation._on_checkpoint,
+    Op.RESET: Simulation._on_reset,
+    Op.CATALOG: Simulation._on_catalog,
+    Op.CONFLICT: Simulation._on_conflict,
+    Op.RESUME: Simulation._on_resume,
+    Op.FIRST_READ: Simulation._on_first_read,
+    Op.REVOKE: Simulation._on_revoke,
+    Op.RESTART: Simulation._on_restart,
+}

@@ -1,14 +1,14 @@
 """The session host's routing program (``workflows/ingress.py``) run over the simulated world.
 
 Contract:
-- ``IngressDriver`` is a part of ``Simulation`` (a mixin over its state, after the ``Checker`` and
-  ``CycleRunner``). A notification that reaches the session host is offered to the production
-  ``IngressRouter``; a key that becomes ready is processed at once (``IngressRouter.process``), its
-  effects performed over the world: the note on ``MemoryLedger``, signals and reports queued as
-  messages to the workflow, and the read cycle as the ``INGRESS_READ`` pseudo-activity whose three
-  steps (allocate, read, accept) are events of their own, so notifications, deliveries and resets
-  interleave with it. The program's ``absorb`` runs at the read step, once the allocation is
-  granted, as in ``McpSessionActivities.run_cycle``.
+- ``IngressDriver`` is one object of a ``Simulation`` (``sim.ingress``) with its own fields (the
+  production ``IngressRouter`` and the pulses it was offered). A notification that reaches the session
+  host is offered to the router; a key that becomes ready is processed at once
+  (``IngressRouter.process``), its effects performed over the world: the note on ``MemoryLedger``,
+  signals and reports queued as messages to the workflow, and the read cycle as the ``INGRESS_READ``
+  pseudo-activity whose three steps (allocate, read, accept) are events of their own, so
+  notifications, deliveries and resets interleave with it. The program's ``absorb`` runs at the read
+  step, once the allocation is granted, as in ``McpSessionActivities.run_cycle``.
 - What the checker needs to know about the world (which oracle version a note or an absorbed pulse
   announced, which ordinals the ingress was granted) is recorded here, next to the effects; the
   routing decisions are the program's alone.
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcpsync.workflows.ingress import Effect as IngressEffect
 from mcpsync.workflows.ingress import (
+    IngressRouter,
     Key,
     Note,
     Offer,
@@ -36,11 +36,13 @@ from mcpsync.workflows.ingress import (
 )
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
-from sim.cycles import CycleRunner
 from sim.ledger import LedgerIntegrityError
 from sim.model import INGRESS_READ, KEY, Invariant
 from sim.runtime import Signal
 from sim.world import Activity, Message
+
+if TYPE_CHECKING:
+    from sim.engine import Simulation
 
 __all__ = ["Processing", "IngressDriver"]
 
@@ -62,34 +64,36 @@ class Processing:
     signalled: list[Message] = field(default_factory=list)  # wake-ups it signalled synchronously
 
 
-class IngressDriver(CycleRunner):
-    """Performs the routing program's effects over the world (state named by these annotations)."""
+class IngressDriver:
+    """Performs the routing program's effects over the world of ``sim`` (the module's contract)."""
 
-    activities: list[Activity]
-    now: datetime
-    _aid: int
-    _note_id: int
-    _pulses: dict[Key, tuple[str, int]]  # per key: the newest pulse's id and change since it was got
-    covered_reads_saved: int
+    def __init__(self, sim: Simulation, *, read_on_notification: bool) -> None:
+        self.sim = sim
+        # the session host's routing program (production's), its work queue keyed (URI, generation)
+        self.router = IngressRouter(KEY.subject, KEY.server, host_id="sim",
+                                    read_on_notification=read_on_notification)
+        # per key: the newest pulse's id and change since it was got
+        self._pulses: dict[Key, tuple[str, int]] = {}
+        self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
 
-    def _notify(self, copies: int, same_id: bool) -> None:
+    def notify(self, copies: int, same_id: bool) -> None:
         """The server announces the oracle's newest change on the live session, ``copies`` times
         (``same_id``: Temporal delivers the first routed wake-up again instead)."""
-        live = self.host.live
-        if live is None or live.generation not in self.host.subscribed:
+        live = self.sim.host.live
+        if live is None or live.generation not in self.sim.host.subscribed:
             return  # nobody subscribed on the live session: the server sends nothing
-        self._note_id += 1
+        note = self.sim.next_note_id()
         first: Message | None = None
         for i in range(copies):
             if same_id and first is not None:
-                self.queue.append(first)  # the same routed signal delivered again (one ingress id)
+                self.sim.queue.append(first)  # the same routed signal delivered again (one ingress id)
                 continue
-            nid = f"n{self._note_id}" if i == 0 else f"n{self._note_id}.{i}"
-            first = self._route(live.generation, nid, change=self.oracle.version)
+            nid = f"n{note}" if i == 0 else f"n{note}.{i}"
+            first = self.route(live.generation, nid, change=self.sim.oracle.version)
             if first is not None:
-                self.queue.append(first)
+                self.sim.queue.append(first)
 
-    def _route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message | None:
+    def route(self, generation: int, nid: str, uri: str = KEY.uri, change: int = 0) -> Message | None:
         """A notification reaches the session host (``SessionHost._enqueue``): offered to the router's
         work queue, and a key that became ready is processed now. Answers the ``resource_updated``
         message the processing signalled before it waited for anything (the caller queues it), or None."""
@@ -97,7 +101,7 @@ class IngressDriver(CycleRunner):
         _, prior = self._pulses.get(key, ("", 0))
         self._pulses[key] = (nid, max(prior, change))
         if self.router.offer(uri, generation) != Offer.READY:
-            self._cover("ingress.queued")
+            self.sim.cover("ingress.queued")
             return None
         signalled = self._process()
         return signalled[0] if signalled else None
@@ -115,11 +119,11 @@ class IngressDriver(CycleRunner):
                 effect = p.program.send(answer)
             except StopIteration as stop:
                 if self.router.no_work > p.no_work_before:
-                    self._cover("update.ingress_no_work")
+                    self.sim.cover("update.ingress_no_work")
                     self.covered_reads_saved += 1
                 if stop.value:  # the key is ready again
-                    self._cover("ingress.queued_routed")
-                    self.queue.extend(self._process())
+                    self.sim.cover("ingress.queued_routed")
+                    self.sim.queue.extend(self._process())
                 return
             if isinstance(effect, ReadCycle):
                 self._start_read(p, effect)
@@ -131,12 +135,12 @@ class IngressDriver(CycleRunner):
             key = (effect.uri, effect.generation)
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
-            counted = self.ledger.row.notifications_seen
-            noted = self.ledger.note_notification(effect.generation) if effect.uri == KEY.uri else None
+            counted = self.sim.ledger.row.notifications_seen
+            noted = self.sim.ledger.note_notification(effect.generation) if effect.uri == KEY.uri else None
             if noted is not None and noted.fence.notifications_seen > counted:
                 # the checker holds the change to the count this note made (a note from a session the
                 # row has left is not counted: it announces nothing about the current one)
-                self._noted_change[noted.fence.notifications_seen] = p.change
+                self.sim.checker.noted(noted.fence.notifications_seen, p.change)
             return noted
         if isinstance(effect, UnknownUri):
             # No row for a URI variant. The world lets its wake-up reach the workflow anyway (production's
@@ -145,19 +149,19 @@ class IngressDriver(CycleRunner):
                 uri=effect.uri, session_generation=effect.generation, notification_id=p.nid)))
             return None
         if isinstance(effect, Stamp):
-            live = self.host.live
+            live = self.sim.host.live
             update = ResourceUpdated(uri=effect.uri, session_generation=effect.generation,
-                                     received_at=self.now, notification_id=p.nid)
-            return Stamped(update, self.now, f"ingress-{self._aid + 1}",
+                                     received_at=self.sim.now, notification_id=p.nid)
+            return Stamped(update, self.sim.now, f"ingress-{self.sim.last_activity_id + 1}",
                            live.generation if live is not None else None)
         if isinstance(effect, SignalUpdated):
             if p.cycle is not None:
-                self._cover("ingress.fallback")
+                self.sim.cover("ingress.fallback")
             self._signalled(p, Message(Signal.UPDATED, effect.update))
             return True
         if isinstance(effect, ReportRead):
-            self._cover("ingress.report")
-            self.queue.append(Message(Signal.READ_REPORTED, effect.report))
+            self.sim.cover("ingress.report")
+            self.sim.queue.append(Message(Signal.READ_REPORTED, effect.report))
             return True
         return []  # Siblings: the world has one URI; nothing else is asked of it
 
@@ -165,43 +169,42 @@ class IngressDriver(CycleRunner):
         if p.synchronous:
             p.signalled.append(msg)
         else:
-            self.queue.append(msg)
+            self.sim.queue.append(msg)
 
     def _start_read(self, p: Processing, cycle: ReadCycle) -> None:
-        self._aid += 1
         p.cycle = cycle
-        self.activities.append(Activity(self._aid, 0, 0, INGRESS_READ, cycle.request, ingress=p))
-        self._cover("ingress.read")
+        self.sim.activities.append(Activity(self.sim.next_activity_id(), 0, 0, INGRESS_READ, cycle.request,
+                                            ingress=p))
+        self.sim.cover("ingress.read")
 
-    def _ingress_step(self, act: Activity, fault: str) -> None:
-        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``_cycle_step``).
+    def step(self, act: Activity, fault: str) -> None:
+        """One step of the ingress's read (``McpSessionActivities.run_cycle``, via ``CycleRunner.step``).
         No retry: a step whose answer is lost (``lost``: it took effect) or a read that failed makes
         ``run_cycle`` raise, and the program falls back to ``resource_updated``."""
         p = act.ingress
         assert p is not None and p.cycle is not None
         absorb = None if p.cycle.absorb is None else partial(self._absorb, p)
         try:
-            done, result = self._cycle_step(act, fault, p.cycle.cycle_id, absorb)
+            done, result = self.sim.cycles.step(act, fault, p.cycle.cycle_id, absorb)
         except LedgerIntegrityError as err:
-            self._violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
+            self.sim.violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
             done, result = True, None
         if act.ticket is not None:
-            self._ingress_ordinals.add(act.ticket.ordinal)
-            rr = self.ledger.read_requests.get(act.ticket.ordinal)
+            self.sim.checker.ingress_granted(act.ticket.ordinal)
+            rr = self.sim.ledger.read_requests.get(act.ticket.ordinal)
             if p.absorbed and rr is not None and rr["completed_at"] is not None:
                 # counted by the accept (a lost answer too: it took effect): the checker holds the
                 # change to that count
-                n = act.ticket.notifications_seen + p.absorbed
-                self._noted_change[n] = max(self._noted_change.get(n, 0), p.absorbed_change)
+                self.sim.checker.absorbed(act.ticket.notifications_seen + p.absorbed, p.absorbed_change)
                 p.absorbed = 0
         if fault == "lost":
-            self._cover("ingress.lost_response")
+            self.sim.cover("ingress.lost_response")
             done, result = True, None
         if done:
-            self.activities.remove(act)
+            self.sim.activities.remove(act)
             if isinstance(result, ReadCycleResult) and result.judged:
                 assert result.accept is not None
-                self._cover(f"ingress.verdict.{result.accept.verdict.value}")
+                self.sim.cover(f"ingress.verdict.{result.accept.verdict.value}")
             self._resume(p, result if isinstance(result, ReadCycleResult) else None)
 
     def _absorb(self, p: Processing) -> int:
@@ -210,7 +213,7 @@ class IngressDriver(CycleRunner):
         assert p.cycle is not None and p.cycle.absorb is not None
         taken = p.cycle.absorb()
         if taken:
-            self._cover("ingress.absorbed")
+            self.sim.cover("ingress.absorbed")
             _, p.absorbed_change = self._pulses.pop((KEY.uri, p.generation), ("", 0))
             p.absorbed = taken
         return taken

@@ -69,6 +69,12 @@ class Signal(StrEnum):
     READ_REPORTED = "read_reported"  # resource_read: the ingress read a notified change itself (ReadReport)
 
 
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
+# hook (about ten times a plain attribute), and these are compared on every scheduler pass.
+RUNNING = RunStage.RUNNING
+ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleActivity:
     seq: int
@@ -159,6 +165,12 @@ class ProgramRun:
     _randoms: int = 0
     _main: _Task | None = None
     _iterations: int = 0
+    _handlers_running: int = 0  # the sum of ``handlers``
+    # What the simulation asks after every step, found once per change of ``_conditions``: the main
+    # loop's wait and the armed timer that fires first.
+    _indexed: bool = False
+    _main_condition: _Condition | None = None
+    _first_timer: _Condition | None = None
 
     def __post_init__(self) -> None:
         self.program = SubscriptionProgram(self.start_args, self)
@@ -172,13 +184,28 @@ class ProgramRun:
     @property
     def main_wait(self) -> WaitKind | None:
         """What the main loop waits for (None: an activity, or it is not running)."""
-        c = next((c for c in self._conditions if c.task is self._main), None)
+        if not self._indexed:
+            self._index()
+        c = self._main_condition
         return c.request.kind if c is not None else None
 
     def _next_timer(self) -> _Condition | None:
-        """The armed timer that fires first (the main loop's, or the deadline keeper's)."""
-        timed = [c for c in self._conditions if c.fire_at is not None]
-        return min(timed, key=lambda c: c.fire_at or self.clock) if timed else None
+        """The armed timer that fires first (the main loop's, or the deadline keeper's; the first
+        registered of those that fire at the same time)."""
+        if not self._indexed:
+            self._index()
+        return self._first_timer
+
+    def _index(self) -> None:
+        main: _Condition | None = None
+        first: _Condition | None = None
+        for c in self._conditions:
+            if main is None and c.task is self._main:
+                main = c
+            at = c.fire_at
+            if at is not None and (first is None or first.fire_at is None or at < first.fire_at):
+                first = c
+        self._main_condition, self._first_timer, self._indexed = main, first, True
 
     @property
     def timer_at(self) -> datetime | None:
@@ -236,6 +263,7 @@ class ProgramRun:
 
     def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:
         self.handlers[kind] += 1
+        self._handlers_running += 1
         self._ready.append((_Task(coro, kind), None, None))
 
     def complete(self, seq: int, result: Any) -> None:
@@ -257,6 +285,7 @@ class ProgramRun:
             return False
         self._record("fire_timer")
         self._conditions.remove(c)
+        self._indexed = False
         self._ready.append((c.task, False, None))
         return True
 
@@ -268,17 +297,20 @@ class ProgramRun:
         """Run every coroutine until all of them wait on something external."""
         self._record("activate")
         self._iterations = 0
-        while self.stage == RunStage.RUNNING:
-            while self._ready and self.stage == RunStage.RUNNING:
+        while self.stage == RUNNING:
+            while self._ready and self.stage == RUNNING:
                 task, value, exc = self._ready.popleft()
                 self._step(task, value, exc)
-            if self.stage != RunStage.RUNNING:
+            if self.stage != RUNNING:
                 return
-            woken = [c for c in self._conditions if c.request.condition()]
+            woken: list[_Condition] = []
+            waiting: list[_Condition] = []
+            for c in self._conditions:
+                (woken if c.request.condition() else waiting).append(c)
             if not woken:
                 return
+            self._conditions, self._indexed = waiting, False
             for c in woken:
-                self._conditions.remove(c)
                 self._ready.append((c.task, True, None))
 
     @classmethod
@@ -313,7 +345,7 @@ class ProgramRun:
         except _Livelock:
             self.errors.append(f"livelock: the main loop ran {LOOP_BUDGET} iterations without blocking "
                                f"(state={self.fence.s.state.value}, "
-                               f"catalog={self.program.catalog is not None})")
+                               f"catalog={self.program.identity.catalog is not None})")
             self.stage = RunStage.WEDGED
             return
         except Exception as err:  # noqa: BLE001 - reported as a violation, as Temporal would fail the task
@@ -338,10 +370,12 @@ class ProgramRun:
                 request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
         self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
                                            kind))
+        self._indexed = False
 
     def _finished(self, task: _Task) -> None:
         if task.handler is not None:
             self.handlers[task.handler] -= 1
+            self._handlers_running -= 1
 
     # --- subscription_program.Runtime ------------------------------------------------------------------
 
@@ -396,7 +430,7 @@ class ProgramRun:
         self._ready.append((_Task(coro), None, None))
 
     def all_handlers_finished(self) -> bool:
-        return not any(self.handlers.values())
+        return not self._handlers_running
 
     def continue_as_new_suggested(self) -> bool:
         return self.can_suggested

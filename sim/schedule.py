@@ -10,8 +10,8 @@ Contract:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import cache
 
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.subscription import SubscriptionState as S
@@ -45,116 +45,174 @@ def _profile(rng: random.Random, faults: frozenset[Fault]) -> Profile:
                    safety_read_seconds=safety)
 
 
+# Enum members read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's
+# ``__getattr__`` hook (about ten times a plain attribute), and ``_next_event`` runs before every event.
+_EXEC, _COMPLETE, _DELIVER, _MUTATE = (30, Op.EXEC), (30, Op.COMPLETE), (18, Op.DELIVER), (9, Op.MUTATE)
+_DELETE, _RECREATE = (1.2, Op.DELETE), (3, Op.RECREATE)
+_OLD_NOTE, _WRONG_URI, _CLOSE = (0.6, Op.OLD_NOTE), (0.3, Op.WRONG_URI), (0.7, Op.CLOSE)
+_RECONNECT, _SESSION_OPEN, _CAN = (1, Op.RECONNECT), (6, Op.SESSION_OPEN), (1, Op.CAN)
+_CHECKPOINT, _RESET = (1.5, Op.CHECKPOINT), (1.5, Op.RESET)
+_CONFLICT, _RESUME, _REVOKE, _RESTART = (0.2, Op.CONFLICT), (3, Op.RESUME), (0.2, Op.REVOKE), (2, Op.RESTART)
+_TIMER_OFTEN, _TIMER_RARELY = (4, Op.TIMER), (0.4, Op.TIMER)
+_CATALOG_TOMBSTONE, _CATALOG = (3, Op.CATALOG), (0.3, Op.CATALOG)
+_TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED
+
+
+@dataclass(frozen=True, slots=True)
+class _Enabled:
+    """Which fault classes a schedule draws from (``Fault in faults``, asked once per fault set)."""
+
+    delete: bool
+    old_session: bool
+    wrong_uri: bool
+    close: bool
+    session_loss: bool
+    continue_as_new: bool
+    reset: bool
+    catalog: bool
+    conflict: bool
+    revoke: bool
+    restart: bool
+
+
+@cache
+def _enabled(faults: frozenset[Fault]) -> _Enabled:
+    return _Enabled(delete=Fault.DELETE in faults, old_session=Fault.OLD_SESSION in faults,
+                    wrong_uri=Fault.WRONG_URI in faults, close=Fault.CLOSE in faults,
+                    session_loss=Fault.SESSION_LOSS in faults,
+                    continue_as_new=Fault.CONTINUE_AS_NEW in faults, reset=Fault.RESET in faults,
+                    catalog=Fault.CATALOG in faults, conflict=Fault.CONFLICT in faults,
+                    revoke=Fault.REVOKE in faults, restart=Fault.RESTART in faults)
+
+
 def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -> Event:
     """Pick one enabled event, weighted; every random choice is recorded in the Event."""
-    F = faults
+    f = _enabled(faults)
     wf = sim.wf
-    options: list[tuple[float, Callable[[], Event]]] = []
+    scheduled = [a for a in sim.activities if not a.executed and not a.poisoned]
+    executed = [a for a in sim.activities if a.executed and a.run == sim.run]
+    # (weight, the op that event applies), in a fixed order: the draw picks by cumulative weight
+    options: list[tuple[float, Op]] = []
+    add = options.append
+    if scheduled:
+        add(_EXEC)
+    if executed:
+        add(_COMPLETE)
+    if sim.queue:
+        add(_DELIVER)
+    if sim.oracle.exists:
+        add(_MUTATE)
+        if f.delete:
+            add(_DELETE)
+    elif f.delete:
+        add(_RECREATE)
+    running = sim.chain_running
+    timer = wf.pending_timer if running else ""
+    if timer:
+        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
+        add(_TIMER_RARELY if timer in ("safety", "reconcile") else _TIMER_OFTEN)
+    if f.old_session and sim.host.generation >= 2:
+        add(_OLD_NOTE)
+    if f.wrong_uri:
+        add(_WRONG_URI)
+    if f.close and running and not wf.fence.s.close_requested:
+        add(_CLOSE)
+    if f.session_loss:
+        if sim.host.live is not None:
+            add(_RECONNECT)
+        else:
+            add(_SESSION_OPEN)
+    elif sim.host.live is None:
+        add(_SESSION_OPEN)
+    if f.continue_as_new and running and not wf.can_suggested:
+        add(_CAN)
+    if f.reset:
+        if running:
+            add(_CHECKPOINT)
+        if sim.checkpoints:
+            add(_RESET)
+    state = wf.fence.s.state
+    if f.catalog and running:
+        add(_CATALOG_TOMBSTONE if state == _TOMBSTONE_PENDING else _CATALOG)
+    if f.conflict and running:
+        add(_CONFLICT)
+        if state == _RECONCILIATION_REQUIRED:
+            add(_RESUME)
+    if f.revoke and running:
+        add(_REVOKE)
+    if f.restart and not running:
+        add(_RESTART)
+    total = 0.0
+    for weight, _ in options:
+        total += weight
+    pick = rng.random() * total
+    op = options[-1][1]
+    for weight, candidate in options:
+        pick -= weight
+        if pick <= 0:
+            op = candidate
+            break
+    return _make(op, rng, sim, faults, scheduled, executed)
 
-    def add(weight: float, make: Callable[[], Event]) -> None:
-        options.append((weight, make))
 
-    def copies() -> int:
-        if Fault.DROP in F and rng.random() < 0.15:
-            return 0
-        if Fault.DUPLICATE in F and rng.random() < 0.2:
-            return rng.choice([2, 3])
-        return 1
-
-    def change(op: Op) -> Event:
-        n = copies()
+def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
+          scheduled: list[Activity], executed: list[Activity]) -> Event:
+    """The picked event, with the random choices it makes (drawn after the pick, in this order)."""
+    if op == Op.EXEC:
+        a = rng.choice(scheduled)
+        fault = ""
+        if a.name == Act.MCP_UNSUBSCRIBE and Fault.LOST_ACK in F and rng.random() < 0.3:
+            fault = "ack_lost"
+        elif _reads(a) and Fault.READ_FAILURE in F and rng.random() < 0.05:
+            fault = rng.choice(["error", "malformed"])
+        elif _reads(a) and Fault.REVOKE in F and rng.random() < 0.01:
+            fault = "denied"
+        elif Fault.RETRY in F and rng.random() < 0.05:
+            fault = "lost"
+        return sim.picking(Op.EXEC, a, fault)
+    if op == Op.COMPLETE:
+        return sim.picking(Op.COMPLETE, rng.choice(executed))
+    if op == Op.DELIVER:
+        n = 0
+        if Fault.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
+            n = rng.randrange(1, len(sim.queue))
+        return Event(Op.DELIVER, n=n)
+    if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
+        n = _copies(rng, F)
         tokens = []
         if n > 1 and rng.random() < 0.5:
             tokens.append("same_id")
         if op != Op.DELETE and Fault.GUARDRAIL in F and rng.random() < 0.08:
             tokens.append("unsafe")
         return Event(op, n=n, fault="+".join(tokens))
-
-    scheduled = [a for a in sim.activities if not a.executed and not a.poisoned]
-    executed = [a for a in sim.activities if a.executed and a.run == sim.run]
-
-    def reads(a: Activity) -> bool:  # the step that sends resources/read
-        return (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
-            or (a.name == Act.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
-
-    def exec_event() -> Event:
-        a = rng.choice(scheduled)
-        fault = ""
-        if a.name == Act.MCP_UNSUBSCRIBE and Fault.LOST_ACK in F and rng.random() < 0.3:
-            fault = "ack_lost"
-        elif reads(a) and Fault.READ_FAILURE in F and rng.random() < 0.05:
-            fault = rng.choice(["error", "malformed"])
-        elif reads(a) and Fault.REVOKE in F and rng.random() < 0.01:
-            fault = "denied"
-        elif Fault.RETRY in F and rng.random() < 0.05:
-            fault = "lost"
-        return sim.picking(Op.EXEC, a, fault)
-
-    def deliver_event() -> Event:
-        n = 0
-        if Fault.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
-            n = rng.randrange(1, len(sim.queue))
-        return Event(Op.DELIVER, n=n)
-
-    if scheduled:
-        add(30, exec_event)
-    if executed:
-        add(30, lambda: sim.picking(Op.COMPLETE, rng.choice(executed)))
-    if sim.queue:
-        add(18, deliver_event)
-    if sim.oracle.exists:
-        add(9, lambda: change(Op.MUTATE))
-        if Fault.DELETE in F:
-            add(1.2, lambda: change(Op.DELETE))
-    elif Fault.DELETE in F:
-        add(3, lambda: change(Op.RECREATE))
-    running = sim.chain_running
-    timer = wf.pending_timer if running else ""
-    if timer:
-        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
-        add(0.4 if timer in ("safety", "reconcile") else 4, lambda: Event(Op.TIMER))
-    if Fault.OLD_SESSION in F and sim.host.generation >= 2:
-        add(0.6, lambda: Event(Op.OLD_NOTE, n=rng.randrange(2)))
-    if Fault.WRONG_URI in F:
-        add(0.3, lambda: Event(Op.WRONG_URI))
-    if Fault.CLOSE in F and running and not wf.fence.s.close_requested:
-        add(0.7, lambda: Event(Op.CLOSE, fault="signal" if rng.random() < 0.3 else ""))
-    if Fault.SESSION_LOSS in F:
-        if sim.host.live is not None:
-            add(1, lambda: Event(Op.RECONNECT, n=int(rng.random() < 0.3)))
-        else:
-            add(6, lambda: Event(Op.SESSION_OPEN))
-    elif sim.host.live is None:
-        add(6, lambda: Event(Op.SESSION_OPEN))
-    if Fault.CONTINUE_AS_NEW in F and running and not wf.can_suggested:
-        add(1, lambda: Event(Op.CAN))
-    if Fault.RESET in F:
-        if running:
-            add(1.5, lambda: Event(Op.CHECKPOINT))
-        if sim.checkpoints:
-            add(1.5, lambda: Event(Op.RESET, n=rng.randrange(len(sim.checkpoints)),
-                                 fault="reapply" if rng.random() < 0.5 else ""))
-    def catalog_event() -> Event:
+    if op == Op.OLD_NOTE:
+        return Event(Op.OLD_NOTE, n=rng.randrange(2))
+    if op == Op.CLOSE:
+        return Event(Op.CLOSE, fault="signal" if rng.random() < 0.3 else "")
+    if op == Op.RECONNECT:
+        return Event(Op.RECONNECT, n=int(rng.random() < 0.3))
+    if op == Op.RESET:
+        return Event(Op.RESET, n=rng.randrange(len(sim.checkpoints)),
+                     fault="reapply" if rng.random() < 0.5 else "")
+    if op == Op.CATALOG:
         lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
         return Event(Op.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
+    return Event(op)  # TIMER, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE, RESTART
 
-    if Fault.CATALOG in F and running:
-        add(3 if wf.fence.s.state == S.TOMBSTONE_PENDING else 0.3, catalog_event)
-    if Fault.CONFLICT in F and running:
-        add(0.2, lambda: Event(Op.CONFLICT))
-        if wf.fence.s.state == S.RECONCILIATION_REQUIRED:
-            add(3, lambda: Event(Op.RESUME))
-    if Fault.REVOKE in F and running:
-        add(0.2, lambda: Event(Op.REVOKE))
-    if Fault.RESTART in F and not running:
-        add(2, lambda: Event(Op.RESTART))
-    total = sum(w for w, _ in options)
-    pick = rng.random() * total
-    for weight, make in options:
-        pick -= weight
-        if pick <= 0:
-            return make()
-    return options[-1][1]()
+
+def _copies(rng: random.Random, F: frozenset[Fault]) -> int:
+    """How many notifications a change sends (dropped, duplicated)."""
+    if Fault.DROP in F and rng.random() < 0.15:
+        return 0
+    if Fault.DUPLICATE in F and rng.random() < 0.2:
+        return rng.choice([2, 3])
+    return 1
+
+
+def _reads(a: Activity) -> bool:
+    """The step that sends resources/read."""
+    return (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
+        or (a.name == Act.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
 
 
 def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:

@@ -61,7 +61,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         row = sim.ledger.row
         armed = running and wf.fence.s.read_due_at is not None
         can_before = sim.coverage.get("continue_as_new", 0)
-        saved_before = sim.covered_reads_saved
+        saved_before = sim.ingress.covered_reads_saved
         erased: list[Signal] = []
         cp = None
         if e.op == Op.RESET and sim.checkpoints:
@@ -84,7 +84,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
                 before.add("F1.reset_redispatch")
             if chain >= 2:
                 before.add("F6.second_reset_same_point")
-        if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.resume_requested is not None:
+        if e.op in (Op.CLOSE, Op.REVOKE) and running and wf.program.identity.resume_requested is not None:
             before.add("F2.resume_then_close" if e.op == Op.CLOSE else "F2.resume_then_revoke")
         if msg_kind == Signal.SESSION_CHANGED and running and wf.fence.allocating \
                 and wf.program.reads_running:
@@ -127,7 +127,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if act is not None and act.name in CYCLES and act.ticket is not None:
             allocated.add(act.aid)
         if e.op == Op.CHECKPOINT and sim.checkpoints:
-            covered_at_checkpoint[id(sim.checkpoints[-1])] = sim.covered_reads_saved
+            covered_at_checkpoint[id(sim.checkpoints[-1])] = sim.ingress.covered_reads_saved
         if covering_step == 2 and runs_before > 1 and sim.coverage.get("verdict.STALE", 0) > stale_before:
             tags.add("F7.covering_read_stale_after_reset")
         if wait == WaitKind.CONTINUE_AS_NEW and sim.chain_running and sim.wf.fence.s.state != S.ACTIVE \

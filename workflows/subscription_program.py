@@ -97,7 +97,7 @@ T = TypeVar("T")
 S = SubscriptionState
 
 
-class SubscriptionProgram(CatalogAndIdentity):
+class SubscriptionProgram:
     """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
 
     def __init__(self, start: SubscriptionStart, rt: Runtime) -> None:
@@ -110,9 +110,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         self.key = start.key
         self.options = start.options
         self.session: SessionInfo | None = None
-        self.catalog: CatalogObservation | None = None  # latest catalog word, handled by the main loop
-        self.conflict: IdentityConflict | None = None
-        self.resume_requested: ResumeRequest | None = None
+        self.identity = CatalogAndIdentity(self)  # catalog words and identity reconciliation
         self.carried_binding = False  # this run continues a chain that was subscribed (continue-as-new)
         self.revocation: RevokeRequest | None = None
         self.session_failures = 0
@@ -178,23 +176,23 @@ class SubscriptionProgram(CatalogAndIdentity):
 
     def on_catalog_reconciled(self, obs: CatalogObservation) -> None:
         if obs.uri == self.key.uri:
-            self.catalog = obs
+            self.identity.catalog = obs
 
     def on_revoke(self, req: RevokeRequest) -> None:
         if self.revocation is None:
             self.revocation = req
 
     def on_identity_conflict(self, conflict: IdentityConflict) -> None:
-        self.conflict = conflict
+        self.identity.conflict = conflict
 
     def validate_resume(self, req: ResumeRequest) -> None:
         if self.fence.s.state != S.RECONCILIATION_REQUIRED:
             raise ValueError(f"nothing to resume: subscription is {self.fence.s.state.value}")
 
     async def on_resume(self, req: ResumeRequest) -> ResourceSubscriptionV1:
-        self.resume_requested = req
+        self.identity.resume_requested = req
         # A close or revocation handled first finishes the workflow: the resume is then moot.
-        await self._wait(lambda: self.resume_requested is None or self.fence.finished, None,
+        await self._wait(lambda: self.identity.resume_requested is None or self.fence.finished, None,
                          WaitKind.RESUME_UPDATE)
         return self.record()
 
@@ -254,22 +252,22 @@ class SubscriptionProgram(CatalogAndIdentity):
             if s.close_requested or s.state == S.UNSUBSCRIBING:
                 await self._close()
                 continue
-            if self.conflict is not None:
-                await self._enter_reconciliation()
+            if self.identity.conflict is not None:
+                await self.identity.enter_reconciliation()
                 continue
-            if self.catalog is not None:
-                await self._apply_catalog()
+            if self.identity.catalog is not None:
+                await self.identity.apply_catalog()
                 continue
             if s.state == S.TOMBSTONE_PENDING:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
                 # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
                 # closed by a run this one was reset past): wake for that too.
-                await self._wait(lambda: self.catalog is not None or self.fence.s.close_requested
+                await self._wait(lambda: self.identity.catalog is not None or self.fence.s.close_requested
                                  or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
                                  None, WaitKind.TOMBSTONE)
                 continue
             if s.state == S.RECONCILIATION_REQUIRED:
-                await self._await_reconciliation()
+                await self.identity.await_reconciliation()
                 continue
             if self.session is None or self.fence.wants_subscribe(self.live_generation) \
                     or s.pending_trigger == TriggerReason.RESUBSCRIBE:
@@ -322,16 +320,16 @@ class SubscriptionProgram(CatalogAndIdentity):
     def _served_before_subscribe(self) -> bool:
         """Work the main loop serves before it subscribes a DISCOVERED row (in its order: revocation,
         close, identity conflict, catalog word)."""
-        return (self.revocation is not None or self.fence.s.close_requested or self.conflict is not None
-                or self.catalog is not None)
+        return (self.revocation is not None or self.fence.s.close_requested
+                or self.identity.conflict is not None or self.identity.catalog is not None)
 
     def _has_work(self) -> bool:
         s = self.fence.s
         return bool(
             s.close_requested
             or self.fence.read_wanted(self.options.max_concurrent_reads) is not None
-            or self.conflict is not None
-            or self.catalog is not None
+            or self.identity.conflict is not None
+            or self.identity.catalog is not None
             or self.revocation is not None
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
@@ -600,7 +598,7 @@ class SubscriptionProgram(CatalogAndIdentity):
         # revocation or conflict first and try again later. A resume update waits for the loop
         # likewise, and a reload may have left ACTIVE meanwhile.
         await self._wait(lambda: drained() or self.fence.s.close_requested or self.revocation is not None
-                         or self.conflict is not None or self.resume_requested is not None
+                         or self.identity.conflict is not None or self.identity.resume_requested is not None
                          or self.fence.s.state != S.ACTIVE, None, WaitKind.CONTINUE_AS_NEW)
         if not drained():
             return

@@ -255,7 +255,7 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     # reported (resource_read); the workflow mirrors the verdict (the row is clean after it) and
     # schedules no read activity of its own for it.
     sim = _settled()
-    first_new = sim._aid + 1
+    first_new = sim.last_activity_id + 1
     sim.apply(Event(Op.MUTATE, n=1))
     assert [a.name for a in sim.activities] == [INGRESS_READ]
     for _ in range(3):
@@ -264,7 +264,7 @@ def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     sim.apply(Event(Op.DELIVER))
     scheduled = {a.name for a in sim.activities if a.aid >= first_new}
     assert not scheduled, scheduled
-    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest and sim._converged()
+    assert sim.ledger.row.last_accepted_digest == sim.oracle.digest and sim.checker.converged()
     assert sim.wf.fence.s.last_accepted_digest == sim.oracle.digest
     cov = sim.coverage
     assert cov["ingress.report_delivered"] == 1 and "ingress.fallback" not in cov
@@ -285,7 +285,7 @@ def test_a_wake_up_at_the_ingress_is_the_update_it_stamped() -> None:
     sim.apply(Event(Op.DELIVER))
     assert sim.signal_log[-1] == (Signal.UPDATED, ResourceUpdated(
         uri=KEY.uri, session_generation=sim.host.generation, received_at=received_at,
-        notification_id=f"n{sim._note_id}"))
+        notification_id=f"n{sim.last_note_id}"))
 
 
 def _absorbed_prefix() -> list[Event]:

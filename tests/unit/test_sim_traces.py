@@ -22,6 +22,7 @@ from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, FenceSnapshot, ReadTicket
 from mcpsync.workflows.records.subscription import ResumeRequest, SubscriptionStart
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
+from mcpsync.workflows.subscription_identity import CatalogAndIdentity
 from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.ledger import LedgerIntegrityError, MemoryLedger
@@ -74,16 +75,17 @@ def _violated(trace: Trace) -> set[Invariant]:
 def test_catalog_word_trace_catches_a_timer_restarted_by_the_word(monkeypatch: pytest.MonkeyPatch) -> None:
     trace, _ = _load("staleness-catalog-word-restarts-poll-timer")
     assert not _violated(trace)
-    apply_catalog = SubscriptionProgram._apply_catalog
+    apply_catalog = CatalogAndIdentity.apply_catalog
 
-    async def restarting(self: SubscriptionProgram) -> None:  # the rule before read_due_at (F12)
+    async def restarting(self: CatalogAndIdentity) -> None:  # the rule before read_due_at (F12)
         await apply_catalog(self)
-        period = self._read_period()
-        if period and self.fence.s.read_due_at is not None:
-            now = self.rt.now()
-            self.fence.s.read_due_at, self.fence.s.read_armed_from = now + timedelta(seconds=period), now
+        program = self.program
+        period = program._read_period()
+        if period and program.fence.s.read_due_at is not None:
+            now, s = program.rt.now(), program.fence.s
+            s.read_due_at, s.read_armed_from = now + timedelta(seconds=period), now
 
-    monkeypatch.setattr(SubscriptionProgram, "_apply_catalog", restarting)
+    monkeypatch.setattr(CatalogAndIdentity, "apply_catalog", restarting)
     assert Invariant.STALENESS_BOUND in _violated(trace)
 
 
@@ -109,8 +111,8 @@ def test_resume_traces_catch_a_resume_update_that_ignores_the_finished_fence(
     assert not _violated(trace)
 
     async def on_resume(self: SubscriptionProgram, req: ResumeRequest) -> ResourceSubscriptionV1:  # before F2
-        self.resume_requested = req
-        await self._wait(lambda: self.resume_requested is None, None, WaitKind.RESUME_UPDATE)
+        self.identity.resume_requested = req
+        await self._wait(lambda: self.identity.resume_requested is None, None, WaitKind.RESUME_UPDATE)
         return self.record()
 
     monkeypatch.setattr(SubscriptionProgram, "on_resume", on_resume)
