@@ -134,7 +134,7 @@ def _table(text: str) -> list[dict[str, str]]:
 # --- no stack needed ------------------------------------------------------------------------
 
 
-def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
+def test_cli_doc_contract_table_lists_every_signal_update_and_query() -> None:
     import re
 
     from temporalio import workflow
@@ -145,9 +145,8 @@ def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
     assert defn is not None
     handlers = ({(n, "signal") for n in defn.signals} | {(n, "update") for n in defn.updates}
                 | {(n, "query") for n in defn.queries})
-    readme = (REPO_ROOT / "README.md").read_text()
-    table = readme[readme.index("**Signals, updates and queries**"):readme.index("Ingress services must "
-                                                                                 "signal")]
+    doc = (REPO_ROOT / "docs" / "cli.md").read_text()
+    table = doc[doc.index("**Signals, updates and queries**"):doc.index("Ingress services must signal")]
     documented = set(re.findall(r"^\| `([a-z_]+)` \| (signal|update|query) \|", table, re.MULTILINE))
     assert documented == handlers
 
