@@ -4,7 +4,8 @@
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in docs/cli.md, "Exit codes"): 0 ok; 2 usage
+- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in docs/cli.md, "Exit codes"):
+  0 ok; 2 usage
   or configuration error (bad flags or flag values, a wrong config file, unknown server or
   subject, unusable URI, a stack already running on the state dir); 3 refused by a gate
   (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt, consumer, a
