@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
                                                  "object {subject: token}; stdio: --stdio SUBJECT. "
                                                  "docs/serve.md.",
         epilog="examples:\n"
-               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"16-or-more-chars\"}' mcpsync serve --port 8765\n"
+               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"16-or-more-chars\"}' mcpsync serve --port 8765"
+               "   # not run in tests: long-lived\n"
                "  mcpsync serve --stdio alice                  # for a host that starts servers over stdio\n")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=port, default=0, help="HTTP port (0: a free one, printed)")
