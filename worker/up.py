@@ -121,6 +121,7 @@ async def run_up(args: argparse.Namespace) -> None:
         ledger = await open_ledger(db_url)
         stack.push_async_callback(ledger.pool.close)
         metrics.watch_ledger(ledger)
+        stack.push_async_callback(metrics.unwatch_ledger)  # unwound before the pool closes
         if metrics.url:
             print(f"  metrics (Prometheus) {metrics.url}", flush=True)
 
