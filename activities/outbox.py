@@ -47,6 +47,7 @@ __all__ = [
     "OutboxEventV1",
     "ResyncBatch",
     "consumer_infos",
+    "follow_unregistered",
     "drop_consumer",
     "event_from_row",
     "events_after",
@@ -485,14 +486,45 @@ class OutboxConsumer:
                     retry = _RETRY_FIRST
                     yield batch
                     continue
-                # Committed rows not yet stamped wait for an older transaction to finish (usually
-                # another accept, a read allocation or a lease renewal: milliseconds), which need
-                # not notify: look again soon. Otherwise sleep until the next insert commits.
-                if await _unstamped_visible(self.pool):
-                    await wait_for_events(listener, retry)
-                    retry = min(retry * 2, _RETRY_MAX)
-                else:
-                    await wait_for_events(listener, idle_timeout)
+                retry = await _wait_for_more(self.pool, listener, retry, idle_timeout)
         finally:
             await listener.close()
+
+
+async def _wait_for_more(pool: AsyncConnectionPool, listener: psycopg.AsyncConnection[Any], retry: float,
+                         idle_timeout: float) -> float:
+    """Wait for the next events after an empty poll; the next ``retry``. Committed rows not yet
+    stamped wait for an older transaction to finish (usually another accept, a read allocation or
+    a lease renewal: milliseconds), which need not notify: look again soon. Otherwise sleep until
+    the next insert commits."""
+    if await _unstamped_visible(pool):
+        await wait_for_events(listener, retry)
+        return min(retry * 2, _RETRY_MAX)
+    await wait_for_events(listener, idle_timeout)
+    return _RETRY_FIRST
+
+
+async def follow_unregistered(
+        pool: AsyncConnectionPool, limit: int = 100, *, idle_timeout: float = 30.0,
+) -> AsyncIterator[tuple[list[OutboxEventV1], Gap | None]]:
+    """Follow the outbox from its current end without a durable consumer: nothing is registered,
+    nothing is held back from retention, and the position lives in this process only. Yields each
+    batch of events, oldest first, with a ``Gap`` when retention deleted positions before this
+    follower read them (then the batch's events come after the gap)."""
+    position = await stamp(pool)
+    listener = await listen(pool)
+    try:
+        retry = _RETRY_FIRST
+        while True:
+            events = await events_after(pool, position, limit)
+            if events:
+                first = events[0].position
+                gap = Gap(first=position + 1, last=first - 1) if first > position + 1 else None
+                position = events[-1].position
+                retry = _RETRY_FIRST
+                yield events, gap
+                continue
+            retry = await _wait_for_more(pool, listener, retry, idle_timeout)
+    finally:
+        await listener.close()
 

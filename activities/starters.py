@@ -3,8 +3,11 @@ and the catalog's auto-subscribe activity alike) and of catalogs.
 
 Contract: ``start_subscription`` starts (or joins) the ``ResourceSubscriptionWorkflow`` of a key
 with conflict policy USE_EXISTING (starting twice joins the running workflow) and reuse policy
-ALLOW_DUPLICATE (a closed key starts a new incarnation). It carries the key in the memo, the
-search attributes and the Web UI's static summary/details; never a body or a credential. It
+ALLOW_DUPLICATE (a closed key starts a new incarnation). It carries the subject and server in the
+memo, the key in the search attributes (the URI up to 255 bytes: ``sa_uri``) and the Web UI's static
+summary/details (the exact URI in the details); never a body or a credential. The URI, up to
+``MAX_URI_LENGTH`` characters, stays out of the memo: Temporal's client warns (on stdout) about a memo
+over 2 KiB. It
 lives in ``activities`` so the catalog activities can start subscriptions without importing the
 worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger.workflow_id_of(key)``
 (the id a subscription of the key already runs or ran under, so an older one is joined or
@@ -53,7 +56,7 @@ __all__ = ["start_subscription", "start_subscription_first_read", "start_catalog
 
 
 def sa_uri(uri: str) -> str:
-    # Keyword values are VARCHAR(255) in SQL visibility; the exact URI is in the memo.
+    # Keyword values are VARCHAR(255) in SQL visibility; the exact URI is in the static details.
     return uri if len(uri.encode()) <= 255 else uri.encode()[:240].decode(errors="ignore") + "…"
 
 
@@ -78,7 +81,7 @@ def _subscription_options(key: SubscriptionKey, options: SubscriptionOptions | N
     workflow_id = workflow_id or key.workflow_id
     return SubscriptionStart(key=key, options=options), _start_options(
         id=workflow_id, task_queue=task_queue,
-        memo={"subject": key.subject, "server": key.server, "uri": key.uri},
+        memo={"subject": key.subject, "server": key.server},
         attributes=[_keyword(SA_SERVER, key.server), _keyword(SA_URI, sa_uri(key.uri)),
                     _keyword(SA_SUBJECT, key.subject), _keyword(SA_STATE, "DISCOVERED")],
         summary=f"{key.server} {key.subject} {sa_uri(key.uri)}",

@@ -56,6 +56,7 @@ LONGEST_FILES = (
     "tests/e2e/test_security_serve_sessions.py",
     "tests/e2e/test_serve_truth.py",
     "tests/e2e/test_security_serve_visibility.py",
+    "tests/e2e/test_docs_commands.py",
 )
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,7 +176,8 @@ class PrivateDatabase:
 async def private_database(postgres_url: str) -> AsyncIterator[PrivateDatabase]:
     """A migrated ledger on a database of its own (dropped afterwards), for a test whose assertions
     are about the whole ledger: retention, consumers holding rows back. In the session's database
-    other tests' rows and durable consumers (every serve process registers one) would move them."""
+    other tests' rows and durable consumers (a serve process with ``--consumer`` registers one) would
+    move them."""
     async with fresh_database(postgres_url) as url:
         led = await open_ledger(url)
         try:

@@ -7,6 +7,8 @@ Contract:
 - With ``progress`` and a terminal on stderr it draws one line there (``\\r``, redrawn at most ten
   times a second and at the end): done / total, a bar, the rate. Without a terminal it draws
   nothing, so scripts and pipes see only the command's own output.
+- :func:`waiting` says, once, on a terminal on stderr only, what a command waits for and how long
+  at most (``subscribe --wait``, ``close``: up to a minute otherwise without a word).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TextIO, TypeVar
 
-__all__ = ["BAR_WIDTH", "settle_all"]
+__all__ = ["BAR_WIDTH", "settle_all", "waiting"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,3 +64,13 @@ async def settle_all(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, l
         return result
 
     return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+@contextmanager
+def waiting(what: str, timeout: float, stream: TextIO | None = None) -> Iterator[None]:
+    """One line on a terminal on stderr (nothing on a pipe) while the block waits for ``what``."""
+    out = stream or sys.stderr
+    if out.isatty():
+        out.write(f"waiting up to {timeout:g} s for {what} (Ctrl-C stops waiting)\n")
+        out.flush()
+    yield

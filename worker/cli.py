@@ -4,7 +4,8 @@
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
+- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in docs/cli.md, "Exit codes"):
+  0 ok; 2 usage
   or configuration error (bad flags or flag values, a wrong config file, unknown server or
   subject, unusable URI, a stack already running on the state dir); 3 refused by a gate
   (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt, consumer, a
@@ -102,7 +103,7 @@ _COMMON_HELP = {
 }
 
 EPILOG = """examples:
-  mcpsync up                                              # the embedded stack with a demo subscription
+  mcpsync up                   # the stack and a demo subscription (not run in tests: long-lived)
   mcpsync list -o wide                                    # every subscription, from the ledger
   mcpsync describe --server demo --uri demo://policy/escalation
   mcpsync outbox tail -f
@@ -127,9 +128,11 @@ def _version() -> str:
 # Examples for the commands whose parser does not bring its own (every command's --help shows some;
 # tests/e2e/test_cli_newcomer.py checks it).
 _EXAMPLES = {
-    "mcpsync worker": ["mcpsync --config mcpsync.toml worker",
-                       "mcpsync --config mcpsync.toml worker --role main",
-                       "mcpsync --config mcpsync.toml worker --role ingress --server docs"],
+    "mcpsync worker": ["mcpsync --config mcpsync.toml worker   # not run in tests: long-lived",
+                       "mcpsync --config mcpsync.toml worker --role main   # not run in tests: long-lived",
+                       "mcpsync --config mcpsync.toml worker --role ingress --server docs   # not run in "
+                       "tests: "
+                       "long-lived"],
     "mcpsync migrate": ["mcpsync --config mcpsync.toml migrate"],
     "mcpsync answer bind": ["mcpsync answer bind --answer-id a1 --question 'who is on call?' "
                             "--dep demo demo://policy/escalation latest"],
@@ -147,8 +150,9 @@ _EXAMPLES = {
                               "mcpsync catalog start --server demo --auto-subscribe demo://policy/"],
     "mcpsync rollout": ["mcpsync rollout --server demo", "mcpsync rollout --server demo --percent 25",
                         "mcpsync rollout --server demo --mode all"],
-    "mcpsync simulate": ["mcpsync simulate --schedules 500 --seed 7",
-                         "mcpsync simulate --replay failure.json"],
+    "mcpsync simulate": ["mcpsync simulate --schedules 50 --seed 7",
+                         "mcpsync simulate --replay failure.json   # a failure's trace (not run in tests: "
+                         "needs a failed run)"],
     "mcpsync prune": ["mcpsync prune --dry-run", "mcpsync prune --keep-days 14 --json"],
     "mcpsync outbox tail": ["mcpsync outbox tail", "mcpsync outbox tail -f --json",
                             "mcpsync outbox tail --after 0 --limit 100"],

@@ -51,7 +51,7 @@ __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", 
 
 
 class ExitCode(IntEnum):
-    """The CLI's documented exit codes (README "Commands")."""
+    """The CLI's documented exit codes (docs/cli.md, "Exit codes")."""
 
     OK = 0
     USAGE = 2  # usage or configuration error, unusable input, a stack already running on the state dir

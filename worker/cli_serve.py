@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from mcpsync.worker.cli_common import (
@@ -11,6 +12,7 @@ from mcpsync.worker.cli_common import (
     count,
     database_url,
     port,
+    print_text,
     resolve_config,
     seconds,
 )
@@ -27,7 +29,8 @@ def register(sub: Any) -> None:
                                                  "object {subject: token}; stdio: --stdio SUBJECT. "
                                                  "docs/serve.md.",
         epilog="examples:\n"
-               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"16-or-more-chars\"}' mcpsync serve --port 8765\n"
+               "  MCPSYNC_SERVE_TOKENS='{\"alice\": \"16-or-more-chars\"}' mcpsync serve --port 8765"
+               "   # not run in tests: long-lived\n"
                "  mcpsync serve --stdio alice                  # for a host that starts servers over stdio\n")
     c.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     c.add_argument("--port", type=port, default=0, help="HTTP port (0: a free one, printed)")
@@ -35,8 +38,10 @@ def register(sub: Any) -> None:
                                                                     "instead of HTTP")
     c.add_argument("--max-age", type=seconds, default=None, metavar="SECONDS",
                    help="the published staleness bound: requireFresh refuses content verified longer ago")
-    c.add_argument("--consumer", default="serve", help="the durable outbox consumer name of this process "
-                                                       "(one per serve process)")
+    c.add_argument("--consumer", default=None, metavar="NAME",
+                   help="follow the outbox as this durable consumer (registered, resumes where it stopped "
+                        "after a restart; one name per serve process). Without it serve follows from the "
+                        "outbox's end and registers nothing")
     c.add_argument("--page-size", type=count, default=50, help="resources per resources/list page")
     c.add_argument("--client-buffer", type=count, default=256,
                    help="distinct URIs pending per 2025-11-25 client before a slow client is cut off "
@@ -68,6 +73,7 @@ async def cmd_serve(args: argparse.Namespace) -> None:
     from mcpsync.worker.serve import ServeConfig
     from mcpsync.worker.serve_cursors import CursorSigner
     from mcpsync.worker.serve_run import run_serve, tokens_from_environment
+    from mcpsync.worker.serve_tokens import unlisted_subjects
     from mcpsync.worker.stack import state_dir
 
     if args.stdio is None:
@@ -77,6 +83,10 @@ async def cmd_serve(args: argparse.Namespace) -> None:
         tokens = tokens_from_environment()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    for subject in unlisted_subjects(tokens, (s for server in config.servers for s in server.subjects)):
+        print_text(f"mcpsync: warning: MCPSYNC_SERVE_TOKENS holds a token for subject {subject!r}, which no "
+                   "configured server lists: it authenticates and sees no resources", file=sys.stderr,
+                   flush=True)
     if args.stdio is None and not tokens:
         raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use "
                        "--stdio SUBJECT)")

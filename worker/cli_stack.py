@@ -152,10 +152,14 @@ def register(sub: Any) -> None:
                                     "PostgreSQL, the demo MCP server, the worker. State: $MCPSYNC_STATE_DIR "
                                     "(default .state in a checkout). Ctrl-C, 'mcpsync down' or --exit-after "
                                     "stops it.",
-                        epilog="examples:\n  mcpsync up\n"
-                               "  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0\n"
+                        epilog="examples:\n"
+                               "  mcpsync up                                     # not run in tests: "
+                               "long-lived\n"
+                               "  mcpsync up --port 0 --ui-port 0 --metrics-port 0 --churn 0   # not run in "
+                               "tests: "
+                               "long-lived\n"
                                "  mcpsync up --exit-after 600 > up.log 2>&1 &"
-                               "    # in the background, for 10 minutes\n"
+                               "    # in the background, for 10 minutes (not run in tests: long-lived)\n"
                                "  mcpsync down                                   "
                                "# stop it from another terminal")
     up.add_argument("--port", type=port, default=7233, help="Temporal frontend port (0: pick a free one)")

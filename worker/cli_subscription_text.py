@@ -146,10 +146,14 @@ _WIDE = [("SESSION_GEN", "session_generation"), ("SUB_GEN", "subscription_genera
          ("DIGEST", "last_accepted_digest"), ("WORKFLOW_ID", "workflow_id")]
 
 
+CELL_MAX = 60  # characters of a cell in the narrow table; longer ones end in "…"
+
+
 def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datetime,
                        records: dict[str, ResourceSubscriptionV1] | None = None) -> str:
     """kubectl-style table of ledger rows; ``wide`` adds ledger detail and, for the rows in
-    ``records`` (workflow id -> the workflow's record), the freshness columns."""
+    ``records`` (workflow id -> the workflow's record), the freshness columns. Without ``wide`` a
+    cell longer than ``CELL_MAX`` characters (a long URI, say) is cut and ends in "…"."""
     headers = [h for h, _ in _COLUMNS] + ["UPDATED"]
     if wide:
         headers += [h for h, _ in _WIDE]
@@ -167,6 +171,9 @@ def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datet
             bound = rec and staleness_bound(rec)
             line.append(f"{bound:g}s" if bound else "-")
         table.append(line)
+    if not wide:  # -o wide shows every cell whole
+        table = [[cell if len(cell) <= CELL_MAX else cell[:CELL_MAX - 1] + "…" for cell in row]
+                 for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
     return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in table)

@@ -35,6 +35,8 @@ Contract:
   which no read comes (TOMBSTONE_PENDING, RECONCILIATION_REQUIRED, ended). The URIs wait
   concurrently, each bounded by ``--timeout``: a URI without an answer by then is exit 6 (its
   subscription keeps running). Exit 0 whatever the verdict: it is printed, not judged here.
+- ``subscribe --wait`` and ``close`` say what they wait for, once, when stderr is a terminal
+  (``bulk.waiting``); on a pipe they print nothing more.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -60,7 +63,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.proven import proven_of
 from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
 from mcpsync.activities.workflow_updates import execute_update
-from mcpsync.worker.bulk import settle_all
+from mcpsync.worker.bulk import settle_all, waiting
 from mcpsync.worker.cli_common import (
     CliError,
     ExitCode,
@@ -292,9 +295,12 @@ async def cmd_subscribe(args: argparse.Namespace) -> None:
     # SUBSCRIBE_STARTS_IN_FLIGHT starts at a time, with a progress bar on a terminal. Printed in order.
     together = args.wait or len(uris) > 1
     usable_keys = [k for k in keys if isinstance(k, SubscriptionKey)]
-    waited = iter(await settle_all(usable_keys, settle, limit=len(usable_keys) if args.wait
-                                   else SUBSCRIBE_STARTS_IN_FLIGHT, progress=len(uris) > 1, label="subscribe")
-                  if together else [])
+    with (waiting(f"the first read of {len(usable_keys)} URI(s)", args.timeout)
+          if args.wait and usable_keys else nullcontext()):
+        waited = iter(await settle_all(usable_keys, settle, limit=len(usable_keys) if args.wait
+                                       else SUBSCRIBE_STARTS_IN_FLIGHT, progress=len(uris) > 1,
+                                       label="subscribe")
+                      if together else [])
     try:
         for uri, key in zip(uris, keys, strict=True):
             if isinstance(key, CliError):
@@ -354,8 +360,9 @@ async def cmd_close(args: argparse.Namespace) -> None:
     client = await connect_temporal(config.temporal)
     workflow_id = await _workflow_id(config, key)
     try:
-        receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason),
-                                CloseReceipt, args.timeout)
+        with waiting("the close receipt", args.timeout):
+            receipt = await _update(client, workflow_id, UPDATE_CLOSE, CloseRequest(reason=args.reason),
+                                    CloseReceipt, args.timeout)
     except WorkflowUpdateFailedError as err:
         raise CliError(f"close refused: {_cause(err)}") from None
     already = ""

@@ -123,7 +123,7 @@ def register(sub: Any) -> None:
                               "safe), 3 otherwise. docs/upgrades.md, 'Patch lifecycle'.\n\nexamples:\n"
                               "  mcpsync upgrades\n"
                               "  mcpsync upgrades --patch my-patch-id --workflow-type "
-                              "ResourceSubscriptionWorkflow\n"
+                              "ResourceSubscriptionWorkflow   # exit 3 while an open run lacks it\n"
                               "  mcpsync upgrades --task-queue mcpsync --json\n")
     c.add_argument("--patch", metavar="ID",
                    help="count the open runs without this workflow.patched marker")

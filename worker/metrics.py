@@ -545,6 +545,14 @@ class MetricsServer:
                 log.warning("metrics: ledger refresh failed: %s", str(exc)[:200])
             await asyncio.sleep(self.cfg.refresh_seconds)
 
+    async def unwatch_ledger(self) -> None:
+        """Stop refreshing the ledger gauges (before the ledger's pool closes)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
+
     async def aclose(self) -> None:
         self._ready = None  # shutting down: no longer ready
         if self._heartbeat is not None:
@@ -552,11 +560,7 @@ class MetricsServer:
             with suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._refresher
-            self._refresher = None
+        await self.unwatch_ledger()
         if self._httpd is not None:
             httpd, self._httpd = self._httpd, None
             await asyncio.to_thread(httpd.shutdown)

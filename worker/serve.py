@@ -23,9 +23,10 @@ Contract (docs/serve.md):
   guardrail released, not revoked, digest checked), exactly as read upstream. Not found: -32602
   (2026-07-28) / -32002 (2025-11-25); refused: -32003 with the reason; ``_meta``
   ``io.mcpsync/requireFresh: true`` and not fresh: -32004 with the reason, never the body.
-- Notifications come from the outbox (``serve_run`` follows it as a durable consumer and calls
-  ``ServeHub.announce``), and for a guardrail-rejected version (no outbox event) from its audit row
-  (``serve_rejections``, ``ServeHub.announce_updated``): the read is then refused with the reason.
+- Notifications come from the outbox (``serve_run`` follows it, unregistered or as a named
+  durable consumer, and calls ``ServeHub.announce``), and for a guardrail-rejected version (no
+  outbox event) from its audit row (``serve_rejections``, ``ServeHub.announce_updated``): the read
+  is then refused with the reason.
   Each legacy session's pending notifications are level-based (``serve_pending``: one pending
   ``updated`` per URI, one ``list_changed`` flag, the oldest first), drained by its own task; a
   session with more than ``client_buffer`` distinct URIs waiting unread is cut off: its
@@ -100,7 +101,7 @@ class ServeConfig:
     stdio_subject: str | None = None
     page_size: int = 50
     max_age_seconds: float | None = None  # the published staleness bound (None: push-driven, no age limit)
-    consumer: str = "serve"
+    consumer: str | None = None  # a durable outbox consumer name; None: follow unregistered
     client_buffer: int = 256  # distinct URIs pending per legacy client before it is cut off
     max_request_bytes: int = 1_000_000
     name: str = "mcpsync-serve"

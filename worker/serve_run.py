@@ -10,11 +10,13 @@ Contract:
   reach a log above DEBUG (``redact_session_ids``). Once listening, one line on
   stdout: ``mcpsync serve: listening on http://HOST:PORT/mcp``. stdio: the MCP session on
   stdin/stdout for ``stdio_subject`` (nothing else on stdout).
-- The follower is the durable outbox consumer ``config.consumer`` (registered on first use at the
-  outbox's end, no subject filter): each batch is fanned out (``ServeHub.announce``) and then acknowledged, so
-  a serve process killed between the two announces the batch again on restart (duplicates, never
-  a loss). A gap (retention pruned unacknowledged events) is a resync: every connected client is
-  told to list and read again.
+- The follower reads the outbox from its end and registers nothing (``follow_unregistered``: no
+  consumer row, nothing held back from retention, no lag to alert on) unless ``config.consumer``
+  names a durable consumer (``serve --consumer NAME``; registered on first use at the outbox's
+  end, no subject filter): then each batch is fanned out (``ServeHub.announce``) and then
+  acknowledged, so a serve process killed between the two announces the batch again on restart
+  (duplicates, never a loss). A gap (retention pruned events before they were read) tells every
+  connected client to list and read again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import AppStatus
 
-from mcpsync.activities.outbox import OutboxConsumer, consumer_infos
+from mcpsync.activities.outbox import OutboxConsumer, consumer_infos, follow_unregistered
 from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_server
 from mcpsync.worker.serve_connections import MAX_HEAD_BYTES, bounded_protocol
 from mcpsync.worker.serve_cursors import CursorSigner
@@ -70,30 +72,49 @@ def redact_session_ids() -> None:
 
 
 async def follow_outbox(hub: ServeHub) -> None:
-    """Fan the outbox out to connected clients, forever; acknowledge after each batch."""
-    consumer = OutboxConsumer(hub.pool, hub.config.consumer, register=True)
-    if not await consumer_infos(hub.pool, hub.config.consumer):
+    """Fan the outbox out to connected clients, forever: from the outbox's end with nothing
+    registered, or as the durable consumer ``config.consumer`` when one is named."""
+    while True:
+        try:
+            if hub.config.consumer is None:
+                await _follow_unregistered(hub)
+            else:
+                await _follow_durable(hub, hub.config.consumer)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the database went away for a moment: follow again
+            logger.exception("outbox follower failed; retrying in 1 s")
+            await asyncio.sleep(1.0)
+
+
+async def _follow_unregistered(hub: ServeHub) -> None:
+    """Announce every event from now on; a gap (retention pruned positions before they were read)
+    tells every connected client to list and read again."""
+    async for events, gap in follow_unregistered(hub.pool, idle_timeout=5.0):
+        if gap is not None:
+            await hub.announce_relist({s.subject for s in hub.sessions.values()})
+        for event in events:
+            await hub.announce(event)
+
+
+async def _follow_durable(hub: ServeHub, name: str) -> None:
+    """Announce each batch, then acknowledge it (at least once across restarts)."""
+    consumer = OutboxConsumer(hub.pool, name, register=True)
+    if not await consumer_infos(hub.pool, name):
         # A new consumer starts at the outbox's end, not at position 0: history is in the ledger
         # (clients list and read the current versions); replaying it would only announce old news.
         start = await consumer.resync()
         await consumer.ack(start.position)
-    while True:
-        try:
-            async for batch in consumer.follow(idle_timeout=5.0):
-                if batch.gap is not None:
-                    resync = await consumer.resync()
-                    await hub.announce_relist({e.subject for e in resync.events} | {s.subject for s in
-                                                                                    hub.sessions.values()})
-                    await consumer.ack(resync.position)
-                    continue
-                for event in batch.events:
-                    await hub.announce(event)
-                await consumer.ack(batch.position)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the database went away for a moment: follow again from the acked position
-            logger.exception("outbox follower failed; retrying in 1 s")
-            await asyncio.sleep(1.0)
+    async for batch in consumer.follow(idle_timeout=5.0):
+        if batch.gap is not None:
+            resync = await consumer.resync()
+            await hub.announce_relist({e.subject for e in resync.events} | {s.subject for s in
+                                                                            hub.sessions.values()})
+            await consumer.ack(resync.position)
+            continue
+        for event in batch.events:
+            await hub.announce(event)
+        await consumer.ack(batch.position)
 
 
 async def run_serve(config: ServeConfig, pool: AsyncConnectionPool, signer: CursorSigner | None = None,

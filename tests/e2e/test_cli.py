@@ -134,7 +134,7 @@ def _table(text: str) -> list[dict[str, str]]:
 # --- no stack needed ------------------------------------------------------------------------
 
 
-def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
+def test_cli_doc_contract_table_lists_every_signal_update_and_query() -> None:
     import re
 
     from temporalio import workflow
@@ -145,9 +145,8 @@ def test_readme_contract_table_lists_every_signal_update_and_query() -> None:
     assert defn is not None
     handlers = ({(n, "signal") for n in defn.signals} | {(n, "update") for n in defn.updates}
                 | {(n, "query") for n in defn.queries})
-    readme = (REPO_ROOT / "README.md").read_text()
-    table = readme[readme.index("**Signals, updates and queries**"):readme.index("Ingress services must "
-                                                                                 "signal")]
+    doc = (REPO_ROOT / "docs" / "cli.md").read_text()
+    table = doc[doc.index("**Signals, updates and queries**"):doc.index("Ingress services must signal")]
     documented = set(re.findall(r"^\| `([a-z_]+)` \| (signal|update|query) \|", table, re.MULTILINE))
     assert documented == handlers
 
@@ -267,14 +266,15 @@ def test_validation_and_connection_errors_name_their_source(tmp_path: Path) -> N
 # --- the embedded stack: 'mcpsync up' (its serve), twice, the runtime file's life cycle ---
 
 
-async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
+async def test_second_up_is_one_line_and_a_clean_ctrl_c_prints_no_warning_and_leaves_no_runtime_file(
         tmp_path: Path, private_database: PrivateDatabase) -> None:
     """One embedded stack for all of it, on a database where a stack was SIGKILLed a moment ago (its
     demo session still open on its ingress queue, its lease seconds from running out): ``up``
     subscribes the demo on a session of its own, not on that one, whose queue nobody polls; ``up``
     prints serve's URL and its demo bearer token and the demo resource reads through serve (a
     request without the token is refused); a second ``up`` on the same state dir is one error line;
-    a clean stop leaves no runtime file. A database of its own: no other test's demo rows (another
+    a clean stop (Ctrl-C: SIGINT to the whole process group, as a terminal sends it) prints no
+    WARNING line and leaves no runtime file. A database of its own: no other test's demo rows (another
     'up', a SIGKILLed one) can stand in for this stack's."""
     database_url = private_database.url
     dead = "dead-host:1:0"
@@ -291,7 +291,7 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
     up = await asyncio.create_subprocess_exec(
         *MCPSYNC, "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0", "--churn", "0",
         "--exit-after", "120", cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL)
+        stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         await eventually(lambda: "ready in" in log_path.read_text(), timeout=60, what="'up' ready")
         assert up.returncode is None, f"'up' exited {up.returncode} once ready:\n{_up_log(log_path)}"
@@ -335,6 +335,9 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
             assert (
                 await raw.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
             ).status_code == 401
+        os.killpg(up.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        assert await asyncio.wait_for(up.wait(), 30) == 0
+        assert [ln for ln in log_path.read_text().splitlines() if "WARNING" in ln] == []
     except BaseException:
         print(f"'up' (exit code {up.returncode}) wrote:\n{_up_log(log_path)}")  # in pytest's report
         raise

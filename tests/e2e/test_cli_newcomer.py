@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -23,6 +24,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.stack import REPO_ROOT, free_port, process_alive
 from mcpsync.worker.stack_temporal import TemporalDevServer
+from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows
 from tests.e2e.test_cli import VENV_BIN, _one_error_line, _subscribed, _table, cli_stack, run_cli
 from tests.e2e.test_e2e_faults import MCPSYNC
@@ -388,3 +390,53 @@ async def test_wide_list_json_bound_and_follow_say_what_is_true(
             await asyncio.wait_for(follow.wait(), 30)
         await ledger_rows(ledger, "DELETE FROM outbox_consumers WHERE name = %s", name)
         assert (await st.cli("close", *st.key_args(uri))).code == 0
+
+
+# --- waiting: a line on a terminal, nothing on a pipe ---------------------------------------------
+
+
+def _stderr_on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """``mcpsync *args`` (a fresh interpreter: the fork server's children get pipes) with stderr on a
+    pseudo-terminal; its exit code and what it wrote there."""
+    primary, secondary = os.openpty()
+    try:
+        env = {**cli_process.without_database_url(), "MCPSYNC_STATE_DIR": "/nonexistent-state"}
+        r = subprocess.run([*MCPSYNC, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=secondary, stdin=subprocess.DEVNULL, timeout=60)
+        os.close(secondary)
+        secondary = -1
+        out = b""
+        while select.select([primary], [], [], 0)[0]:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and nothing is left
+                break
+            if not chunk:
+                break
+            out += chunk
+        return r.returncode, out.decode(errors="replace")
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+
+
+async def test_subscribe_wait_and_close_say_what_they_wait_for_on_a_terminal_only(
+        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, fx: FixtureProcess,
+        database_url: str, tmp_path: Path) -> None:
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        uri = f"demo://waiting/{uuid.uuid4().hex[:8]}"
+        await st.fx.create(uri, text="v1")
+        args = ["--config", str(st.config), "subscribe", *st.key_args(uri), "--wait", "--timeout", "30"]
+        code, terminal = await asyncio.to_thread(_stderr_on_a_terminal, args)
+        assert code == 0, terminal
+        assert "waiting up to 30 s for the first read of 1 URI(s)" in terminal
+        code, terminal = await asyncio.to_thread(
+            _stderr_on_a_terminal, ["--config", str(st.config), "close", *st.key_args(uri)])
+        assert code == 0, terminal
+        assert "waiting up to 60 s for the close receipt" in terminal
+        # On a pipe: nothing but the command's own output.
+        piped = await st.cli("subscribe", *st.key_args(uri), "--wait")
+        assert piped.code == 0 and "waiting" not in piped.err, piped.err
+        piped = await st.cli("close", *st.key_args(uri))
+        assert piped.code == 0 and piped.err == "", piped.err

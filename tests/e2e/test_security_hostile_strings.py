@@ -31,12 +31,14 @@ from mcpsync.worker import metrics
 from mcpsync.worker.config import ServerConfig
 from mcpsync.worker.runtime import start_catalog, start_subscription
 from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
+from mcpsync.worker.stack_temporal import TemporalDevServer
 from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS
 from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, ScanStatus
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.test_catalog_e2e import FAST, catalog_stack
+from tests.e2e.test_cli import CliRun, cli_stack
 from tests.e2e.test_e2e_subscription import _wait_record
 
 HOSTILE = Path(__file__).parents[1] / "servers" / "hostile_server.py"
@@ -113,6 +115,31 @@ async def test_hostile_notification_uris_are_bounded_and_budgeted(
         assert len(await _audit(ledger, server.name, kind)) == 1, "one row says the rest were suppressed"
     assert not [k for k in list(metrics._pending) if k[1] == server.name and len(k[2]) > MAX_URI_LENGTH], \
         "an oversize URI never became a metrics key"
+
+
+async def test_a_uri_at_the_documented_limit_subscribes_without_a_memo_warning_and_lists_truncated(
+        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, fx: FixtureProcess,
+        database_url: str, tmp_path: Path) -> None:
+    # An operator's URI as long as the documented limit: accepted end to end with nothing on stderr
+    # (no SDK warning about a memo over its size limit, no raw ANSI colours), and 'list' stays a table.
+    async with cli_stack(temporal_client, ledger, temporal_server, fx, database_url, tmp_path) as st:
+        uri = "demo://long/" + "x" * (MAX_URI_LENGTH - len("demo://long/"))
+        r = await st.cli("subscribe", *st.key_args(uri))
+        assert r.code == 0, r.err
+        printed = r.out + r.err
+        assert "memo" not in printed.lower() and "\x1b" not in printed, printed[:300]
+
+        async def listed() -> CliRun | None:
+            run = await st.cli("list", "--server", st.server.name)
+            return run if run.code == 0 and "demo://long/" in run.out else None
+
+        narrow = await eventually(listed, timeout=20, interval=0.3, what="the long URI's row in 'list'")
+        assert max(len(line) for line in narrow.out.splitlines()) <= 200
+        assert "…" in narrow.out and uri not in narrow.out
+        wide = await st.cli("list", "--server", st.server.name, "-o", "wide")
+        assert wide.code == 0 and uri in wide.out  # -o wide shows every column whole
+        closed = await st.cli("close", *st.key_args(uri))
+        assert closed.code == 0, closed.err
 
 
 async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger: Ledger,

@@ -1,6 +1,7 @@
 """The CLI and config boundary (BOUNDARIES.md "CLI and config"): what a newcomer or a script with a
-typo sends the ``mcpsync`` command line gets one ``mcpsync: error:`` line and the README's exit code,
-never a traceback; the environment overrides the stack it finds as it overrides a config file.
+typo sends the ``mcpsync`` command line gets one ``mcpsync: error:`` line and the exit code
+docs/cli.md documents, never a traceback; the environment overrides the stack it finds as it
+overrides a config file.
 The real ``mcpsync`` as a subprocess (forked by tests.cli_process, or a fresh interpreter where the
 first moments of the process are the point), no Temporal and no stack: every case here fails before
 anything is contacted, or against the session's PostgreSQL."""

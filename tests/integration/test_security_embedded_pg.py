@@ -4,6 +4,7 @@ the data dir gain at most traverse (g+x, o+x), never a listing."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 
 from mcpsync.worker.stack import StackError
-from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX, EmbeddedPostgres
+from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX, EmbeddedPostgres, _traversable_prefix
 
 
 def _runtime_dirs() -> set[Path]:
@@ -47,3 +48,20 @@ async def test_as_root_parents_gain_traverse_only(tmp_path: Path) -> None:
         assert socket_dir == pg.pgdata and stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0
     finally:
         await pg.stop()
+
+
+def test_making_a_parent_traversable_is_info_not_a_warning(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    # Each new state dir as root makes parents traversable: expected, so INFO (-v), never a WARNING
+    # on every 'mcpsync up'.
+    outer = tmp_path / "outer"
+    outer.mkdir(mode=0o700)
+    os.chmod(outer, 0o700)
+    (outer / "st").mkdir()
+    os.chmod(outer / "st", 0o711)
+    caplog.set_level(logging.DEBUG, logger="mcpsync.stack")
+    _traversable_prefix(outer / "st" / "pgdata")
+    assert stat.S_IMODE(outer.stat().st_mode) == 0o711
+    changes = [r for r in caplog.records if "traversable" in r.getMessage()]
+    assert any(f"made {outer} traversable" in r.getMessage() for r in changes)
+    assert {r.levelname for r in changes} == {"INFO"}
