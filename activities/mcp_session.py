@@ -52,7 +52,7 @@ from temporalio.exceptions import ApplicationError
 
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.ledger_rules import marked_active
@@ -125,7 +125,7 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
         return ReadOutcomeKind.NOT_FOUND
     if "byte limit" in msg and err.code in (CONNECTION_CLOSED, PARSE_ERROR):
         # One response larger than the transport's bound (the SSE event cap, the JSON response
-        # or stdio line bound of worker/transport_bounds.py). That request failed, the session did
+        # or stdio line bound of worker/ingress/transport_bounds.py). That request failed, the session did
         # not; counting it as lost would reconnect and re-read it forever.
         return ReadOutcomeKind.MALFORMED
     if err.code == CONNECTION_CLOSED:
@@ -308,7 +308,7 @@ class McpSessionActivities:
         self.meters = meters
         self._truncations_audited: set[tuple[str, str, int]] = set()  # (subject, server, session generation)
         # Told of every granted read allocation (key, monotonic time its allocation was asked for):
-        # the ingress's resync (``mcpsync.worker.resync``) knows when each URI was last read.
+        # the ingress's resync (``mcpsync.worker.ingress.resync``) knows when each URI was last read.
         self.read_observer: Callable[[SubscriptionKey, float], None] | None = None
 
     def all(self) -> list[Callable[..., Any]]:

@@ -9,7 +9,7 @@ Contract:
   loses every ``notifications/resources/updated``; only the safety re-read bounds staleness and
   the record publishes ``safety_read_seconds``.
 - :func:`start_profile` creates the profile's URIs on its fixture, starts the subscriptions with
-  the profile's options (production ``mcpsync.worker.runtime.start_subscription``) and waits until each
+  the profile's options (production ``mcpsync.activities.starters.start_subscription``) and waits until each
   accepted its initial read.
 - :func:`drive` runs the window: every ``tick_seconds`` each profile gets one edit of a random
   URI (churn) and every subscription gets one catalog word (``catalog_reconciled``, listed=True),
@@ -42,8 +42,8 @@ from benchmarks.common import TASK_QUEUE, fetch_rows, fetch_scalar, percentile, 
 from benchmarks.probe import Probe
 from benchmarks.services import Scrape
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureControl
-from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED, Act
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionOptions
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

@@ -2,11 +2,11 @@
 
 Contract:
 - ``Ledger(pool)`` builds every concern from one ``LedgerStore`` (the pool):
-  ``sessions`` (``mcpsync.activities.ledger_sessions``: sessions, leases), ``fence``
-  (``mcpsync.activities.ledger_fence``: subscription rows, reads, receipts, the sole acceptance point,
-  close, tombstone, revocation), ``content`` (``mcpsync.activities.ledger_content``: the body store),
-  ``journal`` (``mcpsync.activities.ledger_journal``: audit log, outbox) and ``reports``
-  (``mcpsync.activities.ledger_reports``: read-only views for tests and diagnostics).
+  ``sessions`` (``mcpsync.activities.ledger.sessions``: sessions, leases), ``fence``
+  (``mcpsync.activities.ledger.fence``: subscription rows, reads, receipts, the sole acceptance point,
+  close, tombstone, revocation), ``content`` (``mcpsync.activities.ledger.content``: the body store),
+  ``journal`` (``mcpsync.activities.ledger.journal``: audit log, outbox) and ``reports``
+  (``mcpsync.activities.ledger.reports``: read-only views for tests and diagnostics).
 - ``activities(meters)`` lists the ledger's Temporal activities: the concerns' own methods,
   decorated where they are defined (no wrapper layer); their names are ``mcpsync.workflows.names.Act``.
 - The rest is the ledger's Python API for the worker, the CLI, benchmarks and tests, under the
@@ -22,12 +22,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.ledger_content import ContentLedger
-from mcpsync.activities.ledger_fence import FenceLedger
-from mcpsync.activities.ledger_journal import Journal
-from mcpsync.activities.ledger_reports import AuditRow, LedgerReports, OutboxRow
-from mcpsync.activities.ledger_sessions import SessionLedger
-from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.activities.ledger.content import ContentLedger
+from mcpsync.activities.ledger.fence import FenceLedger
+from mcpsync.activities.ledger.journal import Journal
+from mcpsync.activities.ledger.reports import AuditRow, LedgerReports, OutboxRow
+from mcpsync.activities.ledger.sessions import SessionLedger
+from mcpsync.activities.ledger.store import LedgerStore
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.records.ledger import (
     BeginSubscriptionRequest,

@@ -7,7 +7,7 @@ Contract:
   nothing. ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
   process) in ``content_pending`` until its accept takes it (``take_staged``); nothing there
   is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
-  only ways out (``mcpsync.activities.content.released_content`` adds the release rules).
+  only ways out (``mcpsync.activities.ledger.released.released_content`` adds the release rules).
 - ``current_content`` serves the current version only while the subscription is ACTIVE and its
   body is still stored: never after a revocation.
 - ``purge_withdrawn`` runs inside a revocation's transaction: it deletes the subject's bodies
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.activities.ledger.store import LedgerStore
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 

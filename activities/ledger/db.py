@@ -120,7 +120,7 @@ async def open_pool(url: str, *, min_size: int = 1, max_size: int = 8,
 
 def _migration_files() -> list[tuple[int, str, str]]:
     found = []
-    for entry in resources.files("mcpsync.activities.migrations").iterdir():
+    for entry in resources.files("mcpsync.activities.ledger.migrations").iterdir():
         m = re.fullmatch(r"(\d+)_.*\.sql", entry.name)
         if m:
             found.append((int(m.group(1)), entry.name, entry.read_text()))

@@ -9,8 +9,8 @@ Contract:
   transitions are ``mcpsync.workflows.ledger_flow``'s, allocation ``mcpsync.workflows.allocation``'s
   and ``coverage``'s; accept / close / tombstone / revoke ask ``mcpsync.workflows.ledger_rules``
   and the planner ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
-  outbox row (``mcpsync.activities.ledger_journal``), fence update, audit row, ``read_requests``
-  completion, revocation (with the purge of ``mcpsync.activities.ledger_content``). The
+  outbox row (``mcpsync.activities.ledger.journal``), fence update, audit row, ``read_requests``
+  completion, revocation (with the purge of ``mcpsync.activities.ledger.content``). The
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
@@ -34,10 +34,10 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
-from mcpsync.activities.ledger_content import ContentLedger, ReadBody
-from mcpsync.activities.ledger_journal import Journal
-from mcpsync.activities.ledger_sessions import SessionLedger, session_in
-from mcpsync.activities.ledger_store import (
+from mcpsync.activities.ledger.content import ContentLedger, ReadBody
+from mcpsync.activities.ledger.journal import Journal
+from mcpsync.activities.ledger.sessions import SessionLedger, session_in
+from mcpsync.activities.ledger.store import (
     BY_KEY,
     LedgerStore,
     fence_row,
@@ -649,7 +649,7 @@ async def _update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: b
 
 def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,
                    receipt_ids: list[int], digests: list[str]) -> dict[str, Any]:
-    """The ``outboxEvent.v1`` fields an outbox row keeps in ``detail`` (activities/outbox.py)."""
+    """The ``outboxEvent.v1`` fields an outbox row keeps in ``detail`` (activities/ledger/outbox.py)."""
     ob = plan.outbox
     assert ob is not None
     detail: dict[str, Any] = {"previous_digest": ob.previous_digest}

@@ -3,14 +3,14 @@
 Contract:
 - ``audit`` appends one row (kind, the subscription it concerns, a JSON detail); activity
   ``ledger_audit`` is the workflow's way to it. Audit rows never hold a body.
-- The outbox is written only inside a fenced transaction of ``mcpsync.activities.ledger_fence`` (the
+- The outbox is written only inside a fenced transaction of ``mcpsync.activities.ledger.fence`` (the
   write plan's ``OutboxPlan``): ``insert_outbox`` and ``insert_audit`` take that transaction's
   cursor. ``withdrawn`` lists what a tombstone or a revocation withdraws (every receipt of the
   subscription and the digests they name, ``outboxEvent.v1`` ``invalidates``).
 - A staged rollout (``rollout_policies``; no row means ALL,
   ``mcpsync.workflows.catalog_rules.refresh_enabled``) decides whether a gated
   invalidation is published; a held one leaves an audit row instead.
-- Consumers read the outbox through ``mcpsync.activities.outbox`` (positions, not ids; docs/outbox.md).
+- Consumers read the outbox through ``mcpsync.activities.ledger.outbox`` (positions, not ids; docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from mcpsync.activities.ledger_store import LedgerStore, recorded_workflow_id
+from mcpsync.activities.ledger.store import LedgerStore, recorded_workflow_id
 from mcpsync.workflows.catalog_rules import refresh_enabled
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy

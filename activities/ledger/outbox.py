@@ -255,7 +255,7 @@ async def wait_for_events(listener: psycopg.AsyncConnection[Any], timeout: float
 async def listen(pool: AsyncConnectionPool) -> psycopg.AsyncConnection[Any]:
     """A dedicated connection listening on the outbox channel (close it when done)."""
     conninfo = pool.conninfo
-    if not isinstance(conninfo, str):  # mcpsync.activities.db.open_pool always passes the URL
+    if not isinstance(conninfo, str):  # mcpsync.activities.ledger.db.open_pool always passes the URL
         raise TypeError("the pool's conninfo must be a string to open a listening connection")
     conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
-from mcpsync.activities.visibility import visible_to_subject
+from mcpsync.activities.ledger.visibility import visible_to_subject
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records.ledger import AcceptVerdict
 

@@ -2,7 +2,7 @@
 
 Contract: queries only, never a write, never a body. Not for consumers: ``outbox_after`` pages by
 id, and id order is not commit order (a row can be skipped for good); consumers use
-``mcpsync.activities.outbox`` (positions; docs/outbox.md).
+``mcpsync.activities.ledger.outbox`` (positions; docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from mcpsync.activities.ledger_store import BY_KEY, LedgerStore, jsonable, key_params
+from mcpsync.activities.ledger.store import BY_KEY, LedgerStore, jsonable, key_params
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import CacheScope, SubscriptionKey, TriggerReason
 from mcpsync.workflows.records.versioned import ResourceVersionV1

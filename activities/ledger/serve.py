@@ -5,11 +5,11 @@ Contract:
   resource. Bodies come only through ``released_content`` (the content API's release check:
   own subject, guardrail released, not revoked, digest verified).
 - A subject's resources are its subscriptions that have an accepted version visible to it by the
-  one rule (``activities/visibility.py``): after a revocation none of the revoked scope is listed,
+  one rule (``activities/ledger/visibility.py``): after a revocation none of the revoked scope is listed,
   whatever the subscription's state (REVOKED, CLOSED, TOMBSTONED, UNSUBSCRIBE_UNKNOWN); nor are its
   outbox events before the revocation polled or streamed (the ``revoked`` event itself is). With the
   same URI on several upstream servers the first server by name wins (``ServedResource.server`` says which).
-- What is proven about a version comes from ``activities/proven.py`` (the level rule over the fence
+- What is proven about a version comes from ``activities/ledger/proven.py`` (the level rule over the fence
   row, the accepted receipt, the newest verifying read), never from a rule of this module.
 - ``freshness_meta`` is ``_meta["io.mcpsync/freshness"]``: state, the accepted version's receipt id,
   read ordinal and time (status ACCEPTED: an unchanged re-read never moves them), digest, verified
@@ -30,8 +30,8 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, Proven, proven_from_row
-from mcpsync.activities.visibility import visible_to_subject
+from mcpsync.activities.ledger.proven import PROVEN_COLUMNS, PROVEN_JOIN, Proven, proven_from_row
+from mcpsync.activities.ledger.visibility import visible_to_subject
 from mcpsync.workflows.records.ledger import OutboxEventType
 
 __all__ = [
@@ -96,7 +96,7 @@ class ServedResource:
     size: int
     name: str
     title: str | None
-    proven: Proven  # what is proven about the version (activities/proven.py)
+    proven: Proven  # what is proven about the version (activities/ledger/proven.py)
     catalog_status: str | None = (
         None  # the newest reconciled catalog's status (None: no catalog for the server)
     )

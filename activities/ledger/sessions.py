@@ -20,7 +20,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from temporalio import activity
 
-from mcpsync.activities.ledger_store import LedgerStore
+from mcpsync.activities.ledger.store import LedgerStore
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import SessionQuery
 from mcpsync.workflows.records.subscription import SessionInfo

@@ -4,7 +4,7 @@ Contract:
 - Read-only. The ``subscriptions`` fence rows are the source of truth for what exists;
   these queries never write and never return a resource body.
 - ``list_subscriptions`` filters by server, subject and state (any of several), ordered by
-  (server, subject, uri); each row carries what ``activities/proven.py`` proves about its version:
+  (server, subject, uri); each row carries what ``activities/ledger/proven.py`` proves about its version:
   ``last_accepted_at`` and ``accepted_receipt_id`` (the accepted version's receipt, status ACCEPTED),
   ``last_verified_at`` (the newest read that saw its digest) and ``dirty`` (the level rule).
 - ``subscription_history`` returns the newest ``limit`` receipts and audit rows of one
@@ -21,7 +21,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.proven import PROVEN_COLUMNS, PROVEN_JOIN, proven_from_row
+from mcpsync.activities.ledger.proven import PROVEN_COLUMNS, PROVEN_JOIN, proven_from_row
 
 __all__ = ["SUBSCRIPTION_COLUMNS", "list_subscriptions", "subscription_history"]
 

@@ -30,12 +30,12 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import ingress_task_queue
-from mcpsync.worker.serve import FRESHNESS_META
-from mcpsync.worker.stack import REPO_ROOT, free_port
-from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
+from mcpsync.worker.ingress.process import ingress_task_queue
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.serve.server import FRESHNESS_META
+from mcpsync.worker.stack.common import REPO_ROOT, free_port
+from mcpsync.worker.stack.temporal import TemporalDevServer
+from mcpsync.worker.stack.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -84,7 +84,7 @@ def _one_error_line(r: CliRun | subprocess.CompletedProcess[str]) -> str:
 
 
 def test_freshness_is_shown_when_the_record_has_it() -> None:
-    from mcpsync.worker.cli_subscription_text import status_text, subscription_table
+    from mcpsync.worker.cli.subscription_text import status_text, subscription_table
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     rec = ResourceSubscriptionV1(
@@ -160,7 +160,7 @@ def test_version_help_and_completion(tmp_path: Path) -> None:
     r = _cli("list", "--help")
     assert "(default: 2.0)" in r.stdout and "mcpsync list -o json" in r.stdout
 
-    from mcpsync.worker.cli import build_parser
+    from mcpsync.worker.cli.root import build_parser
 
     def walk(parser: Any, path: str) -> list[str]:
         missing = []

@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

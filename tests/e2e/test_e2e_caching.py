@@ -24,14 +24,14 @@ import pytest
 from mcp import Client
 from temporalio.client import Client as TemporalClient
 
-from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.outbox import latest_events
+from mcpsync.activities.ledger.released import ContentRefused, released_content
 from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
-from mcpsync.activities.outbox import latest_events
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_catalog, start_subscription
-from mcpsync.worker.session_host import SessionHost, server_transport
+from mcpsync.worker.ingress.session_host import SessionHost, server_transport
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.read_deadline import dispatch_margin
 from mcpsync.workflows.records.subscription import (
     CacheScope,

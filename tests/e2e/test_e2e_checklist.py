@@ -14,10 +14,10 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import free_port
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import free_port
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record

@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
-from mcpsync.activities.retention import prune
+from mcpsync.activities.ledger.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
+from mcpsync.activities.ledger.released import ContentKind, ContentNotFound, ContentRefused, released_content
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,

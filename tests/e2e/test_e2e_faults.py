@@ -18,12 +18,12 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost, SessionOpenError
-from mcpsync.worker.stack import REPO_ROOT, free_port
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.ingress.session_host import SessionHost, SessionOpenError
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT, free_port
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

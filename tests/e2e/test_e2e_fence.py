@@ -14,11 +14,11 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
@@ -291,7 +291,7 @@ async def test_advertised_but_rejected_subscribe_falls_back_to_polling(temporal_
 
 async def test_server_restart_gives_new_session_generation_resubscribe_and_reread(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    from mcpsync.worker.stack import free_port
+    from mcpsync.worker.stack.common import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)
@@ -403,7 +403,7 @@ async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client:
 async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client,
                                                                        ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
-    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.activities.ledger.catalog import CatalogLedger
     from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
 
     server = _server(fx.mcp_url)

@@ -19,10 +19,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription, start_subscription_first_read
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription, start_subscription_first_read
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique

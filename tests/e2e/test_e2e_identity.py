@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,

@@ -20,12 +20,12 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker import orphan_queues
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import Ingress, ingress_task_queue
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost
+from mcpsync.worker.ingress import orphan_queues
+from mcpsync.worker.ingress.process import Ingress, ingress_task_queue
+from mcpsync.worker.ingress.session_host import SessionHost
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest
 from mcpsync.workflows.records.subscription import SessionInfo, SubscriptionKey, TriggerReason
@@ -167,7 +167,7 @@ async def _session_after(ledger: Ledger, server: str, generation: int) -> Sessio
 
 async def test_an_adopted_queue_is_polled_while_its_ingress_holds_no_lease(
         temporal_client: Client, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``Ingress.adopt`` (``mcpsync.worker.orphan_queues``), level-based: the queue of the previous
+    """``Ingress.adopt`` (``mcpsync.worker.ingress.orphan_queues``), level-based: the queue of the previous
     holder is polled only while that holder holds no live lease on any pair, and only until the
     adoption's bound; never its own queue."""
     monkeypatch.setattr(orphan_queues, "ADOPT_SECONDS", 8.0)

@@ -13,11 +13,12 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import open_ledger, start_subscription
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_received

@@ -35,12 +35,12 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import ingress_task_queue
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.ingress.process import ingress_task_queue
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.subscription import MCP_HEARTBEAT_TIMEOUT
 from tests import cli_process
@@ -199,7 +199,7 @@ async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
     """Subscriptions started right after their sessions' ingress was SIGKILLed, before the leases move:
     the ledger still names the dead sessions, so their subscribes go to the dead ingress's queue. The
     ingress that takes a lease over polls that queue too once the dead one holds no lease
-    (``mcpsync.worker.orphan_queues``) and answers every task there at once (that generation is gone):
+    (``mcpsync.worker.ingress.orphan_queues``) and answers every task there at once (that generation is gone):
     ``alice``'s run rebinds to the new session and is ACTIVE on it within the lease plus a few seconds,
     not after the subscribe's 60 s schedule-to-close; ``bob``'s, a pair it does not hold (nobody
     does), is answered as quickly and waits for a session."""
@@ -269,7 +269,7 @@ async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_
     """A subscribe cycle the ingress had started (its initial read held by the server) when it was
     SIGKILLed: no heartbeat comes any more, so the attempt times out after the heartbeat timeout, not
     the 60 s schedule-to-close, and its retry on the dead queue is answered by the ingress that took the
-    session over (``mcpsync.worker.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
+    session over (``mcpsync.worker.ingress.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
     session with its initial read accepted within the heartbeat timeout plus the lease plus a few
     seconds."""
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")

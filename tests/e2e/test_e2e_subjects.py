@@ -19,9 +19,10 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

@@ -16,10 +16,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,

@@ -20,13 +20,14 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from mcpsync.activities.catalog_ledger import CatalogLedger
-from mcpsync.activities.db import backfill_uri_normalized, migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
+from mcpsync.activities.ledger.db import backfill_uri_normalized, migrate, open_pool
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import (
     QUERY_CATALOG,
@@ -351,7 +352,7 @@ async def _newer(items: Any, than: int) -> list[Any] | None:
 
 async def test_revoked_subscription_gets_no_signal_after_reconnect(temporal_client: Client, ledger: Ledger,
                                                                    tmp_path: Path) -> None:
-    from mcpsync.worker.stack import free_port
+    from mcpsync.worker.stack.common import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)

@@ -39,10 +39,10 @@ from temporalio.client import WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import classify_error, read_digest
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost
+from mcpsync.worker.ingress.session_host import SessionHost
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind

@@ -29,12 +29,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_metrics import UNRESOLVED
+from mcpsync.activities.ledger.metrics import UNRESOLVED
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
-from mcpsync.worker.metrics import MetricsServer, MetricsUnavailable, serve_metrics
-from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import MetricsConfig, ServerConfig, load_config
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.observe.metrics import MetricsServer, MetricsUnavailable, serve_metrics
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import (

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.retention import prune
-from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
-from mcpsync.worker.runtime import run_services
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.worker.main.config import Config, RetentionConfig, TemporalConfig
+from mcpsync.worker.main.services import run_services
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique

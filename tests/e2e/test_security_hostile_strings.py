@@ -23,15 +23,15 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities import catalog_scan
-from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
 from mcpsync.activities.mcp_session import MAX_METADATA_CHARS
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker import metrics
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_catalog, start_subscription
-from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
-from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS
+from mcpsync.worker.ingress.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
+from mcpsync.worker.ingress.transport_bounds import MAX_MESSAGE_URIS
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.observe import metrics
 from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, ScanStatus
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.released import ContentRefused, released_content
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke_subject, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke_subject
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,
@@ -206,7 +207,7 @@ async def test_read_in_flight_across_a_revoke_leaves_no_body(
 async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger) -> None:
     """The standalone ``mcp_read`` path: its body waits in ``content_pending``; the accept stores
     it when it releases the read, drops it otherwise; a revocation drops what is still waiting."""
-    from mcpsync.activities.ledger_content import ReadBody
+    from mcpsync.activities.ledger.content import ReadBody
     from tests.integration.test_ledger import _accept, _active, _issue
 
     key = await _active(ledger, f"demo://sec/staged/{uuid.uuid4().hex}")

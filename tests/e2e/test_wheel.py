@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 import mcpsync
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests.conftest import fresh_database
 from tests.e2e.test_cli import _one_error_line

@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, TriggerReason
 from tests.conftest import eventually, ledger_rows

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from mcpsync.activities import outbox as outbox_module
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import (
+from mcpsync.activities.ledger import outbox as outbox_module
+from mcpsync.activities.ledger.outbox import (
     NOTIFY_CHANNEL,
     ConsumerError,
     ConsumerNotFound,
@@ -30,9 +30,9 @@ from mcpsync.activities.outbox import (
     events_after,
     stamp,
 )
-from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
-from mcpsync.activities.retention import prune
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.activities.ledger.outbox import wait_for_events as outbox_wait_for_events
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
@@ -401,7 +401,7 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
                                               consumers: list[str]) -> None:
     from prometheus_client import generate_latest
 
-    from mcpsync.worker.metrics import REGISTRY, refresh_outbox_lag
+    from mcpsync.worker.observe.metrics import REGISTRY, refresh_outbox_lag
 
     subject = unique("lag")
     consumer = await register(ledger, consumers, subject)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.subscription_views import list_subscriptions
-from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.activities.ledger.serve import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.activities.ledger.subscription_views import list_subscriptions
 from mcpsync.workflows.coverage import dirty
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.content import ContentNotFound, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
+from mcpsync.activities.ledger.released import ContentNotFound, released_content
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows, unique

@@ -11,7 +11,7 @@ import select
 from pathlib import Path
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
 from tests import cli_process
 from tests.conftest import ledger_rows

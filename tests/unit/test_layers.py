@@ -26,7 +26,7 @@ FORBIDDEN = {
 # The simulator steps the session queue's read and start cycles as production's activity code
 # (``sim/cycles.py``: ``McpSessionActivities`` over its own server and ledger); nothing else of the I/O layer.
 ALLOWED = {"sim": ("mcpsync.activities.mcp_session", "mcpsync.activities.ledger",
-                   "mcpsync.activities.ledger_content")}
+                   "mcpsync.activities.ledger.content")}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -49,14 +49,14 @@ def test_no_upward_imports(package: str) -> None:
 
 
 def _layer(module: str) -> str:
-    """The folder an import names: ``mcpsync.worker.metrics`` (installed name) -> ``worker``."""
+    """The folder an import names: ``mcpsync.worker.observe.metrics`` (installed name) -> ``worker``."""
     return module.removeprefix("mcpsync.").split(".")[0]
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from mcpsync.worker.runtime import start_subscription\n")
-    assert _imports(probe) == [(2, "mcpsync.worker.runtime")]
+    probe.write_text("def f():\n    from mcpsync.worker.main.services import start_subscription\n")
+    assert _imports(probe) == [(2, "mcpsync.worker.main.services")]
     assert [_layer(name) for _, name in _imports(probe)] == ["worker"]  # the folder, with or without mcpsync.
 
 

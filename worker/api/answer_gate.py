@@ -29,8 +29,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.answers import AnswerLedger
 from mcpsync.activities.workflow_updates import execute_update_with_start
 from mcpsync.workflows.answer_rules import (
     AnswerBindingV1,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mcpsync.activities.catalog_ledger import CatalogLedger
+from mcpsync.activities.ledger.catalog import CatalogLedger
 from mcpsync.workflows.records.catalog import CatalogSnapshot, SnapshotStatus
 
 __all__ = ["CompleteCatalog", "CompletenessRefused", "describe_catalog", "require_complete_catalog"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     EXIT_HOLD,
     CliError,
     ExitStatus,
@@ -19,16 +19,13 @@ from mcpsync.worker.cli_common import (
     print_out,
     resolve_config,
 )
-from mcpsync.worker.runtime import (
-    connect_temporal,
-    open_ledger,
-)
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
 
 __all__ = ['cmd_answer', 'register']
 
 
 async def _answer_env(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from mcpsync.worker.answer_gate import AnswerGate
+    from mcpsync.worker.api.answer_gate import AnswerGate
 
     config, _ = resolve_config(args)
     client = await connect_temporal(config.temporal)
@@ -38,7 +35,7 @@ async def _answer_env(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 async def _answer_receipt(ledger: Any, subject: str, server: str, uri: str, receipt: str) -> int:
     """A receipt id, or ``latest``: the dependency's latest accepted receipt from the ledger."""
-    from mcpsync.worker.answer_gate import latest_receipts
+    from mcpsync.worker.api.answer_gate import latest_receipts
 
     if receipt != "latest":
         try:
@@ -74,8 +71,8 @@ def _answer_text(obj: Any) -> str:
 async def cmd_answer(args: argparse.Namespace) -> None:
     from pydantic import ValidationError
 
-    from mcpsync.activities.answer_ledger import AnswerLedger
-    from mcpsync.worker.answer_gate import AnswerGateError
+    from mcpsync.activities.ledger.answers import AnswerLedger
+    from mcpsync.worker.api.answer_gate import AnswerGateError
     from mcpsync.workflows.answer_rules import AnswerBindingV1, AnswerDependency, FreshnessPolicy
 
     config, gate, ledger = await _answer_env(args)

@@ -14,8 +14,9 @@ from typing import Any
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from mcpsync.activities.starters import start_catalog
 from mcpsync.activities.workflow_updates import execute_update
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     database_url,
@@ -23,12 +24,8 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
-from mcpsync.worker.cli_subscription_text import dash
-from mcpsync.worker.runtime import (
-    connect_temporal,
-    open_ledger,
-    start_catalog,
-)
+from mcpsync.worker.cli.subscription_text import dash
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
 
 __all__ = ['register']
 
@@ -39,8 +36,12 @@ DEFAULT_ROLLOUT_PERCENT = 5.0
 async def cmd_scan(args: argparse.Namespace) -> None:
     """The reconciled catalog of (subject, server); ``--require-proven`` goes through the
     completeness gate."""
-    from mcpsync.activities.catalog_ledger import CatalogLedger
-    from mcpsync.worker.completeness import CompletenessRefused, describe_catalog, require_complete_catalog
+    from mcpsync.activities.ledger.catalog import CatalogLedger
+    from mcpsync.worker.api.completeness import (
+        CompletenessRefused,
+        describe_catalog,
+        require_complete_catalog,
+    )
     from mcpsync.workflows.names import UPDATE_RECONCILE
     from mcpsync.workflows.records.catalog import CatalogKey, CatalogSnapshot
 
@@ -103,7 +104,7 @@ async def cmd_catalog_start(args: argparse.Namespace) -> None:
 
 
 async def cmd_rollout(args: argparse.Namespace) -> None:
-    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.activities.ledger.catalog import CatalogLedger
     from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
 
     # --percent alone means --mode percent; with another mode it would be ignored: refused.

@@ -1,7 +1,7 @@
 """What every ``mcpsync`` command shares: exit codes, the one-line error, finding the stack.
 
 Contract:
-- ``CliError(message, ExitCode.X)`` is an expected failure: ``mcpsync.worker.cli.main`` prints it as
+- ``CliError(message, ExitCode.X)`` is an expected failure: ``mcpsync.worker.cli.root.main`` prints it as
   one ``mcpsync: error: ...`` line and exits with the code. ``ExitStatus`` carries a verdict
   exit code after the command printed its result.
 - ``resolve_config(args)`` finds the configuration: ``--config``, else ``$MCPSYNC_CONFIG``,
@@ -39,8 +39,8 @@ from typing import Any, NoReturn, TextIO
 
 from pydantic import ValidationError
 
-from mcpsync.worker.config import Config, load_config
-from mcpsync.worker.runtime import RuntimeInfo
+from mcpsync.worker.main.config import Config, load_config
+from mcpsync.worker.stack.runtime_info import RuntimeInfo
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
@@ -89,7 +89,7 @@ class AddressSources:
 
 
 def runtime_file() -> Path:
-    from mcpsync.worker.stack import state_dir
+    from mcpsync.worker.stack.common import state_dir
 
     return state_dir() / "runtime.json"
 

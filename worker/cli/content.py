@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     ExitStatus,
@@ -28,12 +28,9 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     terminal_safe,
 )
-from mcpsync.worker.cli_subscription_text import dash
-from mcpsync.worker.runtime import (
-    connect_temporal,
-    open_ledger,
-    revoke_subject,
-)
+from mcpsync.worker.cli.subscription_text import dash
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
+from mcpsync.worker.main.revocation import revoke_subject
 
 __all__ = ['register_revoke', 'register_prune', 'register_content']
 
@@ -90,7 +87,7 @@ async def cmd_revoke(args: argparse.Namespace) -> None:
 
 async def cmd_content_get(args: argparse.Namespace) -> None:
     """The accepted body of a receipt, exactly as read; refusals exit 5, unknown/pruned 4."""
-    from mcpsync.activities.content import ContentNotFound, ContentRefused, released_content
+    from mcpsync.activities.ledger.released import ContentNotFound, ContentRefused, released_content
 
     config, _ = resolve_config(args)
     ledger = await open_ledger(database_url(config), max_size=2)
@@ -127,7 +124,7 @@ async def cmd_content_get(args: argparse.Namespace) -> None:
 async def cmd_prune(args: argparse.Namespace) -> None:
     from datetime import timedelta
 
-    from mcpsync.activities.retention import prune
+    from mcpsync.activities.ledger.retention import prune
 
     if args.keep_days < 0:
         raise CliError("--keep-days must not be negative")
@@ -172,7 +169,8 @@ def register_revoke(sub: Any) -> None:
 def register_prune(sub: Any) -> None:
     """Add ``prune`` to the top-level subparsers ``sub``."""
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged "
-                                      "reads (receipts and fences are kept; see activities/retention.py)")
+                                      "reads (receipts and fences are kept; see "
+                                      "activities/ledger/retention.py)")
     pr.add_argument("--keep-days", type=amount, default=7.0, help="forget rows older than this many days")
     pr.add_argument("--consumer-max-lag-days", type=amount, default=None,
                     help="outbox consumers silent this long stop holding rows back (default: [retention] "

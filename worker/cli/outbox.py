@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     count,
@@ -23,17 +23,15 @@ from mcpsync.worker.cli_common import (
     print_text,
     resolve_config,
 )
-from mcpsync.worker.cli_subscription_text import dash
-from mcpsync.worker.runtime import (
-    open_ledger,
-)
+from mcpsync.worker.cli.subscription_text import dash
+from mcpsync.worker.main.connect import open_ledger
 
 __all__ = ['register']
 
 
 async def cmd_outbox(args: argparse.Namespace) -> None:
     """``outbox tail``: for humans. Events in position order; ``--after P`` starts after P (0: oldest)."""
-    from mcpsync.activities.outbox import events_after, latest_events, listen, wait_for_events
+    from mcpsync.activities.ledger.outbox import events_after, latest_events, listen, wait_for_events
 
     _positive("--limit", args.limit)
     if args.after is not None and args.after < 0:
@@ -89,7 +87,7 @@ def _emit_events(events: list[Any], as_json: bool) -> None:
 
 
 async def _with_consumer(args: argparse.Namespace, body: Callable[[Any], Awaitable[None]]) -> None:
-    from mcpsync.activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
+    from mcpsync.activities.ledger.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
 
     config, _ = resolve_config(args)
     ledger = await open_ledger(database_url(config), max_size=2)
@@ -166,7 +164,7 @@ async def cmd_outbox_resync(args: argparse.Namespace) -> None:
 
 
 async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
-    from mcpsync.activities.outbox import consumer_infos
+    from mcpsync.activities.ledger.outbox import consumer_infos
 
     config, _ = resolve_config(args)
     ledger = await open_ledger(database_url(config), max_size=2)
@@ -186,7 +184,7 @@ async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
 
 
 async def cmd_outbox_drop(args: argparse.Namespace) -> None:
-    from mcpsync.activities.outbox import ConsumerNotFound, drop_consumer
+    from mcpsync.activities.ledger.outbox import ConsumerNotFound, drop_consumer
 
     config, _ = resolve_config(args)
     ledger = await open_ledger(database_url(config), max_size=2)
@@ -225,7 +223,8 @@ def register(sub: Any) -> None:
                                 "new name); --follow waits for more and acks each batch once printed",
                         cmd_outbox_poll)
     poll.add_argument("--register", action="store_true",
-                      help="register the name if it is new (consumers are capped: activities/outbox.py "
+                      help="register the name if it is new (consumers are capped: "
+                           "activities/ledger/outbox.py "
                            "MAX_CONSUMERS); without it a new name exits 4")
     poll.add_argument("--subject", action="append",
                       help="register the consumer for these subjects only (repeatable)")

@@ -5,23 +5,23 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any, Literal
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     print_out,
     resolve_config,
     seconds,
 )
-from mcpsync.worker.cli_subscription_text import dash
+from mcpsync.worker.cli.subscription_text import dash
 
 if TYPE_CHECKING:
-    from mcpsync.worker.probe import ProbeReport
+    from mcpsync.worker.observe.probe import ProbeReport
 
 __all__ = ['cmd_probe', 'register', 'render_text']
 
 
 async def cmd_probe(args: argparse.Namespace) -> None:
-    from mcpsync.worker.probe import Nudge, ProbeError, ToolNudge, probe_server
+    from mcpsync.worker.observe.probe import Nudge, ProbeError, ToolNudge, probe_server
 
     config, _ = resolve_config(args)
     server = config.server(args.server)

@@ -4,7 +4,7 @@
 Contract:
 - Expected failures print one ``mcpsync: error: ...`` line to stderr and exit with
   an ``ExitCode``; never a traceback. ``--json`` output is one JSON document on stdout.
-- Exit codes (``mcpsync.worker.cli_common.ExitCode``, documented in the README): 0 ok; 2 usage
+- Exit codes (``mcpsync.worker.cli.common.ExitCode``, documented in the README): 0 ok; 2 usage
   or configuration error (bad flags or flag values, a wrong config file, unknown server or
   subject, unusable URI, a stack already running on the state dir); 3 refused by a gate
   (answer HOLD, ``scan --require-proven``); 4 not found (subscription, receipt, consumer, a
@@ -23,13 +23,13 @@ Contract:
   ``cli_upgrades``; ``cli_serve``; ``cli_probe``; ``cli_content``: revoke, prune, content;
   ``cli_catalog``: scan, catalog, rollout; ``cli_simulate``; ``cli_outbox``). This module calls
   them in the order ``mcpsync --help`` lists the commands. The helpers every command shares are
-  in ``mcpsync.worker.cli_common``.
+  in ``mcpsync.worker.cli.common``.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # python -m mcpsync.worker.cli: as the console script, before the imports
-    from mcpsync.worker.cli_start import quiet_interrupt
+if __name__ == "__main__":  # python -m mcpsync.worker.cli.root: as the console script, before the imports
+    from mcpsync.worker.cli.start import quiet_interrupt
 
     quiet_interrupt()
 
@@ -44,20 +44,38 @@ from typing import Any  # noqa: E402
 
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
-from mcpsync.activities.db import DatabaseUnavailable  # noqa: E402
-from mcpsync.worker import (  # noqa: E402
-    cli_answer,
-    cli_catalog,
-    cli_content,
-    cli_outbox,
-    cli_probe,
-    cli_serve,
-    cli_simulate,
-    cli_stack,
-    cli_subscriptions,
-    cli_upgrades,
+from mcpsync.activities.ledger.db import DatabaseUnavailable  # noqa: E402
+from mcpsync.worker.cli import (  # noqa: E402
+    answer as cli_answer,
 )
-from mcpsync.worker.cli_common import (  # noqa: E402
+from mcpsync.worker.cli import (
+    catalog as cli_catalog,
+)
+from mcpsync.worker.cli import (
+    content as cli_content,
+)
+from mcpsync.worker.cli import (
+    outbox as cli_outbox,
+)
+from mcpsync.worker.cli import (
+    probe as cli_probe,
+)
+from mcpsync.worker.cli import (
+    serve as cli_serve,
+)
+from mcpsync.worker.cli import (
+    simulate as cli_simulate,
+)
+from mcpsync.worker.cli import (
+    stack as cli_stack,
+)
+from mcpsync.worker.cli import (
+    subscriptions as cli_subscriptions,
+)
+from mcpsync.worker.cli import (
+    upgrades as cli_upgrades,
+)
+from mcpsync.worker.cli.common import (  # noqa: E402
     CliError,
     ExitCode,
     ExitStatus,
@@ -66,9 +84,9 @@ from mcpsync.worker.cli_common import (  # noqa: E402
     resolve_config,
     shorten,
 )
-from mcpsync.worker.config import ConfigError  # noqa: E402
-from mcpsync.worker.runtime import TemporalUnavailable  # noqa: E402
-from mcpsync.worker.stack import PortInUseError, StackAlreadyRunning, StackError  # noqa: E402
+from mcpsync.worker.main.config import ConfigError  # noqa: E402
+from mcpsync.worker.main.connect import TemporalUnavailable  # noqa: E402
+from mcpsync.worker.stack.common import PortInUseError, StackAlreadyRunning, StackError  # noqa: E402
 
 __all__ = ["main", "build_parser", "CliError", "ExitCode", "ExitStatus"]
 
@@ -251,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from mcpsync.worker.cli_start import INTERRUPTED, quiet_interrupt
+    from mcpsync.worker.cli.start import INTERRUPTED, quiet_interrupt
 
     quiet_interrupt()  # until the command's event loop runs
     parser = build_parser()

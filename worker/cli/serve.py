@@ -1,11 +1,11 @@
-"""``mcpsync serve``: the CLI command (the server itself is mcpsync.worker.serve, docs/serve.md)."""
+"""``mcpsync serve``: the CLI command (the server itself is mcpsync.worker.serve.server, docs/serve.md)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     check_listen,
     count,
@@ -14,7 +14,7 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
-from mcpsync.worker.serve_quota import Quota, QuotaLimits
+from mcpsync.worker.serve.quota import Quota, QuotaLimits
 
 __all__ = ["cmd_serve", "register"]
 
@@ -64,11 +64,11 @@ def register(sub: Any) -> None:
 
 
 async def cmd_serve(args: argparse.Namespace) -> None:
-    from mcpsync.worker.runtime import open_ledger
-    from mcpsync.worker.serve import ServeConfig
-    from mcpsync.worker.serve_cursors import CursorSigner
-    from mcpsync.worker.serve_run import run_serve, tokens_from_environment
-    from mcpsync.worker.stack import state_dir
+    from mcpsync.worker.main.connect import open_ledger
+    from mcpsync.worker.serve.cursors import CursorSigner
+    from mcpsync.worker.serve.run import run_serve, tokens_from_environment
+    from mcpsync.worker.serve.server import ServeConfig
+    from mcpsync.worker.stack.common import state_dir
 
     if args.stdio is None:
         check_listen(args.host, args.port, "--host, --port")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     count,
     non_negative,
@@ -28,7 +28,7 @@ def _simulator() -> tuple[Any, Any, Any]:
     editable install)."""
     import importlib
 
-    from mcpsync.worker.stack import REPO_ROOT, SOURCE_CHECKOUT
+    from mcpsync.worker.stack.common import REPO_ROOT, SOURCE_CHECKOUT
 
     if SOURCE_CHECKOUT and str(REPO_ROOT) not in sys.path:
         # The console script's sys.path has the installed packages only; the dev-only simulator

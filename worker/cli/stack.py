@@ -1,7 +1,7 @@
 """``mcpsync up``, ``down``, ``worker`` and ``migrate``: running the stack and its services.
 
 Contract:
-- ``up`` runs the embedded stack in the foreground (``mcpsync.worker.up``); ``down`` stops the
+- ``up`` runs the embedded stack in the foreground (``mcpsync.worker.stack.up``); ``down`` stops the
   ``up`` of this state dir through the pid its runtime file records (exit 6 when nothing runs; a
   stale runtime file is removed, exit 6).
 - ``worker`` runs the main worker and/or the session hosts with the Prometheus endpoint;
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     amount,
@@ -28,18 +28,15 @@ from mcpsync.worker.cli_common import (
     resolve_config,
     seconds,
 )
-from mcpsync.worker.runtime import (
-    connect_temporal,
-    open_ledger,
-    run_services,
-)
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
+from mcpsync.worker.main.services import run_services
 
 __all__ = ['cmd_up', 'cmd_down', 'cmd_worker', 'cmd_migrate', 'register']
 
 
 async def cmd_up(args: argparse.Namespace) -> None:
-    from mcpsync.worker.serve_tokens import tokens_from_environment
-    from mcpsync.worker.up import run_up
+    from mcpsync.worker.serve.tokens import tokens_from_environment
+    from mcpsync.worker.stack.up import run_up
 
     try:
         tokens_from_environment()  # serve's tokens: refused before anything starts
@@ -68,9 +65,9 @@ async def cmd_down(args: argparse.Namespace) -> None:
     the file), then wait for it. No runtime file: exit 6; a stale one is removed, exit 6."""
     import time
 
-    from mcpsync.worker.cli_common import runtime_file
-    from mcpsync.worker.runtime import RuntimeInfo
-    from mcpsync.worker.stack import process_alive
+    from mcpsync.worker.cli.common import runtime_file
+    from mcpsync.worker.stack.common import process_alive
+    from mcpsync.worker.stack.runtime_info import RuntimeInfo
 
     path = runtime_file()
     if not path.exists():
@@ -79,7 +76,7 @@ async def cmd_down(args: argparse.Namespace) -> None:
     if info is None or info.pid is None:
         raise CliError(f"runtime file {path} names no 'mcpsync up' pid: stop that stack where it runs")
     if not info.stack_alive():
-        from mcpsync.worker.up import reclaim_demo_server
+        from mcpsync.worker.stack.up import reclaim_demo_server
 
         reclaim_demo_server(path.parent / "demo-server")
         path.unlink(missing_ok=True)
@@ -100,7 +97,7 @@ async def cmd_down(args: argparse.Namespace) -> None:
 
 
 async def cmd_worker(args: argparse.Namespace) -> None:
-    from mcpsync.worker.metrics import serve_metrics
+    from mcpsync.worker.observe.metrics import serve_metrics
 
     config, _ = resolve_config(args)
     metrics = serve_metrics(config.metrics)  # before the Temporal client: it installs the SDK runtime
@@ -114,7 +111,7 @@ async def cmd_worker(args: argparse.Namespace) -> None:
     with_main = args.role in ("all", "main")
     if with_main:
         # Catalog reconciliation is part of the service: start (or join) it for every configured view.
-        from mcpsync.worker.runtime import start_catalogs
+        from mcpsync.worker.main.services import start_catalogs
 
         await start_catalogs(client, config)
     if args.role == "main":
@@ -134,7 +131,7 @@ async def cmd_worker(args: argparse.Namespace) -> None:
 
 async def cmd_migrate(args: argparse.Namespace) -> None:
     config, _ = resolve_config(args)
-    from mcpsync.activities.db import migrate, open_pool
+    from mcpsync.activities.ledger.db import migrate, open_pool
 
     pool = await open_pool(database_url(config))
     try:

@@ -2,7 +2,7 @@
 
 Contract: ``main`` installs ``quiet_interrupt`` before importing the CLI (its imports take most of
 a second, and a Ctrl-C then would print a ``KeyboardInterrupt`` traceback), then runs
-``mcpsync.worker.cli.main``. This module imports nothing but ``os`` and ``signal``. The command's
+``mcpsync.worker.cli.root.main``. This module imports nothing but ``os`` and ``signal``. The command's
 event loop replaces the handler once the command runs (a follower then stops cleanly, exit 0).
 """
 
@@ -27,6 +27,6 @@ def quiet_interrupt() -> None:
 
 def main() -> None:
     quiet_interrupt()
-    from mcpsync.worker.cli import main as cli_main
+    from mcpsync.worker.cli.root import main as cli_main
 
     cli_main()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from mcpsync.worker.cli_common import terminal_safe
+from mcpsync.worker.cli.common import terminal_safe
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 __all__ = ["age_of", "dash", "first_read_text", "freshness_lines", "history_line", "record_doc",

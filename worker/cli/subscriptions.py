@@ -57,10 +57,10 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.subscription_views import list_subscriptions, subscription_history
+from mcpsync.activities.ledger.subscription_views import list_subscriptions, subscription_history
+from mcpsync.activities.starters import start_subscription, start_subscription_first_read
 from mcpsync.activities.workflow_updates import execute_update
-from mcpsync.worker.bulk import settle_all
-from mcpsync.worker.cli_common import (
+from mcpsync.worker.cli.common import (
     CliError,
     ExitCode,
     ExitStatus,
@@ -76,7 +76,7 @@ from mcpsync.worker.cli_common import (
     shorten,
     subscription_key,
 )
-from mcpsync.worker.cli_subscription_text import (
+from mcpsync.worker.cli.subscription_text import (
     age_of,
     dash,
     first_read_text,
@@ -86,13 +86,9 @@ from mcpsync.worker.cli_subscription_text import (
     subscription_table,
     when,
 )
-from mcpsync.worker.config import Config
-from mcpsync.worker.runtime import (
-    connect_temporal,
-    open_ledger,
-    start_subscription,
-    start_subscription_first_read,
-)
+from mcpsync.worker.main.bulk import settle_all
+from mcpsync.worker.main.config import Config
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE, UPDATE_RESUME
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,
@@ -223,7 +219,7 @@ async def _warn_unlisted(ledger: Ledger, key: SubscriptionKey) -> None:
     """A URI the view's latest reconciled catalog does not list: one warning line on stderr (the
     subscription is started all the same: the catalog may predate the resource). Without a catalog
     nothing is known, and nothing is said; ``subscribe --wait`` shows what the first read found."""
-    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.activities.ledger.catalog import CatalogLedger
 
     catalogs = CatalogLedger(ledger.pool)
     catalog = await catalogs.latest_catalog(key.subject, key.server)

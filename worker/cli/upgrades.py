@@ -101,8 +101,8 @@ def report(runs: list[OpenRuns], patch: str | None, workflow_type: str | None) -
 
 
 async def cmd_upgrades(args: argparse.Namespace) -> None:
-    from mcpsync.worker.cli_common import CliError, ExitCode, ExitStatus, print_out, resolve_config
-    from mcpsync.worker.runtime import connect_temporal
+    from mcpsync.worker.cli.common import CliError, ExitCode, ExitStatus, print_out, resolve_config
+    from mcpsync.worker.main.connect import connect_temporal
 
     if args.workflow_type is not None and args.patch is None:
         raise CliError("--workflow-type applies to --patch only")

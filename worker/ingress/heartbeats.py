@@ -10,7 +10,7 @@ Contract:
   The SDK throttles what a longer one sends (at most one per 0.8 of the timeout).
 - What a heartbeat proves is that the ingress process runs: a SIGKILLed ingress sends none, so the
   server times the attempt out after the heartbeat timeout and retries it on the same queue, where the
-  ingress that took the session over answers it at once (``mcpsync.worker.orphan_queues``). No
+  ingress that took the session over answers it at once (``mcpsync.worker.ingress.orphan_queues``). No
   heartbeat carries details.
 """
 

@@ -18,8 +18,8 @@ Contract:
   with its own queue. Activities still scheduled on the previous owner's queue are answered
   SESSION_LOST by a living previous owner; once that owner holds no live lease (it died, or holds
   nothing) the new owner polls that queue too, for a while, and answers them the same
-  (``adopt``, ``mcpsync.worker.orphan_queues``). The workflow rebinds either way. An activity a
-  dead owner had already started stops heartbeating (``mcpsync.worker.heartbeats``): it times out
+  (``adopt``, ``mcpsync.worker.ingress.orphan_queues``). The workflow rebinds either way. An activity a
+  dead owner had already started stops heartbeating (``mcpsync.worker.ingress.heartbeats``): it times out
   after its heartbeat timeout and its retry is answered there the same.
 - A (subject, server) has at most one host per ingress (``attach`` refuses a second).
 """
@@ -36,14 +36,14 @@ from typing import Protocol
 from temporalio.client import Client as TemporalClient
 from temporalio.worker import Worker
 
-from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.catalog_scan import CatalogScanActivities
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
-from mcpsync.worker import metrics
-from mcpsync.worker.heartbeats import Heartbeats
-from mcpsync.worker.orphan_queues import OrphanQueues
-from mcpsync.worker.resync import ReadClock, Resync, ResyncHost
+from mcpsync.worker.ingress.heartbeats import Heartbeats
+from mcpsync.worker.ingress.orphan_queues import OrphanQueues
+from mcpsync.worker.ingress.resync import ReadClock, Resync, ResyncHost
+from mcpsync.worker.observe import metrics
 
 __all__ = ["Ingress", "ingress_task_queue"]
 
@@ -58,7 +58,7 @@ def ingress_task_queue(identity: str) -> str:
 
 
 class _Hosted(Protocol):
-    """What the ingress asks of a session host (``mcpsync.worker.session_host.SessionHost``)."""
+    """What the ingress asks of a session host (``mcpsync.worker.ingress.session_host.SessionHost``)."""
 
     live: LiveSession | None
 
@@ -75,7 +75,7 @@ class Ingress:
         self._worker: Worker | None = None  # run()'s, for ``polling``
         # What the worker runs (tests call them directly to see the dispatch by key).
         self.mcp = McpSessionActivities(self.live, ledger, metrics.PROMETHEUS)
-        self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.resync``)
+        self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.ingress.resync``)
         self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
         # The queues of previous holders of its sessions, polled by ``run`` while they hold no lease.

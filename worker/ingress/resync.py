@@ -29,7 +29,7 @@ from typing import Protocol
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession
-from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.ingress import IngressRouter, Offer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.resync_rules import resync_due_at, sweep_seconds
@@ -71,7 +71,7 @@ class ReadClock:
 
 
 class ResyncHost(Protocol):
-    """What the resync asks of its session host (``mcpsync.worker.session_host.SessionHost``)."""
+    """What the resync asks of its session host (``mcpsync.worker.ingress.session_host.SessionHost``)."""
 
     router: IngressRouter
     subject: str

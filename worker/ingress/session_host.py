@@ -4,7 +4,8 @@ Contract:
 - Holds at most one live MCP session per (subject, server). Each successful initialize is recorded in the
   ledger and gets a session generation one above any before it; the negotiated edition and capabilities go
   with it.
-- Belongs to one ``mcpsync.worker.ingress.Ingress`` (its process), whose identity is this host's lease holder
+- Belongs to one ``mcpsync.worker.ingress.process.Ingress`` (its process), whose
+  identity is this host's lease holder
   name and whose one task queue, recorded in the session row at each open, is where the
   subscribe/unsubscribe/read/scan activities of this (subject, server) run over the live session. A host made
   without an ingress is an ingress of one: it runs that ingress's worker itself. A session that replaced one
@@ -60,10 +61,10 @@ from mcpsync.activities.mcp_session import (
     StreamLoss,
     metadata_text,
 )
-from mcpsync.worker import metrics
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import Ingress
-from mcpsync.worker.session_transport import SessionOpenError, describe_open_failure, server_transport
+from mcpsync.worker.ingress.process import Ingress
+from mcpsync.worker.ingress.transport import SessionOpenError, describe_open_failure, server_transport
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.observe import metrics
 from mcpsync.workflows.ingress import (
     Effect,
     IngressRouter,
@@ -136,7 +137,7 @@ class SessionHost:
                                     read_on_notification=server.read_on_notification,
                                     max_pending=server.max_pending_notifications)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
-        self.resync = self.ingress.resync(self, lambda: self._queue.put_nowait(None))  # worker/resync.py
+        self.resync = self.ingress.resync(self, lambda: self._queue.put_nowait(None))  # ingress/resync.py
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
         # list_changed notifications received per session generation (monotonic): the scan

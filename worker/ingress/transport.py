@@ -29,16 +29,16 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCRequest
 
-from mcpsync.worker import http_abandon
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.http_keepalive import KeepAliveTransport
-from mcpsync.worker.transport_bounds import (
+from mcpsync.worker.ingress import http_abandon
+from mcpsync.worker.ingress.keepalive import KeepAliveTransport
+from mcpsync.worker.ingress.transport_bounds import (
     RequestMethods,
     bounded_http_transport,
     install,
     stdio_bounds,
     transport_limit,
 )
+from mcpsync.worker.main.config import ServerConfig
 
 __all__ = ["server_transport", "describe_open_failure", "HTTP_CONNECTIONS", "SessionOpenError"]
 

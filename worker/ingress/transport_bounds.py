@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import httpx2
 from anyio.streams.text import TextReceiveStream
 
-from mcpsync.worker.reply_shape import (
+from mcpsync.worker.ingress.reply_shape import (
     Budget,
     ShapeError,
     ShapeScanner,

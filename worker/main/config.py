@@ -151,7 +151,7 @@ class ServerConfig(_Model):
 
 
 class MetricsConfig(_Model):
-    """``[metrics]``: Prometheus endpoint (``mcpsync.worker.metrics``); absent = no endpoint."""
+    """``[metrics]``: Prometheus endpoint (``mcpsync.worker.observe.metrics``); absent = no endpoint."""
 
     port: int = Field(default=9464, ge=0, le=65535)  # 0: any free port
     host: str = "127.0.0.1"  # "0.0.0.0" to let a remote Prometheus scrape
@@ -159,7 +159,8 @@ class MetricsConfig(_Model):
 
 
 class RetentionConfig(_Model):
-    """``[retention]``: the main worker prunes the ledger periodically (``mcpsync.activities.retention``);
+    """``[retention]``: the main worker prunes the ledger periodically
+    (``mcpsync.activities.ledger.retention``);
     absent = never (run ``mcpsync prune`` yourself)."""
 
     keep_days: float = Field(default=7.0, ge=0)
@@ -187,7 +188,7 @@ class Config(_Model):
     def redacted(self) -> dict[str, Any]:
         data = self.model_dump()
         if data["database"]["url"]:
-            from mcpsync.activities.db import redact_url
+            from mcpsync.activities.ledger.db import redact_url
 
             data["database"]["url"] = redact_url(data["database"]["url"])
         return data

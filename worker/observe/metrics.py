@@ -26,7 +26,7 @@ Contract:
   accept in one process: the ingress process accepts.
 - Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
   freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, revocation
-  latency) come from the ledger's read-only queries (``mcpsync.activities.ledger_metrics``,
+  latency) come from the ledger's read-only queries (``mcpsync.activities.ledger.metrics``,
   whose contract defines freshness, its bound per ``mode`` and the unresolved states), run
   every ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``) and
   exported by a custom collector; a scrape only renders the last snapshot and never touches
@@ -76,8 +76,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from mcpsync.activities.ledger_metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
-from mcpsync.worker.config import ConfigError, MetricsConfig
+from mcpsync.activities.ledger.metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
+from mcpsync.worker.main.config import ConfigError, MetricsConfig
 from mcpsync.workflows.ingress import IngressRouter
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptResult, AcceptVerdict
 
@@ -154,7 +154,7 @@ class MetricsUnavailable(ConfigError):
 
 
 class _Host(Protocol):
-    """What the collector reads from a session host (``mcpsync.worker.session_host.SessionHost``)."""
+    """What the collector reads from a session host (``mcpsync.worker.ingress.session_host.SessionHost``)."""
 
     subject: str
 
@@ -373,7 +373,7 @@ REFRESH_ERRORS = Counter("mcpsync_ledger_refresh_errors", "Failed refreshes of t
                          registry=REGISTRY)
 
 
-# --- outbox consumer lag (mcpsync.activities.outbox, docs/outbox.md) ----------------------------------
+# --- outbox consumer lag (mcpsync.activities.ledger.outbox, docs/outbox.md) ------------------------------
 
 
 class _OutboxLagCollector(Collector):
@@ -403,9 +403,9 @@ REGISTRY.register(_OUTBOX_LAG)
 
 
 async def refresh_outbox_lag(ledger: Ledger) -> None:
-    """Feed the lag gauges from ``mcpsync.activities.outbox.consumer_infos`` (consumer names are
+    """Feed the lag gauges from ``mcpsync.activities.ledger.outbox.consumer_infos`` (consumer names are
     operator-chosen and few: a bounded label)."""
-    from mcpsync.activities.outbox import consumer_infos
+    from mcpsync.activities.ledger.outbox import consumer_infos
 
     infos = await consumer_infos(ledger.pool)
     _OUTBOX_LAG.lags = [(i.name, i.lag_events, i.lag_seconds) for i in infos]

@@ -41,8 +41,8 @@ from pydantic import Field
 
 from mcpsync import __version__
 from mcpsync.activities.mcp_session import classify_error, content_parts
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.session_host import server_transport
+from mcpsync.worker.ingress.session_host import server_transport
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.digest import content_digest
 from mcpsync.workflows.records.base import FrozenRecord
 

@@ -35,13 +35,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, Notification, RequestParams
 from pydantic import ConfigDict, Field
 
-from mcpsync.activities.outbox import event_from_row
-from mcpsync.worker.serve_cursors import BadCursor
-from mcpsync.worker.serve_ledger import outbox_top, subject_events
-from mcpsync.worker.serve_quota import Quota
+from mcpsync.activities.ledger.outbox import event_from_row
+from mcpsync.activities.ledger.serve import outbox_top, subject_events
+from mcpsync.worker.serve.cursors import BadCursor
+from mcpsync.worker.serve.quota import Quota
 
 if TYPE_CHECKING:
-    from mcpsync.worker.serve import ServeHub, ServeServer
+    from mcpsync.worker.serve.server import ServeHub, ServeServer
 
 __all__ = [
     "EVENT_NAME",

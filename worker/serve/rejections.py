@@ -20,7 +20,7 @@ import logging
 
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.worker.serve import ServeHub
+from mcpsync.worker.serve.server import ServeHub
 
 __all__ = ["POLL_SECONDS", "follow_rejections"]
 

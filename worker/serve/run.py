@@ -33,14 +33,14 @@ from mcp.server.transport_security import TransportSecuritySettings
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import AppStatus
 
-from mcpsync.activities.outbox import OutboxConsumer, consumer_infos
-from mcpsync.worker.serve import ServeConfig, ServeHub, ServeServer, build_server
-from mcpsync.worker.serve_connections import MAX_HEAD_BYTES, bounded_protocol
-from mcpsync.worker.serve_cursors import CursorSigner
-from mcpsync.worker.serve_gate import Gate, HostRules, default_hosts, default_origins
-from mcpsync.worker.serve_rejections import follow_rejections
-from mcpsync.worker.serve_tokens import subject_for_authorization, tokens_from_environment
-from mcpsync.worker.stack import state_dir
+from mcpsync.activities.ledger.outbox import OutboxConsumer, consumer_infos
+from mcpsync.worker.serve.connections import MAX_HEAD_BYTES, bounded_protocol
+from mcpsync.worker.serve.cursors import CursorSigner
+from mcpsync.worker.serve.gate import Gate, HostRules, default_hosts, default_origins
+from mcpsync.worker.serve.rejections import follow_rejections
+from mcpsync.worker.serve.server import ServeConfig, ServeHub, ServeServer, build_server
+from mcpsync.worker.serve.tokens import subject_for_authorization, tokens_from_environment
+from mcpsync.worker.stack.common import state_dir
 
 __all__ = ["follow_outbox", "redact_session_ids", "run_serve", "tokens_from_environment"]
 

@@ -15,7 +15,7 @@ Contract (docs/serve.md):
   a snapshot is re-checked against the visibility rule: after a revocation an old cursor pages only
   what is still visible.
 - What a subject sees (list, read, subscribe, listen priming, events) is decided by one rule,
-  ``activities/visibility.py``: nothing of a revoked scope, whatever the subscription's state.
+  ``activities/ledger/visibility.py``: nothing of a revoked scope, whatever the subscription's state.
 - Quotas per subject (``serve_quota``): listens, URIs per listen, event streams, listing snapshots,
   sessions; past one, -32005 naming it (snapshots: the subject's oldest is dropped). A stream's slot
   and its bus registration are released when it ends.
@@ -63,11 +63,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync import __version__
-from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
-from mcpsync.activities.outbox import WITHDRAWING, OutboxEventV1
-from mcpsync.worker.serve_cursors import BadCursor, CursorSigner
-from mcpsync.worker.serve_events import SharedPages
-from mcpsync.worker.serve_ledger import (
+from mcpsync.activities.ledger.outbox import WITHDRAWING, OutboxEventV1
+from mcpsync.activities.ledger.released import ContentKind, ContentNotFound, ContentRefused, released_content
+from mcpsync.activities.ledger.serve import (
     ServedResource,
     freshness_meta,
     list_served,
@@ -76,9 +74,11 @@ from mcpsync.worker.serve_ledger import (
     served_uris,
     still_visible,
 )
-from mcpsync.worker.serve_pending import Added, PendingNotifications
-from mcpsync.worker.serve_quota import Quota, QuotaLimits, Quotas
-from mcpsync.worker.serve_tokens import subject_for_authorization
+from mcpsync.worker.serve.cursors import BadCursor, CursorSigner
+from mcpsync.worker.serve.events import SharedPages
+from mcpsync.worker.serve.pending import Added, PendingNotifications
+from mcpsync.worker.serve.quota import Quota, QuotaLimits, Quotas
+from mcpsync.worker.serve.tokens import subject_for_authorization
 
 __all__ = ["DENIED", "LEGACY_NOT_FOUND", "NOT_FRESH", "ServeConfig", "ServeHub", "build_server"]
 
@@ -435,7 +435,7 @@ class _SessionMiddleware:
 
 
 def build_server(hub: ServeHub) -> ServeServer:
-    from mcpsync.worker.serve_events import register_events
+    from mcpsync.worker.serve.events import register_events
 
     max_age = hub.config.max_age_seconds
 

@@ -13,9 +13,9 @@ Contract
   (PostgreSQL cluster and its ``log``). Restarting on the same directory keeps workflows and data.
   ``mcpsync up`` keeps it private (:func:`make_private`): directories 0700, files 0600, for what
   it and its children create; the directory itself 0711 at most (PostgreSQL's user traverses it).
-* The components: ``mcpsync.worker.stack_temporal`` (the Temporal dev server, search
-  attributes) and ``mcpsync.worker.stack_postgres`` (the embedded PostgreSQL); ``mcpsync up``
-  (``mcpsync.worker.up``) runs both.
+* The components: ``mcpsync.worker.stack.temporal`` (the Temporal dev server, search
+  attributes) and ``mcpsync.worker.stack.postgres`` (the embedded PostgreSQL); ``mcpsync up``
+  (``mcpsync.worker.stack.up``) runs both.
 
 Linux/macOS only (Unix sockets, POSIX signals).
 """

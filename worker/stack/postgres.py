@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcpsync.worker.stack import (
+from mcpsync.worker.stack.common import (
     IDENTIFIER,
     StackError,
     ensure_private_dir,

@@ -43,7 +43,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from mcpsync.worker.stack import (
+from mcpsync.worker.stack.common import (
     IDENTIFIER,
     LOOPBACK,
     PortInUseError,

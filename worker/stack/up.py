@@ -31,25 +31,21 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
-from mcpsync.worker.metrics import MetricsUnavailable, serve_metrics
-from mcpsync.worker.runtime import (
-    RuntimeInfo,
-    connect_temporal,
-    open_ledger,
-    run_services,
-    start_catalogs,
-    start_subscription,
-)
-from mcpsync.worker.stack import StackAlreadyRunning, make_private, state_dir, write_private
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.activities.starters import start_subscription
+from mcpsync.worker.main.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
+from mcpsync.worker.main.connect import connect_temporal, open_ledger
+from mcpsync.worker.main.services import run_services, start_catalogs
+from mcpsync.worker.observe.metrics import MetricsUnavailable, serve_metrics
+from mcpsync.worker.stack.common import StackAlreadyRunning, make_private, state_dir, write_private
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
+from mcpsync.worker.stack.runtime_info import RuntimeInfo
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 
 if TYPE_CHECKING:
-    from mcpsync.worker.ingress import Ingress
+    from mcpsync.worker.ingress.process import Ingress
 
 __all__ = ["run_up", "reclaim_demo_server", "DEMO_SERVER", "DEMO_URI", "DEMO_SUBJECT"]
 
@@ -76,7 +72,7 @@ def _config_toml(temporal: TemporalConfig, database_url: str, mcp_url: str) -> s
 
 async def run_up(args: argparse.Namespace) -> None:
     from mcpsync.fixture import FixtureProcess
-    from mcpsync.worker.ingress import Ingress
+    from mcpsync.worker.ingress.process import Ingress
 
     t0 = time.monotonic()
     root = state_dir()
@@ -115,7 +111,7 @@ async def run_up(args: argparse.Namespace) -> None:
             db_url = pg.url
             print(f"  postgresql (embedded) {pg.pgdata} ({pg.startup_seconds:.1f}s)", flush=True)
         else:
-            from mcpsync.activities.db import redact_url
+            from mcpsync.activities.ledger.db import redact_url
 
             print(f"  postgresql           {redact_url(db_url)}", flush=True)
         ledger = await open_ledger(db_url)
@@ -236,8 +232,8 @@ async def _start_serve(stack: AsyncExitStack, ledger: Ledger, port: int) -> tupl
     ``up``, returned to be printed."""
     import secrets
 
-    from mcpsync.worker.serve import ServeConfig
-    from mcpsync.worker.serve_run import run_serve, tokens_from_environment
+    from mcpsync.worker.serve.run import run_serve, tokens_from_environment
+    from mcpsync.worker.serve.server import ServeConfig
 
     tokens = tokens_from_environment()
     configured = next((t for t, subject in tokens if subject == DEMO_SUBJECT), None)
@@ -268,7 +264,7 @@ def _mcpsync_command() -> str:
     import shutil
     import sys
 
-    from mcpsync.worker.stack import REPO_ROOT, SOURCE_CHECKOUT
+    from mcpsync.worker.stack.common import REPO_ROOT, SOURCE_CHECKOUT
 
     script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
     on_path = shutil.which("mcpsync")
@@ -301,7 +297,7 @@ def _forget_child(folder: Path) -> None:
 def reclaim_demo_server(folder: Path) -> None:
     """Stop a demo server an earlier ``up`` of this state dir recorded and left behind (its owner is
     gone: killed with SIGKILL). Only a live process whose command line is the fixture's is touched."""
-    from mcpsync.worker.stack import process_alive
+    from mcpsync.worker.stack.common import process_alive
 
     record_file = folder / OWNER_RECORD
     try:
