@@ -17,13 +17,14 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync.workflows.uris import normalize_uri
 
-__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "migrate", "open_pool", "redact_text",
-           "redact_url"]
+__all__ = ["DatabaseUnavailable", "backfill_uri_normalized", "create_database", "migrate", "open_pool",
+           "redact_text", "redact_url"]
 
 _MIGRATION_LOCK = 0x6D637073  # "mcps"
 
@@ -182,3 +183,13 @@ async def backfill_uri_normalized(conn: psycopg.AsyncConnection[Any], *, batch: 
 
 # psycopg is re-exported for callers that catch its errors without importing it.
 Error = psycopg.Error
+
+
+def create_database(admin_url: str, database: str) -> None:
+    """Create ``database`` on the server of ``admin_url`` unless it exists (the embedded stack's own
+    database; a concurrent creator's win is no error)."""
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+            return
+        with suppress(psycopg.errors.DuplicateDatabase):
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))

@@ -38,7 +38,9 @@ __all__ = [
     "ServedResource",
     "freshness_meta",
     "list_served",
+    "newest_rejection",
     "outbox_top",
+    "rejections_after",
     "rejection_reason",
     "served_resource",
     "served_uris",
@@ -189,6 +191,27 @@ async def rejection_reason(pool: AsyncConnectionPool, workflow_id: str) -> str |
         )
         row = await cur.fetchone()
     return str(row[0]) if row and row[0] else None
+
+
+async def newest_rejection(pool: AsyncConnectionPool) -> int:
+    """The audit id of the newest guardrail rejection (0: none yet)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT COALESCE(max(audit_id), 0) FROM audit WHERE kind = 'GUARDRAIL_REJECTED'")
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def rejections_after(pool: AsyncConnectionPool, mark: int, *, limit: int) -> list[tuple[int, str, str]]:
+    """(audit id, subject, URI) of the first ``limit`` guardrail rejections after audit id ``mark``, in
+    order (the ``audit (kind, audit_id)`` index)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT audit_id, subject, uri FROM audit WHERE kind = 'GUARDRAIL_REJECTED' AND audit_id > %s"
+            " AND subject IS NOT NULL AND uri IS NOT NULL ORDER BY audit_id LIMIT %s",
+            (mark, limit),
+        )
+        return [(int(a), str(subject), str(uri)) for a, subject, uri in await cur.fetchall()]
 
 
 async def still_visible(pool: AsyncConnectionPool, subject: str, receipt_ids: list[int]) -> set[int]:

@@ -3,7 +3,7 @@
 Contract:
 - A read the guardrail rejects writes a GUARDRAIL_REJECTED receipt and audit row (with the reason),
   and no outbox event: the older accepted version stays in the ledger, but it is not current, so
-  serve refuses reads (-32003 with the reason, ``serve_ledger.rejection_reason``). ``follow_rejections`` tells
+  serve refuses reads (-32003 with the reason, ``activities/ledger/serve.py``). ``follow_rejections`` tells
   the subscribed clients: from the newest GUARDRAIL_REJECTED audit row at its start it looks for
   newer ones every ``POLL_SECONDS`` (the ``audit (kind, audit_id)`` index) and announces
   ``notifications/resources/updated`` for each (subject, URI) (``ServeHub.announce_updated``), so a
@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from psycopg_pool import AsyncConnectionPool
-
+from mcpsync.activities.ledger.serve import newest_rejection, rejections_after
 from mcpsync.worker.serve.server import ServeHub
 
 __all__ = ["POLL_SECONDS", "follow_rejections"]
@@ -27,14 +26,7 @@ __all__ = ["POLL_SECONDS", "follow_rejections"]
 logger = logging.getLogger("mcpsync.serve")
 
 POLL_SECONDS = 0.25
-_KIND = "GUARDRAIL_REJECTED"
-
-
-async def _newest(pool: AsyncConnectionPool) -> int:
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT COALESCE(max(audit_id), 0) FROM audit WHERE kind = %s", (_KIND,))
-        row = await cur.fetchone()
-    return int(row[0]) if row else 0
+_BATCH = 1000
 
 
 async def follow_rejections(hub: ServeHub) -> None:
@@ -43,18 +35,12 @@ async def follow_rejections(hub: ServeHub) -> None:
     while True:
         try:
             if mark is None:
-                mark = await _newest(hub.pool)
-            async with hub.pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT audit_id, subject, uri FROM audit WHERE kind = %s AND audit_id > %s"
-                    " AND subject IS NOT NULL AND uri IS NOT NULL ORDER BY audit_id LIMIT 1000",
-                    (_KIND, mark),
-                )
-                rows = await cur.fetchall()
+                mark = await newest_rejection(hub.pool)
+            rows = await rejections_after(hub.pool, mark, limit=_BATCH)
             for audit_id, subject, uri in rows:
                 await hub.announce_updated(subject, uri)
                 mark = audit_id
-            if len(rows) < 1000:
+            if len(rows) < _BATCH:
                 await asyncio.sleep(POLL_SECONDS)
         except asyncio.CancelledError:
             raise

@@ -185,13 +185,9 @@ def _start_postgres(pgdata: Path, keep_running: bool) -> tuple[Any, str]:
 
 
 def _ensure_database(admin_url: str, database: str) -> str:
-    import psycopg
+    from mcpsync.activities.ledger.db import create_database
 
-    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
-        if not exists:
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(f'CREATE DATABASE "{database}"')
+    create_database(admin_url, database)
     # admin_url is postgresql://postgres:@/postgres?host=<socket dir>
     prefix, sep, query = admin_url.partition("?")
     base = prefix.rsplit("/", 1)[0]
