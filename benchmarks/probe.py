@@ -72,7 +72,7 @@ class Probe:
                                                           task_queue=session_queue),
             "activity_end_to_end": {
                 a: m(d, "temporal_activity_succeed_endtoend_latency", activity_type=a)
-                for a in (Act.ALLOCATE_READ, Act.MCP_READ, Act.ACCEPT)},
+                for a in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE)},
             "mcp_read_round_trip": m(d, "mcpsync_read_latency_seconds", server=server),
             "ingress_notification_to_receipt": m(d, "mcpsync_convergence_seconds", server=server),
             "note": "means over the churn phase (histogram sum/count), Temporal SDK runtime + mcpsync meters",

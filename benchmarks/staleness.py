@@ -230,12 +230,12 @@ async def staleness_section(ledger: Ledger, stale_runs: Sequence[ProfileRun],
         "window_overlaps_churn_seconds": round(min(churn_seconds, plan.window_seconds), 2),
         "tick_seconds": plan.tick_seconds,
         "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
-        # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+        # What a read past its deadline waits for: the timer's workflow task, then the read cycle activity.
         "dispatch_during_churn_mean_ms": {
             "workflow_task_schedule_to_start": Probe.mean_ms(
                 during, "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
-            "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
-                                                      activity_type=Act.ALLOCATE_READ),
+            "read_cycle_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                   activity_type=Act.MCP_READ_CYCLE),
         },
         "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read "
                 "before the window to its end, the open gap included); each tick one edit per profile and "

@@ -1,7 +1,8 @@
 """The PostgreSQL ledger, assembled: one store, one object per concern, and their activities.
 
 Contract:
-- ``Ledger(pool)`` builds every concern from one ``LedgerStore`` (the pool):
+- ``Ledger(pool)`` builds every concern once, from one ``LedgerStore`` (the pool), and hands the
+  fence the same journal, content store and sessions:
   ``sessions`` (``mcpsync.activities.ledger.sessions``: sessions, leases), ``fence``
   (``mcpsync.activities.ledger.fence``: subscription rows, reads, receipts, the sole acceptance point,
   close, tombstone, revocation), ``content`` (``mcpsync.activities.ledger.content``: the body store),
@@ -9,9 +10,9 @@ Contract:
   (``mcpsync.activities.ledger.reports``: read-only views for tests and diagnostics).
 - ``activities(meters)`` lists the ledger's Temporal activities: the concerns' own methods,
   decorated where they are defined (no wrapper layer); their names are ``mcpsync.workflows.names.Act``.
-- The rest is the ledger's Python API for the worker, the CLI, benchmarks and tests, under the
-  names it always had: the concerns' methods themselves, and for an activity (which takes one
-  request model) a plain-argument form that builds that request.
+- Callers use the concerns by their own names (``ledger.fence.accept``, ``ledger.reports.receipts``);
+  the facade adds only, for an activity (which takes one request model), a plain-argument form that
+  builds that request.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from mcpsync.activities.ledger.journal import Journal
 from mcpsync.activities.ledger.reports import AuditRow, LedgerReports, OutboxRow
 from mcpsync.activities.ledger.sessions import SessionLedger
 from mcpsync.activities.ledger.store import LedgerStore
-from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.records.ledger import (
     BeginSubscriptionRequest,
     FenceSnapshot,
@@ -56,40 +56,15 @@ class Ledger:
         self.pool = pool
         self.store = LedgerStore(pool)
         self.sessions = SessionLedger(self.store)
-        self.fence = FenceLedger(self.store)
         self.content = ContentLedger(self.store)
         self.journal = Journal(self.store)
+        self.fence = FenceLedger(self.store, journal=self.journal, content=self.content,
+                                 sessions=self.sessions)
         self.reports = LedgerReports(self.store)
-        # The concerns' plain methods, by their long-standing names.
-        self.open_session = self.sessions.open_session
-        self.close_session = self.sessions.close_session
-        self.acquire_lease = self.sessions.acquire_lease
-        self.release_lease = self.sessions.release_lease
-        self.lease_holder = self.sessions.lease_holder
-        self.lease_remaining = self.sessions.lease_remaining
-        self.holder_lease_remaining = self.sessions.holder_lease_remaining
-        self.session_holder = self.sessions.session_holder
-        self.find_subscription = self.fence.find_subscription
-        self.subscriptions_for = self.fence.subscriptions_for
-        self.resync_periods = self.fence.resync_periods
-        self.normalized_siblings = self.fence.normalized_siblings
-        self.note_notification = self.fence.note_notification
-        self.workflow_id_of = self.fence.workflow_id_of
-        self.allocate_read = self.fence.allocate_read  # activities that already take their request
-        self.accept = self.fence.accept
-        self.put_content = self.content.put_content
-        self.get_content = self.content.get_content
-        self.current_content = self.content.current_content
-        self.audit = self.journal.audit
-        self.outbox_after = self.reports.outbox_after
-        self.audit_rows = self.reports.audit_rows
-        self.receipts = self.reports.receipts
-        self.read_count = self.reports.read_count
 
-    def activities(self, meters: Meters = NO_METERS) -> list[Callable[..., Any]]:
-        """Every ledger activity of the main task queue; ``accept`` reports through ``meters``."""
-        return [*self.sessions.activities(), *FenceLedger(self.store, meters).activities(),
-                *self.journal.activities()]
+    def activities(self) -> list[Callable[..., Any]]:
+        """Every ledger activity of the main task queue."""
+        return [*self.sessions.activities(), *self.fence.activities(), *self.journal.activities()]
 
     # --- activities called with plain arguments --------------------------------------------------
 

@@ -519,7 +519,7 @@ class CatalogLedgerActivities:
     @activity.defn(name=CatalogAct.NOTIFY)
     async def notify_subscriptions(self, req: NotifyRequest) -> NotifyResult:
         c = req.catalog
-        subs = [(wf, uri) for wf, uri, state in await self.ledger.subscriptions_for(c.subject, c.server)
+        subs = [(wf, uri) for wf, uri, state in await self.ledger.fence.subscriptions_for(c.subject, c.server)
                 if state not in TERMINAL_STATES]
         # A subscription younger than the measurement: the catalog's word on it is stale
         # (it may predate the resource itself). The next catalog speaks for it.
@@ -582,6 +582,6 @@ class CatalogLedgerActivities:
                 continue
             key = SubscriptionKey(subject=c.subject, server=c.server, uri=uri)
             await start_subscription(self.temporal, key, task_queue=self.task_queue,
-                                     workflow_id=await self.ledger.workflow_id_of(key))
+                                     workflow_id=await self.ledger.fence.workflow_id_of(key))
             started += 1
         return started

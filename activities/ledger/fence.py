@@ -20,8 +20,11 @@ Contract:
   workflow for one key is audited ``WORKFLOW_ID_MISMATCH``. Reads, receipts, outbox, audit and
   revocation rows carry that recorded id, and ``workflow_id_of`` / ``note_notification`` hand
   it to everything that routes to the workflow.
-- Activities (names in ``mcpsync.workflows.names.Act``) are these methods themselves, each taking one
-  request model of ``mcpsync.workflows.records``; ``accept`` reports its verdict through ``Meters``.
+- Activities (names in ``mcpsync.workflows.names.Act``, listed by ``activities()``) are these methods
+  themselves, each taking one request model of ``mcpsync.workflows.records``. ``allocate_read`` and
+  ``accept`` take one too but are no activities: the read cycle calls them in-process (its activity
+  reports the verdict through ``Meters``).
+- It shares the ledger's one ``Journal``, ``ContentLedger`` and ``SessionLedger`` (passed in by ``Ledger``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ from mcpsync.activities.ledger.store import (
     recorded_workflow_id,
     snapshot,
 )
-from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_flow import (
@@ -142,17 +144,20 @@ class Applied(NamedTuple):
 
 
 class FenceLedger:
-    def __init__(self, store: LedgerStore, meters: Meters = NO_METERS) -> None:
+    def __init__(self, store: LedgerStore, *, journal: Journal, content: ContentLedger,
+                 sessions: SessionLedger) -> None:
         self.store = store
-        self.meters = meters
-        self.journal = Journal(store)
-        self.content = ContentLedger(store)
-        self.sessions = SessionLedger(store)
+        self.journal = journal
+        self.content = content
+        self.sessions = sessions
 
     def activities(self) -> list[Callable[..., Any]]:
+        """The fence's activities the workflows schedule. ``allocate_read`` and ``accept`` are called
+        in-process by the read cycle (``mcp_read_cycle``) and are no activities: no workflow schedules
+        them, and no released (0.2.0) history holds one (tests/histories/0.2.0)."""
         return [self.ensure_subscription, self.start_subscription, self.load_fence, self.begin_subscription,
-                self.mark_active, self.allocate_read, self.accept, self.begin_unsubscribe,
-                self.finish_unsubscribe, self.set_state, self.confirm_tombstone, self.revoke]
+                self.mark_active, self.begin_unsubscribe, self.finish_unsubscribe, self.set_state,
+                self.confirm_tombstone, self.revoke]
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -329,7 +334,6 @@ class FenceLedger:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    @activity.defn(name=Act.ALLOCATE_READ)
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
@@ -367,7 +371,6 @@ class FenceLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
-    @activity.defn(name=Act.ACCEPT)
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes. The
         read's body is the one ``mcp_read`` staged (``ContentLedger.stage``)."""
@@ -416,7 +419,6 @@ class FenceLedger:
                 if kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None \
                         and result.verdict in KEEPS_BODY and not plan.replay:
                     await self.content.store_accepted(cur, o.key.subject, kept)
-        self.meters.receipt_judged(req, result)
         return result, judged
 
     # --- close, tombstone, revocation ------------------------------------------------------------

@@ -195,7 +195,7 @@ async def test_additions_beyond_the_first_page_boundary(temporal_client: Client,
                                                                 uri=uri).workflow_id)
             assert (await sub.describe()).workflow_type == "ResourceSubscriptionWorkflow"
             await sub.terminate("test over")
-        assert await ledger.find_subscription("alice", st.server.name, "demo://cat/00") is None
+        assert await ledger.fence.find_subscription("alice", st.server.name, "demo://cat/00") is None
 
 
 async def _restarted_by(st: Stack, text: str, subject: str = "alice") -> list[str]:

@@ -278,8 +278,8 @@ async def test_second_up_is_one_line_and_a_stopped_stack_leaves_no_runtime_file(
     'up', a SIGKILLed one) can stand in for this stack's."""
     database_url = private_database.url
     dead = "dead-host:1:0"
-    assert await private_database.ledger.acquire_lease(DEMO_SUBJECT, DEMO_SERVER, dead, 15.0)
-    await private_database.ledger.open_session(
+    assert await private_database.ledger.sessions.acquire_lease(DEMO_SUBJECT, DEMO_SERVER, dead, 15.0)
+    await private_database.ledger.sessions.open_session(
         subject=DEMO_SUBJECT, server=DEMO_SERVER, edition="2025-11-25",
         capabilities={"resources": True, "subscribe": True, "listChanged": True}, server_name="demo",
         server_version="0", task_queue=ingress_task_queue(dead), host_id=dead)

@@ -71,7 +71,7 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
             for u in keys:
                 await _wait_record(handles[u], lambda r: r.watermark >= 1, f"initial {u}")
                 await fx.wait_subscribed(u)
-            quiet_reads = await ledger.read_count(keys[quiet])
+            quiet_reads = await ledger.reports.read_count(keys[quiet])
             last: dict[str, Any] = {}
             for round_ in range(10):  # a burst: 10 rapid writes to each of 3 URIs, interleaved
                 for u in uris:
@@ -80,9 +80,10 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
                 await _wait_record(handles[u],
                                    lambda r, d=last[u]["committed"]["digest"]: r.last_accepted_digest == d,
                                    f"latest of {u}")
-                reads = await ledger.read_count(keys[u]) - 1
+                reads = await ledger.reports.read_count(keys[u]) - 1
                 assert reads <= 10 + 1, f"{reads} reads for 10 writes: coalescing must bound refreshes"
-            assert await ledger.read_count(keys[quiet]) == quiet_reads, "no refresh of an unrelated URI"
+            assert await ledger.reports.read_count(keys[quiet]) == quiet_reads, \
+                "no refresh of an unrelated URI"
 
 
 async def _restart_fixture(fx: FixtureProcess, tmp: Path, port: int, uri: str, text: str) -> tuple[

@@ -64,8 +64,9 @@ async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_s
                                      "v3 after the PostgreSQL restart", timeout=90)
         fence = await ledger.load_fence(key)
         assert fence.last_accepted_digest == v3["committed"]["digest"] and fence.watermark == rec.watermark
-        statuses = [r.status.value for r in await ledger.receipts(key)]
-        accepted = [r.read_ordinal for r in await ledger.receipts(key) if r.status.value == "ACCEPTED"]
+        statuses = [r.status.value for r in await ledger.reports.receipts(key)]
+        accepted = [r.read_ordinal for r in await ledger.reports.receipts(key)
+                    if r.status.value == "ACCEPTED"]
         assert accepted == sorted(accepted) and statuses.count("ACCEPTED") >= 3
     finally:
         await fx.stop()

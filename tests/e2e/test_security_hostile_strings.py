@@ -131,7 +131,7 @@ async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger:
             await _wait_record(handle,
                                lambda r: r.last_accepted_digest not in (None, first.last_accepted_digest),
                                "the edit")
-    receipts = await ledger.receipts(key)
+    receipts = await ledger.reports.receipts(key)
     assert len(receipts) >= 2
     assert all(r.mime_type is not None and len(r.mime_type) == MAX_METADATA_CHARS for r in receipts)
     assert receipts[-1].mime_type == mime[:MAX_METADATA_CHARS]

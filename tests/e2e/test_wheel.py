@@ -139,8 +139,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
         ledger = await open_ledger(db_url)
         try:
             key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
-            row = await ledger.find_subscription(key.subject, key.server, key.uri)
-            receipts = {r.receipt_id: r.content_digest for r in await ledger.receipts(key)}
+            row = await ledger.fence.find_subscription(key.subject, key.server, key.uri)
+            receipts = {r.receipt_id: r.content_digest for r in await ledger.reports.receipts(key)}
         finally:
             await ledger.pool.close()
     assert row is not None and row.state == SubscriptionState.ACTIVE

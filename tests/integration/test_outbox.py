@@ -280,8 +280,8 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     key = await _active(ledger, uri="demo://outbox/retention")
     subject = key.subject
     consumer = await register(ledger, consumers, subject)
-    await ledger.put_content(subject, "sha256:o1", "text/plain", b"one")
-    await ledger.put_content(subject, "sha256:o2", "text/plain", b"two")
+    await ledger.content.put_content(subject, "sha256:o1", "text/plain", b"one")
+    await ledger.content.put_content(subject, "sha256:o2", "text/plain", b"two")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o1") == "ACCEPTED"
     await settled(ledger, subject)
     first = await consumer.poll()
@@ -322,7 +322,7 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await consumer.ack(relist.position)
     after = await consumer.poll()
     assert after.gap is None and after.events == []
-    await ledger.put_content(subject, "sha256:o3", "text/plain", b"three")
+    await ledger.content.put_content(subject, "sha256:o3", "text/plain", b"three")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o3") == "ACCEPTED"
     await settled(ledger, subject)
     live = await consumer.poll()
@@ -341,7 +341,7 @@ async def test_a_tombstoned_event_names_every_receipt_and_digest_it_withdraws(
     await settled(ledger, key.subject)
     tombs = [e for e in await _drain(consumer) if e.event_type == OutboxEventType.TOMBSTONED]
     assert len(tombs) == 1 and tombs[0].invalidates is not None and tombs[0].previous_digest == "sha256:t2"
-    receipts = await ledger.receipts(key)
+    receipts = await ledger.reports.receipts(key)
     assert sorted(tombs[0].invalidates.receipt_ids) == sorted(r.receipt_id for r in receipts)
     assert tombs[0].invalidates.digests == ["sha256:t1", "sha256:t2"]
 

@@ -59,7 +59,7 @@ async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
 
 
 async def _note(ledger: Ledger, key: SubscriptionKey) -> None:
-    assert await ledger.note_notification(key.subject, key.server, key.uri, 1) is not None
+    assert await ledger.fence.note_notification(key.subject, key.server, key.uri, 1) is not None
 
 
 async def _first_version(ledger: Ledger, uri: str) -> tuple[SubscriptionKey, int]:
@@ -85,7 +85,7 @@ async def test_duplicates_absorbed_at_the_ingress_leave_a_clean_resource_clean_i
     await _note(ledger, key)
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
-    result = await ledger.accept(
+    result = await ledger.fence.accept(
         AcceptRequest(
             outcome=_outcome(key, read, rid, "sha256:v2"),
             expected_state=SubscriptionState.ACTIVE,
@@ -125,7 +125,7 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
     outcome = _outcome(key, read, rid, "sha256:bad").model_copy(update={"guardrail_rejection": "secret"})
-    result = await ledger.accept(
+    result = await ledger.fence.accept(
         AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE, close_epoch=0)
     )
     assert result.verdict == AcceptVerdict.GUARDRAIL_REJECTED

@@ -29,7 +29,7 @@ async def _accepted(ledger: Ledger, text: str,
     await ledger.content.stage(key, ordinal,
                                ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
     assert await _accept(ledger, key, ordinal, digest) == "ACCEPTED"
-    return key, (await ledger.receipts(key))[-1].receipt_id, digest
+    return key, (await ledger.reports.receipts(key))[-1].receipt_id, digest
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ async def cmd_revoke(args: argparse.Namespace) -> None:
     one = None if args.uri == "*" else args.uri
     ledger = await open_ledger(database_url(config), max_size=2)
     try:
-        rows = [r for r in await ledger.subscriptions_for(args.subject, args.server)
+        rows = [r for r in await ledger.fence.subscriptions_for(args.subject, args.server)
                 if one is None or r[1] == one]
         if not rows:
             what = f"subject {args.subject!r} on server {args.server!r}" + (f" for {one}" if one else "")

@@ -120,7 +120,7 @@ async def _open_ledger(config: Config) -> Ledger | None:
 async def _workflow_id_in(ledger: Ledger | None, key: SubscriptionKey) -> str:
     """The id ``key``'s subscription runs under: the ledger's record (``Ledger.workflow_id_of``).
     Without a database configured it can only be computed: right for what this version started."""
-    return key.workflow_id if ledger is None else await ledger.workflow_id_of(key)
+    return key.workflow_id if ledger is None else await ledger.fence.workflow_id_of(key)
 
 
 async def _workflow_id(config: Config, key: SubscriptionKey) -> str:
@@ -349,7 +349,7 @@ async def cmd_close(args: argparse.Namespace) -> None:
         # No running workflow: an ended subscription answers the receipt its close froze in the ledger.
         ledger = await open_ledger(database_url(config), max_size=1)
         try:
-            fence = await ledger.find_subscription(key.subject, key.server, key.uri)
+            fence = await ledger.fence.find_subscription(key.subject, key.server, key.uri)
         finally:
             await ledger.pool.close()
         if fence is None or fence.state is None:
@@ -382,7 +382,7 @@ async def cmd_resume(args: argparse.Namespace) -> None:
         # No running workflow: an ended subscription is there all the same (``list`` shows it).
         ledger = await _open_ledger(config)
         try:
-            fence = await ledger.find_subscription(key.subject, key.server, key.uri) if ledger else None
+            fence = await ledger.fence.find_subscription(key.subject, key.server, key.uri) if ledger else None
         finally:
             if ledger is not None:
                 await ledger.pool.close()

@@ -79,7 +79,7 @@ class Ingress:
         self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
         # The queues of previous holders of its sessions, polled by ``run`` while they hold no lease.
-        self.orphans = OrphanQueues(temporal, ledger, lambda: self.mcp.all() + self.scans.all())
+        self.orphans = OrphanQueues(temporal, ledger.sessions, lambda: self.mcp.all() + self.scans.all())
 
     def attach(self, subject: str, server: str, host: _Hosted) -> None:
         if self._hosts.setdefault((subject, server), host) is not host:

@@ -149,7 +149,7 @@ class Resync:
             now = time.monotonic()
             if self.refresh_due(now - refreshed):
                 try:
-                    periods = await host.ledger.resync_periods(self.subject, self.server)
+                    periods = await host.ledger.fence.resync_periods(self.subject, self.server)
                     self.refresh(periods, time.monotonic())
                     refreshed = now
                 except Exception as exc:  # noqa: BLE001 - PostgreSQL away: keep the last answer

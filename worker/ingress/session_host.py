@@ -123,7 +123,8 @@ class SessionHost:
         self.server = server
         self.subject = subject
         self.ledger = ledger
-        self._audit = partial(ledger.audit, subject=subject, server=server.name)  # rows of (subject, server)
+        # rows of (subject, server)
+        self._audit = partial(ledger.journal.audit, subject=subject, server=server.name)
         self.temporal = temporal
         self._own_ingress = ingress is None
         self.ingress = ingress if ingress is not None else Ingress(temporal, ledger)
@@ -179,7 +180,7 @@ class SessionHost:
                         await renew
                 if self._stopping.is_set():
                     with suppress(Exception):
-                        await self.ledger.release_lease(self.subject, self.server.name, self.host_id)
+                        await self.ledger.sessions.release_lease(self.subject, self.server.name, self.host_id)
         finally:
             self.ingress.detach(self.subject, self.server.name, self)
             for task in tasks:
@@ -190,7 +191,7 @@ class SessionHost:
 
     async def _acquire_lease(self) -> bool:
         ttl = self.server.lease_seconds
-        if await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
+        if await self.ledger.sessions.acquire_lease(self.subject, self.server.name, self.host_id,
                                            ttl * LEASE_HOLD_FRACTION):
             self._lease_lost.clear()
             log.info("lease %s/%s acquired by %s", self.server.name, self.subject, self.host_id)
@@ -198,7 +199,7 @@ class SessionHost:
         # A standby: try again when the holder's lease would run out, at most ttl/3 from now.
         wait = ttl / 3
         with suppress(Exception):
-            remaining = await self.ledger.lease_remaining(self.subject, self.server.name)
+            remaining = await self.ledger.sessions.lease_remaining(self.subject, self.server.name)
             wait = min(wait, (remaining or 0.0) + LEASE_WAKE_SLACK_SECONDS)
         with suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), wait)
@@ -209,7 +210,7 @@ class SessionHost:
         while True:
             await asyncio.sleep(ttl * LEASE_RENEW_FRACTION)
             try:
-                held = await self.ledger.acquire_lease(self.subject, self.server.name, self.host_id,
+                held = await self.ledger.sessions.acquire_lease(self.subject, self.server.name, self.host_id,
                                                        ttl * LEASE_HOLD_FRACTION)
             except Exception:  # PostgreSQL away: keep serving until the lease would have run out
                 log.warning("lease %s/%s: renewal failed", self.server.name, self.subject)
@@ -280,8 +281,8 @@ class SessionHost:
             capabilities = {"resources": res is not None, "subscribe": bool(res and res.subscribe),
                             "listChanged": bool(res and res.list_changed)}
             impl = client.server_info
-            previous = await self.ledger.session_holder(self.subject, self.server.name)
-            info = await self.ledger.open_session(
+            previous = await self.ledger.sessions.session_holder(self.subject, self.server.name)
+            info = await self.ledger.sessions.open_session(
                 subject=self.subject, server=self.server.name, edition=client.protocol_version,
                 capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
                 server_version=metadata_text(impl.version if impl else "") or "",
@@ -313,7 +314,7 @@ class SessionHost:
             if live is not None:
                 await live.close_listens()
                 with suppress(Exception):
-                    await self.ledger.close_session(self.subject, self.server.name, live.generation)
+                    await self.ledger.sessions.close_session(self.subject, self.server.name, live.generation)
             with suppress(Exception):
                 await asyncio.wait_for(client.__aexit__(None, None, None), timeout=5)
 
@@ -375,7 +376,8 @@ class SessionHost:
 
     async def _announce(self, generation: int) -> None:
         changed = SessionChanged(session_generation=generation)
-        for workflow_id, _uri, state in await self.ledger.subscriptions_for(self.subject, self.server.name):
+        subscriptions = await self.ledger.fence.subscriptions_for(self.subject, self.server.name)
+        for workflow_id, _uri, state in subscriptions:
             if state not in TERMINAL_STATES:
                 await self._signal(workflow_id, SIGNAL_SESSION_CHANGED, changed, "SESSION_CHANGE_NO_WORKFLOW",
                                    generation)
@@ -489,7 +491,8 @@ class SessionHost:
     async def _perform(self, effect: Effect) -> Any:  # noqa: PLR0911 - one branch per effect
         match effect:
             case Note(uri=uri, generation=generation):
-                return await self.ledger.note_notification(self.subject, self.server.name, uri, generation)
+                return await self.ledger.fence.note_notification(self.subject, self.server.name, uri,
+                                                                 generation)
             case UnknownUri(uri=uri, generation=generation):
                 return await self._unknown_uri(uri, generation)
             case Stamp(uri=uri, generation=generation):
@@ -507,7 +510,7 @@ class SessionHost:
                 return await self._signal(workflow_id, SIGNAL_RESOURCE_READ, report,
                                           "NOTIFICATION_NO_WORKFLOW", sig.session_generation, uri=sig.uri)
             case Siblings(uri=uri):
-                return await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+                return await self.ledger.fence.normalized_siblings(self.subject, self.server.name, uri)
             case SiblingInvalidated():
                 return await self._audit(
                     "AMBIGUOUS_SIBLING_INVALIDATED", uri=effect.sibling_uri, workflow_id=effect.workflow_id,
@@ -571,7 +574,7 @@ class SessionHost:
         audit = self._audit_budgeted("UNKNOWN_URI", generation, uri=uri, detail={})
         if audit is not None:
             await audit
-        siblings = await self.ledger.normalized_siblings(self.subject, self.server.name, uri)
+        siblings = await self.ledger.fence.normalized_siblings(self.subject, self.server.name, uri)
         sig = IdentityConflict(observed_uri=uri, session_generation=generation,
                                reason="notification URI matches only after normalization")
         for workflow_id, subscribed in siblings:

@@ -26,7 +26,6 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger.answers import AnswerLedger, AnswerLedgerActivities
 from mcpsync.activities.ledger.catalog import CatalogLedger, CatalogLedgerActivities
 from mcpsync.worker.main.config import TemporalConfig, WorkflowRunnerKind
-from mcpsync.worker.observe import metrics
 from mcpsync.workflows.answer import AnswerWorkflow
 from mcpsync.workflows.catalog import CatalogWorkflow
 from mcpsync.workflows.subscription import ResourceSubscriptionWorkflow
@@ -75,7 +74,7 @@ def main_worker(client: Client, ledger: Ledger, temporal: TemporalConfig, *,
         deployment_config=(WorkerDeploymentConfig(version=deployment, use_worker_versioning=True,
                                                   default_versioning_behavior=MAIN_WORKER_BEHAVIOR)
                            if deployment is not None else None),
-        activities=ledger.activities(metrics.PROMETHEUS)
+        activities=ledger.activities()
         + CatalogLedgerActivities(CatalogLedger(ledger.pool), ledger, client, temporal.task_queue).all()
         + AnswerLedgerActivities(AnswerLedger(ledger.pool)).all(),
         max_concurrent_activities=64,

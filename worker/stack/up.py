@@ -162,7 +162,7 @@ async def run_up(args: argparse.Namespace) -> None:
         key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
         # A state dir from an older version holds the demo subscription under its old id: join it.
         handle = await start_subscription(client, key, task_queue=config.temporal.task_queue,
-                                          workflow_id=await ledger.workflow_id_of(key))
+                                          workflow_id=await ledger.fence.workflow_id_of(key))
         await start_catalogs(client, config)
         serve_port = getattr(args, "serve_port", -1)
         if serve_port is not None and serve_port >= 0:
