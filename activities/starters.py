@@ -6,7 +6,7 @@ with conflict policy USE_EXISTING (starting twice joins the running workflow) an
 ALLOW_DUPLICATE (a closed key starts a new incarnation). It carries the key in the memo, the
 search attributes and the Web UI's static summary/details; never a body or a credential. It
 lives in ``activities`` so the catalog activities can start subscriptions without importing the
-worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger.workflow_id_of(key)``
+worker. The id is the caller's ``workflow_id``: production callers pass ``FenceLedger.workflow_id_of(key)``
 (the id a subscription of the key already runs or ran under, so an older one is joined or
 reopened under its own id); without it, ``key.workflow_id``, right only for a key the ledger has
 never seen (docs/upgrades.md, "Workflow ids").

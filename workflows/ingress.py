@@ -130,7 +130,7 @@ class Offer(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """``Ledger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
+    """``FenceLedger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
     (None: no subscription has that exact URI)."""
 
     uri: str

@@ -192,9 +192,9 @@ async def test_upgrade_to_008_backfills_rows_written_before_it(postgres_url: str
                                        " VALUES (%s, 'alice', 'v7', %s, 'ACTIVE')", (f"wf-{i}", uri))
             assert await migrate(pool) == ["008_uri_identity.sql"]
             led = Ledger(pool)
-            assert await led.normalized_siblings("alice", "v7",
+            assert await led.fence.normalized_siblings("alice", "v7",
                                                  "demo://v7/~a") == [("wf-1", "demo://v7/%7Ea")]
-            assert await led.normalized_siblings("alice", "v7", "demo://v7/b") == []
+            assert await led.fence.normalized_siblings("alice", "v7", "demo://v7/b") == []
         finally:
             await pool.close()
 

@@ -56,7 +56,7 @@ class Both:
         req = AllocateRequest(key=self.key, session_generation=1, subscription_generation=1, min_ordinal=1,
                               request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED,
                               cycle_id=cycle_id)
-        ticket = await self.sql.allocate_read(req)
+        ticket = await self.sql.fence.allocate_read(req)
         assert ticket == await self.mem.allocate_read(req) and ticket.granted
         return ticket.ordinal, ticket.request_id
 

@@ -90,7 +90,7 @@ async def _insert(conn: psycopg.AsyncConnection[Any], subject: str, uri: str) ->
 
 
 async def _old_query(ledger: Ledger, subject: str, after_id: int) -> list[int]:
-    """The query the outbox was paged by before migration 006 (Ledger.outbox_after): id > last."""
+    """The query the outbox was paged by before migration 006 (LedgerReports.outbox_after): id > last."""
     rows = await ledger_rows(ledger, "SELECT outbox_id FROM outbox WHERE outbox_id > %s AND subject = %s"
                                      " ORDER BY outbox_id", after_id, subject)
     return [r[0] for r in rows]

@@ -1,4 +1,4 @@
-"""What the ingress's resync asks the ledger (``Ledger.resync_periods``, migration 019) against real
+"""What the ingress's resync asks the ledger (``FenceLedger.resync_periods``, migration 019) against real
 PostgreSQL: the ACTIVE rows of one (subject, server) whose run mirrors reports and said its
 safety-read period at ``mark_active``."""
 

@@ -21,7 +21,7 @@ Contract:
   ``resume`` of a subscription in any state but RECONCILIATION_REQUIRED, an ended one included,
   is exit 2.
 - Every command reaches a subscription's workflow under the id its ledger row recorded
-  (``Ledger.workflow_id_of``): one started under an older id scheme is found all the same. Only
+  (``FenceLedger.workflow_id_of``): one started under an older id scheme is found all the same. Only
   a CLI configured without a database computes the id (``SubscriptionKey.workflow_id``).
 - ``subscribe`` takes one URI or many (``--uri A B`` or ``--uri A --uri B``): one output line per
   URI, in order. With several, a URI that fails (an unusable URI, Temporal unavailable) is one
@@ -118,7 +118,7 @@ async def _open_ledger(config: Config) -> Ledger | None:
 
 
 async def _workflow_id_in(ledger: Ledger | None, key: SubscriptionKey) -> str:
-    """The id ``key``'s subscription runs under: the ledger's record (``Ledger.workflow_id_of``).
+    """The id ``key``'s subscription runs under: the ledger's record (``FenceLedger.workflow_id_of``).
     Without a database configured it can only be computed: right for what this version started."""
     return key.workflow_id if ledger is None else await ledger.fence.workflow_id_of(key)
 

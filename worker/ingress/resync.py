@@ -6,7 +6,7 @@ Contract:
   workflows' read-cycle activities alike, since both run in this process. It keeps, per (subject,
   server, URI), the monotonic time the newest allocation was asked for.
 - ``Resync`` (one per ``SessionHost``) sweeps while the host holds a live session: a URI of an
-  ACTIVE row that said its safety-read period (``Ledger.resync_periods``, refreshed every
+  ACTIVE row that said its safety-read period (``FenceLedger.resync_periods``, refreshed every
   ``REFRESH_SECONDS`` and soon after a URI not asked about was read) whose last read is older
   than ``resync_rules.resync_due_at`` is fed to the host's router exactly as a notification is
   (``IngressRouter.offer``), in the queue's background lane (after every notified key), never
@@ -92,7 +92,7 @@ class Resync:
         self.subject = subject
         self.server = server
         self._ready = ready  # wake a router: a key became ready
-        self.periods: dict[str, float] = {}  # URI -> safety-read period (``Ledger.resync_periods``)
+        self.periods: dict[str, float] = {}  # URI -> safety-read period (``FenceLedger.resync_periods``)
         self.fed = 0  # synthetic notes offered to the router
         self._unlisted: set[str] = set()  # read here, but not resynced at the last refresh (polling rows)
         self._unknown: set[str] = set()  # read here since the last refresh, not asked about yet
@@ -138,7 +138,7 @@ class Resync:
         return fed
 
     async def run(self) -> None:
-        """Sweep until cancelled: refresh the periods (``Ledger.resync_periods``), feed due URIs on
+        """Sweep until cancelled: refresh the periods (``FenceLedger.resync_periods``), feed due URIs on
         the host's live session while it is not lost. Nothing when the host reads no notification
         itself (``read_on_notification`` off: a synthetic note would only wake the workflow)."""
         host = self.host

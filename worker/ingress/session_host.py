@@ -16,7 +16,8 @@ Contract:
   subscription with no running workflow, gets an audit row; nothing is guessed and no workflow is ever
   started from here.
 - URI identity (docs/identity.md): a notification only invalidates. When its exact URI is subscribed, every
-  other live subscription whose URI normalizes alike (a listed ambiguous pair, ``Ledger.normalized_siblings``)
+  other live subscription whose URI normalizes alike (a listed ambiguous pair,
+  ``FenceLedger.normalized_siblings``)
   is invalidated too, each with ITS OWN exact URI (audit AMBIGUOUS_SIBLING_INVALIDATED). When only a
   normalized form matches, it is an identity conflict for each such subscription (``_unknown_uri``).
 - resources list_changed (2025-11-25 notification; 2026-07-28: one list_changed-only listen stream per

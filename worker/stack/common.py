@@ -54,9 +54,9 @@ __all__ = [
     "command_line",
 ]
 
-REPO_ROOT: Path = Path(__file__).resolve().parents[1]
+REPO_ROOT: Path = Path(__file__).resolve().parents[2]
 """The folder above ``worker/``: the repository root in a source checkout (editable install, this
-file is ``<repo>/worker/stack.py``); in an installed wheel the installed ``mcpsync`` package, which
+file is ``<repo>/worker/stack/common.py``); in an installed wheel the installed ``mcpsync`` package, which
 holds no repository files. Production code reads nothing through it unless :data:`SOURCE_CHECKOUT`."""
 
 SOURCE_CHECKOUT: bool = (REPO_ROOT / "pyproject.toml").is_file()
