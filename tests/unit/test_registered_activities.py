@@ -10,6 +10,7 @@ session queue's and the catalog's ``all()``); the names a workflow schedules are
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -51,7 +52,8 @@ def _scheduled_by_workflows() -> set[str]:
     return {getattr(classes[cls], const) for cls, const in used}
 
 
-def _in_released_histories() -> set[str]:
+@functools.cache
+def _in_released_histories() -> frozenset[str]:
     """Activity names in every recorded history: scheduled ones and local activities' markers (payloads
     decoded)."""
     known = {v for cls in (names.Act, names.CatalogAct, names.AnswerAct) for k, v in vars(cls).items()
@@ -70,7 +72,7 @@ def _in_released_histories() -> set[str]:
     for history in sorted((ROOT / "tests" / "histories").glob("*/*.json")):
         text = "\n".join(strings(json.loads(history.read_text())))
         found |= {name for name in known if re.search(rf"\b{name}\b", text)}
-    return found
+    return frozenset(found)
 
 
 def test_every_registered_activity_is_scheduled_or_in_a_released_history() -> None:
