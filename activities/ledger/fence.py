@@ -14,7 +14,7 @@ Contract:
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
-- Rows are found by key (``ledger_store.fence_row``), never by ``key.workflow_id``: the row
+- Rows are found by key (``store.fence_row``), never by ``key.workflow_id``: the row
   records, when it is created, the id of the workflow that created it (the ENSURE activity passes
   ``activity.info().workflow_id``, local activities included) and never changes it; a second
   workflow for one key is audited ``WORKFLOW_ID_MISMATCH``. Reads, receipts, outbox, audit and

@@ -2,9 +2,9 @@
 
 Contract:
 - ``LedgerStore`` holds the one connection pool (autocommit; a method that writes more than one
-  statement opens its own transaction). The concerns (``ledger_sessions``, ``ledger_fence``,
-  ``ledger_content``, ``ledger_journal``, ``ledger_reports``) each take a store and share
-  nothing else, so one process has one pool however many concerns it builds.
+  statement opens its own transaction). The concerns (``sessions``, ``fence``, ``content``,
+  ``journal``, ``reports``) each take a store (the fence also the journal, content store and
+  sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first).
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
