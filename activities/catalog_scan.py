@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from mcpsync.activities.catalog_ledger import CatalogLedger, ScanItem
+from mcpsync.activities.ledger.catalog import CatalogLedger, ScanItem
 from mcpsync.activities.mcp_session import CONNECTION_CLOSED, REQUEST_TIMEOUT, LiveSession, SessionLookup
 from mcpsync.workflows.catalog_rules import (
     MAX_CURSOR_DIGESTS_IN_HISTORY,
@@ -53,7 +53,7 @@ from mcpsync.workflows.records.subscription import CacheScope
 __all__ = ["CatalogScanActivities", "MAX_SCAN_BYTES", "MAX_SCAN_ITEMS"]
 
 # One scan keeps every descriptor it listed (its set digest, the scan items in PostgreSQL): bounded
-# here, beside the page cap (a page itself is bounded by the transport, worker/transport_bounds.py).
+# here, beside the page cap (a page itself is bounded by the transport, worker/ingress/transport_bounds.py).
 MAX_SCAN_ITEMS = 100_000
 MAX_SCAN_BYTES = 64 * 1024 * 1024  # descriptors as compact JSON
 

@@ -52,7 +52,7 @@ from temporalio.exceptions import ApplicationError
 
 from mcpsync.activities.guardrails import GuardrailChain, default_chain
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.ledger_rules import marked_active
@@ -125,7 +125,7 @@ def classify_error(err: MCPError) -> ReadOutcomeKind | None:
         return ReadOutcomeKind.NOT_FOUND
     if "byte limit" in msg and err.code in (CONNECTION_CLOSED, PARSE_ERROR):
         # One response larger than the transport's bound (the SSE event cap, the JSON response
-        # or stdio line bound of worker/transport_bounds.py). That request failed, the session did
+        # or stdio line bound of worker/ingress/transport_bounds.py). That request failed, the session did
         # not; counting it as lost would reconnect and re-read it forever.
         return ReadOutcomeKind.MALFORMED
     if err.code == CONNECTION_CLOSED:
@@ -308,11 +308,14 @@ class McpSessionActivities:
         self.meters = meters
         self._truncations_audited: set[tuple[str, str, int]] = set()  # (subject, server, session generation)
         # Told of every granted read allocation (key, monotonic time its allocation was asked for):
-        # the ingress's resync (``mcpsync.worker.resync``) knows when each URI was last read.
+        # the ingress's resync (``mcpsync.worker.ingress.resync``) knows when each URI was last read.
         self.read_observer: Callable[[SubscriptionKey, float], None] | None = None
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.subscribe, self.unsubscribe, self.read, self.read_cycle, self.subscribe_cycle]
+        """The session queue's activities the workflows schedule. ``subscribe`` and ``read`` are the
+        cycles' steps, called in-process (``mcp_subscribe_cycle``, ``mcp_read_cycle``), and no activities:
+        no workflow schedules them, and no released (0.2.0) history holds one (tests/histories/0.2.0)."""
+        return [self.unsubscribe, self.read_cycle, self.subscribe_cycle]
 
     async def _audit_truncated_mime(self, live: LiveSession, uri: str,
                                     result: types.ReadResourceResult) -> None:
@@ -326,7 +329,8 @@ class McpSessionActivities:
         self._truncations_audited.add(seen)
         with suppress(Exception):  # an audit row must not fail the read
             digest = hashlib.sha256(long.encode("utf-8", "surrogatepass")).hexdigest()
-            await self.ledger.audit("METADATA_TRUNCATED", subject=live.subject, server=live.server, uri=uri,
+            await self.ledger.journal.audit("METADATA_TRUNCATED", subject=live.subject, server=live.server,
+                                            uri=uri,
                                     session_generation=live.generation,
                                     detail={"field": "mimeType",
                                             "reason": f"longer than {MAX_METADATA_CHARS} characters",
@@ -339,7 +343,6 @@ class McpSessionActivities:
             return None
         return live
 
-    @activity.defn(name=Act.MCP_SUBSCRIBE)
     async def subscribe(self, req: SubscribeRequest) -> SubscribeOutcome:
         live = self._session(req.key, req.session_generation)
         if live is None:
@@ -380,9 +383,8 @@ class McpSessionActivities:
             return UnsubscribeOutcome(acked=False, error=f"{err.code}: {err.message[:200]}")
         return UnsubscribeOutcome(acked=True)
 
-    @activity.defn(name=Act.MCP_READ)
     async def read(self, req: ReadRequest) -> ReadOutcome:
-        """The standalone read (runs from before the read cycle): its accept is another activity,
+        """The read alone, outside a cycle: its accept is a separate call (``FenceLedger.accept``),
         so a releasable body waits in ``content_pending`` for it (``ContentLedger.stage``)."""
         outcome, body = await self._read(req)
         if body is not None:
@@ -460,7 +462,7 @@ class McpSessionActivities:
         (``AcceptRequest.absorbed``)."""
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
         asked = time.monotonic()
-        ticket = await self.ledger.allocate_read(alloc)
+        ticket = await self.ledger.fence.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket,
                                    fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))

@@ -2,7 +2,7 @@
 
 Contract:
 - Activities receive a ``Meters`` (a constructor argument) and call only these methods; the
-  worker passes its Prometheus implementation (``mcpsync.worker.metrics.PROMETHEUS``), tools and tests
+  worker passes its Prometheus implementation (``mcpsync.worker.observe.metrics.PROMETHEUS``), tools and tests
   may pass ``NO_METERS``. Dependencies point one way: workflows <- activities <- worker.
 - A meter never raises into the activity and never sees a resource body (keys and verdicts only).
 """

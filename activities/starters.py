@@ -9,7 +9,7 @@ summary/details (the exact URI in the details); never a body or a credential. Th
 ``MAX_URI_LENGTH`` characters, stays out of the memo: Temporal's client warns (on stdout) about a memo
 over 2 KiB. It
 lives in ``activities`` so the catalog activities can start subscriptions without importing the
-worker. The id is the caller's ``workflow_id``: production callers pass ``Ledger.workflow_id_of(key)``
+worker. The id is the caller's ``workflow_id``: production callers pass ``FenceLedger.workflow_id_of(key)``
 (the id a subscription of the key already runs or ran under, so an older one is joined or
 reopened under its own id); without it, ``key.workflow_id``, right only for a key the ledger has
 never seen (docs/upgrades.md, "Workflow ids").

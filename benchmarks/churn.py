@@ -33,7 +33,7 @@ from benchmarks.services import Scrape
 from benchmarks.usage import cpu_report, cpu_snapshot
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl
-from mcpsync.worker.metrics import HostTotals
+from mcpsync.worker.observe.metrics import HostTotals
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["Churn", "Drain", "churn_phase", "churn_report", "drain_phase", "drive_churn", "dropped_uris",
@@ -316,7 +316,7 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
     r["consumer"] = {**summarize(consumer_lat), "not_received": consumer_missing,
                      "what": "outbox row written (created_at: its accept transaction) -> received by a "
                              "durable consumer following with LISTEN/NOTIFY "
-                             "(mcpsync.activities.outbox.OutboxConsumer.follow), churn events only"}
+                             "(mcpsync.activities.ledger.outbox.OutboxConsumer.follow), churn events only"}
     r["baseline"] = {
         "reads": base_reads,
         "reads_per_change": round(base_reads / len(changes), 3) if changes else None,

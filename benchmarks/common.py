@@ -21,8 +21,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.stack.temporal import TemporalDevServer
 
 __all__ = ["SUBJECT", "TASK_QUEUE", "fetch_rows", "fetch_scalar", "gather_limited", "percentile", "ratio",
            "summarize", "temporal_and_ledger", "until", "warmup_count"]

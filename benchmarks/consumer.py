@@ -1,5 +1,5 @@
 """The outbox's delivery latency: a durable outbox consumer in the benchmark process
-(``mcpsync.activities.outbox.OutboxConsumer``) records when each event reached it; accept
+(``mcpsync.activities.ledger.outbox.OutboxConsumer``) records when each event reached it; accept
 transaction (``outbox.created_at``) -> received, per event (docs/outbox.md)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contextlib import suppress
 
 from benchmarks.common import fetch_rows, until
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import OutboxConsumer
+from mcpsync.activities.ledger.outbox import OutboxConsumer
 
 __all__ = ["OutboxFollower"]
 

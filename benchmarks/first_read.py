@@ -29,13 +29,10 @@ from temporalio.client import Client
 
 from benchmarks.common import percentile, temporal_and_ledger
 from benchmarks.postgres import Postgres
+from mcpsync.activities.starters import start_subscription, start_subscription_first_read
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import (
-    run_services,
-    start_subscription,
-    start_subscription_first_read,
-)
+from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.main.services import run_services
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

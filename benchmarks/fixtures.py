@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.common import SUBJECT
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import ServerConfig
+from mcpsync.worker.main.config import ServerConfig
 
 __all__ = ["BenchFixture"]
 

@@ -35,7 +35,7 @@ Contract:
   (:func:`benchmarks.cost.cpu_sample`) over the same window, per start; with ``snapshot`` (e.g.
   ``benchmarks.usage.cpu_snapshot``) it returns its value at the window's start and end. Same workers as
   :func:`measure`: in the calling process, on the run's client, stopped when it returns; ``runner``
-  (the main worker's ``mcpsync.worker.runtime.workflow_runner``, so the floor pays the same per-run
+  (the main worker's ``mcpsync.worker.main.worker.workflow_runner``, so the floor pays the same per-run
   workflow cost as a subscription) is the workflow worker's runner, else the SDK default.
 - :func:`prepare_table` creates the scratch table; nothing else in the database is touched.
 """

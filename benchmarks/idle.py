@@ -59,7 +59,7 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
     cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}
     total_ms = sum(cpu_ms.values())
     # Nothing changes in the window: a read triggered "updated" is the ingress's resync of a safety
-    # read (worker/resync.py, fed to the router like a notification), a "poll" read the workflow's timer.
+    # read (ingress/resync.py, fed to the router like a notification), a "poll" read the workflow's timer.
     resync = int(reads.get("updated", 0))
     safety = int(reads.get("poll", 0)) + resync
     scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0

@@ -6,7 +6,8 @@ Contract:
 - Each (layout, S) runs in a fresh child process (its RSS is its own): a fresh Temporal dev
   server and database (``benchmarks.postgres.Postgres``), one fixture MCP server over streamable HTTP
   and S ``SessionHost``s of one ``ServerConfig`` listing S subjects, each with its own MCP session.
-  Layouts: ``process`` is production ``mcpsync.worker.runtime.run_services(..., with_main_worker=False)``:
+  Layouts: ``process`` is production
+  ``mcpsync.worker.main.services.run_services(..., with_main_worker=False)``:
   one ``Ingress``, so one Temporal worker and one task queue for all S sessions. ``session`` is
   the layout before one ingress per process: every host an ingress of one (``SessionHost`` without an
   ingress), so S workers on S queues. No subscription is started: this is the cost of hosting
@@ -45,10 +46,10 @@ from benchmarks.probe import Probe
 from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import run_services
-from mcpsync.worker.session_host import SessionHost
-from mcpsync.worker.stack import state_dir
+from mcpsync.worker.ingress.session_host import SessionHost
+from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.main.services import run_services
+from mcpsync.worker.stack.common import state_dir
 
 __all__ = ["Layout", "measure_one", "run_scale"]
 

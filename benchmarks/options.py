@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks import staleness
 from benchmarks.services import Layout
-from mcpsync.worker.config import TemporalConfig, WorkflowRunnerKind
+from mcpsync.worker.main.config import TemporalConfig, WorkflowRunnerKind
 
 __all__ = ["Options", "parse_args"]
 

@@ -65,10 +65,11 @@ from benchmarks.temporal_floor import (
 )
 from benchmarks.usage import rss_bytes
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import Config, TemporalConfig
-from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import Config, TemporalConfig
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 
 __all__ = ["Bench", "StalenessLoad", "burst_phase", "count_reads", "count_verdicts", "floor_phase",
@@ -119,7 +120,7 @@ class StalenessLoad:
 
 
 async def session_queue(ledger: Ledger, server: str) -> str:
-    """The task queue of the ingress that holds the session (mcpsync.worker.ingress), from its session row."""
+    """The task queue of the ingress that holds the session (worker/ingress/process.py), from its row."""
     session = await ledger.current_session(SUBJECT, server)
     return session.task_queue if session is not None else ""
 

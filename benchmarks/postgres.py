@@ -1,5 +1,5 @@
 """The benchmark's PostgreSQL: a fresh database per run on ``MCPSYNC_DATABASE_URL``'s server, else on
-an embedded server under the state dir (``mcpsync.worker.stack_postgres.EmbeddedPostgres``)."""
+an embedded server under the state dir (``mcpsync.worker.stack.postgres.EmbeddedPostgres``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from contextlib import suppress
 
 import psycopg
 
-from mcpsync.worker.stack import state_dir
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.stack.common import state_dir
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
 __all__ = ["Postgres"]
 

@@ -1,4 +1,5 @@
-"""The benchmark's metrics probe: its own ``mcpsync.worker.metrics`` endpoint (the Temporal SDK runtime
+"""The benchmark's metrics probe: its own ``mcpsync.worker.observe.metrics`` endpoint (the Temporal SDK
+runtime
 the run's client uses) plus the split layout's worker and ingress endpoints, scraped and diffed per
 phase; :meth:`Probe.breakdown` turns a phase's diff into mean latencies of the read path's steps."""
 
@@ -8,15 +9,16 @@ from typing import Any
 
 from benchmarks.common import TASK_QUEUE
 from benchmarks.services import Scrape, scrape
-from mcpsync.worker.config import MetricsConfig
-from mcpsync.worker.metrics import serve_metrics
+from mcpsync.worker.main.config import MetricsConfig
+from mcpsync.worker.observe.metrics import serve_metrics
 from mcpsync.workflows.names import Act
 
 __all__ = ["Probe"]
 
 
 class Probe:
-    """The benchmark's own ``mcpsync.worker.metrics`` endpoint: Temporal SDK and mcpsync meters, diffed per
+    """The benchmark's own ``mcpsync.worker.observe.metrics`` endpoint: Temporal SDK and mcpsync meters,
+    diffed per
     phase."""
 
     def __init__(self) -> None:
@@ -40,7 +42,7 @@ class Probe:
     @staticmethod
     def mean_ms(d: Scrape, name: str, **labels: str) -> float | None:
         want = set(labels.items())
-        # The SDK's runtime exports durations in seconds with a unit suffix (mcpsync.worker.metrics:
+        # The SDK's runtime exports durations in seconds with a unit suffix (mcpsync.worker.observe.metrics:
         # unit_suffix=True, durations_as_seconds=True): temporal_request_latency is
         # temporal_request_latency_seconds there.
         names = {name, f"{name}_seconds"}
@@ -70,7 +72,7 @@ class Probe:
                                                           task_queue=session_queue),
             "activity_end_to_end": {
                 a: m(d, "temporal_activity_succeed_endtoend_latency", activity_type=a)
-                for a in (Act.ALLOCATE_READ, Act.MCP_READ, Act.ACCEPT)},
+                for a in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE)},
             "mcp_read_round_trip": m(d, "mcpsync_read_latency_seconds", server=server),
             "ingress_notification_to_receipt": m(d, "mcpsync_convergence_seconds", server=server),
             "note": "means over the churn phase (histogram sum/count), Temporal SDK runtime + mcpsync meters",

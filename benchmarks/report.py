@@ -109,8 +109,8 @@ def print_summary(report: dict[str, Any]) -> None:
                   f"{st['catalog_words']} catalog words")
         dispatch = r["system"]["where_time_goes_ms"]
         print("  (one dispatch here: workflow task schedule-to-start "
-              f"{f(dispatch['workflow_task_schedule_to_start'])} ms + allocate "
-              f"{f(dispatch['activity_end_to_end'][Act.ALLOCATE_READ])} ms, means during the churn)")
+              f"{f(dispatch['workflow_task_schedule_to_start'])} ms + read cycle "
+              f"{f(dispatch['activity_end_to_end'][Act.MCP_READ_CYCLE])} ms, means during the churn)")
         print(f"  targets met         {r['targets_met']}")
         tf, cc = r["temporal_floor"], r["cost_of_a_change"]
         print(f"  temporal floor ms   p50 {f(tf['p50_ms'])}  p99 {f(tf['p99_ms'])}  (n={tf['samples']}; "

@@ -6,7 +6,7 @@
 
 Per (transport, N): a fresh Temporal dev server (free ports) and a fresh PostgreSQL database
 (``MCPSYNC_DATABASE_URL``'s server, else an embedded one under the state dir); N subscriptions
-on one in-process worker (``mcpsync.worker.runtime.run_services``) against the fixture MCP server over
+on one in-process worker (``mcpsync.worker.main.services.run_services``) against the fixture MCP server over
 streamable HTTP or stdio. Side by side in the same run:
 
 - the **system** (mcpsync),
@@ -21,7 +21,7 @@ uniform in 1..5; one notification in every 100 is dropped through the fixture's
 ``drop_notifications`` fault) → drain (until everything converged, ``--drain-timeout`` after the
 last change, or only changes that lost notifications remain) → repair (one more edit on URIs left
 behind by a dropped notification) → burst (notifications without changes, as fast as the fixture
-sends them: sustained ingest rate) → revocation (``mcpsync.worker.runtime.revoke`` on a sample).
+sends them: sustained ingest rate) → revocation (``mcpsync.worker.main.revocation.revoke`` on a sample).
 
 Staleness (``benchmarks.staleness``), in the same run: right before the churn, two small sets of
 subscriptions start on fixture servers of their own: one without subscribe (it polls every
@@ -101,7 +101,7 @@ from benchmarks.plot import plot
 from benchmarks.postgres import Postgres
 from benchmarks.probe import Probe
 from benchmarks.report import TARGETS, Run, growth, print_summary
-from mcpsync.worker.stack import state_dir
+from mcpsync.worker.stack.common import state_dir
 
 __all__ = ["TARGETS", "Options", "main", "run"]
 

@@ -39,12 +39,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from benchmarks.common import percentile, temporal_and_ledger, until
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import run_services, start_subscription
-from mcpsync.worker.serve import FRESHNESS_META
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.main.services import run_services
+from mcpsync.worker.serve.server import FRESHNESS_META
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 SUBJECT = "bench"
@@ -64,7 +65,7 @@ def _exit(code):
     profiler.dump_stats(path)
     exit_now(code)
 os._exit = _exit
-from mcpsync.worker.cli import main
+from mcpsync.worker.cli.root import main
 profiler.enable()
 main()
 """

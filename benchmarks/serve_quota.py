@@ -43,10 +43,10 @@ from mcp.shared.exceptions import MCPError
 
 from benchmarks.common import ratio, summarize
 from benchmarks.ledger_seed import emit_event, seed_version
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.serve_quota import QuotaLimits
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.serve.quota import QuotaLimits
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
 NOISY, QUIET, SERVER = "quota-a", "quota-b", "bench"
 TOKENS = {NOISY: "token-a-for-the-benchmark", QUIET: "token-b-for-the-benchmark"}

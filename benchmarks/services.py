@@ -1,7 +1,7 @@
 """mcpsync's services during a benchmark run: in the benchmark's process, or split as in production.
 
 Contract:
-- :class:`InProcessServices` runs ``mcpsync.worker.runtime.run_services`` (main worker and session
+- :class:`InProcessServices` runs ``mcpsync.worker.main.services.run_services`` (main worker and session
   hosts) as a task of the benchmark's process, which also holds the driver, the naive baseline and
   the floor's worker. One process, one interpreter lock: its CPU cannot be told apart from theirs.
 - :class:`SplitServices` runs the same ``run_services`` call in two child processes, the way a
@@ -42,9 +42,9 @@ from temporalio.client import Client
 
 from benchmarks.cost import Role
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker import metrics
-from mcpsync.worker.config import Config, MetricsConfig
-from mcpsync.worker.metrics import HostTotals
+from mcpsync.worker.main.config import Config, MetricsConfig
+from mcpsync.worker.observe import metrics
+from mcpsync.worker.observe.metrics import HostTotals
 
 __all__ = ["InProcessServices", "Layout", "Scrape", "Services", "SplitServices", "scrape", "start_services"]
 
@@ -155,7 +155,7 @@ async def start_services(layout: Layout, config: Config, client: Client, ledger:
                          work: Path) -> Services:
     if layout == Layout.SPLIT:
         return await SplitServices.start(config, database_url, work)
-    from mcpsync.worker.runtime import run_services
+    from mcpsync.worker.main.services import run_services
 
     return InProcessServices(asyncio.create_task(run_services(config, client, ledger), name="bench-services"))
 
@@ -218,8 +218,9 @@ async def _terminate(proc: asyncio.subprocess.Process, timeout: float = 10.0) ->
 
 
 async def _child(config: Config, role: str, database_url: str, ready: Path) -> None:
-    from mcpsync.worker.metrics import serve_metrics
-    from mcpsync.worker.runtime import connect_temporal, open_ledger, run_services
+    from mcpsync.worker.main.connect import connect_temporal, open_ledger
+    from mcpsync.worker.main.services import run_services
+    from mcpsync.worker.observe.metrics import serve_metrics
 
     server = serve_metrics(MetricsConfig(port=0))  # before the client: it installs the SDK runtime
     client = await connect_temporal(config.temporal)

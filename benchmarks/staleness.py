@@ -9,7 +9,7 @@ Contract:
   loses every ``notifications/resources/updated``; only the safety re-read bounds staleness and
   the record publishes ``safety_read_seconds``.
 - :func:`start_profile` creates the profile's URIs on its fixture, starts the subscriptions with
-  the profile's options (production ``mcpsync.worker.runtime.start_subscription``) and waits until each
+  the profile's options (production ``mcpsync.activities.starters.start_subscription``) and waits until each
   accepted its initial read.
 - :func:`drive` runs the window: every ``tick_seconds`` each profile gets one edit of a random
   URI (churn) and every subscription gets one catalog word (``catalog_reconciled``, listed=True),
@@ -42,8 +42,8 @@ from benchmarks.common import TASK_QUEUE, fetch_rows, fetch_scalar, percentile, 
 from benchmarks.probe import Probe
 from benchmarks.services import Scrape
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureControl
-from mcpsync.worker.runtime import start_subscription
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED, Act
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionOptions
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -230,12 +230,12 @@ async def staleness_section(ledger: Ledger, stale_runs: Sequence[ProfileRun],
         "window_overlaps_churn_seconds": round(min(churn_seconds, plan.window_seconds), 2),
         "tick_seconds": plan.tick_seconds,
         "added_wall_seconds": {"subscribe": round(setup_seconds, 2), "window_after_drain": round(wait, 2)},
-        # What a read past its deadline waits for: the timer's workflow task, then the allocate activity.
+        # What a read past its deadline waits for: the timer's workflow task, then the read cycle activity.
         "dispatch_during_churn_mean_ms": {
             "workflow_task_schedule_to_start": Probe.mean_ms(
                 during, "temporal_workflow_task_schedule_to_start_latency", task_queue=TASK_QUEUE),
-            "allocate_read_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
-                                                      activity_type=Act.ALLOCATE_READ),
+            "read_cycle_end_to_end": Probe.mean_ms(during, "temporal_activity_succeed_endtoend_latency",
+                                                   activity_type=Act.MCP_READ_CYCLE),
         },
         "what": "gaps between consecutive read_requests.issued_at per subscription (from the last read "
                 "before the window to its end, the open gap included); each tick one edit per profile and "

@@ -2,7 +2,7 @@
 one activity -> acknowledged) and the start floor (n one-activity workflows started like subscriptions),
 both reading ``TEMPORAL_FLOOR_URI`` through an MCP client session of their own
 (:func:`temporal_floor_session`) on the run's fixture, over the transport a session host opens
-(``mcpsync.worker.session_transport.server_transport``: the same HTTP client, connection pool and
+(``mcpsync.worker.ingress.transport.server_transport``: the same HTTP client, connection pool and
 bounds), so the floor's read costs what the ingress's read costs. The subscribe start floor
 (:func:`measure_temporal_start_floor` with ``subscribe=True``) subscribes and reads URIs of its own,
 ``start_floor_uris``, which the session creates on the same fixture and nothing ever changes."""
@@ -25,9 +25,9 @@ from benchmarks.common import gather_limited, summarize, warmup_count
 from benchmarks.usage import cpu_report, cpu_snapshot
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import ServerConfig, WorkflowRunnerKind
-from mcpsync.worker.runtime import workflow_runner
-from mcpsync.worker.session_transport import server_transport
+from mcpsync.worker.ingress.transport import server_transport
+from mcpsync.worker.main.config import ServerConfig, WorkflowRunnerKind
+from mcpsync.worker.main.worker import workflow_runner
 
 __all__ = ["TEMPORAL_FLOOR_URI", "measure_temporal_floor", "measure_temporal_start_floor", "start_floor_uris",
            "temporal_floor_session"]

@@ -36,7 +36,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from benchmarks import cost
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.names import SA_SESSION_GENERATION, SA_STATE
 
 __all__ = ["UpsertCostWorkflow", "main"]

@@ -7,7 +7,7 @@ Contract:
 - Runs the SAME code production runs, not a re-implementation: the workflow is
   ``SubscriptionProgram`` interpreted by ``sim.runtime.ProgramRun``; the session host's routing is
   ``workflows/ingress.IngressRouter`` driven by ``sim.ingress``; the ledger is ``sim.ledger.MemoryLedger``,
-  which applies the pure plans ``activities/ledger_fence.py`` applies.
+  which applies the pure plans ``activities/ledger/fence.py`` applies.
 - The environment is adversarial and seeded (``sim.world``, ``sim.schedule``): an oracle server,
   notifications dropped, duplicated, delayed, reordered, from old sessions or for a URI variant;
   activities executed and completed in any order, at least once; session loss, continue-as-new,

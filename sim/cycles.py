@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator
 from typing import Any, cast
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.activities.mcp_session import McpSessionActivities
 from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.names import Act

@@ -1,7 +1,7 @@
 """The PostgreSQL ledger for one subscription row, in memory (``MemoryLedger``).
 
 Contract:
-- Each method is one transaction of ``activities/ledger_fence.py`` (``FenceLedger``): it applies the
+- Each method is one transaction of ``activities/ledger/fence.py`` (``FenceLedger``): it applies the
   same pure plans (``coverage.plan_note``, ``coverage.plan_allocate``, ``allocation.prior_allocation``,
   ``write_plan.plan_accept`` / ``plan_close`` / ``plan_tombstone`` / ``plan_revoke``), and either raises
   ``LedgerIntegrityError`` having written nothing (a write PostgreSQL would reject: the UNIQUE/CHECK

@@ -36,4 +36,4 @@ class ChangedSubscriptionWorkflow(ResourceSubscriptionWorkflow):
 
 
 V2_WORKFLOWS = (ChangedSubscriptionWorkflow, CatalogWorkflow, AnswerWorkflow)
-"""Build v2's ``workflows=`` for ``mcpsync.worker.runtime.main_worker``: MAIN_WORKFLOWS with the change."""
+"""Build v2's ``workflows=`` for ``mcpsync.worker.main.worker.main_worker``: MAIN_WORKFLOWS changed."""

@@ -21,7 +21,7 @@ Contract:
   imports or the interpreter already read) runs in a fresh interpreter instead (``subprocess.run``
   of ``FRESH``), with the same result. (mcpsync reads its ``MCPSYNC_*`` variables when a command
   runs, never at import.)
-- The child's command line (``/proc/<pid>/cmdline``, the server's) names ``mcpsync.worker.cli``,
+- The child's command line (``/proc/<pid>/cmdline``, the server's) names ``mcpsync.worker.cli.root``,
   as a fresh one does: ``mcpsync down`` and a second ``up`` recognise a forked ``up`` by it.
 - Fork safety: the server is single-threaded, never runs an event loop, and refuses to fork
   with a second thread alive; each child starts its own event loop (``asyncio.run`` in the CLI).
@@ -46,17 +46,27 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack.common import REPO_ROOT
 
 # The fresh-interpreter command the fork server stands in for (the CLI as ``python -m`` from the
 # checkout, as the tests always ran it).
 FRESH = [sys.executable, "-m", "mcpsync.worker.cli"]
 # Modules the CLI's commands import lazily: imported once in the server, so no child pays for them.
 PRELOAD = (
-    "mcpsync.worker.cli", "mcpsync.worker.runtime", "mcpsync.worker.answer_gate", "mcpsync.worker.probe",
-    "mcpsync.worker.completeness", "mcpsync.worker.up", "mcpsync.worker.serve_run", "mcpsync.worker.metrics",
-    "mcpsync.activities.db", "mcpsync.activities.outbox", "mcpsync.activities.catalog_ledger",
-    "mcpsync.activities.content", "mcpsync.activities.retention", "mcpsync.activities.answer_ledger",
+    "mcpsync.worker.cli.root",
+    "mcpsync.worker.main.services",
+    "mcpsync.worker.api.answer_gate",
+    "mcpsync.worker.observe.probe",
+    "mcpsync.worker.api.completeness",
+    "mcpsync.worker.stack.up",
+    "mcpsync.worker.serve.run",
+    "mcpsync.worker.observe.metrics",
+    "mcpsync.activities.ledger.db",
+    "mcpsync.activities.ledger.outbox",
+    "mcpsync.activities.ledger.catalog",
+    "mcpsync.activities.ledger.released",
+    "mcpsync.activities.ledger.retention",
+    "mcpsync.activities.ledger.answers",
     "argcomplete",
 )
 _MAX_MESSAGE = 1 << 20
@@ -77,7 +87,7 @@ class _Client:
     def __init__(self) -> None:
         self.env = dict(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # The command line names mcpsync.worker.cli, as FRESH's does: the children share it, and mcpsync
+        # The command line names mcpsync.worker.cli.root, as FRESH's does: the children share it, and mcpsync
         # tells its own processes from a recycled pid by the command line (stack.process_alive).
         self.server = subprocess.Popen(
             [sys.executable, "-c", f"from tests.cli_process import serve; serve({theirs.fileno()})",
@@ -307,7 +317,7 @@ def _child(request: dict[str, object], stdin: int, stdout: int, stderr: int, ser
         os.environ.update(env)
         args = request["args"]
         assert isinstance(args, list)
-        import mcpsync.worker.cli as cli
+        import mcpsync.worker.cli.root as cli
 
         sys.argv = [cli.__file__, *args]
         code = _exit_code(cli.main, args)

@@ -28,9 +28,10 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.config import Config, ServerConfig, TemporalConfig
-from mcpsync.worker.runtime import open_ledger, run_services
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
+from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.main.services import run_services
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
 # The longest files of the suite, longest first (each file's --durations, summed, in the whole suite on two

@@ -3,7 +3,7 @@
 Contract:
 - Pure: ``prior_allocation`` reads the ``read_requests`` rows it needs through ``find(column, value)``
   and answers either the ticket an earlier allocation already holds (a retry) or the request id a
-  new allocation takes. The SQL ledger (``activities/ledger_fence.py``) finds them with SELECTs under
+  new allocation takes. The SQL ledger (``activities/ledger/fence.py``) finds them with SELECTs under
   the row lock, the simulator's in-memory ledger in its tables; both then apply
   ``coverage.plan_allocate``.
 - A retried read cycle (the same ``cycle_id``) gets the ticket it already holds, whatever its

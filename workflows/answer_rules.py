@@ -8,7 +8,7 @@ Contract (the rules in full: docs/answer-gate.md):
   took (no I/O, no clock: the snapshot carries the database time; no temporalio import). It works on
   receipt ids, digests, states and timestamps only; no resource body is ever involved.
 - UPDATE_SEEN is the level rule (``coverage.dirty`` on the fence row), which the observation computes
-  with ``activities/proven.py`` and carries as ``DependencyObservation.dirty``; an observation
+  with ``activities/ledger/proven.py`` and carries as ``DependencyObservation.dirty``; an observation
   recorded by a build before that field (None) is judged by the timestamp rule ``_update_after``,
   as that build judged it (docs/decisions/0006-answer-gate-level-rule.md).
 - HOLD, with one named ``GateReason`` per condition, when any dependency is not provably current.
@@ -245,7 +245,7 @@ class DependencyObservation(FrozenRecord):
     last_notification_generation: int | None = None
     reads_pending: int = 0
     latest_read: ReadObservation | None = None
-    # The level rule on the fence row (``activities/proven.py``: ``coverage.dirty``): a recorded update
+    # The level rule on the fence row (``activities/ledger/proven.py``: ``coverage.dirty``): a recorded update
     # no read observing the resource covers yet. None: observed by a build before it (the gate then
     # judges UPDATE_SEEN by timestamps, as that build did).
     dirty: bool | None = None

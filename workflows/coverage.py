@@ -10,7 +10,7 @@ notifications the read covers. A read that fails, is lost, refused or superseded
 row stays dirty. No clock decides coverage.
 
 Pure write plans over the locked row (``FenceSnapshot``): the SQL ledger
-(``activities/ledger_fence.py``) and the simulator's in-memory ledger (``sim/``) both apply them.
+(``activities/ledger/fence.py``) and the simulator's in-memory ledger (``sim/``) both apply them.
 """
 
 from __future__ import annotations

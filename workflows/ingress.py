@@ -9,7 +9,7 @@ Contract:
 - Every effect is a request the program yields (``Note``, ``Stamp``, ``ReadCycle``, ``SignalUpdated``,
   ``ReportRead``, ...) and whose answer the interpreter sends back; an effect that raises is thrown
   into the program, which asks (``RouteFailed``) whether to route the key again. The session host
-  (``worker/session_host.py``) performs them over PostgreSQL, the live MCP session and Temporal;
+  (``worker/ingress/session_host.py``) performs them over PostgreSQL, the live MCP session and Temporal;
   the simulator (``sim/``) over its world, one effect or read-cycle step per scheduled event.
 - Counters are the program's and count notifications only: ``coalesced`` (merged into a waiting key,
   absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``routed``
@@ -130,7 +130,7 @@ class Offer(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """``Ledger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
+    """``FenceLedger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
     (None: no subscription has that exact URI)."""
 
     uri: str

@@ -1,6 +1,6 @@
 """The fence row's simple transitions and its ``read_requests`` rows as the rules see them, for both ledgers.
 
-Contract: pure. The PostgreSQL ledger (``activities/ledger_fence.py``) and the simulator's in-memory
+Contract: pure. The PostgreSQL ledger (``activities/ledger/fence.py``) and the simulator's in-memory
 one (``sim/ledger.py``) run these and no copy of them: a transition rule takes the locked row and the
 activity's request and answers the columns its compare-and-set writes (``{}``: refused, nothing
 written); a ``read_requests`` row is read by its column names, whichever store holds it.

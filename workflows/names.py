@@ -103,7 +103,7 @@ QUERY_ANSWER = "answer"  # -> AnswerBindingV1
 
 
 class AnswerAct:
-    """Activity names (main task queue, ``mcpsync.activities.answer_ledger``)."""
+    """Activity names (main task queue, ``mcpsync.activities.ledger.answers``)."""
 
     LOAD = "answer_load"
     BIND = "answer_bind"

@@ -60,7 +60,7 @@ def jittered(jitter: float) -> float:
 
 
 RESYNCED_JITTER_FLOOR = 0.75
-"""A safety read the ingress makes ahead of the deadline (``worker/resync.py``) needs no wide jitter
+"""A safety read the ingress makes ahead of the deadline (``worker/ingress/resync.py``) needs no wide jitter
 on the timer behind it, and the ingress must read before the earliest deadline the run can arm: a
 run whose rows are resynced maps its draw into [0.75, 1), so its deadline falls at 0.95–1.0 of the
 period (less the dispatch margin) and the resync, a little before, reads about as often as the

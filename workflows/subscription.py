@@ -76,9 +76,9 @@ _MCP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_i
                          maximum_attempts=5,
                          non_retryable_error_types=["SessionGenerationMismatch", "MalformedContent"])
 # How long an MCP activity may wait on a session's queue, retries included; an ingress that adopts a
-# dead ingress's queue polls it at least this long (``mcpsync.worker.orphan_queues``).
+# dead ingress's queue polls it at least this long (``mcpsync.worker.ingress.orphan_queues``).
 MCP_SCHEDULE_TO_CLOSE = timedelta(seconds=60)
-# An attempt whose ingress sends no heartbeat this long (the ingress died: ``mcpsync.worker.heartbeats``)
+# An attempt whose ingress sends no heartbeat this long (the ingress died: ``worker/ingress/heartbeats.py``)
 # times out and is retried on the same queue, answered there by the ingress that took the session over.
 MCP_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 

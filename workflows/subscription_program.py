@@ -356,7 +356,7 @@ class SubscriptionProgram:
         return self.fence.read_period(self.options.safety_read_seconds)
 
     def _resync_period(self) -> float | None:
-        """The safety-read period the ingress may read ahead of (``worker/resync.py``): only a run
+        """The safety-read period the ingress may read ahead of (``worker/ingress/resync.py``): only a run
         whose keeper re-arms after such a read (else its timer would fire as well)."""
         return (self.options.safety_read_seconds or None) if self.keeper.rearm else None
 

@@ -6,7 +6,7 @@ Contract:
   (``judge_read``, ``close_rule``, ``tombstone_rule``, ``revoke_rule``) and returns one
   ``WritePlan``: the receipt, the fence-row update, the outbox row, the audit row, the
   ``read_requests`` completion and the revocation that transaction writes, or nothing.
-- Two stores apply the same plan: ``activities/ledger_fence.py`` in SQL (inside the transaction
+- Two stores apply the same plan: ``activities/ledger/fence.py`` in SQL (inside the transaction
   that locked the row) and ``MemoryLedger`` in ``sim/ledger.py`` in memory. Neither
   decides a write on its own, so the simulator checks the writes production makes.
 - What only SQL has stays in the SQL applier and is named here, not decided there: a staged

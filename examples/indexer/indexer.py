@@ -33,9 +33,9 @@ from contextlib import suppress
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mcpsync.activities.content import ContentNotFound, ContentRefused, released_content
-from mcpsync.activities.db import DatabaseUnavailable, open_pool
-from mcpsync.activities.outbox import WITHDRAWING, ConsumerError, OutboxConsumer, OutboxEventV1
+from mcpsync.activities.ledger.db import DatabaseUnavailable, open_pool
+from mcpsync.activities.ledger.outbox import WITHDRAWING, ConsumerError, OutboxConsumer, OutboxEventV1
+from mcpsync.activities.ledger.released import ContentNotFound, ContentRefused, released_content
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (subject TEXT, server TEXT, uri TEXT, read_ordinal INTEGER,
@@ -127,16 +127,16 @@ def database_url(args: argparse.Namespace) -> str:
         return str(args.database_url)
     if os.environ.get("MCPSYNC_DATABASE_URL"):
         return os.environ["MCPSYNC_DATABASE_URL"]
-    from mcpsync.worker.cli_common import database_url as configured_url
-    from mcpsync.worker.cli_common import resolve_config
+    from mcpsync.worker.cli.common import database_url as configured_url
+    from mcpsync.worker.cli.common import resolve_config
 
     config, _ = resolve_config(argparse.Namespace(config=args.config))
     return configured_url(config)
 
 
 def main() -> None:
-    from mcpsync.worker.cli_common import CliError, ExitCode, count
-    from mcpsync.worker.config import ConfigError
+    from mcpsync.worker.cli.common import CliError, ExitCode, count
+    from mcpsync.worker.main.config import ConfigError
 
     p = argparse.ArgumentParser(prog="python -m examples.indexer", description=__doc__.split("\n\n")[0])
     p.add_argument("--database-url",

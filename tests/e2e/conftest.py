@@ -13,8 +13,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureControl, FixtureProcess
-from mcpsync.worker.metrics import HostTotals, host_totals
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.observe.metrics import HostTotals, host_totals
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows
 

@@ -26,10 +26,10 @@ from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests import cli_process
 from tests.conftest import running_services, unique

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.answers import AnswerLedger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError, latest_receipts
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.api.answer_gate import AnswerGate, AnswerGateError, latest_receipts
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
 from mcpsync.workflows.answer_rules import (
     GateReason,
     ReceiptObservation,

@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
+from mcpsync.activities.starters import start_catalog
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_catalog
+from mcpsync.worker.api.completeness import CompletenessRefused, require_complete_catalog
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.catalog_rules import CatalogView, set_digest
 from mcpsync.workflows.names import QUERY_CATALOG, QUERY_SCANS, UPDATE_RECONCILE
 from mcpsync.workflows.records.catalog import (
@@ -195,7 +195,7 @@ async def test_additions_beyond_the_first_page_boundary(temporal_client: Client,
                                                                 uri=uri).workflow_id)
             assert (await sub.describe()).workflow_type == "ResourceSubscriptionWorkflow"
             await sub.terminate("test over")
-        assert await ledger.find_subscription("alice", st.server.name, "demo://cat/00") is None
+        assert await ledger.fence.find_subscription("alice", st.server.name, "demo://cat/00") is None
 
 
 async def _restarted_by(st: Stack, text: str, subject: str = "alice") -> list[str]:
@@ -412,7 +412,7 @@ async def test_missing_or_mismatched_snapshot_ids_leave_the_catalog_unproven(
 
 async def test_catalog_confirms_tombstones_only_when_the_rollout_lets_it(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    from mcpsync.worker.runtime import start_subscription
+    from mcpsync.activities.starters import start_subscription
     from mcpsync.workflows.names import QUERY_SUBSCRIPTION
     from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
     from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
@@ -507,7 +507,7 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
 async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from mcpsync.worker.stack_temporal import TemporalDevServer
+    from mcpsync.worker.stack.temporal import TemporalDevServer
 
     server = await TemporalDevServer.start(tmp_path / "temporal-can", port=0, ui_port=0,
                                            dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})

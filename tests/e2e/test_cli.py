@@ -30,12 +30,12 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import ingress_task_queue
-from mcpsync.worker.serve import FRESHNESS_META
-from mcpsync.worker.stack import REPO_ROOT, free_port
-from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
+from mcpsync.worker.ingress.process import ingress_task_queue
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.serve.server import FRESHNESS_META
+from mcpsync.worker.stack.common import REPO_ROOT, free_port
+from mcpsync.worker.stack.temporal import TemporalDevServer
+from mcpsync.worker.stack.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
 from mcpsync.workflows.names import SIGNAL_IDENTITY_CONFLICT
 from mcpsync.workflows.records.subscription import IdentityConflict, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -84,7 +84,7 @@ def _one_error_line(r: CliRun | subprocess.CompletedProcess[str]) -> str:
 
 
 def test_freshness_is_shown_when_the_record_has_it() -> None:
-    from mcpsync.worker.cli_subscription_text import status_text, subscription_table
+    from mcpsync.worker.cli.subscription_text import status_text, subscription_table
 
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
     rec = ResourceSubscriptionV1(
@@ -159,7 +159,7 @@ def test_version_help_and_completion(tmp_path: Path) -> None:
     r = _cli("list", "--help")
     assert "(default: 2.0)" in r.stdout and "mcpsync list -o json" in r.stdout
 
-    from mcpsync.worker.cli import build_parser
+    from mcpsync.worker.cli.root import build_parser
 
     def walk(parser: Any, path: str) -> list[str]:
         missing = []
@@ -278,8 +278,8 @@ async def test_second_up_is_one_line_and_a_clean_ctrl_c_prints_no_warning_and_le
     'up', a SIGKILLed one) can stand in for this stack's."""
     database_url = private_database.url
     dead = "dead-host:1:0"
-    assert await private_database.ledger.acquire_lease(DEMO_SUBJECT, DEMO_SERVER, dead, 15.0)
-    await private_database.ledger.open_session(
+    assert await private_database.ledger.sessions.acquire_lease(DEMO_SUBJECT, DEMO_SERVER, dead, 15.0)
+    await private_database.ledger.sessions.open_session(
         subject=DEMO_SUBJECT, server=DEMO_SERVER, edition="2025-11-25",
         capabilities={"resources": True, "subscribe": True, "listChanged": True}, server_name="demo",
         server_version="0", task_queue=ingress_task_queue(dead), host_id=dead)
@@ -421,7 +421,7 @@ async def test_list_get_describe_history_and_status(temporal_client: Client, led
         assert status.code == 0 and "staleness bound: 300 s (safety read period" in status.out
         for label in ("last accepted at:", "last verified at:", "next read due:"):
             assert label in status.out
-        # ... and the ledger's word on freshness (activities/proven.py), as serve and list say it.
+        # ... and the ledger's word on freshness (activities/ledger/proven.py), as serve and list say it.
         assert record["dirty"] is False and record["fresh"] is True and record["next_verification_due_at"]
         assert "dirty: no" in status.out and "fresh: yes" in status.out
 

@@ -22,8 +22,8 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.stack import REPO_ROOT, free_port, process_alive
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.stack.common import REPO_ROOT, free_port, process_alive
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows
 from tests.e2e.test_cli import VENV_BIN, _one_error_line, _subscribed, _table, cli_stack, run_cli
@@ -314,7 +314,7 @@ def _ready(log: Path) -> str | None:
 def test_every_command_shows_examples_and_completion_offers_configured_names(tmp_path: Path) -> None:
     import argparse
 
-    from mcpsync.worker.cli import build_parser
+    from mcpsync.worker.cli.root import build_parser
 
     def leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
         found = []

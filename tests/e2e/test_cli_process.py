@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpsync.worker.cli_common import ExitCode
-from mcpsync.worker.stack import REPO_ROOT, command_line, process_alive
+from mcpsync.worker.cli.common import ExitCode
+from mcpsync.worker.stack.common import REPO_ROOT, command_line, process_alive
 from tests import cli_process
 from tests.conftest import eventually
 

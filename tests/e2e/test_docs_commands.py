@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack.common import REPO_ROOT
 from tests import cli_process
 from tests.conftest import eventually, fresh_database
 from tests.e2e.test_e2e_faults import MCPSYNC
@@ -100,7 +100,7 @@ def _help_examples(parser: argparse.ArgumentParser, prog: str) -> list[DocComman
 
 def doc_commands() -> list[DocCommand]:
     """Every command of the docs and the help, in doc order, each once."""
-    from mcpsync.worker.cli import build_parser
+    from mcpsync.worker.cli.root import build_parser
 
     found = _help_examples(build_parser(), "mcpsync")
     for doc in DOCS:

@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -56,14 +56,14 @@ async def test_lying_server_malformed_frames_and_wrong_types(temporal_client: Cl
                            "update after garbage frames")
         session = await ledger.current_session("anonymous", server.name)
         assert session is not None and session.generation == 1, "no reconnect storm from bad frames"
-        misuse = [r for r in await ledger.audit_rows("NOTIFICATION_OUTSIDE_SESSION", limit=500)
+        misuse = [r for r in await ledger.reports.audit_rows("NOTIFICATION_OUTSIDE_SESSION", limit=500)
                   if r["server"] == server.name]
         assert misuse, "a notification before initialization is audited as lifecycle misuse, never routed"
-    assert await ledger.outbox_after(0, 10_000) is not None
+    assert await ledger.reports.outbox_after(0, 10_000) is not None
 
 
 async def _audited(ledger: Ledger, key: SubscriptionKey, kind: str) -> bool:
-    return any(r["workflow_id"] == key.workflow_id for r in await ledger.audit_rows(kind, limit=2000))
+    return any(r["workflow_id"] == key.workflow_id for r in await ledger.reports.audit_rows(kind, limit=2000))
 
 
 @asynccontextmanager
@@ -93,7 +93,7 @@ async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_cl
         huge = await fx.edit(key.uri, text="y" * (10 * 1024 * 1024))
         rec = await _wait_record(handle, lambda r: "guardrail" in r.detail, "10 MB classified", timeout=60)
         assert rec.last_accepted_digest == before.last_accepted_digest
-        statuses = {r.content_digest: r.status.value for r in await ledger.receipts(key)}
+        statuses = {r.content_digest: r.status.value for r in await ledger.reports.receipts(key)}
         assert statuses[huge["committed"]["digest"]] == "GUARDRAIL_REJECTED"
         history = (await handle.fetch_history()).to_json()
         assert len(history) < 1_000_000, "the body never entered history"
@@ -159,9 +159,9 @@ async def test_notification_with_odd_uri_is_audited_not_routed(temporal_client: 
 
 
 async def _rejected(ledger: Ledger, server: str) -> list[Any]:
-    return [r for r in await ledger.audit_rows("NOTIFICATION_URI_REJECTED", limit=500)
+    return [r for r in await ledger.reports.audit_rows("NOTIFICATION_URI_REJECTED", limit=500)
             if r["server"] == server]
 
 
 async def _unknown(ledger: Ledger, uri: str) -> list[object]:
-    return [r for r in await ledger.audit_rows("UNKNOWN_URI", limit=500) if r["uri"] == uri]
+    return [r for r in await ledger.reports.audit_rows("UNKNOWN_URI", limit=500) if r["uri"] == uri]

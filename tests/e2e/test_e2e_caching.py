@@ -24,14 +24,14 @@ import pytest
 from mcp import Client
 from temporalio.client import Client as TemporalClient
 
-from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.outbox import latest_events
+from mcpsync.activities.ledger.released import ContentRefused, released_content
 from mcpsync.activities.mcp_session import BacklogOverflow, LiveSession, StreamLoss
-from mcpsync.activities.outbox import latest_events
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_catalog, start_subscription
-from mcpsync.worker.session_host import SessionHost, server_transport
+from mcpsync.worker.ingress.session_host import SessionHost, server_transport
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.read_deadline import dispatch_margin
 from mcpsync.workflows.records.subscription import (
     CacheScope,
@@ -239,7 +239,7 @@ async def test_ttl_sets_the_poll_period_and_directives_are_recorded(
             gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(times, times[1:], strict=False)]
             assert gaps and min(gaps) >= 0.8 * (2.0 - dispatch_margin(2.0)) - 0.2, gaps
 
-            receipts = await ledger.receipts(key)
+            receipts = await ledger.reports.receipts(key)
             assert receipts[0].ttl_ms == 2000 and receipts[0].cache_scope == CacheScope.PUBLIC
             event = next(e for e in await latest_events(ledger.pool, 50) if e.workflow_id == key.workflow_id)
             assert event.ttl_ms == 2000 and event.cache_scope == "public"
@@ -282,7 +282,7 @@ async def test_a_body_is_released_only_to_its_subject_whatever_the_cache_scope(
         handle = await start_subscription(temporal_client, alice, task_queue=cfg.temporal.task_queue)
         await _wait_record(handle, lambda r: r.last_accepted_digest == made["committed"]["digest"],
                            "alice read")
-    receipt = (await ledger.receipts(alice))[0]
+    receipt = (await ledger.reports.receipts(alice))[0]
     assert receipt.cache_scope == CacheScope(scope) and receipt.subject == "alice"
     body = await released_content(ledger.pool, receipt_id=receipt.receipt_id, subject="alice")
     assert body.body == b"one body, two readers"

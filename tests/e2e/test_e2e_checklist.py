@@ -14,10 +14,10 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import free_port
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import free_port
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
@@ -71,7 +71,7 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
             for u in keys:
                 await _wait_record(handles[u], lambda r: r.watermark >= 1, f"initial {u}")
                 await fx.wait_subscribed(u)
-            quiet_reads = await ledger.read_count(keys[quiet])
+            quiet_reads = await ledger.reports.read_count(keys[quiet])
             last: dict[str, Any] = {}
             for round_ in range(10):  # a burst: 10 rapid writes to each of 3 URIs, interleaved
                 for u in uris:
@@ -80,9 +80,10 @@ async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(tempora
                 await _wait_record(handles[u],
                                    lambda r, d=last[u]["committed"]["digest"]: r.last_accepted_digest == d,
                                    f"latest of {u}")
-                reads = await ledger.read_count(keys[u]) - 1
+                reads = await ledger.reports.read_count(keys[u]) - 1
                 assert reads <= 10 + 1, f"{reads} reads for 10 writes: coalescing must bound refreshes"
-            assert await ledger.read_count(keys[quiet]) == quiet_reads, "no refresh of an unrelated URI"
+            assert await ledger.reports.read_count(keys[quiet]) == quiet_reads, \
+                "no refresh of an unrelated URI"
 
 
 async def _restart_fixture(fx: FixtureProcess, tmp: Path, port: int, uri: str, text: str) -> tuple[

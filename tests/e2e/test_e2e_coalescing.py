@@ -18,9 +18,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, SIGNAL_RESOURCE_UPDATED, Act
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows, running_services, unique

@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from mcpsync.activities.content import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
-from mcpsync.activities.retention import prune
+from mcpsync.activities.ledger.outbox import OutboxConsumer, OutboxEventType, OutboxEventV1
+from mcpsync.activities.ledger.released import ContentKind, ContentNotFound, ContentRefused, released_content
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,
@@ -108,7 +109,7 @@ async def test_envelope_and_content_access_on_the_real_stack(
             assert (blob.body, blob.kind) == (PNG, ContentKind.BLOB)
             with pytest.raises(ContentRefused, match="does not belong"):
                 await released_content(ledger.pool, receipt_id=e2.receipt_id, subject=bob)
-            rejected = [r for r in await ledger.receipts(kt)
+            rejected = [r for r in await ledger.reports.receipts(kt)
                         if r.content_digest == huge["committed"]["digest"]]
             assert rejected and rejected[0].status == "GUARDRAIL_REJECTED"
             with pytest.raises(ContentRefused, match="guardrail"):
@@ -154,7 +155,7 @@ async def test_envelope_and_content_access_on_the_real_stack(
             await revoke(temporal_client, ledger, subject=alice, server=server.name, uri=text_uri,
                          reason="test")
             revoked = await eventually(lambda: _revoked(consumer), what="revoked event")
-            receipts = await ledger.receipts(kt)
+            receipts = await ledger.reports.receipts(kt)
             assert revoked.invalidates is not None
             assert set(revoked.invalidates.receipt_ids) == {r.receipt_id for r in receipts}
             assert t2["committed"]["digest"] in revoked.invalidates.digests
@@ -327,7 +328,8 @@ async def test_a_closed_subscription_is_an_event_in_the_outbox_the_relist_and_th
                                                       OutboxEventType.CLOSED]
             gone = events[-1]
             assert gone.invalidates is not None and gone.reason and "no longer tracked" in gone.reason
-            assert gone.invalidates.receipt_ids == [r.receipt_id for r in await ledger.receipts(keys[closed])]
+            assert gone.invalidates.receipt_ids == [
+                r.receipt_id for r in await ledger.reports.receipts(keys[closed])]
             assert gone.invalidates.digests == [first[closed]["committed"]["digest"]]
             assert gone.previous_digest == first[closed]["committed"]["digest"] and gone.read_ordinal == 1
 

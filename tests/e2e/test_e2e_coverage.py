@@ -19,9 +19,9 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record

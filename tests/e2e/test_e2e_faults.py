@@ -18,12 +18,12 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost, SessionOpenError
-from mcpsync.worker.stack import REPO_ROOT, free_port
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.ingress.session_host import SessionHost, SessionOpenError
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT, free_port
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -51,7 +51,7 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
         await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
                            "initial")
         await fx.wait_subscribed(uri)
-        reads_before = await ledger.read_count(key)
+        reads_before = await ledger.reports.read_count(key)
         await fx.faults(duplicate_notifications=20)
         change = await fx.edit(uri, text="v2")
         rec = await _wait_record(handle, lambda r: r.last_accepted_digest == change["committed"]["digest"],
@@ -61,7 +61,7 @@ async def test_twenty_duplicate_notifications_cost_at_most_two_reads(temporal_cl
         # left its queue, no read is in flight or owed on the ledger row, and the workflow is ACTIVE.
         await eventually(lambda: _idle(handle, ledger, key, fx, server.name),
                          what="no read in flight or owed")
-        reads = await ledger.read_count(key) - reads_before
+        reads = await ledger.reports.read_count(key) - reads_before
         assert 1 <= reads <= 2, f"20 duplicates caused {reads} reads"
         assert rec.last_notification_seq >= 1
 
@@ -98,7 +98,7 @@ async def test_notification_for_unsubscribed_uri_is_audited_never_routed(tempora
 
 
 async def _audited(ledger: Ledger, kind: str, uris: set[str]) -> list[dict[str, object]]:
-    rows = [r for r in await ledger.audit_rows(kind, limit=1000) if r["uri"] in uris]
+    rows = [r for r in await ledger.reports.audit_rows(kind, limit=1000) if r["uri"] in uris]
     return rows if {r["uri"] for r in rows} >= uris else []
 
 
@@ -121,8 +121,9 @@ async def test_history_holds_digests_never_bodies(temporal_client: Client, ledge
     for needle in (body, base64.b64encode(body.encode()).decode(), base64.b64encode(blob).decode()[:40]):
         assert needle not in corpus
     assert change["committed"]["digest"] in corpus  # digests are what history carries
-    assert await ledger.get_content("alice", change["committed"]["digest"]) == body.encode()
-    assert await ledger.get_content("bob", change["committed"]["digest"]) is None  # content is per subject
+    assert await ledger.content.get_content("alice", change["committed"]["digest"]) == body.encode()
+    # content is per subject
+    assert await ledger.content.get_content("bob", change["committed"]["digest"]) is None
 
 
 def _decoded_payloads(node: object) -> list[str]:

@@ -14,11 +14,11 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,
@@ -133,7 +133,7 @@ async def test_close_racing_a_read_late_content_and_late_404_only_audit(temporal
             await h.result()
 
         async def stale_after_close() -> list[dict[str, Any]]:
-            rows = [r for r in await ledger.audit_rows("STALE_AFTER_CLOSE", limit=500)
+            rows = [r for r in await ledger.reports.audit_rows("STALE_AFTER_CLOSE", limit=500)
                     if r["workflow_id"] in (key.workflow_id, key2.workflow_id)]
             return rows if {r["workflow_id"] for r in rows} == {key.workflow_id, key2.workflow_id} else []
 
@@ -161,7 +161,7 @@ async def test_lost_unsubscribe_ack_is_unsubscribe_unknown_and_never_reopens(tem
         await fx.faults(reject_unsubscribe=True)
         receipt = await execute_update(handle, UPDATE_CLOSE, [CloseRequest()], result_type=CloseReceipt)
         assert receipt.state == S.UNSUBSCRIBE_UNKNOWN
-        reads, served = await ledger.read_count(key), (await fx.stats())["reads"].get(key.uri, 0)
+        reads, served = await ledger.reports.read_count(key), (await fx.stats())["reads"].get(key.uri, 0)
         seen = await notifications_seen(ledger, key)
         await fx.edit(key.uri, text="after close")
         await fx.notify(key.uri, times=3)
@@ -171,7 +171,7 @@ async def test_lost_unsubscribe_ack_is_unsubscribe_unknown_and_never_reopens(tem
         await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
         assert await notifications_seen(ledger, key) > seen
         assert await audited(ledger, "NOTIFICATION_NO_WORKFLOW", key.workflow_id) >= 1
-        assert await ledger.read_count(key) == reads
+        assert await ledger.reports.read_count(key) == reads
         assert (await fx.stats())["reads"].get(key.uri, 0) == served, "no resources/read after the close"
         assert (await ledger.load_fence(key)).state == S.UNSUBSCRIBE_UNKNOWN
         closed = await ledger.load_fence(key)
@@ -198,7 +198,8 @@ async def test_old_session_notification_is_audited_and_ignored(temporal_client: 
 
 
 async def _audit_for(ledger: Ledger, kind: str, key: SubscriptionKey) -> list[dict[str, Any]]:
-    return [r for r in await ledger.audit_rows(kind, limit=1000) if r["workflow_id"] == key.workflow_id]
+    return [r for r in await ledger.reports.audit_rows(kind, limit=1000)
+            if r["workflow_id"] == key.workflow_id]
 
 
 async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client: Client, ledger: Ledger,
@@ -213,10 +214,10 @@ async def test_uri_encoding_variant_is_a_conflict_never_a_route(temporal_client:
         handle = await start_subscription(temporal_client, key, task_queue=cfg.temporal.task_queue)
         await _wait_record(handle, lambda r: r.last_accepted_digest == first["committed"]["digest"],
                            "initial")
-        reads = await ledger.read_count(key)
+        reads = await ledger.reports.read_count(key)
         await fx.notify(variant, unsolicited=True)
         await _wait_record(handle, lambda r: r.state == S.RECONCILIATION_REQUIRED, "conflict")
-        assert await ledger.read_count(key) == reads, "the variant URI must not cause a read"
+        assert await ledger.reports.read_count(key) == reads, "the variant URI must not cause a read"
         assert await _audit_for(ledger, "NORMALIZED_URI_MATCH", key)
         assert (await ledger.load_fence(key)).state == S.RECONCILIATION_REQUIRED
         change = await fx.edit(exact, text="exact v2")
@@ -291,7 +292,7 @@ async def test_advertised_but_rejected_subscribe_falls_back_to_polling(temporal_
 
 async def test_server_restart_gives_new_session_generation_resubscribe_and_reread(
         temporal_client: Client, ledger: Ledger, tmp_path: Path) -> None:
-    from mcpsync.worker.stack import free_port
+    from mcpsync.worker.stack.common import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)
@@ -403,7 +404,7 @@ async def test_lost_notification_is_repaired_by_the_safety_read(temporal_client:
 async def test_shadow_rollout_fences_and_records_but_publishes_nothing(temporal_client: Client,
                                                                        ledger: Ledger,
                                                                        fx: FixtureProcess) -> None:
-    from mcpsync.activities.catalog_ledger import CatalogLedger
+    from mcpsync.activities.ledger.catalog import CatalogLedger
     from mcpsync.workflows.records.catalog import RolloutMode, RolloutPolicy
 
     server = _server(fx.mcp_url)

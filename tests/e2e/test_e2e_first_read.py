@@ -19,10 +19,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription, start_subscription_first_read
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription, start_subscription_first_read
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests.conftest import eventually, running_services, unique
@@ -41,16 +41,17 @@ async def test_update_with_start_answers_the_first_receipt(temporal_client: Clie
         assert handle.id == key.workflow_id
         assert record.state == SubscriptionState.ACTIVE and record.last_verdict == AcceptVerdict.ACCEPTED
         assert record.last_accepted_digest == created["committed"]["digest"]
-        [receipt] = await ledger.receipts(key)
+        [receipt] = await ledger.reports.receipts(key)
         assert record.last_receipt_id == receipt.receipt_id \
             and receipt.content_digest == record.last_accepted_digest
 
         # Running already: joined (same run), answered from its state without another read.
-        reads = await ledger.read_count(key)
+        reads = await ledger.reports.read_count(key)
         again, second = await start_subscription_first_read(temporal_client, key,
                                                             task_queue=cfg.temporal.task_queue)
         assert again.result_run_id == handle.result_run_id
-        assert second.last_receipt_id == record.last_receipt_id and await ledger.read_count(key) == reads
+        assert second.last_receipt_id == record.last_receipt_id
+        assert await ledger.reports.read_count(key) == reads
 
         # A URI the server does not have: the first read is judged not-found, and nothing more comes.
         gone = SubscriptionKey(subject="alice", server=server.name,
@@ -75,12 +76,12 @@ async def test_a_legacy_id_subscription_is_answered_under_its_id(temporal_client
                                           workflow_id=key.legacy_workflow_id)
 
         async def recorded() -> bool:
-            return await ledger.workflow_id_of(key) == key.legacy_workflow_id
+            return await ledger.fence.workflow_id_of(key) == key.legacy_workflow_id
 
         await eventually(recorded, timeout=30, what="the legacy id in the ledger row")
         handle, record = await start_subscription_first_read(
             temporal_client, key, task_queue=cfg.temporal.task_queue,
-            workflow_id=await ledger.workflow_id_of(key))
+            workflow_id=await ledger.fence.workflow_id_of(key))
         assert handle.id == key.legacy_workflow_id and handle.result_run_id == legacy.result_run_id
         assert record.last_accepted_digest == created["committed"]["digest"]
         try:
@@ -117,7 +118,7 @@ async def test_cli_subscribe_wait_prints_each_first_receipt(temporal_client: Cli
         key = SubscriptionKey(subject="alice", server=st.server.name, uri=a)
         assert doc["workflow_id"] == key.workflow_id and doc["last_accepted_digest"] == digests[a]
         assert doc["last_verdict"] == "ACCEPTED" \
-            and doc["last_receipt_id"] == (await ledger.receipts(key))[-1].receipt_id
+            and doc["last_receipt_id"] == (await ledger.reports.receipts(key))[-1].receipt_id
         for uri in (a, b, missing):
             closed = await st.cli("close", *st.key_args(uri))
             assert closed.code == 0, closed.err

@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,
@@ -107,7 +107,7 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
         reconciled = await eventually(lambda: _audit_for(ledger, "IDENTITY_RECONCILED", key), what="audit")
         assert reconciled[0]["detail"]["scan_id"] == "evidence"
         # The same stray variant again: an invalidation of the exact URI, never another freeze.
-        reads = await ledger.read_count(key)
+        reads = await ledger.reports.read_count(key)
         await fx.notify(variant, unsolicited=True)
         await eventually(lambda: _audit_for(ledger, "NORMALIZED_URI_MATCH_ALREADY_RECONCILED", key),
                          what="the known variant audited")
@@ -120,4 +120,4 @@ async def test_catalog_evidence_reconciles_identity_and_the_same_variant_never_f
 
 
 async def _more_reads(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
-    return await ledger.read_count(key) > before
+    return await ledger.reports.read_count(key) > before

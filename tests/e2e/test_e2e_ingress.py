@@ -20,12 +20,12 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker import orphan_queues
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import Ingress, ingress_task_queue
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost
+from mcpsync.worker.ingress import orphan_queues
+from mcpsync.worker.ingress.process import Ingress, ingress_task_queue
+from mcpsync.worker.ingress.session_host import SessionHost
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind, ReadRequest
 from mcpsync.workflows.records.subscription import SessionInfo, SubscriptionKey, TriggerReason
@@ -74,7 +74,7 @@ async def test_many_subjects_share_one_queue_and_each_reads_through_its_own_sess
         # ingress holding every lease.
         queues = {info.task_queue for info in sessions.values()}
         assert len(queues) == 1, queues
-        holders = {(await ledger.lease_holder(s, server.name) or ("", 0))[0] for s in SUBJECTS}
+        holders = {(await ledger.sessions.lease_holder(s, server.name) or ("", 0))[0] for s in SUBJECTS}
         assert len(holders) == 1 and queues == {ingress_task_queue(holders.pop())}
 
         second = {s: await auth_fx.edit(uris[s], text=f"for {s} only, v2") for s in SUBJECTS}
@@ -85,7 +85,7 @@ async def test_many_subjects_share_one_queue_and_each_reads_through_its_own_sess
             assert rec.session_generation == sessions[s].generation
 
     for s in SUBJECTS:
-        accepted = [r for r in await ledger.receipts(keys[s]) if r.status == AcceptVerdict.ACCEPTED]
+        accepted = [r for r in await ledger.reports.receipts(keys[s]) if r.status == AcceptVerdict.ACCEPTED]
         assert [r.content_digest for r in accepted] == [first[s]["committed"]["digest"],
                                                         second[s]["committed"]["digest"]]
         for r in accepted:  # read through the session of its own (subject, server)
@@ -131,14 +131,14 @@ async def test_takeover_moves_the_session_and_its_queue(temporal_client: Client,
             await _wait_record(handle, lambda r: r.last_accepted_digest == v1["committed"]["digest"], "v1",
                                timeout=60)
             s1 = await ledger.current_session("alice", server.name)
-            lease1 = await ledger.lease_holder("alice", server.name)
+            lease1 = await ledger.sessions.lease_holder("alice", server.name)
             assert s1 is not None and lease1 is not None
             assert (s1.task_queue, lease1[0], host_b.live) == (a.task_queue, a.identity, None)
 
             host_a.stop()  # A gives the session (and releases the lease) up; its worker and queue live on
             s2 = await eventually(lambda: _session_after(ledger, server.name, s1.generation), timeout=20,
                                   what="B's session")
-            lease2 = await ledger.lease_holder("alice", server.name)
+            lease2 = await ledger.sessions.lease_holder("alice", server.name)
             assert lease2 is not None and lease2[0] == b.identity
             assert s2.task_queue == b.task_queue
             v2 = await fx.edit(uri, text="v2 after the takeover")
@@ -155,7 +155,7 @@ async def test_takeover_moves_the_session_and_its_queue(temporal_client: Client,
             other = SubscriptionKey(subject="bob", server=server.name, uri=uri)
             assert (await b.mcp.read(_read(other, s2.generation))).kind == ReadOutcomeKind.SESSION_LOST
 
-    receipts = [r for r in await ledger.receipts(key) if r.status == AcceptVerdict.ACCEPTED]
+    receipts = [r for r in await ledger.reports.receipts(key) if r.status == AcceptVerdict.ACCEPTED]
     assert [(r.content_digest, r.session_generation) for r in receipts] == [
         (v1["committed"]["digest"], s1.generation), (v2["committed"]["digest"], s2.generation)]
 
@@ -167,13 +167,13 @@ async def _session_after(ledger: Ledger, server: str, generation: int) -> Sessio
 
 async def test_an_adopted_queue_is_polled_while_its_ingress_holds_no_lease(
         temporal_client: Client, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``Ingress.adopt`` (``mcpsync.worker.orphan_queues``), level-based: the queue of the previous
+    """``Ingress.adopt`` (``mcpsync.worker.ingress.orphan_queues``), level-based: the queue of the previous
     holder is polled only while that holder holds no live lease on any pair, and only until the
     adoption's bound; never its own queue."""
     monkeypatch.setattr(orphan_queues, "ADOPT_SECONDS", 8.0)
     gone, server = f"gone-host:1:{uuid.uuid4().hex[:8]}", unique("fx")
     queue = ingress_task_queue(gone)
-    assert await ledger.acquire_lease("carol", server, gone, 1.5)
+    assert await ledger.sessions.acquire_lease("carol", server, gone, 1.5)
     ingress = Ingress(temporal_client, ledger)
     run = asyncio.create_task(ingress.run())
     try:
@@ -184,13 +184,13 @@ async def test_an_adopted_queue_is_polled_while_its_ingress_holds_no_lease(
         assert ingress.orphans.polled == frozenset()  # its holder has a live lease: it may be alive
         await eventually(lambda: ingress.orphans.polled == {queue}, timeout=5, interval=0.05,
                          what="the adopted queue polled once its holder's lease lapsed")
-        assert await ledger.lease_holder("carol", server) is None
+        assert await ledger.sessions.lease_holder("carol", server) is None
 
-        assert await ledger.acquire_lease("carol", server, gone, 30.0)  # the holder is back
+        assert await ledger.sessions.acquire_lease("carol", server, gone, 30.0)  # the holder is back
         await eventually(lambda: ingress.orphans.polled == frozenset(),
                          timeout=orphan_queues.RECHECK_SECONDS + 3, interval=0.05,
                          what="the adopted queue left to its holder, who holds a lease again")
-        await ledger.release_lease("carol", server, gone)
+        await ledger.sessions.release_lease("carol", server, gone)
         await eventually(lambda: ingress.orphans.polled == {queue}, timeout=orphan_queues.RECHECK_SECONDS + 3,
                          interval=0.05, what="the adopted queue polled again")
         await eventually(lambda: ingress.orphans.polled == frozenset(), timeout=10, interval=0.05,

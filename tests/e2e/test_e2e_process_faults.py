@@ -13,11 +13,12 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import open_ledger, start_subscription
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
 from tests.e2e.conftest import ingress_received
@@ -63,8 +64,9 @@ async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_s
                                      "v3 after the PostgreSQL restart", timeout=90)
         fence = await ledger.load_fence(key)
         assert fence.last_accepted_digest == v3["committed"]["digest"] and fence.watermark == rec.watermark
-        statuses = [r.status.value for r in await ledger.receipts(key)]
-        accepted = [r.read_ordinal for r in await ledger.receipts(key) if r.status.value == "ACCEPTED"]
+        statuses = [r.status.value for r in await ledger.reports.receipts(key)]
+        accepted = [r.read_ordinal for r in await ledger.reports.receipts(key)
+                    if r.status.value == "ACCEPTED"]
         assert accepted == sorted(accepted) and statuses.count("ACCEPTED") >= 3
     finally:
         await fx.stop()

@@ -1,4 +1,4 @@
-"""Safety reads at the ingress (worker/resync.py) on the real stack: Temporal dev server, PostgreSQL,
+"""Safety reads at the ingress (worker/ingress/resync.py) on the real stack: Temporal dev server, PostgreSQL,
 the fixture MCP server over HTTP with subscribe.
 
 A subscription with a short safety-read period and no change gets its periodic reads from the
@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from benchmarks.staleness import gaps_between_reads
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import SIGNAL_RESOURCE_READ, Act
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
 from tests.conftest import eventually, ledger_rows, running_services, unique

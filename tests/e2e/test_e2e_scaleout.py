@@ -35,12 +35,12 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.ingress import ingress_task_queue
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.ingress.process import ingress_task_queue
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.subscription import MCP_HEARTBEAT_TIMEOUT
 from tests import cli_process
@@ -152,12 +152,12 @@ async def _sticky_timeouts(handle: WorkflowHandle) -> list[float]:
 
 
 async def _other_holder(ledger: Ledger, server: str, old_pid: int) -> tuple[str, int] | None:
-    holder = await ledger.lease_holder("alice", server)
+    holder = await ledger.sessions.lease_holder("alice", server)
     return holder if holder is not None and int(holder[0].split(":")[1]) != old_pid else None
 
 
 async def _holder_and_its_session(ledger: Ledger, server: str):  # type: ignore[no-untyped-def]
-    holder = await ledger.lease_holder("alice", server)
+    holder = await ledger.sessions.lease_holder("alice", server)
     live = await ledger.current_session("alice", server)
     if holder is None or live is None or live.task_queue != ingress_task_queue(holder[0]):
         return None
@@ -199,7 +199,7 @@ async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
     """Subscriptions started right after their sessions' ingress was SIGKILLed, before the leases move:
     the ledger still names the dead sessions, so their subscribes go to the dead ingress's queue. The
     ingress that takes a lease over polls that queue too once the dead one holds no lease
-    (``mcpsync.worker.orphan_queues``) and answers every task there at once (that generation is gone):
+    (``mcpsync.worker.ingress.orphan_queues``) and answers every task there at once (that generation is gone):
     ``alice``'s run rebinds to the new session and is ACTIVE on it within the lease plus a few seconds,
     not after the subscribe's 60 s schedule-to-close; ``bob``'s, a pair it does not hold (nobody
     does), is answered as quickly and waits for a session."""
@@ -269,7 +269,7 @@ async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_
     """A subscribe cycle the ingress had started (its initial read held by the server) when it was
     SIGKILLed: no heartbeat comes any more, so the attempt times out after the heartbeat timeout, not
     the 60 s schedule-to-close, and its retry on the dead queue is answered by the ingress that took the
-    session over (``mcpsync.worker.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
+    session over (``mcpsync.worker.ingress.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
     session with its initial read accepted within the heartbeat timeout plus the lease plus a few
     seconds."""
     fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
@@ -316,7 +316,7 @@ async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_
 
 async def _session_held_by(ledger: Ledger, subject: str, server: str, pid: int):  # type: ignore[no-untyped-def]
     """The live session of (subject, server) when the ingress process ``pid`` holds its lease."""
-    holder = await ledger.lease_holder(subject, server)
+    holder = await ledger.sessions.lease_holder(subject, server)
     live = await ledger.current_session(subject, server)
     if holder is None or live is None or int(holder[0].split(":")[1]) != pid \
             or live.task_queue != ingress_task_queue(holder[0]):
@@ -414,14 +414,14 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
 
         async def accepted_by_all(uri: str, digest: str) -> bool | None:
             for subject in subjects:
-                fence = await ledger.find_subscription(subject, server, uri)
+                fence = await ledger.fence.find_subscription(subject, server, uri)
                 if fence is None or fence.last_accepted_digest != digest:
                     return None
             return True
 
         await asyncio.gather(*(eventually(lambda u=u: accepted_by_all(u, committed[u][0]), timeout=120,  # type: ignore[misc]
                                           what=f"initial read of {u}") for u in uris))
-        holders = {s: await ledger.lease_holder(s, server) for s in subjects}
+        holders = {s: await ledger.sessions.lease_holder(s, server) for s in subjects}
         ingress_of = {procs[n].pid: n for n in ("in1", "in2")}
         assert all(h is not None and int(h[0].split(":")[1]) in ingress_of for h in holders.values()), holders
         owner = ingress_of[int(holders["alice"][0].split(":")[1])]  # type: ignore[index]
@@ -477,10 +477,11 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
         # The survivors carry on: the other main polls the shared queue, the other ingress holds every lease.
         survivor = "in2" if owner == "in1" else "in1"
         assert all(int(h[0].split(":")[1]) == procs[survivor].pid
-                   for h in [await ledger.lease_holder(s, server) for s in moving] if h is not None)
+                   for h in [await ledger.sessions.lease_holder(s, server) for s in moving] if h is not None)
         assert _probe(ports["main2"], "/readyz") == 200 and _probe(ports[survivor], "/readyz") == 200
         # The task queue spread the workflows over both mains; the survivor took over main1's.
-        served = await _workflow_task_workers(temporal_client, [await ledger.workflow_id_of(k) for k in keys],
+        served = await _workflow_task_workers(temporal_client,
+                                              [await ledger.fence.workflow_id_of(k) for k in keys],
                                               {procs["main1"].pid: "main1", procs["main2"].pid: "main2"},
                                               killed_wall)
         print(f"scale-out: workflow tasks completed per main: {served}")
@@ -530,5 +531,5 @@ async def _at_least(counter: list[int], n: int) -> bool | None:
 
 async def _holder_other_than(ledger: Ledger, subject: str, server: str,
                              old_pid: int) -> tuple[str, int] | None:
-    holder = await ledger.lease_holder(subject, server)
+    holder = await ledger.sessions.lease_holder(subject, server)
     return holder if holder is not None and int(holder[0].split(":")[1]) != old_pid else None

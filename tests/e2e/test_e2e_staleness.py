@@ -32,11 +32,11 @@ from temporalio.client import Client, WorkflowHandle
 
 from benchmarks.staleness import gaps_between_reads
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import server_transport
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.ingress.session_host import server_transport
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.names import SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,

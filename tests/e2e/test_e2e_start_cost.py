@@ -18,9 +18,9 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, running_services, unique

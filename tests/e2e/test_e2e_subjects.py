@@ -19,9 +19,10 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, SIGNAL_CATALOG_RECONCILED
 from mcpsync.workflows.records.subscription import CatalogObservation, SubscriptionKey, SubscriptionState
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
@@ -62,7 +63,7 @@ async def _start(client: Client, server: ServerConfig, subject: str, uri: str, q
 
 
 async def _outbox(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, Any]]:
-    return [r for r in await ledger.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
+    return [r for r in await ledger.reports.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
 
 
 async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, ledger: Ledger,
@@ -81,8 +82,9 @@ async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, 
         # A URI hidden from alice yields nothing for alice: not found, no version, no content.
         await _wait_record(ha_bobs, lambda r: r.state == S.TOMBSTONE_PENDING, "hidden from alice")
         assert await _outbox(ledger, a_bobs) == []
-        assert await ledger.get_content("alice", b1["committed"]["digest"]) is None
-        alice_reads, alice_seen = await ledger.read_count(a_bobs), await notifications_seen(ledger, a_bobs)
+        assert await ledger.content.get_content("alice", b1["committed"]["digest"]) is None
+        alice_reads = await ledger.reports.read_count(a_bobs)
+        alice_seen = await notifications_seen(ledger, a_bobs)
         # An update of bob's resource reaches bob's session only and causes no read for alice.
         await fx.wait_subscribed(bobs)
         b2 = await fx.edit(bobs, text="bob only, v2")
@@ -91,7 +93,7 @@ async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, 
         # reached the ingress and was settled, and no read of alice's subscription is in flight or owed.
         await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
         await eventually(lambda: reads_settled(ledger, a_bobs), what="no read owed to alice")
-        assert await ledger.read_count(a_bobs) == alice_reads
+        assert await ledger.reports.read_count(a_bobs) == alice_reads
         assert await notifications_seen(ledger, a_bobs) == alice_seen, "bob's update never named alice's row"
         history = (await ha_shared.fetch_history()).to_json() + (await hb_bobs.fetch_history()).to_json()
     for token in TOKENS.values():
@@ -99,7 +101,7 @@ async def test_visibility_and_routing_stay_per_subject(temporal_client: Client, 
 
 
 async def _more_reads(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
-    return await ledger.read_count(key) > before
+    return await ledger.reports.read_count(key) > before
 
 
 async def _revoked(ledger: Ledger, key: SubscriptionKey) -> dict[str, Any] | None:
@@ -137,7 +139,7 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
                                f"{way} v2")
         digests = {way: (await ledger.load_fence(k)).last_accepted_digest for way, (k, _) in subs.items()}
         for k, _ in subs.values():
-            assert await ledger.current_content(k) is not None
+            assert await ledger.content.current_content(k) is not None
 
         revoking_since = time.monotonic()
         # 1. the server denies the next read
@@ -146,7 +148,7 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         # 2. a reconciled catalog no longer lists it for alice
         rec = await subs["catalog"][1].query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         # An unproven catalog cannot revoke: it only earns a verification read (the URI is still readable).
-        reads = await ledger.read_count(subs["catalog"][0])
+        reads = await ledger.reports.read_count(subs["catalog"][0])
         await subs["catalog"][1].signal(SIGNAL_CATALOG_RECONCILED, CatalogObservation(
             uri=uris["catalog"], listed=False, scan_id="scan-u", snapshot_status="SNAPSHOT_UNPROVEN",
             session_generation=rec.session_generation))
@@ -170,14 +172,14 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
             assert 0 < latency <= waited, \
                 f"{way}: revocation latency {latency:.3f} s, {waited:.3f} s since it began"
             event = await eventually(lambda k=k: _revoked(ledger, k), what=f"revoked outbox row ({way})")
-            receipts = [r.receipt_id for r in await ledger.receipts(k)]
+            receipts = [r.receipt_id for r in await ledger.reports.receipts(k)]
             detail = event["detail"] if isinstance(event["detail"], dict) else json.loads(event["detail"])
             assert set(detail["receipt_ids"]) == set(receipts) and len(receipts) >= 2
-            assert await ledger.current_content(k) is None, "nothing is served after revocation"
-            assert await ledger.get_content("alice", digests[way] or "") is None, "cached body purged"
+            assert await ledger.content.current_content(k) is None, "nothing is served after revocation"
+            assert await ledger.content.get_content("alice", digests[way] or "") is None, "cached body purged"
         # After revocation nothing new is accepted for it, whatever the server says.
         platform = subs["platform"][0]
-        reads = await ledger.read_count(platform)
+        reads = await ledger.reports.read_count(platform)
         served = (await fx.stats())["reads"].get(uris["platform"], 0)
         seen = await notifications_seen(ledger, platform)
         await fx.edit(uris["platform"], text="after revocation")
@@ -188,7 +190,7 @@ async def test_revocation_three_ways_purges_content_and_names_every_receipt(
         await eventually(lambda: ingress_idle(ledger, fx, server.name), what="every notification routed")
         assert await notifications_seen(ledger, platform) > seen
         assert await audited(ledger, "NOTIFICATION_NO_WORKFLOW", platform.workflow_id) >= 1
-        assert await ledger.read_count(platform) == reads
+        assert await ledger.reports.read_count(platform) == reads
         assert (await fx.stats())["reads"].get(uris["platform"], 0) == served, \
             "no resources/read after revocation"
 
@@ -210,14 +212,14 @@ async def test_guardrails_reject_oversize_and_binary_declared_as_text(
         bad = await fx.edit(binary, blob=b"\xff\xfe\x00\x81binary", mime_type="text/plain")
         for k, h, rejected in ((k_big, h_big, huge), (k_bin, h_bin, bad)):
             rec = await _wait_record(h, lambda r: "guardrail" in r.detail, "guardrail rejection")
-            statuses = {r.content_digest: r.status.value for r in await ledger.receipts(k)}
+            statuses = {r.content_digest: r.status.value for r in await ledger.reports.receipts(k)}
             assert statuses[rejected["committed"]["digest"]] == "GUARDRAIL_REJECTED"
             assert [r["content_digest"] for r in await _outbox(ledger, k)] == [
                 (f_big if k is k_big else f_bin)["committed"]["digest"]], "a rejection publishes nothing"
             assert rec.last_accepted_digest == (f_big if k is k_big else f_bin)["committed"]["digest"]
-            assert await ledger.get_content("alice", rejected["committed"]["digest"]) is None
+            assert await ledger.content.get_content("alice", rejected["committed"]["digest"]) is None
         reasons = " ".join(r["detail"]["reason"]
-                           for r in await ledger.audit_rows("GUARDRAIL_REJECTED", limit=50)
+                           for r in await ledger.reports.audit_rows("GUARDRAIL_REJECTED", limit=50)
                            if r["workflow_id"] in (k_big.workflow_id, k_bin.workflow_id))
         assert "size_limit" in reasons and "text_decodes_as_declared" in reasons
         # A later good version is released again.

@@ -16,10 +16,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureControl, FixtureProcess, stdio_command, wait_ready_file
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,
@@ -39,7 +39,7 @@ class Served:
 
 
 async def _outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, object]]:
-    return [r for r in await ledger.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
+    return [r for r in await ledger.reports.outbox_after(0, 10_000) if r["workflow_id"] == key.workflow_id]
 
 
 async def _wait_record(handle, pred, what: str,
@@ -95,7 +95,7 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
         assert final.ended_at is not None and final.started_at is not None \
             and final.ended_at >= final.started_at
         assert final.next_read_due_at is None and final.last_accepted_at is not None
-        reads_before = await ledger.read_count(key)
+        reads_before = await ledger.reports.read_count(key)
         stats = await control.stats()
         served_before, sent_before = stats["reads"].get(uri, 0), stats["notifications_sent"].get(uri, 0)
         seen_before = await notifications_seen(ledger, key)
@@ -115,7 +115,7 @@ async def _converge_and_close(client: Client, ledger: Ledger, server: ServerConf
             # 2026-07-28 has no unsolicited updates: the listen stream closed with the subscription,
             # so the drained notifier sent the change to no stream of ours.
             assert (await control.stats())["notifications_sent"].get(uri, 0) == sent_before
-        assert await ledger.read_count(key) == reads_before, "no read after CLOSED"
+        assert await ledger.reports.read_count(key) == reads_before, "no read after CLOSED"
         assert (await control.stats())["reads"].get(uri, 0) == served_before, "no resources/read after CLOSED"
         # The close told consumers once ('closed'); nothing after it.
         assert [r["event_type"] for r in await _outbox_for(ledger, key)] == \

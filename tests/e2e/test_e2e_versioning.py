@@ -28,17 +28,12 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.cli_upgrades import open_runs, runs_without
-from mcpsync.worker.config import ConfigError, TemporalConfig, load_config
-from mcpsync.worker.runtime import (
-    MAIN_WORKFLOWS,
-    deployment_version,
-    main_worker,
-    start_catalog,
-    start_subscription,
-)
-from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.cli.upgrades import open_runs, runs_without
+from mcpsync.worker.main.config import ConfigError, TemporalConfig, load_config
+from mcpsync.worker.main.worker import MAIN_WORKFLOWS, deployment_version, main_worker
+from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
 from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0

@@ -10,9 +10,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 from tests.conftest import running_services, unique
 from tests.e2e.test_e2e_subscription import _wait_record
@@ -78,7 +78,7 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
 async def test_answer_gate_workflow_ids_are_readable(temporal_client: Client, ledger: Ledger) -> None:
     import pytest
 
-    from mcpsync.worker.answer_gate import AnswerGate, AnswerGateError
+    from mcpsync.worker.api.answer_gate import AnswerGate, AnswerGateError
     from mcpsync.workflows.answer_rules import AnswerDependency
     from mcpsync.workflows.names import answer_workflow_id
 
@@ -102,7 +102,7 @@ async def test_each_workflow_type_has_its_own_state_attribute(temporal_client: C
     # McpState is the subscription's vocabulary only; a catalog's status is McpCatalogState.
     from temporalio.common import SearchAttributeKey
 
-    from mcpsync.worker.runtime import start_catalog
+    from mcpsync.activities.starters import start_catalog
     from mcpsync.workflows.records.catalog import CatalogKey
     from tests.conftest import eventually
 

@@ -1,4 +1,5 @@
-"""``mcpsync.worker.heartbeats`` on the real dev server: an activity scheduled with a heartbeat timeout
+"""``mcpsync.worker.ingress.heartbeats`` on the real dev server: an activity scheduled with a heartbeat
+timeout
 that runs longer than it completes in its first attempt on a worker with the interceptor, and times
 out without it (what a dead ingress's attempt does)."""
 
@@ -15,7 +16,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.worker import Worker
 
-from mcpsync.worker.heartbeats import Heartbeats
+from mcpsync.worker.ingress.heartbeats import Heartbeats
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=1)
 RUNS_FOR = 2.5  # seconds: longer than two heartbeat timeouts

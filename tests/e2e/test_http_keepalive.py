@@ -1,4 +1,4 @@
-"""Connection reuse over streamable HTTP (``worker/http_keepalive.py``) through the transport mcpsync
+"""Connection reuse over streamable HTTP (``worker/ingress/keepalive.py``) through the transport mcpsync
 really opens (``session_transport.server_transport``), over real sockets:
 
 - the fixture server (a subprocess): 50 sequential reads on one session open almost no connection
@@ -31,9 +31,9 @@ import httpx2
 from mcp import Client
 
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.http_keepalive import DRAIN_BYTES, DRAIN_SECONDS, KeepAliveTransport
-from mcpsync.worker.session_transport import server_transport
+from mcpsync.worker.ingress.keepalive import DRAIN_BYTES, DRAIN_SECONDS, KeepAliveTransport
+from mcpsync.worker.ingress.transport import server_transport
+from mcpsync.worker.main.config import ServerConfig
 from tests.conftest import eventually
 
 SEQUENTIAL_MEDIAN = 0.035  # seconds

@@ -20,13 +20,14 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from mcpsync.activities.catalog_ledger import CatalogLedger
-from mcpsync.activities.db import backfill_uri_normalized, migrate, open_pool
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
+from mcpsync.activities.ledger.db import backfill_uri_normalized, migrate, open_pool
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke, start_catalog, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke
 from mcpsync.workflows.catalog_rules import CatalogView
 from mcpsync.workflows.names import (
     QUERY_CATALOG,
@@ -123,19 +124,22 @@ async def test_normalized_siblings_are_live_same_view_and_never_the_exact_uri(le
     await ledger.ensure_subscription(SubscriptionKey(subject="alice", server=server, uri=f"demo://x/{tag}/u"),
                                      "i")
 
-    siblings = await ledger.normalized_siblings("alice", server, tilde)
+    siblings = await ledger.fence.normalized_siblings("alice", server, tilde)
     assert siblings == sorted([(keys[encoded].workflow_id, encoded), (keys[shouting].workflow_id, shouting)],
                               key=lambda s: s[1])
     # An unsubscribed spelling finds every subscribed one; a URI with no sibling finds none.
-    assert {u for _, u in await ledger.normalized_siblings("alice", server, f"demo://X/{tag}/%7ET")} == set()
-    assert {u for _, u in await ledger.normalized_siblings("alice", server, f"demo://x/{tag}/%7e%74")} \
+    siblings = await ledger.fence.normalized_siblings("alice", server, f"demo://X/{tag}/%7ET")
+    assert {u for _, u in siblings} == set()
+    assert {u for _, u in await ledger.fence.normalized_siblings("alice", server, f"demo://x/{tag}/%7e%74")} \
         == {tilde, encoded, shouting}
-    assert await ledger.normalized_siblings("alice", server, f"demo://x/{tag}/u") == []
+    assert await ledger.fence.normalized_siblings("alice", server, f"demo://x/{tag}/u") == []
     # Terminal states (REVOKED among them) are never siblings.
     await ledger.revoke(keys[shouting], reason="test", source="platform", effective_at=datetime.now(UTC))
     assert (await ledger.load_fence(keys[shouting])).state == S.REVOKED
-    assert await ledger.normalized_siblings("alice", server, tilde) == [(keys[encoded].workflow_id, encoded)]
-    assert await ledger.normalized_siblings("bob", server, tilde) == [(other_subject.workflow_id, encoded)]
+    assert await ledger.fence.normalized_siblings("alice", server, tilde) == [
+        (keys[encoded].workflow_id, encoded)]
+    assert await ledger.fence.normalized_siblings("bob", server, tilde) == [
+        (other_subject.workflow_id, encoded)]
 
 
 async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempotent(ledger: Ledger) -> None:
@@ -163,7 +167,7 @@ async def test_backfill_fills_missing_normalized_uris_in_batches_and_is_idempote
     assert await ledger_rows(ledger,
                              "SELECT count(*) FROM subscriptions WHERE server=%s AND uri_normalized IS NULL",
                              server) == [(0,)]
-    assert len(await ledger.normalized_siblings("alice", server, f"http://example.com/{tag}/a/~3")) == 1
+    assert len(await ledger.fence.normalized_siblings("alice", server, f"http://example.com/{tag}/a/~3")) == 1
 
     # A row the backfill has not reached yet is filled when its workflow ensures it.
     key = SubscriptionKey(subject="alice", server=server, uri=uris[1])
@@ -188,9 +192,9 @@ async def test_upgrade_to_008_backfills_rows_written_before_it(postgres_url: str
                                        " VALUES (%s, 'alice', 'v7', %s, 'ACTIVE')", (f"wf-{i}", uri))
             assert await migrate(pool) == ["008_uri_identity.sql"]
             led = Ledger(pool)
-            assert await led.normalized_siblings("alice", "v7",
+            assert await led.fence.normalized_siblings("alice", "v7",
                                                  "demo://v7/~a") == [("wf-1", "demo://v7/%7Ea")]
-            assert await led.normalized_siblings("alice", "v7", "demo://v7/b") == []
+            assert await led.fence.normalized_siblings("alice", "v7", "demo://v7/b") == []
         finally:
             await pool.close()
 
@@ -274,7 +278,7 @@ async def test_variant_notification_without_catalog_is_audited_for_the_time_boun
     exact, variant = f"demo://id/{tag}/a%2Fb", f"demo://id/{tag}/a%2fb"
     async with running_services(temporal_client, ledger, [server]) as cfg:
         key, handle = await _started(temporal_client, fx, server, cfg.temporal.task_queue, exact, "exact")
-        reads = await ledger.read_count(key)
+        reads = await ledger.reports.read_count(key)
         await fx.notify(variant, unsolicited=True)
         match = await eventually(lambda: _audit(ledger, "NORMALIZED_URI_MATCH", workflow_id=key.workflow_id),
                                  what="NORMALIZED_URI_MATCH")
@@ -285,7 +289,7 @@ async def test_variant_notification_without_catalog_is_audited_for_the_time_boun
         assert no_catalog[0]["detail"]["reason"] == f"identity conflict: {variant}"
         conflicts = await _signals(temporal_client, handle, SIGNAL_IDENTITY_CONFLICT, IdentityConflict)
         assert [c.observed_uri for c in conflicts] == [variant]
-        assert await ledger.read_count(key) == reads, "a variant never causes a read of the exact URI"
+        assert await ledger.reports.read_count(key) == reads, "a variant never causes a read of the exact URI"
         assert not await _audit(ledger, "AMBIGUOUS_SIBLING_INVALIDATED", workflow_id=key.workflow_id)
 
 
@@ -351,7 +355,7 @@ async def _newer(items: Any, than: int) -> list[Any] | None:
 
 async def test_revoked_subscription_gets_no_signal_after_reconnect(temporal_client: Client, ledger: Ledger,
                                                                    tmp_path: Path) -> None:
-    from mcpsync.worker.stack import free_port
+    from mcpsync.worker.stack.common import free_port
 
     port = free_port()
     fx = await FixtureProcess.start_http(tmp_path / "a", seed="none", port=port)

@@ -39,10 +39,10 @@ from temporalio.client import WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import classify_error, read_digest
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_host import SessionHost
+from mcpsync.worker.ingress.session_host import SessionHost
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION, UPDATE_CLOSE
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
@@ -166,7 +166,8 @@ async def wait_record(handle: WorkflowHandle, pred: Callable[[ResourceSubscripti
 
 
 async def outbox_for(ledger: Ledger, key: SubscriptionKey) -> list[dict[str, Any]]:
-    return [dict(r) for r in await ledger.outbox_after(0, 100_000) if r["workflow_id"] == key.workflow_id]
+    return [dict(r) for r in await ledger.reports.outbox_after(0, 100_000)
+            if r["workflow_id"] == key.workflow_id]
 
 
 async def close(handle: WorkflowHandle) -> CloseReceipt:
@@ -290,7 +291,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         await wait_record(mhandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING,
                           "missing URI tombstoned")
         assert await outbox_for(ledger, mkey) == []
-        assert [r.status for r in await ledger.receipts(mkey)] == [AcceptVerdict.TOMBSTONE_PENDING]
+        assert [r.status for r in await ledger.reports.receipts(mkey)] == [AcceptVerdict.TOMBSTONE_PENDING]
 
         # A template URI with a bad id answers -32603 "Unknown resource": an internal error is no
         # proof of absence, so the read is rejected (READ_FAILED audit) and nothing is tombstoned.
@@ -299,7 +300,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         bhandle = await start_subscription(temporal_client, bkey, task_queue=task_queue)
 
         async def read_failed() -> list[dict[str, Any]]:
-            return [dict(r) for r in await ledger.audit_rows("READ_FAILED", 10_000)
+            return [dict(r) for r in await ledger.reports.audit_rows("READ_FAILED", 10_000)
                     if r["workflow_id"] == bkey.workflow_id]
 
         await eventually(read_failed, timeout=15, what="a READ_FAILED audit for the -32603 read")
@@ -307,7 +308,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         brec = await wait_record(bhandle, lambda r: r.state == SubscriptionState.ACTIVE,
                                  "rejected read judged", timeout=15)
         assert brec.last_accepted_digest is None
-        assert await ledger.receipts(bkey) == [] and await outbox_for(ledger, bkey) == []
+        assert await ledger.reports.receipts(bkey) == [] and await outbox_for(ledger, bkey) == []
         handles[bkey.uri], keys[bkey.uri] = bhandle, bkey  # closed with the others below
 
         # A session resource: it exists only in the session that created it.
@@ -319,7 +320,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         skey = SubscriptionKey(subject=SUBJECT, server=server.name, uri=session_uri)
         shandle = await start_subscription(temporal_client, skey, task_queue=task_queue)
         # It was read (an application/gzip body: ACCEPTED, or GUARDRAIL_REJECTED where policy bars binaries).
-        await eventually(lambda: ledger.receipts(skey), timeout=30, what="the session resource read")
+        await eventually(lambda: ledger.reports.receipts(skey), timeout=30, what="the session resource read")
         # The receipt commits inside the accept activity; the workflow mirrors it one task later.
         srec = await wait_record(shandle, lambda r: r.state == SubscriptionState.ACTIVE,
                                  "session resource ACTIVE", timeout=15)
@@ -330,7 +331,7 @@ async def test_everything_subscribe_converge_nudge_tombstone_close(
         await wait_record(shandle, lambda r: r.state == SubscriptionState.TOMBSTONE_PENDING
                           and r.session_generation > generation, "session resource tombstoned", timeout=45)
         assert await outbox_for(ledger, skey) == outbox_before, "a tombstone never writes an outbox row"
-        assert (await ledger.receipts(skey))[-1].status == AcceptVerdict.TOMBSTONE_PENDING
+        assert (await ledger.reports.receipts(skey))[-1].status == AcceptVerdict.TOMBSTONE_PENDING
         assert (await ledger.load_fence(skey)).last_accepted_digest == srec.last_accepted_digest
         for uri in docs:  # the documents resubscribed on the new session and still hold their digest
             await wait_record(handles[uri], lambda r: r.state == SubscriptionState.ACTIVE
@@ -354,7 +355,7 @@ async def _more_seen(ledger: Ledger, key: SubscriptionKey, before: int) -> bool:
 
 async def _has_receipt(ledger: Ledger, key: SubscriptionKey, status: AcceptVerdict,
                        trigger: TriggerReason) -> bool:
-    return any(r.status == status and r.trigger == trigger for r in await ledger.receipts(key))
+    return any(r.status == status and r.trigger == trigger for r in await ledger.reports.receipts(key))
 
 
 async def _outbox_count(ledger: Ledger, key: SubscriptionKey, at_least: int) -> bool:
@@ -488,7 +489,8 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             assert second != first
             await wait_record(handle, lambda r: r.last_accepted_digest == second, "edit converged via listen")
             assert [r["content_digest"] for r in await outbox_for(ledger, key)] == [first, second]
-            triggers = [r.trigger for r in await ledger.receipts(key) if r.status == AcceptVerdict.ACCEPTED]
+            triggers = [r.trigger for r in await ledger.reports.receipts(key)
+                        if r.status == AcceptVerdict.ACCEPTED]
             assert triggers[-1] == TriggerReason.UPDATED
 
             mhandle = await start_subscription(temporal_client, mkey, task_queue=tq)
@@ -497,7 +499,7 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             assert await outbox_for(ledger, mkey) == []
 
             assert (await close(handle)).state == SubscriptionState.CLOSED
-            reads, seen = await ledger.read_count(key), await notifications_seen(ledger, key)
+            reads, seen = await ledger.reports.read_count(key), await notifications_seen(ledger, key)
             marks = await notifications_seen(ledger, mkey)
             await direct.call_tool("edit", {"text": "revision 3, after close"})
             # Witness: a later event from the same server, for the URI still subscribed, reached the
@@ -505,7 +507,7 @@ async def test_mcpserver_2026_listen_converges_tombstones_closes(temporal_client
             assert not (await direct.call_tool("touch", {"uri": mkey.uri})).is_error
             await eventually(lambda: _more_seen(ledger, mkey, marks), what="the later marker event recorded")
             await eventually(lambda: ingress_settled(ledger, server.name), what="every notification routed")
-            assert await ledger.read_count(key) == reads, "no read after CLOSED"
+            assert await ledger.reports.read_count(key) == reads, "no read after CLOSED"
             assert await notifications_seen(ledger, key) == seen, "the listen stream ended with the close"
             await close(mhandle)
 

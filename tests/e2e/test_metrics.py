@@ -29,12 +29,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_metrics import UNRESOLVED
+from mcpsync.activities.ledger.metrics import UNRESOLVED
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import MetricsConfig, ServerConfig, load_config
-from mcpsync.worker.metrics import MetricsServer, MetricsUnavailable, serve_metrics
-from mcpsync.worker.runtime import revoke, start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.main.config import MetricsConfig, ServerConfig, load_config
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.observe.metrics import MetricsServer, MetricsUnavailable, serve_metrics
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import (
@@ -189,7 +190,7 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
 
             text, samples = await eventually(scraped, timeout=20, interval=0.3,
                                              what="metrics reflect the run")
-        ledger_reads = sum([await ledger.read_count(k) for k in (live, doomed)])
+        ledger_reads = sum([await ledger.reports.read_count(k) for k in (live, doomed)])
     finally:
         await fx.stop()
         await ms.aclose()
@@ -333,7 +334,7 @@ async def _subscription(ledger: Ledger, server: str, subject: str, state: Subscr
 async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *,
                 issued_seconds_ago: float) -> AcceptVerdict:
     """Allocate one read and judge it as having seen ``digest``; its allocation backdated."""
-    ticket = await ledger.allocate_read(AllocateRequest(
+    ticket = await ledger.fence.allocate_read(AllocateRequest(
         key=key, session_generation=1, subscription_generation=1, min_ordinal=1,
         request_id=str(uuid.uuid4()), trigger=TriggerReason.UPDATED))
     assert ticket.granted
@@ -342,13 +343,13 @@ async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *,
     outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=key, ordinal=ticket.ordinal,
                           request_id=ticket.request_id, session_generation=1, subscription_generation=1,
                           trigger=TriggerReason.UPDATED, content_digest=digest, mime_type="text/plain")
-    result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
+    result = await ledger.fence.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
                                                close_epoch=0))
     return result.verdict
 
 
 async def _open_session(ledger: Ledger, server: str, subject: str, *, subscribe: bool) -> None:
-    await ledger.open_session(subject=subject, server=server, edition="2025-11-25",
+    await ledger.sessions.open_session(subject=subject, server=server, edition="2025-11-25",
                               capabilities={"subscribe": subscribe}, server_name="fixture",
                               server_version="1", task_queue=f"mcpsync-session/{server}/{subject}",
                               host_id="host-test")
@@ -410,7 +411,7 @@ async def test_freshness_age_is_held_to_the_bound_of_its_mode(ledger: Ledger,
     assert await _read(ledger, stale, "sha256:a", issued_seconds_ago=1000) == AcceptVerdict.ACCEPTED
     assert await _read(ledger, stale, "sha256:a", issued_seconds_ago=400) == AcceptVerdict.UNCHANGED
     # A read in flight (allocated, not judged) verifies nothing yet.
-    assert (await ledger.allocate_read(AllocateRequest(
+    assert (await ledger.fence.allocate_read(AllocateRequest(
         key=stale, session_generation=1, subscription_generation=1, min_ordinal=1,
         request_id=str(uuid.uuid4()), trigger=TriggerReason.POLL))).granted
     fresh = await _subscription(ledger, server, "sub")
@@ -437,17 +438,17 @@ async def test_freshness_age_is_held_to_the_bound_of_its_mode(ledger: Ledger,
 
 async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server: MetricsServer) -> None:
     server = unique("srv")
-    await ledger.acquire_lease("up", server, "host-a", 60)
+    await ledger.sessions.acquire_lease("up", server, "host-a", 60)
     await _open_session(ledger, server, "up", subscribe=True)
     # An ingress that died: its session row still open, its lease run out.
-    await ledger.acquire_lease("dead", server, "host-b", 0.05)
+    await ledger.sessions.acquire_lease("dead", server, "host-b", 0.05)
     await _open_session(ledger, server, "dead", subscribe=True)
     # A subscription waiting for a session that never opened.
     await ledger.ensure_subscription(SubscriptionKey(subject="waiting", server=server, uri="demo://m/w"),
                                      "inc-1")
     # Closed and nothing left to serve: not listed.
     await _open_session(ledger, server, "gone", subscribe=True)
-    await ledger.close_session("gone", server, 1)
+    await ledger.sessions.close_session("gone", server, 1)
     await asyncio.sleep(0.2)
 
     _, s = await _refresh_and_scrape(metrics_server, ledger)
@@ -455,7 +456,7 @@ async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server:
           if n == "mcpsync_session_up" and ("server", server) in lab}
     assert up == {"up": 1.0, "dead": 0.0, "waiting": 0.0}
 
-    await ledger.close_session("up", server, 1)
+    await ledger.sessions.close_session("up", server, 1)
     _, s = await _refresh_and_scrape(metrics_server, ledger)
     assert _value(s, "mcpsync_session_up", server=server, subject="up") == 0
 

@@ -12,8 +12,8 @@ import pytest
 from mcp import Client
 
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.probe import CallableNudge, ProbeError, ProbeReport, probe_server
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.observe.probe import CallableNudge, ProbeError, ProbeReport, probe_server
 from tests import cli_process
 from tests.conftest import unique
 from tests.e2e.test_interop_everything import everything_entry

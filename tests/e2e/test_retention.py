@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.retention import prune
-from mcpsync.worker.config import Config, RetentionConfig, TemporalConfig
-from mcpsync.worker.runtime import run_services
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.worker.main.config import Config, RetentionConfig, TemporalConfig
+from mcpsync.worker.main.services import run_services
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique
@@ -40,8 +40,8 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
     closed = await _active(ledger, uri="demo://retention/closed")
     subject = key.subject
     for digest in ("sha256:r1", "sha256:r2", "sha256:r-stale"):
-        await ledger.put_content(subject, digest, "text/plain", b"x" * 10)
-    await ledger.put_content(closed.subject, "sha256:r-closed", "text/plain", b"y" * 10)
+        await ledger.content.put_content(subject, digest, "text/plain", b"x" * 10)
+    await ledger.content.put_content(closed.subject, "sha256:r-closed", "text/plain", b"y" * 10)
     o1, o2 = await _issue(ledger, key), await _issue(ledger, key)
     assert await _accept(ledger, key, o1, "sha256:r1") == "ACCEPTED"
     assert await _accept(ledger, key, o2, "sha256:r2") == "ACCEPTED"  # current: r2
@@ -51,7 +51,7 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
     receipt: CloseReceipt = await ledger.begin_unsubscribe(closed)
     assert receipt.state == S.UNSUBSCRIBING
     await ledger.finish_unsubscribe(closed, True)
-    await ledger.audit("RETENTION_TEST", subject=subject, workflow_id=key.workflow_id)
+    await ledger.journal.audit("RETENTION_TEST", subject=subject, workflow_id=key.workflow_id)
     # A catalog built from two scans keeps them; a scan no catalog used goes.
     a, b, lone = await _scan(ledger, subject), await _scan(ledger, subject, "B"), await _scan(ledger, subject)
     await ledger_rows(ledger, """
@@ -86,7 +86,7 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
                                          "SELECT content_digest FROM content_store WHERE subject = ANY(%s)",
                                         subjects)}
     assert bodies == {"sha256:r2"}, "only the current version of an ACTIVE subscription is kept"
-    assert (await ledger.current_content(key)) is not None
+    assert (await ledger.content.current_content(key)) is not None
     assert [r[0] for r in await ledger_rows(ledger, "SELECT ordinal FROM read_requests WHERE workflow_id=%s",
                                       key.workflow_id)] == [open_read]
     receipts = await ledger_rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)",
@@ -104,9 +104,9 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
     assert (again.content_bodies, again.read_requests, again.discovery_scans) == (0, 0, 0)
     # A body read again (the resource went back to an old version) is young again, so it cannot
     # be pruned between its read and its acceptance.
-    await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
+    await ledger.content.put_content(closed.subject, "sha256:back", "text/plain", b"z")
     await ledger_rows(ledger, f"UPDATE content_store SET stored_at = {OLD} WHERE subject=%s", closed.subject)
-    await ledger.put_content(closed.subject, "sha256:back", "text/plain", b"z")
+    await ledger.content.put_content(closed.subject, "sha256:back", "text/plain", b"z")
     assert (await prune(ledger.pool, keep=timedelta(days=7), dry_run=True)).content_bodies == 0
 
 
@@ -128,7 +128,7 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
 
 async def test_the_worker_prunes_on_its_retention_interval(ledger: Ledger, temporal_client: Any) -> None:
     key = await _active(ledger, uri="demo://retention/periodic")
-    await ledger.audit("RETENTION_PERIODIC", subject=key.subject, workflow_id=key.workflow_id)
+    await ledger.journal.audit("RETENTION_PERIODIC", subject=key.subject, workflow_id=key.workflow_id)
     await ledger_rows(ledger, f"UPDATE audit SET created_at = {OLD} WHERE workflow_id=%s", key.workflow_id)
     config = Config(temporal=TemporalConfig(task_queue=unique("retention")),
                     retention=RetentionConfig(keep_days=7, interval_seconds=0.3))

@@ -23,16 +23,16 @@ import pytest
 from temporalio.client import Client
 
 from mcpsync.activities import catalog_scan
-from mcpsync.activities.catalog_ledger import CatalogLedger
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.catalog import CatalogLedger
 from mcpsync.activities.mcp_session import MAX_METADATA_CHARS
+from mcpsync.activities.starters import start_catalog, start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker import metrics
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_catalog, start_subscription
-from mcpsync.worker.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
-from mcpsync.worker.stack_temporal import TemporalDevServer
-from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS
+from mcpsync.worker.ingress.session_host import AUDIT_ROWS_PER_SESSION, AUDIT_URI_CHARS
+from mcpsync.worker.ingress.transport_bounds import MAX_MESSAGE_URIS
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.observe import metrics
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.catalog import CatalogKey, ResourceDiscoveryScanV1, ScanStatus
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.uris import MAX_URI_LENGTH
@@ -158,7 +158,7 @@ async def test_a_five_megabyte_mime_type_is_cut(temporal_client: Client, ledger:
             await _wait_record(handle,
                                lambda r: r.last_accepted_digest not in (None, first.last_accepted_digest),
                                "the edit")
-    receipts = await ledger.receipts(key)
+    receipts = await ledger.reports.receipts(key)
     assert len(receipts) >= 2
     assert all(r.mime_type is not None and len(r.mime_type) == MAX_METADATA_CHARS for r in receipts)
     assert receipts[-1].mime_type == mime[:MAX_METADATA_CHARS]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.postgres import SOCKET_PATH_MAX
 from tests.conftest import eventually, private_state_dir, unique
 from tests.e2e.test_cli import _one_error_line, _up_log, run_cli
 from tests.e2e.test_e2e_faults import MCPSYNC

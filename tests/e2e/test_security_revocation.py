@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.released import ContentRefused, released_content
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import revoke_subject, start_subscription
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.revocation import revoke_subject
 from mcpsync.workflows.names import UPDATE_CLOSE
 from mcpsync.workflows.records.subscription import (
     CloseReceipt,
@@ -49,11 +50,12 @@ async def _bodies(ledger: Ledger, subject: str, digests: list[str]) -> int:
 
 
 async def _released_receipts(ledger: Ledger, key: SubscriptionKey) -> list[int]:
-    return [r.receipt_id for r in await ledger.receipts(key) if r.status.value in ("ACCEPTED", "UNCHANGED")]
+    return [r.receipt_id for r in await ledger.reports.receipts(key)
+            if r.status.value in ("ACCEPTED", "UNCHANGED")]
 
 
 async def _revoked_events(ledger: Ledger, workflow_id: str) -> list[dict[str, Any]]:
-    rows = [r for r in await ledger.outbox_after(0, 100_000)
+    rows = [r for r in await ledger.reports.outbox_after(0, 100_000)
             if r["workflow_id"] == workflow_id and r["event_type"] == "revoked"]
     for r in rows:
         if not isinstance(r["detail"], dict):
@@ -121,7 +123,7 @@ async def test_whole_subject_revoke_covers_closed_subscriptions(
             events = await _revoked_events(ledger, key.workflow_id)
             assert len(events) == 1, events
             detail = events[0]["detail"]
-            assert set(detail["receipt_ids"]) == {r.receipt_id for r in await ledger.receipts(key)}
+            assert set(detail["receipt_ids"]) == {r.receipt_id for r in await ledger.reports.receipts(key)}
             assert detail["subject_revocation_id"] == done.ledger.subject_revocation_id
         assert set(done.ledger.receipt_ids) >= set(closed_receipts + live_receipts)
         assert (await ledger.load_fence(keys[closed_uri])).state == S.CLOSED
@@ -200,13 +202,13 @@ async def test_read_in_flight_across_a_revoke_leaves_no_body(
         assert final.state == S.REVOKED
     # The late read reached the ledger after the purge: no body of it, nor of v1, is stored.
     assert await _bodies(ledger, "alice", [v1["committed"]["digest"], v2["committed"]["digest"]]) == 0
-    assert [r.content_digest for r in await ledger.receipts(key)] == [v1["committed"]["digest"]]
+    assert [r.content_digest for r in await ledger.reports.receipts(key)] == [v1["committed"]["digest"]]
 
 
 async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger) -> None:
-    """The standalone ``mcp_read`` path: its body waits in ``content_pending``; the accept stores
+    """A read alone (``McpSessionActivities.read``): its body waits in ``content_pending``; the accept stores
     it when it releases the read, drops it otherwise; a revocation drops what is still waiting."""
-    from mcpsync.activities.ledger_content import ReadBody
+    from mcpsync.activities.ledger.content import ReadBody
     from tests.integration.test_ledger import _accept, _active, _issue
 
     key = await _active(ledger, f"demo://sec/staged/{uuid.uuid4().hex}")
@@ -215,7 +217,7 @@ async def test_a_staged_body_is_stored_only_by_a_releasing_accept(ledger: Ledger
     await ledger.content.stage(key, first, ok)
     assert await _bodies(ledger, key.subject, [ok.digest]) == 0, "nothing is stored before the accept"
     assert await _accept(ledger, key, first, ok.digest) == "ACCEPTED"
-    assert await ledger.get_content(key.subject, ok.digest) == b"ok"
+    assert await ledger.content.get_content(key.subject, ok.digest) == b"ok"
     # A read older than the current version: STALE, its staged body is dropped, not stored.
     late, newer = await _issue(ledger, key), await _issue(ledger, key)
     stale = ReadBody(digest="sha256:staged-stale", mime_type="text/plain", kind="text", body=b"stale")

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
-from mcpsync.worker.stack import state_dir
+from mcpsync.worker.stack.common import state_dir
 from tests import cli_process
 from tests.conftest import ledger_rows, unique
 from tests.e2e.serve_helpers import ServeProcess, events_poll, raw_session, serve_client, serve_conf
@@ -52,7 +52,7 @@ async def serve(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> 
 
 
 async def ledger_rows_by_url(database_url: str) -> None:
-    from mcpsync.worker.runtime import open_ledger
+    from mcpsync.worker.main.connect import open_ledger
 
     ledger = await open_ledger(database_url, max_size=1)
     try:
@@ -211,7 +211,7 @@ async def test_a_cursor_forged_from_the_ledger_url_is_refused(serve: ServeProces
         with pytest.raises(MCPError) as forged:
             await events_poll(client, _url_derived_cursor(database_url, "0", ALICE))
         assert forged.value.code == -32602, forged.value
-    from mcpsync.worker.serve_cursors import KEY_FILE
+    from mcpsync.worker.serve.cursors import KEY_FILE
 
     mode = stat.S_IMODE((state_dir() / KEY_FILE).stat().st_mode)
     assert mode == 0o600, oct(mode)

@@ -23,12 +23,12 @@ import uvicorn
 from mcp.shared.exceptions import MCPError
 
 from benchmarks.ledger_seed import seed_version
-from mcpsync.activities.content import ContentRefused, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.visibility import RULE_FUNCTION
-from mcpsync.worker.serve import ServeConfig, ServeHub, build_server
-from mcpsync.worker.serve_cursors import CursorSigner
-from mcpsync.worker.serve_quota import Quota
+from mcpsync.activities.ledger.released import ContentRefused, released_content
+from mcpsync.activities.ledger.visibility import RULE_FUNCTION
+from mcpsync.worker.serve.cursors import CursorSigner
+from mcpsync.worker.serve.quota import Quota
+from mcpsync.worker.serve.server import ServeConfig, ServeHub, build_server
 from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (
@@ -121,7 +121,7 @@ async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_se
 ) -> None:
     """Finding 4, one rule: redefining ``mcpsync_version_visible`` (on a database of its own) changes
     what ``released_content`` (``content get``) releases and what serve lists, reads and replays alike."""
-    from mcpsync.worker.runtime import open_ledger
+    from mcpsync.worker.main.connect import open_ledger
 
     async with fresh_database(postgres_url) as url:
         own = await open_ledger(url, max_size=2)

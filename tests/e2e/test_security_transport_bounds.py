@@ -21,9 +21,9 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.activities.mcp_session import classify_error
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.session_host import server_transport
-from mcpsync.worker.transport_bounds import MAX_MESSAGE_URIS, transport_limit
+from mcpsync.worker.ingress.session_host import server_transport
+from mcpsync.worker.ingress.transport_bounds import MAX_MESSAGE_URIS, transport_limit
+from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 
 MAX_CONTENT = 256 * 1024  # the transport limit is then ~576 KiB

@@ -30,12 +30,12 @@ from mcp.shared.exceptions import MCPError
 from temporalio.client import Client as TemporalClient
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.reply_shape import READ_VALUES
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.session_transport import HTTP_CONNECTIONS, server_transport
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.activities.starters import start_subscription
+from mcpsync.worker.ingress.reply_shape import READ_VALUES
+from mcpsync.worker.ingress.transport import HTTP_CONNECTIONS, server_transport
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique

@@ -26,9 +26,9 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.runtime import revoke
-from mcpsync.worker.serve import FRESHNESS_META as FRESH
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.serve.server import FRESHNESS_META as FRESH
+from mcpsync.worker.stack.common import REPO_ROOT
 from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows, unique
 from tests.e2e.serve_helpers import (

@@ -35,8 +35,8 @@ from temporalio.client import Client
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.serve import FRESHNESS_META as FRESH
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.serve.server import FRESHNESS_META as FRESH
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.digest import ContentPart, content_digest
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique

@@ -42,11 +42,11 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.activities.workflow_updates import execute_update
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     SIGNAL_CATALOG_RECONCILED,
     SIGNAL_CLOSE,

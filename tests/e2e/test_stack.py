@@ -1,4 +1,4 @@
-"""worker/stack.py against real processes: Temporal dev server, time-skipping server, PostgreSQL."""
+"""worker/stack/common.py against real processes: Temporal dev server, time-skipping server, PostgreSQL."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.stack import REPO_ROOT, PortInUseError, StackError, free_port, state_dir
-from mcpsync.worker.stack_postgres import EmbeddedPostgres
-from mcpsync.worker.stack_temporal import (
+from mcpsync.worker.stack.common import REPO_ROOT, PortInUseError, StackError, free_port, state_dir
+from mcpsync.worker.stack.postgres import EmbeddedPostgres
+from mcpsync.worker.stack.temporal import (
     SEARCH_ATTRIBUTE_TYPES,
     TemporalDevServer,
     ensure_search_attributes,
@@ -143,7 +143,7 @@ async def test_orphaned_dev_server_is_replaced(tmp_path: Path) -> None:
         f"""
         import asyncio, sys, time
         from pathlib import Path
-        from mcpsync.worker.stack_temporal import TemporalDevServer
+        from mcpsync.worker.stack.temporal import TemporalDevServer
         async def main():
             s = await TemporalDevServer.start(Path({str(tmp_path)!r}), port=0, ui_port=0)
             print(s.pid, flush=True)

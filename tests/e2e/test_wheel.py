@@ -1,8 +1,5 @@
 """The installable package: one namespace, ``mcpsync``, that works outside the repo.
 
-- Nothing in the tree imports a bare top-level package (``scripts/dev/rename-imports
-  --check``): a ``from worker.x import`` would pass in a checkout (pytest puts the repo
-  root on ``sys.path``) and break only in the wheel.
 - The wheel, built from a copy of the working tree (no stale ``build/``), holds exactly the
   ``mcpsync`` package: every module of the mapped folders and their package data, nothing else.
   Installed into a fresh venv in a temporary directory, ``import mcpsync`` works, no top-level
@@ -28,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import mcpsync
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.stack import REPO_ROOT
-from mcpsync.worker.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.stack.common import REPO_ROOT
+from mcpsync.worker.stack.up import DEMO_SERVER, DEMO_SUBJECT, DEMO_URI
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from tests.conftest import fresh_database
 from tests.e2e.test_cli import _one_error_line
@@ -40,12 +37,6 @@ SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 OLD_TOP_LEVEL = ("workflows", "activities", "worker", "temporal", "benchmarks", "examples", "tests", "sim")
 _NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".state", "build", "dist", "node_modules",
                                      "__pycache__", ".*_cache", "*.egg-info", "out")
-
-
-def test_nothing_left_to_rename() -> None:
-    r = subprocess.run([sys.executable, str(REPO_ROOT / "scripts/dev/rename-imports"), "--check"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and not r.stdout, r.stdout + r.stderr
 
 
 def _expected_wheel_files() -> set[str]:
@@ -148,8 +139,8 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
         ledger = await open_ledger(db_url)
         try:
             key = SubscriptionKey(subject=DEMO_SUBJECT, server=DEMO_SERVER, uri=DEMO_URI)
-            row = await ledger.find_subscription(key.subject, key.server, key.uri)
-            receipts = {r.receipt_id: r.content_digest for r in await ledger.receipts(key)}
+            row = await ledger.fence.find_subscription(key.subject, key.server, key.uri)
+            receipts = {r.receipt_id: r.content_digest for r in await ledger.reports.receipts(key)}
         finally:
             await ledger.pool.close()
     assert row is not None and row.state == SubscriptionState.ACTIVE

@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.runtime import start_subscription
-from mcpsync.worker.stack_temporal import TemporalDevServer
+from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, TriggerReason
 from tests.conftest import eventually, ledger_rows
@@ -66,12 +66,12 @@ async def test_a_legacy_id_subscription_keeps_its_routes(temporal_client: Client
         assert await ledger_rows(ledger,
                                  "SELECT workflow_id FROM subscriptions WHERE subject=%s AND server=%s"
                                  " AND uri=%s", "alice", st.server.name, uri) == [(key.legacy_workflow_id,)]
-        assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
+        assert await ledger.fence.workflow_id_of(key) == key.legacy_workflow_id
 
         # Ingress: the server's notification reaches the legacy workflow, which reads the new version.
         second = await fx.edit(uri, text="v2")
         await eventually(lambda: accepted(second["committed"]["digest"]), timeout=30, what="notified version")
-        receipts = await ledger.receipts(key)
+        receipts = await ledger.reports.receipts(key)
         assert [r.trigger for r in receipts
                 if r.status == AcceptVerdict.ACCEPTED][-1] == TriggerReason.UPDATED
         assert not await ledger_rows(ledger, "SELECT 1 FROM audit WHERE kind IN ('NOTIFICATION_NO_WORKFLOW',"
@@ -111,7 +111,7 @@ async def test_a_new_subscription_gets_the_readable_id(temporal_client: Client, 
             return (await ledger.load_fence(key)).last_accepted_digest == first["committed"]["digest"]
 
         await eventually(accepted, timeout=30, what="first version accepted")
-        assert await ledger.workflow_id_of(key) == key.workflow_id
+        assert await ledger.fence.workflow_id_of(key) == key.workflow_id
         second = await fx.edit(uri, text="v2")
         await eventually(lambda: _status_digest(st, uri, second["committed"]["digest"]), timeout=30,
                          interval=0.5, what="notified version, seen by 'mcpsync status'")

@@ -7,7 +7,7 @@ Contract:
   and never edited by hand. A released corpus is frozen: CI replays every release's corpus
   against the current code and checks each against its ``SHA256SUMS`` (tests/unit/test_replay.py).
 - ``replayer(runner)`` replays with exactly the main worker's workflows and data converter
-  (``mcpsync.worker.runtime.MAIN_WORKFLOWS``, pydantic converter) on ``runner``: the SDK's default
+  (``mcpsync.worker.main.worker.MAIN_WORKFLOWS``, pydantic converter) on ``runner``: the SDK's default
   sandbox unless given (its strict restrictions check every workflow call, whichever runner
   ``[temporal] workflow_runner`` picks in production); no server needed.
 - ``traits()`` says what a history exercises (workflow type, continue-as-new, reset, a build
@@ -28,8 +28,8 @@ from temporalio.worker import Replayer, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from mcpsync import __version__
-from mcpsync.worker.converter import DATA_CONVERTER
-from mcpsync.worker.runtime import MAIN_WORKFLOWS
+from mcpsync.worker.main.converter import DATA_CONVERTER
+from mcpsync.worker.main.worker import MAIN_WORKFLOWS
 from tests.e2e.test_e2e_faults import _decoded_payloads
 
 HISTORY_DIR = Path(__file__).resolve().parent

@@ -37,12 +37,14 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
-from mcpsync.worker.answer_gate import AnswerGate
-from mcpsync.worker.config import ServerConfig
-from mcpsync.worker.runtime import open_ledger, revoke, start_subscription
-from mcpsync.worker.stack import free_port, state_dir
-from mcpsync.worker.stack_temporal import TemporalDevServer, temporal_cli_path
+from mcpsync.worker.api.answer_gate import AnswerGate
+from mcpsync.worker.main.config import ServerConfig
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.main.revocation import revoke
+from mcpsync.worker.stack.common import free_port, state_dir
+from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.names import (
     QUERY_SUBSCRIPTION,
     SIGNAL_CATALOG_RECONCILED,

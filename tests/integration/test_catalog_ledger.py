@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from mcpsync.activities.catalog_ledger import CatalogLedger, ScanItem
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.completeness import CompletenessRefused, require_complete_catalog
+from mcpsync.activities.ledger.catalog import CatalogLedger, ScanItem
+from mcpsync.worker.api.completeness import CompletenessRefused, require_complete_catalog
 from mcpsync.workflows.catalog_rules import (
     SNAPSHOT_EXTENSION,
     PublishRequest,

@@ -23,7 +23,7 @@ async def _active(ledger: Ledger, uri: str = "demo://a", subject: str | None = N
 
 
 async def _issue(ledger: Ledger, key: SubscriptionKey, min_ordinal: int = 1) -> int:
-    ticket = await ledger.allocate_read(AllocateRequest(
+    ticket = await ledger.fence.allocate_read(AllocateRequest(
         key=key, session_generation=1, subscription_generation=1, min_ordinal=min_ordinal,
         request_id=str(uuid.uuid4()), trigger=TriggerReason.UPDATED))
     assert ticket.granted
@@ -49,7 +49,7 @@ async def _rid(ledger: Ledger, key: SubscriptionKey, ordinal: int) -> str:
 async def _accept(ledger: Ledger, key: SubscriptionKey, ordinal: int, digest: str | None,
                   kind: ReadOutcomeKind = ReadOutcomeKind.CONTENT) -> AcceptVerdict:
     rid = await _rid(ledger, key, ordinal)
-    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, rid, digest, kind),
+    result = await ledger.fence.accept(AcceptRequest(outcome=_outcome(key, ordinal, rid, digest, kind),
                                                expected_state=SubscriptionState.ACTIVE, close_epoch=0))
     return result.verdict
 
@@ -75,7 +75,7 @@ async def test_allocation_is_idempotent_per_request_id_and_resets_derive_new_ids
     key = await _active(ledger)
 
     async def allocate(request_id: str) -> tuple[int, str]:
-        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1,
+        t = await ledger.fence.allocate_read(AllocateRequest(key=key, session_generation=1,
                                                        subscription_generation=1, min_ordinal=1,
                                                        request_id=request_id, trigger=TriggerReason.UPDATED))
         assert t.granted
@@ -99,14 +99,14 @@ async def test_retried_allocation_answers_the_update_counter_it_saw(ledger: Ledg
     key = await _active(ledger)
 
     async def seen(request_id: str) -> int:
-        t = await ledger.allocate_read(AllocateRequest(key=key, session_generation=1,
+        t = await ledger.fence.allocate_read(AllocateRequest(key=key, session_generation=1,
                                                        subscription_generation=1, min_ordinal=1,
                                                        request_id=request_id, trigger=TriggerReason.UPDATED))
         return t.notifications_seen
 
-    await ledger.note_notification(key.subject, key.server, key.uri, 1)
+    await ledger.fence.note_notification(key.subject, key.server, key.uri, 1)
     assert await seen("r-a") == 1
-    await ledger.note_notification(key.subject, key.server, key.uri, 1)  # after the allocation
+    await ledger.fence.note_notification(key.subject, key.server, key.uri, 1)  # after the allocation
     # The retry is the same read: it saw 1 update, not 2.
     assert await seen("r-a") == 1
 
@@ -142,11 +142,12 @@ async def test_retried_accept_writes_nothing_twice(ledger: Ledger) -> None:
 
 async def test_read_never_issued_is_rejected_and_audited(ledger: Ledger) -> None:
     key = await _active(ledger)
-    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, 7, "forged", "sha256:x"),
+    result = await ledger.fence.accept(AcceptRequest(outcome=_outcome(key, 7, "forged", "sha256:x"),
                                                expected_state=SubscriptionState.ACTIVE, close_epoch=0))
     assert result.verdict == AcceptVerdict.REJECTED
     assert await _count(ledger, "resource_versions", key) == 0
-    assert any(r["workflow_id"] == key.workflow_id for r in await ledger.audit_rows("UNKNOWN_IDENTITY"))
+    assert any(r["workflow_id"] == key.workflow_id
+               for r in await ledger.reports.audit_rows("UNKNOWN_IDENTITY"))
 
 
 async def test_close_freezes_ordinal_and_late_content_or_404_only_audits(ledger: Ledger) -> None:
@@ -154,7 +155,7 @@ async def test_close_freezes_ordinal_and_late_content_or_404_only_audits(ledger:
     a, b = await _issue(ledger, key), await _issue(ledger, key)
     receipt = await ledger.begin_unsubscribe(key)
     assert receipt.state == SubscriptionState.UNSUBSCRIBING and receipt.close_ordinal == b
-    denied = await ledger.allocate_read(AllocateRequest(
+    denied = await ledger.fence.allocate_read(AllocateRequest(
         key=key, session_generation=1, subscription_generation=1, min_ordinal=b + 1,
         request_id=str(uuid.uuid4()), trigger=TriggerReason.UPDATED))
     assert not denied.granted
@@ -180,7 +181,7 @@ async def test_not_found_while_active_is_tombstone_pending_without_outbox(ledger
 async def test_session_generations_only_grow(ledger: Ledger) -> None:
     subject = unique("s")
     gens = [
-        (await ledger.open_session(subject=subject, server="srv", edition="2025-11-25",
+        (await ledger.sessions.open_session(subject=subject, server="srv", edition="2025-11-25",
                                    capabilities={"subscribe": True}, server_name="x", server_version="1",
                                    task_queue="q", host_id="h")).generation
         for _ in range(3)
@@ -192,9 +193,9 @@ async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) ->
     """A row created by a workflow under another id (the legacy scheme) keeps that id; every fence
     operation finds the row by key, and ``workflow_id_of`` / ``note_notification`` answer that id."""
     key = SubscriptionKey(subject=unique("s"), server="srv", uri="demo://ids/Legacy Doc")
-    assert await ledger.workflow_id_of(key) == key.workflow_id  # no row yet: the readable id
+    assert await ledger.fence.workflow_id_of(key) == key.workflow_id  # no row yet: the readable id
     await ledger.ensure_subscription(key, "inc-1", workflow_id=key.legacy_workflow_id)
-    assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
+    assert await ledger.fence.workflow_id_of(key) == key.legacy_workflow_id
     snap = await ledger.begin_subscription(key, 1)
     assert (await ledger.mark_active(key, 1, snap.subscription_generation)).state == SubscriptionState.ACTIVE
     ordinal = await _issue(ledger, key)
@@ -203,22 +204,22 @@ async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) ->
                                  (key.legacy_workflow_id, ordinal))
         row = await cur.fetchone()
     assert row is not None
-    result = await ledger.accept(AcceptRequest(outcome=_outcome(key, ordinal, str(row[0]),
+    result = await ledger.fence.accept(AcceptRequest(outcome=_outcome(key, ordinal, str(row[0]),
                                                                 "sha256:" + "a" * 64),
                                                expected_state=SubscriptionState.ACTIVE, close_epoch=0))
     assert result.verdict == AcceptVerdict.ACCEPTED
-    assert [r.receipt_id for r in await ledger.receipts(key)] == [result.receipt_id]
-    assert await ledger.read_count(key) == 1
-    noted = await ledger.note_notification(key.subject, key.server, key.uri, 1)
+    assert [r.receipt_id for r in await ledger.reports.receipts(key)] == [result.receipt_id]
+    assert await ledger.reports.read_count(key) == 1
+    noted = await ledger.fence.note_notification(key.subject, key.server, key.uri, 1)
     assert noted is not None and noted.workflow_id == key.legacy_workflow_id \
         and noted.fence.notifications_seen == 1
-    outbox = [r for r in await ledger.outbox_after(0, 100_000) if r["subject"] == key.subject]
+    outbox = [r for r in await ledger.reports.outbox_after(0, 100_000) if r["subject"] == key.subject]
     assert [r["workflow_id"] for r in outbox] == [key.legacy_workflow_id]
 
     # A second workflow for the key under another id does not take the row over: audited.
     await ledger.ensure_subscription(key, "inc-1", workflow_id=key.workflow_id)
-    assert await ledger.workflow_id_of(key) == key.legacy_workflow_id
-    mismatch = [a for a in await ledger.audit_rows("WORKFLOW_ID_MISMATCH", 1000)
+    assert await ledger.fence.workflow_id_of(key) == key.legacy_workflow_id
+    mismatch = [a for a in await ledger.reports.audit_rows("WORKFLOW_ID_MISMATCH", 1000)
                 if a["subject"] == key.subject]
     assert [(a["workflow_id"], a["detail"]["running_as"]) for a in mismatch] == [(key.legacy_workflow_id,
                                                                                  key.workflow_id)]
@@ -232,7 +233,7 @@ async def test_the_row_records_coverage_by_level(ledger: Ledger) -> None:
     key = await _active(ledger)
 
     async def note() -> bool:
-        noted = await ledger.note_notification(key.subject, key.server, key.uri, 1)
+        noted = await ledger.fence.note_notification(key.subject, key.server, key.uri, 1)
         assert noted is not None
         return noted.work
 

@@ -56,7 +56,7 @@ class Both:
         req = AllocateRequest(key=self.key, session_generation=1, subscription_generation=1, min_ordinal=1,
                               request_id=f"{self.key.workflow_id}/{name}", trigger=TriggerReason.UPDATED,
                               cycle_id=cycle_id)
-        ticket = await self.sql.allocate_read(req)
+        ticket = await self.sql.fence.allocate_read(req)
         assert ticket == await self.mem.allocate_read(req) and ticket.granted
         return ticket.ordinal, ticket.request_id
 
@@ -132,7 +132,7 @@ async def test_reads_a_tombstone_and_a_replay_write_alike(ledger: Ledger) -> Non
     await both.same()
     assert both.mem.row.state == S.TOMBSTONED and both.mem.outbox[-1].event_type == "tombstoned"
     # The catalog's receipt reads back (its trigger was once a string no TriggerReason knew).
-    receipts = await ledger.receipts(both.key)
+    receipts = await ledger.reports.receipts(both.key)
     assert receipts[-1].status == V.TOMBSTONED and receipts[-1].trigger == TriggerReason.CATALOG
 
 
@@ -173,8 +173,8 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
     both = Both(ledger, legacy_id=True)
     await both.start()
     assert await both.accept(await both.allocate("r1"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
-    assert await ledger.read_count(both.key) == len(both.mem.read_requests) == 1
-    sql = await ledger.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
+    assert await ledger.reports.read_count(both.key) == len(both.mem.read_requests) == 1
+    sql = await ledger.fence.note_notification(both.key.subject, both.key.server, both.key.uri, 1)
     mem = both.mem.note_notification(1)
     assert sql is not None and mem is not None
     assert (sql.workflow_id,
@@ -182,7 +182,7 @@ async def test_the_recorded_workflow_id_alike(ledger: Ledger) -> None:
         (both.key.legacy_workflow_id, 1)
     await ledger.ensure_subscription(both.key, "inc-1", workflow_id=both.key.workflow_id)
     both.mem.ensure_subscription("inc-1", workflow_id=both.key.workflow_id)
-    assert await ledger.workflow_id_of(both.key) == both.mem.workflow_id == both.key.legacy_workflow_id
+    assert await ledger.fence.workflow_id_of(both.key) == both.mem.workflow_id == both.key.legacy_workflow_id
     mismatches = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE kind='WORKFLOW_ID_MISMATCH'"
                                    " AND subject=%s", both.key.subject)
     assert mismatches[0][0] == both.mem.audit.count("WORKFLOW_ID_MISMATCH") == 1
@@ -197,7 +197,7 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     k = both.key
 
     async def note(generation: int = 1) -> bool:
-        sql = await ledger.note_notification(k.subject, k.server, k.uri, generation)
+        sql = await ledger.fence.note_notification(k.subject, k.server, k.uri, generation)
         assert sql is not None
         mem = both.mem.note_notification(generation)
         assert mem is not None and sql.work == mem.work
@@ -276,7 +276,7 @@ async def test_the_start_call_alike(ledger: Ledger) -> None:
 
     none = await call(True)  # no live session yet: ensured, nothing begun
     assert none.fence.state == S.DISCOVERED and none.session is None and none.begun is None
-    both.mem.session = await ledger.open_session(
+    both.mem.session = await ledger.sessions.open_session(
         subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
         server_name="fixture", server_version="1", task_queue="q", host_id="h")
     asked_not = await call(False)  # the run has a signal's work first: not begun
@@ -293,7 +293,7 @@ async def test_the_start_call_is_one_transaction(ledger: Ledger) -> None:
     and the begin that moves it to SUBSCRIBING carry the same transaction's ``now()``. Separate
     transactions (a pool checkout and a commit each) would stamp them apart."""
     both = Both(ledger)
-    await ledger.open_session(
+    await ledger.sessions.open_session(
         subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
         server_name="fixture", server_version="1", task_queue="q", host_id="h")
     started = await ledger.fence.start_subscription(

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from mcpsync.activities.ledger_fence import NORMALIZED_SIBLINGS_SQL, TERMINAL_STATE_VALUES
-from mcpsync.activities.ledger_store import BY_KEY
-from mcpsync.activities.outbox import CONSUMER_LAG_SQL, consumer_infos
-from mcpsync.worker.runtime import open_ledger
+from mcpsync.activities.ledger.fence import NORMALIZED_SIBLINGS_SQL, TERMINAL_STATE_VALUES
+from mcpsync.activities.ledger.outbox import CONSUMER_LAG_SQL, consumer_infos
+from mcpsync.activities.ledger.store import BY_KEY
+from mcpsync.worker.main.connect import open_ledger
 from tests.conftest import fresh_database
 
 ROWS = 3000
@@ -109,7 +109,7 @@ async def test_consumer_lag_reads_the_lag_not_the_outbox(postgres_url: str) -> N
                        for s in scans)
             assert scans and all(s["Node Type"] != "Seq Scan" for s in scans), scans
             # Estimated high without statistics, so PostgreSQL would JIT-compile it (~0.3 s) where
-            # the ledger's connections did not turn JIT off (mcpsync.activities.db).
+            # the ledger's connections did not turn JIT off (mcpsync.activities.ledger.db).
             assert "JIT" not in plan, plan["JIT"]
             assert read <= 40, f"the lag query read {read} outbox rows for a lag of 10: {scans}"
             (info,) = await consumer_infos(ledger.pool)

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from mcpsync.activities import outbox as outbox_module
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import (
+from mcpsync.activities.ledger import outbox as outbox_module
+from mcpsync.activities.ledger.outbox import (
     NOTIFY_CHANNEL,
     ConsumerError,
     ConsumerNotFound,
@@ -30,9 +30,9 @@ from mcpsync.activities.outbox import (
     events_after,
     stamp,
 )
-from mcpsync.activities.outbox import wait_for_events as outbox_wait_for_events
-from mcpsync.activities.retention import prune
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.activities.ledger.outbox import wait_for_events as outbox_wait_for_events
+from mcpsync.activities.ledger.retention import prune
+from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from tests import cli_process
 from tests.conftest import PrivateDatabase, eventually, ledger_rows, unique
@@ -90,7 +90,7 @@ async def _insert(conn: psycopg.AsyncConnection[Any], subject: str, uri: str) ->
 
 
 async def _old_query(ledger: Ledger, subject: str, after_id: int) -> list[int]:
-    """The query the outbox was paged by before migration 006 (Ledger.outbox_after): id > last."""
+    """The query the outbox was paged by before migration 006 (LedgerReports.outbox_after): id > last."""
     rows = await ledger_rows(ledger, "SELECT outbox_id FROM outbox WHERE outbox_id > %s AND subject = %s"
                                      " ORDER BY outbox_id", after_id, subject)
     return [r[0] for r in rows]
@@ -280,8 +280,8 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     key = await _active(ledger, uri="demo://outbox/retention")
     subject = key.subject
     consumer = await register(ledger, consumers, subject)
-    await ledger.put_content(subject, "sha256:o1", "text/plain", b"one")
-    await ledger.put_content(subject, "sha256:o2", "text/plain", b"two")
+    await ledger.content.put_content(subject, "sha256:o1", "text/plain", b"one")
+    await ledger.content.put_content(subject, "sha256:o2", "text/plain", b"two")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o1") == "ACCEPTED"
     await settled(ledger, subject)
     first = await consumer.poll()
@@ -322,7 +322,7 @@ async def test_retention_keeps_unacknowledged_rows_then_reports_a_gap_and_resync
     await consumer.ack(relist.position)
     after = await consumer.poll()
     assert after.gap is None and after.events == []
-    await ledger.put_content(subject, "sha256:o3", "text/plain", b"three")
+    await ledger.content.put_content(subject, "sha256:o3", "text/plain", b"three")
     assert await _accept(ledger, key, await _issue(ledger, key), "sha256:o3") == "ACCEPTED"
     await settled(ledger, subject)
     live = await consumer.poll()
@@ -341,7 +341,7 @@ async def test_a_tombstoned_event_names_every_receipt_and_digest_it_withdraws(
     await settled(ledger, key.subject)
     tombs = [e for e in await _drain(consumer) if e.event_type == OutboxEventType.TOMBSTONED]
     assert len(tombs) == 1 and tombs[0].invalidates is not None and tombs[0].previous_digest == "sha256:t2"
-    receipts = await ledger.receipts(key)
+    receipts = await ledger.reports.receipts(key)
     assert sorted(tombs[0].invalidates.receipt_ids) == sorted(r.receipt_id for r in receipts)
     assert tombs[0].invalidates.digests == ["sha256:t1", "sha256:t2"]
 
@@ -401,7 +401,7 @@ async def test_lag_gauges_follow_the_consumer(ledger: Ledger, database_url: str,
                                               consumers: list[str]) -> None:
     from prometheus_client import generate_latest
 
-    from mcpsync.worker.metrics import REGISTRY, refresh_outbox_lag
+    from mcpsync.worker.observe.metrics import REGISTRY, refresh_outbox_lag
 
     subject = unique("lag")
     consumer = await register(ledger, consumers, subject)

@@ -13,12 +13,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from mcpsync.activities.answer_ledger import AnswerLedger
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.proven import proven_of
-from mcpsync.activities.subscription_views import list_subscriptions
-from mcpsync.worker.cli_subscription_text import status_view
-from mcpsync.worker.serve_ledger import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.activities.ledger.answers import AnswerLedger
+from mcpsync.activities.ledger.proven import proven_of
+from mcpsync.activities.ledger.serve import ServedResource, freshness_meta, list_served, served_resource
+from mcpsync.activities.ledger.subscription_views import list_subscriptions
+from mcpsync.worker.cli.subscription_text import status_view
 from mcpsync.workflows.answer_rules import (
     AnswerDependency,
     FreshnessPolicy,
@@ -85,7 +85,7 @@ async def _assert_level_rule(ledger: Ledger, key: SubscriptionKey) -> bool:
 
 
 async def _note(ledger: Ledger, key: SubscriptionKey) -> None:
-    assert await ledger.note_notification(key.subject, key.server, key.uri, 1) is not None
+    assert await ledger.fence.note_notification(key.subject, key.server, key.uri, 1) is not None
 
 
 async def _first_version(ledger: Ledger, uri: str) -> tuple[SubscriptionKey, int]:
@@ -111,7 +111,7 @@ async def test_duplicates_absorbed_at_the_ingress_leave_a_clean_resource_clean_i
     await _note(ledger, key)
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
-    result = await ledger.accept(
+    result = await ledger.fence.accept(
         AcceptRequest(
             outcome=_outcome(key, read, rid, "sha256:v2"),
             expected_state=SubscriptionState.ACTIVE,
@@ -173,7 +173,7 @@ async def test_a_guardrail_rejected_read_covers_its_notification_and_is_never_ca
     read = await _issue(ledger, key)
     rid = await _rid(ledger, key, read)
     outcome = _outcome(key, read, rid, "sha256:bad").model_copy(update={"guardrail_rejection": "secret"})
-    result = await ledger.accept(
+    result = await ledger.fence.accept(
         AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE, close_epoch=0)
     )
     assert result.verdict == AcceptVerdict.GUARDRAIL_REJECTED

@@ -1,4 +1,4 @@
-"""What the ingress's resync asks the ledger (``Ledger.resync_periods``, migration 019) against real
+"""What the ingress's resync asks the ledger (``FenceLedger.resync_periods``, migration 019) against real
 PostgreSQL: the ACTIVE rows of one (subject, server) whose run mirrors reports and said its
 safety-read period at ``mark_active``."""
 
@@ -30,8 +30,9 @@ async def test_only_active_rows_that_said_their_period_are_resynced(ledger: Ledg
     await _mark(ledger, key("demo://old-run"), read_reports=False, period=30.0)  # reads itself
     await _mark(ledger, key("demo://other", server="other"), read_reports=True, period=30.0)
     await _mark(ledger, key("demo://closing"), read_reports=True, period=60.0)
-    assert await ledger.resync_periods(subject, "srv") == {"demo://subscribed": 30.0, "demo://closing": 60.0}
+    assert await ledger.fence.resync_periods(subject, "srv") == {
+        "demo://subscribed": 30.0, "demo://closing": 60.0}
 
     await ledger.begin_unsubscribe(key("demo://closing"))  # no longer ACTIVE: not resynced
-    assert await ledger.resync_periods(subject, "srv") == {"demo://subscribed": 30.0}
-    assert await ledger.resync_periods(subject, "other") == {"demo://other": 30.0}
+    assert await ledger.fence.resync_periods(subject, "srv") == {"demo://subscribed": 30.0}
+    assert await ledger.fence.resync_periods(subject, "other") == {"demo://other": 30.0}

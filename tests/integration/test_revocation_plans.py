@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from mcpsync.activities.ledger_content import PURGE_SUBJECT_SQL
-from mcpsync.worker.runtime import open_ledger
+from mcpsync.activities.ledger.content import PURGE_SUBJECT_SQL
+from mcpsync.worker.main.connect import open_ledger
 from tests.conftest import fresh_database
 from tests.integration.test_ledger_plans import _explain, _numbered, _scans
 

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.cli import build_parser
-from mcpsync.worker.stack import REPO_ROOT, free_port
+from mcpsync.worker.cli.root import build_parser
+from mcpsync.worker.stack.common import REPO_ROOT, free_port
 from tests import cli_process
 
 BIG = "99999999999999999999"  # beyond int64: PostgreSQL's bigint refuses it

@@ -15,8 +15,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.db import migrate
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.db import migrate
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import fresh_database, ledger_rows, unique
 from tests.integration.test_security_rls import _accepted

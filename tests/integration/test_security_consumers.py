@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
-from mcpsync.activities.retention import prune
+from mcpsync.activities.ledger.outbox import ConsumerError, ConsumerNotFound, OutboxConsumer
+from mcpsync.activities.ledger.retention import prune
 from tests.conftest import ledger_rows, unique
 from tests.integration.test_ledger import _accept, _active, _issue
 from tests.integration.test_outbox import consumers, register, settled

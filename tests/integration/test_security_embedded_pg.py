@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mcpsync.worker.stack import StackError
-from mcpsync.worker.stack_postgres import SOCKET_PATH_MAX, EmbeddedPostgres, _traversable_prefix
+from mcpsync.worker.stack.common import StackError
+from mcpsync.worker.stack.postgres import SOCKET_PATH_MAX, EmbeddedPostgres, _traversable_prefix
 
 
 def _runtime_dirs() -> set[Path]:

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.activities.content import ContentNotFound, released_content
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
+from mcpsync.activities.ledger.released import ContentNotFound, released_content
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import ledger_rows, unique
@@ -29,7 +29,7 @@ async def _accepted(ledger: Ledger, text: str,
     await ledger.content.stage(key, ordinal,
                                ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
     assert await _accept(ledger, key, ordinal, digest) == "ACCEPTED"
-    return key, (await ledger.receipts(key))[-1].receipt_id, digest
+    return key, (await ledger.reports.receipts(key))[-1].receipt_id, digest
 
 
 @pytest.fixture

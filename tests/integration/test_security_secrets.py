@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from mcpsync.activities.db import DatabaseUnavailable, open_pool, redact_url
-from mcpsync.worker.config import Config, DatabaseConfig
-from mcpsync.worker.runtime import RuntimeInfo
-from mcpsync.worker.stack import ensure_private_dir, free_port, write_private
+from mcpsync.activities.ledger.db import DatabaseUnavailable, open_pool, redact_url
+from mcpsync.worker.main.config import Config, DatabaseConfig
+from mcpsync.worker.stack.common import ensure_private_dir, free_port, write_private
+from mcpsync.worker.stack.runtime_info import RuntimeInfo
 
 SECRET = "s3cret-Pw_91"
 

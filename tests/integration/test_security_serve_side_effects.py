@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.cli import build_parser
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.serve import ServeConfig, ServeHub
-from mcpsync.worker.serve_cursors import CursorSigner
-from mcpsync.worker.serve_run import follow_outbox
+from mcpsync.worker.cli.root import build_parser
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.serve.cursors import CursorSigner
+from mcpsync.worker.serve.run import follow_outbox
+from mcpsync.worker.serve.server import ServeConfig, ServeHub
 from tests import cli_process
 from tests.conftest import eventually, fresh_database, ledger_rows
 

@@ -11,7 +11,7 @@ import select
 from pathlib import Path
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.activities.ledger_content import ReadBody
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.workflows.digest import ContentPart, content_digest
 from tests import cli_process
 from tests.conftest import ledger_rows
@@ -46,7 +46,7 @@ async def test_content_get_escapes_controls_on_a_terminal_only(ledger: Ledger, d
     await ledger.content.stage(key, ordinal,
                                ReadBody(digest=digest, mime_type="text/plain", kind="text", body=body))
     assert await _accept(ledger, key, ordinal, digest) == "ACCEPTED"
-    receipt = (await ledger.receipts(key))[-1].receipt_id
+    receipt = (await ledger.reports.receipts(key))[-1].receipt_id
     conf = tmp_path / "mcpsync.toml"
     conf.write_text(f'[database]\nurl = "{database_url}"\n')
     args = ("content", "get", "--receipt", str(receipt), "--subject", key.subject)

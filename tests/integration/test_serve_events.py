@@ -10,10 +10,10 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.runtime import open_ledger
-from mcpsync.worker.serve import ServeConfig, ServeHub
-from mcpsync.worker.serve_cursors import CursorSigner
-from mcpsync.worker.serve_events import EventsPollParams, poll_events
+from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.serve.cursors import CursorSigner
+from mcpsync.worker.serve.events import EventsPollParams, poll_events
+from mcpsync.worker.serve.server import ServeConfig, ServeHub
 from tests.conftest import fresh_database
 
 

@@ -292,7 +292,7 @@ def test_bind_request_and_tracker() -> None:
     json.loads(rec.model_dump_json())
 
 
-# --- UPDATE_SEEN is the level rule (activities/proven.py), carried by the observation --------------
+# --- UPDATE_SEEN is the level rule (activities/ledger/proven.py), carried by the observation --------------
 
 
 def test_update_seen_follows_the_level_rule_not_the_timestamps() -> None:

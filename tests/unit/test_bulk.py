@@ -7,7 +7,7 @@ import asyncio
 import io
 import random
 
-from mcpsync.worker.bulk import BAR_WIDTH, settle_all
+from mcpsync.worker.main.bulk import BAR_WIDTH, settle_all
 
 
 class _Terminal(io.StringIO):

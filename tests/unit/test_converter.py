@@ -1,4 +1,4 @@
-"""``worker/converter.py``: the same bytes as the SDK's pydantic converter; one converter and one adapter
+"""``worker/main/converter.py``: the same bytes as the SDK's pydantic converter; one converter and one adapter
 cache per process."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import ActivitySerializationContext, WorkflowSerializationContext
 
-from mcpsync.worker.converter import DATA_CONVERTER, SharedAdaptersPayloadConverter
+from mcpsync.worker.main.converter import DATA_CONVERTER, SharedAdaptersPayloadConverter
 from mcpsync.workflows.records.catalog import CatalogKey
 
 

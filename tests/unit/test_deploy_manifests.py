@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mcpsync.worker.config import load_config
+from mcpsync.worker.main.config import load_config
 
 K8S_VERSION = "1.37.0"
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

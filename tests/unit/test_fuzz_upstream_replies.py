@@ -1,5 +1,6 @@
 """Fuzz pass over the parsers that take an upstream server's bytes before the SDK does
-(worker/reply_shape.py, worker/transport_bounds.py): the structural scanner, the SSE event counter,
+(worker/ingress/reply_shape.py, worker/ingress/transport_bounds.py): the
+structural scanner, the SSE event counter,
 the stdio line bound (``BoundedLines``) and the HTTP body and event streams.
 
 The contract, for any input cut into any chunks: nothing is raised but the named error
@@ -18,8 +19,8 @@ import httpx2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcpsync.worker.reply_shape import Budget, ShapeError, ShapeScanner, SseShape, budget_for
-from mcpsync.worker.transport_bounds import (
+from mcpsync.worker.ingress.reply_shape import Budget, ShapeError, ShapeScanner, SseShape, budget_for
+from mcpsync.worker.ingress.transport_bounds import (
     BoundedLines,
     EventTooLarge,
     RequestMethods,

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mcpsync.worker.config import MetricsConfig
-from mcpsync.worker.metrics import LIVENESS_STALE_SECONDS, MetricsServer, serve_metrics
+from mcpsync.worker.main.config import MetricsConfig
+from mcpsync.worker.observe.metrics import LIVENESS_STALE_SECONDS, MetricsServer, serve_metrics
 
 
 def _get(ms: MetricsServer, path: str) -> tuple[int, str]:

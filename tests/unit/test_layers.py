@@ -4,11 +4,18 @@ Read from the source with ``ast`` (every ``import`` and ``from ... import``, inc
 inside functions), so a lazy import cannot hide a cycle. Within ``workflows/``, activities use
 only the pure modules (rules, records, names): never one that imports temporalio or defines a
 ``@workflow.defn`` class, so the I/O layer does not load workflow code.
+
+``worker/`` is rooms (``cli/``, ``ingress/``, ``serve/``, ...), not files: a room's ``__init__`` names
+(``__all__``) the modules other rooms may import, and no import across rooms reaches another. No
+module of the product holds an SQL string outside ``activities/ledger/``, and nothing in the tree
+imports a bare top-level package that only exists in a checkout (``worker.x``: the wheel has
+``mcpsync.worker.x`` only).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +33,7 @@ FORBIDDEN = {
 # The simulator steps the session queue's read and start cycles as production's activity code
 # (``sim/cycles.py``: ``McpSessionActivities`` over its own server and ledger); nothing else of the I/O layer.
 ALLOWED = {"sim": ("mcpsync.activities.mcp_session", "mcpsync.activities.ledger",
-                   "mcpsync.activities.ledger_content")}
+                   "mcpsync.activities.ledger.content")}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -49,14 +56,14 @@ def test_no_upward_imports(package: str) -> None:
 
 
 def _layer(module: str) -> str:
-    """The folder an import names: ``mcpsync.worker.metrics`` (installed name) -> ``worker``."""
+    """The folder an import names: ``mcpsync.worker.observe.metrics`` (installed name) -> ``worker``."""
     return module.removeprefix("mcpsync.").split(".")[0]
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from mcpsync.worker.runtime import start_subscription\n")
-    assert _imports(probe) == [(2, "mcpsync.worker.runtime")]
+    probe.write_text("def f():\n    from mcpsync.worker.main.services import start_subscription\n")
+    assert _imports(probe) == [(2, "mcpsync.worker.main.services")]
     assert [_layer(name) for _, name in _imports(probe)] == ["worker"]  # the folder, with or without mcpsync.
 
 
@@ -158,3 +165,148 @@ def test_the_determinism_check_sees_imports_and_clock_reads(tmp_path: Path) -> N
     probe.write_text("import time\nfrom datetime import datetime\nfrom os import path\n\n"
                      "def f():\n    return datetime.now()\n")
     assert _nondeterministic(probe) == ["1: import time", "3: import os", "6: datetime.now"]
+
+
+# --- worker/'s rooms ------------------------------------------------------------------------------
+
+def _room_public(room: Path) -> list[str] | None:
+    """``__all__`` of a room's ``__init__.py`` (the modules other rooms may import), None without one."""
+    init = room / "__init__.py"
+    if not init.exists():
+        return None
+    for node in ast.parse(init.read_text(), str(init)).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def _room_shape(worker: Path) -> list[str]:
+    """What keeps ``worker`` from being rooms: a module beside the rooms, a room without a docstring
+    or ``__all__``, or an ``__all__`` naming a module the room does not have."""
+    bad = [f"{p.name}: a module beside the rooms" for p in sorted(worker.glob("*.py"))
+           if p.name != "__init__.py"]
+    for room in sorted(p for p in worker.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        public = _room_public(room)
+        init = room / "__init__.py"
+        if public is None or not init.exists() or ast.get_docstring(ast.parse(init.read_text())) is None:
+            bad.append(f"{room.name}/: no __init__.py with a docstring and __all__")
+            continue
+        bad += [f"{room.name}/: __all__ names {name}, which it does not have" for name in public
+                if not (room / f"{name}.py").exists()]
+    return bad
+
+
+def _cross_room_imports(worker: Path) -> list[str]:
+    """Imports from one room of ``worker`` into another that do not go through a public module."""
+    public = {room.name: set(_room_public(room) or ())
+              for room in worker.iterdir() if room.is_dir() and room.name != "__pycache__"}
+    bad = []
+    for path in sorted(worker.rglob("*.py")):
+        here = path.relative_to(worker).parts[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] != ["mcpsync", "worker"] or len(parts) < 4 or parts[2] in (here, "__init__"):
+                    continue
+                room, module = parts[2], parts[3]
+                private = (worker / room / f"{module}.py").exists() and module not in public.get(room, ())
+                if private:
+                    bad.append(f"{path.relative_to(worker.parent)}:{node.lineno}: {name}"
+                               f" ({room}/ does not export {module})")
+    return bad
+
+
+def test_worker_is_rooms() -> None:
+    bad = _room_shape(ROOT / "worker")
+    assert not bad, "worker/ is not rooms:\n" + "\n".join(bad)
+
+
+def test_rooms_import_each_other_only_through_their_public_modules() -> None:
+    bad = _cross_room_imports(ROOT / "worker")
+    assert not bad, "imports across rooms:\n" + "\n".join(bad)
+
+
+def test_the_room_checks_see_a_stray_module_and_a_private_import(tmp_path: Path) -> None:
+    worker = tmp_path / "worker"
+    for room, public in (("main", '["config"]'), ("cli", '["start"]')):
+        (worker / room).mkdir(parents=True)
+        (worker / room / "__init__.py").write_text(f'"""The {room} room."""\n\n__all__ = {public}\n')
+    (worker / "main" / "config.py").write_text("")
+    (worker / "main" / "secret.py").write_text("")
+    (worker / "cli" / "start.py").write_text(
+        "from mcpsync.worker.main import config, secret\n"
+        "def f():\n    import mcpsync.worker.main.secret\n")
+    assert _room_shape(worker) == []
+    (worker / "loose.py").write_text("")
+    assert "loose.py: a module beside the rooms" in _room_shape(worker)
+    assert _cross_room_imports(worker) == [
+        "worker/cli/start.py:1: mcpsync.worker.main.secret (main/ does not export secret)",
+        "worker/cli/start.py:3: mcpsync.worker.main.secret (main/ does not export secret)"]
+
+
+# --- SQL lives in activities/ledger/ ----------------------------------------------------------------
+
+PRODUCT = ("workflows", "activities", "worker", "fixture", "temporal", "mcpsync")  # the wheel's folders
+SQL_HOME = ROOT / "activities" / "ledger"
+SQL = re.compile(r"\b(SELECT\s|INSERT\s+INTO\b|UPDATE\s+\w+(\s+\w+)?\s+SET\b|DELETE\s+FROM\b"
+                 r"|(CREATE|ALTER|DROP)\s+(TABLE|DATABASE|INDEX|ROLE|FUNCTION|POLICY)\b|TRUNCATE\s"
+                 r"|GRANT\s|LISTEN\s|NOTIFY\s|pg_notify|pg_advisory)")
+
+
+def _sql_strings(path: Path) -> list[str]:
+    """String literals (f-strings' text parts included, docstrings left out) that read as SQL."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno}: {node.value[:60]!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and SQL.search(node.value)]
+
+
+def test_no_sql_outside_the_ledger() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{hit}" for top in PRODUCT for path in sorted((ROOT / top).rglob("*.py"))
+           if not path.is_relative_to(SQL_HOME) for hit in _sql_strings(path)]
+    assert not bad, "SQL outside activities/ledger/:\n" + "\n".join(bad)
+
+
+def test_the_sql_check_sees_queries_but_not_docstrings(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""UPDATE subscriptions SET state: the doc may say it."""\n'
+                     'def f(conn, db):\n    """SELECT in a docstring is prose."""\n'
+                     '    conn.execute("SELECT 1 FROM audit "\n                 "WHERE kind = %s")\n'
+                     '    conn.execute(f\'CREATE DATABASE "{db}"\')\n'
+                     '    return "selected rows"\n')
+    assert _sql_strings(probe) == ["4: \'SELECT 1 FROM audit WHERE kind = %s\'", "6: \'CREATE DATABASE \"\'"]
+
+
+# --- one namespace ------------------------------------------------------------------------------------
+
+CHECKOUT_ONLY = ("workflows", "activities", "worker", "temporal", "fixture")  # mcpsync.* in the wheel
+_NOT_SOURCE = {".git", ".venv", ".state", "build", "dist", "node_modules", "__pycache__"}
+
+
+def _bare_imports(path: Path) -> list[str]:
+    return [f"{line}: {name}" for line, name in _imports(path) if name.split(".")[0] in CHECKOUT_ONLY]
+
+
+def test_nothing_imports_a_bare_top_level_package() -> None:
+    """``from worker.x import`` would pass in a checkout (pytest puts the repo root on ``sys.path``)
+    and break only in the wheel: every import names ``mcpsync.worker.x``."""
+    bad = [f"{path.relative_to(ROOT)}:{hit}" for path in sorted(ROOT.rglob("*.py"))
+           if not _NOT_SOURCE.intersection(path.relative_to(ROOT).parts) for hit in _bare_imports(path)]
+    assert not bad, "bare top-level imports:\n" + "\n".join(bad)
+
+
+def test_the_bare_import_check_sees_both_forms(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import worker.cli\nfrom activities.ledger import Ledger\n"
+                     "from mcpsync.worker import cli\nfrom sim import engine\n")
+    assert _bare_imports(probe) == ["1: worker.cli", "2: activities.ledger"]

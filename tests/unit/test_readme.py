@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mcpsync.worker.stack import REPO_ROOT
+from mcpsync.worker.stack.common import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 TWO_COMMANDS = ["# mcpsync", "", "```sh", "scripts/up      #", "scripts/test    #", "```"]

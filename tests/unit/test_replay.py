@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcpsync import __version__
-from mcpsync.worker.config import WorkflowRunnerKind
-from mcpsync.worker.runtime import workflow_runner
+from mcpsync.worker.main.config import WorkflowRunnerKind
+from mcpsync.worker.main.worker import workflow_runner
 from mcpsync.workflows.names import (
     ANSWER_WORKFLOW_TYPE,
     CATALOG_WORKFLOW_TYPE,

@@ -1,4 +1,4 @@
-"""The resync of safety reads at the ingress (workflows/resync_rules.py, worker/resync.py) and the
+"""The resync of safety reads at the ingress (workflows/resync_rules.py, worker/ingress/resync.py) and the
 deadline keeper's re-arm after a read moved the deadline far (workflows/deadline_keeper.py).
 Pure and deterministic: the keeper runs on a stepped runtime below, the resync on its own
 IngressRouter; no stack needed."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mcpsync.worker.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadClock, Resync
+from mcpsync.worker.ingress.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadClock, Resync
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
 from mcpsync.workflows.ingress import IngressRouter, Note, Siblings, SignalUpdated, Stamp, Stamped
 from mcpsync.workflows.program_runtime import WaitKind

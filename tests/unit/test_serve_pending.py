@@ -1,4 +1,4 @@
-"""``worker/serve_pending.py``: a 2025-11-25 serve session's pending notifications are level-based (one
+"""``worker/serve/pending.py``: a 2025-11-25 serve session's pending notifications are level-based (one
 per URI, the oldest first, re-pended during a send, the bound counts distinct URIs) (docs/serve.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mcpsync.worker.serve_pending import Added, PendingNotifications
+from mcpsync.worker.serve.pending import Added, PendingNotifications
 
 
 def _drain_now(pending: PendingNotifications) -> list[tuple[str, str | None]]:

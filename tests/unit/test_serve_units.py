@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mcpsync.activities.outbox import OutboxEventType, OutboxEventV1
-from mcpsync.activities.proven import Proven
-from mcpsync.worker import serve as serve_module
-from mcpsync.worker.serve import ServeConfig, ServeHub, _Session
-from mcpsync.worker.serve_cursors import KEY_FILE, BadCursor, CursorSigner
-from mcpsync.worker.serve_ledger import ServedResource
-from mcpsync.worker.serve_pending import PendingNotifications
-from mcpsync.worker.serve_run import tokens_from_environment
+from mcpsync.activities.ledger.outbox import OutboxEventType, OutboxEventV1
+from mcpsync.activities.ledger.proven import Proven
+from mcpsync.activities.ledger.serve import ServedResource
+from mcpsync.worker.serve import server as serve_module
+from mcpsync.worker.serve.cursors import KEY_FILE, BadCursor, CursorSigner
+from mcpsync.worker.serve.pending import PendingNotifications
+from mcpsync.worker.serve.run import tokens_from_environment
+from mcpsync.worker.serve.server import ServeConfig, ServeHub, _Session
 from mcpsync.workflows.records.ledger import AcceptVerdict
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
@@ -155,7 +155,7 @@ def test_tokens_from_environment() -> None:
 
 
 def test_token_matching_compares_every_token_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcpsync.worker import serve_tokens
+    from mcpsync.worker.serve import tokens as serve_tokens
 
     tokens = serve_tokens.parse_tokens('{"alice": "alice-token-0123456789", "bob": "bob-token-01234567890"}')
     compared: list[bytes] = []

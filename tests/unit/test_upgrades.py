@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mcpsync.worker.cli import build_parser
-from mcpsync.worker.cli_upgrades import OpenRuns, report, runs_without
+from mcpsync.worker.cli.root import build_parser
+from mcpsync.worker.cli.upgrades import OpenRuns, report, runs_without
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, WORKFLOW_TYPE
 
 RUNS = [

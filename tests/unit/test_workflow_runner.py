@@ -8,8 +8,8 @@ import pytest
 from temporalio.worker import UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from mcpsync.worker.config import ConfigError, WorkflowRunnerKind, load_config
-from mcpsync.worker.runtime import workflow_runner
+from mcpsync.worker.main.config import ConfigError, WorkflowRunnerKind, load_config
+from mcpsync.worker.main.worker import workflow_runner
 
 
 def _config(tmp_path: Path, line: str) -> Path:

@@ -108,7 +108,8 @@ class SubscriptionKey(FrozenRecord):
         """The id a NEW subscription starts under: ``mcpsync-sub/<server>/<subject>/<slug>-<hash>``.
 
         Only for a key the ledger has no row for: a running subscription's row records its id (older
-        ones: ``legacy_workflow_id``), and routing reads that (``Ledger.workflow_id_of``; docs/upgrades.md,
+        ones: ``legacy_workflow_id``), and routing reads that (``FenceLedger.workflow_id_of``;
+        docs/upgrades.md,
         "Workflow ids"). The slug (``uris.uri_slug``) is a bounded readable label of a URI that can be
         long and contain anything, the hash keeps ids unique; the exact URI is in the workflow input and
         static details, and up to 255 bytes in the ``McpUri`` search attribute."""

@@ -1,0 +1,87 @@
+"""The store every ledger concern is built from: the PostgreSQL pool, and the fence row's shape.
+
+Contract:
+- ``LedgerStore`` holds the one connection pool (autocommit; a method that writes more than one
+  statement opens its own transaction). The concerns (``sessions``, ``fence``, ``content``,
+  ``journal``, ``reports``) each take a store (the fence also the journal, content store and
+  sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
+- ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
+  ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first).
+- A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
+  ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
+  workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
+  and the rows keyed by workflow id (reads, receipts, outbox, audit, revocations) take that
+  recorded id from the row. Subscriptions started under an older id scheme
+  (``SubscriptionKey.legacy_workflow_id``) keep theirs for good.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
+
+__all__ = ["LedgerStore", "BY_KEY", "key_params", "snapshot", "fence_row", "recorded_workflow_id", "jsonable"]
+
+# The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
+BY_KEY = "subject=%s AND server=%s AND uri=%s"
+
+
+class LedgerStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+
+def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
+    """The fence rules' view of a ``subscriptions`` row (``exists=False`` for no row)."""
+    if row is None:
+        return FenceSnapshot(exists=False)
+    return FenceSnapshot(
+        exists=True,
+        state=SubscriptionState(row["state"]),
+        session_generation=row["session_generation"],
+        subscription_generation=row["subscription_generation"],
+        last_issued_ordinal=row["last_issued_ordinal"],
+        last_accepted_ordinal=row["last_accepted_ordinal"],
+        watermark=row["watermark"],
+        close_epoch=row["close_epoch"],
+        close_ordinal=row["close_ordinal"],
+        last_accepted_digest=row["last_accepted_digest"],
+        last_receipt_id=row["last_receipt_id"],
+        notifications_seen=row["notifications_seen"],
+        covered=row.get("covered", 0),
+        allocated_sequence=row.get("allocated_sequence", 0),
+        read_reports=row.get("read_reports", False),
+    )
+
+
+def key_params(key: SubscriptionKey) -> tuple[str, str, str]:
+    """``BY_KEY``'s parameters."""
+    return key.subject, key.server, key.uri
+
+
+async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False) -> dict[str, Any] | None:
+    """The ``subscriptions`` row of ``key`` on a ``dict_row`` cursor (its ``workflow_id`` column is
+    the id the subscription runs under); ``lock``: held until the transaction ends."""
+    await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
+                      key_params(key))
+    row: dict[str, Any] | None = await cur.fetchone()
+    return row
+
+
+async def recorded_workflow_id(cur: Any, key: SubscriptionKey) -> str:
+    """The id the subscription of ``key`` runs under (on a ``dict_row`` cursor): the one its row
+    recorded, whatever scheme made it; ``key.workflow_id`` (the readable scheme) only for a key
+    with no row yet."""
+    await cur.execute(f"SELECT workflow_id FROM subscriptions WHERE {BY_KEY}", key_params(key))
+    row = await cur.fetchone()
+    return key.workflow_id if row is None else str(row["workflow_id"])
+
+
+def jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its timestamps as ISO strings (JSON output of diagnostics)."""
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}

@@ -1,0 +1,3 @@
+"""The ingress process: session hosts, transport and its bounds, keepalive, heartbeats, resync."""
+
+__all__ = ["process", "session_host"]  # the modules other rooms may import
