@@ -83,10 +83,6 @@ async def cmd_serve(args: argparse.Namespace) -> None:
         tokens = tokens_from_environment()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    for subject in unlisted_subjects(tokens, (s for server in config.servers for s in server.subjects)):
-        print_text(f"mcpsync: warning: MCPSYNC_SERVE_TOKENS holds a token for subject {subject!r}, which no "
-                   "configured server lists: it authenticates and sees no resources", file=sys.stderr,
-                   flush=True)
     if args.stdio is None and not tokens:
         raise CliError("no bearer tokens: set MCPSYNC_SERVE_TOKENS='{\"SUBJECT\": \"TOKEN\"}' (or use "
                        "--stdio SUBJECT)")
@@ -99,6 +95,11 @@ async def cmd_serve(args: argparse.Namespace) -> None:
         signer = CursorSigner.for_serve(state_dir())
     except (OSError, ValueError) as exc:
         raise CliError(f"serve's cursor key: {exc}") from None
+    # Warned once everything is checked: a refused start prints its one error line and nothing else.
+    for subject in unlisted_subjects(tokens, (s for server in config.servers for s in server.subjects)):
+        print_text(f"mcpsync: warning: MCPSYNC_SERVE_TOKENS holds a token for subject {subject!r}, which no "
+                   "configured server lists: it authenticates and sees no resources", file=sys.stderr,
+                   flush=True)
     quotas = QuotaLimits(**{q.value: getattr(args, f"max_{q.value}") for q in Quota})
     serve_config = ServeConfig(transport="stdio" if args.stdio else "http", host=args.host, port=args.port,
                                tokens=tokens, stdio_subject=args.stdio, page_size=args.page_size,
