@@ -1,7 +1,7 @@
 """Every command the docs show runs, against one real ``mcpsync up`` stack, with its documented exit
 code: each ``examples:`` line of every ``--help`` (the parser tree of ``mcpsync.worker.cli``) and each
-``mcpsync ...`` line of the fenced ``sh`` blocks of README.md, docs/cli.md, docs/config.md and
-docs/serve.md.
+``mcpsync ...`` line of the fenced ``sh`` blocks of README.md and every page of docs/ (its dated
+benchmark journals and decision records are history, not instructions).
 
 How a line is read (``doc_commands``):
 - A trailing comment ``# not run in tests: <reason>`` keeps a line out (it starts a long-lived
@@ -39,7 +39,7 @@ from tests import cli_process
 from tests.conftest import eventually, fresh_database
 from tests.e2e.test_e2e_faults import MCPSYNC
 
-DOCS = ("README.md", "docs/cli.md", "docs/config.md", "docs/serve.md")
+DOCS = ("README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")))
 NOT_RUN = re.compile(r"#.*?\bnot run in tests:\s*(?P<reason>[^)]*)")
 EXIT = re.compile(r"#.*?\bexit (?P<code>\d+)\b")
 OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "<"}

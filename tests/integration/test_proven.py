@@ -131,18 +131,18 @@ async def test_a_late_notification_from_a_left_session_leaves_a_dirty_resource_d
     key = await _active(ledger, "demo://late")
     snap = await ledger.begin_subscription(key, 2)
     snap = await ledger.mark_active(key, 2, snap.subscription_generation)
-    ticket = await ledger.allocate_read(AllocateRequest(
+    ticket = await ledger.fence.allocate_read(AllocateRequest(
         key=key, session_generation=2, subscription_generation=snap.subscription_generation, min_ordinal=1,
         request_id=str(uuid.uuid4()), trigger=TriggerReason.INITIAL))
     assert ticket.granted
     outcome = _outcome(key, ticket.ordinal, ticket.request_id, "sha256:v1").model_copy(
         update={"session_generation": 2, "subscription_generation": snap.subscription_generation})
-    result = await ledger.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
+    result = await ledger.fence.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
                                                close_epoch=0))
     assert result.verdict == AcceptVerdict.ACCEPTED
     assert not await _assert_level_rule(ledger, key)
-    assert await ledger.note_notification(key.subject, key.server, key.uri, 2) is not None
-    assert await ledger.note_notification(key.subject, key.server, key.uri, 1) is not None
+    assert await ledger.fence.note_notification(key.subject, key.server, key.uri, 2) is not None
+    assert await ledger.fence.note_notification(key.subject, key.server, key.uri, 1) is not None
     assert await _assert_level_rule(ledger, key)
 
 async def test_accepted_at_and_receipt_id_name_the_accepted_version_not_an_unchanged_reread(

@@ -66,9 +66,11 @@ def test_serve_warns_once_naming_a_token_subject_no_server_lists(tmp_path: Path)
     tokens = {"alice": "alice-token-0123456789", "mallory": "mallory-token-0123456789"}
     env = {**cli_process.without_database_url(), "MCPSYNC_STATE_DIR": str(tmp_path / "state"),
            "MCPSYNC_SERVE_TOKENS": json.dumps(tokens)}
-    # --header-timeout beyond its maximum stops serve right after its start-up checks: no listener needed.
-    r = cli_process.run(["--config", str(config), "serve", "--header-timeout", "99999"], env=env)
-    assert r.returncode == 2, r.stderr
+    # Every start-up check passes; the database is unreachable, so serve then stops (exit 6): no
+    # listener needed.
+    env["MCPSYNC_DATABASE_URL"] = "postgresql://mcpsync@127.0.0.1:1/mcpsync?connect_timeout=2"
+    r = cli_process.run(["--config", str(config), "serve"], env=env)
+    assert r.returncode == 6, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("mcpsync: warning:")]
     assert len(warnings) == 1, r.stderr
     assert "'mallory'" in warnings[0] and "'alice'" not in warnings[0]

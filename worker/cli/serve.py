@@ -95,6 +95,7 @@ async def cmd_serve(args: argparse.Namespace) -> None:
         signer = CursorSigner.for_serve(state_dir())
     except (OSError, ValueError) as exc:
         raise CliError(f"serve's cursor key: {exc}") from None
+    url = database_url(config)
     # Warned once everything is checked: a refused start prints its one error line and nothing else.
     for subject in unlisted_subjects(tokens, (s for server in config.servers for s in server.subjects)):
         print_text(f"mcpsync: warning: MCPSYNC_SERVE_TOKENS holds a token for subject {subject!r}, which no "
@@ -107,7 +108,6 @@ async def cmd_serve(args: argparse.Namespace) -> None:
                                client_buffer=args.client_buffer, allowed_hosts=tuple(args.allowed_host),
                                allowed_origins=tuple(args.allowed_origin), header_timeout=args.header_timeout,
                                max_connections=args.max_connections, quotas=quotas)
-    url = database_url(config)
     ledger = await open_ledger(url, max_size=8)
     try:
         await run_serve(serve_config, ledger.pool, signer)
