@@ -8,29 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.cli.root import build_parser
-from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.serve.cursors import CursorSigner
 from mcpsync.worker.serve.run import follow_outbox
 from mcpsync.worker.serve.server import ServeConfig, ServeHub
 from tests import cli_process
-from tests.conftest import eventually, fresh_database, ledger_rows
-
-
-@pytest.fixture
-async def own_ledger(postgres_url: str) -> AsyncIterator[Ledger]:
-    async with fresh_database(postgres_url) as url:
-        led = await open_ledger(url, max_size=4)
-        try:
-            yield led
-        finally:
-            await led.pool.close()
+from tests.conftest import eventually, ledger_rows
 
 
 async def _emit(ledger: Ledger, subject: str) -> None:
@@ -42,18 +28,18 @@ async def _emit(ledger: Ledger, subject: str) -> None:
 
 
 async def test_serve_without_consumer_follows_the_outbox_and_registers_no_durable_consumer(
-        own_ledger: Ledger) -> None:
+        private_ledger: Ledger) -> None:
     args = build_parser().parse_args(["serve"])  # serve's own default: no --consumer given
-    hub = ServeHub(ServeConfig(consumer=args.consumer), own_ledger.pool, CursorSigner(b"k" * 32))
+    hub = ServeHub(ServeConfig(consumer=args.consumer), private_ledger.pool, CursorSigner(b"k" * 32))
     follower = asyncio.create_task(follow_outbox(hub))
     try:
         # It follows: an event written now is announced (the follower started at the outbox's end).
         async def announced() -> bool:
-            await _emit(own_ledger, "alice")
+            await _emit(private_ledger, "alice")
             return hub.stats["announced"] > 0
 
         await eventually(announced, timeout=20, interval=0.2, what="the outbox event announced")
-        assert await ledger_rows(own_ledger, "SELECT name FROM outbox_consumers") == []
+        assert await ledger_rows(private_ledger, "SELECT name FROM outbox_consumers") == []
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)

@@ -4,27 +4,13 @@ before the ``maxAgeMs`` floor."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from mcpsync.activities.ledger import Ledger
-from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.serve.cursors import CursorSigner
 from mcpsync.worker.serve.events import EventsPollParams, poll_events
 from mcpsync.worker.serve.server import ServeConfig, ServeHub
-from tests.conftest import fresh_database
-
-
-@pytest.fixture
-async def own_ledger(postgres_url: str) -> AsyncIterator[Ledger]:
-    async with fresh_database(postgres_url) as url:
-        led = await open_ledger(url, max_size=4)
-        try:
-            yield led
-        finally:
-            await led.pool.close()
 
 
 async def _emit(ledger: Ledger, subject: str, n: int) -> None:
@@ -46,12 +32,12 @@ def _params(
     )
 
 
-async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> None:
-    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+async def test_poll_resumes_pages_isolates_and_truncates(private_ledger: Ledger) -> None:
+    hub = ServeHub(ServeConfig(), private_ledger.pool, CursorSigner(b"k" * 32))
     start = await poll_events(hub, "alice", _params(None))
     assert start["events"] == [] and start["truncated"] is False
-    await _emit(own_ledger, "alice", 5)
-    await _emit(own_ledger, "bob", 3)
+    await _emit(private_ledger, "alice", 5)
+    await _emit(private_ledger, "bob", 3)
     got, cursor = [], start["cursor"]
     while True:
         page = await poll_events(hub, "alice", _params(cursor, max_events=2))
@@ -72,7 +58,7 @@ async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> 
         await poll_events(hub, "alice", _params(None, name="nope"))
     assert unknown.value.code == -32011
     # Retention pruned beyond the client's cursor: truncated, then the events still kept.
-    async with own_ledger.pool.connection() as conn:
+    async with private_ledger.pool.connection() as conn:
         fourth = await (await conn.execute("SELECT position FROM outbox WHERE subject = 'alice'"
                                            " ORDER BY position OFFSET 3 LIMIT 1")).fetchone()
         assert fourth is not None
@@ -82,11 +68,11 @@ async def test_poll_resumes_pages_isolates_and_truncates(own_ledger: Ledger) -> 
     assert [e["eventId"] for e in late["events"]] == [got[4]["eventId"]]
 
 
-async def test_max_age_ms_floors_the_replay(own_ledger: Ledger) -> None:
-    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+async def test_max_age_ms_floors_the_replay(private_ledger: Ledger) -> None:
+    hub = ServeHub(ServeConfig(), private_ledger.pool, CursorSigner(b"k" * 32))
     start = await poll_events(hub, "alice", _params(None))
-    await _emit(own_ledger, "alice", 3)
-    async with own_ledger.pool.connection() as conn:  # the first two are an hour old
+    await _emit(private_ledger, "alice", 3)
+    async with private_ledger.pool.connection() as conn:  # the first two are an hour old
         await conn.execute(
             "UPDATE outbox SET created_at = now() - interval '1 hour' WHERE content_digest IN"
             " ('sha256:alice0', 'sha256:alice1')"
@@ -102,19 +88,19 @@ async def test_max_age_ms_floors_the_replay(own_ledger: Ledger) -> None:
     assert negative.value.code == -32602
 
 
-async def test_event_ids_and_data_tell_nothing_of_other_subjects(own_ledger: Ledger) -> None:
+async def test_event_ids_and_data_tell_nothing_of_other_subjects(private_ledger: Ledger) -> None:
     """An event names no outbox position (the order across every subject): its ``eventId`` is opaque,
     stable for its subject (polled twice, the same id), and ``data`` carries no ``position`` nor
     ``outbox_id``; bob's events in between change nothing alice can see."""
-    hub = ServeHub(ServeConfig(), own_ledger.pool, CursorSigner(b"k" * 32))
+    hub = ServeHub(ServeConfig(), private_ledger.pool, CursorSigner(b"k" * 32))
     start = (await poll_events(hub, "alice", _params(None)))["cursor"]
     bob_start = (await poll_events(hub, "bob", _params(None)))["cursor"]
-    await _emit(own_ledger, "alice", 1)
-    await _emit(own_ledger, "bob", 7)
-    await _emit(own_ledger, "alice", 1)
+    await _emit(private_ledger, "alice", 1)
+    await _emit(private_ledger, "bob", 7)
+    await _emit(private_ledger, "alice", 1)
     first = (await poll_events(hub, "alice", _params(start)))["events"]
     second = (await poll_events(hub, "alice", _params(start)))["events"]
-    async with own_ledger.pool.connection() as conn:
+    async with private_ledger.pool.connection() as conn:
         positions = [r[0] for r in await (await conn.execute(
             "SELECT position FROM outbox WHERE subject = 'alice' ORDER BY position")).fetchall()]
     assert len(first) == 2 and [e["eventId"] for e in first] == [e["eventId"] for e in second]
