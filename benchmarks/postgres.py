@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from contextlib import suppress
+from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 
 import psycopg
 
 from mcpsync.worker.stack.common import state_dir
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
-__all__ = ["Postgres"]
+__all__ = ["Postgres", "server_url"]
 
 
 class Postgres:
@@ -54,3 +55,13 @@ class Postgres:
         if self.embedded is not None:
             await self.embedded.stop()
 
+
+
+async def server_url(stack: AsyncExitStack, work: Path) -> str:
+    """``MCPSYNC_DATABASE_URL`` when set, else an embedded server under ``work`` that ``stack`` stops."""
+    url = os.environ.get("MCPSYNC_DATABASE_URL")
+    if url:
+        return url
+    pg = await EmbeddedPostgres.start(work / "pg")
+    stack.push_async_callback(pg.stop)
+    return pg.url

@@ -39,13 +39,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from benchmarks.common import percentile, temporal_and_ledger, until
+from benchmarks.postgres import server_url
 from mcpsync.activities.starters import start_subscription
 from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.main.services import run_services
 from mcpsync.worker.serve.server import FRESHNESS_META
 from mcpsync.worker.stack.common import REPO_ROOT
-from mcpsync.worker.stack.postgres import EmbeddedPostgres
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 SUBJECT = "bench"
@@ -124,11 +124,7 @@ async def _run(listeners: int, changes: int, interval: float, profile: Path | No
     work = Path(tempfile.mkdtemp(prefix="mcpsync-bench-serve-"))
     async with AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
-        db_url = os.environ.get("MCPSYNC_DATABASE_URL")
-        if not db_url:
-            pg = await EmbeddedPostgres.start(work / "pg")
-            stack.push_async_callback(pg.stop)
-            db_url = pg.url
+        db_url = await server_url(stack, work)
         temporal, client, ledger = await temporal_and_ledger(stack, work / "temporal", db_url)
         fx = await FixtureProcess.start_http(work / "fx", seed="none")
         stack.push_async_callback(fx.stop)

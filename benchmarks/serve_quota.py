@@ -43,10 +43,10 @@ from mcp.shared.exceptions import MCPError
 
 from benchmarks.common import ratio, summarize
 from benchmarks.ledger_seed import emit_event, seed_version
+from benchmarks.postgres import server_url
 from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.serve.quota import QuotaLimits
 from mcpsync.worker.stack.common import REPO_ROOT
-from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
 NOISY, QUIET, SERVER = "quota-a", "quota-b", "bench"
 TOKENS = {NOISY: "token-a-for-the-benchmark", QUIET: "token-b-for-the-benchmark"}
@@ -108,11 +108,7 @@ async def run(reads: int, rounds: int, event_interval: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mcpsync-bench-quota-"))
     async with AsyncExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
-        db_url = os.environ.get("MCPSYNC_DATABASE_URL")
-        if not db_url:
-            pg = await EmbeddedPostgres.start(work / "pg")
-            stack.push_async_callback(pg.stop)
-            db_url = pg.url
+        db_url = await server_url(stack, work)
         ledger = await open_ledger(db_url, max_size=2)
         stack.push_async_callback(ledger.pool.close)
         quiet_uri = "demo://quota/b.md"
