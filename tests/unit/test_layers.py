@@ -15,6 +15,7 @@ imports a bare top-level package that only exists in a checkout (``worker.x``: t
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -36,9 +37,21 @@ ALLOWED = {"sim": ("mcpsync.activities.mcp_session", "mcpsync.activities.ledger"
                    "mcpsync.activities.ledger.content")}
 
 
+
+@functools.cache
+def _parsed(path: Path, stamp: tuple[int, int]) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _tree(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per version of the file (every check walks the same trees)."""
+    st = path.stat()
+    return _parsed(path, (st.st_mtime_ns, st.st_size))
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -70,7 +83,7 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
 def _workflows_imported(path: Path) -> list[tuple[int, Path]]:
     """The ``workflows/`` source files an import names (``from mcpsync.workflows import x`` too)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             modules = [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -92,7 +105,7 @@ def _workflows_imported(path: Path) -> list[tuple[int, Path]]:
 
 def _is_workflow_code(path: Path) -> str | None:
     """Why a workflows module is Temporal code (imports temporalio, defines a workflow), else None."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for deco in node.decorator_list:
@@ -147,7 +160,7 @@ def _nondeterministic(path: Path) -> list[str]:
     """Imports outside ``WORKFLOW_IMPORTS`` (mcpsync's own aside) and ``datetime.now()``-like clock reads."""
     bad = [f"{line}: import {name}" for line, name in _imports(path)
            if name.split(".")[0] != "mcpsync" and name not in WORKFLOW_IMPORTS]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Attribute) and node.attr in WALL_CLOCK and isinstance(node.value, ast.Name) \
                 and node.value.id in ("datetime", "date"):
             bad.append(f"{node.lineno}: {node.value.id}.{node.attr}")
@@ -174,7 +187,7 @@ def _room_public(room: Path) -> list[str] | None:
     init = room / "__init__.py"
     if not init.exists():
         return None
-    for node in ast.parse(init.read_text(), str(init)).body:
+    for node in _tree(init).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
             return list(ast.literal_eval(node.value))
     return None
@@ -203,7 +216,7 @@ def _cross_room_imports(worker: Path) -> list[str]:
     bad = []
     for path in sorted(worker.rglob("*.py")):
         here = path.relative_to(worker).parts[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -261,7 +274,7 @@ SQL = re.compile(r"\b(SELECT\s|INSERT\s+INTO\b|UPDATE\s+\w+(\s+\w+)?\s+SET\b|DEL
 
 def _sql_strings(path: Path) -> list[str]:
     """String literals (f-strings' text parts included, docstrings left out) that read as SQL."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                   and node.body and isinstance(node.body[0], ast.Expr)
@@ -293,6 +306,18 @@ CHECKOUT_ONLY = ("workflows", "activities", "worker", "temporal", "fixture")  # 
 _NOT_SOURCE = {".git", ".venv", ".state", "build", "dist", "node_modules", "__pycache__"}
 
 
+def _source_files(top: Path) -> list[Path]:
+    """Every ``.py`` file under ``top``, never descending into ``_NOT_SOURCE`` folders (a venv alone
+    holds thousands)."""
+    found: list[Path] = []
+    for entry in sorted(top.iterdir()):
+        if entry.is_dir() and entry.name not in _NOT_SOURCE:
+            found += _source_files(entry)
+        elif entry.suffix == ".py":
+            found.append(entry)
+    return found
+
+
 def _bare_imports(path: Path) -> list[str]:
     return [f"{line}: {name}" for line, name in _imports(path) if name.split(".")[0] in CHECKOUT_ONLY]
 
@@ -300,8 +325,7 @@ def _bare_imports(path: Path) -> list[str]:
 def test_nothing_imports_a_bare_top_level_package() -> None:
     """``from worker.x import`` would pass in a checkout (pytest puts the repo root on ``sys.path``)
     and break only in the wheel: every import names ``mcpsync.worker.x``."""
-    bad = [f"{path.relative_to(ROOT)}:{hit}" for path in sorted(ROOT.rglob("*.py"))
-           if not _NOT_SOURCE.intersection(path.relative_to(ROOT).parts) for hit in _bare_imports(path)]
+    bad = [f"{path.relative_to(ROOT)}:{hit}" for path in _source_files(ROOT) for hit in _bare_imports(path)]
     assert not bad, "bare top-level imports:\n" + "\n".join(bad)
 
 
