@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import select
+import subprocess
 from pathlib import Path
 
 from mcpsync.activities.ledger import Ledger
@@ -22,6 +23,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_MIME = "text/plain\x1b]0;pwned\x07\x1b[2J\u202e\nreceipt #999 forged"
 HOSTILE = "title\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m \u202eevil\r\nsecond line\té\n" + "padding " * 20
 _cli = cli_process.run_config  # mcpsync --config FILE ..., against the file's database, in bytes
+
+
+def _on_a_terminal(conf: Path, *args: str) -> tuple[subprocess.CompletedProcess[bytes], bytes]:
+    """The command run with its stdout on a pseudo-terminal: its result and what the terminal got."""
+    leader, follower = pty.openpty()
+    try:
+        return _cli(conf, *args, stdout=follower), _read_all(leader)
+    finally:
+        os.close(follower)
+        os.close(leader)
 
 
 def _read_all(fd: int) -> bytes:
@@ -57,13 +68,7 @@ async def test_content_get_escapes_controls_on_a_terminal_only(ledger: Ledger, d
     assert _cli(conf, *args, "-o", str(target)).returncode == 0
     assert target.read_bytes() == body
 
-    leader, follower = pty.openpty()
-    try:
-        tty = _cli(conf, *args, stdout=follower)
-        shown = _read_all(leader)
-    finally:
-        os.close(follower)
-        os.close(leader)
+    tty, shown = _on_a_terminal(conf, *args)
     assert tty.returncode == 0, tty.stderr
     assert b"\x1b" not in shown and b"\x07" not in shown and "\u202e".encode() not in shown
     text = shown.decode()
@@ -89,13 +94,7 @@ async def test_history_escapes_a_hostile_mime_type(ledger: Ledger, database_url:
                     f'transport = "http"\nurl = "http://127.0.0.1:1/mcp"\nsubjects = ["{key.subject}"]\n')
     args = ("history", "--server", key.server, "--subject", key.subject, "--uri", key.uri)
 
-    leader, follower = pty.openpty()
-    try:
-        tty = _cli(conf, *args, stdout=follower)
-        shown = _read_all(leader)
-    finally:
-        os.close(follower)
-        os.close(leader)
+    tty, shown = _on_a_terminal(conf, *args)
     piped = _cli(conf, *args)
     for out in (shown, piped.stdout):
         assert tty.returncode == 0 and piped.returncode == 0, (tty.stderr, piped.stderr)
