@@ -73,7 +73,7 @@ async def _raw_request(port: int, head: str, *, host: str = "127.0.0.1", timeout
 
 
 async def test_a_session_answers_only_the_subject_that_opened_it(serve: ServeProcess) -> None:
-    """Finding 3: another subject's token on a session's id gets 404, exactly as an unknown id, on POST,
+    """Another subject's token on a session's id gets 404, exactly as an unknown id, on POST,
     GET (the notification stream) and DELETE; the owner keeps the session; no id in the INFO log."""
     async with httpx2.AsyncClient(timeout=30) as raw:
         session_id = await raw_session(raw, serve.url, _auth(ALICE))
@@ -98,7 +98,7 @@ async def test_a_session_answers_only_the_subject_that_opened_it(serve: ServePro
 async def test_foreign_origin_and_host_are_refused_on_every_bind_before_auth(
     tmp_path: Path, database_url: str
 ) -> None:
-    """Finding 6: on 127.0.0.2 (not a localhost name) a foreign Origin is 403 and a foreign Host 421,
+    """On 127.0.0.2 (not a localhost name) a foreign Origin is 403 and a foreign Host 421,
     with or without a token (checked before the token); the bind's own Host and no Origin pass."""
     conf = serve_conf(tmp_path, database_url)
     process = await ServeProcess.start(
@@ -123,7 +123,7 @@ async def test_foreign_origin_and_host_are_refused_on_every_bind_before_auth(
 async def test_slow_headers_are_timed_out_and_connections_are_capped(
     tmp_path: Path, database_url: str
 ) -> None:
-    """Finding 7: a head sent one byte at a time is cut at --header-timeout; past --max-connections a
+    """A head sent one byte at a time is cut at --header-timeout; past --max-connections a
     new connection gets 503 and is closed, while an established client's requests still work. Also
     --allowed-host / --allowed-origin: the values named are served, the defaults no longer are."""
     conf = serve_conf(tmp_path, database_url)
@@ -181,7 +181,7 @@ async def test_slow_headers_are_timed_out_and_connections_are_capped(
 
 
 async def test_a_chunked_body_over_the_limit_is_413_without_a_traceback(serve: ServeProcess) -> None:
-    """Finding 8: a chunked POST past the 1 MB body limit is 413 (as with Content-Length), not 500,
+    """A chunked POST past the 1 MB body limit is 413 (as with Content-Length), not 500,
     and nothing is logged with a traceback."""
     async def chunks() -> AsyncIterator[bytes]:
         yield b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list", "params": {"x": "'
@@ -205,7 +205,7 @@ def _url_derived_cursor(database_url: str, position: str, subject: str) -> str:
 
 
 async def test_a_cursor_forged_from_the_ledger_url_is_refused(serve: ServeProcess, database_url: str) -> None:
-    """Finding 11: the cursor key is random (0600 in the state dir), not derived from the ledger URL: a
+    """The cursor key is random (0600 in the state dir), not derived from the ledger URL: a
     cursor computed offline from the URL does not verify."""
     async with serve_client(serve.url, TOKENS[ALICE], "auto") as client:
         with pytest.raises(MCPError) as forged:
@@ -218,7 +218,7 @@ async def test_a_cursor_forged_from_the_ledger_url_is_refused(serve: ServeProces
 
 
 async def test_cursors_reveal_no_position_and_no_other_subjects_activity(serve: ServeProcess) -> None:
-    """Finding 12: a cursor carries nothing readable (no outbox position, no listing counter; the same
+    """A cursor carries nothing readable (no outbox position, no listing counter; the same
     position twice gives two different cursors) and another subject's cursor is refused like a forged one."""
     async with serve_client(serve.url, TOKENS[ALICE], "auto") as alice, \
             serve_client(serve.url, TOKENS[MALLORY], "auto") as mallory:
@@ -236,7 +236,7 @@ async def test_cursors_reveal_no_position_and_no_other_subjects_activity(serve: 
 
 
 def test_duplicate_and_short_tokens_are_refused_at_start(tmp_path: Path, database_url: str) -> None:
-    """Finding 16: a token shared by two subjects or a token under 16 characters: one ``mcpsync:
+    """A token shared by two subjects or a token under 16 characters: one ``mcpsync:
     error:`` line naming no token, exit 2, nothing started (a subject listed twice:
     tests/unit/test_serve_units.py)."""
     conf = serve_conf(tmp_path, database_url)

@@ -63,7 +63,7 @@ async def _serve(tmp_path: Path, database_url: str, subjects: list[str], *extra:
 
 async def test_revoked_is_not_revoked_in_the_mcp_face(ledger: Ledger, database_url: str, tmp_path: Path
                                                       ) -> None:
-    """Finding 4: after a whole-subject revoke (alice) and a per-URI revoke (carol), serve lists none of
+    """After a whole-subject revoke (alice) and a per-URI revoke (carol), serve lists none of
     the revoked scope in any state, refuses read, subscribe and listen priming for it, replays none of
     its events, and a listing cursor taken before the revoke no longer pages it; bob is unaffected."""
     alice, carol, bob, server = unique("alice"), unique("carol"), unique("bob"), unique("srv")
@@ -119,7 +119,7 @@ async def test_revoked_is_not_revoked_in_the_mcp_face(ledger: Ledger, database_u
 async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_serve(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    """Finding 4, one rule: redefining ``mcpsync_version_visible`` (on a database of its own) changes
+    """One rule: redefining ``mcpsync_version_visible`` (on a database of its own) changes
     what ``released_content`` (``content get``) releases and what serve lists, reads and replays alike."""
     from mcpsync.worker.main.connect import open_ledger
 
@@ -150,7 +150,7 @@ async def test_the_visibility_rule_has_one_definition_read_by_content_get_and_se
 
 
 async def test_a_consumer_role_sees_no_receipt_the_rule_hides(ledger: Ledger, database_url: str) -> None:
-    """Finding 4, the consumer role's policies: a member of mcpsync_consumer mapped to alice stops
+    """The consumer role's policies: a member of mcpsync_consumer mapped to alice stops
     seeing her CLOSED subscription's receipt once her scope is revoked (the same function decides)."""
     alice, server, role = unique("alice"), unique("srv"), unique("reader").replace("-", "_")
     receipt = await _seed(ledger, alice, server, "CLOSED", f"demo://vis/{unique('doc')}")
@@ -208,7 +208,7 @@ def _got_event(frames: list[dict[str, Any]]) -> bool:
 async def test_one_subject_cannot_deny_listen_or_event_streams_to_another(
     ledger: Ledger, database_url: str, tmp_path: Path
 ) -> None:
-    """Finding 5: listens, URIs per listen, event streams, listing snapshots and sessions are counted per
+    """Listens, URIs per listen, event streams, listing snapshots and sessions are counted per
     subject: alice's quota+1 of each is refused (-32005 naming the quota; snapshots: her oldest cursor is
     refused) while bob opens his own; a stream that ends gives its slot back."""
     alice, bob, server = unique("alice"), unique("bob"), unique("srv")
@@ -319,7 +319,7 @@ def test_a_quota_below_one_is_one_error_line(tmp_path: Path, database_url: str) 
 
 
 async def test_every_registration_of_a_stream_is_released_when_it_ends(ledger: Ledger) -> None:
-    """Finding 5, memory released: serve's hub in this process (real HTTP, uvicorn, SDK clients): while
+    """Memory released: serve's hub in this process (real HTTP, uvicorn, SDK clients): while
     alice's listens, event streams and 2025-11-25 session are open they hold quota slots, listen
     handlers and listeners on her bus; once each has ended, nothing is held for her any more."""
     alice, token = unique("alice"), unique("serve-test-token")
