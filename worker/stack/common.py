@@ -110,14 +110,24 @@ def make_private(root: Path) -> Path:
     ensure_private_dir(root)
     mine = os.geteuid()
     for where, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS and (Path(where) / d).lstat().st_uid == mine]
+        dirs[:] = [d for d in dirs if d not in FOREIGN_DIRS and _owner(Path(where) / d) == mine]
         for name, widest in [*((d, 0o711) for d in dirs), *((f, 0o700) for f in files)]:
             path = Path(where) / name
-            st = path.lstat()
-            mode = stat.S_IMODE(st.st_mode)
-            if not stat.S_ISLNK(st.st_mode) and st.st_uid == mine and mode & 0o077 & ~widest:
-                path.chmod(mode & ~(0o077 & ~widest))
+            # A file can go between the listing and its turn (a SQLite journal): nothing to fix then.
+            with contextlib.suppress(FileNotFoundError):
+                st = path.lstat()
+                mode = stat.S_IMODE(st.st_mode)
+                if not stat.S_ISLNK(st.st_mode) and st.st_uid == mine and mode & 0o077 & ~widest:
+                    path.chmod(mode & ~(0o077 & ~widest))
     return root
+
+
+def _owner(path: Path) -> int | None:
+    """``path``'s owner's uid, None when it is gone."""
+    try:
+        return path.lstat().st_uid
+    except FileNotFoundError:
+        return None
 
 
 def write_private(path: Path, text: str) -> None:

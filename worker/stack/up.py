@@ -79,16 +79,16 @@ async def run_up(args: argparse.Namespace) -> None:
     db_url = os.environ.get("MCPSYNC_DATABASE_URL")
     if not db_url:
         EmbeddedPostgres.check_state_dir(root)  # before anything is created or started
-    make_private(root)  # it holds the runtime file, the configuration (a database URL), Temporal's history
     runtime_file = root / "runtime.json"
     running = RuntimeInfo.load(runtime_file)
     if (running is not None and running.pid is not None and running.pid != os.getpid()
             and running.stack_alive()):
-        # Checked before anything binds a port: the second stack would only fail later, less clearly.
+        # Checked before anything is touched or binds a port: the state dir is the running stack's.
         raise StackAlreadyRunning(f"a stack is already running on state dir {root} (mcpsync up pid "
                                   f"{running.pid}, Temporal {running.temporal_address}): stop it first or "
                                   "set another "
                                   "MCPSYNC_STATE_DIR")
+    make_private(root)  # it holds the runtime file, the configuration (a database URL), Temporal's history
     async with AsyncExitStack() as stack:
         print(f"mcpsync up: state dir {root}", flush=True)
         try:
