@@ -72,8 +72,9 @@ def record_doc(record: ResourceSubscriptionV1) -> dict[str, Any]:
     ``staleness_bound_seconds`` null (the safety read period bounds it), and the JSON says so
     (``staleness_bound_source``: ``safety_read``) instead of a null the text contradicts."""
     doc = record.model_dump(mode="json")
-    if record.staleness_bound_seconds is None and record.safety_read_seconds:
-        doc["staleness_bound_seconds"] = record.safety_read_seconds
+    bound = staleness_bound(record)
+    if record.staleness_bound_seconds is None and bound is not None:
+        doc["staleness_bound_seconds"] = bound
         doc["staleness_bound_source"] = "safety_read"
     return doc
 
