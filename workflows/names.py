@@ -60,6 +60,7 @@ class Act:
     SET_STATE = "ledger_set_state"
     CONFIRM_TOMBSTONE = "ledger_confirm_tombstone"
     REVOKE = "ledger_revoke"
+    WATCH_VERIFICATIONS = "ledger_watch_verifications"  # the watchdog's look at the ledger's schedule
     MCP_SUBSCRIBE = "mcp_subscribe"
     MCP_UNSUBSCRIBE = "mcp_unsubscribe"
     MCP_READ = "mcp_read"

@@ -6,7 +6,8 @@ Contract:
   ``sessions`` (``mcpsync.activities.ledger.sessions``: sessions, leases), ``fence``
   (``mcpsync.activities.ledger.fence``: subscription rows, reads, receipts, the sole acceptance point,
   close, tombstone, revocation), ``content`` (``mcpsync.activities.ledger.content``: the body store),
-  ``journal`` (``mcpsync.activities.ledger.journal``: audit log, outbox) and ``reports``
+  ``journal`` (``mcpsync.activities.ledger.journal``: audit log, outbox), ``verification``
+  (``mcpsync.activities.ledger.verification``: the verification schedule, the watchdog's look) and ``reports``
   (``mcpsync.activities.ledger.reports``: read-only views for tests and diagnostics).
 - ``activities(meters)`` lists the ledger's Temporal activities: the concerns' own methods,
   decorated where they are defined (no wrapper layer); their names are ``mcpsync.workflows.names.Act``.
@@ -29,6 +30,7 @@ from mcpsync.activities.ledger.journal import Journal
 from mcpsync.activities.ledger.reports import AuditRow, LedgerReports, OutboxRow
 from mcpsync.activities.ledger.sessions import SessionLedger
 from mcpsync.activities.ledger.store import LedgerStore
+from mcpsync.activities.ledger.verification import VerificationLedger
 from mcpsync.workflows.records.ledger import (
     BeginSubscriptionRequest,
     FenceSnapshot,
@@ -61,10 +63,12 @@ class Ledger:
         self.fence = FenceLedger(self.store, journal=self.journal, content=self.content,
                                  sessions=self.sessions)
         self.reports = LedgerReports(self.store)
+        self.verification = VerificationLedger(self.store, journal=self.journal)
 
     def activities(self) -> list[Callable[..., Any]]:
         """Every ledger activity of the main task queue."""
-        return [*self.sessions.activities(), *self.fence.activities(), *self.journal.activities()]
+        return [*self.sessions.activities(), *self.fence.activities(), *self.journal.activities(),
+                *self.verification.activities()]
 
     # --- activities called with plain arguments --------------------------------------------------
 

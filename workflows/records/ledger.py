@@ -10,6 +10,7 @@ Contract:
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field
@@ -76,6 +77,7 @@ class OutboxEventType(StrEnum):
     CLOSED = "closed"  # the subscription stopped being tracked (closed / unsubscribed): nothing named in
     # ``invalidates`` is kept fresh any more; drop it or mark it untracked
     VERSION_CURRENT = "version_current"  # resync only: the current version of an ACTIVE subscription
+    OVERDUE = "overdue"  # the watchdog found verifications further apart than the staleness bound
 
 
 class AcceptRequest(FrozenRecord):
@@ -198,3 +200,24 @@ class AuditRequest(FrozenRecord):
     key: SubscriptionKey
     session_generation: int | None = None
     detail: dict[str, str | int | None] = Field(default_factory=dict)
+
+
+class WatchRequest(FrozenRecord):
+    """The watchdog's look at the ledger's verifications of ``key`` (``ledger_watch_verifications``),
+    against the row's safety-read period."""
+
+    key: SubscriptionKey
+
+
+class WatchResult(FrozenRecord):
+    """What the look found (``verification_rules.judge_watch``), the breach recorded in the same
+    transaction (an ``overdue`` outbox event: ``outbox_id``). ``scheduled`` False: the row is not
+    on the ledger's schedule (not ACTIVE, or no safety-read period): nothing was judged."""
+
+    scheduled: bool
+    verified_at: datetime | None = None
+    widest_gap_seconds: float = 0.0
+    period_seconds: float | None = None
+    breached: bool = False
+    overdue_now: bool = False
+    outbox_id: int | None = None
