@@ -7,9 +7,9 @@ Contract:
   safety-read period: ``subscriptions.safety_read_seconds``), whoever asked for it: the ingress's
   sweep, a notification, the workflow's own read. The transaction that grants it records it on the
   row (``activities/ledger/verification.py``): ``verified_at`` := now, ``verify_due_at`` := now +
-  ``verification_delay`` (jittered), ``worst_gap_seconds`` := the widest gap between consecutive
-  verifications since the watchdog last looked. ``mark_active`` starts a new chain (a new
-  subscription generation's first read has no predecessor).
+  ``verification_delay`` (jittered); a gap it closes that exceeds the period is a breach, reported
+  in that transaction (``judge_gap``). ``mark_active`` starts a new chain (a new subscription
+  generation's first read has no predecessor).
 - The schedule is the ledger's: the ingress holding the (subject, server) lease sweeps rows whose
   ``verify_due_at`` passed (one indexed query), level-based: a new lease holder finds every overdue
   row at once. A swept row is claimed (due again ``claim_delay`` later) so a read that is refused
@@ -17,9 +17,10 @@ Contract:
 - The published bound: consecutive verifications at most one period apart. A sweep feeds a due row
   at 0.85-0.95 of the period (less the dispatch margin), which leaves the margin and a tenth of the
   period for the sweep's interval, the queue and the allocation.
-- The watchdog (the workflow's rare timer, ``WATCHDOG_HORIZON``) asks ``judge_watch``: a gap over
-  the period since its last look is a breach (an ``overdue`` outbox event); a current gap over the
-  period also asks the workflow to read through its own activity now.
+- The watchdog (the workflow's rare timer, ``WATCHDOG_HORIZON``) judges the gap still open
+  (``judge_gap``): over the period, it is a breach no verification closed (nobody sweeps); it is
+  reported, and the workflow reads through its own activity now. Each breach is reported once
+  (an ``overdue`` outbox event), by whoever finds it first.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from datetime import datetime, timedelta
 from mcpsync.workflows.read_deadline import dispatch_margin
 
 __all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "SWEEP_IDLE_SECONDS", "WATCHDOG_HORIZON",
-           "WatchJudgement", "claim_delay", "judge_watch", "verification_delay"]
+           "GapJudgement", "claim_delay", "judge_gap", "verification_delay"]
 
 DUE_EARLIEST = 0.85
 DUE_SPREAD = 0.10
@@ -63,29 +64,26 @@ def claim_delay(period_seconds: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class WatchJudgement:
-    """What the watchdog learns: the widest gap since its last look (the current open gap included),
-    whether that breached the period, whether the row is overdue now (no verification within the
-    period: the workflow reads itself), and whether the breach is new (``report``: not the same open
-    gap the previous look already found overdue)."""
+class GapJudgement:
+    """A verification gap judged against the period: its length (None: the chain has no verification
+    yet), whether it exceeds the period (``overdue``), and whether that breach is one not reported
+    yet (``report``)."""
 
-    widest_gap_seconds: float
-    breached: bool
-    overdue_now: bool
+    gap_seconds: float | None
+    overdue: bool
     report: bool
 
 
-def judge_watch(*, verified_at: datetime | None, worst_gap_seconds: float, watched_at: datetime | None,
-                now: datetime, period_seconds: float) -> WatchJudgement:
-    """The watchdog's rule over the row's recorded levels (``verified_at``, ``worst_gap_seconds``, the
-    previous look's ``watched_at``) and ``now``. A row never verified in this chain (``verified_at``
-    None) is overdue now: its first read is owed."""
-    open_gap = (now - verified_at).total_seconds() if verified_at is not None else float("inf")
-    overdue_now = open_gap > period_seconds
-    widest = max(worst_gap_seconds, open_gap if verified_at is not None else 0.0)
-    breached = widest > period_seconds or overdue_now
-    # The previous look already saw this open gap overdue, and no verification widened a gap since.
-    seen = (overdue_now and worst_gap_seconds <= period_seconds and watched_at is not None
-            and (verified_at is None or (watched_at - verified_at).total_seconds() > period_seconds))
-    return WatchJudgement(widest_gap_seconds=widest, breached=breached, overdue_now=overdue_now,
-                          report=breached and not seen)
+def judge_gap(*, verified_at: datetime | None, watched_at: datetime | None, now: datetime,
+              period_seconds: float) -> GapJudgement:
+    """The gap from the row's newest verification (``verified_at``) to ``now``: closed by a
+    verification granted now (``record_allocation``), or still open when the watchdog looks
+    (``watch``). A chain with no verification yet is overdue (its first read is owed). The breach
+    was reported already when the watchdog's previous look (``watched_at``) found this same gap
+    overdue: one report per gap, whoever finds it first."""
+    if verified_at is None:
+        return GapJudgement(gap_seconds=None, overdue=True, report=watched_at is None)
+    gap = (now - verified_at).total_seconds()
+    overdue = gap > period_seconds
+    seen = watched_at is not None and (watched_at - verified_at).total_seconds() > period_seconds
+    return GapJudgement(gap_seconds=gap, overdue=overdue, report=overdue and not seen)

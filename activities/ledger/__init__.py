@@ -63,7 +63,7 @@ class Ledger:
         self.fence = FenceLedger(self.store, journal=self.journal, content=self.content,
                                  sessions=self.sessions)
         self.reports = LedgerReports(self.store)
-        self.verification = VerificationLedger(self.store, journal=self.journal)
+        self.verification = VerificationLedger(self.store)
 
     def activities(self) -> list[Callable[..., Any]]:
         """Every ledger activity of the main task queue."""

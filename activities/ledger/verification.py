@@ -3,16 +3,18 @@
 Contract:
 - ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
   row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
-  (``verified_at``), widens ``worst_gap_seconds`` by the gap since the previous one and is due again
-  ``verification_delay`` later. ``start_chain`` runs in ``mark_active``'s: a new subscription
-  generation's first read has no predecessor, and the row is due within ``claim_delay`` if that
-  read does not land.
+  (``verified_at``) and is due again ``verification_delay`` later; a gap it closes that exceeds the
+  period and was not reported yet is reported there (``report_overdue``). ``start_chain`` runs in
+  ``mark_active``'s: a new subscription generation's first read has no predecessor, and the row is due
+  within ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
   ``subscriptions_verify_due``, each claimed (due again ``claim_delay`` later) in the same
   transaction, rows locked by a running allocation skipped; and how long until the next row is due.
-- ``watch`` is the watchdog's local activity (``ledger_watch_verifications``): ``judge_watch`` on the
-  locked row; a breach not reported before is recorded in the same transaction (an ``overdue``
-  outbox event and a ``VERIFICATION_OVERDUE`` audit row); the widest gap restarts from 0.
+- ``watch`` is the watchdog's local activity (``ledger_watch_verifications``): ``judge_gap`` on the
+  gap still open of the locked row, reported when new; the look is recorded (``watched_at``), so
+  the gap is reported once, whoever finds it first.
+- A report is an ``overdue`` outbox event and a ``VERIFICATION_OVERDUE`` audit row, with the gap and
+  the period (metadata only).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -30,26 +33,52 @@ from mcpsync.activities.ledger.store import BY_KEY, LedgerStore
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import OutboxEventType, WatchRequest, WatchResult
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
-from mcpsync.workflows.verification_rules import claim_delay, judge_watch, verification_delay
+from mcpsync.workflows.verification_rules import GapJudgement, claim_delay, judge_gap, verification_delay
 
-__all__ = ["Due", "VerificationLedger", "record_allocation", "start_chain"]
+__all__ = ["Due", "VerificationLedger", "record_allocation", "report_overdue", "start_chain"]
 
 ACTIVE = SubscriptionState.ACTIVE.value
+OVERDUE_AUDIT = "VERIFICATION_OVERDUE"
+
+
+def _key(row: dict[str, Any]) -> SubscriptionKey:
+    return SubscriptionKey(subject=row["subject"], server=row["server"], uri=row["uri"])
+
+
+async def report_overdue(cur: Any, row: dict[str, Any], gap: GapJudgement, *, closed: bool) -> int:
+    """Record the breach ``gap`` of ``row`` (locked): the ``overdue`` outbox event's id. ``closed``: a
+    verification closed the gap now (else the watchdog found it open)."""
+    period = float(row["safety_read_seconds"])
+    verified_at: datetime | None = row["verified_at"]
+    detail = {"gap_seconds": None if gap.gap_seconds is None else round(gap.gap_seconds, 3),
+              "period_seconds": period, "verified_at": verified_at.isoformat() if verified_at else None,
+              "closed": closed}
+    outbox_id = await Journal.insert_outbox(
+        cur, OutboxEventType.OVERDUE, _key(row), workflow_id=row["workflow_id"],
+        receipt_id=row["last_receipt_id"], content_digest=row["last_accepted_digest"],
+        ordinal=int(row["last_issued_ordinal"]), detail=detail)
+    await Journal.insert_audit(cur, OVERDUE_AUDIT, subject=row["subject"], server=row["server"],
+                               uri=row["uri"], workflow_id=row["workflow_id"],
+                               session_generation=row["session_generation"], detail=detail)
+    return outbox_id
 
 
 async def record_allocation(cur: Any, row: dict[str, Any]) -> None:
-    """A granted allocation of ``row`` (locked, as it stood before the grant) is a verification."""
+    """A granted allocation of ``row`` (locked, as it stood before the grant; ``cur`` a ``dict_row``
+    cursor) is a verification."""
     period = row["safety_read_seconds"]
     if row["state"] != ACTIVE or period is None:
         return
+    await cur.execute("SELECT now() AS now")  # the transaction's time, as the UPDATE below writes
+    now = (await cur.fetchone())["now"]
+    if row["verified_at"] is not None:  # a chain's first verification closes no gap
+        gap = judge_gap(verified_at=row["verified_at"], watched_at=row["watched_at"], now=now,
+                        period_seconds=float(period))
+        if gap.report:
+            await report_overdue(cur, row, gap, closed=True)
     await cur.execute(
-        """
-        UPDATE subscriptions SET
-            worst_gap_seconds = GREATEST(worst_gap_seconds,
-                                         COALESCE(EXTRACT(EPOCH FROM now() - verified_at)::float8, 0)),
-            verified_at = now(), verify_due_at = now() + make_interval(secs => %s)
-        WHERE workflow_id = %s
-        """,
+        "UPDATE subscriptions SET verified_at = now(), verify_due_at = now() + make_interval(secs => %s)"
+        " WHERE workflow_id = %s",
         (verification_delay(float(period), random.random()), row["workflow_id"]),
     )
 
@@ -59,7 +88,7 @@ async def start_chain(cur: Any, row: dict[str, Any]) -> None:
     new chain, due within ``claim_delay`` unless its first read re-arms it."""
     period = row["safety_read_seconds"]
     await cur.execute(
-        "UPDATE subscriptions SET verified_at = NULL, worst_gap_seconds = 0, watched_at = NULL,"
+        "UPDATE subscriptions SET verified_at = NULL, watched_at = NULL,"
         " verify_due_at = now() + make_interval(secs => %s) WHERE workflow_id = %s",
         (claim_delay(float(period)) if period is not None else None, row["workflow_id"]),
     )
@@ -75,9 +104,8 @@ class Due:
 
 
 class VerificationLedger:
-    def __init__(self, store: LedgerStore, *, journal: Journal) -> None:
+    def __init__(self, store: LedgerStore) -> None:
         self.store = store
-        self.journal = journal
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.watch]
@@ -127,24 +155,10 @@ class VerificationLedger:
             if row is None or row["state"] != ACTIVE or row["safety_read_seconds"] is None:
                 return WatchResult(scheduled=False)
             period = float(row["safety_read_seconds"])
-            j = judge_watch(verified_at=row["verified_at"], worst_gap_seconds=float(row["worst_gap_seconds"]),
-                            watched_at=row["watched_at"], now=row["db_now"], period_seconds=period)
-            outbox_id = None
-            if j.report:
-                detail = {"widest_gap_seconds": round(j.widest_gap_seconds, 3), "period_seconds": period,
-                          "verified_at": row["verified_at"].isoformat() if row["verified_at"] else None,
-                          "overdue_now": j.overdue_now}
-                outbox_id = await self.journal.insert_outbox(
-                    cur, OutboxEventType.OVERDUE, key, workflow_id=row["workflow_id"],
-                    receipt_id=row["last_receipt_id"], content_digest=row["last_accepted_digest"],
-                    ordinal=int(row["last_issued_ordinal"]), detail=detail)
-                await self.journal.insert_audit(
-                    cur, "VERIFICATION_OVERDUE", subject=key.subject, server=key.server, uri=key.uri,
-                    workflow_id=row["workflow_id"], session_generation=row["session_generation"],
-                    detail=detail)
-            await cur.execute("UPDATE subscriptions SET worst_gap_seconds = 0, watched_at = now()"
-                              " WHERE workflow_id = %s", (row["workflow_id"],))
-        return WatchResult(scheduled=True, verified_at=row["verified_at"],
-                           widest_gap_seconds=j.widest_gap_seconds, period_seconds=period,
-                           breached=j.breached, overdue_now=j.overdue_now,
-                           outbox_id=outbox_id)
+            gap = judge_gap(verified_at=row["verified_at"], watched_at=row["watched_at"], now=row["db_now"],
+                            period_seconds=period)
+            outbox_id = await report_overdue(cur, row, gap, closed=False) if gap.report else None
+            await cur.execute("UPDATE subscriptions SET watched_at = now() WHERE workflow_id = %s",
+                              (row["workflow_id"],))
+        return WatchResult(scheduled=True, verified_at=row["verified_at"], gap_seconds=gap.gap_seconds,
+                           period_seconds=period, overdue=gap.overdue, outbox_id=outbox_id)

@@ -210,14 +210,14 @@ class WatchRequest(FrozenRecord):
 
 
 class WatchResult(FrozenRecord):
-    """What the look found (``verification_rules.judge_watch``), the breach recorded in the same
-    transaction (an ``overdue`` outbox event: ``outbox_id``). ``scheduled`` False: the row is not
-    on the ledger's schedule (not ACTIVE, or no safety-read period): nothing was judged."""
+    """What the look found (``verification_rules.judge_gap`` on the gap still open): ``overdue``, the
+    run reads through its own activity; a new breach was recorded in the same transaction
+    (``outbox_id``: its ``overdue`` outbox event). ``scheduled`` False: the row is not on the ledger's
+    schedule (not ACTIVE, or no safety-read period): nothing was judged."""
 
     scheduled: bool
     verified_at: datetime | None = None
-    widest_gap_seconds: float = 0.0
+    gap_seconds: float | None = None
     period_seconds: float | None = None
-    breached: bool = False
-    overdue_now: bool = False
+    overdue: bool = False
     outbox_id: int | None = None

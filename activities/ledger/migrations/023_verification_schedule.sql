@@ -1,13 +1,11 @@
 -- mcpsync ledger, version 23: the verification schedule lives on the fence row
 -- (workflows/verification_rules.py). A scheduled row (ACTIVE with a safety-read period) records its
--- newest verification (a granted read allocation), when the next is due, and the widest gap between
--- consecutive verifications since the workflow's watchdog last looked. The ingress holding the
--- (subject, server) lease sweeps due rows through ``subscriptions_verify_due``; a read that finds
+-- newest verification (a granted read allocation), when the next is due, and when the workflow's
+-- watchdog last looked (a gap over the period is reported once, by whoever finds it). The ingress
+-- holding the (subject, server) lease sweeps due rows through ``subscriptions_verify_due``; a read that finds
 -- nothing new stays here and wakes no workflow.
 ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS verified_at timestamptz;
 ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS verify_due_at timestamptz;
-ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS worst_gap_seconds double precision NOT NULL DEFAULT 0
-    CHECK (worst_gap_seconds >= 0);
 ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS watched_at timestamptz;
 -- Rows scheduled before this version are due at once: the first sweep reads them and arms them.
 UPDATE subscriptions SET verify_due_at = now()
