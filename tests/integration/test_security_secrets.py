@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 from mcpsync.activities.ledger.db import DatabaseUnavailable, open_pool, redact_url
 from mcpsync.worker.main.config import Config, DatabaseConfig
 from mcpsync.worker.stack.common import ensure_private_dir, free_port, write_private
-from mcpsync.worker.stack.runtime_info import RuntimeInfo
+from mcpsync.worker.stack.running import RunningStack
 
 SECRET = "s3cret-Pw_91"
 
@@ -65,10 +65,10 @@ def test_runtime_file_and_config_are_private_in_a_private_state_dir(tmp_path: Pa
     root = ensure_private_dir(tmp_path / "state")
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     runtime = root / "runtime.json"
-    RuntimeInfo(temporal_address="127.0.0.1:1", namespace="default",
+    RunningStack(temporal_address="127.0.0.1:1", namespace="default",
                 database_url=f"postgresql://u:{SECRET}@db/x", ui_url="", config_path="", pid=1).save(runtime)
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o600
-    assert RuntimeInfo.load(runtime) is not None
+    assert RunningStack.load(runtime) is not None
     toml = root / "mcpsync.toml"
     toml.write_text("old, world-readable")
     os.chmod(toml, 0o644)

@@ -40,7 +40,7 @@ from typing import Any, NoReturn, TextIO
 from pydantic import ValidationError
 
 from mcpsync.worker.main.config import Config, load_config
-from mcpsync.worker.stack.runtime_info import RuntimeInfo
+from mcpsync.worker.stack.running import RunningStack
 from mcpsync.workflows.records.subscription import SubscriptionKey
 
 __all__ = ["AddressSources", "CliError", "ExitCode", "ExitStatus", "EXIT_HOLD", "OneLineParser", "amount",
@@ -103,7 +103,7 @@ def _raw_setting(path: str, table: str, name: str) -> bool:
     return isinstance(section, dict) and name in section
 
 
-def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None]:
+def resolve_config(args: argparse.Namespace) -> tuple[Config, RunningStack | None]:
     """The command's configuration (see the module contract); sets ``args.address_sources``."""
     path: str | None = args.config or os.environ.get("MCPSYNC_CONFIG")
     origin = f"--config {args.config}" if args.config else f"MCPSYNC_CONFIG={path}" if path else ""
@@ -114,7 +114,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, RuntimeInfo | None
             # No stack, no configuration: the command has nothing to talk to (unavailable, not a usage error).
             raise CliError(f"nothing is running here: no runtime file {runtime_path} (start the stack with "
                            "'mcpsync up', or pass --config FILE / set MCPSYNC_CONFIG)", ExitCode.UNAVAILABLE)
-        runtime = RuntimeInfo.load(runtime_path)
+        runtime = RunningStack.load(runtime_path)
         if runtime is None:
             raise CliError(f"runtime file {runtime_path} is unreadable (not the JSON 'mcpsync up' writes): "
                            "remove "

@@ -67,12 +67,12 @@ async def cmd_down(args: argparse.Namespace) -> None:
 
     from mcpsync.worker.cli.common import runtime_file
     from mcpsync.worker.stack.common import process_alive
-    from mcpsync.worker.stack.runtime_info import RuntimeInfo
+    from mcpsync.worker.stack.running import RunningStack
 
     path = runtime_file()
     if not path.exists():
         raise CliError(f"nothing is running here: no runtime file {path}", ExitCode.UNAVAILABLE)
-    info = RuntimeInfo.load(path)
+    info = RunningStack.load(path)
     if info is None or info.pid is None:
         raise CliError(f"runtime file {path} names no 'mcpsync up' pid: stop that stack where it runs")
     if not info.stack_alive():

@@ -38,7 +38,7 @@ from mcpsync.worker.main.services import run_services, start_catalogs
 from mcpsync.worker.observe.metrics import MetricsUnavailable, serve_metrics
 from mcpsync.worker.stack.common import StackAlreadyRunning, make_private, state_dir, write_private
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
-from mcpsync.worker.stack.runtime_info import RuntimeInfo
+from mcpsync.worker.stack.running import RunningStack
 from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.names import QUERY_SUBSCRIPTION
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
@@ -80,7 +80,7 @@ async def run_up(args: argparse.Namespace) -> None:
     if not db_url:
         EmbeddedPostgres.check_state_dir(root)  # before anything is created or started
     runtime_file = root / "runtime.json"
-    running = RuntimeInfo.load(runtime_file)
+    running = RunningStack.load(runtime_file)
     if (running is not None and running.pid is not None and running.pid != os.getpid()
             and running.stack_alive()):
         # Checked before anything is touched or binds a port: the state dir is the running stack's.
@@ -133,7 +133,7 @@ async def run_up(args: argparse.Namespace) -> None:
         write_private(config_path, _config_toml(temporal_cfg, db_url, fixture.mcp_url))  # 0600: the URL
         client = await connect_temporal(temporal_cfg)
         ingress = Ingress(client, ledger)
-        RuntimeInfo(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
+        RunningStack(temporal_address=temporal_server.address, namespace=temporal_cfg.namespace,
                     database_url=db_url, ui_url=temporal_server.ui_url,
                     config_path=str(config_path), pid=os.getpid(),
                     ingress_identity=ingress.identity).save(runtime_file)
@@ -320,7 +320,7 @@ def reclaim_demo_server(folder: Path) -> None:
 
 def _forget_runtime(path: Path) -> None:
     """A stopped stack leaves no runtime file for the other commands to trust (only our own)."""
-    info = RuntimeInfo.load(path)
+    info = RunningStack.load(path)
     if info is not None and info.pid == os.getpid():
         path.unlink(missing_ok=True)
 

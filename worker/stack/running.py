@@ -8,11 +8,11 @@ from pathlib import Path
 
 from mcpsync.worker.stack.common import write_private
 
-__all__ = ["RuntimeInfo"]
+__all__ = ["RunningStack"]
 
 
 @dataclass
-class RuntimeInfo:
+class RunningStack:
     """What ``mcpsync up`` started, written to ``<state>/runtime.json`` for the other commands."""
 
     temporal_address: str
@@ -28,7 +28,7 @@ class RuntimeInfo:
         write_private(path, json.dumps(self.__dict__, indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> RuntimeInfo | None:
+    def load(cls, path: Path) -> RunningStack | None:
         try:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
