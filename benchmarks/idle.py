@@ -28,6 +28,8 @@ Contract:
   production's period (``SubscriptionOptions().safety_read_seconds``, N ÷ (0.9 × period) reads) and
   prices the actions (``benchmarks.actions.PRICES_USD_PER_MILLION``): a projection of what happens
   once per read, blind to what is rarer than the window (a watchdog's timer hours apart).
+  ``machine_busy_pct`` and ``other_processes_pct_of_machine`` say how loaded the shared box was over the
+  window (``benchmarks.usage``): CPU figures are upper bounds on a loaded box, counts hold.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from benchmarks import actions, cost
+from benchmarks import actions, cost, usage
 from benchmarks.common import fetch_rows
 from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.records.ledger import AcceptVerdict
@@ -54,11 +56,11 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
                        server: str, seconds: float, safety_read_seconds: float | None) -> dict[str, Any]:
     """The idle window of the module contract over the workflows of ``runs`` (ids → current run)."""
     n = max(1, len(runs))
-    cpu0 = cost.cpu_sample(roles)
+    cpu0, box0 = cost.cpu_sample(roles), usage.cpu_snapshot()
     t0 = time.time()
     await asyncio.sleep(seconds)
     t1 = time.time()
-    cpu = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1)
+    cpu, box = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1), usage.cpu_report(box0, usage.cpu_snapshot())
     history = await cost.history_per_change(client, runs, t0, t1)
     window = (datetime.fromtimestamp(t0, UTC), datetime.fromtimestamp(t1, UTC))
     reads = dict(await fetch_rows(
@@ -109,6 +111,8 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
         "cpu_ms_per_unchanged_read_upper_bound": per(total_ms, unchanged, 1),
         "at_production_period": at_production_period(per(tally.actions_total, unchanged),
                                                       per(history.events, unchanged)),
+        "machine_busy_pct": box["machine_busy_pct"],
+        "other_processes_pct_of_machine": box["other_processes_pct_of_machine"],
         "continued_as_new": history.runs - history.workflows,
         "exited_during_window": cpu["exited_during_window"],
         "what": "no edits, notifications or starts; CPU of the run's processes and history events and "

@@ -93,7 +93,9 @@ def print_summary(report: dict[str, Any]) -> None:
             i = r["idle"]
             print(f"  idle                {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour "
                   f"({i['by_process_ms_per_subscription_hour']}), {i['history_events_per_subscription_day']} "
-                  f"events per subscription-day, {i['safety_reads']} safety reads in {i['window_seconds']} s")
+                  f"events per subscription-day, {i['safety_reads']} safety reads in {i['window_seconds']} s "
+                  f"(machine busy {f(i['machine_busy_pct'], '%')}, other processes "
+                  f"{f(i['other_processes_pct_of_machine'], '%')})")
             prod = i["at_production_period"]
             print(f"  idle actions        {i['temporal_actions_per_subscription_day']} per subscription-day "
                   f"{i['temporal_actions_by_type']}; per unchanged read ({i['unchanged_reads']}): "

@@ -276,3 +276,4 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert r["temporal_actions_per_subscription_day"] == idle["temporal_actions_per_subscription_day"]
     assert (idle["history_events_per_unchanged_read"] is None) == (idle["unchanged_reads"] == 0)
     assert idle["at_production_period"]["safety_read_seconds"] == 300
+    assert _num(idle["machine_busy_pct"]) and _num(idle["other_processes_pct_of_machine"])
