@@ -14,9 +14,9 @@ Contract:
   (pid, start time): a process that started in between counts from zero, one that exited in
   between is lost (counted in ``exited``), a process whose stat could not be read is named in
   ``unreadable``.
-- :func:`history_per_change` counts, over a wall-clock window, the history events and
-  ``WORKFLOW_TASK_COMPLETED`` / ``ACTIVITY_TASK_SCHEDULED`` events of the given workflows,
-  following continue-as-new from the run that was current when the window opened.
+- :func:`history_per_change` counts, over a wall-clock window, the history events of the given
+  workflows by type and their Temporal Cloud billable actions (``benchmarks.actions``), following
+  continue-as-new from the run that was current when the window opened.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from benchmarks import actions
 from benchmarks.common import gather_limited
 
 __all__ = ["CpuSample", "Role", "WindowHistory", "cpu_delta", "cpu_sample", "history_per_change",
@@ -170,10 +171,24 @@ def cpu_delta(before: CpuSample, after: CpuSample, changes: int) -> dict[str, An
 class WindowHistory:
     workflows: int = 0
     runs: int = 0
-    events: int = 0
-    workflow_tasks_completed: int = 0
-    activities_scheduled: int = 0
-    signals: int = 0  # resource_updated / resource_read and every other signal the runs received
+    tally: actions.Tally = field(default_factory=actions.Tally)  # events by type, billable actions
+
+    @property
+    def events(self) -> int:
+        return self.tally.events
+
+    @property
+    def workflow_tasks_completed(self) -> int:
+        return self.tally.of(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+
+    @property
+    def activities_scheduled(self) -> int:
+        return self.tally.of(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+
+    @property
+    def signals(self) -> int:
+        """resource_updated / resource_read and every other signal the runs received."""
+        return self.tally.of(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
 
 
 async def start_runs(client: Client, workflow_ids: Sequence[str]) -> dict[str, str]:
@@ -189,28 +204,21 @@ async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1
     """Events stamped within [t0, t1] (wall clock, seconds) over each workflow's runs from ``runs``."""
     out = WindowHistory(workflows=len(runs))
 
-    async def one(wid: str, run_id: str) -> tuple[int, int, int, int, int]:
-        runs_seen = events = tasks = acts = signals = 0
+    async def one(wid: str, run_id: str) -> tuple[int, actions.Tally]:
+        runs_seen, tally = 0, actions.Tally()
         next_run: str | None = run_id
         while next_run:
             history = await client.get_workflow_handle(wid, run_id=next_run).fetch_history()
             runs_seen += 1
             next_run = None
-            for ev in history.events:
-                at = ev.event_time.seconds + ev.event_time.nanos / 1e9
-                if t0 <= at <= t1:
-                    events += 1
-                    tasks += ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-                    acts += ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-                    signals += ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            tally += actions.count_run(history.events, t0, t1)
+            for ev in reversed(history.events):
                 if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
                     next_run = ev.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-        return runs_seen, events, tasks, acts, signals
+                    break
+        return runs_seen, tally
 
-    for r, e, t, a, sg in await gather_limited([one(w, rid) for w, rid in runs.items()], 16):
+    for r, t in await gather_limited([one(w, rid) for w, rid in runs.items()], 16):
         out.runs += r
-        out.events += e
-        out.workflow_tasks_completed += t
-        out.activities_scheduled += a
-        out.signals += sg
+        out.tally += t
     return out

@@ -19,6 +19,17 @@ Contract:
   over it; a window right after a fast start-up sees none, and measures the rest (pings, leases,
   timers). ``cpu_ms_per_safety_read_upper_bound`` divides the window's CPU by its safety reads (the
   fixed part included).
+- A read that found nothing new (``read_requests.outcome`` UNCHANGED, completed in the window, whatever
+  triggered it) is an *unchanged read*: ``history_events_per_unchanged_read``,
+  ``temporal_actions_per_unchanged_read`` and ``cpu_ms_per_unchanged_read_upper_bound`` divide the
+  window's history events, billable actions (``benchmarks.actions``) and CPU by their number.
+  ``temporal_actions_per_subscription_day`` is the window's billable actions per subscription-day at
+  the run's safety-read period; ``at_production_period`` projects the per-unchanged-read figures to
+  production's period (``SubscriptionOptions().safety_read_seconds``, N ÷ (0.9 × period) reads) and
+  prices the actions (``benchmarks.actions.PRICES_USD_PER_MILLION``): a projection of what happens
+  once per read, blind to what is rarer than the window (a watchdog's timer hours apart).
+  ``machine_busy_pct`` and ``other_processes_pct_of_machine`` say how loaded the shared box was over the
+  window (``benchmarks.usage``): CPU figures are upper bounds on a loaded box, counts hold.
 """
 
 from __future__ import annotations
@@ -30,9 +41,11 @@ from typing import Any
 
 from temporalio.client import Client
 
-from benchmarks import cost
+from benchmarks import actions, cost, usage
 from benchmarks.common import fetch_rows
 from mcpsync.activities.ledger import Ledger
+from mcpsync.workflows.records.ledger import AcceptVerdict
+from mcpsync.workflows.records.subscription import SubscriptionOptions, TriggerReason
 
 __all__ = ["measure_idle"]
 
@@ -43,26 +56,35 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
                        server: str, seconds: float, safety_read_seconds: float | None) -> dict[str, Any]:
     """The idle window of the module contract over the workflows of ``runs`` (ids → current run)."""
     n = max(1, len(runs))
-    cpu0 = cost.cpu_sample(roles)
+    cpu0, box0 = cost.cpu_sample(roles), usage.cpu_snapshot()
     t0 = time.time()
     await asyncio.sleep(seconds)
     t1 = time.time()
-    cpu = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1)
+    cpu, box = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1), usage.cpu_report(box0, usage.cpu_snapshot())
     history = await cost.history_per_change(client, runs, t0, t1)
+    window = (datetime.fromtimestamp(t0, UTC), datetime.fromtimestamp(t1, UTC))
     reads = dict(await fetch_rows(
         ledger, "SELECT q.trigger_reason, count(*) FROM read_requests q"
                 " JOIN subscriptions s USING (workflow_id)"
-                " WHERE s.server = %s AND q.issued_at BETWEEN %s AND %s GROUP BY 1",
-        (server, datetime.fromtimestamp(t0, UTC), datetime.fromtimestamp(t1, UTC))))
+                " WHERE s.server = %s AND q.issued_at BETWEEN %s AND %s GROUP BY 1", (server, *window)))
+    unchanged = int((await fetch_rows(
+        ledger, "SELECT count(*) FROM read_requests q JOIN subscriptions s USING (workflow_id)"
+                " WHERE s.server = %s AND q.outcome = %s AND q.completed_at BETWEEN %s AND %s",
+        (server, AcceptVerdict.UNCHANGED.value, *window)))[0][0])
     sub_hours = n * (t1 - t0) / 3600
     # cpu_delta per "change" with changes=1: the window's CPU ms by process.
     cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}
     total_ms = sum(cpu_ms.values())
     # Nothing changes in the window: a read triggered "updated" is the ingress's resync of a safety
     # read (ingress/resync.py, fed to the router like a notification), a "poll" read the workflow's timer.
-    resync = int(reads.get("updated", 0))
-    safety = int(reads.get("poll", 0)) + resync
+    resync = int(reads.get(TriggerReason.UPDATED.value, 0))
+    safety = int(reads.get(TriggerReason.POLL.value, 0)) + resync
     scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0
+    tally = history.tally
+
+    def per(v: float, d: float, digits: int = 2) -> float | None:
+        return round(v / d, digits) if d else None
+
     return {
         "subscriptions": n,
         "window_seconds": round(t1 - t0, 2),
@@ -70,17 +92,50 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
         "cpu_ms_per_subscription_hour": round(total_ms / sub_hours, 2),
         "by_process_ms_per_subscription_hour": {k: round(v / sub_hours, 2) for k, v in cpu_ms.items()},
         "history_events": history.events,
+        "history_events_by_type": dict(tally.events_by_type.most_common()),
         "history_events_per_subscription_day": round(history.events / sub_hours * 24, 1),
         "workflow_tasks_per_subscription_day": round(history.workflow_tasks_completed / sub_hours * 24, 1),
+        "temporal_actions": tally.actions_total,
+        "temporal_actions_by_type": {a.value: c for a, c in tally.actions.most_common()},
+        "temporal_actions_per_subscription_day": round(tally.actions_total / sub_hours * 24, 1),
         "reads_by_trigger": {str(k): int(v) for k, v in reads.items()},
         "safety_reads": safety,
         "safety_reads_at_the_ingress": resync,
         "safety_reads_per_subscription_hour": round(safety / sub_hours, 3),
         "safety_reads_per_subscription_hour_scheduled": round(scheduled, 3),
-        "cpu_ms_per_safety_read_upper_bound": round(total_ms / safety, 1) if safety else None,
-        "history_events_per_safety_read_upper_bound": round(history.events / safety, 1) if safety else None,
+        "cpu_ms_per_safety_read_upper_bound": per(total_ms, safety, 1),
+        "history_events_per_safety_read_upper_bound": per(history.events, safety, 1),
+        "unchanged_reads": unchanged,
+        "history_events_per_unchanged_read": per(history.events, unchanged),
+        "temporal_actions_per_unchanged_read": per(tally.actions_total, unchanged),
+        "cpu_ms_per_unchanged_read_upper_bound": per(total_ms, unchanged, 1),
+        "at_production_period": at_production_period(per(tally.actions_total, unchanged),
+                                                      per(history.events, unchanged)),
+        "machine_busy_pct": box["machine_busy_pct"],
+        "other_processes_pct_of_machine": box["other_processes_pct_of_machine"],
         "continued_as_new": history.runs - history.workflows,
         "exited_during_window": cpu["exited_during_window"],
-        "what": "no edits, notifications or starts; CPU of the run's processes and history events of the N "
-                "subscription workflows over the window, per subscription-hour / -day",
+        "what": "no edits, notifications or starts; CPU of the run's processes and history events and "
+                "Temporal Cloud billable actions of the N subscription workflows over the window, per "
+                "subscription-hour / -day and per unchanged read",
+    }
+
+
+def at_production_period(actions_per_read: float | None, events_per_read: float | None) -> dict[str, Any]:
+    """Per-unchanged-read figures at production's safety-read period, per subscription-day and priced."""
+    period = SubscriptionOptions().safety_read_seconds
+    reads_per_day = 86400 / (SAFETY_READ_JITTER_MEAN * period)
+    a_day = None if actions_per_read is None else actions_per_read * reads_per_day
+    return {
+        "safety_read_seconds": period,
+        "unchanged_reads_per_subscription_day": round(reads_per_day, 1),
+        "temporal_actions_per_subscription_day": None if a_day is None else round(a_day, 1),
+        "history_events_per_subscription_day": (None if events_per_read is None
+                                                else round(events_per_read * reads_per_day, 1)),
+        "usd_per_1000_subscription_months": None if a_day is None else {
+            f"at_{price:g}_per_million": round(a_day * 30 * 1000 * price / 1e6, 2)
+            for price in actions.PRICES_USD_PER_MILLION},
+        "what": "this window's figures per unchanged read x production's reads per subscription-day; "
+                "leaves out what is rarer than the window (a watchdog timer) and what no history shows "
+                "(benchmarks.actions.NOT_IN_HISTORY)",
     }

@@ -303,7 +303,11 @@ async def idle_phase(b: Bench) -> None:
                                                         else None)
         say(f"idle: {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour = " + " + ".join(
             f"{k} {v}" for k, v in i["by_process_ms_per_subscription_hour"].items() if v)
-            + f"; {i['history_events_per_subscription_day']} history events per subscription-day; "
+            + f"; {i['history_events_per_subscription_day']} history events and "
+            f"{i['temporal_actions_per_subscription_day']} billable actions per subscription-day "
+            f"({i['temporal_actions_by_type']}); per unchanged read ({i['unchanged_reads']}): "
+            f"{i['history_events_per_unchanged_read']} events, {i['temporal_actions_per_unchanged_read']} "
+            f"actions, <= {i['cpu_ms_per_unchanged_read_upper_bound']} ms CPU; "
             f"{i['safety_reads']} safety reads (per subscription-hour: scheduled "
             f"{i['safety_reads_per_subscription_hour_scheduled']}, observed "
             f"{i['safety_reads_per_subscription_hour']}); worker RSS "

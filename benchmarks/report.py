@@ -93,7 +93,18 @@ def print_summary(report: dict[str, Any]) -> None:
             i = r["idle"]
             print(f"  idle                {i['cpu_ms_per_subscription_hour']} ms CPU per subscription-hour "
                   f"({i['by_process_ms_per_subscription_hour']}), {i['history_events_per_subscription_day']} "
-                  f"events per subscription-day, {i['safety_reads']} safety reads in {i['window_seconds']} s")
+                  f"events per subscription-day, {i['safety_reads']} safety reads in {i['window_seconds']} s "
+                  f"(machine busy {f(i['machine_busy_pct'], '%')}, other processes "
+                  f"{f(i['other_processes_pct_of_machine'], '%')})")
+            prod = i["at_production_period"]
+            print(f"  idle actions        {i['temporal_actions_per_subscription_day']} per subscription-day "
+                  f"{i['temporal_actions_by_type']}; per unchanged read ({i['unchanged_reads']}): "
+                  f"{f(i['history_events_per_unchanged_read'])} events, "
+                  f"{f(i['temporal_actions_per_unchanged_read'])} actions, "
+                  f"<= {f(i['cpu_ms_per_unchanged_read_upper_bound'])} ms CPU; at "
+                  f"{prod['safety_read_seconds']:g} s: {f(prod['temporal_actions_per_subscription_day'])} "
+                  f"actions per subscription-day, {f(prod['usd_per_1000_subscription_months'])} USD per "
+                  "1,000 subscription-months")
         cpu = r["churn"]["cpu"]
         print(f"  machine during churn busy {f(cpu['machine_busy_pct'], '%')}, other processes "
               f"{f(cpu['other_processes_pct_of_machine'], '%')} of all cores")

@@ -219,6 +219,10 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert r["workflow_tasks_per_change"] == history["workflow_tasks_per_change"] > 0
     assert history["events"] >= 3 * history["workflow_tasks_completed"], ("each task is scheduled, started, "
                                                                           "completed")
+    # Billable actions from the same histories (benchmarks.actions): every signal is one; workflow tasks none.
+    by_action = history["temporal_actions_by_type"]
+    assert by_action.get("signal_workflow") == history["signals"], (by_action, history["signals"])
+    assert history["temporal_actions"] == sum(by_action.values()) >= history["signals"]
 
     assert r["burst_reads_per_s"] == r["burst"]["reads_per_second"] > 0
     assert r["initial_subscriptions_per_s"] == r["startup"]["subscriptions_per_second"] > 0
@@ -266,3 +270,10 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert isinstance(idle["worker_rss_growth_bytes_per_subscription"], int)
     assert idle["worker_rss_growth_bytes_per_safety_read"] is None or idle["safety_reads"] > 0
     assert r["worker_bytes_per_subscription"] == r["memory"]["worker_bytes_per_subscription"]
+    # The window's history by event type and its billable actions; per unchanged read only when one was read.
+    assert idle["history_events"] == sum(idle["history_events_by_type"].values())
+    assert idle["temporal_actions"] == sum(idle["temporal_actions_by_type"].values()) >= 0
+    assert r["temporal_actions_per_subscription_day"] == idle["temporal_actions_per_subscription_day"]
+    assert (idle["history_events_per_unchanged_read"] is None) == (idle["unchanged_reads"] == 0)
+    assert idle["at_production_period"]["safety_read_seconds"] == 300
+    assert _num(idle["machine_busy_pct"]) and _num(idle["other_processes_pct_of_machine"])
