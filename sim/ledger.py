@@ -292,7 +292,7 @@ class MemoryLedger:
         entry = None
         if j.report:
             entry = OutboxEntry(self._next_id(), OutboxEventType.OVERDUE, self.row.last_receipt_id or 0,
-                                self.row.last_accepted_digest, self.row.last_issued_ordinal)
+                                self.row.last_accepted_digest, self.row.watermark)
             self.outbox.append(entry)
             self.audit.append("VERIFICATION_OVERDUE")
         self.watched_at = self.now

@@ -12,7 +12,8 @@ Contract:
   transaction, rows locked by a running allocation skipped; and how long until the next row is due.
 - ``watch`` is the watchdog's local activity (``ledger_watch_verifications``): ``judge_watch`` on the
   locked row; a breach not reported before is recorded in the same transaction (an ``overdue``
-  outbox event and a ``VERIFICATION_OVERDUE`` audit row); the widest gap restarts from 0.
+  outbox event naming the current version, its ``reason`` saying how far apart, and a
+  ``VERIFICATION_OVERDUE`` audit row); the widest gap restarts from 0.
 """
 
 from __future__ import annotations
@@ -133,11 +134,15 @@ class VerificationLedger:
             if j.report:
                 detail = {"widest_gap_seconds": round(j.widest_gap_seconds, 3), "period_seconds": period,
                           "verified_at": row["verified_at"].isoformat() if row["verified_at"] else None,
-                          "overdue_now": j.overdue_now}
+                          "overdue_now": j.overdue_now,
+                          "reason": f"verifications up to {j.widest_gap_seconds:.0f} s apart, over the "
+                                    f"{period:g} s staleness bound"}
+                # It names the current version (its receipt and read ordinal, the watermark): a
+                # consumer ordering by read ordinal never takes it for a newer one.
                 outbox_id = await self.journal.insert_outbox(
                     cur, OutboxEventType.OVERDUE, key, workflow_id=row["workflow_id"],
                     receipt_id=row["last_receipt_id"], content_digest=row["last_accepted_digest"],
-                    ordinal=int(row["last_issued_ordinal"]), detail=detail)
+                    ordinal=int(row["watermark"]), detail=detail)
                 await self.journal.insert_audit(
                     cur, "VERIFICATION_OVERDUE", subject=key.subject, server=key.server, uri=key.uri,
                     workflow_id=row["workflow_id"], session_generation=row["session_generation"],

@@ -5,13 +5,20 @@ in-memory ledger (``sim.engine.Simulation``) drive it step by step, no stack nee
 A subscribed run marked with a safety-read period keeps no deadline: one watchdog timer per horizon,
 neither moved nor cancelled by reads; when it fires the run asks the ledger (``ledger_watch_verifications``)
 and reads through its own read cycle only when a verification is overdue. Its due time is carried
-through continue-as-new like a deadline. A polling run keeps its deadline.
+through continue-as-new like a deadline. A polling run keeps its deadline. The reference outbox
+consumer keeps its entry on the ``overdue`` event the ledger writes for a breach.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from typing import cast
 
+from psycopg_pool import AsyncConnectionPool
+
+from examples.indexer import indexer
+from mcpsync.activities.ledger.outbox import OutboxEventV1
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState, TriggerReason
@@ -134,3 +141,20 @@ def test_a_polling_run_keeps_its_deadline_and_no_watchdog() -> None:
     assert sim.wf.pending_timer == "poll" and s.read_due_at is not None and s.watch_due_at is None
     assert not s.ledger_scheduled and sim.ledger.safety_read_seconds is None
     assert sim.wf.timer_at is not None and sim.wf.timer_at - sim.now < timedelta(seconds=30)
+
+
+async def test_the_reference_indexer_keeps_its_entry_on_an_overdue_event() -> None:
+    db = sqlite3.connect(":memory:")
+    db.executescript(indexer.SCHEMA)
+    db.execute("INSERT INTO entries VALUES ('alice', 'fx', 'demo://doc', 2, 7, 'sha256:a', 'text/plain',"
+               " x'61')")
+    now = datetime.now(UTC)
+    overdue = OutboxEventV1(
+        event_type=OutboxEventType.OVERDUE, position=9, outbox_id=9, subject="alice", server="fx",
+        uri="demo://doc", workflow_id="wf", receipt_id=8, read_ordinal=5, content_digest="sha256:a",
+        previous_digest=None, mime_type=None, size=None, edition=None, server_name=None, server_version=None,
+        accepted_at=None, trigger=None, invalidates=None, reason="verifications up to 900 s apart",
+        created_at=now)
+    # No body is fetched (the pool is never touched) and nothing is written or dropped.
+    assert await indexer.apply(cast(AsyncConnectionPool, None), db, [overdue]) == (0, 0)
+    assert db.execute("SELECT read_ordinal, receipt_id FROM entries").fetchall() == [(2, 7)]
