@@ -26,8 +26,9 @@ Contract:
   accept in one process: the ingress process accepts.
 - Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
   freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, overdue
-  verifications, revocation latency) come from the ledger's read-only queries (``mcpsync.activities.ledger.metrics``,
-  whose contract defines freshness, its bound per ``mode`` and the unresolved states), run
+  verifications, revocation latency) come from the ledger's read-only queries
+  (``mcpsync.activities.ledger.metrics``, whose contract defines freshness, its bound per ``mode``
+  and the unresolved states), run
   every ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``) and
   exported by a custom collector; a scrape only renders the last snapshot and never touches
   the database. A query that fails counts in ``mcpsync_ledger_refresh_errors``. They describe
