@@ -99,13 +99,19 @@ class DeadlineKeeper:
         """One horizon of a watched run: the timer, then the main loop's look. Leaves early (the timer
         cancelled) when the run finishes or stops being watched."""
         fence, rt = self.fence, self.rt
-        if fence.s.watch_due_at is None:
-            fence.s.watch_due_at = rt.now() + self.horizon
-        wait = max(timedelta(0), fence.s.watch_due_at - rt.now())
+        wait = max(timedelta(0), self.watch_due() - rt.now())
         if await rt.wait(lambda: fence.finished or not self.watched(), wait, WaitKind.WATCHDOG):
             return
         self.look_owed = True
         await rt.wait(lambda: fence.finished or not self.look_owed, None, WaitKind.WATCHDOG)
+
+    def watch_due(self) -> datetime:
+        """When the watchdog looks next: one horizon from now if no look is due yet (the run just
+        became watched)."""
+        s = self.fence.s
+        if s.watch_due_at is None:
+            s.watch_due_at = self.rt.now() + self.horizon
+        return s.watch_due_at
 
     def looked(self, asked_at: datetime) -> None:
         """The main loop's look, asked for at ``asked_at``, came back: the next is due one horizon

@@ -490,6 +490,8 @@ class SubscriptionProgram:
         trigger = self.fence.start_cycle_subscribed(started.active, placeholder,
                                                     read=started.cycle is not None,
                                                     ledger_scheduled=req.mark.safety_read_seconds is not None)
+        if self._watched():
+            self.keeper.watch_due()  # armed now, so the details published below name it
         self.fence.explain("")
         self._publish()
         if trigger is not None:
