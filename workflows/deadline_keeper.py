@@ -19,6 +19,10 @@ Contract:
   wake-up; reads, reported or the run's own, neither cancel nor move it: an idle watched run writes
   one timer and one look per horizon. A run that stops being watched (polling) cancels it and keeps
   deadlines again.
+- Why six hours: the ingress's ledger sweep keeps the bound; the watchdog only detects a sweep that
+  stopped. Four looks a day (a timer and a local activity each: eight billable actions) keep an idle
+  subscription under ten actions a day and let its workflow leave the worker's cache between them;
+  a breach is found, recorded and read within the horizon (docs/caching.md).
 - Every wait goes through the run's ``Runtime`` (a Temporal timer, or the simulator's clock).
 """
 

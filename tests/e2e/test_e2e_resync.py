@@ -38,6 +38,7 @@ SAFETY_SECONDS = 8.0  # the resync reads 0.68 s or more before the earliest time
 READS = 3  # safety reads after the initial one, nothing changing
 READS_TIMEOUT = (READS + 3) * SAFETY_SECONDS  # generous: the reads come within the period, a little less
 WATCHDOG_SECONDS = 4.0  # the unswept subscriptions' watchdog: a read overdue is found within this
+LOOK_SECONDS = 10.0  # a swept subscription's watchdog that looks during the test (and finds nothing)
 DISPATCH_SLACK = 2.0  # the look and the read cycle's dispatch on a loaded box (the bound itself has no slack)
 
 
@@ -57,6 +58,28 @@ async def _history(handle: WorkflowHandle) -> dict[str, int]:
             counts["reports"] += event.workflow_execution_signaled_event_attributes.signal_name \
                 == SIGNAL_RESOURCE_READ
     return counts
+
+
+COMMANDS = frozenset({EventType.EVENT_TYPE_MARKER_RECORDED, EventType.EVENT_TYPE_TIMER_STARTED,
+                      EventType.EVENT_TYPE_TIMER_CANCELED, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                      EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES})
+TASK = frozenset({EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED})
+
+
+async def _looks(handle: WorkflowHandle) -> list[list[str]]:
+    """What each workflow task woken by a timer alone (the watchdog's) wrote: its command events."""
+    tasks: list[tuple[list[int], list[str]]] = []
+    inputs: list[int] = []
+    async for event in handle.fetch_history_events():
+        t = event.event_type
+        if t == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            tasks.append((inputs, []))
+            inputs = []
+        elif t in COMMANDS and tasks:
+            tasks[-1][1].append(EventType.Name(t).removeprefix("EVENT_TYPE_"))
+        elif t not in TASK:
+            inputs.append(t)
+    return [commands for woken_by, commands in tasks if woken_by == [EventType.EVENT_TYPE_TIMER_FIRED]]
 
 
 async def _reads(ledger: Ledger, key: SubscriptionKey) -> tuple[list[str], float]:
@@ -137,11 +160,19 @@ async def test_safety_reads_go_through_the_ingress_and_the_watchdog_reads_when_n
                 record = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
                 return triggers, gap, history, await _overdue_events(ledger, key), record
 
-            # Each server its own subscription, all three at once: the stopped resync is a server's own.
-            resynced_run, stopped_run, unswept_run = await asyncio.gather(
-                _quiet_subscription(temporal_client, ledger, fx, resynced, queue), resync_stopped(),
-                never_swept())
+            async def swept_and_looked() -> tuple[list[str], dict[str, int], list[list[str]], int]:
+                key, handle, triggers, _, _ = await _quiet_subscription(temporal_client, ledger, fx, resynced,
+                                                                        queue, watchdog=LOOK_SECONDS)
+                looks = await eventually(lambda: _looks(handle), timeout=3 * LOOK_SECONDS, interval=0.5,
+                                         what=f"a look of {key.uri}'s watchdog")
+                return triggers, await _history(handle), looks, await _overdue_events(ledger, key)
+
+            # Each server its own subscriptions, all at once: the stopped resync is a server's own.
+            resynced_run, looked_run, stopped_run, unswept_run = await asyncio.gather(
+                _quiet_subscription(temporal_client, ledger, fx, resynced, queue), swept_and_looked(),
+                resync_stopped(), never_swept())
     _, _, triggers, gap, history = resynced_run
+    l_triggers, l_history, looks, l_overdue = looked_run
     before_stop, after, whole_gap, stopped_overdue = stopped_run
     u_triggers, u_gap, u_history, u_overdue, u_record = unswept_run
 
@@ -152,6 +183,13 @@ async def test_safety_reads_go_through_the_ingress_and_the_watchdog_reads_when_n
     assert history["timers_started"] == 1 and history["timers_canceled"] == 0, history
     assert history["reports"] >= len(triggers), history
     assert gap <= SAFETY_SECONDS, gap
+    # A watchdog that looks while the ingress keeps the bound finds nothing: a look writes its local
+    # activity's marker and the next timer, nothing else (no search attribute, no read of the run's
+    # own), and no overdue event.
+    assert looks and all(commands == ["MARKER_RECORDED", "TIMER_STARTED"] for commands in looks), looks
+    assert set(l_triggers) == {"updated"} and l_history["read_cycles"] == 0 and l_overdue == 0, \
+        (l_triggers, l_history, l_overdue)
+    assert l_history["timers_canceled"] == 0, l_history
     # The resync stopped (after reading): the watchdog found the verification overdue (an ``overdue``
     # outbox event) and the run read through its own read cycle, within the bound plus the horizon.
     assert before_stop >= 1 and set(after[:before_stop]) == {"updated"}, (before_stop, after)
