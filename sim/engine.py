@@ -73,6 +73,7 @@ class Simulation:
         self.config = config
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
+        self.ledger.now = EPOCH
         self.host = McpServer(profile.capability, self.ledger)
         self.cycles = CycleRunner(SimSessionActivities(self.host, self.oracle, self.ledger), self.cover)
         self.queue: list[Message] = []
@@ -209,7 +210,7 @@ class Simulation:
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
         at = self._next_time(event)
-        self.wf.clock = self.now = at
+        self.wf.clock = self.now = self.ledger.now = at
         applied = self._apply(event)
         if applied:
             self.step += 1

@@ -109,8 +109,9 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     running = sim.chain_running
     timer = wf.pending_timer if running else ""
     if timer:
-        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
-        add(_TIMER_RARELY if timer in ("safety", "reconcile") else _TIMER_OFTEN)
+        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) and the
+        # watchdog (6 h) rarely.
+        add(_TIMER_RARELY if timer in ("safety", "reconcile", "watchdog") else _TIMER_OFTEN)
     if f.old_session and sim.host.generation >= 2:
         add(_OLD_NOTE)
     if f.wrong_uri:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mcpsync.workflows.read_deadline import dispatch_margin
+from mcpsync.workflows.records.subscription import WATCHDOG_SECONDS
 
 __all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "SWEEP_IDLE_SECONDS", "WATCHDOG_HORIZON",
            "GapJudgement", "claim_delay", "judge_gap", "verification_delay"]
@@ -46,11 +47,12 @@ SWEEP_IDLE_SECONDS = 5.0
 """The longest a sweeping ingress waits between two looks at the ledger: it also sleeps until the
 earliest due row, so a look finds new rows (a subscription's start) within this."""
 
-WATCHDOG_HORIZON = timedelta(hours=6)
+WATCHDOG_HORIZON = timedelta(seconds=WATCHDOG_SECONDS)
 """How often a workflow whose row the ledger schedules wakes to ask the ledger whether every
-verification since its last look kept the bound. Four firings a day (a timer and one local activity
-each: eight billable actions) keep an idle subscription under ten actions a day; a breach (no
-ingress sweeping) is detected and repaired within this horizon."""
+verification since its last look kept the bound (six hours; ``SubscriptionOptions.watchdog_seconds``
+sets it per subscription). Four firings a day (a timer and one local activity each: eight billable
+actions) keep an idle subscription under ten actions a day; a breach (no ingress sweeping) is
+detected and repaired within this horizon."""
 
 
 def verification_delay(period_seconds: float, draw: float) -> float:

@@ -72,7 +72,7 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "verdict.REVOKED", "update.old_session", "update.noted", "update.future_session",
                  "op.recreate", "op.restart", "op.catalog", "op.resume", "read_cycle",
                  "lost_response.mcp_read_cycle", "lost_response.read_cycle_step",
-                 "timer.poll", "timer.safety", "timer.reconcile",
+                 "timer.poll", "timer.safety", "timer.reconcile", "timer.watchdog",
                  # reads at the ingress: reported, fallen back, pulses absorbed by the read or processed again
                  "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.absorbed",
                  "update.ingress_no_work",
