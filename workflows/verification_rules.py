@@ -29,8 +29,9 @@ from datetime import datetime, timedelta
 
 from mcpsync.workflows.read_deadline import dispatch_margin
 
-__all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "SWEEP_IDLE_SECONDS", "WATCHDOG_HORIZON",
-           "WatchJudgement", "claim_delay", "judge_watch", "verification_delay"]
+__all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "LONGEST_DELAY_SECONDS", "SWEEP_IDLE_SECONDS",
+           "SWEEP_MIN_SECONDS", "WATCHDOG_HORIZON", "WatchJudgement", "claim_delay", "judge_watch",
+           "overdue_gap_seen", "sweep_wait", "verification_delay"]
 
 DUE_EARLIEST = 0.85
 DUE_SPREAD = 0.10
@@ -41,9 +42,18 @@ CLAIM_FRACTION = 0.05
 """A row the sweep fed is due again after this fraction of its period unless a granted allocation
 re-arms it sooner (its read was refused, failed or overflowed the queue)."""
 
+LONGEST_DELAY_SECONDS = 10 * 365 * 86_400.0
+"""No row is due more than ten years ahead, whatever its period: sooner than its period asks is
+always safe, and the due time stays within PostgreSQL's interval and timestamp ranges (a period of
+1e15 s would overflow them, and with them the allocation that records the verification)."""
+
 SWEEP_IDLE_SECONDS = 5.0
 """The longest a sweeping ingress waits between two looks at the ledger: it also sleeps until the
 earliest due row, so a look finds new rows (a subscription's start) within this."""
+
+SWEEP_MIN_SECONDS = 0.05
+"""The shortest wait between two looks: a look that left rows due (more than one batch, or rows a
+running allocation held locked) looks again this soon, not in a hot loop."""
 
 WATCHDOG_HORIZON = timedelta(hours=6)
 """How often a workflow whose row the ledger schedules wakes to ask the ledger whether every
@@ -54,12 +64,22 @@ ingress sweeping) is detected and repaired within this horizon."""
 
 def verification_delay(period_seconds: float, draw: float) -> float:
     """Seconds after a verification until the next is due, for a draw in [0, 1)."""
-    return (period_seconds - dispatch_margin(period_seconds)) * (DUE_EARLIEST + DUE_SPREAD * draw)
+    delay = (period_seconds - dispatch_margin(period_seconds)) * (DUE_EARLIEST + DUE_SPREAD * draw)
+    return min(LONGEST_DELAY_SECONDS, delay)
 
 
 def claim_delay(period_seconds: float) -> float:
     """Seconds a swept row waits before it is due again if no granted allocation re-arms it."""
-    return max(1.0, period_seconds * CLAIM_FRACTION)
+    return min(LONGEST_DELAY_SECONDS, max(1.0, period_seconds * CLAIM_FRACTION))
+
+
+def sweep_wait(next_in: float | None) -> float:
+    """Seconds a sweeping ingress waits after a look whose ledger said the next row is due in
+    ``next_in`` seconds (None: no row is scheduled): until then, within ``SWEEP_MIN_SECONDS`` and
+    ``SWEEP_IDLE_SECONDS``."""
+    if next_in is None:
+        return SWEEP_IDLE_SECONDS
+    return min(SWEEP_IDLE_SECONDS, max(SWEEP_MIN_SECONDS, next_in))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,16 @@ class WatchJudgement:
     report: bool
 
 
+def overdue_gap_seen(*, verified_at: datetime | None, watched_at: datetime | None,
+                     period_seconds: float) -> bool:
+    """Whether the watchdog's previous look (``watched_at``) found the gap open since ``verified_at``
+    overdue already, and so reported it: the verification that closes it does not widen
+    ``worst_gap_seconds`` by it (``record_allocation``), and a later look finding it still open
+    does not report it again (``judge_watch``). One breach, one report."""
+    return watched_at is not None and (
+        verified_at is None or (watched_at - verified_at).total_seconds() > period_seconds)
+
+
 def judge_watch(*, verified_at: datetime | None, worst_gap_seconds: float, watched_at: datetime | None,
                 now: datetime, period_seconds: float) -> WatchJudgement:
     """The watchdog's rule over the row's recorded levels (``verified_at``, ``worst_gap_seconds``, the
@@ -85,7 +115,7 @@ def judge_watch(*, verified_at: datetime | None, worst_gap_seconds: float, watch
     widest = max(worst_gap_seconds, open_gap if verified_at is not None else 0.0)
     breached = widest > period_seconds or overdue_now
     # The previous look already saw this open gap overdue, and no verification widened a gap since.
-    seen = (overdue_now and worst_gap_seconds <= period_seconds and watched_at is not None
-            and (verified_at is None or (watched_at - verified_at).total_seconds() > period_seconds))
+    seen = overdue_now and worst_gap_seconds <= period_seconds \
+        and overdue_gap_seen(verified_at=verified_at, watched_at=watched_at, period_seconds=period_seconds)
     return WatchJudgement(widest_gap_seconds=widest, breached=breached, overdue_now=overdue_now,
                           report=breached and not seen)

@@ -3,10 +3,10 @@
 Contract:
 - ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
   row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
-  (``verified_at``), widens ``worst_gap_seconds`` by the gap since the previous one and is due again
-  ``verification_delay`` later. ``start_chain`` runs in ``mark_active``'s: a new subscription
-  generation's first read has no predecessor, and the row is due within ``claim_delay`` if that
-  read does not land.
+  (``verified_at``), widens ``worst_gap_seconds`` by the gap since the previous one (not by a gap the
+  watchdog reported open already) and is due again ``verification_delay`` later. ``start_chain``
+  runs in ``mark_active``'s: a new subscription generation's first read has no predecessor, and the
+  row is due within ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
   ``subscriptions_verify_due``, each claimed (due again ``claim_delay`` later) in the same
   transaction, rows locked by a running allocation skipped; and how long until the next row is due.
@@ -30,7 +30,12 @@ from mcpsync.activities.ledger.store import BY_KEY, LedgerStore
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import OutboxEventType, WatchRequest, WatchResult
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
-from mcpsync.workflows.verification_rules import claim_delay, judge_watch, verification_delay
+from mcpsync.workflows.verification_rules import (
+    claim_delay,
+    judge_watch,
+    overdue_gap_seen,
+    verification_delay,
+)
 
 __all__ = ["Due", "VerificationLedger", "record_allocation", "start_chain"]
 
@@ -38,19 +43,23 @@ ACTIVE = SubscriptionState.ACTIVE.value
 
 
 async def record_allocation(cur: Any, row: dict[str, Any]) -> None:
-    """A granted allocation of ``row`` (locked, as it stood before the grant) is a verification."""
+    """A granted allocation of ``row`` (locked, as it stood before the grant) is a verification. The
+    gap it closes widens ``worst_gap_seconds`` unless the watchdog reported it open already
+    (``overdue_gap_seen``)."""
     period = row["safety_read_seconds"]
     if row["state"] != ACTIVE or period is None:
         return
+    reported = overdue_gap_seen(verified_at=row["verified_at"], watched_at=row["watched_at"],
+                                period_seconds=float(period))
     await cur.execute(
         """
         UPDATE subscriptions SET
-            worst_gap_seconds = GREATEST(worst_gap_seconds,
-                                         COALESCE(EXTRACT(EPOCH FROM now() - verified_at)::float8, 0)),
+            worst_gap_seconds = CASE WHEN %s THEN worst_gap_seconds ELSE GREATEST(worst_gap_seconds,
+                COALESCE(EXTRACT(EPOCH FROM now() - verified_at)::float8, 0)) END,
             verified_at = now(), verify_due_at = now() + make_interval(secs => %s)
         WHERE workflow_id = %s
         """,
-        (verification_delay(float(period), random.random()), row["workflow_id"]),
+        (reported, verification_delay(float(period), random.random()), row["workflow_id"]),
     )
 
 
