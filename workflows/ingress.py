@@ -22,11 +22,18 @@ Contract:
   is in flight or settling is read at most ``SETTLE_SECONDS`` after its notification (or when that
   read ends, if later), plus one routing. The interpreter supplies the time (``offer(now=)``,
   ``release(now)``: seconds on its own clock) and wakes a router at ``next_due``; no clock decides
-  coverage. The resync's adds (``background``, no ``now``) start no settle.
+  coverage. The sweep's adds (``background``, no ``now``) start no settle.
+- A judged read here that found nothing new and leaves nothing owed
+  (``ingress_rules.stays_in_ledger``: UNCHANGED, the row clean, right after the current version's
+  read) sends no signal: the ledger recorded it (receipt, ``covered``, the next verification due)
+  and the workflow is not woken. Every other read here is reported (``resource_read``: a new
+  version, not found, a guardrail rejection, a failure, a row left dirty); a read not judged, or
+  not made, becomes ``resource_updated`` and the workflow reads. A run whose own timer still makes
+  its safety reads (one started on 0.2.0) loses nothing: such a report only mirrored a read.
 - Counters are the program's and count notifications only: ``coalesced`` (merged into a waiting key,
-  absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``routed``
-  (wake-ups delivered). A key only the resync's synthetic notes made (``background`` offers, which
-  the resync counts) is routed uncounted.
+  absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``verified``
+  (reads here kept in the ledger, no signal), ``routed`` (wake-ups delivered). A key only the
+  sweep's synthetic notes made (``background`` offers, which the sweep counts) is routed uncounted.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.workflows.ingress_rules import ingress_read_request, stays_in_ledger
 from mcpsync.workflows.records.ledger import NotedNotification
 from mcpsync.workflows.records.read_cycle import ReadCycleRequest, ReadCycleResult, ReadReport
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey
@@ -310,6 +317,7 @@ class IngressRouter:
         self.absorbed = 0  # notifications a read took as they arrived while their key was processed
         self.no_work = 0  # notes that created no work (covered by construction)
         self.read = 0
+        self.verified = 0
         self.routed = 0
 
     @property
@@ -401,7 +409,8 @@ class IngressRouter:
     def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool,
                  counted: bool) -> Routing:
         """The update the ledger just recorded for the exact ``uri``, to the workflow its row names: read
-        here and reported when the fence allows it and the read was judged; else ``resource_updated``
+        here and reported when the fence allows it and the read was judged (not reported when it stays
+        in the ledger: ``stays_in_ledger``); else ``resource_updated``
         (the row stays dirty: the workflow reads), without a read here only when the note created work.
         ``own``: this router processes the key and absorbs the pulses that arrive until the read is sent."""
         stamped: Stamped = yield Stamp(uri, generation)
@@ -415,6 +424,9 @@ class IngressRouter:
                 req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
                 absorb=self._absorber((uri, generation)) if own else None)
             if cycle is not None and cycle.judged:
+                if stays_in_ledger(noted, cycle):  # nothing new, nothing owed: no signal
+                    self.verified += counted
+                    return
                 report = ReadReport(update=sig, requested_at=stamped.at, cycle=cycle)
                 if (yield ReportRead(noted.workflow_id, report)):
                     self.read += counted

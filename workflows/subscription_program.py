@@ -573,7 +573,7 @@ class SubscriptionProgram:
             # never later than one period after the read the ledger records.
             jitter = self.rt.random()
             if self._resync_period() is not None and fence.s.staleness_bound_seconds is None:
-                jitter = resynced_jitter(jitter)  # the ingress reads ahead of it (resync_rules)
+                jitter = resynced_jitter(jitter)  # the ingress's sweep reads ahead of it
             fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
                                     jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept

@@ -24,7 +24,13 @@ from mcpsync.workflows.ingress import (
     Stamped,
     Turn,
 )
-from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification, ReadTicket
+from mcpsync.workflows.records.ledger import (
+    AcceptResult,
+    AcceptVerdict,
+    FenceSnapshot,
+    NotedNotification,
+    ReadTicket,
+)
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 
@@ -32,9 +38,9 @@ URI = "demo://doc"
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 ROW = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
                     subscription_generation=1, read_reports=True)
-# A judged read: the ledger granted and judged it (what the router reports; the verdict is not its business)
+# A judged read: the ledger granted and accepted it (a new version: the router reports it)
 JUDGED = ReadCycleResult.model_construct(ticket=ReadTicket(granted=True, ordinal=1), outcome=object(),
-                                         accept=object())
+                                         accept=AcceptResult(verdict=AcceptVerdict.ACCEPTED))
 
 
 def _process(router: IngressRouter, during_read: Callable[[ReadCycle], None] = lambda _: None,

@@ -244,6 +244,7 @@ class HostTotals(NamedTuple):
     coalesced: int = 0
     read: int = 0  # read at the ingress and reported (``resource_read``), no signal to read
     routed: int = 0  # signalled ``resource_updated`` for the workflow to read (in-process hosts only)
+    verified: int = 0  # read at the ingress, nothing new and nothing owed: kept in the ledger, no signal
 
 
 def host_totals() -> dict[str, HostTotals]:
@@ -255,7 +256,7 @@ def host_totals() -> dict[str, HostTotals]:
         t = out.get(h.server.name, HostTotals())
         r = h.router
         out[h.server.name] = HostTotals(t.received + r.received, t.coalesced + r.coalesced,
-                                        t.read + r.read, t.routed + r.routed)
+                                        t.read + r.read, t.routed + r.routed, t.verified + r.verified)
     return out
 
 
@@ -273,13 +274,19 @@ class _HostCollector(Collector):
                                    "Notifications whose change the ingress read itself and reported to the "
                                    "workflow (resource_read: no Temporal hop before the read)",
                                    labels=["server"])
+        verified = CounterMetricFamily("mcpsync_notifications_verified_at_ingress",
+                                       "Notifications whose read at the ingress found nothing new and left "
+                                       "nothing owed: kept in the ledger, no signal to the workflow",
+                                       labels=["server"])
         for server, t in sorted(host_totals().items()):
             received.add_metric([server], t.received)
             coalesced.add_metric([server], t.coalesced)
             read.add_metric([server], t.read)
+            verified.add_metric([server], t.verified)
         yield received
         yield coalesced
         yield read
+        yield verified
 
 
 REGISTRY.register(_HostCollector())
