@@ -53,10 +53,10 @@ async def _schedule(ledger: Ledger, key: SubscriptionKey) -> dict[str, Any]:
     rows = await ledger_rows(ledger, """
         SELECT EXTRACT(EPOCH FROM verified_at - now())::float8,
                EXTRACT(EPOCH FROM verify_due_at - now())::float8,
-               worst_gap_seconds, EXTRACT(EPOCH FROM watched_at - now())::float8
+               EXTRACT(EPOCH FROM watched_at - now())::float8
         FROM subscriptions WHERE workflow_id = %s""", key.workflow_id)
-    verified, due, worst, watched = rows[0]
-    return {"verified": verified, "due": due, "worst": worst, "watched": watched}
+    verified, due, watched = rows[0]
+    return {"verified": verified, "due": due, "watched": watched}
 
 
 async def _set(ledger: Ledger, key: SubscriptionKey, column: str, seconds_from_now: float | None) -> None:
@@ -66,30 +66,42 @@ async def _set(ledger: Ledger, key: SubscriptionKey, column: str, seconds_from_n
                               " WHERE workflow_id = %s", seconds_from_now, key.workflow_id)
 
 
+async def _reports(ledger: Ledger, key: SubscriptionKey) -> tuple[int, int]:
+    """(overdue outbox rows, VERIFICATION_OVERDUE audit rows) of ``key``."""
+    outbox = await ledger_rows(ledger, "SELECT count(*) FROM outbox WHERE workflow_id=%s AND event_type=%s",
+                               key.workflow_id, "overdue")
+    audit = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE workflow_id=%s AND kind=%s",
+                              key.workflow_id, "VERIFICATION_OVERDUE")
+    return int(outbox[0][0]), int(audit[0][0])
+
+
 async def test_a_new_chain_is_due_soon_and_each_granted_allocation_records_a_verification(
         ledger: Ledger) -> None:
     key = await _scheduled(ledger, unique("s"), "demo://v")
     s = await _schedule(ledger, key)
     # mark_active: a new chain, never verified, due a claim later unless its first read lands.
-    assert s["verified"] is None and s["worst"] == 0 and s["watched"] is None
+    assert s["verified"] is None and s["watched"] is None
     assert s["due"] == pytest.approx(claim_delay(PERIOD), abs=0.5)
     await _allocate(ledger, key)  # the first verification: no gap from nothing (verified_at NULL)
     s = await _schedule(ledger, key)
-    assert s["verified"] == pytest.approx(0, abs=0.5) and s["worst"] == 0
+    assert s["verified"] == pytest.approx(0, abs=0.5) and await _reports(ledger, key) == (0, 0)
     assert verification_delay(PERIOD, 0) - 0.5 <= s["due"] - s["verified"] <= verification_delay(PERIOD, 1)
     await _set(ledger, key, "verified_at", -40)  # the previous verification 40 s ago: a gap over the period
+    await _allocate(ledger, key)  # closes it: reported by this verification
+    assert await _reports(ledger, key) == (1, 1)
+    detail = await ledger_rows(ledger, "SELECT detail FROM outbox WHERE workflow_id=%s AND event_type=%s",
+                               key.workflow_id, "overdue")
+    assert detail[0][0]["closed"] is True and 40 <= detail[0][0]["gap_seconds"] < 41
+    await _set(ledger, key, "verified_at", -10)  # a gap within the period: nothing reported
     await _allocate(ledger, key)
-    assert 40 <= (await _schedule(ledger, key))["worst"] < 41
-    await _set(ledger, key, "verified_at", -10)  # a narrower gap keeps the widest
-    await _allocate(ledger, key)
-    assert 40 <= (await _schedule(ledger, key))["worst"] < 41
+    assert await _reports(ledger, key) == (1, 1)
     # A new subscription generation (resubscribe) starts a new chain.
     snap = await ledger.begin_subscription(key, 2)
     await ledger.fence.mark_active(MarkActiveRequest(key=key, session_generation=2,
                                                      subscription_generation=snap.subscription_generation,
                                                      read_reports=True, safety_read_seconds=PERIOD))
     s = await _schedule(ledger, key)
-    assert s["verified"] is None and s["worst"] == 0
+    assert s["verified"] is None and s["watched"] is None
 
 
 async def test_rows_off_the_schedule_are_never_due_recorded_or_judged(ledger: Ledger) -> None:
@@ -145,52 +157,33 @@ async def test_a_huge_period_schedules_without_overflow(ledger: Ledger) -> None:
     assert s["due"] == pytest.approx(LONGEST_DELAY_SECONDS, abs=1)
     assert (await ledger.verification.due(key.subject, "srv")).uris == []
     result = await ledger.verification.watch(WatchRequest(key=key))
-    assert result.scheduled and not result.breached
+    assert result.scheduled and not result.overdue
 
 
-async def _reports(ledger: Ledger, key: SubscriptionKey) -> tuple[int, int]:
-    """(overdue outbox rows, VERIFICATION_OVERDUE audit rows) of ``key``."""
-    outbox = await ledger_rows(ledger, "SELECT count(*) FROM outbox WHERE workflow_id=%s AND event_type=%s",
-                               key.workflow_id, "overdue")
-    audit = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE workflow_id=%s AND kind=%s",
-                              key.workflow_id, "VERIFICATION_OVERDUE")
-    return int(outbox[0][0]), int(audit[0][0])
-
-
-async def test_the_watchdogs_look_records_a_breach_once(ledger: Ledger) -> None:
+async def test_the_watchdogs_look_reports_an_open_gap_once_and_its_closing_read_does_not_repeat_it(
+        ledger: Ledger) -> None:
     key = await _scheduled(ledger, unique("s"), "demo://watched")
     await _allocate(ledger, key)
     fine = await ledger.verification.watch(WatchRequest(key=key))
-    assert fine.scheduled and not fine.breached and fine.outbox_id is None and fine.period_seconds == PERIOD
+    assert fine.scheduled and not fine.overdue and fine.outbox_id is None and fine.period_seconds == PERIOD
     assert (await _schedule(ledger, key))["watched"] == pytest.approx(0, abs=0.5)
 
     await _set(ledger, key, "verified_at", -100)  # no verification for 100 s: overdue now
     await _set(ledger, key, "watched_at", -90)  # the previous look came before the gap passed the period
     found = await ledger.verification.watch(WatchRequest(key=key))
-    assert found.breached and found.overdue_now and found.outbox_id is not None
-    assert found.widest_gap_seconds >= 100
+    assert found.overdue and found.outbox_id is not None and found.gap_seconds is not None
+    assert found.gap_seconds >= 100
     assert await _reports(ledger, key) == (1, 1)
     detail = await ledger_rows(ledger, "SELECT detail FROM outbox WHERE outbox_id=%s", found.outbox_id)
-    assert detail[0][0]["period_seconds"] == PERIOD and detail[0][0]["overdue_now"] is True
+    assert detail[0][0]["period_seconds"] == PERIOD and detail[0][0]["closed"] is False
     again = await ledger.verification.watch(WatchRequest(key=key))  # the same open gap: not again
-    assert again.breached and again.overdue_now and again.outbox_id is None
+    assert again.overdue and again.outbox_id is None
     assert await _reports(ledger, key) == (1, 1)
 
     await _allocate(ledger, key)  # the open gap closes: reported while open, so not again now
     closed_seen = await ledger.verification.watch(WatchRequest(key=key))
-    assert not closed_seen.breached and closed_seen.outbox_id is None
+    assert not closed_seen.overdue and closed_seen.outbox_id is None
     assert await _reports(ledger, key) == (1, 1)
-
-    # A gap that opened and closed between two looks: its verification widened the gap; reported.
-    await _set(ledger, key, "watched_at", -50)
-    await _set(ledger, key, "verified_at", -45)
-    await _allocate(ledger, key)
-    closed = await ledger.verification.watch(WatchRequest(key=key))
-    assert closed.breached and not closed.overdue_now and closed.outbox_id is not None
-    assert 45 <= closed.widest_gap_seconds < 46
-    assert await _reports(ledger, key) == (2, 2)
-    quiet = await ledger.verification.watch(WatchRequest(key=key))  # the widest gap restarted from 0
-    assert not quiet.breached and quiet.outbox_id is None
 
 
 class _Live:
