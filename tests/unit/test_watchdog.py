@@ -24,8 +24,8 @@ from mcpsync.workflows.records.ledger import OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState, TriggerReason
 from mcpsync.workflows.verification_rules import WATCHDOG_HORIZON
 from sim.engine import Simulation
+from sim.interpreter import ProgramRun
 from sim.model import INGRESS_READ, Event, Op, Profile, SimConfig
-from sim.runtime import ProgramRun
 
 S = SubscriptionState
 SUBSCRIBED = Profile(capability="subscribe", safety_read_seconds=300.0)
