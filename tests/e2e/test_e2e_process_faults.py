@@ -14,22 +14,22 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from mcpsync.activities.starters import start_subscription
-from mcpsync.fixture import FixtureProcess
 from mcpsync.worker.main.config import ServerConfig
 from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
 from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from tests.conftest import eventually, running_services, unique
-from tests.e2e.conftest import ingress_received
+from tests.e2e.conftest import SpareFixtures, ingress_received
 from tests.e2e.test_e2e_subscription import _wait_record
 
 
-async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_state_dir: Path) -> None:
+async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_state_dir: Path,
+                                                           spare_fixtures: SpareFixtures) -> None:
     temporal = await TemporalDevServer.start(tmp_path / "temporal", port=0, ui_port=0)
     pg = await EmbeddedPostgres.start(own_state_dir, database="faults")
     ledger = await open_ledger(pg.url)
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     try:
         client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
         server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url)
