@@ -10,6 +10,7 @@ next test does."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import suppress
 from pathlib import Path
@@ -23,16 +24,22 @@ from mcpsync.fixture import FixtureControl, FixtureProcess
 from mcpsync.worker.observe.metrics import HostTotals, host_totals
 from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
-from tests.conftest import ledger_rows
+from tests.conftest import ledger_rows, private_state_dir
 
 
 @pytest.fixture(scope="session")
-async def temporal_server(tmp_state: Path) -> AsyncIterator[TemporalDevServer]:
-    server = await TemporalDevServer.start(tmp_state / "temporal", port=0, ui_port=0)
+async def temporal_server() -> AsyncIterator[TemporalDevServer]:
+    """The session's dev server; its SQLite file and log in a ``private_state_dir`` (tmpfs where there is
+    one: ``tests.conftest.memory_backed_root``)."""
+    where = private_state_dir("t")
     try:
-        yield server
+        server = await TemporalDevServer.start(where / "temporal", port=0, ui_port=0)
+        try:
+            yield server
+        finally:
+            await server.stop()
     finally:
-        await server.stop()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
