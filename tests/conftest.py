@@ -165,7 +165,8 @@ async def postgres_url() -> AsyncIterator[str]:
 
 @pytest.fixture
 def own_state_dir() -> Iterator[Path]:
-    """A private state dir for a test that starts an embedded PostgreSQL of its own."""
+    """A private state dir for a test that starts an embedded PostgreSQL or a Temporal dev server of its
+    own."""
     where = private_state_dir("o")
     try:
         yield where

@@ -24,9 +24,9 @@ from tests.e2e.conftest import SpareFixtures, ingress_received
 from tests.e2e.test_e2e_subscription import _wait_record
 
 
-async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_state_dir: Path,
+async def test_temporal_and_postgres_restarts_lose_nothing(own_state_dir: Path,
                                                            spare_fixtures: SpareFixtures) -> None:
-    temporal = await TemporalDevServer.start(tmp_path / "temporal", port=0, ui_port=0)
+    temporal = await TemporalDevServer.start(own_state_dir / "temporal", port=0, ui_port=0)
     pg = await EmbeddedPostgres.start(own_state_dir, database="faults")
     ledger = await open_ledger(pg.url)
     fx = await spare_fixtures.take()
