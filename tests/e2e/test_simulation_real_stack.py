@@ -73,7 +73,7 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from sim.model import ALL_FAULTS, Event, Fault, Op, SimConfig, schedule_seed
 from sim.schedule import run_schedule
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.e2e.conftest import notifications_seen, reads_settled
+from tests.e2e.conftest import SpareFixtures, notifications_seen, reads_settled
 from tests.e2e.test_e2e_fence import _record
 
 S = SubscriptionState
@@ -518,7 +518,8 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
 
 
 async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
-        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, tmp_path: Path) -> None:
+        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer,
+        spare_fixtures: SpareFixtures) -> None:
     seed = "crosscheck"
     server_name = unique("xfx")
     runs: list[Run] = []
@@ -533,7 +534,7 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
         assert {"mutate", "delete", "close", "reset", "catalog", "conflict", "revoke",
                 "read_fault"} <= kinds, kinds
 
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     try:
         server = ServerConfig(name=server_name, transport="http", url=fx.mcp_url, subjects=["alice"],
                               ping_interval_seconds=1, ping_timeout_seconds=5)
