@@ -43,6 +43,7 @@ from benchmarks.common import (
     fetch_scalar,
     gather_limited,
     percentile,
+    spread,
     summarize,
     temporal_and_ledger,
     until,
@@ -74,7 +75,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 
 __all__ = ["Bench", "StalenessLoad", "burst_phase", "count_reads", "count_verdicts", "floor_phase",
            "idle_phase", "revocation_phase", "session_queue", "staleness_phase", "staleness_start",
-           "start_bench", "startup_phase", "targets_phase", "temporal_floors_phase"]
+           "start_bench", "startup_phase", "subscribed", "targets_phase", "temporal_floors_phase"]
 
 
 @dataclass
@@ -135,6 +136,16 @@ async def count_verdicts(ledger: Ledger, server: str) -> dict[str, int]:
                                     "GROUP BY status",
                        (server,))
     return {r[0]: int(r[1]) for r in rows}
+
+
+def subscribed(uris: Sequence[str], count: int) -> Callable[[dict[str, Any]], bool]:
+    """A fixture ``/stats`` predicate: every URI of ``uris`` has ``count`` subscriptions, and every
+    session's standalone stream (where notifications arrive over HTTP) is open."""
+    def check(stats: dict[str, Any]) -> bool:
+        subs = stats["subscriptions"]
+        return (all(subs.get(u, 0) >= count for u in uris)
+                and all(s["standalone_stream"] is not False for s in stats["sessions"]))
+    return check
 
 
 async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Probe, work: Path, *, server: str,
@@ -219,10 +230,12 @@ async def startup_phase(b: Bench) -> None:
                                       (server,))
             return int(done or 0) >= want
 
-        if not await until(all_initial, 120 + len(batch) * 0.5, 0.25):
+        # A poll every second at large N: the count(*) over every row stays off the measured CPU.
+        if not await until(all_initial, 120 + len(batch) * 0.5, 0.25 if len(batch) < 2000 else 1.0):
             raise RuntimeError(f"{transport}: initial reads did not converge")
         # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
-        # 0.25 s poll above saw it: at ~30 starts/s the poll alone would add up to 8 % to 45 starts.
+        # poll above saw it: at ~30 starts/s a 0.25 s poll alone would add up to 8 % to 45 starts, and
+        # the longer poll at large N adds nothing to the measured time.
         last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
                                           " resource_versions WHERE server=%s AND uri = ANY(%s)"
                                           " AND status='ACCEPTED'", (server, list(batch)))
@@ -285,14 +298,16 @@ async def idle_phase(b: Bench) -> None:
     if opts.idle_window > 0:
         say(f"idle: {opts.idle_window:g}s without changes")
         idle_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
-        idle_runs = await cost.start_runs(
-            client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+        # The histories of a sample (one round trip per workflow and run), scaled to the N.
+        idle_runs = await cost.start_runs(client, spread(
+            [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris],
+            opts.history_sample))
         gc.collect()
         rss0 = rss_bytes(services.worker_pid)
         r["idle"] = await idle.measure_idle(
             client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
             safety_read_seconds=(opts.subscription_safety_read_seconds
-                                 or SubscriptionOptions().safety_read_seconds))
+                                 or SubscriptionOptions().safety_read_seconds), subscriptions=len(uris))
         gc.collect()
         i = r["idle"]
         # What the worker holds per run can grow after start-up (the SDK core keeps a run's command state
@@ -334,17 +349,9 @@ async def floor_phase(b: Bench, floor_uri: str) -> tuple[NaiveClient, FixtureCon
     await base.subscribe([*uris, floor_uri])
     await base.read_all(uris)
     per_uri = 2 if fixture is not None else 1
-
-    def subscribed(count: int) -> Callable[[dict[str, Any]], bool]:
-        def check(stats: dict[str, Any]) -> bool:
-            subs = stats["subscriptions"]
-            return (all(subs.get(u, 0) >= count for u in uris)
-                    and all(s["standalone_stream"] is not False for s in stats["sessions"]))
-        return check
-
-    await sys_ctl.wait_stats(subscribed(per_uri), timeout=60, interval=0.2)
+    await sys_ctl.wait_stats(subscribed(uris, per_uri), timeout=60, interval=0.2)
     if base_ctl is not sys_ctl:
-        await base_ctl.wait_stats(subscribed(1), timeout=60, interval=0.2)
+        await base_ctl.wait_stats(subscribed(uris, 1), timeout=60, interval=0.2)
     say("measuring the floor")
     floor = await measure_floor(base, base_ctl, floor_uri, opts.floor_samples)
     r["floor"] = {**summarize([f.total for f in floor]),
