@@ -33,7 +33,6 @@ import base64
 import binascii
 import hashlib
 import logging
-import time
 import warnings
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -307,9 +306,6 @@ class McpSessionActivities:
         self.ledger = ledger
         self.meters = meters
         self._truncations_audited: set[tuple[str, str, int]] = set()  # (subject, server, session generation)
-        # Told of every granted read allocation (key, monotonic time its allocation was asked for):
-        # the ingress's resync (``mcpsync.worker.ingress.resync``) knows when each URI was last read.
-        self.read_observer: Callable[[SubscriptionKey, float], None] | None = None
 
     def all(self) -> list[Callable[..., Any]]:
         """The session queue's activities the workflows schedule. ``subscribe`` and ``read`` are the
@@ -461,13 +457,10 @@ class McpSessionActivities:
         arrived before the send, so the read covers them, and its accept counts them
         (``AcceptRequest.absorbed``)."""
         alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
-        asked = time.monotonic()
         ticket = await self.ledger.fence.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket,
                                    fence=await self.ledger.fence.load_fence(KeyRequest(key=alloc.key)))
-        if self.read_observer is not None:
-            self.read_observer(alloc.key, asked)
         absorbed = absorb() if absorb is not None else 0
         outcome, body = await self._read(ReadRequest(
             key=alloc.key, session_generation=alloc.session_generation,

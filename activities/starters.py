@@ -131,6 +131,7 @@ def subscription_contract(key: SubscriptionKey, options: SubscriptionOptions, *,
         f"| poll interval (no subscribe) | {o.poll_interval_seconds:g} s: the published staleness bound |\n"
         "| safety re-read (with subscribe) |"
         f" {f'{o.safety_read_seconds:g} s' if o.safety_read_seconds else 'off'} |\n"
+        f"| watchdog (the ledger schedules the safety reads) | looks every {o.watchdog_seconds:g} s |\n"
         f"| max concurrent reads | {o.max_concurrent_reads} |\n"
         f"| continue-as-new at | {o.max_history_events} events (or when suggested) |\n\n"
         "Signals: `resource_updated` (a notification), `resource_read` (the ingress read the"

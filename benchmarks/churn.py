@@ -312,6 +312,7 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
         "notifications_received": received,
         "notifications_coalesced_at_ingress": host1.coalesced - host0.coalesced,
         "notifications_read_at_ingress": host1.read - host0.read,
+        "notifications_verified_at_ingress": host1.verified - host0.verified,
         "notifications_per_second": round(received / churn_seconds, 1),
         "convergence": sys_conv,
         "uris_behind_at_end": len(sys_left),

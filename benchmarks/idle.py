@@ -6,9 +6,10 @@ Contract:
   mcpsync's main worker and ingress, the Temporal dev server, PostgreSQL, the fixtures, this
   process), the history events stamped in the N workflows' histories (continue-as-new followed)
   and the reads the ledger issued for them (``read_requests``, by trigger).
-- What runs in such a window: safety reads (mostly the ingress's resync: a read at the ingress
-  reported by one signal; else a timer, a workflow task, the read cycle activity on the ingress's
-  queue, the workflow task that mirrors it), keepalive pings and lease renewals (per
+- What runs in such a window: safety reads (the ingress's sweep of the ledger's due verifications:
+  a read at the ingress that, finding nothing new, stays in the ledger with no signal; and the
+  workflow's timer: a workflow task, the read cycle activity on the ingress's queue, the workflow
+  task that mirrors it), keepalive pings and lease renewals (per
   session, not per subscription), the processes' own timers (metrics refresher, pollers) and
   continue-as-new when a history grows long.
 - The figures are per subscription and time: ``cpu_ms_per_subscription_hour`` (in all and by
@@ -78,8 +79,9 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
     # cpu_delta per "change" with changes=1: the window's CPU ms by process.
     cpu_ms = {k: float(v or 0.0) for k, v in cpu["by_process_ms_per_change"].items()}
     total_ms = sum(cpu_ms.values())
-    # Nothing changes in the window: a read triggered "updated" is the ingress's resync of a safety
-    # read (ingress/resync.py, fed to the router like a notification), a "poll" read the workflow's timer.
+    # Nothing changes in the window: a read triggered "updated" is the ingress's sweep of a due
+    # verification (ingress/resync.py, fed to the router like a notification), a "poll" read the
+    # workflow's own (its watchdog's, or a polling run's timer).
     resync = int(reads.get(TriggerReason.UPDATED.value, 0))
     safety = int(reads.get(TriggerReason.POLL.value, 0)) + resync
     scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0

@@ -135,7 +135,7 @@ class SplitServices:
                                    f"{child.proc.returncode}:\n{child.tail()}")
 
     async def host_totals(self, server: str) -> HostTotals:
-        received = coalesced = read = 0.0
+        received = coalesced = read = verified = 0.0
         for (name, labels), value in (await scrape(self.ingress.metrics_url)).items():
             if ("server", server) not in labels:
                 continue
@@ -145,7 +145,9 @@ class SplitServices:
                 coalesced += value
             elif name.startswith("mcpsync_notifications_read_at_ingress"):
                 read += value
-        return HostTotals(int(received), int(coalesced), int(read))
+            elif name.startswith("mcpsync_notifications_verified_at_ingress"):
+                verified += value
+        return HostTotals(int(received), int(coalesced), int(read), verified=int(verified))
 
     async def stop(self) -> None:
         await asyncio.gather(_terminate(self.ingress.proc), _terminate(self.main.proc))

@@ -10,7 +10,10 @@ Contract:
 - It judges from outside the program: the ledger's rows and writes, the oracle's committed versions,
   the timer the run armed, the record it answers (``record_one_read``); never its own bookkeeping.
 - ``staleness_bound`` is strict: a wake-up armed later than one published bound after the last read
-  the ledger allocated is a violation by any amount.
+  the ledger allocated is a violation by any amount. For a row the ledger schedules (marked with a
+  safety-read period, not polling) the run keeps only the watchdog, and the sweep that keeps the bound
+  is not modelled: its wake-up may come one watchdog horizon later (a look finds an overdue row and
+  reads it within that).
 """
 
 from __future__ import annotations
@@ -134,6 +137,12 @@ class Checker:
             else self.sim.profile.safety_read_seconds
         if not bound:
             return
+        if s.staleness_bound_seconds is None and self.sim.ledger.safety_read_seconds is not None:
+            # The ledger schedules the row: the watchdog's horizon, while the ledger holds it ACTIVE (a
+            # read that left ACTIVE is on its way to the run as a report).
+            if self.sim.ledger.row.state != ACTIVE:
+                return
+            bound += wf.start_args.options.watchdog_seconds
         promised = self._last_allocated_at + timedelta(seconds=bound)
         wake = wf.timer_at
         if (wake is None or wake > promised) and wake not in self._late_timers:

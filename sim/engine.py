@@ -9,7 +9,8 @@ Contract:
 - It is composed, not inherited: the world's state is its own; ``checker`` (``Checker``), ``cycles``
   (``CycleRunner``) and ``ingress`` (``IngressDriver``) are objects with their own fields that read the
   world through it. Violations and coverage are recorded here (``violate``, ``cover``).
-- Time advances one second per step; a TIMER event jumps it to the armed timer's fire time.
+- Time advances one second per step; a TIMER event jumps it to the armed timer's fire time, a SETTLE
+  event to the first settling key's due time when that is later.
 - ``drain`` is the quiet end: everything delivered and completed, timers fired, pending catalog and
   resume words given, one final invalidation, to quiescence; then the verdict.
 """
@@ -73,6 +74,7 @@ class Simulation:
         self.config = config
         self.oracle = Oracle()
         self.ledger = MemoryLedger(KEY, judge=config.judge)
+        self.ledger.now = EPOCH
         self.host = McpServer(profile.capability, self.ledger)
         self.cycles = CycleRunner(SimSessionActivities(self.host, self.oracle, self.ledger), self.cover)
         self.queue: list[Message] = []
@@ -181,6 +183,10 @@ class Simulation:
             timer_at = self.wf.timer_at
             if timer_at is not None and timer_at > at:
                 at = timer_at
+        elif event.op == Op.SETTLE:
+            due = self.ingress.settle_due()
+            if due is not None and due > at:
+                at = due
         return at
 
     def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
@@ -209,7 +215,7 @@ class Simulation:
     def apply(self, event: Event) -> bool:
         """Apply one event, run the workflow to quiescence, check every invariant."""
         at = self._next_time(event)
-        self.wf.clock = self.now = at
+        self.wf.clock = self.now = self.ledger.now = at
         applied = self._apply(event)
         if applied:
             self.step += 1
@@ -287,6 +293,9 @@ class Simulation:
         if final is not None:
             self._signal(final.kind, final.payload, log=False)
         return True
+
+    def _on_settle(self, e: Event) -> bool:
+        return self.ingress.release()
 
     def _on_close(self, e: Event) -> bool:
         self._signal(Signal.CLOSE_SIGNAL if e.fault == "signal" else Signal.CLOSE, None)
@@ -457,7 +466,8 @@ class Simulation:
     # --- drain -------------------------------------------------------------------------------------------
 
     def _flush(self) -> bool:
-        """Deliver everything pending in FIFO order, no faults. False if it would not quiesce."""
+        """Deliver everything pending in FIFO order, no faults, then release settling keys. False if it
+        would not quiesce."""
         for _ in range(FLUSH_BUDGET):
             if self.queue:
                 self.apply(Event(Op.DELIVER))
@@ -472,6 +482,8 @@ class Simulation:
                 self.apply(self.picking(Op.COMPLETE, done[0]))
             elif runnable:
                 self.apply(self.picking(Op.EXEC, runnable[0]))
+            elif self.ingress.router.work.settling:
+                self.apply(Event(Op.SETTLE))
             else:
                 return True
         return False
@@ -535,6 +547,7 @@ _APPLY: dict[Op, Callable[[Simulation, Event], bool]] = {
     Op.OLD_NOTE: Simulation._on_old_note,
     Op.WRONG_URI: Simulation._on_wrong_uri,
     Op.FINAL_NOTE: Simulation._on_final_note,
+    Op.SETTLE: Simulation._on_settle,
     Op.CLOSE: Simulation._on_close,
     Op.EXEC: Simulation._on_exec,
     Op.COMPLETE: Simulation._on_complete,

@@ -12,12 +12,16 @@ Contract:
 - What the checker needs to know about the world (which oracle version a note or an absorbed pulse
   announced, which ordinals the ingress was granted) is recorded here, next to the effects; the
   routing decisions are the program's alone.
+- Time is the simulation's clock in seconds since ``EPOCH``: each pulse is offered with it, and a key
+  the program left settling (``Turn.SETTLING``) is processed by the ``settle`` event (``release``),
+  which the engine applies no earlier than the key is due.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +36,13 @@ from mcpsync.workflows.ingress import (
     SignalUpdated,
     Stamp,
     Stamped,
+    Turn,
     UnknownUri,
 )
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.ledger import LedgerIntegrityError
-from sim.model import INGRESS_READ, KEY, Invariant
+from sim.model import EPOCH, INGRESS_READ, KEY, Invariant
 from sim.runtime import Signal
 from sim.world import Activity, Message
 
@@ -52,7 +57,7 @@ class Processing:
     """One run of ``IngressRouter.process`` for a key: the suspended program and what the world
     knows about it (the pulse it stands for, the change it announced, what its read absorbed)."""
 
-    program: Generator[IngressEffect, Any, bool]
+    program: Generator[IngressEffect, Any, Turn]
     nid: str = ""  # the ingress id of the newest pulse it processes
     change: int = 0  # the newest oracle version those pulses announced
     generation: int = 0
@@ -100,11 +105,28 @@ class IngressDriver:
         key = (uri, generation)
         _, prior = self._pulses.get(key, ("", 0))
         self._pulses[key] = (nid, max(prior, change))
-        if self.router.offer(uri, generation) != Offer.READY:
+        if self.router.offer(uri, generation, now=self._seconds(self.sim.now)) != Offer.READY:
             self.sim.cover("ingress.queued")
             return None
         signalled = self._process()
         return signalled[0] if signalled else None
+
+    @staticmethod
+    def _seconds(at: datetime) -> float:
+        return (at - EPOCH).total_seconds()
+
+    def settle_due(self) -> datetime | None:
+        """When the first settling key is due (None: none settles)."""
+        due = self.router.work.next_due()
+        return None if due is None else EPOCH + timedelta(seconds=due)
+
+    def release(self) -> bool:
+        """The session host's settle timer: every settling key due now is processed (True: any was)."""
+        released = self.router.release(self._seconds(self.sim.now))
+        for _ in range(released):
+            self.sim.cover("ingress.settled")
+            self.sim.queue.extend(self._process())
+        return released > 0
 
     def _process(self) -> list[Message]:
         p = Processing(self.router.process(), no_work_before=self.router.no_work)
@@ -121,9 +143,11 @@ class IngressDriver:
                 if self.router.no_work > p.no_work_before:
                     self.sim.cover("update.ingress_no_work")
                     self.covered_reads_saved += 1
-                if stop.value:  # the key is ready again
+                if stop.value == Turn.READY:  # the key is ready again
                     self.sim.cover("ingress.queued_routed")
                     self.sim.queue.extend(self._process())
+                elif stop.value == Turn.SETTLING:
+                    self.sim.cover("ingress.settling")
                 return
             if isinstance(effect, ReadCycle):
                 self._start_read(p, effect)

@@ -11,12 +11,19 @@ Contract:
   table's column names (``ledger_flow.issued_read`` and ``prior_allocation`` read them). Staged
   rollouts (no policy row holds an invalidation back), the content store and its purge and the
   ``revocations`` row are not modelled.
+- The verification schedule (``activities/ledger/verification.py``) is modelled as far as the
+  allocations and the watchdog use it: a chain's verifications are its granted allocations since the
+  ``mark_active`` that carried a safety-read period, timed by ``now`` (the simulation's clock, set
+  before every step); ``verification_rules.judge_gap`` judges the gap an allocation closes and the
+  one the watchdog finds open, each breach reported once (an ``overdue`` outbox entry). No sweep
+  reads due rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypedDict
 
 from mcpsync.workflows import coverage
@@ -39,11 +46,13 @@ from mcpsync.workflows.records.ledger import (
     AllocateRequest,
     BeginSubscriptionRequest,
     FenceSnapshot,
+    MarkActiveRequest,
     NotedNotification,
     OutboxEventType,
     ReadTicket,
     StartSubscriptionRequest,
     SubscriptionStarted,
+    WatchResult,
 )
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import (
@@ -53,6 +62,7 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
     TriggerReason,
 )
+from mcpsync.workflows.verification_rules import GapJudgement, judge_gap
 from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,
@@ -85,6 +95,7 @@ class ReadRequestRow(TypedDict):
     cycle_id: str | None
     outcome: str | None
     completed_at: int | None  # the length of ``MemoryLedger.log`` then: this ledger's clock
+    issued_at: datetime  # the simulation's time of the allocation (``MemoryLedger.now``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +149,9 @@ class MemoryLedger:
         self.session: SessionInfo | None = None  # the mcp_sessions row with closed_at IS NULL
         self.log: list[LedgerWrite] = []
         self._ids = 0
+        self.now = datetime.min  # the simulation's clock (``Simulation.apply`` sets it before every step)
+        self.chain_after = 0  # verifications of the current chain are allocations past this ordinal
+        self.watched_at: datetime | None = None  # the watchdog's previous look at this chain
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -244,16 +258,58 @@ class MemoryLedger:
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = plan.applied(row)
+        if self.safety_read_seconds is not None and row.state == S.ACTIVE \
+                and (verified_at := self._verified_at()) is not None:
+            gap = judge_gap(verified_at=verified_at, watched_at=self.watched_at, now=self.now,
+                            period_seconds=self.safety_read_seconds)
+            if gap.report:
+                self._report_overdue()
         self.read_requests[ordinal] = ReadRequestRow(
             ordinal=ordinal, request_id=request_id, session_generation=req.session_generation,
             subscription_generation=req.subscription_generation, trigger_reason=req.trigger,
-            notifications_seen=plan.notified, cycle_id=req.cycle_id, outcome=None, completed_at=None)
+            notifications_seen=plan.notified, cycle_id=req.cycle_id, outcome=None, completed_at=None,
+            issued_at=self.now)
         self.request_ids[request_id] = ordinal
         if req.cycle_id is not None:
             self.cycle_ids[req.cycle_id] = ordinal
         self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
+
+    def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
+        """``FenceLedger.mark_active``: ``mark_active_writes``; a row it marks starts a new verification
+        chain (``verification.start_chain``)."""
+        writes = mark_active_writes(self.row, req)
+        if writes:
+            self.chain_after, self.watched_at = self.row.last_issued_ordinal, None
+        return self.transition(writes)
+
+    def _verified_at(self) -> datetime | None:
+        """The chain's newest verification (its newest granted allocation), or None."""
+        times = [r["issued_at"] for o, r in self.read_requests.items() if o > self.chain_after]
+        return max(times, default=None)
+
+    def _report_overdue(self) -> OutboxEntry:
+        """``verification.report_overdue``: an ``overdue`` entry naming the current version."""
+        entry = OutboxEntry(self._next_id(), OutboxEventType.OVERDUE, self.row.last_receipt_id or 0,
+                            self.row.last_accepted_digest, self.row.watermark)
+        self.outbox.append(entry)
+        self.audit.append("VERIFICATION_OVERDUE")
+        return entry
+
+    def watch(self) -> WatchResult:
+        """``VerificationLedger.watch``: ``judge_gap`` on the gap still open, a new breach reported."""
+        period = self.safety_read_seconds
+        if self.row.state != S.ACTIVE or period is None:
+            return WatchResult(scheduled=False)
+        verified_at = self._verified_at()
+        gap: GapJudgement = judge_gap(verified_at=verified_at, watched_at=self.watched_at, now=self.now,
+                                      period_seconds=period)
+        entry = self._report_overdue() if gap.report else None
+        self.watched_at = self.now
+        return WatchResult(scheduled=True, verified_at=verified_at, gap_seconds=gap.gap_seconds,
+                           period_seconds=period, overdue=gap.overdue,
+                           outbox_id=entry.outbox_id if entry else None)
 
     def note_notification(self, generation: int) -> NotedNotification | None:
         """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
@@ -319,12 +375,13 @@ LEDGER_ACTIVITIES: dict[str, Callable[[MemoryLedger, Any], Any]] = {
     Act.CURRENT_SESSION: lambda led, req: led.session,
     Act.BEGIN_SUBSCRIPTION: lambda led, req: led.transition(begin_writes(led.row, req)),
     Act.START_SUBSCRIPTION: _start_subscription,
-    Act.MARK_ACTIVE: lambda led, req: led.transition(mark_active_writes(led.row, req)),
+    Act.MARK_ACTIVE: lambda led, req: led.mark_active(req),
     Act.SET_STATE: lambda led, req: led.transition(set_state_writes(led.row, req)),
     Act.BEGIN_UNSUBSCRIBE: lambda led, req: led.begin_unsubscribe(),
     Act.FINISH_UNSUBSCRIBE: lambda led, req: led.transition(finish_unsubscribe_writes(led.row, req)),
     Act.CONFIRM_TOMBSTONE: lambda led, req: led.confirm_tombstone(req.listed, req.scan_id, req.proven),
     Act.REVOKE: lambda led, req: led.revoke(),
     Act.AUDIT: lambda led, req: led.write_audit(req.kind),
+    Act.WATCH_VERIFICATIONS: lambda led, req: led.watch(),
 }
 """The ledger activities the program schedules, by name: each on ``MemoryLedger`` with its request."""

@@ -137,6 +137,7 @@ class Op(StrEnum):
     RESTART = "restart"  # start the key again after its chain finished
     REVOKE = "revoke"  # the platform's revoke signal
     FINAL_NOTE = "final_note"  # drain: one final invalidation from the live session
+    SETTLE = "settle"  # the session host's settle timer: settling keys due now are processed
     FIRST_READ = "first_read"  # the first_read update (Update-with-Start's); in written traces only
 
 

@@ -127,7 +127,7 @@ class _Condition:
     task: _Task
     request: _WaitRequest
     fire_at: datetime | None  # its timer, if it has a timeout
-    timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety
+    timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety | watchdog
 
 
 @dataclass(slots=True)
@@ -215,7 +215,7 @@ class ProgramRun:
 
     @property
     def pending_timer(self) -> str:
-        """Which timer would fire next: "session", "reconcile", "poll", "safety", or ""."""
+        """Which timer would fire next: "session", "reconcile", "poll", "safety", "watchdog", or ""."""
         c = self._next_timer()
         return c.timer_kind if c is not None else ""
 
@@ -366,7 +366,8 @@ class ProgramRun:
             return
         kind = ""
         if timeout is not None:
-            kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile"}.get(
+            kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
+                    WaitKind.WATCHDOG: "watchdog"}.get(
                 request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
         self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
                                            kind))

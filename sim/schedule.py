@@ -55,6 +55,7 @@ _CHECKPOINT, _RESET = (1.5, Op.CHECKPOINT), (1.5, Op.RESET)
 _CONFLICT, _RESUME, _REVOKE, _RESTART = (0.2, Op.CONFLICT), (3, Op.RESUME), (0.2, Op.REVOKE), (2, Op.RESTART)
 _TIMER_OFTEN, _TIMER_RARELY = (4, Op.TIMER), (0.4, Op.TIMER)
 _CATALOG_TOMBSTONE, _CATALOG = (3, Op.CATALOG), (0.3, Op.CATALOG)
+_SETTLE = (6, Op.SETTLE)
 _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED
 
 
@@ -100,6 +101,8 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
         add(_COMPLETE)
     if sim.queue:
         add(_DELIVER)
+    if sim.ingress.router.work.settling:
+        add(_SETTLE)
     if sim.oracle.exists:
         add(_MUTATE)
         if f.delete:
@@ -109,8 +112,9 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     running = sim.chain_running
     timer = wf.pending_timer if running else ""
     if timer:
-        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) rarely.
-        add(_TIMER_RARELY if timer in ("safety", "reconcile") else _TIMER_OFTEN)
+        # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) and the
+        # watchdog (6 h) rarely.
+        add(_TIMER_RARELY if timer in ("safety", "reconcile", "watchdog") else _TIMER_OFTEN)
     if f.old_session and sim.host.generation >= 2:
         add(_OLD_NOTE)
     if f.wrong_uri:
@@ -197,7 +201,8 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
     if op == Op.CATALOG:
         lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
         return Event(Op.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
-    return Event(op)  # TIMER, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE, RESTART
+    # TIMER, SETTLE, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE, RESTART
+    return Event(op)
 
 
 def _copies(rng: random.Random, F: frozenset[Fault]) -> int:

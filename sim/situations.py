@@ -60,6 +60,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         state = wf.fence.s.state if running else None
         row = sim.ledger.row
         armed = running and wf.fence.s.read_due_at is not None
+        watching = running and wf.fence.s.watch_due_at is not None
         can_before = sim.coverage.get("continue_as_new", 0)
         saved_before = sim.ingress.covered_reads_saved
         erased: list[Signal] = []
@@ -138,9 +139,10 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         if e.op == Op.RESET and e.fault != "reapply" and sim.chain_running:
             if sim.wf.fence.s.state == S.RECONCILIATION_REQUIRED and sim.ledger.row.state in CLOSING_STATES:
                 tags.add("F8.reset_past_close_in_reconciliation")
-        if sim.coverage.get("continue_as_new", 0) > can_before and armed \
-                and sim.profile.capability == "subscribe" and sim.profile.safety_read_seconds:
-            tags.add("staleness.continue_as_new_while_safety_armed")
+        if sim.coverage.get("continue_as_new", 0) > can_before and armed:
+            tags.add("staleness.continue_as_new_while_deadline_armed")
+        if sim.coverage.get("continue_as_new", 0) > can_before and watching:
+            tags.add("staleness.continue_as_new_while_watchdog_armed")
     if "staleness.catalog_word_while_poll_armed" in tags and not sim.coverage.get("timer.poll"):
         tags.discard("staleness.catalog_word_while_poll_armed")
     sim.drain()

@@ -11,10 +11,29 @@ Contract:
   into the program, which asks (``RouteFailed``) whether to route the key again. The session host
   (``worker/ingress/session_host.py``) performs them over PostgreSQL, the live MCP session and Temporal;
   the simulator (``sim/``) over its world, one effect or read-cycle step per scheduled event.
+- Settle: a notification that arrives for a key after that key's read was sent (``WorkQueue.take``,
+  the absorb point) and before its processing ends cannot be covered by that read (it may announce
+  a change the server made after serving it), so the key is processed again: a note, then a read.
+  That follow-up is held ``SETTLE_SECONDS`` from the first such notification (``WorkQueue.done``
+  puts the key in ``settling``; ``release`` hands it out once due, at once if its read ended
+  later), so the copies of one change that straddle the read, and a change notified meanwhile,
+  cost one follow-up read instead of one each. It hides no change: the follow-up read still comes,
+  allocated after every notification it covers was noted; a change notified while its key's read
+  is in flight or settling is read at most ``SETTLE_SECONDS`` after its notification (or when that
+  read ends, if later), plus one routing. The interpreter supplies the time (``offer(now=)``,
+  ``release(now)``: seconds on its own clock) and wakes a router at ``next_due``; no clock decides
+  coverage. The sweep's adds (``background``, no ``now``) start no settle.
+- A judged read here that found nothing new and leaves nothing owed
+  (``ingress_rules.stays_in_ledger``: UNCHANGED, the row clean, right after the current version's
+  read) sends no signal: the ledger recorded it (receipt, ``covered``, the next verification due)
+  and the workflow is not woken. Every other read here is reported (``resource_read``: a new
+  version, not found, a guardrail rejection, a failure, a row left dirty); a read not judged, or
+  not made, becomes ``resource_updated`` and the workflow reads. A run whose own timer still makes
+  its safety reads (one started on 0.2.0) loses nothing: such a report only mirrored a read.
 - Counters are the program's and count notifications only: ``coalesced`` (merged into a waiting key,
-  absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``routed``
-  (wake-ups delivered). A key only the resync's synthetic notes made (``background`` offers, which
-  the resync counts) is routed uncounted.
+  absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``verified``
+  (reads here kept in the ledger, no signal), ``routed`` (wake-ups delivered). A key only the
+  sweep's synthetic notes made (``background`` offers, which the sweep counts) is routed uncounted.
 """
 
 from __future__ import annotations
@@ -26,15 +45,23 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from mcpsync.workflows.ingress_rules import ingress_read_request
+from mcpsync.workflows.ingress_rules import ingress_read_request, stays_in_ledger
 from mcpsync.workflows.records.ledger import NotedNotification
 from mcpsync.workflows.records.read_cycle import ReadCycleRequest, ReadCycleResult, ReadReport
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey
 
-__all__ = ["Key", "Offer", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle", "SignalUpdated",
-           "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect", "IngressRouter"]
+__all__ = ["SETTLE_SECONDS", "Key", "Offer", "Turn", "Note", "UnknownUri", "Stamp", "Stamped", "ReadCycle",
+           "SignalUpdated", "ReportRead", "Siblings", "SiblingInvalidated", "RouteFailed", "Effect",
+           "IngressRouter"]
 
 K = TypeVar("K", bound=Hashable)
+
+SETTLE_SECONDS = 0.5
+"""How long a key notified after its read was sent waits, from that notification, before it is
+processed again (the module's contract: Settle). Long enough for the copies of one change that
+straddle the read (milliseconds apart) and a writer's next change in the same burst to land in one
+follow-up read; short against the staleness bound a subscription publishes (poll and safety
+periods of seconds to minutes, kept by the workflow's own timer whatever the ingress does)."""
 
 
 class WorkQueue(Generic[K]):
@@ -48,7 +75,12 @@ class WorkQueue(Generic[K]):
 
     Two lanes: a key only *background* adds made (the resync's due safety reads) is handed out after
     every key a notification made ready, so a change never waits behind a sweep's batch; a
-    notification for a key waiting in the background lane moves it to the front one."""
+    notification for a key waiting in the background lane moves it to the front one.
+
+    Settling, as client-go's delaying queue: a key a timed add (``now``) marked dirty after the read
+    of its processing was sent (``take``) is not ready when its processing ends but ``settling``
+    until ``SETTLE_SECONDS`` after that add; adds meanwhile merge into it, and ``release`` hands it
+    out in the front lane once due."""
 
     def __init__(self) -> None:
         self.dirty: set[K] = set()
@@ -56,15 +88,21 @@ class WorkQueue(Generic[K]):
         self.ready: deque[K] = deque()
         self.background: set[K] = set()  # dirty keys only background adds made
         self._later: deque[K] = deque()  # their lane (entries of keys moved or taken are skipped)
+        self.sent: set[K] = set()  # processing keys whose read is sent (``take`` was called)
+        self._added_after_send: dict[K, float] = {}  # processing key -> its first timed add since the send
+        self.settling: dict[K, float] = {}  # dirty key -> when it is due (``release``)
 
-    def add(self, key: K, *, background: bool = False) -> bool:
+    def add(self, key: K, *, background: bool = False, now: float | None = None) -> bool:
         """Mark ``key`` dirty; True when it became ready (the caller wakes a worker). False: merged
         into an add not processed yet (a foreground add moves a background key to the front lane),
-        or it waits for its processing to end."""
+        or it waits for its processing to end (and settles then when ``now``, the add's time, came
+        after the processing's read was sent)."""
+        if now is not None and not background and key in self.sent:
+            self._added_after_send.setdefault(key, now)
         if key in self.dirty:
             if not background and key in self.background:
                 self.background.discard(key)
-                if key not in self.processing:
+                if key not in self.processing and key not in self.settling:
                     self.ready.append(key)
             return False
         self.dirty.add(key)
@@ -100,19 +138,42 @@ class WorkQueue(Generic[K]):
     def take(self, key: K) -> bool:
         """The worker processing ``key`` takes what was added since it got it (True if anything
         was): it is about to do the work that covers those adds."""
-        if key in self.dirty and key in self.processing:
+        if key not in self.processing:
+            return False
+        self.sent.add(key)
+        self._added_after_send.pop(key, None)  # (a retried read takes what came after the first one)
+        if key in self.dirty:
             self.dirty.discard(key)
             self.background.discard(key)
             return True
         return False
 
     def done(self, key: K) -> bool:
-        """Processing ``key`` ended; True when it was added meanwhile and is ready again."""
+        """Processing ``key`` ended; True when it was added meanwhile and is ready again. False too
+        when it settles (``settling``: added after its read was sent)."""
         self.processing.pop(key, None)
-        if key in self.dirty:
-            self._enqueue(key)
-            return True
-        return False
+        self.sent.discard(key)
+        added = self._added_after_send.pop(key, None)
+        if key not in self.dirty:
+            return False
+        if added is not None:
+            self.settling[key] = added + SETTLE_SECONDS
+            return False
+        self._enqueue(key)
+        return True
+
+    def next_due(self) -> float | None:
+        """When the first settling key is due (None: none settles)."""
+        return min(self.settling.values(), default=None)
+
+    def release(self, now: float) -> list[K]:
+        """The settling keys due at ``now``, now ready (front lane), in the order they settled."""
+        due = [key for key, at in self.settling.items() if at <= now]
+        for key in due:
+            del self.settling[key]
+            self.background.discard(key)  # (a notification's add made it settle: it is counted work)
+            self.ready.append(key)
+        return due
 
 
 Key = tuple[str, int]
@@ -126,6 +187,14 @@ class Offer(Enum):
     MERGED = "merged"  # the key was waiting already: this pulse is merged into it
     WAITING = "waiting"  # the key is processing: it is looked at again when that ends
     OVERFLOW = "overflow"  # the generation's ready keys are at the bound: a backlog overflow
+
+
+class Turn(Enum):
+    """How ``IngressRouter.process`` left the key it processed."""
+
+    IDLE = "idle"  # no key was ready, or the key is done with nothing added meanwhile
+    READY = "ready"  # added meanwhile: ready again (wake a router)
+    SETTLING = "settling"  # added after its read was sent: ready at ``WorkQueue.next_due`` (``release``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +299,8 @@ class IngressRouter:
     """The work queue and routing of one (subject, server)'s notifications.
 
     ``read_on_notification``: the server's setting (a notified change of a row whose run mirrors
-    reports is read here); ``max_pending``: ready keys allowed per session generation (None: no bound);
+    reports is read here); ``max_pending``: ready or settling keys allowed per session generation
+    (None: no bound);
     ``host_id``: names the ingress's read cycles (``ingress/<host_id>/<notification id>``)."""
 
     def __init__(self, subject: str, server: str, *, host_id: str, read_on_notification: bool,
@@ -241,12 +311,13 @@ class IngressRouter:
         self.read_on_notification = read_on_notification
         self.max_pending = max_pending
         self.work: WorkQueue[Key] = WorkQueue()
-        self.pending: Counter[int] = Counter()  # ready keys per session generation
+        self.pending: Counter[int] = Counter()  # ready or settling keys per session generation
         self.received = 0
         self.merged = 0  # notifications merged into a key a notification made
         self.absorbed = 0  # notifications a read took as they arrived while their key was processed
         self.no_work = 0  # notes that created no work (covered by construction)
         self.read = 0
+        self.verified = 0
         self.routed = 0
 
     @property
@@ -259,39 +330,50 @@ class IngressRouter:
 
     # --- the queue -----------------------------------------------------------------------------
 
-    def offer(self, uri: str, generation: int, *, background: bool = False) -> Offer:
-        """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks).
+    def offer(self, uri: str, generation: int, *, background: bool = False,
+              now: float | None = None) -> Offer:
+        """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks)
+        at ``now`` (the interpreter's clock, seconds; None: it starts no settle).
         ``background``: a resync's synthetic note, handed out after the notifications, never counted."""
         key = (uri, generation)
         self.received += not background
         if key in self.work.dirty:
             # A notification for a key only background adds made is that key's counted work now.
             self.merged += not background and key not in self.work.background
-            self.work.add(key, background=background)  # a notification moves a background key ahead
+            # a notification moves a background key ahead
+            self.work.add(key, background=background, now=now)
             return Offer.MERGED
         if key not in self.work.processing and self.max_pending is not None \
                 and self.pending[generation] >= self.max_pending:
             return Offer.OVERFLOW
-        if self.work.add(key, background=background):
+        if self.work.add(key, background=background, now=now):
             self.pending[generation] += 1
             return Offer.READY
         return Offer.WAITING
 
-    def process(self) -> Generator[Effect, Any, bool]:
-        """One router's turn: the next ready key, routed, then done; True when that key is ready
-        again (False too when there was none)."""
+    def release(self, now: float) -> int:
+        """Settling keys due at ``now`` become ready; how many (the interpreter wakes that many
+        routers)."""
+        return len(self.work.release(now))
+
+    def process(self) -> Generator[Effect, Any, Turn]:
+        """One router's turn: the next ready key, routed, then done; how it left that key."""
         key = self.work.get()
         if key is None:
-            return False
+            return Turn.IDLE
         generation = key[1]
         self.pending -= Counter([generation])  # (a generation's count that reaches 0 is dropped)
+        turn = Turn.IDLE
         try:
             yield from self._route_with_retry(key, counted=not self.work.processing[key])
         finally:
-            ready_again = self.work.done(key)
-            if ready_again:
+            if self.work.done(key):
+                turn = Turn.READY
+            elif key in self.work.settling:
+                turn = Turn.SETTLING
+            if turn != Turn.IDLE:
                 self.pending[generation] += 1
-        return ready_again
+        return turn
 
     # --- one key -------------------------------------------------------------------------------
 
@@ -327,7 +409,8 @@ class IngressRouter:
     def _deliver(self, noted: NotedNotification, uri: str, generation: int, *, own: bool,
                  counted: bool) -> Routing:
         """The update the ledger just recorded for the exact ``uri``, to the workflow its row names: read
-        here and reported when the fence allows it and the read was judged; else ``resource_updated``
+        here and reported when the fence allows it and the read was judged (not reported when it stays
+        in the ledger: ``stays_in_ledger``); else ``resource_updated``
         (the row stays dirty: the workflow reads), without a read here only when the note created work.
         ``own``: this router processes the key and absorbs the pulses that arrive until the read is sent."""
         stamped: Stamped = yield Stamp(uri, generation)
@@ -341,6 +424,9 @@ class IngressRouter:
                 req, cycle_id=f"ingress/{self.host_id}/{sig.notification_id}",
                 absorb=self._absorber((uri, generation)) if own else None)
             if cycle is not None and cycle.judged:
+                if stays_in_ledger(noted, cycle):  # nothing new, nothing owed: no signal
+                    self.verified += counted
+                    return
                 report = ReadReport(update=sig, requested_at=stamped.at, cycle=cycle)
                 if (yield ReportRead(noted.workflow_id, report)):
                     self.read += counted

@@ -27,9 +27,10 @@ T = TypeVar("T")
 PATCH_AFTER_0_2_0 = "after-0.2.0"
 """The one ``workflow.patched`` id of every change to 0.2.0's workflow commands made before the next
 release (docs/upgrades.md): the dispatch margin (``read_deadline``), the deadline keeper's far-moved
-re-arm (``deadline_keeper``) and a new run's one first ledger call (``Act.START_SUBSCRIPTION``,
-``SubscriptionProgram``). A run asks it once, before its first command: one marker (and one
-``TemporalChangeVersion`` upsert) a run."""
+re-arm (``deadline_keeper``), a new run's one first ledger call (``Act.START_SUBSCRIPTION``,
+``SubscriptionProgram``) and the watchdog of a run whose safety reads the ledger schedules
+(``deadline_keeper``, ``Act.WATCH_VERIFICATIONS``). A run asks it once, before its first command:
+one marker (and one ``TemporalChangeVersion`` upsert) a run."""
 
 
 class WaitKind(StrEnum):
@@ -46,6 +47,7 @@ class WaitKind(StrEnum):
     RESUME_UPDATE = "resume_update"  # the resume update waits for the main loop to serve it
     FIRST_READ_UPDATE = "first_read_update"  # the first_read update waits for a judged read (or none to come)
     DEADLINE = "deadline"  # the deadline keeper waits for a deadline to apply, or for it to pass
+    WATCHDOG = "watchdog"  # the keeper's watchdog waits its horizon, then for the main loop's look
 
 
 class ActivityFailed(Exception):

@@ -3,7 +3,9 @@
 Contract:
 - ``details_panel`` renders the run's state (``FenceState``) as Markdown: phase, freshness (last
   accepted, last verified, next read due, the staleness bound and what sets it), generations,
-  ordinals, the last digest (a prefix) and the detail line. Metadata only, never content.
+  ordinals, the last digest (a prefix) and the detail line. Metadata only, never content. A watched
+  run (the ledger schedules its safety reads, ``SubscriptionProgram._watched``) claims no deadline:
+  it names the ledger's schedule and its watchdog's horizon instead.
 - The text is the current details (not history): it changes freely without history events.
 - ``Publisher`` writes the panel and the search attributes (``Publication``) only when they change.
 """
@@ -27,7 +29,11 @@ def _stamp(at: datetime | None) -> str:
     return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str:
+def _span(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
+
+
+def details_panel(fence: SubscriptionFence, options: SubscriptionOptions, *, watched: bool = False) -> str:
     """The panel's Markdown: a list, not a table (the Web UI draws a table cell against its label)."""
     s = fence.s
     phase = fence.phase
@@ -38,15 +44,22 @@ def details_panel(fence: SubscriptionFence, options: SubscriptionOptions) -> str
     if s.staleness_bound_seconds:
         bound = (f"{s.staleness_bound_seconds:.0f} s (polling; set by "
                  f"{s.staleness_bound_source.value if s.staleness_bound_source else 'config'})")
+    elif watched:
+        bound = (f"{options.safety_read_seconds:.0f} s (safety read period, kept by the ingress's ledger "
+                 f"sweep; a notification is read sooner)")
     elif options.safety_read_seconds:
         bound = f"{options.safety_read_seconds:.0f} s (safety read period; a notification is read sooner)"
     else:
         bound = "-"
+    due = _stamp(s.read_due_at if s.state == S.ACTIVE else None)
+    if watched:
+        due = (f"by the ledger's schedule (the watchdog looks every {_span(options.watchdog_seconds)}, "
+               f"next at {_stamp(s.watch_due_at)})")
     rows = [
         ("subject / server", f"{key.subject} / {key.server}"),
         ("last accepted at", _stamp(s.last_accepted_at)),
         ("last verified at", _stamp(s.content_seen_at)),
-        ("next read due", _stamp(s.read_due_at if s.state == S.ACTIVE else None)),
+        ("next read due", due),
         ("staleness bound", bound),
         ("session gen / subscription gen", f"{s.session_generation} / {s.subscription_generation}"),
         ("edition", s.edition or "-"),
@@ -73,18 +86,18 @@ class Publisher:
         self.last_published: tuple[object, ...] = ()
         self.last_search_attributes: tuple[object, ...] = ()
 
-    def details(self, fence: SubscriptionFence) -> None:
+    def details(self, fence: SubscriptionFence, *, watched: bool = False) -> None:
         """The Web UI's current-details panel, only when it changes (the search attributes follow
-        when the coroutine blocks: ``search_attributes``)."""
+        when the coroutine blocks: ``search_attributes``). ``watched``: as ``details_panel``."""
         s = fence.s
         phase = fence.phase
         snapshot = (phase, s.session_generation, s.subscription_generation, s.watermark, s.last_receipt_id,
-                    s.detail, s.last_issued_ordinal)
+                    s.detail, s.last_issued_ordinal, watched, s.watch_due_at)
         if snapshot == self.last_published:
             return
         self.last_published = snapshot
         self._publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark,
-                                  details_panel(fence, self.options), upsert=False))
+                                  details_panel(fence, self.options, watched=watched), upsert=False))
 
     def search_attributes(self, fence: SubscriptionFence) -> None:
         """Upsert the search attributes if one changed since the last upsert. Called where a coroutine

@@ -25,7 +25,14 @@ Contract:
 - Search attributes are upserted when a coroutine blocks, and only if one changed (the details
   panel is not history).
 - Staleness promise: the deadline keeper's timer for ``FenceState.read_due_at`` wakes the main loop,
-  which never waits past it.
+  which never waits past it. A *watched* run (``_watched``: it took ``PATCH_AFTER_0_2_0``, its row
+  was marked ACTIVE with a safety-read period, so the ledger schedules its safety reads and the
+  ingress's sweep makes them, and no poll bound applies) arms no deadline: the keeper's watchdog
+  wakes the loop every ``SubscriptionOptions.watchdog_seconds`` (default
+  ``verification_rules.WATCHDOG_HORIZON``, 6 h) to look (``Act.WATCH_VERIFICATIONS``: the ledger
+  records a breach as an ``overdue`` outbox event) and, when a verification is overdue now, to read
+  through its own read cycle (trigger POLL). A look that finds nothing changes nothing: no search
+  attribute, no event but the timer's and the local activity's.
 - RECONCILIATION_REQUIRED ends on catalog evidence or after ``reconciliation_max_seconds``.
 """
 
@@ -51,6 +58,8 @@ from mcpsync.workflows.records.ledger import (
     SessionQuery,
     StartSubscriptionRequest,
     SubscriptionStarted,
+    WatchRequest,
+    WatchResult,
 )
 from mcpsync.workflows.records.mcp_calls import SubscribeRequest, UnsubscribeOutcome, UnsubscribeRequest
 from mcpsync.workflows.records.read_cycle import (
@@ -121,7 +130,9 @@ class SubscriptionProgram:
         self.start_in_one = False  # per run (``PATCH_AFTER_0_2_0``): a new run's first ledger call begins too
         self.started: SubscriptionStarted | None = None  # that call began: the first pass subscribes on it
         self.publisher = Publisher(rt.publish, start.options)
-        self.keeper = DeadlineKeeper(self.fence, rt)  # the read deadline's own timer
+        # The read deadline's own timer, or a watched run's watchdog.
+        self.keeper = DeadlineKeeper(self.fence, rt, watched=self._watched,
+                                     horizon=timedelta(seconds=start.options.watchdog_seconds))
 
     # --- handlers -------------------------------------------------------------------
 
@@ -278,6 +289,9 @@ class SubscriptionProgram:
             if self.fence.read_wanted(self.options.max_concurrent_reads) is not None:
                 self._start_read()
                 continue
+            if self.keeper.look_owed:
+                await self._look()
+                continue
             if self._continue_as_new_due():
                 await self._continue_as_new()
             # The deadline keeper owns the timer; its firing is work like any other.
@@ -334,6 +348,7 @@ class SubscriptionProgram:
             or self.live_generation > s.session_generation
             or s.pending_trigger == TriggerReason.RESUBSCRIBE
             or s.state != S.ACTIVE
+            or self.keeper.look_owed
             or self._continue_as_new_due()
         )
 
@@ -353,7 +368,35 @@ class SubscriptionProgram:
         )
 
     def _read_period(self) -> float | None:
-        return self.fence.read_period(self.options.safety_read_seconds)
+        """The period of the run's own read deadline: none for a watched run (the ledger schedules it)."""
+        return None if self._watched() else self.fence.read_period(self.options.safety_read_seconds)
+
+    def _watched(self) -> bool:
+        """The run keeps the watchdog, not a deadline (module contract): this chain's mark carried the
+        safety-read period (``FenceState.ledger_scheduled``), this run took the patch, no poll bound."""
+        s = self.fence.s
+        return s.ledger_scheduled and s.staleness_bound_seconds is None and self._resync_period() is not None
+
+    async def _look(self) -> None:
+        """The watchdog fired: the ledger judges the gap since the row's newest verification
+        (``verification_rules.judge_gap``) and records a new breach (an ``overdue`` outbox event).
+        Overdue: the run reads through its own read cycle, as a poll (a read of its own in flight
+        may have been allocated before the ledger judged: it does not stand for one). A look that finds
+        nothing changes nothing here."""
+        asked_at = self.rt.now()
+        found = await self._ledger(Act.WATCH_VERIFICATIONS, WatchRequest(key=self.key), WatchResult)
+        self.keeper.looked(asked_at)
+        if not found.scheduled:
+            # The ledger does not schedule a row this run holds ACTIVE: the row moved on behind it (a
+            # reset run's begin; a verdict not reported yet). A read finds out, as a deadline's did: a
+            # refused allocation reloads the row.
+            self.fence.poll_due()
+            return
+        if not found.overdue:
+            return
+        self.fence.overdue_found(found.gap_seconds, found.period_seconds)
+        self.fence.poll_due()
+        self._publish()
 
     def _resync_period(self) -> float | None:
         """The safety-read period the ingress may read ahead of (``worker/ingress/resync.py``): only a run
@@ -444,7 +487,10 @@ class SubscriptionProgram:
             self.fence.release_placeholder(placeholder)
             return started
         trigger = self.fence.start_cycle_subscribed(started.active, placeholder,
-                                                    read=started.cycle is not None)
+                                                    read=started.cycle is not None,
+                                                    ledger_scheduled=req.mark.safety_read_seconds is not None)
+        if self._watched():
+            self.keeper.watch_due()  # armed now, so the details published below name it
         self.fence.explain("")
         self._publish()
         if trigger is not None:
@@ -527,7 +573,7 @@ class SubscriptionProgram:
             # never later than one period after the read the ledger records.
             jitter = self.rt.random()
             if self._resync_period() is not None and fence.s.staleness_bound_seconds is None:
-                jitter = resynced_jitter(jitter)  # the ingress reads ahead of it (resync_rules)
+                jitter = resynced_jitter(jitter)  # the ingress's sweep reads ahead of it
             fence.arm_read_deadline(requested_at=requested_at, period_seconds=self._read_period(),
                                     jitter=jitter)
         outcome, result = cycle.outcome, cycle.accept
@@ -630,7 +676,7 @@ class SubscriptionProgram:
         await self._ledger(Act.AUDIT, audit, int)
 
     def _publish(self) -> None:
-        self.publisher.details(self.fence)
+        self.publisher.details(self.fence, watched=self._watched())
 
     def _flush_search_attributes(self) -> None:
         self.publisher.search_attributes(self.fence)

@@ -55,6 +55,10 @@ S = SubscriptionState
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
+OVERDUE_DETAIL = "verification overdue"
+"""How the detail line of a breach the watchdog found begins (``overdue_found``): a read that saw
+content clears it (``read_judged``); the ledger's outbox event and audit row stay."""
+
 class UpdateDisposition(StrEnum):
     NOTED = "noted"  # a wake-up: a read is requested, or the read pending or in flight stands for it
     OLD_SESSION = "old_session"  # from a session generation before ours: audit, ignore
@@ -101,6 +105,10 @@ class FenceState(BaseModel):
     content_seen_at: datetime | None = None  # allocation time of the newest read that observed content
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     read_due_at: datetime | None = None  # the next poll / safety read is due then (armed at allocation)
+    # This chain's mark_active put the row on the ledger's verification schedule (a safety-read period,
+    # ``verification_rules``): the ingress's sweep makes its safety reads; the run keeps a watchdog.
+    ledger_scheduled: bool = False
+    watch_due_at: datetime | None = None  # a watched run's next look at the ledger (``deadline_keeper``)
     reconciliation_since: datetime | None = None  # when RECONCILIATION_REQUIRED began (its bound's start)
     conflict_uris: list[str] = Field(default_factory=list)  # variants seen in this RECONCILIATION_REQUIRED
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
@@ -163,14 +171,22 @@ class SubscriptionFence:
         self.s.in_flight.clear()
         return snap.state == S.SUBSCRIBING
 
-    def subscribed(self, snap: FenceSnapshot, *, poll_interval_seconds: float | None) -> None:
-        """Subscribed (or polling): ACTIVE, and an initial read so a change before subscribe is seen."""
+    def subscribed(self, snap: FenceSnapshot, *, poll_interval_seconds: float | None,
+                   ledger_scheduled: bool = False) -> None:
+        """Subscribed (or polling): ACTIVE, and an initial read so a change before subscribe is seen.
+        ``ledger_scheduled``: the mark carried a safety-read period (the ledger schedules the safety
+        reads): no deadline of the run's own is armed, an earlier one (polling) is dropped."""
         self.adopt(snap)
         if self.s.state == S.ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
             self.s.poll_interval_seconds = poll_interval_seconds
             self.s.staleness_bound_seconds = None
             self.s.staleness_bound_source = None
+            self.s.ledger_scheduled = ledger_scheduled
+            if ledger_scheduled:
+                self.s.read_due_at = None
+            else:
+                self.s.watch_due_at = None
             self._publish_poll_period()
 
     def start_cycle_reserve(self) -> int:
@@ -187,14 +203,15 @@ class SubscriptionFence:
         self.s.in_flight.append(placeholder)
         return placeholder
 
-    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *,
-                               read: bool) -> TriggerReason | None:
-        """The start activity marked the row (``snap``) and, if ``read``, made the initial read: INITIAL,
-        taken as ``reserve_read`` takes it; a trigger set meanwhile stays pending. Without a read (the
-        row was not ACTIVE on these generations), exactly ``subscribed``: the slot is released, None."""
+    def start_cycle_subscribed(self, snap: FenceSnapshot, placeholder: int, *, read: bool,
+                               ledger_scheduled: bool = False) -> TriggerReason | None:
+        """The start activity marked the row (``snap``; ``ledger_scheduled`` as ``subscribed``) and, if
+        ``read``, made the initial read: INITIAL, taken as ``reserve_read`` takes it; a trigger set
+        meanwhile stays pending. Without a read (the row was not ACTIVE on these generations), exactly
+        ``subscribed``: the slot is released, None."""
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
-        self.subscribed(snap, poll_interval_seconds=None)
+        self.subscribed(snap, poll_interval_seconds=None, ledger_scheduled=ledger_scheduled)
         if self.s.state != S.ACTIVE or not read:
             return None
         self.s.pending_trigger = window
@@ -222,6 +239,13 @@ class SubscriptionFence:
             s.pending_trigger = TriggerReason.UPDATED
         # Else a read is requested and not allocated yet: it is allocated after this note, covering it.
         return UpdateDisposition.NOTED
+
+    def overdue_found(self, gap_seconds: float | None, period_seconds: float | None) -> None:
+        """The watchdog's look found no verification within the period (the ledger recorded the
+        breach); the run reads itself (``poll_due``)."""
+        since = "no verification yet" if gap_seconds is None else f"no verification for {gap_seconds:.0f} s"
+        self.s.detail = (f"{OVERDUE_DETAIL}: {since}, over the {period_seconds or 0:g} s bound (no ingress "
+                         "swept in time); reading through the workflow")
 
     def poll_due(self) -> None:
         """The poll / safety-read deadline passed (or a catalog word asks for a verification read)."""
@@ -448,7 +472,7 @@ class SubscriptionFence:
             s.detail = (f"read {ordinal}: not found{code}; waiting for a reconciled catalog to confirm the "
                         f"deletion (or list the URI again)")
         elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
-                s.detail.startswith(("read ", "not listed in catalog")):
+                s.detail.startswith(("read ", "not listed in catalog", OVERDUE_DETAIL)):
             s.detail = ""
 
     def finish(self, now: datetime) -> None:

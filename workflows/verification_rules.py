@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mcpsync.workflows.read_deadline import dispatch_margin
+from mcpsync.workflows.records.subscription import WATCHDOG_SECONDS
 
-__all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "SWEEP_IDLE_SECONDS", "WATCHDOG_HORIZON",
-           "GapJudgement", "claim_delay", "judge_gap", "verification_delay"]
+__all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "LONGEST_DELAY_SECONDS", "SWEEP_IDLE_SECONDS",
+           "SWEEP_MIN_SECONDS", "WATCHDOG_HORIZON", "GapJudgement", "claim_delay", "judge_gap",
+           "sweep_wait", "verification_delay"]
 
 DUE_EARLIEST = 0.85
 DUE_SPREAD = 0.10
@@ -42,25 +44,43 @@ CLAIM_FRACTION = 0.05
 """A row the sweep fed is due again after this fraction of its period unless a granted allocation
 re-arms it sooner (its read was refused, failed or overflowed the queue)."""
 
+LONGEST_DELAY_SECONDS = 10 * 365 * 86_400.0
+"""No row is due more than ten years ahead, whatever its period: PostgreSQL's interval arithmetic on
+``now()`` overflows for absurd periods (1e15 s), and a decade is no schedule anyone keeps."""
+
 SWEEP_IDLE_SECONDS = 5.0
 """The longest a sweeping ingress waits between two looks at the ledger: it also sleeps until the
 earliest due row, so a look finds new rows (a subscription's start) within this."""
 
-WATCHDOG_HORIZON = timedelta(hours=6)
+SWEEP_MIN_SECONDS = 0.05
+"""The shortest wait between two looks (a row due at once is not looked for in a busy loop)."""
+
+WATCHDOG_HORIZON = timedelta(seconds=WATCHDOG_SECONDS)
 """How often a workflow whose row the ledger schedules wakes to ask the ledger whether every
-verification since its last look kept the bound. Four firings a day (a timer and one local activity
-each: eight billable actions) keep an idle subscription under ten actions a day; a breach (no
-ingress sweeping) is detected and repaired within this horizon."""
+verification since its last look kept the bound (six hours; ``SubscriptionOptions.watchdog_seconds``
+sets it per subscription). Four firings a day (a timer and one local activity each: eight billable
+actions) keep an idle subscription under ten actions a day; a breach (no ingress sweeping) is
+detected and repaired within this horizon."""
 
 
 def verification_delay(period_seconds: float, draw: float) -> float:
     """Seconds after a verification until the next is due, for a draw in [0, 1)."""
-    return (period_seconds - dispatch_margin(period_seconds)) * (DUE_EARLIEST + DUE_SPREAD * draw)
+    delay = (period_seconds - dispatch_margin(period_seconds)) * (DUE_EARLIEST + DUE_SPREAD * draw)
+    return min(LONGEST_DELAY_SECONDS, delay)
 
 
 def claim_delay(period_seconds: float) -> float:
     """Seconds a swept row waits before it is due again if no granted allocation re-arms it."""
-    return max(1.0, period_seconds * CLAIM_FRACTION)
+    return min(LONGEST_DELAY_SECONDS, max(1.0, period_seconds * CLAIM_FRACTION))
+
+
+def sweep_wait(next_in: float | None) -> float:
+    """Seconds a sweeping ingress waits after a look whose ledger said the next row is due in
+    ``next_in`` seconds (None: no row is scheduled): until then, within ``SWEEP_MIN_SECONDS`` and
+    ``SWEEP_IDLE_SECONDS``."""
+    if next_in is None:
+        return SWEEP_IDLE_SECONDS
+    return min(SWEEP_IDLE_SECONDS, max(SWEEP_MIN_SECONDS, next_in))
 
 
 @dataclass(frozen=True, slots=True)

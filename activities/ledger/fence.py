@@ -254,17 +254,6 @@ class FenceLedger:
             )
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
-    async def resync_periods(self, subject: str, server: str) -> dict[str, float]:
-        """URI -> safety-read period of the ACTIVE rows of one (subject, server) whose run mirrors
-        reads made at the ingress and said its period (``mark_active``): what the ingress resyncs."""
-        async with self.store.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT uri, safety_read_seconds FROM subscriptions WHERE subject=%s AND server=%s"
-                " AND state=%s AND read_reports AND safety_read_seconds IS NOT NULL",
-                (subject, server, S.ACTIVE.value),
-            )
-            return {r[0]: float(r[1]) for r in await cur.fetchall()}
-
     async def normalized_siblings(self, subject: str, server: str, uri: str) -> list[tuple[str, str]]:
         """(workflow_id, uri) of the non-terminal subscriptions of (subject, server) whose URI differs
         from ``uri`` but normalizes alike (``mcpsync.workflows.uris.normalize_uri``): one indexed query.

@@ -13,6 +13,8 @@ Contract:
 - Unresolved subscriptions are every state but ACTIVE and the finished ones (``FINISHED``:
   CLOSED, REVOKED, TOMBSTONED). UNSUBSCRIBE_UNKNOWN is unresolved: the server may still send
   for it.
+- Overdue verifications: the breaches the workflows' watchdogs recorded (``VERIFICATION_OVERDUE``
+  audit rows, ``activities/ledger/verification.py``; retention prunes them with the audit log).
 - Revocation latency: ``read_snapshot`` returns the revocations after a given id with the
   seconds from ``effective_at`` to their outbox row; ``last_revocation_id`` is where a new
   reader starts counting.
@@ -96,6 +98,7 @@ class LedgerSnapshot:
     bounds: dict[FreshnessMode, float] = field(default_factory=dict)  # mode -> published bound (seconds)
     sessions: dict[tuple[str, str], bool] = field(default_factory=dict)  # (server, subject) -> up
     stale_after_close: dict[str, int] = field(default_factory=dict)  # server -> audit rows
+    overdue: dict[str, int] = field(default_factory=dict)  # server -> VERIFICATION_OVERDUE audit rows
     revocations: int = 0
     failures: tuple[str, ...] = ()  # queries that failed (``name: error type``): their values are absent
 
@@ -149,6 +152,7 @@ SNAPSHOT_QUERIES = {
         FROM pairs p""",
     "stale_after_close": "SELECT server, count(*) FROM audit WHERE kind = 'STALE_AFTER_CLOSE'"
                          " GROUP BY server",
+    "overdue": "SELECT server, count(*) FROM audit WHERE kind = 'VERIFICATION_OVERDUE' GROUP BY server",
     "revocations": "SELECT count(*) FROM revocations",
     "new_revocations": """
         SELECT r.revocation_id, extract(epoch FROM o.created_at - r.effective_at)::float8
@@ -191,11 +195,13 @@ async def read_snapshot(pool: AsyncConnectionPool, after_revocation: int, *,
                      for r in await rows("freshness")}
         sessions = {(r[0], r[1]): bool(r[2]) for r in await rows("sessions")}
         sac = {r[0]: int(r[1]) for r in await rows("stale_after_close")}
+        overdue = {r[0]: int(r[1]) for r in await rows("overdue")}
         total = await rows("revocations")
         new = [(int(r[0]), float(r[1])) for r in await rows("new_revocations")]
     snap = LedgerSnapshot(taken_at=time.time(), reads=reads, receipts=receipts, states=states,
                           state_oldest=oldest, freshness=freshness, bounds=bounds, sessions=sessions,
-                          stale_after_close=sac, revocations=int(total[0][0]) if total else 0,
+                          stale_after_close=sac, overdue=overdue,
+                          revocations=int(total[0][0]) if total else 0,
                           failures=tuple(failures))
     return snap, new
 

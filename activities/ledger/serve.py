@@ -79,9 +79,11 @@ WHERE rv.subject = %s AND rv.receipt_id = ANY(%s) AND {visible_to_subject("rv", 
 """
 
 # An outbox row is the subject's when the rule shows the version it announces (its time: the row's
-# created_at); a revocation's own ``revoked`` row is always the subject's (it says access ended).
+# created_at); a revocation's own ``revoked`` row is always the subject's (it says access ended). An
+# ``overdue`` row changes no resource: it is no ``resource.changed`` event.
 _EVENT_VISIBLE = (
-    f"(o.event_type = '{OutboxEventType.REVOKED.value}' OR {visible_to_subject('o', 'o.created_at')})"
+    f"o.event_type <> '{OutboxEventType.OVERDUE.value}'"
+    f" AND (o.event_type = '{OutboxEventType.REVOKED.value}' OR {visible_to_subject('o', 'o.created_at')})"
 )
 
 

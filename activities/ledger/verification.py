@@ -50,13 +50,17 @@ async def report_overdue(cur: Any, row: dict[str, Any], gap: GapJudgement, *, cl
     verification closed the gap now (else the watchdog found it open)."""
     period = float(row["safety_read_seconds"])
     verified_at: datetime | None = row["verified_at"]
+    apart = ("no verification yet" if gap.gap_seconds is None
+             else f"{gap.gap_seconds:.0f} s without a verification")
     detail = {"gap_seconds": None if gap.gap_seconds is None else round(gap.gap_seconds, 3),
               "period_seconds": period, "verified_at": verified_at.isoformat() if verified_at else None,
-              "closed": closed}
+              "closed": closed, "reason": f"{apart}, over the {period:g} s staleness bound"}
+    # It names the current version (its receipt, and the watermark as its read ordinal): a consumer
+    # ordering by read ordinal never takes it for a newer one.
     outbox_id = await Journal.insert_outbox(
         cur, OutboxEventType.OVERDUE, _key(row), workflow_id=row["workflow_id"],
         receipt_id=row["last_receipt_id"], content_digest=row["last_accepted_digest"],
-        ordinal=int(row["last_issued_ordinal"]), detail=detail)
+        ordinal=int(row["watermark"]), detail=detail)
     await Journal.insert_audit(cur, OVERDUE_AUDIT, subject=row["subject"], server=row["server"],
                                uri=row["uri"], workflow_id=row["workflow_id"],
                                session_generation=row["session_generation"], detail=detail)

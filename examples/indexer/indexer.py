@@ -8,7 +8,8 @@ which is harmless because an entry is replaced only by a higher read ordinal.
 Events: ``version_accepted`` / ``version_current`` replace an entry (higher read ordinal only);
 ``tombstoned``, ``revoked`` and ``closed`` (the subscription is no longer tracked, so its body is
 no longer known fresh) drop it. A later ``subscribe`` of a closed key brings it back with higher
-read ordinals.
+read ordinals. ``overdue`` (a verification came later than the bound; nothing changed) is skipped:
+this index keeps versions, not freshness.
 
     python -m examples.indexer --consumer NAME --index index.sqlite [--subject S ...] [--database-url URL]
 
@@ -34,7 +35,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mcpsync.activities.ledger.db import DatabaseUnavailable, open_pool
-from mcpsync.activities.ledger.outbox import WITHDRAWING, ConsumerError, OutboxConsumer, OutboxEventV1
+from mcpsync.activities.ledger.outbox import (
+    WITHDRAWING,
+    ConsumerError,
+    OutboxConsumer,
+    OutboxEventType,
+    OutboxEventV1,
+)
 from mcpsync.activities.ledger.released import ContentNotFound, ContentRefused, released_content
 
 SCHEMA = """
@@ -63,6 +70,8 @@ async def apply(pool: AsyncConnectionPool, db: sqlite3.Connection,
     for e in events:
         key = (e.subject, e.server, e.uri)
         db.execute("INSERT INTO deliveries VALUES (?, ?)", (e.position, e.outbox_id))
+        if e.event_type == OutboxEventType.OVERDUE:
+            continue  # a late verification of the current version: no version, nothing withdrawn
         held = db.execute("SELECT read_ordinal FROM entries WHERE subject=? AND server=? AND uri=?",
                           key).fetchone()
         # tombstoned, revoked, closed: not current (or not known fresh) any more

@@ -74,12 +74,12 @@ ROUTING_AUDITS = ["NOTIFICATION_NO_WORKFLOW", "UNKNOWN_URI", "NOTIFICATION_NOT_R
 
 async def ingress_settled(ledger: Ledger, server: str) -> bool:
     """Every notification the session hosts of ``server`` in this process received has been folded,
-    read at the ingress, signalled, or audited as unroutable: none waits in their queues or is being
-    routed."""
+    read at the ingress (reported, or kept in the ledger), signalled, or audited as unroutable: none
+    waits in their queues or is being routed."""
     t = host_totals().get(server, HostTotals())
     rows = await ledger_rows(ledger, "SELECT count(*) FROM audit WHERE server=%s AND kind = ANY(%s)", server,
                              ROUTING_AUDITS)
-    return t.received == t.coalesced + t.read + t.routed + int(rows[0][0])
+    return t.received == t.coalesced + t.read + t.verified + t.routed + int(rows[0][0])
 
 
 async def ingress_idle(ledger: Ledger, fx: FixtureControl, server: str) -> bool:

@@ -22,7 +22,7 @@ import pytest
 
 from benchmarks.png import Canvas, encode_png
 from benchmarks.staleness import gaps_between_reads
-from mcpsync.workflows.resync_rules import resync_due_at
+from mcpsync.workflows.verification_rules import verification_delay
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,13 +160,13 @@ def _check_staleness(section: dict[str, Any], wall: float) -> None:
         assert _num(ratio) and math.isfinite(ratio) and ratio == pytest.approx(gap / bound, abs=1e-3)
     lost = section["subscribe_lost_notifications"]
     assert lost["notifications_dropped"] > 0, "the lost-notifications profile lost nothing"
-    # Safety reads only: the workflow's timer ("poll") or the ingress's resync, which reads as a
+    # Safety reads only: the workflow's timer ("poll") or the ingress's sweep, which reads as a
     # notified read does ("updated"). A notification that got through is read at its edit, on top of
-    # the resync's cadence (``resync_due_at``: no sooner than that after the last read).
+    # the sweep's cadence (a row is due no sooner than ``verification_delay`` after any read of it).
     triggers = lost["reads_by_trigger"]
     assert triggers.get("poll", 0) + triggers.get("updated", 0) > 0, "no safety read in the window"
-    cadence = resync_due_at(0.0, lost["published_bound_s"])
-    assert lost["reads"] <= lost["subscriptions"] * (lost["window_seconds"] / cadence + 2), \
+    cadence = verification_delay(lost["published_bound_s"], 0.0)
+    assert triggers.get("updated", 0) <= lost["subscriptions"] * (lost["window_seconds"] / cadence + 2), \
         "more reads than safety reads: a notification got through"
 
 

@@ -34,7 +34,7 @@ START = [
     "ACTIVITY_TASK_SCHEDULED", "ACTIVITY_TASK_STARTED", "ACTIVITY_TASK_COMPLETED",  # mcp_subscribe_cycle
     "WORKFLOW_TASK_SCHEDULED", "WORKFLOW_TASK_STARTED", "WORKFLOW_TASK_COMPLETED",
     "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES",  # ACTIVE, the first read's watermark
-    "TIMER_STARTED",  # the safety-read deadline
+    "TIMER_STARTED",  # the watchdog (the ledger schedules the safety reads)
 ]
 
 

@@ -68,9 +68,14 @@ async def test_static_details_activity_summaries_and_handler_descriptions(
         # (a table's cells ran into their labels: "reads39").
         current = meta.current_details
         lines = dict(line[2:].split(": ", 1) for line in current.splitlines() if line.startswith("- "))
-        assert lines["staleness bound"] == "**120 s (safety read period; a notification is read sooner)**"
-        for label in ("last accepted at", "last verified at", "next read due"):
+        assert lines["staleness bound"] == ("**120 s (safety read period, kept by the ingress's ledger sweep;"
+                                            " a notification is read sooner)**")
+        for label in ("last accepted at", "last verified at"):
             assert lines[label].endswith(" UTC**") and lines[label] != "**-**", (label, current)
+        # The ledger schedules its safety reads: the run names that and its watchdog, no deadline of its own.
+        assert lines["next read due"].startswith("**by the ledger's schedule (the watchdog looks every 6 h, "
+                                                 "next at ") and lines["next read due"].endswith(" UTC)**"), \
+            current
         assert lines["reads issued"] == "**1**" and lines["last receipt"] != "**-**"
         assert "|" not in current
 

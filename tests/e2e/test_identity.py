@@ -226,12 +226,16 @@ async def test_listed_ambiguous_pair_both_read_on_either_spelling_and_flagged_on
             assert (await ledger.load_fence(k_sib)).notifications_seen > sibling_seen
             rows = await _audit(ledger, "AMBIGUOUS_SIBLING_INVALIDATED", workflow_id=k_sib.workflow_id)
             assert {"observed_uri": edited, "sibling_uri": k_sib.uri} in [r["detail"] for r in rows]
-            # Each workflow was signalled with its OWN exact URI, never the observed spelling.
-            # Read at the ingress: the report's update and the read itself name the sibling's URI too.
+            # The sibling was read under its OWN exact URI, never the observed spelling: its content
+            # did not change, so that read stays in the ledger (UNCHANGED, no signal). Any signal a
+            # workflow got names its own URI; a read at the ingress reported the sibling's URI too.
+            newest = await ledger_rows(ledger, "SELECT outcome FROM read_requests WHERE workflow_id=%s"
+                                               " AND trigger_reason=%s ORDER BY ordinal DESC LIMIT 1",
+                                       k_sib.workflow_id, "updated")
+            assert newest == [("UNCHANGED",)], newest
             updates = await _signals(temporal_client, h_sib, SIGNAL_RESOURCE_UPDATED, ResourceUpdated)
             reports = await _signals(temporal_client, h_sib, SIGNAL_RESOURCE_READ, ReadReport)
-            assert updates or reports
-            assert {u.uri for u in updates} | {r.update.uri for r in reports} == {k_sib.uri}
+            assert {u.uri for u in updates} | {r.update.uri for r in reports} <= {k_sib.uri}
             assert all(r.cycle.outcome is None or r.cycle.outcome.key.uri == k_sib.uri for r in reports)
         assert (await _record(h_tilde)).state in (S.ACTIVE, S.READ_PENDING, S.UPDATE_SEEN)
 

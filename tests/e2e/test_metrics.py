@@ -36,7 +36,13 @@ from mcpsync.worker.main.config import MetricsConfig, ServerConfig, load_config
 from mcpsync.worker.main.revocation import revoke
 from mcpsync.worker.observe.metrics import MetricsServer, MetricsUnavailable, serve_metrics
 from mcpsync.worker.stack.temporal import TemporalDevServer
-from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
+from mcpsync.workflows.records.ledger import (
+    AcceptRequest,
+    AcceptVerdict,
+    AllocateRequest,
+    MarkActiveRequest,
+    WatchRequest,
+)
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import (
     SubscriptionKey,
@@ -434,6 +440,26 @@ async def test_freshness_age_is_held_to_the_bound_of_its_mode(ledger: Ledger,
     assert _value(s, "mcpsync_freshness_subscriptions", **poll) == 1
     assert 10 <= (_value(s, "mcpsync_freshness_age_max_seconds", **poll) or 0) < 25
     assert _value(s, "mcpsync_freshness_past_bound_subscriptions", **poll) == 0
+
+
+async def test_verifications_overdue_counts_the_breaches_the_watchdog_recorded(
+        ledger: Ledger, metrics_server: MetricsServer) -> None:
+    server = unique("srv")
+    key = SubscriptionKey(subject="s", server=server, uri=f"demo://m/{uuid.uuid4().hex}")
+    await ledger.ensure_subscription(key, "inc-1")
+    begun = await ledger.begin_subscription(key, 1)
+    await ledger.fence.mark_active(MarkActiveRequest(key=key, session_generation=1, safety_read_seconds=300.0,
+                                                     subscription_generation=begun.subscription_generation))
+    assert await _read(ledger, key, "sha256:a", issued_seconds_ago=0) == AcceptVerdict.ACCEPTED
+    # Nothing verified it since, for longer than its 300 s period (the time set with SQL).
+    await ledger_rows(ledger, "UPDATE subscriptions SET verified_at = now() - interval '1000 seconds'"
+                      " WHERE workflow_id = %s", key.workflow_id)
+    found = await ledger.verification.watch(WatchRequest(key=key))
+    assert found.scheduled and found.overdue and found.outbox_id is not None
+    again = await ledger.verification.watch(WatchRequest(key=key))  # the same open gap: reported once
+    assert again.overdue and again.outbox_id is None
+    _, s = await _refresh_and_scrape(metrics_server, ledger)
+    assert _value(s, "mcpsync_verifications_overdue", server=server) == 1
 
 
 async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server: MetricsServer) -> None:

@@ -1,13 +1,15 @@
 """The Events extension's poll on a real ledger (a fresh database: it moves retention's marker):
 cursor resume, hasMore paging, subject isolation, ``truncated: true`` below what retention pruned or
-before the ``maxAgeMs`` floor."""
+before the ``maxAgeMs`` floor; an ``overdue`` outbox event is no ``resource.changed`` event."""
 
 from __future__ import annotations
 
 import pytest
 from mcp.shared.exceptions import MCPError
+from psycopg.rows import dict_row
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.outbox import OutboxEventType, event_from_row
 from mcpsync.worker.serve.cursors import CursorSigner
 from mcpsync.worker.serve.events import EventsPollParams, poll_events
 from mcpsync.worker.serve.server import ServeConfig, ServeHub
@@ -109,3 +111,26 @@ async def test_event_ids_and_data_tell_nothing_of_other_subjects(private_ledger:
         assert "position" not in event["data"] and "outbox_id" not in event["data"], event["data"]
     bob = (await poll_events(hub, "bob", _params(bob_start)))["events"]
     assert len(bob) == 7 and not {e["eventId"] for e in bob} & {e["eventId"] for e in first}
+
+
+async def test_an_overdue_event_is_no_resource_change(private_ledger: Ledger) -> None:
+    hub = ServeHub(ServeConfig(), private_ledger.pool, CursorSigner(b"k" * 32))
+    start = await poll_events(hub, "carol", _params(None))
+    await _emit(private_ledger, "carol", 1)
+    async with private_ledger.pool.connection() as conn:
+        # The watchdog's row (activities/ledger/verification.py): the current version, verified late.
+        await conn.execute(
+            "INSERT INTO outbox (event_type, workflow_id, subject, server, uri, content_digest, read_ordinal,"
+            " detail) VALUES ('overdue', 'wf-carol', 'carol', 's', 'demo://carol', 'sha256:carol0', 1,"
+            " '{\"reason\": \"verifications up to 900 s apart, over the 300 s staleness bound\"}'::jsonb)")
+    page = await poll_events(hub, "carol", _params(start["cursor"]))  # stamps the positions too
+    assert [e["data"]["event_type"] for e in page["events"]] == ["version_accepted"]
+    async with private_ledger.pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute("SELECT * FROM outbox WHERE event_type = 'overdue' AND subject = 'carol'")
+        row = await cur.fetchone()
+    assert row is not None
+    overdue = event_from_row(row)
+    assert overdue.event_type == OutboxEventType.OVERDUE and overdue.reason and overdue.invalidates is None
+    await hub.announce(overdue)  # no client is told a resource changed
+    assert hub.stats["announced"] == 0

@@ -72,11 +72,13 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "verdict.REVOKED", "update.old_session", "update.noted", "update.future_session",
                  "op.recreate", "op.restart", "op.catalog", "op.resume", "read_cycle",
                  "lost_response.mcp_read_cycle", "lost_response.read_cycle_step",
-                 "timer.poll", "timer.safety", "timer.reconcile",
-                 # reads at the ingress: reported, fallen back, pulses absorbed by the read or processed again
+                 "timer.poll", "timer.safety", "timer.reconcile", "timer.watchdog",
+                 # reads at the ingress: reported, fallen back, pulses absorbed by the read, processed again
+                 # at once, or (notified after the read was sent) settled first
                  "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.absorbed",
                  "update.ingress_no_work",
-                 "ingress.queued_routed", "ingress.verdict.ACCEPTED", "ingress.verdict.STALE"):
+                 "ingress.queued_routed", "ingress.settling", "ingress.settled", "ingress.verdict.ACCEPTED",
+                 "ingress.verdict.STALE"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
 
@@ -321,14 +323,17 @@ def test_a_change_notified_between_the_allocation_and_the_send_is_absorbed_by_th
     assert not result.violations, result.violations
 
 
-def test_a_change_notified_after_the_send_is_noted_and_read_again() -> None:
+def test_a_change_notified_after_the_send_is_noted_and_read_again_once_it_settled() -> None:
     sim = _settled()
     sim.apply(Event(Op.MUTATE, n=1))
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # allocate
     sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read (sent)
     sim.apply(Event(Op.MUTATE, n=1))  # the key is processing: marked dirty
-    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # accept
-    assert sim.coverage.get("ingress.queued_routed") == 1 and "ingress.absorbed" not in sim.coverage
+    sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # accept: the key settles (workflows/ingress.py)
+    assert sim.coverage.get("ingress.settling") == 1 and "ingress.absorbed" not in sim.coverage
+    assert not sim.activities and sim.ingress.router.owes()  # owned, not read yet
+    sim.apply(Event(Op.MUTATE, n=2))  # a change notified while it settles merges into its follow-up
+    assert sim.apply(Event(Op.SETTLE)) and not sim.apply(Event(Op.SETTLE))
     assert [a.name for a in sim.activities] == [INGRESS_READ]
     for _ in range(3):
         sim.apply(Event(Op.EXEC, act=INGRESS_READ))
@@ -340,7 +345,7 @@ def test_a_change_notified_after_the_send_is_noted_and_read_again() -> None:
 def test_a_pulse_that_arrived_after_the_ingress_read_was_requested_is_processed_again() -> None:
     result = replay(Trace("ingress-late", Profile(), (*_absorbed_prefix(), Event(Op.DELETE, n=1))))
     assert not result.violations, result.violations
-    assert result.coverage.get("ingress.queued_routed") == 1 and result.coverage.get("ingress.absorbed") == 1
+    assert result.coverage.get("ingress.settled") == 1 and result.coverage.get("ingress.absorbed") == 1
     assert result.converged_after is None and result.coverage.get("verdict.TOMBSTONE_PENDING")
 
 

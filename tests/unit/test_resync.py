@@ -1,7 +1,8 @@
-"""The resync of safety reads at the ingress (workflows/resync_rules.py, worker/ingress/resync.py) and the
-deadline keeper's re-arm after a read moved the deadline far (workflows/deadline_keeper.py).
-Pure and deterministic: the keeper runs on a stepped runtime below, the resync on its own
-IngressRouter; no stack needed."""
+"""The ingress's sweep (worker/ingress/resync.py) over its router, the router's decision whether a read
+at the ingress is reported (workflows/ingress.py, ``ingress_rules.stays_in_ledger``), and the deadline
+keeper's re-arm after a read moved the deadline far (workflows/deadline_keeper.py). Pure and
+deterministic: the keeper runs on a stepped runtime below, the sweep and the router on their own
+IngressRouter; no stack needed (tests/integration/test_verification_schedule.py sweeps a real ledger)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,34 @@ from typing import Any
 
 import pytest
 
-from mcpsync.worker.ingress.resync import EARLY_REFRESH_SECONDS, REFRESH_SECONDS, ReadClock, Resync
+from mcpsync.worker.ingress.resync import BACKGROUND_SHARE, DUE_BATCH, Resync
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
-from mcpsync.workflows.ingress import IngressRouter, Note, Siblings, SignalUpdated, Stamp, Stamped
+from mcpsync.workflows.ingress import (
+    IngressRouter,
+    Note,
+    Offer,
+    ReadCycle,
+    ReportRead,
+    Siblings,
+    SignalUpdated,
+    Stamp,
+    Stamped,
+)
 from mcpsync.workflows.program_runtime import WaitKind
-from mcpsync.workflows.read_deadline import resynced_jitter
-from mcpsync.workflows.records.ledger import NotedNotification
-from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionKey, SubscriptionState
-from mcpsync.workflows.resync_rules import (
-    SWEEP_MAX_SECONDS,
-    SWEEP_MIN_SECONDS,
-    resync_due_at,
-    sweep_seconds,
+from mcpsync.workflows.records.ledger import (
+    AcceptResult,
+    AcceptVerdict,
+    FenceSnapshot,
+    NotedNotification,
+    ReadTicket,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.read_cycle import ReadCycleResult
+from mcpsync.workflows.records.subscription import (
+    ResourceUpdated,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
 )
 from mcpsync.workflows.subscription_state import FenceState, SubscriptionFence
 
@@ -31,61 +48,119 @@ KEY = SubscriptionKey(subject="alice", server="fx", uri="demo://doc")
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 
 
-# --- the due rule ---------------------------------------------------------------------------
+# --- the sweep at the ingress ----------------------------------------------------------------
 
-@pytest.mark.parametrize("period", [3.0, 10.0, 20.0, 30.0, 300.0, 3600.0])
-def test_the_resync_is_due_before_the_earliest_deadline_the_workflow_can_arm(period: float) -> None:
-    # The workflow's own rule (dispatch margin taken, the earliest jitter draw) arms the deadline;
-    # the resync must come before it with room for a sweep, or the timer fires first.
-    fence = SubscriptionFence(FenceState(key=KEY, state=SubscriptionState.ACTIVE))
-    fence.dispatch_margin = True
-    fence.arm_read_deadline(requested_at=T0, period_seconds=period, jitter=resynced_jitter(0.0))
-    assert fence.s.read_due_at is not None
-    earliest = (fence.s.read_due_at - T0).total_seconds()
-    due = resync_due_at(0.0, period)
-    assert 0.75 * period < due < earliest
-    assert earliest - due >= sweep_seconds([period])
-
-
-def test_the_sweep_follows_the_shortest_period_within_its_bounds() -> None:
-    assert sweep_seconds([]) == SWEEP_MAX_SECONDS
-    assert sweep_seconds([30.0, 300.0]) == pytest.approx(0.6)
-    assert sweep_seconds([1.0]) == SWEEP_MIN_SECONDS
-    assert sweep_seconds([86_400.0]) == SWEEP_MAX_SECONDS
-
-
-# --- the resync at the ingress ----------------------------------------------------------------
-
-def _resync() -> tuple[Resync, IngressRouter, list[None]]:
-    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True, max_pending=2)
+def _sweep(max_pending: int | None = 4) -> tuple[Resync, IngressRouter, list[None]]:
+    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True, max_pending=max_pending)
     woken: list[None] = []
-    return Resync(router, ReadClock(), subject="alice", server="fx",
-                  ready=lambda: woken.append(None)), router, woken
+    return Resync(router, subject="alice", server="fx", ready=lambda: woken.append(None)), router, woken
 
 
-def test_a_uri_is_fed_once_its_last_read_is_older_than_due_and_a_read_defers_it() -> None:
-    resync, router, woken = _resync()
-    resync.refresh({"demo://a": 30.0, "demo://b": 30.0}, now=0.0)
-    due = resync_due_at(0.0, 30.0)
-    assert resync.sweep(generation=1, now=due - 0.01) == 0
-    # b was read (by any path: the clock hears every allocation) half-way: only a is due.
-    resync.clock.observe(KEY.model_copy(update={"uri": "demo://b"}), 15.0)
-    assert resync.sweep(generation=1, now=due) == 1
-    assert router.work.dirty == {("demo://a", 1)} and len(woken) == 1
-    assert resync.sweep(generation=1, now=due + 1) == 0  # fed: counts as read until its read
-    assert resync.sweep(generation=1, now=resync_due_at(15.0, 30.0)) == 1  # now b
-    assert resync.fed == 2 and router.received == 0  # the resync's notes are no notifications
+def test_due_uris_go_to_the_background_lane_uncounted_and_a_waiting_key_is_not_woken_twice() -> None:
+    sweep, router, woken = _sweep(max_pending=None)
+    router.offer("demo://notified", 1)  # a notification waiting already
+    assert sweep.feed(["demo://a", "demo://b", "demo://notified"], generation=1) == 3
+    assert router.work.background == {("demo://a", 1), ("demo://b", 1)}  # behind the notification
+    assert len(woken) == 2 and sweep.fed == 3
+    assert router.received == 1  # the sweep's notes are no notifications
 
 
-def test_a_full_queue_is_not_overflowed_by_the_resync_and_forgotten_uris_are_dropped() -> None:
-    resync, router, _ = _resync()
+def test_a_look_claims_no_more_than_leaves_the_notifications_their_share_of_the_queue() -> None:
+    sweep, router, _ = _sweep(max_pending=8)
+    assert sweep.room(1) == int(8 * BACKGROUND_SHARE) == 4
+    assert sweep.feed([f"demo://{n}" for n in range(3)], generation=1) == 3
+    assert sweep.room(1) == 1 and sweep.room(2) == 4  # ready keys are counted per session generation
+    assert sweep.feed(["demo://3"], generation=1) == 1 and sweep.room(1) == 0
+    # The notifications' half is whole: the next four notifications are queued, none overflows.
+    assert [router.offer(f"demo://n{n}", 1) for n in range(4)] == [Offer.READY] * 4
+    assert _sweep(max_pending=None)[0].room(1) == DUE_BATCH == _sweep(max_pending=10_000)[0].room(1)
+
+
+def test_a_full_queue_is_not_overflowed_by_the_sweep() -> None:
+    sweep, router, woken = _sweep(max_pending=2)
     for uri in ("demo://x", "demo://y"):
         router.offer(uri, 1)  # max_pending=2: the generation's ready keys are at the bound
-    resync.refresh({"demo://a": 30.0}, now=0.0)
-    assert resync.sweep(generation=1, now=100.0) == 0  # the timer reads it; no overflow raised
-    assert ("demo://a", 1) not in router.work.dirty
-    resync.refresh({}, now=100.0)
-    assert resync.clock.last("alice", "fx") == {}
+    assert sweep.room(1) == 0
+    assert sweep.feed(["demo://a"], generation=1) == 0  # claimed in the ledger: due again later
+    assert ("demo://a", 1) not in router.work.dirty and woken == [] and sweep.fed == 0
+
+
+# --- whether a read at the ingress is reported ------------------------------------------------
+
+ROW = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
+                    subscription_generation=1, last_issued_ordinal=4, last_accepted_ordinal=4, watermark=4,
+                    notifications_seen=7, covered=6, read_reports=True, last_accepted_digest="sha256:a")
+
+
+def _cycle(verdict: AcceptVerdict | None, *, ordinal: int = 5, read_notified: int = 7, notified: int = 7,
+           covered: int = 7) -> ReadCycleResult:
+    ticket = ReadTicket(granted=True, ordinal=ordinal, request_id="r", notifications_seen=read_notified)
+    if verdict is None:  # the session was lost: nothing judged
+        return ReadCycleResult(ticket=ticket)
+    outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=KEY, ordinal=ordinal, request_id="r",
+                          session_generation=1, subscription_generation=1, trigger=TriggerReason.UPDATED,
+                          content_digest="sha256:a", mime_type="text/plain")
+    return ReadCycleResult(ticket=ticket, outcome=outcome,
+                           accept=AcceptResult(verdict=verdict, notified=notified, covered=covered))
+
+
+def _deliver(cycle: ReadCycleResult, *, row: FenceSnapshot = ROW,
+             background: bool = False) -> tuple[list[type], IngressRouter]:
+    """Route one key whose note answers ``row`` and whose read at the ingress answers ``cycle``; the
+    effects the program yielded, by type."""
+    router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
+    router.offer(KEY.uri, 1, background=background)
+    noted = NotedNotification(workflow_id="wf", fence=row, work=True)
+    seen: list[type] = []
+    program = router.process()
+    answer: Any = None
+    with suppress(StopIteration):
+        while True:
+            effect = program.send(answer)
+            seen.append(type(effect))
+            if isinstance(effect, Stamp):
+                answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
+            else:
+                answer = {Note: noted, ReadCycle: cycle, ReportRead: True, SignalUpdated: True,
+                          Siblings: []}[type(effect)]
+    return seen, router
+
+
+def test_an_unchanged_read_that_leaves_nothing_owed_stays_in_the_ledger() -> None:
+    seen, router = _deliver(_cycle(AcceptVerdict.UNCHANGED))
+    assert ReportRead not in seen and SignalUpdated not in seen, seen
+    assert (router.verified, router.read, router.routed) == (1, 0, 0)
+    seen, router = _deliver(_cycle(AcceptVerdict.UNCHANGED), background=True)  # the sweep's due read
+    assert ReportRead not in seen and SignalUpdated not in seen and router.verified == 0  # uncounted
+
+
+@pytest.mark.parametrize("verdict", [AcceptVerdict.ACCEPTED, AcceptVerdict.TOMBSTONE_PENDING,
+                                     AcceptVerdict.GUARDRAIL_REJECTED, AcceptVerdict.REJECTED,
+                                     AcceptVerdict.STALE, AcceptVerdict.REVOKED])
+def test_every_other_verdict_is_reported(verdict: AcceptVerdict) -> None:
+    seen, router = _deliver(_cycle(verdict))
+    assert ReportRead in seen and (router.read, router.verified) == (1, 0), seen
+
+
+@pytest.mark.parametrize(("why", "cycle", "row"), [
+    # A notification recorded after the allocation is not covered: the workflow owes a read.
+    ("row left dirty", _cycle(AcceptVerdict.UNCHANGED, notified=8, covered=7), ROW),
+    # The newest read before this one failed (its receipt is not the watermark's): the run's record
+    # names that failure until a report clears it.
+    ("after a failed read", _cycle(AcceptVerdict.UNCHANGED, ordinal=6),
+     ROW.model_copy(update={"last_issued_ordinal": 5})),
+    # Another read (the workflow's own) was issued between the note and this allocation.
+    ("a read in between", _cycle(AcceptVerdict.UNCHANGED, ordinal=6), ROW),
+])
+def test_an_unchanged_read_the_workflow_must_hear_of_is_reported(why: str, cycle: ReadCycleResult,
+                                                                  row: FenceSnapshot) -> None:
+    seen, router = _deliver(cycle, row=row)
+    assert ReportRead in seen and router.verified == 0, why
+
+
+def test_a_read_not_judged_wakes_the_workflow() -> None:
+    seen, router = _deliver(_cycle(None))
+    assert ReportRead not in seen and SignalUpdated in seen and router.routed == 1
 
 
 def test_a_notified_key_is_handed_out_before_the_resyncs_and_a_notification_moves_one_ahead() -> None:
@@ -246,17 +321,3 @@ def test_frequent_reads_move_the_deadline_a_little_and_keep_the_armed_timer() ->
         _read_at(fence, driver, at)
     driver.advance(30.0)
     assert rt.commands[:3] == ["TimerStarted@25.2", "TimerFired", "TimerStarted@31.2"]
-
-
-def test_a_uri_read_for_the_first_time_asks_the_ledger_early_unless_it_was_unlisted() -> None:
-    resync, _, _ = _resync()
-    resync.clock.observe(KEY.model_copy(update={"uri": "demo://polled"}), 0.0)
-    resync.refresh({}, now=0.0)  # a polling row: read here, not resynced
-    resync.clock.observe(KEY.model_copy(update={"uri": "demo://polled"}), 5.0)
-    assert not resync.refresh_due(EARLY_REFRESH_SECONDS)
-    resync.clock.observe(KEY, 6.0)  # a subscription's start: its initial read
-    assert not resync.refresh_due(EARLY_REFRESH_SECONDS / 2)
-    assert resync.refresh_due(EARLY_REFRESH_SECONDS)
-    resync.refresh({KEY.uri: 30.0}, now=7.0)
-    assert resync.clock.last("alice", "fx") == {KEY.uri: 6.0}  # its read time, not the refresh's
-    assert not resync.refresh_due(EARLY_REFRESH_SECONDS) and resync.refresh_due(REFRESH_SECONDS)

@@ -48,7 +48,7 @@ def test_every_finding_has_its_trace() -> None:
                    "F7-covering-read-stale-after-reset", "F8-", "F10-verdict-lands-after-revocation",
                    "F11-retried-allocation-keeps-its-counter", "F14-",
                    "staleness-catalog-word-restarts-poll-timer",
-                   "staleness-continue-as-new-restarts-safety-timer"):
+                   "staleness-continue-as-new-restarts-deadline-timer"):
         assert any(s.startswith(prefix) for s in stems), prefix
 
 
@@ -89,9 +89,9 @@ def test_catalog_word_trace_catches_a_timer_restarted_by_the_word(monkeypatch: p
     assert Invariant.STALENESS_BOUND in _violated(trace)
 
 
-def test_continue_as_new_trace_catches_a_safety_timer_restarted_by_the_new_run(
+def test_continue_as_new_trace_catches_a_deadline_timer_restarted_by_the_new_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    trace, _ = _load("staleness-continue-as-new-restarts-safety-timer")
+    trace, _ = _load("staleness-continue-as-new-restarts-deadline-timer")
     assert not _violated(trace)
     init = SubscriptionProgram.__init__
 

@@ -42,7 +42,7 @@ from mcpsync.activities.ledger.catalog import CatalogLedger
 from mcpsync.activities.mcp_session import LiveSession, McpSessionActivities
 from mcpsync.worker.ingress.heartbeats import Heartbeats
 from mcpsync.worker.ingress.orphan_queues import OrphanQueues
-from mcpsync.worker.ingress.resync import ReadClock, Resync, ResyncHost
+from mcpsync.worker.ingress.resync import Resync, ResyncHost
 from mcpsync.worker.observe import metrics
 
 __all__ = ["Ingress", "ingress_task_queue"]
@@ -75,8 +75,6 @@ class Ingress:
         self._worker: Worker | None = None  # run()'s, for ``polling``
         # What the worker runs (tests call them directly to see the dispatch by key).
         self.mcp = McpSessionActivities(self.live, ledger, metrics.PROMETHEUS)
-        self.reads = ReadClock()  # every read its read cycles allocate (``mcpsync.worker.ingress.resync``)
-        self.mcp.read_observer = self.reads.observe
         self.scans = CatalogScanActivities(self.live, self.list_changed_count, CatalogLedger(ledger.pool))
         # The queues of previous holders of its sessions, polled by ``run`` while they hold no lease.
         self.orphans = OrphanQueues(temporal, ledger.sessions, lambda: self.mcp.all() + self.scans.all())
@@ -90,9 +88,9 @@ class Ingress:
             del self._hosts[(subject, server)]
 
     def resync(self, host: ResyncHost, ready: Callable[[], None]) -> Resync:
-        """The resync of ``host`` over this process's read clock; ``ready`` wakes one of its routers."""
-        return Resync(host.router, self.reads, subject=host.subject, server=host.server.name, ready=ready,
-                      host=host)
+        """The sweep of ``host``'s due verifications (``mcpsync.worker.ingress.resync``); ``ready`` wakes
+        one of its routers."""
+        return Resync(host.router, subject=host.subject, server=host.server.name, ready=ready, host=host)
 
     def live(self, subject: str, server: str) -> LiveSession | None:
         """The live session of (subject, server) this ingress holds, or None."""

@@ -29,7 +29,9 @@ Contract:
   subscription is then signalled ``session_changed`` so it resubscribes and re-reads (trigger ``initial``).
 - Notifications wait in the router's work queue, merged per (URI, generation) and bounded per generation by
   ``max_pending_notifications``: one more is a backlog overflow (the listen stream that carried it is lost,
-  reason ``overflow``; on 2025-11-25 the session), never a dropped notification.
+  reason ``overflow``; on 2025-11-25 the session), never a dropped notification. A key notified after
+  its read was sent settles (``workflows/ingress.py``, Settle): ``_settle_loop`` hands it to a router
+  once due, on the event loop's clock, which ``_enqueue`` stamps each offer with.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ from mcpsync.workflows.ingress import (
     SignalUpdated,
     Stamp,
     Stamped,
+    Turn,
     UnknownUri,
 )
 from mcpsync.workflows.names import (
@@ -139,6 +142,7 @@ class SessionHost:
                                     read_on_notification=server.read_on_notification,
                                     max_pending=server.max_pending_notifications)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
+        self._settling = asyncio.Event()  # a key began to settle: ``_settle_loop`` looks at its due time
         self.resync = self.ingress.resync(self, lambda: self._queue.put_nowait(None))  # ingress/resync.py
         self._stopping = asyncio.Event()
         self._lease_lost = asyncio.Event()
@@ -161,6 +165,7 @@ class SessionHost:
         tasks = [asyncio.create_task(self._route_loop(), name=f"router:{self.server.name}:{n}")
                  for n in range(self.server.route_concurrency)]
         tasks.append(asyncio.create_task(self._list_changed_loop(), name=f"list-changed:{self.server.name}"))
+        tasks.append(asyncio.create_task(self._settle_loop(), name=f"settle:{self.server.name}"))
         tasks.append(asyncio.create_task(self.resync.run(), name=f"resync:{self.server.name}"))
         if self._own_ingress:
             worker = asyncio.create_task(self.ingress.run(), name=f"ingress:{self.server.name}")
@@ -453,7 +458,7 @@ class SessionHost:
                                       hashlib.sha256(uri.encode("utf-8", "surrogatepass")).hexdigest()})
             return
         metrics.note_notification(self, uri)
-        offer = self.router.offer(uri, generation)
+        offer = self.router.offer(uri, generation, now=asyncio.get_running_loop().time())
         if offer == Offer.OVERFLOW:
             raise BacklogOverflow(f"session host backlog exceeded {self.server.max_pending_notifications}"
                                   " unrouted notifications")
@@ -465,10 +470,26 @@ class SessionHost:
         program (``IngressRouter.process``), its effects performed here (``_perform``)."""
         while True:
             await self._queue.get()
-            if await self._drive(self.router.process()):  # the key is ready again
+            turn = await self._drive(self.router.process())
+            if turn == Turn.READY:
+                self._queue.put_nowait(None)
+            elif turn == Turn.SETTLING:
+                self._settling.set()
+
+    async def _settle_loop(self) -> None:
+        """Hands each settling key to the routers once it is due (``IngressRouter.release`` on the
+        event loop's clock, the one ``_enqueue`` offers with)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = self.router.work.next_due()
+            wait = None if due is None else max(0.0, due - loop.time())
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._settling.wait(), wait)
+            self._settling.clear()
+            for _ in range(self.router.release(loop.time())):
                 self._queue.put_nowait(None)
 
-    async def _drive(self, program: Generator[Effect, Any, bool]) -> bool:
+    async def _drive(self, program: Generator[Effect, Any, Turn]) -> Turn:
         """Run ``program`` to its end: perform each effect it yields and send back the answer; an
         effect that raises is thrown into it. Cancelled: the program is closed (its key is done)."""
         answer: Any = None

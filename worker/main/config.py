@@ -54,9 +54,11 @@ class TemporalConfig(_Model):
     api_key_env: str | None = None  # name of the env var holding a Temporal Cloud API key
     ui_url: str | None = None
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
-    # Workflows kept in the worker's memory between tasks. Each subscription is a long-lived
-    # workflow: below the number of subscriptions a worker hosts, every notification replays
-    # history (benchmarks: 5,000 subscriptions thrash the SDK default of 1,000).
+    # Workflows kept in the worker's memory between tasks: far fewer than the subscriptions a worker
+    # hosts (docs/deploy.md, "Workflow cache"). A subscription whose safety reads the ledger
+    # schedules wakes only for a change and its watchdog's look (four a day); evicted, it replays its
+    # history (at most max_history_events) at its next wake. Size it for the runs that wake often:
+    # changing and polling subscriptions, and runs still on 0.2.0's per-period timers.
     max_cached_workflows: int = Field(default=5000, ge=0)
     # How long a workflow task waits on the sticky queue of the main worker that has the run cached
     # before it goes back to the shared task queue (the SDK's default, 10 s): the runs of a main

@@ -25,9 +25,10 @@ Contract:
   observation per receipt (its oldest satisfied notification). It needs ingress and the
   accept in one process: the ingress process accepts.
 - Ledger-derived gauges (subscriptions per state, unresolved states and their oldest age,
-  freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, revocation
-  latency) come from the ledger's read-only queries (``mcpsync.activities.ledger.metrics``,
-  whose contract defines freshness, its bound per ``mode`` and the unresolved states), run
+  freshness age, sessions up, amplification, stale receipts, STALE_AFTER_CLOSE, overdue
+  verifications, revocation latency) come from the ledger's read-only queries
+  (``mcpsync.activities.ledger.metrics``, whose contract defines freshness, its bound per ``mode``
+  and the unresolved states), run
   every ``cfg.refresh_seconds`` by a background task on the event loop (``watch_ledger``) and
   exported by a custom collector; a scrape only renders the last snapshot and never touches
   the database. A query that fails counts in ``mcpsync_ledger_refresh_errors``. They describe
@@ -243,6 +244,7 @@ class HostTotals(NamedTuple):
     coalesced: int = 0
     read: int = 0  # read at the ingress and reported (``resource_read``), no signal to read
     routed: int = 0  # signalled ``resource_updated`` for the workflow to read (in-process hosts only)
+    verified: int = 0  # read at the ingress, nothing new and nothing owed: kept in the ledger, no signal
 
 
 def host_totals() -> dict[str, HostTotals]:
@@ -254,7 +256,7 @@ def host_totals() -> dict[str, HostTotals]:
         t = out.get(h.server.name, HostTotals())
         r = h.router
         out[h.server.name] = HostTotals(t.received + r.received, t.coalesced + r.coalesced,
-                                        t.read + r.read, t.routed + r.routed)
+                                        t.read + r.read, t.routed + r.routed, t.verified + r.verified)
     return out
 
 
@@ -272,13 +274,19 @@ class _HostCollector(Collector):
                                    "Notifications whose change the ingress read itself and reported to the "
                                    "workflow (resource_read: no Temporal hop before the read)",
                                    labels=["server"])
+        verified = CounterMetricFamily("mcpsync_notifications_verified_at_ingress",
+                                       "Notifications whose read at the ingress found nothing new and left "
+                                       "nothing owed: kept in the ledger, no signal to the workflow",
+                                       labels=["server"])
         for server, t in sorted(host_totals().items()):
             received.add_metric([server], t.received)
             coalesced.add_metric([server], t.coalesced)
             read.add_metric([server], t.read)
+            verified.add_metric([server], t.verified)
         yield received
         yield coalesced
         yield read
+        yield verified
 
 
 REGISTRY.register(_HostCollector())
@@ -306,7 +314,11 @@ class _LedgerCollector(Collector):
                     labels=["server"])
         stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
         sac = g("mcpsync_stale_after_close", "STALE_AFTER_CLOSE audit rows (ledger)", labels=["server"])
-        servers = sorted(set(snap.reads) | {s for s, _ in snap.receipts} | set(snap.stale_after_close))
+        overdue = g("mcpsync_verifications_overdue", "Breaches the workflows' watchdogs found: verifications "
+                    "further apart than the staleness bound (VERIFICATION_OVERDUE audit rows, ledger)",
+                    labels=["server"])
+        servers = sorted(set(snap.reads) | {s for s, _ in snap.receipts} | set(snap.stale_after_close)
+                         | set(snap.overdue))
         for server in servers:
             a = snap.amplification(server)
             if a is not None:
@@ -315,7 +327,8 @@ class _LedgerCollector(Collector):
             changes.add_metric([server], snap.receipts.get((server, AcceptVerdict.ACCEPTED.value), 0))
             stale.add_metric([server], snap.receipts.get((server, AcceptVerdict.STALE.value), 0))
             sac.add_metric([server], snap.stale_after_close.get(server, 0))
-        yield from (amp, reads, changes, stale, sac)
+            overdue.add_metric([server], snap.overdue.get(server, 0))
+        yield from (amp, reads, changes, stale, sac, overdue)
         yield from self._subscriptions(snap)
         yield from self._freshness(snap)
         up = g("mcpsync_session_up", "1 if the (server, subject) has an open MCP session whose ingress holds "

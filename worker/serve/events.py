@@ -3,7 +3,8 @@ EXPERIMENTAL.
 
 Contract (docs/serve.md, "Events extension"):
 - One event type, ``resource.changed``: every outbox event of the caller's subject (new version,
-  tombstone, revocation, close), ``data`` being the ``outboxEvent.v1`` envelope (JSON) without bodies.
+  tombstone, revocation, close; not ``overdue``, which changes no resource), ``data`` being the
+  ``outboxEvent.v1`` envelope (JSON) without bodies.
 - ``events/list`` names it (delivery ``["poll", "push"]``). ``events/stream {name, cursor, maxAgeMs}``
   is the push delivery (``stream_events``): the same events as ``notifications/events/event`` on the request's
   stream, a heartbeat with the cursor during quiet periods. ``events/poll {name, cursor, maxEvents,

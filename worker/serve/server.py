@@ -64,7 +64,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync import __version__
-from mcpsync.activities.ledger.outbox import WITHDRAWING, OutboxEventV1
+from mcpsync.activities.ledger.outbox import WITHDRAWING, OutboxEventType, OutboxEventV1
 from mcpsync.activities.ledger.released import ContentKind, ContentNotFound, ContentRefused, released_content
 from mcpsync.activities.ledger.serve import (
     ServedResource,
@@ -290,7 +290,10 @@ class ServeHub:
         return tick
 
     async def announce(self, event: OutboxEventV1) -> None:
-        """Fan one outbox event out to the subject's connected clients (never blocks on a client)."""
+        """Fan one outbox event out to the subject's connected clients (never blocks on a client). An
+        ``overdue`` event changes no resource: nothing to announce."""
+        if event.event_type == OutboxEventType.OVERDUE:
+            return
         self.stats["announced"] += 1
         tick = self._ticks.pop(event.subject, None)
         if tick is not None:

@@ -186,7 +186,8 @@ class MarkActiveRequest(FrozenRecord):
     session_generation: int
     subscription_generation: int
     read_reports: bool = False  # the run mirrors ingress reads (``resource_read``); every run does
-    # The subscribed run's safety-read period: the ingress reads the URI before it is due (resync).
+    # The subscribed run's safety-read period: the ledger schedules the row's verifications by it
+    # (``verification_rules``), and the ingress's sweep reads the URI when one is due.
     safety_read_seconds: float | None = None
 
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from mcpsync.workflows.records.base import FrozenRecord
 from mcpsync.workflows.uris import MAX_URI_LENGTH, uri_problem, uri_slug
@@ -27,7 +27,7 @@ __all__ = ["SubscriptionState", "TERMINAL_STATES", "CLOSING_STATES", "TriggerRea
            "SubscriptionStart",
            "SessionInfo", "ResourceUpdated", "SessionChanged", "IdentityConflict", "ResumeRequest",
            "TombstoneRequest", "RevokeRequest", "RevokeLedgerRequest", "CloseRequest", "CatalogObservation",
-           "CloseReceipt"]
+           "CloseReceipt", "WATCHDOG_SECONDS"]
 
 
 class SubscriptionState(StrEnum):
@@ -129,6 +129,10 @@ class SubscriptionKey(FrozenRecord):
 MAX_HISTORY_EVENTS = 500
 """``SubscriptionOptions.max_history_events``' default."""
 
+WATCHDOG_SECONDS = 6 * 3600.0
+"""``SubscriptionOptions.watchdog_seconds``' default: ``verification_rules.WATCHDOG_HORIZON``, which
+says why six hours."""
+
 
 class SubscriptionOptions(FrozenRecord):
     """Per-subscription knobs; the defaults suit production."""
@@ -147,6 +151,20 @@ class SubscriptionOptions(FrozenRecord):
     # the exact URI resolves it at once; without such evidence it resumes (audited) after this long,
     # so a stray or hostile notification can never freeze a subscription.
     reconciliation_max_seconds: float = Field(default=900.0, gt=0)
+    # A run whose safety reads the ledger schedules (the ingress's sweep: ``verification_rules``) keeps
+    # no per-period timer: its watchdog wakes this often to ask the ledger whether every verification
+    # kept the bound, and reads itself when one is overdue. A breach is detected within this.
+    watchdog_seconds: float = Field(default=WATCHDOG_SECONDS, gt=0)
+
+    @model_serializer(mode="wrap")
+    def _known_to_older_builds(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``watchdog_seconds`` is dumped only when it differs from its default: the previous build
+        forbids a field it does not know, and a run moving back to it (continue-as-new) must still
+        decode its input (docs/upgrades.md, "Rollback")."""
+        data: dict[str, Any] = handler(self)
+        if data.get("watchdog_seconds") == WATCHDOG_SECONDS:
+            del data["watchdog_seconds"]
+        return data
 
 
 class SubscriptionStart(FrozenRecord):

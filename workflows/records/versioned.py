@@ -79,5 +79,7 @@ class ResourceSubscriptionV1(FrozenRecord):
     safety_read_seconds: float | None = None  # with subscribe: the re-read period bounding lost notifications
     last_accepted_at: datetime | None = None  # when the ledger last made a new version current
     last_verified_at: datetime | None = None  # allocation time of the newest read that saw content
-    next_read_due_at: datetime | None = None  # deadline of the next poll / safety read (None: none due)
+    # deadline of the next poll / safety read the run keeps (None: none due, or the ledger schedules the
+    # safety reads and the run keeps only a watchdog: docs/caching.md)
+    next_read_due_at: datetime | None = None
     detail: str = ""
