@@ -210,36 +210,53 @@ async def startup_phase(b: Bench) -> None:
     transport, n, opts, r, say, uris = b.transport, b.n, b.opts, b.r, b.say, b.uris
     server, client, ledger, services, temporal = b.server, b.client, b.ledger, b.services, b.temporal
     db_name = b.db_name
+
+    async def initial_reads() -> int:
+        done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND "
+                                          "state='ACTIVE' AND last_accepted_digest IS NOT NULL", (server,))
+        return int(done or 0)
+
+    async def progress(every: float = 60.0) -> None:
+        """A line a minute while a long start-up runs: how far it got."""
+        t0, done0 = time.monotonic(), await initial_reads()
+        while True:
+            await asyncio.sleep(every)
+            done = await initial_reads()
+            say(f"start-up: {done} of {n} hold their initial read "
+                f"({(done - done0) / (time.monotonic() - t0):.1f}/s)")
+
     async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
         """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
         t0, wall0 = time.monotonic(), time.time()
-        await gather_limited([start_subscription(client,
-                                                 SubscriptionKey(subject=SUBJECT, server=server, uri=u),
-                                                 task_queue=TASK_QUEUE, options=sub_options)
-                              for u in batch], 32)
-        started = time.monotonic() - t0
-        want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions "
-                                                           "WHERE server=%s AND state='ACTIVE' "
-                                                           "AND last_accepted_digest IS NOT NULL AND "
-                                                           "NOT (uri = ANY(%s))",
-                                                   (server, list(batch))) or 0)
+        reporter = asyncio.create_task(progress()) if len(batch) >= 2000 else None
+        try:
+            await gather_limited([start_subscription(client,
+                                                     SubscriptionKey(subject=SUBJECT, server=server, uri=u),
+                                                     task_queue=TASK_QUEUE, options=sub_options)
+                                  for u in batch], 32)
+            started = time.monotonic() - t0
+            want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions "
+                                                               "WHERE server=%s AND state='ACTIVE' "
+                                                               "AND last_accepted_digest IS NOT NULL AND "
+                                                               "NOT (uri = ANY(%s))",
+                                                       (server, list(batch))) or 0)
 
-        async def all_initial() -> bool:
-            done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s "
-                                              "AND state='ACTIVE' AND last_accepted_digest IS NOT NULL",
-                                      (server,))
-            return int(done or 0) >= want
+            async def all_initial() -> bool:
+                return await initial_reads() >= want
 
-        # A poll every second at large N: the count(*) over every row stays off the measured CPU.
-        if not await until(all_initial, 120 + len(batch) * 0.5, 0.25 if len(batch) < 2000 else 1.0):
-            raise RuntimeError(f"{transport}: initial reads did not converge")
-        # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
-        # poll above saw it: at ~30 starts/s a 0.25 s poll alone would add up to 8 % to 45 starts, and
-        # the longer poll at large N adds nothing to the measured time.
-        last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
-                                          " resource_versions WHERE server=%s AND uri = ANY(%s)"
-                                          " AND status='ACCEPTED'", (server, list(batch)))
-        return started, (float(last) - wall0) if last else time.monotonic() - t0
+            # A poll every second at large N: the count(*) over every row stays off the measured CPU.
+            if not await until(all_initial, 120 + len(batch) * 0.5, 0.25 if len(batch) < 2000 else 1.0):
+                raise RuntimeError(f"{transport}: initial reads did not converge")
+            # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
+            # poll above saw it: at ~30 starts/s a 0.25 s poll alone would add up to 8 % to 45 starts, and
+            # the longer poll at large N adds nothing to the measured time.
+            last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
+                                              " resource_versions WHERE server=%s AND uri = ANY(%s)"
+                                              " AND status='ACCEPTED'", (server, list(batch)))
+            return started, (float(last) - wall0) if last else time.monotonic() - t0
+        finally:
+            if reporter is not None:
+                reporter.cancel()
 
     # A warm-up tenth first: one-time costs (imports into the workflow sandbox, pools, caches) are not
     # per subscription. Memory per subscription is the RSS growth over the other nine tenths.
