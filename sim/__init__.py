@@ -5,7 +5,7 @@ Contract:
   from ``random.Random`` seeded per schedule (``schedule_seed``). The same seed, config and code give
   the same events and the same result.
 - Runs the SAME code production runs, not a re-implementation: the workflow is
-  ``SubscriptionProgram`` interpreted by ``sim.runtime.ProgramRun``; the session host's routing is
+  ``SubscriptionProgram`` interpreted by ``sim.interpreter.ProgramRun``; the session host's routing is
   ``workflows/ingress.IngressRouter`` driven by ``sim.ingress``; the ledger is ``sim.ledger.MemoryLedger``,
   which applies the pure plans ``activities/ledger/fence.py`` applies.
 - The environment is adversarial and seeded (``sim.world``, ``sim.schedule``): an oracle server,

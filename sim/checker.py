@@ -27,9 +27,9 @@ from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from sim.interpreter import RunStage, Signal
 from sim.ledger import LedgerWrite
 from sim.model import INVALIDATIONS, Invariant
-from sim.runtime import RunStage, Signal
 
 if TYPE_CHECKING:
     from sim.engine import Simulation

@@ -2,7 +2,7 @@
 
 Contract:
 - ``Simulation`` applies one ``Event`` at a time (an inapplicable event is a no-op, which keeps shrunk
-  traces replayable), runs the workflow program (``sim.runtime.ProgramRun`` over
+  traces replayable), runs the workflow program (``sim.interpreter.ProgramRun`` over
   ``SubscriptionProgram``) until it blocks, carries out its commands as ``Activity`` entries, and
   checks every invariant (``sim.checker``). The session host's routing is the production program too
   (``sim.ingress`` over ``workflows/ingress.py``); the durable side is ``MemoryLedger``.
@@ -39,6 +39,7 @@ from mcpsync.workflows.subscription_program import WaitKind
 from sim.checker import Checker
 from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
+from sim.interpreter import ENDED, RUNNING, ContinueAsNew, ProgramRun, ScheduleActivity, Signal
 from sim.ledger import LEDGER_ACTIVITIES, LedgerIntegrityError, MemoryLedger
 from sim.model import (
     EPOCH,
@@ -54,7 +55,6 @@ from sim.model import (
     SimConfig,
     Violation,
 )
-from sim.runtime import ENDED, RUNNING, ContinueAsNew, ProgramRun, ScheduleActivity, Signal
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict

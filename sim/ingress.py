@@ -41,9 +41,9 @@ from mcpsync.workflows.ingress import (
 )
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
+from sim.interpreter import Signal
 from sim.ledger import LedgerIntegrityError
 from sim.model import EPOCH, INGRESS_READ, KEY, Invariant
-from sim.runtime import Signal
 from sim.world import Activity, Message
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ Contract:
   ``revocations`` row are not modelled.
 - The verification schedule (``activities/ledger/verification.py``) is modelled as far as the
   allocations and the watchdog use it: a chain's verifications are its granted allocations since the
-  ``mark_active`` that carried a safety-read period, timed by ``now`` (the simulation's clock, set
+  ``mark_active`` that started it (one on a row that holds a version keeps the chain:
+  ``verification_rules.continues_chain``), timed by ``now`` (the simulation's clock, set
   before every step); ``verification_rules.judge_gap`` judges the gap an allocation closes and the
   one the watchdog finds open, each breach reported once (an ``overdue`` outbox entry). No sweep
   reads due rows.
@@ -62,7 +63,7 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
     TriggerReason,
 )
-from mcpsync.workflows.verification_rules import GapJudgement, judge_gap
+from mcpsync.workflows.verification_rules import GapJudgement, continues_chain, judge_gap
 from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,
@@ -277,10 +278,10 @@ class MemoryLedger:
                           notifications_seen=plan.notified)
 
     def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
-        """``FenceLedger.mark_active``: ``mark_active_writes``; a row it marks starts a new verification
-        chain (``verification.start_chain``)."""
+        """``FenceLedger.mark_active``: ``mark_active_writes``; a row it marks keeps its verification
+        chain while it holds a version, else starts a new one (``verification.mark_chain``)."""
         writes = mark_active_writes(self.row, req)
-        if writes:
+        if writes and not continues_chain(self.row.last_accepted_digest):
             self.chain_after, self.watched_at = self.row.last_issued_ordinal, None
         return self.transition(writes)
 

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from mcpsync.workflows.allocation import rederivations
+from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, ReadTicket
 from mcpsync.workflows.records.subscription import CLOSING_STATES, SubscriptionState
+from sim.interpreter import Signal
 from sim.model import ALL_FAULTS, SUBSCRIBE_CYCLE_READ, Event, Fault, Op, SimConfig, Trace, schedule_seed
-from sim.runtime import Signal
 from sim.schedule import run_schedule, simulation_of
 from sim.shrinking import delta_debug
 from sim.world import Activity

@@ -32,9 +32,9 @@ from mcpsync.workflows.records.mcp_calls import (
 )
 from mcpsync.workflows.records.read_cycle import ReadReport
 from mcpsync.workflows.records.subscription import CacheScope, ResourceUpdated, SessionInfo
+from sim.interpreter import ProgramRun, Signal
 from sim.ledger import MemoryLedger
 from sim.model import EPOCH, KEY
-from sim.runtime import ProgramRun, Signal
 
 if TYPE_CHECKING:
     from sim.ingress import Processing

@@ -48,6 +48,7 @@ LONGEST_FILES = (
     "tests/e2e/test_simulation_real_stack.py",
     "tests/e2e/test_e2e_staleness.py",
     "tests/e2e/test_wheel.py",
+    "tests/e2e/test_e2e_process_faults.py",
     "tests/e2e/test_e2e_checklist.py",
     "tests/e2e/test_e2e_fence.py",
     "tests/e2e/test_cli_newcomer.py",

@@ -23,7 +23,7 @@ Contract:
   stopped. Four looks a day (a timer and a local activity each: eight billable actions) keep an idle
   subscription under ten actions a day and let its workflow leave the worker's cache between them;
   a breach is found, recorded and read within the horizon (docs/caching.md).
-- Every wait goes through the run's ``Runtime`` (a Temporal timer, or the simulator's clock).
+- Every wait goes through the run's ``Interpreter`` (a Temporal timer, or the simulator's clock).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from mcpsync.workflows.program_runtime import Runtime, WaitKind
+from mcpsync.workflows.interpreter import Interpreter, WaitKind
 from mcpsync.workflows.subscription_state import SubscriptionFence
 from mcpsync.workflows.verification_rules import WATCHDOG_HORIZON
 
@@ -43,7 +43,7 @@ def _never() -> bool:
 
 
 class DeadlineKeeper:
-    def __init__(self, fence: SubscriptionFence, rt: Runtime, *, watched: Callable[[], bool] = _never,
+    def __init__(self, fence: SubscriptionFence, rt: Interpreter, *, watched: Callable[[], bool] = _never,
                  horizon: timedelta = WATCHDOG_HORIZON) -> None:
         self.fence = fence
         self.rt = rt

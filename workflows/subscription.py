@@ -4,7 +4,7 @@ Contract:
 - Temporal's interpreter of ``mcpsync.workflows.subscription_program.SubscriptionProgram``, where
   every decision is made (every safety rule in ``mcpsync.workflows.subscription_state`` and
   ``ledger_rules``); this module declares the wire surface (signals, updates, query, run) and
-  turns the program's runtime calls into activities, timers and search attributes. The
+  turns the program's interpreter calls into activities, timers and search attributes. The
   simulator runs the same program (``sim/``).
 - Every allocation and acceptance is a CAS in the ledger, so a reset or rolled-back run can never
   reuse an ordinal. Notifications only invalidate; every read goes through ``resources/read`` on
@@ -28,6 +28,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from mcpsync.workflows.interpreter import ActivityFailed, Publication, WaitKind
     from mcpsync.workflows.names import (
         QUERY_SUBSCRIPTION,
         SA_SESSION_GENERATION,
@@ -47,7 +48,6 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         Act,
     )
-    from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
     from mcpsync.workflows.records.read_cycle import ReadReport
     from mcpsync.workflows.records.subscription import (
         CatalogObservation,
@@ -88,8 +88,8 @@ KEY_SUB_GEN = SearchAttributeKey.for_int(SA_SUBSCRIPTION_GENERATION)
 KEY_WATERMARK = SearchAttributeKey.for_int(SA_WATERMARK)
 
 
-class TemporalRuntime:
-    """``subscription_program.Runtime`` on Temporal's workflow APIs (deterministic by construction)."""
+class TemporalInterpreter:
+    """``subscription_program.Interpreter`` on Temporal's workflow APIs (deterministic by construction)."""
 
     def __init__(self, key: SubscriptionKey) -> None:
         self.key = key
@@ -189,7 +189,7 @@ class TemporalRuntime:
 class ResourceSubscriptionWorkflow:
     @workflow.init
     def __init__(self, start: SubscriptionStart) -> None:
-        self.program = SubscriptionProgram(start, TemporalRuntime(start.key))
+        self.program = SubscriptionProgram(start, TemporalInterpreter(start.key))
 
     # A notification that arrives as the run ends only has an audit row left to write: abandon it.
     @workflow.signal(name=SIGNAL_RESOURCE_UPDATED, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from mcpsync.workflows.program_runtime import Publication
+from mcpsync.workflows.interpreter import Publication
 from mcpsync.workflows.records.subscription import SubscriptionOptions, SubscriptionState
 from mcpsync.workflows.subscription_state import SubscriptionFence
 

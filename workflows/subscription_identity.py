@@ -6,7 +6,7 @@ Contract:
   or a verification read when the word cannot be believed) and RECONCILIATION_REQUIRED (enter it
   on an identity conflict, leave it on catalog evidence, a ``resume`` or its time bound).
 - Its own fields are the words the handlers leave for the main loop (``catalog``, ``conflict``,
-  ``resume_requested``); it acts through the program's fence, runtime and plumbing (ledger calls,
+  ``resume_requested``); it acts through the program's fence, interpreter and plumbing (ledger calls,
   audit, waits, publishing), so its commands are part of the program's, in the same order (replay).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.program_runtime import WaitKind
 from mcpsync.workflows.records.ledger import FenceSnapshot, SetStateRequest
 from mcpsync.workflows.records.subscription import (
     CatalogObservation,

@@ -4,13 +4,13 @@ Contract:
 - ``SubscriptionProgram`` is the whole behaviour of ``ResourceSubscriptionWorkflow`` (handlers,
   main loop, read cycle, catalog verdicts, session loss, close, revocation, identity
   reconciliation, continue-as-new timing, the Web UI's detail text), written once as async
-  code over a narrow ``Runtime``. It imports nothing from temporalio and does no I/O.
+  code over a narrow ``Interpreter``. It imports nothing from temporalio and does no I/O.
 - Two interpreters run it: ``mcpsync.workflows.subscription`` (Temporal: activities, timers, search
   attributes) and the simulator (``sim/``: an in-memory world under seeded adversarial schedules,
   resets by replaying its inputs), so the simulator judges the program production runs, not a copy.
-- Determinism: everything time-, random- or history-dependent comes from the runtime
+- Determinism: everything time-, random- or history-dependent comes from the interpreter
   (``now``, ``random``, ``uuid4``, ``continue_as_new_suggested`` …), in the order the code
-  asks. Changing the order of runtime calls changes the commands a Temporal run emits: the
+  asks. Changing the order of interpreter calls changes the commands a Temporal run emits: the
   released corpus (tests/histories/<version>/) must still replay, and a change to released
   code that alters them is patched (docs/upgrades.md).
 - The fence (``mcpsync.workflows.subscription_state``, over the rules of
@@ -43,8 +43,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from mcpsync.workflows.deadline_keeper import DeadlineKeeper
+from mcpsync.workflows.interpreter import PATCH_AFTER_0_2_0, ActivityFailed, Interpreter, WaitKind
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0, ActivityFailed, Runtime, WaitKind
 from mcpsync.workflows.read_deadline import resynced_jitter
 from mcpsync.workflows.records.ledger import (
     AllocateRequest,
@@ -109,7 +109,7 @@ S = SubscriptionState
 class SubscriptionProgram:
     """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
 
-    def __init__(self, start: SubscriptionStart, rt: Runtime) -> None:
+    def __init__(self, start: SubscriptionStart, rt: Interpreter) -> None:
         state = FenceState(key=start.key)
         if start.carried_state is not None:
             state = FenceState.model_validate(start.carried_state)
@@ -508,7 +508,7 @@ class SubscriptionProgram:
         try:
             await self._read(trigger, placeholder)
         finally:
-            self.reads_running -= 1  # also when the run's coroutines are closed (no runtime calls here)
+            self.reads_running -= 1  # also when the run's coroutines are closed (no interpreter calls here)
         if not self._has_work():
             # Otherwise the main loop wakes in this same pass and upserts once when it blocks.
             self._flush_search_attributes()

@@ -120,7 +120,7 @@ class SubscriptionFence:
     def __init__(self, state: FenceState) -> None:
         self.s = state
         self._placeholders = 0  # per run: slots held for allocations not granted yet are -1, -2, …
-        # Per run (``program_runtime.PATCH_AFTER_0_2_0``): deadlines are armed a dispatch margin before
+        # Per run (``interpreter.PATCH_AFTER_0_2_0``): deadlines are armed a dispatch margin before
         # the period ends, so the read is allocated within the bound; runs that started on 0.2.0 arm
         # them at the whole period (their recorded timers).
         self.dispatch_margin = False

@@ -8,8 +8,8 @@ Contract:
   sweep, a notification, the workflow's own read. The transaction that grants it records it on the
   row (``activities/ledger/verification.py``): ``verified_at`` := now, ``verify_due_at`` := now +
   ``verification_delay`` (jittered); a gap it closes that exceeds the period is a breach, reported
-  in that transaction (``judge_gap``). ``mark_active`` starts a new chain (a new subscription
-  generation's first read has no predecessor).
+  in that transaction (``judge_gap``). ``mark_active`` (a new subscription generation) continues the
+  row's chain while the row holds a version (``continues_chain``), else starts a new one.
 - The schedule is the ledger's: the ingress holding the (subject, server) lease sweeps rows whose
   ``verify_due_at`` passed (one indexed query), level-based: a new lease holder finds every overdue
   row at once. A swept row is claimed (due again ``claim_delay`` later) so a read that is refused
@@ -32,8 +32,8 @@ from mcpsync.workflows.read_deadline import dispatch_margin
 from mcpsync.workflows.records.subscription import WATCHDOG_SECONDS
 
 __all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "LONGEST_DELAY_SECONDS", "SWEEP_IDLE_SECONDS",
-           "SWEEP_MIN_SECONDS", "WATCHDOG_HORIZON", "GapJudgement", "claim_delay", "judge_gap",
-           "sweep_wait", "verification_delay"]
+           "SWEEP_MIN_SECONDS", "WATCHDOG_HORIZON", "GapJudgement", "claim_delay", "continues_chain",
+           "judge_gap", "sweep_wait", "verification_delay"]
 
 DUE_EARLIEST = 0.85
 DUE_SPREAD = 0.10
@@ -72,6 +72,16 @@ def verification_delay(period_seconds: float, draw: float) -> float:
 def claim_delay(period_seconds: float) -> float:
     """Seconds a swept row waits before it is due again if no granted allocation re-arms it."""
     return min(LONGEST_DELAY_SECONDS, max(1.0, period_seconds * CLAIM_FRACTION))
+
+
+def continues_chain(last_accepted_digest: str | None) -> bool:
+    """Whether ``mark_active`` on a new subscription generation keeps the row's verification chain: it
+    does while the row holds a version (``last_accepted_digest``), since consumers hold that version
+    through the resubscribe (a lost session, an ingress killed and none sweeping), and the
+    resubscribe's first read closes the gap since the previous generation's newest verification like
+    any other verification. A row without one (new, or reopened for a new incarnation: consumers were
+    told it closed) starts a chain whose first read has no predecessor."""
+    return last_accepted_digest is not None
 
 
 def sweep_wait(next_in: float | None) -> float:

@@ -47,7 +47,7 @@ from mcpsync.activities.ledger.store import (
     recorded_workflow_id,
     snapshot,
 )
-from mcpsync.activities.ledger.verification import record_allocation, start_chain
+from mcpsync.activities.ledger.verification import mark_chain, record_allocation
 from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.coverage import plan_allocate, plan_note
 from mcpsync.workflows.ledger_flow import (
@@ -296,13 +296,14 @@ class FenceLedger:
 
     @activity.defn(name=Act.MARK_ACTIVE)
     async def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
-        """ACTIVE (``mark_active_writes``); a row it marks starts a new verification chain."""
+        """ACTIVE (``mark_active_writes``); a row it marks keeps or starts its verification chain
+        (``mark_chain``)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)
             if row is not None and (columns := mark_active_writes(snapshot(row), req)):
                 row = await _update_row(cur, row["workflow_id"], columns)
-                await start_chain(cur, row)
+                await mark_chain(cur, row)
             return snapshot(row)
 
     @activity.defn(name=Act.SET_STATE)

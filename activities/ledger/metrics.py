@@ -13,8 +13,9 @@ Contract:
 - Unresolved subscriptions are every state but ACTIVE and the finished ones (``FINISHED``:
   CLOSED, REVOKED, TOMBSTONED). UNSUBSCRIBE_UNKNOWN is unresolved: the server may still send
   for it.
-- Overdue verifications: the breaches the workflows' watchdogs recorded (``VERIFICATION_OVERDUE``
-  audit rows, ``activities/ledger/verification.py``; retention prunes them with the audit log).
+- Overdue verifications: the breaches recorded, by the verification that closed the gap or a
+  watchdog that found it open (``VERIFICATION_OVERDUE`` audit rows,
+  ``activities/ledger/verification.py``; retention prunes them with the audit log).
 - Revocation latency: ``read_snapshot`` returns the revocations after a given id with the
   seconds from ``effective_at`` to their outbox row; ``last_revocation_id`` is where a new
   reader starts counting.

@@ -4,9 +4,10 @@ Contract:
 - ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
   row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
   (``verified_at``) and is due again ``verification_delay`` later; a gap it closes that exceeds the
-  period and was not reported yet is reported there (``report_overdue``). ``start_chain`` runs in
-  ``mark_active``'s: a new subscription generation's first read has no predecessor, and the row is due
-  within ``claim_delay`` if that read does not land.
+  period and was not reported yet is reported there (``report_overdue``). ``mark_chain`` runs in
+  ``mark_active``'s: a row that holds a version keeps its chain (``continues_chain``: the new
+  subscription generation's first read closes the gap since the previous one's newest verification),
+  any other starts a new one; either is due within ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
   ``subscriptions_verify_due``, each claimed (due again ``claim_delay`` later) in the same
   transaction, rows locked by a running allocation skipped; and how long until the next row is due.
@@ -33,9 +34,15 @@ from mcpsync.activities.ledger.store import BY_KEY, LedgerStore
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import OutboxEventType, WatchRequest, WatchResult
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
-from mcpsync.workflows.verification_rules import GapJudgement, claim_delay, judge_gap, verification_delay
+from mcpsync.workflows.verification_rules import (
+    GapJudgement,
+    claim_delay,
+    continues_chain,
+    judge_gap,
+    verification_delay,
+)
 
-__all__ = ["Due", "VerificationLedger", "record_allocation", "report_overdue", "start_chain"]
+__all__ = ["Due", "VerificationLedger", "mark_chain", "record_allocation", "report_overdue"]
 
 ACTIVE = SubscriptionState.ACTIVE.value
 OVERDUE_AUDIT = "VERIFICATION_OVERDUE"
@@ -87,14 +94,17 @@ async def record_allocation(cur: Any, row: dict[str, Any]) -> None:
     )
 
 
-async def start_chain(cur: Any, row: dict[str, Any]) -> None:
-    """``mark_active`` made ``row`` (as it stands after) ACTIVE on a new subscription generation: a
-    new chain, due within ``claim_delay`` unless its first read re-arms it."""
+async def mark_chain(cur: Any, row: dict[str, Any]) -> None:
+    """``mark_active`` made ``row`` (as it stands after) ACTIVE on a new subscription generation: its
+    chain goes on while it holds a version (``continues_chain``), else a new one starts; due within
+    ``claim_delay`` unless the generation's first read re-arms it."""
     period = row["safety_read_seconds"]
+    keep = continues_chain(row["last_accepted_digest"])
     await cur.execute(
-        "UPDATE subscriptions SET verified_at = NULL, watched_at = NULL,"
+        "UPDATE subscriptions SET verified_at = CASE WHEN %s THEN verified_at END,"
+        " watched_at = CASE WHEN %s THEN watched_at END,"
         " verify_due_at = now() + make_interval(secs => %s) WHERE workflow_id = %s",
-        (claim_delay(float(period)) if period is not None else None, row["workflow_id"]),
+        (keep, keep, claim_delay(float(period)) if period is not None else None, row["workflow_id"]),
     )
 
 

@@ -15,7 +15,14 @@ import pytest
 from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.ingress.resync import BUSY_SECONDS, Resync
 from mcpsync.workflows.ingress import IngressRouter
-from mcpsync.workflows.records.ledger import AllocateRequest, MarkActiveRequest, WatchRequest
+from mcpsync.workflows.records.ledger import (
+    AcceptRequest,
+    AcceptVerdict,
+    AllocateRequest,
+    MarkActiveRequest,
+    WatchRequest,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
 from mcpsync.workflows.verification_rules import (
     LONGEST_DELAY_SECONDS,
@@ -40,12 +47,38 @@ async def _scheduled(ledger: Ledger, subject: str, uri: str, *, period: float | 
     return key
 
 
-async def _allocate(ledger: Ledger, key: SubscriptionKey) -> int:
+async def _allocate(ledger: Ledger, key: SubscriptionKey, generation: int = 1) -> int:
+    """A granted read allocation on session and subscription ``generation``: its ordinal."""
     ticket = await ledger.fence.allocate_read(AllocateRequest(
-        key=key, session_generation=1, subscription_generation=1, min_ordinal=1,
+        key=key, session_generation=generation, subscription_generation=generation, min_ordinal=1,
         request_id=uuid.uuid4().hex, trigger=TriggerReason.UPDATED))
     assert ticket.granted
     return ticket.ordinal
+
+
+async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *, generation: int) -> None:
+    """A read allocated on ``generation`` that saw ``digest``, accepted."""
+    ordinal = await _allocate(ledger, key, generation)
+    rows = await ledger_rows(ledger, "SELECT request_id FROM read_requests WHERE workflow_id=%s"
+                             " AND ordinal=%s", key.workflow_id, ordinal)
+    outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=key, ordinal=ordinal, request_id=rows[0][0],
+                          session_generation=generation, subscription_generation=generation,
+                          trigger=TriggerReason.UPDATED, content_digest=digest, mime_type="text/plain")
+    result = await ledger.fence.accept(AcceptRequest(outcome=outcome, expected_state=SubscriptionState.ACTIVE,
+                                                     close_epoch=0))
+    assert result.verdict == AcceptVerdict.ACCEPTED
+
+
+async def _resubscribe(ledger: Ledger, key: SubscriptionKey, session_generation: int) -> int:
+    """The run subscribes again on session ``session_generation`` and marks the row ACTIVE: the new
+    subscription generation (equal to the session's in these tests)."""
+    snap = await ledger.begin_subscription(key, session_generation)
+    assert snap.subscription_generation == session_generation
+    snap = await ledger.fence.mark_active(MarkActiveRequest(
+        key=key, session_generation=session_generation, subscription_generation=snap.subscription_generation,
+        read_reports=True, safety_read_seconds=PERIOD))
+    assert snap.state == SubscriptionState.ACTIVE
+    return snap.subscription_generation
 
 
 async def _schedule(ledger: Ledger, key: SubscriptionKey) -> dict[str, Any]:
@@ -95,11 +128,35 @@ async def test_a_new_chain_is_due_soon_and_each_granted_allocation_records_a_ver
     await _set(ledger, key, "verified_at", -10)  # a gap within the period: nothing reported
     await _allocate(ledger, key)
     assert await _reports(ledger, key) == (1, 1)
-    # A new subscription generation (resubscribe) starts a new chain.
-    snap = await ledger.begin_subscription(key, 2)
-    await ledger.fence.mark_active(MarkActiveRequest(key=key, session_generation=2,
-                                                     subscription_generation=snap.subscription_generation,
-                                                     read_reports=True, safety_read_seconds=PERIOD))
+
+
+async def test_a_resubscribe_keeps_the_chain_and_its_first_read_reports_the_gap(ledger: Ledger) -> None:
+    """The ingress killed and none sweeping: the run resubscribes on the next ingress's session, and
+    that generation's first read closes the gap since the previous generation's newest verification.
+    A row reopened for a new incarnation has no version to keep fresh: a new chain."""
+    key = await _scheduled(ledger, unique("s"), "demo://resubscribed")
+    await _read(ledger, key, "sha256:a", generation=1)  # the row holds a version
+    await _set(ledger, key, "verified_at", -40)  # no verification since, for longer than the period
+    generation = await _resubscribe(ledger, key, 2)
+    s = await _schedule(ledger, key)
+    assert s["verified"] == pytest.approx(-40, abs=0.5) and s["watched"] is None
+    assert s["due"] == pytest.approx(claim_delay(PERIOD), abs=0.5)
+    await _allocate(ledger, key, generation)  # the resubscribe's read closes the gap: reported by it
+    assert await _reports(ledger, key) == (1, 1)
+    detail = await ledger_rows(ledger, "SELECT detail FROM outbox WHERE workflow_id=%s AND event_type=%s",
+                               key.workflow_id, "overdue")
+    assert detail[0][0]["closed"] is True and 40 <= detail[0][0]["gap_seconds"] < 41
+    # A gap the watchdog reported while open is not reported again by the resubscribe's read.
+    await _set(ledger, key, "verified_at", -100)
+    assert (await ledger.verification.watch(WatchRequest(key=key))).outbox_id is not None
+    generation = await _resubscribe(ledger, key, 3)
+    await _allocate(ledger, key, generation)
+    assert await _reports(ledger, key) == (2, 2)
+    # Closed, then reopened for a new incarnation (no current version): a new chain.
+    await ledger.begin_unsubscribe(key)
+    await ledger.finish_unsubscribe(key, acked=True)
+    await ledger.ensure_subscription(key, "inc-2")
+    await _resubscribe(ledger, key, 4)
     s = await _schedule(ledger, key)
     assert s["verified"] is None and s["watched"] is None
 

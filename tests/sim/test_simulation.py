@@ -26,6 +26,7 @@ from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 from mcpsync.workflows.subscription_state import SubscriptionFence
 from sim.engine import Simulation
+from sim.interpreter import Signal
 from sim.model import (
     ALL_FAULTS,
     INGRESS_READ,
@@ -41,7 +42,6 @@ from sim.model import (
     schedule_seed,
 )
 from sim.runner import Summary, run_schedules, run_schedules_in_processes, summary_json
-from sim.runtime import Signal
 from sim.schedule import replay, run_schedule
 from sim.shrinking import shrink
 from tests import cli_process

@@ -26,7 +26,7 @@ from mcpsync.workflows.ingress import (
     Stamp,
     Stamped,
 )
-from mcpsync.workflows.program_runtime import WaitKind
+from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.records.ledger import (
     AcceptResult,
     AcceptVerdict,
@@ -237,7 +237,7 @@ class _Wait:
 
 
 class SteppedRuntime:
-    """Just the part of ``program_runtime.Runtime`` the keeper uses: a clock the test moves and
+    """Just the part of ``interpreter.Interpreter`` the keeper uses: a clock the test moves and
     waits the test answers, recording the timer commands a Temporal run would issue."""
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mcpsync.workflows import write_plan
-from mcpsync.workflows.program_runtime import WaitKind
+from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.records.ledger import AcceptVerdict, AllocateRequest, FenceSnapshot, ReadTicket
 from mcpsync.workflows.records.subscription import ResumeRequest, SubscriptionStart
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1

@@ -24,8 +24,8 @@ from mcpsync.workflows.records.ledger import OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState, TriggerReason
 from mcpsync.workflows.verification_rules import WATCHDOG_HORIZON
 from sim.engine import Simulation
+from sim.interpreter import ProgramRun
 from sim.model import INGRESS_READ, Event, Op, Profile, SimConfig
-from sim.runtime import ProgramRun
 
 S = SubscriptionState
 SUBSCRIBED = Profile(capability="subscribe", safety_read_seconds=300.0)
@@ -123,7 +123,10 @@ def test_a_row_the_ledger_no_longer_schedules_is_read_to_find_out_why() -> None:
     # The look answered "not scheduled": the run read, was refused, reloaded the row and resubscribed.
     assert sim.ledger.row.state == S.ACTIVE and sim.wf.fence.s.state == S.ACTIVE
     assert sim.ledger.row.subscription_generation == 2
-    assert not any(e.event_type == OutboxEventType.OVERDUE for e in sim.ledger.outbox)
+    # The row kept its version, so the resubscribe kept its chain: that generation's first read
+    # closed the six hours nobody verified it (no sweep here) and reported them, once.
+    assert [e.event_type for e in sim.ledger.outbox].count(OutboxEventType.OVERDUE) == 1
+    assert sim.ledger.audit.count("VERIFICATION_OVERDUE") == 1
 
 
 def test_continue_as_new_carries_the_watchdogs_due_time() -> None:

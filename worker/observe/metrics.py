@@ -314,8 +314,9 @@ class _LedgerCollector(Collector):
                     labels=["server"])
         stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
         sac = g("mcpsync_stale_after_close", "STALE_AFTER_CLOSE audit rows (ledger)", labels=["server"])
-        overdue = g("mcpsync_verifications_overdue", "Breaches the workflows' watchdogs found: verifications "
-                    "further apart than the staleness bound (VERIFICATION_OVERDUE audit rows, ledger)",
+        overdue = g("mcpsync_verifications_overdue", "Breaches recorded: verifications further apart than "
+                    "the staleness bound, by the verification that closed the gap or a watchdog that found "
+                    "it open (VERIFICATION_OVERDUE audit rows, ledger)",
                     labels=["server"])
         servers = sorted(set(snap.reads) | {s for s, _ in snap.receipts} | set(snap.stale_after_close)
                          | set(snap.overdue))

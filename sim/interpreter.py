@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from mcpsync.workflows.program_runtime import ActivityFailed, Publication, WaitKind
+from mcpsync.workflows.interpreter import ActivityFailed, Publication, WaitKind
 from mcpsync.workflows.records.subscription import (
     CloseRequest,
     ResumeRequest,
@@ -95,7 +95,7 @@ class _WaitRequest:
 
 
 class _Yield:
-    """The one awaitable the runtime hands out: it passes a request up to the scheduler."""
+    """The one awaitable the interpreter hands out: it passes a request up to the scheduler."""
 
     __slots__ = ("request",)
 
@@ -378,7 +378,7 @@ class ProgramRun:
             self.handlers[task.handler] -= 1
             self._handlers_running -= 1
 
-    # --- subscription_program.Runtime ------------------------------------------------------------------
+    # --- subscription_program.Interpreter ------------------------------------------------------------------
 
     def _draw(self, make: Callable[[], Any]) -> Any:
         value = self._replay_draws.popleft() if self._replay_draws else make()

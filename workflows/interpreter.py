@@ -1,10 +1,10 @@
 """What the subscription program needs from its interpreter, and what it hands back.
 
 Contract:
-- ``Runtime`` is the narrow protocol ``SubscriptionProgram`` runs over: time, randomness and ids,
+- ``Interpreter`` is the narrow protocol ``SubscriptionProgram`` runs over: time, randomness and ids,
   activities (ledger and session host), waits, spawned coroutines, continue-as-new, publication.
-  Temporal's implementation is ``mcpsync.workflows.subscription.TemporalRuntime``; the simulator's
-  is ``sim/runtime.ProgramRun``. No temporalio import here.
+  Temporal's implementation is ``mcpsync.workflows.subscription.TemporalInterpreter``; the simulator's
+  is ``sim/interpreter.ProgramRun``. No temporalio import here.
 - ``WaitKind`` names every wait, ``ActivityFailed`` is how a session-queue activity fails for good,
   ``Publication`` is what the run shows operators (search attributes, the details panel).
 """
@@ -20,7 +20,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from mcpsync.workflows.records.subscription import SubscriptionStart, SubscriptionState
 from mcpsync.workflows.subscription_state import UpdateDisposition
 
-__all__ = ["PATCH_AFTER_0_2_0", "ActivityFailed", "Publication", "Runtime", "WaitKind"]
+__all__ = ["PATCH_AFTER_0_2_0", "ActivityFailed", "Publication", "Interpreter", "WaitKind"]
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ one marker (and one ``TemporalChangeVersion`` upsert) a run."""
 
 
 class WaitKind(StrEnum):
-    """What a ``Runtime.wait`` waits for: names the wait for the simulator's scheduler and checker."""
+    """What a ``Interpreter.wait`` waits for: names the wait for the simulator's scheduler and checker."""
 
     IDLE = "idle"  # the main loop has nothing to do until work or the read deadline
     SESSION = "session"  # no usable session: back off until a new generation or the recheck timer
@@ -70,7 +70,7 @@ class Publication:
     upsert: bool = True  # the search attributes changed (a history event); else only the details
 
 
-class Runtime(Protocol):
+class Interpreter(Protocol):
     """What the program needs from its interpreter. Temporal's is ``mcpsync.workflows.subscription``."""
 
     def now(self) -> datetime: ...
