@@ -328,6 +328,7 @@ def test_scale_only_runs_start_churn_and_idle_with_memory_and_the_verification_s
 
     s = r["scale"]
     assert s["convergence_p99_ms"] == conv["p99_ms"] and s["max_cached_workflows"] == 2
+    assert s["delivered_p99_ms"] == conv["with_a_delivered_notification"]["p99_ms"]
     assert s["max_gap_over_period"] == v["max_gap_over_period"]
     assert s["worker_kib_per_subscription"] == per["mcpsync_worker"]["held_rss"] > 0
     assert set(s["targets_met"]) == {"convergence_p99", "box_busy", "memory_all_processes", "memory_worker",
