@@ -169,6 +169,11 @@ class Tally:
     def __add__(self, other: Tally) -> Tally:
         return Tally(self.events_by_type + other.events_by_type, self.actions + other.actions)
 
+    def scaled(self, factor: float) -> Tally:
+        """Every count times ``factor``, rounded: a sample's tally standing for a larger population."""
+        return Tally(Counter({k: round(v * factor) for k, v in self.events_by_type.items()}),
+                     Counter({k: round(v * factor) for k, v in self.actions.items()}))
+
 
 def count_run(events: Iterable[HistoryEvent], t0: float | None = None, t1: float | None = None) -> Tally:
     """One run's events (those stamped within [t0, t1], wall-clock seconds, when given) by type, and

@@ -8,6 +8,10 @@ Contract:
   timeout, or only changes that lost their notifications are behind (:class:`Drain`);
   :func:`churn_report` writes what happened (``churn``, ``system``, ``consumer``, ``baseline``,
   ``comparison``, ``cost_of_a_change``); :func:`repair_phase` edits the URIs left behind once more.
+- Without a baseline (``--scale-only``: no naive client) the same phases measure mcpsync alone and the
+  ``baseline`` and ``comparison`` sections are left out.
+- Every query is bounded by the changes, not by N: the rows of the URIs the churn changed, the receipts
+  since the churn's start, the histories of a sample of the workflows (``--history-sample``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from benchmarks import cost
-from benchmarks.common import SUBJECT, fetch_rows, ratio, summarize, until
+from benchmarks.common import SUBJECT, fetch_rows, ratio, spread, summarize, until
 from benchmarks.consumer import OutboxFollower
 from benchmarks.convergence import Change, convergence, convergence_report, first_seen, regressions
 from benchmarks.figures import cost_of_a_change
@@ -118,7 +122,7 @@ class Churn:
 
     ledger: Ledger
     server: str
-    base: NaiveClient
+    base: NaiveClient | None  # None: no naive baseline (--scale-only)
     follower: OutboxFollower
     controls: list[FixtureControl]
     reads0: int
@@ -142,10 +146,10 @@ class Churn:
         """URIs whose last change mcpsync (first set) and the baseline (second) do not hold yet."""
         ledger, server, final, base = self.ledger, self.server, self.final, self.base
         held = dict(await fetch_rows(ledger, "SELECT uri, last_accepted_digest FROM subscriptions "
-                                             "WHERE server=%s",
-                                (server,)))
+                                             "WHERE server=%s AND uri = ANY(%s)",
+                                (server, list(final))))
         return ({u for u, d in final.items() if held.get(u) != d},
-                {u for u, d in final.items() if base.held.get(u) != d})
+                set() if base is None else {u for u, d in final.items() if base.held.get(u) != d})
 
 
 @dataclass
@@ -162,21 +166,23 @@ class Drain:
     consumer_missing: int
 
 
-async def churn_phase(b: Bench, base: NaiveClient, base_ctl: FixtureControl) -> Churn:
+async def churn_phase(b: Bench, base: NaiveClient | None, base_ctl: FixtureControl | None) -> Churn:
     """``opts.rate`` changes/s for ``opts.duration`` s on every fixture (:func:`drive_churn`), CPU measured
-    over it."""
+    over it; ``base`` None: mcpsync alone (its fixture's edits only)."""
     opts, say, uris, rng = b.opts, b.say, b.uris, b.rng
     server, client, ledger, stack = b.server, b.client, b.ledger, b.stack
     sys_ctl, services, temporal, db_name, probe = b.sys_ctl, b.services, b.temporal, b.db_name, b.probe
     follower = await OutboxFollower.start(ledger)  # accept -> consumer received (docs/outbox.md)
     stack.push_async_callback(follower.stop)
-    controls = [sys_ctl] if base_ctl is sys_ctl else [sys_ctl, base_ctl]
-    reads0, base_reads0, base_notes0 = await count_reads(ledger, server), base.reads, base.notifications
+    controls = [sys_ctl] if base_ctl is None or base_ctl is sys_ctl else [sys_ctl, base_ctl]
+    reads0 = await count_reads(ledger, server)
+    base_reads0, base_notes0 = (base.reads, base.notifications) if base is not None else (0, 0)
     verdicts0 = await count_verdicts(ledger, server)
     host0 = await services.host_totals(server)
-    completions0 = len(base.completions)
-    subscription_runs = await cost.start_runs(
-        client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+    completions0 = len(base.completions) if base is not None else 0
+    subscription_runs = await cost.start_runs(client, spread(
+        [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris],
+        opts.history_sample))
     roles, role_notes = cost.run_processes(temporal.pid, db_name, services.named_processes)
     scrape0 = await probe.scrape()
     cpu0 = cpu_snapshot()
@@ -224,10 +230,12 @@ async def drain_phase(b: Bench, churn: Churn) -> Drain:
         await asyncio.sleep(0.25)
     drain_seconds = time.monotonic() - t_drain0
     sys_left, base_left = await unconverged()
-    await base.idle()
+    if base is not None:
+        await base.idle()
     during = Probe.diff(await probe.scrape(), scrape0)
     t_drain1 = time.time()
-    window_history = await cost.history_per_change(client, subscription_runs, t_churn0, t_drain1)
+    window_history = await cost.history_per_change(client, subscription_runs, t_churn0, t_drain1,
+                                                   of=len(b.uris))
 
     consumer_lat, consumer_missing = await follower.latencies(t_churn0)
     return Drain(sys_left=sys_left, base_left=base_left, drain_seconds=drain_seconds,
@@ -236,29 +244,30 @@ async def drain_phase(b: Bench, churn: Churn) -> Drain:
 
 
 async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float | None], dict[str, Any]]:
-    """What happened: the ``churn``, ``system``, ``consumer``, ``baseline``, ``comparison`` and
-    ``cost_of_a_change`` sections; mcpsync's convergence per change and its report."""
+    """What happened: the ``churn``, ``system``, ``consumer``, ``baseline``, ``comparison`` (with a baseline)
+    and ``cost_of_a_change`` sections; mcpsync's convergence per change and its report."""
     r, run, say, server = b.r, b.run, b.say, b.server
     ledger, sys_ctl, services, probe = b.ledger, b.sys_ctl, b.services, b.probe
-    base, changes, final, lag, cpu_churn = churn.base, churn.changes, churn.final, churn.lag, churn.cpu_churn
-    reads0, base_reads0 = churn.reads0, churn.base_reads0
-    base_notes0, verdicts0 = churn.base_notes0, churn.verdicts0
-    host0, completions0, t_churn0, t_churn1 = churn.host0, churn.completions0, churn.t_churn0, churn.t_churn1
+    changes, final, lag, cpu_churn = churn.changes, churn.final, churn.lag, churn.cpu_churn
+    reads0, verdicts0 = churn.reads0, churn.verdicts0
+    host0, t_churn0, t_churn1 = churn.host0, churn.t_churn0, churn.t_churn1
     proc_cpu, role_notes = churn.proc_cpu, churn.role_notes
-    sys_left, base_left = drain.sys_left, drain.base_left
+    sys_left = drain.sys_left
     drain_seconds, stuck_reason = drain.drain_seconds, drain.stuck_reason
     during, window_history = drain.during, drain.window_history
     consumer_lat, consumer_missing = drain.consumer_lat, drain.consumer_missing
+    # A change's content is new: no receipt before the churn holds it, nor one of a URI it did not change.
+    changed = (server, list(final), t_churn0)
     receipts = await fetch_rows(ledger, "SELECT uri, content_digest, extract(epoch "
                                         "FROM accepted_at)::float8 FROM resource_versions "
-                                        "WHERE server=%s AND status IN ('ACCEPTED','UNCHANGED') "
-                                        "ORDER BY receipt_id", (server,))
+                                        "WHERE server=%s AND uri = ANY(%s) AND accepted_at >= "
+                                        "to_timestamp(%s) AND status IN ('ACCEPTED','UNCHANGED') "
+                                        "ORDER BY receipt_id", changed)
     accepted_seq = await fetch_rows(ledger, "SELECT uri, content_digest FROM resource_versions "
-                                            "WHERE server=%s AND status='ACCEPTED' ORDER BY receipt_id",
-                                    (server,))
+                                            "WHERE server=%s AND uri = ANY(%s) AND accepted_at >= "
+                                            "to_timestamp(%s) AND status='ACCEPTED' ORDER BY receipt_id",
+                                    changed)
     sys_lat = convergence(changes, first_seen([(u, d, t) for u, d, t in receipts]), baseline=False)
-    base_completions = base.completions[completions0:]
-    base_lat = convergence(changes, first_seen(base_completions), baseline=True)
     sys_reads = await count_reads(ledger, server) - reads0
     by_trigger = dict(await fetch_rows(
         ledger, "SELECT r.trigger_reason, count(*) FROM read_requests r JOIN subscriptions s "
@@ -268,7 +277,6 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
         ledger, "SELECT extract(epoch FROM r.completed_at - r.issued_at)::float8 FROM read_requests r "
                 "JOIN subscriptions s USING (workflow_id) WHERE s.server=%s AND r.completed_at IS "
                 "NOT NULL AND r.issued_at >= to_timestamp(%s)", (server, t_churn0))]
-    base_reads = base.reads - base_reads0
     verdicts1 = await count_verdicts(ledger, server)
     verdicts = {k: v - verdicts0.get(k, 0) for k, v in verdicts1.items() if v - verdicts0.get(k, 0)}
     host1 = await services.host_totals(server)
@@ -278,9 +286,7 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
     offered = sum(ch.k for ch in changes)
     received = host1.received - host0.received
     sys_conv = convergence_report(sys_lat, [ch.lost(0) for ch in changes])
-    base_conv = convergence_report(base_lat, [ch.lost(1) for ch in changes])
     run.curves["system"] = [x for x in sys_lat if x is not None]
-    run.curves["baseline"] = [x for x in base_lat if x is not None]
     accepted_new = verdicts.get("ACCEPTED", 0)
     r["churn"] = {
         "duration_seconds": round(churn_seconds, 2),
@@ -318,13 +324,31 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
                      "what": "outbox row written (created_at: its accept transaction) -> received by a "
                              "durable consumer following with LISTEN/NOTIFY "
                              "(mcpsync.activities.ledger.outbox.OutboxConsumer.follow), churn events only"}
+    if churn.base is not None:
+        _baseline_sections(b, churn, drain, sys_conv)
+    r["cost_of_a_change"] = cost_of_a_change(r, proc_cpu, role_notes, window_history, len(changes))
+    against = f" (baseline {r['baseline']['reads_per_change']})" if "baseline" in r else ""
+    say(f"system p50/p99/p99.9 {sys_conv['p50_ms']}/{sys_conv['p99_ms']}/{sys_conv['p999_ms']} ms, "
+        f"{r['system']['reads_per_change']} reads/change{against}")
+    return sys_lat, sys_conv
+
+
+def _baseline_sections(b: Bench, churn: Churn, drain: Drain, sys_conv: dict[str, Any]) -> None:
+    """The naive baseline's ``baseline`` section, and the ``comparison`` of mcpsync with it and the floor."""
+    r, changes, base = b.r, churn.changes, churn.base
+    assert base is not None
+    base_completions = base.completions[churn.completions0:]
+    base_lat = convergence(changes, first_seen(base_completions), baseline=True)
+    base_conv = convergence_report(base_lat, [ch.lost(1) for ch in changes])
+    b.run.curves["baseline"] = [x for x in base_lat if x is not None]
+    base_reads = base.reads - churn.base_reads0
     r["baseline"] = {
         "reads": base_reads,
         "reads_per_change": round(base_reads / len(changes), 3) if changes else None,
         "read_errors": base.read_errors,
-        "notifications_received": base.notifications - base_notes0,
+        "notifications_received": base.notifications - churn.base_notes0,
         "convergence": base_conv,
-        "uris_behind_at_end": len(base_left),
+        "uris_behind_at_end": len(drain.base_left),
         "regressions": regressions(changes, [(u, d) for u, d, _ in base_completions]),
     }
     fl = r["floor"]
@@ -341,10 +365,6 @@ async def churn_report(b: Bench, churn: Churn, drain: Drain) -> tuple[list[float
                                          fl["p999_ms"]),
         "baseline_p50_vs_floor": ratio(base_conv["p50_ms"], fl["p50_ms"]),
     }
-    r["cost_of_a_change"] = cost_of_a_change(r, proc_cpu, role_notes, window_history, len(changes))
-    say(f"system p50/p99/p99.9 {sys_conv['p50_ms']}/{sys_conv['p99_ms']}/{sys_conv['p999_ms']} ms, "
-        f"{r['system']['reads_per_change']} reads/change (baseline {r['baseline']['reads_per_change']})")
-    return sys_lat, sys_conv
 
 
 async def repair_phase(b: Bench, churn: Churn, drain: Drain) -> None:

@@ -1,9 +1,10 @@
 """Helpers shared by the benchmark's modules (``benchmarks.run``, ``benchmarks.staleness``, ...).
 
 Contract: small utilities: a nearest-rank percentile and a latency summary of it, a rounded ratio, a
-polling wait on an async predicate, ``asyncio.gather`` with a concurrency limit, and one-statement reads
-of the ledger (rows, or the first column of the first row); the run's subject and task queue; a Temporal
-dev server with a client and the ledger, on an exit stack (``temporal_and_ledger``).
+polling wait on an async predicate, ``asyncio.gather`` with a concurrency limit, an evenly spread sample,
+and one-statement reads of the ledger (rows, or the first column of the first row); the run's subject and
+task queue; a Temporal dev server with a client and the ledger, on an exit stack
+(``temporal_and_ledger``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -25,7 +26,9 @@ from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.stack.temporal import TemporalDevServer
 
 __all__ = ["SUBJECT", "TASK_QUEUE", "fetch_rows", "fetch_scalar", "gather_limited", "percentile", "ratio",
-           "summarize", "temporal_and_ledger", "until", "warmup_count"]
+           "spread", "summarize", "temporal_and_ledger", "until", "warmup_count"]
+
+T = TypeVar("T")
 
 SUBJECT = "bench"
 TASK_QUEUE = "mcpsync-bench"
@@ -47,6 +50,14 @@ async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, interv
             return True
         await asyncio.sleep(interval)
     return await predicate()
+
+
+def spread(items: Sequence[T], k: int) -> list[T]:
+    """At most ``k`` of ``items``, evenly spaced from the first (all of them when there are no more):
+    a sample that spans start order, so early and late subscriptions are both in it."""
+    if len(items) <= k:
+        return list(items)
+    return [items[i * len(items) // k] for i in range(k)]
 
 
 def warmup_count(n: int) -> int:

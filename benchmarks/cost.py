@@ -16,7 +16,9 @@ Contract:
   ``unreadable``.
 - :func:`history_per_change` counts, over a wall-clock window, the history events of the given
   workflows by type and their Temporal Cloud billable actions (``benchmarks.actions``), following
-  continue-as-new from the run that was current when the window opened.
+  continue-as-new from the run that was current when the window opened. Fetching a history is one
+  round trip per run, so at large N the caller passes a sample (``benchmarks.common.spread``) and the
+  number it stands for: the counts are scaled to it (``WindowHistory.sampled`` says how many were read).
 """
 
 from __future__ import annotations
@@ -169,9 +171,10 @@ def cpu_delta(before: CpuSample, after: CpuSample, changes: int) -> dict[str, An
 
 @dataclass
 class WindowHistory:
-    workflows: int = 0
+    workflows: int = 0  # the workflows the figures stand for
     runs: int = 0
     tally: actions.Tally = field(default_factory=actions.Tally)  # events by type, billable actions
+    sampled: int = 0  # the workflows whose histories were read (fewer than ``workflows``: scaled to it)
 
     @property
     def events(self) -> int:
@@ -200,9 +203,11 @@ async def start_runs(client: Client, workflow_ids: Sequence[str]) -> dict[str, s
     return dict(await gather_limited([one(w) for w in workflow_ids], 16))
 
 
-async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1: float) -> WindowHistory:
-    """Events stamped within [t0, t1] (wall clock, seconds) over each workflow's runs from ``runs``."""
-    out = WindowHistory(workflows=len(runs))
+async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1: float, *,
+                             of: int | None = None) -> WindowHistory:
+    """Events stamped within [t0, t1] (wall clock, seconds) over each workflow's runs from ``runs``;
+    ``of``: how many workflows ``runs`` samples (default: just these), the counts scaled to it."""
+    out = WindowHistory(workflows=len(runs), sampled=len(runs))
 
     async def one(wid: str, run_id: str) -> tuple[int, actions.Tally]:
         runs_seen, tally = 0, actions.Tally()
@@ -221,4 +226,9 @@ async def history_per_change(client: Client, runs: dict[str, str], t0: float, t1
     for r, t in await gather_limited([one(w, rid) for w, rid in runs.items()], 16):
         out.runs += r
         out.tally += t
+    if of is not None and of > len(runs) > 0:
+        factor = of / len(runs)
+        out.workflows = of
+        out.runs = of + round((out.runs - len(runs)) * factor)
+        out.tally = out.tally.scaled(factor)
     return out

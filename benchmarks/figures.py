@@ -47,6 +47,7 @@ def cost_of_a_change(r: dict[str, Any], proc_cpu: dict[str, Any], notes: list[st
         "history": {
             "window": "churn start -> drain end (wall clock vs the events' server time, same host)",
             "workflows": wh.workflows,
+            "sampled_workflows": wh.sampled,  # fewer than workflows: the counts are scaled from them
             "runs": wh.runs,
             "events": wh.events,
             "workflow_tasks_completed": wh.workflow_tasks_completed,

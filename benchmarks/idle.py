@@ -19,7 +19,8 @@ Contract:
   i.e. when the subscriptions started at least one safety period before the window ends and spread
   over it; a window right after a fast start-up sees none, and measures the rest (pings, leases,
   timers). ``cpu_ms_per_safety_read_upper_bound`` divides the window's CPU by its safety reads (the
-  fixed part included).
+  fixed part included). The history counts come from a sample of the workflows when the caller passes
+  one (``history_sampled_workflows``), scaled to N (``benchmarks.cost.history_per_change``).
 - A read that found nothing new (``read_requests.outcome`` UNCHANGED, completed in the window, whatever
   triggered it) is an *unchanged read*: ``history_events_per_unchanged_read``,
   ``temporal_actions_per_unchanged_read`` and ``cpu_ms_per_unchanged_read_upper_bound`` divide the
@@ -54,15 +55,17 @@ SAFETY_READ_JITTER_MEAN = 0.9  # safety reads are armed at 0.8-1.0 of the period
 
 
 async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Role], runs: dict[str, str], *,
-                       server: str, seconds: float, safety_read_seconds: float | None) -> dict[str, Any]:
-    """The idle window of the module contract over the workflows of ``runs`` (ids → current run)."""
-    n = max(1, len(runs))
+                       server: str, seconds: float, safety_read_seconds: float | None,
+                       subscriptions: int | None = None) -> dict[str, Any]:
+    """The idle window of the module contract over ``subscriptions`` workflows (default: those of
+    ``runs``); ``runs`` (ids → current run) are the ones whose histories are read, scaled to the rest."""
+    n = max(1, subscriptions or len(runs))
     cpu0, box0 = cost.cpu_sample(roles), usage.cpu_snapshot()
     t0 = time.time()
     await asyncio.sleep(seconds)
     t1 = time.time()
     cpu, box = cost.cpu_delta(cpu0, cost.cpu_sample(roles), 1), usage.cpu_report(box0, usage.cpu_snapshot())
-    history = await cost.history_per_change(client, runs, t0, t1)
+    history = await cost.history_per_change(client, runs, t0, t1, of=n)
     window = (datetime.fromtimestamp(t0, UTC), datetime.fromtimestamp(t1, UTC))
     reads = dict(await fetch_rows(
         ledger, "SELECT q.trigger_reason, count(*) FROM read_requests q"
@@ -93,6 +96,7 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
         "cpu_ms": round(total_ms, 1),
         "cpu_ms_per_subscription_hour": round(total_ms / sub_hours, 2),
         "by_process_ms_per_subscription_hour": {k: round(v / sub_hours, 2) for k, v in cpu_ms.items()},
+        "history_sampled_workflows": history.sampled,
         "history_events": history.events,
         "history_events_by_type": dict(tally.events_by_type.most_common()),
         "history_events_per_subscription_day": round(history.events / sub_hours * 24, 1),

@@ -52,6 +52,11 @@ class Options:
     max_cached_workflows: int | None = None
     # the N subscriptions' SubscriptionOptions.max_history_events; None: SubscriptionOptions' default
     subscription_max_history_events: int | None = None
+    # --scale-only: start, churn and idle window only (benchmarks.scale), the figure of N subscriptions
+    scale_only: bool = False
+    # workflows whose histories a window's history figures are counted on (evenly spread over the N); the
+    # counts are scaled to N when fewer
+    history_sample: int = 1000
     single: str | None = None  # "transport:N": run just that, write ``result`` (the orchestrator's child)
     result: Path | None = None
 
@@ -71,6 +76,20 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("expected positive integers")
     return values
+
+
+def _check_scale_only(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--scale-only measures one N per transport, by process, over an idle window, and nothing beside it."""
+    if a.series:
+        p.error("--scale-only runs one N: use --subscriptions, not --series")
+    if a.ingress_scale is not None:
+        p.error("--scale-only and --ingress-scale are different runs")
+    if a.idle_window is not None and a.idle_window <= 0:
+        p.error("--scale-only needs an idle window (--idle-window > 0)")
+    if a.layout != Layout.SPLIT.value:
+        p.error("--scale-only measures the worker and the ingress as processes of their own: --layout split")
+    if a.staleness_subscriptions:
+        p.error("--scale-only runs no staleness profiles: leave out --staleness-subscriptions")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -98,8 +117,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--staleness-window", type=float, default=None,
                    help="staleness window seconds, from the churn's start (default: the churn's duration, "
                         "at least five of the longer period)")
-    p.add_argument("--staleness-subscriptions", type=int, default=4, help="subscriptions per staleness "
-                                                                          "profile")
+    p.add_argument("--staleness-subscriptions", type=int, default=None,
+                   help="subscriptions per staleness profile (default 4; --scale-only 0)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--workflow-runner", choices=[x.value for x in WorkflowRunnerKind],
                    default=TemporalConfig().workflow_runner.value,
@@ -128,6 +147,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--subscription-max-history-events", type=int, default=None,
                    help="the N subscriptions' max_history_events: continue-as-new after that many events "
                         "(default: SubscriptionOptions' own, 500)")
+    p.add_argument("--scale-only", action="store_true",
+                   help="the scale figure only (benchmarks.scale): start N subscriptions, churn, then the "
+                        "idle window with CPU, memory by process and the ledger's verification schedule; no "
+                        "naive client, floors, staleness, burst or revocation")
+    p.add_argument("--history-sample", type=int, default=1000,
+                   help="workflows whose histories the churn's and the idle window's history figures are "
+                        "counted on, evenly spread over the N and scaled to N (default 1000: every workflow "
+                        "up to that N)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)  # TRANSPORT:N, in a child process
     p.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -139,6 +166,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("--max-cached-workflows must be at least 1")
     if a.subscription_max_history_events is not None and a.subscription_max_history_events < 100:
         p.error("--subscription-max-history-events must be at least 100")
+    if a.history_sample < 1:
+        p.error("--history-sample must be at least 1")
+    if a.staleness_subscriptions is not None and a.staleness_subscriptions < 0:
+        p.error("--staleness-subscriptions must be at least 0")
+    if a.scale_only:
+        _check_scale_only(p, a)
     return Options(
         subscriptions=ns,
         transports=["http", "stdio"] if a.transport == "both" else [a.transport],
@@ -151,7 +184,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         revocations=a.revocations if a.revocations is not None else (5 if quick else 20),
         drain_timeout=a.drain_timeout,
         seed=a.seed,
-        staleness_subscriptions=a.staleness_subscriptions,
+        staleness_subscriptions=(a.staleness_subscriptions if a.staleness_subscriptions is not None
+                                 else 0 if a.scale_only else 4),
         poll_seconds=a.poll_seconds if a.poll_seconds is not None else (5.0 if quick else 10.0),
         safety_read_seconds=a.safety_read_seconds if a.safety_read_seconds is not None
         else (6.0 if quick else 12.0),
@@ -165,6 +199,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         subscription_safety_read_seconds=a.subscription_safety_read_seconds,
         max_cached_workflows=a.max_cached_workflows,
         subscription_max_history_events=a.subscription_max_history_events,
+        scale_only=a.scale_only,
+        history_sample=a.history_sample,
         layout=Layout(a.layout),
         single=a.single,
         result=a.result,

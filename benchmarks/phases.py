@@ -43,6 +43,7 @@ from benchmarks.common import (
     fetch_scalar,
     gather_limited,
     percentile,
+    spread,
     summarize,
     temporal_and_ledger,
     until,
@@ -74,7 +75,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 
 __all__ = ["Bench", "StalenessLoad", "burst_phase", "count_reads", "count_verdicts", "floor_phase",
            "idle_phase", "revocation_phase", "session_queue", "staleness_phase", "staleness_start",
-           "start_bench", "startup_phase", "targets_phase", "temporal_floors_phase"]
+           "start_bench", "startup_phase", "subscribed", "targets_phase", "temporal_floors_phase"]
 
 
 @dataclass
@@ -135,6 +136,16 @@ async def count_verdicts(ledger: Ledger, server: str) -> dict[str, int]:
                                     "GROUP BY status",
                        (server,))
     return {r[0]: int(r[1]) for r in rows}
+
+
+def subscribed(uris: Sequence[str], count: int) -> Callable[[dict[str, Any]], bool]:
+    """A fixture ``/stats`` predicate: every URI of ``uris`` has ``count`` subscriptions, and every
+    session's standalone stream (where notifications arrive over HTTP) is open."""
+    def check(stats: dict[str, Any]) -> bool:
+        subs = stats["subscriptions"]
+        return (all(subs.get(u, 0) >= count for u in uris)
+                and all(s["standalone_stream"] is not False for s in stats["sessions"]))
+    return check
 
 
 async def start_bench(stack: AsyncExitStack, run: Run, pg: Postgres, probe: Probe, work: Path, *, server: str,
@@ -199,34 +210,53 @@ async def startup_phase(b: Bench) -> None:
     transport, n, opts, r, say, uris = b.transport, b.n, b.opts, b.r, b.say, b.uris
     server, client, ledger, services, temporal = b.server, b.client, b.ledger, b.services, b.temporal
     db_name = b.db_name
+
+    async def initial_reads() -> int:
+        done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s AND "
+                                          "state='ACTIVE' AND last_accepted_digest IS NOT NULL", (server,))
+        return int(done or 0)
+
+    async def progress(every: float = 60.0) -> None:
+        """A line a minute while a long start-up runs: how far it got."""
+        t0, done0 = time.monotonic(), await initial_reads()
+        while True:
+            await asyncio.sleep(every)
+            done = await initial_reads()
+            say(f"start-up: {done} of {n} hold their initial read "
+                f"({(done - done0) / (time.monotonic() - t0):.1f}/s)")
+
     async def subscribe(batch: Sequence[str]) -> tuple[float, float]:
         """Start ``batch``; (seconds to start them, seconds until each accepted its initial read)."""
         t0, wall0 = time.monotonic(), time.time()
-        await gather_limited([start_subscription(client,
-                                                 SubscriptionKey(subject=SUBJECT, server=server, uri=u),
-                                                 task_queue=TASK_QUEUE, options=sub_options)
-                              for u in batch], 32)
-        started = time.monotonic() - t0
-        want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions "
-                                                           "WHERE server=%s AND state='ACTIVE' "
-                                                           "AND last_accepted_digest IS NOT NULL AND "
-                                                           "NOT (uri = ANY(%s))",
-                                                   (server, list(batch))) or 0)
+        reporter = asyncio.create_task(progress()) if len(batch) >= 2000 else None
+        try:
+            await gather_limited([start_subscription(client,
+                                                     SubscriptionKey(subject=SUBJECT, server=server, uri=u),
+                                                     task_queue=TASK_QUEUE, options=sub_options)
+                                  for u in batch], 32)
+            started = time.monotonic() - t0
+            want = len(batch) + int(await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions "
+                                                               "WHERE server=%s AND state='ACTIVE' "
+                                                               "AND last_accepted_digest IS NOT NULL AND "
+                                                               "NOT (uri = ANY(%s))",
+                                                       (server, list(batch))) or 0)
 
-        async def all_initial() -> bool:
-            done = await fetch_scalar(ledger, "SELECT count(*) FROM subscriptions WHERE server=%s "
-                                              "AND state='ACTIVE' AND last_accepted_digest IS NOT NULL",
-                                      (server,))
-            return int(done or 0) >= want
+            async def all_initial() -> bool:
+                return await initial_reads() >= want
 
-        if not await until(all_initial, 120 + len(batch) * 0.5, 0.25):
-            raise RuntimeError(f"{transport}: initial reads did not converge")
-        # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
-        # 0.25 s poll above saw it: at ~30 starts/s the poll alone would add up to 8 % to 45 starts.
-        last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
-                                          " resource_versions WHERE server=%s AND uri = ANY(%s)"
-                                          " AND status='ACCEPTED'", (server, list(batch)))
-        return started, (float(last) - wall0) if last else time.monotonic() - t0
+            # A poll every second at large N: the count(*) over every row stays off the measured CPU.
+            if not await until(all_initial, 120 + len(batch) * 0.5, 0.25 if len(batch) < 2000 else 1.0):
+                raise RuntimeError(f"{transport}: initial reads did not converge")
+            # The end is the last initial receipt's accept (PostgreSQL's clock, same host), not when the
+            # poll above saw it: at ~30 starts/s a 0.25 s poll alone would add up to 8 % to 45 starts, and
+            # the longer poll at large N adds nothing to the measured time.
+            last = await fetch_scalar(ledger, "SELECT extract(epoch FROM max(accepted_at))::float8 FROM"
+                                              " resource_versions WHERE server=%s AND uri = ANY(%s)"
+                                              " AND status='ACCEPTED'", (server, list(batch)))
+            return started, (float(last) - wall0) if last else time.monotonic() - t0
+        finally:
+            if reporter is not None:
+                reporter.cancel()
 
     # A warm-up tenth first: one-time costs (imports into the workflow sandbox, pools, caches) are not
     # per subscription. Memory per subscription is the RSS growth over the other nine tenths.
@@ -285,14 +315,16 @@ async def idle_phase(b: Bench) -> None:
     if opts.idle_window > 0:
         say(f"idle: {opts.idle_window:g}s without changes")
         idle_roles, _ = cost.run_processes(temporal.pid, db_name, services.named_processes)
-        idle_runs = await cost.start_runs(
-            client, [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris])
+        # The histories of a sample (one round trip per workflow and run), scaled to the N.
+        idle_runs = await cost.start_runs(client, spread(
+            [SubscriptionKey(subject=SUBJECT, server=server, uri=u).workflow_id for u in uris],
+            opts.history_sample))
         gc.collect()
         rss0 = rss_bytes(services.worker_pid)
         r["idle"] = await idle.measure_idle(
             client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
             safety_read_seconds=(opts.subscription_safety_read_seconds
-                                 or SubscriptionOptions().safety_read_seconds))
+                                 or SubscriptionOptions().safety_read_seconds), subscriptions=len(uris))
         gc.collect()
         i = r["idle"]
         # What the worker holds per run can grow after start-up (the SDK core keeps a run's command state
@@ -334,17 +366,9 @@ async def floor_phase(b: Bench, floor_uri: str) -> tuple[NaiveClient, FixtureCon
     await base.subscribe([*uris, floor_uri])
     await base.read_all(uris)
     per_uri = 2 if fixture is not None else 1
-
-    def subscribed(count: int) -> Callable[[dict[str, Any]], bool]:
-        def check(stats: dict[str, Any]) -> bool:
-            subs = stats["subscriptions"]
-            return (all(subs.get(u, 0) >= count for u in uris)
-                    and all(s["standalone_stream"] is not False for s in stats["sessions"]))
-        return check
-
-    await sys_ctl.wait_stats(subscribed(per_uri), timeout=60, interval=0.2)
+    await sys_ctl.wait_stats(subscribed(uris, per_uri), timeout=60, interval=0.2)
     if base_ctl is not sys_ctl:
-        await base_ctl.wait_stats(subscribed(1), timeout=60, interval=0.2)
+        await base_ctl.wait_stats(subscribed(uris, 1), timeout=60, interval=0.2)
     say("measuring the floor")
     floor = await measure_floor(base, base_ctl, floor_uri, opts.floor_samples)
     r["floor"] = {**summarize([f.total for f in floor]),

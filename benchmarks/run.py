@@ -86,6 +86,7 @@ from benchmarks import ingress_scale
 from benchmarks.churn import churn_phase, churn_report, drain_phase, repair_phase
 from benchmarks.options import Options, parse_args
 from benchmarks.phases import (
+    Bench,
     burst_phase,
     floor_phase,
     idle_phase,
@@ -101,6 +102,7 @@ from benchmarks.plot import plot
 from benchmarks.postgres import Postgres
 from benchmarks.probe import Probe
 from benchmarks.report import TARGETS, Run, growth, print_summary
+from benchmarks.scale import SCALE_TARGETS, print_scale_summary, scale_run
 from mcpsync.worker.stack.common import state_dir
 
 __all__ = ["TARGETS", "Options", "main", "run"]
@@ -128,22 +130,27 @@ async def run_one(transport: str, n: int, opts: Options, pg: Postgres, work: Pat
     async with AsyncExitStack() as stack:
         b = await start_bench(stack, run, pg, probe, work, server=server, db_name=db_name, uris=uris,
                               initial=initial, rng=rng, say=say)
-        await startup_phase(b)
-        await idle_phase(b)
-        base, base_ctl = await floor_phase(b, floor_uri)
-        await temporal_floors_phase(b)
-        load = await staleness_start(b)
-        churn = await churn_phase(b, base, base_ctl)
-        drain = await drain_phase(b, churn)
-        await staleness_phase(b, load, drain.during, churn.t_churn0, churn.t_churn1)
-        sys_lat, sys_conv = await churn_report(b, churn, drain)
-        await repair_phase(b, churn, drain)
-        await burst_phase(b, base)
-        await revocation_phase(b)
-        targets_phase(b, sys_lat, sys_conv)
+        await (scale_run(b) if opts.scale_only else _every_phase(b, floor_uri))
         r["run_seconds"] = round(time.monotonic() - t_run, 1)
     shutil.rmtree(work, ignore_errors=True)
     return run
+
+
+async def _every_phase(b: Bench, floor_uri: str) -> None:
+    """The full run: every phase, in order (the module docstring)."""
+    await startup_phase(b)
+    await idle_phase(b)
+    base, base_ctl = await floor_phase(b, floor_uri)
+    await temporal_floors_phase(b)
+    load = await staleness_start(b)
+    churn = await churn_phase(b, base, base_ctl)
+    drain = await drain_phase(b, churn)
+    await staleness_phase(b, load, drain.during, churn.t_churn0, churn.t_churn1)
+    sys_lat, sys_conv = await churn_report(b, churn, drain)
+    await repair_phase(b, churn, drain)
+    await burst_phase(b, base)
+    await revocation_phase(b)
+    targets_phase(b, sys_lat, sys_conv)
 
 
 def _say(transport: str, n: int) -> Callable[[str], None]:
@@ -212,7 +219,7 @@ async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
         "postgresql": "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded",
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()
                     if k not in ("single", "result")},
-        "targets": TARGETS,
+        "targets": SCALE_TARGETS if opts.scale_only else TARGETS,
         "runs": [x.result for x in runs],
         "growth": grown,
         "notes": [
@@ -250,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(run_single(opts, transport, int(n), opts.result))
         else:
             report = asyncio.run(run(opts, args))
-            print_summary(report)
+            (print_scale_summary if opts.scale_only else print_summary)(report)
             print(f"\nwrote {opts.out / 'results.json'} and {opts.out / 'results.png'}")
     except KeyboardInterrupt:
         code = 130

@@ -2,7 +2,9 @@
 tree, of PostgreSQL and of everything else on the machine.
 
 Contract:
-- :func:`rss_bytes` is a process's resident set size (0 where /proc cannot tell).
+- :func:`rss_bytes` is a process's resident set size (0 where /proc cannot tell); :func:`memory_bytes` its
+  resident and proportional set sizes (PSS: each shared page divided among the processes that map it, so
+  PostgreSQL's shared buffers count once over its processes; None where /proc cannot tell).
 - :func:`cpu_snapshot` is the CPU seconds used so far, by group (this process tree, PostgreSQL, other
   processes) plus the machine's busy and total CPU seconds; :func:`cpu_report` diffs two snapshots into a
   phase's ``cpu`` section.
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_report", "cpu_snapshot", "rss_bytes"]
+__all__ = ["Memory", "cpu_report", "cpu_snapshot", "memory_bytes", "rss_bytes"]
 
 
 def rss_bytes(pid: int | None = None) -> int:
@@ -27,6 +30,28 @@ def rss_bytes(pid: int | None = None) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss: int
+    pss: int
+
+
+def memory_bytes(pid: int) -> Memory | None:
+    """RSS and PSS of ``pid`` from /proc/PID/smaps_rollup, in bytes; None if it exited or cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    kib = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Rss", "Pss"):
+            kib[name] = int(rest.split()[0])
+    if set(kib) != {"Rss", "Pss"}:
+        return None
+    return Memory(rss=kib["Rss"] * 1024, pss=kib["Pss"] * 1024)
 
 
 def cpu_snapshot() -> dict[str, float]:

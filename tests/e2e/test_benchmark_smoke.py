@@ -310,3 +310,63 @@ def _check_cost_of_a_change(r: dict[str, Any], wall: float) -> None:
     assert (idle["history_events_per_unchanged_read"] is None) == (idle["unchanged_reads"] == 0)
     assert idle["at_production_period"]["safety_read_seconds"] == 300
     assert _num(idle["machine_busy_pct"]) and _num(idle["other_processes_pct_of_machine"])
+
+
+def test_scale_only_runs_start_churn_and_idle_with_memory_and_the_verification_schedule(
+        tmp_path: Path, database_url: str) -> None:
+    """--scale-only over HTTP, N = 4, a 2 s safety-read period so the window holds verifications, the
+    histories read on a sample of 2 and scaled to 4."""
+    out = tmp_path / "out"
+    env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--scale-only", "--transport", "http", "--subscriptions",
+         "4", "--rate", "2", "--duration", "1", "--drain-timeout", "15", "--idle-window", "1.5",
+         "--subscription-safety-read-seconds", "2", "--max-cached-workflows", "2", "--history-sample", "2",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "== mcpsync scale figure ==" in proc.stdout
+    report = json.loads((out / "results.json").read_text())
+    assert report["targets"]["convergence_p99_max_ms"] == 250.0
+    [r] = report["runs"]
+    assert (r["transport"], r["subscriptions"]) == ("http", 4)
+    assert {"startup", "memory", "churn", "system", "cost_of_a_change", "idle", "memory_by_process",
+            "verification", "scale"} <= set(r)
+    skipped = {"baseline", "comparison", "floor", "temporal_floor", "staleness", "burst", "revocation"}
+    assert not skipped & set(r), "--scale-only ran a phase the scale figure does not need"
+    conv = r["system"]["convergence"]
+    assert r["churn"]["changes"] > 0 and conv["changes"] == r["churn"]["changes"]
+    # Two histories read, standing for four.
+    assert (r["idle"]["subscriptions"], r["idle"]["history_sampled_workflows"]) == (4, 2)
+    history = r["cost_of_a_change"]["history"]
+    assert (history["workflows"], history["sampled_workflows"]) == (4, 2) and history["events"] > 0
+
+    mem = r["memory_by_process"]
+    assert mem["unreadable_pids"] == []
+    for role in ("mcpsync_worker", "mcpsync_ingress", "temporal_dev_server", "postgresql", "fixtures"):
+        held = mem["at_idle_end"][role]
+        assert held["processes"] >= 1 and 0 < held["pss"] <= held["rss"], (role, held)
+    per = mem["kib_per_subscription"]
+    assert per["all_processes"]["held_pss"] == pytest.approx(
+        sum(per[role]["held_pss"] for role in mem["at_idle_end"]), abs=0.5)
+    assert 0 < per["mcpsync_processes"]["held_pss"] < per["all_processes"]["held_pss"]
+
+    v = r["verification"]
+    assert v["rows"] == 4 and v["verifications"] >= 4, "a 2 s period over the churn and the idle window"
+    assert _num(v["max_gap_over_period"]) and v["max_gap_over_period"] > 0
+    assert v["max_gap_over_period"] == v["row_max_gap_over_period"]["max"] == v["worst"][0]["over_period"]
+    assert set(v["at_end"]) == {"rows_overdue", "rows_never_verified", "rows_due", "most_late_due_seconds"}
+    assert v["due_during_idle"]["samples"] >= 1
+
+    s = r["scale"]
+    assert s["convergence_p99_ms"] == conv["p99_ms"] and s["max_cached_workflows"] == 2
+    assert s["delivered_p99_ms"] == conv["with_a_delivered_notification"]["p99_ms"]
+    assert s["max_gap_over_period"] == v["max_gap_over_period"]
+    assert s["worker_kib_per_subscription"] == per["mcpsync_worker"]["held_rss"] > 0
+    assert set(s["targets_met"]) == {"convergence_p99", "box_busy", "memory_all_processes", "memory_worker",
+                                     "verifications_on_schedule"}
+    assert all(isinstance(x, bool) for x in s["targets_met"].values())
+    png = (out / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24])[0] >= 2 * 640, "the convergence and the verification panels"
