@@ -64,6 +64,7 @@ class Checker:
         self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
         self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._swept_ordinals: set[int] = set()  # ... for the sweep's notes alone
         self._covered_unread_reported = False
         self._record_reported = False
         self._record_key: tuple[object, ...] | None = None  # what the last record check saw
@@ -125,9 +126,12 @@ class Checker:
         self._noted_change[notified] = max(self._noted_change.get(notified, 0), change)
         self._noted_writes += 1
 
-    def ingress_granted(self, ordinal: int) -> None:
-        """The ingress's read was granted ``ordinal``."""
+    def ingress_granted(self, ordinal: int, *, swept: bool = False) -> None:
+        """The ingress's read was granted ``ordinal`` (``swept``: for the sweep's synthetic note alone, a
+        safety read: not a notification's, so reads per distinct change leave it out)."""
         self._ingress_ordinals.add(ordinal)
+        if swept:
+            self._swept_ordinals.add(ordinal)
 
     def newest_noted(self, covered: int) -> int:
         """The newest oracle version announced by a note the count ``covered`` includes."""
@@ -314,7 +318,8 @@ class Checker:
         if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) \
                 and o.server_version.startswith("v"):
             served_version = int(o.server_version[1:])
-            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP):
+            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP) \
+                    and o.ordinal not in self._swept_ordinals:
                 self.notification_reads += 1
                 self.fresh_reads += served_version not in self.observed
             self.observed.add(served_version)

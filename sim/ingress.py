@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Processing", "IngressDriver"]
 
+SWEPT = "s"  # the ingress id of the sweep's synthetic notes starts so (a notification's: "n", "old", "w")
+
 
 @dataclass(slots=True)
 class Processing:
@@ -240,7 +242,7 @@ class IngressDriver:
             self.sim.violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
             done, result = True, None
         if act.ticket is not None:
-            self.sim.checker.ingress_granted(act.ticket.ordinal)
+            self.sim.checker.ingress_granted(act.ticket.ordinal, swept=p.nid.startswith(SWEPT))
             rr = self.sim.ledger.read_requests.get(act.ticket.ordinal)
             if p.absorbed and rr is not None and rr["completed_at"] is not None:
                 # counted by the accept (a lost answer too: it took effect): the checker holds the
@@ -299,7 +301,7 @@ class IngressDriver:
         self.sim.cover("sweep.look")
         key = (KEY.uri, live.generation)
         if key not in self._pulses:  # the synthetic note's ingress id (production stamps a fresh one)
-            self._pulses[key] = (f"s{self.sim.next_note_id()}", 0)
+            self._pulses[key] = (f"{SWEPT}{self.sim.next_note_id()}", 0)
         look = self.resync.look(live.generation)
         try:
             look.send(None)
