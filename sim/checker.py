@@ -14,7 +14,8 @@ Contract:
   safety-read period, not polling) the run keeps only the watchdog: its wake-up may come one watchdog
   horizon later (a look finds an overdue row and reads it within that).
 - The verification schedule is judged from the ledger's writes (a verification: a granted allocation
-  of the ACTIVE row of a chain ``mark_active`` started with a safety-read period): ``verification_gap``
+  of the ACTIVE row whose ``mark_active`` carried a safety-read period; a resubscribe keeps the chain
+  while the row holds a version, ``verification_rules.continues_chain``): ``verification_gap``
   (strict) holds consecutive verifications to the period while the sweep ran throughout the gap on
   the row's session, reading at the ingress; ``overdue_missed`` holds every gap over the period to one
   ``overdue`` report, and an idle run (nothing of it due or in flight) to a gap no longer than the
@@ -32,6 +33,7 @@ from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from mcpsync.workflows.verification_rules import continues_chain
 from sim.interpreter import RunStage, Signal
 from sim.ledger import LedgerWrite
 from sim.model import INVALIDATIONS, Invariant
@@ -305,12 +307,14 @@ class Checker:
                 and w.after.last_receipt_id is not None:
             self._reopened.add(w.after.last_receipt_id)
         if w.kind == "state" and w.before.state == S.SUBSCRIBING and w.after.state == ACTIVE:
-            # ``mark_active``: a new verification chain (scheduled when it carried a safety-read period)
+            # ``mark_active``: the row's verification chain goes on while it holds a version (the
+            # ledger's rule of what one chain is), else a new one starts; scheduled with a period
             self._chain_period = self.sim.ledger.safety_read_seconds
-            self._chain_at, self._verified, self._gap_reports = self.sim.times[self.sim.step], None, 0
+            if self._chain_at is None or not continues_chain(w.before.last_accepted_digest):
+                self._chain_at, self._verified, self._gap_reports = self.sim.times[self.sim.step], None, 0
             self._overdue_after = None
             if self._chain_period is not None:
-                self._open_gap(self._chain_at)
+                self._open_gap(self._verified or self._chain_at)
         if w.kind != "accept":
             return
         o, j, before = w.outcome, w.judgement, w.before
