@@ -16,7 +16,8 @@ conflict, a resume, a platform revocation, a ``temporal workflow reset`` (first 
 workflow task, with or without signal reapply) and continue-as-new (a small
 ``max_history_events``). Left out: session loss (one session is shared by all schedules;
 ``test_e2e_process_faults`` covers it), restart of a closed key, lost responses, guardrail
-refusals and concurrent reads (F4).
+refusals, concurrent reads (F4) and the sweep's stops (the real ingress sweeps throughout; a killed
+ingress is a session loss). The simulator's ``sweep`` jumps are pauses: the real ingress sweeps itself.
 
 Then the drain (resume, a catalog word, a final notification, until quiet) and the
 simulator's invariants, asserted from the PostgreSQL ledger: advancing receipts in ordinal
@@ -81,7 +82,7 @@ SCHEDULES = int(os.environ.get("MCPSYNC_CROSSCHECK_SCHEDULES", "50"))
 CONCURRENCY = 10
 CROSSCHECK_CONFIG = SimConfig(faults=ALL_FAULTS - {
     Fault.SESSION_LOSS, Fault.RESTART, Fault.RETRY, Fault.GUARDRAIL, Fault.CONCURRENT_READS, Fault.POLLING,
-    Fault.LOST_ACK})
+    Fault.LOST_ACK, Fault.SWEEP_STOP})
 PAUSE_S = 0.03
 TERMINAL = {S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED}
 READING = {S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING, S.VERSION_ACCEPTED}  # a notification makes these read
