@@ -30,6 +30,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -263,19 +264,24 @@ class FenceLedger:
                                      (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES))
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
-    async def note_notification(self, subject: str, server: str, uri: str,
-                                generation: int) -> NotedNotification | None:
+    async def note_notification(self, subject: str, server: str, uri: str, generation: int, *,
+                                count: bool = True) -> NotedNotification | None:
         """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it.
-        The answer names the workflow id the row recorded: the ingress signals that, never a computed one."""
-        async with self.store.pool.connection() as conn, conn.transaction():
+        The answer names the workflow id the row recorded: the ingress signals that, never a computed one.
+        ``count`` False (the sweep's synthetic note, no notification): the row as it stands and
+        ``plan_note``'s work, one read that writes nothing (``workflows/ingress.py``: the sweep's keys)."""
+        async with self.store.pool.connection() as conn, conn.transaction() if count else nullcontext():
             cur = conn.cursor(row_factory=dict_row)
             # By the raw triple: a notification's URI is whatever the server sent (no key validation).
-            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE",
-                              (subject, server, uri))
+            lock = " FOR UPDATE" if count else ""
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}{lock}", (subject, server, uri))
             before = await cur.fetchone()
             if before is None:
                 return None
             plan = plan_note(snapshot(before), generation=generation)
+            if not count:
+                return NotedNotification(workflow_id=before["workflow_id"], fence=snapshot(before),
+                                         work=plan.work)
             await cur.execute(
                 """
                 UPDATE subscriptions SET notifications_seen = %s, last_notification_at = now(),
