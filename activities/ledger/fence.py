@@ -341,7 +341,7 @@ class FenceLedger:
         """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, req.key, lock=True)
+            row = await fence_row(cur, req.key, lock=True, now=True)
 
             async def find(column: str, value: str) -> dict[str, Any] | None:
                 await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen"
@@ -361,8 +361,7 @@ class FenceLedger:
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
-            await _update_row(cur, wf, plan.columns())
-            await record_allocation(cur, row)
+            await _update_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)})
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,

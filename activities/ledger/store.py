@@ -64,10 +64,13 @@ def key_params(key: SubscriptionKey) -> tuple[str, str, str]:
     return key.subject, key.server, key.uri
 
 
-async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False) -> dict[str, Any] | None:
+async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False,
+                    now: bool = False) -> dict[str, Any] | None:
     """The ``subscriptions`` row of ``key`` on a ``dict_row`` cursor (its ``workflow_id`` column is
-    the id the subscription runs under); ``lock``: held until the transaction ends."""
-    await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
+    the id the subscription runs under); ``lock``: held until the transaction ends; ``now``: with the
+    transaction's time (``now()``) as ``db_now``."""
+    columns = "*, now() AS db_now" if now else "*"
+    await cur.execute(f"SELECT {columns} FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
                       key_params(key))
     row: dict[str, Any] | None = await cur.fetchone()
     return row

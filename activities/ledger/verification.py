@@ -3,8 +3,9 @@
 Contract:
 - ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
   row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
-  (``verified_at``) and is due again ``verification_delay`` later; a gap it closes that exceeds the
-  period and was not reported yet is reported there (``report_overdue``). ``start_chain`` runs in
+  (``verified_at``) and is due again ``verification_delay`` later, columns the allocation's own
+  update writes; a gap it closes that exceeds the period and was not reported yet is reported there
+  (``report_overdue``). ``start_chain`` runs in
   ``mark_active``'s: a new subscription generation's first read has no predecessor, and the row is due
   within ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
@@ -22,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -67,24 +68,21 @@ async def report_overdue(cur: Any, row: dict[str, Any], gap: GapJudgement, *, cl
     return outbox_id
 
 
-async def record_allocation(cur: Any, row: dict[str, Any]) -> None:
-    """A granted allocation of ``row`` (locked, as it stood before the grant; ``cur`` a ``dict_row``
-    cursor) is a verification."""
+async def record_allocation(cur: Any, row: dict[str, Any]) -> dict[str, datetime]:
+    """A granted allocation of ``row`` (locked, as it stood before the grant, read with the
+    transaction's time: ``fence_row(now=True)``; ``cur`` a ``dict_row`` cursor) is a verification: the
+    columns the allocation's update writes with its own (none for a row that is not scheduled)."""
     period = row["safety_read_seconds"]
     if row["state"] != ACTIVE or period is None:
-        return
-    await cur.execute("SELECT now() AS now")  # the transaction's time, as the UPDATE below writes
-    now = (await cur.fetchone())["now"]
+        return {}
+    now: datetime = row["db_now"]  # the transaction's time, as ``now()`` anywhere in it
     if row["verified_at"] is not None:  # a chain's first verification closes no gap
         gap = judge_gap(verified_at=row["verified_at"], watched_at=row["watched_at"], now=now,
                         period_seconds=float(period))
         if gap.report:
             await report_overdue(cur, row, gap, closed=True)
-    await cur.execute(
-        "UPDATE subscriptions SET verified_at = now(), verify_due_at = now() + make_interval(secs => %s)"
-        " WHERE workflow_id = %s",
-        (verification_delay(float(period), random.random()), row["workflow_id"]),
-    )
+    delay = verification_delay(float(period), random.random())
+    return {"verified_at": now, "verify_due_at": now + timedelta(seconds=delay)}
 
 
 async def start_chain(cur: Any, row: dict[str, Any]) -> None:
