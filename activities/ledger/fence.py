@@ -116,6 +116,8 @@ WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri
 AND NOT (state = ANY(%s))
 ORDER BY uri
 """
+# What ``allocation.prior_allocation`` reads of an earlier allocation.
+PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
 # The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
 KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 
@@ -343,9 +345,15 @@ class FenceLedger:
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True, now=True)
 
+            # The two rows ``prior_allocation`` asks for first, in one query; a re-derived id, alone.
+            await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
+                              (req.cycle_id, req.request_id))
+            first = {(c, r[c]): r for r in await cur.fetchall() for c in ("cycle_id", "request_id")}
+
             async def find(column: str, value: str) -> dict[str, Any] | None:
-                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen"
-                                  f" FROM read_requests WHERE {column}=%s", (value,))
+                if (column, value) in (("cycle_id", req.cycle_id), ("request_id", req.request_id)):
+                    return first.get((column, value))
+                await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
                 return await cur.fetchone()
 
             # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
@@ -391,16 +399,11 @@ class FenceLedger:
         judged = o.content_digest
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, o.key, lock=True)
+            row = await fence_row(cur, o.key, lock=True, issued=o.ordinal)
             fence = snapshot(row)
             # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
             wf = row["workflow_id"] if row is not None else None
-            issued_row = None
-            if wf is not None:
-                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
-                                  (wf, o.ordinal))
-                issued_row = await cur.fetchone()
-            issued = issued_read(issued_row)
+            issued = issued_read(row["issued_request"] if row is not None else None)
             plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
                                                             row_uri=row["uri"] if row else None),
                                absorbed=req.absorbed if row is not None else 0)
