@@ -10,7 +10,8 @@ Contract:
   within ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
   ``subscriptions_verify_due``, each claimed (due again ``claim_delay`` later) in the same
-  transaction, rows locked by a running allocation skipped; and how long until the next row is due.
+  transaction, rows locked by a running allocation skipped; and how long until the next row is due
+  (a claimed one included). Two statements: the due rows, then the claims with the next due time.
 - ``watch`` is the watchdog's local activity (``ledger_watch_verifications``): ``judge_gap`` on the
   gap still open of the locked row, reported when new; the look is recorded (``watched_at``), so
   the gap is reported once, whoever finds it first.
@@ -125,24 +126,24 @@ class VerificationLedger:
                 (subject, server, ACTIVE, limit),
             )
             rows = await cur.fetchall()
-            if rows:
-                await conn.execute(
-                    """
-                    UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
-                    FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
-                    WHERE s.workflow_id = c.workflow_id
-                    """,
-                    ([r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]),
-                )
+            ids, delays = [r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]
+            # The claims, and when the next row they leave is due, in one statement (its reads do not
+            # see its own UPDATE: the claimed rows are due again ``delays`` from now).
             cur = await conn.execute(
                 """
+                WITH claimed AS (
+                    UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
+                    FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
+                    WHERE s.workflow_id = c.workflow_id)
                 SELECT EXTRACT(EPOCH FROM min(verify_due_at) - now())::float8 FROM subscriptions
                 WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
+                  AND workflow_id <> ALL(%s::text[])
                 """,
-                (subject, server, ACTIVE),
+                (ids, delays, subject, server, ACTIVE, ids),
             )
             nxt = await cur.fetchone()
-        next_in = None if nxt is None or nxt[0] is None else max(0.0, float(nxt[0]))
+        left = [] if nxt is None or nxt[0] is None else [max(0.0, float(nxt[0]))]
+        next_in = min(delays + left, default=None)
         return Due(uris=[r[1] for r in rows], next_in=next_in)
 
     @activity.defn(name=Act.WATCH_VERIFICATIONS)
