@@ -188,7 +188,8 @@ class IngressDriver:
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
             counted = self.sim.ledger.row.notifications_seen
-            noted = self.sim.ledger.note_notification(effect.generation) if effect.uri == KEY.uri else None
+            noted = (self.sim.ledger.note_notification(effect.generation, count=effect.count)
+                     if effect.uri == KEY.uri else None)
             if noted is not None and noted.fence.notifications_seen > counted:
                 # the checker holds the change to the count this note made (a note from a session the
                 # row has left is not counted: it announces nothing about the current one)

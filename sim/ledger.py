@@ -352,14 +352,15 @@ class MemoryLedger:
                            period_seconds=period, overdue=gap.overdue,
                            outbox_id=entry.outbox_id if entry else None)
 
-    def note_notification(self, generation: int) -> NotedNotification | None:
-        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
-        workflow id the row recorded (where the ingress signals) and whether the note creates work;
-        None without a row."""
+    def note_notification(self, generation: int, *, count: bool = True) -> NotedNotification | None:
+        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1; ``count``
+        False, the sweep's look: nothing written), the workflow id the row recorded (where the ingress
+        signals) and whether the note creates work; None without a row."""
         if not self.row.exists:
             return None
         plan = coverage.plan_note(self.row, generation=generation)
-        self.row = plan.applied(self.row)
+        if count:
+            self.row = plan.applied(self.row)
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
     def accept_judged(self, req: AcceptRequest) -> tuple[AcceptResult, str | None]:
