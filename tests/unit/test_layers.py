@@ -32,9 +32,12 @@ FORBIDDEN = {
     "fixture": ("activities", "worker", "benchmarks", "sim"),
 }
 # The simulator steps the session queue's read and start cycles as production's activity code
-# (``sim/cycles.py``: ``McpSessionActivities`` over its own server and ledger); nothing else of the I/O layer.
+# (``sim/cycles.py``: ``McpSessionActivities`` over its own server and ledger), and the ingress's sweep as
+# production's ``Resync.look`` over its ledger's ``due`` (``sim/ingress.py``: the ``Due`` answer it
+# models); nothing else of the I/O layer.
 ALLOWED = {"sim": ("mcpsync.activities.mcp_session", "mcpsync.activities.ledger",
-                   "mcpsync.activities.ledger.content")}
+                   "mcpsync.activities.ledger.content", "mcpsync.activities.ledger.verification",
+                   "mcpsync.worker.ingress.resync")}
 
 
 
