@@ -103,6 +103,10 @@ class TextDecodesAsDeclared:
         return None
 
 
+CONTROL_BYTES = bytes(b for b in range(32) if chr(b) not in "\t\n\r\f")
+"""The bytes ``BinaryNotText`` counts as control characters."""
+
+
 @dataclass(frozen=True)
 class BinaryNotText:
     """Text parts must look like text: no NUL bytes, few control characters."""
@@ -116,9 +120,11 @@ class BinaryNotText:
                 continue
             if b"\x00" in p.data:
                 return "text content contains NUL bytes: binary passed as text"
-            sample = p.data[:65536].decode("utf-8", errors="replace")
-            controls = sum(1 for c in sample if ord(c) < 32 and c not in "\t\n\r\f")
-            if controls / max(1, len(sample)) > self.max_control_ratio:
+            raw = p.data[:65536]
+            # A control character is one ASCII byte, never part of a multi-byte or a replaced
+            # sequence: the sample's control characters are the raw bytes' control bytes.
+            controls = len(raw) - len(raw.translate(None, CONTROL_BYTES))
+            if controls / max(1, len(raw.decode("utf-8", errors="replace"))) > self.max_control_ratio:
                 return "text content is mostly control characters: binary passed as text"
         return None
 

@@ -11,9 +11,15 @@ Contract:
   the timer the run armed, the record it answers (``record_one_read``); never its own bookkeeping.
 - ``staleness_bound`` is strict: a wake-up armed later than one published bound after the last read
   the ledger allocated is a violation by any amount. For a row the ledger schedules (marked with a
-  safety-read period, not polling) the run keeps only the watchdog, and the sweep that keeps the bound
-  is not modelled: its wake-up may come one watchdog horizon later (a look finds an overdue row and
-  reads it within that).
+  safety-read period, not polling) the run keeps only the watchdog: its wake-up may come one watchdog
+  horizon later (a look finds an overdue row and reads it within that).
+- The verification schedule is judged from the ledger's writes (a verification: a granted allocation
+  of the ACTIVE row whose ``mark_active`` carried a safety-read period; a resubscribe keeps the chain
+  while the row holds a version, ``verification_rules.continues_chain``): ``verification_gap``
+  (strict) holds consecutive verifications to the period while the sweep ran throughout the gap on
+  the row's session, reading at the ingress; ``overdue_missed`` holds every gap over the period to one
+  ``overdue`` report, and an idle run (nothing of it due or in flight) to a gap no longer than the
+  period plus the watchdog's horizon, whatever the sweep does.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from mcpsync.workflows.verification_rules import continues_chain
 from sim.interpreter import RunStage, Signal
 from sim.ledger import LedgerWrite
 from sim.model import INVALIDATIONS, Invariant
@@ -59,10 +66,18 @@ class Checker:
         self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
         self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
         self._ingress_ordinals: set[int] = set()  # ordinals the ingress's reads were granted
+        self._swept_ordinals: set[int] = set()  # ... for the sweep's notes alone
         self._covered_unread_reported = False
         self._record_reported = False
         self._record_key: tuple[object, ...] | None = None  # what the last record check saw
         self._reopened: set[int] = set()  # last receipts of rows a new incarnation reopened (digest cleared)
+        # the verification chain, from the ledger's writes
+        self._chain_period: float | None = None  # its safety-read period (None: not on the schedule)
+        self._chain_at: datetime | None = None  # when ``mark_active`` started it
+        self._verified: datetime | None = None  # its newest verification
+        self._gap_reports = 0  # ``overdue`` reports since then
+        self._overdue_after: datetime | None = None  # an idle run past this has missed the open gap
+        self._sweep_since: datetime | None = None  # since when the sweep has kept the row on its own
         self.converged_since: int | None = 0
         self.count_reads = True
         self.notification_reads = 0  # reads triggered by updated/follow_up that reached the judge
@@ -93,6 +108,8 @@ class Checker:
         self._log_seen = len(log)
         self._check_clean()
         self._check_read_deadline()
+        self._check_overdue()
+        self._track_sweep()
         self._check_record()
         if self.converged():
             if self.converged_since is None:
@@ -111,9 +128,12 @@ class Checker:
         self._noted_change[notified] = max(self._noted_change.get(notified, 0), change)
         self._noted_writes += 1
 
-    def ingress_granted(self, ordinal: int) -> None:
-        """The ingress's read was granted ``ordinal``."""
+    def ingress_granted(self, ordinal: int, *, swept: bool = False) -> None:
+        """The ingress's read was granted ``ordinal`` (``swept``: for the sweep's synthetic note alone, a
+        safety read: not a notification's, so reads per distinct change leave it out)."""
         self._ingress_ordinals.add(ordinal)
+        if swept:
+            self._swept_ordinals.add(ordinal)
 
     def newest_noted(self, covered: int) -> int:
         """The newest oracle version announced by a note the count ``covered`` includes."""
@@ -181,6 +201,82 @@ class Checker:
                          f"record: receipt {r.last_receipt_id} digest {str(r.last_accepted_digest)[:16]} "
                          f"watermark {r.watermark}; ledger: {receipt}")
 
+    def sweep_held(self) -> None:
+        """The sweep's look found the row's key busy (a read in flight, a key settling): the gap it is in
+        is not the sweep's alone to keep."""
+        self._sweep_since = None
+
+    def _track_sweep(self) -> None:
+        """Since when the sweep keeps the row on its own: it sweeps on the live session the row is
+        ACTIVE on, and that session host reads at the ingress for the row (``read_reports``)."""
+        sim = self.sim
+        ingress, row, live = sim.ingress, sim.ledger.row, sim.host.live
+        if not ingress.sweep_on:
+            self._sweep_since = None
+        elif self._chain_period is not None and live is not None \
+                and live.generation == row.session_generation and row.state == ACTIVE and row.read_reports \
+                and ingress.router.read_on_notification:
+            if self._sweep_since is None:
+                self._sweep_since = sim.times[sim.step]
+        else:
+            self._sweep_since = None
+
+    def _verification(self, w: LedgerWrite) -> None:
+        """A granted allocation of the ACTIVE row: a verification of a scheduled chain closes the gap since
+        the previous one (VERIFICATION_GAP: longer than the period while the sweep ran throughout;
+        OVERDUE_MISSED: longer than the period and not reported exactly once)."""
+        period = self._chain_period
+        if period is None:
+            return
+        now = self.sim.times[self.sim.step]
+        reports = self._gap_reports + (w.outbox is not None)
+        prev = self._verified
+        self._verified, self._gap_reports = now, 0
+        self._open_gap(now)
+        if prev is None or (gap := (now - prev).total_seconds()) <= period:
+            return
+        self.sim.cover("verification.overdue_gap")
+        if reports != 1:
+            self.sim.violate(Invariant.OVERDUE_MISSED,
+                             f"a verification gap of {gap:.1f} s (period {period:.0f} s) closed with "
+                             f"{reports} overdue reports (one is owed)")
+        if self._sweep_since is not None and self._sweep_since <= prev:
+            self.sim.violate(Invariant.VERIFICATION_GAP,
+                             f"verifications {gap:.1f} s apart (period {period:.0f} s), the sweep running "
+                             f"since {self._sweep_since:%H:%M:%S}")
+
+    def _open_gap(self, since: datetime) -> None:
+        """A gap of the scheduled chain opens at ``since`` (its start, or a verification): an idle run
+        past its period plus the watchdog's horizon has missed it."""
+        assert self._chain_period is not None
+        horizon = self.sim.wf.start_args.options.watchdog_seconds
+        self._overdue_after = since + timedelta(seconds=self._chain_period + horizon)
+
+    def _check_overdue(self) -> None:
+        """OVERDUE_MISSED, for an idle run (nothing due or in flight, its next wake-up ahead) of a scheduled
+        ACTIVE row: the open gap since the chain's newest verification (or its start) is no longer than
+        the period plus the run's watchdog horizon, whatever the sweep does: the watchdog looked within its
+        horizon of the gap going overdue and read."""
+        sim = self.sim
+        now = sim.times[sim.step]
+        if self._overdue_after is None or now <= self._overdue_after or not sim.chain_running \
+                or sim.ledger.row.state != ACTIVE:
+            return
+        wf = sim.wf
+        s = wf.fence.s
+        if wf.main_wait != IDLE or s.state != ACTIVE or wf.program.session is None or s.close_requested \
+                or s.pending_trigger is not None or s.in_flight or wf.program.reads_running:
+            return
+        wake = wf.timer_at
+        if wake is not None and wake <= now:
+            return  # its wake-up is due: the timer fires at the generator's pick (the dispatch modelled)
+        since = self._verified or self._chain_at
+        self._overdue_after = None  # reported once per gap
+        self.sim.violate(Invariant.OVERDUE_MISSED,
+                         f"no verification since {since:%d %H:%M:%S} (period {self._chain_period:.0f} s, "
+                         f"watchdog {wf.start_args.options.watchdog_seconds:.0f} s), the run idle with its "
+                         f"next wake-up {'never' if wake is None else f'at {wake:%d %H:%M:%S}'}")
+
     def _check_write(self, w: LedgerWrite) -> None:
         if w.kind == "allocate":
             self._last_allocated_at = self.sim.times[self.sim.step]
@@ -188,6 +284,11 @@ class Checker:
                 self.sim.violate(Invariant.ORDINAL_ORDER,
                                  f"allocated {w.ordinal} after {self._max_allocated}")
             self._max_allocated = max(self._max_allocated, w.ordinal)
+            if w.before.state == ACTIVE:
+                self._verification(w)
+            return
+        if w.kind == "watch":
+            self._gap_reports += w.outbox is not None
             return
         if w.kind == "close":
             self._close_fences.append(w.ordinal)
@@ -205,6 +306,15 @@ class Checker:
         if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == S.DISCOVERED \
                 and w.after.last_receipt_id is not None:
             self._reopened.add(w.after.last_receipt_id)
+        if w.kind == "state" and w.before.state == S.SUBSCRIBING and w.after.state == ACTIVE:
+            # ``mark_active``: the row's verification chain goes on while it holds a version (the
+            # ledger's rule of what one chain is), else a new one starts; scheduled with a period
+            self._chain_period = self.sim.ledger.safety_read_seconds
+            if self._chain_at is None or not continues_chain(w.before.last_accepted_digest):
+                self._chain_at, self._verified, self._gap_reports = self.sim.times[self.sim.step], None, 0
+            self._overdue_after = None
+            if self._chain_period is not None:
+                self._open_gap(self._verified or self._chain_at)
         if w.kind != "accept":
             return
         o, j, before = w.outcome, w.judgement, w.before
@@ -212,7 +322,8 @@ class Checker:
         if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) \
                 and o.server_version.startswith("v"):
             served_version = int(o.server_version[1:])
-            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP):
+            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP) \
+                    and o.ordinal not in self._swept_ordinals:
                 self.notification_reads += 1
                 self.fresh_reads += served_version not in self.observed
             self.observed.add(served_version)

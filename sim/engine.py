@@ -10,7 +10,9 @@ Contract:
   (``CycleRunner``) and ``ingress`` (``IngressDriver``) are objects with their own fields that read the
   world through it. Violations and coverage are recorded here (``violate``, ``cover``).
 - Time advances one second per step; a TIMER event jumps it to the armed timer's fire time, a SETTLE
-  event to the first settling key's due time when that is later.
+  event to the first settling key's due time when that is later, a SWEEP event to the row's next due
+  verification. While the ingress sweeps, no jump passes that due time (a timer beyond it waits), and
+  after every step the sweep looks if the clock reached it (``IngressDriver.sweep``).
 - ``drain`` is the quiet end: everything delivered and completed, timers fired, pending catalog and
   resume words given, one final invalidation, to quiescence; then the verdict.
 """
@@ -73,7 +75,7 @@ class Simulation:
         self.profile = profile
         self.config = config
         self.oracle = Oracle()
-        self.ledger = MemoryLedger(KEY, judge=config.judge)
+        self.ledger = MemoryLedger(KEY, judge=config.judge, seed=seed)
         self.ledger.now = EPOCH
         self.host = McpServer(profile.capability, self.ledger)
         self.cycles = CycleRunner(SimSessionActivities(self.host, self.oracle, self.ledger), self.cover)
@@ -187,6 +189,10 @@ class Simulation:
             due = self.ingress.settle_due()
             if due is not None and due > at:
                 at = due
+        elif event.op == Op.SWEEP:
+            due = self.ingress.sweep_due()
+            if due is not None and due > at:
+                at = due
         return at
 
     def _candidates(self, name: str, *, executed: bool) -> list[Activity]:
@@ -218,6 +224,7 @@ class Simulation:
         self.wf.clock = self.now = self.ledger.now = at
         applied = self._apply(event)
         if applied:
+            self.ingress.sweep()
             self.step += 1
             self.times.append(at)
             self.exists_history.append(self.oracle.exists)
@@ -322,7 +329,8 @@ class Simulation:
 
     def _on_timer(self, e: Event) -> bool:
         kind = self.wf.pending_timer
-        if kind and self.wf.fire_timer():
+        held = self.ingress.sweep_on and self.ingress.holds(self.wf.timer_at)  # a due row comes first
+        if kind and not held and self.wf.fire_timer():
             self.cover(f"timer.{kind}")
             return True
         return False
@@ -489,8 +497,10 @@ class Simulation:
         return False
 
     def drain(self) -> None:
-        """Quiet end: the session host is up, every message and activity completes, timers fire,
-        pending catalog/resume words arrive, then one final invalidation; to quiescence."""
+        """Quiet end: the session host is up (its sweep stopped: the timers fire as they are due),
+        every message and activity completes, timers fire, pending catalog/resume words arrive, then
+        one final invalidation; to quiescence."""
+        self.ingress.sweep_on = False
         if self.host.live is None:
             self.apply(Event(Op.SESSION_OPEN))
         final_sent = False
@@ -563,4 +573,7 @@ _APPLY: dict[Op, Callable[[Simulation, Event], bool]] = {
     Op.FIRST_READ: Simulation._on_first_read,
     Op.REVOKE: Simulation._on_revoke,
     Op.RESTART: Simulation._on_restart,
+    Op.SWEEP: lambda sim, e: sim.ingress.on_sweep(e),
+    Op.SWEEP_OFF: lambda sim, e: sim.ingress.on_sweep_off(e),
+    Op.SWEEP_ON: lambda sim, e: sim.ingress.on_sweep_on(e),
 }

@@ -15,6 +15,14 @@ Contract:
 - Time is the simulation's clock in seconds since ``EPOCH``: each pulse is offered with it, and a key
   the program left settling (``Turn.SETTLING``) is processed by the ``settle`` event (``release``),
   which the engine applies no earlier than the key is due.
+- The sweep of the ledger's due verifications is production's ``Resync.look``
+  (``worker/ingress/resync.py``: room, ``due``, ``feed`` into the router's background lane) over
+  ``MemoryLedger.due``. While the ingress sweeps (``sweep_on``, the profile's start, the
+  ``sweep_off`` / ``sweep_on`` events) on a live session, it looks whenever the clock reached the
+  row's due time (``sweep``, after every step), and the clock never jumps past that time (``holds``:
+  a timer beyond it waits; the ``sweep`` event jumps to it). A healthy ingress's work follows its look
+  at once (``_dispatch``, the dispatch the simulator models): the fed key's read is allocated in the
+  look's step; its read and accept are events of their own.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from mcpsync.activities.ledger.verification import Due
+from mcpsync.worker.ingress.resync import Resync, ResyncHost
 from mcpsync.workflows.ingress import Effect as IngressEffect
 from mcpsync.workflows.ingress import (
     IngressRouter,
@@ -42,14 +52,16 @@ from mcpsync.workflows.ingress import (
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.interpreter import Signal
-from sim.ledger import LedgerIntegrityError
-from sim.model import EPOCH, INGRESS_READ, KEY, Invariant
+from sim.ledger import LedgerIntegrityError, MemoryLedger
+from sim.model import EPOCH, INGRESS_READ, KEY, Event, Invariant
 from sim.world import Activity, Message
 
 if TYPE_CHECKING:
     from sim.engine import Simulation
 
 __all__ = ["Processing", "IngressDriver"]
+
+SWEPT = "s"  # the ingress id of the sweep's synthetic notes starts so (a notification's: "n", "old", "w")
 
 
 @dataclass(slots=True)
@@ -69,6 +81,18 @@ class Processing:
     signalled: list[Message] = field(default_factory=list)  # wake-ups it signalled synchronously
 
 
+class _SweepHost:
+    """What ``Resync.look`` asks of its session host (``host.ledger.verification.due``), on the model."""
+
+    def __init__(self, ledger: MemoryLedger) -> None:
+        self.ledger = self
+        self.verification = self
+        self._memory = ledger
+
+    async def due(self, subject: str, server: str, *, limit: int = 500) -> Due:
+        return self._memory.due(subject, server, limit=limit)
+
+
 class IngressDriver:
     """Performs the routing program's effects over the world of ``sim`` (the module's contract)."""
 
@@ -80,6 +104,10 @@ class IngressDriver:
         # per key: the newest pulse's id and change since it was got
         self._pulses: dict[Key, tuple[str, int]] = {}
         self.covered_reads_saved = 0  # notes that created no work (``coverage.plan_note``)
+        # the session host's sweep (production's), and whether it runs
+        self.resync = Resync(self.router, subject=KEY.subject, server=KEY.server, ready=self._swept,
+                             host=cast(ResyncHost, _SweepHost(sim.ledger)))
+        self.sweep_on = sim.profile.sweep
 
     def notify(self, copies: int, same_id: bool) -> None:
         """The server announces the oracle's newest change on the live session, ``copies`` times
@@ -160,7 +188,8 @@ class IngressDriver:
             p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
             p.generation = effect.generation
             counted = self.sim.ledger.row.notifications_seen
-            noted = self.sim.ledger.note_notification(effect.generation) if effect.uri == KEY.uri else None
+            noted = (self.sim.ledger.note_notification(effect.generation, count=effect.count)
+                     if effect.uri == KEY.uri else None)
             if noted is not None and noted.fence.notifications_seen > counted:
                 # the checker holds the change to the count this note made (a note from a session the
                 # row has left is not counted: it announces nothing about the current one)
@@ -214,7 +243,7 @@ class IngressDriver:
             self.sim.violate(Invariant.LEDGER_INTEGRITY, f"{act.name}: {err}")
             done, result = True, None
         if act.ticket is not None:
-            self.sim.checker.ingress_granted(act.ticket.ordinal)
+            self.sim.checker.ingress_granted(act.ticket.ordinal, swept=p.nid.startswith(SWEPT))
             rr = self.sim.ledger.read_requests.get(act.ticket.ordinal)
             if p.absorbed and rr is not None and rr["completed_at"] is not None:
                 # counted by the accept (a lost answer too: it took effect): the checker holds the
@@ -241,3 +270,91 @@ class IngressDriver:
             _, p.absorbed_change = self._pulses.pop((KEY.uri, p.generation), ("", 0))
             p.absorbed = taken
         return taken
+
+    # --- the sweep --------------------------------------------------------------------------------
+
+    def sweep_due(self) -> datetime | None:
+        """When the sweep looks next: the row's due verification while the ingress sweeps on a live
+        session (None: it does not look)."""
+        if not self.sweep_on or self.sim.host.live is None:
+            return None
+        return self.sim.ledger.scheduled_due()
+
+    def holds(self, at: datetime | None) -> bool:
+        """A jump of the clock to ``at`` would pass a due verification the sweep looks at first."""
+        due = self.sweep_due()
+        return due is not None and at is not None and at > due
+
+    def can_jump(self) -> bool:
+        """The ``sweep`` event applies: the sweep looks at a due time, and the ingress owes nothing (a
+        jump over its work in flight would model a stalled ingress, not a sweeping one)."""
+        return self.sweep_due() is not None and not self.router.owes()
+
+    def sweep(self) -> None:
+        """The sweep's look (``Resync.look``) when it runs and the row's verification is due now, then
+        the work it fed (``_dispatch``)."""
+        if not self.sweep_on:
+            return
+        due = self.sweep_due()
+        live = self.sim.host.live
+        if due is None or due > self.sim.now or live is None:
+            return
+        self.sim.cover("sweep.look")
+        key = (KEY.uri, live.generation)
+        if key not in self._pulses:  # the synthetic note's ingress id (production stamps a fresh one)
+            self._pulses[key] = (f"{SWEPT}{self.sim.next_note_id()}", 0)
+        look = self.resync.look(live.generation)
+        try:
+            look.send(None)
+        except StopIteration:
+            pass
+        else:  # pragma: no cover - ``MemoryLedger.due`` never waits
+            raise AssertionError("the sweep's look waited")
+        self._dispatch(live.generation)
+
+    def _swept(self) -> None:
+        """``Resync.feed`` made a key ready: a router processes it now."""
+        self.sim.cover("sweep.fed")
+        self.sim.queue.extend(self._process())
+
+    def _dispatch(self, generation: int) -> None:
+        """The ingress's work after a look, at once: settling keys due now are processed and its reads
+        on ``generation`` not allocated yet are allocated. A key still busy (a read in flight, allocated
+        before; settling, not due yet) holds the verification back: the gap it spans is not the sweep's
+        to keep (``Checker.sweep_held``)."""
+        self.release()
+        for act in [a for a in self.sim.activities
+                    if a.ingress is not None and a.cycle is None and a.ingress.generation == generation]:
+            self.sim.cover("sweep.dispatched")
+            self.step(act, "")
+        key = (KEY.uri, generation)
+        if self.sim.ledger.verified_at != self.sim.now \
+                and (key in self.router.work.processing or key in self.router.work.settling):
+            self.sim.cover("sweep.busy")
+            self.sim.checker.sweep_held()
+
+    def on_sweep(self, e: Event) -> bool:
+        """``sweep``: the clock jumped to the due time (``Simulation._next_time``); the look follows."""
+        return self.can_jump()
+
+    def on_sweep_off(self, e: Event) -> bool:
+        """``sweep_off``: the ingress stops sweeping; ``kill``: it dies, and its session with it."""
+        if not self.sweep_on:
+            return False
+        self.sweep_on = False
+        if e.fault == "kill":
+            self.sim.cover("sweep.kill")
+            self.sim.host.drop()
+        else:
+            self.sim.cover("sweep.stop")
+        return True
+
+    def on_sweep_on(self, e: Event) -> bool:
+        """``sweep_on``: the sweep runs again; after a kill, an ingress comes back with a new session."""
+        if self.sweep_on:
+            return False
+        self.sweep_on = True
+        self.sim.cover("sweep.start")
+        if self.sim.host.live is None:
+            self.sim.queue.append(Message(Signal.SESSION_CHANGED, self.sim.host.open()))
+        return True

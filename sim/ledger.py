@@ -11,23 +11,27 @@ Contract:
   table's column names (``ledger_flow.issued_read`` and ``prior_allocation`` read them). Staged
   rollouts (no policy row holds an invalidation back), the content store and its purge and the
   ``revocations`` row are not modelled.
-- The verification schedule (``activities/ledger/verification.py``) is modelled as far as the
-  allocations and the watchdog use it: a chain's verifications are its granted allocations since the
-  ``mark_active`` that started it (one on a row that holds a version keeps the chain:
-  ``verification_rules.continues_chain``), timed by ``now`` (the simulation's clock, set
-  before every step); ``verification_rules.judge_gap`` judges the gap an allocation closes and the
-  one the watchdog finds open, each breach reported once (an ``overdue`` outbox entry). No sweep
-  reads due rows.
+- The verification schedule (``activities/ledger/verification.py``) is the SQL ledger's, on the row's
+  ``verified_at`` / ``verify_due_at`` / ``watched_at``, timed by ``now`` (the simulation's clock, set
+  before every step): a granted allocation of an ACTIVE row with a safety-read period is a
+  verification, due again ``verification_rules.verification_delay`` later (its draw from a random
+  seeded by the schedule's seed, so a trace replays to the same due times), and the gap it closes is
+  judged (``judge_gap``); ``mark_active`` keeps the row's chain while it holds a version
+  (``continues_chain``), else starts a new one, due within ``claim_delay`` either way; ``due`` is the
+  ingress's sweep (the row claimed, due again ``claim_delay`` later); ``watch`` is the watchdog's
+  look. Each breach is reported once (an ``overdue`` outbox entry, on the logged write that found it).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from mcpsync.workflows import coverage
+from mcpsync.activities.ledger.verification import Due
+from mcpsync.workflows import coverage, verification_rules
 from mcpsync.workflows.allocation import prior_allocation
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
@@ -63,7 +67,6 @@ from mcpsync.workflows.records.subscription import (
     SubscriptionState,
     TriggerReason,
 )
-from mcpsync.workflows.verification_rules import GapJudgement, continues_chain, judge_gap
 from mcpsync.workflows.write_plan import (
     PlanKind,
     RevokeSource,
@@ -96,7 +99,6 @@ class ReadRequestRow(TypedDict):
     cycle_id: str | None
     outcome: str | None
     completed_at: int | None  # the length of ``MemoryLedger.log`` then: this ledger's clock
-    issued_at: datetime  # the simulation's time of the allocation (``MemoryLedger.now``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +123,7 @@ class OutboxEntry:
 class LedgerWrite:
     """One committed ledger transaction, as the invariant checker sees it."""
 
-    kind: str  # allocate | accept | close | tombstone | state | revoke (``PlanKind`` for planned writes)
+    kind: str  # allocate | accept | close | tombstone | state | revoke | watch (``PlanKind``: planned writes)
     before: FenceSnapshot
     after: FenceSnapshot
     outcome: ReadOutcome | None = None
@@ -133,7 +135,7 @@ class LedgerWrite:
 
 
 class MemoryLedger:
-    def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read) -> None:
+    def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read, seed: str = "") -> None:
         self.key = key
         self.judge = judge
         self.row = FenceSnapshot(exists=False)
@@ -151,8 +153,11 @@ class MemoryLedger:
         self.log: list[LedgerWrite] = []
         self._ids = 0
         self.now = datetime.min  # the simulation's clock (``Simulation.apply`` sets it before every step)
-        self.chain_after = 0  # verifications of the current chain are allocations past this ordinal
+        # subscriptions.verified_at / verify_due_at / watched_at: the verification schedule
+        self.verified_at: datetime | None = None  # the chain's newest verification
+        self.verify_due_at: datetime | None = None  # when the next is due (the sweep's index)
         self.watched_at: datetime | None = None  # the watchdog's previous look at this chain
+        self._draws = random.Random(f"{seed}/verification")  # ``record_allocation``'s random.random()
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -259,36 +264,71 @@ class MemoryLedger:
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = plan.applied(row)
-        if self.safety_read_seconds is not None and row.state == S.ACTIVE \
-                and (verified_at := self._verified_at()) is not None:
-            gap = judge_gap(verified_at=verified_at, watched_at=self.watched_at, now=self.now,
-                            period_seconds=self.safety_read_seconds)
-            if gap.report:
-                self._report_overdue()
+        overdue = self._record_allocation(row)
         self.read_requests[ordinal] = ReadRequestRow(
             ordinal=ordinal, request_id=request_id, session_generation=req.session_generation,
             subscription_generation=req.subscription_generation, trigger_reason=req.trigger,
-            notifications_seen=plan.notified, cycle_id=req.cycle_id, outcome=None, completed_at=None,
-            issued_at=self.now)
+            notifications_seen=plan.notified, cycle_id=req.cycle_id, outcome=None, completed_at=None)
         self.request_ids[request_id] = ordinal
         if req.cycle_id is not None:
             self.cycle_ids[req.cycle_id] = ordinal
-        self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, ordinal=ordinal))
+        self.log.append(LedgerWrite(kind="allocate", before=row, after=self.row, outbox=overdue,
+                                    ordinal=ordinal))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
+    def _record_allocation(self, row: FenceSnapshot) -> OutboxEntry | None:
+        """``verification.record_allocation`` for the row as it stood before the grant: a verification of a
+        scheduled row, due again ``verification_delay`` later; the ``overdue`` entry of the gap it closed,
+        when that breach was not reported yet."""
+        period = self.safety_read_seconds
+        if row.state != S.ACTIVE or period is None:
+            return None
+        entry = None
+        if self.verified_at is not None:  # a chain's first verification closes no gap
+            gap = verification_rules.judge_gap(verified_at=self.verified_at, watched_at=self.watched_at,
+                                               now=self.now, period_seconds=period)
+            entry = self._report_overdue() if gap.report else None
+        self.verified_at = self.now
+        self.verify_due_at = self.now + timedelta(
+            seconds=verification_rules.verification_delay(period, self._draws.random()))
+        return entry
+
     def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
         """``FenceLedger.mark_active``: ``mark_active_writes``; a row it marks keeps its verification
-        chain while it holds a version, else starts a new one (``verification.mark_chain``)."""
+        chain while it holds a version, else starts a new one; due within ``claim_delay`` unless the new
+        generation's first read lands (``verification.mark_chain``)."""
         writes = mark_active_writes(self.row, req)
-        if writes and not continues_chain(self.row.last_accepted_digest):
-            self.chain_after, self.watched_at = self.row.last_issued_ordinal, None
-        return self.transition(writes)
+        keep = verification_rules.continues_chain(self.row.last_accepted_digest)
+        row = self.transition(writes)
+        if writes:
+            period = self.safety_read_seconds
+            if not keep:
+                self.verified_at = self.watched_at = None
+            self.verify_due_at = None if period is None \
+                else self.now + timedelta(seconds=verification_rules.claim_delay(period))
+        return row
 
-    def _verified_at(self) -> datetime | None:
-        """The chain's newest verification (its newest granted allocation), or None."""
-        times = [r["issued_at"] for o, r in self.read_requests.items() if o > self.chain_after]
-        return max(times, default=None)
+    def scheduled_due(self) -> datetime | None:
+        """When the row's next verification is due, if the sweep's index holds it (ACTIVE, with a
+        safety-read period); None otherwise."""
+        if self.safety_read_seconds is None or self.row.state != S.ACTIVE:
+            return None
+        return self.verify_due_at
+
+    def due(self, subject: str, server: str, *, limit: int = 500) -> Due:
+        """``VerificationLedger.due``: the row if its verification is due now, claimed (due again
+        ``claim_delay`` later); and how long until the next is due."""
+        due = self.scheduled_due() if (subject, server) == (self.key.subject, self.key.server) else None
+        if due is None:
+            return Due(uris=[], next_in=None)
+        uris: list[str] = []
+        if due <= self.now and limit > 0:
+            assert self.safety_read_seconds is not None
+            uris.append(self.key.uri)
+            due = self.verify_due_at = self.now + timedelta(
+                seconds=verification_rules.claim_delay(self.safety_read_seconds))
+        return Due(uris=uris, next_in=max(0.0, (due - self.now).total_seconds()))
 
     def _report_overdue(self) -> OutboxEntry:
         """``verification.report_overdue``: an ``overdue`` entry naming the current version."""
@@ -303,23 +343,24 @@ class MemoryLedger:
         period = self.safety_read_seconds
         if self.row.state != S.ACTIVE or period is None:
             return WatchResult(scheduled=False)
-        verified_at = self._verified_at()
-        gap: GapJudgement = judge_gap(verified_at=verified_at, watched_at=self.watched_at, now=self.now,
-                                      period_seconds=period)
+        gap = verification_rules.judge_gap(verified_at=self.verified_at, watched_at=self.watched_at,
+                                           now=self.now, period_seconds=period)
         entry = self._report_overdue() if gap.report else None
         self.watched_at = self.now
-        return WatchResult(scheduled=True, verified_at=verified_at, gap_seconds=gap.gap_seconds,
+        self.log.append(LedgerWrite(kind="watch", before=self.row, after=self.row, outbox=entry))
+        return WatchResult(scheduled=True, verified_at=self.verified_at, gap_seconds=gap.gap_seconds,
                            period_seconds=period, overdue=gap.overdue,
                            outbox_id=entry.outbox_id if entry else None)
 
-    def note_notification(self, generation: int) -> NotedNotification | None:
-        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1), the
-        workflow id the row recorded (where the ingress signals) and whether the note creates work;
-        None without a row."""
+    def note_notification(self, generation: int, *, count: bool = True) -> NotedNotification | None:
+        """``FenceLedger.note_notification``: ``coverage.plan_note`` on the row (notified + 1; ``count``
+        False, the sweep's look: nothing written), the workflow id the row recorded (where the ingress
+        signals) and whether the note creates work; None without a row."""
         if not self.row.exists:
             return None
         plan = coverage.plan_note(self.row, generation=generation)
-        self.row = plan.applied(self.row)
+        if count:
+            self.row = plan.applied(self.row)
         return NotedNotification(workflow_id=self.workflow_id, fence=self.row, work=plan.work)
 
     def accept_judged(self, req: AcceptRequest) -> tuple[AcceptResult, str | None]:

@@ -65,6 +65,10 @@ class Invariant(StrEnum):
     STALENESS_BOUND = "staleness_bound"
     # the run's record (the ``subscription`` query) names a receipt and a digest or watermark of two reads
     RECORD_ONE_READ = "record_one_read"
+    # consecutive verifications of a scheduled row more than its period apart, the sweep running throughout
+    VERIFICATION_GAP = "verification_gap"
+    # an overdue verification not reported (an ``overdue`` outbox entry) or read within the watchdog's horizon
+    OVERDUE_MISSED = "overdue_missed"
 
 
 SAFETY_INVARIANTS = frozenset({
@@ -107,6 +111,7 @@ class Fault(StrEnum):
     RESTART = "restart"  # a closed key started again (new incarnation)
     CONCURRENT_READS = "concurrent_reads"  # profiles with SubscriptionOptions.max_concurrent_reads > 1
     POLLING = "polling"  # servers without subscribe, or that reject it
+    SWEEP_STOP = "sweep_stop"  # the ingress's sweep stops (alive, not sweeping; or killed) and comes back
 
 
 ALL_FAULTS = frozenset(Fault)
@@ -139,6 +144,9 @@ class Op(StrEnum):
     FINAL_NOTE = "final_note"  # drain: one final invalidation from the live session
     SETTLE = "settle"  # the session host's settle timer: settling keys due now are processed
     FIRST_READ = "first_read"  # the first_read update (Update-with-Start's); in written traces only
+    SWEEP = "sweep"  # time passes to the row's next due verification: the sweeping ingress looks then
+    SWEEP_OFF = "sweep_off"  # the ingress stops sweeping (fault "kill": it dies, its session with it)
+    SWEEP_ON = "sweep_on"  # the sweep runs again (after a kill: an ingress with a new session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +173,7 @@ class Profile:
     max_concurrent_reads: int = 1  # SubscriptionOptions.max_concurrent_reads
     session_at_start: bool = True
     safety_read_seconds: float = 300.0  # SubscriptionOptions.safety_read_seconds (0: no safety re-read)
+    sweep: bool = False  # the session host sweeps the ledger's due verifications from the start
 
 
 @dataclass(frozen=True, slots=True)

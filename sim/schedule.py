@@ -41,8 +41,11 @@ def _profile(rng: random.Random, faults: frozenset[Fault]) -> Profile:
         reads = rng.choice([2, 3])
     session_at_start = rng.random() < 0.9
     safety = 0.0 if rng.random() < 0.25 else 300.0  # some servers run with the safety re-read disabled
+    # The session host sweeps the ledger's due verifications from the start (always, unless its stops
+    # are a fault class of the run).
+    sweep = Fault.SWEEP_STOP not in faults or rng.random() < 0.75
     return Profile(capability=capability, max_concurrent_reads=reads, session_at_start=session_at_start,
-                   safety_read_seconds=safety)
+                   safety_read_seconds=safety, sweep=sweep)
 
 
 # Enum members read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's
@@ -56,6 +59,7 @@ _CONFLICT, _RESUME, _REVOKE, _RESTART = (0.2, Op.CONFLICT), (3, Op.RESUME), (0.2
 _TIMER_OFTEN, _TIMER_RARELY = (4, Op.TIMER), (0.4, Op.TIMER)
 _CATALOG_TOMBSTONE, _CATALOG = (3, Op.CATALOG), (0.3, Op.CATALOG)
 _SETTLE = (6, Op.SETTLE)
+_SWEEP, _SWEEP_OFF, _SWEEP_ON = (1.5, Op.SWEEP), (0.4, Op.SWEEP_OFF), (0.6, Op.SWEEP_ON)
 _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED
 
 
@@ -74,6 +78,7 @@ class _Enabled:
     conflict: bool
     revoke: bool
     restart: bool
+    sweep_stop: bool
 
 
 @cache
@@ -83,7 +88,8 @@ def _enabled(faults: frozenset[Fault]) -> _Enabled:
                     session_loss=Fault.SESSION_LOSS in faults,
                     continue_as_new=Fault.CONTINUE_AS_NEW in faults, reset=Fault.RESET in faults,
                     catalog=Fault.CATALOG in faults, conflict=Fault.CONFLICT in faults,
-                    revoke=Fault.REVOKE in faults, restart=Fault.RESTART in faults)
+                    revoke=Fault.REVOKE in faults, restart=Fault.RESTART in faults,
+                    sweep_stop=Fault.SWEEP_STOP in faults)
 
 
 def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -> Event:
@@ -111,10 +117,14 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
         add(_RECREATE)
     running = sim.chain_running
     timer = wf.pending_timer if running else ""
-    if timer:
+    if timer and not (sim.ingress.sweep_on and sim.ingress.holds(wf.timer_at)):  # a due row comes first
         # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) and the
         # watchdog (6 h) rarely.
         add(_TIMER_RARELY if timer in ("safety", "reconcile", "watchdog") else _TIMER_OFTEN)
+    if sim.ingress.can_jump():
+        add(_SWEEP)
+    if f.sweep_stop:
+        add(_SWEEP_OFF if sim.ingress.sweep_on else _SWEEP_ON)
     if f.old_session and sim.host.generation >= 2:
         add(_OLD_NOTE)
     if f.wrong_uri:
@@ -201,7 +211,10 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
     if op == Op.CATALOG:
         lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
         return Event(Op.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
-    # TIMER, SETTLE, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE, RESTART
+    if op == Op.SWEEP_OFF:  # alive but not sweeping, or killed (its session lost with it)
+        return Event(Op.SWEEP_OFF, fault="kill" if rng.random() < 0.3 else "")
+    # TIMER, SETTLE, SWEEP, SWEEP_ON, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE,
+    # RESTART
     return Event(op)
 
 

@@ -16,6 +16,12 @@ Contract:
   (its output ends at EOF, when every process holding them, the child's children too, has closed
   them), fresh signal dispositions. Long-running commands (``--watch``, ``--follow``) run until
   they exit or the timeout kills them.
+- ``spawn(args, env=, stderr=)`` stands in for ``subprocess.Popen([mcpsync, *args], cwd=REPO_ROOT,
+  env=env, stdin=DEVNULL, stdout=PIPE, stderr=stderr)`` for a command that runs until it is stopped
+  (``serve``): a :class:`Spawned` with the child's ``pid``, the read end of its stdout (``stdout``,
+  the caller's to read and close), ``send_signal``, ``poll``, ``wait(timeout)`` and ``returncode``
+  (``-signum`` after a signal). Only forked: an environment that needs a fresh interpreter raises
+  ``ValueError``.
 - A run whose environment differs from the server's in anything but ``MCPSYNC_*`` variables and
   pytest's ``PYTEST_CURRENT_TEST`` (PATH, PYTHONPATH, locale, ``_ARGCOMPLETE``: state that the
   imports or the interpreter already read) runs in a fresh interpreter instead (``subprocess.run``
@@ -203,6 +209,62 @@ def run_bytes(args: Sequence[str], *, env: Mapping[str, str] | None = None, inpu
     finally:
         reply.close()
     return subprocess.CompletedProcess([*FRESH, *args], code, out, err)
+
+
+class Spawned:
+    """A child of ``spawn``: it runs until it exits; its exit code comes on the reply socket."""
+
+    def __init__(self, args: Sequence[str], pid: int, stdout: int, reply: socket.socket) -> None:
+        self.args = [*FRESH, *args]
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._reply = reply
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._reply.settimeout(timeout)
+            try:
+                line = _read_line(self._reply)
+            except (TimeoutError, BlockingIOError):  # BlockingIOError: poll's timeout 0
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            self._reply.close()
+            if not line:
+                raise RuntimeError("the CLI fork server is gone before the child's exit code")
+            self.returncode = int(line)
+        return self.returncode
+
+
+def spawn(args: Sequence[str], *, env: Mapping[str, str], stderr: int) -> Spawned:
+    """``subprocess.Popen([mcpsync, *args], ...)``, forked: see the module contract."""
+    env = dict(env)
+    client = _get_client(env)
+    if not _same_interpreter_state(env, client.env):
+        raise ValueError("spawn: this environment needs a fresh interpreter (it differs from the fork "
+                         "server's in more than MCPSYNC_* variables)")
+    global forked_runs
+    forked_runs += 1
+    out_r, out_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        reply, pid = client.start(args, env, null, out_w, stderr)
+    except BaseException:
+        os.close(out_r)
+        raise
+    finally:
+        os.close(null)
+        os.close(out_w)
+    return Spawned(args, pid, out_r, reply)
 
 
 async def arun(args: Sequence[str], *, env: Mapping[str, str] | None = None, input: str | None = None,

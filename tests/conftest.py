@@ -118,17 +118,38 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def memory_backed_root() -> Path | None:
+    """A directory for the test session's servers' files on tmpfs (``/dev/shm/mcpsync-tests``),
+    None without a writable ``/dev/shm``. On tmpfs an fsync costs nothing: on this project's VMs a
+    PostgreSQL commit or a Temporal dev server's SQLite write waits for the disk otherwise (about
+    half of a workflow task's time). Nothing a test asserts is about surviving the machine's crash;
+    a test that kills and restarts a server finds its files where it left them, as on disk."""
+    if not (SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK | os.X_OK)):
+        return None
+    root = SHARED_MEMORY / "mcpsync-tests"
+    with suppress(FileExistsError):
+        root.mkdir()
+        root.chmod(0o1777)  # shared by every user's sessions, as /tmp is
+    return root
+
+
 def private_state_dir(prefix: str) -> Path:
-    """A new, empty directory under the project's own state dir (``.state/t/``), for an embedded
-    PostgreSQL of a test or a test session; remove it with ``shutil.rmtree`` when done.
+    """A new, empty directory for an embedded PostgreSQL of a test or a test session (or another
+    server's files): under :func:`memory_backed_root`, else under the project's own state dir
+    (``.state/t/``); remove it with ``shutil.rmtree`` when done.
 
     Not under pytest's tmp: pytest makes ``/tmp/pytest-of-<user>`` 0700 whenever a session starts,
     which locks the embedded server's own system user out of a data dir below it while another
     session (a second ``scripts/test``, a tier run in another terminal) is still using it. Short,
     so the server's Unix socket path stays within the kernel's limit.
     """
-    root = REPO_ROOT / ".state" / "t"
-    root.mkdir(parents=True, exist_ok=True)
+    root = memory_backed_root()
+    if root is None:
+        root = REPO_ROOT / ".state" / "t"
+        root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
 
 
@@ -145,7 +166,8 @@ async def postgres_url() -> AsyncIterator[str]:
 
 @pytest.fixture
 def own_state_dir() -> Iterator[Path]:
-    """A private state dir for a test that starts an embedded PostgreSQL of its own."""
+    """A private state dir for a test that starts an embedded PostgreSQL or a Temporal dev server of its
+    own."""
     where = private_state_dir("o")
     try:
         yield where

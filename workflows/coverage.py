@@ -7,7 +7,9 @@ resource (ACCEPTED, UNCHANGED, TOMBSTONE_PENDING, GUARDRAIL_REJECTED). The row i
 server sent the notification after the change, the ingress recorded it before the allocation, and
 the read is sent after the allocation. So the allocation's ``notified`` says exactly which
 notifications the read covers. A read that fails, is lost, refused or superseded sets nothing: the
-row stays dirty. No clock decides coverage.
+row stays dirty. No clock decides coverage. A read nobody notified (the workflow's own safety read,
+the ingress's sweep, whose note only looks the row up: ``plan_note``'s work, nothing written) is no
+notification either: it covers what the row counted at its allocation.
 
 Pure write plans over the locked row (``FenceSnapshot``): the SQL ledger
 (``activities/ledger/fence.py``) and the simulator's in-memory ledger (``sim/``) both apply them.

@@ -30,6 +30,13 @@ Contract:
   version, not found, a guardrail rejection, a failure, a row left dirty); a read not judged, or
   not made, becomes ``resource_updated`` and the workflow reads. A run whose own timer still makes
   its safety reads (one started on 0.2.0) loses nothing: such a report only mirrored a read.
+- The sweep's keys (a key only ``background`` offers made: ``counted`` False) are no notifications.
+  Their note is a look (``Note.count`` False): the ledger answers the row and ``coverage.plan_note``'s
+  work and writes nothing, so ``notified`` keeps counting notifications only, and the read that
+  follows covers what the row counted at its allocation, as the workflow's own safety read does. A
+  notification merged into such a key, or absorbed by its read, is counted as any other (the key is
+  counted, or the accept counts what the read absorbed). No server named the URI, so no ambiguous
+  sibling is meant: the key's routing ends with its own row.
 - Counters are the program's and count notifications only: ``coalesced`` (merged into a waiting key,
   absorbed into a read, or a note that created no work), ``read`` (reports delivered), ``verified``
   (reads here kept in the ledger, no signal), ``routed`` (wake-ups delivered). A key only the
@@ -200,10 +207,13 @@ class Turn(Enum):
 @dataclass(frozen=True, slots=True)
 class Note:
     """``FenceLedger.note_notification`` for (``uri``, ``generation``) -> ``NotedNotification | None``
-    (None: no subscription has that exact URI)."""
+    (None: no subscription has that exact URI). ``count``: a notification made the key, so the ledger
+    counts it (``coverage.plan_note``'s write); False for a key only the sweep's synthetic notes made:
+    the row is looked up and nothing is written (the module's contract: the sweep's keys)."""
 
     uri: str
     generation: int
+    count: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,11 +403,13 @@ class IngressRouter:
                 attempt += 1
 
     def _route(self, uri: str, generation: int, counted: bool) -> Routing:
-        noted = yield Note(uri, generation)
+        noted = yield Note(uri, generation, count=counted)
         if noted is None:
             yield UnknownUri(uri, generation)
             return
         yield from self._deliver(noted, uri, generation, own=True, counted=counted)
+        if not counted:
+            return  # the sweep's key: no server named this URI, so no other spelling is meant
         # A listed ambiguous pair (both spellings subscribed): the server may mean either one, so
         # both are read. Each sibling is invalidated under its own exact URI, never this one.
         for workflow_id, sibling_uri in (yield Siblings(uri, generation)):

@@ -30,6 +30,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -115,6 +116,8 @@ WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri
 AND NOT (state = ANY(%s))
 ORDER BY uri
 """
+# What ``allocation.prior_allocation`` reads of an earlier allocation.
+PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
 # The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
 KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 
@@ -263,19 +266,24 @@ class FenceLedger:
                                      (subject, server, normalize_uri(uri), uri, TERMINAL_STATE_VALUES))
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
-    async def note_notification(self, subject: str, server: str, uri: str,
-                                generation: int) -> NotedNotification | None:
+    async def note_notification(self, subject: str, server: str, uri: str, generation: int, *,
+                                count: bool = True) -> NotedNotification | None:
         """Record that an update naming (subject, server, uri) arrived; None if nobody subscribed to it.
-        The answer names the workflow id the row recorded: the ingress signals that, never a computed one."""
-        async with self.store.pool.connection() as conn, conn.transaction():
+        The answer names the workflow id the row recorded: the ingress signals that, never a computed one.
+        ``count`` False (the sweep's synthetic note, no notification): the row as it stands and
+        ``plan_note``'s work, one read that writes nothing (``workflows/ingress.py``: the sweep's keys)."""
+        async with self.store.pool.connection() as conn, conn.transaction() if count else nullcontext():
             cur = conn.cursor(row_factory=dict_row)
             # By the raw triple: a notification's URI is whatever the server sent (no key validation).
-            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY} FOR UPDATE",
-                              (subject, server, uri))
+            lock = " FOR UPDATE" if count else ""
+            await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}{lock}", (subject, server, uri))
             before = await cur.fetchone()
             if before is None:
                 return None
             plan = plan_note(snapshot(before), generation=generation)
+            if not count:
+                return NotedNotification(workflow_id=before["workflow_id"], fence=snapshot(before),
+                                         work=plan.work)
             await cur.execute(
                 """
                 UPDATE subscriptions SET notifications_seen = %s, last_notification_at = now(),
@@ -336,11 +344,17 @@ class FenceLedger:
         """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, req.key, lock=True)
+            row = await fence_row(cur, req.key, lock=True, now=True)
+
+            # The two rows ``prior_allocation`` asks for first, in one query; a re-derived id, alone.
+            await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
+                              (req.cycle_id, req.request_id))
+            first = {(c, r[c]): r for r in await cur.fetchall() for c in ("cycle_id", "request_id")}
 
             async def find(column: str, value: str) -> dict[str, Any] | None:
-                await cur.execute("SELECT ordinal, request_id, completed_at, notifications_seen"
-                                  f" FROM read_requests WHERE {column}=%s", (value,))
+                if (column, value) in (("cycle_id", req.cycle_id), ("request_id", req.request_id)):
+                    return first.get((column, value))
+                await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
                 return await cur.fetchone()
 
             # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
@@ -356,8 +370,7 @@ class FenceLedger:
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
-            await _update_row(cur, wf, plan.columns())
-            await record_allocation(cur, row)
+            await _update_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)})
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
@@ -387,16 +400,11 @@ class FenceLedger:
         judged = o.content_digest
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, o.key, lock=True)
+            row = await fence_row(cur, o.key, lock=True, issued=o.ordinal)
             fence = snapshot(row)
             # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
             wf = row["workflow_id"] if row is not None else None
-            issued_row = None
-            if wf is not None:
-                await cur.execute("SELECT * FROM read_requests WHERE workflow_id=%s AND ordinal=%s",
-                                  (wf, o.ordinal))
-                issued_row = await cur.fetchone()
-            issued = issued_read(issued_row)
+            issued = issued_read(row["issued_request"] if row is not None else None)
             plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
                                                             row_uri=row["uri"] if row else None),
                                absorbed=req.absorbed if row is not None else 0)

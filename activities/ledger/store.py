@@ -64,11 +64,20 @@ def key_params(key: SubscriptionKey) -> tuple[str, str, str]:
     return key.subject, key.server, key.uri
 
 
-async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False) -> dict[str, Any] | None:
+async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False, now: bool = False,
+                    issued: int | None = None) -> dict[str, Any] | None:
     """The ``subscriptions`` row of ``key`` on a ``dict_row`` cursor (its ``workflow_id`` column is
-    the id the subscription runs under); ``lock``: held until the transaction ends."""
-    await cur.execute(f"SELECT * FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
-                      key_params(key))
+    the id the subscription runs under); ``lock``: held until the transaction ends; ``now``: with the
+    transaction's time (``now()``) as ``db_now``; ``issued``: with the row's ``read_requests`` row of
+    that ordinal as ``issued_request`` (a dict by column name, None when the fence never issued it)."""
+    columns = "*, now() AS db_now" if now else "*"
+    params: tuple[Any, ...] = key_params(key)
+    if issued is not None:
+        columns += (", (SELECT to_jsonb(r) FROM read_requests r"
+                    " WHERE r.workflow_id = subscriptions.workflow_id AND r.ordinal = %s) AS issued_request")
+        params = (issued, *params)
+    await cur.execute(f"SELECT {columns} FROM subscriptions WHERE {BY_KEY}" + (" FOR UPDATE" if lock else ""),
+                      params)
     row: dict[str, Any] | None = await cur.fetchone()
     return row
 

@@ -3,14 +3,16 @@
 Contract:
 - ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
   row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
-  (``verified_at``) and is due again ``verification_delay`` later; a gap it closes that exceeds the
-  period and was not reported yet is reported there (``report_overdue``). ``mark_chain`` runs in
-  ``mark_active``'s: a row that holds a version keeps its chain (``continues_chain``: the new
-  subscription generation's first read closes the gap since the previous one's newest verification),
-  any other starts a new one; either is due within ``claim_delay`` if that read does not land.
+  (``verified_at``) and is due again ``verification_delay`` later, columns the allocation's own
+  update writes; a gap it closes that exceeds the period and was not reported yet is reported there
+  (``report_overdue``). ``mark_chain`` runs in ``mark_active``'s: a row that holds a version keeps
+  its chain (``continues_chain``: the new subscription generation's first read closes the gap since
+  the previous one's newest verification), any other starts a new one; either is due within
+  ``claim_delay`` if that read does not land.
 - ``due`` is the ingress's sweep: the due rows of one (subject, server) through the partial index
   ``subscriptions_verify_due``, each claimed (due again ``claim_delay`` later) in the same
-  transaction, rows locked by a running allocation skipped; and how long until the next row is due.
+  transaction, rows locked by a running allocation skipped; and how long until the next row is due
+  (a claimed one included). Two statements: the due rows, then the claims with the next due time.
 - ``watch`` is the watchdog's local activity (``ledger_watch_verifications``): ``judge_gap`` on the
   gap still open of the locked row, reported when new; the look is recorded (``watched_at``), so
   the gap is reported once, whoever finds it first.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -74,24 +76,21 @@ async def report_overdue(cur: Any, row: dict[str, Any], gap: GapJudgement, *, cl
     return outbox_id
 
 
-async def record_allocation(cur: Any, row: dict[str, Any]) -> None:
-    """A granted allocation of ``row`` (locked, as it stood before the grant; ``cur`` a ``dict_row``
-    cursor) is a verification."""
+async def record_allocation(cur: Any, row: dict[str, Any]) -> dict[str, datetime]:
+    """A granted allocation of ``row`` (locked, as it stood before the grant, read with the
+    transaction's time: ``fence_row(now=True)``; ``cur`` a ``dict_row`` cursor) is a verification: the
+    columns the allocation's update writes with its own (none for a row that is not scheduled)."""
     period = row["safety_read_seconds"]
     if row["state"] != ACTIVE or period is None:
-        return
-    await cur.execute("SELECT now() AS now")  # the transaction's time, as the UPDATE below writes
-    now = (await cur.fetchone())["now"]
+        return {}
+    now: datetime = row["db_now"]  # the transaction's time, as ``now()`` anywhere in it
     if row["verified_at"] is not None:  # a chain's first verification closes no gap
         gap = judge_gap(verified_at=row["verified_at"], watched_at=row["watched_at"], now=now,
                         period_seconds=float(period))
         if gap.report:
             await report_overdue(cur, row, gap, closed=True)
-    await cur.execute(
-        "UPDATE subscriptions SET verified_at = now(), verify_due_at = now() + make_interval(secs => %s)"
-        " WHERE workflow_id = %s",
-        (verification_delay(float(period), random.random()), row["workflow_id"]),
-    )
+    delay = verification_delay(float(period), random.random())
+    return {"verified_at": now, "verify_due_at": now + timedelta(seconds=delay)}
 
 
 async def mark_chain(cur: Any, row: dict[str, Any]) -> None:
@@ -137,24 +136,24 @@ class VerificationLedger:
                 (subject, server, ACTIVE, limit),
             )
             rows = await cur.fetchall()
-            if rows:
-                await conn.execute(
-                    """
-                    UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
-                    FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
-                    WHERE s.workflow_id = c.workflow_id
-                    """,
-                    ([r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]),
-                )
+            ids, delays = [r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]
+            # The claims, and when the next row they leave is due, in one statement (its reads do not
+            # see its own UPDATE: the claimed rows are due again ``delays`` from now).
             cur = await conn.execute(
                 """
+                WITH claimed AS (
+                    UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
+                    FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
+                    WHERE s.workflow_id = c.workflow_id)
                 SELECT EXTRACT(EPOCH FROM min(verify_due_at) - now())::float8 FROM subscriptions
                 WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
+                  AND workflow_id <> ALL(%s::text[])
                 """,
-                (subject, server, ACTIVE),
+                (ids, delays, subject, server, ACTIVE, ids),
             )
             nxt = await cur.fetchone()
-        next_in = None if nxt is None or nxt[0] is None else max(0.0, float(nxt[0]))
+        left = [] if nxt is None or nxt[0] is None else [max(0.0, float(nxt[0]))]
+        next_in = min(delays + left, default=None)
         return Due(uris=[r[1] for r in rows], next_in=next_in)
 
     @activity.defn(name=Act.WATCH_VERIFICATIONS)

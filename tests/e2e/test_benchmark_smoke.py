@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark command: a tiny ``--quick`` run over both transports.
+"""Smoke test of the benchmark command: a tiny ``--quick`` run of each transport, the two commands at once.
 
 Checks the shape and sanity of the JSON and that a real PNG was written; no timing
 thresholds (the targets are reported by the benchmark, never asserted).
@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,26 +58,56 @@ def _num(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def test_quick_benchmark_writes_sane_json_and_png(tmp_path: Path, database_url: str) -> None:
-    out = tmp_path / "out"
+BENCH_OPTIONS = (
+    "--quick", "--subscriptions", "6", "--duration", "3", "--floor-samples", "5",
+    "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout", "15", "--poll-seconds", "2",
+    "--safety-read-seconds", "2.5", "--staleness-window", "5", "--staleness-subscriptions", "2",
+    "--idle-window", "2", "--max-cached-workflows", "64", "--subscription-max-history-events", "4000")
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One benchmark command: its process, its wall clock (every duration the run reports fits in it) and
+    where it wrote."""
+
+    proc: subprocess.CompletedProcess[str]
+    wall: float
+    out: Path
+
+
+def _benchmark(transport: str, out: Path, database_url: str) -> BenchRun:
+    """``python -m benchmarks.run`` of one transport with ``BENCH_OPTIONS``."""
     env = {**os.environ, "MCPSYNC_DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--subscriptions", "6", "--duration", "3",
-         "--floor-samples", "5", "--temporal-floor-samples", "5", "--revocations", "2", "--drain-timeout",
-         "15", "--poll-seconds", "2", "--safety-read-seconds", "2.5", "--staleness-window", "5",
-         "--staleness-subscriptions", "2", "--idle-window", "2", "--max-cached-workflows", "64",
-         "--subscription-max-history-events", "4000", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )
-    wall = time.monotonic() - started  # the run's own wall clock: every duration it reports fits in it
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", *BENCH_OPTIONS, "--transport", transport,
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    return BenchRun(proc, time.monotonic() - started, out)
+
+
+@pytest.fixture(scope="module")
+def benchmark_runs(tmp_path_factory: pytest.TempPathFactory,
+                   database_url: str) -> Iterator[dict[str, Future[BenchRun]]]:
+    """The benchmark command of each transport, both started at once: each is a command of its own, whose run
+    is alone in its child process as always."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {t: pool.submit(_benchmark, t, tmp_path_factory.mktemp(f"bench-{t}") / "out", database_url)
+               for t in ("http", "stdio")}
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_quick_benchmark_writes_sane_json_and_png(transport: str,
+                                                  benchmark_runs: dict[str, Future[BenchRun]]) -> None:
+    """The benchmark command of ``transport``: every section of its ``results.json``, the summary it prints
+    and its PNG."""
+    run = benchmark_runs[transport].result()
+    proc, wall, out = run.proc, run.wall, run.out
     assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "== mcpsync benchmark ==" in proc.stdout
 
     report = json.loads((out / "results.json").read_text())
     assert report["targets"] == {"amplification_max": 1.05, "convergence_p999_max_seconds": 1.0,
                                  "revocation_p99_max_seconds": 2.0}
-    assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [("http", 6), ("stdio", 6)]
+    assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [(transport, 6)]
     for r in report["runs"]:
         for section in ("startup", "memory", "floor", "churn", "system", "baseline", "comparison", "repair",
                         "burst", "revocation", "consumer", "targets_met"):

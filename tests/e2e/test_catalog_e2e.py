@@ -504,12 +504,13 @@ async def test_cli_scan_shows_the_catalog_and_refuses_unproven_completeness(
         assert gates["completeness_consumed_unproven"] == 0 and gates["completeness_refused"] == refused + 1
 
 
-async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path) -> None:
+async def test_continue_as_new_carries_the_catalog_state(ledger: Ledger, tmp_path: Path,
+                                                          own_state_dir: Path) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     from mcpsync.worker.stack.temporal import TemporalDevServer
 
-    server = await TemporalDevServer.start(tmp_path / "temporal-can", port=0, ui_port=0,
+    server = await TemporalDevServer.start(own_state_dir / "temporal-can", port=0, ui_port=0,
                                            dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})
     try:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -90,6 +91,32 @@ def test_a_long_running_command_runs_until_the_timeout_kills_it(tmp_path: Path, 
     time.sleep(0.5)  # the killed child's exit code goes to a caller that has gone: the server lives on
     assert server is not None and cli_process.server_pid() == server
     assert cli_process.run(["--version"], env=ENV).returncode == 0 and cli_process.server_pid() == server
+
+
+def test_a_spawned_command_runs_until_a_signal_stops_it(tmp_path: Path, database_url: str) -> None:
+    """``spawn``: a command that runs until stopped (``list --watch``), forked from the server, writes
+    to the caller's stdout pipe and its stderr file while it runs, and reports the signal that stopped
+    it as its exit code; an environment that needs a fresh interpreter is refused."""
+    conf = tmp_path / "mcpsync.toml"
+    conf.write_text(f'[database]\nurl = "{database_url}"\n')
+    forked_before = cli_process.forked_runs
+    with (tmp_path / "stderr").open("wb") as err:
+        child = cli_process.spawn(["--config", str(conf), "list", "--watch", "--interval", "0.2"], env=ENV,
+                                  stderr=err.fileno())
+    try:
+        assert cli_process.forked_runs == forked_before + 1
+        server = cli_process.server_pid()
+        assert str(child.pid) in Path(f"/proc/{server}/task/{server}/children").read_text().split()
+        with os.fdopen(child.stdout, "rb") as out:
+            assert out.readline().strip(), "the first table of the watch"
+            assert child.poll() is None
+            child.send_signal(signal.SIGKILL)
+            assert child.wait(10) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
+            out.read()  # the pipe ends with the child
+    finally:
+        child.send_signal(signal.SIGKILL)
+    with pytest.raises(ValueError):
+        cli_process.spawn(["--version"], env={**ENV, "PYTHONHASHSEED": "1"}, stderr=2)
 
 
 async def test_a_forked_child_passes_for_an_mcpsync_process(tmp_path: Path, database_url: str) -> None:

@@ -26,6 +26,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from tests import cli_process
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import SpareFixtures
 from tests.e2e.test_e2e_subscription import _wait_record
 
 S = SubscriptionState
@@ -68,10 +69,10 @@ async def _audited(ledger: Ledger, key: SubscriptionKey, kind: str) -> bool:
 
 @asynccontextmanager
 async def _subscribed_small(
-        client: Client, ledger: Ledger, tmp_path: Path,
+        client: Client, ledger: Ledger, spares: SpareFixtures,
         **server_options: Any) -> AsyncIterator[tuple[FixtureProcess, ServerConfig, WorkflowHandle]]:
     """An HTTP fixture, one subscription to a small text resource, converged and subscribed."""
-    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
+    async with await spares.take() as fx:
         server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, **server_options)
         uri = f"demo://big/{uuid.uuid4().hex}"
         first = await fx.create(uri, text="small")
@@ -85,8 +86,8 @@ async def _subscribed_small(
 
 
 async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_client: Client, ledger: Ledger,
-                                                                     tmp_path: Path) -> None:
-    async with _subscribed_small(temporal_client, ledger, tmp_path,
+                                                                     spare_fixtures: SpareFixtures) -> None:
+    async with _subscribed_small(temporal_client, ledger, spare_fixtures,
                                  read_timeout_seconds=60) as (fx, _, handle):
         before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
         key = SubscriptionKey(subject=before.subject, server=before.server, uri=before.uri)
@@ -99,12 +100,11 @@ async def test_ten_megabyte_text_is_read_classified_and_not_released(temporal_cl
         assert len(history) < 1_000_000, "the body never entered history"
 
 
-async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(temporal_client: Client,
-                                                                            ledger: Ledger,
-                                                                             tmp_path: Path) -> None:
+async def test_body_over_the_http_event_cap_is_malformed_not_a_lost_session(
+        temporal_client: Client, ledger: Ledger, spare_fixtures: SpareFixtures) -> None:
     # The session host caps one SSE event at 2 x max_content_bytes + 64 KiB: a larger read result
     # fails that request only. It must be classified, and the session must not reconnect over it.
-    async with _subscribed_small(temporal_client, ledger, tmp_path,
+    async with _subscribed_small(temporal_client, ledger, spare_fixtures,
                                  max_content_bytes=64 * 1024) as (fx, server,
                                                                                                      handle):
         before = await handle.query(QUERY_SUBSCRIPTION, result_type=ResourceSubscriptionV1)
@@ -137,8 +137,8 @@ def test_cli_refuses_control_characters_in_uri(tmp_path: Path) -> None:
 
 
 async def test_notification_with_odd_uri_is_audited_not_routed(temporal_client: Client, ledger: Ledger,
-                                                               tmp_path: Path) -> None:
-    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
+                                                               spare_fixtures: SpareFixtures) -> None:
+    async with await spare_fixtures.take() as fx:
         server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url)
         watched = f"demo://w/{uuid.uuid4().hex}"
         first = await fx.create(watched, text="w")

@@ -20,6 +20,7 @@ from mcpsync.worker.main.config import ServerConfig
 from mcpsync.worker.stack.common import free_port
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions, SubscriptionState
 from tests.conftest import eventually, running_services, unique
+from tests.e2e.conftest import SpareFixtures
 from tests.e2e.test_e2e_subscription import _wait_record
 
 
@@ -54,10 +55,9 @@ async def test_four_capability_combinations(temporal_client: Client, ledger: Led
                     "no subscribe without the capability"
 
 
-async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(temporal_client: Client,
-                                                                         ledger: Ledger,
-                                                                         tmp_path: Path) -> None:
-    async with await FixtureProcess.start_http(tmp_path, seed="none") as fx:
+async def test_burst_and_cross_uri_writes_converge_without_cross_refresh(
+        temporal_client: Client, ledger: Ledger, spare_fixtures: SpareFixtures) -> None:
+    async with await spare_fixtures.take() as fx:
         server = _server(fx.mcp_url)
         uris = [f"demo://burst/{i}/{uuid.uuid4().hex}" for i in range(3)]
         quiet = f"demo://quiet/{uuid.uuid4().hex}"
@@ -149,8 +149,8 @@ async def _read_seen(fx: FixtureProcess, uri: str, n: int) -> bool:
 
 
 async def test_half_open_connection_is_detected_by_ping_and_recovered(temporal_client: Client, ledger: Ledger,
-                                                                      tmp_path: Path) -> None:
-    fx = await FixtureProcess.start_http(tmp_path, seed="none")
+                                                                      spare_fixtures: SpareFixtures) -> None:
+    fx = await spare_fixtures.take()
     server = _server(fx.mcp_url)
     uri = f"demo://halfopen/{uuid.uuid4().hex}"
     key = SubscriptionKey(subject="anonymous", server=server.name, uri=uri)

@@ -32,17 +32,18 @@ from mcpsync.workflows.records.ledger import AcceptVerdict, OutboxEventType
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionOptions
 from mcpsync.workflows.verification_rules import SWEEP_IDLE_SECONDS
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.e2e.conftest import ingress_received
+from tests.e2e.conftest import SpareFixtures, ingress_received
 from tests.e2e.test_e2e_scaleout import _metrics_port, _spawn
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.e2e.test_metrics import _samples, _scrape, _value
 
 
-async def test_temporal_and_postgres_restarts_lose_nothing(tmp_path: Path, own_state_dir: Path) -> None:
-    temporal = await TemporalDevServer.start(tmp_path / "temporal", port=0, ui_port=0)
+async def test_temporal_and_postgres_restarts_lose_nothing(own_state_dir: Path,
+                                                           spare_fixtures: SpareFixtures) -> None:
+    temporal = await TemporalDevServer.start(own_state_dir / "temporal", port=0, ui_port=0)
     pg = await EmbeddedPostgres.start(own_state_dir, database="faults")
     ledger = await open_ledger(pg.url)
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     try:
         client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
         server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url)
@@ -106,7 +107,7 @@ RETURN_WINDOW = SWEEP_IDLE_SECONDS + READ_SECONDS
 
 async def test_ingress_killed_for_two_periods_every_gap_reported_and_read_on_its_return(
         temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
-        tmp_path: Path) -> None:
+        tmp_path: Path, spare_fixtures: SpareFixtures) -> None:
     """The only ingress of an idle (subject, server) SIGKILLed, none for twice the safety-read period,
     then one again: every subscription's gap is reported once, closed by its first verification
     (an ``overdue`` outbox event, ``mcpsync_verifications_overdue`` on the main worker's endpoint),
@@ -125,7 +126,7 @@ async def test_ingress_killed_for_two_periods_every_gap_reported_and_read_on_its
     uris = [k.uri for k in keys]
     fx: FixtureProcess | None = None
     try:
-        fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+        fx = await spare_fixtures.take()
         config = tmp_path / "ingress.toml"
         config.write_text(
             f'{stack}[[servers]]\nname = "{server}"\ntransport = "http"\nurl = "{fx.mcp_url}"\n'
@@ -234,7 +235,7 @@ async def test_ingress_killed_for_two_periods_every_gap_reported_and_read_on_its
             except subprocess.TimeoutExpired:
                 p.kill()
         if fx is not None:
-            await fx.stop()
+            spare_fixtures.retire(fx)
 
 
 async def _lease_left(ledger: Ledger, server: str, least: float, most: float) -> bool:

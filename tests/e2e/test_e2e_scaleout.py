@@ -45,6 +45,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 from mcpsync.workflows.subscription import MCP_HEARTBEAT_TIMEOUT
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, running_services, unique
+from tests.e2e.conftest import SpareFixtures
 from tests.e2e.test_e2e_subscription import _wait_record
 
 LEASE_SECONDS = 2.0
@@ -62,8 +63,9 @@ def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
 
 async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client,
                                                          temporal_server: TemporalDevServer, ledger: Ledger,
-                                                         database_url: str, tmp_path: Path) -> None:
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+                                                         database_url: str, tmp_path: Path,
+                                                         spare_fixtures: SpareFixtures) -> None:
+    fx = await spare_fixtures.take()
     server, queue = unique("fx"), unique("scaleq")
     config = tmp_path / "mcpsync.toml"
     config.write_text(
@@ -195,7 +197,7 @@ def _doomed_and_standby(tmp_path: Path, temporal_server: TemporalDevServer, data
 
 async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
         temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
-        tmp_path: Path) -> None:
+        tmp_path: Path, spare_fixtures: SpareFixtures) -> None:
     """Subscriptions started right after their sessions' ingress was SIGKILLed, before the leases move:
     the ledger still names the dead sessions, so their subscribes go to the dead ingress's queue. The
     ingress that takes a lease over polls that queue too once the dead one holds no lease
@@ -203,7 +205,7 @@ async def test_run_bound_to_a_killed_ingress_session_recovers_within_the_lease(
     ``alice``'s run rebinds to the new session and is ACTIVE on it within the lease plus a few seconds,
     not after the subscribe's 60 s schedule-to-close; ``bob``'s, a pair it does not hold (nobody
     does), is answered as quickly and waits for a session."""
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     server = unique("fx")
     config, standby = _doomed_and_standby(tmp_path, temporal_server, database_url, fx, server,
                                           ["alice", "bob"])
@@ -265,14 +267,14 @@ STARTED_RECOVERY_SECONDS = MCP_HEARTBEAT_TIMEOUT.total_seconds() + DEAD_LEASE_SE
 
 async def test_an_activity_the_killed_ingress_had_started_ends_at_its_heartbeat_timeout(
         temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
-        tmp_path: Path) -> None:
+        tmp_path: Path, spare_fixtures: SpareFixtures) -> None:
     """A subscribe cycle the ingress had started (its initial read held by the server) when it was
     SIGKILLed: no heartbeat comes any more, so the attempt times out after the heartbeat timeout, not
     the 60 s schedule-to-close, and its retry on the dead queue is answered by the ingress that took the
     session over (``mcpsync.worker.ingress.heartbeats``, ``orphan_queues``). The run is ACTIVE on the new
     session with its initial read accepted within the heartbeat timeout plus the lease plus a few
     seconds."""
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     server = unique("fx")
     config, standby = _doomed_and_standby(tmp_path, temporal_server, database_url, fx, server, ["alice"])
     key = SubscriptionKey(subject="alice", server=server, uri=f"demo://held/{uuid.uuid4().hex}")
@@ -380,8 +382,8 @@ async def _all_ready(ports: dict[str, int]) -> bool | None:
 
 async def test_two_main_two_ingress_kill_one_of_each_under_load(
         temporal_client: Client, temporal_server: TemporalDevServer, ledger: Ledger, database_url: str,
-        tmp_path: Path) -> None:
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+        tmp_path: Path, spare_fixtures: SpareFixtures) -> None:
+    fx = await spare_fixtures.take()
     server, queue = unique("fx"), unique("scaleq")
     subjects = ("alice", "bob")  # two (subject, server) leases for the two ingress processes
     names = {"main1": "main", "main2": "main", "in1": "ingress", "in2": "ingress"}

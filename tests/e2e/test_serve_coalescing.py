@@ -233,17 +233,22 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_are_not(
                 assert rounds < 400, "serve never cut the client that does not read off"
                 await round_of(rounds)
                 rounds += 1
+            # The slow client stalls 11 s past the cut-off (its send was stuck before that): the reason
+            # waits for the client however long, so a stuck send dropped after a 10 s timeout would fail
+            # below. Meanwhile the reading client reads, and another round reaches it.
             stall_ends = asyncio.get_running_loop().time() + 11
             read = await reading.read_resource(uris[0])
             assert read.contents[0].text == "# slow 0 two"  # type: ignore[union-attr]
-            # The slow client, reading at last, finds the backlog end in the reason it was cut off. It
-            # stalls 11 s past the cut-off (its send was stuck before that): the reason waits for the
-            # client however long, so a stuck send dropped after a 10 s timeout would fail here.
-            await asyncio.sleep(stall_ends - asyncio.get_running_loop().time())
-            received = await read_sse_until(stream, b"", lambda ms: bool(ms) and "cut off: " in str(ms[-1]))
-            # The reason is the last thing it gets: another round reaches the reading client, not it.
             await round_of(rounds)
-            received = await read_sse_until(stream, received, lambda ms: True)
+            # The reading client was never cut off, and nothing more is pending for it.
+            assert not any(isinstance(m, types.LoggingMessageNotification) for m in inbox)
+            seen = sum(len(_updated(inbox, u)) for u in uris)
+            await asyncio.sleep(1.0)
+            assert sum(len(_updated(inbox, u)) for u in uris) == seen
+            await asyncio.sleep(stall_ends - asyncio.get_running_loop().time())
+            # The slow client, reading at last, finds the backlog end in the reason it was cut off, and the
+            # reason is the last thing it gets: the round after the cut-off did not reach it.
+            received = await read_sse_until(stream, b"", lambda ms: any("cut off: " in str(m) for m in ms))
             messages = sse_messages(received)
             last = messages[-1]
             assert last["method"] == "notifications/message" and last["params"]["level"] == "error"
@@ -255,9 +260,6 @@ async def test_a_client_that_never_reads_is_cut_off_and_the_others_are_not(
             stream_writer.close()
             again = await _raw_subscribe(raw, serve.url, headers, uris[0], 99)
             assert b"cut off: " in again, again
-            # The reading client was never cut off, and nothing more is pending for it.
+            # Only the slow client was cut off.
             assert serve.log.read_text().count("cut off (slow client)") == 1
             assert not any(isinstance(m, types.LoggingMessageNotification) for m in inbox)
-            seen = sum(len(_updated(inbox, u)) for u in uris)
-            await asyncio.sleep(1.0)
-            assert sum(len(_updated(inbox, u)) for u in uris) == seen

@@ -40,6 +40,7 @@ from mcpsync.worker.stack.common import REPO_ROOT
 from mcpsync.workflows.digest import ContentPart, content_digest
 from tests import cli_process
 from tests.conftest import eventually, ledger_rows, unique
+from tests.e2e.conftest import SpareFixtures
 from tests.e2e.serve_helpers import (
     NPM_PREFIX,
     Seed,
@@ -75,7 +76,8 @@ class Truth:
 
 @pytest.fixture(scope="module")
 async def truth(
-    temporal_client: Client, ledger: Ledger, database_url: str, tmp_path_factory: pytest.TempPathFactory
+    temporal_client: Client, ledger: Ledger, database_url: str, tmp_path_factory: pytest.TempPathFactory,
+    spare_fixtures: SpareFixtures,
 ) -> AsyncIterator[Truth]:
     tmp = tmp_path_factory.mktemp("truth")
     alice, bob = unique("alice"), unique("bob")
@@ -92,7 +94,7 @@ async def truth(
     )
     guarded = Seed(bob, f"demo://serve/{unique('guard')}.md", "# small")
     example = Seed(alice, f"demo://serve/{unique('example')}.md", "# example one")
-    fx = await FixtureProcess.start_http(tmp / "fx", seed="none")
+    fx = await spare_fixtures.take()
     try:
         start = serve_stack_factory(temporal_client, ledger, fx, database_url, tmp)
         async with start(

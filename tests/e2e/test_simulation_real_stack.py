@@ -16,7 +16,8 @@ conflict, a resume, a platform revocation, a ``temporal workflow reset`` (first 
 workflow task, with or without signal reapply) and continue-as-new (a small
 ``max_history_events``). Left out: session loss (one session is shared by all schedules;
 ``test_e2e_process_faults`` covers it), restart of a closed key, lost responses, guardrail
-refusals and concurrent reads (F4).
+refusals, concurrent reads (F4) and the sweep's stops (the real ingress sweeps throughout; a killed
+ingress is a session loss). The simulator's ``sweep`` jumps are pauses: the real ingress sweeps itself.
 
 Then the drain (resume, a catalog word, a final notification, until quiet) and the
 simulator's invariants, asserted from the PostgreSQL ledger: advancing receipts in ordinal
@@ -73,7 +74,7 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from sim.model import ALL_FAULTS, Event, Fault, Op, SimConfig, schedule_seed
 from sim.schedule import run_schedule
 from tests.conftest import eventually, ledger_rows, running_services, unique
-from tests.e2e.conftest import notifications_seen, reads_settled
+from tests.e2e.conftest import SpareFixtures, notifications_seen, reads_settled
 from tests.e2e.test_e2e_fence import _record
 
 S = SubscriptionState
@@ -81,7 +82,7 @@ SCHEDULES = int(os.environ.get("MCPSYNC_CROSSCHECK_SCHEDULES", "50"))
 CONCURRENCY = 10
 CROSSCHECK_CONFIG = SimConfig(faults=ALL_FAULTS - {
     Fault.SESSION_LOSS, Fault.RESTART, Fault.RETRY, Fault.GUARDRAIL, Fault.CONCURRENT_READS, Fault.POLLING,
-    Fault.LOST_ACK})
+    Fault.LOST_ACK, Fault.SWEEP_STOP})
 PAUSE_S = 0.03
 TERMINAL = {S.CLOSED, S.UNSUBSCRIBE_UNKNOWN, S.TOMBSTONED, S.REVOKED}
 READING = {S.ACTIVE, S.UPDATE_SEEN, S.READ_PENDING, S.VERSION_ACCEPTED}  # a notification makes these read
@@ -518,7 +519,8 @@ async def violations(run: Run, ledger: Ledger, client: Client) -> list[str]:
 
 
 async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
-        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer, tmp_path: Path) -> None:
+        temporal_client: Client, ledger: Ledger, temporal_server: TemporalDevServer,
+        spare_fixtures: SpareFixtures) -> None:
     seed = "crosscheck"
     server_name = unique("xfx")
     runs: list[Run] = []
@@ -533,7 +535,7 @@ async def test_simulated_schedules_keep_their_invariants_on_the_real_stack(
         assert {"mutate", "delete", "close", "reset", "catalog", "conflict", "revoke",
                 "read_fault"} <= kinds, kinds
 
-    fx = await FixtureProcess.start_http(tmp_path / "fx", seed="none")
+    fx = await spare_fixtures.take()
     try:
         server = ServerConfig(name=server_name, transport="http", url=fx.mcp_url, subjects=["alice"],
                               ping_interval_seconds=1, ping_timeout_seconds=5)

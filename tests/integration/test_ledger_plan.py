@@ -228,6 +228,40 @@ async def test_the_coverage_rule_alike(ledger: Ledger) -> None:
     assert await note()
     await both.same()
 
+
+async def test_the_sweeps_look_alike(ledger: Ledger) -> None:
+    """The sweep's synthetic note (``count=False``) writes nothing in either store: it answers the row
+    and ``plan_note``'s work, and the read that follows covers what the row counted at its allocation
+    (a clean row stays clean; a dirty one is covered)."""
+    both = Both(ledger)
+    await both.start()
+    k = both.key
+
+    async def look() -> bool:
+        sql = await ledger.fence.note_notification(k.subject, k.server, k.uri, 1, count=False)
+        mem = both.mem.note_notification(1, count=False)
+        assert sql is not None and mem is not None and sql.work == mem.work
+        assert (sql.fence.notifications_seen,
+                sql.fence.covered) == (mem.fence.notifications_seen, mem.fence.covered)
+        await both.same()
+        return sql.work
+
+    assert await ledger.fence.note_notification(k.subject, k.server, "demo://nobody", 1, count=False) is None
+    before = await ledger.load_fence(k)
+    assert await look()  # clean: the work is a read (the workflow's, where nothing reads here)
+    assert (await ledger.load_fence(k)).notifications_seen == before.notifications_seen == 0
+    assert await both.accept(await both.allocate("swept"), ReadOutcomeKind.CONTENT, "sha256:a") == V.ACCEPTED
+    row = await ledger.load_fence(k)
+    assert (row.notifications_seen, row.covered) == (0, 0)  # no notification, none owed
+    sql = await ledger.fence.note_notification(k.subject, k.server, k.uri, 1)  # a notification: counted
+    assert sql is not None and both.mem.note_notification(1) is not None
+    assert not await look()  # dirty: the notification's own read owns the work
+    assert await both.accept(await both.allocate("swept-2"), ReadOutcomeKind.CONTENT, "sha256:a") == \
+        V.UNCHANGED
+    row = await ledger.load_fence(k)
+    assert (row.notifications_seen, row.covered) == (1, 1)
+
+
 async def test_a_reopened_row_and_the_resync_period_alike(ledger: Ledger) -> None:
     """A closed row a new incarnation reopens has no current digest in either store (its first read
     publishes again), and ``mark_active`` records the run's safety-read period in both."""

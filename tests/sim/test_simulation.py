@@ -21,10 +21,11 @@ from mcpsync.workflows import coverage
 from mcpsync.workflows.coverage import NotePlan
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot
+from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, OutboxEventType
 from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
 from mcpsync.workflows.subscription_state import SubscriptionFence
+from mcpsync.workflows.verification_rules import GapJudgement
 from sim.engine import Simulation
 from sim.interpreter import Signal
 from sim.model import (
@@ -78,7 +79,11 @@ def test_bounded_gate_keeps_safety_invariants_at_zero(gate: Summary) -> None:
                  "ingress.report_delivered", "ingress.fallback", "ingress.lost_response", "ingress.absorbed",
                  "update.ingress_no_work",
                  "ingress.queued_routed", "ingress.settling", "ingress.settled", "ingress.verdict.ACCEPTED",
-                 "ingress.verdict.STALE"):
+                 "ingress.verdict.STALE",
+                 # the sweep of the ledger's due verifications: looks, their reads allocated at once, the
+                 # sweep stopped, killed and back; gaps over the period (the watchdog's)
+                 "op.sweep", "sweep.look", "sweep.dispatched", "sweep.stop", "sweep.kill", "sweep.start",
+                 "verification.overdue_gap"):
         assert cov.get(name, 0) > 0, name
     assert report["convergence_steps"]["schedules"] > GATE_SCHEDULES // 4
 
@@ -402,19 +407,94 @@ def test_a_weakened_coverage_rule_is_found_and_shrunk(monkeypatch: pytest.Monkey
     simulator use the same code): random schedules find a violation, shrunk to a short trace that is
     clean with the real rule."""
     monkeypatch.setattr(f"{module}.{name}", broken)
-    for index in range(6000):  # found at 1,725, 6, 37 and 2 (2026-12-05/06); stops at the first
+    _found_and_shrunk(monkeypatch, name, config, None)  # found at 44, 0, 53 and 12 (2026-12-07)
+
+
+def _found_and_shrunk(monkeypatch: pytest.MonkeyPatch, name: str, config: SimConfig,
+                      target: Invariant | None) -> None:
+    """Schedules of the seed ``mutant-<name>`` until one violates ``target`` (None: anything), shrunk to
+    a short trace that still does and that is clean once the weakened rule is restored."""
+    for index in range(6000):  # stops at the first
         found = run_schedule(schedule_seed(f"mutant-{name}", index), config)
-        if found.violations:
+        if any(target in (None, v.invariant) for v in found.violations):
             break
     else:
         pytest.fail(f"the simulator never noticed the weakened {name}")
-    target = found.violations[0].invariant
+    target = target or found.violations[0].invariant
     small = shrink(found, config, target=target)
     assert len(small.events) <= 25, small.events
-    print(f"{name}: schedule {index}: {target.value}: {len(small.events)} events: "
-          f"{small.violations[0].detail}")
+    hit = next(v for v in small.violations if v.invariant == target)
+    print(f"{name}: schedule {index}: {target.value}: {len(small.events)} events: {hit.detail}")
     monkeypatch.undo()
     assert not replay(_trace(small.trace().to_json()), config).violations
+
+
+# --- the verification schedule: the sweep keeps the bound, the watchdog finds what it missed ---------
+
+def _due_late(period_seconds: float, draw: float) -> float:
+    """``verification_rules.verification_delay`` weakened: the next verification is due after the whole
+    period (and a second), so even a sweep that looks on time reads too late."""
+    return period_seconds + 1
+
+
+async def _look_skipped(program: Any) -> None:
+    """``SubscriptionProgram._look`` weakened: the watchdog fires and asks the ledger nothing (no gap
+    judged, no overdue report, no read of its own)."""
+    program.keeper.looked(program.rt.now())
+
+
+def _gap_never_overdue(**_: Any) -> GapJudgement:
+    """``verification_rules.judge_gap`` weakened: no gap is ever over the period."""
+    return GapJudgement(gap_seconds=None, overdue=False, report=False)
+
+
+@pytest.mark.parametrize("module, name, broken, target", [
+    ("mcpsync.workflows.verification_rules", "verification_delay", _due_late, Invariant.VERIFICATION_GAP),
+    ("mcpsync.workflows.subscription_program.SubscriptionProgram", "_look", _look_skipped,
+     Invariant.OVERDUE_MISSED),
+    ("mcpsync.workflows.verification_rules", "judge_gap", _gap_never_overdue, Invariant.OVERDUE_MISSED),
+], ids=["due-after-the-period", "watchdog-look-skipped", "gap-never-overdue"])
+def test_a_weakened_verification_rule_is_found_and_shrunk(monkeypatch: pytest.MonkeyPatch, module: str,
+                                                          name: str, broken: Any, target: Invariant) -> None:
+    """A verification rule weakened in place is found by its invariant and shrunk: a due time computed
+    wrongly breaks the bound a sweeping ingress keeps (``verification_gap``); a watchdog that skips the
+    ledger's judgement leaves an overdue row unreported and unread (``overdue_missed``). Found at
+    schedules 35, 3 and 0, shrunk to 6, 1 and 1 events (2026-12-07)."""
+    monkeypatch.setattr(f"{module}.{name}", broken)
+    _found_and_shrunk(monkeypatch, name, GATE_CONFIG, target)
+
+
+def _sweeping() -> Simulation:
+    """A subscription ACTIVE and idle after its initial read, its session host sweeping."""
+    sim = Simulation("sweep", Profile(sweep=True), SimConfig())
+    sim._flush()
+    assert sim.ledger.row.state == S.ACTIVE and sim.ledger.scheduled_due() is not None
+    return sim
+
+
+def test_the_sweep_reads_a_due_row_at_its_due_time_and_the_watchdog_one_it_stopped_for() -> None:
+    sim = _sweeping()
+    period = Profile().safety_read_seconds
+    verified, due = sim.ledger.verified_at, sim.ledger.scheduled_due()
+    assert verified is not None and due is not None
+    assert 0.84 * period <= (due - verified).total_seconds() <= 0.95 * period  # the ledger's jitter
+    # While the ingress sweeps, the watchdog's timer (six hours) waits behind the due row; the sweep
+    # event jumps to the due time, and the look's read at the ingress is allocated in that step.
+    assert sim.wf.pending_timer == "watchdog" and not sim.apply(Event(Op.TIMER))
+    ordinals = sim.ledger.row.last_issued_ordinal
+    assert sim.apply(Event(Op.SWEEP)) and sim.now == due
+    assert sim.ledger.row.last_issued_ordinal == ordinals + 1 and sim.ledger.verified_at == due
+    for _ in range(2):
+        sim.apply(Event(Op.EXEC, act=INGRESS_READ))  # read, accept: unchanged, it stays in the ledger
+    assert not sim.activities and not sim.queue and sim.coverage.get("ingress.verdict.UNCHANGED") == 1
+    # The ingress stops sweeping: the watchdog fires six hours on, reports the gap and reads.
+    assert sim.apply(Event(Op.SWEEP_OFF)) and sim.apply(Event(Op.TIMER))
+    sim._flush()
+    overdue = [e for e in sim.ledger.outbox if e.event_type == OutboxEventType.OVERDUE]
+    assert len(overdue) == 1 and sim.ledger.verified_at is not None and sim.ledger.verified_at > due
+    result = replay(Trace("sweep", Profile(sweep=True), tuple(sim.events)))
+    assert not result.violations, result.violations
+    assert result.coverage.get("sweep.dispatched") == 1 and result.coverage.get("verification.overdue_gap")
 
 
 # --- the start in one round trip -------------------------------------------------------------

@@ -163,6 +163,36 @@ def test_a_read_not_judged_wakes_the_workflow() -> None:
     assert ReportRead not in seen and SignalUpdated in seen and router.routed == 1
 
 
+def test_the_sweeps_key_is_looked_up_uncounted_and_asks_for_no_sibling() -> None:
+    """A key only the sweep made is no notification: its note writes nothing (``Note.count``) and no
+    ambiguous sibling is read for it; a key a notification made (or joined) is counted and asks."""
+    notes: list[Note] = []
+
+    def route(*offers: bool) -> list[type]:
+        router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
+        for background in offers:
+            router.offer(KEY.uri, 1, background=background)
+        seen: list[type] = []
+        program = router.process()
+        answer: Any = None
+        with suppress(StopIteration):
+            while True:
+                effect = program.send(answer)
+                seen.append(type(effect))
+                if isinstance(effect, Note):
+                    notes.append(effect)
+                if isinstance(effect, Stamp):
+                    answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
+                else:
+                    answer = {Note: NotedNotification(workflow_id="wf", fence=ROW, work=True),
+                              ReadCycle: _cycle(AcceptVerdict.UNCHANGED), Siblings: []}[type(effect)]
+        return seen
+
+    assert Siblings not in route(True, True) and [n.count for n in notes] == [False]
+    assert Siblings in route(True, False) and notes[-1].count  # a notification joined the sweep's key
+    assert Siblings in route(False) and notes[-1].count
+
+
 def test_a_notified_key_is_handed_out_before_the_resyncs_and_a_notification_moves_one_ahead() -> None:
     router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
     for uri in ("demo://r1", "demo://r2", "demo://r3"):

@@ -22,8 +22,10 @@ Contract:
   keep the session generation's ready keys under ``BACKGROUND_SHARE`` of
   ``max_pending_notifications``, so a notification never overflows behind a sweep. Rows it leaves
   stay due and are found by a later look.
-- To the coverage rule a synthetic note is a spurious notification (``coverage.plan_note``): the
-  sweep decides when a row is read, never whether a read is correct.
+- A synthetic note is no notification: the router looks the row up without counting it and reads no
+  ambiguous sibling for it (``workflows/ingress.py``, the sweep's keys), so the coverage rule
+  (``mcpsync.workflows.coverage``) sees the read as the workflow's own safety read: the sweep
+  decides when a row is read, never whether a read is correct.
 """
 
 from __future__ import annotations

@@ -512,9 +512,9 @@ class SessionHost:
 
     async def _perform(self, effect: Effect) -> Any:  # noqa: PLR0911 - one branch per effect
         match effect:
-            case Note(uri=uri, generation=generation):
+            case Note(uri=uri, generation=generation, count=count):
                 return await self.ledger.fence.note_notification(self.subject, self.server.name, uri,
-                                                                 generation)
+                                                                 generation, count=count)
             case UnknownUri(uri=uri, generation=generation):
                 return await self._unknown_uri(uri, generation)
             case Stamp(uri=uri, generation=generation):
