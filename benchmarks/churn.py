@@ -10,8 +10,9 @@ Contract:
   ``comparison``, ``cost_of_a_change``); :func:`repair_phase` edits the URIs left behind once more.
 - Without a baseline (``--scale-only``: no naive client) the same phases measure mcpsync alone and the
   ``baseline`` and ``comparison`` sections are left out.
-- Every query is bounded by the changes, not by N: the rows of the URIs the churn changed, the receipts
-  since the churn's start, the histories of a sample of the workflows (``--history-sample``).
+- What the drain polls and the convergence report reads grows with the changes, not with N: the rows of
+  the URIs the churn changed and the receipts since its start; the histories are a sample of the
+  workflows (``--history-sample``).
 """
 
 from __future__ import annotations

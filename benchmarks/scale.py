@@ -21,8 +21,8 @@ Contract:
   (from its last verification before the window, the open gap to the window's end included), each over
   the row's own period. At the end, from the row itself: overdue (``verified_at`` more than a period
   ago, or none), and due but not swept yet (``verify_due_at`` passed) and how late.
-- The ``scale`` section holds the figure's values beside issue 46's targets (``SCALE_TARGETS``),
-  printed by :func:`print_scale_summary`, never asserted.
+- The ``scale`` section holds the figure's values beside its targets (``SCALE_TARGETS``: 50,000
+  subscriptions on two cores), printed by :func:`print_scale_summary`, never asserted.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def _r(v: float | None) -> float | None:
 
 
 def scale_figures(r: dict[str, Any]) -> dict[str, Any]:
-    """The figure's values beside issue 46's targets (``SCALE_TARGETS``): reported, never asserted."""
+    """The figure's values beside its targets (``SCALE_TARGETS``): reported, never asserted."""
     conv, idle_r, churn = r["system"]["convergence"], r["idle"], r["churn"]
     delivered = conv["with_a_delivered_notification"]
     per, ver = r["memory_by_process"]["kib_per_subscription"], r["verification"]

@@ -48,8 +48,8 @@ def test_the_history_keeps_its_last_generations_and_the_oldest_kept_lists_in_ful
 
 
 def test_a_create_costs_the_same_in_a_large_catalog() -> None:
-    """The history recorded a copy of the whole catalog per generation: N creates cost O(N²) (a 50,000
-    URI benchmark fixture spent tens of minutes and gigabytes on it)."""
+    """A copy of the whole catalog per generation would make N creates O(N²) in time and memory: a
+    benchmark's fixture holds 50,000 URIs."""
     def creates(store: ResourceStore, prefix: str, n: int = 500) -> float:
         t0 = time.perf_counter()
         for i in range(n):
