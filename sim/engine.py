@@ -63,6 +63,10 @@ OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied eve
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and these are compared on every step.
+_TIMER, _SETTLE, _COMPLETE = Op.TIMER, Op.SETTLE, Op.COMPLETE
+_CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 
 
 class Simulation:
@@ -179,11 +183,11 @@ class Simulation:
     def _next_time(self, event: Event) -> datetime:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
         at = self.times[self.step] + ONE_STEP
-        if event.op == Op.TIMER and self.chain_running:
+        if event.op == _TIMER and self.chain_running:
             timer_at = self.wf.timer_at
             if timer_at is not None and timer_at > at:
                 at = timer_at
-        elif event.op == Op.SETTLE:
+        elif event.op == _SETTLE:
             due = self.ingress.settle_due()
             if due is not None and due > at:
                 at = due
@@ -200,7 +204,7 @@ class Simulation:
 
     def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
         """The EXEC (or COMPLETE) event that picks ``act``: its index among ``_candidates``."""
-        executed, name, run = op == Op.COMPLETE, act.name, self.run
+        executed, name, run = op == _COMPLETE, act.name, self.run
         n = 0
         for a in self.activities:
             if a is act:
@@ -413,7 +417,7 @@ class Simulation:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
                     self.cover("unsubscribe_ack_lost")
-            elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
+            elif name in _CYCLES:
                 done, result = self.cycles.step(act, fault)
                 if fault == "lost":  # the attempt died after this step's effect: the retry starts over
                     act.cycle, act.step = None, 0

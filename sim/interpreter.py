@@ -73,6 +73,8 @@ class Signal(StrEnum):
 # hook (about ten times a plain attribute), and these are compared on every scheduler pass.
 RUNNING = RunStage.RUNNING
 ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
+# Coverage labels of the timers of these waits; any other wait's timer is the read deadline's.
+_TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile", WaitKind.WATCHDOG: "watchdog"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,9 +368,8 @@ class ProgramRun:
             return
         kind = ""
         if timeout is not None:
-            kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
-                    WaitKind.WATCHDOG: "watchdog"}.get(
-                request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
+            kind = _TIMER_KINDS.get(request.kind,
+                                    "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
         self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
                                            kind))
         self._indexed = False
