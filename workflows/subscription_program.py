@@ -104,6 +104,9 @@ MAX_DEDUPE_IDS = 256
 T = TypeVar("T")
 
 S = SubscriptionState
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and ``_has_work`` is a wait condition checked on every activation.
+_ACTIVE, _RESUBSCRIBE = S.ACTIVE, TriggerReason.RESUBSCRIBE
 
 
 class SubscriptionProgram:
@@ -346,8 +349,8 @@ class SubscriptionProgram:
             or self.identity.catalog is not None
             or self.revocation is not None
             or self.live_generation > s.session_generation
-            or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or s.state != S.ACTIVE
+            or s.pending_trigger == _RESUBSCRIBE
+            or s.state != _ACTIVE
             or self.keeper.look_owed
             or self._continue_as_new_due()
         )

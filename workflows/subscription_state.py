@@ -52,6 +52,10 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 __all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
 
 S = SubscriptionState
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and the wait conditions (``until_read_due``, ``read_wanted``) and
+# ``phase`` run on every activation.
+_ACTIVE = S.ACTIVE
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
@@ -331,7 +335,7 @@ class SubscriptionFence:
         """How long the main loop may wait before the periodic read is due; None when no deadline
         applies (not ACTIVE, none armed, a read requested or being allocated)."""
         s = self.s
-        if s.state != S.ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
+        if s.state != _ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
             return None
         return max(timedelta(0), s.read_due_at - now)
 
@@ -342,7 +346,7 @@ class SubscriptionFence:
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
-        if (s.state == S.ACTIVE and not s.close_requested and s.pending_trigger is not None
+        if (s.state == _ACTIVE and not s.close_requested and s.pending_trigger is not None
                 and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
@@ -583,13 +587,13 @@ class SubscriptionFence:
     @property
     def phase(self) -> SubscriptionState:
         s = self.s
-        if s.state != S.ACTIVE:
+        if s.state != _ACTIVE:
             return s.state
         if s.in_flight:
             return S.READ_PENDING
         if s.pending_trigger is not None:
             return S.UPDATE_SEEN
-        return S.ACTIVE
+        return _ACTIVE
 
     @property
     def finished(self) -> bool:
