@@ -74,7 +74,8 @@ class Signal(StrEnum):
 RUNNING = RunStage.RUNNING
 ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
 # Coverage labels of the timers of these waits; any other wait's timer is the read deadline's.
-_TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile", WaitKind.WATCHDOG: "watchdog"}
+_TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
+                WaitKind.WATCHDOG: "watchdog"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,8 +63,8 @@ class _O:
     """The members ``_make`` compares after every pick, as plain class attributes (read once, for the
     same reason)."""
 
-    EXEC, COMPLETE, DELIVER, MUTATE, DELETE, RECREATE = Op.EXEC, Op.COMPLETE, Op.DELIVER, Op.MUTATE, Op.DELETE, \
-        Op.RECREATE
+    EXEC, COMPLETE, DELIVER = Op.EXEC, Op.COMPLETE, Op.DELIVER
+    MUTATE, DELETE, RECREATE = Op.MUTATE, Op.DELETE, Op.RECREATE
     OLD_NOTE, CLOSE, RECONNECT, RESET, CATALOG = Op.OLD_NOTE, Op.CLOSE, Op.RECONNECT, Op.RESET, Op.CATALOG
     LOST_ACK, READ_FAILURE, REVOKE, RETRY, REORDER = Fault.LOST_ACK, Fault.READ_FAILURE, Fault.REVOKE, \
         Fault.RETRY, Fault.REORDER

@@ -168,7 +168,7 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
     read's allocation count plus them when it observed the resource."""
     if j.reason == "replayed":
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
-    coverage: dict[str, int] = {}
+    coverage: dict[str, Any] = {}
     if issued is not None:
         if absorbed > 0:
             coverage["notifications_seen"] = row.notifications_seen + absorbed
@@ -179,7 +179,7 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
 
 
 def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement,
-                 coverage: dict[str, int]) -> WritePlan:
+                 coverage: dict[str, Any]) -> WritePlan:
     """The accept's plan, built once: ``coverage`` (the row's coverage columns the judged read moves)
     joins whatever fence update the verdict makes."""
     o = outcome
