@@ -143,8 +143,8 @@ class WritePlan(_Plan):
 
     @property
     def writes(self) -> bool:
-        return any(x is not None for x in (self.audit, self.read_request_outcome, self.receipt, self.fence,
-                                           self.outbox, self.revocation))
+        return not (self.audit is None and self.read_request_outcome is None and self.receipt is None
+                    and self.fence is None and self.outbox is None and self.revocation is None)
 
 
 def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
