@@ -105,8 +105,11 @@ T = TypeVar("T")
 
 S = SubscriptionState
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
-# (about ten times a plain attribute), and ``_has_work`` is a wait condition checked on every activation.
+# (about ten times a plain attribute), and ``_has_work`` (a wait condition checked on every activation)
+# and the main loop's pass compare them.
 _ACTIVE, _RESUBSCRIBE = S.ACTIVE, TriggerReason.RESUBSCRIBE
+_UNSUBSCRIBING, _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = (S.UNSUBSCRIBING, S.TOMBSTONE_PENDING,
+                                                                 S.RECONCILIATION_REQUIRED)
 
 
 class SubscriptionProgram:
@@ -263,7 +266,7 @@ class SubscriptionProgram:
             if self.revocation is not None:
                 await self._revoke()
                 continue
-            if s.close_requested or s.state == S.UNSUBSCRIBING:
+            if s.close_requested or s.state == _UNSUBSCRIBING:
                 await self._close()
                 continue
             if self.identity.conflict is not None:
@@ -272,7 +275,7 @@ class SubscriptionProgram:
             if self.identity.catalog is not None:
                 await self.identity.apply_catalog()
                 continue
-            if s.state == S.TOMBSTONE_PENDING:
+            if s.state == _TOMBSTONE_PENDING:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
                 # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
                 # closed by a run this one was reset past): wake for that too.
@@ -280,11 +283,11 @@ class SubscriptionProgram:
                                  or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
                                  None, WaitKind.TOMBSTONE)
                 continue
-            if s.state == S.RECONCILIATION_REQUIRED:
+            if s.state == _RECONCILIATION_REQUIRED:
                 await self.identity.await_reconciliation()
                 continue
             if self.session is None or self.fence.wants_subscribe(self.live_generation) \
-                    or s.pending_trigger == TriggerReason.RESUBSCRIBE:
+                    or s.pending_trigger == _RESUBSCRIBE:
                 if not await self._ensure_subscribed():
                     await self._wait_for_session()
                 continue

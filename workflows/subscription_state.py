@@ -52,10 +52,16 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 __all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
 
 S = SubscriptionState
+V = AcceptVerdict
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
-# (about ten times a plain attribute), and the wait conditions (``until_read_due``, ``read_wanted``) and
-# ``phase`` run on every activation.
+# (about ten times a plain attribute), and the wait conditions (``until_read_due``, ``read_wanted``),
+# ``phase`` and a judged read's bookkeeping (``applied``, ``observed``) run on every activation or read.
 _ACTIVE = S.ACTIVE
+_MOVES_VERSION = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING})  # receipt and watermark move
+_SAW_CONTENT = frozenset({V.ACCEPTED, V.UNCHANGED, V.GUARDRAIL_REJECTED})
+_CURRENT = frozenset({V.ACCEPTED, V.UNCHANGED})  # the read's content is the current version
+_FOR_NOTIFICATIONS = frozenset({TriggerReason.UPDATED, TriggerReason.FOLLOW_UP})
+_NOT_SUBSCRIBED = frozenset({S.DISCOVERED, S.SUBSCRIBING})
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
@@ -163,7 +169,7 @@ class SubscriptionFence:
         s = self.s
         if s.close_requested or s.state in CLOSING or s.state in TERMINAL:
             return False
-        return s.state in (S.DISCOVERED, S.SUBSCRIBING) or live_generation > s.session_generation
+        return s.state in _NOT_SUBSCRIBED or live_generation > s.session_generation
 
     def subscribing(self, snap: FenceSnapshot, edition: str, capabilities: dict[str, bool]) -> bool:
         """The ledger answered begin_subscription; True if we may go on subscribing."""
@@ -413,9 +419,8 @@ class SubscriptionFence:
         s = self.s
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
-        s.last_verdict = result.verdict
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
-                              AcceptVerdict.TOMBSTONE_PENDING):
+        s.last_verdict = verdict = result.verdict
+        if verdict in _MOVES_VERSION:
             # A report judged before a newer read of the run's own can land after it: its receipt
             # stays out, as its digest does (``accepted_digest``), so the record names one read. The
             # watermark, not lastAccepted: a later guardrail-rejected read moves only the latter.
@@ -424,39 +429,39 @@ class SubscriptionFence:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
         # A verdict judged before a close or revocation can land after it: never leave those.
-        if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
-            if s.state == S.ACTIVE:
+        if verdict in _CURRENT:
+            pass  # only the version moves (above)
+        elif verdict == V.TOMBSTONE_PENDING:
+            if s.state == _ACTIVE:
                 s.state = S.TOMBSTONE_PENDING
-        elif result.verdict == AcceptVerdict.REVOKED:
+        elif verdict == V.REVOKED:
             if s.state not in TERMINAL:
                 s.state = S.REVOKED
-        elif result.verdict == AcceptVerdict.GUARDRAIL_REJECTED:
+        elif verdict == V.GUARDRAIL_REJECTED:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.guardrail_rejections += 1
             s.detail = f"guardrail rejected read {ordinal}: {result.reason}; previous version stays current"
-        elif result.verdict == AcceptVerdict.STALE:
+        elif verdict == V.STALE:
             s.stale_receipts += 1
-        elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
+        elif verdict == V.STALE_AFTER_CLOSE:
             s.stale_after_close += 1
         # A report during the start (not ACTIVE here yet, its slot in flight) is owed after it.
-        if s.pending_trigger is None and (s.state == S.ACTIVE or s.in_flight) and follow_up_owed(
+        if s.pending_trigger is None and (s.state == _ACTIVE or s.in_flight) and follow_up_owed(
                 result.notified, result.covered, read_notified, handed_over=trigger is None,
-                for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP)):
+                for_notifications=trigger in _FOR_NOTIFICATIONS):
             s.pending_trigger = TriggerReason.FOLLOW_UP
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
         """After ``applied``: the digest of the newest accepted read (a report from the ingress that
         arrives after a newer read of the run's own was judged keeps its older digest out)."""
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) \
-                and result.watermark >= self.s.watermark:
+        if result.verdict in _CURRENT and result.watermark >= self.s.watermark:
             self.s.last_accepted_digest = digest
 
     def observed(self, result: AcceptResult, *, allocated_at: datetime, now: datetime) -> None:
         """When a judged read (allocated at ``allocated_at``) saw content or not-found: the times
         ``catalog_word_is_stale`` compares catalog measurements with."""
         s = self.s
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
-                              AcceptVerdict.GUARDRAIL_REJECTED):
+        if result.verdict in _SAW_CONTENT:
             seen = s.content_seen_at
             s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
             if result.verdict == AcceptVerdict.ACCEPTED:
@@ -475,7 +480,7 @@ class SubscriptionFence:
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING and s.state == S.TOMBSTONE_PENDING:
             s.detail = (f"read {ordinal}: not found{code}; waiting for a reconciled catalog to confirm the "
                         f"deletion (or list the URI again)")
-        elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
+        elif result.verdict in _CURRENT and \
                 s.detail.startswith(("read ", "not listed in catalog", OVERDUE_DETAIL)):
             s.detail = ""
 
