@@ -65,7 +65,8 @@ CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op
                        Op.FIRST_READ, Op.REVOKE})
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
 # (about ten times a plain attribute), and these are compared on every step.
-_TIMER, _SETTLE, _COMPLETE = Op.TIMER, Op.SETTLE, Op.COMPLETE
+_TIMER, _SETTLE, _COMPLETE, _EXEC, _DELIVER = Op.TIMER, Op.SETTLE, Op.COMPLETE, Op.EXEC, Op.DELIVER
+_DELETE, _RECREATE = Op.DELETE, Op.RECREATE
 _CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 
 
@@ -238,10 +239,10 @@ class Simulation:
 
     def _on_change(self, e: Event) -> bool:
         op = e.op
-        if (op == Op.RECREATE) == self.oracle.exists:
+        if (op == _RECREATE) == self.oracle.exists:
             return False
         tokens = e.fault.split("+")
-        if op == Op.DELETE:
+        if op == _DELETE:
             self.oracle.delete()
         else:
             self.oracle.mutate(unsafe="unsafe" in tokens)
@@ -474,18 +475,18 @@ class Simulation:
         would not quiesce."""
         for _ in range(FLUSH_BUDGET):
             if self.queue:
-                self.apply(Event(Op.DELIVER))
+                self.apply(Event(_DELIVER))
                 continue
             # The current run first; activities of a reset run land last, as a slow old worker would.
             runnable = [a for a in self.activities if not a.executed and not a.poisoned]
             current = [a for a in runnable if a.run == self.run or a.ingress is not None]
             done = [a for a in self.activities if a.executed and a.run == self.run]
             if current:
-                self.apply(self.picking(Op.EXEC, current[0]))
+                self.apply(self.picking(_EXEC, current[0]))
             elif done:
-                self.apply(self.picking(Op.COMPLETE, done[0]))
+                self.apply(self.picking(_COMPLETE, done[0]))
             elif runnable:
-                self.apply(self.picking(Op.EXEC, runnable[0]))
+                self.apply(self.picking(_EXEC, runnable[0]))
             elif self.ingress.router.work.settling:
                 self.apply(Event(Op.SETTLE))
             else:

@@ -77,6 +77,9 @@ from mcpsync.workflows.write_plan import (
 from sim.model import JudgeFn
 
 S = SubscriptionState
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and these are compared for every write.
+_ACTIVE, _ACCEPT, _STATE = S.ACTIVE, PlanKind.ACCEPT, PlanKind.STATE.value
 
 
 class LedgerIntegrityError(Exception):
@@ -161,7 +164,7 @@ class MemoryLedger:
         """A compare-and-set transition: logged when it changed the row."""
         before, self.row = self.row, after
         if after != before:
-            self.log.append(LedgerWrite(kind=PlanKind.STATE.value, before=before, after=after))
+            self.log.append(LedgerWrite(kind=_STATE, before=before, after=after))
         return after
 
     def _apply(self, plan: WritePlan, *, outcome: ReadOutcome | None = None, issued: IssuedRead | None = None,
@@ -172,7 +175,7 @@ class MemoryLedger:
                 and plan.receipt.ordinal in self.receipt_ordinals:
             raise LedgerIntegrityError(
                 f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
-        if not plan.writes and plan.kind != PlanKind.ACCEPT:  # every judged read is logged, written or not
+        if not plan.writes and plan.kind != _ACCEPT:  # every judged read is logged, written or not
             return None, None
         if plan.audit is not None:
             self.audit.append(plan.audit.kind)
@@ -194,7 +197,7 @@ class MemoryLedger:
             self.outbox.append(entry)
         if plan.fence is not None:
             self.row = plan.fence.applied(before, receipt_id)
-        if plan.kind == PlanKind.STATE:
+        if plan.kind == _STATE:
             if self.row != before:
                 self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row))
         else:
@@ -258,7 +261,7 @@ class MemoryLedger:
         if ordinal in self.read_requests:
             raise LedgerIntegrityError(f"read_requests PRIMARY KEY: ordinal {ordinal} exists")
         self.row = plan.applied(row)
-        if self.safety_read_seconds is not None and row.state == S.ACTIVE \
+        if self.safety_read_seconds is not None and row.state == _ACTIVE \
                 and (verified_at := self._verified_at()) is not None:
             gap = judge_gap(verified_at=verified_at, watched_at=self.watched_at, now=self.now,
                             period_seconds=self.safety_read_seconds)
