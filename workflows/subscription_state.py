@@ -55,7 +55,8 @@ S = SubscriptionState
 V = AcceptVerdict
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
 # (about ten times a plain attribute), and the wait conditions (``until_read_due``, ``read_wanted``),
-# ``phase`` and a judged read's bookkeeping (``applied``, ``observed``) run on every activation or read.
+# ``phase`` and a judged read's bookkeeping (``applied``, ``observed``) run on every activation or read
+# (``_ACTIVE`` is used throughout the module).
 _ACTIVE = S.ACTIVE
 _MOVES_VERSION = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING})  # receipt and watermark move
 _SAW_CONTENT = frozenset({V.ACCEPTED, V.UNCHANGED, V.GUARDRAIL_REJECTED})
@@ -187,7 +188,7 @@ class SubscriptionFence:
         ``ledger_scheduled``: the mark carried a safety-read period (the ledger schedules the safety
         reads): no deadline of the run's own is armed, an earlier one (polling) is dropped."""
         self.adopt(snap)
-        if self.s.state == S.ACTIVE:
+        if self.s.state == _ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
             self.s.poll_interval_seconds = poll_interval_seconds
             self.s.staleness_bound_seconds = None
@@ -222,7 +223,7 @@ class SubscriptionFence:
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
         self.subscribed(snap, poll_interval_seconds=None, ledger_scheduled=ledger_scheduled)
-        if self.s.state != S.ACTIVE or not read:
+        if self.s.state != _ACTIVE or not read:
             return None
         self.s.pending_trigger = window
         return TriggerReason.INITIAL
@@ -235,7 +236,7 @@ class SubscriptionFence:
             return UpdateDisposition.WRONG_URI
         if sig.session_generation < s.session_generation:
             return UpdateDisposition.OLD_SESSION
-        if s.state not in (S.ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
+        if s.state not in (_ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
             return UpdateDisposition.NOT_ACTIVE
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
@@ -245,7 +246,7 @@ class SubscriptionFence:
             # observe it, and its accept may even precede the note (answering clean), so one more read
             # is owed (a concurrent one if ``max_concurrent_reads`` allows).
             s.pending_trigger = TriggerReason.FOLLOW_UP
-        elif s.pending_trigger is None and s.state == S.ACTIVE:
+        elif s.pending_trigger is None and s.state == _ACTIVE:
             s.pending_trigger = TriggerReason.UPDATED
         # Else a read is requested and not allocated yet: it is allocated after this note, covering it.
         return UpdateDisposition.NOTED
@@ -259,7 +260,7 @@ class SubscriptionFence:
 
     def poll_due(self) -> None:
         """The poll / safety-read deadline passed (or a catalog word asks for a verification read)."""
-        if self.s.state == S.ACTIVE and self.s.pending_trigger is None:
+        if self.s.state == _ACTIVE and self.s.pending_trigger is None:
             self.s.pending_trigger = TriggerReason.POLL
 
     # --- deadlines ----------------------------------------------------------------------
@@ -328,7 +329,7 @@ class SubscriptionFence:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
         a period but no deadline armed yet arms one from ``now``. True when a read was requested here."""
         s = self.s
-        if s.state != S.ACTIVE or not period_seconds or self.allocating:
+        if s.state != _ACTIVE or not period_seconds or self.allocating:
             return False  # an allocation on its way re-arms the deadline when granted
         if s.read_due_at is None:
             s.read_due_at = now + timedelta(seconds=self._requested_within(period_seconds))
@@ -374,7 +375,7 @@ class SubscriptionFence:
         """The ledger refused the allocation; ``snap`` is the reloaded row. Still ACTIVE on the
         session we now know of: the trigger is owed a read (a closed row owes it nothing)."""
         self.adopt(snap)
-        if snap.state == S.ACTIVE and snap.session_generation == self.s.session_generation:
+        if snap.state == _ACTIVE and snap.session_generation == self.s.session_generation:
             self.s.pending_trigger = self.s.pending_trigger or trigger
 
     def session_lost(self, ordinal: int | None) -> None:
@@ -409,7 +410,7 @@ class SubscriptionFence:
         """Whether a reported read requested at ``requested_at`` re-arms the read deadline: only when
         ACTIVE and newer than the read it was armed from (a late report never moves it back)."""
         s = self.s
-        return s.state == S.ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
+        return s.state == _ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
 
     def applied(self, ordinal: int, result: AcceptResult, *, read_notified: int = 0,
                 trigger: TriggerReason | None = None) -> None:
@@ -499,7 +500,7 @@ class SubscriptionFence:
         if listed:
             return s.state == S.TOMBSTONE_PENDING and s.tombstone_pending_at is not None \
                 and measured_at < s.tombstone_pending_at
-        return s.state == S.ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
+        return s.state == _ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
 
     # --- identity and catalog ------------------------------------------------------------
 
@@ -531,7 +532,7 @@ class SubscriptionFence:
         not a reason to stop again (a repeated stray or hostile notification cannot freeze it);
         it only invalidates, and the read of our exact URI tells. True when a read was requested."""
         s = self.s
-        if observed_uri not in s.reconciled_variants or s.state != S.ACTIVE:
+        if observed_uri not in s.reconciled_variants or s.state != _ACTIVE:
             return False
         s.updates_seen += 1
         if s.pending_trigger is None:
@@ -553,7 +554,7 @@ class SubscriptionFence:
     def resumed(self, snap: FenceSnapshot, detail: str = "") -> None:
         """Back to ACTIVE from RECONCILIATION_REQUIRED or a recreated tombstone: re-read first."""
         self.adopt(snap)
-        if self.s.state == S.ACTIVE:
+        if self.s.state == _ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
             self.s.reconciliation_since = None
             self.s.conflict_uris = []
@@ -636,7 +637,7 @@ class SubscriptionFence:
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
             last_accepted_at=s.last_accepted_at,
             last_verified_at=s.content_seen_at,
-            next_read_due_at=s.read_due_at if s.state == S.ACTIVE else None,
+            next_read_due_at=s.read_due_at if s.state == _ACTIVE else None,
             detail=s.detail,
         )
 
