@@ -134,13 +134,6 @@ class _Condition:
 
 
 @dataclass(slots=True)
-class _Input:
-    at: datetime
-    op: str
-    args: tuple[Any, ...]
-
-
-@dataclass(slots=True)
 class ProgramRun:
     """One run of the program. ``commands`` collects what it asks for since the last read."""
 
@@ -156,7 +149,7 @@ class ProgramRun:
     notes: list[tuple[str | None, UpdateDisposition]] = field(default_factory=list)
     can_suggested: bool = False
     handlers: Counter[Signal] = field(default_factory=Counter)  # running async handlers by signal
-    log: list[_Input] = field(default_factory=list)
+    log: list[tuple[datetime, str, tuple[Any, ...]]] = field(default_factory=list)  # (at, input, arguments)
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
     _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
@@ -225,7 +218,7 @@ class ProgramRun:
     # --- inputs -----------------------------------------------------------------------------------
 
     def _record(self, op: str, *args: Any) -> None:
-        self.log.append(_Input(self.clock, op, args))
+        self.log.append((self.clock, op, args))
 
     def start(self) -> None:
         self._record("start")
@@ -323,9 +316,9 @@ class ProgramRun:
         activities pending at that point (scheduled and not completed: the new run schedules them again)."""
         run = cls(source.start_args, source.incarnation, id_prefix, source.started_at, source.clock)
         run._replay_draws = deque(source.draws[:draws])
-        for entry in source.log[:inputs]:
-            run.clock = entry.at
-            getattr(run, entry.op)(*entry.args)
+        for at, op, args in source.log[:inputs]:
+            run.clock = at
+            getattr(run, op)(*args)
         run.commands = [run._requests[seq] for seq in sorted(run._activities)]
         run.errors.clear()
         run.notes.clear()
