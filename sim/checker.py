@@ -32,6 +32,7 @@ from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CLOSING_STATES, TERMINAL_STATES, TriggerReason
 from mcpsync.workflows.records.subscription import SubscriptionState as S
+from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_program import WaitKind
 from mcpsync.workflows.verification_rules import continues_chain
 from sim.interpreter import RunStage, Signal
@@ -45,6 +46,10 @@ V = AcceptVerdict
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
 # hook (about ten times a plain attribute), and ``check`` runs after every step.
 ACTIVE, IDLE, WEDGED = S.ACTIVE, WaitKind.IDLE, RunStage.WEDGED
+VERSION_WRITES = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED})
+CURRENT = frozenset({V.ACCEPTED, V.UNCHANGED})
+SERVED = frozenset({ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND})  # the oracle served a version
+NOTIFICATION_TRIGGERS = frozenset({TriggerReason.UPDATED, TriggerReason.FOLLOW_UP})
 SETTLED_GONE = frozenset({S.TOMBSTONE_PENDING, S.TOMBSTONED})
 WORK_SIGNALS = frozenset({Signal.UPDATED, Signal.READ_REPORTED})
 
@@ -70,6 +75,7 @@ class Checker:
         self._covered_unread_reported = False
         self._record_reported = False
         self._record_key: tuple[object, ...] | None = None  # what the last record check saw
+        self._record: tuple[tuple[object, ...], ResourceSubscriptionV1] | None = None  # the record it judged
         self._reopened: set[int] = set()  # last receipts of rows a new incarnation reopened (digest cleared)
         # the verification chain, from the ledger's writes
         self._chain_period: float | None = None  # its safety-read period (None: not on the schedule)
@@ -183,12 +189,15 @@ class Checker:
         # The record copies these fields from the fence state, and receipts are only appended: while
         # none of them changes, the check's answer cannot change (the check runs every step).
         s = self.sim.wf.fence.s
-        key = (s.last_receipt_id, s.watermark, s.last_accepted_digest, len(self.sim.ledger.receipts),
-               len(self._reopened))
+        fields = (s.last_receipt_id, s.watermark, s.last_accepted_digest)
+        key = (fields, len(self.sim.ledger.receipts), len(self._reopened))
         if key == self._record_key:
             return
         self._record_key = key
-        r = self.sim.wf.program.record()
+        # A new receipt alone asks the ledger again about the same record.
+        if self._record is None or self._record[0] != fields:
+            self._record = (fields, self.sim.wf.program.record())
+        r = self._record[1]
         if r.last_receipt_id is None:
             return
         receipt = next((x for x in self.sim.ledger.receipts if x.receipt_id == r.last_receipt_id), None)
@@ -319,23 +328,21 @@ class Checker:
             return
         o, j, before = w.outcome, w.judgement, w.before
         assert o is not None and j is not None
-        if o.kind in (ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND) \
-                and o.server_version.startswith("v"):
+        if o.kind in SERVED and o.server_version.startswith("v"):
             served_version = int(o.server_version[1:])
-            if self.count_reads and o.trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP) \
+            if self.count_reads and o.trigger in NOTIFICATION_TRIGGERS \
                     and o.ordinal not in self._swept_ordinals:
                 self.notification_reads += 1
                 self.fresh_reads += served_version not in self.observed
             self.observed.add(served_version)
         status = w.receipt.status if w.receipt else None
         invalidation = w.outbox if w.outbox is not None and w.outbox.event_type in INVALIDATIONS else None
-        version_write = (status in (V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED)
-                         or w.outbox is not None)
+        version_write = status in VERSION_WRITES or w.outbox is not None
         fence = max(self._close_fences, default=0)
         fenced = bool(self._close_fences) and o.ordinal <= fence
         if version_write:
             issued = w.issued
-            if (before.state != S.ACTIVE or o.session_generation != before.session_generation
+            if (before.state != ACTIVE or o.session_generation != before.session_generation
                     or o.subscription_generation != before.subscription_generation or issued is None
                     or issued.session_generation != o.session_generation
                     or issued.subscription_generation != o.subscription_generation):
@@ -353,12 +360,12 @@ class Checker:
                 self.sim.violate(Invariant.ORDINAL_ORDER, f"outbox ordinal {invalidation.ordinal} after "
                                                            f"{self._max_outbox_ordinal}")
             self._max_outbox_ordinal = max(self._max_outbox_ordinal, invalidation.ordinal)
-        if status in (V.ACCEPTED, V.UNCHANGED) and (o.content_digest is None
+        if status in CURRENT and (o.content_digest is None
                                                     or o.content_digest not in self.sim.oracle.committed):
             self.sim.violate(Invariant.UNCOMMITTED_DIGEST,
                              f"{status} digest {o.content_digest} never committed")
         if w.after.last_accepted_ordinal != before.last_accepted_ordinal \
-                or status in (V.ACCEPTED, V.UNCHANGED):
+                or status in CURRENT:
             served = int(o.server_version[1:]) if o.server_version.startswith("v") else 0
             if served < self._accepted_version:
                 self.sim.violate(Invariant.VERSION_REGRESSION,

@@ -65,6 +65,11 @@ OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied eve
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and these are compared on every step.
+_TIMER, _SETTLE, _COMPLETE, _EXEC, _DELIVER = Op.TIMER, Op.SETTLE, Op.COMPLETE, Op.EXEC, Op.DELIVER
+_DELETE, _RECREATE = Op.DELETE, Op.RECREATE
+_CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 
 
 class Simulation:
@@ -181,11 +186,11 @@ class Simulation:
     def _next_time(self, event: Event) -> datetime:
         """One second after the last step; a TIMER event fires the armed timer at its time."""
         at = self.times[self.step] + ONE_STEP
-        if event.op == Op.TIMER and self.chain_running:
+        if event.op == _TIMER and self.chain_running:
             timer_at = self.wf.timer_at
             if timer_at is not None and timer_at > at:
                 at = timer_at
-        elif event.op == Op.SETTLE:
+        elif event.op == _SETTLE:
             due = self.ingress.settle_due()
             if due is not None and due > at:
                 at = due
@@ -206,7 +211,7 @@ class Simulation:
 
     def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
         """The EXEC (or COMPLETE) event that picks ``act``: its index among ``_candidates``."""
-        executed, name, run = op == Op.COMPLETE, act.name, self.run
+        executed, name, run = op == _COMPLETE, act.name, self.run
         n = 0
         for a in self.activities:
             if a is act:
@@ -241,10 +246,10 @@ class Simulation:
 
     def _on_change(self, e: Event) -> bool:
         op = e.op
-        if (op == Op.RECREATE) == self.oracle.exists:
+        if (op == _RECREATE) == self.oracle.exists:
             return False
         tokens = e.fault.split("+")
-        if op == Op.DELETE:
+        if op == _DELETE:
             self.oracle.delete()
         else:
             self.oracle.mutate(unsafe="unsafe" in tokens)
@@ -421,7 +426,7 @@ class Simulation:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
                     self.cover("unsubscribe_ack_lost")
-            elif name in (Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE):
+            elif name in _CYCLES:
                 done, result = self.cycles.step(act, fault)
                 if fault == "lost":  # the attempt died after this step's effect: the retry starts over
                     act.cycle, act.step = None, 0
@@ -478,18 +483,18 @@ class Simulation:
         would not quiesce."""
         for _ in range(FLUSH_BUDGET):
             if self.queue:
-                self.apply(Event(Op.DELIVER))
+                self.apply(Event(_DELIVER))
                 continue
             # The current run first; activities of a reset run land last, as a slow old worker would.
             runnable = [a for a in self.activities if not a.executed and not a.poisoned]
             current = [a for a in runnable if a.run == self.run or a.ingress is not None]
             done = [a for a in self.activities if a.executed and a.run == self.run]
             if current:
-                self.apply(self.picking(Op.EXEC, current[0]))
+                self.apply(self.picking(_EXEC, current[0]))
             elif done:
-                self.apply(self.picking(Op.COMPLETE, done[0]))
+                self.apply(self.picking(_COMPLETE, done[0]))
             elif runnable:
-                self.apply(self.picking(Op.EXEC, runnable[0]))
+                self.apply(self.picking(_EXEC, runnable[0]))
             elif self.ingress.router.work.settling:
                 self.apply(Event(Op.SETTLE))
             else:

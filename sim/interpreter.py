@@ -73,6 +73,9 @@ class Signal(StrEnum):
 # hook (about ten times a plain attribute), and these are compared on every scheduler pass.
 RUNNING = RunStage.RUNNING
 ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
+# Coverage labels of the timers of these waits; any other wait's timer is the read deadline's.
+_TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
+                WaitKind.WATCHDOG: "watchdog"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +134,6 @@ class _Condition:
 
 
 @dataclass(slots=True)
-class _Input:
-    at: datetime
-    op: str
-    args: tuple[Any, ...]
-
-
-@dataclass(slots=True)
 class ProgramRun:
     """One run of the program. ``commands`` collects what it asks for since the last read."""
 
@@ -153,7 +149,7 @@ class ProgramRun:
     notes: list[tuple[str | None, UpdateDisposition]] = field(default_factory=list)
     can_suggested: bool = False
     handlers: Counter[Signal] = field(default_factory=Counter)  # running async handlers by signal
-    log: list[_Input] = field(default_factory=list)
+    log: list[tuple[datetime, str, tuple[Any, ...]]] = field(default_factory=list)  # (at, input, arguments)
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
     _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
@@ -222,7 +218,7 @@ class ProgramRun:
     # --- inputs -----------------------------------------------------------------------------------
 
     def _record(self, op: str, *args: Any) -> None:
-        self.log.append(_Input(self.clock, op, args))
+        self.log.append((self.clock, op, args))
 
     def start(self) -> None:
         self._record("start")
@@ -320,9 +316,9 @@ class ProgramRun:
         activities pending at that point (scheduled and not completed: the new run schedules them again)."""
         run = cls(source.start_args, source.incarnation, id_prefix, source.started_at, source.clock)
         run._replay_draws = deque(source.draws[:draws])
-        for entry in source.log[:inputs]:
-            run.clock = entry.at
-            getattr(run, entry.op)(*entry.args)
+        for at, op, args in source.log[:inputs]:
+            run.clock = at
+            getattr(run, op)(*args)
         run.commands = [run._requests[seq] for seq in sorted(run._activities)]
         run.errors.clear()
         run.notes.clear()
@@ -366,9 +362,8 @@ class ProgramRun:
             return
         kind = ""
         if timeout is not None:
-            kind = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
-                    WaitKind.WATCHDOG: "watchdog"}.get(
-                request.kind, "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
+            kind = _TIMER_KINDS.get(request.kind,
+                                    "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
         self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
                                            kind))
         self._indexed = False

@@ -81,6 +81,9 @@ from mcpsync.workflows.write_plan import (
 from sim.model import JudgeFn
 
 S = SubscriptionState
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and these are compared for every write.
+_ACTIVE, _ACCEPT, _STATE = S.ACTIVE, PlanKind.ACCEPT, PlanKind.STATE.value
 
 
 class LedgerIntegrityError(Exception):
@@ -167,7 +170,7 @@ class MemoryLedger:
         """A compare-and-set transition: logged when it changed the row."""
         before, self.row = self.row, after
         if after != before:
-            self.log.append(LedgerWrite(kind=PlanKind.STATE.value, before=before, after=after))
+            self.log.append(LedgerWrite(kind=_STATE, before=before, after=after))
         return after
 
     def _apply(self, plan: WritePlan, *, outcome: ReadOutcome | None = None, issued: IssuedRead | None = None,
@@ -178,7 +181,7 @@ class MemoryLedger:
                 and plan.receipt.ordinal in self.receipt_ordinals:
             raise LedgerIntegrityError(
                 f"resource_versions_once: a receipt for ordinal {plan.receipt.ordinal} exists")
-        if not plan.writes and plan.kind != PlanKind.ACCEPT:  # every judged read is logged, written or not
+        if not plan.writes and plan.kind != _ACCEPT:  # every judged read is logged, written or not
             return None, None
         if plan.audit is not None:
             self.audit.append(plan.audit.kind)
@@ -200,7 +203,7 @@ class MemoryLedger:
             self.outbox.append(entry)
         if plan.fence is not None:
             self.row = plan.fence.applied(before, receipt_id)
-        if plan.kind == PlanKind.STATE:
+        if plan.kind == _STATE:
             if self.row != before:
                 self.log.append(LedgerWrite(kind=plan.kind.value, before=before, after=self.row))
         else:

@@ -63,6 +63,21 @@ _SWEEP, _SWEEP_OFF, _SWEEP_ON = (1.5, Op.SWEEP), (0.4, Op.SWEEP_OFF), (0.6, Op.S
 _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED
 
 
+class _O:
+    """The members ``_make`` compares after every pick, as plain class attributes (read once, for the
+    same reason)."""
+
+    EXEC, COMPLETE, DELIVER = Op.EXEC, Op.COMPLETE, Op.DELIVER
+    MUTATE, DELETE, RECREATE = Op.MUTATE, Op.DELETE, Op.RECREATE
+    OLD_NOTE, CLOSE, RECONNECT, RESET, CATALOG = Op.OLD_NOTE, Op.CLOSE, Op.RECONNECT, Op.RESET, Op.CATALOG
+    SWEEP_OFF = Op.SWEEP_OFF
+    LOST_ACK, READ_FAILURE, REVOKE, RETRY, REORDER = Fault.LOST_ACK, Fault.READ_FAILURE, Fault.REVOKE, \
+        Fault.RETRY, Fault.REORDER
+    GUARDRAIL, DROP, DUPLICATE = Fault.GUARDRAIL, Fault.DROP, Fault.DUPLICATE
+    MCP_UNSUBSCRIBE, MCP_READ_CYCLE, MCP_SUBSCRIBE_CYCLE = Act.MCP_UNSUBSCRIBE, Act.MCP_READ_CYCLE, \
+        Act.MCP_SUBSCRIBE_CYCLE
+
+
 @dataclass(frozen=True, slots=True)
 class _Enabled:
     """Which fault classes a schedule draws from (``Fault in faults``, asked once per fault set)."""
@@ -172,47 +187,47 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
 def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
           scheduled: list[Activity], executed: list[Activity]) -> Event:
     """The picked event, with the random choices it makes (drawn after the pick, in this order)."""
-    if op == Op.EXEC:
+    if op == _O.EXEC:
         a = rng.choice(scheduled)
         fault = ""
-        if a.name == Act.MCP_UNSUBSCRIBE and Fault.LOST_ACK in F and rng.random() < 0.3:
+        if a.name == _O.MCP_UNSUBSCRIBE and _O.LOST_ACK in F and rng.random() < 0.3:
             fault = "ack_lost"
-        elif _reads(a) and Fault.READ_FAILURE in F and rng.random() < 0.05:
+        elif _reads(a) and _O.READ_FAILURE in F and rng.random() < 0.05:
             fault = rng.choice(["error", "malformed"])
-        elif _reads(a) and Fault.REVOKE in F and rng.random() < 0.01:
+        elif _reads(a) and _O.REVOKE in F and rng.random() < 0.01:
             fault = "denied"
-        elif Fault.RETRY in F and rng.random() < 0.05:
+        elif _O.RETRY in F and rng.random() < 0.05:
             fault = "lost"
-        return sim.picking(Op.EXEC, a, fault)
-    if op == Op.COMPLETE:
-        return sim.picking(Op.COMPLETE, rng.choice(executed))
-    if op == Op.DELIVER:
+        return sim.picking(_O.EXEC, a, fault)
+    if op == _O.COMPLETE:
+        return sim.picking(_O.COMPLETE, rng.choice(executed))
+    if op == _O.DELIVER:
         n = 0
-        if Fault.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
+        if _O.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
             n = rng.randrange(1, len(sim.queue))
-        return Event(Op.DELIVER, n=n)
-    if op in (Op.MUTATE, Op.DELETE, Op.RECREATE):
+        return Event(_O.DELIVER, n=n)
+    if op in (_O.MUTATE, _O.DELETE, _O.RECREATE):
         n = _copies(rng, F)
         tokens = []
         if n > 1 and rng.random() < 0.5:
             tokens.append("same_id")
-        if op != Op.DELETE and Fault.GUARDRAIL in F and rng.random() < 0.08:
+        if op != _O.DELETE and _O.GUARDRAIL in F and rng.random() < 0.08:
             tokens.append("unsafe")
         return Event(op, n=n, fault="+".join(tokens))
-    if op == Op.OLD_NOTE:
-        return Event(Op.OLD_NOTE, n=rng.randrange(2))
-    if op == Op.CLOSE:
-        return Event(Op.CLOSE, fault="signal" if rng.random() < 0.3 else "")
-    if op == Op.RECONNECT:
-        return Event(Op.RECONNECT, n=int(rng.random() < 0.3))
-    if op == Op.RESET:
-        return Event(Op.RESET, n=rng.randrange(len(sim.checkpoints)),
+    if op == _O.OLD_NOTE:
+        return Event(_O.OLD_NOTE, n=rng.randrange(2))
+    if op == _O.CLOSE:
+        return Event(_O.CLOSE, fault="signal" if rng.random() < 0.3 else "")
+    if op == _O.RECONNECT:
+        return Event(_O.RECONNECT, n=int(rng.random() < 0.3))
+    if op == _O.RESET:
+        return Event(_O.RESET, n=rng.randrange(len(sim.checkpoints)),
                      fault="reapply" if rng.random() < 0.5 else "")
-    if op == Op.CATALOG:
+    if op == _O.CATALOG:
         lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
-        return Event(Op.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
-    if op == Op.SWEEP_OFF:  # alive but not sweeping, or killed (its session lost with it)
-        return Event(Op.SWEEP_OFF, fault="kill" if rng.random() < 0.3 else "")
+        return Event(_O.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
+    if op == _O.SWEEP_OFF:  # alive but not sweeping, or killed (its session lost with it)
+        return Event(_O.SWEEP_OFF, fault="kill" if rng.random() < 0.3 else "")
     # TIMER, SETTLE, SWEEP, SWEEP_ON, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE,
     # RESTART
     return Event(op)
@@ -220,17 +235,17 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
 
 def _copies(rng: random.Random, F: frozenset[Fault]) -> int:
     """How many notifications a change sends (dropped, duplicated)."""
-    if Fault.DROP in F and rng.random() < 0.15:
+    if _O.DROP in F and rng.random() < 0.15:
         return 0
-    if Fault.DUPLICATE in F and rng.random() < 0.2:
+    if _O.DUPLICATE in F and rng.random() < 0.2:
         return rng.choice([2, 3])
     return 1
 
 
 def _reads(a: Activity) -> bool:
     """The step that sends resources/read."""
-    return (a.name in (Act.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
-        or (a.name == Act.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
+    return (a.name in (_O.MCP_READ_CYCLE, INGRESS_READ) and a.step == 1) \
+        or (a.name == _O.MCP_SUBSCRIBE_CYCLE and a.step == SUBSCRIBE_CYCLE_READ + 1)
 
 
 def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:

@@ -131,7 +131,9 @@ class McpServer:
         return None if ack_lost else UnsubscribeOutcome(acked=True)
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome:
-        base: dict[str, Any] = dict(req)  # the outcome names the request: every field of it
+        # The outcome names the request: every field of it (iterated: ``dict(req)`` would first probe
+        # the model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
+        base: dict[str, Any] = {name: value for name, value in req}
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":

@@ -66,7 +66,9 @@ class Publication:
     session_generation: int
     subscription_generation: int
     watermark: int
-    details: str | None  # None: unchanged
+    # The Web UI's current-details text, rendered when called (None: unchanged). An interpreter that
+    # shows it calls it in ``publish``, before the run moves on; one that shows nothing skips the render.
+    details: Callable[[], str] | None
     upsert: bool = True  # the search attributes changed (a history event); else only the details
 
 

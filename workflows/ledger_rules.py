@@ -25,6 +25,7 @@ __all__ = ["IssuedRead", "Judgement", "marked_active", "judge_read", "close_rule
            "revoke_rule"]
 
 S = SubscriptionState
+_ACTIVE = S.ACTIVE  # read once: an ``Enum`` class attribute is slow on Python 3.11; every allocation asks
 
 
 class IssuedRead(BaseModel):
@@ -62,7 +63,7 @@ def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_g
     """``row`` is ACTIVE on these generations: marked by their start (``mark_active``, now or by an
     earlier attempt of it), and a read may be allocated on it. Anything else (closing, revoked,
     another subscription generation) is another writer's row, on which no read is made."""
-    return (row.exists and row.state == S.ACTIVE and row.session_generation == session_generation
+    return (row.exists and row.state == _ACTIVE and row.session_generation == session_generation
             and row.subscription_generation == subscription_generation)
 
 

@@ -176,7 +176,7 @@ class TemporalInterpreter:
                 KEY_WATERMARK.value_set(publication.watermark),
             ])
         if publication.details is not None:
-            workflow.set_current_details(publication.details)
+            workflow.set_current_details(publication.details())
 
     def update_noted(self, notification_id: str | None, disposition: UpdateDisposition) -> None:
         workflow.logger.debug("resource_updated %s: %s", notification_id or "-", disposition.value)

@@ -7,13 +7,16 @@ Contract:
   run (the ledger schedules its safety reads, ``SubscriptionProgram._watched``) claims no deadline:
   it names the ledger's schedule and its watchdog's horizon instead.
 - The text is the current details (not history): it changes freely without history events.
-- ``Publisher`` writes the panel and the search attributes (``Publication``) only when they change.
+- ``Publisher`` writes the panel and the search attributes (``Publication``) only when they change;
+  the panel is rendered by the interpreter that shows it, when it publishes (the simulator shows
+  nothing and renders nothing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 
 from mcpsync.workflows.interpreter import Publication
 from mcpsync.workflows.records.subscription import SubscriptionOptions, SubscriptionState
@@ -97,7 +100,7 @@ class Publisher:
             return
         self.last_published = snapshot
         self._publish(Publication(phase, s.session_generation, s.subscription_generation, s.watermark,
-                                  details_panel(fence, self.options, watched=watched), upsert=False))
+                                  partial(details_panel, fence, self.options, watched=watched), upsert=False))
 
     def search_attributes(self, fence: SubscriptionFence) -> None:
         """Upsert the search attributes if one changed since the last upsert. Called where a coroutine

@@ -104,6 +104,12 @@ MAX_DEDUPE_IDS = 256
 T = TypeVar("T")
 
 S = SubscriptionState
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and ``_has_work`` (a wait condition checked on every activation)
+# and the main loop's pass compare them.
+_ACTIVE, _RESUBSCRIBE = S.ACTIVE, TriggerReason.RESUBSCRIBE
+_UNSUBSCRIBING, _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = (S.UNSUBSCRIBING, S.TOMBSTONE_PENDING,
+                                                                 S.RECONCILIATION_REQUIRED)
 
 
 class SubscriptionProgram:
@@ -260,7 +266,7 @@ class SubscriptionProgram:
             if self.revocation is not None:
                 await self._revoke()
                 continue
-            if s.close_requested or s.state == S.UNSUBSCRIBING:
+            if s.close_requested or s.state == _UNSUBSCRIBING:
                 await self._close()
                 continue
             if self.identity.conflict is not None:
@@ -269,7 +275,7 @@ class SubscriptionProgram:
             if self.identity.catalog is not None:
                 await self.identity.apply_catalog()
                 continue
-            if s.state == S.TOMBSTONE_PENDING:
+            if s.state == _TOMBSTONE_PENDING:
                 # Only a reconciled catalog confirms the deletion (or shows the URI listed again).
                 # A read's reload may adopt a ledger row that already left TOMBSTONE_PENDING (e.g.
                 # closed by a run this one was reset past): wake for that too.
@@ -277,11 +283,11 @@ class SubscriptionProgram:
                                  or self.revocation is not None or self.fence.s.state != S.TOMBSTONE_PENDING,
                                  None, WaitKind.TOMBSTONE)
                 continue
-            if s.state == S.RECONCILIATION_REQUIRED:
+            if s.state == _RECONCILIATION_REQUIRED:
                 await self.identity.await_reconciliation()
                 continue
             if self.session is None or self.fence.wants_subscribe(self.live_generation) \
-                    or s.pending_trigger == TriggerReason.RESUBSCRIBE:
+                    or s.pending_trigger == _RESUBSCRIBE:
                 if not await self._ensure_subscribed():
                     await self._wait_for_session()
                 continue
@@ -346,8 +352,8 @@ class SubscriptionProgram:
             or self.identity.catalog is not None
             or self.revocation is not None
             or self.live_generation > s.session_generation
-            or s.pending_trigger == TriggerReason.RESUBSCRIBE
-            or s.state != S.ACTIVE
+            or s.pending_trigger == _RESUBSCRIBE
+            or s.state != _ACTIVE
             or self.keeper.look_owed
             or self._continue_as_new_due()
         )

@@ -52,6 +52,17 @@ from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 __all__ = ["should_continue_as_new", "FenceState", "SubscriptionFence", "UpdateDisposition"]
 
 S = SubscriptionState
+V = AcceptVerdict
+# Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
+# (about ten times a plain attribute), and the wait conditions (``until_read_due``, ``read_wanted``),
+# ``phase`` and a judged read's bookkeeping (``applied``, ``observed``) run on every activation or read
+# (``_ACTIVE`` is used throughout the module).
+_ACTIVE = S.ACTIVE
+_MOVES_VERSION = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING})  # receipt and watermark move
+_SAW_CONTENT = frozenset({V.ACCEPTED, V.UNCHANGED, V.GUARDRAIL_REJECTED})
+_CURRENT = frozenset({V.ACCEPTED, V.UNCHANGED})  # the read's content is the current version
+_FOR_NOTIFICATIONS = frozenset({TriggerReason.UPDATED, TriggerReason.FOLLOW_UP})
+_NOT_SUBSCRIBED = frozenset({S.DISCOVERED, S.SUBSCRIBING})
 
 MAX_VARIANTS = 16  # conflict URIs remembered per subscription (bounded state for continue-as-new)
 
@@ -159,7 +170,7 @@ class SubscriptionFence:
         s = self.s
         if s.close_requested or s.state in CLOSING or s.state in TERMINAL:
             return False
-        return s.state in (S.DISCOVERED, S.SUBSCRIBING) or live_generation > s.session_generation
+        return s.state in _NOT_SUBSCRIBED or live_generation > s.session_generation
 
     def subscribing(self, snap: FenceSnapshot, edition: str, capabilities: dict[str, bool]) -> bool:
         """The ledger answered begin_subscription; True if we may go on subscribing."""
@@ -177,7 +188,7 @@ class SubscriptionFence:
         ``ledger_scheduled``: the mark carried a safety-read period (the ledger schedules the safety
         reads): no deadline of the run's own is armed, an earlier one (polling) is dropped."""
         self.adopt(snap)
-        if self.s.state == S.ACTIVE:
+        if self.s.state == _ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
             self.s.poll_interval_seconds = poll_interval_seconds
             self.s.staleness_bound_seconds = None
@@ -212,7 +223,7 @@ class SubscriptionFence:
         window = self.s.pending_trigger
         self.release_placeholder(placeholder)
         self.subscribed(snap, poll_interval_seconds=None, ledger_scheduled=ledger_scheduled)
-        if self.s.state != S.ACTIVE or not read:
+        if self.s.state != _ACTIVE or not read:
             return None
         self.s.pending_trigger = window
         return TriggerReason.INITIAL
@@ -225,7 +236,7 @@ class SubscriptionFence:
             return UpdateDisposition.WRONG_URI
         if sig.session_generation < s.session_generation:
             return UpdateDisposition.OLD_SESSION
-        if s.state not in (S.ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
+        if s.state not in (_ACTIVE, S.DISCOVERED, S.SUBSCRIBING):
             return UpdateDisposition.NOT_ACTIVE
         if sig.session_generation > s.session_generation:
             return UpdateDisposition.FUTURE_SESSION
@@ -235,7 +246,7 @@ class SubscriptionFence:
             # observe it, and its accept may even precede the note (answering clean), so one more read
             # is owed (a concurrent one if ``max_concurrent_reads`` allows).
             s.pending_trigger = TriggerReason.FOLLOW_UP
-        elif s.pending_trigger is None and s.state == S.ACTIVE:
+        elif s.pending_trigger is None and s.state == _ACTIVE:
             s.pending_trigger = TriggerReason.UPDATED
         # Else a read is requested and not allocated yet: it is allocated after this note, covering it.
         return UpdateDisposition.NOTED
@@ -249,7 +260,7 @@ class SubscriptionFence:
 
     def poll_due(self) -> None:
         """The poll / safety-read deadline passed (or a catalog word asks for a verification read)."""
-        if self.s.state == S.ACTIVE and self.s.pending_trigger is None:
+        if self.s.state == _ACTIVE and self.s.pending_trigger is None:
             self.s.pending_trigger = TriggerReason.POLL
 
     # --- deadlines ----------------------------------------------------------------------
@@ -318,7 +329,7 @@ class SubscriptionFence:
         """At or past the deadline: request the periodic read (trigger POLL). An ACTIVE fence with
         a period but no deadline armed yet arms one from ``now``. True when a read was requested here."""
         s = self.s
-        if s.state != S.ACTIVE or not period_seconds or self.allocating:
+        if s.state != _ACTIVE or not period_seconds or self.allocating:
             return False  # an allocation on its way re-arms the deadline when granted
         if s.read_due_at is None:
             s.read_due_at = now + timedelta(seconds=self._requested_within(period_seconds))
@@ -331,7 +342,7 @@ class SubscriptionFence:
         """How long the main loop may wait before the periodic read is due; None when no deadline
         applies (not ACTIVE, none armed, a read requested or being allocated)."""
         s = self.s
-        if s.state != S.ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
+        if s.state != _ACTIVE or s.read_due_at is None or s.pending_trigger is not None or self.allocating:
             return None
         return max(timedelta(0), s.read_due_at - now)
 
@@ -342,7 +353,7 @@ class SubscriptionFence:
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s
-        if (s.state == S.ACTIVE and not s.close_requested and s.pending_trigger is not None
+        if (s.state == _ACTIVE and not s.close_requested and s.pending_trigger is not None
                 and len(s.in_flight) < max_in_flight):
             return s.pending_trigger
         return None
@@ -364,7 +375,7 @@ class SubscriptionFence:
         """The ledger refused the allocation; ``snap`` is the reloaded row. Still ACTIVE on the
         session we now know of: the trigger is owed a read (a closed row owes it nothing)."""
         self.adopt(snap)
-        if snap.state == S.ACTIVE and snap.session_generation == self.s.session_generation:
+        if snap.state == _ACTIVE and snap.session_generation == self.s.session_generation:
             self.s.pending_trigger = self.s.pending_trigger or trigger
 
     def session_lost(self, ordinal: int | None) -> None:
@@ -399,7 +410,7 @@ class SubscriptionFence:
         """Whether a reported read requested at ``requested_at`` re-arms the read deadline: only when
         ACTIVE and newer than the read it was armed from (a late report never moves it back)."""
         s = self.s
-        return s.state == S.ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
+        return s.state == _ACTIVE and (s.read_armed_from is None or requested_at > s.read_armed_from)
 
     def applied(self, ordinal: int, result: AcceptResult, *, read_notified: int = 0,
                 trigger: TriggerReason | None = None) -> None:
@@ -409,9 +420,8 @@ class SubscriptionFence:
         s = self.s
         if ordinal in s.in_flight:
             s.in_flight.remove(ordinal)
-        s.last_verdict = result.verdict
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
-                              AcceptVerdict.TOMBSTONE_PENDING):
+        s.last_verdict = verdict = result.verdict
+        if verdict in _MOVES_VERSION:
             # A report judged before a newer read of the run's own can land after it: its receipt
             # stays out, as its digest does (``accepted_digest``), so the record names one read. The
             # watermark, not lastAccepted: a later guardrail-rejected read moves only the latter.
@@ -420,39 +430,39 @@ class SubscriptionFence:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.watermark = max(s.watermark, result.watermark)
         # A verdict judged before a close or revocation can land after it: never leave those.
-        if result.verdict == AcceptVerdict.TOMBSTONE_PENDING:
-            if s.state == S.ACTIVE:
+        if verdict in _CURRENT:
+            pass  # only the version moves (above)
+        elif verdict == V.TOMBSTONE_PENDING:
+            if s.state == _ACTIVE:
                 s.state = S.TOMBSTONE_PENDING
-        elif result.verdict == AcceptVerdict.REVOKED:
+        elif verdict == V.REVOKED:
             if s.state not in TERMINAL:
                 s.state = S.REVOKED
-        elif result.verdict == AcceptVerdict.GUARDRAIL_REJECTED:
+        elif verdict == V.GUARDRAIL_REJECTED:
             s.last_accepted_ordinal = max(s.last_accepted_ordinal, result.last_accepted_ordinal)
             s.guardrail_rejections += 1
             s.detail = f"guardrail rejected read {ordinal}: {result.reason}; previous version stays current"
-        elif result.verdict == AcceptVerdict.STALE:
+        elif verdict == V.STALE:
             s.stale_receipts += 1
-        elif result.verdict == AcceptVerdict.STALE_AFTER_CLOSE:
+        elif verdict == V.STALE_AFTER_CLOSE:
             s.stale_after_close += 1
         # A report during the start (not ACTIVE here yet, its slot in flight) is owed after it.
-        if s.pending_trigger is None and (s.state == S.ACTIVE or s.in_flight) and follow_up_owed(
+        if s.pending_trigger is None and (s.state == _ACTIVE or s.in_flight) and follow_up_owed(
                 result.notified, result.covered, read_notified, handed_over=trigger is None,
-                for_notifications=trigger in (TriggerReason.UPDATED, TriggerReason.FOLLOW_UP)):
+                for_notifications=trigger in _FOR_NOTIFICATIONS):
             s.pending_trigger = TriggerReason.FOLLOW_UP
 
     def accepted_digest(self, digest: str | None, result: AcceptResult) -> None:
         """After ``applied``: the digest of the newest accepted read (a report from the ingress that
         arrives after a newer read of the run's own was judged keeps its older digest out)."""
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) \
-                and result.watermark >= self.s.watermark:
+        if result.verdict in _CURRENT and result.watermark >= self.s.watermark:
             self.s.last_accepted_digest = digest
 
     def observed(self, result: AcceptResult, *, allocated_at: datetime, now: datetime) -> None:
         """When a judged read (allocated at ``allocated_at``) saw content or not-found: the times
         ``catalog_word_is_stale`` compares catalog measurements with."""
         s = self.s
-        if result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED,
-                              AcceptVerdict.GUARDRAIL_REJECTED):
+        if result.verdict in _SAW_CONTENT:
             seen = s.content_seen_at
             s.content_seen_at = allocated_at if seen is None else max(seen, allocated_at)
             if result.verdict == AcceptVerdict.ACCEPTED:
@@ -471,7 +481,7 @@ class SubscriptionFence:
         elif result.verdict == AcceptVerdict.TOMBSTONE_PENDING and s.state == S.TOMBSTONE_PENDING:
             s.detail = (f"read {ordinal}: not found{code}; waiting for a reconciled catalog to confirm the "
                         f"deletion (or list the URI again)")
-        elif result.verdict in (AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED) and \
+        elif result.verdict in _CURRENT and \
                 s.detail.startswith(("read ", "not listed in catalog", OVERDUE_DETAIL)):
             s.detail = ""
 
@@ -490,7 +500,7 @@ class SubscriptionFence:
         if listed:
             return s.state == S.TOMBSTONE_PENDING and s.tombstone_pending_at is not None \
                 and measured_at < s.tombstone_pending_at
-        return s.state == S.ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
+        return s.state == _ACTIVE and s.content_seen_at is not None and measured_at < s.content_seen_at
 
     # --- identity and catalog ------------------------------------------------------------
 
@@ -522,7 +532,7 @@ class SubscriptionFence:
         not a reason to stop again (a repeated stray or hostile notification cannot freeze it);
         it only invalidates, and the read of our exact URI tells. True when a read was requested."""
         s = self.s
-        if observed_uri not in s.reconciled_variants or s.state != S.ACTIVE:
+        if observed_uri not in s.reconciled_variants or s.state != _ACTIVE:
             return False
         s.updates_seen += 1
         if s.pending_trigger is None:
@@ -544,7 +554,7 @@ class SubscriptionFence:
     def resumed(self, snap: FenceSnapshot, detail: str = "") -> None:
         """Back to ACTIVE from RECONCILIATION_REQUIRED or a recreated tombstone: re-read first."""
         self.adopt(snap)
-        if self.s.state == S.ACTIVE:
+        if self.s.state == _ACTIVE:
             self.s.pending_trigger = TriggerReason.INITIAL
             self.s.reconciliation_since = None
             self.s.conflict_uris = []
@@ -583,13 +593,13 @@ class SubscriptionFence:
     @property
     def phase(self) -> SubscriptionState:
         s = self.s
-        if s.state != S.ACTIVE:
+        if s.state != _ACTIVE:
             return s.state
         if s.in_flight:
             return S.READ_PENDING
         if s.pending_trigger is not None:
             return S.UPDATE_SEEN
-        return S.ACTIVE
+        return _ACTIVE
 
     @property
     def finished(self) -> bool:
@@ -627,7 +637,7 @@ class SubscriptionFence:
             safety_read_seconds=(safety_read_seconds or None) if s.staleness_bound_seconds is None else None,
             last_accepted_at=s.last_accepted_at,
             last_verified_at=s.content_seen_at,
-            next_read_due_at=s.read_due_at if s.state == S.ACTIVE else None,
+            next_read_due_at=s.read_due_at if s.state == _ACTIVE else None,
             detail=s.detail,
         )
 

@@ -21,6 +21,7 @@ _URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?P<rest>.*)$", re.S)
 MAX_URI_LENGTH = 8192
 SLUG_MAX_LENGTH = 48
 _SLUG_SEPARATORS = re.compile(r"([^a-z0-9]+)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # C0 control characters and DEL
 
 
 def _pct(m: re.Match[str]) -> str:
@@ -86,7 +87,7 @@ def unparsed_uri_problem(uri: str) -> str | None:
     ingress checks a notified URI by them before it is queued, counted in metrics or written anywhere."""
     if len(uri) > MAX_URI_LENGTH:
         return f"URI longer than {MAX_URI_LENGTH} characters"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+    if _CONTROL.search(uri) is not None:
         return "URI contains control characters"
     return None
 

@@ -92,8 +92,9 @@ class FenceUpdate(_Plan):
     link_receipt: bool = False  # last_receipt_id := the receipt this plan writes
 
     def columns(self, receipt_id: int | None) -> dict[str, Any]:
-        """Column -> new value; ``receipt_id`` is the id the plan's receipt got."""
-        cols = self.model_dump(exclude_unset=True, exclude={"link_receipt"})
+        """Column -> new value, in field order; ``receipt_id`` is the id the plan's receipt got."""
+        given = self.model_fields_set
+        cols = {name: getattr(self, name) for name in _COLUMNS if name in given}
         if self.link_receipt:
             cols["last_receipt_id"] = receipt_id
         return cols
@@ -101,6 +102,9 @@ class FenceUpdate(_Plan):
     def applied(self, row: FenceSnapshot, receipt_id: int | None) -> FenceSnapshot:
         """The row after the update (what the in-memory ledger stores)."""
         return row.model_copy(update=self.columns(receipt_id))
+
+
+_COLUMNS = tuple(name for name in FenceUpdate.model_fields if name != "link_receipt")
 
 
 class OutboxPlan(_Plan):
@@ -139,8 +143,8 @@ class WritePlan(_Plan):
 
     @property
     def writes(self) -> bool:
-        return any(x is not None for x in (self.audit, self.read_request_outcome, self.receipt, self.fence,
-                                           self.outbox, self.revocation))
+        return not (self.audit is None and self.read_request_outcome is None and self.receipt is None
+                    and self.fence is None and self.outbox is None and self.revocation is None)
 
 
 def plan_revoke(row: FenceSnapshot, *, source: RevokeSource, reason: str,
@@ -162,26 +166,23 @@ def plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutc
     row's coverage moved by the judged read under the same lock: ``absorbed`` notifications the
     ingress took into this read are counted, and ``covered`` (``coverage.covered_after``) takes the
     read's allocation count plus them when it observed the resource."""
-    plan = _plan_accept(row, issued, outcome, j)
-    if plan.replay or issued is None:
-        return plan
-    update: dict[str, int] = {}
-    if absorbed > 0:
-        update["notifications_seen"] = row.notifications_seen + absorbed
-    covered = covered_after(row, j.verdict, issued.notified + max(absorbed, 0))
-    if covered is not None:
-        update["covered"] = covered
-    if not update:
-        return plan
-    fence = (plan.fence or FenceUpdate()).model_copy(update=update)
-    return plan.model_copy(update={"fence": fence})
-
-
-def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome,
-                 j: Judgement) -> WritePlan:
-    o = outcome
     if j.reason == "replayed":
         return WritePlan(kind=PlanKind.ACCEPT, judgement=j, replay=True)
+    coverage: dict[str, Any] = {}
+    if issued is not None:
+        if absorbed > 0:
+            coverage["notifications_seen"] = row.notifications_seen + absorbed
+        covered = covered_after(row, j.verdict, issued.notified + max(absorbed, 0))
+        if covered is not None:
+            coverage["covered"] = covered
+    return _plan_accept(row, issued, outcome, j, coverage)
+
+
+def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, j: Judgement,
+                 coverage: dict[str, Any]) -> WritePlan:
+    """The accept's plan, built once: ``coverage`` (the row's coverage columns the judged read moves)
+    joins whatever fence update the verdict makes."""
+    o = outcome
     audit = None if j.audit_kind is None else AuditPlan(kind=j.audit_kind, detail={
         "reason": j.reason, "ordinal": o.ordinal, "request_id": o.request_id, "outcome": o.kind.value,
         "digest": o.content_digest, "error_code": o.error_code, "error": o.error})
@@ -193,28 +194,33 @@ def _plan_accept(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOut
     if j.verdict == V.REVOKED:
         revoke = plan_revoke(row, source=RevokeSource.READ_DENIED, reason=j.reason, kind=PlanKind.ACCEPT,
                              unchecked=True)
-        return revoke.model_copy(update={"judgement": j, "audit": audit, "read_request_outcome": rr_outcome})
-    plan = WritePlan(kind=PlanKind.ACCEPT, judgement=j, audit=audit, read_request_outcome=rr_outcome)
+        update: dict[str, Any] = {"judgement": j, "audit": audit, "read_request_outcome": rr_outcome}
+        if coverage:
+            update["fence"] = (revoke.fence or FenceUpdate()).model_copy(update=coverage)
+        return revoke.model_copy(update=update)
     if not j.write_receipt:
-        return plan
+        return WritePlan(kind=PlanKind.ACCEPT, judgement=j, audit=audit, read_request_outcome=rr_outcome,
+                         fence=FenceUpdate(**coverage) if coverage else None)
     receipt = ReceiptPlan(ordinal=o.ordinal, status=j.verdict, request_id=o.request_id, trigger=o.trigger,
                           session_generation=o.session_generation,
                           subscription_generation=o.subscription_generation, content_digest=o.content_digest)
+    fenced: dict[str, Any] = {}
+    outbox = None
     if j.advance_ordinal_only:
         # The fence position moves (an older read must not land after it); the current version stays.
-        fence = FenceUpdate(last_accepted_ordinal=o.ordinal)
-        return plan.model_copy(update={"receipt": receipt, "fence": fence})
-    if not j.advance:
-        return plan.model_copy(update={"receipt": receipt})
-    advanced: dict[str, Any] = {"last_accepted_ordinal": o.ordinal, "watermark": o.ordinal,
-                                "state": j.new_state or S.ACTIVE, "link_receipt": True}
-    if o.kind == ReadOutcomeKind.CONTENT:  # a not-found read keeps the digest it withdraws
-        advanced["last_accepted_digest"] = o.content_digest
-    fence = FenceUpdate(**advanced)
-    outbox = None if not j.outbox else OutboxPlan(
-        event=OutboxEventType.VERSION_ACCEPTED, ordinal=o.ordinal, content_digest=o.content_digest,
-        previous_digest=row.last_accepted_digest, rollout_gated=True)
-    return plan.model_copy(update={"receipt": receipt, "fence": fence, "outbox": outbox})
+        fenced["last_accepted_ordinal"] = o.ordinal
+    elif j.advance:
+        fenced.update(last_accepted_ordinal=o.ordinal, watermark=o.ordinal, state=j.new_state or S.ACTIVE,
+                      link_receipt=True)
+        if o.kind == ReadOutcomeKind.CONTENT:  # a not-found read keeps the digest it withdraws
+            fenced["last_accepted_digest"] = o.content_digest
+        if j.outbox:
+            outbox = OutboxPlan(event=OutboxEventType.VERSION_ACCEPTED, ordinal=o.ordinal,
+                                content_digest=o.content_digest, previous_digest=row.last_accepted_digest,
+                                rollout_gated=True)
+    fenced.update(coverage)
+    return WritePlan(kind=PlanKind.ACCEPT, judgement=j, audit=audit, read_request_outcome=rr_outcome,
+                     receipt=receipt, fence=FenceUpdate(**fenced) if fenced else None, outbox=outbox)
 
 
 def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None,
