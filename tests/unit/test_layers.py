@@ -155,7 +155,8 @@ def test_the_workflow_code_check_sees_both_kinds(tmp_path: Path) -> None:
 # the calls the recorded runs make; this checks every line.
 WORKFLOW_IMPORTS = {"__future__", "asyncio", "collections", "collections.abc", "dataclasses", "datetime",
                     "functools", "enum", "hashlib", "hmac", "json", "pydantic", "re", "typing",
-                    "urllib.parse", "temporalio", "temporalio.common", "temporalio.exceptions", "temporalio.workflow"}
+                    "urllib.parse", "temporalio", "temporalio.common", "temporalio.exceptions",
+                    "temporalio.workflow"}
 WALL_CLOCK = {"now", "utcnow", "today", "fromtimestamp"}  # datetime/date class methods that read the clock
 
 
