@@ -29,7 +29,7 @@ SUBSCRIPTION_COLUMNS = (
     "workflow_id", "subject", "server", "uri", "state", "session_generation", "subscription_generation",
     "last_issued_ordinal", "last_accepted_ordinal", "watermark", "close_epoch", "close_ordinal",
     "last_accepted_digest", "last_receipt_id", "notifications_seen", "last_notification_at", "created_at",
-    "updated_at",
+    "updated_at", "verify_due_at",
 )
 
 

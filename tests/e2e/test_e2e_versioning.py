@@ -35,8 +35,8 @@ from mcpsync.worker.main.config import ConfigError, TemporalConfig, load_config
 from mcpsync.worker.main.worker import MAIN_WORKFLOWS, deployment_version, main_worker
 from mcpsync.worker.stack.temporal import TemporalDevServer, temporal_cli_path
 from mcpsync.workflows.catalog_rules import CatalogView
+from mcpsync.workflows.interpreter import PATCH_AFTER_0_2_0
 from mcpsync.workflows.names import CATALOG_WORKFLOW_TYPE, QUERY_CATALOG, SIGNAL_RECONCILE, WORKFLOW_TYPE
-from mcpsync.workflows.program_runtime import PATCH_AFTER_0_2_0
 from mcpsync.workflows.records.catalog import CatalogKey
 from mcpsync.workflows.records.subscription import SubscriptionKey
 from mcpsync.workflows.subscription_state import should_continue_as_new

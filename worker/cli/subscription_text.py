@@ -168,7 +168,8 @@ def subscription_table(rows: Sequence[dict[str, Any]], *, wide: bool, now: datet
             rec = (records or {}).get(r["workflow_id"])
             line.append(age_of((rec and rec.last_accepted_at) or r.get("last_accepted_at"), now))
             line.append(age_of(rec.last_verified_at, now) if rec else "-")
-            line.append(age_of(rec.next_read_due_at, now) if rec else "-")
+            # The ledger's schedule where it holds the row's next verification, else the run's deadline.
+            line.append(age_of(r.get("verify_due_at") or (rec.next_read_due_at if rec else None), now))
             bound = rec and staleness_bound(rec)
             line.append(f"{bound:g}s" if bound else "-")
         table.append(line)
