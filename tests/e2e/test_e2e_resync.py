@@ -186,7 +186,10 @@ async def test_safety_reads_go_through_the_ingress_and_the_watchdog_reads_when_n
     # never fired).
     assert len(triggers) >= 3 and set(triggers) == {"updated"}, triggers
     assert history["read_cycles"] == 0 and history["timers_fired"] == 0, history
-    assert history["timers_started"] == 1 and history["timers_canceled"] == 0, history
+    # One live timer (the watchdog's) and no more than one cancelled: the start may arm a deadline
+    # before the run learns its row is on the ledger's schedule, and cancels it then; never one a period.
+    assert history["timers_started"] - history["timers_canceled"] == 1 and history["timers_canceled"] <= 1, \
+        history
     assert history["reports"] == 0 and history["updates"] == 0, history
     assert gap <= SAFETY_SECONDS, gap
     # A watchdog that looks while the ingress keeps the bound finds nothing: a look writes its local
