@@ -144,7 +144,10 @@ class TemporalInterpreter:
 
     async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
         try:
-            await workflow.wait_condition(condition, timeout=timeout)
+            # The timer carries the wait's kind as its summary: the Web UI names each timer (watchdog,
+            # deadline, session back-off) and tests count them by kind. Metadata only: replay ignores it.
+            await workflow.wait_condition(condition, timeout=timeout,
+                                          timeout_summary=kind.value if timeout is not None else None)
         except TimeoutError:
             return False
         return True
