@@ -342,14 +342,15 @@ class FenceLedger:
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
-        async with self.store.pool.connection() as conn, conn.transaction():
+        async with self.store.pool.connection() as conn, conn.pipeline(), conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
+            prior = conn.cursor(row_factory=dict_row)
+            # The two rows ``prior_allocation`` asks for first, in one query, sent with the row's; a
+            # re-derived id, alone.
+            await prior.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
+                                (req.cycle_id, req.request_id))
             row = await fence_row(cur, req.key, lock=True, now=True)
-
-            # The two rows ``prior_allocation`` asks for first, in one query; a re-derived id, alone.
-            await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
-                              (req.cycle_id, req.request_id))
-            first = {(c, r[c]): r for r in await cur.fetchall() for c in ("cycle_id", "request_id")}
+            first = {(c, r[c]): r for r in await prior.fetchall() for c in ("cycle_id", "request_id")}
 
             async def find(column: str, value: str) -> dict[str, Any] | None:
                 if (column, value) in (("cycle_id", req.cycle_id), ("request_id", req.request_id)):
@@ -370,7 +371,7 @@ class FenceLedger:
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
-            await _update_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)})
+            await _write_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)})
             await cur.execute(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
@@ -398,7 +399,7 @@ class FenceLedger:
         ``content_pending`` here whatever the verdict."""
         o = req.outcome
         judged = o.content_digest
-        async with self.store.pool.connection() as conn, conn.transaction():
+        async with self.store.pool.connection() as conn, conn.pipeline(), conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, o.key, lock=True, issued=o.ordinal)
             fence = snapshot(row)
@@ -596,7 +597,7 @@ class FenceLedger:
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
-            await _update_row(cur, wf, plan.fence.columns(receipt_id))
+            await _write_row(cur, wf, plan.fence.columns(receipt_id))
         purged = 0
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
@@ -646,14 +647,21 @@ def _asking_workflow_id(key: SubscriptionKey) -> str:
 
 async def _update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:
     """Set ``columns`` (and ``updated_at``, when ``touch``) on the row ``wf`` recorded; the row after."""
+    await _write_row(cur, wf, columns, touch=touch, returning=True)
+    row: dict[str, Any] = await cur.fetchone()
+    return row
+
+
+async def _write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True,
+                     returning: bool = False) -> None:
+    """``_update_row`` without waiting for the row after (``returning`` False): in a pipeline the
+    write goes out with the statements after it."""
     touched = ", updated_at=now()" if touch else ""
     await cur.execute(
         "UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
-        + " WHERE workflow_id=%s RETURNING *",
+        + " WHERE workflow_id=%s" + (" RETURNING *" if returning else ""),
         (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf),
     )
-    row: dict[str, Any] = await cur.fetchone()
-    return row
 
 
 def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,
