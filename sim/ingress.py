@@ -89,8 +89,8 @@ class _SweepHost:
         self.verification = self
         self._memory = ledger
 
-    async def due(self, subject: str, server: str, *, limit: int = 500) -> Due:
-        return self._memory.due(subject, server, limit=limit)
+    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
+        return self._memory.due(subject, server, limit=limit, ahead=ahead)
 
 
 class IngressDriver:

@@ -319,19 +319,21 @@ class MemoryLedger:
             return None
         return self.verify_due_at
 
-    def due(self, subject: str, server: str, *, limit: int = 500) -> Due:
-        """``VerificationLedger.due``: the row if its verification is due now, claimed (due again
-        ``claim_delay`` later); and how long until the next is due."""
+    def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
+        """``VerificationLedger.due``: the row if its verification is due within ``ahead`` seconds,
+        claimed (due again ``claim_delay`` later); and how long until the next is due."""
         due = self.scheduled_due() if (subject, server) == (self.key.subject, self.key.server) else None
         if due is None:
             return Due(uris=[], next_in=None)
         uris: list[str] = []
-        if due <= self.now and limit > 0:
+        shortest = None
+        if due <= self.now + timedelta(seconds=ahead) and limit > 0:
             assert self.safety_read_seconds is not None
             uris.append(self.key.uri)
+            shortest = self.safety_read_seconds
             due = self.verify_due_at = self.now + timedelta(
                 seconds=verification_rules.claim_delay(self.safety_read_seconds))
-        return Due(uris=uris, next_in=max(0.0, (due - self.now).total_seconds()))
+        return Due(uris=uris, next_in=max(0.0, (due - self.now).total_seconds()), shortest_period=shortest)
 
     def _report_overdue(self) -> OutboxEntry:
         """``verification.report_overdue``: an ``overdue`` entry naming the current version."""

@@ -114,6 +114,7 @@ class Due:
 
     uris: list[str]
     next_in: float | None
+    shortest_period: float | None = None  # the shortest safety-read period among the claimed rows
 
 
 class VerificationLedger:
@@ -123,17 +124,18 @@ class VerificationLedger:
     def activities(self) -> list[Callable[..., Any]]:
         return [self.watch]
 
-    async def due(self, subject: str, server: str, *, limit: int = 500) -> Due:
-        """The sweep of one (subject, server) (module contract)."""
+    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
+        """The sweep of one (subject, server) (module contract): the rows due within ``ahead`` seconds
+        (``verification_rules.sweep_ahead``)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 """
                 SELECT workflow_id, uri, safety_read_seconds FROM subscriptions
                 WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
-                  AND verify_due_at <= now()
+                  AND verify_due_at <= now() + make_interval(secs => %s)
                 ORDER BY verify_due_at LIMIT %s FOR UPDATE SKIP LOCKED
                 """,
-                (subject, server, ACTIVE, limit),
+                (subject, server, ACTIVE, ahead, limit),
             )
             rows = await cur.fetchall()
             ids, delays = [r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]
@@ -154,7 +156,8 @@ class VerificationLedger:
             nxt = await cur.fetchone()
         left = [] if nxt is None or nxt[0] is None else [max(0.0, float(nxt[0]))]
         next_in = min(delays + left, default=None)
-        return Due(uris=[r[1] for r in rows], next_in=next_in)
+        return Due(uris=[r[1] for r in rows], next_in=next_in,
+                   shortest_period=min((float(r[2]) for r in rows), default=None))
 
     @activity.defn(name=Act.WATCH_VERIFICATIONS)
     async def watch(self, req: WatchRequest) -> WatchResult:

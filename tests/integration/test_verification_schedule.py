@@ -205,6 +205,21 @@ async def test_due_claims_what_it_hands_out_skips_locked_rows_and_says_when_the_
     assert await ledger.verification.due(unique("nobody"), "srv") == type(locked)(uris=[], next_in=None)
 
 
+async def test_due_claims_the_rows_due_within_ahead_and_names_their_shortest_period(ledger: Ledger) -> None:
+    subject = unique("s")
+    soon = await _scheduled(ledger, subject, "demo://soon", period=PERIOD)
+    later = await _scheduled(ledger, subject, "demo://later", period=10 * PERIOD)
+    await _set(ledger, soon, "verify_due_at", 0.4)
+    await _set(ledger, later, "verify_due_at", 3)
+    assert (await ledger.verification.due(subject, "srv")).uris == []  # nothing due now
+    due = await ledger.verification.due(subject, "srv", ahead=1.0)
+    assert due.uris == [soon.uri] and due.shortest_period == PERIOD
+    assert due.next_in == pytest.approx(claim_delay(PERIOD), abs=0.5)  # soon's claim, before later
+    nothing = await ledger.verification.due(subject, "srv", ahead=1.0)
+    assert nothing.uris == [] and nothing.shortest_period is None
+    assert nothing.next_in == pytest.approx(claim_delay(PERIOD) - 0.0, abs=0.5)
+
+
 async def test_a_huge_period_schedules_without_overflow(ledger: Ledger) -> None:
     key = await _scheduled(ledger, unique("s"), "demo://huge", period=1e15)  # ~32 million years
     await _allocate(ledger, key)

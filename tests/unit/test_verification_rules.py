@@ -3,6 +3,7 @@ row is due again, when a claimed one is, how long a sweep waits, and the watchdo
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,10 +13,12 @@ from mcpsync.workflows.verification_rules import (
     DUE_EARLIEST,
     DUE_SPREAD,
     LONGEST_DELAY_SECONDS,
+    SWEEP_AHEAD_SECONDS,
     SWEEP_IDLE_SECONDS,
     SWEEP_MIN_SECONDS,
     claim_delay,
     judge_gap,
+    sweep_ahead,
     sweep_wait,
     verification_delay,
 )
@@ -55,6 +58,37 @@ def test_no_row_is_due_further_ahead_than_the_longest_delay(period: float) -> No
 def test_a_sweep_waits_until_the_next_row_is_due_within_its_bounds(next_in: float | None,
                                                                    wait: float) -> None:
     assert sweep_wait(next_in) == wait
+
+
+@pytest.mark.parametrize(("shortest", "ahead"), [(None, 0.0), (6.0, 0.06), (30.0, 0.3), (300.0, SWEEP_AHEAD_SECONDS)])
+def test_a_look_claims_a_hundredth_of_the_shortest_period_ahead_at_most_a_second(shortest: float | None,
+                                                                                 ahead: float) -> None:
+    assert sweep_ahead(shortest) == pytest.approx(ahead)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("period", [6.0, 300.0])
+def test_looks_ahead_never_leave_a_row_late_and_come_about_once_per_ahead(seed: int, period: float) -> None:
+    """Many rows of one period, due at random times: a sweep that looks as ``sweep_wait`` says and
+    claims ``sweep_ahead`` ahead claims every row by its due time, at most ``ahead`` early, and looks
+    no more often than once per ``ahead`` (a row a look, before)."""
+    rng = random.Random(seed)
+    horizon = period  # 2,000 rows due within one period: several a second at 300 s
+    dues = sorted(rng.uniform(0, horizon) for _ in range(2_000))
+    t, shortest, looks, claimed_at = 0.0, None, 0, []
+    while dues:
+        looks += 1
+        ahead = sweep_ahead(shortest)
+        taken = [d for d in dues if d <= t + ahead]
+        dues = dues[len(taken):]
+        claimed_at += [(t, d) for d in taken]
+        shortest = period if taken or shortest is not None else None
+        next_in = dues[0] - t if dues else None
+        t += sweep_wait(next_in, min(ahead, sweep_ahead(shortest)))
+    assert all(at <= due + SWEEP_MIN_SECONDS for at, due in claimed_at)  # never late (but the first look)
+    assert all(due - at <= sweep_ahead(period) + 1e-9 for at, due in claimed_at[1:])
+    assert looks <= horizon / min(sweep_ahead(period), SWEEP_IDLE_SECONDS) + 2
+    assert looks < 2_000 / 3  # rows share looks
 
 
 def _at(seconds: float) -> datetime:

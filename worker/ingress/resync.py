@@ -10,9 +10,11 @@ Contract:
   background lane (after every notified key), never counted as a notification (``fed`` counts them).
 - Level-based: a look finds every row whose due time passed, however it got there (a new lease
   holder, a session that came back, a read refused or failed: a claimed row is due again
-  ``claim_delay`` later unless a granted allocation re-armed it). It looks again when the next row
-  is due (``verification_rules.sweep_wait``: at most ``SWEEP_IDLE_SECONDS`` later, which is how
-  soon it sees a new row), at once when its session is lost and another opens.
+  ``claim_delay`` later unless a granted allocation re-armed it), and the rows due within
+  ``verification_rules.sweep_ahead`` (a hundredth of the shortest period claimed so far, at most a
+  second). It looks again that much before the next row is due, but no sooner than that
+  (``sweep_wait``: at most ``SWEEP_IDLE_SECONDS`` later, which is how soon it sees a new row), at
+  once when its session is lost and another opens: about one look a second however many rows.
 - The router then reads the URI here (``read_on_notification``, a row whose run mirrors reports): a
   read that finds nothing new and leaves the row clean stays in the ledger and wakes no workflow
   (``IngressRouter._deliver``); otherwise, as for any notification, the workflow is signalled. On a
@@ -40,7 +42,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession
 from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.ingress import IngressRouter, Offer
-from mcpsync.workflows.verification_rules import SWEEP_IDLE_SECONDS, sweep_wait
+from mcpsync.workflows.verification_rules import SWEEP_IDLE_SECONDS, sweep_ahead, sweep_wait
 
 __all__ = ["BACKGROUND_SHARE", "BUSY_SECONDS", "DUE_BATCH", "SESSION_WAIT_SECONDS", "Resync", "ResyncHost"]
 
@@ -83,6 +85,7 @@ class Resync:
         self._ready = ready  # wake a router: a key became ready
         self.fed = 0  # due URIs offered to the router (the background lane)
         self.looks = 0  # questions asked of the ledger (``VerificationLedger.due``)
+        self.shortest_period: float | None = None  # the shortest period among the rows claimed so far
 
     def room(self, generation: int) -> int:
         """How many due rows the next look may claim on session ``generation`` (module contract)."""
@@ -114,9 +117,13 @@ class Resync:
         if room == 0:
             return BUSY_SECONDS  # the queue is the notifications' now: the rows stay due
         self.looks += 1
-        due = await self.host.ledger.verification.due(self.subject, self.server, limit=room)
+        ahead = sweep_ahead(self.shortest_period)
+        due = await self.host.ledger.verification.due(self.subject, self.server, limit=room, ahead=ahead)
         self.feed(due.uris, generation)
-        return sweep_wait(due.next_in)
+        if due.shortest_period is not None:
+            self.shortest_period = min(due.shortest_period, self.shortest_period or due.shortest_period)
+        # The next look claims ``sweep_ahead`` of the (maybe shorter) period; this one claimed ``ahead``.
+        return sweep_wait(due.next_in, min(ahead, sweep_ahead(self.shortest_period)))
 
     async def run(self) -> None:
         """Sweep until cancelled, while the host holds a live session (module contract)."""
