@@ -60,7 +60,8 @@ def test_a_sweep_waits_until_the_next_row_is_due_within_its_bounds(next_in: floa
     assert sweep_wait(next_in) == wait
 
 
-@pytest.mark.parametrize(("shortest", "ahead"), [(None, 0.0), (6.0, 0.06), (30.0, 0.3), (300.0, SWEEP_AHEAD_SECONDS)])
+@pytest.mark.parametrize(("shortest", "ahead"),
+                         [(None, 0.0), (6.0, 0.06), (30.0, 0.3), (300.0, SWEEP_AHEAD_SECONDS)])
 def test_a_look_claims_a_hundredth_of_the_shortest_period_ahead_at_most_a_second(shortest: float | None,
                                                                                  ahead: float) -> None:
     assert sweep_ahead(shortest) == pytest.approx(ahead)
