@@ -33,7 +33,8 @@ from mcpsync.workflows.records.subscription import WATCHDOG_SECONDS
 
 __all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "LONGEST_DELAY_SECONDS", "SWEEP_AHEAD_FRACTION",
            "SWEEP_AHEAD_SECONDS", "SWEEP_IDLE_SECONDS", "SWEEP_MIN_SECONDS", "WATCHDOG_HORIZON",
-           "GapJudgement", "claim_delay", "continues_chain", "judge_gap", "sweep_ahead", "sweep_wait", "verification_delay"]
+           "GapJudgement", "claim_delay", "continues_chain", "judge_gap", "sweep_ahead", "sweep_wait",
+           "verification_delay"]
 
 DUE_EARLIEST = 0.85
 DUE_SPREAD = 0.10
