@@ -3,7 +3,7 @@
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
   served to another. A read's body enters it only in its accept's transaction, and only when
-  the verdict releases it (``store_accepted``): a read in flight across a revocation stores
+  the verdict releases it (``store_write``): a read in flight across a revocation stores
   nothing. ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
   process) in ``content_pending`` until its accept takes it (``take_staged``); nothing there
   is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpsync.activities.ledger.store import LedgerStore
+from mcpsync.activities.ledger.store import LedgerStore, Write
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
@@ -75,10 +75,9 @@ class ContentLedger:
             await conn.execute(STORE_SQL, (subject, digest, mime_type, len(body), body, kind))
 
     @staticmethod
-    async def store_accepted(cur: Any, subject: str, body: ReadBody) -> None:
-        """Store an accepted read's body, in the accept's transaction (its row locked)."""
-        await cur.execute(STORE_SQL,
-                          (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
+    def store_write(subject: str, body: ReadBody) -> Write:
+        """The write that stores an accepted read's body, for the accept's transaction (its row locked)."""
+        return Write(STORE_SQL, (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
 
     async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
         """Park a standalone read's body until its accept (a retried read replaces it)."""

@@ -29,7 +29,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -44,9 +44,12 @@ from mcpsync.activities.ledger.sessions import SessionLedger, session_in
 from mcpsync.activities.ledger.store import (
     BY_KEY,
     LedgerStore,
+    Write,
     fence_row,
     recorded_workflow_id,
     snapshot,
+    update_row,
+    write_row,
 )
 from mcpsync.activities.ledger.verification import mark_chain, record_allocation
 from mcpsync.workflows.allocation import prior_allocation
@@ -222,7 +225,7 @@ class FenceLedger:
         writes = ensure_writes(snapshot(row), held=row["incarnation"], incarnation=incarnation)
         if writes:
             # A reopen updates the row; a new incarnation alone does not count as an update.
-            row = await _update_row(cur, row["workflow_id"], writes, touch="state" in writes)
+            row = await update_row(cur, row["workflow_id"], writes, touch="state" in writes)
         if row["workflow_id"] != workflow_id:
             await self.journal.insert_audit(cur, "WORKFLOW_ID_MISMATCH", subject=key.subject,
                                             server=key.server, uri=key.uri,
@@ -310,7 +313,7 @@ class FenceLedger:
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, req.key, lock=True)
             if row is not None and (columns := mark_active_writes(snapshot(row), req)):
-                row = await _update_row(cur, row["workflow_id"], columns)
+                row = await update_row(cur, row["workflow_id"], columns)
                 await mark_chain(cur, row)
             return snapshot(row)
 
@@ -335,7 +338,7 @@ class FenceLedger:
         """``_transition`` in the caller's transaction."""
         row = await fence_row(cur, key, lock=True)
         if row is not None and (columns := writes(snapshot(row))):
-            row = await _update_row(cur, row["workflow_id"], columns)
+            row = await update_row(cur, row["workflow_id"], columns)
         return snapshot(row)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -371,8 +374,8 @@ class FenceLedger:
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
             ordinal = plan.ordinal
-            await _write_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)})
-            await cur.execute(
+            # The row's update and the request's insert, one statement (a write with no result).
+            await write_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)}, then=Write(
                 """
                 INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
                     subscription_generation, trigger_reason, notifications_seen, cycle_id)
@@ -380,7 +383,7 @@ class FenceLedger:
                 """,
                 (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
                  req.trigger.value, plan.notified, req.cycle_id),
-            )
+            ))
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
@@ -417,16 +420,20 @@ class FenceLedger:
                 judged = prior["content_digest"] if prior else None
                 result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None,
                                        outbox_id=None, ordinal=o.ordinal)
-            else:
-                receipt_id, outbox_id, _ = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
-                                                             effective_at=o.completed_at or datetime.now(UTC))
-                result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
+            kept = None
             if o.kind == ReadOutcomeKind.CONTENT:
                 staged = await self.content.take_staged(cur, o.key, o.ordinal) if body is None else None
                 kept = body or staged
-                if kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None \
-                        and result.verdict in KEEPS_BODY and not plan.replay:
-                    await self.content.store_accepted(cur, o.key.subject, kept)
+            if not plan.replay:
+                assert plan.judgement is not None
+                # The body enters the store with the plan's writes (in the row update's statement).
+                store = self.content.store_write(o.key.subject, kept) if (
+                    kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None
+                    and plan.judgement.verdict in KEEPS_BODY) else None
+                receipt_id, outbox_id, _ = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
+                                                             effective_at=o.completed_at or datetime.now(UTC),
+                                                             then=store)
+                result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
         return result, judged
 
     # --- close, tombstone, revocation ------------------------------------------------------------
@@ -555,9 +562,11 @@ class FenceLedger:
 
     async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot,
                      plan: WritePlan, *, outcome: ReadOutcome | None = None,
-                     effective_at: datetime | None = None) -> Applied:
+                     effective_at: datetime | None = None, then: Write | None = None) -> Applied:
         """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
-        recorded; None for no row, where a plan can only audit)."""
+        recorded; None for no row, where a plan can only audit), and ``then`` with it (the accept's
+        body: with the row's update, or last). A write whose result nothing reads goes out in the
+        statement of the next one (``Write``): an unchanged verification is three statements."""
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
             await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server,
@@ -568,14 +577,16 @@ class FenceLedger:
             assert (plan.receipt is None and plan.outbox is None and plan.fence is None
                     and plan.revocation is None)
             return Applied(None, None)
+        judged: Write | None = None
         if plan.read_request_outcome is not None and outcome is not None:
-            await cur.execute(
-                "UPDATE read_requests SET completed_at=now(), outcome=%s WHERE workflow_id=%s AND ordinal=%s",
-                (plan.read_request_outcome, wf, outcome.ordinal),
-            )
+            judged = Write("UPDATE read_requests SET completed_at=now(), outcome=%s"
+                           " WHERE workflow_id=%s AND ordinal=%s",
+                           (plan.read_request_outcome, wf, outcome.ordinal))
         receipt_id = accepted_at = None
         if plan.receipt is not None:
-            receipt_id, accepted_at = await self._insert_receipt(cur, key, wf, plan, outcome)
+            receipt_id, accepted_at = await self._insert_receipt(cur, key, wf, plan, outcome, before=judged)
+        elif judged is not None:
+            await judged.execute(cur)
         # What a tombstone or a revocation withdraws: every receipt so far, the new one included.
         receipt_ids, digests = await self.journal.withdrawn(cur, wf) if (
             plan.revocation is not None or (plan.outbox is not None and plan.outbox.withdraws)) else ([], [])
@@ -597,7 +608,9 @@ class FenceLedger:
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
         if plan.fence is not None:
-            await _write_row(cur, wf, plan.fence.columns(receipt_id))
+            await write_row(cur, wf, plan.fence.columns(receipt_id), then=then)
+        elif then is not None:
+            await then.execute(cur)
         purged = 0
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
@@ -616,19 +629,22 @@ class FenceLedger:
 
     @staticmethod
     async def _insert_receipt(cur: Any, key: SubscriptionKey, wf: str, plan: WritePlan,
-                              outcome: ReadOutcome | None) -> tuple[int, datetime]:
-        """The plan's ``resource_versions`` row; a read's receipt also copies the read's own columns."""
+                              outcome: ReadOutcome | None, *,
+                              before: Write | None = None) -> tuple[int, datetime]:
+        """The plan's ``resource_versions`` row (``before`` written first, in the same statement); a
+        read's receipt also copies the read's own columns."""
         r = plan.receipt
         assert r is not None
         o = outcome if r.of_read else None
+        prefix, first = before.prefix() if before is not None else ("", ())
         await cur.execute(
-            """
+            prefix + """
             INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
                 read_ordinal, server_name, server_version, edition, session_generation,
                 subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
             VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
             """,
-            (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
+            (*first, wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
              o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
              o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id,
              r.trigger.value, r.status.value, o.ttl_ms if o else None,
@@ -643,25 +659,6 @@ def _asking_workflow_id(key: SubscriptionKey) -> str:
     """The id of the workflow whose activity (local ones included) is running; outside an activity, or in
     a standalone one, the key's computed id stands in."""
     return (activity.info().workflow_id if activity.in_activity() else None) or key.workflow_id
-
-
-async def _update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:
-    """Set ``columns`` (and ``updated_at``, when ``touch``) on the row ``wf`` recorded; the row after."""
-    await _write_row(cur, wf, columns, touch=touch, returning=True)
-    row: dict[str, Any] = await cur.fetchone()
-    return row
-
-
-async def _write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True,
-                     returning: bool = False) -> None:
-    """``_update_row`` without waiting for the row after (``returning`` False): in a pipeline the
-    write goes out with the statements after it."""
-    touched = ", updated_at=now()" if touch else ""
-    await cur.execute(
-        "UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
-        + " WHERE workflow_id=%s" + (" RETURNING *" if returning else ""),
-        (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf),
-    )
 
 
 def _outbox_detail(plan: WritePlan, outcome: ReadOutcome | None, accepted_at: datetime | None,

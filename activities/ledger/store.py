@@ -6,7 +6,11 @@ Contract:
   ``journal``, ``reports``) each take a store (the fence also the journal, content store and
   sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
-  ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first).
+  ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
+  ``update_row`` / ``write_row`` write it (with or without the row after).
+- A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
+  data-modifying ``WITH`` (the hot path's statements: an unchanged verification's allocation and
+  accept are five each, their transaction's included; each statement costs both processes).
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
   workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
@@ -17,6 +21,8 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +31,8 @@ from psycopg_pool import AsyncConnectionPool
 from mcpsync.workflows.records.ledger import FenceSnapshot
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "BY_KEY", "key_params", "snapshot", "fence_row", "recorded_workflow_id", "jsonable"]
+__all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "recorded_workflow_id",
+           "jsonable", "update_row", "write_row"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -34,6 +41,29 @@ BY_KEY = "subject=%s AND server=%s AND uri=%s"
 class LedgerStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A statement whose result nobody reads: executed alone, or ahead of another statement as a
+    data-modifying ``WITH`` (one statement: one parse, one execution, one result for both; PostgreSQL
+    runs it exactly once, and neither sees the other's change)."""
+
+    sql: str
+    params: tuple[Any, ...]
+
+    def prefix(self) -> tuple[str, tuple[Any, ...]]:
+        """The ``WITH`` that puts this write ahead of a statement, and the parameters it takes first."""
+        return f"WITH written AS ({self.sql}) ", self.params
+
+    def prefix_of(self, then: Write) -> Write:
+        """This write, then ``then``, as one statement (``then`` itself has no ``WITH``)."""
+        assert not then.sql.lstrip().upper().startswith("WITH")
+        prefix, params = self.prefix()
+        return Write(prefix + then.sql, (*params, *then.params))
+
+    async def execute(self, cur: Any) -> None:
+        await cur.execute(self.sql, self.params)
 
 
 def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
@@ -94,3 +124,25 @@ async def recorded_workflow_id(cur: Any, key: SubscriptionKey) -> str:
 def jsonable(row: dict[str, Any]) -> dict[str, Any]:
     """A row with its timestamps as ISO strings (JSON output of diagnostics)."""
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+async def update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:
+    """Set ``columns`` (and ``updated_at``, when ``touch``) on the row ``wf`` recorded; the row after."""
+    await write_row(cur, wf, columns, touch=touch, returning=True)
+    row: dict[str, Any] = await cur.fetchone()
+    return row
+
+
+async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True,
+                    returning: bool = False, then: Write | None = None) -> None:
+    """``update_row`` without waiting for the row after (``returning`` False): in a pipeline the
+    write goes out with the statements after it; ``then`` (no ``returning``) in the same statement."""
+    assert not (returning and then is not None)
+    touched = ", updated_at=now()" if touch else ""
+    update = ("UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
+              + " WHERE workflow_id=%s" + (" RETURNING *" if returning else ""))
+    params = (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf)
+    if then is not None:
+        await Write(update, params).prefix_of(then).execute(cur)
+        return
+    await cur.execute(update, params)
