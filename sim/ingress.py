@@ -73,6 +73,7 @@ class Processing:
     nid: str = ""  # the ingress id of the newest pulse it processes
     change: int = 0  # the newest oracle version those pulses announced
     generation: int = 0
+    taken: bool = False  # it took its key's pulses (at the key's note, or at its stamp after a look)
     no_work_before: int = 0
     cycle: ReadCycle | None = None  # the read cycle it waits for
     absorbed: int = 0  # pulses its read took (``AcceptRequest.absorbed``)
@@ -89,8 +90,9 @@ class _SweepHost:
         self.verification = self
         self._memory = ledger
 
-    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
-        return self._memory.due(subject, server, limit=limit, ahead=ahead)
+    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0,
+                  generation: int | None = None) -> Due:
+        return self._memory.due(subject, server, limit=limit, ahead=ahead, generation=generation)
 
 
 class IngressDriver:
@@ -184,9 +186,7 @@ class IngressDriver:
 
     def _perform(self, p: Processing, effect: IngressEffect) -> Any:
         if isinstance(effect, Note):
-            key = (effect.uri, effect.generation)
-            p.nid, p.change = self._pulses.pop(key, (p.nid, p.change))
-            p.generation = effect.generation
+            self._takes(p, effect.uri, effect.generation)
             counted = self.sim.ledger.row.notifications_seen
             noted = (self.sim.ledger.note_notification(effect.generation, count=effect.count)
                      if effect.uri == KEY.uri else None)
@@ -202,6 +202,8 @@ class IngressDriver:
                 uri=effect.uri, session_generation=effect.generation, notification_id=p.nid)))
             return None
         if isinstance(effect, Stamp):
+            if not p.taken:  # the sweep's look stood for the key's note
+                self._takes(p, effect.uri, effect.generation)
             live = self.sim.host.live
             update = ResourceUpdated(uri=effect.uri, session_generation=effect.generation,
                                      received_at=self.sim.now, notification_id=p.nid)
@@ -217,6 +219,12 @@ class IngressDriver:
             self.sim.queue.append(Message(Signal.READ_REPORTED, effect.report))
             return True
         return []  # Siblings: the world has one URI; nothing else is asked of it
+
+    def _takes(self, p: Processing, uri: str, generation: int) -> None:
+        """``p`` routes (``uri``, ``generation``): it stands for the pulses that key holds."""
+        p.nid, p.change = self._pulses.pop((uri, generation), (p.nid, p.change))
+        p.generation = generation
+        p.taken = True
 
     def _signalled(self, p: Processing, msg: Message) -> None:
         if p.synchronous:

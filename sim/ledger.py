@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from mcpsync.activities.ledger.verification import Due
 from mcpsync.workflows import coverage, verification_rules
@@ -319,21 +319,26 @@ class MemoryLedger:
             return None
         return self.verify_due_at
 
-    def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
+    def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0,
+            generation: int | None = None) -> Due:
         """``VerificationLedger.due``: the row if its verification is due within ``ahead`` seconds,
         claimed (due again ``claim_delay`` later); and how long until the next is due."""
         due = self.scheduled_due() if (subject, server) == (self.key.subject, self.key.server) else None
         if due is None:
             return Due(uris=[], next_in=None)
         uris: list[str] = []
+        looks: list[NotedNotification] = []
         shortest = None
         if due <= self.now + timedelta(seconds=ahead) and limit > 0:
             assert self.safety_read_seconds is not None
             uris.append(self.key.uri)
+            if generation is not None:  # the row as claimed: the sweep's look
+                looks.append(cast(NotedNotification, self.note_notification(generation, count=False)))
             shortest = self.safety_read_seconds
             due = self.verify_due_at = self.now + timedelta(
                 seconds=verification_rules.claim_delay(self.safety_read_seconds))
-        return Due(uris=uris, next_in=max(0.0, (due - self.now).total_seconds()), shortest_period=shortest)
+        return Due(uris=uris, next_in=max(0.0, (due - self.now).total_seconds()), shortest_period=shortest,
+                   looks=looks)
 
     def _report_overdue(self) -> OutboxEntry:
         """``verification.report_overdue``: an ``overdue`` entry naming the current version."""

@@ -33,7 +33,10 @@ Contract:
 - The sweep's keys (a key only ``background`` offers made: ``counted`` False) are no notifications.
   Their note is a look (``Note.count`` False): the ledger answers the row and ``coverage.plan_note``'s
   work and writes nothing, so ``notified`` keeps counting notifications only, and the read that
-  follows covers what the row counted at its allocation, as the workflow's own safety read does. A
+  follows covers what the row counted at its allocation, as the workflow's own safety read does.
+  The sweep's own look (``offer(looked=)``: the row as it claimed it) stands for that note: the
+  allocation re-checks the row under its lock, and a read issued since the look makes the report go
+  out (``stays_in_ledger`` compares the ordinals), so an older look costs a signal, never a change. A
   notification merged into such a key, or absorbed by its read, is counted as any other (the key is
   counted, or the accept counts what the read absorbed). No server named the URI, so no ambiguous
   sibling is meant: the key's routing ends with its own row.
@@ -322,6 +325,9 @@ class IngressRouter:
         self.max_pending = max_pending
         self.work: WorkQueue[Key] = WorkQueue()
         self.pending: Counter[int] = Counter()  # ready or settling keys per session generation
+        # The row as the sweep's look found it, per key only background adds made (``offer``'s
+        # ``looked``): its route takes it instead of a Note.
+        self.looked: dict[Key, NotedNotification] = {}
         self.received = 0
         self.merged = 0  # notifications merged into a key a notification made
         self.absorbed = 0  # notifications a read took as they arrived while their key was processed
@@ -341,12 +347,23 @@ class IngressRouter:
     # --- the queue -----------------------------------------------------------------------------
 
     def offer(self, uri: str, generation: int, *, background: bool = False,
-              now: float | None = None) -> Offer:
+              now: float | None = None, looked: NotedNotification | None = None) -> Offer:
         """A notification for (``uri``, ``generation``) arrived (its URI passed the ingress's checks)
         at ``now`` (the interpreter's clock, seconds; None: it starts no settle).
-        ``background``: a resync's synthetic note, handed out after the notifications, never counted."""
+        ``background``: a resync's synthetic note, handed out after the notifications, never counted;
+        ``looked``: the row as the sweep's look found it (``VerificationLedger.due``), which the key's
+        route takes instead of looking again while no notification made the key."""
         key = (uri, generation)
         self.received += not background
+        offer = self._offer(key, background=background, now=now)
+        if not background:
+            self.looked.pop(key, None)  # a notification's key notes (and counts) itself
+        elif looked is not None and offer != Offer.OVERFLOW and key in self.work.background:
+            self.looked[key] = looked
+        return offer
+
+    def _offer(self, key: Key, *, background: bool, now: float | None) -> Offer:
+        generation = key[1]
         if key in self.work.dirty:
             # A notification for a key only background adds made is that key's counted work now.
             self.merged += not background and key not in self.work.background
@@ -403,7 +420,8 @@ class IngressRouter:
                 attempt += 1
 
     def _route(self, uri: str, generation: int, counted: bool) -> Routing:
-        noted = yield Note(uri, generation, count=counted)
+        looked = self.looked.pop((uri, generation), None)
+        noted = looked if looked is not None and not counted else (yield Note(uri, generation, count=counted))
         if noted is None:
             yield UnknownUri(uri, generation)
             return

@@ -46,6 +46,7 @@ from mcpsync.activities.ledger.store import (
     LedgerStore,
     Write,
     fence_row,
+    looked_note,
     recorded_workflow_id,
     snapshot,
     update_row,
@@ -283,10 +284,9 @@ class FenceLedger:
             before = await cur.fetchone()
             if before is None:
                 return None
-            plan = plan_note(snapshot(before), generation=generation)
             if not count:
-                return NotedNotification(workflow_id=before["workflow_id"], fence=snapshot(before),
-                                         work=plan.work)
+                return looked_note(before, generation)
+            plan = plan_note(snapshot(before), generation=generation)
             await cur.execute(
                 """
                 UPDATE subscriptions SET notifications_seen = %s, last_notification_at = now(),

@@ -28,11 +28,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.coverage import plan_note
+from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "recorded_workflow_id",
-           "jsonable", "update_row", "write_row"]
+           "jsonable", "looked_note", "update_row", "write_row"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -87,6 +88,14 @@ def snapshot(row: dict[str, Any] | None) -> FenceSnapshot:
         allocated_sequence=row.get("allocated_sequence", 0),
         read_reports=row.get("read_reports", False),
     )
+
+
+def looked_note(row: dict[str, Any], generation: int) -> NotedNotification:
+    """The sweep's note on ``row`` (a look, nothing written): the id the row recorded, the row, and
+    ``coverage.plan_note``'s work on session ``generation``."""
+    fence = snapshot(row)
+    return NotedNotification(workflow_id=row["workflow_id"], fence=fence,
+                             work=plan_note(fence, generation=generation).work)
 
 
 def key_params(key: SubscriptionKey) -> tuple[str, str, str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,9 +32,9 @@ from psycopg.rows import dict_row
 from temporalio import activity
 
 from mcpsync.activities.ledger.journal import Journal
-from mcpsync.activities.ledger.store import BY_KEY, LedgerStore
+from mcpsync.activities.ledger.store import BY_KEY, LedgerStore, looked_note
 from mcpsync.workflows.names import Act
-from mcpsync.workflows.records.ledger import OutboxEventType, WatchRequest, WatchResult
+from mcpsync.workflows.records.ledger import NotedNotification, OutboxEventType, WatchRequest, WatchResult
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 from mcpsync.workflows.verification_rules import (
     GapJudgement,
@@ -115,6 +115,7 @@ class Due:
     uris: list[str]
     next_in: float | None
     shortest_period: float | None = None  # the shortest safety-read period among the claimed rows
+    looks: list[NotedNotification] = field(default_factory=list)  # per URI, its row as claimed
 
 
 class VerificationLedger:
@@ -124,13 +125,16 @@ class VerificationLedger:
     def activities(self) -> list[Callable[..., Any]]:
         return [self.watch]
 
-    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0) -> Due:
+    async def due(self, subject: str, server: str, *, limit: int = 500, ahead: float = 0.0,
+                  generation: int | None = None) -> Due:
         """The sweep of one (subject, server) (module contract): the rows due within ``ahead`` seconds
-        (``verification_rules.sweep_ahead``)."""
+        (``verification_rules.sweep_ahead``); with the session ``generation``, each claimed row's look
+        too (``looked_note``: what the sweep's note on it would answer)."""
         async with self.store.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
                 """
-                SELECT workflow_id, uri, safety_read_seconds FROM subscriptions
+                SELECT * FROM subscriptions
                 WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
                   AND verify_due_at <= now() + make_interval(secs => %s)
                 ORDER BY verify_due_at LIMIT %s FOR UPDATE SKIP LOCKED
@@ -138,10 +142,11 @@ class VerificationLedger:
                 (subject, server, ACTIVE, ahead, limit),
             )
             rows = await cur.fetchall()
-            ids, delays = [r[0] for r in rows], [claim_delay(float(r[2])) for r in rows]
+            ids = [r["workflow_id"] for r in rows]
+            delays = [claim_delay(float(r["safety_read_seconds"])) for r in rows]
             # The claims, and when the next row they leave is due, in one statement (its reads do not
             # see its own UPDATE: the claimed rows are due again ``delays`` from now).
-            cur = await conn.execute(
+            await cur.execute(
                 """
                 WITH claimed AS (
                     UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
@@ -154,10 +159,12 @@ class VerificationLedger:
                 (ids, delays, subject, server, ACTIVE, ids),
             )
             nxt = await cur.fetchone()
-        left = [] if nxt is None or nxt[0] is None else [max(0.0, float(nxt[0]))]
+        after = None if nxt is None else next(iter(nxt.values()))
+        left = [] if after is None else [max(0.0, float(after))]
         next_in = min(delays + left, default=None)
-        return Due(uris=[r[1] for r in rows], next_in=next_in,
-                   shortest_period=min((float(r[2]) for r in rows), default=None))
+        return Due(uris=[r["uri"] for r in rows], next_in=next_in,
+                   shortest_period=min((float(r["safety_read_seconds"]) for r in rows), default=None),
+                   looks=[] if generation is None else [looked_note(r, generation) for r in rows])
 
     @activity.defn(name=Act.WATCH_VERIFICATIONS)
     async def watch(self, req: WatchRequest) -> WatchResult:

@@ -220,6 +220,18 @@ async def test_due_claims_the_rows_due_within_ahead_and_names_their_shortest_per
     assert nothing.next_in == pytest.approx(claim_delay(PERIOD) - 0.0, abs=0.5)
 
 
+async def test_due_answers_each_claimed_rows_look_as_the_sweeps_note_would(ledger: Ledger) -> None:
+    subject = unique("s")
+    key = await _scheduled(ledger, subject, "demo://looked")
+    await _set(ledger, key, "verify_due_at", -1)
+    note = await ledger.fence.note_notification(subject, "srv", key.uri, 1, count=False)
+    due = await ledger.verification.due(subject, "srv", generation=1)
+    assert due.uris == [key.uri] and due.looks == [note]
+    assert note is not None and note.workflow_id == key.workflow_id
+    await _set(ledger, key, "verify_due_at", -1)
+    assert (await ledger.verification.due(subject, "srv")).looks == []  # no generation: no looks
+
+
 async def test_a_huge_period_schedules_without_overflow(ledger: Ledger) -> None:
     key = await _scheduled(ledger, unique("s"), "demo://huge", period=1e15)  # ~32 million years
     await _allocate(ledger, key)

@@ -24,7 +24,8 @@ Contract:
   keep the session generation's ready keys under ``BACKGROUND_SHARE`` of
   ``max_pending_notifications``, so a notification never overflows behind a sweep. Rows it leaves
   stay due and are found by a later look.
-- A synthetic note is no notification: the router looks the row up without counting it and reads no
+- A synthetic note is no notification: the router takes the row as the look claimed it
+  (``Due.looks``: no statement of its own) or looks it up, without counting it, and reads no
   ambiguous sibling for it (``workflows/ingress.py``, the sweep's keys), so the coverage rule
   (``mcpsync.workflows.coverage``) sees the read as the workflow's own safety read: the sweep
   decides when a row is read, never whether a read is correct.
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from typing import Protocol
 
@@ -42,6 +43,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.mcp_session import LiveSession
 from mcpsync.worker.main.config import ServerConfig
 from mcpsync.workflows.ingress import IngressRouter, Offer
+from mcpsync.workflows.records.ledger import NotedNotification
 from mcpsync.workflows.verification_rules import SWEEP_IDLE_SECONDS, sweep_ahead, sweep_wait
 
 __all__ = ["BACKGROUND_SHARE", "BUSY_SECONDS", "DUE_BATCH", "SESSION_WAIT_SECONDS", "Resync", "ResyncHost"]
@@ -94,13 +96,14 @@ class Resync:
         free = int(self.router.max_pending * BACKGROUND_SHARE) - self.router.pending[generation]
         return max(0, min(DUE_BATCH, free))
 
-    def feed(self, uris: Iterable[str], generation: int) -> int:
-        """Offer each due URI to the router on session ``generation``, in the background lane; returns
-        how many were taken. One the queue cannot take (``OVERFLOW``) stays claimed in the ledger and
-        is due again ``claim_delay`` later."""
+    def feed(self, uris: Iterable[str], generation: int, looks: Sequence[NotedNotification] = ()) -> int:
+        """Offer each due URI to the router on session ``generation``, in the background lane, with its
+        row as the look found it (``looks``, per URI, when the ledger answered them); returns how many
+        were taken. One the queue cannot take (``OVERFLOW``) stays claimed in the ledger and is due
+        again ``claim_delay`` later."""
         fed = 0
-        for uri in uris:
-            offer = self.router.offer(uri, generation, background=True)
+        for i, uri in enumerate(uris):
+            offer = self.router.offer(uri, generation, background=True, looked=looks[i] if looks else None)
             if offer == Offer.OVERFLOW:
                 continue
             fed += 1
@@ -118,8 +121,9 @@ class Resync:
             return BUSY_SECONDS  # the queue is the notifications' now: the rows stay due
         self.looks += 1
         ahead = sweep_ahead(self.shortest_period)
-        due = await self.host.ledger.verification.due(self.subject, self.server, limit=room, ahead=ahead)
-        self.feed(due.uris, generation)
+        due = await self.host.ledger.verification.due(self.subject, self.server, limit=room, ahead=ahead,
+                                                      generation=generation)
+        self.feed(due.uris, generation, due.looks)
         if due.shortest_period is not None:
             self.shortest_period = min(due.shortest_period, self.shortest_period or due.shortest_period)
         # The next look claims ``sweep_ahead`` of the (maybe shorter) period; this one claimed ``ahead``.
