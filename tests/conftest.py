@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -119,6 +121,8 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
 
 
 SHARED_MEMORY = Path("/dev/shm")
+# Where private_state_dir makes its dirs without a writable /dev/shm.
+ON_DISK_ROOT = REPO_ROOT / ".state" / "t"
 
 
 def memory_backed_root() -> Path | None:
@@ -148,9 +152,57 @@ def private_state_dir(prefix: str) -> Path:
     """
     root = memory_backed_root()
     if root is None:
-        root = REPO_ROOT / ".state" / "t"
+        root = ON_DISK_ROOT
         root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
+
+
+# A private_state_dir's name: its prefix, the pid of the process that made it (a pid is at most
+# 4194304, the kernel's largest pid_max), a dash, mkdtemp's random part.
+STATE_DIR_NAME = re.compile(r"[a-z]+(\d{1,7})-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_state_dirs(root: Path) -> list[Path]:
+    """Remove the directories :func:`private_state_dir` made under ``root`` (this user's) whose
+    maker is no longer alive: a session that was killed (SIGKILL, the machine's OOM killer) never
+    removes its own, and on tmpfs they hold RAM. A dir is made by the process that uses it (the
+    session's process, or each pytest-xdist worker, for itself), so a live maker's dir is in use
+    and stays; a pid the kernel has given to another process since keeps the dir until a later
+    sweep. Answers the dirs removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        named = STATE_DIR_NAME.match(entry.name)
+        if named is None or _alive(int(named[1])):
+            continue
+        with suppress(FileNotFoundError):
+            info = entry.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def pytest_sessionstart() -> None:
+    """Sweep the state dirs killed sessions left (:func:`sweep_stale_state_dirs`). Runs in every
+    process of a session: the controller and each xdist worker."""
+    for root in (memory_backed_root(), ON_DISK_ROOT):
+        if root is not None:
+            sweep_stale_state_dirs(root)
 
 
 @pytest.fixture(scope="session")

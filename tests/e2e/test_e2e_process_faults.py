@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +32,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 from mcpsync.workflows.verification_rules import SWEEP_IDLE_SECONDS
 from tests.conftest import eventually, ledger_rows, running_services, unique
 from tests.e2e.conftest import SpareFixtures, ingress_received
-from tests.e2e.test_e2e_scaleout import _metrics_port, _spawn
+from tests.e2e.test_e2e_scaleout import _metrics_port, _spawn, _stop
 from tests.e2e.test_e2e_subscription import _wait_record
 from tests.e2e.test_metrics import _samples, _scrape, _value
 
@@ -226,14 +225,7 @@ async def test_ingress_killed_for_two_periods_every_gap_reported_and_read_on_its
             assert after is not None and before[k.uri] is not None
             assert after.watermark >= before[k.uri].watermark and after.watermark == advanced[-1]  # type: ignore[union-attr]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs.values())
         if fx is not None:
             spare_fixtures.retire(fx)
 

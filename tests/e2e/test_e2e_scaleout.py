@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
@@ -59,6 +60,19 @@ def _spawn(config: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
                                  "worker", "--role", role],
                                 cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env)
+
+
+def _stop(procs: Collection[subprocess.Popen[bytes]]) -> None:
+    """Stop the spawned workers: SIGTERM to each still running, then up to 10 s each to exit before
+    it is killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client,
@@ -118,14 +132,7 @@ async def test_two_ingress_one_owner_and_handoff_on_kill(temporal_client: Client
         assert waited and all(w < STICKY_SECONDS + 1 for w in waited), waited
         assert await _last_main(handle, {procs[n].pid: n for n in ("main1", "main2")}) != cached
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs.values())
         await fx.stop()
 
 
@@ -490,14 +497,7 @@ async def test_two_main_two_ingress_kill_one_of_each_under_load(
         assert served["main1"]["before"] > 0 and served["main2"]["before"] > 0, served
         assert served["main2"]["after"] > 0 and served["main1"]["after"] == 0, served
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs.values())
         await fx.stop()
 
 

@@ -5,14 +5,14 @@ on a clock the test moves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
 from mcpsync.workflows.ingress import (
     SETTLE_SECONDS,
+    Effect,
     IngressRouter,
     Note,
     Offer,
@@ -20,7 +20,6 @@ from mcpsync.workflows.ingress import (
     ReportRead,
     Siblings,
     SignalUpdated,
-    Stamp,
     Stamped,
     Turn,
 )
@@ -33,6 +32,7 @@ from mcpsync.workflows.records.ledger import (
 )
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated, SubscriptionState
+from tests.unit.router_harness import run_turn
 
 URI = "demo://doc"
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -49,24 +49,13 @@ def _process(router: IngressRouter, during_read: Callable[[ReadCycle], None] = l
     generation 1, a read is judged, each signal is delivered. ``during_read`` runs in the read
     cycle (it calls ``absorb`` where ``run_cycle`` would: just before the send). Answers the turn
     and the effects' types."""
-    program: Generator[Any, Any, Turn] = router.process()
-    seen: list[type] = []
-    answer: Any = None
-    while True:
-        try:
-            effect = program.send(answer)
-        except StopIteration as stop:
-            return stop.value, seen
-        seen.append(type(effect))
-        if isinstance(effect, Note):
-            answer = NotedNotification(workflow_id="wf", fence=ROW)
-        elif isinstance(effect, Stamp):
-            answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
-        elif isinstance(effect, ReadCycle):
+    def read(effect: Effect) -> None:
+        if isinstance(effect, ReadCycle):
             during_read(effect)
-            answer = JUDGED
-        else:
-            answer = {ReportRead: True, SignalUpdated: True, Siblings: []}[type(effect)]
+
+    turn, effects = run_turn(router, {Note: NotedNotification(workflow_id="wf", fence=ROW), ReadCycle: JUDGED,
+                                      ReportRead: True, SignalUpdated: True, Siblings: []}, read)
+    return turn, [type(effect) for effect in effects]
 
 
 def test_copies_notified_after_the_read_was_sent_settle_into_one_follow_up_read() -> None:

@@ -7,7 +7,6 @@ IngressRouter; no stack needed (tests/integration/test_verification_schedule.py 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,8 +22,6 @@ from mcpsync.workflows.ingress import (
     ReportRead,
     Siblings,
     SignalUpdated,
-    Stamp,
-    Stamped,
 )
 from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.records.ledger import (
@@ -37,12 +34,12 @@ from mcpsync.workflows.records.ledger import (
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import (
-    ResourceUpdated,
     SubscriptionKey,
     SubscriptionState,
     TriggerReason,
 )
 from mcpsync.workflows.subscription_state import FenceState, SubscriptionFence
+from tests.unit.router_harness import run_turn
 
 KEY = SubscriptionKey(subject="alice", server="fx", uri="demo://doc")
 T0 = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -111,19 +108,9 @@ def _deliver(cycle: ReadCycleResult, *, row: FenceSnapshot = ROW,
     router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
     router.offer(KEY.uri, 1, background=background)
     noted = NotedNotification(workflow_id="wf", fence=row, work=True)
-    seen: list[type] = []
-    program = router.process()
-    answer: Any = None
-    with suppress(StopIteration):
-        while True:
-            effect = program.send(answer)
-            seen.append(type(effect))
-            if isinstance(effect, Stamp):
-                answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
-            else:
-                answer = {Note: noted, ReadCycle: cycle, ReportRead: True, SignalUpdated: True,
-                          Siblings: []}[type(effect)]
-    return seen, router
+    _, effects = run_turn(router, {Note: noted, ReadCycle: cycle, ReportRead: True, SignalUpdated: True,
+                                   Siblings: []})
+    return [type(effect) for effect in effects], router
 
 
 def test_an_unchanged_read_that_leaves_nothing_owed_stays_in_the_ledger() -> None:
@@ -172,21 +159,10 @@ def test_the_sweeps_key_is_looked_up_uncounted_and_asks_for_no_sibling() -> None
         router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
         for background in offers:
             router.offer(KEY.uri, 1, background=background)
-        seen: list[type] = []
-        program = router.process()
-        answer: Any = None
-        with suppress(StopIteration):
-            while True:
-                effect = program.send(answer)
-                seen.append(type(effect))
-                if isinstance(effect, Note):
-                    notes.append(effect)
-                if isinstance(effect, Stamp):
-                    answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
-                else:
-                    answer = {Note: NotedNotification(workflow_id="wf", fence=ROW, work=True),
-                              ReadCycle: _cycle(AcceptVerdict.UNCHANGED), Siblings: []}[type(effect)]
-        return seen
+        _, effects = run_turn(router, {Note: NotedNotification(workflow_id="wf", fence=ROW, work=True),
+                                       ReadCycle: _cycle(AcceptVerdict.UNCHANGED), Siblings: []})
+        notes.extend(effect for effect in effects if isinstance(effect, Note))
+        return [type(effect) for effect in effects]
 
     assert Siblings not in route(True, True) and [n.count for n in notes] == [False]
     assert Siblings in route(True, False) and notes[-1].count  # a notification joined the sweep's key
@@ -226,15 +202,7 @@ def _route_all(router: IngressRouter) -> None:
     each wake-up is delivered, no URI has siblings."""
     noted = NotedNotification.model_construct(workflow_id="wf", work=True)
     while router.owes():
-        program = router.process()
-        answer: Any = None
-        with suppress(StopIteration):
-            while True:
-                effect = program.send(answer)
-                if isinstance(effect, Stamp):
-                    answer = Stamped(ResourceUpdated(uri=effect.uri, session_generation=1), T0, "r", 1)
-                else:
-                    answer = {Note: noted, SignalUpdated: True, Siblings: []}[type(effect)]
+        run_turn(router, {Note: noted, SignalUpdated: True, Siblings: []})
 
 
 def test_the_router_counts_notifications_and_routes_the_resyncs_notes_uncounted() -> None:
