@@ -22,6 +22,7 @@ from mcpsync.workflows.ingress import (
     ReportRead,
     Siblings,
     SignalUpdated,
+    Stamp,
 )
 from mcpsync.workflows.interpreter import WaitKind
 from mcpsync.workflows.records.ledger import (
@@ -167,6 +168,27 @@ def test_the_sweeps_key_is_looked_up_uncounted_and_asks_for_no_sibling() -> None
     assert Siblings not in route(True, True) and [n.count for n in notes] == [False]
     assert Siblings in route(True, False) and notes[-1].count  # a notification joined the sweep's key
     assert Siblings in route(False) and notes[-1].count
+
+
+def test_the_sweeps_look_stands_for_its_keys_note_until_a_notification_joins_it() -> None:
+    """A key the sweep fed with its row as claimed (``offer(looked=)``) is routed on that look: no Note
+    effect (no statement); a notification for the key drops the look (it notes and counts itself); a
+    look older than the row's newest read makes the read be reported, never kept in the ledger."""
+    looked = NotedNotification(workflow_id="wf", fence=ROW, work=True)
+
+    def route(*offers: bool, cycle: ReadCycleResult = _cycle(AcceptVerdict.UNCHANGED)) -> list[type]:
+        router = IngressRouter("alice", "fx", host_id="h", read_on_notification=True)
+        for background in offers:
+            router.offer(KEY.uri, 1, background=background, looked=looked if background else None)
+        _, effects = run_turn(router, {Note: looked, ReadCycle: cycle, ReportRead: True, Siblings: []})
+        assert not router.looked  # nothing left behind
+        return [type(effect) for effect in effects]
+
+    assert route(True) == [Stamp, ReadCycle]  # the look stood for the note; kept in the ledger
+    assert Note in route(True, False) and Siblings in route(True, False)  # a notification joined it
+    assert Note in route(False, True)  # a background add to a notified key brings no look
+    # A read issued after the look (the workflow's own): the ordinals differ, so it is reported.
+    assert ReportRead in route(True, cycle=_cycle(AcceptVerdict.UNCHANGED, ordinal=6))
 
 
 def test_a_notified_key_is_handed_out_before_the_resyncs_and_a_notification_moves_one_ahead() -> None:
