@@ -212,7 +212,8 @@ async def test_safety_reads_go_through_the_ingress_and_the_watchdog_reads_when_n
     assert set(l_triggers) == {"updated"} and l_history["read_cycles"] == 0 and l_overdue == 0, \
         (l_triggers, l_history, l_overdue)
     # Its watchdog's timers are never cancelled and no deadline is armed (a session back-off may be).
-    assert "timers_canceled:watchdog" not in l_history and "timers_started:deadline" not in l_history, l_history
+    assert "timers_canceled:watchdog" not in l_history, l_history
+    assert "timers_started:deadline" not in l_history, l_history
     # The sweep stopped (after reading): the watchdog found the verification overdue (an ``overdue``
     # outbox event) and the run read through its own read cycle, within the bound plus the horizon.
     assert before_stop >= 1 and set(after[:before_stop]) == {"updated"}, (before_stop, after)
