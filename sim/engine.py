@@ -97,6 +97,7 @@ class Simulation:
         self.last_activity_id = 0
         self.last_note_id = 0
         self._scan = 0
+        self._picked: tuple[Event, Activity] | None = None  # the last event ``picking`` made, and its pick
         self.coverage: dict[str, int] = {}
         self.signals_erased = False  # a reset without reapply dropped delivered signals
         self.now = EPOCH  # the time of the event being applied
@@ -205,9 +206,15 @@ class Simulation:
         return [a for a in self.activities if a.name == name and a.executed == executed and not a.poisoned
                 and (not executed or a.run == self.run)]
 
-    def _find(self, name: str, n: int, *, executed: bool) -> Activity | None:
-        matches = self._candidates(name, executed=executed)
-        return matches[n % len(matches)] if matches else None
+    def _find(self, e: Event, *, executed: bool) -> Activity | None:
+        """The activity the EXEC or COMPLETE event ``e`` picks. An event ``picking`` just made is
+        applied before anything else changes: its pick is taken as it is (the same one the index
+        finds), not searched for again."""
+        picked, self._picked = self._picked, None
+        if picked is not None and picked[0] is e:
+            return picked[1]
+        matches = self._candidates(e.act, executed=executed)
+        return matches[e.n % len(matches)] if matches else None
 
     def picking(self, op: Op, act: Activity, fault: str = "") -> Event:
         """The EXEC (or COMPLETE) event that picks ``act``: its index among ``_candidates``."""
@@ -215,7 +222,9 @@ class Simulation:
         n = 0
         for a in self.activities:
             if a is act:
-                return Event(op, n=n, act=name, fault=fault)
+                event = Event(op, n=n, act=name, fault=fault)
+                self._picked = (event, act)
+                return event
             if a.name == name and a.executed == executed and not a.poisoned \
                     and (not executed or a.run == run):
                 n += 1
@@ -314,14 +323,14 @@ class Simulation:
         return True
 
     def _on_exec(self, e: Event) -> bool:
-        act = self._find(e.act, e.n, executed=False)
+        act = self._find(e, executed=False)
         if act is None:
             return False
         self._execute(act, e.fault)
         return True
 
     def _on_complete(self, e: Event) -> bool:
-        act = self._find(e.act, e.n, executed=True)
+        act = self._find(e, executed=True)
         if act is None:
             return False
         self.activities.remove(act)
@@ -486,15 +495,26 @@ class Simulation:
                 self.apply(Event(_DELIVER))
                 continue
             # The current run first; activities of a reset run land last, as a slow old worker would.
-            runnable = [a for a in self.activities if not a.executed and not a.poisoned]
-            current = [a for a in runnable if a.run == self.run or a.ingress is not None]
-            done = [a for a in self.activities if a.executed and a.run == self.run]
-            if current:
-                self.apply(self.picking(_EXEC, current[0]))
-            elif done:
-                self.apply(self.picking(_COMPLETE, done[0]))
-            elif runnable:
-                self.apply(self.picking(_EXEC, runnable[0]))
+            # The first runnable, the first of the current run (or the ingress's) and the first done, in
+            # one pass.
+            run = self.run
+            runnable = current = done = None
+            for a in self.activities:
+                if a.executed:
+                    if done is None and a.run == run:
+                        done = a
+                elif not a.poisoned:
+                    if runnable is None:
+                        runnable = a
+                    if a.run == run or a.ingress is not None:
+                        current = a
+                        break  # it comes first: the others are not needed
+            if current is not None:
+                self.apply(self.picking(_EXEC, current))
+            elif done is not None:
+                self.apply(self.picking(_COMPLETE, done))
+            elif runnable is not None:
+                self.apply(self.picking(_EXEC, runnable))
             elif self.ingress.router.work.settling:
                 self.apply(Event(Op.SETTLE))
             else:

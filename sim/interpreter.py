@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cache
 from typing import Any, NoReturn, TypeVar
 
 from mcpsync.workflows.interpreter import ActivityFailed, Publication, WaitKind
@@ -131,6 +132,13 @@ class _Condition:
     request: _WaitRequest
     fire_at: datetime | None  # its timer, if it has a timeout
     timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety | watchdog
+
+
+@cache
+def _seeded_draw(name: str) -> float:
+    """The first draw of ``random.Random(name)``. Runs are named alike in every schedule (``c1r1``, …),
+    so the same few names recur: each is seeded once a process (seeding a string hashes it)."""
+    return random.Random(name).random()
 
 
 @dataclass(slots=True)
@@ -386,7 +394,7 @@ class ProgramRun:
 
     def _fresh_random(self) -> float:
         self._randoms += 1  # its own counter: uuid draws do not shift the random sequence
-        return random.Random(f"{self.id_prefix}/{self._randoms}").random()
+        return _seeded_draw(f"{self.id_prefix}/{self._randoms}")
 
     def now(self) -> datetime:
         return self.clock

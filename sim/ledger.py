@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, TypedDict, cast
 
 from mcpsync.activities.ledger.verification import Due
@@ -137,6 +138,13 @@ class LedgerWrite:
     ordinal: int = 0
 
 
+@cache
+def _computed_workflow_id(key: SubscriptionKey) -> str:
+    """``key.workflow_id`` (a slug and a SHA-256 of the key): every schedule's ledger has the same key,
+    so it is computed once a process."""
+    return key.workflow_id
+
+
 class MemoryLedger:
     def __init__(self, key: SubscriptionKey, judge: JudgeFn = judge_read, seed: str = "") -> None:
         self.key = key
@@ -218,7 +226,7 @@ class MemoryLedger:
         """``workflow_id``: the caller's id (default the key's computed one); recorded once, like the
         SQL row (a second id is audited ``WORKFLOW_ID_MISMATCH`` and changes nothing)."""
         row = self.row
-        running_as = workflow_id or self.key.workflow_id
+        running_as = workflow_id or _computed_workflow_id(self.key)
         if not row.exists:
             row = FenceSnapshot(exists=True, state=S.DISCOVERED)
             self.workflow_id = running_as

@@ -111,8 +111,16 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
     """Pick one enabled event, weighted; every random choice is recorded in the Event."""
     f = _enabled(faults)
     wf = sim.wf
-    scheduled = [a for a in sim.activities if not a.executed and not a.poisoned]
-    executed = [a for a in sim.activities if a.executed and a.run == sim.run]
+    # What an EXEC and a COMPLETE may pick, in one pass (in list order, as ``picking`` indexes them).
+    scheduled: list[Activity] = []
+    executed: list[Activity] = []
+    run = sim.run
+    for a in sim.activities:
+        if not a.executed:
+            if not a.poisoned:
+                scheduled.append(a)
+        elif a.run == run:
+            executed.append(a)
     # (weight, the op that event applies), in a fixed order: the draw picks by cumulative weight
     options: list[tuple[float, Op]] = []
     add = options.append

@@ -56,7 +56,7 @@ def observe(trace: Trace, config: SimConfig = SimConfig()) -> tuple[set[str], bo
         wf = sim.wf
         running = sim.chain_running
         wait = wf.main_wait if running else None
-        act = sim._find(e.act, e.n, executed=e.op == Op.COMPLETE) if e.op in (Op.EXEC, Op.COMPLETE) else None
+        act = sim._find(e, executed=e.op == Op.COMPLETE) if e.op in (Op.EXEC, Op.COMPLETE) else None
         state = wf.fence.s.state if running else None
         row = sim.ledger.row
         armed = running and wf.fence.s.read_due_at is not None

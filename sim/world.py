@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from mcpsync.workflows.digest import ContentPart, content_digest
@@ -47,6 +48,7 @@ class Oracle:
         self.unsafe: set[int] = set()  # versions the guardrail chain refuses to release
 
     @staticmethod
+    @cache  # every schedule's oracle serves the same few versions: each digest is hashed once a process
     def _content(version: int) -> str:
         return content_digest([ContentPart("text", "text/plain", f"oracle content v{version}".encode())])
 

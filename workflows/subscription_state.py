@@ -146,19 +146,30 @@ class SubscriptionFence:
         """Take the ledger's row: ordinals and generations never go backwards here."""
         if not snap.exists:
             return
+        # A field is written only when it changes: most snapshots repeat what the run holds, and a
+        # write goes through pydantic's ``__setattr__`` (several times a plain attribute's cost).
         s = self.s
-        s.last_issued_ordinal = max(s.last_issued_ordinal, snap.last_issued_ordinal)
-        s.last_accepted_ordinal = max(s.last_accepted_ordinal, snap.last_accepted_ordinal)
+        if snap.last_issued_ordinal > s.last_issued_ordinal:
+            s.last_issued_ordinal = snap.last_issued_ordinal
+        if snap.last_accepted_ordinal > s.last_accepted_ordinal:
+            s.last_accepted_ordinal = snap.last_accepted_ordinal
         if snap.watermark >= s.watermark:  # the version, as ``applied``: a guardrail moves only lastAccepted
-            s.last_accepted_digest = snap.last_accepted_digest
-            s.last_receipt_id = snap.last_receipt_id
-        s.watermark = max(s.watermark, snap.watermark)
-        s.subscription_generation = max(s.subscription_generation, snap.subscription_generation)
-        s.session_generation = max(s.session_generation, snap.session_generation)
-        s.close_epoch = max(s.close_epoch, snap.close_epoch)
-        if snap.close_ordinal is not None:
+            if s.last_accepted_digest != snap.last_accepted_digest:
+                s.last_accepted_digest = snap.last_accepted_digest
+            if s.last_receipt_id != snap.last_receipt_id:
+                s.last_receipt_id = snap.last_receipt_id
+            if snap.watermark > s.watermark:
+                s.watermark = snap.watermark
+        if snap.subscription_generation > s.subscription_generation:
+            s.subscription_generation = snap.subscription_generation
+        if snap.session_generation > s.session_generation:
+            s.session_generation = snap.session_generation
+        if snap.close_epoch > s.close_epoch:
+            s.close_epoch = snap.close_epoch
+        if snap.close_ordinal is not None and snap.close_ordinal != s.close_ordinal:
             s.close_ordinal = snap.close_ordinal
-        if snap.state is not None and not (s.state in TERMINAL and snap.state not in TERMINAL) and (
+        if snap.state is not None and snap.state != s.state \
+                and not (s.state in TERMINAL and snap.state not in TERMINAL) and (
                 snap.state in CLOSING or snap.state in TERMINAL or s.state not in CLOSING):
             # The ledger wins, except that a workflow already closing never reopens and a
             # finished one never restarts because a snapshot lagged behind it.
@@ -349,7 +360,8 @@ class SubscriptionFence:
     @property
     def allocating(self) -> bool:
         """A read's ordinal was requested and not granted yet (a negative placeholder in flight)."""
-        return any(o < 0 for o in self.s.in_flight)
+        in_flight = self.s.in_flight  # a few entries; ``min`` makes no generator (the wait conditions ask)
+        return bool(in_flight) and min(in_flight) < 0
 
     def read_wanted(self, max_in_flight: int = 1) -> TriggerReason | None:
         s = self.s

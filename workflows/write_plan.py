@@ -230,14 +230,18 @@ def accept_result(plan: WritePlan, row: FenceSnapshot, *, receipt_id: int | None
     for a verdict that moved the version, that read's position, so the receipt and watermark name it."""
     j = plan.judgement
     assert j is not None, "not an accept plan"
-    after = (plan.fence or FenceUpdate()).applied(row, receipt_id)
+    # The four columns the answer reads, as ``FenceUpdate.applied`` leaves them (no copy of the row).
+    after = plan.fence.columns(receipt_id) if plan.fence is not None else {}
+    watermark = after.get("watermark", row.watermark)
+    last_accepted_ordinal = after.get("last_accepted_ordinal", row.last_accepted_ordinal)
     if plan.replay and j.verdict in (V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING):
-        after = after.model_copy(update={"last_accepted_ordinal": ordinal, "watermark": ordinal})
+        watermark = last_accepted_ordinal = ordinal
     published = plan.outbox is not None and plan.outbox.event == OutboxEventType.VERSION_ACCEPTED
     return AcceptResult(verdict=j.verdict, reason=j.reason, receipt_id=receipt_id,
-                        outbox_id=outbox_id if published else None, watermark=after.watermark,
-                        last_accepted_ordinal=after.last_accepted_ordinal, notified=after.notifications_seen,
-                        covered=after.covered)
+                        outbox_id=outbox_id if published else None, watermark=watermark,
+                        last_accepted_ordinal=last_accepted_ordinal,
+                        notified=after.get("notifications_seen", row.notifications_seen),
+                        covered=after.get("covered", row.covered))
 
 
 CLOSED_REASON = "closed: the subscription is no longer tracked (no later version will be accepted)"
