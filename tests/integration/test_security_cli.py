@@ -128,17 +128,34 @@ def test_a_busy_or_unbindable_serve_address_is_refused_before_anything_starts(
     assert r.stdout == "" and not (state / "temporal").exists()
 
 
+def _loading(pid: int, library: str, timeout: float = 30.0) -> bool:
+    """Wait until process ``pid`` has mapped a shared library whose path names ``library``; False if
+    it ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if library in Path(f"/proc/{pid}/maps").read_text():
+                return True
+        except OSError:
+            return False
+        time.sleep(0.002)
+    return False
+
+
 def test_ctrl_c_while_the_cli_starts_is_quiet_and_exit_130() -> None:
     # A fresh interpreter: the first second of the process is its imports (the fork server has them).
-    for delay in (0.1, 0.3):
+    # Ctrl-C comes while they load (the first and a later of the CLI's native libraries mapped), not
+    # after a fixed delay: on a loaded box the interpreter may not have reached the CLI's entry point
+    # 0.1 s after the fork.
+    for library in ("temporal_sdk_bridge", "_pydantic_core"):
         proc = subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "list"], cwd=REPO_ROOT,
                                 env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state"},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        time.sleep(delay)
+        assert _loading(proc.pid, library), f"the CLI ended before it loaded {library}"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
         assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
-        assert proc.returncode == 130, (delay, proc.returncode, err.decode())
+        assert proc.returncode == 130, (library, proc.returncode, err.decode())
         assert out == b""
 
 
