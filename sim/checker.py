@@ -238,10 +238,12 @@ class Checker:
         """Since when the sweep keeps the row on its own: it sweeps on the live session the row is
         ACTIVE on, and that session host reads at the ingress for the row (``read_reports``)."""
         sim = self.sim
-        ingress, row, live = sim.ingress, sim.ledger.row, sim.host.live
+        ingress = sim.ingress
         if not ingress.sweep_on:
             self._sweep_since = None
-        elif self._chain_period is not None and live is not None \
+            return
+        row, live = sim.ledger.row, sim.host.live
+        if self._chain_period is not None and live is not None \
                 and live.generation == row.session_generation and row.state == ACTIVE and row.read_reports \
                 and ingress.router.read_on_notification:
             if self._sweep_since is None:
