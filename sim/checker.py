@@ -61,6 +61,9 @@ class Checker:
         self.sim = sim
         self._log_seen = 0
         self._prev = FenceSnapshot(exists=False)
+        self._row_faulty = True  # the last row judged broke a rule (``_check_row`` judges it again)
+        self._clean_key: tuple[FenceSnapshot, int, int] | None = None  # what ``_check_clean`` last read
+        self._converged: tuple[FenceSnapshot, int, int, bool] | None = None  # the last answer, and its inputs
         self._accepted_version = 0
         self._max_allocated = 0
         self._max_outbox_ordinal = 0
@@ -92,8 +95,37 @@ class Checker:
 
     def check(self) -> None:
         row = self.sim.ledger.row
+        if row is not self._prev or self._row_faulty:
+            self._check_row(row)  # most steps write nothing: the row is the one judged last step
+        log = self.sim.ledger.log
+        if len(log) > self._log_seen:  # most steps write nothing: no slice to make
+            for w in log[self._log_seen:]:
+                self._check_write(w)
+            self._log_seen = len(log)
+        # What ``_check_clean`` reads (its report is made once): the row compared by identity, as
+        # ``==`` on two records compares every field.
+        clean = self._clean_key
+        if clean is None or clean[0] is not row or clean[1] != self._noted_writes \
+                or clean[2] != self._accepted_version:
+            self._clean_key = (row, self._noted_writes, self._accepted_version)
+            self._check_clean()
+        self._check_read_deadline()
+        if self._overdue_after is not None:
+            self._check_overdue()
+        self._track_sweep()
+        self._check_record()
+        if self.converged():
+            if self.converged_since is None:
+                self.converged_since = self.sim.step
+        else:
+            self.converged_since = None
+
+    def _check_row(self, row: FenceSnapshot) -> None:
+        """The row against the one judged before it and the oracle's committed digests. A row judged
+        before is judged again only if it was faulty: compared with itself it cannot regress, and the
+        committed digests only grow, so a sound row stays sound."""
         prev = self._prev
-        committed = self.sim.oracle.committed
+        before = len(self.sim.violations)
         if prev.exists:
             if row.last_accepted_ordinal < prev.last_accepted_ordinal or row.watermark < prev.watermark:
                 self.sim.violate(Invariant.VERSION_REGRESSION,
@@ -105,24 +137,10 @@ class Checker:
         if row.exists and (row.last_accepted_ordinal > row.last_issued_ordinal
                            or row.watermark > row.last_issued_ordinal):
             self.sim.violate(Invariant.LEDGER_INTEGRITY, "CHECK lastAccepted/watermark <= lastIssued")
-        if row.last_accepted_digest is not None and row.last_accepted_digest not in committed:
+        if row.last_accepted_digest is not None and row.last_accepted_digest not in self.sim.oracle.committed:
             self.sim.violate(Invariant.UNCOMMITTED_DIGEST, f"row digest {row.last_accepted_digest[:20]}")
+        self._row_faulty = len(self.sim.violations) > before
         self._prev = row
-        log = self.sim.ledger.log
-        if len(log) > self._log_seen:  # most steps write nothing: no slice to make
-            for w in log[self._log_seen:]:
-                self._check_write(w)
-            self._log_seen = len(log)
-        self._check_clean()
-        self._check_read_deadline()
-        self._check_overdue()
-        self._track_sweep()
-        self._check_record()
-        if self.converged():
-            if self.converged_since is None:
-                self.converged_since = self.sim.step
-        else:
-            self.converged_since = None
 
     def noted(self, notified: int, change: int) -> None:
         """The note that made the row's count ``notified`` announced oracle version ``change``."""
@@ -154,7 +172,7 @@ class Checker:
         """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
         allocation time and the timer the run armed, not the fence's own deadline."""
         wf = self.sim.wf
-        if not self.sim.chain_running or wf.main_wait != IDLE or self._last_allocated_at is None:
+        if self._last_allocated_at is None or not self.sim.chain_running or wf.main_wait != IDLE:
             return
         s = wf.fence.s
         if s.state != ACTIVE or wf.program.session is None or s.close_requested \
@@ -220,10 +238,12 @@ class Checker:
         """Since when the sweep keeps the row on its own: it sweeps on the live session the row is
         ACTIVE on, and that session host reads at the ingress for the row (``read_reports``)."""
         sim = self.sim
-        ingress, row, live = sim.ingress, sim.ledger.row, sim.host.live
+        ingress = sim.ingress
         if not ingress.sweep_on:
             self._sweep_since = None
-        elif self._chain_period is not None and live is not None \
+            return
+        row, live = sim.ledger.row, sim.host.live
+        if self._chain_period is not None and live is not None \
                 and live.generation == row.session_generation and row.state == ACTIVE and row.read_reports \
                 and ingress.router.read_on_notification:
             if self._sweep_since is None:
@@ -375,14 +395,25 @@ class Checker:
             self._accepted_version = max(self._accepted_version, served)
 
     def converged(self) -> bool:
-        row, oracle = self.sim.ledger.row, self.sim.oracle
+        """The row holds what the oracle holds (or both are gone). Asked every step: the answer is
+        kept while the row, the oracle's version and the newest accepted version are the same."""
+        row, oracle, accepted = self.sim.ledger.row, self.sim.oracle, self._accepted_version
+        last = self._converged
+        if last is not None and last[0] is row and last[1] == oracle.version and last[2] == accepted:
+            return last[3]
+        answer = self._converged_now(row, accepted)
+        self._converged = (row, oracle.version, accepted, answer)
+        return answer
+
+    def _converged_now(self, row: FenceSnapshot, accepted: int) -> bool:
+        oracle = self.sim.oracle
         if not row.exists:
             return False
         if oracle.exists:
             if row.state != ACTIVE:
                 return False
             if oracle.version in oracle.unsafe:  # not releasable: the fence must have read it
-                return self._accepted_version == oracle.version
+                return accepted == oracle.version
             return row.last_accepted_digest == oracle.digest
         return row.state in SETTLED_GONE
 

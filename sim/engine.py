@@ -57,6 +57,7 @@ from sim.model import (
     SimConfig,
     Violation,
 )
+from sim.model import event as make_event
 from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 
 V = AcceptVerdict
@@ -222,7 +223,7 @@ class Simulation:
         n = 0
         for a in self.activities:
             if a is act:
-                event = Event(op, n=n, act=name, fault=fault)
+                event = make_event(op, n, name, fault)
                 self._picked = (event, act)
                 return event
             if a.name == name and a.executed == executed and not a.poisoned \
@@ -237,6 +238,8 @@ class Simulation:
         at = self._next_time(event)
         self.wf.clock = self.now = self.ledger.now = at
         applied = self._apply(event)
+        # The pick ``picking`` made is for this event alone: an equal event is the same object (``event``).
+        self._picked = None
         if applied:
             self.ingress.sweep()
             self.step += 1
@@ -492,7 +495,7 @@ class Simulation:
         would not quiesce."""
         for _ in range(FLUSH_BUDGET):
             if self.queue:
-                self.apply(Event(_DELIVER))
+                self.apply(make_event(_DELIVER))
                 continue
             # The current run first; activities of a reset run land last, as a slow old worker would.
             # The first runnable, the first of the current run (or the ingress's) and the first done, in
@@ -516,7 +519,7 @@ class Simulation:
             elif runnable is not None:
                 self.apply(self.picking(_EXEC, runnable))
             elif self.ingress.router.work.settling:
-                self.apply(Event(Op.SETTLE))
+                self.apply(make_event(Op.SETTLE))
             else:
                 return True
         return False

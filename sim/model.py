@@ -165,6 +165,20 @@ class Event:
         return cls(**(obj | {"op": Op(obj["op"])}))
 
 
+_EVENTS: dict[tuple[Op, int, str, str], Event] = {}
+
+
+def event(op: Op, n: int = 0, act: str = "", fault: str = "") -> Event:
+    """``Event(op, n, act, fault)``, one object a process for each value: events are frozen, the
+    generator and the drain make one every step, and a dict lookup costs a fifth of a frozen
+    dataclass's ``__init__``."""
+    key = (op, n, act, fault)
+    e = _EVENTS.get(key)
+    if e is None:
+        e = _EVENTS[key] = Event(op, n, act, fault)
+    return e
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """Per-schedule environment: what the server does and how the workflow is configured."""

@@ -27,6 +27,7 @@ from sim.model import (
     SimConfig,
     Trace,
 )
+from sim.model import event as make_event
 from sim.world import Activity
 
 __all__ = ["run_schedule", "replay", "simulation_of"]
@@ -213,7 +214,7 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
         n = 0
         if _O.REORDER in F and len(sim.queue) > 1 and rng.random() < 0.4:
             n = rng.randrange(1, len(sim.queue))
-        return Event(_O.DELIVER, n=n)
+        return make_event(_O.DELIVER, n=n)
     if op in (_O.MUTATE, _O.DELETE, _O.RECREATE):
         n = _copies(rng, F)
         tokens = []
@@ -221,24 +222,24 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
             tokens.append("same_id")
         if op != _O.DELETE and _O.GUARDRAIL in F and rng.random() < 0.08:
             tokens.append("unsafe")
-        return Event(op, n=n, fault="+".join(tokens))
+        return make_event(op, n=n, fault="+".join(tokens))
     if op == _O.OLD_NOTE:
-        return Event(_O.OLD_NOTE, n=rng.randrange(2))
+        return make_event(_O.OLD_NOTE, n=rng.randrange(2))
     if op == _O.CLOSE:
-        return Event(_O.CLOSE, fault="signal" if rng.random() < 0.3 else "")
+        return make_event(_O.CLOSE, fault="signal" if rng.random() < 0.3 else "")
     if op == _O.RECONNECT:
-        return Event(_O.RECONNECT, n=int(rng.random() < 0.3))
+        return make_event(_O.RECONNECT, n=int(rng.random() < 0.3))
     if op == _O.RESET:
-        return Event(_O.RESET, n=rng.randrange(len(sim.checkpoints)),
+        return make_event(_O.RESET, n=rng.randrange(len(sim.checkpoints)),
                      fault="reapply" if rng.random() < 0.5 else "")
     if op == _O.CATALOG:
         lag = rng.choice([0, 0, 1, 3, 8])  # the scan was measured this many steps before it arrives
-        return Event(_O.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
+        return make_event(_O.CATALOG, n=lag, fault="proven" if rng.random() < 0.5 else "")
     if op == _O.SWEEP_OFF:  # alive but not sweeping, or killed (its session lost with it)
-        return Event(_O.SWEEP_OFF, fault="kill" if rng.random() < 0.3 else "")
+        return make_event(_O.SWEEP_OFF, fault="kill" if rng.random() < 0.3 else "")
     # TIMER, SETTLE, SWEEP, SWEEP_ON, WRONG_URI, SESSION_OPEN, CAN, CHECKPOINT, CONFLICT, RESUME, REVOKE,
     # RESTART
-    return Event(op)
+    return make_event(op)
 
 
 def _copies(rng: random.Random, F: frozenset[Fault]) -> int:

@@ -87,6 +87,15 @@ class ReadFailed(Exception):
     """A read's retries are exhausted: the program sees ActivityFailed."""
 
 
+@cache
+def _session(generation: int, *, subscribe: bool) -> SessionInfo:
+    """The session ``McpServer.open`` records: the same record in every schedule for a generation (a
+    frozen record, so one is made a process)."""
+    return SessionInfo(subject=KEY.subject, server=KEY.server, generation=generation, edition="2025-11-25",
+                       subscribe=subscribe, list_changed=False, server_name="oracle", server_version="1",
+                       task_queue="mcpsync-session/oracle/sim", opened_at=EPOCH)
+
+
 class McpServer:
     def __init__(self, capability: str, ledger: MemoryLedger) -> None:
         self.capability = capability
@@ -97,11 +106,7 @@ class McpServer:
 
     def open(self) -> int:
         self.generation += 1
-        self.live = SessionInfo(subject=KEY.subject, server=KEY.server, generation=self.generation,
-                                edition="2025-11-25", subscribe=self.capability != "none", list_changed=False,
-                                server_name="oracle", server_version="1",
-                                task_queue="mcpsync-session/oracle/sim",
-                                opened_at=EPOCH)
+        self.live = _session(self.generation, subscribe=self.capability != "none")
         self.ledger.session = self.live
         return self.generation
 
