@@ -546,8 +546,15 @@ async def test_resume_close_idempotent_and_watch(temporal_client: Client, ledger
                         return rows
 
             await watched("RECONCILIATION_REQUIRED")  # --watch printed the change
-            history = (await st.cli("history", *st.key_args(uri), "--json")).json()
-            assert any(e["kind"] == "audit" and e["audit_kind"] == "RECONCILIATION_REQUIRED" for e in history)
+            # The run sets the state, then writes its audit row (one activity each): history shows it soon.
+
+            async def audited() -> bool:
+                history = (await st.cli("history", *st.key_args(uri), "--json")).json()
+                return any(e["kind"] == "audit" and e["audit_kind"] == "RECONCILIATION_REQUIRED"
+                           for e in history)
+
+            assert await eventually(audited, timeout=15, interval=0.3,
+                                    what="the RECONCILIATION_REQUIRED audit")
             r = await st.cli("resume", *st.key_args(uri), "--reason", "checked by test", "--json")
             assert r.code == 0, r.err
             assert r.json()["state"] != "RECONCILIATION_REQUIRED"  # ACTIVE, or already re-reading

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import suppress
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
 
@@ -30,7 +30,7 @@ from mcpsync.workflows.records.catalog import CatalogKey
 if TYPE_CHECKING:
     from mcpsync.worker.ingress.process import Ingress
 
-__all__ = ["run_services", "start_catalogs"]
+__all__ = ["cancel_and_wait", "run_services", "start_catalogs"]
 
 
 log = logging.getLogger("mcpsync.runtime")
@@ -99,11 +99,24 @@ async def run_services(config: Config, client: Client, ledger: Ledger, *,
     finally:
         for h in hosts:
             h.stop()
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(tasks)
+
+
+async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """Cancel each of ``tasks`` once and wait until all have finished (their results dropped). A
+    cancellation of the caller meanwhile does not reach them: awaiting a task passes a cancel on to
+    it, and a task cancelled again in its cleanup abandons what it was finishing (psycopg closes a
+    connection whose query it was cancelling). The caller is cancelled twice on a Ctrl-C in
+    ``mcpsync up``: serve's uvicorn takes the SIGINT, stops, and raises it again."""
+    for t in tasks:
+        t.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        with suppress(asyncio.CancelledError):
+            _, pending = await asyncio.wait(pending)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # retrieved: no "exception was never retrieved" at exit
 
 
 async def _prune_periodically(ledger: Ledger, cfg: RetentionConfig) -> None:

@@ -34,7 +34,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.starters import start_subscription
 from mcpsync.worker.main.config import Config, DatabaseConfig, MetricsConfig, ServerConfig, TemporalConfig
 from mcpsync.worker.main.connect import connect_temporal, open_ledger
-from mcpsync.worker.main.services import run_services, start_catalogs
+from mcpsync.worker.main.services import cancel_and_wait, run_services, start_catalogs
 from mcpsync.worker.observe.metrics import MetricsUnavailable, serve_metrics
 from mcpsync.worker.stack.common import StackAlreadyRunning, make_private, state_dir, write_private
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
@@ -326,6 +326,4 @@ def _forget_runtime(path: Path) -> None:
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with suppress(asyncio.CancelledError, Exception):
-        await task
+    await cancel_and_wait([task])
