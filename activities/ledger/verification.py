@@ -152,15 +152,14 @@ class VerificationLedger:
                     UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
                     FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
                     WHERE s.workflow_id = c.workflow_id)
-                SELECT EXTRACT(EPOCH FROM min(verify_due_at) - now())::float8 FROM subscriptions
+                SELECT EXTRACT(EPOCH FROM min(verify_due_at) - now())::float8 AS next_in FROM subscriptions
                 WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
                   AND workflow_id <> ALL(%s::text[])
                 """,
                 (ids, delays, subject, server, ACTIVE, ids),
             )
             nxt = await cur.fetchone()
-        after = None if nxt is None else next(iter(nxt.values()))
-        left = [] if after is None else [max(0.0, float(after))]
+        left = [] if nxt is None or nxt["next_in"] is None else [max(0.0, float(nxt["next_in"]))]
         next_in = min(delays + left, default=None)
         return Due(uris=[r["uri"] for r in rows], next_in=next_in,
                    shortest_period=min((float(r["safety_read_seconds"]) for r in rows), default=None),
