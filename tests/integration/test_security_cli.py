@@ -144,9 +144,8 @@ def _loading(pid: int, library: str, timeout: float = 30.0) -> bool:
 
 def test_ctrl_c_while_the_cli_starts_is_quiet_and_exit_130() -> None:
     # A fresh interpreter: the first second of the process is its imports (the fork server has them).
-    # Ctrl-C comes while they load (the first and a later of the CLI's native libraries mapped), not
-    # after a fixed delay: on a loaded box the interpreter may not have reached the CLI's entry point
-    # 0.1 s after the fork.
+    # Ctrl-C comes while they load (the first and a later of the CLI's native libraries mapped): how
+    # long the interpreter takes to reach the CLI's entry point depends on how busy the box is.
     for library in ("temporal_sdk_bridge", "_pydantic_core"):
         proc = subprocess.Popen([sys.executable, "-m", "mcpsync.worker.cli", "list"], cwd=REPO_ROOT,
                                 env={**os.environ, "MCPSYNC_STATE_DIR": "/nonexistent-state"},
