@@ -566,7 +566,7 @@ class FenceLedger:
         """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
         recorded; None for no row, where a plan can only audit), and ``then`` with it (the accept's
         body: with the row's update, or last). A write whose result nothing reads goes out in the
-        statement of the next one (``Write``): an unchanged verification is three statements."""
+        statement of the next one (``Write``): an unchanged verification's plan is two statements."""
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
             await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server,
@@ -636,20 +636,20 @@ class FenceLedger:
         r = plan.receipt
         assert r is not None
         o = outcome if r.of_read else None
-        prefix, first = before.prefix() if before is not None else ("", ())
-        await cur.execute(
-            prefix + """
+        insert = Write(
+            """
             INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
                 read_ordinal, server_name, server_version, edition, session_generation,
                 subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
             VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
             """,
-            (*first, wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
+            (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
              o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
              o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id,
              r.trigger.value, r.status.value, o.ttl_ms if o else None,
              o.cache_scope.value if o is not None and o.cache_scope is not None else None),
         )
+        await (before.prefix_of(insert) if before is not None else insert).execute(cur)
         row = await cur.fetchone()
         assert row is not None
         return int(row["receipt_id"]), row["accepted_at"]

@@ -46,22 +46,18 @@ class LedgerStore:
 
 @dataclass(frozen=True, slots=True)
 class Write:
-    """A statement whose result nobody reads: executed alone, or ahead of another statement as a
-    data-modifying ``WITH`` (one statement: one parse, one execution, one result for both; PostgreSQL
-    runs it exactly once, and neither sees the other's change)."""
+    """A statement and its parameters, executed on a cursor (whose result the caller fetches, if any).
+    One whose result nobody reads goes ahead of another as a data-modifying ``WITH`` (``prefix_of``:
+    one statement, one parse, one execution; PostgreSQL runs it exactly once, and neither sees the
+    other's change)."""
 
     sql: str
     params: tuple[Any, ...]
 
-    def prefix(self) -> tuple[str, tuple[Any, ...]]:
-        """The ``WITH`` that puts this write ahead of a statement, and the parameters it takes first."""
-        return f"WITH written AS ({self.sql}) ", self.params
-
     def prefix_of(self, then: Write) -> Write:
-        """This write, then ``then``, as one statement (``then`` itself has no ``WITH``)."""
+        """This write (its result unread), then ``then``, as one statement (``then`` has no ``WITH``)."""
         assert not then.sql.lstrip().upper().startswith("WITH")
-        prefix, params = self.prefix()
-        return Write(prefix + then.sql, (*params, *then.params))
+        return Write(f"WITH written AS ({self.sql}) {then.sql}", (*self.params, *then.params))
 
     async def execute(self, cur: Any) -> None:
         await cur.execute(self.sql, self.params)

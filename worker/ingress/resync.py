@@ -125,7 +125,8 @@ class Resync:
                                                       generation=generation)
         self.feed(due.uris, generation, due.looks)
         if due.shortest_period is not None:
-            self.shortest_period = min(due.shortest_period, self.shortest_period or due.shortest_period)
+            self.shortest_period = due.shortest_period if self.shortest_period is None \
+                else min(self.shortest_period, due.shortest_period)
         # The next look claims ``sweep_ahead`` of the (maybe shorter) period; this one claimed ``ahead``.
         return sweep_wait(due.next_in, min(ahead, sweep_ahead(self.shortest_period)))
 
