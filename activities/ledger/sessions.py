@@ -2,7 +2,9 @@
 
 Contract:
 - ``open_session`` records a newly initialized session; its generation is one above any
-  before it for that (subject, server), and a history row keeps every generation.
+  before it for that (subject, server), and a history row keeps every generation. Only the host
+  holding the live (subject, server) lease opens one (None otherwise): a host whose lease lapsed
+  while it connected never supersedes the holder's session.
 - ``acquire_lease`` takes or renews the (subject, server) lease: one host at a time holds it
   until it lapses (the database clock decides); a new holder bumps the lease epoch.
   ``lease_remaining``: seconds until the live lease lapses (a standby's wake-up time).
@@ -46,16 +48,19 @@ class SessionLedger:
         server_version: str,
         task_queue: str,
         host_id: str,
-    ) -> SessionInfo:
-        """Record a newly initialized session; its generation is one above any before it."""
+    ) -> SessionInfo | None:
+        """Record a newly initialized session of ``host_id``, the lease holder; its generation is one
+        above any before it. None: ``host_id`` holds no live lease of (subject, server)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 """
                 INSERT INTO mcp_sessions AS s (subject, server, generation, edition, subscribe, list_changed,
                     server_name, server_version, task_queue, host_id)
-                VALUES (%(subject)s, %(server)s, 1, %(edition)s, %(subscribe)s, %(list_changed)s,
-                    %(server_name)s, %(server_version)s, %(task_queue)s, %(host_id)s)
+                SELECT %(subject)s, %(server)s, 1, %(edition)s, %(subscribe)s, %(list_changed)s,
+                    %(server_name)s, %(server_version)s, %(task_queue)s, %(host_id)s
+                WHERE EXISTS (SELECT 1 FROM session_leases WHERE subject = %(subject)s AND server = %(server)s
+                              AND holder = %(host_id)s AND lease_until >= clock_timestamp())
                 ON CONFLICT (subject, server) DO UPDATE SET
                     generation = s.generation + 1, edition = EXCLUDED.edition,
                     subscribe = EXCLUDED.subscribe, list_changed = EXCLUDED.list_changed,
@@ -77,7 +82,8 @@ class SessionLedger:
                 },
             )
             row = await cur.fetchone()
-            assert row is not None
+            if row is None:
+                return None
             await cur.execute(
                 """
                 INSERT INTO mcp_session_history (subject, server, generation, edition, capabilities,

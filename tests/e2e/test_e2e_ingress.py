@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -200,3 +201,53 @@ async def test_an_adopted_queue_is_polled_while_its_ingress_holds_no_lease(
         run.cancel()
         with suppress(asyncio.CancelledError):
             await run
+
+
+@pytest.mark.parametrize("lost", ["before the open", "after the open"])
+async def test_a_lease_lost_while_the_session_opens_leaves_no_session(temporal_client: Client, ledger: Ledger,
+                                                                     fx: FixtureProcess, lost: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose lease is taken while its session is opening (a starved ingress: seen in
+    test_e2e_scaleout on a loaded box) keeps no session it holds no lease for: before the ledger's
+    open, the open is refused (no generation is taken from the holder); after it, the session ends
+    as soon as it is published (the renewal found none to end). The host then waits for the lease
+    and takes over when the other holder goes."""
+    server = ServerConfig(name=unique("fx"), transport="http", url=fx.mcp_url, subjects=["alice"],
+                          lease_seconds=2.0, ping_interval_seconds=0.5, ping_timeout_seconds=2)
+    thief = f"thief:1:{uuid.uuid4().hex[:8]}"
+    hosts: list[SessionHost] = []
+    opened: list[SessionInfo | None] = []
+    real_open = ledger.sessions.open_session
+
+    async def steal() -> None:
+        host = hosts[0]
+        await ledger.sessions.release_lease("alice", server.name, host.host_id)
+        assert await ledger.sessions.acquire_lease("alice", server.name, thief, 3600.0)
+        await eventually(host._lease_lost.is_set, timeout=5, what="the renewal finds the lease lost")
+
+    async def open_with_the_lease_taken(**kwargs: Any) -> SessionInfo | None:
+        first = not opened
+        if first and lost == "before the open":
+            await steal()
+        info = await real_open(**kwargs)
+        if first and lost == "after the open":
+            await steal()
+        opened.append(info)
+        return info
+
+    monkeypatch.setattr(ledger.sessions, "open_session", open_with_the_lease_taken)
+    async with _ingress(temporal_client, ledger, server) as (_, host):
+        hosts.append(host)
+        await eventually(lambda: opened, timeout=20, what="the open the lease was lost around")
+        await eventually(lambda: host.live is None, timeout=5, what="no session without the lease")
+        first = opened[0]
+        assert (first is None) == (lost == "before the open")
+        session = await ledger.current_session("alice", server.name)
+        assert session is None  # never opened, or closed
+        assert (await ledger.sessions.lease_holder("alice", server.name) or ("",))[0] == thief
+        await ledger.sessions.release_lease("alice", server.name, thief)
+        await eventually(lambda: host.live is not None, timeout=10,
+                         what="the host's session once it holds the lease")
+        assert host.live is not None
+        assert host.live.generation == (1 if first is None else first.generation + 1)
+        assert (await ledger.sessions.lease_holder("alice", server.name) or ("",))[0] == host.host_id

@@ -183,20 +183,24 @@ async def stack_scrape(temporal_server: TemporalDevServer, ledger: Ledger,
 
             await eventually(revoked, what="revocation applied")
 
-            async def scraped() -> tuple[str, Samples] | None:
+            async def scraped() -> tuple[str, Samples, int] | None:
+                # The ledger's reads counted around the scrape: a follow-up read of the thrice-notified
+                # change may still land after the first scrape that shows everything else.
+                reads = sum([await ledger.reports.read_count(k) for k in (live, doomed)])
                 text = await asyncio.to_thread(_scrape, ms.url or "")
                 samples = _samples(text)
-                ok = ((_value(samples, "mcpsync_convergence_seconds_count", server=server.name) or 0) >= 1
+                settled = reads == sum([await ledger.reports.read_count(k) for k in (live, doomed)])
+                ok = (settled and _value(samples, "mcpsync_ledger_reads", server=server.name) == reads
+                      and (_value(samples, "mcpsync_convergence_seconds_count", server=server.name) or 0) >= 1
                       and (_value(samples, "mcpsync_revocation_latency_seconds_count") or 0) >= 1
                       and (_value(samples, "mcpsync_notifications_received_total",
                                   server=server.name) or 0) >= 3
                       and _value(samples, "mcpsync_subscriptions", server=server.name, state="REVOKED") == 1
                       and _value(samples, "mcpsync_session_up", server=server.name) == 1)
-                return (text, samples) if ok else None
+                return (text, samples, reads) if ok else None
 
-            text, samples = await eventually(scraped, timeout=20, interval=0.3,
-                                             what="metrics reflect the run")
-        ledger_reads = sum([await ledger.reports.read_count(k) for k in (live, doomed)])
+            text, samples, ledger_reads = await eventually(scraped, timeout=20, interval=0.3,
+                                                           what="metrics reflect the run")
     finally:
         await fx.stop()
         await ms.aclose()
@@ -354,11 +358,14 @@ async def _read(ledger: Ledger, key: SubscriptionKey, digest: str, *,
     return result.verdict
 
 
-async def _open_session(ledger: Ledger, server: str, subject: str, *, subscribe: bool) -> None:
+async def _open_session(ledger: Ledger, server: str, subject: str, *, subscribe: bool,
+                        host: str = "host-test") -> None:
+    """A session of ``host``, which takes the (subject, server) lease first (only a holder opens one)."""
+    assert await ledger.sessions.acquire_lease(subject, server, host, 60.0)
     await ledger.sessions.open_session(subject=subject, server=server, edition="2025-11-25",
                               capabilities={"subscribe": subscribe}, server_name="fixture",
                               server_version="1", task_queue=f"mcpsync-session/{server}/{subject}",
-                              host_id="host-test")
+                              host_id=host)
 
 
 async def test_state_change_time_is_recorded_by_the_ledger(ledger: Ledger) -> None:
@@ -464,17 +471,17 @@ async def test_verifications_overdue_counts_the_breaches_the_watchdog_recorded(
 
 async def test_session_up_per_server_and_subject(ledger: Ledger, metrics_server: MetricsServer) -> None:
     server = unique("srv")
-    await ledger.sessions.acquire_lease("up", server, "host-a", 60)
-    await _open_session(ledger, server, "up", subscribe=True)
+    await _open_session(ledger, server, "up", subscribe=True, host="host-a")
     # An ingress that died: its session row still open, its lease run out.
-    await ledger.sessions.acquire_lease("dead", server, "host-b", 0.05)
-    await _open_session(ledger, server, "dead", subscribe=True)
+    await _open_session(ledger, server, "dead", subscribe=True, host="host-b")
+    assert await ledger.sessions.acquire_lease("dead", server, "host-b", 0.05)
     # A subscription waiting for a session that never opened.
     await ledger.ensure_subscription(SubscriptionKey(subject="waiting", server=server, uri="demo://m/w"),
                                      "inc-1")
     # Closed and nothing left to serve: not listed.
     await _open_session(ledger, server, "gone", subscribe=True)
     await ledger.sessions.close_session("gone", server, 1)
+    await ledger.sessions.release_lease("gone", server, "host-test")
     await asyncio.sleep(0.2)
 
     _, s = await _refresh_and_scrape(metrics_server, ledger)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.allocation import rederivations
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
-from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
+from mcpsync.workflows.records.subscription import (
+    SessionInfo,
+    SubscriptionKey,
+    SubscriptionState,
+    TriggerReason,
+)
 from tests.conftest import unique
 
 
@@ -180,6 +186,7 @@ async def test_not_found_while_active_is_tombstone_pending_without_outbox(ledger
 
 async def test_session_generations_only_grow(ledger: Ledger) -> None:
     subject = unique("s")
+    assert await ledger.sessions.acquire_lease(subject, "srv", "h", 60.0)
     gens = [
         (await ledger.sessions.open_session(subject=subject, server="srv", edition="2025-11-25",
                                    capabilities={"subscribe": True}, server_name="x", server_version="1",
@@ -187,6 +194,29 @@ async def test_session_generations_only_grow(ledger: Ledger) -> None:
         for _ in range(3)
     ]
     assert gens == [1, 2, 3]
+
+
+async def test_only_the_lease_holder_opens_a_session(ledger: Ledger) -> None:
+    """A host whose lease lapsed (or that never held one) opens no session: the holder's generation
+    stays the current one."""
+    subject = unique("s")
+
+    async def open_as(host: str) -> SessionInfo | None:
+        return await ledger.sessions.open_session(subject=subject, server="srv", edition="2025-11-25",
+                                                  capabilities={"subscribe": True}, server_name="x",
+                                                  server_version="1", task_queue=f"q-{host}", host_id=host)
+
+    assert await open_as("nobody") is None  # no lease at all
+    assert await ledger.sessions.acquire_lease(subject, "srv", "holder", 60.0)
+    opened = await open_as("holder")
+    assert opened is not None and opened.generation == 1
+    assert await open_as("standby") is None  # another host's live lease
+    await ledger.sessions.release_lease(subject, "srv", "holder")
+    assert await ledger.sessions.acquire_lease(subject, "srv", "lapsed", 0.001)
+    await asyncio.sleep(0.05)
+    assert await open_as("lapsed") is None  # its own lease, lapsed
+    current = await ledger.sessions.session_holder(subject, "srv")
+    assert current == ("q-holder", "holder")
 
 
 async def test_the_row_records_the_id_its_workflow_runs_under(ledger: Ledger) -> None:

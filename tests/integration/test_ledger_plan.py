@@ -310,6 +310,7 @@ async def test_the_start_call_alike(ledger: Ledger) -> None:
 
     none = await call(True)  # no live session yet: ensured, nothing begun
     assert none.fence.state == S.DISCOVERED and none.session is None and none.begun is None
+    assert await ledger.sessions.acquire_lease(both.key.subject, both.key.server, "h", 60.0)
     both.mem.session = await ledger.sessions.open_session(
         subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
         server_name="fixture", server_version="1", task_queue="q", host_id="h")
@@ -327,6 +328,7 @@ async def test_the_start_call_is_one_transaction(ledger: Ledger) -> None:
     and the begin that moves it to SUBSCRIBING carry the same transaction's ``now()``. Separate
     transactions (a pool checkout and a commit each) would stamp them apart."""
     both = Both(ledger)
+    assert await ledger.sessions.acquire_lease(both.key.subject, both.key.server, "h", 60.0)
     await ledger.sessions.open_session(
         subject=both.key.subject, server=both.key.server, edition="e1", capabilities={"subscribe": True},
         server_name="fixture", server_version="1", task_queue="q", host_id="h")

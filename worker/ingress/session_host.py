@@ -293,6 +293,11 @@ class SessionHost:
                 capabilities=capabilities, server_name=metadata_text(impl.name if impl else "") or "",
                 server_version=metadata_text(impl.version if impl else "") or "",
                 task_queue=self.ingress.task_queue, host_id=self.host_id)
+            if info is None:  # the lease lapsed while the session connected: another host may hold it
+                log.warning("lease %s/%s lapsed before the session opened (%s)", self.server.name,
+                            self.subject, self.host_id)
+                self._lease_lost.set()
+                return
             await self._audit_truncated_info(impl, info.generation)
             live = LiveSession(
                 subject=self.subject, server=self.server.name, generation=info.generation, client=client,
@@ -308,6 +313,10 @@ class SessionHost:
                     log.warning("session %s/%s: list_changed stream refused (%s); catalogs rely on rescans",
                                 self.server.name, self.subject, type(exc).__name__)
             self.live = live
+            if self._lease_lost.is_set():
+                # The lease was lost after the session opened and before it was published here: the
+                # renewal found no session to end. It ends now; the host waits for the lease again.
+                return
             if previous is not None:  # runs may have tasks left on the queue of the session it replaced
                 self.ingress.adopt(*previous)
             log.info("session %s/%s open: generation=%d edition=%s subscribe=%s listChanged=%s",
