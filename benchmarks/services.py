@@ -42,6 +42,7 @@ from temporalio.client import Client
 
 from benchmarks.cost import Role
 from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.main import event_loop
 from mcpsync.worker.main.config import Config, MetricsConfig
 from mcpsync.worker.observe import metrics
 from mcpsync.worker.observe.metrics import HostTotals
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     database_url = os.environ.get(_DATABASE_URL_ENV)
     if not database_url:
         p.error(f"{_DATABASE_URL_ENV} is not set")
-    asyncio.run(_child(config, args.role, database_url, args.ready))
+    event_loop.run(_child(config, args.role, database_url, args.ready))  # the CLI's loop
 
 
 if __name__ == "__main__":

@@ -215,6 +215,15 @@ def test_an_unparseable_database_url_is_a_configuration_error(config: Path) -> N
         assert "MCPSYNC_DATABASE_URL is not a PostgreSQL connection string" in line and "hunter2" not in line
 
 
+@pytest.mark.parametrize("value", ["uvlooop", "\x1b[31masyncio", "trio" * 3000])
+def test_an_unknown_event_loop_is_2_in_one_line_before_anything_runs(config: Path, value: str) -> None:
+    for args in (["list"], ["worker", "--role", "ingress"]):
+        r = _cli("--config", str(config), *args, env={"MCPSYNC_EVENT_LOOP": value})
+        assert r.returncode == 2, r.stderr
+        line = _error_line(r)
+        assert "MCPSYNC_EVENT_LOOP=" in line and "(uvloop or asyncio)" in line and "\x1b" not in line
+
+
 def test_list_of_an_unknown_server_is_2_not_an_empty_result(config: Path, database_url: str) -> None:
     for args in (["list", "--server", "nope"], ["list", "--watch", "--server", "nope"]):
         r = _cli("--config", str(config), *args, env={"MCPSYNC_DATABASE_URL": database_url})

@@ -85,8 +85,10 @@ from mcpsync.worker.cli.common import (  # noqa: E402
     resolve_config,
     shorten,
 )
+from mcpsync.worker.main import event_loop  # noqa: E402
 from mcpsync.worker.main.config import ConfigError  # noqa: E402
 from mcpsync.worker.main.connect import TemporalUnavailable  # noqa: E402
+from mcpsync.worker.main.event_loop import EventLoopError  # noqa: E402
 from mcpsync.worker.stack.common import PortInUseError, StackAlreadyRunning, StackError  # noqa: E402
 
 __all__ = ["main", "build_parser", "CliError", "ExitCode", "ExitStatus"]
@@ -292,11 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     code = 0
     try:
-        asyncio.run(_run(args))
+        event_loop.run(_run(args))
     except CliError as exc:
         print_error(str(exc))
         code = exc.code
-    except ConfigError as exc:
+    except (ConfigError, EventLoopError) as exc:
         print_error(str(exc))
         code = ExitCode.USAGE
     except (TemporalUnavailable, DatabaseUnavailable) as exc:
