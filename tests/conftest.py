@@ -16,8 +16,10 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
@@ -172,13 +174,49 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _running(pid: int) -> bool:
+    """``pid`` names a process that has not exited (a zombie its parent has not reaped yet has)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _stop_servers_of(directory: Path, grace: float = 3.0) -> list[int]:
+    """Stop this user's processes whose command line names a path in ``directory`` (the Temporal dev
+    server's ``--db-filename``, PostgreSQL's ``-D``: a killed session's servers outlive it): SIGTERM,
+    then SIGKILL after ``grace`` seconds. Answers their pids."""
+    inside = str(directory) + os.sep
+    found: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with suppress(OSError):
+            if proc.stat().st_uid != os.getuid():
+                continue
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if any(a == str(directory) or inside in a for a in args):
+                found.append(int(proc.name))
+    for pid in found:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_running(pid) for pid in found):
+        time.sleep(0.05)
+    for pid in found:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
 def sweep_stale_state_dirs(root: Path) -> list[Path]:
     """Remove the directories :func:`private_state_dir` made under ``root`` (this user's) whose
-    maker is no longer alive: a session that was killed (SIGKILL, the machine's OOM killer) never
-    removes its own, and on tmpfs they hold RAM. A dir is made by the process that uses it (the
-    session's process, or each pytest-xdist worker, for itself), so a live maker's dir is in use
-    and stays; a pid the kernel has given to another process since keeps the dir until a later
-    sweep. Answers the dirs removed."""
+    maker is no longer alive, and stop the servers still running on them (``_stop_servers_of``): a
+    session that was killed (SIGKILL, the machine's OOM killer) never removes its own, and on tmpfs
+    they hold RAM. A dir is made by the process that uses it (the session's process, or each
+    pytest-xdist worker, for itself), so a live maker's dir is in use and stays; a pid the kernel
+    has given to another process since keeps the dir until a later sweep. Answers the dirs removed."""
     removed: list[Path] = []
     try:
         entries = list(root.iterdir())
@@ -192,6 +230,7 @@ def sweep_stale_state_dirs(root: Path) -> list[Path]:
             info = entry.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
+            _stop_servers_of(entry)
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

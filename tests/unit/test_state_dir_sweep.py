@@ -5,7 +5,10 @@ maker's stays."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,34 @@ def test_session_start_removes_the_dirs_of_dead_makers_only(tmp_path: Path,
     finally:
         sibling.kill()
         sibling.wait()
+
+
+def _orphan(*args: str) -> int:
+    """A process that outlives its parent (as a killed session's servers do): its pid."""
+    out = subprocess.run(["sh", "-c", 'nohup "$@" >/dev/null 2>&1 & echo $!', "sh", *args],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def test_the_servers_a_killed_session_left_on_its_dir_are_stopped(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conftest, "SHARED_MEMORY", tmp_path)
+    root = conftest.memory_backed_root()
+    assert root is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = root / f"s{dead.pid}-k1ll3d00"
+    (stale / "temporal").mkdir(parents=True)
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")  # the arguments after it are argv
+    server = _orphan(*sleeper, "--db-filename", f"{stale}/temporal/temporal.sqlite")
+    bystander = _orphan(*sleeper, "--db-filename", f"{tmp_path}/elsewhere/temporal.sqlite")
+    assert conftest._running(server) and conftest._running(bystander)
+    try:
+        conftest.pytest_sessionstart()
+        assert not stale.exists()
+        assert not conftest._running(server)
+        assert conftest._running(bystander)
+    finally:
+        for pid in (server, bystander):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
