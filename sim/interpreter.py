@@ -6,6 +6,9 @@ Contract:
   handlers are coroutines it steps by hand. An activation runs every ready coroutine, then
   checks the wait conditions in the order they were registered (all that hold wake up),
   and repeats until nothing is ready: the order of temporalio's own workflow event loop.
+- An activation with no input since the last one is skipped (``activate``): the program's wait
+  conditions read its own state, never the clock (``rt.now()``), so none can have changed; as in
+  Temporal, where a run is activated only by a new event. The skipped activation is not logged.
 - The program's runtime calls become commands (``ScheduleActivity``, ``ContinueAsNew``) the
   simulation carries out, and inputs (``start``, ``signal``, ``complete``, ``fail``,
   ``fire_timer``, ``suggest_continue_as_new``, ``activate``) the simulation feeds back. Each
@@ -22,8 +25,9 @@ Contract:
 from __future__ import annotations
 
 import random
+import types
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -79,7 +83,10 @@ _TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile
                 WaitKind.WATCHDOG: "watchdog"}
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor ``_Wait``): a frozen dataclass's ``__init__`` sets each field through
+# ``object.__setattr__``, four times a plain one's, and the program makes one of each for every
+# activity and wait. Neither is changed once made.
+@dataclass(slots=True)
 class ScheduleActivity:
     seq: int
     name: str
@@ -91,23 +98,10 @@ class ContinueAsNew:
     start: SubscriptionStart
 
 
-@dataclass(frozen=True, slots=True)
-class _WaitRequest:
-    condition: Callable[[], bool]
-    timeout: timedelta | None
-    kind: WaitKind
-
-
-class _Yield:
+@types.coroutine
+def _request(request: ScheduleActivity | _Wait) -> Generator[Any, Any, Any]:
     """The one awaitable the interpreter hands out: it passes a request up to the scheduler."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: ScheduleActivity | _WaitRequest) -> None:
-        self.request = request
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return (yield self.request)
+    return (yield request)
 
 
 class _ContinuedAsNew(BaseException):
@@ -127,11 +121,16 @@ class _Task:
 
 
 @dataclass(eq=False, slots=True)
-class _Condition:
+class _Wait:
+    """A wait the program asked for (of the task being stepped); once ``_step`` took it, one of the run's
+    conditions."""
+
+    condition: Callable[[], bool]
+    timeout: timedelta | None
+    kind: WaitKind
     task: _Task
-    request: _WaitRequest
-    fire_at: datetime | None  # its timer, if it has a timeout
-    timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety | watchdog
+    fire_at: datetime | None = None  # its timer, if it has a timeout
+    timer_kind: str = ""  # coverage label of that timer: session | reconcile | poll | safety | watchdog
 
 
 @cache
@@ -161,7 +160,7 @@ class ProgramRun:
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
     _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
-    _conditions: list[_Condition] = field(default_factory=list)
+    _conditions: list[_Wait] = field(default_factory=list)
     _activities: dict[int, _Task] = field(default_factory=dict)
     _requests: dict[int, ScheduleActivity] = field(default_factory=dict)
     _seq: int = 0
@@ -170,11 +169,13 @@ class ProgramRun:
     _main: _Task | None = None
     _iterations: int = 0
     _handlers_running: int = 0  # the sum of ``handlers``
+    _input: bool = False  # an input arrived since the last activation (``activate`` runs)
+    _stepping: _Task = field(init=False)  # the task ``_step`` runs (whose ``wait`` it is)
     # What the simulation asks after every step, found once per change of ``_conditions``: the main
     # loop's wait and the armed timer that fires first.
     _indexed: bool = False
-    _main_condition: _Condition | None = None
-    _first_timer: _Condition | None = None
+    _main_condition: _Wait | None = None
+    _first_timer: _Wait | None = None
 
     def __post_init__(self) -> None:
         self.program = SubscriptionProgram(self.start_args, self)
@@ -191,9 +192,9 @@ class ProgramRun:
         if not self._indexed:
             self._index()
         c = self._main_condition
-        return c.request.kind if c is not None else None
+        return c.kind if c is not None else None
 
-    def _next_timer(self) -> _Condition | None:
+    def _next_timer(self) -> _Wait | None:
         """The armed timer that fires first (the main loop's, or the deadline keeper's; the first
         registered of those that fire at the same time)."""
         if not self._indexed:
@@ -201,8 +202,8 @@ class ProgramRun:
         return self._first_timer
 
     def _index(self) -> None:
-        main: _Condition | None = None
-        first: _Condition | None = None
+        main: _Wait | None = None
+        first: _Wait | None = None
         for c in self._conditions:
             if main is None and c.task is self._main:
                 main = c
@@ -226,7 +227,9 @@ class ProgramRun:
     # --- inputs -----------------------------------------------------------------------------------
 
     def _record(self, op: str, *args: Any) -> None:
+        """Log an input (``replayed`` feeds it again); the next activation runs."""
         self.log.append((self.clock, op, args))
+        self._input = True
 
     def start(self) -> None:
         self._record("start")
@@ -298,8 +301,13 @@ class ProgramRun:
         self.can_suggested = True
 
     def activate(self) -> None:
-        """Run every coroutine until all of them wait on something external."""
-        self._record("activate")
+        """Run every coroutine until all of them wait on something external. Without an input since
+        the last activation nothing runs: every condition was false when that one ended, and what they
+        read has not changed since (the module's contract)."""
+        if not self._input:
+            return
+        self.log.append((self.clock, "activate", ()))
+        self._input = False
         self._iterations = 0
         while self.stage == RUNNING:
             while self._ready and self.stage == RUNNING:
@@ -307,10 +315,10 @@ class ProgramRun:
                 self._step(task, value, exc)
             if self.stage != RUNNING:
                 return
-            woken: list[_Condition] = []
-            waiting: list[_Condition] = []
+            woken: list[_Wait] = []
+            waiting: list[_Wait] = []
             for c in self._conditions:
-                (woken if c.request.condition() else waiting).append(c)
+                (woken if c.condition() else waiting).append(c)
             if not woken:
                 return
             self._conditions, self._indexed = waiting, False
@@ -335,6 +343,7 @@ class ProgramRun:
     # --- the scheduler ------------------------------------------------------------------------------
 
     def _step(self, task: _Task, value: Any, exc: BaseException | None) -> None:
+        self._stepping = task
         try:
             request = task.coro.throw(exc) if exc is not None else task.coro.send(value)
         except StopIteration:
@@ -363,7 +372,7 @@ class ProgramRun:
             self._requests[request.seq] = request
             self.commands.append(request)
             return
-        assert isinstance(request, _WaitRequest)
+        assert isinstance(request, _Wait)
         timeout = request.timeout
         if timeout is not None and timeout <= timedelta(0):
             self._ready.append((task, False, None))  # asyncio.wait_for(…, 0): times out at once
@@ -372,8 +381,10 @@ class ProgramRun:
         if timeout is not None:
             kind = _TIMER_KINDS.get(request.kind,
                                     "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
-        self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
-                                           kind))
+        request.timer_kind = kind
+        if timeout is not None:
+            request.fire_at = self.clock + timeout
+        self._conditions.append(request)
         self._indexed = False
 
     def _finished(self, task: _Task) -> None:
@@ -414,9 +425,9 @@ class ProgramRun:
     def first_execution_run_id(self) -> str:
         return self.incarnation
 
-    def _schedule(self, name: str, arg: Any) -> _Yield:
+    def _schedule(self, name: str, arg: Any) -> Awaitable[Any]:
         self._seq += 1
-        return _Yield(ScheduleActivity(self._seq, name, arg))
+        return _request(ScheduleActivity(self._seq, name, arg))
 
     async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
         result: T | None = await self._schedule(name, arg)
@@ -427,7 +438,7 @@ class ProgramRun:
         return result
 
     async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
-        woke: bool = await _Yield(_WaitRequest(condition, timeout, kind))
+        woke: bool = await _request(_Wait(condition, timeout, kind, self._stepping))
         return woke
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
