@@ -19,6 +19,9 @@ Contract:
 - Failures the program would cause in Temporal are reported, never raised: an exception in a
   coroutine (``errors``; the run wedges if it was the main loop) and a main loop that runs
   ``LOOP_BUDGET`` iterations without waiting (a livelock: Temporal's deadlock detector).
+- What the run shows operators (``Publisher``: search attributes, the details panel) is shown nowhere:
+  the run's publisher is ``_Unshown``, which compares and makes nothing (the checker judges the
+  ledger's rows and the run's record, not what it publishes).
 - No I/O, no wall clock, no hashing of ``id()``s: the same inputs give the same commands.
 """
 
@@ -41,6 +44,7 @@ from mcpsync.workflows.records.subscription import (
     SessionChanged,
     SubscriptionStart,
 )
+from mcpsync.workflows.subscription_details import Publisher
 from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence, UpdateDisposition
 
@@ -133,6 +137,17 @@ class _Wait:
     timer_kind: str = ""  # coverage label of that timer: session | reconcile | poll | safety | watchdog
 
 
+class _Unshown(Publisher):
+    """The run's publisher in the simulator, which shows nothing: nothing to compare, no ``Publication``
+    to make (the program publishes about 28 times a schedule)."""
+
+    def details(self, fence: SubscriptionFence, *, watched: bool = False) -> None:
+        pass
+
+    def search_attributes(self, fence: SubscriptionFence) -> None:
+        pass
+
+
 @cache
 def _seeded_draw(name: str) -> float:
     """The first draw of ``random.Random(name)``. Runs are named alike in every schedule (``c1r1``, …),
@@ -179,6 +194,7 @@ class ProgramRun:
 
     def __post_init__(self) -> None:
         self.program = SubscriptionProgram(self.start_args, self)
+        self.program.publisher = _Unshown(self.publish, self.start_args.options)
 
     # --- what the simulation inspects -----------------------------------------------------------
 
