@@ -35,7 +35,7 @@ from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_program import WaitKind
 from mcpsync.workflows.verification_rules import continues_chain
-from sim.interpreter import RunStage, Signal
+from sim.interpreter import ProgramRun, RunStage, Signal
 from sim.ledger import LedgerWrite
 from sim.model import INVALIDATIONS, Invariant
 
@@ -70,6 +70,8 @@ class Checker:
         self._close_fences: list[int] = []
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
+        # what ``_check_read_deadline`` last read: the run, its activations, the row, the allocation time
+        self._deadline_inputs: tuple[ProgramRun, int, FenceSnapshot, datetime | None] | None = None
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
         self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
         self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
@@ -78,6 +80,8 @@ class Checker:
         self._covered_unread_reported = False
         self._record_reported = False
         self._record_key: tuple[object, ...] | None = None  # what the last record check saw
+        # the run, its activations and the receipts and reopened rows the last record check saw
+        self._record_stamp: tuple[ProgramRun, int, int, int] | None = None
         self._record: tuple[tuple[object, ...], ResourceSubscriptionV1] | None = None  # the record it judged
         self._reopened: set[int] = set()  # last receipts of rows a new incarnation reopened (digest cleared)
         # the verification chain, from the ledger's writes
@@ -170,8 +174,16 @@ class Checker:
 
     def _check_read_deadline(self) -> None:
         """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
-        allocation time and the timer the run armed, not the fence's own deadline."""
-        wf = self.sim.wf
+        allocation time and the timer the run armed, not the fence's own deadline. What it reads is the
+        run (the same while it was not activated), the ledger's row (a write replaces it) and the last
+        allocation's time: with those the same as last step, so is the answer (a late wake-up is
+        reported once)."""
+        wf, row = self.sim.wf, self.sim.ledger.row
+        last = self._deadline_inputs  # compared by identity: ``==`` on two records compares every field
+        if last is not None and last[0] is wf and last[1] == wf.activations and last[2] is row \
+                and last[3] == self._last_allocated_at:
+            return
+        self._deadline_inputs = (wf, wf.activations, row, self._last_allocated_at)
         if self._last_allocated_at is None or not self.sim.chain_running or wf.main_wait != IDLE:
             return
         s = wf.fence.s
@@ -203,13 +215,21 @@ class Checker:
         read: the ledger's receipt ``last_receipt_id`` is at the record's watermark (the newest read that
         moved the version) and, when that read saw content, carries the record's digest (none only on a
         row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
-        if self._record_reported or self.sim.wf.stage == WEDGED:
-            return
         # The record copies these fields from the fence state, and receipts are only appended: while
-        # none of them changes, the check's answer cannot change (the check runs every step).
-        s = self.sim.wf.fence.s
+        # none of them changes, the check's answer cannot change (the check runs every step). The run's
+        # state is the same while it was not activated.
+        wf = self.sim.wf
+        receipts, reopened = len(self.sim.ledger.receipts), len(self._reopened)
+        last = self._record_stamp
+        if self._record_reported or (last is not None and last[0] is wf and last[1] == wf.activations
+                                     and last[2] == receipts and last[3] == reopened):
+            return
+        self._record_stamp = (wf, wf.activations, receipts, reopened)
+        if wf.stage == WEDGED:
+            return
+        s = wf.fence.s
         fields = (s.last_receipt_id, s.watermark, s.last_accepted_digest)
-        key = (fields, len(self.sim.ledger.receipts), len(self._reopened))
+        key = (fields, receipts, reopened)
         if key == self._record_key:
             return
         self._record_key = key

@@ -156,13 +156,17 @@ class Simulation:
             wf.clock = self.times[self.step]
             if wf.stage == RUNNING:
                 wf.activate()
-            for err in wf.errors:
-                invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
-                self.violate(invariant, err)
-            wf.errors.clear()
-            for _nid, disposition in wf.notes:
-                self.cover(f"update.{disposition.value}")
-            wf.notes.clear()
+            if wf.errors:
+                for err in wf.errors:
+                    invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
+                    self.violate(invariant, err)
+                wf.errors.clear()
+            if wf.notes:
+                for _nid, disposition in wf.notes:
+                    self.cover(f"update.{disposition.value}")
+                wf.notes.clear()
+            if not wf.commands:  # most steps: the run was not activated, or scheduled nothing
+                return
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
             for cmd in commands:

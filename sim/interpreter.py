@@ -185,6 +185,9 @@ class ProgramRun:
     _iterations: int = 0
     _handlers_running: int = 0  # the sum of ``handlers``
     _input: bool = False  # an input arrived since the last activation (``activate`` runs)
+    # Activations run: the run's state changes only in one (an input, even a handler run at once, is
+    # followed by one), so while this count is the same, what the run holds is (the checker asks).
+    activations: int = 0
     _stepping: _Task = field(init=False)  # the task ``_step`` runs (whose ``wait`` it is)
     # What the simulation asks after every step, found once per change of ``_conditions``: the main
     # loop's wait and the armed timer that fires first.
@@ -324,6 +327,7 @@ class ProgramRun:
             return
         self.log.append((self.clock, "activate", ()))
         self._input = False
+        self.activations += 1
         self._iterations = 0
         while self.stage == RUNNING:
             while self._ready and self.stage == RUNNING:
