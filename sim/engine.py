@@ -38,6 +38,7 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from mcpsync.workflows.subscription_state import UpdateDisposition
 from sim.checker import Checker
 from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
@@ -63,6 +64,7 @@ from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 V = AcceptVerdict
 ONE_STEP = timedelta(seconds=1)
 OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied events
+_UPDATE_LABELS = {d: f"update.{d.value}" for d in UpdateDisposition}  # ... of the run's noted updates
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
@@ -163,7 +165,7 @@ class Simulation:
                 wf.errors.clear()
             if wf.notes:
                 for _nid, disposition in wf.notes:
-                    self.cover(f"update.{disposition.value}")
+                    self.cover(_UPDATE_LABELS[disposition])
                 wf.notes.clear()
             if not wf.commands:  # most steps: the run was not activated, or scheduled nothing
                 return

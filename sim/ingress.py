@@ -49,6 +49,7 @@ from mcpsync.workflows.ingress import (
     Turn,
     UnknownUri,
 )
+from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.interpreter import Signal
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Processing", "IngressDriver"]
 
+_VERDICT_LABELS = {v: f"ingress.verdict.{v.value}" for v in AcceptVerdict}  # coverage names, made once
 SWEPT = "s"  # the ingress id of the sweep's synthetic notes starts so (a notification's: "n", "old", "w")
 
 
@@ -265,7 +267,7 @@ class IngressDriver:
             self.sim.activities.remove(act)
             if isinstance(result, ReadCycleResult) and result.judged:
                 assert result.accept is not None
-                self.sim.cover(f"ingress.verdict.{result.accept.verdict.value}")
+                self.sim.cover(_VERDICT_LABELS[result.accept.verdict])
             self._resume(p, result if isinstance(result, ReadCycleResult) else None)
 
     def _absorb(self, p: Processing) -> int:

@@ -138,9 +138,10 @@ class McpServer:
         return None if ack_lost else UnsubscribeOutcome(acked=True)
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome:
-        # The outcome names the request: every field of it (iterated: ``dict(req)`` would first probe
-        # the model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
-        base: dict[str, Any] = {name: value for name, value in req}
+        # The outcome names the request: every field of it (a record's ``__dict__`` holds its fields and
+        # nothing else; iterating the record filters it again, and ``dict(req)`` would first probe the
+        # model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
+        base: dict[str, Any] = dict(req.__dict__)
         if self._live(req.session_generation) is None:
             return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
