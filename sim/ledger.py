@@ -171,7 +171,10 @@ class MemoryLedger:
         self.verified_at: datetime | None = None  # the chain's newest verification
         self.verify_due_at: datetime | None = None  # when the next is due (the sweep's index)
         self.watched_at: datetime | None = None  # the watchdog's previous look at this chain
-        self._draws = random.Random(f"{seed}/verification")  # ``record_allocation``'s random.random()
+        # ``record_allocation``'s random.random(), seeded at its first draw (seeding from a string costs
+        # about as much as a read cycle's records, and many schedules never verify)
+        self._seed = seed
+        self._draws: random.Random | None = None
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -291,6 +294,11 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
+    def _draw(self) -> float:
+        if self._draws is None:
+            self._draws = random.Random(f"{self._seed}/verification")
+        return self._draws.random()
+
     def _record_allocation(self, row: FenceSnapshot) -> OutboxEntry | None:
         """``verification.record_allocation`` for the row as it stood before the grant: a verification of a
         scheduled row, due again ``verification_delay`` later; the ``overdue`` entry of the gap it closed,
@@ -305,7 +313,7 @@ class MemoryLedger:
             entry = self._report_overdue() if gap.report else None
         self.verified_at = self.now
         self.verify_due_at = self.now + timedelta(
-            seconds=verification_rules.verification_delay(period, self._draws.random()))
+            seconds=verification_rules.verification_delay(period, self._draw()))
         return entry
 
     def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
