@@ -45,6 +45,7 @@ from mcpsync.workflows.ledger_flow import (
 )
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.records.base import replaced
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
@@ -240,12 +241,12 @@ class MemoryLedger:
             self.audit.append("WORKFLOW_ID_MISMATCH")
         writes = ensure_writes(row, held=self.incarnation, incarnation=incarnation)
         self.incarnation = writes.pop("incarnation", self.incarnation)
-        return self._set(row.model_copy(update=writes))
+        return self._set(replaced(row, writes))
 
     def transition(self, writes: dict[str, Any]) -> FenceSnapshot:
         """``FenceLedger._transition``: a ``ledger_flow`` rule's ``writes`` on the row."""
         self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
-        return self._set(self.row.model_copy(update=writes))
+        return self._set(replaced(self.row, writes))
 
     def prior_allocation(self, req: AllocateRequest) -> ReadTicket | str:
         """``allocation.prior_allocation`` answered from the tables: the ticket an earlier allocation of
