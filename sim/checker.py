@@ -70,8 +70,14 @@ class Checker:
         self._close_fences: list[int] = []
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
-        # what ``_check_read_deadline`` last read: the run, its activations, the row, the allocation time
-        self._deadline_inputs: tuple[ProgramRun, int, FenceSnapshot, datetime | None] | None = None
+        # what the checks last read: the run and its activations (``check``), the row and allocation time
+        # (``_check_read_deadline``), the receipts and reopened rows (``_check_record``)
+        self._run_seen: ProgramRun | None = None
+        self._activations_seen = 0
+        self._deadline_row: FenceSnapshot | None = None
+        self._deadline_allocated_at: datetime | None = None
+        self._receipts_seen = 0
+        self._reopened_seen = 0
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
         self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
         self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
@@ -80,8 +86,6 @@ class Checker:
         self._covered_unread_reported = False
         self._record_reported = False
         self._record_key: tuple[object, ...] | None = None  # what the last record check saw
-        # the run, its activations and the receipts and reopened rows the last record check saw
-        self._record_stamp: tuple[ProgramRun, int, int, int] | None = None
         self._record: tuple[tuple[object, ...], ResourceSubscriptionV1] | None = None  # the record it judged
         self._reopened: set[int] = set()  # last receipts of rows a new incarnation reopened (digest cleared)
         # the verification chain, from the ledger's writes
@@ -106,6 +110,11 @@ class Checker:
             for w in log[self._log_seen:]:
                 self._check_write(w)
             self._log_seen = len(log)
+        # The run's state changes only in an activation: whether one ran since the last check.
+        wf = self.sim.wf
+        ran = wf is not self._run_seen or wf.activations != self._activations_seen
+        if ran:
+            self._run_seen, self._activations_seen = wf, wf.activations
         # What ``_check_clean`` reads (its report is made once): the row compared by identity, as
         # ``==`` on two records compares every field.
         clean = self._clean_key
@@ -113,11 +122,20 @@ class Checker:
                 or clean[2] != self._accepted_version:
             self._clean_key = (row, self._noted_writes, self._accepted_version)
             self._check_clean()
-        self._check_read_deadline()
+        # What the read-deadline check reads: the run, the row (by identity) and the last allocation's
+        # time. With none of them changed, neither is its answer (a late wake-up is reported once).
+        if ran or row is not self._deadline_row or self._last_allocated_at != self._deadline_allocated_at:
+            self._deadline_row, self._deadline_allocated_at = row, self._last_allocated_at
+            self._check_read_deadline()
         if self._overdue_after is not None:
             self._check_overdue()
         self._track_sweep()
-        self._check_record()
+        # What the record check reads: the run, the receipts (only appended) and the reopened rows.
+        receipts, reopened = len(self.sim.ledger.receipts), len(self._reopened)
+        if (ran or receipts != self._receipts_seen or reopened != self._reopened_seen) \
+                and not self._record_reported:
+            self._receipts_seen, self._reopened_seen = receipts, reopened
+            self._check_record()
         if self.converged():
             if self.converged_since is None:
                 self.converged_since = self.sim.step
@@ -174,16 +192,8 @@ class Checker:
 
     def _check_read_deadline(self) -> None:
         """STALENESS_BOUND, for an idle ACTIVE subscription on a live session: judged from the ledger's
-        allocation time and the timer the run armed, not the fence's own deadline. What it reads is the
-        run (the same while it was not activated), the ledger's row (a write replaces it) and the last
-        allocation's time: with those the same as last step, so is the answer (a late wake-up is
-        reported once)."""
-        wf, row = self.sim.wf, self.sim.ledger.row
-        last = self._deadline_inputs  # compared by identity: ``==`` on two records compares every field
-        if last is not None and last[0] is wf and last[1] == wf.activations and last[2] is row \
-                and last[3] == self._last_allocated_at:
-            return
-        self._deadline_inputs = (wf, wf.activations, row, self._last_allocated_at)
+        allocation time and the timer the run armed, not the fence's own deadline."""
+        wf = self.sim.wf
         if self._last_allocated_at is None or not self.sim.chain_running or wf.main_wait != IDLE:
             return
         s = wf.fence.s
@@ -216,20 +226,14 @@ class Checker:
         moved the version) and, when that read saw content, carries the record's digest (none only on a
         row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
         # The record copies these fields from the fence state, and receipts are only appended: while
-        # none of them changes, the check's answer cannot change (the check runs every step). The run's
-        # state is the same while it was not activated.
+        # none of them changes, the check's answer cannot change (``check`` asks after an activation or
+        # a new receipt or reopened row).
         wf = self.sim.wf
-        receipts, reopened = len(self.sim.ledger.receipts), len(self._reopened)
-        last = self._record_stamp
-        if self._record_reported or (last is not None and last[0] is wf and last[1] == wf.activations
-                                     and last[2] == receipts and last[3] == reopened):
-            return
-        self._record_stamp = (wf, wf.activations, receipts, reopened)
         if wf.stage == WEDGED:
             return
         s = wf.fence.s
         fields = (s.last_receipt_id, s.watermark, s.last_accepted_digest)
-        key = (fields, receipts, reopened)
+        key = (fields, self._receipts_seen, self._reopened_seen)
         if key == self._record_key:
             return
         self._record_key = key
