@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from mcpsync.workflows.coverage import dirty
@@ -73,6 +74,15 @@ CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op
 _TIMER, _SETTLE, _COMPLETE, _EXEC, _DELIVER = Op.TIMER, Op.SETTLE, Op.COMPLETE, Op.EXEC, Op.DELIVER
 _DELETE, _RECREATE = Op.DELETE, Op.RECREATE
 _CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
+_REVOKE = RevokeRequest(reason="simulated platform revocation")  # frozen records: one a process
+
+
+@cache
+def _start(max_concurrent_reads: int, safety_read_seconds: float) -> SubscriptionStart:
+    """A new chain's start: the same frozen record for every chain of a profile, so one a process."""
+    return SubscriptionStart(key=KEY, options=SubscriptionOptions(
+        max_concurrent_reads=max_concurrent_reads, poll_interval_seconds=30.0,
+        safety_read_seconds=safety_read_seconds))
 
 
 class Simulation:
@@ -146,10 +156,8 @@ class Simulation:
         self.run += 1
         self.checkpoints.clear()
         self.signal_log.clear()
-        options = SubscriptionOptions(max_concurrent_reads=self.profile.max_concurrent_reads,
-                                      poll_interval_seconds=30.0,
-                                      safety_read_seconds=self.profile.safety_read_seconds)
-        return self._program_run(SubscriptionStart(key=KEY, options=options), f"chain{self.chain}")
+        return self._program_run(_start(self.profile.max_concurrent_reads, self.profile.safety_read_seconds),
+                                 f"chain{self.chain}")
 
     def _activate(self) -> None:
         """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
@@ -415,7 +423,7 @@ class Simulation:
         return True
 
     def _on_revoke(self, e: Event) -> bool:
-        self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
+        self._signal(Signal.REVOKE, _REVOKE)
         return True
 
     def _on_restart(self, e: Event) -> bool:

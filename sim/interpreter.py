@@ -148,6 +148,17 @@ class _Unshown(Publisher):
         pass
 
 
+# The payloads ``signal`` delivers: frozen records, so one a process (one a generation).
+_RESUME = ResumeRequest(reason="simulated resume")
+_CLOSE_SIGNAL = CloseRequest(reason="simulated close signal")
+_CLOSE = CloseRequest(reason="simulated close")
+
+
+@cache
+def _session_changed(generation: int) -> SessionChanged:
+    return SessionChanged(session_generation=generation)
+
+
 @cache
 def _seeded_draw(name: str) -> float:
     """The first draw of ``random.Random(name)``. Runs are named alike in every schedule (``c1r1``, …),
@@ -264,7 +275,7 @@ class ProgramRun:
         elif kind == Signal.READ_REPORTED:
             self._handler(kind, p.on_read_reported(payload))
         elif kind == Signal.SESSION_CHANGED:
-            p.on_session_changed(SessionChanged(session_generation=payload))
+            p.on_session_changed(_session_changed(payload))
         elif kind == Signal.CATALOG:
             p.on_catalog_reconciled(payload)
         elif kind == Signal.CONFLICT:
@@ -272,18 +283,16 @@ class ProgramRun:
         elif kind == Signal.REVOKE:
             p.on_revoke(payload)
         elif kind == Signal.RESUME:
-            req = ResumeRequest(reason="simulated resume")
             try:
-                p.validate_resume(req)
+                p.validate_resume(_RESUME)
             except ValueError:
                 return
-            self._handler(kind, p.on_resume(req))
+            self._handler(kind, p.on_resume(_RESUME))
         elif kind == Signal.CLOSE_SIGNAL:
-            p.on_close_signal(CloseRequest(reason="simulated close signal"))
+            p.on_close_signal(_CLOSE_SIGNAL)
         elif kind == Signal.CLOSE:
-            close = CloseRequest(reason="simulated close")
-            p.validate_close(close)
-            self._handler(kind, p.on_close(close))
+            p.validate_close(_CLOSE)
+            self._handler(kind, p.on_close(_CLOSE))
         elif kind == Signal.FIRST_READ:
             self._handler(kind, p.on_first_read())
 

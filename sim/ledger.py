@@ -142,6 +142,11 @@ class LedgerWrite:
     ordinal: int = 0
 
 
+# Answers that are always the same (frozen records: one a process).
+_REFUSED = ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+_UNSCHEDULED = WatchResult(scheduled=False)
+
+
 @cache
 def _computed_workflow_id(key: SubscriptionKey) -> str:
     """``key.workflow_id`` (a slug and a SHA-256 of the key): every schedule's ledger has the same key,
@@ -274,7 +279,7 @@ class MemoryLedger:
         plan = coverage.plan_allocate(row, session_generation=req.session_generation,
                              subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
         if plan is None:
-            return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+            return _REFUSED
         if request_id in self.request_ids:
             raise LedgerIntegrityError(
                 f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
@@ -372,7 +377,7 @@ class MemoryLedger:
         """``VerificationLedger.watch``: ``judge_gap`` on the gap still open, a new breach reported."""
         period = self.safety_read_seconds
         if self.row.state != S.ACTIVE or period is None:
-            return WatchResult(scheduled=False)
+            return _UNSCHEDULED
         gap = verification_rules.judge_gap(verified_at=self.verified_at, watched_at=self.watched_at,
                                            now=self.now, period_seconds=period)
         entry = self._report_overdue() if gap.report else None

@@ -96,6 +96,15 @@ def _session(generation: int, *, subscribe: bool) -> SessionInfo:
                        task_queue="mcpsync-session/oracle/sim", opened_at=EPOCH)
 
 
+@cache
+def _subscribed(generation: int) -> SubscribeOutcome:
+    """The answer to a subscribe the server took (frozen: one a process a generation)."""
+    return SubscribeOutcome(ok=True, session_generation=generation)
+
+
+_UNSUBSCRIBED = UnsubscribeOutcome(acked=True)
+
+
 class McpServer:
     def __init__(self, capability: str, ledger: MemoryLedger) -> None:
         self.capability = capability
@@ -128,14 +137,14 @@ class McpServer:
             return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=-32601,
                                     error="Method not found")
         self.subscribed.add(live.generation)
-        return SubscribeOutcome(ok=True, session_generation=live.generation)
+        return _subscribed(live.generation)
 
     def unsubscribe(self, req: UnsubscribeRequest, *, ack_lost: bool) -> UnsubscribeOutcome | None:
         live = self._live(req.session_generation)
         if live is None:
             return UnsubscribeOutcome(acked=False, error="session generation is gone")
         self.subscribed.discard(live.generation)
-        return None if ack_lost else UnsubscribeOutcome(acked=True)
+        return None if ack_lost else _UNSUBSCRIBED
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome:
         # The outcome names the request: every field of it (a record's ``__dict__`` holds its fields and
