@@ -258,9 +258,10 @@ class Simulation:
             self.ingress.sweep()
             self.step += 1
             self.times.append(at)
-            self.exists_history.append(self.oracle.exists)
+            self.exists_history.append(self.oracle.digest is not None)  # ``Oracle.exists``
             self.events.append(event)
-            self.cover(OP_LABELS[event.op])
+            coverage, label = self.coverage, OP_LABELS[event.op]  # ``cover``
+            coverage[label] = coverage.get(label, 0) + 1
             self._activate()
             self.checker.check()
         return applied
