@@ -7,7 +7,8 @@ Contract:
   checks the wait conditions in the order they were registered (all that hold wake up),
   and repeats until nothing is ready: the order of temporalio's own workflow event loop.
 - An activation with no input since the last one is skipped (``activate``): the program's wait
-  conditions read its own state, never the clock (``rt.now()``), so none can have changed; as in
+  conditions read its own state, and none depends on the clock (the deadline keeper's ask
+  ``until_read_due(rt.now())`` only whether a deadline applies), so none can have changed; as in
   Temporal, where a run is activated only by a new event. The skipped activation is not logged.
 - The program's runtime calls become commands (``ScheduleActivity``, ``ContinueAsNew``) the
   simulation carries out, and inputs (``start``, ``signal``, ``complete``, ``fail``,
