@@ -46,6 +46,8 @@ V = AcceptVerdict
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
 # hook (about ten times a plain attribute), and ``check`` runs after every step.
 ACTIVE, IDLE, WEDGED = S.ACTIVE, WaitKind.IDLE, RunStage.WEDGED
+_TOMBSTONE_PENDING, _DISCOVERED, _SUBSCRIBING = S.TOMBSTONE_PENDING, S.DISCOVERED, S.SUBSCRIBING
+_VERDICT_TOMBSTONE_PENDING = V.TOMBSTONE_PENDING
 VERSION_WRITES = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED})
 CURRENT = frozenset({V.ACCEPTED, V.UNCHANGED})
 SERVED = frozenset({ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND})  # the oracle served a version
@@ -349,7 +351,7 @@ class Checker:
             self.sim.cover("close_fenced")
             return
         if w.kind == "tombstone":
-            if w.before.state != S.TOMBSTONE_PENDING:
+            if w.before.state != _TOMBSTONE_PENDING:
                 self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
             return
         if w.kind == "revoke":
@@ -357,10 +359,10 @@ class Checker:
             if w.before.state in TERMINAL_STATES:
                 self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
             return
-        if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == S.DISCOVERED \
+        if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == _DISCOVERED \
                 and w.after.last_receipt_id is not None:
             self._reopened.add(w.after.last_receipt_id)
-        if w.kind == "state" and w.before.state == S.SUBSCRIBING and w.after.state == ACTIVE:
+        if w.kind == "state" and w.before.state == _SUBSCRIBING and w.after.state == ACTIVE:
             # ``mark_active``: the row's verification chain goes on while it holds a version (the
             # ledger's rule of what one chain is), else a new one starts; scheduled with a period
             self._chain_period = self.sim.ledger.safety_read_seconds
@@ -395,7 +397,7 @@ class Checker:
                                  f"{status} ordinal {o.ordinal} while row {before.state} gen "
                                  f"{before.session_generation}/{before.subscription_generation}, read gen "
                                  f"{o.session_generation}/{o.subscription_generation}")
-        if status == V.TOMBSTONE_PENDING and fenced:
+        if status == _VERDICT_TOMBSTONE_PENDING and fenced:
             self.sim.violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
             if before.state in CLOSING_STATES or before.state in TERMINAL_STATES or fenced:

@@ -44,6 +44,8 @@ __all__ = ["CycleRunner", "SimSessionActivities"]
 # Coverage names of the verdicts, made once (an f-string reads the member's ``value`` through Enum's slow
 # descriptor).
 VERDICT_LABELS = {v: f"verdict.{v.value}" for v in AcceptVerdict}
+# Read once (an ``Enum`` class attribute goes through the metaclass's slow ``__getattr__`` on 3.11).
+_SESSION_LOST, _SUBSCRIBE_CYCLE = ReadOutcomeKind.SESSION_LOST, Act.MCP_SUBSCRIBE_CYCLE
 
 
 class _Pause:
@@ -75,7 +77,7 @@ class SimSessionActivities(McpSessionActivities):
 
     async def _read(self, req: ReadRequest) -> tuple[ReadOutcome, ReadBody | None]:
         outcome = self.host.read(req, self.oracle, fault=self.fault)
-        if outcome.kind != ReadOutcomeKind.SESSION_LOST:
+        if outcome.kind != _SESSION_LOST:
             await self.pause()
         return outcome, None
 
@@ -125,7 +127,7 @@ class CycleRunner:
         if act.cycle is None:
             cycle_id = cycle_id or f"run{act.run}/a{act.aid}"
             act.cycle = self.sessions.run_subscribe_cycle(act.arg, cycle_id=cycle_id) \
-                if act.name == Act.MCP_SUBSCRIBE_CYCLE else \
+                if act.name == _SUBSCRIBE_CYCLE else \
                 self.sessions.run_cycle(act.arg, cycle_id=cycle_id, absorb=absorb)
         self.sessions.act, self.sessions.fault = act, fault
         try:

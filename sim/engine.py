@@ -72,7 +72,9 @@ CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
 # (about ten times a plain attribute), and these are compared on every step.
 _TIMER, _SETTLE, _COMPLETE, _EXEC, _DELIVER = Op.TIMER, Op.SETTLE, Op.COMPLETE, Op.EXEC, Op.DELIVER
-_DELETE, _RECREATE = Op.DELETE, Op.RECREATE
+_DELETE, _RECREATE, _SWEEP = Op.DELETE, Op.RECREATE, Op.SWEEP
+_CURRENT = (V.ACCEPTED, V.UNCHANGED)
+_CONFIRM_TOMBSTONE, _MCP_UNSUBSCRIBE, _REVOKED = Act.CONFIRM_TOMBSTONE, Act.MCP_UNSUBSCRIBE, S.REVOKED
 _CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
 _REVOKE = RevokeRequest(reason="simulated platform revocation")  # frozen records: one a process
 
@@ -210,7 +212,7 @@ class Simulation:
             due = self.ingress.settle_due()
             if due is not None and due > at:
                 at = due
-        elif event.op == Op.SWEEP:
+        elif event.op == _SWEEP:
             due = self.ingress.sweep_due()
             if due is not None and due > at:
                 at = due
@@ -295,7 +297,7 @@ class Simulation:
             cycle = msg.payload.cycle
             if self.chain_running and cycle.accept is not None \
                     and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
-                    and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                    and cycle.accept.verdict in _CURRENT:
                 # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                 # the newer digest.
                 self.cover("ingress.report_older_than_view")
@@ -445,11 +447,11 @@ class Simulation:
             if name in LEDGER_ACTIVITIES:
                 before = self.ledger.row.state
                 result = LEDGER_ACTIVITIES[name](self.ledger, arg)
-                if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
+                if name == _CONFIRM_TOMBSTONE and result.state == _REVOKED and before != _REVOKED \
                         and self.oracle.exists:
                     # a late proven word revoked a resource that exists
                     self.cover("catalog_revoked_existing")
-            elif name == Act.MCP_UNSUBSCRIBE:
+            elif name == _MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
                     self.cover("unsubscribe_ack_lost")

@@ -80,8 +80,18 @@ class Signal(StrEnum):
 
 
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
-# hook (about ten times a plain attribute), and these are compared on every scheduler pass.
+# hook (about ten times a plain attribute), and these are compared on every scheduler pass (``_S``:
+# every signal delivered).
 RUNNING = RunStage.RUNNING
+
+
+class _S:
+    """The signals ``signal`` tells apart, as plain class attributes."""
+
+    UPDATED, READ_REPORTED, SESSION_CHANGED = Signal.UPDATED, Signal.READ_REPORTED, Signal.SESSION_CHANGED
+    CATALOG, CONFLICT, REVOKE, RESUME = Signal.CATALOG, Signal.CONFLICT, Signal.REVOKE, Signal.RESUME
+    CLOSE_SIGNAL, CLOSE, FIRST_READ = Signal.CLOSE_SIGNAL, Signal.CLOSE, Signal.FIRST_READ
+
 ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
 # Coverage labels of the timers of these waits; any other wait's timer is the read deadline's.
 _TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
@@ -271,30 +281,30 @@ class ProgramRun:
         """Deliver a signal or update (an update its validator rejects is not run)."""
         self._record("signal", kind, payload)
         p = self.program
-        if kind == Signal.UPDATED:
+        if kind == _S.UPDATED:
             self._handler(kind, p.on_resource_updated(payload))
-        elif kind == Signal.READ_REPORTED:
+        elif kind == _S.READ_REPORTED:
             self._handler(kind, p.on_read_reported(payload))
-        elif kind == Signal.SESSION_CHANGED:
+        elif kind == _S.SESSION_CHANGED:
             p.on_session_changed(_session_changed(payload))
-        elif kind == Signal.CATALOG:
+        elif kind == _S.CATALOG:
             p.on_catalog_reconciled(payload)
-        elif kind == Signal.CONFLICT:
+        elif kind == _S.CONFLICT:
             p.on_identity_conflict(payload)
-        elif kind == Signal.REVOKE:
+        elif kind == _S.REVOKE:
             p.on_revoke(payload)
-        elif kind == Signal.RESUME:
+        elif kind == _S.RESUME:
             try:
                 p.validate_resume(_RESUME)
             except ValueError:
                 return
             self._handler(kind, p.on_resume(_RESUME))
-        elif kind == Signal.CLOSE_SIGNAL:
+        elif kind == _S.CLOSE_SIGNAL:
             p.on_close_signal(_CLOSE_SIGNAL)
-        elif kind == Signal.CLOSE:
+        elif kind == _S.CLOSE:
             p.validate_close(_CLOSE)
             self._handler(kind, p.on_close(_CLOSE))
-        elif kind == Signal.FIRST_READ:
+        elif kind == _S.FIRST_READ:
             self._handler(kind, p.on_first_read())
 
     def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:

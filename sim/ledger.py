@@ -310,7 +310,7 @@ class MemoryLedger:
         scheduled row, due again ``verification_delay`` later; the ``overdue`` entry of the gap it closed,
         when that breach was not reported yet."""
         period = self.safety_read_seconds
-        if row.state != S.ACTIVE or period is None:
+        if row.state != _ACTIVE or period is None:
             return None
         entry = None
         if self.verified_at is not None:  # a chain's first verification closes no gap
@@ -340,7 +340,7 @@ class MemoryLedger:
     def scheduled_due(self) -> datetime | None:
         """When the row's next verification is due, if the sweep's index holds it (ACTIVE, with a
         safety-read period); None otherwise."""
-        if self.safety_read_seconds is None or self.row.state != S.ACTIVE:
+        if self.safety_read_seconds is None or self.row.state != _ACTIVE:
             return None
         return self.verify_due_at
 
@@ -376,7 +376,7 @@ class MemoryLedger:
     def watch(self) -> WatchResult:
         """``VerificationLedger.watch``: ``judge_gap`` on the gap still open, a new breach reported."""
         period = self.safety_read_seconds
-        if self.row.state != S.ACTIVE or period is None:
+        if self.row.state != _ACTIVE or period is None:
             return _UNSCHEDULED
         gap = verification_rules.judge_gap(verified_at=self.verified_at, watched_at=self.watched_at,
                                            now=self.now, period_seconds=period)

@@ -40,6 +40,18 @@ from sim.model import EPOCH, KEY
 if TYPE_CHECKING:
     from sim.ingress import Processing
 
+class _K:
+    """The outcome kinds a read answers, read once (an ``Enum`` class attribute goes through the
+    metaclass's slow ``__getattr__`` on Python 3.11)."""
+
+    SESSION_LOST, DENIED, MALFORMED = ReadOutcomeKind.SESSION_LOST, ReadOutcomeKind.DENIED, \
+        ReadOutcomeKind.MALFORMED
+    NOT_FOUND, CONTENT = ReadOutcomeKind.NOT_FOUND, ReadOutcomeKind.CONTENT
+
+
+_PRIVATE = CacheScope.PRIVATE
+
+
 class Oracle:
     def __init__(self) -> None:
         self.version = 1
@@ -152,25 +164,25 @@ class McpServer:
         # model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
         base: dict[str, Any] = dict(req.__dict__)
         if self._live(req.session_generation) is None:
-            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+            return ReadOutcome(kind=_K.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
             raise ReadFailed
         # The oracle stamps the version it served into server_version (metadata only) so the
         # checker can tell which committed state a receipt came from.
         base["server_version"] = f"v{oracle.version}"
         if fault == "denied":
-            return ReadOutcome(kind=ReadOutcomeKind.DENIED, error_code=-32001, error="denied", **base)
+            return ReadOutcome(kind=_K.DENIED, error_code=-32001, error="denied", **base)
         if fault == "malformed":
-            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error="invalid result", **base)
+            return ReadOutcome(kind=_K.MALFORMED, error="invalid result", **base)
         if oracle.digest is None:
-            return ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32002, error="not found", **base)
+            return ReadOutcome(kind=_K.NOT_FOUND, error_code=-32002, error="not found", **base)
         rejection = "simulated guardrail" if oracle.version in oracle.unsafe else None
         # Every third version carries a ttlMs longer than the 30 s poll interval: the poll period
         # (and the deadline armed before the read came back) grows, and shrinks again after it.
         ttl_ms = 45_000 if oracle.version % 3 == 0 else 0
-        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
+        return ReadOutcome(kind=_K.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
                            size=20, content_count=1, guardrail_rejection=rejection, ttl_ms=ttl_ms,
-                           cache_scope=CacheScope.PRIVATE, **base)
+                           cache_scope=_PRIVATE, **base)
 
 
 @dataclass(slots=True)
