@@ -56,7 +56,7 @@ class Summary:
 def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = SimConfig(), *,
                   keep_failures: int = 3) -> Summary:
     """Schedules ``start``..``stop-1`` of ``seed``; failures are recorded by index (``shrink_failures``
-    turns the first few into minimal traces once, after merging). Each schedule's summary is folded
+    turns the first few into minimal traces once, after merging). Each schedule's result is folded
     into the total at once, so the heap stays one schedule deep (``_collected_per_schedule``)."""
     total = Summary(seed=str(seed))
     with _collected_per_schedule() as collect:
