@@ -56,6 +56,7 @@ from mcpsync.activities.meters import NO_METERS, Meters
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.ledger_rules import marked_active
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.records.base import replaced
 from mcpsync.workflows.records.ledger import AcceptRequest, KeyRequest
 from mcpsync.workflows.records.mcp_calls import (
     ReadOutcome,
@@ -456,7 +457,7 @@ class McpSessionActivities:
         the allocation is granted, just before the request is sent: the notifications it returns
         arrived before the send, so the read covers them, and its accept counts them
         (``AcceptRequest.absorbed``)."""
-        alloc = req.allocate.model_copy(update={"cycle_id": cycle_id})
+        alloc = replaced(req.allocate, {"cycle_id": cycle_id})
         ticket = await self.ledger.fence.allocate_read(alloc)
         if not ticket.granted:
             return ReadCycleResult(ticket=ticket,

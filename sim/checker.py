@@ -35,7 +35,7 @@ from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.records.versioned import ResourceSubscriptionV1
 from mcpsync.workflows.subscription_program import WaitKind
 from mcpsync.workflows.verification_rules import continues_chain
-from sim.interpreter import RunStage, Signal
+from sim.interpreter import ProgramRun, RunStage, Signal
 from sim.ledger import LedgerWrite
 from sim.model import INVALIDATIONS, Invariant
 
@@ -46,6 +46,8 @@ V = AcceptVerdict
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
 # hook (about ten times a plain attribute), and ``check`` runs after every step.
 ACTIVE, IDLE, WEDGED = S.ACTIVE, WaitKind.IDLE, RunStage.WEDGED
+_TOMBSTONE_PENDING, _DISCOVERED, _SUBSCRIBING = S.TOMBSTONE_PENDING, S.DISCOVERED, S.SUBSCRIBING
+_VERDICT_TOMBSTONE_PENDING = V.TOMBSTONE_PENDING
 VERSION_WRITES = frozenset({V.ACCEPTED, V.UNCHANGED, V.TOMBSTONE_PENDING, V.GUARDRAIL_REJECTED})
 CURRENT = frozenset({V.ACCEPTED, V.UNCHANGED})
 SERVED = frozenset({ReadOutcomeKind.CONTENT, ReadOutcomeKind.NOT_FOUND})  # the oracle served a version
@@ -70,6 +72,14 @@ class Checker:
         self._close_fences: list[int] = []
         self._last_allocated_at: datetime | None = None  # when the ledger last granted a read ordinal
         self._late_timers: set[datetime | None] = set()  # wake-ups already reported as too late
+        # what the checks last read: the run and its activations (``check``), the row and allocation time
+        # (``_check_read_deadline``), the receipts and reopened rows (``_check_record``)
+        self._run_seen: ProgramRun | None = None
+        self._activations_seen = 0
+        self._deadline_row: FenceSnapshot | None = None
+        self._deadline_allocated_at: datetime | None = None
+        self._receipts_seen = 0
+        self._reopened_seen = 0
         self._noted_change: dict[int, int] = {}  # the row's notified count -> the change that note announced
         self._noted_writes = 0  # writes to ``_noted_change`` (``newest_noted`` asks again after one)
         self._newest_noted: tuple[int, int, int] = (-1, -1, 0)  # (covered, writes, answer) of the last ask
@@ -102,6 +112,11 @@ class Checker:
             for w in log[self._log_seen:]:
                 self._check_write(w)
             self._log_seen = len(log)
+        # The run's state changes only in an activation: whether one ran since the last check.
+        wf = self.sim.wf
+        ran = wf is not self._run_seen or wf.activations != self._activations_seen
+        if ran:
+            self._run_seen, self._activations_seen = wf, wf.activations
         # What ``_check_clean`` reads (its report is made once): the row compared by identity, as
         # ``==`` on two records compares every field.
         clean = self._clean_key
@@ -109,11 +124,20 @@ class Checker:
                 or clean[2] != self._accepted_version:
             self._clean_key = (row, self._noted_writes, self._accepted_version)
             self._check_clean()
-        self._check_read_deadline()
+        # What the read-deadline check reads: the run, the row (by identity) and the last allocation's
+        # time. With none of them changed, neither is its answer (a late wake-up is reported once).
+        if ran or row is not self._deadline_row or self._last_allocated_at != self._deadline_allocated_at:
+            self._deadline_row, self._deadline_allocated_at = row, self._last_allocated_at
+            self._check_read_deadline()
         if self._overdue_after is not None:
             self._check_overdue()
         self._track_sweep()
-        self._check_record()
+        # What the record check reads: the run, the receipts (only appended) and the reopened rows.
+        receipts, reopened = len(self.sim.ledger.receipts), len(self._reopened)
+        if (ran or receipts != self._receipts_seen or reopened != self._reopened_seen) \
+                and not self._record_reported:
+            self._receipts_seen, self._reopened_seen = receipts, reopened
+            self._check_record()
         if self.converged():
             if self.converged_since is None:
                 self.converged_since = self.sim.step
@@ -203,13 +227,15 @@ class Checker:
         read: the ledger's receipt ``last_receipt_id`` is at the record's watermark (the newest read that
         moved the version) and, when that read saw content, carries the record's digest (none only on a
         row reopened after it: no current version). A tombstone's receipt has no digest of its own."""
-        if self._record_reported or self.sim.wf.stage == WEDGED:
-            return
         # The record copies these fields from the fence state, and receipts are only appended: while
-        # none of them changes, the check's answer cannot change (the check runs every step).
-        s = self.sim.wf.fence.s
+        # none of them changes, the check's answer cannot change (``check`` asks after an activation or
+        # a new receipt or reopened row).
+        wf = self.sim.wf
+        if wf.stage == WEDGED:
+            return
+        s = wf.fence.s
         fields = (s.last_receipt_id, s.watermark, s.last_accepted_digest)
-        key = (fields, len(self.sim.ledger.receipts), len(self._reopened))
+        key = (fields, self._receipts_seen, self._reopened_seen)
         if key == self._record_key:
             return
         self._record_key = key
@@ -325,7 +351,7 @@ class Checker:
             self.sim.cover("close_fenced")
             return
         if w.kind == "tombstone":
-            if w.before.state != S.TOMBSTONE_PENDING:
+            if w.before.state != _TOMBSTONE_PENDING:
                 self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"tombstone confirmed from {w.before.state}")
             return
         if w.kind == "revoke":
@@ -333,10 +359,10 @@ class Checker:
             if w.before.state in TERMINAL_STATES:
                 self.sim.violate(Invariant.NOT_ACTIVE_WRITE, f"revocation outbox row from {w.before.state}")
             return
-        if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == S.DISCOVERED \
+        if w.kind == "state" and w.before.state in TERMINAL_STATES and w.after.state == _DISCOVERED \
                 and w.after.last_receipt_id is not None:
             self._reopened.add(w.after.last_receipt_id)
-        if w.kind == "state" and w.before.state == S.SUBSCRIBING and w.after.state == ACTIVE:
+        if w.kind == "state" and w.before.state == _SUBSCRIBING and w.after.state == ACTIVE:
             # ``mark_active``: the row's verification chain goes on while it holds a version (the
             # ledger's rule of what one chain is), else a new one starts; scheduled with a period
             self._chain_period = self.sim.ledger.safety_read_seconds
@@ -371,7 +397,7 @@ class Checker:
                                  f"{status} ordinal {o.ordinal} while row {before.state} gen "
                                  f"{before.session_generation}/{before.subscription_generation}, read gen "
                                  f"{o.session_generation}/{o.subscription_generation}")
-        if status == V.TOMBSTONE_PENDING and fenced:
+        if status == _VERDICT_TOMBSTONE_PENDING and fenced:
             self.sim.violate(Invariant.LATE_TOMBSTONE, f"ordinal {o.ordinal} <= close ordinal {fence}")
         if invalidation is not None:
             if before.state in CLOSING_STATES or before.state in TERMINAL_STATES or fenced:

@@ -21,6 +21,7 @@ from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
+    AcceptVerdict,
     AllocateRequest,
     FenceSnapshot,
     KeyRequest,
@@ -39,6 +40,12 @@ from sim.ledger import LEDGER_ACTIVITIES, MemoryLedger
 from sim.world import Activity, McpServer, Oracle, ReadFailed
 
 __all__ = ["CycleRunner", "SimSessionActivities"]
+
+# Coverage names of the verdicts, made once (an f-string reads the member's ``value`` through Enum's slow
+# descriptor).
+VERDICT_LABELS = {v: f"verdict.{v.value}" for v in AcceptVerdict}
+# Read once (an ``Enum`` class attribute goes through the metaclass's slow ``__getattr__`` on 3.11).
+_SESSION_LOST, _SUBSCRIBE_CYCLE = ReadOutcomeKind.SESSION_LOST, Act.MCP_SUBSCRIBE_CYCLE
 
 
 class _Pause:
@@ -70,7 +77,7 @@ class SimSessionActivities(McpSessionActivities):
 
     async def _read(self, req: ReadRequest) -> tuple[ReadOutcome, ReadBody | None]:
         outcome = self.host.read(req, self.oracle, fault=self.fault)
-        if outcome.kind != ReadOutcomeKind.SESSION_LOST:
+        if outcome.kind != _SESSION_LOST:
             await self.pause()
         return outcome, None
 
@@ -120,7 +127,7 @@ class CycleRunner:
         if act.cycle is None:
             cycle_id = cycle_id or f"run{act.run}/a{act.aid}"
             act.cycle = self.sessions.run_subscribe_cycle(act.arg, cycle_id=cycle_id) \
-                if act.name == Act.MCP_SUBSCRIBE_CYCLE else \
+                if act.name == _SUBSCRIBE_CYCLE else \
                 self.sessions.run_cycle(act.arg, cycle_id=cycle_id, absorb=absorb)
         self.sessions.act, self.sessions.fault = act, fault
         try:
@@ -136,5 +143,5 @@ class CycleRunner:
             self.cover("start_cycle" if cycle is not None else "start_cycle.not_marked")
         if cycle is not None and cycle.accept is not None:
             self.cover("read_cycle")
-            self.cover(f"verdict.{cycle.accept.verdict.value}")
+            self.cover(VERDICT_LABELS[cycle.accept.verdict])
         return True, result

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from mcpsync.workflows.coverage import dirty
@@ -38,6 +39,7 @@ from mcpsync.workflows.records.subscription import (
 )
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
+from mcpsync.workflows.subscription_state import UpdateDisposition
 from sim.checker import Checker
 from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
@@ -63,14 +65,26 @@ from sim.world import Activity, Checkpoint, McpServer, Message, Oracle
 V = AcceptVerdict
 ONE_STEP = timedelta(seconds=1)
 OP_LABELS = {op: f"op.{op.value}" for op in Op}  # coverage names of applied events
+_UPDATE_LABELS = {d: f"update.{d.value}" for d in UpdateDisposition}  # ... of the run's noted updates
 # Events for the running chain: inapplicable once it has completed (RESTART is for a completed one).
 CHAIN_OPS = frozenset({Op.CLOSE, Op.TIMER, Op.CAN, Op.CHECKPOINT, Op.CATALOG, Op.CONFLICT, Op.RESUME,
                        Op.FIRST_READ, Op.REVOKE})
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__`` hook
 # (about ten times a plain attribute), and these are compared on every step.
 _TIMER, _SETTLE, _COMPLETE, _EXEC, _DELIVER = Op.TIMER, Op.SETTLE, Op.COMPLETE, Op.EXEC, Op.DELIVER
-_DELETE, _RECREATE = Op.DELETE, Op.RECREATE
+_DELETE, _RECREATE, _SWEEP = Op.DELETE, Op.RECREATE, Op.SWEEP
+_CURRENT = (V.ACCEPTED, V.UNCHANGED)
+_CONFIRM_TOMBSTONE, _MCP_UNSUBSCRIBE, _REVOKED = Act.CONFIRM_TOMBSTONE, Act.MCP_UNSUBSCRIBE, S.REVOKED
 _CYCLES = frozenset({Act.MCP_READ_CYCLE, Act.MCP_SUBSCRIBE_CYCLE})
+_REVOKE = RevokeRequest(reason="simulated platform revocation")  # frozen records: one a process
+
+
+@cache
+def _start(max_concurrent_reads: int, safety_read_seconds: float) -> SubscriptionStart:
+    """A new chain's start: the same frozen record for every chain of a profile, so one a process."""
+    return SubscriptionStart(key=KEY, options=SubscriptionOptions(
+        max_concurrent_reads=max_concurrent_reads, poll_interval_seconds=30.0,
+        safety_read_seconds=safety_read_seconds))
 
 
 class Simulation:
@@ -144,10 +158,8 @@ class Simulation:
         self.run += 1
         self.checkpoints.clear()
         self.signal_log.clear()
-        options = SubscriptionOptions(max_concurrent_reads=self.profile.max_concurrent_reads,
-                                      poll_interval_seconds=30.0,
-                                      safety_read_seconds=self.profile.safety_read_seconds)
-        return self._program_run(SubscriptionStart(key=KEY, options=options), f"chain{self.chain}")
+        return self._program_run(_start(self.profile.max_concurrent_reads, self.profile.safety_read_seconds),
+                                 f"chain{self.chain}")
 
     def _activate(self) -> None:
         """Run the workflow until blocked and carry out its commands (repeat for continue-as-new)."""
@@ -156,13 +168,17 @@ class Simulation:
             wf.clock = self.times[self.step]
             if wf.stage == RUNNING:
                 wf.activate()
-            for err in wf.errors:
-                invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
-                self.violate(invariant, err)
-            wf.errors.clear()
-            for _nid, disposition in wf.notes:
-                self.cover(f"update.{disposition.value}")
-            wf.notes.clear()
+            if wf.errors:
+                for err in wf.errors:
+                    invariant = Invariant.LIVELOCK if err.startswith("livelock") else Invariant.WORKFLOW_ERROR
+                    self.violate(invariant, err)
+                wf.errors.clear()
+            if wf.notes:
+                for _nid, disposition in wf.notes:
+                    self.cover(_UPDATE_LABELS[disposition])
+                wf.notes.clear()
+            if not wf.commands:  # most steps: the run was not activated, or scheduled nothing
+                return
             commands, wf.commands = wf.commands, []
             can: ContinueAsNew | None = None
             for cmd in commands:
@@ -196,7 +212,7 @@ class Simulation:
             due = self.ingress.settle_due()
             if due is not None and due > at:
                 at = due
-        elif event.op == Op.SWEEP:
+        elif event.op == _SWEEP:
             due = self.ingress.sweep_due()
             if due is not None and due > at:
                 at = due
@@ -244,9 +260,10 @@ class Simulation:
             self.ingress.sweep()
             self.step += 1
             self.times.append(at)
-            self.exists_history.append(self.oracle.exists)
+            self.exists_history.append(self.oracle.digest is not None)  # ``Oracle.exists``
             self.events.append(event)
-            self.cover(OP_LABELS[event.op])
+            coverage, label = self.coverage, OP_LABELS[event.op]  # ``cover``
+            coverage[label] = coverage.get(label, 0) + 1
             self._activate()
             self.checker.check()
         return applied
@@ -280,7 +297,7 @@ class Simulation:
             cycle = msg.payload.cycle
             if self.chain_running and cycle.accept is not None \
                     and cycle.ticket.ordinal < self.wf.fence.s.last_accepted_ordinal \
-                    and cycle.accept.verdict in (V.ACCEPTED, V.UNCHANGED):
+                    and cycle.accept.verdict in _CURRENT:
                 # A report older than a verdict the run already holds: ``fence.accepted_digest`` keeps
                 # the newer digest.
                 self.cover("ingress.report_older_than_view")
@@ -409,7 +426,7 @@ class Simulation:
         return True
 
     def _on_revoke(self, e: Event) -> bool:
-        self._signal(Signal.REVOKE, RevokeRequest(reason="simulated platform revocation"))
+        self._signal(Signal.REVOKE, _REVOKE)
         return True
 
     def _on_restart(self, e: Event) -> bool:
@@ -430,11 +447,11 @@ class Simulation:
             if name in LEDGER_ACTIVITIES:
                 before = self.ledger.row.state
                 result = LEDGER_ACTIVITIES[name](self.ledger, arg)
-                if name == Act.CONFIRM_TOMBSTONE and result.state == S.REVOKED and before != S.REVOKED \
+                if name == _CONFIRM_TOMBSTONE and result.state == _REVOKED and before != _REVOKED \
                         and self.oracle.exists:
                     # a late proven word revoked a resource that exists
                     self.cover("catalog_revoked_existing")
-            elif name == Act.MCP_UNSUBSCRIBE:
+            elif name == _MCP_UNSUBSCRIBE:
                 result = self.host.unsubscribe(arg, ack_lost=fault == "ack_lost")
                 if fault == "ack_lost":
                     self.cover("unsubscribe_ack_lost")

@@ -49,6 +49,7 @@ from mcpsync.workflows.ingress import (
     Turn,
     UnknownUri,
 )
+from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.read_cycle import ReadCycleResult
 from mcpsync.workflows.records.subscription import ResourceUpdated
 from sim.interpreter import Signal
@@ -61,6 +62,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Processing", "IngressDriver"]
 
+_VERDICT_LABELS = {v: f"ingress.verdict.{v.value}" for v in AcceptVerdict}  # coverage names, made once
+# Read once (an ``Enum`` class attribute goes through the metaclass's slow ``__getattr__`` on 3.11).
+_OFFER_READY, _READY, _SETTLING = Offer.READY, Turn.READY, Turn.SETTLING
+_UPDATED, _READ_REPORTED = Signal.UPDATED, Signal.READ_REPORTED
 SWEPT = "s"  # the ingress id of the sweep's synthetic notes starts so (a notification's: "n", "old", "w")
 
 
@@ -135,7 +140,7 @@ class IngressDriver:
         key = (uri, generation)
         _, prior = self._pulses.get(key, ("", 0))
         self._pulses[key] = (nid, max(prior, change))
-        if self.router.offer(uri, generation, now=self._seconds(self.sim.now)) != Offer.READY:
+        if self.router.offer(uri, generation, now=self._seconds(self.sim.now)) != _OFFER_READY:
             self.sim.cover("ingress.queued")
             return None
         signalled = self._process()
@@ -173,10 +178,10 @@ class IngressDriver:
                 if self.router.no_work > p.no_work_before:
                     self.sim.cover("update.ingress_no_work")
                     self.covered_reads_saved += 1
-                if stop.value == Turn.READY:  # the key is ready again
+                if stop.value == _READY:  # the key is ready again
                     self.sim.cover("ingress.queued_routed")
                     self.sim.queue.extend(self._process())
-                elif stop.value == Turn.SETTLING:
+                elif stop.value == _SETTLING:
                     self.sim.cover("ingress.settling")
                 return
             if isinstance(effect, ReadCycle):
@@ -198,7 +203,7 @@ class IngressDriver:
         if isinstance(effect, UnknownUri):
             # No row for a URI variant. The world lets its wake-up reach the workflow anyway (production's
             # ingress audits it instead): that exercises ``resource_updated``'s WRONG_URI defence.
-            self._signalled(p, Message(Signal.UPDATED, ResourceUpdated(
+            self._signalled(p, Message(_UPDATED, ResourceUpdated(
                 uri=effect.uri, session_generation=effect.generation, notification_id=p.nid)))
             return None
         if isinstance(effect, Stamp):
@@ -212,11 +217,11 @@ class IngressDriver:
         if isinstance(effect, SignalUpdated):
             if p.cycle is not None:
                 self.sim.cover("ingress.fallback")
-            self._signalled(p, Message(Signal.UPDATED, effect.update))
+            self._signalled(p, Message(_UPDATED, effect.update))
             return True
         if isinstance(effect, ReportRead):
             self.sim.cover("ingress.report")
-            self.sim.queue.append(Message(Signal.READ_REPORTED, effect.report))
+            self.sim.queue.append(Message(_READ_REPORTED, effect.report))
             return True
         return []  # Siblings: the world has one URI; nothing else is asked of it
 
@@ -265,7 +270,7 @@ class IngressDriver:
             self.sim.activities.remove(act)
             if isinstance(result, ReadCycleResult) and result.judged:
                 assert result.accept is not None
-                self.sim.cover(f"ingress.verdict.{result.accept.verdict.value}")
+                self.sim.cover(_VERDICT_LABELS[result.accept.verdict])
             self._resume(p, result if isinstance(result, ReadCycleResult) else None)
 
     def _absorb(self, p: Processing) -> int:

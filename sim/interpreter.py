@@ -6,6 +6,10 @@ Contract:
   handlers are coroutines it steps by hand. An activation runs every ready coroutine, then
   checks the wait conditions in the order they were registered (all that hold wake up),
   and repeats until nothing is ready: the order of temporalio's own workflow event loop.
+- An activation with no input since the last one is skipped (``activate``): the program's wait
+  conditions read its own state, and none depends on the clock (the deadline keeper's ask
+  ``until_read_due(rt.now())`` only whether a deadline applies), so none can have changed; as in
+  Temporal, where a run is activated only by a new event. The skipped activation is not logged.
 - The program's runtime calls become commands (``ScheduleActivity``, ``ContinueAsNew``) the
   simulation carries out, and inputs (``start``, ``signal``, ``complete``, ``fail``,
   ``fire_timer``, ``suggest_continue_as_new``, ``activate``) the simulation feeds back. Each
@@ -16,14 +20,18 @@ Contract:
 - Failures the program would cause in Temporal are reported, never raised: an exception in a
   coroutine (``errors``; the run wedges if it was the main loop) and a main loop that runs
   ``LOOP_BUDGET`` iterations without waiting (a livelock: Temporal's deadlock detector).
+- What the run shows operators (``Publisher``: search attributes, the details panel) is shown nowhere:
+  the run's publisher is ``_Unshown``, which compares and makes nothing (the checker judges the
+  ledger's rows and the run's record, not what it publishes).
 - No I/O, no wall clock, no hashing of ``id()``s: the same inputs give the same commands.
 """
 
 from __future__ import annotations
 
 import random
+import types
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -37,6 +45,7 @@ from mcpsync.workflows.records.subscription import (
     SessionChanged,
     SubscriptionStart,
 )
+from mcpsync.workflows.subscription_details import Publisher
 from mcpsync.workflows.subscription_program import SubscriptionProgram
 from mcpsync.workflows.subscription_state import SubscriptionFence, UpdateDisposition
 
@@ -71,15 +80,28 @@ class Signal(StrEnum):
 
 
 # Read once: on Python 3.11 an ``Enum`` class attribute goes through the metaclass's ``__getattr__``
-# hook (about ten times a plain attribute), and these are compared on every scheduler pass.
+# hook (about ten times a plain attribute), and these are compared on every scheduler pass (``_S``:
+# every signal delivered).
 RUNNING = RunStage.RUNNING
+
+
+class _S:
+    """The signals ``signal`` tells apart, as plain class attributes."""
+
+    UPDATED, READ_REPORTED, SESSION_CHANGED = Signal.UPDATED, Signal.READ_REPORTED, Signal.SESSION_CHANGED
+    CATALOG, CONFLICT, REVOKE, RESUME = Signal.CATALOG, Signal.CONFLICT, Signal.REVOKE, Signal.RESUME
+    CLOSE_SIGNAL, CLOSE, FIRST_READ = Signal.CLOSE_SIGNAL, Signal.CLOSE, Signal.FIRST_READ
+
 ENDED = frozenset({RunStage.DONE, RunStage.WEDGED})  # the chain does not go on (``Simulation.chain_running``)
 # Coverage labels of the timers of these waits; any other wait's timer is the read deadline's.
 _TIMER_KINDS = {WaitKind.SESSION: "session", WaitKind.RECONCILIATION: "reconcile",
                 WaitKind.WATCHDOG: "watchdog"}
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor ``_Wait``): a frozen dataclass's ``__init__`` sets each field through
+# ``object.__setattr__``, four times a plain one's, and the program makes one of each for every
+# activity and wait. Neither is changed once made.
+@dataclass(slots=True)
 class ScheduleActivity:
     seq: int
     name: str
@@ -91,23 +113,10 @@ class ContinueAsNew:
     start: SubscriptionStart
 
 
-@dataclass(frozen=True, slots=True)
-class _WaitRequest:
-    condition: Callable[[], bool]
-    timeout: timedelta | None
-    kind: WaitKind
-
-
-class _Yield:
+@types.coroutine
+def _request(request: ScheduleActivity | _Wait) -> Generator[Any, Any, Any]:
     """The one awaitable the interpreter hands out: it passes a request up to the scheduler."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: ScheduleActivity | _WaitRequest) -> None:
-        self.request = request
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return (yield self.request)
+    return (yield request)
 
 
 class _ContinuedAsNew(BaseException):
@@ -127,11 +136,38 @@ class _Task:
 
 
 @dataclass(eq=False, slots=True)
-class _Condition:
+class _Wait:
+    """A wait the program asked for (of the task being stepped); once ``_step`` took it, one of the run's
+    conditions."""
+
+    condition: Callable[[], bool]
+    timeout: timedelta | None
+    kind: WaitKind
     task: _Task
-    request: _WaitRequest
-    fire_at: datetime | None  # its timer, if it has a timeout
-    timer_kind: str  # coverage label of that timer: session | reconcile | poll | safety | watchdog
+    fire_at: datetime | None = None  # its timer, if it has a timeout
+    timer_kind: str = ""  # coverage label of that timer: session | reconcile | poll | safety | watchdog
+
+
+class _Unshown(Publisher):
+    """The run's publisher in the simulator, which shows nothing: nothing to compare, no ``Publication``
+    to make (the program publishes about 28 times a schedule)."""
+
+    def details(self, fence: SubscriptionFence, *, watched: bool = False) -> None:
+        pass
+
+    def search_attributes(self, fence: SubscriptionFence) -> None:
+        pass
+
+
+# The payloads ``signal`` delivers: frozen records, so one a process (one a generation).
+_RESUME = ResumeRequest(reason="simulated resume")
+_CLOSE_SIGNAL = CloseRequest(reason="simulated close signal")
+_CLOSE = CloseRequest(reason="simulated close")
+
+
+@cache
+def _session_changed(generation: int) -> SessionChanged:
+    return SessionChanged(session_generation=generation)
 
 
 @cache
@@ -161,7 +197,7 @@ class ProgramRun:
     draws: list[Any] = field(default_factory=list)
     _replay_draws: deque[Any] = field(default_factory=deque)
     _ready: deque[tuple[_Task, Any, BaseException | None]] = field(default_factory=deque)
-    _conditions: list[_Condition] = field(default_factory=list)
+    _conditions: list[_Wait] = field(default_factory=list)
     _activities: dict[int, _Task] = field(default_factory=dict)
     _requests: dict[int, ScheduleActivity] = field(default_factory=dict)
     _seq: int = 0
@@ -170,14 +206,20 @@ class ProgramRun:
     _main: _Task | None = None
     _iterations: int = 0
     _handlers_running: int = 0  # the sum of ``handlers``
+    _input: bool = False  # an input arrived since the last activation (``activate`` runs)
+    # Activations run: the run's state changes only in one (an input, even a handler run at once, is
+    # followed by one), so while this count is the same, what the run holds is (the checker asks).
+    activations: int = 0
+    _stepping: _Task = field(init=False)  # the task ``_step`` runs (whose ``wait`` it is)
     # What the simulation asks after every step, found once per change of ``_conditions``: the main
     # loop's wait and the armed timer that fires first.
     _indexed: bool = False
-    _main_condition: _Condition | None = None
-    _first_timer: _Condition | None = None
+    _main_condition: _Wait | None = None
+    _first_timer: _Wait | None = None
 
     def __post_init__(self) -> None:
         self.program = SubscriptionProgram(self.start_args, self)
+        self.program.publisher = _Unshown(self.publish, self.start_args.options)
 
     # --- what the simulation inspects -----------------------------------------------------------
 
@@ -191,9 +233,9 @@ class ProgramRun:
         if not self._indexed:
             self._index()
         c = self._main_condition
-        return c.request.kind if c is not None else None
+        return c.kind if c is not None else None
 
-    def _next_timer(self) -> _Condition | None:
+    def _next_timer(self) -> _Wait | None:
         """The armed timer that fires first (the main loop's, or the deadline keeper's; the first
         registered of those that fire at the same time)."""
         if not self._indexed:
@@ -201,8 +243,8 @@ class ProgramRun:
         return self._first_timer
 
     def _index(self) -> None:
-        main: _Condition | None = None
-        first: _Condition | None = None
+        main: _Wait | None = None
+        first: _Wait | None = None
         for c in self._conditions:
             if main is None and c.task is self._main:
                 main = c
@@ -226,7 +268,9 @@ class ProgramRun:
     # --- inputs -----------------------------------------------------------------------------------
 
     def _record(self, op: str, *args: Any) -> None:
+        """Log an input (``replayed`` feeds it again); the next activation runs."""
         self.log.append((self.clock, op, args))
+        self._input = True
 
     def start(self) -> None:
         self._record("start")
@@ -237,32 +281,30 @@ class ProgramRun:
         """Deliver a signal or update (an update its validator rejects is not run)."""
         self._record("signal", kind, payload)
         p = self.program
-        if kind == Signal.UPDATED:
+        if kind == _S.UPDATED:
             self._handler(kind, p.on_resource_updated(payload))
-        elif kind == Signal.READ_REPORTED:
+        elif kind == _S.READ_REPORTED:
             self._handler(kind, p.on_read_reported(payload))
-        elif kind == Signal.SESSION_CHANGED:
-            p.on_session_changed(SessionChanged(session_generation=payload))
-        elif kind == Signal.CATALOG:
+        elif kind == _S.SESSION_CHANGED:
+            p.on_session_changed(_session_changed(payload))
+        elif kind == _S.CATALOG:
             p.on_catalog_reconciled(payload)
-        elif kind == Signal.CONFLICT:
+        elif kind == _S.CONFLICT:
             p.on_identity_conflict(payload)
-        elif kind == Signal.REVOKE:
+        elif kind == _S.REVOKE:
             p.on_revoke(payload)
-        elif kind == Signal.RESUME:
-            req = ResumeRequest(reason="simulated resume")
+        elif kind == _S.RESUME:
             try:
-                p.validate_resume(req)
+                p.validate_resume(_RESUME)
             except ValueError:
                 return
-            self._handler(kind, p.on_resume(req))
-        elif kind == Signal.CLOSE_SIGNAL:
-            p.on_close_signal(CloseRequest(reason="simulated close signal"))
-        elif kind == Signal.CLOSE:
-            close = CloseRequest(reason="simulated close")
-            p.validate_close(close)
-            self._handler(kind, p.on_close(close))
-        elif kind == Signal.FIRST_READ:
+            self._handler(kind, p.on_resume(_RESUME))
+        elif kind == _S.CLOSE_SIGNAL:
+            p.on_close_signal(_CLOSE_SIGNAL)
+        elif kind == _S.CLOSE:
+            p.validate_close(_CLOSE)
+            self._handler(kind, p.on_close(_CLOSE))
+        elif kind == _S.FIRST_READ:
             self._handler(kind, p.on_first_read())
 
     def _handler(self, kind: Signal, coro: Coroutine[Any, Any, Any]) -> None:
@@ -298,8 +340,14 @@ class ProgramRun:
         self.can_suggested = True
 
     def activate(self) -> None:
-        """Run every coroutine until all of them wait on something external."""
-        self._record("activate")
+        """Run every coroutine until all of them wait on something external. Without an input since
+        the last activation nothing runs: every condition was false when that one ended, and what they
+        read has not changed since (the module's contract)."""
+        if not self._input:
+            return
+        self.log.append((self.clock, "activate", ()))
+        self._input = False
+        self.activations += 1
         self._iterations = 0
         while self.stage == RUNNING:
             while self._ready and self.stage == RUNNING:
@@ -307,10 +355,10 @@ class ProgramRun:
                 self._step(task, value, exc)
             if self.stage != RUNNING:
                 return
-            woken: list[_Condition] = []
-            waiting: list[_Condition] = []
+            woken: list[_Wait] = []
+            waiting: list[_Wait] = []
             for c in self._conditions:
-                (woken if c.request.condition() else waiting).append(c)
+                (woken if c.condition() else waiting).append(c)
             if not woken:
                 return
             self._conditions, self._indexed = waiting, False
@@ -335,6 +383,7 @@ class ProgramRun:
     # --- the scheduler ------------------------------------------------------------------------------
 
     def _step(self, task: _Task, value: Any, exc: BaseException | None) -> None:
+        self._stepping = task
         try:
             request = task.coro.throw(exc) if exc is not None else task.coro.send(value)
         except StopIteration:
@@ -363,7 +412,7 @@ class ProgramRun:
             self._requests[request.seq] = request
             self.commands.append(request)
             return
-        assert isinstance(request, _WaitRequest)
+        assert isinstance(request, _Wait)
         timeout = request.timeout
         if timeout is not None and timeout <= timedelta(0):
             self._ready.append((task, False, None))  # asyncio.wait_for(…, 0): times out at once
@@ -372,8 +421,10 @@ class ProgramRun:
         if timeout is not None:
             kind = _TIMER_KINDS.get(request.kind,
                                     "poll" if self.fence.s.staleness_bound_seconds is not None else "safety")
-        self._conditions.append(_Condition(task, request, None if timeout is None else self.clock + timeout,
-                                           kind))
+        request.timer_kind = kind
+        if timeout is not None:
+            request.fire_at = self.clock + timeout
+        self._conditions.append(request)
         self._indexed = False
 
     def _finished(self, task: _Task) -> None:
@@ -414,9 +465,9 @@ class ProgramRun:
     def first_execution_run_id(self) -> str:
         return self.incarnation
 
-    def _schedule(self, name: str, arg: Any) -> _Yield:
+    def _schedule(self, name: str, arg: Any) -> Awaitable[Any]:
         self._seq += 1
-        return _Yield(ScheduleActivity(self._seq, name, arg))
+        return _request(ScheduleActivity(self._seq, name, arg))
 
     async def ledger(self, name: str, arg: Any, result_type: type[T]) -> T | None:
         result: T | None = await self._schedule(name, arg)
@@ -427,7 +478,7 @@ class ProgramRun:
         return result
 
     async def wait(self, condition: Callable[[], bool], timeout: timedelta | None, kind: WaitKind) -> bool:
-        woke: bool = await _Yield(_WaitRequest(condition, timeout, kind))
+        woke: bool = await _request(_Wait(condition, timeout, kind, self._stepping))
         return woke
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

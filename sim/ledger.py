@@ -45,6 +45,7 @@ from mcpsync.workflows.ledger_flow import (
 )
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, judge_read
 from mcpsync.workflows.names import Act
+from mcpsync.workflows.records.base import replaced
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
@@ -105,7 +106,10 @@ class ReadRequestRow(TypedDict):
     completed_at: int | None  # the length of ``MemoryLedger.log`` then: this ledger's clock
 
 
-@dataclass(frozen=True, slots=True)
+# The ledger's rows as it logs them. Not frozen, though never changed once made: a frozen dataclass's
+# ``__init__`` sets each field through ``object.__setattr__``, four times a plain one's, and a schedule
+# logs about 22 writes.
+@dataclass(slots=True)
 class Receipt:
     receipt_id: int
     ordinal: int
@@ -114,7 +118,7 @@ class Receipt:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutboxEntry:
     outbox_id: int
     event_type: OutboxEventType
@@ -123,7 +127,7 @@ class OutboxEntry:
     ordinal: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LedgerWrite:
     """One committed ledger transaction, as the invariant checker sees it."""
 
@@ -136,6 +140,11 @@ class LedgerWrite:
     receipt: Receipt | None = None
     outbox: OutboxEntry | None = None
     ordinal: int = 0
+
+
+# Answers that are always the same (frozen records: one a process).
+_REFUSED = ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+_UNSCHEDULED = WatchResult(scheduled=False)
 
 
 @cache
@@ -168,7 +177,10 @@ class MemoryLedger:
         self.verified_at: datetime | None = None  # the chain's newest verification
         self.verify_due_at: datetime | None = None  # when the next is due (the sweep's index)
         self.watched_at: datetime | None = None  # the watchdog's previous look at this chain
-        self._draws = random.Random(f"{seed}/verification")  # ``record_allocation``'s random.random()
+        # ``record_allocation``'s random.random(), seeded at its first draw (seeding from a string costs
+        # about as much as a read cycle's records, and many schedules never verify)
+        self._seed = seed
+        self._draws: random.Random | None = None
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -234,12 +246,12 @@ class MemoryLedger:
             self.audit.append("WORKFLOW_ID_MISMATCH")
         writes = ensure_writes(row, held=self.incarnation, incarnation=incarnation)
         self.incarnation = writes.pop("incarnation", self.incarnation)
-        return self._set(row.model_copy(update=writes))
+        return self._set(replaced(row, writes))
 
     def transition(self, writes: dict[str, Any]) -> FenceSnapshot:
         """``FenceLedger._transition``: a ``ledger_flow`` rule's ``writes`` on the row."""
         self.safety_read_seconds = writes.pop("safety_read_seconds", self.safety_read_seconds)
-        return self._set(self.row.model_copy(update=writes))
+        return self._set(replaced(self.row, writes))
 
     def prior_allocation(self, req: AllocateRequest) -> ReadTicket | str:
         """``allocation.prior_allocation`` answered from the tables: the ticket an earlier allocation of
@@ -267,7 +279,7 @@ class MemoryLedger:
         plan = coverage.plan_allocate(row, session_generation=req.session_generation,
                              subscription_generation=req.subscription_generation, min_ordinal=req.min_ordinal)
         if plan is None:
-            return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
+            return _REFUSED
         if request_id in self.request_ids:
             raise LedgerIntegrityError(
                 f"read_requests.request_id UNIQUE: {request_id} already holds an ordinal")
@@ -288,12 +300,17 @@ class MemoryLedger:
         return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
                           notifications_seen=plan.notified)
 
+    def _draw(self) -> float:
+        if self._draws is None:
+            self._draws = random.Random(f"{self._seed}/verification")
+        return self._draws.random()
+
     def _record_allocation(self, row: FenceSnapshot) -> OutboxEntry | None:
         """``verification.record_allocation`` for the row as it stood before the grant: a verification of a
         scheduled row, due again ``verification_delay`` later; the ``overdue`` entry of the gap it closed,
         when that breach was not reported yet."""
         period = self.safety_read_seconds
-        if row.state != S.ACTIVE or period is None:
+        if row.state != _ACTIVE or period is None:
             return None
         entry = None
         if self.verified_at is not None:  # a chain's first verification closes no gap
@@ -302,7 +319,7 @@ class MemoryLedger:
             entry = self._report_overdue() if gap.report else None
         self.verified_at = self.now
         self.verify_due_at = self.now + timedelta(
-            seconds=verification_rules.verification_delay(period, self._draws.random()))
+            seconds=verification_rules.verification_delay(period, self._draw()))
         return entry
 
     def mark_active(self, req: MarkActiveRequest) -> FenceSnapshot:
@@ -323,7 +340,7 @@ class MemoryLedger:
     def scheduled_due(self) -> datetime | None:
         """When the row's next verification is due, if the sweep's index holds it (ACTIVE, with a
         safety-read period); None otherwise."""
-        if self.safety_read_seconds is None or self.row.state != S.ACTIVE:
+        if self.safety_read_seconds is None or self.row.state != _ACTIVE:
             return None
         return self.verify_due_at
 
@@ -359,8 +376,8 @@ class MemoryLedger:
     def watch(self) -> WatchResult:
         """``VerificationLedger.watch``: ``judge_gap`` on the gap still open, a new breach reported."""
         period = self.safety_read_seconds
-        if self.row.state != S.ACTIVE or period is None:
-            return WatchResult(scheduled=False)
+        if self.row.state != _ACTIVE or period is None:
+            return _UNSCHEDULED
         gap = verification_rules.judge_gap(verified_at=self.verified_at, watched_at=self.watched_at,
                                            now=self.now, period_seconds=period)
         entry = self._report_overdue() if gap.report else None

@@ -56,13 +56,12 @@ class Summary:
 def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = SimConfig(), *,
                   keep_failures: int = 3) -> Summary:
     """Schedules ``start``..``stop-1`` of ``seed``; failures are recorded by index (``shrink_failures``
-    turns the first few into minimal traces once, after merging). Each schedule's summary is folded
+    turns the first few into minimal traces once, after merging). Each schedule's result is folded
     into the total at once, so the heap stays one schedule deep (``_collected_per_schedule``)."""
     total = Summary(seed=str(seed))
     with _collected_per_schedule() as collect:
         for i in range(start, stop):
-            part = _summary_of(str(seed), i, run_schedule(schedule_seed(seed, i), config))
-            _absorb(total, part)
+            _fold(total, i, run_schedule(schedule_seed(seed, i), config))
             del total.failing_indices[keep_failures:]  # in index order: the first few
             collect()
     return total
@@ -85,16 +84,26 @@ def _collected_per_schedule() -> Iterator[Callable[[], object]]:
             gc.enable()
 
 
-def _summary_of(seed: str, index: int, r: ScheduleResult) -> Summary:
-    """The summary of one schedule, ``index`` of ``seed``."""
-    violated = {v.invariant for v in r.violations}
-    return Summary(seed=seed, schedules=1, events=len(r.events), steps=r.steps,
-                   violations={i.value: int(i in violated) for i in Invariant},
-                   failing_schedules=int(r.failed), failing_indices=[index] if r.failed else [],
-                   notification_reads=r.notification_reads, fresh_reads=r.fresh_reads,
-                   duplicate_deliveries=r.duplicate_deliveries, covered_updates=r.covered_updates,
-                   convergence=[] if r.converged_after is None else [r.converged_after],
-                   coverage=dict(r.coverage))
+def _fold(out: Summary, index: int, r: ScheduleResult) -> None:
+    """Add schedule ``index``'s result to ``out`` (its index appended if it failed: the caller cuts the
+    list), as ``_absorb`` adds a summary: each violated invariant counts once."""
+    out.schedules += 1
+    out.events += len(r.events)
+    out.steps += r.steps
+    if r.violations:
+        out.failing_schedules += 1
+        out.failing_indices.append(index)
+        for invariant in {v.invariant.value for v in r.violations}:
+            out.violations[invariant] = out.violations.get(invariant, 0) + 1
+    out.notification_reads += r.notification_reads
+    out.fresh_reads += r.fresh_reads
+    out.duplicate_deliveries += r.duplicate_deliveries
+    out.covered_updates += r.covered_updates
+    if r.converged_after is not None:
+        out.convergence.append(r.converged_after)
+    coverage = out.coverage
+    for k, v in r.coverage.items():
+        coverage[k] = coverage.get(k, 0) + v
 
 
 def worker_count(requested: int, schedules: int) -> int:

@@ -16,6 +16,7 @@ from functools import cache
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from sim.engine import Simulation
+from sim.interpreter import ENDED
 from sim.model import (
     INGRESS_READ,
     SUBSCRIBE_CYCLE_READ,
@@ -62,6 +63,7 @@ _CATALOG_TOMBSTONE, _CATALOG = (3, Op.CATALOG), (0.3, Op.CATALOG)
 _SETTLE = (6, Op.SETTLE)
 _SWEEP, _SWEEP_OFF, _SWEEP_ON = (1.5, Op.SWEEP), (0.4, Op.SWEEP_OFF), (0.6, Op.SWEEP_ON)
 _TOMBSTONE_PENDING, _RECONCILIATION_REQUIRED = S.TOMBSTONE_PENDING, S.RECONCILIATION_REQUIRED
+_RARE_TIMERS = frozenset({"safety", "reconcile", "watchdog"})
 
 
 class _O:
@@ -95,11 +97,12 @@ class _Enabled:
     revoke: bool
     restart: bool
     sweep_stop: bool
+    faults: frozenset[Fault]
 
 
 @cache
 def _enabled(faults: frozenset[Fault]) -> _Enabled:
-    return _Enabled(delete=Fault.DELETE in faults, old_session=Fault.OLD_SESSION in faults,
+    return _Enabled(faults=faults, delete=Fault.DELETE in faults, old_session=Fault.OLD_SESSION in faults,
                     wrong_uri=Fault.WRONG_URI in faults, close=Fault.CLOSE in faults,
                     session_loss=Fault.SESSION_LOSS in faults,
                     continue_as_new=Fault.CONTINUE_AS_NEW in faults, reset=Fault.RESET in faults,
@@ -108,9 +111,8 @@ def _enabled(faults: frozenset[Fault]) -> _Enabled:
                     sweep_stop=Fault.SWEEP_STOP in faults)
 
 
-def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -> Event:
+def _next_event(rng: random.Random, sim: Simulation, f: _Enabled) -> Event:
     """Pick one enabled event, weighted; every random choice is recorded in the Event."""
-    f = _enabled(faults)
     wf = sim.wf
     # What an EXEC and a COMPLETE may pick, in one pass (in list order, as ``picking`` indexes them).
     scheduled: list[Activity] = []
@@ -122,6 +124,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
                 scheduled.append(a)
         elif a.run == run:
             executed.append(a)
+    ingress, host = sim.ingress, sim.host
     # (weight, the op that event applies), in a fixed order: the draw picks by cumulative weight
     options: list[tuple[float, Op]] = []
     add = options.append
@@ -131,36 +134,39 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
         add(_COMPLETE)
     if sim.queue:
         add(_DELIVER)
-    if sim.ingress.router.work.settling:
+    if ingress.router.work.settling:
         add(_SETTLE)
-    if sim.oracle.exists:
+    if sim.oracle.digest is not None:  # it exists
         add(_MUTATE)
         if f.delete:
             add(_DELETE)
     elif f.delete:
         add(_RECREATE)
-    running = sim.chain_running
+    running = wf.stage not in ENDED  # ``sim.chain_running``
     timer = wf.pending_timer if running else ""
-    if timer and not (sim.ingress.sweep_on and sim.ingress.holds(wf.timer_at)):  # a due row comes first
+    # the sweep's next look, if it looks (``IngressDriver.sweep_due``)
+    swept = ingress.sweep_due() if ingress.sweep_on else None
+    if timer and (swept is None or (at := wf.timer_at) is None or at <= swept):  # a due row comes first
         # Poll (30 s) and session recheck (<= 15 s) timers fire often; the safety re-read (300 s) and the
         # watchdog (6 h) rarely.
-        add(_TIMER_RARELY if timer in ("safety", "reconcile", "watchdog") else _TIMER_OFTEN)
-    if sim.ingress.can_jump():
+        add(_TIMER_RARELY if timer in _RARE_TIMERS else _TIMER_OFTEN)
+    if swept is not None and not ingress.router.owes():  # ``IngressDriver.can_jump``
         add(_SWEEP)
     if f.sweep_stop:
-        add(_SWEEP_OFF if sim.ingress.sweep_on else _SWEEP_ON)
-    if f.old_session and sim.host.generation >= 2:
+        add(_SWEEP_OFF if ingress.sweep_on else _SWEEP_ON)
+    if f.old_session and host.generation >= 2:
         add(_OLD_NOTE)
     if f.wrong_uri:
         add(_WRONG_URI)
-    if f.close and running and not wf.fence.s.close_requested:
+    s = wf.program.fence.s
+    if f.close and running and not s.close_requested:
         add(_CLOSE)
     if f.session_loss:
-        if sim.host.live is not None:
+        if host.live is not None:
             add(_RECONNECT)
         else:
             add(_SESSION_OPEN)
-    elif sim.host.live is None:
+    elif host.live is None:
         add(_SESSION_OPEN)
     if f.continue_as_new and running and not wf.can_suggested:
         add(_CAN)
@@ -169,16 +175,17 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
             add(_CHECKPOINT)
         if sim.checkpoints:
             add(_RESET)
-    state = wf.fence.s.state
-    if f.catalog and running:
-        add(_CATALOG_TOMBSTONE if state == _TOMBSTONE_PENDING else _CATALOG)
-    if f.conflict and running:
-        add(_CONFLICT)
-        if state == _RECONCILIATION_REQUIRED:
-            add(_RESUME)
-    if f.revoke and running:
-        add(_REVOKE)
-    if f.restart and not running:
+    if running:
+        state = s.state
+        if f.catalog:
+            add(_CATALOG_TOMBSTONE if state == _TOMBSTONE_PENDING else _CATALOG)
+        if f.conflict:
+            add(_CONFLICT)
+            if state == _RECONCILIATION_REQUIRED:
+                add(_RESUME)
+        if f.revoke:
+            add(_REVOKE)
+    elif f.restart:
         add(_RESTART)
     total = 0.0
     for weight, _ in options:
@@ -190,7 +197,7 @@ def _next_event(rng: random.Random, sim: Simulation, faults: frozenset[Fault]) -
         if pick <= 0:
             op = candidate
             break
-    return _make(op, rng, sim, faults, scheduled, executed)
+    return _make(op, rng, sim, f.faults, scheduled, executed)
 
 
 def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
@@ -201,9 +208,9 @@ def _make(op: Op, rng: random.Random, sim: Simulation, F: frozenset[Fault],
         fault = ""
         if a.name == _O.MCP_UNSUBSCRIBE and _O.LOST_ACK in F and rng.random() < 0.3:
             fault = "ack_lost"
-        elif _reads(a) and _O.READ_FAILURE in F and rng.random() < 0.05:
+        elif (reads := _reads(a)) and _O.READ_FAILURE in F and rng.random() < 0.05:
             fault = rng.choice(["error", "malformed"])
-        elif _reads(a) and _O.REVOKE in F and rng.random() < 0.01:
+        elif reads and _O.REVOKE in F and rng.random() < 0.01:
             fault = "denied"
         elif _O.RETRY in F and rng.random() < 0.05:
             fault = "lost"
@@ -265,8 +272,9 @@ def run_schedule(seed: str, config: SimConfig = SimConfig()) -> ScheduleResult:
     sim = Simulation(seed, profile, config)
     low = 10
     length = rng.randint(low, max(low, 2 * config.mean_events - low))
+    enabled = _enabled(config.faults)
     for _ in range(length):
-        sim.apply(_next_event(rng, sim, config.faults))
+        sim.apply(_next_event(rng, sim, enabled))
     return _drained(sim)
 
 

@@ -40,6 +40,18 @@ from sim.model import EPOCH, KEY
 if TYPE_CHECKING:
     from sim.ingress import Processing
 
+class _K:
+    """The outcome kinds a read answers, read once (an ``Enum`` class attribute goes through the
+    metaclass's slow ``__getattr__`` on Python 3.11)."""
+
+    SESSION_LOST, DENIED, MALFORMED = ReadOutcomeKind.SESSION_LOST, ReadOutcomeKind.DENIED, \
+        ReadOutcomeKind.MALFORMED
+    NOT_FOUND, CONTENT = ReadOutcomeKind.NOT_FOUND, ReadOutcomeKind.CONTENT
+
+
+_PRIVATE = CacheScope.PRIVATE
+
+
 class Oracle:
     def __init__(self) -> None:
         self.version = 1
@@ -96,6 +108,15 @@ def _session(generation: int, *, subscribe: bool) -> SessionInfo:
                        task_queue="mcpsync-session/oracle/sim", opened_at=EPOCH)
 
 
+@cache
+def _subscribed(generation: int) -> SubscribeOutcome:
+    """The answer to a subscribe the server took (frozen: one a process a generation)."""
+    return SubscribeOutcome(ok=True, session_generation=generation)
+
+
+_UNSUBSCRIBED = UnsubscribeOutcome(acked=True)
+
+
 class McpServer:
     def __init__(self, capability: str, ledger: MemoryLedger) -> None:
         self.capability = capability
@@ -128,39 +149,40 @@ class McpServer:
             return SubscribeOutcome(ok=False, session_generation=live.generation, error_code=-32601,
                                     error="Method not found")
         self.subscribed.add(live.generation)
-        return SubscribeOutcome(ok=True, session_generation=live.generation)
+        return _subscribed(live.generation)
 
     def unsubscribe(self, req: UnsubscribeRequest, *, ack_lost: bool) -> UnsubscribeOutcome | None:
         live = self._live(req.session_generation)
         if live is None:
             return UnsubscribeOutcome(acked=False, error="session generation is gone")
         self.subscribed.discard(live.generation)
-        return None if ack_lost else UnsubscribeOutcome(acked=True)
+        return None if ack_lost else _UNSUBSCRIBED
 
     def read(self, req: ReadRequest, oracle: Oracle, *, fault: str) -> ReadOutcome:
-        # The outcome names the request: every field of it (iterated: ``dict(req)`` would first probe
-        # the model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
-        base: dict[str, Any] = {name: value for name, value in req}
+        # The outcome names the request: every field of it (a record's ``__dict__`` holds its fields and
+        # nothing else; iterating the record filters it again, and ``dict(req)`` would first probe the
+        # model for a ``keys`` attribute, a slow miss in pydantic's ``__getattr__``).
+        base: dict[str, Any] = dict(req.__dict__)
         if self._live(req.session_generation) is None:
-            return ReadOutcome(kind=ReadOutcomeKind.SESSION_LOST, error="session generation is gone", **base)
+            return ReadOutcome(kind=_K.SESSION_LOST, error="session generation is gone", **base)
         if fault == "error":
             raise ReadFailed
         # The oracle stamps the version it served into server_version (metadata only) so the
         # checker can tell which committed state a receipt came from.
         base["server_version"] = f"v{oracle.version}"
         if fault == "denied":
-            return ReadOutcome(kind=ReadOutcomeKind.DENIED, error_code=-32001, error="denied", **base)
+            return ReadOutcome(kind=_K.DENIED, error_code=-32001, error="denied", **base)
         if fault == "malformed":
-            return ReadOutcome(kind=ReadOutcomeKind.MALFORMED, error="invalid result", **base)
+            return ReadOutcome(kind=_K.MALFORMED, error="invalid result", **base)
         if oracle.digest is None:
-            return ReadOutcome(kind=ReadOutcomeKind.NOT_FOUND, error_code=-32002, error="not found", **base)
+            return ReadOutcome(kind=_K.NOT_FOUND, error_code=-32002, error="not found", **base)
         rejection = "simulated guardrail" if oracle.version in oracle.unsafe else None
         # Every third version carries a ttlMs longer than the 30 s poll interval: the poll period
         # (and the deadline armed before the read came back) grows, and shrinks again after it.
         ttl_ms = 45_000 if oracle.version % 3 == 0 else 0
-        return ReadOutcome(kind=ReadOutcomeKind.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
+        return ReadOutcome(kind=_K.CONTENT, content_digest=oracle.digest, mime_type="text/plain",
                            size=20, content_count=1, guardrail_rejection=rejection, ttl_ms=ttl_ms,
-                           cache_scope=CacheScope.PRIVATE, **base)
+                           cache_scope=_PRIVATE, **base)
 
 
 @dataclass(slots=True)

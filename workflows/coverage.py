@@ -20,6 +20,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from mcpsync.workflows.ledger_rules import marked_active
+from mcpsync.workflows.records.base import replaced
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot
 from mcpsync.workflows.records.subscription import SubscriptionState
 
@@ -53,7 +54,7 @@ class NotePlan(BaseModel):
 
     def applied(self, row: FenceSnapshot) -> FenceSnapshot:
         """The row after the note's write."""
-        return row.model_copy(update={"notifications_seen": self.notified})
+        return replaced(row, {"notifications_seen": self.notified})
 
 
 def plan_note(row: FenceSnapshot, *, generation: int) -> NotePlan:
@@ -82,7 +83,7 @@ class AllocatePlan(BaseModel):
         return {"last_issued_ordinal": self.ordinal, "allocated_sequence": self.notified}
 
     def applied(self, row: FenceSnapshot) -> FenceSnapshot:
-        return row.model_copy(update=self.columns())
+        return replaced(row, self.columns())
 
 
 def plan_allocate(row: FenceSnapshot, *, session_generation: int, subscription_generation: int,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mcpsync.workflows.coverage import covered_after
 from mcpsync.workflows.ledger_rules import IssuedRead, Judgement, close_rule, revoke_rule, tombstone_rule
+from mcpsync.workflows.records.base import replaced
 from mcpsync.workflows.records.ledger import AcceptResult, AcceptVerdict, FenceSnapshot, OutboxEventType
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import CloseReceipt, SubscriptionState, TriggerReason
@@ -101,7 +102,7 @@ class FenceUpdate(_Plan):
 
     def applied(self, row: FenceSnapshot, receipt_id: int | None) -> FenceSnapshot:
         """The row after the update (what the in-memory ledger stores)."""
-        return row.model_copy(update=self.columns(receipt_id))
+        return replaced(row, self.columns(receipt_id))
 
 
 _COLUMNS = tuple(name for name in FenceUpdate.model_fields if name != "link_receipt")

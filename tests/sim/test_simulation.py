@@ -257,6 +257,22 @@ def _settled(config: SimConfig = SimConfig()) -> Simulation:
     return sim
 
 
+def test_a_step_that_gives_the_run_no_input_does_not_activate_it() -> None:
+    """As in Temporal, the run is activated only by an input (``ProgramRun.activate``): a change at the
+    oracle and the ingress's read of it (three activity steps) give the workflow nothing until the
+    report is delivered, and no activation is run or logged for them (a reset replays none)."""
+    sim = _settled()
+    wf = sim.wf
+    activations, logged = wf.activations, len(wf.log)
+    sim.apply(Event(Op.MUTATE, n=1))
+    for _ in range(3):
+        assert sim.apply(Event(Op.EXEC, act=INGRESS_READ))
+    assert (wf.activations, len(wf.log)) == (activations, logged) and sim.queue
+    sim.apply(Event(Op.DELIVER))
+    assert wf.activations == activations + 1
+    assert [op for _, op, _ in wf.log[logged:]] == ["signal", "activate"]
+
+
 def test_ingress_read_reports_and_the_workflow_schedules_no_read() -> None:
     # A notified change is read by the session host (allocate / read / accept, three steps) and
     # reported (resource_read); the workflow mirrors the verdict (the row is clean after it) and

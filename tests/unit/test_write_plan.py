@@ -5,7 +5,10 @@ the simulator's in-memory ledger and compares the two."""
 
 from __future__ import annotations
 
+from pydantic import PrivateAttr
+
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
+from mcpsync.workflows.records.base import FrozenRecord, replaced
 from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot, OutboxEventType
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
@@ -158,3 +161,23 @@ def test_a_replayed_accept_answers_at_its_own_read_as_it_first_did() -> None:
     result = accept_result(plan, now, receipt_id=9, outbox_id=None, ordinal=2)
     assert (result.verdict, result.receipt_id, result.watermark, result.last_accepted_ordinal) == \
         (AcceptVerdict.ACCEPTED, 9, 2, 2)
+
+
+def test_a_replaced_record_is_the_copy_pydantic_makes() -> None:
+    """``records.base.replaced`` (how the in-memory ledger's rows are written) makes the record
+    ``model_copy(update=...)`` makes: the same state (fields, fields set, extra, private attributes), so a
+    pydantic release that keeps more on a record shows here; a record with private attributes is
+    ``model_copy``'d."""
+
+    class _Private(FrozenRecord):
+        n: int = 0
+        _memo: int = PrivateAttr(default=5)
+
+    update = {"last_issued_ordinal": 4, "allocated_sequence": 2}
+    for row in (ROW, FenceSnapshot(exists=False)):
+        made, copied = replaced(row, update), row.model_copy(update=update)
+        assert made.__getstate__() == copied.__getstate__() and made == copied
+        assert list(made.__dict__) == list(copied.__dict__)
+        assert made.model_fields_set == copied.model_fields_set
+    private = _Private()
+    assert replaced(private, {"n": 1}).__getstate__() == private.model_copy(update={"n": 1}).__getstate__()
