@@ -345,11 +345,10 @@ class FenceLedger:
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
         """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
-        async with self.store.pool.connection() as conn, conn.pipeline(), conn.transaction():
+        async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             prior = conn.cursor(row_factory=dict_row)
-            # The two rows ``prior_allocation`` asks for first, in one query, sent with the row's; a
-            # re-derived id, alone.
+            # The two rows ``prior_allocation`` asks for first, in one query; a re-derived id, alone.
             await prior.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
                                 (req.cycle_id, req.request_id))
             row = await fence_row(cur, req.key, lock=True, now=True)
@@ -402,7 +401,7 @@ class FenceLedger:
         ``content_pending`` here whatever the verdict."""
         o = req.outcome
         judged = o.content_digest
-        async with self.store.pool.connection() as conn, conn.pipeline(), conn.transaction():
+        async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             row = await fence_row(cur, o.key, lock=True, issued=o.ordinal)
             fence = snapshot(row)

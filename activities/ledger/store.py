@@ -10,7 +10,9 @@ Contract:
   ``update_row`` / ``write_row`` write it (with or without the row after).
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
   data-modifying ``WITH`` (the hot path's statements: an unchanged verification's allocation and
-  accept are five each, their transaction's included; each statement costs both processes).
+  accept are five each, their transaction's included; each statement costs both processes). No
+  pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
+  (docs/benchmarks.md, "Idle cost at the production period").
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
   workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
@@ -140,8 +142,8 @@ async def update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bo
 
 async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True,
                     returning: bool = False, then: Write | None = None) -> None:
-    """``update_row`` without waiting for the row after (``returning`` False): in a pipeline the
-    write goes out with the statements after it; ``then`` (no ``returning``) in the same statement."""
+    """``update_row`` without the row after (``returning`` False); ``then`` (no ``returning``) in
+    the same statement."""
     assert not (returning and then is not None)
     touched = ", updated_at=now()" if touch else ""
     update = ("UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
