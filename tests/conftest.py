@@ -35,6 +35,7 @@ from mcpsync.activities.ledger import Ledger
 from mcpsync.worker.main.config import Config, ServerConfig, TemporalConfig
 from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.main.services import run_services
+from mcpsync.worker.stack.common import command_line, pid_alive
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
 TEST_TASK_QUEUE_PREFIX = "mcpsync-test"
@@ -164,45 +165,28 @@ def private_state_dir(prefix: str) -> Path:
 STATE_DIR_NAME = re.compile(r"[a-z]+(\d{1,7})-")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _running(pid: int) -> bool:
-    """``pid`` names a process that has not exited (a zombie its parent has not reaped yet has)."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
+def _names(pid: int, directory: Path) -> bool:
+    """``pid``'s command line names ``directory`` or a path in it (a zombie's names nothing)."""
+    line = command_line(pid) + " "
+    return f"{directory}{os.sep}" in line or f"{directory} " in line
 
 
 def _stop_servers_of(directory: Path, grace: float = 3.0) -> list[int]:
     """Stop this user's processes whose command line names a path in ``directory`` (the Temporal dev
     server's ``--db-filename``, PostgreSQL's ``-D``: a killed session's servers outlive it): SIGTERM,
     then SIGKILL after ``grace`` seconds. Answers their pids."""
-    inside = str(directory) + os.sep
     found: list[int] = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         with suppress(OSError):
-            if proc.stat().st_uid != os.getuid():
-                continue
-            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if any(a == str(directory) or inside in a for a in args):
+            if proc.stat().st_uid == os.getuid() and _names(int(proc.name), directory):
                 found.append(int(proc.name))
     for pid in found:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_running(pid) for pid in found):
+    while time.monotonic() < deadline and any(_names(pid, directory) for pid in found):
         time.sleep(0.05)
     for pid in found:
         with suppress(ProcessLookupError):
@@ -224,7 +208,7 @@ def sweep_stale_state_dirs(root: Path) -> list[Path]:
         return removed
     for entry in entries:
         named = STATE_DIR_NAME.match(entry.name)
-        if named is None or _alive(int(named[1])):
+        if named is None or pid_alive(int(named[1])):
             continue
         with suppress(FileNotFoundError):
             info = entry.lstat()

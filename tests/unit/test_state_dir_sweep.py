@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mcpsync.worker.stack.common import command_line
 from tests import conftest
 
 
@@ -64,12 +65,12 @@ def test_the_servers_a_killed_session_left_on_its_dir_are_stopped(tmp_path: Path
     sleeper = (sys.executable, "-c", "import time; time.sleep(60)")  # the arguments after it are argv
     server = _orphan(*sleeper, "--db-filename", f"{stale}/temporal/temporal.sqlite")
     bystander = _orphan(*sleeper, "--db-filename", f"{tmp_path}/elsewhere/temporal.sqlite")
-    assert conftest._running(server) and conftest._running(bystander)
+    assert str(stale) in command_line(server) and "elsewhere" in command_line(bystander)
     try:
         conftest.pytest_sessionstart()
         assert not stale.exists()
-        assert not conftest._running(server)
-        assert conftest._running(bystander)
+        assert command_line(server) == ""  # exited (a zombie has no command line)
+        assert "elsewhere" in command_line(bystander)
     finally:
         for pid in (server, bystander):
             with suppress(ProcessLookupError):
