@@ -44,6 +44,13 @@ def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def _uvloop_or_refuse() -> Callable[[], asyncio.AbstractEventLoop]:
+    factory = _uvloop_factory()
+    if factory is None:
+        raise EventLoopError(f"{ENV}=uvloop: uvloop is not installed here (use asyncio)")
+    return factory
+
+
 def chosen(environ: dict[str, str] | None = None) -> EventLoop:
     """The loop ``MCPSYNC_EVENT_LOOP`` in ``environ`` (default: the process's) asks for (module
     contract); raises ``EventLoopError`` for anything else."""
@@ -55,19 +62,14 @@ def chosen(environ: dict[str, str] | None = None) -> EventLoop:
     except ValueError:
         shown = raw if raw.isprintable() and len(raw) <= 40 else repr(raw[:40])
         raise EventLoopError(f"{ENV}={shown}: not an event loop (uvloop or asyncio)") from None
-    if loop == EventLoop.UVLOOP and _uvloop_factory() is None:
-        raise EventLoopError(f"{ENV}=uvloop: uvloop is not installed here (use asyncio)")
+    if loop == EventLoop.UVLOOP:
+        _uvloop_or_refuse()
     return loop
 
 
 def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop]:
     """A factory of new loops of kind ``loop``."""
-    if loop == EventLoop.UVLOOP:
-        factory = _uvloop_factory()
-        if factory is None:
-            raise EventLoopError(f"{ENV}=uvloop: uvloop is not installed here (use asyncio)")
-        return factory
-    return asyncio.new_event_loop
+    return _uvloop_or_refuse() if loop == EventLoop.UVLOOP else asyncio.new_event_loop
 
 
 def run(main: Coroutine[Any, Any, T], loop: EventLoop | None = None) -> T:
