@@ -26,10 +26,12 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "pid_alive",
     "process_alive",
     "command_line",
+    "stop_process",
 ]
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[2]
@@ -236,3 +239,28 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def stop_process(pid: int, marker: str, *, grace: float = 5.0) -> bool:
+    """Stop ``pid`` while its command line holds ``marker``: SIGTERM, then SIGKILL ``grace`` seconds
+    later. A pid the kernel gave to another program is never signalled, and a zombie (its command line
+    is empty) counts as gone. True once it is gone; False if it is still there ``grace`` seconds after
+    the SIGKILL."""
+    assert marker, "an empty marker would match any process"
+
+    def gone_within(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while marker in command_line(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if marker not in command_line(pid):
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if gone_within(grace):
+            return True
+    return False

@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import time
 import tomllib
@@ -54,6 +53,7 @@ from mcpsync.worker.stack.common import (
     log_tail,
     pid_alive,
     port_is_free,
+    stop_process,
     venv_binary,
 )
 
@@ -416,15 +416,8 @@ class TemporalDevServer:
                 f"a Temporal dev server (pid {pid}, started by pid {owner}, {record.get('address')}) "
                 f"is already running on {self.db_file}; stop it first or use another MCPSYNC_STATE_DIR"
             )
-        os.kill(pid, signal.SIGTERM)
-        started = time.monotonic()
-        while pid_alive(pid) and str(self.db_file) in command_line(pid):  # zombies have no cmdline
-            waited = time.monotonic() - started
-            if waited > 10.0:
-                raise StackError(f"orphaned Temporal dev server pid {pid} on {self.db_file} does not exit")
-            if waited > 5.0:
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+        if not stop_process(pid, str(self.db_file), grace=5.0):
+            raise StackError(f"orphaned Temporal dev server pid {pid} on {self.db_file} does not exit")
         self._pid_file.unlink(missing_ok=True)
 
     def _port_message(self, which: str) -> str:

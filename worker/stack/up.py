@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
@@ -297,7 +296,7 @@ def _forget_child(folder: Path) -> None:
 def reclaim_demo_server(folder: Path) -> None:
     """Stop a demo server an earlier ``up`` of this state dir recorded and left behind (its owner is
     gone: killed with SIGKILL). Only a live process whose command line is the fixture's is touched."""
-    from mcpsync.worker.stack.common import process_alive
+    from mcpsync.worker.stack.common import process_alive, stop_process
 
     record_file = folder / OWNER_RECORD
     try:
@@ -307,13 +306,7 @@ def reclaim_demo_server(folder: Path) -> None:
         return
     if owner != os.getpid() and not process_alive(owner, expect_in_cmdline=("mcpsync",)) and process_alive(
             pid, expect_in_cmdline=("fixture",)):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        while process_alive(pid, expect_in_cmdline=("fixture",)):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
+        stop_process(pid, "fixture")
         print(f"  reclaimed the demo MCP server pid {pid} left by mcpsync up pid {owner}", flush=True)
     record_file.unlink(missing_ok=True)
 
