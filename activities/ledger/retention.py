@@ -2,8 +2,8 @@
 
 Contract:
 - ``prune(pool, keep=..., dry_run=...)`` deletes rows older than ``keep`` that nothing current
-  depends on, one transaction for everything, and returns how many rows of each kind it removed
-  (or would remove, with ``dry_run``: counted in the same transaction, then rolled back).
+  depends on, one transaction for everything but receipts (below), and returns how many rows of each
+  kind it removed (or would remove, with ``dry_run``: counted in one transaction, then rolled back).
 - Kept whatever their age: the fence rows (``subscriptions``), every receipt a reader needs (below),
   revocations, reconciled catalogs and the two scans each was built from (the release gate
   re-verifies catalogs against them), completeness consumptions, the known set, sessions, leases,
@@ -29,7 +29,8 @@ Contract:
   fewer audit rows; a receipt id learned earlier and forgotten since is ``ContentNotFound``.
   The deletion runs after the main transaction, in batches of ``RECEIPT_BATCH`` (each its own
   transaction, taking row locks on old receipts nothing writes), so allocate and accept never wait
-  on it; a dry run counts it inside the rolled-back transaction, after the outbox rows it would forget.
+  on it (a batch a bind or an outbox row naming one of its receipts races is chosen again without it);
+  a dry run counts it inside the rolled-back transaction, after the outbox rows it would forget.
 - Forgotten once older than ``keep``:
   - content bodies that are not the current version of an ACTIVE subscription of their subject (superseded
     versions, stale and rejected reads, bodies of closed or tombstoned subscriptions) and that no outbox event
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict
 
@@ -202,12 +204,21 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
 
 
 async def _prune_receipts(pool: AsyncConnectionPool, cutoff: object) -> int:
-    """Delete superseded verification receipts older than ``cutoff``, one batch per transaction."""
+    """Delete superseded verification receipts older than ``cutoff``, one batch per transaction. A batch
+    that loses a race (a bind or an outbox row naming one of its receipts committed meanwhile: the
+    foreign key refuses the delete) is chosen again, without that receipt."""
     total = 0
+    races = 0
     while True:
-        async with pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_RECEIPTS, {"cutoff": cutoff, "batch": RECEIPT_BATCH})
-            n = len(await cur.fetchall())
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(_RECEIPTS, {"cutoff": cutoff, "batch": RECEIPT_BATCH})
+                n = len(await cur.fetchall())
+        except psycopg.errors.ForeignKeyViolation:
+            races += 1
+            if races > 3:
+                raise
+            continue
         total += n
         if n < RECEIPT_BATCH:
             return total

@@ -4,6 +4,7 @@ answers as before (activities/ledger/retention.py, docs/decisions/0008-receipt-r
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -127,3 +128,26 @@ async def test_prune_forgets_superseded_verifications_and_keeps_what_readers_nee
     # The fence still works: the next read of the same bytes is UNCHANGED, of new bytes ACCEPTED.
     await _read(ledger, idle, "sha256:i", V.UNCHANGED)
     await _read(ledger, idle, "sha256:i2", V.ACCEPTED)
+
+
+async def test_a_bind_racing_the_prune_keeps_its_receipt(private_ledger: Ledger) -> None:
+    ledger = private_ledger
+    key = await _active(ledger, uri="demo://receipts/race")
+    await _read(ledger, key, "sha256:r", V.ACCEPTED)
+    old = [await _read(ledger, key, "sha256:r", V.UNCHANGED) for _ in range(3)]
+    await _age(ledger, key)
+    await _read(ledger, key, "sha256:r", V.UNCHANGED)
+    async with ledger.pool.connection() as conn:
+        async with conn.transaction():
+            # A bind naming old[1], not yet committed: its foreign-key check holds the receipt's row.
+            await conn.execute("INSERT INTO answer_bindings (answer_id, revision, request_id, workflow_id,"
+                               " question, dependencies) VALUES ('race', 1, 'race', 'wf', 'q', '[]')")
+            await conn.execute("INSERT INTO answer_selections (answer_id, revision, request_id, subject, server,"
+                               " uri, receipt_id, source) VALUES ('race', 1, 'race', %s, %s, %s, %s, 'bound')",
+                               (key.subject, key.server, key.uri, old[1]))
+            pruning = asyncio.create_task(prune(ledger.pool, keep=KEEP))
+            await asyncio.sleep(1.0)
+            assert not pruning.done(), "the batch waits for the bind"
+    report = await pruning
+    assert report.verification_receipts == 2
+    assert old[1] in await _receipts(ledger, key) and old[0] not in await _receipts(ledger, key)
