@@ -142,8 +142,9 @@ async def test_a_bind_racing_the_prune_keeps_its_receipt(private_ledger: Ledger)
             # A bind naming old[1], not yet committed: its foreign-key check holds the receipt's row.
             await conn.execute("INSERT INTO answer_bindings (answer_id, revision, request_id, workflow_id,"
                                " question, dependencies) VALUES ('race', 1, 'race', 'wf', 'q', '[]')")
-            await conn.execute("INSERT INTO answer_selections (answer_id, revision, request_id, subject, server,"
-                               " uri, receipt_id, source) VALUES ('race', 1, 'race', %s, %s, %s, %s, 'bound')",
+            await conn.execute("INSERT INTO answer_selections (answer_id, revision, request_id, subject,"
+                               " server, uri, receipt_id, source)"
+                               " VALUES ('race', 1, 'race', %s, %s, %s, %s, 'bound')",
                                (key.subject, key.server, key.uri, old[1]))
             pruning = asyncio.create_task(prune(ledger.pool, keep=KEEP))
             await asyncio.sleep(1.0)
