@@ -15,6 +15,7 @@ from mcpsync.activities.ledger.metrics import read_snapshot
 from mcpsync.activities.ledger.proven import proven_of
 from mcpsync.activities.ledger.retention import prune
 from mcpsync.activities.ledger.serve import list_served, served_resource
+from mcpsync.activities.ledger.subscription_views import list_subscriptions
 from mcpsync.workflows.answer_rules import AnswerDependency, ObserveRequest
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey
@@ -69,6 +70,7 @@ async def _said(ledger: Ledger, key: SubscriptionKey, bound: int) -> dict[str, A
         "proven": await proven_of(ledger.pool, key.subject, key.server, key.uri),  # freshness
         "served": await served_resource(ledger.pool, key.subject, key.uri),  # serve's read
         "listed": [r for r in listing if r.uri == key.uri],  # serve's listing
+        "rows": await list_subscriptions(ledger.pool, subject=key.subject, server=key.server, uri=key.uri),
         "current": await ledger.content.current_content(key),  # the body serve and `content` release
         "gate": observed.dependencies,  # the answer gate's observation
         "latest": await answers.latest_receipts(key.subject, key.server, [key.uri]),
