@@ -2,13 +2,35 @@
 
 Contract:
 - ``prune(pool, keep=..., dry_run=...)`` deletes rows older than ``keep`` that nothing current
-  depends on, one transaction for everything, and returns how many rows of each kind it removed
-  (or would remove, with ``dry_run``: counted in the same transaction, then rolled back).
-- Kept whatever their age: the fence rows (``subscriptions``), every receipt
-  (``resource_versions``: the proof of what was accepted; outbox and answer bindings point at
-  them), revocations, reconciled catalogs and the two scans each was built from (the release
-  gate re-verifies catalogs against them), completeness consumptions, the known set, sessions,
-  leases, answer bindings and dispositions.
+  depends on, one transaction for everything but receipts (below), and returns how many rows of each
+  kind it removed (or would remove, with ``dry_run``: counted in one transaction, then rolled back).
+- Kept whatever their age: the fence rows (``subscriptions``), every receipt a reader needs (below),
+  revocations, reconciled catalogs and the two scans each was built from (the release gate
+  re-verifies catalogs against them), completeness consumptions, the known set, sessions, leases,
+  answer bindings and dispositions.
+- Receipts (``resource_versions``): an UNCHANGED receipt (a verification that saw the accepted bytes
+  again; docs/decisions/0008-receipt-retention.md) is forgotten once older than ``keep`` when all hold:
+  - the subscription's next ACCEPTED or UNCHANGED receipt (by read ordinal) carries the same digest
+    and is no older: every question asked of "the newest read that saw these bytes" (``verified_at``,
+    the answer gate's latest accepted receipt, the freshness metric, ``released_content`` of the
+    current version) and every digest a withdrawal names stay as they were;
+  - the fence row does not name it (``last_receipt_id``: serve's body, the resync's ``version_current``);
+  - no outbox row names it (``receipt_id``) and no withdrawing outbox row (tombstoned, revoked, closed,
+    whose ``invalidates`` lists every receipt) of its subscription is still held;
+  - no answer selection names it (a bind writes one per dependency, so every bound and every
+    disposition's receipt is one);
+  - the visibility rule shows it (``visible_to_subject``): a receipt a revocation withdrew is kept with
+    the revocation that lists it.
+  Every other receipt stays: ACCEPTED (each introduced a version), STALE, GUARDRAIL_REJECTED,
+  TOMBSTONE_PENDING and TOMBSTONED (each is the one record of what that read or catalog saw). So a
+  subscription keeps its versions, the newest verification of each, and the verifications of the
+  last ``keep``: bounded by ``keep``, not by its age. Readers that list receipts (``reports``' history,
+  ``subscription_views``' recent events) show fewer UNCHANGED rows older than ``keep``, as they show
+  fewer audit rows; a receipt id learned earlier and forgotten since is ``ContentNotFound``.
+  The deletion runs after the main transaction, in batches of ``RECEIPT_BATCH`` (each its own
+  transaction, taking row locks on old receipts nothing writes), so allocate and accept never wait
+  on it (a batch a bind or an outbox row naming one of its receipts races is chosen again without it);
+  a dry run counts it inside the rolled-back transaction, after the outbox rows it would forget.
 - Forgotten once older than ``keep``:
   - content bodies that are not the current version of an ACTIVE subscription of their subject (superseded
     versions, stale and rejected reads, bodies of closed or tombstoned subscriptions) and that no outbox event
@@ -33,12 +55,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["DEFAULT_CONSUMER_MAX_LAG", "PruneReport", "prune"]
+from mcpsync.activities.ledger.visibility import visible_to_subject
+
+__all__ = ["DEFAULT_CONSUMER_MAX_LAG", "RECEIPT_BATCH", "PruneReport", "prune"]
 
 DEFAULT_CONSUMER_MAX_LAG = timedelta(days=30)  # [retention] consumer_max_lag_days
+RECEIPT_BATCH = 5000  # receipts deleted per transaction
 
 
 class PruneReport(BaseModel):
@@ -55,6 +81,7 @@ class PruneReport(BaseModel):
     pending_bodies: int = 0  # content_pending rows whose accept never came
     outbox_pruned_through: int = 0  # the highest outbox position ever deleted
     consumers_ignored: list[str] = []  # consumers beyond consumer_max_lag whose rows were not kept
+    verification_receipts: int = 0  # superseded UNCHANGED receipts nothing points at
 
 
 # Each statement deletes rows older than %(cutoff)s (now() - keep) and RETURNS one row per delete.
@@ -98,6 +125,34 @@ WHERE d.recorded_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM resource_catalogs r WHERE r.scan_a = d.scan_id OR r.scan_b = d.scan_id)
 RETURNING 1
 """
+# Superseded verification receipts (the Contract's conditions, in its order). Candidates come from the
+# resource_versions_unchanged_age index; the next verification from resource_versions_once (workflow_id,
+# read_ordinal). Each reference is one index probe per candidate (subscriptions' primary key, and
+# outbox_receipt, outbox_withdrawing, answer_selections_receipt of migration 024), written as a scalar
+# lookup so that the planner keeps it one: as NOT EXISTS under the LIMIT it chose to rescan a whole
+# small table per candidate (EXPLAIN at 1,000 subscriptions: 1.4 s a batch instead of 0.1 s). The ids
+# go to the DELETE as an array, which it finds by the primary key (``IN (subquery)`` let it scan the table).
+# ``%(batch)s`` NULL: no limit.
+_RECEIPTS = f"""
+DELETE FROM resource_versions d WHERE d.receipt_id = ANY(ARRAY(
+    SELECT rv.receipt_id FROM resource_versions rv
+    CROSS JOIN LATERAL (SELECT n.receipt_id, n.content_digest, n.accepted_at FROM resource_versions n
+                        WHERE n.workflow_id = rv.workflow_id AND n.read_ordinal > rv.read_ordinal
+                          AND n.status IN ('ACCEPTED', 'UNCHANGED')
+                        ORDER BY n.read_ordinal LIMIT 1) nxt
+    WHERE rv.status = 'UNCHANGED' AND rv.accepted_at < %(cutoff)s
+      AND nxt.content_digest = rv.content_digest AND nxt.receipt_id > rv.receipt_id
+      AND nxt.accepted_at >= rv.accepted_at
+      AND rv.receipt_id IS DISTINCT FROM (SELECT s.last_receipt_id FROM subscriptions s
+                                          WHERE s.workflow_id = rv.workflow_id)
+      AND (SELECT 1 FROM outbox o WHERE o.receipt_id = rv.receipt_id LIMIT 1) IS NULL
+      AND (SELECT 1 FROM outbox o WHERE o.workflow_id = rv.workflow_id
+             AND o.event_type IN ('tombstoned', 'revoked', 'closed') LIMIT 1) IS NULL
+      AND (SELECT 1 FROM answer_selections a WHERE a.receipt_id = rv.receipt_id LIMIT 1) IS NULL
+      AND {visible_to_subject("rv", "rv.accepted_at")}
+    LIMIT %(batch)s))
+RETURNING 1
+"""
 
 
 async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = False,
@@ -139,5 +194,31 @@ async def prune(pool: AsyncConnectionPool, *, keep: timedelta, dry_run: bool = F
                           ("pending_bodies", _PENDING)):
             cur = await conn.execute(sql, args)
             counts[name] = len(await cur.fetchall())
+        if dry_run:
+            cur = await conn.execute(_RECEIPTS, args | {"batch": None})
+            counts["verification_receipts"] = len(await cur.fetchall())
+    if not dry_run:
+        counts["verification_receipts"] = await _prune_receipts(pool, args["cutoff"])
     return PruneReport(keep_seconds=keep.total_seconds(), dry_run=dry_run,
                        outbox_pruned_through=pruned_through, consumers_ignored=ignored, **counts)
+
+
+async def _prune_receipts(pool: AsyncConnectionPool, cutoff: object) -> int:
+    """Delete superseded verification receipts older than ``cutoff``, one batch per transaction. A batch
+    that loses a race (a bind or an outbox row naming one of its receipts committed meanwhile: the
+    foreign key refuses the delete) is chosen again, without that receipt."""
+    total = 0
+    races = 0
+    while True:
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(_RECEIPTS, {"cutoff": cutoff, "batch": RECEIPT_BATCH})
+                n = len(await cur.fetchall())
+        except psycopg.errors.ForeignKeyViolation:
+            races += 1
+            if races > 3:
+                raise
+            continue
+        total += n
+        if n < RECEIPT_BATCH:
+            return total

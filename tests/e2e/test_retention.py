@@ -91,7 +91,7 @@ async def test_prune_forgets_only_what_nothing_current_needs(private_ledger: Led
                                       key.workflow_id)] == [open_read]
     receipts = await ledger_rows(ledger, "SELECT count(*) FROM resource_versions WHERE workflow_id = ANY(%s)",
                                  wfs)
-    assert receipts[0][0] == 3, "receipts are the proof: never pruned"
+    assert receipts[0][0] == 3, "ACCEPTED receipts introduced versions: never pruned"
     fence = await ledger.load_fence(key)
     assert (fence.state, fence.last_accepted_digest, fence.last_issued_ordinal) == (S.ACTIVE, "sha256:r2", 3)
     scans = {r[0]
@@ -121,7 +121,8 @@ async def test_prune_command(tmp_path: Path, database_url: str) -> None:
     assert dry.returncode == 0, dry.stderr
     report = json.loads(dry.stdout)
     assert report["dry_run"] is True and report["keep_seconds"] == 7 * 86400
-    assert set(report) >= {"content_bodies", "audit_rows", "outbox_rows", "read_requests", "discovery_scans"}
+    assert set(report) >= {"content_bodies", "audit_rows", "outbox_rows", "read_requests", "discovery_scans",
+                           "verification_receipts"}
     bad = cli("--keep-days", "-1")
     assert bad.returncode == 2 and "must not be negative" in bad.stderr and "Traceback" not in bad.stderr
 

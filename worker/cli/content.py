@@ -5,7 +5,8 @@ Contract:
   before it tells the workflows; nothing to revoke is exit 4, ``--wait`` past its bound exit 6.
 - ``content get`` releases a receipt's body to the subject it was read for only: refused is
   exit 5, unknown or pruned exit 4; a terminal sees escape sequences shown, not run.
-- ``prune`` forgets superseded bodies and old rows (receipts and fences stay).
+- ``prune`` forgets superseded bodies, old rows and superseded verification receipts (fences, versions
+  and every receipt something points at stay).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ async def cmd_prune(args: argparse.Namespace) -> None:
            f"{verb} (older than {args.keep_days:g} days): {report.content_bodies} content bodies "
            f"({report.content_bytes} bytes), {report.audit_rows} audit rows, "
            f"{report.outbox_rows} outbox rows, "
-           f"{report.read_requests} read requests, {report.discovery_scans} discovery scans{ignored}")
+           f"{report.read_requests} read requests, {report.discovery_scans} discovery scans, "
+           f"{report.verification_receipts} verification receipts{ignored}")
 
 
 
@@ -169,8 +171,8 @@ def register_revoke(sub: Any) -> None:
 def register_prune(sub: Any) -> None:
     """Add ``prune`` to the top-level subparsers ``sub``."""
     pr = sub.add_parser("prune", help="retention: forget superseded bodies, old audit/outbox rows, judged "
-                                      "reads (receipts and fences are kept; see "
-                                      "activities/ledger/retention.py)")
+                                      "reads, superseded UNCHANGED receipts (fences and versions are kept; "
+                                      "see activities/ledger/retention.py)")
     pr.add_argument("--keep-days", type=amount, default=7.0, help="forget rows older than this many days")
     pr.add_argument("--consumer-max-lag-days", type=amount, default=None,
                     help="outbox consumers silent this long stop holding rows back (default: [retention] "
