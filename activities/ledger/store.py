@@ -23,7 +23,8 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,8 +35,8 @@ from mcpsync.workflows.coverage import plan_note
 from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "recorded_workflow_id",
-           "jsonable", "looked_note", "update_row", "write_row"]
+__all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
+           "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row", "write_rows"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -119,6 +120,29 @@ async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False, now: 
     return row
 
 
+async def fence_rows(cur: Any, keys: Sequence[SubscriptionKey], *, now: bool = False,
+                     issued: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
+    """``fence_row(lock=True)`` of every key at once (a batch's): one statement, the rows locked in
+    ``workflow_id`` order (every multi-row lock of the ledger takes that order, so two never
+    deadlock); answered in the order of ``keys`` (None: no row). ``issued``: per key, the ordinal
+    whose ``read_requests`` row comes as ``issued_request``. One statement text for any batch size."""
+    columns = "s.*, k.i AS batch_index" + (", now() AS db_now" if now else "")
+    if issued is not None:
+        columns += (", (SELECT to_jsonb(r) FROM read_requests r"
+                    " WHERE r.workflow_id = s.workflow_id AND r.ordinal = k.issued) AS issued_request")
+    await cur.execute(
+        f"SELECT {columns} FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY"
+        " AS k(subject, server, uri, issued, i)"
+        " JOIN subscriptions s ON s.subject = k.subject AND s.server = k.server AND s.uri = k.uri"
+        " ORDER BY s.workflow_id FOR UPDATE OF s",
+        ([k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys],
+         list(issued) if issued is not None else [None] * len(keys)))
+    found: list[dict[str, Any] | None] = [None] * len(keys)
+    for row in await cur.fetchall():
+        found[int(row.pop("batch_index")) - 1] = row
+    return found
+
+
 async def recorded_workflow_id(cur: Any, key: SubscriptionKey) -> str:
     """The id the subscription of ``key`` runs under (on a ``dict_row`` cursor): the one its row
     recorded, whatever scheme made it; ``key.workflow_id`` (the readable scheme) only for a key
@@ -153,3 +177,29 @@ async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: boo
         await Write(update, params).prefix_of(then).execute(cur)
         return
     await cur.execute(update, params)
+
+
+async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> None:
+    """``write_row`` of many rows (wf, columns) and ``then``, one statement: one set-based ``UPDATE``
+    per column set (the values as a ``jsonb`` array read as ``subscriptions`` records, so each
+    column keeps its type), each a data-modifying ``WITH`` ahead of ``then``. Its text depends on
+    the column sets only, never on how many rows."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for wf, columns in rows:
+        groups.setdefault(tuple(columns), []).append(
+            {"workflow_id": wf, **{c: _json_value(v) for c, v in columns.items()}})
+    updates, params = [], []
+    for n, (names, values) in enumerate(sorted(groups.items())):
+        sets = ", ".join(f"{c}=v.{c}" for c in names)
+        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
+                       " FROM jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v"
+                       " WHERE s.workflow_id = v.workflow_id)")
+        params.append(json.dumps(values))
+    assert updates and not then.sql.lstrip().upper().startswith("WITH")
+    await cur.execute("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, SubscriptionState):
+        return value.value
+    return value.isoformat() if isinstance(value, datetime) else value

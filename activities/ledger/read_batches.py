@@ -1,0 +1,165 @@
+"""The read path's two transactions, for a batch of reads: allocation and acceptance (group commit).
+
+Contract:
+- ``allocate_batch`` and ``accept_batch`` are ``FenceLedger.allocate_read`` and
+  ``FenceLedger.accept_judged`` for every request of a batch (``coalescer.Coalescer`` gathers them;
+  a single call is a batch of one), in ONE transaction, each request answered what it would have
+  been answered alone: the same pure rules per request (``allocation.prior_allocation``,
+  ``coverage.plan_allocate``, ``verification.record_allocation``; ``ledger_rules.judge_read``,
+  ``write_plan.plan_accept`` and ``FenceLedger._apply``) on its own row. A batch holds no two
+  requests of one subscription (the coalescer's key), so no request's rule reads another's write.
+- Set-based where the statements are alike: one ``read_requests`` SELECT for every request's
+  earlier allocation (``cycle_id = ANY`` / ``request_id = ANY``), one lock of every row
+  (``store.fence_rows``: ``workflow_id`` order, so batches never deadlock each other), and the
+  allocations' writes as one statement (``store.write_rows``: the rows' updates per column set and
+  the ``read_requests`` inserts from arrays). An unchanged allocation batch is four statements and
+  a commit, however many requests. An accept's plan is ``FenceLedger._apply``'s, per request, in
+  the batch's transaction (an unchanged verification's: two statements).
+- Every statement's text is independent of the batch size (arrays, not placeholders per request),
+  so psycopg prepares it once.
+- A request the rules refuse is answered in the batch; an error (a unique violation of an id two
+  requests of the batch both took, a deadlock with another process) rolls the batch back, and the
+  coalescer runs each request again alone.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import dict_row
+
+from mcpsync.activities.ledger.content import ReadBody
+from mcpsync.activities.ledger.store import Write, fence_rows, snapshot, write_rows
+from mcpsync.activities.ledger.verification import record_allocation
+from mcpsync.workflows.allocation import prior_allocation
+from mcpsync.workflows.coverage import plan_allocate
+from mcpsync.workflows.ledger_flow import issued_read
+from mcpsync.workflows.ledger_rules import judge_read
+from mcpsync.workflows.records.ledger import (
+    AcceptRequest,
+    AcceptResult,
+    AcceptVerdict,
+    AllocateRequest,
+    ReadTicket,
+)
+from mcpsync.workflows.records.mcp_calls import ReadOutcomeKind
+from mcpsync.workflows.write_plan import accept_result, plan_accept
+
+if TYPE_CHECKING:
+    from mcpsync.activities.ledger.fence import FenceLedger
+
+__all__ = ["PRIOR", "Accept", "accept_batch", "allocate_batch"]
+
+# What ``allocation.prior_allocation`` reads of an earlier allocation.
+PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
+# The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
+KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
+# The allocations' ``read_requests`` rows, from one array per column.
+INSERT_READS = Write(
+    """
+    INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
+        subscription_generation, trigger_reason, notifications_seen, cycle_id)
+    SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
+        %s::bigint[], %s::text[])
+    """, ())
+
+Accept = tuple[AcceptRequest, ReadBody | None]
+"""An ``accept_judged`` call: the request, and the read's body in hand (None: take the staged one)."""
+
+
+async def allocate_batch(fence: FenceLedger, reqs: list[AllocateRequest]) -> list[ReadTicket]:
+    """CAS each request's next ordinal (``coverage.plan_allocate`` on its locked row), one transaction."""
+    async with fence.store.pool.connection() as conn, conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        # The rows ``prior_allocation`` asks for first, of every request, in one query.
+        await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id = ANY(%s::text[])"
+                          " OR request_id = ANY(%s::text[])",
+                          ([r.cycle_id for r in reqs], [r.request_id for r in reqs]))
+        first = {(c, r[c]): r for r in await cur.fetchall() for c in ("cycle_id", "request_id")}
+        rows = await fence_rows(cur, [r.key for r in reqs], now=True)
+
+        async def find(column: str, value: str) -> dict[str, Any] | None:
+            if (column, value) in asked:
+                return first.get((column, value))
+            # A re-derived id (``<id>/<ordinal>``), alone.
+            await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
+            found: dict[str, Any] | None = await cur.fetchone()
+            return found
+
+        asked = {("cycle_id", r.cycle_id) for r in reqs} | {("request_id", r.request_id) for r in reqs}
+        tickets: list[ReadTicket] = []
+        updates: list[tuple[str, dict[str, Any]]] = []
+        reads: list[tuple[Any, ...]] = []
+        for req, row in zip(reqs, rows, strict=True):
+            # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
+            decided = await prior_allocation(req, find)
+            if isinstance(decided, ReadTicket):
+                tickets.append(decided)
+                continue
+            plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
+                                 subscription_generation=req.subscription_generation,
+                                 min_ordinal=req.min_ordinal)
+            if plan is None:
+                tickets.append(ReadTicket(granted=False,
+                                          reason="fence refused: not ACTIVE or generation mismatch"))
+                continue
+            assert row is not None  # plan_allocate grants nothing without a row
+            wf = row["workflow_id"]
+            updates.append((wf, {**plan.columns(), **await record_allocation(cur, row)}))
+            reads.append((wf, plan.ordinal, decided, req.session_generation, req.subscription_generation,
+                          req.trigger.value, plan.notified, req.cycle_id))
+            tickets.append(ReadTicket(granted=True, ordinal=plan.ordinal, request_id=decided,
+                                      notifications_seen=plan.notified))
+        if updates:
+            # The rows' updates and the requests' inserts, one statement (a write with no result).
+            columns = tuple(list(c) for c in zip(*reads, strict=True))
+            await write_rows(cur, updates, then=Write(INSERT_READS.sql, columns))
+    return tickets
+
+
+async def accept_batch(fence: FenceLedger, calls: list[Accept]) -> list[tuple[AcceptResult, str | None]]:
+    """``FenceLedger.accept_judged`` of each call, one transaction: every row locked by one statement,
+    then each call's judgement and plan, applied in turn."""
+    async with fence.store.pool.connection() as conn, conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        outcomes = [req.outcome for req, _ in calls]
+        rows = await fence_rows(cur, [o.key for o in outcomes], issued=[o.ordinal for o in outcomes])
+        return [await _accept(fence, cur, req, body, row)
+                for (req, body), row in zip(calls, rows, strict=True)]
+
+
+async def _accept(fence: FenceLedger, cur: Any, req: AcceptRequest, body: ReadBody | None,
+                  row: dict[str, Any] | None) -> tuple[AcceptResult, str | None]:
+    """One accept on its locked ``row`` (as ``fence_row(lock=True, issued=ordinal)`` reads it)."""
+    o = req.outcome
+    judged = o.content_digest
+    fence_now = snapshot(row)
+    # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
+    wf = row["workflow_id"] if row is not None else None
+    issued = issued_read(row["issued_request"] if row is not None else None)
+    judgement = judge_read(fence_now, issued, o, row_uri=row["uri"] if row else None)
+    plan = plan_accept(fence_now, issued, o, judgement, absorbed=req.absorbed if row is not None else 0)
+    if plan.replay:
+        # An activity retry after a committed accept: the same verdict, nothing written twice.
+        await cur.execute("SELECT receipt_id, content_digest FROM resource_versions"
+                          " WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal))
+        prior = await cur.fetchone()
+        judged = prior["content_digest"] if prior else None
+        result = accept_result(plan, fence_now, receipt_id=prior["receipt_id"] if prior else None,
+                               outbox_id=None, ordinal=o.ordinal)
+    kept = None
+    if o.kind == ReadOutcomeKind.CONTENT:
+        staged = await fence.content.take_staged(cur, o.key, o.ordinal) if body is None else None
+        kept = body or staged
+    if not plan.replay:
+        assert plan.judgement is not None
+        # The body enters the store with the plan's writes (in the row update's statement).
+        store = fence.content.store_write(o.key.subject, kept) if (
+            kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None
+            and plan.judgement.verdict in KEEPS_BODY) else None
+        receipt_id, outbox_id, _ = await fence._apply(cur, o.key, wf, fence_now, plan, outcome=o,
+                                                      effective_at=o.completed_at or datetime.now(UTC),
+                                                      then=store)
+        result = accept_result(plan, fence_now, receipt_id=receipt_id, outbox_id=outbox_id)
+    return result, judged
