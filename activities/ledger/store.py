@@ -36,7 +36,8 @@ from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
-           "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row", "write_rows"]
+           "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
+           "write_rows", "rows_write"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -120,23 +121,28 @@ async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False, now: 
     return row
 
 
+def fence_rows_sql(*, now: bool, issued: bool) -> str:
+    """``fence_rows``' statement: arrays of subjects, servers, URIs and issued ordinals, joined to
+    the rows by key (the unique (subject, server, uri) index, one probe per key)."""
+    columns = "s.*, k.i AS batch_index" + (", now() AS db_now" if now else "")
+    if issued:
+        columns += (", (SELECT to_jsonb(r) FROM read_requests r"
+                    " WHERE r.workflow_id = s.workflow_id AND r.ordinal = k.issued) AS issued_request")
+    return (f"SELECT {columns} FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY"
+            " AS k(subject, server, uri, issued, i)"
+            " JOIN subscriptions s ON s.subject = k.subject AND s.server = k.server AND s.uri = k.uri"
+            " ORDER BY s.workflow_id FOR UPDATE OF s")
+
+
 async def fence_rows(cur: Any, keys: Sequence[SubscriptionKey], *, now: bool = False,
                      issued: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
     """``fence_row(lock=True)`` of every key at once (a batch's): one statement, the rows locked in
     ``workflow_id`` order (every multi-row lock of the ledger takes that order, so two never
     deadlock); answered in the order of ``keys`` (None: no row). ``issued``: per key, the ordinal
     whose ``read_requests`` row comes as ``issued_request``. One statement text for any batch size."""
-    columns = "s.*, k.i AS batch_index" + (", now() AS db_now" if now else "")
-    if issued is not None:
-        columns += (", (SELECT to_jsonb(r) FROM read_requests r"
-                    " WHERE r.workflow_id = s.workflow_id AND r.ordinal = k.issued) AS issued_request")
-    await cur.execute(
-        f"SELECT {columns} FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY"
-        " AS k(subject, server, uri, issued, i)"
-        " JOIN subscriptions s ON s.subject = k.subject AND s.server = k.server AND s.uri = k.uri"
-        " ORDER BY s.workflow_id FOR UPDATE OF s",
-        ([k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys],
-         list(issued) if issued is not None else [None] * len(keys)))
+    await cur.execute(fence_rows_sql(now=now, issued=issued is not None),
+                      ([k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys],
+                       list(issued) if issued is not None else [None] * len(keys)))
     found: list[dict[str, Any] | None] = [None] * len(keys)
     for row in await cur.fetchall():
         found[int(row.pop("batch_index")) - 1] = row
@@ -180,23 +186,30 @@ async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: boo
 
 
 async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> None:
-    """``write_row`` of many rows (wf, columns) and ``then``, one statement: one set-based ``UPDATE``
-    per column set (the values as a ``jsonb`` array read as ``subscriptions`` records, so each
-    column keeps its type), each a data-modifying ``WITH`` ahead of ``then``. Its text depends on
-    the column sets only, never on how many rows."""
+    """``write_row`` of many rows (wf, columns) and ``then``, one statement (``rows_write``)."""
+    await rows_write(rows, then=then).execute(cur)
+
+
+def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> Write:
+    """``write_rows``' statement: one set-based ``UPDATE`` per column set (the values as a ``jsonb``
+    array read as ``subscriptions`` records, so each column keeps its type), each a data-modifying
+    ``WITH`` ahead of ``then``. Its text depends on the column sets only, never on how many rows."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for wf, columns in rows:
         groups.setdefault(tuple(columns), []).append(
             {"workflow_id": wf, **{c: _json_value(v) for c, v in columns.items()}})
-    updates, params = [], []
+    updates: list[str] = []
+    params: list[Any] = []
     for n, (names, values) in enumerate(sorted(groups.items())):
         sets = ", ".join(f"{c}=v.{c}" for c in names)
+        # The rows by their ids too: the planner takes the function's rows for 100 and would join
+        # by a scan of every row; by ``= ANY`` it probes the primary key once per row.
         updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
                        " FROM jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v"
-                       " WHERE s.workflow_id = v.workflow_id)")
-        params.append(json.dumps(values))
+                       " WHERE s.workflow_id = ANY(%s::text[]) AND s.workflow_id = v.workflow_id)")
+        params += [json.dumps(values), [v["workflow_id"] for v in values]]
     assert updates and not then.sql.lstrip().upper().startswith("WITH")
-    await cur.execute("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
 
 
 def _json_value(value: Any) -> Any:
