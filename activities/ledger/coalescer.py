@@ -46,6 +46,7 @@ class Coalescer(Generic[Req, Res]):
         self._drain: asyncio.Task[None] | None = None
         self.batches = 0  # batches run (retries alone not counted): for tests and measurements
         self.largest = 0  # the largest batch run
+        self.retried = 0  # requests run again alone after their batch failed
 
     async def submit(self, request: Req) -> Res:
         loop = asyncio.get_running_loop()
@@ -87,6 +88,7 @@ class Coalescer(Generic[Req, Res]):
             if len(batch) == 1:
                 _settle(batch[0].future, exc=exc)
                 return
+            self.retried += len(batch)
             for call in batch:  # rolled back: each alone, with its own answer
                 try:
                     result = (await self._run([call.request]))[0]
