@@ -14,6 +14,12 @@ Contract:
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
+- The read path's two calls, ``allocate_read`` and ``accept_judged``, are group-committed: the
+  calls of one process that arrive while a batch of their kind is in flight run as the next batch,
+  one transaction (``mcpsync.activities.ledger.coalescer``; the batch itself, with the same rules per
+  request, is ``mcpsync.activities.ledger.read_batches``). A batch locks its rows in one statement, in
+  ``workflow_id`` order, holds no two calls of one subscription, and a batch that fails runs each of
+  its calls again alone: each caller gets what it would have got alone.
 - Rows are found by key (``store.fence_row``), never by ``key.workflow_id``: the row
   records, when it is created, the id of the workflow that created it (the ENSURE activity passes
   ``activity.info().workflow_id``, local activities included) and never changes it; a second

@@ -7,11 +7,13 @@ Contract:
   sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
-  ``update_row`` / ``write_row`` write it (with or without the row after).
+  ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row`` /
+  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based.
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
-  data-modifying ``WITH`` (the hot path's statements: an unchanged verification's allocation and
-  accept are five each, their transaction's included; each statement costs both processes). No
-  pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
+  data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
+  are group-committed (``read_batches``): an unchanged verification's allocation batch is five
+  statements, its transaction's included, for all its reads; an accept batch three, and two per
+  read. No pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
   (docs/benchmarks.md, "Idle cost at the production period").
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
