@@ -4,10 +4,12 @@ Contract:
 - ``Coalescer(run, key)`` answers ``submit(request)`` with what ``run`` answered for it. ``run``
   takes a list of requests (one transaction for all of them, in the ledger) and answers one result
   per request, in order. A single call is a batch of one: there is one implementation.
-- One batch at a time: the first call starts a drain task; every call that arrives while a batch
-  runs waits for the next one. No clock: a batch is whatever queued meanwhile (at most
-  ``max_batch``). Two requests with the same ``key`` never share a batch: the later one waits for
-  the next, so each sees the other's committed effect, as alone.
+- One batch at a time: the first call starts a drain task, whose first batch is the calls made
+  before it first runs (the same turn of the event loop); every call that arrives while a batch
+  runs waits for the next one. No clock, no linger: a batch is whatever queued meanwhile (at most
+  ``max_batch``), so a call alone waits for nothing but the batch in flight. Two requests with
+  the same ``key`` never share a batch: the later one waits for the next, so it sees the earlier
+  one's committed effect, as alone.
 - A batch that raises (any error: a unique violation, a deadlock, a serialization failure, a bug in
   one request's rule) ran in a transaction that rolled back: each of its requests runs again alone,
   so each caller gets its own result or its own exception.
