@@ -8,13 +8,13 @@ Contract:
   ``coverage.plan_allocate``, ``verification.record_allocation``; ``ledger_rules.judge_read``,
   ``write_plan.plan_accept`` and ``FenceLedger._apply``) on its own row. A batch holds no two
   requests of one subscription (the coalescer's key), so no request's rule reads another's write.
-- Set-based where the statements are alike: one ``read_requests`` SELECT for every request's
-  earlier allocation (``cycle_id = ANY`` / ``request_id = ANY``), one lock of every row
-  (``store.fence_rows``: ``workflow_id`` order, so batches never deadlock each other), and the
-  allocations' writes as one statement (``store.write_rows``: the rows' updates per column set and
-  the ``read_requests`` inserts from arrays). An unchanged allocation batch is four statements and
-  a commit, however many requests. An accept's plan is ``FenceLedger._apply``'s, per request, in
-  the batch's transaction (an unchanged verification's: two statements).
+- Set-based where the statements are alike: one statement locks every row (``store.fence_rows``:
+  ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
+  reads (by ``cycle_id`` and ``request_id``, what ``prior_allocation`` asks first), and the
+  allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
+  the ``read_requests`` inserts from arrays). An unchanged allocation batch is three statements and
+  a commit, however many requests. An accept batch locks its rows by one statement, then applies
+  each plan with ``FenceLedger._apply`` (an unchanged verification's: two statements).
 - Every statement's text is independent of the batch size (arrays, not placeholders per request),
   so psycopg prepares it once.
 - A request the rules refuse is answered in the batch; an error (a unique violation of an id two
@@ -24,15 +24,16 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
 from mcpsync.activities.ledger.content import ReadBody
-from mcpsync.activities.ledger.store import Write, fence_rows, snapshot, write_rows
+from mcpsync.activities.ledger.store import PRIOR, Write, fence_rows, snapshot, write_rows
 from mcpsync.activities.ledger.verification import record_allocation
-from mcpsync.workflows.allocation import prior_allocation
+from mcpsync.workflows.allocation import Find, prior_allocation
 from mcpsync.workflows.coverage import plan_allocate
 from mcpsync.workflows.ledger_flow import issued_read
 from mcpsync.workflows.ledger_rules import judge_read
@@ -49,14 +50,8 @@ from mcpsync.workflows.write_plan import accept_result, plan_accept
 if TYPE_CHECKING:
     from mcpsync.activities.ledger.fence import FenceLedger
 
-__all__ = ["PRIOR", "PRIOR_SQL", "INSERT_READS", "Accept", "accept_batch", "allocate_batch"]
+__all__ = ["INSERT_READS", "Accept", "accept_batch", "allocate_batch"]
 
-# What ``allocation.prior_allocation`` reads of an earlier allocation.
-PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
-# Every request's earlier allocation, by cycle id and by request id: two index probes per request
-# (a UNION, not an OR: a generic plan of the OR reads the whole table when it has no statistics).
-PRIOR_SQL = (f"SELECT {PRIOR} FROM read_requests WHERE cycle_id = ANY(%s::text[])"
-             f" UNION ALL SELECT {PRIOR} FROM read_requests WHERE request_id = ANY(%s::text[])")
 # The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
 KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 # The allocations' ``read_requests`` rows, from one array per column.
@@ -76,26 +71,15 @@ async def allocate_batch(fence: FenceLedger, reqs: list[AllocateRequest]) -> lis
     """CAS each request's next ordinal (``coverage.plan_allocate`` on its locked row), one transaction."""
     async with fence.store.pool.connection() as conn, conn.transaction():
         cur = conn.cursor(row_factory=dict_row)
-        # The rows ``prior_allocation`` asks for first, of every request, in one query.
-        await cur.execute(PRIOR_SQL, ([r.cycle_id for r in reqs], [r.request_id for r in reqs]))
-        first = {(c, r[c]): r for r in await cur.fetchall() for c in ("cycle_id", "request_id")}
-        rows = await fence_rows(cur, [r.key for r in reqs], now=True)
-
-        async def find(column: str, value: str) -> dict[str, Any] | None:
-            if (column, value) in asked:
-                return first.get((column, value))
-            # A re-derived id (``<id>/<ordinal>``), alone.
-            await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
-            found: dict[str, Any] | None = await cur.fetchone()
-            return found
-
-        asked = {("cycle_id", r.cycle_id) for r in reqs} | {("request_id", r.request_id) for r in reqs}
+        # Every row locked, each with the earlier allocations ``prior_allocation`` asks for first.
+        rows = await fence_rows(cur, [r.key for r in reqs], now=True,
+                                prior=[(r.cycle_id, r.request_id) for r in reqs])
         tickets: list[ReadTicket] = []
         updates: list[tuple[str, dict[str, Any]]] = []
         reads: list[tuple[Any, ...]] = []
         for req, row in zip(reqs, rows, strict=True):
             # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
-            decided = await prior_allocation(req, find)
+            decided = await prior_allocation(req, _finder(cur, req, row))
             if isinstance(decided, ReadTicket):
                 tickets.append(decided)
                 continue
@@ -118,6 +102,23 @@ async def allocate_batch(fence: FenceLedger, reqs: list[AllocateRequest]) -> lis
             columns = tuple(list(c) for c in zip(*reads, strict=True))
             await write_rows(cur, updates, then=Write(INSERT_READS.sql, columns))
     return tickets
+
+
+def _finder(cur: Any, req: AllocateRequest, row: dict[str, Any] | None) -> Find:
+    """``prior_allocation``'s ``find`` for ``req``: the rows its lock statement brought (the row's
+    ``prior_cycle_id`` / ``prior_request_id``); any other (a re-derived ``<id>/<ordinal>``, or a key
+    with no row), by one query."""
+    held = {} if row is None else {("cycle_id", req.cycle_id): row.pop("prior_cycle_id"),
+                                   ("request_id", req.request_id): row.pop("prior_request_id")}
+
+    async def find(column: str, value: str) -> Mapping[str, Any] | None:
+        if (column, value) in held:
+            return held[(column, value)]
+        await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
+        found: dict[str, Any] | None = await cur.fetchone()
+        return found
+
+    return find
 
 
 async def accept_batch(fence: FenceLedger, calls: list[Accept]) -> list[tuple[AcceptResult, str | None]]:

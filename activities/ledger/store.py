@@ -11,7 +11,7 @@ Contract:
   ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based.
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
   data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
-  are group-committed (``read_batches``): an unchanged verification's allocation batch is five
+  are group-committed (``read_batches``): an unchanged verification's allocation batch is four
   statements, its transaction's included, for all its reads; an accept batch three, and two per
   read. No pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
   (docs/benchmarks.md, "Idle cost at the production period").
@@ -37,12 +37,14 @@ from mcpsync.workflows.coverage import plan_note
 from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
+__all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
            "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
            "write_rows", "rows_write"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
+# What ``allocation.prior_allocation`` reads of an earlier allocation (a ``read_requests`` row).
+PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
 
 
 class LedgerStore:
@@ -123,28 +125,42 @@ async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False, now: 
     return row
 
 
-def fence_rows_sql(*, now: bool, issued: bool) -> str:
-    """``fence_rows``' statement: arrays of subjects, servers, URIs and issued ordinals, joined to
-    the rows by key (the unique (subject, server, uri) index, one probe per key)."""
+def fence_rows_sql(*, now: bool, issued: bool, prior: bool = False) -> str:
+    """``fence_rows``' statement: arrays of subjects, servers and URIs (and of issued ordinals, of
+    cycle and request ids), joined to the rows by key (the unique (subject, server, uri) index, one
+    probe per key)."""
+    arrays = ["subject", "server", "uri"] + (["issued"] if issued else []) + (
+        ["cycle_id", "request_id"] if prior else [])
+    types = {"issued": "bigint[]"}
     columns = "s.*, k.i AS batch_index" + (", now() AS db_now" if now else "")
     if issued:
         columns += (", (SELECT to_jsonb(r) FROM read_requests r"
                     " WHERE r.workflow_id = s.workflow_id AND r.ordinal = k.issued) AS issued_request")
-    return (f"SELECT {columns} FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY"
-            " AS k(subject, server, uri, issued, i)"
+    if prior:
+        columns += "".join(
+            f", (SELECT to_jsonb(p) FROM (SELECT {PRIOR} FROM read_requests WHERE {c} = k.{c}) p)"
+            f" AS prior_{c}" for c in ("cycle_id", "request_id"))
+    unnest = ", ".join(f"%s::{types.get(a, 'text[]')}" for a in arrays)
+    return (f"SELECT {columns} FROM unnest({unnest}) WITH ORDINALITY AS k({', '.join(arrays)}, i)"
             " JOIN subscriptions s ON s.subject = k.subject AND s.server = k.server AND s.uri = k.uri"
             " ORDER BY s.workflow_id FOR UPDATE OF s")
 
 
 async def fence_rows(cur: Any, keys: Sequence[SubscriptionKey], *, now: bool = False,
-                     issued: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
+                     issued: Sequence[int] | None = None,
+                     prior: Sequence[tuple[str | None, str]] | None = None) -> list[dict[str, Any] | None]:
     """``fence_row(lock=True)`` of every key at once (a batch's): one statement, the rows locked in
     ``workflow_id`` order (every multi-row lock of the ledger takes that order, so two never
     deadlock); answered in the order of ``keys`` (None: no row). ``issued``: per key, the ordinal
-    whose ``read_requests`` row comes as ``issued_request``. One statement text for any batch size."""
-    await cur.execute(fence_rows_sql(now=now, issued=issued is not None),
-                      ([k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys],
-                       list(issued) if issued is not None else [None] * len(keys)))
+    whose ``read_requests`` row comes as ``issued_request``; ``prior``: per key, a (cycle id,
+    request id) whose ``read_requests`` rows (``PRIOR``'s columns, None for none) come as
+    ``prior_cycle_id`` and ``prior_request_id``. One statement text for any batch size."""
+    params: list[Any] = [[k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys]]
+    if issued is not None:
+        params.append(list(issued))
+    if prior is not None:
+        params += [[c for c, _ in prior], [r for _, r in prior]]
+    await cur.execute(fence_rows_sql(now=now, issued=issued is not None, prior=prior is not None), params)
     found: list[dict[str, Any] | None] = [None] * len(keys)
     for row in await cur.fetchall():
         found[int(row.pop("batch_index")) - 1] = row
