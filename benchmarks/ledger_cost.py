@@ -55,10 +55,10 @@ def server_cpu_seconds(uid: int) -> float:
 
 
 def server_uid(admin_url: str) -> int:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True) as conn:  # its backend, alive while asked
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return Path(f"/proc/{row[0]}").stat().st_uid
+        assert row is not None
+        return Path(f"/proc/{row[0]}").stat().st_uid
 
 
 async def cycle(ledger: Ledger, key: SubscriptionKey, generation: int) -> AcceptVerdict:
