@@ -55,6 +55,8 @@ class Coalescer(Generic[Req, Res]):
         call: _Call[Req, Res] = _Call(request, loop.create_future())
         self._queued.append(call)
         if self._drain is None or self._drain.done() or self._drain.get_loop() is not loop:
+            # (A drain left on another loop, one that has closed, answers nobody: its calls go.)
+            self._queued = [c for c in self._queued if c.future.get_loop() is loop]
             self._drain = loop.create_task(self._drain_queue())
         return await call.future
 
