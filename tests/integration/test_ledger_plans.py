@@ -55,8 +55,10 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
     when = datetime(2026, 1, 1, tzinfo=UTC)
     allocation = rows_write([("wf-1234", {"last_issued_ordinal": 2, "allocated_sequence": 0,
                                           "verified_at": when, "verify_due_at": when})],
-                            then=Write(INSERT_READS.sql, (["wf-1234"], [2], ["rq-new"], [1], [1], ["poll"],
-                                                          [0], ["cy-new"])))
+                            then=Write(INSERT_READS, (json.dumps([{
+                                "workflow_id": "wf-1234", "ordinal": 2, "request_id": "rq-new",
+                                "session_generation": 1, "subscription_generation": 1,
+                                "trigger_reason": "poll", "notifications_seen": 0, "cycle_id": "cy-new"}]),)))
     queries: dict[str, tuple[str, str, tuple[Any, ...]]] = {
         # fence_row, note_notification's UPDATE and every other key lookup share this predicate.
         "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
