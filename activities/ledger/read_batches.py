@@ -12,11 +12,12 @@ Contract:
   ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
   reads (by ``cycle_id`` and ``request_id``, what ``prior_allocation`` asks first), and the
   allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
-  the ``read_requests`` inserts from a ``jsonb`` array). An unchanged allocation batch is three statements and
-  a commit, however many requests. An accept batch locks its rows by one statement, then applies
-  each plan with ``FenceLedger._apply`` (an unchanged verification's: two statements).
-- Every statement's text is independent of the batch size (arrays, not placeholders per request),
-  so psycopg prepares it once.
+  the ``read_requests`` inserts, each from a ``jsonb`` array). An unchanged allocation batch is
+  three statements and a commit, however many requests. An accept batch locks its rows by one
+  statement, then applies each plan with ``FenceLedger._apply`` (an unchanged verification's: two
+  statements).
+- Every statement's text is independent of the batch size (arrays and ``jsonb`` arrays, not
+  placeholders per request), so psycopg prepares it once.
 - A request the rules refuse is answered in the batch; an error (a unique violation of an id two
   requests of the batch both took, a deadlock with another process) rolls the batch back, and the
   coalescer runs each request again alone.
