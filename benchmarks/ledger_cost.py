@@ -25,8 +25,8 @@ from psycopg import sql
 
 from mcpsync.activities.ledger import Ledger
 from mcpsync.activities.ledger.content import ReadBody
-from mcpsync.worker.main import event_loop
 from mcpsync.worker.main.connect import open_ledger
+from mcpsync.worker.main.event_loop import run as run_on_loop
 from mcpsync.workflows.digest import ContentPart, content_digest
 from mcpsync.workflows.records.ledger import AcceptRequest, AcceptVerdict, AllocateRequest, MarkActiveRequest
 from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
@@ -141,7 +141,7 @@ def main() -> None:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         url = psycopg.conninfo.make_conninfo(args.url, dbname=name)
-        result = event_loop.run(measure(url, args, server_uid(args.url)))  # uvloop, as the ingress
+        result = run_on_loop(measure(url, args, server_uid(args.url)))  # uvloop, as the ingress
     finally:
         with psycopg.connect(args.url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
