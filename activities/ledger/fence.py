@@ -14,6 +14,12 @@ Contract:
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
+- The read path's two calls, ``allocate_read`` and ``accept_judged``, are group-committed: the
+  calls of one process that arrive while a batch of their kind is in flight run as the next batch,
+  one transaction (``mcpsync.activities.ledger.coalescer``; the batch itself, with the same rules per
+  request, is ``mcpsync.activities.ledger.read_batches``). A batch locks its rows in one statement, in
+  ``workflow_id`` order, holds no two calls of one subscription, and a batch that fails runs each of
+  its calls again alone: each caller gets what it would have got alone.
 - Rows are found by key (``store.fence_row``), never by ``key.workflow_id``: the row
   records, when it is created, the id of the workflow that created it (the ENSURE activity passes
   ``activity.info().workflow_id``, local activities included) and never changes it; a second
@@ -38,8 +44,10 @@ from psycopg.rows import dict_row
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
+from mcpsync.activities.ledger.coalescer import Coalescer
 from mcpsync.activities.ledger.content import ContentLedger, ReadBody
 from mcpsync.activities.ledger.journal import Journal
+from mcpsync.activities.ledger.read_batches import Accept, accept_batch, allocate_batch
 from mcpsync.activities.ledger.sessions import SessionLedger, session_in
 from mcpsync.activities.ledger.store import (
     BY_KEY,
@@ -52,24 +60,20 @@ from mcpsync.activities.ledger.store import (
     update_row,
     write_row,
 )
-from mcpsync.activities.ledger.verification import mark_chain, record_allocation
-from mcpsync.workflows.allocation import prior_allocation
-from mcpsync.workflows.coverage import plan_allocate, plan_note
+from mcpsync.activities.ledger.verification import mark_chain
+from mcpsync.workflows.coverage import plan_note
 from mcpsync.workflows.ledger_flow import (
     begin_writes,
     begins_at_start,
     ensure_writes,
     finish_unsubscribe_writes,
-    issued_read,
     mark_active_writes,
     set_state_writes,
 )
-from mcpsync.workflows.ledger_rules import judge_read
 from mcpsync.workflows.names import Act
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
-    AcceptVerdict,
     AllocateRequest,
     BeginSubscriptionRequest,
     EnsureRequest,
@@ -85,7 +89,7 @@ from mcpsync.workflows.records.ledger import (
     StartSubscriptionRequest,
     SubscriptionStarted,
 )
-from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.mcp_calls import ReadOutcome
 from mcpsync.workflows.records.subscription import (
     TERMINAL_STATES,
     CloseReceipt,
@@ -98,9 +102,7 @@ from mcpsync.workflows.uris import normalize_uri
 from mcpsync.workflows.write_plan import (
     RevokeSource,
     WritePlan,
-    accept_result,
     close_receipt,
-    plan_accept,
     plan_close,
     plan_revoke,
     plan_tombstone,
@@ -120,10 +122,6 @@ WHERE ARRAY[subject, server, uri_normalized] = ARRAY[%s, %s, %s]::text[] AND uri
 AND NOT (state = ANY(%s))
 ORDER BY uri
 """
-# What ``allocation.prior_allocation`` reads of an earlier allocation.
-PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
-# The verdicts whose receipt ``content.released_content`` releases: only their body is stored.
-KEEPS_BODY = frozenset({AcceptVerdict.ACCEPTED, AcceptVerdict.UNCHANGED})
 
 
 class SubjectRevocation(BaseModel):
@@ -158,6 +156,12 @@ class FenceLedger:
         self.journal = journal
         self.content = content
         self.sessions = sessions
+        # Group commit of the read path (module contract): one batch per kind in flight, keyed by
+        # subscription so one key's two calls never share a transaction.
+        self._allocations: Coalescer[AllocateRequest, ReadTicket] = Coalescer(
+            lambda reqs: allocate_batch(self, reqs), key=lambda req: req.key)
+        self._accepts: Coalescer[Accept, tuple[AcceptResult, str | None]] = Coalescer(
+            lambda calls: accept_batch(self, calls), key=lambda call: call[0].outcome.key)
 
     def activities(self) -> list[Callable[..., Any]]:
         """The fence's activities the workflows schedule. ``allocate_read`` and ``accept`` are called
@@ -344,47 +348,9 @@ class FenceLedger:
     # --- reads ---------------------------------------------------------------------------------
 
     async def allocate_read(self, req: AllocateRequest) -> ReadTicket:
-        """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row)."""
-        async with self.store.pool.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            prior = conn.cursor(row_factory=dict_row)
-            # The two rows ``prior_allocation`` asks for first, in one query; a re-derived id, alone.
-            await prior.execute(f"SELECT {PRIOR} FROM read_requests WHERE cycle_id=%s OR request_id=%s",
-                                (req.cycle_id, req.request_id))
-            row = await fence_row(cur, req.key, lock=True, now=True)
-            first = {(c, r[c]): r for r in await prior.fetchall() for c in ("cycle_id", "request_id")}
-
-            async def find(column: str, value: str) -> dict[str, Any] | None:
-                if (column, value) in (("cycle_id", req.cycle_id), ("request_id", req.request_id)):
-                    return first.get((column, value))
-                await cur.execute(f"SELECT {PRIOR} FROM read_requests WHERE {column}=%s", (value,))
-                return await cur.fetchone()
-
-            # Idempotence first (``allocation.prior_allocation``): a retry gets the ticket it holds.
-            decided = await prior_allocation(req, find)
-            if isinstance(decided, ReadTicket):
-                return decided
-            request_id = decided
-            plan = plan_allocate(snapshot(row), session_generation=req.session_generation,
-                                 subscription_generation=req.subscription_generation,
-                                 min_ordinal=req.min_ordinal)
-            if plan is None:
-                return ReadTicket(granted=False, reason="fence refused: not ACTIVE or generation mismatch")
-            assert row is not None  # plan_allocate grants nothing without a row
-            wf = row["workflow_id"]
-            ordinal = plan.ordinal
-            # The row's update and the request's insert, one statement (a write with no result).
-            await write_row(cur, wf, {**plan.columns(), **await record_allocation(cur, row)}, then=Write(
-                """
-                INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,
-                    subscription_generation, trigger_reason, notifications_seen, cycle_id)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-                """,
-                (wf, ordinal, request_id, req.session_generation, req.subscription_generation,
-                 req.trigger.value, plan.notified, req.cycle_id),
-            ))
-        return ReadTicket(granted=True, ordinal=ordinal, request_id=request_id,
-                          notifications_seen=plan.notified)
+        """CAS the next ordinal (``mcpsync.workflows.coverage.plan_allocate`` on the locked row), in a
+        batch with the allocations that arrive meanwhile (``read_batches.allocate_batch``)."""
+        return await self._allocations.submit(req)
 
     async def accept(self, req: AcceptRequest) -> AcceptResult:
         """The sole acceptance point: ``judge_read`` on the locked row, then its plan's writes. The
@@ -398,42 +364,9 @@ class FenceLedger:
         The body enters the subject's store in this transaction, only when the verdict releases it
         (ACCEPTED / UNCHANGED with no guardrail rejection): a row revoked, closed or fenced off
         meanwhile judges the read otherwise, and its body is dropped. A staged body leaves
-        ``content_pending`` here whatever the verdict."""
-        o = req.outcome
-        judged = o.content_digest
-        async with self.store.pool.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            row = await fence_row(cur, o.key, lock=True, issued=o.ordinal)
-            fence = snapshot(row)
-            # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
-            wf = row["workflow_id"] if row is not None else None
-            issued = issued_read(row["issued_request"] if row is not None else None)
-            plan = plan_accept(fence, issued, o, judge_read(fence, issued, o,
-                                                            row_uri=row["uri"] if row else None),
-                               absorbed=req.absorbed if row is not None else 0)
-            if plan.replay:
-                # An activity retry after a committed accept: the same verdict, nothing written twice.
-                await cur.execute("SELECT receipt_id, content_digest FROM resource_versions"
-                                  " WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal))
-                prior = await cur.fetchone()
-                judged = prior["content_digest"] if prior else None
-                result = accept_result(plan, fence, receipt_id=prior["receipt_id"] if prior else None,
-                                       outbox_id=None, ordinal=o.ordinal)
-            kept = None
-            if o.kind == ReadOutcomeKind.CONTENT:
-                staged = await self.content.take_staged(cur, o.key, o.ordinal) if body is None else None
-                kept = body or staged
-            if not plan.replay:
-                assert plan.judgement is not None
-                # The body enters the store with the plan's writes (in the row update's statement).
-                store = self.content.store_write(o.key.subject, kept) if (
-                    kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None
-                    and plan.judgement.verdict in KEEPS_BODY) else None
-                receipt_id, outbox_id, _ = await self._apply(cur, o.key, wf, fence, plan, outcome=o,
-                                                             effective_at=o.completed_at or datetime.now(UTC),
-                                                             then=store)
-                result = accept_result(plan, fence, receipt_id=receipt_id, outbox_id=outbox_id)
-        return result, judged
+        ``content_pending`` here whatever the verdict. In a batch with the accepts that arrive
+        meanwhile (``read_batches.accept_batch``)."""
+        return await self._accepts.submit((req, body))
 
     # --- close, tombstone, revocation ------------------------------------------------------------
 

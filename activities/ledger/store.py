@@ -7,11 +7,13 @@ Contract:
   sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
-  ``update_row`` / ``write_row`` write it (with or without the row after).
+  ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row`` /
+  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based.
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
-  data-modifying ``WITH`` (the hot path's statements: an unchanged verification's allocation and
-  accept are five each, their transaction's included; each statement costs both processes). No
-  pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
+  data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
+  are group-committed (``read_batches``): an unchanged verification's allocation batch is four
+  statements, its transaction's included, for all its reads; an accept batch three, and two per
+  read. No pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
   (docs/benchmarks.md, "Idle cost at the production period").
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
@@ -23,7 +25,8 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,11 +37,14 @@ from mcpsync.workflows.coverage import plan_note
 from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "BY_KEY", "Write", "key_params", "snapshot", "fence_row", "recorded_workflow_id",
-           "jsonable", "looked_note", "update_row", "write_row"]
+__all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
+           "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
+           "write_rows", "rows_write"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
+# What ``allocation.prior_allocation`` reads of an earlier allocation (a ``read_requests`` row).
+PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
 
 
 class LedgerStore:
@@ -119,6 +125,48 @@ async def fence_row(cur: Any, key: SubscriptionKey, *, lock: bool = False, now: 
     return row
 
 
+def fence_rows_sql(*, now: bool, issued: bool, prior: bool = False) -> str:
+    """``fence_rows``' statement: arrays of subjects, servers and URIs (and of issued ordinals, of
+    cycle and request ids), joined to the rows by key (the unique (subject, server, uri) index, one
+    probe per key)."""
+    arrays = ["subject", "server", "uri"] + (["issued"] if issued else []) + (
+        ["cycle_id", "request_id"] if prior else [])
+    types = {"issued": "bigint[]"}
+    columns = "s.*, k.i AS batch_index" + (", now() AS db_now" if now else "")
+    if issued:
+        columns += (", (SELECT to_jsonb(r) FROM read_requests r"
+                    " WHERE r.workflow_id = s.workflow_id AND r.ordinal = k.issued) AS issued_request")
+    if prior:
+        columns += "".join(
+            f", (SELECT to_jsonb(p) FROM (SELECT {PRIOR} FROM read_requests WHERE {c} = k.{c}) p)"
+            f" AS prior_{c}" for c in ("cycle_id", "request_id"))
+    unnest = ", ".join(f"%s::{types.get(a, 'text[]')}" for a in arrays)
+    return (f"SELECT {columns} FROM unnest({unnest}) WITH ORDINALITY AS k({', '.join(arrays)}, i)"
+            " JOIN subscriptions s ON s.subject = k.subject AND s.server = k.server AND s.uri = k.uri"
+            " ORDER BY s.workflow_id FOR UPDATE OF s")
+
+
+async def fence_rows(cur: Any, keys: Sequence[SubscriptionKey], *, now: bool = False,
+                     issued: Sequence[int] | None = None,
+                     prior: Sequence[tuple[str | None, str]] | None = None) -> list[dict[str, Any] | None]:
+    """``fence_row(lock=True)`` of every key at once (a batch's): one statement, the rows locked in
+    ``workflow_id`` order (every multi-row lock of the ledger takes that order, so two never
+    deadlock); answered in the order of ``keys`` (None: no row). ``issued``: per key, the ordinal
+    whose ``read_requests`` row comes as ``issued_request``; ``prior``: per key, a (cycle id,
+    request id) whose ``read_requests`` rows (``PRIOR``'s columns, None for none) come as
+    ``prior_cycle_id`` and ``prior_request_id``. One statement text for any batch size."""
+    params: list[Any] = [[k.subject for k in keys], [k.server for k in keys], [k.uri for k in keys]]
+    if issued is not None:
+        params.append(list(issued))
+    if prior is not None:
+        params += [[c for c, _ in prior], [r for _, r in prior]]
+    await cur.execute(fence_rows_sql(now=now, issued=issued is not None, prior=prior is not None), params)
+    found: list[dict[str, Any] | None] = [None] * len(keys)
+    for row in await cur.fetchall():
+        found[int(row.pop("batch_index")) - 1] = row
+    return found
+
+
 async def recorded_workflow_id(cur: Any, key: SubscriptionKey) -> str:
     """The id the subscription of ``key`` runs under (on a ``dict_row`` cursor): the one its row
     recorded, whatever scheme made it; ``key.workflow_id`` (the readable scheme) only for a key
@@ -153,3 +201,36 @@ async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: boo
         await Write(update, params).prefix_of(then).execute(cur)
         return
     await cur.execute(update, params)
+
+
+async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> None:
+    """``write_row`` of many rows (wf, columns) and ``then``, one statement (``rows_write``)."""
+    await rows_write(rows, then=then).execute(cur)
+
+
+def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> Write:
+    """``write_rows``' statement: one set-based ``UPDATE`` per column set (the values as a ``jsonb``
+    array read as ``subscriptions`` records, so each column keeps its type), each a data-modifying
+    ``WITH`` ahead of ``then``. Its text depends on the column sets only, never on how many rows."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for wf, columns in rows:
+        groups.setdefault(tuple(columns), []).append(
+            {"workflow_id": wf, **{c: _json_value(v) for c, v in columns.items()}})
+    updates: list[str] = []
+    params: list[Any] = []
+    for n, (names, values) in enumerate(sorted(groups.items())):
+        sets = ", ".join(f"{c}=v.{c}" for c in names)
+        # The rows by their ids too: the planner takes the function's rows for 100 and would join
+        # by a scan of every row; by ``= ANY`` it probes the primary key once per row.
+        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
+                       " FROM jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v"
+                       " WHERE s.workflow_id = ANY(%s::text[]) AND s.workflow_id = v.workflow_id)")
+        params += [json.dumps(values), [v["workflow_id"] for v in values]]
+    assert updates and not then.sql.lstrip().upper().startswith("WITH")
+    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, SubscriptionState):
+        return value.value
+    return value.isoformat() if isinstance(value, datetime) else value

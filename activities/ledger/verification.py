@@ -1,8 +1,9 @@
 """The verification schedule in SQL: the rules of ``mcpsync.workflows.verification_rules`` on the fence row.
 
 Contract:
-- ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``, the
-  row locked): a scheduled row (ACTIVE, with a safety-read period) records the verification
+- ``record_allocation`` runs in a granted allocation's transaction (``FenceLedger.allocate_read``,
+  batched: ``read_batches.allocate_batch``, the row locked): a scheduled row (ACTIVE, with a
+  safety-read period) records the verification
   (``verified_at``) and is due again ``verification_delay`` later, columns the allocation's own
   update writes; a gap it closes that exceeds the period and was not reported yet is reported there
   (``report_overdue``). ``mark_chain`` runs in ``mark_active``'s: a row that holds a version keeps

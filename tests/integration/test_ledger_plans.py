@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from psycopg import sql
 
 from mcpsync.activities.ledger.fence import NORMALIZED_SIBLINGS_SQL, TERMINAL_STATE_VALUES
 from mcpsync.activities.ledger.outbox import CONSUMER_LAG_SQL, consumer_infos
-from mcpsync.activities.ledger.store import BY_KEY
+from mcpsync.activities.ledger.read_batches import INSERT_READS
+from mcpsync.activities.ledger.store import BY_KEY, Write, fence_rows_sql, rows_write
 from mcpsync.worker.main.connect import open_ledger
 from tests.conftest import fresh_database
 
@@ -50,6 +52,13 @@ def _numbered(sql: str) -> str:
 
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, plan_mode: str) -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    allocation = rows_write([("wf-1234", {"last_issued_ordinal": 2, "allocated_sequence": 0,
+                                          "verified_at": when, "verify_due_at": when})],
+                            then=Write(INSERT_READS, (json.dumps([{
+                                "workflow_id": "wf-1234", "ordinal": 2, "request_id": "rq-new",
+                                "session_generation": 1, "subscription_generation": 1,
+                                "trigger_reason": "poll", "notifications_seen": 0, "cycle_id": "cy-new"}]),)))
     queries: dict[str, tuple[str, str, tuple[Any, ...]]] = {
         # fence_row, note_notification's UPDATE and every other key lookup share this predicate.
         "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
@@ -57,6 +66,20 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
         "normalized siblings": (NORMALIZED_SIBLINGS_SQL, "text, text, text, text, text[]",
                                 ("alice", "docs", "demo://doc/1234", "demo://doc/1234",
                                  TERMINAL_STATE_VALUES)),
+        # A batch's lock of its rows (allocations with the transaction's time, accepts with the
+        # issued read): one probe of the key index per key, whatever the batch size.
+        "batch lock": (fence_rows_sql(now=True, issued=False), "text[], text[], text[]",
+                       (["alice", "alice"], ["docs", "docs"], ["demo://doc/1234", "demo://doc/77"])),
+        "batch lock, issued": (fence_rows_sql(now=False, issued=True), "text[], text[], text[], bigint[]",
+                               (["alice"], ["docs"], ["demo://doc/1234"], [3])),
+        # A batch's allocations' write: the rows' updates and the reads' inserts (one probe of the
+        # primary key per row).
+        # An allocation batch's lock, with each request's earlier reads (by cycle and request id).
+        "batch lock, prior reads": (fence_rows_sql(now=True, issued=False, prior=True),
+                                    "text[], text[], text[], text[], text[]",
+                                    (["alice", "alice"], ["docs", "docs"], ["demo://doc/1234", "demo://doc/77"],
+                                     ["cy-1234", None], ["rq-1234", "rq-77"])),
+        "batch allocation write": (allocation.sql, "", allocation.params),
     }
     async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)
@@ -67,22 +90,34 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                     "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state)"
                     " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE'"
                     " FROM generate_series(1, %s) i", (ROWS,))
+                await conn.execute("ALTER TABLE read_requests SET (autovacuum_enabled = false)")
+                await conn.execute(
+                    "INSERT INTO read_requests (workflow_id, ordinal, request_id, session_generation,"
+                    " subscription_generation, trigger_reason, cycle_id)"
+                    " SELECT 'wf-' || i, 1, 'rq-' || i, 1, 1, 'poll', 'cy-' || i"
+                    " FROM generate_series(1, %s) i", (ROWS,))
                 stats = await (await conn.execute(
-                    "SELECT count(*) FROM pg_stats WHERE tablename = 'subscriptions'")).fetchone()
+                    "SELECT count(*) FROM pg_stats WHERE tablename IN ('subscriptions', 'read_requests')"
+                )).fetchone()
                 assert stats == (0,), "the table must be without statistics for this test to mean anything"
                 await conn.execute(f"SET plan_cache_mode = {plan_mode}")
                 for name, (text, types, params) in queries.items():
-                    await conn.execute(f"PREPARE q ({types}) AS {_numbered(text)}")
+                    typed = f"({types})" if types else ""  # none: each parameter's cast types it
+                    await conn.execute(f"PREPARE q {typed} AS {_numbered(text)}")
                     # EXPLAIN takes no bind parameters: the values go in as literals.
                     args = sql.SQL(", ").join(sql.Literal(p) for p in params)
                     plan = await _explain(conn, sql.SQL("EXECUTE q({})").format(args))
                     await conn.execute("DEALLOCATE q")
                     scans = _scans(plan["Plan"])
                     assert scans, f"{name}: no scan of subscriptions in {plan}"
+                    reads = _scans(plan["Plan"], "read_requests")  # a batch lock's earlier reads
+                    assert all(s["Node Type"] != "Seq Scan" for s in reads), f"{name}: {reads}"
                     read = sum(s.get("Actual Rows", 0) + s.get("Rows Removed by Filter", 0) for s in scans)
                     assert all(s["Node Type"] != "Seq Scan" for s in scans), f"{name}: {scans}"
-                    # The row itself (the siblings query filters it out by uri <> ...), nothing more.
-                    assert read <= 1, f"{name} read {read} of {ROWS} rows ({plan_mode}): {scans}"
+                    # The row itself (the siblings query filters it out by uri <> ...), nothing more; a
+                    # batch's rows, one per key.
+                    keys = len(params[0]) if isinstance(params[0], list) else 1
+                    assert read <= keys, f"{name} read {read} of {ROWS} rows ({plan_mode}): {scans}"
         finally:
             await ledger.pool.close()
 
