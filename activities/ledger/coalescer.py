@@ -17,6 +17,9 @@ Contract:
   leaves that batch running (the drain task, not the caller, awaits it), so it neither cancels nor
   corrupts the others' work: its effect commits (as a cancellation after the commit would leave it)
   and the caller's retry finds it (the ledger's calls are idempotent).
+- ``TOTALS`` counts, per coalescer ``name``, the batches run, the calls they answered and the calls
+  run again alone, over the process's life (the metrics endpoint exports them: calls / batches is
+  the mean batch).
 """
 
 from __future__ import annotations
@@ -26,10 +29,23 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Coalescer"]
+__all__ = ["TOTALS", "BatchTotals", "Coalescer"]
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
+
+
+@dataclass(slots=True)
+class BatchTotals:
+    """One kind of batch's counts over the process's life."""
+
+    batches: int = 0  # batches run (the runs of a failed batch's calls alone not counted)
+    calls: int = 0  # calls those batches took
+    retried: int = 0  # calls run again alone after their batch failed
+
+
+TOTALS: dict[str, BatchTotals] = {}
+"""Per coalescer name, what every coalescer of that name in this process ran (module contract)."""
 
 
 @dataclass(slots=True)
@@ -40,8 +56,9 @@ class _Call(Generic[Req, Res]):
 
 class Coalescer(Generic[Req, Res]):
     def __init__(self, run: Callable[[list[Req]], Awaitable[list[Res]]], key: Callable[[Req], Hashable], *,
-                 max_batch: int = 64) -> None:
+                 name: str, max_batch: int = 64) -> None:
         self._run = run
+        self._totals = TOTALS.setdefault(name, BatchTotals())
         self._key = key
         self.max_batch = max_batch
         self._queued: list[_Call[Req, Res]] = []
@@ -86,6 +103,8 @@ class Coalescer(Generic[Req, Res]):
     async def _run_batch(self, batch: list[_Call[Req, Res]]) -> None:
         self.batches += 1
         self.largest = max(self.largest, len(batch))
+        self._totals.batches += 1
+        self._totals.calls += len(batch)
         try:
             results = await self._run([c.request for c in batch])
         except Exception as exc:
@@ -93,6 +112,7 @@ class Coalescer(Generic[Req, Res]):
                 _settle(batch[0].future, exc=exc)
                 return
             self.retried += len(batch)
+            self._totals.retried += len(batch)
             for call in batch:  # rolled back: each alone, with its own answer
                 try:
                     result = (await self._run([call.request]))[0]

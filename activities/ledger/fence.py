@@ -159,9 +159,9 @@ class FenceLedger:
         # Group commit of the read path (module contract): one batch per kind in flight, keyed by
         # subscription so one key's two calls never share a transaction.
         self._allocations: Coalescer[AllocateRequest, ReadTicket] = Coalescer(
-            lambda reqs: allocate_batch(self, reqs), key=lambda req: req.key)
+            lambda reqs: allocate_batch(self, reqs), key=lambda req: req.key, name="allocate")
         self._accepts: Coalescer[Accept, tuple[AcceptResult, str | None]] = Coalescer(
-            lambda calls: accept_batch(self, calls), key=lambda call: call[0].outcome.key)
+            lambda calls: accept_batch(self, calls), key=lambda call: call[0].outcome.key, name="accept")
 
     def activities(self) -> list[Callable[..., Any]]:
         """The fence's activities the workflows schedule. ``allocate_read`` and ``accept`` are called

@@ -239,6 +239,11 @@ async def test_metrics_endpoint_on_real_stack(stack_scrape: StackScrape) -> None
     assert 0 <= (_value(s, "mcpsync_freshness_age_max_seconds", mode="subscribe", **srv) or -1) < 60
     assert _value(s, "mcpsync_freshness_past_bound_subscriptions", mode="subscribe", **srv) == 0
     assert _value(s, "mcpsync_session_up", subject="alice", **srv) == 1
+    # The read path's group commit: every read's allocation and accept went through a batch.
+    for kind in ("allocate", "accept"):
+        batches = _value(s, "mcpsync_ledger_batches_total", kind=kind) or 0
+        assert 1 <= batches <= (_value(s, "mcpsync_ledger_batched_calls_total", kind=kind) or 0)
+        assert _value(s, "mcpsync_ledger_batch_retries_total", kind=kind) == 0
     # The Temporal SDK runtime's meters ride on the same endpoint.
     assert any(name.startswith("temporal_") for name, _ in s), "no temporal_* series on the endpoint"
 

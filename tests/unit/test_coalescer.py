@@ -32,7 +32,7 @@ def _key(req: str) -> str:
 
 async def test_calls_during_a_batch_run_together_next_one_per_key() -> None:
     rec = Recorder()
-    co: Coalescer[str, str] = Coalescer(rec.run, key=_key)
+    co: Coalescer[str, str] = Coalescer(rec.run, key=_key, name="test")
     first = asyncio.ensure_future(co.submit("a1"))
     await asyncio.sleep(0)  # the first batch is in flight
     rest = [asyncio.ensure_future(co.submit(r)) for r in ("b1", "c1", "a2", "b2")]
@@ -46,7 +46,7 @@ async def test_calls_during_a_batch_run_together_next_one_per_key() -> None:
 async def test_a_failed_batch_answers_each_call_alone() -> None:
     rec = Recorder()
     rec.release.set()
-    co: Coalescer[str, str] = Coalescer(rec.run, key=_key)
+    co: Coalescer[str, str] = Coalescer(rec.run, key=_key, name="test")
     got = await asyncio.gather(*(co.submit(r) for r in ("a1", "bad", "c1")), return_exceptions=True)
     assert got[0] == "a1a1" and got[2] == "c1c1"
     assert isinstance(got[1], ValueError)
@@ -56,7 +56,7 @@ async def test_a_failed_batch_answers_each_call_alone() -> None:
 
 async def test_a_cancelled_caller_leaves_its_batch_running_and_one_not_started_is_dropped() -> None:
     rec = Recorder()
-    co: Coalescer[str, str] = Coalescer(rec.run, key=_key)
+    co: Coalescer[str, str] = Coalescer(rec.run, key=_key, name="test")
     running = asyncio.ensure_future(co.submit("a1"))
     await asyncio.sleep(0)
     other = asyncio.ensure_future(co.submit("b1"))  # queued for the next batch

@@ -77,6 +77,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from mcpsync.activities.ledger.coalescer import TOTALS as BATCH_TOTALS
 from mcpsync.activities.ledger.metrics import UNRESOLVED, LedgerSnapshot, last_revocation_id, read_snapshot
 from mcpsync.worker.main.config import ConfigError, MetricsConfig
 from mcpsync.workflows.ingress import IngressRouter
@@ -290,6 +291,26 @@ class _HostCollector(Collector):
 
 
 REGISTRY.register(_HostCollector())
+
+
+class _BatchCollector(Collector):
+    """The read path's group commit (``mcpsync.activities.ledger.coalescer.TOTALS``), per kind."""
+
+    def collect(self) -> Iterable[Any]:
+        batches = CounterMetricFamily("mcpsync_ledger_batches", "Ledger transactions of the read path's "
+                                      "group commit (kind: allocate, accept)", labels=["kind"])
+        calls = CounterMetricFamily("mcpsync_ledger_batched_calls", "Calls those transactions answered: "
+                                    "calls / batches is the mean batch", labels=["kind"])
+        retried = CounterMetricFamily("mcpsync_ledger_batch_retries", "Calls run again alone because "
+                                      "their batch's transaction failed", labels=["kind"])
+        for kind, t in sorted(BATCH_TOTALS.items()):
+            batches.add_metric([kind], t.batches)
+            calls.add_metric([kind], t.calls)
+            retried.add_metric([kind], t.retried)
+        yield from (batches, calls, retried)
+
+
+REGISTRY.register(_BatchCollector())
 
 
 # --- ledger-derived gauges ---------------------------------------------------------------
