@@ -535,3 +535,20 @@ def test_updates_noted_during_a_start_are_judged_without_reads_at_the_ingress() 
                                                                                      read_on_notification=False))
     assert not any(summary.violations.values()), summary.violations
     assert summary.coverage["start_cycle"] > 500 and summary.coverage["lost_response.mcp_subscribe_cycle"] > 0
+
+
+def test_a_record_that_misnames_the_fence_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record check judges the fence state's receipt, watermark and digest; production's record (what
+    the query answers) must name the same three, or the quiet end reports ``record_one_read``."""
+    real = SubscriptionFence.record
+
+    def misnamed(fence: SubscriptionFence, **kwargs: Any) -> Any:
+        r = real(fence, **kwargs)
+        return r.model_copy(update={"watermark": r.watermark + 1}) if r.last_receipt_id is not None else r
+
+    monkeypatch.setattr(SubscriptionFence, "record", misnamed)
+    found = next((r for r in (run_schedule(schedule_seed("misnamed", i)) for i in range(20))
+                  if r.violations), None)
+    assert found is not None
+    assert {v.invariant for v in found.violations} == {Invariant.RECORD_ONE_READ}
+    assert "fence state" in found.violations[0].detail
