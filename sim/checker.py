@@ -129,10 +129,7 @@ class Checker:
             self._check_read_deadline()
         if self._overdue_after is not None:
             self._check_overdue()
-        if self.sim.ingress.sweep_on:  # most schedules never sweep: no call to say so every step
-            self._track_sweep()
-        else:
-            self._sweep_since = None
+        self._track_sweep()
         # What the record check reads: the run, the receipts (only appended) and the reopened rows.
         receipts, reopened = len(self.sim.ledger.receipts), len(self._reopened)
         if (ran or receipts != self._receipts_seen or reopened != self._reopened_seen) \
@@ -277,11 +274,13 @@ class Checker:
         self._sweep_since = None
 
     def _track_sweep(self) -> None:
-        """Since when the sweep keeps the row on its own (asked while the sweep is on): it sweeps on the
-        live session the row is ACTIVE on, and that session host reads at the ingress for the row
-        (``read_reports``)."""
+        """Since when the sweep keeps the row on its own: it sweeps on the live session the row is
+        ACTIVE on, and that session host reads at the ingress for the row (``read_reports``)."""
         sim = self.sim
         ingress = sim.ingress
+        if not ingress.sweep_on:
+            self._sweep_since = None
+            return
         row, live = sim.ledger.row, sim.host.live
         if self._chain_period is not None and live is not None \
                 and live.generation == row.session_generation and row.state == ACTIVE and row.read_reports \
