@@ -227,7 +227,7 @@ class Checker:
         row reopened after it: no current version). A tombstone's receipt has no digest of its own.
         The record copies those three fields from the fence state, so they are judged there, and the
         record itself is made for a report and once at the quiet end (``record_names_the_fence``):
-        building the 30-field record at every change of them was 3-4 % of a schedule."""
+        building the 30-field record at every change of them was 4.6 % of the instructions."""
         # While none of the fields changes, the check's answer cannot change either (``check`` asks
         # after an activation or a new receipt or reopened row).
         wf = self.sim.wf
