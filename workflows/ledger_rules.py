@@ -67,6 +67,14 @@ def marked_active(row: FenceSnapshot, *, session_generation: int, subscription_g
             and row.subscription_generation == subscription_generation)
 
 
+# The verdicts on a fresh read of content, the same every time (a judgement is frozen): most judged
+# reads end in one of them, and each is built once a process rather than validated per read.
+_UNCHANGED = Judgement(verdict=AcceptVerdict.UNCHANGED, reason="digest unchanged", write_receipt=True,
+                       advance=True)
+_ACCEPTED = Judgement(verdict=AcceptVerdict.ACCEPTED, reason="new digest", write_receipt=True, advance=True,
+                      outbox=True)
+
+
 def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutcome, *,
                row_uri: str | None) -> Judgement:
     """acceptResourceVersion: the only rule that makes a version current."""
@@ -110,8 +118,8 @@ def judge_read(row: FenceSnapshot, issued: IssuedRead | None, outcome: ReadOutco
         return Judgement(verdict=V.GUARDRAIL_REJECTED, reason=outcome.guardrail_rejection, write_receipt=True,
                          advance_ordinal_only=True, audit_kind="GUARDRAIL_REJECTED")
     if outcome.content_digest == row.last_accepted_digest:
-        return Judgement(verdict=V.UNCHANGED, reason="digest unchanged", write_receipt=True, advance=True)
-    return Judgement(verdict=V.ACCEPTED, reason="new digest", write_receipt=True, advance=True, outbox=True)
+        return _UNCHANGED
+    return _ACCEPTED
 
 
 def tombstone_rule(row: FenceSnapshot, *, listed: bool, proven: bool = False) -> SubscriptionState | None:

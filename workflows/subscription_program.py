@@ -116,9 +116,8 @@ class SubscriptionProgram:
     """One run of one subscription. Handlers are the ``on_*`` methods; ``run`` is the main loop."""
 
     def __init__(self, start: SubscriptionStart, rt: Interpreter) -> None:
-        state = FenceState(key=start.key)
-        if start.carried_state is not None:
-            state = FenceState.model_validate(start.carried_state)
+        state = (FenceState(key=start.key) if start.carried_state is None
+                 else FenceState.model_validate(start.carried_state))
         self.rt = rt
         self.start = start
         self.fence = SubscriptionFence(state)

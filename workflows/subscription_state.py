@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -125,6 +126,19 @@ class FenceState(BaseModel):
     reconciled_variants: list[str] = Field(default_factory=list)  # variants catalog evidence already cleared
     ended_at: datetime | None = None  # when the subscription reached a terminal state
     detail: str = ""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field is assigned as pydantic assigns one without ``validate_assignment``: the value into
+        the instance's ``__dict__``, the name into its fields set; without pydantic's lookup of a handler
+        by name (the run writes its state about 150 times a schedule). Any other name is pydantic's."""
+        if name in _FENCE_FIELDS:
+            self.__dict__[name] = value
+            self.__pydantic_fields_set__.add(name)
+        else:
+            super().__setattr__(name, value)
+
+
+_FENCE_FIELDS = frozenset(FenceState.model_fields)
 
 
 class SubscriptionFence:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from mcpsync.workflows import coverage
 from mcpsync.workflows.coverage import NotePlan
@@ -535,3 +536,38 @@ def test_updates_noted_during_a_start_are_judged_without_reads_at_the_ingress() 
                                                                                      read_on_notification=False))
     assert not any(summary.violations.values()), summary.violations
     assert summary.coverage["start_cycle"] > 500 and summary.coverage["lost_response.mcp_subscribe_cycle"] > 0
+
+
+def test_a_record_that_misnames_the_fence_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record check judges the fence state's receipt, watermark and digest; production's record (what
+    the query answers) must name the same three, or the quiet end reports ``record_one_read``."""
+    real = SubscriptionFence.record
+
+    def misnamed(fence: SubscriptionFence, **kwargs: Any) -> Any:
+        r = real(fence, **kwargs)
+        return r.model_copy(update={"watermark": r.watermark + 1}) if r.last_receipt_id is not None else r
+
+    monkeypatch.setattr(SubscriptionFence, "record", misnamed)
+    found = next((r for r in (run_schedule(schedule_seed("misnamed", i)) for i in range(20))
+                  if r.violations), None)
+    assert found is not None
+    assert {v.invariant for v in found.violations} == {Invariant.RECORD_ONE_READ}
+    assert "fence state" in found.violations[0].detail
+
+
+def test_the_simulator_reads_record_fields_without_pydantics_hook() -> None:
+    """``sim.attributes``: once a simulation ran, a record class of mcpsync has CPython's generic
+    attribute lookup (``BaseModel``, for other models, keeps pydantic's); its fields read as before and
+    a miss raises pydantic's message."""
+    import ctypes
+
+    from sim.attributes import _slot, plain_attribute_reads
+
+    Simulation("attributes", Profile(), SimConfig())
+    assert plain_attribute_reads() == 0  # once a process: done by the simulation
+    generic = ctypes.cast(ctypes.pythonapi.PyObject_GenericGetAttr, ctypes.c_void_p).value
+    assert _slot(FenceSnapshot).value == generic and _slot(BaseModel).value != generic
+    row = FenceSnapshot(exists=True, state=S.ACTIVE)
+    assert (row.exists, row.state, getattr(row, "nope", None)) == (True, S.ACTIVE, None)
+    with pytest.raises(AttributeError, match="'FenceSnapshot' object has no attribute 'nope'"):
+        row.nope  # type: ignore[attr-defined]  # noqa: B018

@@ -451,3 +451,16 @@ def test_a_report_after_a_later_guardrail_rejection_still_names_its_version() ->
                 last_accepted_digest="sha256:three"))  # a read this run never heard of
     assert (f.s.last_receipt_id, f.s.last_accepted_digest, f.s.watermark, f.s.last_accepted_ordinal) == \
         (4, "sha256:three", 3, 5)
+
+
+def test_fence_state_assigns_a_field_as_pydantic_does() -> None:
+    """``FenceState.__setattr__`` (no per-name handler lookup): the value, the fields set (what a
+    continued run's carried state keeps) and the refusal of a name that is no field, as pydantic's."""
+    s = FenceState(key=KEY)
+    s.watermark = 3
+    s.state = S.ACTIVE
+    assert (s.watermark, s.state) == (3, S.ACTIVE)
+    assert s.model_fields_set == {"key", "watermark", "state"}
+    assert FenceState.model_validate(s.model_dump(exclude_unset=True)) == s
+    with pytest.raises(ValueError, match='no field "nope"'):
+        s.nope = 1  # type: ignore[attr-defined]
