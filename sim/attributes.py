@@ -1,7 +1,7 @@
 """Plain attribute reads on production's records, in the simulator's process (its speed alone).
 
 Contract:
-- ``plain_attribute_reads()`` (once a process; every ``Simulation`` calls it) gives every
+- ``plain_attribute_reads()`` (once a process; ``runner.run_schedules`` calls it) gives every
   pydantic model class of ``mcpsync`` that has no private attributes, no ``extra="allow"`` and no
   ``__getattr__`` or ``__getattribute__`` of its own CPython's generic attribute lookup, the one a
   class without ``__getattr__`` has. pydantic's ``BaseModel.__getattr__`` serves private attributes
@@ -12,8 +12,8 @@ Contract:
 - The lookup is the type's ``tp_getattro`` slot, written through ``ctypes`` at its offset in
   ``PyTypeObject``; the offset is checked first on a class known to have the generic lookup, and on any
   other layout or interpreter no class is changed. Assigning a special method to a class later gives
-  it CPython's own slot again. Only a process that runs a simulation (``mcpsync simulate``, its workers,
-  tests) calls it; in one, production's records behave as before, their reads faster.
+  it CPython's own slot again. Only a process that runs batches of schedules (``mcpsync simulate``, its
+  workers, the simulator's tier) calls it; in one, production's records behave as before, their reads faster.
 """
 
 from __future__ import annotations

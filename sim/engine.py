@@ -40,7 +40,6 @@ from mcpsync.workflows.records.subscription import (
 from mcpsync.workflows.records.subscription import SubscriptionState as S
 from mcpsync.workflows.subscription_program import WaitKind
 from mcpsync.workflows.subscription_state import UpdateDisposition
-from sim.attributes import plain_attribute_reads
 from sim.checker import Checker
 from sim.cycles import CycleRunner, SimSessionActivities
 from sim.ingress import IngressDriver
@@ -92,7 +91,6 @@ class Simulation:
     """One schedule: environment + workflow chain + ledger + checker (the module's contract)."""
 
     def __init__(self, seed: str, profile: Profile, config: SimConfig) -> None:
-        plain_attribute_reads()  # once a process: reads of the records' fields without pydantic's hook
         self.seed = seed
         self.profile = profile
         self.config = config

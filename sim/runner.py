@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.attributes import plain_attribute_reads
 from sim.model import Invariant, ScheduleResult, SimConfig, schedule_seed
 from sim.schedule import run_schedule
 from sim.shrinking import shrink
@@ -57,7 +58,10 @@ def run_schedules(seed: int | str, start: int, stop: int, config: SimConfig = Si
                   keep_failures: int = 3) -> Summary:
     """Schedules ``start``..``stop-1`` of ``seed``; failures are recorded by index (``shrink_failures``
     turns the first few into minimal traces once, after merging). Each schedule's result is folded
-    into the total at once, so the heap stays one schedule deep (``_collected_per_schedule``)."""
+    into the total at once, so the heap stays one schedule deep (``_collected_per_schedule``). The
+    process reads the records' fields without pydantic's hook from then on (``sim.attributes``): only
+    a batch of schedules does, not a single ``Simulation`` in a process that runs other code too."""
+    plain_attribute_reads()
     total = Summary(seed=str(seed))
     with _collected_per_schedule() as collect:
         for i in range(start, stop):

@@ -556,15 +556,15 @@ def test_a_record_that_misnames_the_fence_is_caught(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_simulator_reads_record_fields_without_pydantics_hook() -> None:
-    """``sim.attributes``: once a simulation ran, a record class of mcpsync has CPython's generic
+    """``sim.attributes``: once a batch of schedules ran, a record class of mcpsync has CPython's generic
     attribute lookup (``BaseModel``, for other models, keeps pydantic's); its fields read as before and
     a miss raises pydantic's message."""
     import ctypes
 
     from sim.attributes import _slot, plain_attribute_reads
 
-    Simulation("attributes", Profile(), SimConfig())
-    assert plain_attribute_reads() == 0  # once a process: done by the simulation
+    run_schedules("attributes", 0, 1)
+    assert plain_attribute_reads() == 0  # once a process: done by the batch
     generic = ctypes.cast(ctypes.pythonapi.PyObject_GenericGetAttr, ctypes.c_void_p).value
     assert _slot(FenceSnapshot).value == generic and _slot(BaseModel).value != generic
     row = FenceSnapshot(exists=True, state=S.ACTIVE)
