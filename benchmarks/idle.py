@@ -45,6 +45,7 @@ from temporalio.client import Client
 
 from benchmarks import actions, cost, usage
 from benchmarks.common import fetch_rows
+from benchmarks.services import Scrape
 from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionOptions, TriggerReason
@@ -125,6 +126,18 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
                 "Temporal Cloud billable actions of the N subscription workflows over the window, per "
                 "subscription-hour / -day and per unchanged read",
     }
+
+
+def batches(d: Scrape) -> dict[str, dict[str, float | None]]:
+    """The read path's group commit over a scrape diff ``d`` (the run's processes summed), per kind:
+    transactions, calls and the mean batch (``mcpsync_ledger_batches`` / ``_batched_calls``)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for kind in ("allocate", "accept"):
+        label = frozenset({("kind", kind)})
+        n = d.get(("mcpsync_ledger_batches_total", label), 0.0)
+        calls = d.get(("mcpsync_ledger_batched_calls_total", label), 0.0)
+        out[kind] = {"batches": n, "calls": calls, "mean_batch": round(calls / n, 2) if n else None}
+    return out
 
 
 def at_production_period(actions_per_read: float | None, events_per_read: float | None) -> dict[str, Any]:

@@ -321,12 +321,14 @@ async def idle_phase(b: Bench) -> None:
             opts.history_sample))
         gc.collect()
         rss0 = rss_bytes(services.worker_pid)
+        scrape0 = await b.probe.scrape()
         r["idle"] = await idle.measure_idle(
             client, ledger, idle_roles, idle_runs, server=server, seconds=opts.idle_window,
             safety_read_seconds=(opts.subscription_safety_read_seconds
                                  or SubscriptionOptions().safety_read_seconds), subscriptions=len(uris))
         gc.collect()
         i = r["idle"]
+        i["ledger_batches"] = idle.batches(Probe.diff(await b.probe.scrape(), scrape0))
         # What the worker holds per run can grow after start-up (the SDK core keeps a run's command state
         # machines until the run ends): the window's RSS growth, per subscription and per safety read.
         growth = rss_bytes(services.worker_pid) - rss0
@@ -342,7 +344,9 @@ async def idle_phase(b: Bench) -> None:
             f"actions, <= {i['cpu_ms_per_unchanged_read_upper_bound']} ms CPU; "
             f"{i['safety_reads']} safety reads (per subscription-hour: scheduled "
             f"{i['safety_reads_per_subscription_hour_scheduled']}, observed "
-            f"{i['safety_reads_per_subscription_hour']}); worker RSS "
+            f"{i['safety_reads_per_subscription_hour']}); mean batch: allocate "
+            f"{i['ledger_batches']['allocate']['mean_batch']}, accept "
+            f"{i['ledger_batches']['accept']['mean_batch']}; worker RSS "
             f"{i['worker_rss_growth_bytes_per_subscription'] / 1024:+.1f} KiB/subscription over the window")
 
 
