@@ -27,13 +27,32 @@ from mcpsync.activities.ledger.store import LedgerStore, Write
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["PURGE_SUBJECT_SQL", "ContentLedger", "ReadBody"]
+__all__ = ["PURGE_SUBJECT_SQL", "REFRESH_ROWS_SQL", "STORE_ROWS_SQL", "ContentLedger", "ReadBody",
+           "body_rows"]
 
 STORE_SQL = """
 INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
 VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
 """  # a body read again is young again: retention never races its acceptance
+# ``STORE_SQL`` for many bodies (arrays: subjects, digests, MIME types, sizes, bodies, kinds; no two
+# of one (subject, digest)): an accept batch's new versions.
+STORE_ROWS_SQL = """
+INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea[], %s::text[])
+ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
+"""
+# A stored body read again (an UNCHANGED verdict: the row's current version) is young again without
+# being sent: arrays (subjects, digests) twice, the pairs and their ``= ANY`` probes of the primary
+# key (a generic plan takes ``unnest`` for 100 rows and would otherwise scan every body). It answers
+# the (subject, digest) of each body it found.
+REFRESH_ROWS_SQL = """
+UPDATE content_store c SET stored_at = now()
+FROM unnest(%s::text[], %s::text[]) AS t(subject, content_digest)
+WHERE c.subject = ANY(%s::text[]) AND c.content_digest = ANY(%s::text[])
+  AND c.subject = t.subject AND c.content_digest = t.content_digest
+RETURNING c.subject, c.content_digest
+"""
 
 # A subject revocation's purge (``purge_subject``): parameters (subject, covered workflow ids,
 # covered workflow ids, REVOKED, released verdicts). The candidates, the covered receipts' digests
@@ -52,6 +71,27 @@ WHERE c.subject=%s AND c.content_digest = ANY(ARRAY(
       AND NOT EXISTS (SELECT 1 FROM revocations r
                       WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at))
 """
+
+
+def body_rows(bodies: Sequence[tuple[str, ReadBody, bool]]) -> tuple[list[Any] | None, list[Any] | None]:
+    """The parameters of ``STORE_ROWS_SQL`` and of ``REFRESH_ROWS_SQL`` (None: no body of that kind) for
+    (subject, body, known) triples: a ``known`` body (stored already) is refreshed, any other stored.
+    One row per (subject, digest); one stored is not refreshed too."""
+    store: dict[tuple[str, str], ReadBody] = {}
+    refresh: set[tuple[str, str]] = set()
+    for subject, body, known in bodies:
+        if known:
+            refresh.add((subject, body.digest))
+        else:
+            store.setdefault((subject, body.digest), body)
+    refresh -= store.keys()
+    stored = None if not store else [
+        [s for s, _ in store], [d for _, d in store], [b.mime_type for b in store.values()],
+        [len(b.body) for b in store.values()], [b.body for b in store.values()],
+        [b.kind for b in store.values()]]
+    pairs = sorted(refresh)
+    refreshed = None if not pairs else [[s for s, _ in pairs], [d for _, d in pairs]] * 2
+    return stored, refreshed
 
 
 @dataclass(frozen=True)

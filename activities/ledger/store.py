@@ -39,7 +39,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 
 __all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
            "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
-           "write_rows", "rows_write"]
+           "write_rows", "rows_write", "row_updates"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -209,9 +209,19 @@ async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *,
 
 
 def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> Write:
-    """``write_rows``' statement: one set-based ``UPDATE`` per column set (the values as a ``jsonb``
-    array read as ``subscriptions`` records, so each column keeps its type), each a data-modifying
-    ``WITH`` ahead of ``then``. Its text depends on the column sets only, never on how many rows."""
+    """``write_rows``' statement: ``row_updates``, each a data-modifying ``WITH`` ahead of ``then``."""
+    updates, params = row_updates(rows)
+    assert updates and not then.sql.lstrip().upper().startswith("WITH")
+    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+
+
+def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
+                linked: str | None = None) -> tuple[list[str], list[Any]]:
+    """The ``WITH`` items (``u0``, ``u1``, ...) and their parameters that update many rows (wf, columns):
+    one set-based ``UPDATE`` per column set (the values as a ``jsonb`` array read as ``subscriptions``
+    records, so each column keeps its type). Their text depends on the column sets only, never on
+    how many rows. ``linked``: the name of a ``WITH`` item of the same statement answering
+    (workflow_id, receipt_id), whose id a row's ``last_receipt_id`` takes (the value given is ignored)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for wf, columns in rows:
         groups.setdefault(tuple(columns), []).append(
@@ -219,15 +229,17 @@ def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) ->
     updates: list[str] = []
     params: list[Any] = []
     for n, (names, values) in enumerate(sorted(groups.items())):
-        sets = ", ".join(f"{c}=v.{c}" for c in names)
+        link = linked is not None and "last_receipt_id" in names
+        sets = ", ".join(f"{c}=l.receipt_id" if link and c == "last_receipt_id" else f"{c}=v.{c}"
+                         for c in names)
+        source = "jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v" + (
+            f" LEFT JOIN {linked} l ON l.workflow_id = v.workflow_id" if link else "")
         # The rows by their ids too: the planner takes the function's rows for 100 and would join
         # by a scan of every row; by ``= ANY`` it probes the primary key once per row.
-        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
-                       " FROM jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v"
+        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now() FROM {source}"
                        " WHERE s.workflow_id = ANY(%s::text[]) AND s.workflow_id = v.workflow_id)")
         params += [json.dumps(values), [v["workflow_id"] for v in values]]
-    assert updates and not then.sql.lstrip().upper().startswith("WITH")
-    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+    return updates, params
 
 
 def _json_value(value: Any) -> Any:
