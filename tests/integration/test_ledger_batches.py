@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import psycopg
 import pytest
@@ -181,7 +182,7 @@ def _accept(ledger: Ledger, key: SubscriptionKey, ticket: ReadTicket, digest: st
                                                     body=BODIES[digest]))
 
 
-async def _kinds(ledger: Ledger, *, together: bool) -> list[tuple[object, ...]]:
+async def _kinds(ledger: Ledger, *, together: bool) -> list[tuple[Any, ...]]:
     """Six subscriptions, each of its own subject, each holding version v0, whose next accepts are of
     every kind: UNCHANGED, ACCEPTED (a new digest), STALE, a replay, a guardrail rejection, and an
     UNCHANGED read whose stored body was lost; made in turn or all at once. Each subscription's
@@ -207,7 +208,7 @@ async def _kinds(ledger: Ledger, *, together: bool) -> list[tuple[object, ...]]:
 
 
 async def _rows_of(ledger: Ledger, key: SubscriptionKey,
-                   answer: tuple[AcceptResult, str | None]) -> tuple[object, ...]:
+                   answer: tuple[AcceptResult, str | None]) -> tuple[Any, ...]:
     wf, subject = key.workflow_id, key.subject
     result, digest = answer
     receipts = await ledger_rows(ledger, """
