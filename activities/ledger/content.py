@@ -3,8 +3,11 @@
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
   served to another. A read's body enters it only in its accept's transaction, and only when
-  the verdict releases it (``store_write``): a read in flight across a revocation stores
-  nothing. ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
+  the verdict releases it (``plan_writes``, with the plan's other writes: ``STORE_ROWS_SQL``):
+  a read in flight across a revocation stores nothing. An UNCHANGED read's body is the row's
+  current version, stored already: its ``stored_at`` is refreshed without sending the body
+  (``REFRESH_ROWS_SQL``), and stored again only if it is missing. Either way a body read again
+  is young again (``retention``). ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
   process) in ``content_pending`` until its accept takes it (``take_staged``); nothing there
   is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
   only ways out (``mcpsync.activities.ledger.released.released_content`` adds the release rules).
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpsync.activities.ledger.store import LedgerStore, Write
+from mcpsync.activities.ledger.store import LedgerStore
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
@@ -113,11 +116,6 @@ class ContentLedger:
         """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
         async with self.store.pool.connection() as conn:
             await conn.execute(STORE_SQL, (subject, digest, mime_type, len(body), body, kind))
-
-    @staticmethod
-    def store_write(subject: str, body: ReadBody) -> Write:
-        """The write that stores an accepted read's body, for the accept's transaction (its row locked)."""
-        return Write(STORE_SQL, (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
 
     async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
         """Park a standalone read's body until its accept (a retried read replaces it)."""

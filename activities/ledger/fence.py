@@ -10,7 +10,10 @@ Contract:
   and ``coverage``'s; accept / close / tombstone / revoke ask ``mcpsync.workflows.ledger_rules``
   and the planner ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
   outbox row (``mcpsync.activities.ledger.journal``), fence update, audit row, ``read_requests``
-  completion, revocation (with the purge of ``mcpsync.activities.ledger.content``). The
+  completion, revocation (with the purge of ``mcpsync.activities.ledger.content``). ``_apply`` is
+  ``_apply_all`` of one plan: the writes every plan makes (``read_requests`` completion, receipt,
+  fence update, the accepted body) go out as one set-based statement for all the plans of a
+  transaction (``mcpsync.activities.ledger.plan_writes``), the rest per plan after it. The
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
@@ -19,7 +22,9 @@ Contract:
   one transaction (``mcpsync.activities.ledger.coalescer``; the batch itself, with the same rules per
   request, is ``mcpsync.activities.ledger.read_batches``). A batch locks its rows in one statement, in
   ``workflow_id`` order, holds no two calls of one subscription, and a batch that fails runs each of
-  its calls again alone: each caller gets what it would have got alone.
+  its calls again alone: each caller gets what it would have got alone. An accept batch's plans are
+  written by one ``_apply_all``: a batch of unchanged verifications is four statements (BEGIN,
+  lock, write, COMMIT) however many reads, and resends no stored body.
 - Rows are found by key (``store.fence_row``), never by ``key.workflow_id``: the row
   records, when it is created, the id of the workflow that created it (the ENSURE activity passes
   ``activity.info().workflow_id``, local activities included) and never changes it; a second

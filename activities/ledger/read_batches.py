@@ -6,7 +6,8 @@ Contract:
   a single call is a batch of one), in ONE transaction, each request answered what it would have
   been answered alone: the same pure rules per request (``allocation.prior_allocation``,
   ``coverage.plan_allocate``, ``verification.record_allocation``; ``ledger_rules.judge_read``,
-  ``write_plan.plan_accept`` and ``FenceLedger._apply``) on its own row. A batch holds no two
+  ``write_plan.plan_accept`` and ``FenceLedger._apply_all``, which ``_apply`` is for one plan) on
+  its own row. A batch holds no two
   requests of one subscription (the coalescer's key), so no request's rule reads another's write.
 - Set-based where the statements are alike: one statement locks every row (``store.fence_rows``:
   ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
@@ -14,8 +15,11 @@ Contract:
   allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
   the ``read_requests`` inserts, each from a ``jsonb`` array). An unchanged allocation batch is
   three statements and a commit, however many requests. An accept batch locks its rows by one
-  statement, then applies each plan with ``FenceLedger._apply`` (an unchanged verification's: two
-  statements).
+  statement, judges and plans each request, then writes every plan with ``FenceLedger._apply_all``:
+  the ``read_requests`` completions, receipts, rows' updates and bodies as one statement
+  (``plan_writes``), then per plan what only some plans have (audit, outbox, revocation). An
+  unchanged accept batch is three statements and a commit, as an allocation batch, and its bodies,
+  stored already, are not sent again (their ``stored_at`` is refreshed).
 - Every statement's text is independent of the batch size (arrays and ``jsonb`` arrays, not
   placeholders per request), so psycopg prepares it once.
 - A request the rules refuse is answered in the batch; an error (a unique violation of an id two

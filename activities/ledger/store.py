@@ -8,13 +8,14 @@ Contract:
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
   ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row`` /
-  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based.
+  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based
+  (``row_updates``: the ``WITH`` items, also for ``plan_writes``' statement).
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
   data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
   are group-committed (``read_batches``): an unchanged verification's allocation batch is four
-  statements, its transaction's included, for all its reads; an accept batch three, and two per
-  read. No pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
-  (docs/benchmarks.md, "Idle cost at the production period").
+  statements, its transaction's included, for all its reads; its accept batch four (BEGIN, lock,
+  one write of every plan, COMMIT). No pipeline mode: on uvloop its waits cost the client more CPU
+  than the round trips it saves (docs/benchmarks.md, "Idle cost at the production period").
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
   workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
