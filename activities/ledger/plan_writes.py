@@ -124,7 +124,8 @@ def plans_write(items: Sequence[Planned]) -> tuple[Write | None, list[SetWrites]
     judged = [w.judged for w in writes if w.judged is not None]
     receipts = [w.receipt for w in writes if w.receipt is not None]
     fences = [(str(item.wf), w.fence) for item, w in zip(items, writes, strict=True) if w.fence is not None]
-    assert len({wf for wf, _ in fences}) == len(fences), "two plans of one subscription in one statement"
+    assert len({wf for wf, _ in fences}) == len(fences) and len({r["workflow_id"] for r in receipts}) == len(
+        receipts), "two plans of one subscription in one statement"
     stored, refreshed = body_rows([(item.key.subject, w.body, w.known)
                                    for item, w in zip(items, writes, strict=True) if w.body is not None])
     ctes: list[str] = []
