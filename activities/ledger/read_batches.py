@@ -13,14 +13,14 @@ Contract:
   ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
   reads (by ``cycle_id`` and ``request_id``, what ``prior_allocation`` asks first), and the
   allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
-  the ``read_requests`` inserts, each from a ``jsonb`` array). An unchanged allocation batch is
-  three statements and a commit, however many requests. An accept batch locks its rows by one
-  statement, judges and plans each request, then writes every plan with ``FenceLedger._apply_all``:
-  the ``read_requests`` completions, receipts, rows' updates and bodies as one statement
-  (``plan_writes``), then per plan what only some plans have (audit, outbox, revocation). An
-  unchanged accept batch is three statements and a commit, as an allocation batch, and its bodies,
-  stored already, are not sent again (their ``stored_at`` is refreshed).
-- Every statement's text is independent of the batch size (arrays and ``jsonb`` arrays, not
+  the ``read_requests`` inserts, from ``jsonb``: an object by workflow id, an array). An unchanged
+  allocation batch is three statements and a commit, however many requests. An accept batch locks
+  its rows by one statement, judges and plans each request, then writes every plan with
+  ``FenceLedger._apply_all``: the ``read_requests`` completions, receipts, rows' updates and bodies
+  as one statement (``plan_writes``), then per plan what only some plans have (audit, outbox,
+  revocation). An unchanged accept batch is three statements and a commit, as an allocation batch,
+  and its bodies, stored already, are not sent again (their ``stored_at`` is refreshed).
+- Every statement's text is independent of the batch size (arrays and ``jsonb`` values, not
   placeholders per request), so psycopg prepares it once.
 - A request the rules refuse is answered in the batch; an error (a unique violation of an id two
   requests of the batch both took, a deadlock with another process) rolls the batch back, and the

@@ -219,10 +219,11 @@ def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) ->
 def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
                 linked: str | None = None) -> tuple[list[str], list[Any]]:
     """The ``WITH`` items (``u0``, ``u1``, ...) and their parameters that update many rows (wf, columns):
-    one set-based ``UPDATE`` per column set (the values as a ``jsonb`` array read as ``subscriptions``
-    records, so each column keeps its type). Their text depends on the column sets only, never on
-    how many rows. ``linked``: the name of a ``WITH`` item of the same statement answering
-    (workflow_id, receipt_id), whose id a row's ``last_receipt_id`` takes (the value given is ignored)."""
+    one set-based ``UPDATE`` per column set (the values as a ``jsonb`` object by workflow id, each
+    read as a ``subscriptions`` record, so each column keeps its type). Their text depends on the
+    column sets only, never on how many rows. ``linked``: the name of a ``WITH`` item of the same
+    statement answering (workflow_id, receipt_id), whose id a row's ``last_receipt_id`` takes (the
+    value given is ignored)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for wf, columns in rows:
         groups.setdefault(tuple(columns), []).append(
@@ -231,15 +232,19 @@ def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
     params: list[Any] = []
     for n, (names, values) in enumerate(sorted(groups.items())):
         link = linked is not None and "last_receipt_id" in names
-        sets = ", ".join(f"{c}=l.receipt_id" if link and c == "last_receipt_id" else f"{c}=v.{c}"
-                         for c in names)
-        source = "jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v" + (
-            f" LEFT JOIN {linked} l ON l.workflow_id = v.workflow_id" if link else "")
-        # The rows by their ids too: the planner takes the function's rows for 100 and would join
-        # by a scan of every row; by ``= ANY`` it probes the primary key once per row.
-        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now() FROM {source}"
-                       " WHERE s.workflow_id = ANY(%s::text[]) AND s.workflow_id = v.workflow_id)")
-        params += [json.dumps(values), [v["workflow_id"] for v in values]]
+        given = [c for c in names if not (link and c == "last_receipt_id")]
+        # Each row's values looked up by its id in a ``jsonb`` object (workflow id -> columns), the
+        # rows found by ``= ANY`` probes of the primary key: no join (a generic plan takes a function
+        # for 100 rows and hashes them, or scans every row), no placeholder per row.
+        assert given, "a fence update writes more than the receipt it links"
+        sets = (f"({', '.join(given)}) = (SELECT {', '.join(f'v.{c}' for c in given)}"
+                " FROM jsonb_populate_record(NULL::subscriptions, %s::jsonb -> s.workflow_id) v)")
+        if link:
+            sets += (f", last_receipt_id = (SELECT l.receipt_id FROM {linked} l"
+                     " WHERE l.workflow_id = s.workflow_id)")
+        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
+                       " WHERE s.workflow_id = ANY(%s::text[]))")
+        params += [json.dumps({v["workflow_id"]: v for v in values}), [v["workflow_id"] for v in values]]
     return updates, params
 
 
