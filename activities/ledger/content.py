@@ -47,12 +47,14 @@ SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea
 ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
 """
 # A stored body read again (an UNCHANGED verdict: the row's current version) is young again without
-# being sent: arrays of subjects and of digests (``= ANY`` probes of the primary key) and the exact
-# pairs as a ``jsonb`` array (a filter, not a join: a generic plan would hash a join's rows). It
-# answers the (subject, digest) of each body it found.
+# being sent: ``jsonb`` arrays of subjects and of digests (``= ANY`` probes of the primary key; from
+# ``jsonb``, so a custom plan does not size them and PostgreSQL keeps the generic plan) and the exact
+# pairs (a filter, not a join: a generic plan would hash a join's rows). It answers the (subject,
+# digest) of each body it found.
 REFRESH_ROWS_SQL = """
 UPDATE content_store c SET stored_at = now()
-WHERE c.subject = ANY(%s::text[]) AND c.content_digest = ANY(%s::text[])
+WHERE c.subject = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
+  AND c.content_digest = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
   AND %s::jsonb @> jsonb_build_array(jsonb_build_array(c.subject, c.content_digest))
 RETURNING c.subject, c.content_digest
 """
@@ -94,7 +96,8 @@ def body_rows(bodies: Sequence[tuple[str, ReadBody, bool]]) -> tuple[list[Any] |
         [len(b.body) for b in store.values()], [b.body for b in store.values()],
         [b.kind for b in store.values()]]
     pairs = sorted(refresh)
-    refreshed = None if not pairs else [[s for s, _ in pairs], [d for _, d in pairs], json.dumps(pairs)]
+    refreshed = None if not pairs else [json.dumps([s for s, _ in pairs]), json.dumps([d for _, d in pairs]),
+                                        json.dumps(pairs)]
     return stored, refreshed
 
 

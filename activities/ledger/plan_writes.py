@@ -43,10 +43,15 @@ RECEIPT_COLUMNS = ("workflow_id", "subject", "server", "uri", "mime_type", "cont
                    "cache_scope")
 # The completions by workflow id (a ``jsonb`` object: workflow id -> {ordinal, outcome}), the reads
 # found by ``= ANY`` probes of the primary key, each checked against its own ordinal. No join: a
-# generic plan of one to a function's rows hashes them, which costs more than the update itself.
+# generic plan of one to a function's rows hashes them, which costs more than the update itself. The
+# probes' arrays come out of ``jsonb`` arrays (``ANY_OF``): a custom plan sizes a constant array,
+# estimates one row, and PostgreSQL would then plan every execution again instead of keeping the
+# generic plan.
+ANY_OF = "ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))"
+ANY_OF_BIGINT = "ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)::bigint))"
 JUDGED_SQL = ("judged AS (UPDATE read_requests r SET completed_at = now(),"
               " outcome = %s::jsonb -> r.workflow_id ->> 'outcome'"
-              " WHERE r.workflow_id = ANY(%s::text[]) AND r.ordinal = ANY(%s::bigint[])"
+              f" WHERE r.workflow_id = {ANY_OF} AND r.ordinal = {ANY_OF_BIGINT}"
               " AND r.ordinal = (%s::jsonb -> r.workflow_id ->> 'ordinal')::bigint)")
 RECEIPTS_SQL = (f"receipts AS (INSERT INTO resource_versions ({', '.join(RECEIPT_COLUMNS)})"
                 f" SELECT {', '.join(RECEIPT_COLUMNS)}"
@@ -136,7 +141,8 @@ def plans_write(items: Sequence[Planned]) -> tuple[Write | None, list[SetWrites]
         ctes.append(JUDGED_SQL)
         by_wf = json.dumps({j["workflow_id"]: {"ordinal": j["ordinal"], "outcome": j["outcome"]}
                             for j in judged})
-        params += [by_wf, [j["workflow_id"] for j in judged], [j["ordinal"] for j in judged], by_wf]
+        params += [by_wf, json.dumps([j["workflow_id"] for j in judged]),
+                   json.dumps([j["ordinal"] for j in judged]), by_wf]
     if receipts:
         ctes.append(RECEIPTS_SQL)
         params.append(json.dumps(receipts))
