@@ -3,8 +3,11 @@
 Contract:
 - Bodies live only in ``content_store``, per subject: a body read for one subject is never
   served to another. A read's body enters it only in its accept's transaction, and only when
-  the verdict releases it (``store_write``): a read in flight across a revocation stores
-  nothing. ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
+  the verdict releases it (``plan_writes``, with the plan's other writes: ``STORE_ROWS_SQL``):
+  a read in flight across a revocation stores nothing. An UNCHANGED read's body is the row's
+  current version, stored already: its ``stored_at`` is refreshed without sending the body
+  (``REFRESH_ROWS_SQL``), and stored again only if it is missing. Either way a body read again
+  is young again (``retention``). ``stage`` parks the body of a standalone ``mcp_read`` (no accept in the same
   process) in ``content_pending`` until its accept takes it (``take_staged``); nothing there
   is ever released. Nothing here logs a body; ``get_content`` and ``current_content`` are the
   only ways out (``mcpsync.activities.ledger.released.released_content`` adds the release rules).
@@ -19,21 +22,43 @@ Contract:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpsync.activities.ledger.store import LedgerStore, Write
+from mcpsync.activities.ledger.store import LedgerStore
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["PURGE_SUBJECT_SQL", "ContentLedger", "ReadBody"]
+__all__ = ["PURGE_SUBJECT_SQL", "REFRESH_ROWS_SQL", "STORE_ROWS_SQL", "ContentLedger", "ReadBody",
+           "body_rows"]
 
 STORE_SQL = """
 INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
 VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
 """  # a body read again is young again: retention never races its acceptance
+# ``STORE_SQL`` for many bodies (arrays: subjects, digests, MIME types, sizes, bodies, kinds; no two
+# of one (subject, digest)): an accept batch's new versions.
+STORE_ROWS_SQL = """
+INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea[], %s::text[])
+ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
+"""
+# A stored body read again (an UNCHANGED verdict: the row's current version) is young again without
+# being sent: ``jsonb`` arrays of subjects and of digests (``= ANY`` probes of the primary key; from
+# ``jsonb``, so a custom plan does not size them and PostgreSQL keeps the generic plan) and the exact
+# pairs (a filter, not a join: a generic plan would hash a join's rows). It answers the (subject,
+# digest) of each body it found.
+REFRESH_ROWS_SQL = """
+UPDATE content_store c SET stored_at = now()
+WHERE c.subject = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
+  AND c.content_digest = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
+  AND %s::jsonb @> jsonb_build_array(jsonb_build_array(c.subject, c.content_digest))
+RETURNING c.subject, c.content_digest
+"""
+
 
 # A subject revocation's purge (``purge_subject``): parameters (subject, covered workflow ids,
 # covered workflow ids, REVOKED, released verdicts). The candidates, the covered receipts' digests
@@ -52,6 +77,28 @@ WHERE c.subject=%s AND c.content_digest = ANY(ARRAY(
       AND NOT EXISTS (SELECT 1 FROM revocations r
                       WHERE r.workflow_id = rv.workflow_id AND r.recorded_at >= rv.accepted_at))
 """
+
+
+def body_rows(bodies: Sequence[tuple[str, ReadBody, bool]]) -> tuple[list[Any] | None, list[Any] | None]:
+    """The parameters of ``STORE_ROWS_SQL`` and of ``REFRESH_ROWS_SQL`` (None: no body of that kind) for
+    (subject, body, known) triples: a ``known`` body (stored already) is refreshed, any other stored.
+    One row per (subject, digest); one stored is not refreshed too."""
+    store: dict[tuple[str, str], ReadBody] = {}
+    refresh: set[tuple[str, str]] = set()
+    for subject, body, known in bodies:
+        if known:
+            refresh.add((subject, body.digest))
+        else:
+            store.setdefault((subject, body.digest), body)
+    refresh -= store.keys()
+    stored = None if not store else [
+        [s for s, _ in store], [d for _, d in store], [b.mime_type for b in store.values()],
+        [len(b.body) for b in store.values()], [b.body for b in store.values()],
+        [b.kind for b in store.values()]]
+    pairs = sorted(refresh)
+    refreshed = None if not pairs else [json.dumps([s for s, _ in pairs]), json.dumps([d for _, d in pairs]),
+                                        json.dumps(pairs)]
+    return stored, refreshed
 
 
 @dataclass(frozen=True)
@@ -73,11 +120,6 @@ class ContentLedger:
         """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
         async with self.store.pool.connection() as conn:
             await conn.execute(STORE_SQL, (subject, digest, mime_type, len(body), body, kind))
-
-    @staticmethod
-    def store_write(subject: str, body: ReadBody) -> Write:
-        """The write that stores an accepted read's body, for the accept's transaction (its row locked)."""
-        return Write(STORE_SQL, (subject, body.digest, body.mime_type, len(body.body), body.body, body.kind))
 
     async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
         """Park a standalone read's body until its accept (a retried read replaces it)."""

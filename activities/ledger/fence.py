@@ -10,7 +10,10 @@ Contract:
   and ``coverage``'s; accept / close / tombstone / revoke ask ``mcpsync.workflows.ledger_rules``
   and the planner ``mcpsync.workflows.write_plan``, and ``_apply`` that plan in the same transaction: receipt,
   outbox row (``mcpsync.activities.ledger.journal``), fence update, audit row, ``read_requests``
-  completion, revocation (with the purge of ``mcpsync.activities.ledger.content``). The
+  completion, revocation (with the purge of ``mcpsync.activities.ledger.content``). ``_apply`` is
+  ``_apply_all`` of one plan: the writes every plan makes (``read_requests`` completion, receipt,
+  fence update, the accepted body) go out as one set-based statement for all the plans of a
+  transaction (``mcpsync.activities.ledger.plan_writes``), the rest per plan after it. The
   simulator's in-memory ledger applies the same rules and plans.
 - ``accept`` is the only code that makes a version current; a retried accept answers the
   verdict already committed and writes nothing twice.
@@ -19,7 +22,9 @@ Contract:
   one transaction (``mcpsync.activities.ledger.coalescer``; the batch itself, with the same rules per
   request, is ``mcpsync.activities.ledger.read_batches``). A batch locks its rows in one statement, in
   ``workflow_id`` order, holds no two calls of one subscription, and a batch that fails runs each of
-  its calls again alone: each caller gets what it would have got alone.
+  its calls again alone: each caller gets what it would have got alone. An accept batch's plans are
+  written by one ``_apply_all``: a batch of unchanged verifications is four statements (BEGIN,
+  lock, write, COMMIT) however many reads, and resends no stored body.
 - Rows are found by key (``store.fence_row``), never by ``key.workflow_id``: the row
   records, when it is created, the id of the workflow that created it (the ENSURE activity passes
   ``activity.info().workflow_id``, local activities included) and never changes it; a second
@@ -35,7 +40,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -47,18 +52,17 @@ from temporalio import activity
 from mcpsync.activities.ledger.coalescer import Coalescer
 from mcpsync.activities.ledger.content import ContentLedger, ReadBody
 from mcpsync.activities.ledger.journal import Journal
+from mcpsync.activities.ledger.plan_writes import Planned, write_plans
 from mcpsync.activities.ledger.read_batches import Accept, accept_batch, allocate_batch
 from mcpsync.activities.ledger.sessions import SessionLedger, session_in
 from mcpsync.activities.ledger.store import (
     BY_KEY,
     LedgerStore,
-    Write,
     fence_row,
     looked_note,
     recorded_workflow_id,
     snapshot,
     update_row,
-    write_row,
 )
 from mcpsync.activities.ledger.verification import mark_chain
 from mcpsync.workflows.coverage import plan_note
@@ -494,31 +498,33 @@ class FenceLedger:
 
     async def _apply(self, cur: Any, key: SubscriptionKey, wf: str | None, fence: FenceSnapshot,
                      plan: WritePlan, *, outcome: ReadOutcome | None = None,
-                     effective_at: datetime | None = None, then: Write | None = None) -> Applied:
-        """Write ``plan`` in the caller's transaction (the row of ``key`` locked, ``wf`` the id it
-        recorded; None for no row, where a plan can only audit), and ``then`` with it (the accept's
-        body: with the row's update, or last). A write whose result nothing reads goes out in the
-        statement of the next one (``Write``): an unchanged verification's plan is two statements."""
+                     effective_at: datetime | None = None) -> Applied:
+        """``_apply_all`` of one plan (``wf`` the id the locked row of ``key`` recorded; None for no
+        row, where a plan can only audit)."""
+        return (await self._apply_all(cur, [Planned(key, wf, fence, plan, outcome, effective_at)]))[0]
+
+    async def _apply_all(self, cur: Any, items: Sequence[Planned]) -> list[Applied]:
+        """Write each item's plan in the caller's transaction (every row locked, no two of one
+        subscription). The writes ``plan_writes.set_based`` names (``read_requests`` completion,
+        receipt, fence row update, the accepted body) go out as one statement for all items
+        (``plan_writes.write_plans``); then, per item, what only some plans have, each after the
+        receipt it reads: audit, withdrawn receipts, outbox row (or the rollout's hold), revocation.
+        An unchanged verification's plan is all set-based."""
+        written = await write_plans(cur, items)
+        return [await self._apply_rest(cur, item, w.receipt_id, w.accepted_at)
+                for item, w in zip(items, written, strict=True)]
+
+    async def _apply_rest(self, cur: Any, item: Planned, receipt_id: int | None,
+                          accepted_at: datetime | None) -> Applied:
+        """The per-plan writes of ``item`` (``_apply_all``), its receipt already written."""
+        key, wf, plan, outcome = item.key, item.wf, item.plan, item.outcome
         session_generation = outcome.session_generation if outcome is not None else None
         if plan.audit is not None:
             await self.journal.insert_audit(cur, plan.audit.kind, subject=key.subject, server=key.server,
                                             uri=key.uri, workflow_id=wf,
                                             session_generation=session_generation, detail=plan.audit.detail)
         if wf is None:
-            # No row: the rules grant and accept nothing without one, so nothing but the audit is planned.
-            assert (plan.receipt is None and plan.outbox is None and plan.fence is None
-                    and plan.revocation is None)
             return Applied(None, None)
-        judged: Write | None = None
-        if plan.read_request_outcome is not None and outcome is not None:
-            judged = Write("UPDATE read_requests SET completed_at=now(), outcome=%s"
-                           " WHERE workflow_id=%s AND ordinal=%s",
-                           (plan.read_request_outcome, wf, outcome.ordinal))
-        receipt_id = accepted_at = None
-        if plan.receipt is not None:
-            receipt_id, accepted_at = await self._insert_receipt(cur, key, wf, plan, outcome, before=judged)
-        elif judged is not None:
-            await judged.execute(cur)
         # What a tombstone or a revocation withdraws: every receipt so far, the new one included.
         receipt_ids, digests = await self.journal.withdrawn(cur, wf) if (
             plan.revocation is not None or (plan.outbox is not None and plan.outbox.withdraws)) else ([], [])
@@ -536,13 +542,9 @@ class FenceLedger:
             else:
                 outbox_id = await self.journal.insert_outbox(
                     cur, ob.event, key, workflow_id=wf,
-                    receipt_id=receipt_id if ob.of_receipt else fence.last_receipt_id,
+                    receipt_id=receipt_id if ob.of_receipt else item.fence.last_receipt_id,
                     content_digest=ob.content_digest, ordinal=ob.ordinal,
                     detail=_outbox_detail(plan, outcome, accepted_at, receipt_ids, digests))
-        if plan.fence is not None:
-            await write_row(cur, wf, plan.fence.columns(receipt_id), then=then)
-        elif then is not None:
-            await then.execute(cur)
         purged = 0
         if plan.revocation is not None:
             purged = await self.content.purge_withdrawn(cur, subject=key.subject, workflow_id=wf,
@@ -555,36 +557,9 @@ class FenceLedger:
                 VALUES (%s, %s, %s, %s, %s, %s, LEAST(%s, clock_timestamp()), %s, %s)
                 """,
                 (wf, key.subject, key.server, key.uri, plan.revocation.source.value, plan.revocation.reason,
-                 effective_at or datetime.now(UTC), outbox_id, purged),
+                 item.effective_at or datetime.now(UTC), outbox_id, purged),
             )
         return Applied(receipt_id, outbox_id, purged)
-
-    @staticmethod
-    async def _insert_receipt(cur: Any, key: SubscriptionKey, wf: str, plan: WritePlan,
-                              outcome: ReadOutcome | None, *,
-                              before: Write | None = None) -> tuple[int, datetime]:
-        """The plan's ``resource_versions`` row (``before`` written first, in the same statement); a
-        read's receipt also copies the read's own columns."""
-        r = plan.receipt
-        assert r is not None
-        o = outcome if r.of_read else None
-        insert = Write(
-            """
-            INSERT INTO resource_versions (workflow_id, subject, server, uri, mime_type, content_digest, size,
-                read_ordinal, server_name, server_version, edition, session_generation,
-                subscription_generation, request_id, trigger_reason, status, ttl_ms, cache_scope)
-            VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) RETURNING receipt_id, accepted_at
-            """,
-            (wf, key.subject, key.server, key.uri, o.mime_type if o else None, r.content_digest,
-             o.size if o else 0, r.ordinal, o.server_name if o else "", o.server_version if o else "",
-             o.edition if o else "", r.session_generation, r.subscription_generation, r.request_id,
-             r.trigger.value, r.status.value, o.ttl_ms if o else None,
-             o.cache_scope.value if o is not None and o.cache_scope is not None else None),
-        )
-        await (before.prefix_of(insert) if before is not None else insert).execute(cur)
-        row = await cur.fetchone()
-        assert row is not None
-        return int(row["receipt_id"]), row["accepted_at"]
 
 
 def _asking_workflow_id(key: SubscriptionKey) -> str:

@@ -6,17 +6,21 @@ Contract:
   a single call is a batch of one), in ONE transaction, each request answered what it would have
   been answered alone: the same pure rules per request (``allocation.prior_allocation``,
   ``coverage.plan_allocate``, ``verification.record_allocation``; ``ledger_rules.judge_read``,
-  ``write_plan.plan_accept`` and ``FenceLedger._apply``) on its own row. A batch holds no two
+  ``write_plan.plan_accept`` and ``FenceLedger._apply_all``, which ``_apply`` is for one plan) on
+  its own row. A batch holds no two
   requests of one subscription (the coalescer's key), so no request's rule reads another's write.
 - Set-based where the statements are alike: one statement locks every row (``store.fence_rows``:
   ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
   reads (by ``cycle_id`` and ``request_id``, what ``prior_allocation`` asks first), and the
   allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
-  the ``read_requests`` inserts, each from a ``jsonb`` array). An unchanged allocation batch is
-  three statements and a commit, however many requests. An accept batch locks its rows by one
-  statement, then applies each plan with ``FenceLedger._apply`` (an unchanged verification's: two
-  statements).
-- Every statement's text is independent of the batch size (arrays and ``jsonb`` arrays, not
+  the ``read_requests`` inserts, from ``jsonb``: an object by workflow id, an array). An unchanged
+  allocation batch is three statements and a commit, however many requests. An accept batch locks
+  its rows by one statement, judges and plans each request, then writes every plan with
+  ``FenceLedger._apply_all``: the ``read_requests`` completions, receipts, rows' updates and bodies
+  as one statement (``plan_writes``), then per plan what only some plans have (audit, outbox,
+  revocation). An unchanged accept batch is three statements and a commit, as an allocation batch,
+  and its bodies, stored already, are not sent again (their ``stored_at`` is refreshed).
+- Every statement's text is independent of the batch size (arrays and ``jsonb`` values, not
   placeholders per request), so psycopg prepares it once.
 - A request the rules refuse is answered in the batch; an error (a unique violation of an id two
   requests of the batch both took, a deadlock with another process) rolls the batch back, and the
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from mcpsync.activities.ledger.content import ReadBody
+from mcpsync.activities.ledger.plan_writes import Planned
 from mcpsync.activities.ledger.store import PRIOR, Write, fence_rows, snapshot, write_rows
 from mcpsync.activities.ledger.verification import record_allocation
 from mcpsync.workflows.allocation import Find, prior_allocation
@@ -123,46 +128,56 @@ def _finder(cur: Any, req: AllocateRequest, row: dict[str, Any] | None) -> Find:
 
 async def accept_batch(fence: FenceLedger, calls: list[Accept]) -> list[tuple[AcceptResult, str | None]]:
     """``FenceLedger.accept_judged`` of each call, one transaction: every row locked by one statement,
-    then each call's judgement and plan, applied in turn."""
+    each call's judgement and plan, then every plan written (``FenceLedger._apply_all``: their
+    common writes one statement)."""
     async with fence.store.pool.connection() as conn, conn.transaction():
         cur = conn.cursor(row_factory=dict_row)
         outcomes = [req.outcome for req, _ in calls]
         rows = await fence_rows(cur, [o.key for o in outcomes], issued=[o.ordinal for o in outcomes])
-        return [await _accept(fence, cur, req, body, row)
-                for (req, body), row in zip(calls, rows, strict=True)]
+        judged = [await _judge(fence, cur, req, body, row)
+                  for (req, body), row in zip(calls, rows, strict=True)]
+        planned = [item for _, item, _ in judged if item is not None]
+        applied = iter(await fence._apply_all(cur, planned))
+        answers: list[tuple[AcceptResult, str | None]] = []
+        for replayed, item, digest in judged:
+            if item is None:
+                assert replayed is not None
+                answers.append((replayed, digest))
+                continue
+            got = next(applied)
+            answers.append((accept_result(item.plan, item.fence, receipt_id=got.receipt_id,
+                                          outbox_id=got.outbox_id), digest))
+        return answers
 
 
-async def _accept(fence: FenceLedger, cur: Any, req: AcceptRequest, body: ReadBody | None,
-                  row: dict[str, Any] | None) -> tuple[AcceptResult, str | None]:
-    """One accept on its locked ``row`` (as ``fence_row(lock=True, issued=ordinal)`` reads it)."""
+async def _judge(fence: FenceLedger, cur: Any, req: AcceptRequest, body: ReadBody | None,
+                 row: dict[str, Any] | None) -> tuple[AcceptResult | None, Planned | None, str | None]:
+    """One accept on its locked ``row`` (as ``fence_row(lock=True, issued=ordinal)`` reads it): a
+    replay's answer, or the plan to write (with the body the verdict releases); and the digest of the
+    read it judged."""
     o = req.outcome
-    judged = o.content_digest
     fence_now = snapshot(row)
     # The row's recorded id keys its reads and receipts; no row: nothing issued, nothing accepted.
     wf = row["workflow_id"] if row is not None else None
     issued = issued_read(row["issued_request"] if row is not None else None)
     judgement = judge_read(fence_now, issued, o, row_uri=row["uri"] if row else None)
     plan = plan_accept(fence_now, issued, o, judgement, absorbed=req.absorbed if row is not None else 0)
+    kept = None
+    if o.kind == ReadOutcomeKind.CONTENT:
+        # A staged body leaves ``content_pending`` whatever the verdict.
+        staged = await fence.content.take_staged(cur, o.key, o.ordinal) if body is None else None
+        kept = body or staged
     if plan.replay:
         # An activity retry after a committed accept: the same verdict, nothing written twice.
         await cur.execute("SELECT receipt_id, content_digest FROM resource_versions"
                           " WHERE workflow_id=%s AND read_ordinal=%s", (wf, o.ordinal))
         prior = await cur.fetchone()
-        judged = prior["content_digest"] if prior else None
-        result = accept_result(plan, fence_now, receipt_id=prior["receipt_id"] if prior else None,
-                               outbox_id=None, ordinal=o.ordinal)
-    kept = None
-    if o.kind == ReadOutcomeKind.CONTENT:
-        staged = await fence.content.take_staged(cur, o.key, o.ordinal) if body is None else None
-        kept = body or staged
-    if not plan.replay:
-        assert plan.judgement is not None
-        # The body enters the store with the plan's writes (in the row update's statement).
-        store = fence.content.store_write(o.key.subject, kept) if (
-            kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None
-            and plan.judgement.verdict in KEEPS_BODY) else None
-        receipt_id, outbox_id, _ = await fence._apply(cur, o.key, wf, fence_now, plan, outcome=o,
-                                                      effective_at=o.completed_at or datetime.now(UTC),
-                                                      then=store)
-        result = accept_result(plan, fence_now, receipt_id=receipt_id, outbox_id=outbox_id)
-    return result, judged
+        return (accept_result(plan, fence_now, receipt_id=prior["receipt_id"] if prior else None,
+                              outbox_id=None, ordinal=o.ordinal),
+                None, prior["content_digest"] if prior else None)
+    assert plan.judgement is not None
+    # The body enters the store with the plan's writes, only when the verdict releases it.
+    released = kept if (kept is not None and kept.digest == o.content_digest and o.guardrail_rejection is None
+                        and plan.judgement.verdict in KEEPS_BODY) else None
+    return None, Planned(o.key, wf, fence_now, plan, o, o.completed_at or datetime.now(UTC), released), \
+        o.content_digest

@@ -8,13 +8,14 @@ Contract:
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
   ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row`` /
-  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based.
+  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based
+  (``row_updates``: the ``WITH`` items, also for ``plan_writes``' statement).
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
   data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
   are group-committed (``read_batches``): an unchanged verification's allocation batch is four
-  statements, its transaction's included, for all its reads; an accept batch three, and two per
-  read. No pipeline mode: on uvloop its waits cost the client more CPU than the round trips it saves
-  (docs/benchmarks.md, "Idle cost at the production period").
+  statements, its transaction's included, for all its reads; its accept batch four (BEGIN, lock,
+  one write of every plan, COMMIT). No pipeline mode: on uvloop its waits cost the client more CPU
+  than the round trips it saves (docs/benchmarks.md, "Idle cost at the production period").
 - A subscription's row is found by its key (subject, server, exact URI: ``BY_KEY``,
   ``key_params``), never by a workflow id computed from the key: the row records, once, the id its
   workflow actually runs under (``FenceLedger.ensure_subscription``: the calling workflow's id),
@@ -39,7 +40,7 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 
 __all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
            "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
-           "write_rows", "rows_write"]
+           "write_rows", "rows_write", "row_updates"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
@@ -209,9 +210,20 @@ async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *,
 
 
 def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> Write:
-    """``write_rows``' statement: one set-based ``UPDATE`` per column set (the values as a ``jsonb``
-    array read as ``subscriptions`` records, so each column keeps its type), each a data-modifying
-    ``WITH`` ahead of ``then``. Its text depends on the column sets only, never on how many rows."""
+    """``write_rows``' statement: ``row_updates``, each a data-modifying ``WITH`` ahead of ``then``."""
+    updates, params = row_updates(rows)
+    assert updates and not then.sql.lstrip().upper().startswith("WITH")
+    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+
+
+def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
+                linked: str | None = None) -> tuple[list[str], list[Any]]:
+    """The ``WITH`` items (``u0``, ``u1``, ...) and their parameters that update many rows (wf, columns):
+    one set-based ``UPDATE`` per column set (the values as a ``jsonb`` object by workflow id, each
+    read as a ``subscriptions`` record, so each column keeps its type). Their text depends on the
+    column sets only, never on how many rows. ``linked``: the name of a ``WITH`` item of the same
+    statement answering (workflow_id, receipt_id), whose id a row's ``last_receipt_id`` takes (the
+    value given is ignored)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for wf, columns in rows:
         groups.setdefault(tuple(columns), []).append(
@@ -219,15 +231,21 @@ def rows_write(rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) ->
     updates: list[str] = []
     params: list[Any] = []
     for n, (names, values) in enumerate(sorted(groups.items())):
-        sets = ", ".join(f"{c}=v.{c}" for c in names)
-        # The rows by their ids too: the planner takes the function's rows for 100 and would join
-        # by a scan of every row; by ``= ANY`` it probes the primary key once per row.
+        link = linked is not None and "last_receipt_id" in names
+        given = [c for c in names if not (link and c == "last_receipt_id")]
+        # Each row's values looked up by its id in a ``jsonb`` object (workflow id -> columns), the
+        # rows found by ``= ANY`` probes of the primary key: no join (a generic plan takes a function
+        # for 100 rows and hashes them, or scans every row), no placeholder per row.
+        assert given, "a fence update writes more than the receipt it links"
+        sets = (f"({', '.join(given)}) = (SELECT {', '.join(f'v.{c}' for c in given)}"
+                " FROM jsonb_populate_record(NULL::subscriptions, %s::jsonb -> s.workflow_id) v)")
+        if link:
+            sets += (f", last_receipt_id = (SELECT l.receipt_id FROM {linked} l"
+                     " WHERE l.workflow_id = s.workflow_id)")
         updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
-                       " FROM jsonb_populate_recordset(NULL::subscriptions, %s::jsonb) v"
-                       " WHERE s.workflow_id = ANY(%s::text[]) AND s.workflow_id = v.workflow_id)")
-        params += [json.dumps(values), [v["workflow_id"] for v in values]]
-    assert updates and not then.sql.lstrip().upper().startswith("WITH")
-    return Write("WITH " + ", ".join(updates) + " " + then.sql, (*params, *then.params))
+                       " WHERE s.workflow_id = ANY(%s::text[]))")
+        params += [json.dumps({v["workflow_id"]: v for v in values}), [v["workflow_id"] for v in values]]
+    return updates, params
 
 
 def _json_value(value: Any) -> Any:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import psycopg
 import pytest
 
 from mcpsync.activities.ledger import Ledger
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.workflows.records.ledger import (
     AcceptRequest,
     AcceptResult,
@@ -156,3 +159,157 @@ async def test_a_cancelled_caller_does_not_break_its_batch(ledger: Ledger) -> No
     retry = await ledger.fence.allocate_read(reqs[0])
     assert (retry.granted, retry.ordinal) == (True, 1)
     assert (await ledger.fence.allocate_read(_req(keys[1]))).ordinal == 2
+
+
+# --- accept batches of several kinds --------------------------------------------------------------
+
+BODIES = {f"sha256:v{i}": f"version {i}\n".encode() for i in range(2)}
+
+
+async def _read(ledger: Ledger, key: SubscriptionKey, name: str) -> ReadTicket:
+    ticket = await ledger.fence.allocate_read(_req(key, f"{key.subject}/{name}"))
+    assert ticket.granted
+    return ticket
+
+
+def _accept(ledger: Ledger, key: SubscriptionKey, ticket: ReadTicket, digest: str,
+            guardrail: str | None = None) -> Awaitable[tuple[AcceptResult, str | None]]:
+    """``accept_judged`` of ``ticket``'s read, which read ``digest`` (and its body)."""
+    req = _outcome(key, ticket, digest)
+    req = req.model_copy(update={"outcome": req.outcome.model_copy(update={
+        "guardrail_rejection": guardrail, "size": len(BODIES[digest]), "server_version": "v1"})})
+    return ledger.fence.accept_judged(req, ReadBody(digest=digest, mime_type="text/plain", kind="text",
+                                                    body=BODIES[digest]))
+
+
+async def _kinds(ledger: Ledger, *, together: bool) -> list[tuple[Any, ...]]:
+    """Six subscriptions, each of its own subject, each holding version v0, whose next accepts are of
+    every kind: UNCHANGED, ACCEPTED (a new digest), STALE, a replay, a guardrail rejection, and an
+    UNCHANGED read whose stored body was lost; made in turn or all at once. Each subscription's
+    answer and rows, ids relative to it."""
+    keys = [await _active(ledger, uri=f"demo://kinds/{i}") for i in range(6)]
+    later: dict[int, ReadTicket] = {}
+    for i, key in enumerate(keys):
+        first = await _read(ledger, key, "r1")
+        if i == 2:  # r2 is accepted before r1: r1 is stale
+            later[i] = await _read(ledger, key, "r2")
+            await _accept(ledger, key, later[i], "sha256:v0")
+            later[i] = first
+        else:
+            await _accept(ledger, key, first, "sha256:v0")
+            later[i] = first if i == 3 else await _read(ledger, key, "r2")  # 3: the same accept again
+    await ledger_rows(ledger, "DELETE FROM content_store WHERE subject = %s", keys[5].subject)
+    calls = [_accept(ledger, keys[0], later[0], "sha256:v0"), _accept(ledger, keys[1], later[1], "sha256:v1"),
+             _accept(ledger, keys[2], later[2], "sha256:v1"), _accept(ledger, keys[3], later[3], "sha256:v0"),
+             _accept(ledger, keys[4], later[4], "sha256:v1", guardrail="too large"),
+             _accept(ledger, keys[5], later[5], "sha256:v0")]
+    judged = await asyncio.gather(*calls) if together else [await c for c in calls]
+    return [await _rows_of(ledger, key, answer) for key, answer in zip(keys, judged, strict=True)]
+
+
+async def _rows_of(ledger: Ledger, key: SubscriptionKey,
+                   answer: tuple[AcceptResult, str | None]) -> tuple[Any, ...]:
+    wf, subject = key.workflow_id, key.subject
+    result, digest = answer
+    receipts = await ledger_rows(ledger, """
+        SELECT rv.read_ordinal, rv.status, rv.content_digest, rv.mime_type, rv.size, rv.request_id,
+            rv.trigger_reason, rv.server_version, rv.accepted_at = r.completed_at
+        FROM resource_versions rv JOIN read_requests r ON r.workflow_id = rv.workflow_id
+            AND r.ordinal = rv.read_ordinal
+        WHERE rv.workflow_id = %s ORDER BY rv.receipt_id""", wf)
+    reads = await ledger_rows(ledger, "SELECT ordinal, request_id, outcome, completed_at IS NOT NULL"
+                              " FROM read_requests WHERE workflow_id = %s ORDER BY ordinal", wf)
+    row = await ledger_rows(ledger, """
+        SELECT state, last_issued_ordinal, last_accepted_ordinal, watermark, last_accepted_digest, covered,
+            notifications_seen,
+            (SELECT read_ordinal FROM resource_versions WHERE receipt_id = s.last_receipt_id)
+        FROM subscriptions s WHERE workflow_id = %s""", wf)
+    bodies = await ledger_rows(ledger, "SELECT content_digest, mime_type, size, kind, body FROM content_store"
+                               " WHERE subject = %s ORDER BY content_digest", subject)
+    outbox = await ledger_rows(ledger, """
+        SELECT o.event_type, o.read_ordinal, o.content_digest, rv.read_ordinal, o.detail - 'accepted_at',
+            (o.detail->>'accepted_at')::timestamptz = rv.accepted_at
+        FROM outbox o LEFT JOIN resource_versions rv ON rv.receipt_id = o.receipt_id
+        WHERE o.workflow_id = %s ORDER BY o.outbox_id""", wf)
+    audit = await ledger_rows(ledger, "SELECT kind, detail - 'request_id' FROM audit WHERE workflow_id = %s"
+                              " ORDER BY audit_id", wf)
+    answered = (result.verdict, result.reason, result.watermark, result.last_accepted_ordinal,
+                result.outbox_id is not None, result.covered, result.notified, digest)
+    return (answered, [(*r[:5], r[5].removeprefix(subject), *r[6:]) for r in receipts],
+            [(r[0], r[1].removeprefix(subject), *r[2:]) for r in reads], row, bodies, outbox, audit)
+
+
+async def test_an_accept_batch_of_every_kind_writes_what_accepts_in_turn_write(ledger: Ledger) -> None:
+    alone = await _kinds(ledger, together=False)
+    retried = ledger.fence._accepts.retried
+    together = await _kinds(ledger, together=True)
+    assert ledger.fence._accepts.largest >= 5 and ledger.fence._accepts.retried == retried
+    assert together == alone
+    V = AcceptVerdict
+    assert [a[0][0] for a in alone] == [V.UNCHANGED, V.ACCEPTED, V.STALE, V.ACCEPTED, V.GUARDRAIL_REJECTED,
+                                        V.UNCHANGED]
+    # Every receipt's accepted_at is its transaction's start (as the read's completion).
+    assert all(r[-1] for a in alone for r in a[1])
+    # The new version's body stored, the lost one stored again; an outbox row for the new version.
+    assert [b[0] for b in alone[1][4]] == ["sha256:v0", "sha256:v1"]
+    assert alone[5][4] == [("sha256:v0", "text/plain", len(BODIES["sha256:v0"]), "text", BODIES["sha256:v0"])]
+    assert [(o[0], o[1], o[5]) for o in alone[1][5]] == [("version_accepted", 1, True),
+                                                         ("version_accepted", 2, True)]
+    assert [a[0] for a in alone[4][6]] == ["GUARDRAIL_REJECTED"]
+
+
+@pytest.fixture
+async def statement_log(ledger: Ledger) -> AsyncIterator[None]:
+    """``test_statements``: a row per statement that inserts into or updates the read path's tables,
+    and one per body proposed for insertion into ``content_store`` (sent to PostgreSQL)."""
+    await ledger_rows(ledger, "CREATE TABLE IF NOT EXISTS test_statements (tbl text, op text, subject text)")
+    await ledger_rows(ledger, """
+        CREATE OR REPLACE FUNCTION test_log_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO test_statements VALUES (TG_TABLE_NAME, TG_OP, NULL); RETURN NULL; END $$""")
+    await ledger_rows(ledger, """
+        CREATE OR REPLACE FUNCTION test_log_body() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO test_statements VALUES (TG_TABLE_NAME, TG_OP, NEW.subject); RETURN NEW; END $$""")
+    tables = ("resource_versions", "read_requests", "subscriptions", "content_store")
+    for t in tables:
+        await ledger_rows(ledger, f"CREATE OR REPLACE TRIGGER test_log_{t} AFTER INSERT OR UPDATE ON {t}"
+                                  " FOR EACH STATEMENT EXECUTE FUNCTION test_log_statement()")
+    await ledger_rows(ledger, "CREATE OR REPLACE TRIGGER test_log_body BEFORE INSERT ON content_store"
+                              " FOR EACH ROW EXECUTE FUNCTION test_log_body()")
+    yield None
+    for t in tables:
+        await ledger_rows(ledger, f"DROP TRIGGER test_log_{t} ON {t}")
+    await ledger_rows(ledger, "DROP TRIGGER test_log_body ON content_store")
+    await ledger_rows(ledger, "DROP FUNCTION test_log_statement(), test_log_body()")
+    await ledger_rows(ledger, "DROP TABLE test_statements")
+
+
+async def test_unchanged_accepts_are_set_based_and_resend_no_stored_body(
+        ledger: Ledger, statement_log: None) -> None:
+    keys = [await _active(ledger, uri=f"demo://set/{i}") for i in range(4)]
+    tickets = []
+    for key in keys:
+        await _accept(ledger, key, await _read(ledger, key, "r1"), "sha256:v0")
+        tickets.append(await _read(ledger, key, "r2"))
+    await ledger_rows(ledger, "UPDATE content_store SET stored_at = now() - interval '2 days'"
+                              " WHERE subject = ANY(%s)", [k.subject for k in keys])
+    await ledger_rows(ledger, "DELETE FROM content_store WHERE subject = %s", keys[3].subject)  # lost
+    await ledger_rows(ledger, "DELETE FROM test_statements")
+    first = asyncio.ensure_future(_accept(ledger, keys[0], tickets[0], "sha256:v0"))
+    await asyncio.sleep(0)  # in flight alone: the other three are the next batch
+    judged = await asyncio.gather(*(_accept(ledger, k, t, "sha256:v0")
+                                    for k, t in zip(keys[1:], tickets[1:], strict=True)))
+    assert [j[0].verdict for j in [await first, *judged]] == [AcceptVerdict.UNCHANGED] * 4
+    logged = await ledger_rows(ledger, "SELECT tbl, op, subject, count(*) FROM test_statements"
+                                      " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+    # Two batches (the first call alone, then three): per batch one statement per table, and only
+    # the lost body sent, by one more statement (an upsert: its UPDATE trigger fires too).
+    assert logged == [("content_store", "INSERT", keys[3].subject, 1), ("content_store", "INSERT", None, 1),
+                      ("content_store", "UPDATE", None, 3), ("read_requests", "UPDATE", None, 2),
+                      ("resource_versions", "INSERT", None, 2), ("subscriptions", "UPDATE", None, 2)]
+    # A body read again is young again: stored_at is the accept's transaction time.
+    fresh = await ledger_rows(ledger, """
+        SELECT c.stored_at = rv.accepted_at FROM content_store c JOIN subscriptions s
+            ON s.subject = c.subject AND s.last_accepted_digest = c.content_digest
+        JOIN resource_versions rv ON rv.receipt_id = s.last_receipt_id
+        WHERE s.workflow_id = ANY(%s) ORDER BY s.workflow_id""", [k.workflow_id for k in keys])
+    assert fresh == [(True,)] * 4

@@ -19,15 +19,37 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from mcpsync.activities.ledger.content import ReadBody
 from mcpsync.activities.ledger.fence import NORMALIZED_SIBLINGS_SQL, TERMINAL_STATE_VALUES
 from mcpsync.activities.ledger.outbox import CONSUMER_LAG_SQL, consumer_infos
+from mcpsync.activities.ledger.plan_writes import Planned, plans_write
 from mcpsync.activities.ledger.read_batches import INSERT_READS
 from mcpsync.activities.ledger.store import BY_KEY, Write, fence_rows_sql, rows_write
 from mcpsync.worker.main.connect import open_ledger
+from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
+from mcpsync.workflows.records.ledger import FenceSnapshot
+from mcpsync.workflows.records.mcp_calls import ReadOutcome, ReadOutcomeKind
+from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState, TriggerReason
+from mcpsync.workflows.write_plan import plan_accept
 from tests.conftest import fresh_database
 
 ROWS = 3000
 OUTBOX_ROWS = 12000
+
+
+def _accepted(n: int, digest: str) -> Planned:
+    """The plan of an accept of read 1 of ``wf-<n>`` (row n of the table below, its version
+    ``sha256:<n>``) that read ``digest``, with its body."""
+    key = SubscriptionKey(subject="alice", server="docs", uri=f"demo://doc/{n}")
+    row = FenceSnapshot(exists=True, state=SubscriptionState.ACTIVE, session_generation=1,
+                        subscription_generation=1, last_issued_ordinal=1, last_accepted_digest=f"sha256:{n}")
+    issued = IssuedRead(ordinal=1, request_id=f"rq-{n}", session_generation=1, subscription_generation=1)
+    outcome = ReadOutcome(kind=ReadOutcomeKind.CONTENT, key=key, ordinal=1, request_id=f"rq-{n}",
+                          session_generation=1, subscription_generation=1, trigger=TriggerReason.POLL,
+                          content_digest=digest, mime_type="text/plain")
+    plan = plan_accept(row, issued, outcome, judge_read(row, issued, outcome, row_uri=key.uri))
+    return Planned(key, f"wf-{n}", row, plan, outcome,
+                   body=ReadBody(digest=digest, mime_type="text/plain", kind="text", body=b"x"))
 
 
 def _scans(node: dict[str, Any], table: str = "subscriptions") -> list[dict[str, Any]]:
@@ -59,6 +81,9 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                                 "workflow_id": "wf-1234", "ordinal": 2, "request_id": "rq-new",
                                 "session_generation": 1, "subscription_generation": 1,
                                 "trigger_reason": "poll", "notifications_seen": 0, "cycle_id": "cy-new"}]),)))
+    # An accept batch's writes: an UNCHANGED read (its body refreshed) and a new version (stored).
+    accepts, _ = plans_write([_accepted(1234, "sha256:1234"), _accepted(77, "sha256:new")])
+    assert accepts is not None and "refreshed AS" in accepts.sql and "stored AS" in accepts.sql
     queries: dict[str, tuple[str, str, tuple[Any, ...]]] = {
         # fence_row, note_notification's UPDATE and every other key lookup share this predicate.
         "key lookup": (f"SELECT * FROM subscriptions WHERE {BY_KEY}", "text, text, text",
@@ -80,15 +105,19 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                                     (["alice", "alice"], ["docs", "docs"], ["demo://doc/1234", "demo://doc/77"],
                                      ["cy-1234", None], ["rq-1234", "rq-77"])),
         "batch allocation write": (allocation.sql, "", allocation.params),
+        # The read_requests completions, receipts, rows' updates and bodies of two accepts.
+        "batch accept write": (accepts.sql, "", accepts.params),
     }
+    keys_of = {"batch accept write": 2}
     async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)
         try:
             async with ledger.pool.connection() as conn:
                 await conn.execute("ALTER TABLE subscriptions SET (autovacuum_enabled = false)")
                 await conn.execute(
-                    "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state)"
-                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE'"
+                    "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state,"
+                    " last_issued_ordinal)"
+                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE', 1"
                     " FROM generate_series(1, %s) i", (ROWS,))
                 await conn.execute("ALTER TABLE read_requests SET (autovacuum_enabled = false)")
                 await conn.execute(
@@ -96,9 +125,13 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                     " subscription_generation, trigger_reason, cycle_id)"
                     " SELECT 'wf-' || i, 1, 'rq-' || i, 1, 1, 'poll', 'cy-' || i"
                     " FROM generate_series(1, %s) i", (ROWS,))
+                await conn.execute("ALTER TABLE content_store SET (autovacuum_enabled = false)")
+                await conn.execute(
+                    "INSERT INTO content_store (subject, content_digest, size, body)"
+                    " SELECT 'alice', 'sha256:' || i, 1, 'x' FROM generate_series(1, %s) i", (ROWS,))
                 stats = await (await conn.execute(
-                    "SELECT count(*) FROM pg_stats WHERE tablename IN ('subscriptions', 'read_requests')"
-                )).fetchone()
+                    "SELECT count(*) FROM pg_stats WHERE tablename IN ('subscriptions', 'read_requests',"
+                    " 'content_store')")).fetchone()
                 assert stats == (0,), "the table must be without statistics for this test to mean anything"
                 await conn.execute(f"SET plan_cache_mode = {plan_mode}")
                 for name, (text, types, params) in queries.items():
@@ -110,13 +143,14 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                     await conn.execute("DEALLOCATE q")
                     scans = _scans(plan["Plan"])
                     assert scans, f"{name}: no scan of subscriptions in {plan}"
-                    reads = _scans(plan["Plan"], "read_requests")  # a batch lock's earlier reads
+                    # A batch lock's earlier reads, an accept batch's completions and bodies.
+                    reads = _scans(plan["Plan"], "read_requests") + _scans(plan["Plan"], "content_store")
                     assert all(s["Node Type"] != "Seq Scan" for s in reads), f"{name}: {reads}"
                     read = sum(s.get("Actual Rows", 0) + s.get("Rows Removed by Filter", 0) for s in scans)
                     assert all(s["Node Type"] != "Seq Scan" for s in scans), f"{name}: {scans}"
                     # The row itself (the siblings query filters it out by uri <> ...), nothing more; a
                     # batch's rows, one per key.
-                    keys = len(params[0]) if isinstance(params[0], list) else 1
+                    keys = keys_of.get(name, len(params[0]) if isinstance(params[0], list) else 1)
                     assert read <= keys, f"{name} read {read} of {ROWS} rows ({plan_mode}): {scans}"
         finally:
             await ledger.pool.close()
