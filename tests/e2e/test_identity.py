@@ -75,9 +75,10 @@ async def _audit(ledger: Ledger, kind: str, **match: str) -> list[dict[str, Any]
 
 
 async def _updated_reads(ledger: Ledger, key: SubscriptionKey) -> int:
+    """The key's judged 'updated' reads (an allocated read is judged in a later transaction)."""
     rows = await ledger_rows(ledger,
-                             "SELECT count(*) FROM read_requests WHERE workflow_id=%s AND trigger_reason=%s",
-                             key.workflow_id, "updated")
+                             "SELECT count(*) FROM read_requests WHERE workflow_id=%s AND trigger_reason=%s"
+                             " AND completed_at IS NOT NULL", key.workflow_id, "updated")
     return int(rows[0][0])
 
 

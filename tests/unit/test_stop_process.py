@@ -1,10 +1,12 @@
 """``stop_process`` (worker/stack/common.py): SIGTERM, SIGKILL after the grace, only a process whose
-command line holds the marker."""
+command line holds the marker, done once the process is reaped (here by a thread standing in for the
+orphan's parent, init)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -20,22 +22,39 @@ def _child(marker: str, *, ignore_term: bool = False) -> subprocess.Popen[bytes]
     return proc
 
 
+def _reaped_by_a_parent(proc: subprocess.Popen[bytes]) -> threading.Thread:
+    reaper = threading.Thread(target=proc.wait, daemon=True)
+    reaper.start()
+    return reaper
+
+
 def test_a_process_that_exits_on_sigterm_is_gone_at_once() -> None:
     marker = f"stop-me-{uuid.uuid4()}"
     proc = _child(marker)
+    reaper = _reaped_by_a_parent(proc)
     started = time.monotonic()
     assert stop_process(proc.pid, marker, grace=5.0)
     assert time.monotonic() - started < 4.0
-    assert proc.wait(5) == -15  # SIGTERM
+    reaper.join(5)
+    assert proc.returncode == -15  # SIGTERM
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace() -> None:
     marker = f"stop-me-{uuid.uuid4()}"
     proc = _child(marker, ignore_term=True)
+    reaper = _reaped_by_a_parent(proc)
     started = time.monotonic()
     assert stop_process(proc.pid, marker, grace=0.3)
     assert time.monotonic() - started >= 0.3
-    assert proc.wait(5) == -9  # SIGKILL
+    reaper.join(5)
+    assert proc.returncode == -9  # SIGKILL
+
+
+def test_a_zombie_is_there_until_its_parent_reaps_it() -> None:
+    marker = f"stop-me-{uuid.uuid4()}"
+    proc = _child(marker)
+    assert not stop_process(proc.pid, marker, grace=0.2)  # nobody reaps it: a zombie stays
+    assert proc.wait(5) == -15
 
 
 def test_a_process_without_the_marker_is_not_signalled() -> None:

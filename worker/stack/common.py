@@ -243,24 +243,34 @@ def command_line(pid: int) -> str:
 
 def stop_process(pid: int, marker: str, *, grace: float = 5.0) -> bool:
     """Stop ``pid`` while its command line holds ``marker``: SIGTERM, then SIGKILL ``grace`` seconds
-    later. A pid the kernel gave to another program is never signalled, and a zombie (its command line
-    is empty) counts as gone. True once it is gone; False if it is still there ``grace`` seconds after
-    the SIGKILL."""
+    later, each only while it still holds it (a pid the kernel gave to another program is never
+    signalled). Gone means gone from the process table: a zombie (its command line is empty) is
+    there until its parent reaps it (init, for an orphan). True once it is gone or another
+    program's; False if it is still there ``grace`` seconds after the SIGKILL. Where ``/proc`` tells
+    nothing, a live pid counts as the marker's."""
     assert marker, "an empty marker would match any process"
+    proc = Path("/proc").is_dir()
 
-    def gone_within(seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while marker in command_line(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+    def holds() -> bool:
+        return pid_alive(pid) and (not proc or marker in command_line(pid))
+
+    def there() -> bool:  # the marker's, or a zombie not reaped yet
+        if not pid_alive(pid):
+            return False
+        line = command_line(pid)
+        return not proc or not line or marker in line
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if marker not in command_line(pid):
+        if not there():
             return True
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if gone_within(grace):
+        if holds():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while there():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        else:
             return True
     return False
