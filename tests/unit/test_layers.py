@@ -322,7 +322,15 @@ def _source_files(top: Path) -> list[Path]:
     return found
 
 
+# A line that may import a bare top-level package (``import worker``, ``import x, worker``, ``from
+# worker.x import``): only a file holding one is parsed (most files import ``mcpsync.*`` alone).
+_MAY_IMPORT_BARE = re.compile(r"^\s*(?:from|import)\s+(?:[\w.]+(?:\s+as\s+\w+)?\s*,\s*)*(?:"
+                              + "|".join(CHECKOUT_ONLY) + r")\b", re.MULTILINE)
+
+
 def _bare_imports(path: Path) -> list[str]:
+    if not _MAY_IMPORT_BARE.search(path.read_text(encoding="utf-8")):
+        return []
     return [f"{line}: {name}" for line, name in _imports(path) if name.split(".")[0] in CHECKOUT_ONLY]
 
 
@@ -336,5 +344,9 @@ def test_nothing_imports_a_bare_top_level_package() -> None:
 def test_the_bare_import_check_sees_both_forms(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import worker.cli\nfrom activities.ledger import Ledger\n"
-                     "from mcpsync.worker import cli\nfrom sim import engine\n")
-    assert _bare_imports(probe) == ["1: worker.cli", "2: activities.ledger"]
+                     "from mcpsync.worker import cli\nfrom sim import engine\n"
+                     "if True:\n    import json as j, fixture.store\n")
+    assert _bare_imports(probe) == ["1: worker.cli", "2: activities.ledger", "6: fixture.store"]
+    alone = tmp_path / "alone.py"
+    alone.write_text("import json as j, temporal\n")
+    assert _bare_imports(alone) == ["1: temporal"]
