@@ -7,8 +7,8 @@ Contract:
   sessions its ``Ledger`` built), so one process has one pool however many concerns it builds.
 - ``snapshot`` turns a ``subscriptions`` row into the ``FenceSnapshot`` the fence rules take;
   ``fence_row`` reads it, optionally ``FOR UPDATE`` (every fenced write locks the row first);
-  ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row`` /
-  ``write_row`` write one (with or without the row after), ``write_rows`` many, set-based
+  ``fence_rows`` locks a batch's rows in one statement (``workflow_id`` order); ``update_row``
+  writes one (and answers the row after), ``write_rows`` many, set-based
   (``row_updates``: the ``WITH`` items, also for ``plan_writes``' statement).
 - A write whose result nothing reads is a ``Write``: alone, or ahead of the next statement as a
   data-modifying ``WITH`` (each statement costs both processes). The read path's two transactions
@@ -39,7 +39,7 @@ from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
 __all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
-           "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row", "write_row",
+           "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row",
            "write_rows", "rows_write", "row_updates"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
@@ -56,17 +56,12 @@ class LedgerStore:
 @dataclass(frozen=True, slots=True)
 class Write:
     """A statement and its parameters, executed on a cursor (whose result the caller fetches, if any).
-    One whose result nobody reads goes ahead of another as a data-modifying ``WITH`` (``prefix_of``:
-    one statement, one parse, one execution; PostgreSQL runs it exactly once, and neither sees the
-    other's change)."""
+    Writes whose results nobody reads go ahead of another as data-modifying ``WITH`` items
+    (``rows_write``: one statement, one parse, one execution; PostgreSQL runs each exactly once, and
+    none sees another's change)."""
 
     sql: str
     params: tuple[Any, ...]
-
-    def prefix_of(self, then: Write) -> Write:
-        """This write (its result unread), then ``then``, as one statement (``then`` has no ``WITH``)."""
-        assert not then.sql.lstrip().upper().startswith("WITH")
-        return Write(f"WITH written AS ({self.sql}) {then.sql}", (*self.params, *then.params))
 
     async def execute(self, cur: Any) -> None:
         await cur.execute(self.sql, self.params)
@@ -184,28 +179,16 @@ def jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 async def update_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True) -> dict[str, Any]:
     """Set ``columns`` (and ``updated_at``, when ``touch``) on the row ``wf`` recorded; the row after."""
-    await write_row(cur, wf, columns, touch=touch, returning=True)
+    touched = ", updated_at=now()" if touch else ""
+    await cur.execute("UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
+                      + " WHERE workflow_id=%s RETURNING *",
+                      (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf))
     row: dict[str, Any] = await cur.fetchone()
     return row
 
 
-async def write_row(cur: Any, wf: str, columns: Mapping[str, Any], *, touch: bool = True,
-                    returning: bool = False, then: Write | None = None) -> None:
-    """``update_row`` without the row after (``returning`` False); ``then`` (no ``returning``) in
-    the same statement."""
-    assert not (returning and then is not None)
-    touched = ", updated_at=now()" if touch else ""
-    update = ("UPDATE subscriptions SET " + ", ".join(f"{c}=%s" for c in columns) + touched
-              + " WHERE workflow_id=%s" + (" RETURNING *" if returning else ""))
-    params = (*(v.value if isinstance(v, SubscriptionState) else v for v in columns.values()), wf)
-    if then is not None:
-        await Write(update, params).prefix_of(then).execute(cur)
-        return
-    await cur.execute(update, params)
-
-
 async def write_rows(cur: Any, rows: Sequence[tuple[str, Mapping[str, Any]]], *, then: Write) -> None:
-    """``write_row`` of many rows (wf, columns) and ``then``, one statement (``rows_write``)."""
+    """Many rows' updates (wf, columns) and ``then``, one statement (``rows_write``)."""
     await rows_write(rows, then=then).execute(cur)
 
 
