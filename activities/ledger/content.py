@@ -34,13 +34,8 @@ from mcpsync.workflows.records.subscription import SubscriptionKey, Subscription
 __all__ = ["PURGE_SUBJECT_SQL", "REFRESH_ROWS_SQL", "STORE_ROWS_SQL", "ContentLedger", "ReadBody",
            "body_rows"]
 
-STORE_SQL = """
-INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
-VALUES (%s, %s, %s, %s, %s, %s)
-ON CONFLICT (subject, content_digest) DO UPDATE SET stored_at = now()
-"""  # a body read again is young again: retention never races its acceptance
-# ``STORE_SQL`` for many bodies (arrays: subjects, digests, MIME types, sizes, bodies, kinds; no two
-# of one (subject, digest)): an accept batch's new versions.
+# Bodies stored (arrays: subjects, digests, MIME types, sizes, bodies, kinds; no two of one
+# (subject, digest)). A body stored again is young again: retention never races its acceptance.
 STORE_ROWS_SQL = """
 INSERT INTO content_store (subject, content_digest, mime_type, size, body, kind)
 SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea[], %s::text[])
@@ -119,7 +114,8 @@ class ContentLedger:
                           kind: str | None = None) -> None:
         """Store a body; ``kind`` is how it was read: ``text`` (UTF-8), ``blob`` or ``multipart``."""
         async with self.store.pool.connection() as conn:
-            await conn.execute(STORE_SQL, (subject, digest, mime_type, len(body), body, kind))
+            stored, _ = body_rows([(subject, ReadBody(digest, mime_type, kind, body), False)])
+            await conn.execute(STORE_ROWS_SQL, stored)
 
     async def stage(self, key: SubscriptionKey, ordinal: int, body: ReadBody) -> None:
         """Park a standalone read's body until its accept (a retried read replaces it)."""

@@ -12,7 +12,7 @@ Contract:
   revocation) the fence then writes per plan, after it: each of those reads the receipt it needs.
 - Receipts take their ids and ``accepted_at`` (the column's default, ``now()``: the transaction's
   start) from the insert, as one row each; the statement answers them by workflow id.
-- The accepted body (``content``): a new version's (ACCEPTED) is stored as ``STORE_SQL`` stores it;
+- The accepted body (``content``): a new version's (ACCEPTED) is stored (``STORE_ROWS_SQL``);
   an UNCHANGED read's is the current version of the locked row, already stored under (subject,
   digest): only its ``stored_at`` is refreshed (a body read again is young again, for retention), and
   the body is not sent. A refresh that finds no row (the body purged or lost) stores the body after
