@@ -45,10 +45,36 @@ from mcpsync.workflows.verification_rules import (
     verification_delay,
 )
 
-__all__ = ["Due", "VerificationLedger", "mark_chain", "record_allocation", "report_overdue"]
+__all__ = ["CLAIM_SQL", "DUE_ROWS_SQL", "Due", "VerificationLedger", "mark_chain", "record_allocation", "report_overdue"]
 
 ACTIVE = SubscriptionState.ACTIVE.value
 OVERDUE_AUDIT = "VERIFICATION_OVERDUE"
+
+# The scheduled rows of one (subject, server), in the words of the partial index
+# ``subscriptions_verify_due`` (migration 023): the state is a literal, so a generic plan proves the
+# index's predicate too, and the due rows and the next one are read in ``verify_due_at`` order through
+# it, however many rows the pair has.
+_SCHEDULED = f"subject = %s AND server = %s AND state = '{ACTIVE}' AND safety_read_seconds IS NOT NULL"
+
+DUE_ROWS_SQL = f"""
+    SELECT * FROM subscriptions
+    WHERE {_SCHEDULED} AND verify_due_at <= now() + make_interval(secs => %s)
+    ORDER BY verify_due_at LIMIT %s FOR UPDATE SKIP LOCKED"""
+"""A look's due rows, claimed (params: subject, server, ahead seconds, limit)."""
+
+CLAIM_SQL = f"""
+    WITH claimed AS (
+        UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
+        FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
+        WHERE s.workflow_id = c.workflow_id)
+    SELECT EXTRACT(EPOCH FROM (
+        SELECT verify_due_at FROM subscriptions
+        WHERE {_SCHEDULED} AND verify_due_at IS NOT NULL AND workflow_id <> ALL(%s::text[])
+        ORDER BY verify_due_at LIMIT 1) - now())::float8 AS next_in"""
+"""The claims (params: workflow ids, their claim delays) and, in the same statement, when the next row
+the look left is due (params: subject, server, the claimed ids): its reads do not see its own UPDATE.
+An ordered LIMIT 1, not ``min()``: PostgreSQL reads ``min()`` through an index only in a statement
+without a WITH clause, and this one has one."""
 
 
 def _key(row: dict[str, Any]) -> SubscriptionKey:
@@ -133,32 +159,13 @@ class VerificationLedger:
         too (``looked_note``: what the sweep's note on it would answer)."""
         async with self.store.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                """
-                SELECT * FROM subscriptions
-                WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
-                  AND verify_due_at <= now() + make_interval(secs => %s)
-                ORDER BY verify_due_at LIMIT %s FOR UPDATE SKIP LOCKED
-                """,
-                (subject, server, ACTIVE, ahead, limit),
-            )
+            await cur.execute(DUE_ROWS_SQL, (subject, server, ahead, limit))
             rows = await cur.fetchall()
             ids = [r["workflow_id"] for r in rows]
             delays = [claim_delay(float(r["safety_read_seconds"])) for r in rows]
             # The claims, and when the next row they leave is due, in one statement (its reads do not
             # see its own UPDATE: the claimed rows are due again ``delays`` from now).
-            await cur.execute(
-                """
-                WITH claimed AS (
-                    UPDATE subscriptions s SET verify_due_at = now() + make_interval(secs => c.delay)
-                    FROM unnest(%s::text[], %s::float8[]) AS c(workflow_id, delay)
-                    WHERE s.workflow_id = c.workflow_id)
-                SELECT EXTRACT(EPOCH FROM min(verify_due_at) - now())::float8 AS next_in FROM subscriptions
-                WHERE subject = %s AND server = %s AND state = %s AND safety_read_seconds IS NOT NULL
-                  AND workflow_id <> ALL(%s::text[])
-                """,
-                (ids, delays, subject, server, ACTIVE, ids),
-            )
+            await cur.execute(CLAIM_SQL, (ids, delays, subject, server, ids))
             nxt = await cur.fetchone()
         left = [] if nxt is None or nxt["next_in"] is None else [max(0.0, float(nxt["next_in"]))]
         next_in = min(delays + left, default=None)

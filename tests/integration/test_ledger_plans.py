@@ -2,7 +2,8 @@
 
 Contract: the ingress and the read cycle look a subscription up by its key (subject, server, uri)
 on every notification, allocation and accept, and the ingress asks for its normalized siblings on
-every routed notification. Each must read about one row of ``subscriptions`` whatever the
+every routed notification; the sweep looks at its due rows and the next one about once a second.
+Each must read about one row of ``subscriptions`` whatever the
 statistics say: here a never-analyzed table (autovacuum off, as on this project's CI machines)
 with 3,000 subscriptions of one (subject, server), with custom and with generic plans (psycopg
 prepares a statement after five executions). Before migration 012 the key lookup read all 3,000
@@ -25,6 +26,7 @@ from mcpsync.activities.ledger.outbox import CONSUMER_LAG_SQL, consumer_infos
 from mcpsync.activities.ledger.plan_writes import Planned, plans_write
 from mcpsync.activities.ledger.read_batches import INSERT_READS
 from mcpsync.activities.ledger.store import BY_KEY, Write, fence_rows_sql, rows_write
+from mcpsync.activities.ledger.verification import CLAIM_SQL, DUE_ROWS_SQL
 from mcpsync.worker.main.connect import open_ledger
 from mcpsync.workflows.ledger_rules import IssuedRead, judge_read
 from mcpsync.workflows.records.ledger import FenceSnapshot
@@ -107,8 +109,14 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
         "batch allocation write": (allocation.sql, "", allocation.params),
         # The read_requests completions, receipts, rows' updates and bodies of two accepts.
         "batch accept write": (accepts.sql, "", accepts.params),
+        # The sweep's look (every scheduled row of the pair is one of the 3,000, none due yet): its due
+        # rows, then its claim of one and the next row it leaves, in verify_due_at order.
+        "sweep's due rows": (DUE_ROWS_SQL, "text, text, float8, int", ("alice", "docs", 0.0, 500)),
+        "sweep's claim and next due": (CLAIM_SQL, "text[], float8[], text, text, text[]",
+                                       (["wf-1"], [15.0], "alice", "docs", ["wf-1"])),
     }
-    keys_of = {"batch accept write": 2}
+    # Rows each may read: the accepts' two keys; the claimed row, then it (skipped) and the next.
+    keys_of = {"batch accept write": 2, "sweep's due rows": 1, "sweep's claim and next due": 3}
     async with fresh_database(postgres_url) as url:
         ledger = await open_ledger(url, max_size=1)
         try:
@@ -116,8 +124,9 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                 await conn.execute("ALTER TABLE subscriptions SET (autovacuum_enabled = false)")
                 await conn.execute(
                     "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state,"
-                    " last_issued_ordinal)"
-                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE', 1"
+                    " last_issued_ordinal, safety_read_seconds, verify_due_at)"
+                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE', 1,"
+                    " 300, now() + make_interval(secs => i)"
                     " FROM generate_series(1, %s) i", (ROWS,))
                 await conn.execute("ALTER TABLE read_requests SET (autovacuum_enabled = false)")
                 await conn.execute(
