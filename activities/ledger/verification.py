@@ -45,7 +45,8 @@ from mcpsync.workflows.verification_rules import (
     verification_delay,
 )
 
-__all__ = ["CLAIM_SQL", "DUE_ROWS_SQL", "Due", "VerificationLedger", "mark_chain", "record_allocation", "report_overdue"]
+__all__ = ["CLAIM_SQL", "DUE_ROWS_SQL", "Due", "VerificationLedger", "mark_chain", "record_allocation",
+           "report_overdue"]
 
 ACTIVE = SubscriptionState.ACTIVE.value
 OVERDUE_AUDIT = "VERIFICATION_OVERDUE"

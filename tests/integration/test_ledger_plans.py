@@ -125,8 +125,8 @@ async def test_key_lookups_read_one_row_without_statistics(postgres_url: str, pl
                 await conn.execute(
                     "INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state,"
                     " last_issued_ordinal, safety_read_seconds, verify_due_at)"
-                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i, 'ACTIVE', 1,"
-                    " 300, now() + make_interval(secs => i)"
+                    " SELECT 'wf-' || i, 'alice', 'docs', 'demo://doc/' || i, 'demo://doc/' || i,"
+                    " 'ACTIVE', 1, 300, now() + make_interval(secs => i)"
                     " FROM generate_series(1, %s) i", (ROWS,))
                 await conn.execute("ALTER TABLE read_requests SET (autovacuum_enabled = false)")
                 await conn.execute(
