@@ -15,7 +15,7 @@ Contract:
   row at once. A swept row is claimed (due again ``claim_delay`` later) so a read that is refused
   or fails is tried again without a hot loop; the next granted allocation re-arms it.
 - The published bound: consecutive verifications at most one period apart. A sweep feeds a due row
-  at 0.85-0.95 of the period (less the dispatch margin), which leaves the margin and a tenth of the
+  at 0.92-0.97 of the period (less the dispatch margin), which leaves the margin and 3 % of the
   period for the sweep's interval, the queue and the allocation.
 - The watchdog (the workflow's rare timer, ``WATCHDOG_HORIZON``) judges the gap still open
   (``judge_gap``): over the period, it is a breach no verification closed (nobody sweeps); it is
@@ -36,10 +36,13 @@ __all__ = ["CLAIM_FRACTION", "DUE_EARLIEST", "DUE_SPREAD", "LONGEST_DELAY_SECOND
            "GapJudgement", "claim_delay", "continues_chain", "judge_gap", "sweep_ahead", "sweep_wait",
            "verification_delay"]
 
-DUE_EARLIEST = 0.85
-DUE_SPREAD = 0.10
-"""A verification is due again at 0.85-0.95 of the period (less the dispatch margin) after it: the
-jitter spreads subscriptions started together, and the rest of the period is the sweep's slack."""
+DUE_EARLIEST = 0.92
+DUE_SPREAD = 0.05
+"""A verification is due again at 0.92-0.97 of the period (less the dispatch margin) after it: the
+jitter spreads subscriptions started together (a twentieth of the period each verification, which
+adds up as a random walk), and the rest of the period (the margin and 3 % of it) is the sweep's
+slack: its interval (``sweep_ahead``, 1 % at most), the router's queue and the allocation. Each
+read is a cost paid per period, so the band sits as late as that slack allows."""
 
 CLAIM_FRACTION = 0.05
 """A row the sweep fed is due again after this fraction of its period unless a granted allocation
