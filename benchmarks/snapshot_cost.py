@@ -25,7 +25,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from benchmarks.postgres import Postgres
-from mcpsync.activities.ledger.metrics import SNAPSHOT_QUERIES, freshness_bounds, read_snapshot, snapshot_params
+from mcpsync.activities.ledger.metrics import (
+    SNAPSHOT_QUERIES,
+    freshness_bounds,
+    read_snapshot,
+    snapshot_params,
+)
 from mcpsync.worker.main.connect import open_ledger
 
 SEED = [
