@@ -40,7 +40,10 @@ async def seed_version(pool: AsyncConnectionPool, subject: str, server: str, sta
         assert row is not None
         receipt = int(row[0])
         await conn.execute(
-            "UPDATE subscriptions SET last_receipt_id = %s, last_accepted_digest = %s WHERE workflow_id = %s",
+            # The receipt counted on the row as the accept counts it (``store.RECEIPT_COUNTED``; no
+            # read: its own time).
+            "UPDATE subscriptions SET last_receipt_id = %s, last_accepted_digest = %s,"
+            " receipt_counts = '{\"ACCEPTED\": 1}', content_read_at = now() WHERE workflow_id = %s",
             (receipt, digest, wf))
         await conn.execute(
             "INSERT INTO content_store (subject, content_digest, mime_type, kind, size, body)"

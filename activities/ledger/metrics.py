@@ -10,6 +10,11 @@ Contract:
   subscriptions that claim to watch (``WATCHING``). Its published bound is the safety re-read
   period with a subscribing session, the poll interval without (``FreshnessMode``), as the
   ``SubscriptionOptions`` the caller starts subscriptions with define them.
+- Cost: every query reads ``subscriptions`` and the small tables, never ``read_requests`` or
+  ``resource_versions``: the read and receipt counts and the freshness time are the row's
+  (``reads_granted``, ``receipt_counts``, ``content_read_at``: migration 025), kept by the
+  transactions that write reads and receipts. They count since each subscription began; retention
+  (``mcpsync prune``) never lowers them, so ``read_amplification`` stays cumulative.
 - Unresolved subscriptions are every state but ACTIVE and the finished ones (``FINISHED``:
   CLOSED, REVOKED, TOMBSTONED). UNSUBSCRIBE_UNKNOWN is unresolved: the server may still send
   for it.
@@ -44,6 +49,7 @@ __all__ = [
     "freshness_bounds",
     "last_revocation_id",
     "read_snapshot",
+    "snapshot_params",
 ]
 
 FINISHED = frozenset({SubscriptionState.CLOSED, SubscriptionState.REVOKED, SubscriptionState.TOMBSTONED})
@@ -54,8 +60,6 @@ should see it)."""
 WATCHING = (SubscriptionState.ACTIVE, SubscriptionState.UPDATE_SEEN, SubscriptionState.READ_PENDING,
             SubscriptionState.VERSION_ACCEPTED)
 """States in which a subscription claims freshness: the ones its freshness age is measured over."""
-# Receipts of reads that saw content.
-_VERIFIED = (AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value)
 
 
 class FreshnessMode(StrEnum):
@@ -108,30 +112,29 @@ class LedgerSnapshot:
         return self.reads.get(server, 0) / changes if changes else None
 
 
+# Every query reads ``subscriptions`` and the small tables (sessions, leases, audit by kind,
+# revocations), never the history (``read_requests``, ``resource_versions``): a refresh costs
+# O(subscriptions) however long the ledger ran. The counts and the freshness time are kept on the
+# row by the transactions that write reads and receipts (migration 025), and retention never lowers
+# them.
 SNAPSHOT_QUERIES = {
-    "reads": "SELECT s.server, count(*) FROM read_requests r JOIN subscriptions s USING (workflow_id)"
-             " GROUP BY s.server",
-    "receipts": "SELECT server, status, count(*) FROM resource_versions GROUP BY server, status",
+    "reads": "SELECT server, sum(reads_granted)::bigint FROM subscriptions GROUP BY server"
+             " HAVING sum(reads_granted) > 0",
+    "receipts": "SELECT s.server, c.key, sum(c.value::bigint)::bigint"
+                " FROM subscriptions s, jsonb_each_text(s.receipt_counts) c GROUP BY s.server, c.key",
     "states": "SELECT server, state, count(*) FROM subscriptions GROUP BY server, state",
     # state_changed_at: migration 007 (a trigger sets it whenever state changes).
     "state_oldest": """
         SELECT server, state, extract(epoch FROM now() - min(state_changed_at))::float8
         FROM subscriptions WHERE state = ANY(%(unresolved)s) GROUP BY server, state""",
-    # Newest receipt that saw content per watching subscription, timed at its read's allocation
-    # (the receipt's own time once retention pruned the read_requests row).
+    # ``content_read_at``: the allocation of the newest read whose receipt saw content.
     "freshness": """
         WITH w AS (
             SELECT s.server,
                    CASE WHEN coalesce(m.subscribe, true) THEN %(subscribe)s ELSE %(poll)s END AS mode,
-                   extract(epoch FROM now() - coalesce(v.verified_at, s.created_at))::float8 AS age
+                   extract(epoch FROM now() - coalesce(s.content_read_at, s.created_at))::float8 AS age
             FROM subscriptions s
             LEFT JOIN mcp_sessions m ON m.subject = s.subject AND m.server = s.server
-            LEFT JOIN LATERAL (
-                SELECT coalesce(r.issued_at, rv.accepted_at) AS verified_at
-                FROM resource_versions rv
-                LEFT JOIN read_requests r ON r.workflow_id = rv.workflow_id AND r.ordinal = rv.read_ordinal
-                WHERE rv.workflow_id = s.workflow_id AND rv.status = ANY(%(verified)s)
-                ORDER BY rv.receipt_id DESC LIMIT 1) v ON true
             WHERE s.state = ANY(%(watching)s))
         SELECT server, mode, count(*), max(age),
                count(*) FILTER (WHERE age > CASE WHEN mode = %(poll)s THEN %(poll_bound)s::float8
@@ -162,6 +165,17 @@ SNAPSHOT_QUERIES = {
 }
 
 
+def snapshot_params(after_revocation: int, bounds: dict[FreshnessMode, float]) -> dict[str, object]:
+    """The parameters of ``SNAPSHOT_QUERIES`` (``bounds``: ``freshness_bounds``)."""
+    return {
+        "unresolved": [s.value for s in UNRESOLVED], "finished": [s.value for s in FINISHED],
+        "watching": [s.value for s in WATCHING],
+        "subscribe": FreshnessMode.SUBSCRIBE.value, "poll": FreshnessMode.POLL.value,
+        "subscribe_bound": bounds.get(FreshnessMode.SUBSCRIBE), "poll_bound": bounds.get(FreshnessMode.POLL),
+        "after": after_revocation,
+    }
+
+
 async def read_snapshot(pool: AsyncConnectionPool, after_revocation: int, *,
                         options: SubscriptionOptions | None = None,
                         ) -> tuple[LedgerSnapshot, list[tuple[int, float]]]:
@@ -169,13 +183,7 @@ async def read_snapshot(pool: AsyncConnectionPool, after_revocation: int, *,
     revocations after ``after_revocation`` as ``(revocation_id, seconds to its outbox row)``."""
     q = SNAPSHOT_QUERIES
     bounds = freshness_bounds(options)
-    params: dict[str, object] = {
-        "unresolved": [s.value for s in UNRESOLVED], "finished": [s.value for s in FINISHED],
-        "watching": [s.value for s in WATCHING], "verified": list(_VERIFIED),
-        "subscribe": FreshnessMode.SUBSCRIBE.value, "poll": FreshnessMode.POLL.value,
-        "subscribe_bound": bounds.get(FreshnessMode.SUBSCRIBE), "poll_bound": bounds.get(FreshnessMode.POLL),
-        "after": after_revocation,
-    }
+    params = snapshot_params(after_revocation, bounds)
     failures: list[str] = []
     async with pool.connection() as conn:
 

@@ -5,7 +5,9 @@ Contract:
   close, tombstone, revoke) in the caller's transaction, every row locked, no two plans of one
   subscription. ``set_based`` is the one function that decides, from a plan's content, which of its
   writes go out set-based: its ``read_requests`` completion, its receipt, its fence row's update
-  (``last_receipt_id`` linked to that receipt) and the accepted read's body. ``plans_write`` makes
+  (``last_receipt_id`` linked to that receipt; the receipt counted on the row, ``receipt_counts`` and
+  ``content_read_at``, even by a plan that updates no column: ``store.RECEIPT_COUNTED``) and the
+  accepted read's body. ``plans_write`` makes
   them ONE statement for all the plans (each kind of write from one ``jsonb`` array or a few arrays;
   the text depends on which kinds are present and on the fence updates' column sets, never on how
   many plans). What only some plans have (audit, outbox with its rollout gate and withdrawn lists,
@@ -56,7 +58,7 @@ JUDGED_SQL = ("judged AS (UPDATE read_requests r SET completed_at = now(),"
 RECEIPTS_SQL = (f"receipts AS (INSERT INTO resource_versions ({', '.join(RECEIPT_COLUMNS)})"
                 f" SELECT {', '.join(RECEIPT_COLUMNS)}"
                 " FROM jsonb_populate_recordset(NULL::resource_versions, %s::jsonb)"
-                " RETURNING workflow_id, receipt_id, accepted_at)")
+                " RETURNING workflow_id, receipt_id, accepted_at, status, read_ordinal)")
 ANSWER_RECEIPTS = ("SELECT workflow_id, receipt_id, accepted_at, NULL::text AS subject,"
                    " NULL::text AS content_digest FROM receipts")
 ANSWER_REFRESHED = ("SELECT NULL::text AS workflow_id, NULL::bigint AS receipt_id, NULL::timestamptz AS"
@@ -130,7 +132,9 @@ def plans_write(items: Sequence[Planned]) -> tuple[Write | None, list[SetWrites]
     writes = [set_based(item) for item in items]
     judged = [w.judged for w in writes if w.judged is not None]
     receipts = [w.receipt for w in writes if w.receipt is not None]
-    fences = [(str(item.wf), w.fence) for item, w in zip(items, writes, strict=True) if w.fence is not None]
+    # Every row a receipt is written for is updated, if only to count it (``store.RECEIPT_COUNTED``).
+    fences = [(str(item.wf), w.fence if w.fence is not None else {})
+              for item, w in zip(items, writes, strict=True) if w.fence is not None or w.receipt is not None]
     assert len({wf for wf, _ in fences}) == len(fences) and len({r["workflow_id"] for r in receipts}) == len(
         receipts), "two plans of one subscription in one statement"
     stored, refreshed = body_rows([(item.key.subject, w.body, w.known)

@@ -13,7 +13,8 @@ Contract:
   ``workflow_id`` order, so batches never deadlock each other) and brings each allocation's earlier
   reads (by ``cycle_id`` and ``request_id``, what ``prior_allocation`` asks first), and the
   allocations' writes are one statement (``store.write_rows``: the rows' updates per column set and
-  the ``read_requests`` inserts, from ``jsonb``: an object by workflow id, an array). An unchanged
+  the ``read_requests`` inserts, from ``jsonb``: an object by workflow id, an array; each granted
+  row's ``reads_granted`` counts its insert, for the gauges of ``metrics``). An unchanged
   allocation batch is three statements and a commit, however many requests. An accept batch locks
   its rows by one statement, judges and plans each request, then writes every plan with
   ``FenceLedger._apply_all``: the ``read_requests`` completions, receipts, rows' updates and bodies
@@ -97,7 +98,9 @@ async def allocate_batch(fence: FenceLedger, reqs: list[AllocateRequest]) -> lis
                 continue
             assert row is not None  # plan_allocate grants nothing without a row
             wf = row["workflow_id"]
-            updates.append((wf, {**plan.columns(), **await record_allocation(cur, row)}))
+            # ``reads_granted``: the gauge's count of granted reads, a level on the locked row.
+            updates.append((wf, {**plan.columns(), **await record_allocation(cur, row),
+                                 "reads_granted": row["reads_granted"] + 1}))
             reads.append(dict(zip(READ_COLUMNS, (
                 wf, plan.ordinal, decided, req.session_generation, req.subscription_generation,
                 req.trigger.value, plan.notified, req.cycle_id), strict=True)))

@@ -35,15 +35,31 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from mcpsync.workflows.coverage import plan_note
-from mcpsync.workflows.records.ledger import FenceSnapshot, NotedNotification
+from mcpsync.workflows.records.ledger import AcceptVerdict, FenceSnapshot, NotedNotification
 from mcpsync.workflows.records.subscription import SubscriptionKey, SubscriptionState
 
-__all__ = ["LedgerStore", "BY_KEY", "PRIOR", "Write", "key_params", "snapshot", "fence_row", "fence_rows",
+__all__ = ["LedgerStore", "BY_KEY", "PRIOR", "RECEIPT_COUNTED", "SAW_CONTENT", "Write", "key_params",
+           "snapshot", "fence_row", "fence_rows",
            "fence_rows_sql", "recorded_workflow_id", "jsonable", "looked_note", "update_row",
            "write_rows", "rows_write", "row_updates"]
 
 # The one way to find a subscription's row (UNIQUE (subject, server, uri) indexes it).
 BY_KEY = "subject=%s AND server=%s AND uri=%s"
+# Receipts of reads that saw content: the freshness gauge's (``metrics``).
+SAW_CONTENT = (AcceptVerdict.ACCEPTED.value, AcceptVerdict.UNCHANGED.value)
+# A row counts the receipt a ``WITH`` item ``{linked}`` of its statement inserted for it (workflow_id,
+# accepted_at, status, read_ordinal; none: the row keeps its values): ``receipt_counts`` (status ->
+# receipts) one up, and ``content_read_at`` (the allocation of the newest read whose receipt saw
+# content; the receipt's own time for a receipt of no read) for a receipt that saw content. The
+# gauges read them (``metrics``, migration 025), never the history tables, which retention prunes.
+RECEIPT_COUNTED = (
+    "(receipt_counts, content_read_at) = (SELECT"
+    " CASE WHEN l.status IS NULL THEN s.receipt_counts ELSE s.receipt_counts"
+    " || jsonb_build_object(l.status, coalesce((s.receipt_counts ->> l.status)::bigint, 0) + 1) END,"
+    f" CASE WHEN l.status IN ({', '.join(repr(v) for v in SAW_CONTENT)})"
+    " THEN coalesce(r.issued_at, l.accepted_at) ELSE s.content_read_at END"
+    " FROM (SELECT) one LEFT JOIN {linked} l ON l.workflow_id = s.workflow_id"
+    " LEFT JOIN read_requests r ON r.workflow_id = l.workflow_id AND r.ordinal = l.read_ordinal)")
 # What ``allocation.prior_allocation`` reads of an earlier allocation (a ``read_requests`` row).
 PRIOR = "ordinal, request_id, completed_at, notifications_seen, cycle_id"
 
@@ -205,8 +221,10 @@ def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
     one set-based ``UPDATE`` per column set (the values as a ``jsonb`` object by workflow id, each
     read as a ``subscriptions`` record, so each column keeps its type). Their text depends on the
     column sets only, never on how many rows. ``linked``: the name of a ``WITH`` item of the same
-    statement answering (workflow_id, receipt_id), whose id a row's ``last_receipt_id`` takes (the
-    value given is ignored)."""
+    statement answering the receipts it inserts (``RECEIPT_COUNTED``'s columns, at most one a row):
+    a row's ``last_receipt_id`` takes its receipt's id (the value given is ignored), and every row
+    counts its receipt (``RECEIPT_COUNTED``). A row with no column given (only with ``linked``) is
+    only counted: its ``updated_at`` stays."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for wf, columns in rows:
         groups.setdefault(tuple(columns), []).append(
@@ -219,15 +237,23 @@ def row_updates(rows: Sequence[tuple[str, Mapping[str, Any]]], *,
         # Each row's values looked up by its id in a ``jsonb`` object (workflow id -> columns), the
         # rows found by ``= ANY`` probes of the primary key: no join (a generic plan takes a function
         # for 100 rows and hashes them, or scans every row), no placeholder per row.
-        assert given, "a fence update writes more than the receipt it links"
-        sets = (f"({', '.join(given)}) = (SELECT {', '.join(f'v.{c}' for c in given)}"
-                " FROM jsonb_populate_record(NULL::subscriptions, %s::jsonb -> s.workflow_id) v)")
+        assert given or not names, "a fence update writes more than the receipt it links"
+        assert given or linked is not None, "an update with nothing to write"
+        sets: list[str] = []
+        if given:
+            sets.append(f"({', '.join(given)}) = (SELECT {', '.join(f'v.{c}' for c in given)}"
+                        " FROM jsonb_populate_record(NULL::subscriptions, %s::jsonb -> s.workflow_id) v)")
+            params.append(json.dumps({v["workflow_id"]: v for v in values}))
         if link:
-            sets += (f", last_receipt_id = (SELECT l.receipt_id FROM {linked} l"
-                     " WHERE l.workflow_id = s.workflow_id)")
-        updates.append(f"u{n} AS (UPDATE subscriptions s SET {sets}, updated_at=now()"
+            sets.append(f"last_receipt_id = (SELECT l.receipt_id FROM {linked} l"
+                        " WHERE l.workflow_id = s.workflow_id)")
+        if linked is not None:
+            sets.append(RECEIPT_COUNTED.format(linked=linked))
+        if given:
+            sets.append("updated_at=now()")
+        updates.append(f"u{n} AS (UPDATE subscriptions s SET {', '.join(sets)}"
                        " WHERE s.workflow_id = ANY(%s::text[]))")
-        params += [json.dumps({v["workflow_id"]: v for v in values}), [v["workflow_id"] for v in values]]
+        params.append([v["workflow_id"] for v in values])
     return updates, params
 
 

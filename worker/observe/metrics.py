@@ -327,10 +327,10 @@ class _LedgerCollector(Collector):
         if snap is None:
             return
         g = GaugeMetricFamily
-        amp = g("mcpsync_read_amplification", "Reads per distinct change: read_requests / ACCEPTED receipts "
+        amp = g("mcpsync_read_amplification", "Reads per distinct change: granted reads / ACCEPTED receipts "
                 "(ledger, all time; for a rate use mcpsync_reads_total / mcpsync_changes_total)",
                 labels=["server"])
-        reads = g("mcpsync_ledger_reads", "read_requests rows (ledger)", labels=["server"])
+        reads = g("mcpsync_ledger_reads", "Granted read allocations (ledger, all time)", labels=["server"])
         changes = g("mcpsync_ledger_distinct_changes", "ACCEPTED (new digest) receipts (ledger)",
                     labels=["server"])
         stale = g("mcpsync_stale_receipts", "STALE receipts (ledger)", labels=["server"])
