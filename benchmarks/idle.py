@@ -49,10 +49,15 @@ from benchmarks.services import Scrape
 from mcpsync.activities.ledger import Ledger
 from mcpsync.workflows.records.ledger import AcceptVerdict
 from mcpsync.workflows.records.subscription import SubscriptionOptions, TriggerReason
+from mcpsync.workflows.verification_rules import verification_delay
 
 __all__ = ["measure_idle"]
 
-SAFETY_READ_JITTER_MEAN = 0.9  # safety reads are armed at 0.8-1.0 of the period (workflows/fence.py)
+
+def mean_interval(period: float) -> float:
+    """Seconds between two scheduled verifications on average: the ledger's due band at its mean draw
+    (``verification_rules.verification_delay`` is linear in the draw)."""
+    return verification_delay(period, 0.5)
 
 
 async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Role], runs: dict[str, str], *,
@@ -85,7 +90,7 @@ async def measure_idle(client: Client, ledger: Ledger, roles: dict[int, cost.Rol
     # workflow's own (its watchdog's, or a polling run's timer).
     resync = int(reads.get(TriggerReason.UPDATED.value, 0))
     safety = int(reads.get(TriggerReason.POLL.value, 0)) + resync
-    scheduled = 3600 / (SAFETY_READ_JITTER_MEAN * safety_read_seconds) if safety_read_seconds else 0.0
+    scheduled = 3600 / mean_interval(safety_read_seconds) if safety_read_seconds else 0.0
     tally = history.tally
 
     def per(v: float, d: float, digits: int = 2) -> float | None:
@@ -143,7 +148,7 @@ def batches(d: Scrape) -> dict[str, dict[str, float | None]]:
 def at_production_period(actions_per_read: float | None, events_per_read: float | None) -> dict[str, Any]:
     """Per-unchanged-read figures at production's safety-read period, per subscription-day and priced."""
     period = SubscriptionOptions().safety_read_seconds
-    reads_per_day = 86400 / (SAFETY_READ_JITTER_MEAN * period)
+    reads_per_day = 86400 / mean_interval(period)
     a_day = None if actions_per_read is None else actions_per_read * reads_per_day
     return {
         "safety_read_seconds": period,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import staleness
+from benchmarks.box_speed import yardstick
 from benchmarks.common import ratio
 from benchmarks.figures import HEADLINE_TABLE
 from benchmarks.options import Options
@@ -58,6 +59,7 @@ def print_summary(report: dict[str, Any]) -> None:
         return "-" if v is None else f"{v}{unit}"
 
     print("\n== mcpsync benchmark ==")
+    print(yardstick(report["machine"].get("speed")))
     for r in report["runs"]:
         s, b, c, fl = r["system"], r["baseline"], r["comparison"], r["floor"]
         sc = s["convergence"]

@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ingress_scale
+from benchmarks.box_speed import box_speed
 from benchmarks.churn import churn_phase, churn_report, drain_phase, repair_phase
 from benchmarks.options import Options, parse_args
 from benchmarks.phases import (
@@ -208,6 +209,7 @@ async def run_single(opts: Options, transport: str, n: int, result: Path) -> Non
 async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
+    speed = await asyncio.to_thread(box_speed)  # before anything of the run competes for the cores
     runs = await run_isolated(opts, argv)
     grown = growth(runs)
     report = {
@@ -215,7 +217,7 @@ async def run(opts: Options, argv: Sequence[str] = ()) -> dict[str, Any]:
         "started_at": started.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": sys.version.split()[0]},
+                    "python": sys.version.split()[0], "speed": speed},
         "postgresql": "MCPSYNC_DATABASE_URL" if os.environ.get("MCPSYNC_DATABASE_URL") else "embedded",
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.__dict__.items()
                     if k not in ("single", "result")},

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from benchmarks import cost, usage
+from benchmarks.box_speed import yardstick
 from benchmarks.churn import churn_phase, churn_report, drain_phase
 from benchmarks.common import SUBJECT, fetch_rows, fetch_scalar, percentile
 from benchmarks.phases import Bench, idle_phase, startup_phase, subscribed
@@ -301,6 +302,7 @@ def scale_figures(r: dict[str, Any]) -> dict[str, Any]:
 
 def print_scale_summary(report: dict[str, Any]) -> None:
     print("\n== mcpsync scale figure ==")
+    print(yardstick(report["machine"].get("speed")))
     for r in report["runs"]:
         s, v, m = r["scale"], r["verification"], r["memory_by_process"]["kib_per_subscription"]
         print(f"\n{r['transport']} N={r['subscriptions']}, max_cached_workflows {s['max_cached_workflows']}")

@@ -105,6 +105,9 @@ def test_quick_benchmark_writes_sane_json_and_png(transport: str,
     assert "== mcpsync benchmark ==" in proc.stdout
 
     report = json.loads((out / "results.json").read_text())
+    speed = report["machine"]["speed"]  # the yardstick two boxes' CPU figures compare through
+    assert speed["python_loop_ms"] > 0 and speed["sha256_ms"] > 0, speed
+    assert "box yardstick: python loop" in proc.stdout
     assert report["targets"] == {"amplification_max": 1.05, "convergence_p999_max_seconds": 1.0,
                                  "revocation_p99_max_seconds": 2.0}
     assert [(r["transport"], r["subscriptions"]) for r in report["runs"]] == [(transport, 6)]
