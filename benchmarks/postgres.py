@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from contextlib import AsyncExitStack, suppress
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 
 import psycopg
 
+from mcpsync.activities.ledger import Ledger
+from mcpsync.worker.main.connect import open_ledger
 from mcpsync.worker.stack.common import state_dir
 from mcpsync.worker.stack.postgres import EmbeddedPostgres
 
-__all__ = ["Postgres", "server_url"]
+__all__ = ["Postgres", "scratch_ledger", "server_url"]
 
 
 class Postgres:
@@ -55,6 +59,24 @@ class Postgres:
         if self.embedded is not None:
             await self.embedded.stop()
 
+
+
+@asynccontextmanager
+async def scratch_ledger(prefix: str) -> AsyncIterator[Ledger]:
+    """A ledger on a fresh database ``<prefix>_<random>`` (``Postgres``), migrated; its pool closed and
+    the database dropped (the embedded server stopped) on the way out, whatever happened."""
+    pg = Postgres()
+    await pg.start()
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    try:
+        ledger = await open_ledger(await pg.create(name))
+        try:
+            yield ledger
+        finally:
+            await ledger.pool.close()
+    finally:
+        await pg.drop(name)
+        await pg.stop()
 
 
 async def server_url(stack: AsyncExitStack, work: Path) -> str:

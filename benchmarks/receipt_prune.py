@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import uuid
 from contextlib import suppress
 from datetime import timedelta
 
-from benchmarks.postgres import Postgres
+from benchmarks.postgres import scratch_ledger
 from mcpsync.activities.ledger import retention
 from mcpsync.activities.ledger.retention import prune
-from mcpsync.worker.main.connect import open_ledger
 
 KEEP = timedelta(days=7)
 SEED = [
@@ -66,11 +64,7 @@ def _quantiles(xs: list[float]) -> str:
 
 
 async def run(n: int, r: int) -> None:
-    pg = Postgres()
-    await pg.start()
-    name = f"receipt_prune_{uuid.uuid4().hex[:8]}"
-    try:
-        ledger = await open_ledger(await pg.create(name))
+    async with scratch_ledger("receipt_prune") as ledger:
         async with ledger.pool.connection() as conn:
             started = time.perf_counter()
             for sql in SEED:
@@ -123,10 +117,6 @@ async def run(n: int, r: int) -> None:
         async with ledger.pool.connection() as conn:
             cur = await conn.execute("SELECT status, count(*) FROM resource_versions GROUP BY 1 ORDER BY 1")
             print("kept:", dict(await cur.fetchall()))
-        await ledger.pool.close()
-    finally:
-        await pg.drop(name)
-        await pg.stop()
 
 
 def main() -> None:

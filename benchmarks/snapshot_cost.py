@@ -18,20 +18,18 @@ import argparse
 import asyncio
 import statistics
 import time
-import uuid
 from importlib import resources
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from benchmarks.postgres import Postgres
+from benchmarks.postgres import scratch_ledger
 from mcpsync.activities.ledger.metrics import (
     SNAPSHOT_QUERIES,
     freshness_bounds,
     read_snapshot,
     snapshot_params,
 )
-from mcpsync.worker.main.connect import open_ledger
 
 SEED = [
     """INSERT INTO subscriptions (workflow_id, subject, server, uri, uri_normalized, state, created_at,
@@ -101,20 +99,12 @@ def show(label: str, calls: list[float], each: dict[str, float]) -> None:
 
 
 async def run(n: int, r: int, runs: int) -> None:
-    pg = Postgres()
-    await pg.start()
-    name = f"snapshot_cost_{uuid.uuid4().hex[:8]}"
-    try:
-        ledger = await open_ledger(await pg.create(name))
+    async with scratch_ledger("snapshot_cost") as ledger:
         started = time.perf_counter()
         counting = await seed(ledger.pool, n, r)
         print(f"seeded {n} subscriptions x {r} reads and receipts in {time.perf_counter() - started:.1f} s;"
               f" migration 025's counting took {counting:.2f} s")
         show("snapshot", *await timed(ledger.pool, runs, SNAPSHOT_QUERIES, read_snapshot))
-        await ledger.pool.close()
-    finally:
-        await pg.drop(name)
-        await pg.stop()
 
 
 def main() -> None:
