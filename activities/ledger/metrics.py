@@ -112,11 +112,7 @@ class LedgerSnapshot:
         return self.reads.get(server, 0) / changes if changes else None
 
 
-# Every query reads ``subscriptions`` and the small tables (sessions, leases, audit by kind,
-# revocations), never the history (``read_requests``, ``resource_versions``): a refresh costs
-# O(subscriptions) however long the ledger ran. The counts and the freshness time are kept on the
-# row by the transactions that write reads and receipts (migration 025), and retention never lowers
-# them.
+# None reads the history tables (module contract, "Cost"): a refresh is O(subscriptions).
 SNAPSHOT_QUERIES = {
     "reads": "SELECT server, sum(reads_granted)::bigint FROM subscriptions GROUP BY server"
              " HAVING sum(reads_granted) > 0",
