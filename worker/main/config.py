@@ -131,9 +131,9 @@ class ServerConfig(_Model):
     # workflow to read. ``route_concurrency``: notifications and due rows routed (and read) at once,
     # one at a time per URI. A sweep's look feeds its due rows together, so this many of their
     # allocations and accepts share a ledger transaction (the group commit): 32 holds the look of
-    # 5,000 rows at a 300 s period whole (~18 a second); at 8 the mean allocation batch was 3 and an
-    # idle subscription cost 25 % more CPU (docs/benchmarks.md, "Idle cost"). A notified read meanwhile
-    # waits behind the look's reads at the server.
+    # 5,000 rows at a 300 s period whole (~18 a second), and the batch size is what an idle
+    # subscription's CPU follows (docs/benchmarks.md, "Idle cost"). A notified read meanwhile waits
+    # behind the look's reads at the server: lower it for a server that limits concurrent requests.
     read_on_notification: bool = True
     route_concurrency: int = Field(default=32, ge=1, le=256)
     # A read at the ingress slower than this is abandoned and the workflow is signalled to read
